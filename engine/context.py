@@ -1,0 +1,118 @@
+"""The narrow context a node sees while it runs.
+
+A node gets exactly what it needs: the model manager's ``use`` (never weights it owns), progress
+and preview reporting, an interrupt check, and the folders it may read and write. Nothing else
+of the process is reachable from here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Interrupted(Exception):
+    """Raised inside a node when the user interrupted the run."""
+
+
+class InterruptFlag:
+    """A thread-safe flag; ``set()`` from any thread, nodes poll through ``ctx.check_interrupt``."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+class ModelFiles(Protocol):
+    """Look-up of users' model files by kind (``checkpoints``, ``loras``, ``vae``, ...)."""
+
+    def list(self, kind: str) -> list[str]: ...
+
+    def resolve(self, kind: str, name: str) -> Path: ...
+
+
+class ModelAccess(Protocol):
+    """What nodes may do with the memory manager (``engine.memory.ModelManager`` implements it)."""
+
+    def use(self, handle: Any) -> AbstractContextManager[Any]: ...
+
+
+class NoModels:
+    """Stand-in for runs without a model manager (engine tests)."""
+
+    def use(self, handle: Any) -> AbstractContextManager[Any]:
+        raise RuntimeError("this run has no model manager; create one in main.py and pass it to the Executor")
+
+
+@dataclass(frozen=True)
+class Folders:
+    """The folders nodes may touch. ``models`` resolves model files by kind."""
+
+    input_dir: Path
+    output_dir: Path
+    temp_dir: Path
+    models: ModelFiles | None = None
+
+    def ensure(self) -> None:
+        for d in (self.input_dir, self.output_dir, self.temp_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A preview image for the client: encoded bytes and their format ("JPEG" or "PNG")."""
+
+    format: str
+    data: bytes
+
+
+ProgressFn = Callable[[str, int, int], None]
+PreviewFn = Callable[[str, Preview], None]
+
+
+@dataclass
+class NodeContext:
+    """Given to ``Node.run``. Construct through the executor, not by hand (tests may)."""
+
+    node_id: str
+    prompt_id: str
+    folders: Folders
+    models: ModelAccess = field(default_factory=NoModels)
+    interrupt: InterruptFlag = field(default_factory=InterruptFlag)
+    on_progress: ProgressFn | None = None
+    on_preview: PreviewFn | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def check_interrupt(self) -> None:
+        """Raise :class:`Interrupted` if the run was interrupted; call it inside long loops."""
+        if self.interrupt.is_set():
+            raise Interrupted(f"interrupted while running node {self.node_id}")
+
+    def progress(self, value: int, total: int, preview: Preview | None = None) -> None:
+        """Report progress (``value`` of ``total``) and optionally a preview image."""
+        self.check_interrupt()
+        if self.on_progress is not None:
+            self.on_progress(self.node_id, value, total)
+        if preview is not None and self.on_preview is not None:
+            self.on_preview(self.node_id, preview)
+
+    @property
+    def wants_preview(self) -> bool:
+        return self.on_preview is not None
+
+
+@contextmanager
+def nullcontext_model(module: Any) -> Iterator[Any]:
+    yield module

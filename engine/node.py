@@ -1,0 +1,174 @@
+"""What the engine knows about a node class: :class:`NodeDef`.
+
+The native way to write a node is a subclass of :class:`Node` with a ``SCHEMA`` and one ``run``
+method (``nodes/api.py`` re-exports all of this for plugin authors)::
+
+    class StringConcatenate(Node):
+        SCHEMA = NodeSchema(node_id="StringConcatenate", ..., inputs=(Input("string_a", STRING, ...), ...))
+
+        def run(self, ctx: NodeContext, *, string_a: str, string_b: str, delimiter: str) -> tuple[str]:
+            return (string_a + delimiter + string_b,)
+
+Other styles (ComfyUI's ``INPUT_TYPES`` classes, the V3 ``define_schema`` classes) are adapted to
+:class:`NodeDef` by the plugin layer, so the executor sees one interface only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from engine.schema import NodeSchema, SchemaError, check_schema
+
+if TYPE_CHECKING:
+    from engine.context import Folders, NodeContext
+
+
+@dataclass
+class NodeOutput:
+    """A node's result: one value per output port, plus optional UI data for the client."""
+
+    values: tuple[Any, ...] = ()
+    ui: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ExecutionBlocker:
+    """Returned in an output slot to stop the nodes downstream of it.
+
+    With ``message=None`` the downstream nodes silently do not run (ComfyUI's ExecutionBlocker);
+    with a message, reaching a node that would consume it fails the run with that message.
+    """
+
+    message: str | None = None
+
+
+class NodeDef(ABC):
+    """The engine's view of a node class, whatever style it was written in."""
+
+    schema: NodeSchema
+    code_version: str
+    origin: str  # "core" or the plugin pack's name; named in errors
+
+    @abstractmethod
+    def execute(self, ctx: NodeContext, inputs: dict[str, Any]) -> NodeOutput:
+        """Run the node once on plain (non-list) inputs, unless ``schema.input_is_list``."""
+
+    def fingerprint(self, folders: Folders, inputs: Mapping[str, Any]) -> Any:
+        """Extra cache-key material (ComfyUI's IS_CHANGED), e.g. a file's hash. None if unused."""
+        return None
+
+    def validate_inputs(self, inputs: Mapping[str, Any]) -> bool | str:
+        """The node's own check of its constant inputs: True, or a message."""
+        return True
+
+    def check_lazy_status(self, ctx: NodeContext, inputs: dict[str, Any]) -> list[str]:
+        """Names of lazy inputs still needed given the ones available (None = not yet computed)."""
+        return []
+
+    @property
+    def has_lazy_status(self) -> bool:
+        return False
+
+
+class Node:
+    """Base class for native nodes: declare ``SCHEMA``, implement ``run``.
+
+    Optional hooks, all classmethods except ``check_lazy_status``:
+    ``fingerprint(folders, **inputs)``, ``validate_inputs(**inputs)``.
+    ``VERSION`` may be bumped by hand; the class source is hashed in any case.
+    """
+
+    SCHEMA: ClassVar[NodeSchema]
+    VERSION: ClassVar[str] = ""
+
+    def run(self, ctx: NodeContext, **inputs: Any) -> NodeOutput | tuple[Any, ...]:
+        raise NotImplementedError
+
+    def check_lazy_status(self, ctx: NodeContext, **inputs: Any) -> list[str]:
+        return []
+
+    @classmethod
+    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
+        return None
+
+    @classmethod
+    def validate_inputs(cls, **inputs: Any) -> bool | str:
+        return True
+
+
+def source_hash(obj: Any) -> str:
+    """Hash of the source code of ``obj`` (its module file if the object's own source is
+    unavailable), so that editing a node invalidates its cached outputs."""
+    try:
+        text = inspect.getsource(obj)
+    except (OSError, TypeError):
+        module = inspect.getmodule(obj)
+        try:
+            text = inspect.getsource(module) if module is not None else repr(obj)
+        except (OSError, TypeError):
+            text = repr(obj)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def as_output(result: Any, n_outputs: int, owner: str) -> NodeOutput:
+    """Normalise what a node returned (a NodeOutput, a tuple, or a single value)."""
+    if isinstance(result, NodeOutput):
+        out = result
+    elif isinstance(result, tuple):
+        out = NodeOutput(values=result)
+    elif result is None and n_outputs == 0:
+        out = NodeOutput()
+    elif n_outputs == 1:
+        out = NodeOutput(values=(result,))
+    else:
+        raise TypeError(
+            f"{owner} returned {type(result).__name__}; expected a tuple of {n_outputs} values or a NodeOutput"
+        )
+    if len(out.values) != n_outputs:
+        raise TypeError(f"{owner} returned {len(out.values)} values; its schema declares {n_outputs} outputs")
+    return out
+
+
+@dataclass
+class NativeNodeDef(NodeDef):
+    """Adapter for :class:`Node` subclasses."""
+
+    cls: type[Node]
+    origin: str = "core"
+    schema: NodeSchema = field(init=False)
+    code_version: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        name = getattr(self.cls, "__qualname__", repr(self.cls))
+        schema = getattr(self.cls, "SCHEMA", None)
+        if schema is None:
+            raise SchemaError(f"node class {name!r}: field 'SCHEMA': missing; declare SCHEMA = NodeSchema(...)")
+        check_schema(schema, name)
+        if self.cls.run is Node.run:
+            raise SchemaError(f"node class {name!r}: field 'run': missing; implement run(self, ctx, **inputs)")
+        self.schema = schema
+        self.code_version = f"{self.cls.VERSION}:{source_hash(self.cls)}"
+
+    def execute(self, ctx: NodeContext, inputs: dict[str, Any]) -> NodeOutput:
+        result = self.cls().run(ctx, **inputs)
+        return as_output(result, len(self.schema.outputs), self.schema.node_id)
+
+    def fingerprint(self, folders: Folders, inputs: Mapping[str, Any]) -> Any:
+        if self.cls.fingerprint.__func__ is Node.fingerprint.__func__:  # type: ignore[attr-defined]
+            return None
+        return self.cls.fingerprint(folders, **inputs)
+
+    def validate_inputs(self, inputs: Mapping[str, Any]) -> bool | str:
+        return self.cls.validate_inputs(**inputs)
+
+    @property
+    def has_lazy_status(self) -> bool:
+        return self.cls.check_lazy_status is not Node.check_lazy_status
+
+    def check_lazy_status(self, ctx: NodeContext, inputs: dict[str, Any]) -> list[str]:
+        return list(self.cls().check_lazy_status(ctx, **inputs))

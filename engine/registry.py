@@ -1,0 +1,93 @@
+"""The node registry: an explicit object that core nodes and plugins register into.
+
+``main.py`` creates one, registers the core library and the plugins, and passes it down.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.node import NativeNodeDef, Node, NodeDef
+from engine.schema import DynamicOptions, export_all
+
+
+class RegistryError(ValueError):
+    """A registration was refused (duplicate name, core collision)."""
+
+
+@dataclass(frozen=True)
+class Collision:
+    node_id: str
+    kept_origin: str
+    refused_origin: str
+
+
+class NodeRegistry:
+    def __init__(self) -> None:
+        self._defs: dict[str, NodeDef] = {}
+        self._options: dict[str, Callable[[], list[str]]] = {}
+        self.collisions: list[Collision] = []
+
+    # --- registration -------------------------------------------------------------------------
+    def register(self, node: type[Node] | NodeDef, *, origin: str = "core") -> NodeDef:
+        """Register a native node class or an adapted :class:`NodeDef`.
+
+        A class whose schema is malformed raises ``SchemaError`` naming the class and field.
+        A name already taken is refused with ``RegistryError`` (and recorded in ``collisions``):
+        a plugin can never replace a core node.
+        """
+        node_def = node if isinstance(node, NodeDef) else NativeNodeDef(node, origin=origin)
+        name = node_def.schema.node_id
+        existing = self._defs.get(name)
+        if existing is not None:
+            self.collisions.append(Collision(name, existing.origin, node_def.origin))
+            raise RegistryError(
+                f"node {name!r} from {node_def.origin!r} collides with the one from {existing.origin!r}; "
+                f"the first registration is kept. Rename the class in {node_def.origin!r}."
+            )
+        self._defs[name] = node_def
+        return node_def
+
+    def register_all(self, nodes: Iterable[type[Node] | NodeDef], *, origin: str = "core") -> None:
+        for node in nodes:
+            self.register(node, origin=origin)
+
+    def add_options_source(self, source: str, provider: Callable[[], list[str]]) -> None:
+        """Name a provider of combo options, e.g. ``"checkpoints"`` → files in that folder."""
+        self._options[source] = provider
+
+    # --- look-up ------------------------------------------------------------------------------
+    def get(self, name: str) -> NodeDef | None:
+        return self._defs.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._defs
+
+    def __len__(self) -> int:
+        return len(self._defs)
+
+    def names(self) -> list[str]:
+        return sorted(self._defs)
+
+    def defs(self) -> list[NodeDef]:
+        return [self._defs[n] for n in sorted(self._defs)]
+
+    def suggest(self, name: str, n: int = 3) -> list[str]:
+        """'Did you mean' candidates for an unknown class name."""
+        lowered = {k.lower(): k for k in self._defs}
+        close = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.6)
+        return [lowered[c] for c in close]
+
+    def resolve_options(self, options: DynamicOptions) -> list[str]:
+        provider = self._options.get(options.source)
+        return provider() if provider is not None else []
+
+    def object_info(self, name: str | None = None) -> dict[str, Any]:
+        """ComfyUI's ``/object_info`` (all nodes) or ``/object_info/{class}`` (one, or ``{}``)."""
+        if name is not None:
+            node_def = self._defs.get(name)
+            return {} if node_def is None else {name: node_def.schema.export(self.resolve_options)}
+        return export_all([d.schema for d in self.defs()], self.resolve_options)
