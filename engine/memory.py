@@ -1,0 +1,422 @@
+"""The memory manager: one resident model on the compute device, a RAM tier, plan-aware prefetch.
+
+Nodes never own weights. They hold light *handles* (``ModelHandleLike``) and ask
+``with manager.use(handle) as module:``; the manager makes that model resident on the compute
+device (evicting the previous one to the RAM tier first), locks it while the node computes, and
+counts everything it does (loads, evictions, prefetch hits, bytes moved, seconds).
+
+Tiers, fastest first::
+
+    device  (at most one large model; CPU runs share memory with the RAM tier)
+    RAM     (recently used modules, under ``ram_budget_bytes``; dropped furthest-needed-first)
+    disk    (the handle's files; safetensors are mmap-read again by ``handle.load()``)
+
+The executor calls ``hint_upcoming(handles)`` before each node with the handles the rest of the
+plan will use, in order; the manager reads the next one from disk into RAM on a background thread
+while the current node runs, and when the RAM tier is over budget it drops the model needed
+furthest ahead (Belady's rule; least recently used among the ones not needed again).
+
+This module is generic: it imports no torch at import time and no model code. Device and dtype
+are plain strings (``"cuda"``, ``"float16"``); handles translate them. Reference for the shape of
+the API: InvokeAI ``backend/model_manager/load/load_base.py`` (``model_on_device`` context).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+log = logging.getLogger("loom.memory")
+
+GIB = 1024**3
+
+
+@runtime_checkable
+class ModelHandleLike(Protocol):
+    """What the manager needs from a handle (``nodes/models.py`` has the real ones)."""
+
+    @property
+    def key(self) -> str:
+        """Content identity: files, component and patches. Equal keys mean equal weights."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """Component kind: ``unet``, ``clip``, ``vae``, ``clip_vision``, ``vae_approx``, ..."""
+        ...
+
+    def estimate_bytes(self) -> int: ...
+
+    def load(self) -> Any:
+        """Build the module in RAM (CPU) from its files, patches applied."""
+        ...
+
+    def to_device(self, module: Any, device: str, dtype: str) -> Any:
+        """Move/cast ``module`` and return it (may be the same object)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DevicePolicy:
+    """Where models compute and in which precision. ``detect()`` picks CUDA > MPS > CPU."""
+
+    device: str = "cpu"
+    dtypes: tuple[tuple[str, str], ...] = ()  # (kind, dtype name); missing kinds use default_dtype
+    default_dtype: str = "float32"
+    small_kinds: frozenset[str] = frozenset({"vae_approx"})  # may stay resident beside a large one
+
+    def dtype_for(self, kind: str) -> str:
+        return dict(self.dtypes).get(kind, self.default_dtype)
+
+    def is_large(self, kind: str) -> bool:
+        return kind not in self.small_kinds
+
+    @classmethod
+    def cpu(cls) -> DevicePolicy:
+        return cls()
+
+    @classmethod
+    def detect(cls, force_cpu: bool = False) -> DevicePolicy:
+        """CUDA (fp16, or bf16 where supported; VAE in bf16 or fp32) > MPS (fp16, VAE fp32) > CPU
+        (fp32 everywhere: half precision is slower than fp32 on CPUs)."""
+        if force_cpu:
+            return cls.cpu()
+        import torch  # lazy: the engine imports no torch at import time
+
+        if torch.cuda.is_available():
+            bf16 = torch.cuda.is_bf16_supported()
+            # The SD VAE overflows in fp16 (NaN/black images); bf16 has the range, else fp32.
+            vae = "bfloat16" if bf16 else "float32"
+            return cls(device="cuda", default_dtype="float16", dtypes=(("vae", vae),))
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return cls(device="mps", default_dtype="float16", dtypes=(("vae", "float32"),))
+        return cls.cpu()
+
+    def empty_cache(self) -> None:
+        if self.device == "cpu":
+            return
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        elif self.device == "mps":
+            torch.mps.empty_cache()
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable from /proc/meminfo; otherwise total physical memory; otherwise 8 GiB."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * GIB
+
+
+def default_ram_budget() -> int:
+    """Half of the RAM available when the manager starts."""
+    return available_ram_bytes() // 2
+
+
+@dataclass
+class _Entry:
+    handle: ModelHandleLike
+    module: Any
+    nbytes: int
+    locks: int = 0
+    prefetched: bool = False
+
+
+@dataclass
+class _RunStats:
+    loads: list[dict[str, Any]] = field(default_factory=list)
+    evictions: list[dict[str, Any]] = field(default_factory=list)
+    prefetch_hits: int = 0
+    bytes_moved: int = 0
+    seconds: float = 0.0
+    max_resident: int = 0
+
+
+class ModelManager:
+    """Residency policy and accounting. One instance per process; thread-safe.
+
+    ``use(handle)`` is the only way a node gets a module. ``hint_upcoming`` lets the executor
+    share the plan; ``free`` drops everything not in use; ``stats`` reports what happened since
+    ``reset_run_stats``.
+    """
+
+    def __init__(
+        self,
+        policy: DevicePolicy | None = None,
+        *,
+        ram_budget_bytes: int | None = None,
+        prefetch: bool = True,
+    ) -> None:
+        self.policy = policy or DevicePolicy.cpu()
+        self.ram_budget_bytes = default_ram_budget() if ram_budget_bytes is None else ram_budget_bytes
+        self.prefetch_enabled = prefetch
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._resident: dict[str, _Entry] = {}
+        self._ram: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._pending: dict[str, Future[None]] = {}
+        self._loading: set[str] = set()
+        self._upcoming: list[ModelHandleLike] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._stats = _RunStats()
+
+    # --- the node-facing API --------------------------------------------------------------------
+    @contextmanager
+    def use(self, handle: ModelHandleLike) -> Iterator[Any]:
+        """Make ``handle``'s model resident on the compute device and lock it while inside."""
+        entry = self._acquire(handle)
+        try:
+            yield entry.module
+        finally:
+            with self._lock:
+                entry.locks -= 1
+                self._changed.notify_all()
+
+    def hint_upcoming(self, handles: Sequence[ModelHandleLike]) -> None:
+        """The handles the rest of the plan will use, next first; starts a prefetch if useful."""
+        with self._lock:
+            self._upcoming = list(handles)
+        self._schedule_prefetch()
+
+    def free(self) -> None:
+        """Unload everything not currently locked by a running node (device and RAM tier)."""
+        with self._lock:
+            for key in [k for k, e in self._resident.items() if e.locks == 0]:
+                entry = self._resident.pop(key)
+                self._record_eviction(entry, "disk", "free")
+            for key in list(self._ram):
+                self._record_eviction(self._ram.pop(key), "disk", "free")
+            self._upcoming = []
+        gc.collect()
+        self.policy.empty_cache()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            s = self._stats
+            return {
+                "loads": [dict(x) for x in s.loads],
+                "evictions": [dict(x) for x in s.evictions],
+                "prefetch_hits": s.prefetch_hits,
+                "bytes_moved": s.bytes_moved,
+                "seconds": round(s.seconds, 4),
+                "max_resident": s.max_resident,
+                "resident": [self._describe(e) for e in self._resident.values()],
+                "ram_tier": [self._describe(e) for e in self._ram.values()],
+                "ram_tier_bytes": sum(e.nbytes for e in self._ram.values()),
+                "ram_budget_bytes": self.ram_budget_bytes,
+                "device": self.policy.device,
+            }
+
+    def reset_run_stats(self) -> None:
+        """Start counting afresh (per workflow); what is resident stays resident."""
+        with self._lock:
+            self._stats = _RunStats(max_resident=self._large_resident_count())
+
+    def close(self) -> None:
+        """Stop the prefetch thread and free everything."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.free()
+
+    # --- acquisition ----------------------------------------------------------------------------
+    def _acquire(self, handle: ModelHandleLike) -> _Entry:
+        key, kind = handle.key, handle.kind
+        with self._lock:
+            entry = self._resident.get(key)
+            if entry is not None:
+                entry.locks += 1
+                return entry
+            if self.policy.is_large(kind):
+                self._evict_resident_large()
+            pending = self._pending.get(key)
+        if pending is not None:
+            pending.result()  # the background read finished or raised; either way go on
+        while True:
+            with self._lock:
+                if key in self._resident:  # another thread made it resident meanwhile
+                    entry = self._resident[key]
+                    entry.locks += 1
+                    return entry
+                if key not in self._loading:
+                    self._loading.add(key)
+                    from_ram = self._ram.pop(key, None)
+                    break
+                self._changed.wait()
+        try:
+            entry = self._bring_in(handle, from_ram)
+        finally:
+            with self._lock:
+                self._loading.discard(key)
+                self._changed.notify_all()
+        self._schedule_prefetch()
+        return entry
+
+    def _bring_in(self, handle: ModelHandleLike, from_ram: _Entry | None) -> _Entry:
+        device, dtype = self.policy.device, self.policy.dtype_for(handle.kind)
+        start = time.perf_counter()
+        if from_ram is not None:
+            source = "prefetch" if from_ram.prefetched else "ram"
+            module, nbytes = from_ram.module, from_ram.nbytes
+        else:
+            source = "disk"
+            module, nbytes = handle.load(), max(0, int(handle.estimate_bytes()))
+        module = handle.to_device(module, device, dtype)
+        seconds = time.perf_counter() - start
+        entry = _Entry(handle, module, nbytes, locks=1)
+        with self._lock:
+            self._resident[handle.key] = entry
+            s = self._stats
+            if source == "prefetch":
+                s.prefetch_hits += 1
+            moved = nbytes if (source == "disk" or device != "cpu") else 0
+            s.bytes_moved += moved
+            s.seconds += seconds
+            s.loads.append(
+                {"key": handle.key, "kind": handle.kind, "source": source, "bytes": nbytes,
+                 "seconds": round(seconds, 4), "device": device}
+            )
+            s.max_resident = max(s.max_resident, self._large_resident_count())
+        log.info("load %s %s from %s: %.1f MiB in %.2fs", handle.kind, handle.key[:12], source,
+                 nbytes / 2**20, seconds)
+        return entry
+
+    def _evict_resident_large(self) -> None:
+        """Move unlocked large residents to the RAM tier (caller holds the lock)."""
+        for key in [k for k, e in self._resident.items() if e.locks == 0 and self.policy.is_large(e.handle.kind)]:
+            entry = self._resident.pop(key)
+            start = time.perf_counter()
+            if self.policy.device != "cpu":
+                entry.module = entry.handle.to_device(entry.module, "cpu", self.policy.dtype_for(entry.handle.kind))
+                self._stats.bytes_moved += entry.nbytes
+            entry.prefetched = False
+            self._stats.seconds += time.perf_counter() - start
+            if entry.nbytes <= self.ram_budget_bytes:
+                self._ram[key] = entry
+                self._record_eviction(entry, "ram", "swap")
+                self._fit_ram_budget()
+            else:
+                self._record_eviction(entry, "disk", "over RAM budget")
+        if self.policy.device != "cpu":
+            self.policy.empty_cache()
+
+    # --- RAM tier -------------------------------------------------------------------------------
+    def _fit_ram_budget(self, incoming: int = 0, protect: str | None = None) -> bool:
+        """Drop RAM-tier entries, furthest-needed first, until ``incoming`` more bytes fit."""
+        while self._ram and sum(e.nbytes for e in self._ram.values()) + incoming > self.ram_budget_bytes:
+            victim = self._furthest_needed(exclude=protect)
+            if victim is None:
+                return False
+            self._record_eviction(self._ram.pop(victim), "disk", "RAM budget")
+        return sum(e.nbytes for e in self._ram.values()) + incoming <= self.ram_budget_bytes
+
+    def _furthest_needed(self, exclude: str | None) -> str | None:
+        order = {h.key: i for i, h in reversed(list(enumerate(self._upcoming)))}
+        never = len(order) + 1
+        best: tuple[int, int] | None = None
+        victim = None
+        for lru_rank, key in enumerate(self._ram):
+            if key == exclude:
+                continue
+            score = (order.get(key, never), -lru_rank)  # later use first; then least recent
+            if best is None or score > best:
+                best, victim = score, key
+        return victim
+
+    # --- prefetch -------------------------------------------------------------------------------
+    def _schedule_prefetch(self) -> None:
+        if not self.prefetch_enabled:
+            return
+        with self._lock:
+            if self._pending:
+                return  # one read at a time; the next is scheduled when it finishes
+            target = self._next_to_prefetch()
+            if target is None:
+                return
+            nbytes = max(0, int(target.estimate_bytes()))
+            if not self._fit_ram_budget(incoming=nbytes):
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loom-prefetch")
+            key = target.key
+            self._loading.add(key)
+            self._pending[key] = self._pool.submit(self._prefetch, target, nbytes)
+
+    def _next_to_prefetch(self) -> ModelHandleLike | None:
+        for handle in self._upcoming:
+            key = handle.key
+            if key in self._resident or key in self._ram or key in self._loading:
+                continue
+            return handle
+        return None
+
+    def _prefetch(self, handle: ModelHandleLike, nbytes: int) -> None:
+        key = handle.key
+        start = time.perf_counter()
+        try:
+            module = handle.load()
+        except Exception as exc:  # the real use() will raise it again with the node's context
+            log.warning("prefetch of %s %s failed: %s", handle.kind, key[:12], exc)
+            module = None
+        seconds = time.perf_counter() - start
+        with self._lock:
+            self._loading.discard(key)
+            self._pending.pop(key, None)
+            if module is not None:
+                self._ram[key] = _Entry(handle, module, nbytes, prefetched=True)
+                self._stats.bytes_moved += nbytes
+                self._stats.seconds += seconds
+                self._fit_ram_budget(protect=key)
+                log.info("prefetched %s %s: %.1f MiB in %.2fs", handle.kind, key[:12], nbytes / 2**20, seconds)
+            self._changed.notify_all()
+        if module is not None:
+            self._schedule_prefetch()
+
+    # --- accounting helpers ---------------------------------------------------------------------
+    def _large_resident_count(self) -> int:
+        return sum(1 for e in self._resident.values() if self.policy.is_large(e.handle.kind))
+
+    def _record_eviction(self, entry: _Entry, to: str, reason: str) -> None:
+        self._stats.evictions.append(
+            {"key": entry.handle.key, "kind": entry.handle.kind, "to": to, "reason": reason, "bytes": entry.nbytes}
+        )
+        log.info("evict %s %s to %s (%s)", entry.handle.kind, entry.handle.key[:12], to, reason)
+
+    @staticmethod
+    def _describe(entry: _Entry) -> dict[str, Any]:
+        return {"key": entry.handle.key, "kind": entry.handle.kind, "bytes": entry.nbytes}
+
+
+def handles_in(values: Iterable[Any]) -> list[ModelHandleLike]:
+    """The model handles among ``values`` (a node's input values), in order, for ``hint_upcoming``.
+
+    A value may also offer ``model_handles()`` returning the handles it stands for.
+    """
+    found: list[ModelHandleLike] = []
+    for value in values:
+        more = getattr(value, "model_handles", None)
+        if callable(more):
+            found.extend(more())
+        elif isinstance(value, ModelHandleLike):
+            found.append(value)
+    return found
