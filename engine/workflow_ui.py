@@ -1,0 +1,483 @@
+"""ComfyUI UI-format (litegraph) → API-format conversion, the way ComfyUI's frontend does it when
+it queues a prompt.
+
+References (read for the rules, not copied): ComfyUI_frontend ``graphToPrompt``
+(``src/utils/executionUtil.ts``: bypass pass-through, virtual nodes, removal of links to nodes
+that are not emitted), ``widgetInputs`` (the frontend's PrimitiveNode), ``groupNode.ts``
+(``extra.groupNodes``) and the subgraph serialisation (``definitions.subgraphs``, whose
+input/output nodes have the ids -10 and -20).
+
+The conversion runs in two steps:
+
+1. *Flatten*: every node of the top-level graph, of each group node and of each subgraph instance
+   becomes a :class:`_FlatNode` with a string id (``"outer:inner"`` inside a group or subgraph).
+   Group-node and subgraph boundaries become *alias* nodes: virtual pass-throughs whose output
+   slot ``k`` stands for some other node's output (or a constant).
+2. *Resolve and emit*: each input link is followed through Reroutes, aliases, bypassed nodes and
+   PrimitiveNodes to a real producer; nodes that are muted, bypassed or frontend-only are never
+   emitted.
+
+Only ``object_info`` (ComfyUI's ``/object_info`` shape) is consulted: this module knows nothing of
+engine internals.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.workflow import WorkflowFormatError
+
+MODE_MUTED = 2  # litegraph's NEVER
+MODE_BYPASS = 4
+FRONTEND_ONLY = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
+CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
+SEED_NAMES = frozenset({"seed", "noise_seed"})
+WIDGET_SCALARS = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN"})
+SUBGRAPH_INPUT_NODE = -10
+SUBGRAPH_OUTPUT_NODE = -20
+GROUP_NODE_PREFIXES = ("workflow>", "workflow/")
+MAX_NESTING = 32
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """Output ``slot`` of flat node ``node``."""
+
+    node: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class _Const:
+    """A constant standing in for a link (a PrimitiveNode's value, a promoted widget's value)."""
+
+    value: Any
+
+
+class _Removed:
+    """The link ends at a node that is not emitted: drop the input, widget value included."""
+
+
+_REMOVED = _Removed()
+_MISSING = object()
+_Source = _Ref | _Const
+_Resolved = _Ref | _Const | _Removed | None  # None: no link; the widget value (if any) stays
+
+
+@dataclass
+class _FlatInput:
+    name: str
+    type: str
+    source: _Source | None
+
+
+@dataclass
+class _FlatNode:
+    id: str
+    type: str
+    mode: int
+    title: str | None
+    inputs: list[_FlatInput]
+    output_types: list[str]
+    widgets_values: Any = None
+    aliases: list[_Source | None] | None = None  # set on virtual pass-through nodes
+
+
+@dataclass(frozen=True)
+class _Widget:
+    name: str
+    seed_like: bool
+
+
+@dataclass
+class _Flattener:
+    object_info: Mapping[str, Mapping[str, Any]]
+    subgraphs: Mapping[str, Mapping[str, Any]]
+    group_defs: Mapping[str, Mapping[str, Any]]
+    flat: dict[str, _FlatNode] = field(default_factory=dict)
+
+    # --- graphs (top level and subgraph definitions) -----------------------------------------
+    def graph(self, graph: Mapping[str, Any], prefix: str, inherited_mode: int, depth: int) -> None:
+        if depth > MAX_NESTING:
+            raise WorkflowFormatError(f"subgraphs or group nodes nest deeper than {MAX_NESTING} levels (a cycle?)")
+        links = _link_table(graph.get("links"))
+        nodes = graph.get("nodes")
+        if not isinstance(nodes, list):
+            raise WorkflowFormatError(f"expected a 'nodes' list, found {type(nodes).__name__}")
+        for position, node in enumerate(nodes):
+            if not isinstance(node, Mapping) or "id" not in node or not isinstance(node.get("type"), str):
+                raise WorkflowFormatError(
+                    f"node #{position} of the 'nodes' list: expected an object with 'id' and 'type', found {node!r:.80}"
+                )
+            node_id = f"{prefix}{node['id']}"
+            mode = _mode(node, inherited_mode)
+            inputs = [
+                _FlatInput(str(i.get("name", "")), str(i.get("type", "")), _source_of(i, links, prefix))
+                for i in _entries(node.get("inputs"))
+            ]
+            outputs = [str(o.get("type", "")) for o in _entries(node.get("outputs"))]
+            type_ = node["type"]
+            if type_ in self.subgraphs:
+                self.subgraph(node, node_id, mode, inputs, outputs, depth)
+            elif type_.startswith(GROUP_NODE_PREFIXES) and _group_name(type_) in self.group_defs:
+                self.group_node(node, node_id, mode, inputs, outputs)
+            else:
+                title = node.get("title")
+                self.flat[node_id] = _FlatNode(
+                    node_id, type_, mode, title if isinstance(title, str) else None,
+                    inputs, outputs, node.get("widgets_values"),
+                )
+
+    # --- subgraph instances ------------------------------------------------------------------
+    def subgraph(
+        self, node: Mapping[str, Any], node_id: str, mode: int,
+        inputs: list[_FlatInput], outputs: list[str], depth: int,
+    ) -> None:
+        definition = self.subgraphs[node["type"]]
+        inner = f"{node_id}:"
+        links = _link_table(definition.get("links"))
+        # The instance is an alias: its output k is whatever feeds the subgraph's output node slot k.
+        aliases: list[_Source | None] = [None] * len(outputs)
+        for link in links.values():
+            if link.target_id == SUBGRAPH_OUTPUT_NODE and 0 <= link.target_slot < len(aliases):
+                aliases[link.target_slot] = _Ref(f"{inner}{link.origin_id}", link.origin_slot)
+        self.flat[node_id] = _FlatNode(node_id, node["type"], mode, None, inputs, outputs, aliases=aliases)
+        # Inside, the subgraph's input node (id -10) is an alias for the instance's inputs; an
+        # unlinked input promoted to a widget on the instance carries that widget's value.
+        promoted = _promoted_widget_values(node)
+        in_aliases: list[_Source | None] = []
+        for entry, flat_input in zip(_entries(node.get("inputs")), inputs, strict=True):
+            widget = _widget_name(entry)
+            if flat_input.source is None and widget is not None and widget in promoted:
+                in_aliases.append(_Const(promoted[widget]))
+            else:
+                in_aliases.append(flat_input.source)
+        in_id = f"{inner}{SUBGRAPH_INPUT_NODE}"
+        self.flat[in_id] = _FlatNode(in_id, "SubgraphInput", 0, None, [], [t.type for t in inputs], aliases=in_aliases)
+        self.graph(definition, inner, mode, depth + 1)
+
+    # --- legacy group nodes (extra.groupNodes) -----------------------------------------------
+    def group_node(
+        self, node: Mapping[str, Any], node_id: str, mode: int, inputs: list[_FlatInput], outputs: list[str]
+    ) -> None:
+        definition = self.group_defs[_group_name(node["type"])]
+        inner_nodes = [n for n in _entries(definition.get("nodes"))]
+        internal = _group_links(definition.get("links"))
+        external = {(int(e[0]), int(e[1])) for e in definition.get("external") or [] if _is_seq(e, 2)}
+        linked_to = {(t_idx, t_slot): (f_idx, f_slot) for f_idx, f_slot, t_idx, t_slot in internal}
+        linked_from = {(f_idx, f_slot) for f_idx, f_slot, _, _ in internal}
+
+        def inner_id(idx: int) -> str:
+            return f"{node_id}:{idx}"
+
+        # Instance input slots, in order: inner socket inputs that no internal link feeds.
+        socket_slots = [i for i, e in enumerate(_entries(node.get("inputs"))) if _widget_name(e) is None]
+        widget_inputs = {_widget_name(e): i for i, e in enumerate(_entries(node.get("inputs"))) if _widget_name(e)}
+        indexed = [(int(inner.get("index", pos)), inner) for pos, inner in enumerate(inner_nodes)]
+        exposed_sockets: list[tuple[int, int]] = []
+        exposed_widgets: list[tuple[int, _Widget]] = []
+        for idx, inner in indexed:
+            for slot, entry in enumerate(_entries(inner.get("inputs"))):
+                if _widget_name(entry) is None and (idx, slot) not in linked_to:
+                    exposed_sockets.append((idx, slot))
+            for widget in _widgets_of(self.object_info.get(str(inner.get("type")))):
+                exposed_widgets.append((idx, widget))
+        # The instance's widgets_values list every inner widget, node after node.
+        per_node: dict[int, dict[str, Any]] = {}
+        assigned = _assign_widgets([w for _, w in exposed_widgets], node.get("widgets_values"))
+        for (idx, widget), value in zip(exposed_widgets, assigned, strict=True):
+            if value is not _MISSING:
+                per_node.setdefault(idx, {})[widget.name] = value
+
+        exposed_outputs = [
+            (idx, slot)
+            for idx, inner in indexed
+            for slot, _ in enumerate(_entries(inner.get("outputs")))
+            if (idx, slot) not in linked_from or (idx, slot) in external
+        ]
+        aliases: list[_Source | None] = [_Ref(inner_id(i), s) for i, s in exposed_outputs[: len(outputs)]]
+        aliases += [None] * (len(outputs) - len(aliases))
+        self.flat[node_id] = _FlatNode(node_id, node["type"], mode, None, inputs, outputs, aliases=aliases)
+
+        slot_source = {
+            pair: inputs[socket_slots[n]].source
+            for n, pair in enumerate(exposed_sockets) if n < len(socket_slots)
+        }
+        for idx, inner in indexed:
+            flat_inputs = []
+            for slot, entry in enumerate(_entries(inner.get("inputs"))):
+                name = str(entry.get("name", ""))
+                source: _Source | None = None
+                if (idx, slot) in linked_to:
+                    f_idx, f_slot = linked_to[(idx, slot)]
+                    source = _Ref(inner_id(f_idx), f_slot)
+                elif (idx, slot) in slot_source:
+                    source = slot_source[(idx, slot)]
+                elif _widget_name(entry) in widget_inputs:
+                    source = inputs[widget_inputs[_widget_name(entry)]].source
+                flat_inputs.append(_FlatInput(name, str(entry.get("type", "")), source))
+            title = inner.get("title")
+            widgets_values = per_node.get(idx) if node.get("widgets_values") else inner.get("widgets_values")
+            self.flat[inner_id(idx)] = _FlatNode(
+                inner_id(idx), str(inner.get("type")), _mode(inner, mode),
+                title if isinstance(title, str) else None,
+                flat_inputs, [str(o.get("type", "")) for o in _entries(inner.get("outputs"))], widgets_values,
+            )
+
+
+# --- public entry point -----------------------------------------------------------------------
+def convert_ui_to_api(ui: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Convert a ComfyUI UI-format workflow (litegraph ``nodes``/``links``) to API format.
+
+    ``object_info`` is ComfyUI's ``/object_info`` mapping; it tells which inputs are widgets and
+    in what order ``widgets_values`` lists them. Unknown class types are kept as they are (their
+    widget values cannot be mapped; validation reports the class later).
+    """
+    if not isinstance(ui, Mapping) or not isinstance(ui.get("nodes"), list):
+        raise WorkflowFormatError("expected a ComfyUI UI-format workflow (an object with a 'nodes' list)")
+    definitions = _mapping(ui.get("definitions"))
+    subgraphs = {
+        str(s["id"]): s for s in _entries(definitions.get("subgraphs")) if isinstance(s.get("nodes"), list)
+    }
+    group_defs = _mapping(_mapping(ui.get("extra")).get("groupNodes"))
+    flattener = _Flattener(object_info, subgraphs, group_defs)
+    flattener.graph(ui, "", 0, 0)
+    flat = flattener.flat
+
+    prompt: dict[str, Any] = {}
+    for node in sorted(flat.values(), key=lambda n: _natural_key(n.id)):
+        if node.aliases is not None or node.type in FRONTEND_ONLY or node.mode in (MODE_MUTED, MODE_BYPASS):
+            continue
+        info = object_info.get(node.type)
+        inputs: dict[str, Any] = {}
+        if info is not None:
+            inputs.update(_map_widgets(_widgets_of(info), node.widgets_values))
+        for flat_input in node.inputs:
+            resolved = _resolve(flat, flat_input.source)
+            if isinstance(resolved, _Removed):
+                inputs.pop(flat_input.name, None)
+            elif isinstance(resolved, _Const):
+                inputs[flat_input.name] = resolved.value
+            elif isinstance(resolved, _Ref):
+                inputs[flat_input.name] = [resolved.node, resolved.slot]
+        order = _input_order(info)
+        inputs = {k: inputs[k] for k in sorted(inputs, key=lambda k: order.get(k, len(order)))}
+        title = node.title or (info or {}).get("display_name") or node.type
+        prompt[node.id] = {"class_type": node.type, "inputs": inputs, "_meta": {"title": title}}
+    return prompt
+
+
+# --- link resolution --------------------------------------------------------------------------
+def _resolve(flat: Mapping[str, _FlatNode], source: _Source | None) -> _Resolved:
+    """Follow a link through Reroutes, aliases, bypassed nodes and PrimitiveNodes to its producer."""
+    seen: set[_Ref] = set()
+    while isinstance(source, _Ref):
+        if source in seen:
+            return _REMOVED  # a loop of reroutes/bypasses: nothing real feeds it
+        seen.add(source)
+        node = flat.get(source.node)
+        if node is None:
+            return None  # dangling link: ComfyUI leaves the widget value
+        if node.mode == MODE_MUTED:
+            return _REMOVED
+        if node.mode == MODE_BYPASS:
+            match = _bypass_input(node, source.slot)
+            if match is None:
+                return _REMOVED
+            source = match.source
+            if source is None:
+                return None
+            continue
+        if node.aliases is not None:
+            source = node.aliases[source.slot] if source.slot < len(node.aliases) else None
+            continue
+        if node.type == "Reroute":
+            source = node.inputs[0].source if node.inputs else None
+            continue
+        if node.type == "PrimitiveNode":
+            values = node.widgets_values
+            if isinstance(values, list) and values:
+                return _Const(values[0])
+            return None
+        if node.type in FRONTEND_ONLY:
+            return _REMOVED
+        return source
+    return source
+
+
+def _bypass_input(node: _FlatNode, slot: int) -> _FlatInput | None:
+    """A bypassed node passes through its first input whose type matches the output's type,
+    trying the input at the same index first (as ComfyUI's frontend does)."""
+    wanted = node.output_types[slot] if slot < len(node.output_types) else ""
+    for index in [slot, *range(len(node.inputs))]:
+        if index < len(node.inputs):
+            candidate = node.inputs[index]
+            if candidate.type == wanted or "*" in (candidate.type, wanted):
+                return candidate
+    return None
+
+
+# --- widgets ----------------------------------------------------------------------------------
+def _widgets_of(info: Mapping[str, Any] | None) -> list[_Widget]:
+    """The widget inputs of an ``object_info`` entry, in input order (required, then optional)."""
+    if not isinstance(info, Mapping):
+        return []
+    declared = info.get("input") or {}
+    order = info.get("input_order") or {}
+    widgets: list[_Widget] = []
+    for section in ("required", "optional"):
+        specs = declared.get(section) or {}
+        for name in order.get(section) or list(specs):
+            spec = specs.get(name)
+            if not isinstance(spec, Sequence) or isinstance(spec, str) or not spec:
+                continue
+            kind = spec[0]
+            opts = spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
+            is_combo = isinstance(kind, list) or kind == "COMBO"
+            if opts.get("forceInput") or not (is_combo or kind in WIDGET_SCALARS):
+                continue
+            seed_like = bool(opts.get("control_after_generate")) or (kind == "INT" and name in SEED_NAMES)
+            widgets.append(_Widget(name, seed_like))
+    return widgets
+
+
+def _map_widgets(widgets: Sequence[_Widget], values: Any) -> dict[str, Any]:
+    """``widgets_values`` by widget name (see :func:`_assign_widgets`)."""
+    assigned = _assign_widgets(widgets, values)
+    return {w.name: v for w, v in zip(widgets, assigned, strict=True) if v is not _MISSING}
+
+
+def _assign_widgets(widgets: Sequence[_Widget], values: Any) -> list[Any]:
+    """One value per widget (``_MISSING`` where none), skipping the "control after generate"
+    value the frontend stores right after a seed-like widget. ``values`` is the node's
+    ``widgets_values``: a list in widget order, or (newer frontends) a dict by name."""
+    if isinstance(values, Mapping):
+        return [values.get(w.name, _MISSING) for w in widgets]
+    out: list[Any] = [_MISSING] * len(widgets)
+    if not isinstance(values, list):
+        return out
+    i = 0
+    for position, widget in enumerate(widgets):
+        if i >= len(values):
+            break
+        out[position] = values[i]
+        i += 1
+        if widget.seed_like and i < len(values):
+            following = values[i]
+            # Skip it only if it looks like a control value and there are more values left than
+            # widgets, so a genuine widget value "fixed" is never swallowed.
+            spare = (len(values) - i) > (len(widgets) - position - 1)
+            if isinstance(following, str) and following in CONTROL_VALUES and spare:
+                i += 1
+    return out
+
+
+def _input_order(info: Mapping[str, Any] | None) -> dict[str, int]:
+    if not isinstance(info, Mapping):
+        return {}
+    order = info.get("input_order") or {}
+    declared = info.get("input") or {}
+    names: list[str] = []
+    for section in ("required", "optional"):
+        names += list(order.get(section) or declared.get(section) or {})
+    return {name: i for i, name in enumerate(names)}
+
+
+def _promoted_widget_values(node: Mapping[str, Any]) -> dict[str, Any]:
+    """Values of a subgraph instance's promoted widgets, by widget name."""
+    values = node.get("widgets_values")
+    if isinstance(values, Mapping):
+        return dict(values)
+    names = [n for n in (_widget_name(e) for e in _entries(node.get("inputs"))) if n is not None]
+    if not isinstance(values, list):
+        return {}
+    return dict(zip(names, values, strict=False))
+
+
+# --- small parsing helpers --------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Link:
+    origin_id: int | str
+    origin_slot: int
+    target_id: int | str
+    target_slot: int
+
+
+def _link_table(raw: Any) -> dict[int, _Link]:
+    """Links as ``[id, from_node, from_slot, to_node, to_slot, type]`` arrays (workflow version
+    0.4) or ``{id, origin_id, origin_slot, target_id, target_slot, type}`` objects (version 1,
+    subgraph definitions)."""
+    table: dict[int, _Link] = {}
+    for link in raw or []:
+        try:
+            if isinstance(link, Mapping):
+                table[int(link["id"])] = _Link(
+                    link["origin_id"], int(link["origin_slot"]), link["target_id"], int(link["target_slot"])
+                )
+            elif _is_seq(link, 5):
+                table[int(link[0])] = _Link(link[1], int(link[2]), link[3], int(link[4]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WorkflowFormatError(
+                "expected links as [id, from_node, from_slot, to_node, to_slot, type] "
+                f"or objects with id/origin_id/origin_slot/target_id/target_slot, found {link!r:.80}"
+            ) from exc
+    return table
+
+
+def _group_links(raw: Any) -> list[tuple[int, int, int, int]]:
+    """A group node definition's links: ``[from_index, from_slot, to_index, to_slot, ...]``."""
+    out = []
+    for link in raw or []:
+        if _is_seq(link, 4) and all(isinstance(v, int) for v in link[:4]):
+            out.append((link[0], link[1], link[2], link[3]))
+    return out
+
+
+def _source_of(entry: Mapping[str, Any], links: Mapping[int, _Link], prefix: str) -> _Ref | None:
+    link_id = entry.get("link")
+    if link_id is None:
+        return None
+    link = links.get(int(link_id)) if isinstance(link_id, int | str) and str(link_id).lstrip("-").isdigit() else None
+    if link is None:
+        return None
+    return _Ref(f"{prefix}{link.origin_id}", link.origin_slot)
+
+
+def _entries(raw: Any) -> list[Mapping[str, Any]]:
+    return [e for e in raw or [] if isinstance(e, Mapping)] if isinstance(raw, list) else []
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _widget_name(entry: Mapping[str, Any]) -> str | None:
+    widget = entry.get("widget")
+    if isinstance(widget, Mapping) and isinstance(widget.get("name"), str):
+        return str(widget["name"])
+    return None
+
+
+def _mode(node: Mapping[str, Any], inherited: int) -> int:
+    """A muted or bypassed container mutes or bypasses everything inside it."""
+    own = node.get("mode", 0)
+    own = own if isinstance(own, int) else 0
+    return inherited if inherited in (MODE_MUTED, MODE_BYPASS) else own
+
+
+def _group_name(node_type: str) -> str:
+    for prefix in GROUP_NODE_PREFIXES:
+        if node_type.startswith(prefix):
+            return node_type[len(prefix):]
+    return node_type
+
+
+def _is_seq(value: Any, min_len: int) -> bool:
+    return isinstance(value, list | tuple) and len(value) >= min_len
+
+
+def _natural_key(node_id: str) -> list[tuple[int, int | str]]:
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[:]", node_id)]
