@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -85,9 +85,8 @@ class Node:
 
     SCHEMA: ClassVar[NodeSchema]
     VERSION: ClassVar[str] = ""
-
-    def run(self, ctx: NodeContext, **inputs: Any) -> NodeOutput | tuple[Any, ...]:
-        raise NotImplementedError
+    # run(self, ctx, *, <one keyword per input>) -> tuple | NodeOutput: declared by each subclass
+    run: Callable[..., Any]
 
     def check_lazy_status(self, ctx: NodeContext, **inputs: Any) -> list[str]:
         return []
@@ -149,7 +148,7 @@ class NativeNodeDef(NodeDef):
         if schema is None:
             raise SchemaError(f"node class {name!r}: field 'SCHEMA': missing; declare SCHEMA = NodeSchema(...)")
         check_schema(schema, name)
-        if self.cls.run is Node.run:
+        if not callable(getattr(self.cls, "run", None)):
             raise SchemaError(f"node class {name!r}: field 'run': missing; implement run(self, ctx, **inputs)")
         self.schema = schema
         self.code_version = f"{self.cls.VERSION}:{source_hash(self.cls)}"

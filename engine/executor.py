@@ -1,0 +1,436 @@
+"""Runs a validated workflow: cache look-ups, node calls, events, interrupt, per-node errors.
+
+One :class:`Executor` per process (created in ``main.py``); the CLI and the server's queue
+worker call :meth:`Executor.run` for one workflow at a time. The plan is the set of nodes the
+requested outputs need, stopping at cache hits; it runs in deterministic topological order, and
+lazy inputs pull their producers in only when the node asks for them (ComfyUI's
+``check_lazy_status`` semantics).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+import traceback
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engine import events as ev
+from engine.cache import OutputCache, canonical, is_nonce, make_key, nonce
+from engine.context import Folders, Interrupted, InterruptFlag, ModelAccess, NodeContext, NoModels, Preview
+from engine.graph import Prompt, as_link, build_graph, sort_key, topological_order
+from engine.lists import NodeRun, call_mapped
+from engine.node import ExecutionBlocker, NodeDef
+from engine.registry import NodeRegistry
+from engine.schema import HIDDEN_DYNPROMPT, HIDDEN_EXTRA_PNGINFO, HIDDEN_PROMPT, HIDDEN_UNIQUE_ID
+from engine.validate import Validation, validate_prompt
+
+log = logging.getLogger("loom.executor")
+
+Status = Literal["success", "error", "invalid", "interrupted"]
+LOOKAHEAD = 16  # how many upcoming nodes the memory manager hears about
+
+
+@dataclass
+class RunRequest:
+    """One workflow to run. ``outputs``: partial execution targets (default: all output nodes)."""
+
+    prompt: dict[str, Any]
+    prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    outputs: list[str] | None = None
+    extra_pnginfo: dict[str, Any] | None = None
+    client_id: str | None = None
+
+
+@dataclass
+class RunResult:
+    prompt_id: str
+    status: Status
+    executed: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_errors: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    timings: dict[str, Any] = field(default_factory=lambda: {"total_s": 0.0, "nodes": {}})
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_id": self.prompt_id,
+            "status": self.status,
+            "executed": self.executed,
+            "cached": self.cached,
+            "outputs": self.outputs,
+            "node_errors": self.node_errors,
+            "error": self.error,
+            "timings": self.timings,
+            "memory": self.memory,
+        }
+
+
+class NodeFailed(Exception):
+    def __init__(self, node_id: str, class_type: str, cause: BaseException, inputs: dict[str, Any]) -> None:
+        super().__init__(str(cause))
+        self.node_id, self.class_type, self.cause, self.inputs = node_id, class_type, cause, inputs
+
+
+@dataclass
+class _Plan:
+    """Per-run state: keys, order, what is done."""
+
+    prompt: Prompt
+    order_index: dict[str, int]
+    keys: dict[str, str]
+    constants: dict[str, dict[str, Any]]
+    results: dict[str, list[list[Any]]] = field(default_factory=dict)
+    pending: list[tuple[int, str]] = field(default_factory=list)
+    queued: set[str] = field(default_factory=set)
+    cached: list[str] = field(default_factory=list)
+    cached_ui: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Executor:
+    """Executes workflows against a registry, a shared output cache and a model manager."""
+
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        cache: OutputCache,
+        folders: Folders,
+        *,
+        models: ModelAccess | None = None,
+        bus: ev.EventBus | None = None,
+        interrupt: InterruptFlag | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.cache = cache
+        self.folders = folders
+        self.models: ModelAccess = models if models is not None else NoModels()
+        self.bus = bus if bus is not None else ev.EventBus()
+        self.interrupt = interrupt if interrupt is not None else InterruptFlag()
+        self.settings = settings if settings is not None else {}
+
+    # --- public ---------------------------------------------------------------------------------
+    def validate(self, request: RunRequest) -> Validation:
+        return validate_prompt(request.prompt, self.registry, request.outputs)
+
+    def run(self, request: RunRequest, validation: Validation | None = None) -> RunResult:
+        """Validate (unless given) and run one workflow; never raises for a workflow's fault."""
+        started = time.perf_counter()
+        validation = validation if validation is not None else self.validate(request)
+        result = RunResult(request.prompt_id, "success", node_errors=validation.node_errors_json())
+        if not validation.ok:
+            result.status = "invalid"
+            result.error = validation.error.to_json() if validation.error else None
+            return result
+        self.interrupt.clear()
+        reset = getattr(self.models, "reset_run_stats", None)
+        if callable(reset):
+            reset()
+        prompt = {str(k): v for k, v in request.prompt.items()}
+        self._emit(ev.ExecutionStart(request.prompt_id))
+        try:
+            plan = self._plan(prompt, validation.outputs)
+            self._require(plan, validation.outputs)
+            if plan.cached:
+                self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(plan.cached)))
+            self._send_cached_ui(request, plan, plan.cached, result)
+            self._loop(request, plan, result)
+            self._emit(ev.ExecutionSuccess(request.prompt_id))
+        except Interrupted:
+            result.status = "interrupted"
+            node = self._current
+            self._emit(
+                ev.ExecutionInterrupted(
+                    request.prompt_id,
+                    node_id=node,
+                    node_type=str(prompt[node]["class_type"]) if node else None,
+                    executed=list(result.executed),
+                )
+            )
+            result.error = {"type": "interrupted", "message": "Interrupted by the user", "node_id": node}
+        except NodeFailed as failure:
+            result.status = "error"
+            event = self._error_event(request, failure, result)
+            self._emit(event)
+            result.error = event.data()
+        finally:
+            self._current = None
+            self._emit(ev.Executing(request.prompt_id, node=None))
+            result.timings["total_s"] = round(time.perf_counter() - started, 6)
+            stats = getattr(self.models, "stats", None)
+            result.memory = stats() if callable(stats) else {}
+        return result
+
+    _current: str | None = None
+
+    # --- planning -------------------------------------------------------------------------------
+    def _plan(self, prompt: Prompt, targets: Iterable[str]) -> _Plan:
+        graph = build_graph(prompt)
+        needed: set[str] = set()
+        stack = list(targets)
+        while stack:
+            node_id = stack.pop()
+            if node_id in needed:
+                continue
+            needed.add(node_id)
+            stack.extend(link.source for link in self._links(prompt, node_id).values())
+        order = topological_order(graph, needed)
+        plan = _Plan(prompt, {n: i for i, n in enumerate(order)}, {}, {})
+        for node_id in order:
+            plan.constants[node_id] = self._constants(prompt, node_id)
+            plan.keys[node_id] = self._key(plan, node_id)
+        return plan
+
+    def _links(self, prompt: Prompt, node_id: str) -> dict[str, Any]:
+        inputs = prompt[node_id].get("inputs") or {}
+        return {name: link for name, value in inputs.items() if (link := as_link(value)) is not None}
+
+    def _def(self, prompt: Prompt, node_id: str) -> NodeDef:
+        node_def = self.registry.get(str(prompt[node_id]["class_type"]))
+        assert node_def is not None, "validated prompts only name registered nodes"
+        return node_def
+
+    def _constants(self, prompt: Prompt, node_id: str) -> dict[str, Any]:
+        from engine.validate import coerce_constant
+
+        node_def = self._def(prompt, node_id)
+        given = prompt[node_id].get("inputs") or {}
+        constants: dict[str, Any] = {}
+        for spec in node_def.schema.inputs:
+            if spec.name in given:
+                value = given[spec.name]
+                if as_link(value) is None:
+                    constants[spec.name] = coerce_constant(spec, value) if spec.is_widget else value
+            elif spec.optional and spec.is_widget and spec.default is not None:
+                constants[spec.name] = spec.default
+        return constants
+
+    def _key(self, plan: _Plan, node_id: str) -> str:
+        """The node's cache key from its class, code, constants, fingerprint and producers' keys."""
+        node_def = self._def(plan.prompt, node_id)
+        if node_def.schema.not_idempotent:
+            return nonce()
+        producers: dict[str, list[Any]] = {}
+        for name, link in self._links(plan.prompt, node_id).items():
+            source_key = plan.keys[link.source]
+            if is_nonce(source_key):
+                return nonce()
+            producers[name] = [source_key, link.output_index]
+        constants = plan.constants[node_id]
+        try:
+            fingerprint = node_def.fingerprint(self.folders, constants)
+            if isinstance(fingerprint, float) and fingerprint != fingerprint:  # NaN: always changed
+                return nonce()
+            parts = {
+                "class": node_def.schema.node_id,
+                "code": node_def.code_version,
+                "constants": constants,
+                "fingerprint": fingerprint,
+                "producers": producers,
+                "unique_id": node_id if HIDDEN_UNIQUE_ID in node_def.schema.hidden else None,
+            }
+            canonical(parts)
+        except Exception:  # unhashable constants or a failing fingerprint hook: never hit
+            return nonce()
+        return make_key(parts)
+
+    def _require(self, plan: _Plan, node_ids: Iterable[str]) -> None:
+        """Queue the nodes and, through their eager inputs, everything they need not cached."""
+        stack = list(node_ids)
+        while stack:
+            node_id = stack.pop()
+            if node_id in plan.queued or node_id in plan.results:
+                continue
+            entry = self.cache.get(plan.keys[node_id])
+            if entry is not None:
+                plan.results[node_id] = entry.outputs
+                plan.cached.append(node_id)
+                if entry.ui:
+                    plan.cached_ui[node_id] = entry.ui
+                continue
+            plan.queued.add(node_id)
+            bisect.insort(plan.pending, (plan.order_index[node_id], node_id))
+            node_def = self._def(plan.prompt, node_id)
+            lazy_hook = node_def.has_lazy_status
+            for name, link in self._links(plan.prompt, node_id).items():
+                spec = node_def.schema.input(name)
+                if spec is not None and spec.lazy and lazy_hook:
+                    continue
+                stack.append(link.source)
+
+    # --- running --------------------------------------------------------------------------------
+    def _loop(self, request: RunRequest, plan: _Plan, result: RunResult) -> None:
+        result.cached.extend(sorted(plan.cached, key=lambda n: plan.order_index[n]))
+        while plan.pending:
+            _, node_id = plan.pending.pop(0)
+            plan.queued.discard(node_id)
+            if node_id in plan.results:
+                continue
+            self._current = node_id
+            if self.interrupt.is_set():
+                raise Interrupted("interrupted between nodes")
+            node_def = self._def(plan.prompt, node_id)
+            if node_def.has_lazy_status and self._pull_lazy(request, plan, node_id, node_def):
+                continue
+            self._hint_models(plan)
+            self._emit(ev.Executing(request.prompt_id, node=node_id))
+            started = time.perf_counter()
+            outputs, ui = self._execute(request, plan, node_id, node_def)
+            result.timings["nodes"][node_id] = round(time.perf_counter() - started, 6)
+            plan.results[node_id] = outputs
+            result.executed.append(node_id)
+            self.cache.put(plan.keys[node_id], outputs, ui)
+            if ui:
+                result.outputs[node_id] = ui
+                self._emit(ev.Executed(request.prompt_id, node=node_id, output=ui))
+        newly = [n for n in plan.cached if n not in result.cached]
+        result.cached.extend(newly)
+
+    def _pull_lazy(self, request: RunRequest, plan: _Plan, node_id: str, node_def: NodeDef) -> bool:
+        """Ask the node which lazy inputs it needs; queue their producers. True if it must wait."""
+        inputs = self._gather(request, plan, node_id, node_def, first_only=True)
+        ctx = self._context(request, node_id)
+        try:
+            wanted = node_def.check_lazy_status(ctx, inputs)
+        except Exception as exc:
+            raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
+        links = self._links(plan.prompt, node_id)
+        missing = [links[n].source for n in wanted if n in links and links[n].source not in plan.results]
+        if not missing:
+            return False
+        before = len(plan.cached)
+        self._require(plan, missing)
+        if len(plan.cached) > before:
+            fresh = plan.cached[before:]
+            self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(fresh)))
+        bisect.insort(plan.pending, (plan.order_index[node_id], node_id))
+        plan.queued.add(node_id)
+        return True
+
+    def _gather(
+        self, request: RunRequest, plan: _Plan, node_id: str, node_def: NodeDef, *, first_only: bool = False
+    ) -> dict[str, Any]:
+        """The node's inputs as lists of items (or first items with ``first_only``)."""
+        inputs: dict[str, Any] = {}
+        links = self._links(plan.prompt, node_id)
+        for name, value in plan.constants[node_id].items():
+            inputs[name] = [value]
+        for name, link in links.items():
+            produced = plan.results.get(link.source)
+            inputs[name] = [None] if produced is None else produced[link.output_index]
+        hidden = node_def.schema.hidden
+        if HIDDEN_PROMPT in hidden:
+            inputs["prompt"] = [request.prompt]
+        if HIDDEN_DYNPROMPT in hidden:
+            inputs["dynprompt"] = [request.prompt]
+        if HIDDEN_UNIQUE_ID in hidden:
+            inputs["unique_id"] = [node_id]
+        if HIDDEN_EXTRA_PNGINFO in hidden:
+            inputs["extra_pnginfo"] = [request.extra_pnginfo]
+        if first_only:
+            return {k: (v[0] if v else None) for k, v in inputs.items()}
+        return inputs
+
+    def _execute(
+        self, request: RunRequest, plan: _Plan, node_id: str, node_def: NodeDef
+    ) -> tuple[list[list[Any]], dict[str, Any] | None]:
+        inputs = self._gather(request, plan, node_id, node_def)
+        n_out = len(node_def.schema.outputs)
+        blocker = _first_blocker(inputs)
+        if blocker is not None:
+            if blocker.message is not None:
+                raise NodeFailed(node_id, node_def.schema.node_id, RuntimeError(blocker.message), {})
+            return [[blocker] for _ in range(n_out)], None
+        ctx = self._context(request, node_id)
+        try:
+            run = call_mapped(NodeRun(node_def, ctx, inputs))
+        except Interrupted:
+            raise
+        except Exception as exc:
+            raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
+        return run.outputs, run.ui
+
+    def _context(self, request: RunRequest, node_id: str) -> NodeContext:
+        return NodeContext(
+            node_id=node_id,
+            prompt_id=request.prompt_id,
+            folders=self.folders,
+            models=self.models,
+            interrupt=self.interrupt,
+            on_progress=lambda nid, value, total: self._emit(
+                ev.Progress(request.prompt_id, node=nid, value=value, max=total)
+            ),
+            on_preview=lambda nid, preview: self._preview(request, nid, preview),
+            settings=self.settings,
+        )
+
+    def _preview(self, request: RunRequest, node_id: str, preview: Preview) -> None:
+        self._emit(ev.PreviewFrame(request.prompt_id, node=node_id, format=preview.format, image=preview.data))
+
+    def _hint_models(self, plan: _Plan) -> None:
+        """Tell the memory manager which values the next nodes will consume (it picks out handles)."""
+        hint = getattr(self.models, "hint_upcoming", None)
+        if not callable(hint):
+            return
+        upcoming: list[Any] = []
+        for _, node_id in plan.pending[:LOOKAHEAD] if plan.pending else []:
+            for link in self._links(plan.prompt, node_id).values():
+                produced = plan.results.get(link.source)
+                if produced is not None:
+                    upcoming.extend(produced[link.output_index])
+        hint(upcoming)
+
+    def _send_cached_ui(self, request: RunRequest, plan: _Plan, nodes: Iterable[str], result: RunResult) -> None:
+        """Output nodes served from the cache re-send their UI output, as ComfyUI does."""
+        for node_id in sorted(nodes, key=sort_key):
+            ui = plan.cached_ui.get(node_id)
+            if ui:
+                result.outputs[node_id] = ui
+                self._emit(ev.Executed(request.prompt_id, node=node_id, output=ui))
+
+    def _error_event(self, request: RunRequest, failure: NodeFailed, result: RunResult) -> ev.ExecutionError:
+        cause = failure.cause
+        node_def = self.registry.get(failure.class_type)
+        message = str(cause) or type(cause).__name__
+        if node_def is not None and node_def.origin != "core":
+            message = f"{message} (node {failure.class_type} from plugin pack '{node_def.origin}')"
+        log.error("node %s (%s) failed: %s", failure.node_id, failure.class_type, message)
+        return ev.ExecutionError(
+            request.prompt_id,
+            node_id=failure.node_id,
+            node_type=failure.class_type,
+            executed=list(result.executed),
+            exception_message=message,
+            exception_type=type(cause).__name__,
+            traceback=traceback.format_tb(cause.__traceback__),
+            current_inputs=_describe(failure.inputs),
+            current_outputs={},
+        )
+
+    def _emit(self, event: ev.Event) -> None:
+        try:
+            self.bus.emit(event)
+        except Exception:  # a listener's bug must not fail the run
+            log.exception("event listener failed on %s", event.type)
+
+
+def _first_blocker(inputs: Mapping[str, list[Any]]) -> ExecutionBlocker | None:
+    for items in inputs.values():
+        for item in items:
+            if isinstance(item, ExecutionBlocker):
+                return item
+    return None
+
+
+def _describe(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Short text forms of a failing node's inputs for the error report."""
+    described: dict[str, Any] = {}
+    for name, value in inputs.items():
+        text = repr(value)
+        described[name] = text if len(text) <= 200 else text[:197] + "..."
+    return described

@@ -1,0 +1,325 @@
+"""Loom's one command line: serve (default) | run | nodes | convert | make-demo-model.
+
+Everything long-lived (registry, cache, model manager, executor) is created here and passed down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.cache import OutputCache
+from engine.context import Folders
+from engine.events import EventBus
+from engine.executor import Executor, RunRequest, RunResult
+from engine.registry import NodeRegistry
+
+ROOT = Path(__file__).resolve().parent
+log = logging.getLogger("loom")
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line, exit code 2."""
+
+
+# --- building the process's parts --------------------------------------------------------------
+@dataclass
+class Runtime:
+    registry: NodeRegistry
+    executor: Executor
+    folders: Folders
+    bus: EventBus
+    models: Any
+    plugin_report: Any = None
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models-dir", type=Path, default=ROOT / "models", help="models folder (default: models/)")
+    parser.add_argument("--output-dir", type=Path, default=ROOT / "output", help="where outputs are written")
+    parser.add_argument("--input-dir", type=Path, default=ROOT / "input", help="where input images are read")
+    parser.add_argument("--temp-dir", type=Path, default=ROOT / "temp", help="previews and temporary files")
+    parser.add_argument("--custom-nodes", type=Path, action="append", default=[], metavar="DIR",
+                        help="another folder of plugins (repeatable); custom_nodes/ is always searched")
+    parser.add_argument("--disable-custom-nodes", action="store_true", help="load no plugins")
+    parser.add_argument("--extra-model-paths", type=Path, default=None, metavar="YAML",
+                        help="extra model folders (ComfyUI extra_model_paths.yaml format)")
+    parser.add_argument("--cpu", action="store_true", help="compute on the CPU even if a GPU exists")
+    parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
+    parser.add_argument("--ram-gb", type=float, default=None, help="RAM budget of the model tier (GiB)")
+    parser.add_argument("--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)")
+    parser.add_argument("--no-png-metadata", action="store_true", help="do not write workflows into PNGs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def build_runtime(args: argparse.Namespace) -> Runtime:
+    """Create the registry, folders, model manager, cache and executor for this process."""
+    from nodes import register_core
+
+    model_files = _model_files(args)
+    folders = Folders(args.input_dir, args.output_dir, args.temp_dir, models=model_files)
+    folders.ensure()
+    registry = NodeRegistry()
+    register_core(registry, model_files)
+    report = _load_plugins(registry, args, folders)
+    models = _model_manager(args)
+    bus = EventBus()
+    settings = {"png_metadata": not args.no_png_metadata, "allow_pickle": args.allow_pickle}
+    executor = Executor(
+        registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings
+    )
+    return Runtime(registry, executor, folders, bus, models, report)
+
+
+def _model_files(args: argparse.Namespace) -> Any:
+    try:
+        from engine.folders import ModelFolders
+    except ImportError:  # model support not installed in this tree yet
+        return None
+    return ModelFolders.from_args(args.models_dir, args.extra_model_paths)
+
+
+def _model_manager(args: argparse.Namespace) -> Any:
+    try:
+        from engine.memory import ModelManager
+    except ImportError:
+        return None
+    return ModelManager.from_args(cpu=args.cpu, ram_gb=args.ram_gb, allow_pickle=args.allow_pickle)
+
+
+def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Folders) -> Any:
+    if getattr(args, "disable_custom_nodes", False):
+        return None
+    try:
+        from engine.plugins import load_plugins_for_cli
+    except ImportError:
+        return None
+    return load_plugins_for_cli(registry, [ROOT / "custom_nodes", *args.custom_nodes], folders)
+
+
+# --- run ----------------------------------------------------------------------------------------
+def parse_set(items: Sequence[str]) -> list[tuple[str, str, str]]:
+    """``NODE_ID.INPUT=VALUE`` → (node_id, input, raw value)."""
+    parsed = []
+    for item in items:
+        target, sep, value = item.partition("=")
+        node_id, dot, name = target.partition(".")
+        if not sep or not dot or not node_id or not name:
+            raise UsageError(f"--set {item!r}: expected NODE_ID.INPUT=VALUE, e.g. --set 3.seed=42")
+        parsed.append((node_id, name, value))
+    return parsed
+
+
+def apply_sets(prompt: dict[str, Any], sets: Sequence[tuple[str, str, str]], registry: NodeRegistry) -> None:
+    """Apply ``--set`` overrides, converting each value to the input's declared type."""
+    from engine.schema import BOOLEAN, COMBO, FLOAT, INT, STRING
+
+    for node_id, name, raw in sets:
+        node = prompt.get(node_id)
+        if not isinstance(node, dict):
+            raise UsageError(f"--set {node_id}.{name}: the workflow has no node {node_id!r} (it has {sorted(prompt)})")
+        node_def = registry.get(str(node.get("class_type")))
+        spec = node_def.schema.input(name) if node_def else None
+        if spec is None:
+            known = [i.name for i in node_def.schema.inputs] if node_def else []
+            raise UsageError(f"--set {node_id}.{name}: node {node_id} ({node.get('class_type')}) has no input "
+                             f"{name!r}; its inputs are {known}")
+        value: Any
+        try:
+            if spec.type == INT:
+                value = int(raw)
+            elif spec.type == FLOAT:
+                value = float(raw)
+            elif spec.type == BOOLEAN:
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError("expected true or false")
+                value = raw.lower() in ("true", "1")
+            elif spec.type in (STRING, COMBO):
+                value = raw
+            else:
+                raise ValueError(f"{spec.type} inputs come from links, not values")
+        except ValueError as exc:
+            raise UsageError(f"--set {node_id}.{name}={raw!r}: expected {spec.type}: {exc}") from exc
+        node.setdefault("inputs", {})[name] = value
+
+
+def load_for_run(path: Path, registry: NodeRegistry) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Read a workflow file in any supported format → (API prompt, editor workflow or None)."""
+    from engine.workflow import WorkflowFormatError, load_workflow_file
+
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    try:
+        loaded = load_workflow_file(path, registry.object_info())
+    except WorkflowFormatError as exc:
+        raise UsageError(str(exc)) from exc
+    return loaded.prompt, loaded.workflow
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from engine.progress import ProgressPrinter
+
+    runtime = build_runtime(args)
+    sets = parse_set(args.set)
+    printer = ProgressPrinter(sys.stderr, quiet=args.quiet)
+    runtime.bus.subscribe(printer.on_event)
+    worst = 0
+    for path in args.workflows:
+        try:
+            prompt, workflow = load_for_run(path, runtime.registry)
+            apply_sets(prompt, sets, runtime.registry)
+        except UsageError as exc:
+            print(f"loom: {exc}", file=sys.stderr)
+            if args.json:
+                print(json.dumps({"prompt_id": None, "file": str(path), "status": "invalid",
+                                  "error": {"type": "bad_file", "message": str(exc)}}), flush=True)
+            worst = max(worst, 2)
+            continue
+        extra = {"workflow": workflow} if workflow else None
+        printer.start(path.name, prompt)
+        result = runtime.executor.run(RunRequest(prompt=prompt, extra_pnginfo=extra))
+        printer.finish(result)
+        _report(result, path, args.json, runtime)
+        worst = max(worst, {"success": 0, "error": 1, "interrupted": 1, "invalid": 2}[result.status])
+    return worst
+
+
+def _report(result: RunResult, path: Path, as_json: bool, runtime: Runtime) -> None:
+    if as_json:
+        print(json.dumps(result.to_json(), default=str), flush=True)
+        return
+    if result.status == "invalid":
+        print(f"loom: {path}: the workflow is invalid: {(result.error or {}).get('message')}", file=sys.stderr)
+        for node_id, entry in result.node_errors.items():
+            for err in entry["errors"]:
+                print(f"  node {node_id} ({entry['class_type']}): {err['message']}: {err['details']}", file=sys.stderr)
+        return
+    if result.status != "success":
+        err = result.error or {}
+        print(f"loom: {path}: {result.status} at node {err.get('node_id')} ({err.get('node_type')}): "
+              f"{err.get('exception_message') or err.get('message')}", file=sys.stderr)
+    for node_id, ui in result.outputs.items():
+        for image in ui.get("images", []):
+            folder = {"output": runtime.folders.output_dir, "temp": runtime.folders.temp_dir}.get(
+                image.get("type", "output"), runtime.folders.output_dir)
+            print(f"node {node_id}: wrote {folder / image.get('subfolder', '') / image['filename']}")
+        for text in ui.get("text", []):
+            print(f"node {node_id}: {text}")
+
+
+# --- nodes --------------------------------------------------------------------------------------
+def cmd_nodes(args: argparse.Namespace) -> int:
+    runtime = build_runtime(args)
+    info = runtime.registry.object_info()
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    by_category: dict[str, list[str]] = {}
+    for name, entry in info.items():
+        by_category.setdefault(entry["category"], []).append(f"{name}  ({entry['display_name']}): {entry['description']}")
+    for category in sorted(by_category):
+        print(category)
+        for line in sorted(by_category[category]):
+            print(f"  {line}")
+    report = runtime.plugin_report
+    if report is not None and hasattr(report, "summary_lines"):
+        for line in report.summary_lines():
+            print(line)
+    return 0
+
+
+# --- convert ------------------------------------------------------------------------------------
+def cmd_convert(args: argparse.Namespace) -> int:
+    runtime = build_runtime(args)
+    prompt, _ = load_for_run(args.workflow, runtime.registry)
+    text = json.dumps(prompt, indent=2)
+    if args.output:
+        args.output.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+# --- make-demo-model ----------------------------------------------------------------------------
+def cmd_make_demo_model(args: argparse.Namespace) -> int:
+    from nodes.demo import make_demo_models
+
+    for path in make_demo_models(args.models_dir):
+        print(f"wrote {path}")
+    return 0
+
+
+# --- serve --------------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    from engine.server.app import serve_main
+
+    return serve_main(args, build_runtime, ROOT)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="main.py", description="Loom: node-graph diffusion workflows")
+    sub = parser.add_subparsers(dest="command")
+
+    serve = sub.add_parser("serve", help="start the server and the editor (default)")
+    add_common(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8188, help="port (default 8188)")
+    serve.add_argument("--token", default=None, help="access token required from clients")
+    serve.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without a token")
+    serve.add_argument("--user-dir", type=Path, default=ROOT / "user", help="queue, history, saved workflows")
+    serve.add_argument("--no-demo", action="store_true", help="do not create demo models when none exist")
+    serve.set_defaults(func=cmd_serve)
+
+    run = sub.add_parser("run", help="run workflows headless")
+    add_common(run)
+    run.add_argument("workflows", type=Path, nargs="+", help="API, saved, ComfyUI UI-format JSON, or a PNG")
+    run.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
+                     help="override an input (repeatable), e.g. --set 3.seed=42")
+    run.add_argument("--json", action="store_true", help="one JSON object per workflow on stdout")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+
+    nodes = sub.add_parser("nodes", help="list the node catalogue")
+    add_common(nodes)
+    nodes.add_argument("--json", action="store_true", help="ComfyUI's object_info JSON")
+    nodes.set_defaults(func=cmd_nodes)
+
+    convert = sub.add_parser("convert", help="convert a workflow (any format) to API format")
+    add_common(convert)
+    convert.add_argument("workflow", type=Path)
+    convert.add_argument("-o", "--output", type=Path, default=None)
+    convert.set_defaults(func=cmd_convert)
+
+    demo = sub.add_parser("make-demo-model", help="write small random-weight demo models")
+    demo.add_argument("--models-dir", type=Path, default=ROOT / "models")
+    demo.set_defaults(func=cmd_make_demo_model)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = make_parser()
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["serve", *argv]
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"loom: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
