@@ -1,0 +1,556 @@
+"""The job-queue boundary: a :class:`JobQueue` protocol and its in-process implementation.
+
+:class:`LocalJobQueue` owns one worker thread that pops jobs in ComfyUI's order (lowest
+``number`` first; ``front`` jobs get negative numbers), runs them with the shared
+:class:`~engine.executor.Executor` and records each outcome in a history. Queue and history live
+in SQLite (:class:`JobStore`, ``user/loom.sqlite`` by default): jobs queued before a restart run
+after it, and a job that was running when the process stopped is recorded as failed
+("interrupted by restart").
+
+Everything that happens is told to subscribers as :data:`Notice` values, from the worker thread
+(the server crosses them to its event loop). The CLI may use :meth:`LocalJobQueue.drain` to run
+queued jobs on its own thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from engine import events as ev
+from engine.executor import Executor, RunRequest, RunResult
+
+log = logging.getLogger("loom.jobs")
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+RESTART_MESSAGE = "interrupted by restart"
+# Events ComfyUI keeps in a history entry's status.messages.
+_STATUS_MESSAGES = frozenset({"execution_start", "execution_cached", "execution_success",
+                              "execution_error", "execution_interrupted"})
+
+
+@dataclass
+class JobSpec:
+    """One submitted workflow, exactly as the queue stores it."""
+
+    prompt: dict[str, Any]
+    prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    number: float = 0.0
+    extra_data: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+    client_id: str | None = None
+    webhook: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+    def comfy_tuple(self) -> list[Any]:
+        """ComfyUI's queue item: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``."""
+        number: float | int = int(self.number) if float(self.number).is_integer() else self.number
+        return [number, self.prompt_id, self.prompt, self.extra_data, list(self.outputs)]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    value: int = 0
+    max: int = 0
+    node: str | None = None
+
+
+@dataclass
+class JobRecord:
+    """A finished job: ComfyUI's history entry plus Loom's own fields."""
+
+    spec: JobSpec
+    status: JobStatus
+    outputs: dict[str, Any] = field(default_factory=dict)
+    messages: list[list[Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    node_errors: dict[str, Any] = field(default_factory=dict)
+    executed: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)
+    timings: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    started_at: float | None = None
+    finished_at: float = field(default_factory=time.time)
+
+    @property
+    def ran(self) -> bool:
+        """False for a job cancelled before it started (ComfyUI's /history does not list those)."""
+        return self.started_at is not None
+
+    def comfy_history(self) -> dict[str, Any]:
+        """ComfyUI's ``/history/{id}`` value: prompt tuple, outputs, status, meta."""
+        return {
+            "prompt": self.spec.comfy_tuple(),
+            "outputs": self.outputs,
+            "status": {
+                "status_str": "success" if self.status == "succeeded" else "error",
+                "completed": self.status == "succeeded",
+                "messages": self.messages,
+            },
+            "meta": {
+                nid: {"node_id": nid, "display_node": nid, "parent_node": None, "real_node_id": nid}
+                for nid in self.outputs
+            },
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["spec"] = asdict(self.spec)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobRecord:
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "spec"}
+        return cls(spec=JobSpec.from_json(data["spec"]), **fields)
+
+    @classmethod
+    def from_result(cls, spec: JobSpec, result: RunResult, messages: list[list[Any]], started: float) -> JobRecord:
+        status: JobStatus = {"success": "succeeded", "interrupted": "cancelled"}.get(result.status, "failed")  # type: ignore[assignment]
+        return cls(spec, status, outputs=result.outputs, messages=messages, error=result.error,
+                   node_errors=result.node_errors, executed=result.executed, cached=result.cached,
+                   timings=result.timings, memory=result.memory, started_at=started)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Where a job stands now."""
+
+    spec: JobSpec
+    status: JobStatus
+    progress: JobProgress | None = None
+    record: JobRecord | None = None
+
+
+# --- notices to subscribers ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobEvent:
+    """An execution event of a job the queue is running (``spec`` says whose it is)."""
+
+    spec: JobSpec
+    event: ev.Event
+
+
+@dataclass(frozen=True)
+class QueueChanged:
+    remaining: int
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    record: JobRecord
+
+
+Notice = JobEvent | QueueChanged | JobFinished
+NoticeListener = Callable[[Notice], None]
+
+
+class JobQueue(Protocol):
+    """What the server (and anything else) needs from a job queue."""
+
+    def submit(self, spec: JobSpec, *, front: bool = False) -> JobSpec: ...
+    def cancel(self, prompt_id: str, *, record: bool = True) -> bool: ...
+    def interrupt(self, prompt_id: str | None = None) -> bool: ...
+    def clear_pending(self) -> int: ...
+    def get(self, prompt_id: str) -> JobView | None: ...
+    def running(self) -> list[JobSpec]: ...
+    def pending(self) -> list[JobSpec]: ...
+    def remaining(self) -> int: ...
+    def history(self, max_items: int | None = None, offset: int = 0) -> list[JobRecord]: ...
+    def delete_history(self, prompt_ids: list[str]) -> None: ...
+    def clear_history(self) -> None: ...
+    def schedule_free(self, *, unload_models: bool, free_memory: bool) -> None: ...
+    def subscribe(self, listener: NoticeListener) -> Callable[[], None]: ...
+
+
+# --- persistence ---------------------------------------------------------------------------------------
+class JobStore:
+    """SQLite tables ``queue`` (pending and running jobs) and ``history`` (finished ones). Thread-safe."""
+
+    def __init__(self, path: Path | str = ":memory:", *, history_size: int = 10_000) -> None:
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = str(path)
+        self.history_size = history_size
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS queue (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, prompt_id TEXT UNIQUE NOT NULL,
+                number REAL NOT NULL, state TEXT NOT NULL, spec TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS history (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, prompt_id TEXT UNIQUE NOT NULL,
+                ran INTEGER NOT NULL, record TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+            """
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def next_number(self) -> int:
+        """ComfyUI's ever-increasing counter, persisted."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='number'").fetchone()
+            number = int(row[0]) if row else 0
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('number', ?)", (str(number + 1),))
+            return number
+
+    def add_pending(self, spec: JobSpec) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO queue (prompt_id, number, state, spec) VALUES (?, ?, 'pending', ?)",
+                             (spec.prompt_id, spec.number, json.dumps(asdict(spec))))
+
+    def knows(self, prompt_id: str) -> bool:
+        with self._lock:
+            q = self._db.execute("SELECT 1 FROM queue WHERE prompt_id=?", (prompt_id,)).fetchone()
+            h = self._db.execute("SELECT 1 FROM history WHERE prompt_id=?", (prompt_id,)).fetchone()
+            return bool(q or h)
+
+    def jobs(self, state: str) -> list[JobSpec]:
+        with self._lock:
+            rows = self._db.execute("SELECT spec FROM queue WHERE state=? ORDER BY number, seq", (state,)).fetchall()
+        return [JobSpec.from_json(json.loads(r[0])) for r in rows]
+
+    def pop_next(self) -> JobSpec | None:
+        """Mark the first pending job running and return it."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT seq, spec FROM queue WHERE state='pending' ORDER BY number, seq LIMIT 1").fetchone()
+            if row is None:
+                return None
+            self._db.execute("UPDATE queue SET state='running' WHERE seq=?", (row[0],))
+            return JobSpec.from_json(json.loads(row[1]))
+
+    def remove(self, prompt_id: str, state: str | None = None) -> JobSpec | None:
+        with self._lock:
+            sql, args = "SELECT spec FROM queue WHERE prompt_id=?", [prompt_id]
+            if state is not None:
+                sql, args = sql + " AND state=?", [prompt_id, state]
+            row = self._db.execute(sql, args).fetchone()
+            if row is None:
+                return None
+            self._db.execute("DELETE FROM queue WHERE prompt_id=?", (prompt_id,))
+            return JobSpec.from_json(json.loads(row[0]))
+
+    def finish(self, record: JobRecord) -> None:
+        """Move a job from the queue into the history (one transaction), trimming old entries."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM queue WHERE prompt_id=?", (record.spec.prompt_id,))
+            self._db.execute("INSERT OR REPLACE INTO history (prompt_id, ran, record) VALUES (?, ?, ?)",
+                             (record.spec.prompt_id, int(record.ran), json.dumps(record.to_json(), default=str)))
+            self._db.execute("DELETE FROM history WHERE seq NOT IN "
+                             "(SELECT seq FROM history ORDER BY seq DESC LIMIT ?)", (self.history_size,))
+            self._db.execute("COMMIT")
+
+    def record(self, prompt_id: str) -> JobRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT record FROM history WHERE prompt_id=?", (prompt_id,)).fetchone()
+        return JobRecord.from_json(json.loads(row[0])) if row else None
+
+    def history(self, max_items: int | None, offset: int, ran_only: bool) -> list[JobRecord]:
+        """Oldest first (ComfyUI's order); ``max_items`` keeps the newest ones."""
+        where = "WHERE ran=1" if ran_only else ""
+        with self._lock:
+            if max_items is None:
+                rows = self._db.execute(f"SELECT record FROM history {where} ORDER BY seq").fetchall()
+            else:
+                rows = self._db.execute(
+                    f"SELECT record FROM (SELECT seq, record FROM history {where} ORDER BY seq DESC "
+                    "LIMIT ? OFFSET ?) ORDER BY seq", (max(0, max_items), max(0, offset))).fetchall()
+        return [JobRecord.from_json(json.loads(r[0])) for r in rows]
+
+    def delete_history(self, prompt_ids: list[str]) -> None:
+        with self._lock:
+            self._db.executemany("DELETE FROM history WHERE prompt_id=?", [(p,) for p in prompt_ids])
+
+    def clear_history(self) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM history")
+
+    def recover(self) -> list[JobRecord]:
+        """After a restart: jobs left 'running' become failed history entries."""
+        records = []
+        for spec in self.jobs("running"):
+            error = {"type": "restart", "message": RESTART_MESSAGE, "exception_message": RESTART_MESSAGE}
+            message = ["execution_error", {"prompt_id": spec.prompt_id, "exception_message": RESTART_MESSAGE,
+                                           "exception_type": "Restart", "timestamp": int(time.time() * 1000)}]
+            record = JobRecord(spec, "failed", messages=[message], error=error, started_at=spec.created_at)
+            self.finish(record)
+            records.append(record)
+        return records
+
+
+# --- the in-process queue --------------------------------------------------------------------------
+class LocalJobQueue:
+    """One worker thread running jobs from a :class:`JobStore` with a shared :class:`Executor`.
+
+    ``start()`` launches the worker; ``stop()`` interrupts the running job and leaves it marked
+    running in the store, so the next process records it as interrupted by restart. Without
+    ``start()``, :meth:`drain` runs the queued jobs on the caller's thread (the CLI's way).
+    """
+
+    def __init__(self, executor: Executor, store: JobStore) -> None:
+        self.executor = executor
+        self.store = store
+        self._lock = threading.RLock()
+        self._finished = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._listeners: list[NoticeListener] = []
+        self._current: JobSpec | None = None
+        self._progress = JobProgress()
+        self._messages: list[list[Any]] = []
+        self._cancel_requested: set[str] = set()
+        self._free_request = (False, False)
+        self._thread: threading.Thread | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self.recovered: list[JobRecord] = store.recover()
+        for record in self.recovered:
+            log.warning("job %s was running when the process stopped; recorded as failed (%s)",
+                        record.spec.prompt_id, RESTART_MESSAGE)
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+        self._subscribe_bus()
+        self._thread = threading.Thread(target=self._worker, name="loom-job-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the worker; a running job is interrupted and left for the next start to mark."""
+        self._stopping.set()
+        if self._current is not None:
+            self.executor.interrupt.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def drain(self) -> list[JobRecord]:
+        """Run every queued job on this thread (no worker needed); returns their records."""
+        self._subscribe_bus()
+        records = []
+        while (spec := self.store.pop_next()) is not None:
+            record = self._run(spec)
+            if record is not None:
+                records.append(record)
+        return records
+
+    # --- submitting and cancelling ------------------------------------------------------------------
+    def submit(self, spec: JobSpec, *, front: bool = False, number: float | None = None) -> JobSpec:
+        """Queue a job. ``number`` orders it (ComfyUI's field); ``front`` puts it before the others."""
+        if self.store.knows(spec.prompt_id):
+            raise ValueError(f"prompt_id {spec.prompt_id!r} is already in the queue or the history; "
+                             "leave prompt_id out to get a fresh one")
+        counter = self.store.next_number()
+        spec.number = float(number) if number is not None else float(-counter if front else counter)
+        self.store.add_pending(spec)
+        self._wake.set()
+        self._notify(QueueChanged(self.remaining()))
+        return spec
+
+    def cancel(self, prompt_id: str, *, record: bool = True) -> bool:
+        """Pending → removed (recorded as cancelled if ``record``); running → interrupted."""
+        if self.interrupt(prompt_id):
+            return True
+        spec = self.store.remove(prompt_id, "pending")
+        if spec is None:
+            return False
+        if record:
+            message = ["execution_interrupted", {"prompt_id": prompt_id, "node_id": None, "node_type": None,
+                                                 "executed": [], "timestamp": int(time.time() * 1000)}]
+            cancelled = JobRecord(spec, "cancelled", messages=[message],
+                                  error={"type": "cancelled", "message": "cancelled before it started"})
+            self.store.finish(cancelled)
+            self._notify(JobFinished(cancelled))
+        self._notify(QueueChanged(self.remaining()))
+        return True
+
+    def interrupt(self, prompt_id: str | None = None) -> bool:
+        """Interrupt the running job (only if it is ``prompt_id``, when given)."""
+        with self._lock:
+            current = self._current
+            if current is None or (prompt_id is not None and prompt_id != current.prompt_id):
+                return False
+            self._cancel_requested.add(current.prompt_id)
+        self.executor.interrupt.set()
+        return True
+
+    def clear_pending(self) -> int:
+        removed = [s for s in self.store.jobs("pending") if self.store.remove(s.prompt_id, "pending")]
+        self._notify(QueueChanged(self.remaining()))
+        return len(removed)
+
+    def schedule_free(self, *, unload_models: bool, free_memory: bool) -> None:
+        """Free models / caches between jobs (ComfyUI's /free), on the worker thread."""
+        with self._lock:
+            unload, free = self._free_request
+            self._free_request = (unload or unload_models, free or free_memory)
+        if self._thread is None:
+            self._do_free()
+        self._wake.set()
+
+    # --- looking ----------------------------------------------------------------------------------
+    def get(self, prompt_id: str) -> JobView | None:
+        with self._lock:
+            if self._current is not None and self._current.prompt_id == prompt_id:
+                return JobView(self._current, "running", self._progress)
+        for spec in self.store.jobs("pending"):
+            if spec.prompt_id == prompt_id:
+                return JobView(spec, "queued")
+        record = self.store.record(prompt_id)
+        return JobView(record.spec, record.status, record=record) if record else None
+
+    def running(self) -> list[JobSpec]:
+        with self._lock:
+            return [self._current] if self._current is not None else []
+
+    def pending(self) -> list[JobSpec]:
+        running = {s.prompt_id for s in self.running()}
+        return [s for s in self.store.jobs("pending") if s.prompt_id not in running]
+
+    def remaining(self) -> int:
+        return len(self.pending()) + len(self.running())
+
+    def history(self, max_items: int | None = None, offset: int = 0) -> list[JobRecord]:
+        return self.store.history(max_items, offset, ran_only=True)
+
+    def delete_history(self, prompt_ids: list[str]) -> None:
+        self.store.delete_history(prompt_ids)
+
+    def clear_history(self) -> None:
+        self.store.clear_history()
+
+    def wait(self, prompt_id: str, timeout: float | None = None) -> JobRecord | None:
+        """Block until the job is in the history (or the timeout passes)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._finished:
+            while (record := self.store.record(prompt_id)) is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._finished.wait(0.5 if left is None else min(left, 0.5))
+            return record
+
+    def subscribe(self, listener: NoticeListener) -> Callable[[], None]:
+        with self._lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
+
+    # --- the worker -------------------------------------------------------------------------------
+    def _subscribe_bus(self) -> None:
+        if self._unsubscribe is None:
+            self._unsubscribe = self.executor.bus.subscribe(self._on_event)
+
+    def _worker(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.clear()
+            self._do_free()
+            spec = self.store.pop_next()
+            if spec is None:
+                self._wake.wait(1.0)
+                continue
+            try:
+                self._run(spec)
+            except Exception:  # the worker must survive anything a job does
+                log.exception("job %s: unexpected failure in the queue worker", spec.prompt_id)
+
+    def _run(self, spec: JobSpec) -> JobRecord | None:
+        with self._lock:
+            self._current, self._progress, self._messages = spec, JobProgress(), []
+        self._notify(QueueChanged(self.remaining()))
+        started = time.time()
+        request = RunRequest(
+            prompt=spec.prompt, prompt_id=spec.prompt_id, outputs=list(spec.outputs) or None,
+            extra_pnginfo=(spec.extra_data.get("extra_pnginfo") or None), client_id=spec.client_id,
+        )
+        try:
+            result = self.executor.run(request)
+        except Exception as exc:  # the executor promises not to raise; be safe anyway
+            log.exception("job %s: the executor raised", spec.prompt_id)
+            result = RunResult(spec.prompt_id, "error", error={"type": type(exc).__name__, "message": str(exc)})
+        with self._lock:
+            messages = list(self._messages)
+            self._cancel_requested.discard(spec.prompt_id)
+        if self._stopping.is_set() and result.status == "interrupted":
+            with self._lock:
+                self._current = None
+            return None  # left 'running' in the store: the next start records it
+        if result.status == "invalid" and not any(m[0] == "execution_error" for m in messages):
+            messages.append(["execution_error", {"prompt_id": spec.prompt_id, **(result.error or {})}])
+        record = JobRecord.from_result(spec, result, messages, started)
+        with self._finished:
+            self.store.finish(record)
+            self._current = None
+            self._finished.notify_all()
+        self._notify(JobFinished(record))
+        self._notify(QueueChanged(self.remaining()))
+        return record
+
+    def _on_event(self, event: ev.Event) -> None:
+        with self._lock:
+            spec = self._current
+            if spec is None or event.prompt_id != spec.prompt_id:
+                return
+            if isinstance(event, ev.ExecutionStart) and (
+                spec.prompt_id in self._cancel_requested or self._stopping.is_set()
+            ):
+                self.executor.interrupt.set()  # cancelled between pop and the executor's start
+            if isinstance(event, ev.Progress):
+                self._progress = JobProgress(event.value, event.max, event.node)
+            elif isinstance(event, ev.Executing) and event.node is not None:
+                self._progress = JobProgress(0, 0, event.node)
+            if event.type in _STATUS_MESSAGES:
+                self._messages.append([event.type, event.data()])
+        self._notify(JobEvent(spec, event))
+
+    def _do_free(self) -> None:
+        with self._lock:
+            unload, free_memory = self._free_request
+            self._free_request = (False, False)
+        if not (unload or free_memory):
+            return
+        free = getattr(self.executor.models, "free", None)
+        if callable(free):
+            free()
+        if free_memory:
+            self.executor.cache.clear()
+        log.info("freed memory (unload_models=%s, free_memory=%s)", unload, free_memory)
+
+    def _notify(self, notice: Notice) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(notice)
+            except Exception:  # a listener's bug must not stop the queue
+                log.exception("job queue listener failed")
