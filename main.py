@@ -18,6 +18,8 @@ from engine.cache import OutputCache
 from engine.context import Folders
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
+from engine.folders import ModelFolders
+from engine.memory import DevicePolicy, ModelManager
 from engine.registry import NodeRegistry
 
 ROOT = Path(__file__).resolve().parent
@@ -76,20 +78,16 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     return Runtime(registry, executor, folders, bus, models, report)
 
 
-def _model_files(args: argparse.Namespace) -> Any:
-    try:
-        from engine.folders import ModelFolders
-    except ImportError:  # model support not installed in this tree yet
-        return None
-    return ModelFolders.from_args(args.models_dir, args.extra_model_paths)
+def _model_files(args: argparse.Namespace) -> ModelFolders:
+    files = ModelFolders(args.models_dir)
+    if args.extra_model_paths is not None:
+        files.add_yaml(args.extra_model_paths)
+    return files
 
 
-def _model_manager(args: argparse.Namespace) -> Any:
-    try:
-        from engine.memory import ModelManager
-    except ImportError:
-        return None
-    return ModelManager.from_args(cpu=args.cpu, ram_gb=args.ram_gb, allow_pickle=args.allow_pickle)
+def _model_manager(args: argparse.Namespace) -> ModelManager:
+    budget = None if args.ram_gb is None else int(args.ram_gb * (1 << 30))
+    return ModelManager(DevicePolicy.detect(force_cpu=args.cpu), ram_budget_bytes=budget)
 
 
 def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Folders) -> Any:

@@ -23,6 +23,7 @@ from engine.cache import OutputCache, canonical, is_nonce, make_key, nonce
 from engine.context import Folders, Interrupted, InterruptFlag, ModelAccess, NodeContext, NoModels, Preview
 from engine.graph import Prompt, as_link, build_graph, sort_key, topological_order
 from engine.lists import NodeRun, call_mapped
+from engine.memory import handles_in
 from engine.node import ExecutionBlocker, NodeDef
 from engine.registry import NodeRegistry
 from engine.schema import HIDDEN_DYNPROMPT, HIDDEN_EXTRA_PNGINFO, HIDDEN_PROMPT, HIDDEN_UNIQUE_ID
@@ -383,7 +384,7 @@ class Executor:
                 produced = plan.results.get(link.source)
                 if produced is not None:
                     upcoming.extend(produced[link.output_index])
-        hint(upcoming)
+        hint(handles_in(upcoming))
 
     def _send_cached_ui(self, request: RunRequest, plan: _Plan, nodes: Iterable[str], result: RunResult) -> None:
         """Output nodes served from the cache re-send their UI output, as ComfyUI does."""

@@ -1,0 +1,118 @@
+"""`main.py run` and `main.py nodes` as DESIGN.md's CLI contract says."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def text_workflow(a: str = "hello", b: str = "world") -> dict[str, Any]:
+    return {
+        "1": {"class_type": "PrimitiveString", "inputs": {"value": a}},
+        "2": {"class_type": "StringConcatenate", "inputs": {"string_a": ["1", 0], "string_b": b, "delimiter": " "}},
+        "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}},
+    }
+
+
+def dirs(tmp: Path) -> list[str]:
+    return ["--output-dir", str(tmp / "out"), "--input-dir", str(tmp / "in"), "--temp-dir", str(tmp / "temp"),
+            "--models-dir", str(tmp / "models"), "--disable-custom-nodes"]
+
+
+def run_cli(tmp: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[dict[str, Any]], str]:
+    code = main.main(["run", *args, "--json", *dirs(tmp)])
+    out, err = capsys.readouterr()
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return code, lines, err
+
+
+def write(tmp: Path, name: str, obj: Any) -> Path:
+    path = tmp / name
+    path.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+    return path
+
+
+def test_run_prints_one_json_line_per_workflow_and_later_ones_hit_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wf = write(tmp_path, "a.json", text_workflow())
+    code, lines, err = run_cli(tmp_path, capsys, str(wf), str(wf))
+    assert code == 0
+    assert len(lines) == 2
+    first, second = lines
+    assert set(first) >= {"prompt_id", "status", "executed", "cached", "outputs", "node_errors", "error",
+                          "timings", "memory"}
+    assert first["status"] == "success" and sorted(first["executed"]) == ["1", "2", "3"]
+    assert first["outputs"] == {"3": {"text": ["hello world"]}}
+    assert second["executed"] == [] and second["cached"] == ["3"]
+    assert "nodes" in first["timings"] and "total_s" in first["timings"]
+    assert "[a.json]" in err  # progress on stderr
+
+
+def test_set_overrides_are_type_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wf = write(tmp_path, "a.json", text_workflow())
+    code, lines, _ = run_cli(tmp_path, capsys, str(wf), "--set", "2.delimiter=-", "--set", "1.value=bye")
+    assert code == 0 and lines[0]["outputs"]["3"] == {"text": ["bye-world"]}
+    assert main.main(["run", str(wf), "--set", "9.value=1", *dirs(tmp_path)]) == 2
+    assert "has no node '9'" in capsys.readouterr().err
+    assert main.main(["run", str(wf), "--set", "1.nope=1", *dirs(tmp_path)]) == 2
+    assert "has no input 'nope'" in capsys.readouterr().err
+    assert main.main(["run", str(wf), "--set", "garbage", *dirs(tmp_path)]) == 2
+
+
+def test_invalid_workflow_exits_2_with_node_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wf = text_workflow()
+    wf["2"]["class_type"] = "StringConcatenat"
+    code, lines, _ = run_cli(tmp_path, capsys, str(write(tmp_path, "bad.json", wf)))
+    assert code == 2
+    assert lines[0]["status"] == "invalid"
+    assert lines[0]["node_errors"]["2"]["errors"][0]["type"] == "missing_node_type"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [("{not json", "not JSON"), ("[1, 2]", "found"), ('{"format": "other"}', "unknown workflow format")],
+)
+def test_bad_files_get_one_clear_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str
+) -> None:
+    path = write(tmp_path, "bad.json", content)
+    assert main.main(["run", str(path), *dirs(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert needle in err and str(path) in err
+
+
+def test_missing_file_and_later_workflows_still_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write(tmp_path, "good.json", text_workflow())
+    code, lines, err = run_cli(tmp_path, capsys, str(tmp_path / "nope.json"), str(good))
+    assert code == 2
+    assert "no such file" in err
+    assert lines[-1]["status"] == "success"
+
+
+def test_subprocess_bad_file_never_shows_a_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, "bad.json", "{oops")
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "run", str(path), *dirs(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("loom: ")
+
+
+def test_nodes_catalogue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.main(["nodes", "--json", *dirs(tmp_path)[:-1]]) == 0
+    info = json.loads(capsys.readouterr().out)
+    entry = info["StringConcatenate"]
+    assert entry["input_order"]["required"] == ["string_a", "string_b", "delimiter"]
+    assert entry["output"] == ["STRING"] and entry["category"] == "utils/string"
+    assert info["PreviewAny"]["output_node"] is True
