@@ -330,7 +330,10 @@ def _load_png(data: bytes, object_info: Mapping[str, Mapping[str, Any]]) -> Load
         except WorkflowFormatError as exc:
             problem = f"its \"prompt\" chunk is not a valid API workflow ({exc})"
     if png.workflow is not None:
-        loaded = load_workflow(png.workflow, object_info)
+        try:
+            loaded = load_workflow(png.workflow, object_info)
+        except WorkflowFormatError as exc:
+            raise WorkflowFormatError(f"the PNG's \"workflow\" chunk: {exc}") from exc
         return LoadedWorkflow(loaded.prompt, png.workflow, FORMAT_PNG_WORKFLOW)
     raise WorkflowFormatError(problem or "the PNG carries no workflow (no \"prompt\" or \"workflow\" text chunk)")
 

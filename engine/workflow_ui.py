@@ -123,7 +123,12 @@ class _Flattener:
             if type_ in self.subgraphs:
                 self.subgraph(node, node_id, mode, inputs, outputs, depth)
             elif type_.startswith(GROUP_NODE_PREFIXES) and _group_name(type_) in self.group_defs:
-                self.group_node(node, node_id, mode, inputs, outputs)
+                try:
+                    self.group_node(node, node_id, mode, inputs, outputs)
+                except (TypeError, ValueError, KeyError, IndexError) as exc:
+                    raise WorkflowFormatError(
+                        f"group node {node_id} ({type_}): its definition in extra.groupNodes is malformed ({exc})"
+                    ) from exc
             else:
                 title = node.get("title")
                 self.flat[node_id] = _FlatNode(
@@ -164,7 +169,7 @@ class _Flattener:
         self, node: Mapping[str, Any], node_id: str, mode: int, inputs: list[_FlatInput], outputs: list[str]
     ) -> None:
         definition = self.group_defs[_group_name(node["type"])]
-        inner_nodes = [n for n in _entries(definition.get("nodes"))]
+        inner_nodes = _entries(definition.get("nodes"))
         internal = _group_links(definition.get("links"))
         external = {(int(e[0]), int(e[1])) for e in definition.get("external") or [] if _is_seq(e, 2)}
         linked_to = {(t_idx, t_slot): (f_idx, f_slot) for f_idx, f_slot, t_idx, t_slot in internal}

@@ -325,3 +325,10 @@ def test_title_falls_back_to_display_name_then_class(object_info: dict[str, Any]
 def test_malformed_ui_raises_format_error(ui: Any, phrase: str, object_info: dict[str, Any]) -> None:
     with pytest.raises(WorkflowFormatError, match=phrase):
         convert_ui_to_api(ui, object_info)
+
+
+def test_malformed_group_node_definition(object_info: dict[str, Any]) -> None:
+    ui = load("group_node.json")
+    ui["extra"]["groupNodes"]["Sample and decode"]["external"] = [["x", 0, "IMAGE"]]
+    with pytest.raises(WorkflowFormatError, match="group node 10 .* extra.groupNodes is malformed"):
+        convert_ui_to_api(ui, object_info)
