@@ -116,3 +116,37 @@ def test_nodes_catalogue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert entry["input_order"]["required"] == ["string_a", "string_b", "delimiter"]
     assert entry["output"] == ["STRING"] and entry["category"] == "utils/string"
     assert info["PreviewAny"]["output_node"] is True
+
+
+def test_run_accepts_ui_format_saved_format_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    from engine.workflow import to_saved
+
+    ui = {
+        "last_node_id": 3, "last_link_id": 2, "version": 0.4, "groups": [], "config": {}, "extra": {},
+        "nodes": [
+            {"id": 1, "type": "PrimitiveString", "pos": [0, 0], "size": [200, 60], "flags": {}, "order": 0,
+             "mode": 0, "inputs": [], "outputs": [{"name": "STRING", "type": "STRING", "links": [1]}],
+             "properties": {}, "widgets_values": ["from ui"]},
+            {"id": 2, "type": "StringConcatenate", "pos": [250, 0], "size": [200, 100], "flags": {}, "order": 1,
+             "mode": 0,
+             "inputs": [{"name": "string_a", "type": "STRING", "link": 1, "widget": {"name": "string_a"}}],
+             "outputs": [{"name": "STRING", "type": "STRING", "links": [2]}],
+             "properties": {}, "widgets_values": ["", "!", "+"]},
+            {"id": 3, "type": "PreviewAny", "pos": [500, 0], "size": [200, 60], "flags": {}, "order": 2,
+             "mode": 0, "inputs": [{"name": "source", "type": "*", "link": 2}], "outputs": [],
+             "properties": {}, "widgets_values": []},
+        ],
+        "links": [[1, 1, 0, 2, 0, "STRING"], [2, 2, 0, 3, 0, "STRING"]],
+    }
+    ui_path = write(tmp_path, "ui.json", ui)
+    saved_path = write(tmp_path, "saved.json", to_saved(text_workflow("saved")))
+    png_path = tmp_path / "made.png"
+    info = PngInfo()
+    info.add_text("prompt", json.dumps(text_workflow("png")))
+    Image.new("RGB", (8, 8)).save(png_path, pnginfo=info)
+    code, lines, _ = run_cli(tmp_path, capsys, str(ui_path), str(saved_path), str(png_path))
+    assert code == 0
+    assert [line["outputs"]["3"]["text"][0] for line in lines] == ["from ui+!", "saved world", "png world"]
