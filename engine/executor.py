@@ -137,8 +137,7 @@ class Executor:
         try:
             plan = self._plan(prompt, validation.outputs)
             self._require(plan, validation.outputs)
-            if plan.cached:
-                self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(plan.cached)))
+            self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(plan.cached)))  # always, as ComfyUI
             self._send_cached_ui(request, plan, plan.cached, result)
             self._loop(request, plan, result)
             self._emit(ev.ExecutionSuccess(request.prompt_id))
