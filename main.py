@@ -253,9 +253,21 @@ def cmd_make_demo_model(args: argparse.Namespace) -> int:
 
 
 # --- serve --------------------------------------------------------------------------------------
+def ensure_demo_models(args: argparse.Namespace) -> None:
+    """The main job must run out of the box: write the demo models when no checkpoint exists."""
+    if args.no_demo or _model_files(args).list("checkpoints"):
+        return
+    from nodes.demo import make_demo_models
+
+    log.info("no checkpoint in %s: writing the random-weight demo models (their images are noise; "
+             "put real checkpoints in %s)", args.models_dir, args.models_dir / "checkpoints")
+    make_demo_models(args.models_dir)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.app import serve_main
 
+    ensure_demo_models(args)
     return serve_main(args, build_runtime, ROOT)
 
 
