@@ -1,0 +1,253 @@
+"""The ComfyUI compatibility shim: ComfyUI's small public modules, bound to one Loom instance.
+
+``ComfyShim(folders, model_files, event_sink)`` owns fresh copies of the ``folder_paths`` and
+``server`` stand-ins (this folder) bound to itself. ``with shim.installed(pack):`` puts them into
+``sys.modules`` as ``folder_paths``, ``server``, ``comfy_api``, ``comfy_execution`` — only while a
+plugin pack loads or one of its nodes runs — and makes imports of ComfyUI's internals
+(``comfy.sd``, ``latent_preview``, ComfyUI's ``nodes``...) fail with a message naming the pack and
+the module. Loom's own package is also called ``nodes``: while installed, ``nodes`` is a proxy that
+serves Loom's submodules and explains that ComfyUI's ``nodes`` (``NODE_CLASS_MAPPINGS``...) is absent.
+
+Everything mutable lives on the shim instance; the bound module copies hold only the shim.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from engine.context import Folders, ModelFiles
+
+EventSink = Callable[[str, Any, str | None], None]
+
+# Top-level packages and modules of ComfyUI's own code. Blocked only when nothing installed
+# provides them (the blocker is the last finder on sys.meta_path).
+COMFY_INTERNAL_PACKAGES = frozenset({"comfy", "comfy_extras", "comfy_execution", "comfy_config", "app", "api_server"})
+COMFY_INTERNAL_MODULES = frozenset({
+    "latent_preview", "execution", "node_helpers", "comfyui_version", "cuda_malloc", "protocol",
+    "new_updater", "hook_breaker_ac10a0",
+})
+# ComfyUI's usual model folder names (folder_paths.folder_names_and_paths).
+MODEL_KINDS = (
+    "checkpoints", "configs", "loras", "vae", "vae_approx", "text_encoders", "clip", "diffusion_models",
+    "unet", "clip_vision", "style_models", "embeddings", "diffusers", "controlnet", "gligen",
+    "upscale_models", "hypernetworks", "photomaker", "classifiers", "ipadapter", "safety",
+)
+_HERE = Path(__file__).resolve().parent
+_MISSING = object()
+
+
+class ComfyShim:
+    """ComfyUI's ``folder_paths`` / ``server`` / ``comfy_api`` for plugin packs, bound to Loom's folders.
+
+    ``routes`` collects the HTTP routes packs add (the server mounts it with ``app.add_routes``);
+    ``send_event`` forwards ``PromptServer.instance.send_sync`` to ``event_sink(event, data, sid)``;
+    the server sets ``client_id`` / ``last_node_id`` as ComfyUI's PromptServer has them.
+    """
+
+    def __init__(
+        self,
+        folders: Folders,
+        model_files: ModelFiles | None = None,
+        event_sink: EventSink | None = None,
+        *,
+        models_dir: Path | None = None,
+    ) -> None:
+        self.folders = folders
+        self.model_files = model_files
+        self.event_sink = event_sink
+        self.models_dir = models_dir
+        self.routes = web.RouteTableDef()
+        self.client_id: str | None = None
+        self.last_node_id: str | None = None
+        exts = {".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft"}
+        self.model_folders: dict[str, tuple[list[str], set[str]]] = {
+            kind: ([str(models_dir / kind)] if models_dir is not None else [], set(exts)) for kind in MODEL_KINDS
+        }
+        self.folder_paths = self._bound_copy("folder_paths")
+        self.server = self._bound_copy("server")
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved: dict[str, Any] = {}
+        self._local = threading.local()
+        self._blocker = _InternalModuleBlocker(self)
+        self._created: list[str] = []
+
+    # --- pack-facing behaviour -----------------------------------------------------------------
+    def send_event(self, event: str, data: Any, sid: str | None = None) -> None:
+        if self.event_sink is not None:
+            self.event_sink(event, data, sid)
+
+    @property
+    def current_pack(self) -> str:
+        stack: list[str] = getattr(self._local, "packs", [])
+        return stack[-1] if stack else "a plugin pack"
+
+    # --- installation --------------------------------------------------------------------------
+    @contextmanager
+    def installed(self, pack: str) -> Iterator[None]:
+        """ComfyUI's module names resolve to this shim inside the block (nesting is fine)."""
+        stack: list[str] = self._local.__dict__.setdefault("packs", [])
+        stack.append(pack)
+        with self._lock:
+            if self._depth == 0:
+                self._install()
+            self._depth += 1
+        try:
+            yield
+        finally:
+            stack.pop()
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._uninstall()
+
+    def module_table(self) -> dict[str, types.ModuleType]:
+        from nodes.compat import comfy_api, comfy_execution
+        from nodes.compat.comfy_api import latest
+        from nodes.compat.comfy_execution import graph_utils
+
+        table: dict[str, types.ModuleType] = {
+            "folder_paths": self.folder_paths,
+            "server": self.server,
+            "comfy_api": comfy_api,
+            "comfy_execution": comfy_execution,
+            "comfy_execution.graph_utils": graph_utils,
+        }
+        for version in ("latest", "v0_0_2", "v0_0_3"):
+            table[f"comfy_api.{version}"] = latest
+            table[f"comfy_api.{version}.io"] = latest.io
+            table[f"comfy_api.{version}.ui"] = latest.ui
+        return table
+
+    def _install(self) -> None:
+        importlib.import_module("nodes.api")  # native packs import it; load it before the proxy
+        table = self.module_table()
+        real_nodes = sys.modules.get("nodes")
+        if real_nodes is not None and not isinstance(real_nodes, _LoomNodesProxy):
+            table["nodes"] = _LoomNodesProxy(real_nodes, self)
+        self._saved = {name: sys.modules.get(name, _MISSING) for name in table}
+        sys.modules.update(table)
+        sys.meta_path.append(self._blocker)
+        self._created = []
+
+    def _uninstall(self) -> None:
+        if self._blocker in sys.meta_path:
+            sys.meta_path.remove(self._blocker)
+        proxy = sys.modules.get("nodes")
+        if isinstance(proxy, _LoomNodesProxy):
+            proxy.hand_back_submodules()
+        for name, previous in self._saved.items():
+            if previous is _MISSING:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
+        for name in self._created:
+            sys.modules.pop(name, None)
+        self._saved = {}
+        self._created = []
+
+    def _bound_copy(self, name: str) -> types.ModuleType:
+        """A fresh module object from ``nodes/compat/{name}.py``, bound to this shim."""
+        spec = importlib.util.spec_from_file_location(name, _HERE / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module._bind(self)
+        return module
+
+    def internal_module_error(self, module: str) -> ImportError:
+        return ImportError(
+            f"pack {self.current_pack!r} imports ComfyUI internal module {module!r}, which Loom does not "
+            "provide. Loom runs ComfyUI packs that use the node API, folder_paths, server.PromptServer "
+            "and comfy_api only; packs built on ComfyUI's model code need ComfyUI itself.",
+            name=module,
+        )
+
+
+class _InternalModuleBlocker(importlib.abc.MetaPathFinder):
+    """Last on ``sys.meta_path``: a ComfyUI-internal import nothing else could satisfy fails clearly.
+
+    A top-level name (``import comfy``) gets an empty stub package so that the error can name the
+    submodule actually wanted (``comfy.sd``), at import or at first attribute access.
+    """
+
+    def __init__(self, shim: ComfyShim) -> None:
+        self.shim = shim
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        top = fullname.partition(".")[0]
+        if top not in COMFY_INTERNAL_PACKAGES and top not in COMFY_INTERNAL_MODULES:
+            return None
+        if "." in fullname or top in COMFY_INTERNAL_MODULES:
+            raise self.shim.internal_module_error(fullname)
+        self.shim._created.append(fullname)
+        return importlib.machinery.ModuleSpec(fullname, _StubLoader(self.shim), is_package=True)
+
+
+class _StubLoader(importlib.abc.Loader):
+    def __init__(self, shim: ComfyShim) -> None:
+        self.shim = shim
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _InternalStub(spec.name, self.shim)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__path__ = []
+
+
+class _InternalStub(types.ModuleType):
+    def __init__(self, name: str, shim: ComfyShim) -> None:
+        super().__init__(name)
+        self._shim = shim
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise self._shim.internal_module_error(f"{self.__name__}.{attr}")
+
+
+class _LoomNodesProxy(types.ModuleType):
+    """``sys.modules["nodes"]`` while the shim is installed: Loom's package, minus ComfyUI's names."""
+
+    def __init__(self, real: types.ModuleType, shim: ComfyShim) -> None:
+        super().__init__("nodes", real.__doc__)
+        self._real = real
+        self._shim = shim
+        self.__path__ = list(getattr(real, "__path__", []))
+        self.__spec__ = real.__spec__
+        self.__package__ = "nodes"
+        self.__file__ = getattr(real, "__file__", None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if hasattr(self._real, name):
+            return getattr(self._real, name)
+        if importlib.util.find_spec(f"nodes.{name}") is not None:
+            return importlib.import_module(f"nodes.{name}")
+        raise ImportError(
+            f"pack {self._shim.current_pack!r} uses ComfyUI's 'nodes' module (nodes.{name}), which Loom does "
+            "not provide: Loom's own package is also named 'nodes'. ComfyUI's core node classes and "
+            "NODE_CLASS_MAPPINGS cannot be imported by plugins under Loom.",
+            name="nodes",
+        )
+
+    def hand_back_submodules(self) -> None:
+        """Submodules imported through the proxy become attributes of the real package too."""
+        for key, value in list(self.__dict__.items()):
+            if isinstance(value, types.ModuleType) and value.__name__ == f"nodes.{key}":
+                setattr(self._real, key, value)
