@@ -1,0 +1,147 @@
+"""The family adapter interface: what differs between SD1.x, SD2.x and SDXL, in one place.
+
+A family says how to recognise its checkpoints, where each component lives in the single file,
+how to read each component's architecture from the tensors, and what sampling needs to know
+(latent scale, prediction type, default size, extra UNet inputs, text encoders and tokenizers).
+Nodes ask the family; they never branch on it.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from nodes.families import arch
+from nodes.families.files import ModelLoadError, TensorIndex
+
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "models" / "configs"
+
+
+@dataclass(frozen=True)
+class TextEncoderSpec:
+    """One text encoder of a family and how prompts go through it."""
+
+    name: str  # "clip_l", "clip_h", "clip_g": the key in the CLIP module dict
+    prefix: str  # key prefix in the single-file checkpoint
+    layout: str  # "hf_clip" (transformers names) or "open_clip"
+    subfolder: str  # in a diffusers folder
+    tokenizer: str  # folder under models/configs with the tokenizer settings
+    default_layer: int  # hidden state used by default: -1 last, -2 penultimate
+    final_norm: bool  # apply final_layer_norm to the chosen hidden state
+    pooled: bool  # its pooled (projected) output is a UNet input (SDXL's clip_g)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One module to build: its file location, key layout and diffusers/transformers config."""
+
+    name: str  # unet | vae | clip_l | clip_h | clip_g
+    builder: str  # unet | vae | clip | clip_projection
+    layout: str  # key layout in a single file: unet | vae | hf_clip | open_clip
+    prefix: str  # key prefix in a single file
+    subfolder: str  # subfolder in a diffusers folder
+    config_json: str
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(json.loads(self.config_json))
+
+    @staticmethod
+    def make(name: str, builder: str, layout: str, prefix: str, subfolder: str, config: Mapping[str, Any]) -> Part:
+        return Part(name, builder, layout, prefix, subfolder, json.dumps(dict(config), sort_keys=True))
+
+
+@dataclass(frozen=True)
+class FamilyAdapter(ABC):
+    """Subclasses are field-less frozen dataclasses: equal and hashable by class."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    unet_prefix: ClassVar[str] = "model.diffusion_model."
+    vae_prefix: ClassVar[str] = "first_stage_model."
+    latent_scale: ClassVar[float] = 0.18215
+    latent_channels: ClassVar[int] = 4
+    text_encoders: ClassVar[tuple[TextEncoderSpec, ...]]
+    heads: ClassVar[arch.HeadsRule]
+    pipeline_class: ClassVar[str]
+
+    # --- recognition --------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def detect(cls, index: TensorIndex) -> bool:
+        """Whether a single-file checkpoint's tensors are of this family."""
+
+    @classmethod
+    def detect_diffusers(cls, model_index: Mapping[str, Any], unet: Mapping[str, Any]) -> bool:
+        return bool(model_index.get("_class_name") == cls.pipeline_class)
+
+    # --- what sampling needs ----------------------------------------------------------------------
+    def prediction_type(self, index: TensorIndex) -> str:
+        return "epsilon"
+
+    def default_resolution(self, prediction: str) -> int:
+        return 512
+
+    def config_dir(self, prediction: str = "epsilon") -> Path:
+        return CONFIGS_DIR / self.name
+
+    def scheduler_config(self, prediction: str) -> dict[str, Any]:
+        path = self.config_dir(prediction) / "scheduler" / "scheduler_config.json"
+        cfg = dict(json.loads(path.read_text(encoding="utf-8")))
+        cfg["prediction_type"] = prediction
+        return cfg
+
+    def unet_inputs(self, *, pooled: Any, width: int, height: int, batch: int,
+                    crop: tuple[int, int] = (0, 0), target: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Extra keyword arguments of the UNet call beyond (latents, t, encoder_hidden_states)."""
+        return {}
+
+    # --- architecture ---------------------------------------------------------------------------
+    def unet_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
+        size = self.default_resolution(prediction) // 8
+        return arch.unet_config(index, self.unet_prefix, type(self).heads, size)
+
+    def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
+        """The parts of each handle (``unet``, ``clip``, ``vae``) of a single-file checkpoint."""
+        prediction = self.prediction_type(index)
+        unet = Part.make("unet", "unet", "unet", self.unet_prefix, "unet", self.unet_config(index, prediction))
+        vae_cfg = arch.vae_config(index, self.vae_prefix, self.latent_scale, self.default_resolution(prediction))
+        vae = Part.make("vae", "vae", "vae", self.vae_prefix, "vae", vae_cfg)
+        clips = []
+        for spec in self.text_encoders:
+            cfg = arch.clip_config(index, spec.prefix, spec.layout)
+            builder = "clip_projection" if "projection_dim" in cfg else "clip"
+            clips.append(Part.make(spec.name, builder, spec.layout, spec.prefix, spec.subfolder, cfg))
+        return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}
+
+    def spec(self, name: str) -> TextEncoderSpec:
+        for s in self.text_encoders:
+            if s.name == name:
+                return s
+        raise KeyError(f"{self.title} has no text encoder {name!r}; it has {[s.name for s in self.text_encoders]}")
+
+
+def describe_unknown(index: TensorIndex) -> str:
+    """A teaching message for a file that is not an SD1.x/SD2.x/SDXL checkpoint."""
+    keys = list(index.tensors)
+    hints = [
+        (("lora_unet_", "lora_te", ".lora_down.", ".lora_A."), "this looks like a LoRA; put it in models/loras and use LoraLoader"),
+        (("double_blocks.", "model.diffusion_model.double_blocks."), "this looks like a FLUX model, which Loom does not support"),
+        (("joint_blocks.", "model.diffusion_model.joint_blocks."), "this looks like an SD3 model, which Loom does not support"),
+        (("encoder.down.0.block.", "encoder.down_blocks.0."), "this looks like a VAE; put it in models/vae and use VAELoader"),
+    ]
+    for needles, hint in hints:
+        if any(any(n in k for n in needles) for k in keys):
+            return hint
+    sample = ", ".join(keys[:4]) or "no tensors at all"
+    return (f"unknown architecture: expected an SD1.x, SD2.x or SDXL checkpoint with "
+            f"'model.diffusion_model.input_blocks.*' tensors, found {len(keys)} tensors like {sample}")
+
+
+def require(cond: bool, index: TensorIndex, what: str) -> None:
+    if not cond:
+        raise ModelLoadError(f"{index.path}: {what}")

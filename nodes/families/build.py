@@ -1,0 +1,139 @@
+"""Build diffusers/transformers modules from a :class:`Part` and its weights, and extract weights
+back in the original layout. Modules are created without initialising random weights (meta
+parameters, then ``load_state_dict(assign=True)``), so building costs only the file read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nodes.families import keys
+from nodes.families.base import FamilyAdapter, Part
+from nodes.families.files import ModelLoadError, TensorIndex, load_tensors
+
+
+def empty_module(part: Part) -> Any:
+    """The module of ``part`` with parameters on the meta device (buffers real)."""
+    from accelerate import init_empty_weights
+
+    cfg = part.config
+    with init_empty_weights(include_buffers=False):
+        if part.builder == "unet":
+            from diffusers import UNet2DConditionModel
+
+            return UNet2DConditionModel.from_config(cfg)
+        if part.builder == "vae":
+            from diffusers import AutoencoderKL
+
+            return AutoencoderKL.from_config(cfg)
+        from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+        config = CLIPTextConfig(**cfg)
+        if part.builder == "clip_projection":
+            return CLIPTextModelWithProjection(config)
+        return CLIPTextModel(config)
+    raise AssertionError(part.builder)
+
+
+def _module_keys(part: Part, sd: dict[str, Any]) -> dict[str, Any]:
+    """transformers' ``CLIPTextModelWithProjection`` nests the encoder under ``text_model.``."""
+    if part.builder != "clip_projection":
+        return sd
+    return {k if k.startswith("text_projection.") else f"text_model.{k}": v for k, v in sd.items()}
+
+
+def _inner_keys(part: Part, sd: Mapping[str, Any]) -> dict[str, Any]:
+    if part.builder != "clip_projection":
+        return dict(sd)
+    return {k.removeprefix("text_model."): v for k, v in sd.items()}
+
+
+def build_from_single_file(part: Part, index: TensorIndex) -> Any:
+    """Read ``part``'s tensors from a single file in the original layout and build the module."""
+    raw = load_tensors(index, part.prefix)
+    if part.layout == "vae" and keys.looks_like_diffusers_vae(list(raw)):
+        sd = raw  # a standalone VAE file saved by diffusers
+    else:
+        sd = keys.to_diffusers(part.layout, raw, part.config)
+    return assign(part, sd, where=f"{index.path} ({part.name}, prefix {part.prefix!r})")
+
+
+def assign(part: Part, sd: dict[str, Any], where: str) -> Any:
+    module = empty_module(part)
+    sd = _module_keys(part, sd)
+    sd.pop("embeddings.position_ids", None)
+    sd.pop("text_model.embeddings.position_ids", None)
+    expected = set(module.state_dict())
+    missing = sorted(expected - set(sd))
+    unexpected = sorted(set(sd) - expected)
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"{where}: weights do not fit the {part.builder} read from the file's shapes: "
+            f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); "
+            "the file is incomplete or of an unsupported variant"
+        )
+    try:
+        module.load_state_dict(sd, strict=True, assign=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{where}: tensor shapes do not fit: {str(exc)[:500]}") from exc
+    return module.eval().requires_grad_(False)
+
+
+def build_from_diffusers(part: Part, folder: Path, *, allow_pickle: bool = False) -> Any:
+    """Load ``part`` from a diffusers folder's subfolder (``unet``, ``vae``, ``text_encoder``...)."""
+    path = Path(folder) / part.subfolder
+    if not path.is_dir():
+        raise ModelLoadError(f"{folder}: diffusers folder has no {part.subfolder}/ subfolder")
+    weights = [p for p in path.iterdir() if p.suffix == ".safetensors"]
+    if not weights and not allow_pickle:
+        raise ModelLoadError(f"{path}: no .safetensors weights (only pickled .bin files?); convert them "
+                             "or allow pickles with the allow_pickle setting")
+    try:
+        if part.builder == "unet":
+            from diffusers import UNet2DConditionModel
+
+            module = UNet2DConditionModel.from_pretrained(path, local_files_only=True, use_safetensors=bool(weights))
+        elif part.builder == "vae":
+            from diffusers import AutoencoderKL
+
+            module = AutoencoderKL.from_pretrained(path, local_files_only=True, use_safetensors=bool(weights))
+        else:
+            from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+            cls = CLIPTextModelWithProjection if part.builder == "clip_projection" else CLIPTextModel
+            module = cls.from_pretrained(path, local_files_only=True, use_safetensors=bool(weights))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"{path}: cannot load the {part.name} of this diffusers folder: {exc}") from exc
+    return module.eval().requires_grad_(False)
+
+
+def original_state_dict(part: Part, module: Any, prefix: str | None = None) -> dict[str, Any]:
+    """``module``'s weights in the original single-file layout, with the part's key prefix."""
+    sd = _inner_keys(part, module.state_dict())
+    converted = keys.to_ldm(part.layout, sd, part.config)
+    head = part.prefix if prefix is None else prefix
+    return {head + k: v.detach().contiguous() for k, v in converted.items()}
+
+
+def ldm_state_dict(family: FamilyAdapter, modules: Mapping[str, Any], prediction: str = "epsilon") -> dict[str, Any]:
+    """A whole single-file checkpoint from diffusers/transformers modules named ``unet``, ``vae``
+    and the family's text encoder names (``clip_l``, ``clip_g``, ``clip_h``)."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for name, module in modules.items():
+        if name in ("unet", "vae"):
+            prefix = family.unet_prefix if name == "unet" else family.vae_prefix
+            cfg = json.dumps(dict(module.config), sort_keys=True, default=str)
+            part = Part(name, name, name, prefix, name, cfg)
+        else:
+            spec = family.spec(name)
+            builder = "clip_projection" if hasattr(module, "text_projection") else "clip"
+            part = Part(name, builder, spec.layout, spec.prefix, spec.subfolder, "{}")
+        out.update(original_state_dict(part, module))
+    if prediction == "v_prediction":
+        out["v_pred"] = torch.zeros(0)  # ComfyUI's marker of a v-prediction checkpoint
+    return out

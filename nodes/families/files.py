@@ -1,0 +1,197 @@
+"""Reading model files safely: the safetensors header (names, dtypes, shapes) without the data,
+integrity checks that name the file and the problem, tensors by key prefix, and the refusal of
+pickles unless allowed.
+
+Format reference: https://github.com/huggingface/safetensors#format (8-byte little-endian header
+length, a JSON header ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__"}``,
+then the raw data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+PICKLE_SUFFIXES = frozenset({".ckpt", ".pt", ".pth", ".bin"})
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+MAX_HEADER = 100 * 2**20
+
+
+class ModelLoadError(ValueError):
+    """A model file cannot be used. The message names the file, the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    dtype: str  # safetensors name: F32, F16, BF16, ...
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_BYTES.get(self.dtype, 4)
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class TensorIndex:
+    """Names and shapes of the tensors in a file, read from its header only."""
+
+    path: Path
+    tensors: Mapping[str, TensorInfo]
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    pickled: bool = False
+
+    def has(self, key: str) -> bool:
+        return key in self.tensors
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        info = self.tensors.get(key)
+        if info is None:
+            raise ModelLoadError(f"{self.path.name}: expected tensor {key!r}, which is missing; the file is incomplete")
+        return info.shape
+
+    def keys_with(self, prefix: str) -> list[str]:
+        return [k for k in self.tensors if k.startswith(prefix)]
+
+    def any_with(self, prefix: str) -> bool:
+        return any(k.startswith(prefix) for k in self.tensors)
+
+    def count(self, pattern_prefix: str, index_pos: int = 0) -> int:
+        """Number of distinct integers right after ``pattern_prefix`` (``...layers.{i}.``) + 1."""
+        found = {int(part) for k in self.tensors if k.startswith(pattern_prefix)
+                 for part in [k[len(pattern_prefix):].split(".")[index_pos]] if part.isdigit()}
+        return max(found) + 1 if found else 0
+
+    def nbytes(self, prefix: str = "") -> int:
+        return sum(t.nbytes for k, t in self.tensors.items() if k.startswith(prefix))
+
+    def main_dtype(self, prefix: str = "") -> str:
+        sizes: dict[str, int] = {}
+        for k, t in self.tensors.items():
+            if k.startswith(prefix):
+                sizes[t.dtype] = sizes.get(t.dtype, 0) + t.nbytes
+        return max(sizes, key=lambda d: sizes[d]) if sizes else "F32"
+
+
+def fingerprint(path: Path) -> str:
+    """Cheap identity of a file (or folder): resolved path, size and mtime. Not a content hash."""
+    p = Path(path).resolve()
+    parts = [str(p)]
+    files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
+    for f in files:
+        st = f.stat()
+        parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def pickle_refusal(path: Path) -> ModelLoadError:
+    return ModelLoadError(
+        f"{path}: refusing to load a pickled PyTorch file ({path.suffix}): pickles can run arbitrary code "
+        "when loaded. Use the .safetensors version of this model, or convert it once with "
+        "`python main.py convert`, or allow pickles (loaded with torch.load(weights_only=True)) "
+        "with the allow_pickle setting."
+    )
+
+
+def read_index(path: Path, *, allow_pickle: bool = False) -> TensorIndex:
+    """The file's tensor index, after checking that it exists, is complete and parses."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: model file not found" + (" (it is a folder)" if path.is_dir() else ""))
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        if not allow_pickle:
+            raise pickle_refusal(path)
+        sd = load_pickle(path)
+        infos = {k: TensorInfo(_torch_dtype_name(v), tuple(v.shape)) for k, v in sd.items()}
+        return TensorIndex(path, infos, {}, pickled=True)
+    return _read_safetensors_header(path)
+
+
+def _read_safetensors_header(path: Path) -> TensorIndex:
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ModelLoadError(f"{path}: file is truncated ({size} bytes): not a safetensors file; download it again")
+        if head[:2] == b"PK" or head[:1] == b"\x80":
+            raise ModelLoadError(f"{path}: this is a pickled PyTorch file named .safetensors; rename it to .ckpt "
+                                 "(it will be refused unless pickles are allowed) or get the real .safetensors")
+        (n,) = struct.unpack("<Q", head)
+        if n == 0 or n > MAX_HEADER or 8 + n > size:
+            raise ModelLoadError(f"{path}: corrupt or truncated safetensors header (says {n} bytes, file has {size}); "
+                                 "download the file again")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}: corrupt safetensors header ({exc}); download the file again") from exc
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: corrupt safetensors header (not a JSON object)")
+    metadata = header.pop("__metadata__", None) or {}
+    tensors: dict[str, TensorInfo] = {}
+    end = 0
+    try:
+        for name, spec in header.items():
+            tensors[name] = TensorInfo(str(spec["dtype"]), tuple(int(d) for d in spec["shape"]))
+            end = max(end, int(spec["data_offsets"][1]))
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ModelLoadError(f"{path}: corrupt safetensors header entry ({exc!r}); download the file again") from exc
+    if 8 + n + end > size:
+        raise ModelLoadError(
+            f"{path}: file is truncated: its header describes {8 + n + end} bytes, the file has {size} "
+            "(an interrupted download?); download it again"
+        )
+    return TensorIndex(path, tensors, {str(k): str(v) for k, v in metadata.items()})
+
+
+def load_pickle(path: Path) -> dict[str, torch.Tensor]:
+    """A pickled state dict through ``torch.load(weights_only=True)`` (no code execution)."""
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot read this pickled file with weights_only=True: {exc}") from exc
+    while isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise ModelLoadError(f"{path}: expected a state dict in this pickle, found {type(obj).__name__}")
+    return {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+
+
+def load_tensors(index: TensorIndex, prefix: str = "", *, strip: bool = True,
+                 skip: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+    """The tensors whose names start with ``prefix`` (prefix removed when ``strip``)."""
+    skip_prefixes = tuple(skip)
+    keys = [k for k in index.tensors if k.startswith(prefix) and not (skip_prefixes and k.startswith(skip_prefixes))]
+    out: dict[str, Any] = {}
+    if index.pickled:
+        sd = load_pickle(index.path)
+        for k in keys:
+            out[k[len(prefix):] if strip else k] = sd[k]
+        return out
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(index.path), framework="pt", device="cpu") as f:
+            for k in keys:
+                out[k[len(prefix):] if strip else k] = f.get_tensor(k)
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise ModelLoadError(f"{index.path}: cannot read tensors: {exc}; the file may be damaged") from exc
+    return out
+
+
+def _torch_dtype_name(t: Any) -> str:
+    names = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16", "torch.float64": "F64"}
+    return names.get(str(t.dtype), "F32")

@@ -1,0 +1,56 @@
+"""Stable Diffusion 2.x: OpenCLIP ViT-H/14 text encoder (1024, penultimate layer), 64-channel
+attention heads, linear transformer projections; 512-base (epsilon) and 768-v (v-prediction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from nodes.families import arch
+from nodes.families.base import FamilyAdapter, TextEncoderSpec
+from nodes.families.files import TensorIndex
+
+# ComfyUI's rule for SD2 files without a marker: v-prediction models have a wide norm bias here.
+_V_PROBE = "model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias"
+
+
+@dataclass(frozen=True)
+class SD2(FamilyAdapter):
+    name: ClassVar[str] = "sd2"
+    title: ClassVar[str] = "SD2.x"
+    pipeline_class: ClassVar[str] = "StableDiffusionPipeline"
+    heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
+    text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
+        TextEncoderSpec("clip_h", "cond_stage_model.model.", "open_clip", "text_encoder",
+                        "clip_tokenizer_2", default_layer=-2, final_norm=True, pooled=False),
+    )
+
+    @classmethod
+    def detect(cls, index: TensorIndex) -> bool:
+        return index.has(f"{cls.unet_prefix}input_blocks.0.0.weight") and index.any_with("cond_stage_model.model.")
+
+    @classmethod
+    def detect_diffusers(cls, model_index: dict, unet: dict) -> bool:  # type: ignore[override]
+        return model_index.get("_class_name") == cls.pipeline_class and bool(unet.get("use_linear_projection", False))
+
+    def prediction_type(self, index: TensorIndex) -> str:
+        """``v_pred`` key (ComfyUI's marker) or metadata; else ComfyUI's norm-bias heuristic."""
+        if index.has("v_pred"):
+            return "v_prediction"
+        meta = {k.lower(): str(v).lower() for k, v in index.metadata.items()}
+        if meta.get("modelspec.prediction_type", "").startswith("v") or meta.get("ss_v_parameterization") == "true":
+            return "v_prediction"
+        if meta.get("modelspec.prediction_type") == "epsilon" or not index.has(_V_PROBE) or index.pickled:
+            return "epsilon"
+        from nodes.families.files import load_tensors
+
+        bias = load_tensors(index, _V_PROBE, strip=False)[_V_PROBE]
+        return "v_prediction" if float(bias.float().std()) > 0.09 else "epsilon"
+
+    def default_resolution(self, prediction: str) -> int:
+        return 768 if prediction == "v_prediction" else 512
+
+    def unet_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
+        cfg = super().unet_config(index, prediction)
+        cfg["upcast_attention"] = prediction == "v_prediction"  # SD2.1-v overflows in fp16 otherwise
+        return cfg

@@ -1,0 +1,57 @@
+"""SDXL base: CLIP ViT-L + OpenCLIP ViT-bigG (penultimate layers, concatenated to 2048), pooled
+bigG output and size/crop ids as extra UNet inputs, latent scale 0.13025, 1024 px."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from nodes.families import arch
+from nodes.families.base import FamilyAdapter, TextEncoderSpec
+from nodes.families.files import ModelLoadError, TensorIndex
+
+
+@dataclass(frozen=True)
+class SDXL(FamilyAdapter):
+    name: ClassVar[str] = "sdxl"
+    title: ClassVar[str] = "SDXL"
+    pipeline_class: ClassVar[str] = "StableDiffusionXLPipeline"
+    latent_scale: ClassVar[float] = 0.13025
+    heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
+    text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
+        TextEncoderSpec("clip_l", "conditioner.embedders.0.transformer.text_model.", "hf_clip", "text_encoder",
+                        "clip_tokenizer", default_layer=-2, final_norm=False, pooled=False),
+        TextEncoderSpec("clip_g", "conditioner.embedders.1.model.", "open_clip", "text_encoder_2",
+                        "clip_tokenizer_2", default_layer=-2, final_norm=False, pooled=True),
+    )
+
+    @classmethod
+    def detect(cls, index: TensorIndex) -> bool:
+        if not index.has(f"{cls.unet_prefix}label_emb.0.0.weight"):
+            return False
+        if not index.any_with("conditioner.embedders.1.model."):
+            raise ModelLoadError(f"{index.path}: this looks like the SDXL refiner (one OpenCLIP text encoder), "
+                                 "which Loom does not support yet; use an SDXL base checkpoint")
+        return True
+
+    def default_resolution(self, prediction: str) -> int:
+        return 1024
+
+    def unet_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
+        cfg = super().unet_config(index, prediction)
+        pooled = arch.clip_config(index, "conditioner.embedders.1.model.", "open_clip").get("projection_dim", 1280)
+        extra = int(cfg["projection_class_embeddings_input_dim"]) - int(pooled)
+        if extra <= 0 or extra % 6:
+            raise ModelLoadError(f"{index.path}: SDXL label embedding takes {cfg['projection_class_embeddings_input_dim']} "
+                                 f"inputs; expected the pooled text size {pooled} + 6 size/crop embeddings")
+        cfg["addition_time_embed_dim"] = extra // 6
+        return cfg
+
+    def unet_inputs(self, *, pooled: Any, width: int, height: int, batch: int,
+                    crop: tuple[int, int] = (0, 0), target: tuple[int, int] | None = None) -> dict[str, Any]:
+        """``added_cond_kwargs``: pooled bigG embedding and (orig h, w, crop top, left, target h, w)."""
+        import torch
+
+        th, tw = target if target is not None else (height, width)
+        ids = torch.tensor([[height, width, crop[0], crop[1], th, tw]], dtype=pooled.dtype, device=pooled.device)
+        return {"added_cond_kwargs": {"text_embeds": pooled, "time_ids": ids.repeat(batch, 1)}}
