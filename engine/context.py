@@ -12,7 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from engine.guard import ImageGuard
 
 
 class Interrupted(Exception):
@@ -94,6 +97,7 @@ class NodeContext:
     on_progress: ProgressFn | None = None
     on_preview: PreviewFn | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    guard: ImageGuard | None = None  # set under --safety enforce; image-writing nodes must call it
 
     def check_interrupt(self) -> None:
         """Raise :class:`Interrupted` if the run was interrupted; call it inside long loops."""

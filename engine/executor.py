@@ -22,6 +22,7 @@ from engine import events as ev
 from engine.cache import OutputCache, canonical, is_nonce, make_key, nonce
 from engine.context import Folders, Interrupted, InterruptFlag, ModelAccess, NodeContext, NoModels, Preview
 from engine.graph import Prompt, as_link, build_graph, sort_key, topological_order
+from engine.guard import ImageGuard
 from engine.lists import NodeRun, call_mapped
 from engine.memory import handles_in
 from engine.node import ExecutionBlocker, NodeDef
@@ -106,6 +107,7 @@ class Executor:
         bus: ev.EventBus | None = None,
         interrupt: InterruptFlag | None = None,
         settings: dict[str, Any] | None = None,
+        guard: ImageGuard | None = None,
     ) -> None:
         self.registry = registry
         self.cache = cache
@@ -114,6 +116,7 @@ class Executor:
         self.bus = bus if bus is not None else ev.EventBus()
         self.interrupt = interrupt if interrupt is not None else InterruptFlag()
         self.settings = settings if settings is not None else {}
+        self.guard = guard  # engine.guard.ImageGuard under --safety enforce, else None
 
     # --- public ---------------------------------------------------------------------------------
     def validate(self, request: RunRequest) -> Validation:
@@ -367,9 +370,15 @@ class Executor:
             ),
             on_preview=lambda nid, preview: self._preview(request, nid, preview),
             settings=self.settings,
+            guard=self.guard,
         )
 
     def _preview(self, request: RunRequest, node_id: str, preview: Preview) -> None:
+        if self.guard is not None:  # --safety enforce: no unchecked frame leaves the process
+            checked = self.guard.check_preview(preview)
+            if checked is None:
+                return
+            preview = checked
         self._emit(ev.PreviewFrame(request.prompt_id, node=node_id, format=preview.format, image=preview.data))
 
     def _hint_models(self, plan: _Plan) -> None:
