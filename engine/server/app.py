@@ -1,0 +1,178 @@
+"""Building and running the aiohttp application.
+
+``create_app(parts, config)`` wires the route groups, each given only the parts it uses;
+``serve_main(args, build_runtime, root)`` is what ``python main.py serve`` calls.
+
+    parts = ServerParts(registry, executor, queue, folders, user_dir, web_dir=..., models=..., extensions=...)
+    app = create_app(parts, ServerConfig(host="127.0.0.1", port=8188))
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from engine.context import Folders
+from engine.executor import Executor
+from engine.jobs import JobStore, LocalJobQueue
+from engine.registry import NodeRegistry
+from engine.server.common import ApiError, ServerConfig, add_routes
+from engine.server.openapi import OpenApiRoutes
+from engine.server.relay import EventRelay, ProgressLog
+from engine.server.routes_comfy import QueueRoutes
+from engine.server.routes_files import FileRoutes
+from engine.server.routes_info import InfoRoutes
+from engine.server.routes_jobs import JobRoutes
+from engine.server.security import ERRORS, ErrorCounter, Guard, InsecureBindError, check_bind
+from engine.server.userdata import UserdataRoutes
+from engine.server.ws import WsHub
+
+log = logging.getLogger("loom.server")
+
+QUEUE = web.AppKey("loom_queue", LocalJobQueue)
+HUB = web.AppKey("loom_ws_hub", WsHub)
+RELAY = web.AppKey("loom_relay", EventRelay)
+JOBS = web.AppKey("loom_job_routes", JobRoutes)
+
+
+@dataclass
+class ServerParts:
+    """What the server is made of. ``models``: the memory manager (``stats``/``free``), optional.
+    ``extensions``: plugin pack name → its web folder. ``own_queue``: start and stop the queue's
+    worker with the app."""
+
+    registry: NodeRegistry
+    executor: Executor
+    queue: LocalJobQueue
+    folders: Folders
+    user_dir: Path
+    web_dir: Path | None = None
+    models: Any = None
+    extensions: Mapping[str, Path] = field(default_factory=dict)
+    own_queue: bool = True
+
+
+def loom_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("loom")
+    except Exception:
+        return "0.1.0"
+
+
+class StaticRoutes:
+    """The editor in ``web/``, served as it is."""
+
+    def __init__(self, web_dir: Path | None) -> None:
+        self.web_dir = web_dir if web_dir is not None and web_dir.is_dir() else None
+
+    def install(self, app: web.Application) -> None:
+        app.router.add_get("/", self.index)
+        if self.web_dir is not None:
+            app.router.add_static("/", self.web_dir, follow_symlinks=False)
+
+    async def index(self, request: web.Request) -> web.StreamResponse:
+        if self.web_dir is None or not (self.web_dir / "index.html").is_file():
+            return web.Response(text="Loom is running; the editor (web/index.html) is not installed. "
+                                     "The API is at /prompt, /ws and /api/v1/openapi.json.\n")
+        response = web.FileResponse(self.web_dir / "index.html")
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
+    guard = Guard(config)
+    app = web.Application(middlewares=[guard.errors, guard.access], client_max_size=config.max_upload_bytes + (1 << 20))
+    app[ERRORS] = ErrorCounter()
+    queue = parts.queue
+    relay = EventRelay(queue, preview_fps=config.preview_fps)
+    hub = WsHub(queue)
+    jobs = JobRoutes(queue, parts.executor.validate, parts.registry.object_info, config)
+    for sink in (hub, jobs, ProgressLog()):
+        relay.add_sink(sink)
+    app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
+
+    add_routes(app, QueueRoutes(queue, parts.executor.validate).routes())
+    info = InfoRoutes(parts.registry, config, model_files=parts.folders.models, models=parts.models,
+                      extensions=parts.extensions)
+    add_routes(app, info.routes())
+    add_routes(app, info.static_routes(), comfy=False)
+    add_routes(app, FileRoutes(parts.folders, config).routes())
+    add_routes(app, UserdataRoutes(parts.user_dir).routes())
+    add_routes(app, [("GET", "/ws", hub.handle)])
+    add_routes(app, jobs.routes(), comfy=False)
+    add_routes(app, OpenApiRoutes(config.version).routes(), comfy=False)
+    app.router.add_route("*", "/api/{tail:.*}", _unknown_api)
+    StaticRoutes(parts.web_dir).install(app)
+
+    async def on_startup(app: web.Application) -> None:
+        relay.start(asyncio.get_running_loop())
+        if parts.own_queue:
+            queue.start()
+
+    async def on_shutdown(app: web.Application) -> None:
+        await hub.close_all()
+
+    async def on_cleanup(app: web.Application) -> None:
+        relay.stop()
+        await jobs.close()
+        if parts.own_queue:
+            await asyncio.to_thread(queue.stop)
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+async def _unknown_api(request: web.Request) -> web.Response:
+    raise ApiError(404, "not_found", f"no API route {request.method} {request.path}; see /api/v1/openapi.json")
+
+
+def log_memory(models: Any) -> None:
+    stats = getattr(models, "stats", None)
+    if callable(stats):
+        figures = stats()
+        log.info("memory manager: device %s, RAM budget %.1f GiB, %d resident, RAM tier %.0f MiB",
+                 figures.get("device"), figures.get("ram_budget_bytes", 0) / 2**30,
+                 len(figures.get("resident", [])), figures.get("ram_tier_bytes", 0) / 2**20)
+
+
+def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Namespace], Any], root: Path) -> int:
+    """``python main.py serve``: check the bind, build the runtime, open the queue, serve until stopped."""
+    config = ServerConfig(host=args.host, port=args.port, token=args.token, insecure=args.insecure,
+                          version=loom_version(), argv=tuple(sys.argv),
+                          allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()))
+    try:
+        check_bind(config)
+    except InsecureBindError as exc:
+        print(f"loom: {exc}", file=sys.stderr)
+        return 2
+    runtime = build_runtime(args)
+    user_dir = Path(args.user_dir)
+    store = JobStore(user_dir / "loom.sqlite", history_size=int(getattr(args, "history_size", 10_000) or 10_000))
+    queue = LocalJobQueue(runtime.executor, store)
+    report = getattr(runtime, "plugin_report", None)
+    web_dirs = getattr(report, "web_directories", None)
+    extensions = web_dirs() if callable(web_dirs) else {}
+    parts = ServerParts(runtime.registry, runtime.executor, queue, runtime.folders, user_dir,
+                        web_dir=root / "web", models=runtime.models, extensions=extensions)
+    pending = len(queue.pending())
+    if pending:
+        log.info("resuming %d queued job(s) from %s", pending, store.path)
+    log_memory(runtime.models)
+    shown = f"[{config.host}]" if ":" in config.host else config.host
+    log.info("Loom %s: open http://%s:%d/ (%d node types)", config.version, shown, config.port, len(runtime.registry))
+    web.run_app(create_app(parts, config), host=config.host, port=config.port, print=None,
+                access_log=None, handle_signals=True)
+    store.close()
+    return 0

@@ -1,0 +1,208 @@
+"""ComfyUI's queue routes with ComfyUI's request and response shapes.
+
+``POST/GET /prompt``, ``GET/POST /queue``, ``GET/POST /history``, ``GET /history/{id}``,
+``POST /interrupt``, ``POST /free`` (each also under ``/api``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from engine.executor import RunRequest
+from engine.jobs import JobQueue, JobSpec
+from engine.server.common import ApiError, Handler, query_int, read_object
+from engine.validate import Validation
+
+log = logging.getLogger("loom.server")
+Validator = Callable[[RunRequest], Validation]
+
+
+def no_prompt_error(details: str = "No prompt provided") -> web.Response:
+    """ComfyUI's 400 for a request without a usable prompt."""
+    error = {"type": "no_prompt", "message": "No prompt provided", "details": details, "extra_info": {}}
+    return web.json_response({"error": error, "node_errors": {}}, status=400)
+
+
+def invalid_prompt_error(message: str, details: str) -> web.Response:
+    error = {"type": "invalid_prompt", "message": message, "details": details, "extra_info": {}}
+    return web.json_response({"error": error, "node_errors": {}}, status=400)
+
+
+class PromptRequest:
+    """The fields of a ``POST /prompt`` body, checked; raises ApiError-shaped responses."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.prompt: dict[str, Any] = data["prompt"]
+        prompt_id = data.get("prompt_id")
+        if prompt_id is not None and (not isinstance(prompt_id, str) or not prompt_id.strip()):
+            raise _BadPrompt("prompt_id must be a non-empty string (or left out)")
+        self.prompt_id = prompt_id or str(uuid.uuid4())
+        number = data.get("number")
+        if number is not None:
+            if isinstance(number, bool) or not isinstance(number, int | float | str):
+                raise _BadPrompt("number must be a number")
+            try:
+                number = float(number)
+            except ValueError as exc:
+                raise _BadPrompt(f"number must be a number, got {number!r}") from exc
+            if not math.isfinite(number):
+                raise _BadPrompt("number must be finite")
+        self.number: float | None = number
+        self.front = bool(data.get("front", False))
+        extra = data.get("extra_data", {})
+        if not isinstance(extra, dict):
+            raise _BadPrompt("extra_data must be an object")
+        self.extra_data = dict(extra)
+        client_id = data.get("client_id")
+        if client_id is not None and not isinstance(client_id, str):
+            raise _BadPrompt("client_id must be a string")
+        self.client_id = client_id or None
+        if self.client_id:
+            self.extra_data["client_id"] = self.client_id
+        info = self.extra_data.get("extra_pnginfo")
+        if info is not None and not isinstance(info, dict):
+            raise _BadPrompt("extra_data.extra_pnginfo must be an object")
+        targets = data.get("partial_execution_targets")
+        if targets is not None and (not isinstance(targets, list) or not all(isinstance(t, str | int) for t in targets)):
+            raise _BadPrompt("partial_execution_targets must be a list of node ids")
+        self.targets: list[str] | None = [str(t) for t in targets] if targets else None
+
+
+class _BadPrompt(Exception):
+    pass
+
+
+def submit_prompt(queue: JobQueue, validate: Validator, req: PromptRequest, *, webhook: str | None = None
+                  ) -> tuple[JobSpec | None, Validation]:
+    """Validate and queue; returns (spec or None when invalid, validation)."""
+    validation = validate(RunRequest(req.prompt, req.prompt_id, outputs=req.targets,
+                                     extra_pnginfo=req.extra_data.get("extra_pnginfo"), client_id=req.client_id))
+    if not validation.ok:
+        return None, validation
+    spec = JobSpec(req.prompt, req.prompt_id, extra_data=req.extra_data, outputs=list(validation.outputs),
+                   client_id=req.client_id, webhook=webhook)
+    try:
+        queue.submit(spec, front=req.front, number=req.number)
+    except ValueError as exc:
+        raise ApiError(400, "duplicate_prompt_id", str(exc)) from exc
+    return spec, validation
+
+
+class QueueRoutes:
+    """The routes that queue, list and stop work."""
+
+    def __init__(self, queue: JobQueue, validate: Validator) -> None:
+        self.queue = queue
+        self.validate = validate
+
+    def routes(self) -> list[tuple[str, str, Handler]]:
+        return [
+            ("POST", "/prompt", self.post_prompt),
+            ("GET", "/prompt", self.get_prompt),
+            ("GET", "/queue", self.get_queue),
+            ("POST", "/queue", self.post_queue),
+            ("GET", "/history", self.get_history),
+            ("POST", "/history", self.post_history),
+            ("GET", "/history/{prompt_id}", self.get_history_item),
+            ("POST", "/interrupt", self.post_interrupt),
+            ("POST", "/free", self.post_free),
+        ]
+
+    async def post_prompt(self, request: web.Request) -> web.Response:
+        data = await read_object(request)
+        if not isinstance(data.get("prompt"), dict) or not data["prompt"]:
+            return no_prompt_error()
+        try:
+            req = PromptRequest(data)
+        except _BadPrompt as exc:
+            return invalid_prompt_error("Invalid prompt", str(exc))
+        try:
+            spec, validation = submit_prompt(self.queue, self.validate, req)
+        except ApiError:
+            raise
+        except Exception as exc:  # a validator crash on odd input is still the client's 400
+            log.warning("validation failed on a malformed prompt: %s", exc)
+            return invalid_prompt_error("Invalid prompt", f"the prompt could not be read: {exc}")
+        if spec is None:
+            error = validation.error.to_json() if validation.error else {}
+            return web.json_response({"error": error, "node_errors": validation.node_errors_json()}, status=400)
+        number = int(spec.number) if float(spec.number).is_integer() else spec.number
+        return web.json_response({"prompt_id": spec.prompt_id, "number": number,
+                                  "node_errors": validation.node_errors_json()})
+
+    async def get_prompt(self, request: web.Request) -> web.Response:
+        return web.json_response({"exec_info": {"queue_remaining": self.queue.remaining()}})
+
+    async def get_queue(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "queue_running": [s.comfy_tuple() for s in self.queue.running()],
+            "queue_pending": [s.comfy_tuple() for s in self.queue.pending()],
+        })
+
+    async def post_queue(self, request: web.Request) -> web.Response:
+        data = await read_object(request)
+        if data.get("clear"):
+            self.queue.clear_pending()
+        delete = _id_list(data, "delete")
+        running = {s.prompt_id for s in self.queue.running()}
+        for prompt_id in delete:
+            if prompt_id not in running:  # ComfyUI deletes pending items only; /interrupt stops the running one
+                self.queue.cancel(prompt_id, record=False)
+        return web.Response(status=200)
+
+    async def get_history(self, request: web.Request) -> web.Response:
+        max_items = query_int(request, "max_items")
+        offset = query_int(request, "offset", 0) or 0
+        records = self.queue.history(max_items, offset)
+        return web.json_response({r.spec.prompt_id: r.comfy_history() for r in records}, dumps=_dumps)
+
+    async def get_history_item(self, request: web.Request) -> web.Response:
+        prompt_id = request.match_info["prompt_id"]
+        view = self.queue.get(prompt_id)
+        if view is None or view.record is None or not view.record.ran:
+            return web.json_response({})
+        return web.json_response({prompt_id: view.record.comfy_history()}, dumps=_dumps)
+
+    async def post_history(self, request: web.Request) -> web.Response:
+        data = await read_object(request)
+        if data.get("clear"):
+            self.queue.clear_history()
+        delete = _id_list(data, "delete")
+        if delete:
+            self.queue.delete_history(delete)
+        return web.Response(status=200)
+
+    async def post_interrupt(self, request: web.Request) -> web.Response:
+        data = await read_object(request, allow_empty=True)
+        prompt_id = data.get("prompt_id")
+        if prompt_id is not None and not isinstance(prompt_id, str):
+            raise ApiError(400, "invalid_request", "prompt_id must be a string")
+        self.queue.interrupt(prompt_id)
+        return web.Response(status=200)
+
+    async def post_free(self, request: web.Request) -> web.Response:
+        data = await read_object(request, allow_empty=True)
+        self.queue.schedule_free(unload_models=bool(data.get("unload_models", False)),
+                                 free_memory=bool(data.get("free_memory", False)))
+        return web.Response(status=200)
+
+
+def _id_list(data: dict[str, Any], key: str) -> list[str]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ApiError(400, "invalid_request", f"{key!r} must be a list of prompt ids")
+    return list(value)
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value, default=str)

@@ -1,0 +1,179 @@
+"""Image files in and out: ``GET /view``, ``POST /upload/image``, ``POST /upload/mask`` (ComfyUI's shapes).
+
+Every path goes through :func:`~engine.server.security.safe_path`; uploads are size-limited and
+must decode as images; Pillow work runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from PIL import Image, UnidentifiedImageError
+
+from engine.context import Folders
+from engine.server.common import ApiError, Handler, ServerConfig
+from engine.server.security import safe_path
+
+PREVIEW_FORMATS = {"webp": ("WEBP", "image/webp"), "jpeg": ("JPEG", "image/jpeg"), "jpg": ("JPEG", "image/jpeg"),
+                   "png": ("PNG", "image/png")}
+
+
+def check_image(data: bytes) -> None:
+    """Raise a 400 unless ``data`` decodes as an image of sane size."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                img.verify()
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ApiError(400, "not_an_image", f"the upload is not an image Loom can read: {exc}") from exc
+    except Exception as exc:  # truncated or corrupt files raise many kinds of errors
+        raise ApiError(400, "not_an_image", f"the upload could not be decoded as an image: {exc}") from exc
+
+
+def convert_preview(path: Path, spec: str | None, channel: str) -> tuple[bytes, str]:
+    """Re-encode an image for ``/view?preview=webp;90`` or ``&channel=rgb|a``."""
+    fmt, quality = "png", 90
+    if spec:
+        name, _, q = spec.partition(";")
+        fmt = name.strip().lower()
+        if fmt not in PREVIEW_FORMATS:
+            raise ApiError(400, "invalid_preview", f"preview format {name!r} is not one of {sorted(PREVIEW_FORMATS)}")
+        if q:
+            try:
+                quality = max(1, min(100, int(q)))
+            except ValueError as exc:
+                raise ApiError(400, "invalid_preview", f"preview quality {q!r} is not an integer") from exc
+    try:
+        with Image.open(path) as opened:
+            opened.load()
+            img: Image.Image = opened
+            if channel == "a":
+                alpha = img.getchannel("A") if "A" in img.getbands() else Image.new("L", img.size, 255)
+                out = Image.new("RGBA", img.size, (0, 0, 0, 0))
+                out.putalpha(alpha)
+                img = out
+            elif channel == "rgb" or PREVIEW_FORMATS[fmt][0] == "JPEG":
+                img = img.convert("RGB")
+            buffer = io.BytesIO()
+            save_format, mime = PREVIEW_FORMATS[fmt]
+            img.save(buffer, format=save_format, quality=quality)
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ApiError(400, "not_an_image", f"{path.name} is not an image that can be previewed: {exc}") from exc
+    return buffer.getvalue(), mime
+
+
+class FileRoutes:
+    def __init__(self, folders: Folders, config: ServerConfig) -> None:
+        self.folders = folders
+        self.max_upload = config.max_upload_bytes
+
+    def routes(self) -> list[tuple[str, str, Handler]]:
+        return [
+            ("GET", "/view", self.view),
+            ("POST", "/upload/image", self.upload_image),
+            ("POST", "/upload/mask", self.upload_mask),
+        ]
+
+    def folder(self, kind: Any) -> Path:
+        folders = {"input": self.folders.input_dir, "output": self.folders.output_dir, "temp": self.folders.temp_dir}
+        if kind not in folders:
+            raise ApiError(400, "invalid_type", f"type must be one of input, output, temp; got {kind!r}")
+        return folders[kind]
+
+    async def view(self, request: web.Request) -> web.StreamResponse:
+        filename = request.query.get("filename")
+        if not filename:
+            raise ApiError(400, "missing_filename", "give ?filename=NAME (and optionally subfolder, type)")
+        base = self.folder(request.query.get("type", "output"))
+        path = safe_path(base, request.query.get("subfolder", ""), filename)
+        if not path.is_file():
+            raise ApiError(404, "not_found", f"no file {filename!r} in that folder")
+        preview = request.query.get("preview")
+        channel = request.query.get("channel", "rgba")
+        if channel not in ("rgba", "rgb", "a"):
+            raise ApiError(400, "invalid_channel", "channel must be rgba, rgb or a")
+        if preview or channel != "rgba":
+            data, mime = await asyncio.to_thread(convert_preview, path, preview, channel)
+            return web.Response(body=data, content_type=mime)
+        response = web.FileResponse(path)
+        response.headers["Content-Disposition"] = f'filename="{path.name}"'
+        return response
+
+    async def _read_upload(self, request: web.Request) -> tuple[dict[str, Any], bytes, str]:
+        try:
+            post = await request.post()
+        except ValueError as exc:
+            raise ApiError(400, "invalid_form", f"expected a multipart form with an 'image' file: {exc}") from exc
+        image = post.get("image")
+        if not isinstance(image, web.FileField):
+            raise ApiError(400, "missing_image", "the form needs a file field named 'image'")
+        data = image.file.read(self.max_upload + 1)
+        if len(data) > self.max_upload:
+            raise ApiError(413, "upload_too_large", f"uploads are limited to {self.max_upload} bytes")
+        name = Path((image.filename or "").replace("\\", "/")).name
+        if not name or name in (".", "..") or "\x00" in name:
+            raise ApiError(400, "invalid_filename", "the uploaded file needs a plain file name")
+        fields = {k: v for k, v in post.items() if isinstance(v, str)}
+        return fields, data, name
+
+    async def _store(self, fields: dict[str, Any], name: str, data: bytes) -> web.Response:
+        kind = fields.get("type") or "input"
+        base = self.folder(kind)
+        subfolder = fields.get("subfolder", "")
+        overwrite = str(fields.get("overwrite", "")).lower() in ("true", "1")
+        target_dir = safe_path(base, subfolder)
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target_dir = safe_path(base, subfolder)  # re-check after creating
+        path = target_dir / name
+        if not overwrite:
+            stem, suffix = Path(name).stem, Path(name).suffix
+            i = 1
+            while path.exists() and path.read_bytes() != data:
+                path = target_dir / f"{stem} ({i}){suffix}"
+                i += 1
+        if path.is_symlink():
+            raise ApiError(403, "path_outside_folder", "refusing to write through a symlink")
+        await asyncio.to_thread(path.write_bytes, data)
+        return web.json_response({"name": path.name, "subfolder": subfolder, "type": kind})
+
+    async def upload_image(self, request: web.Request) -> web.Response:
+        fields, data, name = await self._read_upload(request)
+        await asyncio.to_thread(check_image, data)
+        return await self._store(fields, name, data)
+
+    async def upload_mask(self, request: web.Request) -> web.Response:
+        fields, data, name = await self._read_upload(request)
+        await asyncio.to_thread(check_image, data)
+        try:
+            ref = json.loads(fields.get("original_ref", ""))
+        except ValueError as exc:
+            raise ApiError(400, "invalid_original_ref", "original_ref must be JSON {filename, subfolder, type}") from exc
+        if not isinstance(ref, dict) or not isinstance(ref.get("filename"), str):
+            raise ApiError(400, "invalid_original_ref", "original_ref must name the original image's filename")
+        original = safe_path(self.folder(ref.get("type") or "input"), str(ref.get("subfolder") or ""), ref["filename"])
+        if not original.is_file():
+            raise ApiError(404, "not_found", f"the original image {ref['filename']!r} does not exist")
+        merged = await asyncio.to_thread(_apply_mask, original, data)
+        return await self._store(fields, name, merged)
+
+
+def _apply_mask(original: Path, mask_data: bytes) -> bytes:
+    """The original image with the mask's alpha channel, as PNG (ComfyUI's mask editor upload)."""
+    with Image.open(original) as img, Image.open(io.BytesIO(mask_data)) as mask:
+        base = img.convert("RGBA")
+        alpha = mask.convert("RGBA").getchannel("A")
+        if alpha.size != base.size:
+            raise ApiError(400, "mask_size_mismatch", f"mask is {alpha.size}, the original is {base.size}")
+        base.putalpha(alpha)
+        buffer = io.BytesIO()
+        base.save(buffer, format="PNG", pnginfo=None)
+        return buffer.getvalue()

@@ -1,0 +1,191 @@
+"""ComfyUI's read-only information routes: ``/object_info``, ``/system_stats``, ``/models``,
+``/embeddings``, ``/extensions`` (and the plugins' web files under ``/extensions/``), ``/features``."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from engine.registry import NodeRegistry
+from engine.server.common import ApiError, Handler, ServerConfig
+from engine.server.security import safe_path
+
+# Folder kinds listed by /models when the model-file finder does not say which it knows.
+DEFAULT_MODEL_KINDS = ("checkpoints", "vae", "loras", "embeddings", "clip_vision", "ipadapter", "safety",
+                       "upscale_models", "controlnet", "clip", "unet", "diffusion_models")
+EMBEDDING_SUFFIXES = (".safetensors", ".pt", ".bin", ".pth", ".ckpt")
+
+
+def ram_figures() -> tuple[int, int]:
+    """(total, available) bytes of RAM."""
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available)
+    except ImportError:
+        pass
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        kib = {k: int(v.split()[0]) * 1024 for k, v in info.items()}
+        return kib.get("MemTotal", 0), kib.get("MemAvailable", kib.get("MemFree", 0))
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def device_figures(ram: tuple[int, int]) -> list[dict[str, Any]]:
+    """ComfyUI's ``devices`` list; torch is consulted only if something already imported it."""
+    torch = sys.modules.get("torch")
+    devices: list[dict[str, Any]] = []
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                for index in range(torch.cuda.device_count()):
+                    free, total = torch.cuda.mem_get_info(index)
+                    reserved = torch.cuda.memory_reserved(index)
+                    allocated = torch.cuda.memory_allocated(index)
+                    devices.append({
+                        "name": f"cuda:{index} {torch.cuda.get_device_name(index)}", "type": "cuda",
+                        "index": index, "vram_total": int(total), "vram_free": int(free),
+                        "torch_vram_total": int(reserved), "torch_vram_free": int(reserved - allocated),
+                    })
+        except Exception:  # a broken driver must not break the stats route
+            devices = []
+    if not devices:
+        devices.append({"name": "cpu", "type": "cpu", "index": None, "vram_total": ram[0], "vram_free": ram[1],
+                        "torch_vram_total": ram[0], "torch_vram_free": ram[1]})
+    return devices
+
+
+def torch_version() -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(getattr(torch, "__version__", ""))
+    try:
+        from importlib.metadata import version
+
+        return version("torch")
+    except Exception:
+        return ""
+
+
+class InfoRoutes:
+    def __init__(self, registry: NodeRegistry, config: ServerConfig, *, model_files: Any = None,
+                 models: Any = None, extensions: Mapping[str, Path] | None = None) -> None:
+        self.registry = registry
+        self.config = config
+        self.model_files = model_files
+        self.models = models
+        self.extensions = dict(extensions or {})
+
+    def routes(self) -> list[tuple[str, str, Handler]]:
+        return [
+            ("GET", "/object_info", self.object_info),
+            ("GET", "/object_info/{node_class}", self.object_info_one),
+            ("GET", "/system_stats", self.system_stats),
+            ("GET", "/models", self.model_kinds),
+            ("GET", "/models/{folder}", self.model_list),
+            ("GET", "/embeddings", self.embeddings),
+            ("GET", "/extensions", self.extension_list),
+            ("GET", "/features", self.features),
+        ]
+
+    def static_routes(self) -> list[tuple[str, str, Handler]]:
+        return [("GET", "/extensions/{pack}/{path:.+}", self.extension_file)]
+
+    async def object_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.registry.object_info())
+
+    async def object_info_one(self, request: web.Request) -> web.Response:
+        return web.json_response(self.registry.object_info(request.match_info["node_class"]))
+
+    async def system_stats(self, request: web.Request) -> web.Response:
+        ram = ram_figures()
+        stats = getattr(self.models, "stats", None)
+        memory = stats() if callable(stats) else None
+        body = {
+            "system": {
+                "os": os.name if sys.platform != "linux" else "posix",
+                "platform": platform.platform(),
+                "ram_total": ram[0],
+                "ram_free": ram[1],
+                "comfyui_version": self.config.version,
+                "loom_version": self.config.version,
+                "python_version": sys.version,
+                "pytorch_version": torch_version(),
+                "embedded_python": False,
+                "argv": list(self.config.argv) or list(sys.argv),
+            },
+            "devices": device_figures(ram),
+            "loom": {"memory_manager": memory, **self.config.extra_stats},
+        }
+        return web.json_response(body, dumps=_dumps)
+
+    def _kinds(self) -> list[str]:
+        kinds = getattr(self.model_files, "kinds", None)
+        if callable(kinds):
+            return sorted(kinds())
+        if isinstance(kinds, list | tuple | set | frozenset):
+            return sorted(kinds)
+        return list(DEFAULT_MODEL_KINDS)
+
+    def _files(self, kind: str) -> list[str]:
+        if self.model_files is None:
+            return []
+        try:
+            return list(self.model_files.list(kind))
+        except (KeyError, ValueError, OSError):
+            return []
+
+    async def model_kinds(self, request: web.Request) -> web.Response:
+        return web.json_response(self._kinds())
+
+    async def model_list(self, request: web.Request) -> web.Response:
+        folder = request.match_info["folder"]
+        if folder not in self._kinds():
+            raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
+        return web.json_response(self._files(folder))
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        names = []
+        for name in self._files("embeddings"):
+            for suffix in EMBEDDING_SUFFIXES:
+                if name.endswith(suffix):
+                    name = name[: -len(suffix)]
+                    break
+            names.append(name)
+        return web.json_response(names)
+
+    async def extension_list(self, request: web.Request) -> web.Response:
+        urls = []
+        for pack, folder in sorted(self.extensions.items()):
+            if folder.is_dir():
+                for path in sorted(folder.rglob("*.js")):
+                    if path.is_file() and not path.is_symlink():
+                        urls.append(f"/extensions/{pack}/{path.relative_to(folder).as_posix()}")
+        return web.json_response(urls)
+
+    async def extension_file(self, request: web.Request) -> web.StreamResponse:
+        folder = self.extensions.get(request.match_info["pack"])
+        if folder is None:
+            raise ApiError(404, "not_found", f"no plugin web folder {request.match_info['pack']!r}")
+        path = safe_path(folder, request.match_info["path"])
+        if not path.is_file():
+            raise ApiError(404, "not_found", "no such file")
+        return web.FileResponse(path)
+
+    async def features(self, request: web.Request) -> web.Response:
+        return web.json_response({"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes,
+                                  "loom_jobs_api": "/api/v1/jobs"})
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value, default=str)

@@ -1,0 +1,189 @@
+"""Who may talk to the server, and which files a request may touch.
+
+- A non-loopback bind needs an access token unless ``insecure`` was chosen explicitly
+  (:func:`check_bind`).
+- ``Host`` must name this server (loopback, the bound host or an allowed name): a page that
+  re-binds its own DNS name to 127.0.0.1 is refused.
+- A request carrying a foreign ``Origin`` (another web site open in the user's browser) is
+  refused, whatever its method: it can neither queue work, open the websocket nor read files.
+- Paths from requests are joined under their folder only (:func:`safe_path`): no ``..``, no
+  absolute paths, no symlinks leading out.
+- Every failure is a JSON ``{"error": {...}}`` response; an unexpected exception becomes a 500
+  JSON response, is logged and counted (tests assert the count stays zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from engine.server.common import LOOPBACK_HOSTS, ApiError, Handler, ServerConfig, json_error
+
+log = logging.getLogger("loom.server")
+TOKEN_COOKIE = "loom_token"
+
+
+class InsecureBindError(RuntimeError):
+    """Refusal to listen on a non-loopback address without an access token."""
+
+
+@dataclass
+class ErrorCounter:
+    """Unexpected exceptions turned into 500 responses (should stay 0)."""
+
+    count: int = 0
+
+
+ERRORS = web.AppKey("loom_errors", ErrorCounter)
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(config: ServerConfig) -> None:
+    """Raise :class:`InsecureBindError` unless the bind address is safe or explicitly allowed."""
+    if is_loopback(config.host) or config.token or config.insecure:
+        return
+    raise InsecureBindError(
+        f"refusing to listen on {config.host}: anyone who can reach this address could run workflows "
+        "and read your files. Give an access token (--token SECRET; clients send 'Authorization: Bearer "
+        "SECRET' or '?token=SECRET'), bind to 127.0.0.1, or pass --insecure if you really mean it."
+    )
+
+
+def _hostname(value: str) -> str:
+    """The host part of a ``Host`` header or an origin URL, without port and brackets."""
+    if "://" in value:
+        return (urlsplit(value).hostname or "").lower()
+    value = value.strip()
+    if value.startswith("["):
+        return value[1:value.find("]")].lower() if "]" in value else value.lower()
+    if value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value.lower()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+class Guard:
+    """The middlewares, holding only the configuration they check against."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        names = {h.lower() for h in config.allowed_hosts}
+        if config.host not in ("0.0.0.0", "::", ""):
+            names.add(config.host.lower().strip("[]"))
+        self.allowed_names = frozenset(names)
+        self.open_bind = not is_loopback(config.host)
+
+    def host_allowed(self, host: str) -> bool:
+        if not host:
+            return False
+        if is_loopback(host) or host in self.allowed_names:
+            return True
+        # Bound to a LAN address on purpose: IP literals cannot be DNS-rebound.
+        return self.open_bind and _is_ip(host)
+
+    @web.middleware
+    async def errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+            if response.status >= 400 and isinstance(response, web.Response) and not response.body:
+                kind = (response.reason or "error").lower().replace(" ", "_")
+                return json_error(response.status, kind, response.reason or kind, path=request.path)
+            return response
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = (exc.reason or "error").lower().replace(" ", "_")
+            message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
+            return json_error(exc.status, kind, message or kind, path=request.path)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:
+            request.app[ERRORS].count += 1
+            log.exception("unexpected error handling %s %s", request.method, request.path)
+            return json_error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
+                              "this is a bug in Loom: the log has the details")
+
+    @web.middleware
+    async def access(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        token_from_query = False
+        if self.config.token is not None:
+            given = request.query.get("token")
+            token_from_query = self.config.token_matches(given)
+            header = request.headers.get("Authorization", "")
+            bearer = header[7:].strip() if header.lower().startswith("bearer ") else None
+            if not (token_from_query or self.config.token_matches(bearer)
+                    or self.config.token_matches(request.cookies.get(TOKEN_COOKIE))):
+                raise ApiError(401, "unauthorized", "this server requires an access token: send "
+                               "'Authorization: Bearer TOKEN' or add '?token=TOKEN' to the URL")
+        else:
+            host = _hostname(request.headers.get("Host", ""))
+            if not self.host_allowed(host):
+                raise ApiError(403, "host_not_allowed", f"Host {host!r} is not this server's name; "
+                               "use http://127.0.0.1 (or start with an allowed host)")
+        origin = request.headers.get("Origin")
+        if origin is not None and not self._origin_allowed(origin, request):
+            raise ApiError(403, "cross_origin", f"requests from the web page at {origin!r} are refused: "
+                           "only pages served by this server may use its API")
+        if origin is None and request.headers.get("Sec-Fetch-Site") == "cross-site" and request.method not in (
+                "GET", "HEAD"):
+            raise ApiError(403, "cross_origin", "cross-site requests are refused")
+        response = await handler(request)
+        if token_from_query and self.config.token and not response.prepared:
+            response.set_cookie(TOKEN_COOKIE, self.config.token, httponly=True, samesite="Strict")
+        return response
+
+    def _origin_allowed(self, origin: str, request: web.Request) -> bool:
+        host = _hostname(origin)
+        if not host or origin == "null":
+            return False
+        own = _hostname(request.headers.get("Host", ""))
+        return host == own or is_loopback(host) or host in self.allowed_names
+
+
+def safe_path(base: Path, *parts: str) -> Path:
+    """``base/parts...``, refusing traversal, absolute paths and symlinks that lead out of ``base``."""
+    segments: list[str] = []
+    for part in parts:
+        if not isinstance(part, str):
+            raise ApiError(400, "invalid_path", "path parts must be strings")
+        if "\x00" in part:
+            raise ApiError(400, "invalid_path", "path contains a NUL byte")
+        if part.startswith(("/", "\\")) or os.path.isabs(part) or (len(part) > 1 and part[1] == ":"):
+            raise ApiError(400, "invalid_path", f"absolute paths are refused: {part!r}; give a name relative "
+                           "to the folder")
+        for seg in part.replace("\\", "/").split("/"):
+            if seg == "..":
+                raise ApiError(400, "invalid_path", f"'..' is refused in {part!r}: paths stay inside their folder")
+            if seg not in ("", "."):
+                segments.append(seg)
+    candidate = base.joinpath(*segments)
+    real_base = os.path.realpath(base)
+    real = os.path.realpath(candidate)
+    if os.path.commonpath([real, real_base]) != real_base:
+        raise ApiError(403, "path_outside_folder", "this path leads outside its folder (a symlink?); refused")
+    return candidate

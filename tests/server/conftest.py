@@ -1,0 +1,90 @@
+"""Fixtures: a server built from stub nodes on temporary folders, and a test client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import ClientWebSocketResponse, WSMsgType, web
+from aiohttp.test_utils import TestClient
+
+from engine.cache import OutputCache
+from engine.context import Folders
+from engine.executor import Executor
+from engine.jobs import JobStore, LocalJobQueue
+from engine.registry import NodeRegistry
+from engine.server.app import ServerParts, create_app
+from engine.server.common import ServerConfig
+from engine.server.security import ERRORS
+from tests.server.stub_nodes import register_stubs
+
+AppFactory = Callable[..., web.Application]
+
+
+def make_parts(root: Path, *, db: Path | None = None, history_size: int = 10_000) -> ServerParts:
+    registry = NodeRegistry()
+    register_stubs(registry)
+    folders = Folders(root / "input", root / "output", root / "temp")
+    folders.ensure()
+    executor = Executor(registry, OutputCache(), folders)
+    store = JobStore(db or root / "user" / "loom.sqlite", history_size=history_size)
+    web_dir = root / "web"
+    web_dir.mkdir(exist_ok=True)
+    (web_dir / "index.html").write_text("<!doctype html><title>Loom</title>")
+    return ServerParts(registry, executor, LocalJobQueue(executor, store), folders, root / "user", web_dir=web_dir)
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> ServerParts:
+    return make_parts(tmp_path)
+
+
+@pytest.fixture
+def config() -> ServerConfig:
+    return ServerConfig(max_upload_bytes=256 * 1024)
+
+
+@pytest.fixture
+async def client(aiohttp_client: Any, parts: ServerParts, config: ServerConfig) -> TestClient:
+    app = create_app(parts, config)
+    test_client = await aiohttp_client(app)
+    yield test_client
+    assert app[ERRORS].count == 0, "the server turned an exception into a 500"
+
+
+async def receive_json(ws: ClientWebSocketResponse, timeout: float = 10.0) -> dict[str, Any]:
+    """The next text message (binary preview frames are skipped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = await ws.receive(timeout=max(0.01, deadline - time.monotonic()))
+        if msg.type == WSMsgType.TEXT:
+            return json.loads(msg.data)
+        if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.ERROR):
+            raise AssertionError(f"websocket closed: {msg}")
+
+
+async def wait_done(ws: ClientWebSocketResponse, prompt_id: str, timeout: float = 15.0) -> list[dict[str, Any]]:
+    """Messages until ``executing`` with node null for ``prompt_id`` (ComfyUI's 'done')."""
+    seen = []
+    while True:
+        msg = await receive_json(ws, timeout)
+        seen.append(msg)
+        data = msg.get("data", {})
+        if msg["type"] == "executing" and data.get("node") is None and data.get("prompt_id") == prompt_id:
+            return seen
+
+
+async def wait_history(client: TestClient, prompt_id: str, timeout: float = 15.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        resp = await client.get(f"/history/{prompt_id}")
+        body = await resp.json()
+        if prompt_id in body:
+            return body[prompt_id]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{prompt_id} never reached the history")

@@ -1,0 +1,107 @@
+"""A test node pack without torch: numbers, a slow node with progress and previews, a PNG writer,
+a failing node. Enough to drive every route and event of the server."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from PIL import Image
+
+from engine.context import NodeContext, Preview
+from engine.node import Node, NodeOutput
+from engine.registry import NodeRegistry
+from engine.schema import BOOLEAN, FLOAT, INT, STRING, Input, NodeSchema, Output
+
+
+def png_bytes(value: int, size: int = 8) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), (value % 256, 40, 200)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def jpeg_bytes(value: int, size: int = 8) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), (value % 256, 90, 10)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+class StubNumber(Node):
+    SCHEMA = NodeSchema(
+        node_id="StubNumber", display_name="Number", category="test", description="Outputs its value.",
+        inputs=(Input("value", INT, "the number", default=0, min=-(10**9), max=10**9),),
+        outputs=(Output("INT", INT, "the number"),),
+    )
+
+    def run(self, ctx: NodeContext, *, value: int) -> tuple[int]:
+        return (value,)
+
+
+class StubSlow(Node):
+    SCHEMA = NodeSchema(
+        node_id="StubSlow", display_name="Slow", category="test",
+        description="Adds one after `steps` steps of `delay` seconds, reporting progress (and previews).",
+        inputs=(
+            Input("value", INT, "input number"),
+            Input("steps", INT, "how many steps", default=3, min=1, max=10_000),
+            Input("delay", FLOAT, "seconds per step", default=0.01, min=0.0, max=10.0),
+            Input("previews", BOOLEAN, "send a preview per step", default=False),
+        ),
+        outputs=(Output("INT", INT, "value + 1"),),
+    )
+
+    def run(self, ctx: NodeContext, *, value: int, steps: int, delay: float, previews: bool) -> tuple[int]:
+        for step in range(steps):
+            time.sleep(delay)
+            preview = None
+            if previews:
+                preview = Preview("JPEG", jpeg_bytes(step)) if step % 2 == 0 else Preview("PNG", png_bytes(step))
+            ctx.progress(step + 1, steps, preview)
+        return (value + 1,)
+
+
+class StubSave(Node):
+    SCHEMA = NodeSchema(
+        node_id="StubSave", display_name="Save", category="test", output_node=True,
+        description="Writes a small PNG whose colour depends on the value.",
+        inputs=(
+            Input("value", INT, "the number to draw"),
+            Input("filename_prefix", STRING, "file name prefix", default="stub"),
+        ),
+    )
+
+    def run(self, ctx: NodeContext, *, value: int, filename_prefix: str) -> NodeOutput:
+        name = f"{filename_prefix}_{value:05d}_{ctx.prompt_id[:8]}.png"
+        (ctx.folders.output_dir / name).write_bytes(png_bytes(value))
+        return NodeOutput(ui={"images": [{"filename": name, "subfolder": "", "type": "output"}]})
+
+
+class StubFail(Node):
+    SCHEMA = NodeSchema(
+        node_id="StubFail", display_name="Fail", category="test", description="Always raises.",
+        inputs=(Input("value", INT, "ignored"),),
+        outputs=(Output("INT", INT, "never"),),
+    )
+
+    def run(self, ctx: NodeContext, *, value: int) -> tuple[int]:
+        raise RuntimeError(f"stub failure on {value}")
+
+
+STUB_NODES = (StubNumber, StubSlow, StubSave, StubFail)
+
+
+def register_stubs(registry: NodeRegistry) -> None:
+    registry.register_all(STUB_NODES, origin="core")
+
+
+def workflow(value: int = 1, *, steps: int = 2, delay: float = 0.0, previews: bool = False,
+             fail: bool = False, prefix: str = "stub") -> dict:
+    """Number → Slow (or Fail) → Save, in API format."""
+    middle = ({"class_type": "StubFail", "inputs": {"value": ["1", 0]}} if fail else
+              {"class_type": "StubSlow", "inputs": {"value": ["1", 0], "steps": steps, "delay": delay,
+                                                     "previews": previews}})
+    return {
+        "1": {"class_type": "StubNumber", "inputs": {"value": value}},
+        "2": middle,
+        "3": {"class_type": "StubSave", "inputs": {"value": ["2", 0], "filename_prefix": prefix}},
+    }
