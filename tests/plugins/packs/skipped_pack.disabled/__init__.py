@@ -1,0 +1,1 @@
+raise RuntimeError("a disabled pack must never be imported")
