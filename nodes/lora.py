@@ -1,0 +1,160 @@
+"""LoRA files as handle patches, merged into the weights when the module is built.
+
+Formats read (key shapes ``down`` [r, in, ...], ``up`` [out, r, ...], optional ``alpha``):
+
+- kohya / A1111 (``lora_unet_down_blocks_0_..._to_q.lora_down.weight``, ``.lora_up.weight``,
+  ``.alpha``; text encoders ``lora_te_`` or SDXL's ``lora_te1_`` / ``lora_te2_``; UNet names in
+  diffusers or original (``input_blocks_1_1_...``) spelling),
+- diffusers / PEFT (``unet.down_blocks.0....to_q.lora_A.weight`` / ``lora_B``, ``text_encoder.``,
+  ``text_encoder_2.``; older ``.lora.down.weight`` / ``.lora.up.weight``).
+
+W' = W + strength · (alpha / rank) · up @ down   (scale 1 without alpha), computed in fp32.
+Strength 0 is no patch at all (the loader returns the input handle unchanged).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nodes.families.files import ModelLoadError, TensorIndex, load_tensors, read_index
+from nodes.families.keys import to_ldm
+
+if TYPE_CHECKING:
+    from nodes.models import ComponentHandle
+
+log = logging.getLogger("loom.lora")
+
+_SUFFIXES = (
+    (".lora_down.weight", "down"), (".lora_up.weight", "up"), (".lora_A.weight", "down"),
+    (".lora_B.weight", "up"), (".lora.down.weight", "down"), (".lora.up.weight", "up"), (".alpha", "alpha"),
+)
+# (key prefix, target, text encoder position or -1 for the UNet)
+_PREFIXES = (
+    ("lora_unet_", "unet", -1), ("lora_te1_", "clip", 0), ("lora_te2_", "clip", 1), ("lora_te_", "clip", 0),
+    ("unet.", "unet", -1), ("diffusion_model.", "unet", -1), ("text_encoder_2.", "clip", 1),
+    ("text_encoder.", "clip", 0),
+)
+
+
+@dataclass(frozen=True)
+class LoraLayer:
+    target: str  # unet | clip
+    encoder: int  # text encoder position (-1 for the UNet)
+    name: str  # flattened module name (``down_blocks_0_..._to_q``)
+    down: Any
+    up: Any
+    alpha: float | None
+
+
+def _split(key: str) -> tuple[str, str] | None:
+    for suffix, kind in _SUFFIXES:
+        if key.endswith(suffix):
+            return key[: -len(suffix)], kind
+    return None
+
+
+def _route(name: str) -> tuple[str, int, str] | None:
+    for prefix, target, encoder in _PREFIXES:
+        if name.startswith(prefix):
+            flat = name[len(prefix):].replace(".", "_")
+            return target, encoder, flat.removeprefix("text_model_")
+    return None
+
+
+def inspect_lora(path: Path, *, allow_pickle: bool = False) -> TensorIndex:
+    """Check that ``path`` is a LoRA file (header only) and return its index."""
+    index = read_index(path, allow_pickle=allow_pickle)
+    if not any(_split(k) and _split(k)[1] != "alpha" for k in index.tensors):  # type: ignore[index]
+        sample = ", ".join(list(index.tensors)[:3])
+        raise ModelLoadError(f"{path}: not a LoRA file: expected keys ending in .lora_down.weight / .lora_up.weight "
+                             f"(kohya) or .lora_A.weight / .lora_B.weight (PEFT), found {sample or 'no tensors'}")
+    return index
+
+
+def read_lora(index: TensorIndex) -> list[LoraLayer]:
+    groups: dict[str, dict[str, Any]] = {}
+    for key, tensor in load_tensors(index).items():
+        split = _split(key)
+        if split is not None:
+            groups.setdefault(split[0], {})[split[1]] = tensor
+    layers: list[LoraLayer] = []
+    for name, parts in groups.items():
+        route = _route(name)
+        if route is None or "down" not in parts or "up" not in parts:
+            log.warning("%s: skipping LoRA entry %r (unknown prefix or missing up/down)", index.path.name, name)
+            continue
+        alpha = parts.get("alpha")
+        layers.append(LoraLayer(route[0], route[1], route[2], parts["down"], parts["up"],
+                                None if alpha is None else float(alpha)))
+    return layers
+
+
+def _unet_lookup(unet: Any, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Flattened diffusers names and original (LDM) names → weight-bearing submodules."""
+    lookup: dict[str, Any] = {}
+    names = [(n, m) for n, m in unet.named_modules() if hasattr(m, "weight") and m.weight is not None]
+    ldm = to_ldm("unet", {f"{n}.weight": None for n, _ in names}, config)
+    for (name, module), ldm_key in zip(names, ldm, strict=True):
+        lookup[name.replace(".", "_")] = module
+        lookup[ldm_key.removesuffix(".weight").replace(".", "_")] = module
+    return lookup
+
+
+def _clip_lookup(encoder: Any) -> dict[str, Any]:
+    return {n.removeprefix("text_model.").replace(".", "_"): m for n, m in encoder.named_modules()
+            if hasattr(m, "weight") and m.weight is not None}
+
+
+def merge(module: Any, delta_source: LoraLayer, strength: float) -> None:
+    import torch
+
+    weight = module.weight
+    down = delta_source.down.to(torch.float32).flatten(1)  # [r, in·k·k]
+    up = delta_source.up.to(torch.float32).flatten(1)  # [out, r]
+    rank = down.shape[0]
+    scale = (delta_source.alpha / rank) if delta_source.alpha is not None else 1.0
+    delta = (up @ down).reshape(weight.shape)
+    with torch.no_grad():
+        weight.copy_((weight.to(torch.float32) + strength * scale * delta).to(weight.dtype))
+
+
+@dataclass(frozen=True)
+class LoraPatch:
+    """A LoRA file applied to the UNet (``target="unet"``) or the text encoders (``"clip"``)."""
+
+    path: Path
+    fingerprint: str
+    strength: float
+    target: str
+    allow_pickle: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"lora:{self.fingerprint}:{self.target}:{self.strength!r}"
+
+    def apply(self, module: Any, handle: ComponentHandle) -> None:
+        layers = [x for x in read_lora(read_index(self.path, allow_pickle=self.allow_pickle)) if x.target == self.target]
+        if self.target == "unet":
+            lookups = {-1: _unet_lookup(module, handle.part("unet").config)}
+        else:
+            names = [s.name for s in handle.family.text_encoders]
+            lookups = {i: _clip_lookup(module[n]) for i, n in enumerate(names) if n in module}
+        matched = 0
+        for layer in layers:
+            target = lookups.get(layer.encoder, {}).get(layer.name)
+            if target is None:
+                continue
+            merge(target, layer, self.strength)
+            matched += 1
+        if layers and matched == 0:
+            raise ModelLoadError(
+                f"{self.path}: none of the LoRA's {len(layers)} {self.target} layers match this "
+                f"{handle.family.title} model (e.g. {layers[0].name!r}); is the LoRA for another model family?"
+            )
+        if matched < len(layers):
+            log.warning("%s: %d of %d %s layers matched", self.path.name, matched, len(layers), self.target)
+        log.info("LoRA %s: %d %s layers at strength %s", self.path.name, matched, self.target, self.strength)
