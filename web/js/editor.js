@@ -1,0 +1,243 @@
+// The editor: one canvas showing the current tab's graph; selection, moving, clipboard, undo/redo
+// and keyboard shortcuts. Other modules (links, search, menus, groups) hang off this object.
+
+import { Canvas, Minimap, isTyping } from "./canvas.js";
+import { NodeViews } from "./nodeview.js";
+import { Links } from "./links.js";
+import { Search } from "./search.js";
+import { Menus } from "./menu.js";
+import { Groups } from "./groups.js";
+import { el } from "./widgets.js";
+
+const CLIPBOARD_KEY = "loom.clipboard";
+
+export class Editor {
+  constructor(root, { info, api }) {
+    this.root = root;
+    this.info = info;
+    this.api = api;
+    this.events = new EventTarget();
+    this.selection = new Set();
+    this.nodesLayer = root.querySelector(".nodes-layer");
+    this.canvas = new Canvas(root, {
+      onBoxSelect: (rect) => this.boxSelect(rect),
+      onBackgroundClick: () => this.select([]),
+      onBackgroundDblClick: (e) => this.openSearch(e.clientX, e.clientY),
+      onContextMenu: (e) => this.menus.canvasMenu(e),
+      onChange: () => { this.minimap.draw(); if (this.tab) this.tab.view = [this.canvas.x, this.canvas.y, this.canvas.zoom]; },
+    });
+    this.views = new NodeViews(this, this.nodesLayer);
+    this.links = new Links(this, root.querySelector(".links-layer"));
+    this.groups = new Groups(this, root.querySelector(".groups-layer"));
+    this.search = new Search(this);
+    this.menus = new Menus(this);
+    this.minimap = new Minimap(root.querySelector(".minimap"), this.canvas, () => [...this.graph?.nodes.keys() || []].map((id) => this.views.rect(id)));
+    this.toasts = document.querySelector(".toasts");
+    window.addEventListener("keydown", (e) => this.#key(e));
+    root.addEventListener("pointermove", (e) => { this.lastPointer = [e.clientX, e.clientY]; });
+  }
+
+  emit(name, detail = {}) { this.events.dispatchEvent(new CustomEvent(name, { detail })); }
+
+  // --- tabs hand the editor a graph ---------------------------------------------------------------
+  show(tab) {
+    this.tab = tab;
+    this.graph = tab.graph;
+    this.history = tab.history;
+    this.selection.clear();
+    this.renderAll();
+    if (tab.view) this.canvas.setView(...tab.view);
+    else requestAnimationFrame(() => this.fitView());
+  }
+
+  renderAll() {
+    this.views.clear();
+    this.links.clear();
+    for (const node of this.graph.nodes.values()) this.views.render(node);
+    this.links.redrawAll();
+    this.groups.renderAll();
+    for (const id of [...this.selection]) if (!this.graph.nodes.has(id)) this.selection.delete(id);
+    this.minimap.draw();
+  }
+
+  commit() {
+    if (this.history.commit()) {
+      this.tab.dirty = true;
+      this.emit("graphChanged", { graph: this.graph });
+    }
+  }
+
+  undo() { if (this.history.undo()) { this.renderAll(); this.emit("graphChanged", { graph: this.graph }); } }
+  redo() { if (this.history.redo()) { this.renderAll(); this.emit("graphChanged", { graph: this.graph }); } }
+
+  toast(message, kind = "info", ms = 4000) {
+    const item = el("div", { class: `toast ${kind}`, "data-role": "toast" }, message);
+    this.toasts.append(item);
+    setTimeout(() => item.remove(), ms);
+  }
+
+  fitView() {
+    const ids = [...this.graph.nodes.keys()];
+    if (!ids.length) { this.canvas.setView(0, 0, 1); return; }
+    const rects = ids.map((id) => this.views.rect(id));
+    const x0 = Math.min(...rects.map((r) => r[0])), y0 = Math.min(...rects.map((r) => r[1]));
+    const x1 = Math.max(...rects.map((r) => r[0] + r[2])), y1 = Math.max(...rects.map((r) => r[1] + r[3]));
+    this.canvas.fit([x0, y0, x1 - x0, y1 - y0]);
+  }
+
+  openSearch(clientX, clientY) {
+    const at = this.canvas.toWorld(clientX, clientY);
+    this.search.open({ clientX, clientY, onPick: (type) => this.addNode(type, at) });
+  }
+
+  // --- editing ----------------------------------------------------------------------------------
+  addNode(type, pos, commit = true) {
+    const node = this.graph.addNode(type, pos);
+    this.views.render(node);
+    this.select([node.id]);
+    this.emit("nodeAdded", { node });
+    if (commit) this.commit();
+    return node;
+  }
+
+  deleteNodes(ids) {
+    for (const id of ids) {
+      for (const link of this.graph.links()) if (link.src === id) this.views.setLinked(link.dst, link.name, false);
+      this.graph.removeNode(id);
+      this.links.removeNode(id);
+      this.views.els.get(id)?.remove();
+      this.views.els.delete(id);
+      this.selection.delete(id);
+    }
+    this.commit();
+  }
+
+  setMode(ids, mode) {
+    for (const id of ids) { const n = this.graph.nodes.get(id); n.mode = mode; this.views.render(n); this.links.updateNode(id); }
+    this.commit();
+  }
+
+  setCollapsed(ids, collapsed) {
+    for (const id of ids) { const n = this.graph.nodes.get(id); n.collapsed = collapsed; this.views.render(n); this.links.updateNode(id); }
+    this.commit();
+  }
+
+  setColor(ids, color) {
+    for (const id of ids) { const n = this.graph.nodes.get(id); n.color = color; this.views.render(n); }
+    this.commit();
+  }
+
+  convertWidget(id, name, toInput) {
+    const node = this.graph.nodes.get(id);
+    if (toInput) node.converted.add(name);
+    else { node.converted.delete(name); }
+    this.views.render(node);
+    this.links.updateNode(id);
+    this.commit();
+  }
+
+  select(ids) {
+    for (const id of this.selection) this.views.setSelected(id, false);
+    this.selection = new Set(ids);
+    for (const id of this.selection) this.views.setSelected(id, true);
+  }
+
+  selectAll() { this.select([...this.graph.nodes.keys()]); }
+
+  boxSelect([x, y, w, h]) {
+    const hit = [...this.graph.nodes.keys()].filter((id) => {
+      const r = this.views.rect(id);
+      return r[0] < x + w && r[0] + r[2] > x && r[1] < y + h && r[1] + r[3] > y;
+    });
+    this.select([...this.selection, ...hit]);
+  }
+
+  pointerOnNode(id, e) {
+    if (e.shiftKey || e.ctrlKey || e.metaKey) {
+      const next = new Set(this.selection);
+      if (next.has(id)) next.delete(id); else next.add(id);
+      this.select([...next]);
+      return;
+    }
+    if (!this.selection.has(id)) this.select([id]);
+    const start = this.canvas.toWorld(e.clientX, e.clientY);
+    const moving = [...this.selection].map((nid) => [this.graph.nodes.get(nid), [...this.graph.nodes.get(nid).pos]]);
+    let moved = false;
+    const move = (ev) => {
+      const p = this.canvas.toWorld(ev.clientX, ev.clientY);
+      const dx = p[0] - start[0], dy = p[1] - start[1];
+      if (!moved && Math.abs(dx) + Math.abs(dy) < 2) return;
+      moved = true;
+      for (const [node, pos] of moving) { node.pos = [pos[0] + dx, pos[1] + dy]; this.views.setPos(node); this.links.updateNode(node.id); }
+    };
+    const up = () => {
+      window.removeEventListener("pointermove", move);
+      window.removeEventListener("pointerup", up);
+      if (moved) { this.commit(); this.minimap.draw(); }
+    };
+    window.addEventListener("pointermove", move);
+    window.addEventListener("pointerup", up);
+  }
+
+  // --- clipboard: localStorage (shared by every tab) and the system clipboard when allowed ------
+  copy(ids = [...this.selection]) {
+    if (!ids.length) return;
+    const set = new Set(ids);
+    const nodes = ids.map((id) => {
+      const n = this.graph.nodes.get(id);
+      const links = Object.fromEntries(Object.entries(n.links).filter(([, l]) => set.has(l[0])));
+      return { id: n.id, type: n.type, title: n.title, pos: n.pos, values: n.values, links, converted: [...n.converted],
+        control: n.control, mode: n.mode, collapsed: n.collapsed, color: n.color, size: n.size };
+    });
+    const text = JSON.stringify({ "loom-clipboard": 1, nodes });
+    localStorage.setItem(CLIPBOARD_KEY, text);
+    navigator.clipboard?.writeText(text).catch(() => {});
+    this.toast(`Copied ${nodes.length} node${nodes.length > 1 ? "s" : ""}`);
+  }
+
+  paste(at = null) {
+    let data;
+    try { data = JSON.parse(localStorage.getItem(CLIPBOARD_KEY) || "null"); } catch { data = null; }
+    if (!data || !data.nodes?.length) return;
+    this.pasteNodes(data.nodes, at);
+  }
+
+  pasteNodes(nodes, at) {
+    const minX = Math.min(...nodes.map((n) => n.pos[0])), minY = Math.min(...nodes.map((n) => n.pos[1]));
+    const origin = at || (this.lastPointer ? this.canvas.toWorld(...this.lastPointer) : [minX + 30, minY + 30]);
+    const ids = new Map();
+    const created = [];
+    for (const c of nodes) {
+      const node = this.graph.addNode(c.type, [c.pos[0] - minX + origin[0], c.pos[1] - minY + origin[1]], { values: structuredClone(c.values), title: c.title });
+      Object.assign(node, { converted: new Set(c.converted || []), control: { ...c.control }, mode: c.mode || 0, collapsed: !!c.collapsed, color: c.color || null, size: c.size || null });
+      ids.set(c.id, node.id);
+      created.push([c, node]);
+    }
+    for (const [c, node] of created) {
+      for (const [name, [src, slot]] of Object.entries(c.links || {})) if (ids.has(src)) node.links[name] = [ids.get(src), slot];
+    }
+    for (const [, node] of created) this.views.render(node);
+    for (const [, node] of created) for (const [name, [src, slot]] of Object.entries(node.links)) this.links.add({ src, slot, dst: node.id, name });
+    this.select(created.map(([, n]) => n.id));
+    this.commit();
+  }
+
+  clone(ids) { this.copy(ids); const r = this.views.rect(ids[0]); this.paste([r[0] + 30, r[1] + 30]); }
+
+  #key(e) {
+    if (isTyping(e.target) || this.search.isOpen || !this.graph || document.querySelector(".modal:not([hidden])")) return;
+    const mod = e.ctrlKey || e.metaKey;
+    const k = e.key.toLowerCase();
+    if (mod && k === "z" && !e.shiftKey) { e.preventDefault(); this.undo(); }
+    else if (mod && (k === "y" || (k === "z" && e.shiftKey))) { e.preventDefault(); this.redo(); }
+    else if (mod && k === "c") { this.copy(); }
+    else if (mod && k === "v") { e.preventDefault(); this.paste(); }
+    else if (mod && k === "a") { e.preventDefault(); this.selectAll(); }
+    else if (mod && k === "g") { e.preventDefault(); this.groups.addAround([...this.selection]); }
+    else if (e.key === "Delete" || e.key === "Backspace") { if (this.selection.size) { e.preventDefault(); this.deleteNodes([...this.selection]); } }
+    else if (k === "/" && !mod) { e.preventDefault(); const r = this.root.getBoundingClientRect(); this.openSearch(r.left + r.width / 2 - 180, r.top + 80); }
+    else if (k === "." && !mod) { this.fitView(); }
+    else if (mod && k === "b") { e.preventDefault(); const ids = [...this.selection]; if (ids.length) this.setMode(ids, this.graph.nodes.get(ids[0]).mode === 4 ? 0 : 4); }
+    else if (mod && k === "m") { e.preventDefault(); const ids = [...this.selection]; if (ids.length) this.setMode(ids, this.graph.nodes.get(ids[0]).mode === 2 ? 0 : 2); }
+  }
+}

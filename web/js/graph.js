@@ -1,0 +1,271 @@
+// The workflow model: nodes (with widget values and input links), groups, and undo/redo history.
+// Serialises to Loom's saved format (engine/workflow.py) and to ComfyUI's API format.
+
+import { parseSchema, defaultValue, typesCompatible } from "./schema.js";
+
+export const MODE_NORMAL = 0, MODE_MUTED = 2, MODE_BYPASS = 4;
+export const SAVED_FORMAT = "loom.workflow", SAVED_VERSION = 2;
+
+export class TypeMismatch extends Error {}
+
+export class Graph {
+  constructor(info) {
+    this.info = info;
+    this.nodes = new Map();
+    this.groups = [];
+    this.extra = {};
+    this.nextId = 1;
+  }
+
+  schema(type) { return parseSchema(type, this.info); }
+
+  addNode(type, pos = [0, 0], { id = null, values = null, title = null } = {}) {
+    const schema = this.schema(type);
+    const nodeId = String(id ?? this.nextId);
+    this.nextId = Math.max(this.nextId, (parseInt(nodeId, 10) || 0) + 1);
+    const node = {
+      id: nodeId, type, title: title || (schema ? schema.display : type), pos: [...pos], size: null,
+      values: {}, links: {}, converted: new Set(), mode: MODE_NORMAL, collapsed: false, color: null,
+      control: {}, missing: !schema,
+    };
+    for (const input of schema ? schema.inputs : []) {
+      if (!input.widget) continue;
+      node.values[input.name] = defaultValue(input);
+      if (input.opts.control_after_generate) node.control[input.name] = "randomize";
+    }
+    if (values) Object.assign(node.values, values);
+    this.nodes.set(nodeId, node);
+    return node;
+  }
+
+  removeNode(id) {
+    this.nodes.delete(id);
+    for (const node of this.nodes.values()) {
+      for (const [name, link] of Object.entries(node.links)) if (link[0] === id) delete node.links[name];
+    }
+  }
+
+  inputSpec(node, name) {
+    const schema = this.schema(node.type);
+    return schema ? schema.inputs.find((i) => i.name === name) : null;
+  }
+
+  outputType(node, slot) {
+    const schema = this.schema(node.type);
+    return schema && schema.outputs[slot] ? schema.outputs[slot].type : "*";
+  }
+
+  // Connect output `slot` of node `srcId` to input `name` of node `dstId`; throws TypeMismatch.
+  connect(srcId, slot, dstId, name) {
+    const src = this.nodes.get(srcId), dst = this.nodes.get(dstId);
+    if (!src || !dst) throw new Error("no such node");
+    if (srcId === dstId) throw new TypeMismatch("a node cannot feed itself");
+    const from = this.outputType(src, slot);
+    const spec = this.inputSpec(dst, name);
+    const to = spec ? spec.type : "*";
+    if (!typesCompatible(from, to)) throw new TypeMismatch(`${from} cannot connect to ${name} (${to})`);
+    if (this.reaches(dstId, srcId)) throw new TypeMismatch("that link would make a cycle");
+    dst.links[name] = [srcId, slot];
+    return true;
+  }
+
+  disconnect(dstId, name) {
+    const node = this.nodes.get(dstId);
+    if (node) delete node.links[name];
+  }
+
+  // Is `target` downstream of (or equal to) `start`?
+  reaches(start, target) {
+    const seen = new Set([start]);
+    const stack = [start];
+    while (stack.length) {
+      const id = stack.pop();
+      if (id === target) return true;
+      for (const node of this.nodes.values()) {
+        if (seen.has(node.id)) continue;
+        if (Object.values(node.links).some((l) => l[0] === id)) { seen.add(node.id); stack.push(node.id); }
+      }
+    }
+    return false;
+  }
+
+  links() {
+    const out = [];
+    for (const node of this.nodes.values()) {
+      for (const [name, [src, slot]] of Object.entries(node.links)) out.push({ src, slot, dst: node.id, name });
+    }
+    return out;
+  }
+
+  // --- Loom's saved format ---------------------------------------------------------------------
+  toSaved({ measured = true } = {}) {
+    const prompt = {}, nodes = {};
+    for (const node of this.nodes.values()) {
+      const inputs = { ...node.values };
+      for (const [name, link] of Object.entries(node.links)) inputs[name] = [link[0], link[1]];
+      prompt[node.id] = { class_type: node.type, inputs, _meta: { title: node.title } };
+      const entry = { pos: [Math.round(node.pos[0]), Math.round(node.pos[1])] };
+      const size = node.size || (measured && node.measured) || [0, 0];
+      entry.size = [Math.round(size[0]), Math.round(size[1])];
+      const schema = this.schema(node.type);
+      if (!schema || node.title !== schema.display) entry.title = node.title;
+      if (node.color) entry.color = node.color;
+      if (node.collapsed) entry.collapsed = true;
+      if (node.mode) entry.mode = node.mode;
+      if (node.converted.size) entry.converted = [...node.converted];
+      if (Object.keys(node.control).length) entry.control = { ...node.control };
+      nodes[node.id] = entry;
+    }
+    const groups = this.groups.map((g) => ({ title: g.title, bounding: g.bounding.map(Math.round), color: g.color }));
+    return { format: SAVED_FORMAT, version: SAVED_VERSION, prompt, layout: { nodes, groups }, extra: { ...this.extra } };
+  }
+
+  loadSaved(saved) {
+    this.nodes.clear();
+    this.groups = [];
+    this.nextId = 1;
+    let layout = saved.layout || {};
+    if (saved.version === 1) layout = migrateV1(layout);
+    const laid = layout.nodes || {};
+    const prompt = saved.prompt || {};
+    for (const [id, entry] of Object.entries(prompt)) {
+      const l = laid[id] || {};
+      const node = this.addNode(entry.class_type, l.pos || [0, 0], { id });
+      node.title = l.title || (entry._meta && entry._meta.title) || node.title;
+      if (l.size && l.size[0] > 0) node.size = [...l.size];
+      node.color = l.color || null;
+      node.collapsed = !!l.collapsed;
+      node.mode = l.mode || 0;
+      node.converted = new Set(l.converted || []);
+      if (l.control) Object.assign(node.control, l.control);
+      for (const [name, value] of Object.entries(entry.inputs || {})) {
+        if (isLink(value, prompt)) node.links[name] = [String(value[0]), value[1]];
+        else node.values[name] = value;
+      }
+    }
+    this.groups = (layout.groups || []).map((g) => ({ title: g.title || "Group", bounding: [...g.bounding], color: g.color || null }));
+    this.extra = { ...(saved.extra || {}) };
+    autoLayoutIfNeeded(this, laid);
+  }
+
+  // --- ComfyUI API format (what /prompt runs): muted nodes left out, bypassed ones passed through
+  toPrompt() {
+    const prompt = {};
+    for (const node of this.nodes.values()) {
+      if (node.mode === MODE_MUTED || node.mode === MODE_BYPASS) continue;
+      const inputs = {};
+      const schema = this.schema(node.type);
+      for (const [name, value] of Object.entries(node.values)) {
+        if (!schema || schema.inputs.some((i) => i.name === name)) inputs[name] = value;
+      }
+      for (const name of Object.keys(node.links)) {
+        delete inputs[name];
+        const source = this.resolveSource(node.links[name], this.inputSpec(node, name)?.type ?? "*");
+        if (source) inputs[name] = source;
+      }
+      prompt[node.id] = { class_type: node.type, inputs, _meta: { title: node.title } };
+    }
+    return prompt;
+  }
+
+  // Follow a link through bypassed nodes to a real producer, as ComfyUI does: a bypassed node's
+  // output k is replaced by its input of the same type (the k-th one first); muted → no source.
+  resolveSource(link, type, depth = 0) {
+    const src = this.nodes.get(link[0]);
+    if (!src || depth > 64) return null;
+    if (src.mode === MODE_MUTED) return null;
+    if (src.mode !== MODE_BYPASS) return [src.id, link[1]];
+    const outType = this.outputType(src, link[1]);
+    const schema = this.schema(src.type);
+    const candidates = (schema ? schema.inputs : []).filter((i) => src.links[i.name]);
+    const same = candidates[link[1]] && typesCompatible(outType, candidates[link[1]].type) ? candidates[link[1]] : null;
+    const pick = same || candidates.find((i) => typesCompatible(outType, i.type) && typesCompatible(i.type, type));
+    return pick ? this.resolveSource(src.links[pick.name], type, depth + 1) : null;
+  }
+
+  // Apply "control after generate" to seed-like widgets (after a successful queue).
+  applyControlAfterGenerate() {
+    let changed = false;
+    for (const node of this.nodes.values()) {
+      for (const [name, how] of Object.entries(node.control)) {
+        const spec = this.inputSpec(node, name);
+        if (!spec || node.links[name] || how === "fixed") continue;
+        const min = spec.opts.min ?? 0;
+        const max = Math.min(spec.opts.max ?? Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
+        let v = Number(node.values[name]) || 0;
+        if (how === "increment") v = Math.min(max, v + 1);
+        else if (how === "decrement") v = Math.max(min, v - 1);
+        else if (how === "randomize") v = min + Math.floor(Math.random() * Math.min(max - min, 2 ** 50));
+        node.values[name] = v;
+        changed = true;
+      }
+    }
+    return changed;
+  }
+}
+
+export function isLink(value, prompt) {
+  return Array.isArray(value) && value.length === 2 && Number.isInteger(value[1]) &&
+    (typeof value[0] === "string" || Number.isInteger(value[0])) && String(value[0]) in prompt;
+}
+
+function migrateV1(layout) {
+  const nodes = {};
+  for (const [id, e] of Object.entries(layout)) {
+    nodes[id] = { pos: [e.pos?.x ?? 0, e.pos?.y ?? 0], size: [e.size?.width ?? 0, e.size?.height ?? 0] };
+    if (e.title) nodes[id].title = e.title;
+  }
+  return { nodes, groups: [] };
+}
+
+// An API-format graph has no positions: lay nodes out in columns by depth.
+function autoLayoutIfNeeded(graph, laid) {
+  const missing = [...graph.nodes.values()].filter((n) => !laid[n.id]);
+  if (!missing.length) return;
+  const depth = new Map();
+  const depthOf = (node, guard = 0) => {
+    if (depth.has(node.id)) return depth.get(node.id);
+    let d = 0;
+    for (const [src] of Object.values(node.links)) {
+      const s = graph.nodes.get(src);
+      if (s && guard < 200) d = Math.max(d, depthOf(s, guard + 1) + 1);
+    }
+    depth.set(node.id, d);
+    return d;
+  };
+  const rows = {};
+  for (const node of missing) {
+    const d = depthOf(node);
+    rows[d] = (rows[d] || 0) + 1;
+    node.pos = [40 + d * 340, 40 + (rows[d] - 1) * 260];
+  }
+}
+
+// Undo/redo over whole-graph snapshots (cheap enough: one per user action).
+export class History {
+  constructor(graph, limit = 200) {
+    this.graph = graph;
+    this.limit = limit;
+    this.reset();
+  }
+  snap() { return JSON.stringify(this.graph.toSaved({ measured: false })); }
+  reset() { this.stack = [this.snap()]; this.index = 0; }
+  commit() {
+    const snap = this.snap();
+    if (snap === this.stack[this.index]) return false;
+    this.stack.splice(this.index + 1);
+    this.stack.push(snap);
+    if (this.stack.length > this.limit) this.stack.shift();
+    this.index = this.stack.length - 1;
+    return true;
+  }
+  undo() { return this.#go(-1); }
+  redo() { return this.#go(1); }
+  #go(step) {
+    const next = this.index + step;
+    if (next < 0 || next >= this.stack.length) return false;
+    this.index = next;
+    this.graph.loadSaved(JSON.parse(this.stack[next]));
+    return true;
+  }
+}

@@ -1,0 +1,188 @@
+// Links as SVG paths, and the port drag that makes, moves and removes them. Wrong types are
+// refused visibly (the port flashes red and a message says why); a link dropped on empty canvas
+// opens the node search filtered to compatible nodes.
+
+import { typeColor, typesCompatible } from "./schema.js";
+import { TypeMismatch } from "./graph.js";
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function curve(a, b) {
+  const dx = Math.max(40, Math.abs(b[0] - a[0]) * 0.5);
+  return `M${a[0]},${a[1]} C${a[0] + dx},${a[1]} ${b[0] - dx},${b[1]} ${b[0]},${b[1]}`;
+}
+
+export class Links {
+  constructor(editor, svg) {
+    this.editor = editor;
+    this.svg = svg;
+    this.paths = new Map(); // "dst\u0000input" -> {path, src, slot, dst, name}
+    this.byNode = new Map(); // node id -> Set of keys
+    this.temp = document.createElementNS(SVG, "path");
+    this.temp.setAttribute("class", "link temp");
+    editor.nodesLayer.addEventListener("pointerdown", (e) => {
+      const port = e.target.closest?.(".port");
+      if (port && e.button === 0 && !editor.canvas.spaceDown) { e.preventDefault(); e.stopPropagation(); this.#startDrag(port, e); }
+    });
+  }
+
+  clear() { for (const { path } of this.paths.values()) path.remove(); this.paths.clear(); this.byNode.clear(); }
+
+  redrawAll() {
+    this.clear();
+    for (const link of this.editor.graph.links()) this.add(link);
+  }
+
+  add({ src, slot, dst, name }) {
+    const key = `${dst}\u0000${name}`;
+    this.remove(dst, name);
+    const path = document.createElementNS(SVG, "path");
+    path.setAttribute("class", "link");
+    path.dataset.src = src; path.dataset.dst = dst; path.dataset.input = name;
+    const type = this.editor.graph.outputType(this.editor.graph.nodes.get(src), slot);
+    path.style.stroke = typeColor(type);
+    this.svg.append(path);
+    this.paths.set(key, { path, src, slot, dst, name });
+    for (const id of [src, dst]) {
+      if (!this.byNode.has(id)) this.byNode.set(id, new Set());
+      this.byNode.get(id).add(key);
+    }
+    this.#draw(this.paths.get(key));
+    this.editor.views.setLinked(dst, name, true);
+  }
+
+  remove(dst, name) {
+    const key = `${dst}\u0000${name}`;
+    const link = this.paths.get(key);
+    if (!link) return;
+    link.path.remove();
+    this.paths.delete(key);
+    this.byNode.get(link.src)?.delete(key);
+    this.byNode.get(link.dst)?.delete(key);
+    this.editor.views.setLinked(dst, name, false);
+  }
+
+  removeNode(id) {
+    for (const key of [...(this.byNode.get(id) || [])]) {
+      const link = this.paths.get(key);
+      if (link) this.remove(link.dst, link.name);
+    }
+    this.byNode.delete(id);
+  }
+
+  updateNode(id) {
+    for (const key of this.byNode.get(id) || []) this.#draw(this.paths.get(key));
+  }
+
+  #draw(link) {
+    if (!link) return;
+    const views = this.editor.views;
+    const a = views.portPos(link.src, "out", String(link.slot));
+    const b = views.portPos(link.dst, "in", link.name);
+    if (a && b) link.path.setAttribute("d", curve(a, b));
+  }
+
+  // --- dragging -------------------------------------------------------------------------------
+  #startDrag(port, e) {
+    const { editor } = this;
+    const nodeId = port.closest(".node").dataset.nodeId;
+    let from; // {dir: "out", id, slot, type} or {dir: "in", id, name, type}
+    if (port.dataset.dir === "out") {
+      from = { dir: "out", id: nodeId, slot: Number(port.dataset.slot), type: port.dataset.type };
+    } else {
+      const node = editor.graph.nodes.get(nodeId);
+      const link = node.links[port.dataset.port];
+      if (link) { // detach: pick the link up by its input end
+        editor.graph.disconnect(nodeId, port.dataset.port);
+        this.remove(nodeId, port.dataset.port);
+        editor.commit();
+        from = { dir: "out", id: link[0], slot: link[1], type: editor.graph.outputType(editor.graph.nodes.get(link[0]), link[1]) };
+      } else from = { dir: "in", id: nodeId, name: port.dataset.port, type: port.dataset.type };
+    }
+    const anchor = editor.views.portPos(from.id, from.dir, from.dir === "out" ? String(from.slot) : from.name);
+    this.temp.style.stroke = typeColor(from.type);
+    this.temp.classList.remove("refused");
+    this.svg.append(this.temp);
+    editor.root.classList.add("dragging-link");
+    const move = (ev) => {
+      const p = editor.canvas.toWorld(ev.clientX, ev.clientY);
+      this.temp.setAttribute("d", from.dir === "out" ? curve(anchor, p) : curve(p, anchor));
+    };
+    move(e);
+    const up = (ev) => {
+      window.removeEventListener("pointermove", move);
+      window.removeEventListener("pointerup", up);
+      editor.root.classList.remove("dragging-link");
+      this.temp.remove();
+      this.#drop(from, ev);
+    };
+    window.addEventListener("pointermove", move);
+    window.addEventListener("pointerup", up);
+  }
+
+  #drop(from, ev) {
+    const { editor } = this;
+    const target = document.elementFromPoint(ev.clientX, ev.clientY);
+    const port = target?.closest?.(".port");
+    const nodeEl = target?.closest?.(".node");
+    if (port && port.dataset.dir !== from.dir) {
+      const other = port.closest(".node").dataset.nodeId;
+      if (from.dir === "out") this.tryConnect(from.id, from.slot, other, port.dataset.port, port);
+      else this.tryConnect(other, Number(port.dataset.slot), from.id, from.name, port);
+      return;
+    }
+    if (nodeEl && !port) { // dropped on a node: use its first compatible free port
+      const other = nodeEl.dataset.nodeId;
+      const node = editor.graph.nodes.get(other);
+      const schema = editor.graph.schema(node.type);
+      if (!schema || other === from.id) return;
+      if (from.dir === "out") {
+        const input = schema.inputs.find((i) => !node.links[i.name] && (!i.widget || node.converted.has(i.name)) && typesCompatible(from.type, i.type));
+        if (input) this.tryConnect(from.id, from.slot, other, input.name);
+        else editor.toast(`${node.title} has no free input of type ${from.type}`, "warn");
+      } else {
+        const output = schema.outputs.find((o) => typesCompatible(o.type, from.type));
+        if (output) this.tryConnect(other, output.slot, from.id, from.name);
+      }
+      return;
+    }
+    if (!target || editor.canvas.isBackground(target)) {
+      const at = editor.canvas.toWorld(ev.clientX, ev.clientY);
+      editor.search.open({
+        clientX: ev.clientX, clientY: ev.clientY,
+        filter: from.dir === "out" ? { inputType: from.type } : { outputType: from.type },
+        onPick: (type) => {
+          const node = editor.addNode(type, from.dir === "out" ? at : [at[0] - 220, at[1]], false);
+          const schema = editor.graph.schema(type);
+          if (from.dir === "out") {
+            const input = schema.inputs.find((i) => typesCompatible(from.type, i.type) && !i.widget) ||
+              schema.inputs.find((i) => typesCompatible(from.type, i.type));
+            if (input) this.tryConnect(from.id, from.slot, node.id, input.name, null, false);
+          } else {
+            const output = schema.outputs.find((o) => typesCompatible(o.type, from.type));
+            if (output) this.tryConnect(node.id, output.slot, from.id, from.name, null, false);
+          }
+          editor.commit();
+        },
+      });
+    }
+  }
+
+  // Connect if the types allow it; otherwise flash the target port and say why.
+  tryConnect(srcId, slot, dstId, name, portEl = null, commit = true) {
+    const { editor } = this;
+    try {
+      editor.graph.connect(srcId, slot, dstId, name);
+    } catch (err) {
+      if (!(err instanceof TypeMismatch)) throw err;
+      const el = portEl || editor.views.els.get(dstId)?.querySelector(`.port[data-dir="in"][data-port="${CSS.escape(name)}"]`);
+      if (el) { el.classList.add("refused"); setTimeout(() => el.classList.remove("refused"), 1200); }
+      editor.toast(`Link refused: ${err.message}`, "warn");
+      return false;
+    }
+    this.add({ src: srcId, slot, dst: dstId, name });
+    editor.views.clearError(dstId, name);
+    if (commit) editor.commit();
+    return true;
+  }
+}
