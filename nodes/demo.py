@@ -1,0 +1,88 @@
+"""Small random-weight demo models, written in the layouts users download, so Loom runs out of the
+box. Their images are noise: real checkpoints go in ``models/checkpoints``.
+
+- ``checkpoints/loom_demo_sd15.safetensors``: SD1.5 architecture (original single-file layout,
+  fp16), tiny: UNet channels (32, 64), CLIP text encoder width 32 with the real 49,408-token
+  vocabulary, 4-level VAE so latents are 1/8 of the image size like real SD (~7 MB in all)
+- ``vae/loom_demo_vae.safetensors``: the same VAE architecture, standalone original layout
+- ``loras/loom_demo_lora.safetensors``: a kohya-format LoRA for the demo UNet and text encoder
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+DEMO_CHECKPOINT = "loom_demo_sd15.safetensors"
+DEMO_VAE = "loom_demo_vae.safetensors"
+DEMO_LORA = "loom_demo_lora.safetensors"
+_NOTE = "Loom demo model: random weights, produces noise. Put real checkpoints in models/checkpoints."
+
+
+def demo_modules(seed: int = 0) -> dict[str, Any]:
+    """The demo's UNet, text encoder and VAE (diffusers/transformers modules, seeded)."""
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        sample_size=32, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32,
+    )
+    text = CLIPTextModel(CLIPTextConfig(
+        vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
+        max_position_embeddings=77, hidden_act="quick_gelu", bos_token_id=49406, eos_token_id=49407, pad_token_id=1,
+    ))
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 32, 32, 32), layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=32,
+        sample_size=256,
+    )
+    return {"unet": unet.eval(), "clip_l": text.eval(), "vae": vae.eval()}
+
+
+def demo_lora(modules: dict[str, Any], rank: int = 4, seed: int = 1) -> dict[str, Any]:
+    """A kohya-format LoRA (``lora_unet_*`` / ``lora_te_*``) for the attention projections."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {}
+    targets = [("lora_unet_", modules["unet"], (".to_q", ".to_k", ".to_v", ".to_out.0")),
+               ("lora_te_text_model_", modules["clip_l"], ("q_proj", "k_proj", "v_proj", "out_proj"))]
+    for prefix, module, suffixes in targets:
+        for name, sub in module.named_modules():
+            if isinstance(sub, torch.nn.Linear) and name.endswith(suffixes):
+                key = prefix + name.replace(".", "_")
+                out[f"{key}.lora_down.weight"] = torch.randn(rank, sub.in_features, generator=gen) * 0.1
+                out[f"{key}.lora_up.weight"] = torch.randn(sub.out_features, rank, generator=gen) * 0.1
+                out[f"{key}.alpha"] = torch.tensor(float(rank))
+    return {k: v.to(torch.float16) if k.endswith("weight") else v for k, v in out.items()}
+
+
+def make_demo_models(models_dir: Path) -> list[Path]:
+    """Write the demo files under ``models_dir`` (existing ones are kept); return their paths."""
+    import torch
+    from safetensors.torch import save_file
+
+    from nodes.families import SD15
+    from nodes.families.build import ldm_state_dict
+
+    models_dir = Path(models_dir)
+    paths = [models_dir / "checkpoints" / DEMO_CHECKPOINT, models_dir / "vae" / DEMO_VAE,
+             models_dir / "loras" / DEMO_LORA]
+    if all(p.is_file() for p in paths):
+        return paths
+    modules = demo_modules()
+    full = ldm_state_dict(SD15(), modules)
+    half = {k: v.to(torch.float16).contiguous() for k, v in full.items()}
+    vae = {k.removeprefix("first_stage_model."): v for k, v in half.items() if k.startswith("first_stage_model.")}
+    meta = {"format": "pt", "loom.note": _NOTE}
+    for path, tensors in zip(paths, (half, vae, demo_lora(modules)), strict=True):
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            save_file(tensors, str(tmp), metadata=meta)
+            tmp.replace(path)  # never leave a half-written model behind
+    return paths
