@@ -31,7 +31,7 @@ from engine.server.routes_comfy import QueueRoutes
 from engine.server.routes_files import FileRoutes
 from engine.server.routes_info import InfoRoutes
 from engine.server.routes_jobs import JobRoutes
-from engine.server.security import ERRORS, ErrorCounter, Guard, InsecureBindError, check_bind
+from engine.server.security import ERRORS, ErrorCounter, Guard, InsecureBindError, check_bind, safe_path
 from engine.server.userdata import UserdataRoutes
 from engine.server.ws import WsHub
 
@@ -77,8 +77,13 @@ class StaticRoutes:
 
     def install(self, app: web.Application) -> None:
         app.router.add_get("/", self.index)
-        if self.web_dir is not None:
-            app.router.add_static("/", self.web_dir, follow_symlinks=False)
+        app.router.add_get("/{path:.+}", self.file)
+
+    async def file(self, request: web.Request) -> web.StreamResponse:
+        path = safe_path(self.web_dir, request.match_info["path"]) if self.web_dir is not None else None
+        if path is None or not path.is_file():
+            raise ApiError(404, "not_found", f"no such file: {request.path}")
+        return web.FileResponse(path)
 
     async def index(self, request: web.Request) -> web.StreamResponse:
         if self.web_dir is None or not (self.web_dir / "index.html").is_file():
