@@ -26,7 +26,7 @@ def demo_modules(seed: int = 0) -> dict[str, Any]:
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
+    unet: Any = UNet2DConditionModel(
         sample_size=32, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
         cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32,
@@ -35,7 +35,7 @@ def demo_modules(seed: int = 0) -> dict[str, Any]:
         vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
         max_position_embeddings=77, hidden_act="quick_gelu", bos_token_id=49406, eos_token_id=49407, pad_token_id=1,
     ))
-    vae = AutoencoderKL(
+    vae: Any = AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 32, 32, 32), layers_per_block=1,
         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=32,
         sample_size=256,
