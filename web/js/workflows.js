@@ -72,7 +72,7 @@ export function defaultWorkflow(info) {
     9: node("SaveImage", { images: ["8", 0], filename_prefix: "Loom" }, "Save Image"),
   };
   for (const [id, n] of Object.entries(prompt)) if (!info[n.class_type]) delete prompt[id];
-  const pos = { 4: [20, 300], 6: [400, 40], 7: [400, 300], 5: [400, 560], 3: [800, 40], 8: [1180, 40], 9: [1420, 40] };
+  const pos = { 4: [20, 300], 6: [380, 40], 7: [380, 300], 5: [380, 540], 3: [840, 40], 8: [1260, 40], 9: [1500, 40] };
   const nodes = {};
   for (const id of Object.keys(prompt)) nodes[id] = { pos: pos[id], size: [0, 0] };
   nodes[6].title = "Positive prompt"; nodes[7].title = "Negative prompt";
