@@ -407,10 +407,9 @@ def _failure(exc: BaseException, source: PackSource) -> tuple[str, str]:
         where = f" (at {Path(last.filename).resolve().relative_to(source.root.resolve())}:{last.lineno})"
     message = f"{type(exc).__name__}: {exc}{where}"
     if type(exc) is ModuleNotFoundError and exc.name:
-        message += (
-            f"; the pack needs the Python package providing {exc.name!r}: install the pack's requirements "
-            f"(pip install -r {source.root / 'requirements.txt'}) or disable the pack"
-        )
+        requirements = source.root / "requirements.txt"
+        how = f"pip install -r {requirements}" if source.is_package and requirements.is_file() else "pip install it"
+        message += f"; the pack needs the Python package providing {exc.name!r}: {how}, or disable the pack"
     text = "".join(traceback.format_list(kept)) + "".join(traceback.format_exception_only(exc))
     return message, text[-4000:]
 

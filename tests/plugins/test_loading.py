@@ -60,7 +60,7 @@ def test_missing_requirement_suggests_installing(loaded: tuple[Env, PluginReport
     _, report = loaded
     status = report.pack("missing_requirement")
     assert status is not None and status.error is not None
-    assert "ModuleNotFoundError" in status.error and "pip install -r" in status.error
+    assert "ModuleNotFoundError" in status.error and "pip install it" in status.error
 
 
 def test_malformed_classes_are_rejected_without_losing_the_good_one(loaded: tuple[Env, PluginReport]) -> None:
