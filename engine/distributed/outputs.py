@@ -1,0 +1,130 @@
+"""Server-side storage of the files workers send back: one commit per job, never two.
+
+A worker returns an attempt's files only when the attempt finished, so a worker killed mid-job
+leaves nothing on the server. :meth:`OutputStore.commit` is keyed by (job, attempt): the files are
+written to a staging folder of that attempt, then moved into ``output/`` (or ``temp/``) under
+names that do not collide with files already there (workers number their files from their own
+empty folders: ``ComfyUI_00001_.png`` on every worker becomes ``ComfyUI_00007_.png`` here, as a
+single process would have numbered it), and the UI outputs are rewritten to the final names. A
+second commit for a job already committed (a retried attempt that was not dead after all) is
+refused, so a job's outputs exist once.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from engine.distributed.worker import OutputFile
+
+STAGING = ".loom-attempts"
+_COUNTER = re.compile(r"^(?P<stem>.*_)(?P<n>\d{5})(?P<tail>_?)$")  # ComfyUI's prefix_00001_ numbering
+_REMEMBER = 100_000  # committed job ids kept to refuse late duplicates
+
+
+class OutputStore:
+    """Writes committed attempts' files under the server's output and temp folders. Thread-safe."""
+
+    def __init__(self, output_dir: Path, temp_dir: Path) -> None:
+        self.roots = {"output": Path(output_dir), "temp": Path(temp_dir)}
+        self._lock = threading.Lock()
+        self._committed: OrderedDict[str, int] = OrderedDict()  # prompt_id -> attempt
+        shutil.rmtree(self.roots["output"] / STAGING, ignore_errors=True)  # left by a crash mid-commit
+
+    def committed_attempt(self, prompt_id: str) -> int | None:
+        with self._lock:
+            return self._committed.get(prompt_id)
+
+    def commit(self, prompt_id: str, attempt: int, files: Iterable[OutputFile],
+               outputs: dict[str, Any]) -> dict[str, Any] | None:
+        """Store the attempt's files; return ``outputs`` with final names, or None if the job
+        already has committed outputs (this attempt's files are dropped)."""
+        with self._lock:
+            if prompt_id in self._committed:
+                return None
+            staging = self.roots["output"] / STAGING / f"{prompt_id}.{attempt}"
+            try:
+                renames = self._write(staging, list(files))
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            self._committed[prompt_id] = attempt
+            while len(self._committed) > _REMEMBER:
+                self._committed.popitem(last=False)
+        return rewrite_outputs(outputs, renames)
+
+    def _write(self, staging: Path, files: list[OutputFile]) -> dict[tuple[str, str], str]:
+        staged: list[tuple[OutputFile, Path]] = []
+        for item in files:
+            rel = _safe_relative(item.path)
+            if item.folder not in self.roots:
+                raise ValueError(f"worker sent a file for folder {item.folder!r}; expected one of {sorted(self.roots)}")
+            path = staging / item.folder / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(item.data)
+            staged.append((item, path))
+        renames: dict[tuple[str, str], str] = {}
+        for item, path in staged:
+            root = self.roots[item.folder]
+            final = _free_name(root, _safe_relative(item.path))
+            final.parent.mkdir(parents=True, exist_ok=True)
+            path.replace(final)
+            renames[(item.folder, item.path)] = final.relative_to(root).as_posix()
+        return renames
+
+
+def _safe_relative(path: str) -> PurePosixPath:
+    rel = PurePosixPath(path)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise ValueError(f"worker sent an output path {path!r} outside its folder")
+    return rel
+
+
+def _free_name(root: Path, rel: PurePosixPath) -> Path:
+    """``root/rel`` if free, else the next free name (ComfyUI's counter bumped, or ``_2``, ``_3``)."""
+    target = root / rel
+    if not target.exists():
+        return target
+    match = _COUNTER.match(rel.stem)
+    n = int(match["n"]) if match else 1
+    while True:
+        n += 1
+        stem = f"{match['stem']}{n:05d}{match['tail']}" if match else f"{rel.stem}_{n}"
+        candidate = target.with_name(stem + rel.suffix)
+        if not candidate.exists():
+            return candidate
+
+
+def rewrite_outputs(outputs: dict[str, Any], renames: dict[tuple[str, str], str]) -> dict[str, Any]:
+    """UI outputs with ``{filename, subfolder, type}`` entries pointed at the final names."""
+    rewritten: dict[str, Any] = {}
+    for node_id, ui in outputs.items():
+        if not isinstance(ui, dict):
+            rewritten[node_id] = ui
+            continue
+        new_ui: dict[str, Any] = {}
+        for key, items in ui.items():
+            if isinstance(items, list):
+                new_ui[key] = [_rename(item, renames) for item in items]
+            else:
+                new_ui[key] = items
+        rewritten[node_id] = new_ui
+    return rewritten
+
+
+def _rename(item: Any, renames: dict[tuple[str, str], str]) -> Any:
+    if not isinstance(item, dict) or "filename" not in item:
+        return item
+    folder = item.get("type", "output")
+    subfolder = str(item.get("subfolder") or "")
+    rel = f"{subfolder}/{item['filename']}" if subfolder else str(item["filename"])
+    final = renames.get((folder, rel))
+    if final is None:
+        return item
+    path = PurePosixPath(final)
+    parent = "" if str(path.parent) == "." else str(path.parent)
+    return {**item, "filename": path.name, "subfolder": parent}
