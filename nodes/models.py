@@ -173,12 +173,14 @@ def load_tokenizer(name: str) -> Any:
     the settings of ``models/configs/<name>/tokenizer_config.json`` (e.g. SDXL's pad ``!``)."""
     from transformers import CLIPTokenizer
 
-    base = CONFIGS_DIR / "clip_tokenizer"
-    overrides: dict[str, Any] = {}
+    tokenizer = CLIPTokenizer.from_pretrained(CONFIGS_DIR / "clip_tokenizer", local_files_only=True)
     if name != "clip_tokenizer":
         settings = json.loads((CONFIGS_DIR / name / "tokenizer_config.json").read_text(encoding="utf-8"))
-        overrides = {k: settings[k] for k in ("pad_token", "model_max_length") if k in settings}
-    return CLIPTokenizer.from_pretrained(base, local_files_only=True, **overrides)
+        # Set after loading: the pad id becomes 0 while a "!" typed in a prompt still tokenizes as
+        # "!</w>" (256), as in OpenCLIP and ComfyUI. (Passed to from_pretrained, "!" would become
+        # a special token and prompt text "!" would turn into padding, as in diffusers.)
+        tokenizer.pad_token = settings.get("pad_token", tokenizer.pad_token)
+    return tokenizer
 
 
 # --- opening files into handles ------------------------------------------------------------------

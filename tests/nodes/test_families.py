@@ -1,0 +1,145 @@
+"""Family adapters: detection, architecture from tensors, key maps checked against diffusers' own
+LDM→diffusers converters, tokenizers from the shipped files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nodes.families import SD2, SD15, SDXL, ModelLoadError, detect_family, read_index
+from nodes.families.build import ldm_state_dict
+from nodes.models import load_tokenizer, open_checkpoint
+
+# Derived once from the shipped BPE files; "a photo of a cat" matches OpenAI's CLIP tokenizer.
+EXPECTED_IDS = {
+    "a photo of a cat": [49406, 320, 1125, 539, 320, 2368, 49407],
+    "A Photo of a CAT, 4k, highly detailed!": [49406, 320, 1125, 539, 320, 2368, 267, 275, 330, 267, 5302, 12609,
+                                               256, 49407],
+    "masterpiece, (best quality:1.2), 1girl": [49406, 12066, 267, 263, 949, 3027, 281, 272, 269, 273, 2361, 272,
+                                               1611, 49407],
+    "an astronaut riding a horse on mars": [49406, 550, 18376, 6765, 320, 4558, 525, 7496, 49407],
+}
+
+
+@pytest.mark.parametrize("prompt", sorted(EXPECTED_IDS))
+def test_tokenizer_from_shipped_files(prompt: str) -> None:
+    assert load_tokenizer("clip_tokenizer")(prompt).input_ids == EXPECTED_IDS[prompt]
+    assert load_tokenizer("clip_tokenizer_2")(prompt).input_ids == EXPECTED_IDS[prompt]
+
+
+def test_second_tokenizer_pads_with_exclamation_mark() -> None:
+    one = load_tokenizer("clip_tokenizer")("a cat", padding="max_length", max_length=8).input_ids
+    two = load_tokenizer("clip_tokenizer_2")("a cat", padding="max_length", max_length=8).input_ids
+    assert one == [49406, 320, 2368, 49407, 49407, 49407, 49407, 49407]
+    assert two == [49406, 320, 2368, 49407, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(("ckpt", "family", "prediction", "resolution", "scale"), [
+    ("tiny_sd15_ckpt", SD15, "epsilon", 512, 0.18215),
+    ("tiny_sd2_ckpt", SD2, "v_prediction", 768, 0.18215),
+    ("tiny_sdxl_ckpt", SDXL, "epsilon", 1024, 0.13025),
+])
+def test_detect_family_and_sampling_facts(request: pytest.FixtureRequest, ckpt: str, family: type,
+                                          prediction: str, resolution: int, scale: float) -> None:
+    path = request.getfixturevalue(ckpt)
+    index = read_index(path)
+    fam = detect_family(index)
+    assert isinstance(fam, family)
+    assert fam.prediction_type(index) == prediction
+    assert fam.default_resolution(prediction) == resolution
+    assert fam.latent_scale == scale
+    assert fam.scheduler_config(prediction)["prediction_type"] == prediction
+
+
+ARCH_KEYS = ("block_out_channels", "layers_per_block", "cross_attention_dim", "down_block_types", "up_block_types",
+             "use_linear_projection", "in_channels", "out_channels")
+
+
+@pytest.mark.parametrize("name", ["sd15", "sd2", "sdxl"])
+def test_architecture_read_from_tensors(request: pytest.FixtureRequest, tiny_models: dict[str, Any], name: str) -> None:
+    path = request.getfixturevalue(f"tiny_{name}_ckpt")
+    ck = open_checkpoint(path)
+    original = tiny_models[name].modules["unet"].config
+    read = ck.unet.part("unet").config
+    for key in ARCH_KEYS:
+        assert list(read[key]) == list(original[key]) if isinstance(read[key], list) else read[key] == original[key], key
+    assert [p.name for p in ck.clip.parts] == [s.name for s in ck.unet.family.text_encoders]
+
+
+def _check_equal(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    assert set(ours) == set(theirs), sorted(set(ours) ^ set(theirs))[:6]
+    for k in ours:
+        assert torch.equal(ours[k], theirs[k]), k
+
+
+@pytest.mark.parametrize("name", ["sd15", "sd2", "sdxl"])
+def test_our_original_layout_is_what_diffusers_converts(tiny_models: dict[str, Any], name: str) -> None:
+    """Our diffusers→LDM output, fed to diffusers' own LDM→diffusers converters, gives back the
+    original weights: so our files are real original-layout checkpoints."""
+    from diffusers.loaders import single_file_utils as su
+
+    from nodes.families import family_by_name
+
+    model = tiny_models[name]
+    family = family_by_name(name)
+    ldm = ldm_state_dict(family, model.modules, model.prediction)
+    unet = model.modules["unet"]
+    _check_equal(su.convert_ldm_unet_checkpoint(dict(ldm), dict(unet.config)), unet.state_dict())
+    vae = model.modules["vae"]
+    converted_vae = su.convert_ldm_vae_checkpoint(dict(ldm), dict(vae.config))
+    _check_equal(converted_vae, vae.state_dict())
+
+
+def test_open_clip_layout_matches_diffusers(tiny_models: dict[str, Any]) -> None:
+    from diffusers.loaders import single_file_utils as su
+
+    model = tiny_models["sd2"]
+    te = model.modules["clip_h"]
+    ldm = ldm_state_dict(SD2(), {"clip_h": te})
+    assert ldm["cond_stage_model.model.transformer.resblocks.0.attn.in_proj_weight"].shape == (96, 32)
+    try:
+        theirs = su.convert_open_clip_checkpoint(te, dict(ldm), prefix="cond_stage_model.model.")
+    except Exception as exc:  # pragma: no cover - depends on the diffusers/transformers pair
+        pytest.skip(f"diffusers' open_clip converter does not run with this transformers: {exc}")
+    theirs_sd = theirs.state_dict() if hasattr(theirs, "state_dict") else theirs
+    mine = te.state_dict()
+    for k, v in mine.items():
+        if k in theirs_sd:
+            assert torch.equal(theirs_sd[k], v), k
+
+
+def test_sdxl_unet_call_needs_added_cond_kwargs(tiny_models: dict[str, Any]) -> None:
+    unet = tiny_models["sdxl"].modules["unet"]
+    pooled = torch.randn(2, 32)
+    extra = SDXL().unet_inputs(pooled=pooled, width=64, height=64, batch=2)
+    assert extra["added_cond_kwargs"]["time_ids"].tolist() == [[64, 64, 0, 0, 64, 64]] * 2
+    with torch.no_grad():
+        out = unet(torch.randn(2, 4, 8, 8), 10, torch.randn(2, 77, 64), **extra).sample
+    assert out.shape == (2, 4, 8, 8)
+    assert SD15().unet_inputs(pooled=pooled, width=64, height=64, batch=2) == {}
+
+
+def test_unknown_architecture_names_file_and_problem(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    path = tmp_path / "mystery.safetensors"
+    save_file({"foo.bar.weight": torch.zeros(2, 2)}, str(path))
+    with pytest.raises(ModelLoadError, match=r"mystery\.safetensors: unknown architecture.*foo\.bar\.weight"):
+        detect_family(read_index(path))
+    lora = tmp_path / "lora.safetensors"
+    save_file({"lora_unet_x.lora_down.weight": torch.zeros(2, 2)}, str(lora))
+    with pytest.raises(ModelLoadError, match="looks like a LoRA"):
+        detect_family(read_index(lora))
+
+
+def test_sdxl_refiner_is_refused_clearly(tiny_sdxl_ckpt: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = {k: v for k, v in load_file(str(tiny_sdxl_ckpt)).items() if not k.startswith("conditioner.embedders.1.")}
+    path = tmp_path / "refiner.safetensors"
+    save_file(sd, str(path))
+    with pytest.raises(ModelLoadError, match="refiner"):
+        detect_family(read_index(path))
