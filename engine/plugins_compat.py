@@ -244,6 +244,18 @@ class ComfyV1NodeDef(NodeDef):
     _instances: dict[str, Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._build()
+
+    def refresh(self) -> None:
+        """Re-read ``INPUT_TYPES`` (ComfyUI calls it on every ``/object_info``, so combos that
+        list model files stay current). On failure the previous schema is kept."""
+        previous = (self.schema, self.ports, self.self_validated)
+        try:
+            self._build()
+        except Exception:
+            self.schema, self.ports, self.self_validated = previous
+
+    def _build(self) -> None:
         cls, owner = self.cls, self.node_id
         if not callable(getattr(cls, "INPUT_TYPES", None)):
             raise SchemaError(f"node class {owner!r}: field 'INPUT_TYPES': missing; declare a classmethod INPUT_TYPES()")

@@ -160,3 +160,12 @@ def test_expansion_results_are_refused_clearly(env: Env) -> None:
 
     with pytest.raises(NotImplementedError, match="node expansion"):
         normalize_result({"result": (1,), "expand": {}}, 1, "X")
+
+
+def test_refresh_rereads_input_types(loaded: tuple[Env, PluginReport]) -> None:
+    env, _ = loaded
+    pick = node(env, "FolderTools_PickCheckpoint")
+    (env.models_dir / "checkpoints" / "new.safetensors").write_bytes(b"y")
+    assert pick.schema.input("ckpt_name").options == ("tiny.safetensors",)
+    pick.refresh()
+    assert pick.schema.input("ckpt_name").options == ("new.safetensors", "tiny.safetensors")
