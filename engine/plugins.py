@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.context import Folders
 from engine.node import NativeNodeDef, Node, NodeDef
 from engine.plugins_compat import (
     ComfyV1NodeDef,
@@ -115,9 +116,14 @@ class PackStatus:
 
 @dataclass
 class PluginReport:
+    """All packs' statuses. ``environment`` is the shim the packs were loaded with (not JSON): the
+    server mounts its ``routes`` and sets its ``event_sink`` so ``PromptServer.send_sync`` reaches
+    the websocket."""
+
     packs: list[PackStatus] = field(default_factory=list)
     disabled: bool = False
     missing_dirs: list[Path] = field(default_factory=list)
+    environment: Any = None
 
     def pack(self, name: str) -> PackStatus | None:
         return next((p for p in self.packs if p.name == name), None)
@@ -262,13 +268,35 @@ def load_plugins(
     config = config if config is not None else PluginConfig()
     if not config.enabled:
         log.info("custom nodes are disabled; no plugin pack was loaded")
-        return PluginReport(disabled=True)
+        return PluginReport(disabled=True, environment=shim)
     sources, skipped, missing = discover_packs(dirs, config)
-    report = PluginReport(packs=list(skipped), missing_dirs=missing)
+    report = PluginReport(packs=list(skipped), missing_dirs=missing, environment=shim)
     for source in sources:
         status = load_pack(registry, source, shim)
         report.packs.append(status)
         _log_status(status)
+    return report
+
+
+def load_plugins_for_cli(
+    registry: NodeRegistry,
+    dirs: Sequence[Path],
+    folders: Folders,
+    *,
+    config: PluginConfig | None = None,
+    event_sink: Callable[[str, Any, str | None], None] | None = None,
+) -> PluginReport:
+    """``load_plugins`` with the ComfyUI shim bound to ``folders`` (as ``main.py`` needs it).
+
+    The shim's modules are ComfyUI's public module stand-ins in ``nodes/compat``; this function is
+    the one place the engine reaches for them, lazily, so the engine itself stays free of them.
+    """
+    from nodes.compat.shim import ComfyShim
+
+    model_files = folders.models
+    shim = ComfyShim(folders, model_files, event_sink, models_dir=getattr(model_files, "models_dir", None))
+    report = load_plugins(registry, dirs, config=config, shim=shim)
+    report.environment = shim
     return report
 
 

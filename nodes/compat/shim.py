@@ -75,6 +75,8 @@ class ComfyShim:
         self.model_folders: dict[str, tuple[list[str], set[str]]] = {
             kind: ([str(models_dir / kind)] if models_dir is not None else [], set(exts)) for kind in MODEL_KINDS
         }
+        for kind, extra in dict(getattr(model_files, "extra", None) or {}).items():  # extra_model_paths.yaml
+            self.model_folders.setdefault(str(kind), ([], set(exts)))[0].extend(str(p) for p in extra)
         self.folder_paths = self._bound_copy("folder_paths")
         self.server = self._bound_copy("server")
         self._lock = threading.Lock()
