@@ -44,7 +44,7 @@ class StubSlow(Node):
         inputs=(
             Input("value", INT, "input number"),
             Input("steps", INT, "how many steps", default=3, min=1, max=10_000),
-            Input("delay", FLOAT, "seconds per step", default=0.01, min=0.0, max=10.0),
+            Input("delay", FLOAT, "seconds per step", default=0.01, min=0.0, max=0.5),
             Input("previews", BOOLEAN, "send a preview per step", default=False),
         ),
         outputs=(Output("INT", INT, "value + 1"),),
