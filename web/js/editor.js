@@ -61,6 +61,7 @@ export class Editor {
   }
 
   commit() {
+    this.minimap.draw();
     if (this.history.commit()) {
       this.tab.dirty = true;
       this.emit("graphChanged", { graph: this.graph });
