@@ -11,9 +11,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from engine.server.app import ServerParts, create_app
-from engine.server.common import ServerConfig
+from engine.server.common import ApiError, ServerConfig
 from engine.server.security import InsecureBindError, check_bind, safe_path
-from engine.server.common import ApiError
 from tests.server.stub_nodes import png_bytes, workflow
 
 
