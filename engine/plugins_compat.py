@@ -380,6 +380,17 @@ class ComfyV3NodeDef(NodeDef):
     ports: PortMapping = field(init=False)
 
     def __post_init__(self) -> None:
+        self._build()
+
+    def refresh(self) -> None:
+        """Re-read ``define_schema()`` (e.g. combos listing files); keeps the old schema on failure."""
+        previous = (self.schema, self.ports)
+        try:
+            self._build()
+        except Exception:
+            self.schema, self.ports = previous
+
+    def _build(self) -> None:
         owner = getattr(self.cls, "__name__", repr(self.cls))
         with self.env.installed(self.origin):
             v3 = self.cls.define_schema()  # type: ignore[attr-defined]
