@@ -207,7 +207,7 @@ def normalize_result(result: Any, n_outputs: int, owner: str) -> NodeOutput:
         result = (result,) * n_outputs
     if isinstance(result, list):
         result = tuple(result)
-    if result is None or (result == () and n_outputs == 0):
+    if result is None:
         result = ()
     out = as_output(result, n_outputs, owner)
     return NodeOutput(out.values, ui if ui is not None else out.ui)
@@ -329,14 +329,14 @@ class ComfyV1NodeDef(NodeDef):
         hook = self._hook("IS_CHANGED")
         if hook is None:
             return None
-        value = self._call(hook, self._kwargs(inputs), filtered=True)
+        value = self._call(hook, self._with_unlinked(hook, self._kwargs(inputs)), filtered=True)
         return always_changed() if is_nan(value) else value
 
     def validate_inputs(self, inputs: Mapping[str, Any]) -> bool | str:
         hook = self._hook("VALIDATE_INPUTS")
         if hook is None:
             return True
-        kwargs = dict(inputs)
+        kwargs = self._with_unlinked(hook, dict(inputs))
         if "input_types" in _parameters(hook):
             kwargs["input_types"] = {}
         result = self._call(hook, kwargs, filtered=True)
@@ -349,6 +349,17 @@ class ComfyV1NodeDef(NodeDef):
     def check_lazy_status(self, ctx: NodeContext, inputs: dict[str, Any]) -> list[str]:
         method = self._instance(ctx.node_id).check_lazy_status
         return list(self._call(method, self._kwargs(inputs), filtered=True) or [])
+
+    def _with_unlinked(self, hook: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Hooks see constants only; a parameter the hook requires for a linked input gets None,
+        as ComfyUI passes it before the producer ran."""
+        try:
+            params = inspect.signature(hook).parameters.values()
+        except (TypeError, ValueError):
+            return kwargs
+        names = {i.name for i in self.schema.inputs}
+        missing = {p.name: None for p in params if p.default is inspect.Parameter.empty and p.name in names}
+        return {**missing, **kwargs}
 
     def _hook(self, name: str) -> Callable[..., Any] | None:
         """A class-level hook; a plain ``def`` (no @classmethod) is called on an instance."""

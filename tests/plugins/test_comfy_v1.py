@@ -169,3 +169,24 @@ def test_refresh_rereads_input_types(loaded: tuple[Env, PluginReport]) -> None:
     assert pick.schema.input("ckpt_name").options == ("tiny.safetensors",)
     pick.refresh()
     assert pick.schema.input("ckpt_name").options == ("new.safetensors", "tiny.safetensors")
+
+
+def test_hooks_requiring_a_linked_input_get_none(env: Env, tmp_path) -> None:
+    pack = tmp_path / "plugins" / "linked_hooks.py"
+    pack.parent.mkdir()
+    pack.write_text(
+        "class N:\n"
+        "    CATEGORY = 't'\n    FUNCTION = 'f'\n    RETURN_TYPES = ('STRING',)\n"
+        "    @classmethod\n    def INPUT_TYPES(cls):\n"
+        "        return {'required': {'image': ('IMAGE',), 'mode': (['a', 'b'],)}}\n"
+        "    @classmethod\n    def VALIDATE_INPUTS(cls, image, mode):\n"
+        "        return image is None and mode == 'a' or 'bad'\n"
+        "    @classmethod\n    def IS_CHANGED(cls, image, mode):\n"
+        "        return f'{image}-{mode}'\n"
+        "    def f(self, image, mode):\n        return (mode,)\n"
+        "NODE_CLASS_MAPPINGS = {'Linked_N': N}\n"
+    )
+    env.load(pack.parent)
+    linked = node(env, "Linked_N")
+    assert linked.validate_inputs({"mode": "a"}) is True
+    assert linked.fingerprint(env.folders, {"mode": "b"}) == "None-b"
