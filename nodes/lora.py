@@ -148,6 +148,12 @@ class LoraPatch:
             target = lookups.get(layer.encoder, {}).get(layer.name)
             if target is None:
                 continue
+            if layer.up.shape[0] * layer.down[0].numel() != target.weight.numel():
+                raise ModelLoadError(
+                    f"{self.path}: LoRA layer {layer.name!r} makes a {layer.up.shape[0]}×{layer.down[0].numel()} change "
+                    f"but this {handle.family.title} model's layer is {tuple(target.weight.shape)}; "
+                    "the LoRA is for another model family or size"
+                )
             merge(target, layer, self.strength)
             matched += 1
         if layers and matched == 0:

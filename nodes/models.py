@@ -90,7 +90,12 @@ class ComponentHandle:
     def to_device(self, module: Any, device: str, dtype: str) -> Any:
         import torch
 
-        return module.to(device=torch.device(device), dtype=getattr(torch, self.dtype or dtype))
+        target_device, target_dtype = torch.device(device), getattr(torch, self.dtype or dtype)
+        tensors = [*module.parameters(), *module.buffers()]
+        if all(t.device == target_device and (t.dtype == target_dtype or not t.is_floating_point()) for t in tensors):
+            return module
+        # nn.Module.to, not diffusers' override (it warns on every cast of modules without fp32 parts)
+        return torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
 
     # --- helpers --------------------------------------------------------------------------------
     def _build(self, part: Part) -> Any:
