@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from engine.context import ModelFiles
 from engine.registry import NodeRegistry
 
 
-def register_core(registry: NodeRegistry, model_files: Any = None) -> None:
+def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None) -> None:
     """Register the core nodes (modules are imported here, not at package import) and the
     combo option sources that list users' model files."""
+    from nodes.loaders import LOADER_NODES, register_model_options
     from nodes.utility import UTILITY_NODES
 
-    registry.register_all(UTILITY_NODES, origin="core")
+    for group in (UTILITY_NODES, LOADER_NODES):
+        registry.register_all(group, origin="core")
+    if model_files is not None:
+        register_model_options(registry, model_files)
