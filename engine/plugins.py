@@ -38,11 +38,11 @@ from engine.context import Folders
 from engine.node import NativeNodeDef, Node, NodeDef
 from engine.plugins_compat import (
     ComfyV1NodeDef,
-    ComfyV3NodeDef,
     PluginEnvironment,
     is_v3_class,
     run_maybe_async,
 )
+from engine.plugins_v3 import ComfyV3NodeDef
 from engine.registry import NodeRegistry, RegistryError
 
 log = logging.getLogger(__name__)

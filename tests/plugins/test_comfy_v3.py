@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from engine.plugins import PluginReport
-from engine.plugins_compat import ALWAYS_CHANGED_PREFIX, ComfyV3NodeDef
+from engine.plugins_compat import ALWAYS_CHANGED_PREFIX
+from engine.plugins_v3 import ComfyV3NodeDef
 from tests.plugins.conftest import Env
 
 
