@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -55,6 +55,9 @@ class JobSpec:
         """ComfyUI's queue item: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``."""
         number: float | int = int(self.number) if float(self.number).is_integer() else self.number
         return [number, self.prompt_id, self.prompt, self.extra_data, list(self.outputs)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: no deep copy
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
@@ -107,8 +110,8 @@ class JobRecord:
         }
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["spec"] = asdict(self.spec)
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["spec"] = self.spec.to_json()
         return data
 
     @classmethod
@@ -160,7 +163,7 @@ NoticeListener = Callable[[Notice], None]
 class JobQueue(Protocol):
     """What the server (and anything else) needs from a job queue."""
 
-    def submit(self, spec: JobSpec, *, front: bool = False) -> JobSpec: ...
+    def submit(self, spec: JobSpec, *, front: bool = False, number: float | None = None) -> JobSpec: ...
     def cancel(self, prompt_id: str, *, record: bool = True) -> bool: ...
     def interrupt(self, prompt_id: str | None = None) -> bool: ...
     def clear_pending(self) -> int: ...
@@ -215,13 +218,24 @@ class JobStore:
     def add_pending(self, spec: JobSpec) -> None:
         with self._lock:
             self._db.execute("INSERT INTO queue (prompt_id, number, state, spec) VALUES (?, ?, 'pending', ?)",
-                             (spec.prompt_id, spec.number, json.dumps(asdict(spec))))
+                             (spec.prompt_id, spec.number, json.dumps(spec.to_json(), default=str)))
 
     def knows(self, prompt_id: str) -> bool:
         with self._lock:
             q = self._db.execute("SELECT 1 FROM queue WHERE prompt_id=?", (prompt_id,)).fetchone()
             h = self._db.execute("SELECT 1 FROM history WHERE prompt_id=?", (prompt_id,)).fetchone()
             return bool(q or h)
+
+    def count(self) -> int:
+        """Jobs pending or running."""
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM queue").fetchone()[0])
+
+    def queued(self, prompt_id: str) -> tuple[str, JobSpec] | None:
+        """(state, spec) of a job still in the queue."""
+        with self._lock:
+            row = self._db.execute("SELECT state, spec FROM queue WHERE prompt_id=?", (prompt_id,)).fetchone()
+        return (row[0], JobSpec.from_json(json.loads(row[1]))) if row else None
 
     def jobs(self, state: str) -> list[JobSpec]:
         with self._lock:
@@ -353,7 +367,7 @@ class LocalJobQueue:
         """Run every queued job on this thread (no worker needed); returns their records."""
         self._subscribe_bus()
         records = []
-        while (spec := self.store.pop_next()) is not None:
+        while (spec := self._pop()) is not None:
             record = self._run(spec)
             if record is not None:
                 records.append(record)
@@ -418,9 +432,9 @@ class LocalJobQueue:
         with self._lock:
             if self._current is not None and self._current.prompt_id == prompt_id:
                 return JobView(self._current, "running", self._progress)
-        for spec in self.store.jobs("pending"):
-            if spec.prompt_id == prompt_id:
-                return JobView(spec, "queued")
+        queued = self.store.queued(prompt_id)
+        if queued is not None and queued[0] == "pending":
+            return JobView(queued[1], "queued")
         record = self.store.record(prompt_id)
         return JobView(record.spec, record.status, record=record) if record else None
 
@@ -433,7 +447,7 @@ class LocalJobQueue:
         return [s for s in self.store.jobs("pending") if s.prompt_id not in running]
 
     def remaining(self) -> int:
-        return len(self.pending()) + len(self.running())
+        return self.store.count()
 
     def history(self, max_items: int | None = None, offset: int = 0) -> list[JobRecord]:
         return self.store.history(max_items, offset, ran_only=True)
@@ -475,7 +489,7 @@ class LocalJobQueue:
         while not self._stopping.is_set():
             self._wake.clear()
             self._do_free()
-            spec = self.store.pop_next()
+            spec = self._pop()
             if spec is None:
                 self._wake.wait(1.0)
                 continue
@@ -483,10 +497,18 @@ class LocalJobQueue:
                 self._run(spec)
             except Exception:  # the worker must survive anything a job does
                 log.exception("job %s: unexpected failure in the queue worker", spec.prompt_id)
+                with self._lock:
+                    self._current = None
+
+    def _pop(self) -> JobSpec | None:
+        """Take the next job and make it current in one step (so cancel never misses it)."""
+        with self._lock:
+            spec = self.store.pop_next()
+            if spec is not None:
+                self._current, self._progress, self._messages = spec, JobProgress(), []
+            return spec
 
     def _run(self, spec: JobSpec) -> JobRecord | None:
-        with self._lock:
-            self._current, self._progress, self._messages = spec, JobProgress(), []
         self._notify(QueueChanged(self.remaining()))
         started = time.time()
         request = RunRequest(

@@ -244,6 +244,8 @@ class JobRoutes:
             log.warning("webhook %s failed for job %s: %s", url, payload["id"], exc)
 
     async def close(self) -> None:
+        if self._webhook_tasks:  # let webhooks of jobs that just finished go out
+            await asyncio.wait(list(self._webhook_tasks), timeout=5)
         for task in list(self._webhook_tasks):
             task.cancel()
         if self._session is not None:

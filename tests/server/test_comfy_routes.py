@@ -201,3 +201,50 @@ async def test_models_embeddings_extensions_features(client: TestClient) -> None
     assert await (await client.get("/extensions")).json() == []
     features = await (await client.get("/api/features")).json()
     assert features["max_upload_size"] == 256 * 1024
+
+
+class FakeManager:
+    """Duck-typed memory manager: what the server calls (stats, free)."""
+
+    def __init__(self) -> None:
+        self.freed = 0
+
+    def stats(self) -> dict:
+        return {"loads": [{"key": "unet"}], "evictions": [], "max_resident": 1, "ram_tier_bytes": 0,
+                "device": "cpu", "resident": [], "ram_budget_bytes": 1 << 30}
+
+    def free(self) -> None:
+        self.freed += 1
+
+    def use(self, handle: object) -> object:
+        raise RuntimeError("not used by stub nodes")
+
+
+async def test_memory_manager_figures_and_progress_log(aiohttp_client, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from engine.server.app import create_app
+    from engine.server.common import ServerConfig
+    from tests.server.conftest import make_parts
+
+    parts = make_parts(tmp_path)
+    manager = FakeManager()
+    parts.models = manager
+    parts.executor.models = manager  # type: ignore[assignment]
+    client = await aiohttp_client(create_app(parts, ServerConfig()))
+    stats = await (await client.get("/system_stats")).json()
+    assert stats["loom"]["memory_manager"]["max_resident"] == 1
+    await client.post("/free", json={"unload_models": True})
+    for _ in range(200):
+        if manager.freed:
+            break
+        await asyncio.sleep(0.01)
+    assert manager.freed == 1
+    with caplog.at_level(logging.INFO, logger="loom.server"):
+        body = await (await client.post("/prompt", json={"prompt": workflow(77, steps=3)})).json()
+        await wait_history(client, body["prompt_id"])
+        await asyncio.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if r.name == "loom.server"]
+    short = body["prompt_id"][:8]
+    assert any(f"job {short} node 2 (StubSlow) [" in line and "3/3" in line for line in lines), lines
+    assert any(f"job {short} succeeded" in line and "max resident 1" in line for line in lines), lines
