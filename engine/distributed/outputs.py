@@ -12,6 +12,7 @@ refused, so a job's outputs exist once.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import threading
@@ -52,6 +53,8 @@ class OutputStore:
                 renames = self._write(staging, list(files))
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    staging.parent.rmdir()  # only when no other attempt is being committed
             self._committed[prompt_id] = attempt
             while len(self._committed) > _REMEMBER:
                 self._committed.popitem(last=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,9 +48,10 @@ class ActorResources:
     pin_to_this_node: bool = False  # ``main.py worker``: the actor runs on the machine that asked
 
 
-def actor_options(name: str, resources: ActorResources, python_path: tuple[str, ...]) -> dict[str, Any]:
+def actor_options(name: str, resources: ActorResources, python_path: tuple[str, ...],
+                  namespace: str = NAMESPACE) -> dict[str, Any]:
     options: dict[str, Any] = {
-        "name": name, "namespace": NAMESPACE, "max_concurrency": ACTOR_CONCURRENCY,
+        "name": name, "namespace": namespace, "max_concurrency": ACTOR_CONCURRENCY,
         "num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
         "max_restarts": resources.max_restarts, "max_task_retries": 0,
     }
@@ -62,21 +64,22 @@ def actor_options(name: str, resources: ActorResources, python_path: tuple[str, 
     return options
 
 
-def spawn_worker(config: WorkerConfig, resources: ActorResources) -> Any:
+def spawn_worker(config: WorkerConfig, resources: ActorResources, namespace: str = NAMESPACE) -> Any:
     """Start one :class:`LoomWorker` actor (named after ``config.name`` or a fresh id)."""
     name = config.name or f"{WORKER_PREFIX}{uuid.uuid4().hex[:8]}"
     if not name.startswith(WORKER_PREFIX):
         raise ValueError(f"worker name {name!r} must start with {WORKER_PREFIX!r} for the server to find it")
     config = WorkerConfig(config.runtime_factory, config.runtime_args, name, config.scratch_dir, config.python_path)
     actor_class = ray.remote(LoomWorker)
-    return actor_class.options(**actor_options(name, resources, config.python_path)).remote(config)
+    return actor_class.options(**actor_options(name, resources, config.python_path, namespace)).remote(config)
 
 
 class RayWorkerPool:
     """The server's view of the workers: handles by name, joining ones, and calls that map Ray's
     failures onto :class:`WorkerLost`. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str = NAMESPACE) -> None:
+        self.namespace = namespace
         self._lock = threading.Lock()
         self._handles: dict[str, Any] = {}
         self._joining: dict[str, tuple[Any, Any]] = {}  # name -> (handle, ping ref)
@@ -87,7 +90,7 @@ class RayWorkerPool:
         for _ in range(count):
             name = f"{config.name or WORKER_PREFIX + 'local'}-{uuid.uuid4().hex[:6]}"
             handle = spawn_worker(WorkerConfig(config.runtime_factory, config.runtime_args, name,
-                                               config.scratch_dir, config.python_path), resources)
+                                               config.scratch_dir, config.python_path), resources, self.namespace)
             with self._lock:
                 self._owned[name] = handle
             names.append(name)
@@ -96,14 +99,14 @@ class RayWorkerPool:
     def discover(self) -> tuple[list[str], list[str]]:
         """(workers ready since the last call, known workers whose actor is gone)."""
         listed = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-                  if entry.get("namespace") == NAMESPACE and entry["name"].startswith(WORKER_PREFIX)}
+                  if entry.get("namespace") == self.namespace and entry["name"].startswith(WORKER_PREFIX)}
         with self._lock:
             gone = [name for name in self._handles if name not in listed]
             for name in gone:
                 self._handles.pop(name)
             for name in listed - set(self._handles) - set(self._joining):
                 try:
-                    handle = ray.get_actor(name, namespace=NAMESPACE)
+                    handle = ray.get_actor(name, namespace=self.namespace)
                 except ValueError:  # died between listing and look-up
                     continue
                 self._joining[name] = (handle, handle.ping.remote())
@@ -176,9 +179,17 @@ class RayWorkerPool:
         if handle is not None:
             ray.kill(handle, no_restart=True)
 
-    def shutdown(self) -> None:
-        """Kill the workers this process spawned (joined ones belong to their own processes)."""
+    def shutdown(self, wait_s: float = 10.0) -> None:
+        """Kill the workers this process spawned (joined ones belong to their own processes) and
+        wait up to ``wait_s`` until the cluster no longer lists them."""
         with self._lock:
             owned = list(self._owned)
         for name in owned:
             self.kill(name)
+        deadline = time.monotonic() + wait_s
+        while owned and time.monotonic() < deadline:
+            listed = {e["name"] for e in ray.util.list_named_actors(all_namespaces=True)
+                      if e.get("namespace") == self.namespace}
+            if not listed.intersection(owned):
+                return
+            time.sleep(0.1)

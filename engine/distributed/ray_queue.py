@@ -355,12 +355,16 @@ class RayJobQueue:
         spec = flight.spec
         task = JobTask(spec.prompt_id, spec.prompt, flight.attempt, outputs=list(spec.outputs) or None,
                        extra_pnginfo=spec.extra_data.get("extra_pnginfo") or None, client_id=spec.client_id)
+        outcome: JobOutcome | None = None
         try:
-            for item in self.pool.run(flight.worker_id, task):
+            for item in self.pool.run(flight.worker_id, task):  # to its end: the worker is idle then
                 if isinstance(item, WorkerEvent):
                     self._on_event(flight, item.event)
                 elif isinstance(item, JobOutcome):
-                    self._complete(flight, item)
+                    outcome = item
+            if outcome is None:
+                raise RuntimeError(f"worker {flight.worker_id} ended the stream of {spec.prompt_id} without a result")
+            self._complete(flight, outcome)
         except WorkerLost as exc:
             self._lost(flight, str(exc))
         except Exception as exc:

@@ -38,6 +38,7 @@ log = logging.getLogger("loom.distributed.worker")
 WORKER_PREFIX = "loom-worker-"  # Ray actor names the server discovers
 OUTPUT_FOLDERS = ("output", "temp")
 _HISTORY = 200  # per-job accounting entries a worker keeps for stats()
+BUSY_WAIT_S = 10.0  # a job arriving while the previous one is still cleaning up waits this long
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class LoomWorker:
         root = Path(config.scratch_dir) if config.scratch_dir else Path(tempfile.gettempdir()) / "loom-worker"
         self.scratch = root / self.worker_id.replace("/", "_")
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._current: str | None = None
         self._cancelled: set[str] = set()
         self._free_request = (False, False)
@@ -188,8 +190,8 @@ class LoomWorker:
     # --- the job ------------------------------------------------------------------------------------
     def run_job(self, task: JobTask) -> Iterator[WorkerEvent | JobOutcome]:
         """Stream the attempt's events, then one :class:`JobOutcome` (a Ray streaming generator)."""
-        with self._lock:
-            if self._current is not None:
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._current is None, timeout=BUSY_WAIT_S):
                 raise WorkerBusy(f"worker {self.worker_id} is running {self._current}; "
                                  f"{task.prompt_id} must wait for another worker")
             self._current = task.prompt_id
@@ -211,10 +213,11 @@ class LoomWorker:
             runner.join()
             unsubscribe()
             shutil.rmtree(scratch, ignore_errors=True)
-            with self._lock:
+            self._do_free()
+            with self._idle:
                 self._current = None
                 self._cancelled.discard(task.prompt_id)
-            self._do_free()
+                self._idle.notify_all()
 
     def _on_event(self, task: JobTask, event: ev.Event, items: queue.Queue[Any]) -> None:
         if event.prompt_id != task.prompt_id:
