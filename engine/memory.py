@@ -201,14 +201,15 @@ class ModelManager:
     def free(self) -> None:
         """Unload everything not currently locked by a running node (device and RAM tier)."""
         with self._lock:
-            for key in [k for k, e in self._resident.items() if e.locks == 0]:
-                entry = self._resident.pop(key)
+            dropped = [self._resident.pop(k) for k, e in list(self._resident.items()) if e.locks == 0]
+            dropped += [self._ram.pop(k) for k in list(self._ram)]
+            for entry in dropped:
                 self._record_eviction(entry, "disk", "free")
-            for key in list(self._ram):
-                self._record_eviction(self._ram.pop(key), "disk", "free")
             self._upcoming = []
-        gc.collect()
-        self.policy.empty_cache()
+        if dropped:
+            del dropped
+            gc.collect()
+            self.policy.empty_cache()
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
