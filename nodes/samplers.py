@@ -132,8 +132,8 @@ def compatible_schedulers(sampler_name: str) -> list[str]:
     cls = _SAMPLERS[sampler_name].cls
     ok = []
     for name, extra in _SPACING.items():
-        if name == "ays":
-            if _set_timesteps_accepts(cls, "sigmas") or _set_timesteps_accepts(cls, "timesteps"):
+        if name == "ays":  # explicit sigmas (Euler) or explicit integer timesteps
+            if cls is EulerDiscreteScheduler or _set_timesteps_accepts(cls, "timesteps"):
                 ok.append(name)
         elif all(_accepts(cls, k) for k in extra):
             ok.append(name)
@@ -176,7 +176,7 @@ def set_schedule(
     if ays_table is None:
         raise SamplerError("scheduler 'ays' has no Align Your Steps table for this model family; pick karras")
     sigmas = ays_sigmas(ays_table, steps)
-    if _set_timesteps_accepts(type(scheduler), "sigmas"):
+    if isinstance(scheduler, EulerDiscreteScheduler):
         sched.set_timesteps(sigmas=sigmas)
         return
     alphas = sched.alphas_cumprod.double().numpy()
