@@ -93,9 +93,9 @@ def main() -> None:
 
     mm = ModelManager(ram_budget_bytes=24 * 2**30, prefetch=False)
     drop_page_cache(a_path)
-    print("cold load A (disk, page cache dropped): %.2fs [%s]" % timed(mm, a))
-    print("swap A→B (B from disk, page cache warm): %.2fs [%s]" % timed(mm, b))
-    print("swap B→A (A from the RAM tier):           %.2fs [%s]" % timed(mm, a))
+    print("cold load A (disk, page cache dropped): {:.2f}s [{}]".format(*timed(mm, a)))
+    print("swap A→B (B from disk, page cache warm): {:.2f}s [{}]".format(*timed(mm, b)))
+    print("swap B→A (A from the RAM tier):           {:.2f}s [{}]".format(*timed(mm, a)))
     s = mm.stats()
     print(f"   evictions: {[e['to'] for e in s['evictions']]}, max_resident {s['max_resident']}")
     mm.close()
