@@ -133,7 +133,12 @@ class InfoRoutes:
             return sorted(kinds())
         if isinstance(kinds, list | tuple | set | frozenset):
             return sorted(kinds)
-        return list(DEFAULT_MODEL_KINDS)
+        try:  # the model-folder finder's own table, when it is installed
+            from engine.folders import KIND_ALIASES
+
+            return sorted({*KIND_ALIASES, *(a for aliases in KIND_ALIASES.values() for a in aliases)})
+        except ImportError:
+            return list(DEFAULT_MODEL_KINDS)
 
     def _files(self, kind: str) -> list[str]:
         if self.model_files is None:
