@@ -1,0 +1,379 @@
+"""Images: load from the input folder, save (PNG with workflow metadata) and preview, resize, invert.
+
+``IMAGE`` is a float tensor [B, H, W, C] in 0..1 and ``MASK`` [B, H, W], as in ComfyUI, so
+third-party image nodes interoperate. ``SaveImage`` names files like ComfyUI
+(``{prefix}_{counter:05}_.png``, sub-folders allowed in the prefix) and writes the ``prompt`` (API
+JSON) and ``workflow`` (editor JSON) text chunks from the hidden PROMPT / EXTRA_PNGINFO inputs,
+unless the run's settings say ``"png_metadata": False``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.context import Folders, NodeContext
+from engine.node import Node, NodeOutput
+from engine.registry import NodeRegistry
+from engine.schema import (
+    COMBO,
+    FLOAT,
+    HIDDEN_EXTRA_PNGINFO,
+    HIDDEN_PROMPT,
+    IMAGE,
+    INT,
+    MASK,
+    STRING,
+    DynamicOptions,
+    Input,
+    NodeSchema,
+    Output,
+)
+
+MAX_RESOLUTION = 16384
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+SCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")
+
+
+class ImageError(ValueError):
+    """An image file or value a node cannot use; the message says how to fix it."""
+
+
+def list_input_images(input_dir: Path) -> list[str]:
+    """Image files under the input folder, relative, '/'-separated, sorted (LoadImage's choices)."""
+    if not input_dir.is_dir():
+        return []
+    found = [
+        p.relative_to(input_dir).as_posix()
+        for p in input_dir.rglob("*")
+        if p.suffix.lower() in IMAGE_EXTENSIONS
+    ]
+    return sorted(found)
+
+
+def register_image_options(registry: NodeRegistry, input_dir: Path) -> None:
+    """Provide LoadImage's ``input_images`` combo choices."""
+    registry.add_options_source("input_images", lambda: list_input_images(Path(input_dir)))
+
+
+def _input_path(folders: Folders, name: str) -> Path:
+    name = re.sub(r"\s*\[input\]$", "", name)  # ComfyUI's annotated file names
+    root = folders.input_dir.resolve()
+    path = (root / name).resolve()
+    if root not in path.parents:
+        raise ImageError(f"image {name!r} points outside the input folder {root}")
+    return path
+
+
+def _save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
+    """(folder, file stem, subfolder, next counter) for ComfyUI-style ``{stem}_{counter:05}_.png``."""
+    sub, stem = os.path.split(os.path.normpath(prefix))
+    folder = (output_dir / sub).resolve()
+    if folder != output_dir.resolve() and output_dir.resolve() not in folder.parents:
+        raise ImageError(
+            f"filename_prefix {prefix!r} points outside the output folder; use e.g. 'renders/cat'"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    pattern = re.compile(re.escape(stem) + r"_(\d{5,})_\.png$")
+    counters = [int(m.group(1)) for f in os.listdir(folder) if (m := pattern.match(f))]
+    return folder, stem, sub.replace(os.sep, "/"), max(counters, default=0) + 1
+
+
+def _to_pil(image: torch.Tensor) -> Any:
+    from PIL import Image
+
+    pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels[..., :4])
+
+
+def save_images(
+    images: torch.Tensor,
+    folder_root: Path,
+    prefix: str,
+    kind: str,
+    metadata: dict[str, Any] | None,
+    compress_level: int,
+) -> list[dict[str, str]]:
+    from PIL.PngImagePlugin import PngInfo
+
+    folder, stem, sub, counter = _save_path(folder_root, prefix)
+    info = None
+    if metadata:
+        info = PngInfo()
+        for key, value in metadata.items():
+            info.add_text(key, json.dumps(value))
+    results = []
+    for i, image in enumerate(images):
+        name = f"{stem.replace('%batch_num%', str(i))}_{counter:05}_.png"
+        _to_pil(image).save(folder / name, pnginfo=info, compress_level=compress_level)
+        results.append({"filename": name, "subfolder": sub, "type": kind})
+        counter += 1
+    return results
+
+
+class LoadImage(Node):
+    SCHEMA = NodeSchema(
+        node_id="LoadImage",
+        display_name="Load Image",
+        category="image",
+        description="Load an image from the input folder; the mask comes from its alpha channel.",
+        inputs=(
+            Input(
+                "image",
+                COMBO,
+                "An image file in the input folder (or upload one).",
+                options=DynamicOptions("input_images"),
+                image_upload=True,
+            ),
+        ),
+        outputs=(
+            Output("IMAGE", IMAGE, "The image [1, H, W, 3] in 0..1."),
+            Output("MASK", MASK, "1 where the image is transparent, [1, H, W]; zeros without alpha."),
+        ),
+    )
+
+    @classmethod
+    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
+        try:
+            return hashlib.sha256(_input_path(folders, str(inputs.get("image", ""))).read_bytes()).hexdigest()
+        except (OSError, ImageError):
+            return "missing"  # the run reports the problem
+
+    def run(self, ctx: NodeContext, *, image: str) -> tuple[torch.Tensor, torch.Tensor]:
+        from PIL import Image, ImageOps, UnidentifiedImageError
+
+        path = _input_path(ctx.folders, image)
+        if not path.is_file():
+            raise ImageError(
+                f"image {image!r} not found in the input folder {ctx.folders.input_dir}; "
+                "upload it (POST /upload/image) or copy it there"
+            )
+        try:
+            with Image.open(path) as opened:
+                img = ImageOps.exif_transpose(opened)
+                img.load()
+        except (UnidentifiedImageError, OSError) as exc:
+            raise ImageError(
+                f"{image!r} is not an image PIL can read ({exc}); use PNG, JPEG or WebP"
+            ) from exc
+        if img.mode == "I":
+            img = img.point(lambda v: v * (1 / 255))
+        rgb = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)[None]
+        if "A" in img.getbands():
+            alpha = torch.from_numpy(np.asarray(img.getchannel("A"), dtype=np.float32) / 255.0)
+            mask = (1.0 - alpha)[None]
+        else:
+            mask = torch.zeros(1, rgb.shape[1], rgb.shape[2])
+        return rgb, mask
+
+
+class SaveImage(Node):
+    SCHEMA = NodeSchema(
+        node_id="SaveImage",
+        display_name="Save Image",
+        category="image",
+        description="Save images as PNG in the output folder, with the workflow embedded.",
+        inputs=(
+            Input("images", IMAGE, "The images to save."),
+            Input("filename_prefix", STRING, "File name prefix; may contain sub-folders.", default="ComfyUI"),
+        ),
+        hidden=(HIDDEN_PROMPT, HIDDEN_EXTRA_PNGINFO),
+        output_node=True,
+    )
+
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        images: torch.Tensor,
+        filename_prefix: str,
+        prompt: Any = None,
+        extra_pnginfo: Any = None,
+    ) -> NodeOutput:
+        metadata: dict[str, Any] = {}
+        if ctx.settings.get("png_metadata", True):
+            if prompt is not None:
+                metadata["prompt"] = prompt
+            metadata.update(extra_pnginfo or {})
+        results = save_images(images, ctx.folders.output_dir, filename_prefix, "output", metadata, 4)
+        return NodeOutput(ui={"images": results})
+
+
+class PreviewImage(Node):
+    SCHEMA = NodeSchema(
+        node_id="PreviewImage",
+        display_name="Preview Image",
+        category="image",
+        description="Show images without keeping them (written to the temp folder).",
+        inputs=(Input("images", IMAGE, "The images to preview."),),
+        hidden=(HIDDEN_PROMPT, HIDDEN_EXTRA_PNGINFO),
+        output_node=True,
+    )
+
+    def run(
+        self, ctx: NodeContext, *, images: torch.Tensor, prompt: Any = None, extra_pnginfo: Any = None
+    ) -> NodeOutput:
+        prefix = "ComfyUI_temp_" + os.urandom(4).hex()[:5]
+        results = save_images(images, ctx.folders.temp_dir, prefix, "temp", None, 1)
+        return NodeOutput(ui={"images": results})
+
+
+def resize_image(
+    image: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled"
+) -> torch.Tensor:
+    """Resize [B, H, W, C]; 0 for one side keeps the aspect ratio; ``crop="center"`` crops to fit."""
+    _, h, w, _ = image.shape
+    if width == 0 and height == 0:
+        return image
+    width = width or max(1, round(w * height / h))
+    height = height or max(1, round(h * width / w))
+    x = image.permute(0, 3, 1, 2)  # (B, C, H, W)
+    if crop == "center":
+        if w / h > width / height:
+            cw = round(h * width / height)
+            x = x[..., (w - cw) // 2 : (w - cw) // 2 + cw]
+        else:
+            ch = round(w * height / width)
+            x = x[..., (h - ch) // 2 : (h - ch) // 2 + ch, :]
+    if method == "lanczos":
+        from PIL import Image
+
+        out = [
+            torch.from_numpy(
+                np.asarray(
+                    _to_pil(im.permute(1, 2, 0)).resize((width, height), Image.Resampling.LANCZOS),
+                    dtype=np.float32,
+                )
+                / 255.0
+            )
+            for im in x
+        ]
+        return torch.stack([o if o.ndim == 3 else o[..., None] for o in out])
+    kwargs = {"align_corners": False} if method in ("bilinear", "bicubic") else {}
+    return F.interpolate(x, size=(height, width), mode=method, **kwargs).clamp(0, 1).permute(0, 2, 3, 1)
+
+
+class ImageScale(Node):
+    SCHEMA = NodeSchema(
+        node_id="ImageScale",
+        display_name="Upscale Image",
+        category="image/upscaling",
+        description="Resize images to a size (0 for one side keeps the aspect ratio).",
+        inputs=(
+            Input("image", IMAGE, "The images."),
+            Input("upscale_method", COMBO, "Interpolation.", options=SCALE_METHODS, default="nearest-exact"),
+            Input(
+                "width", INT, "Target width; 0 = from height.", default=512, min=0, max=MAX_RESOLUTION, step=1
+            ),
+            Input(
+                "height",
+                INT,
+                "Target height; 0 = from width.",
+                default=512,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+            Input(
+                "crop",
+                COMBO,
+                "Centre-crop to the target aspect first.",
+                options=("disabled", "center"),
+                default="disabled",
+            ),
+        ),
+        outputs=(Output("IMAGE", IMAGE, "Resized images."),),
+    )
+
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        image: torch.Tensor,
+        upscale_method: str,
+        width: int,
+        height: int,
+        crop: str,
+    ) -> tuple[torch.Tensor]:
+        return (resize_image(image, width, height, upscale_method, crop),)
+
+
+class ImageScaleBy(Node):
+    SCHEMA = NodeSchema(
+        node_id="ImageScaleBy",
+        display_name="Upscale Image By",
+        category="image/upscaling",
+        description="Resize images by a factor.",
+        inputs=(
+            Input("image", IMAGE, "The images."),
+            Input("upscale_method", COMBO, "Interpolation.", options=SCALE_METHODS, default="nearest-exact"),
+            Input("scale_by", FLOAT, "Factor.", default=1.0, min=0.01, max=8.0, step=0.01),
+        ),
+        outputs=(Output("IMAGE", IMAGE, "Resized images."),),
+    )
+
+    def run(
+        self, ctx: NodeContext, *, image: torch.Tensor, upscale_method: str, scale_by: float
+    ) -> tuple[torch.Tensor]:
+        h, w = image.shape[1:3]
+        return (
+            resize_image(image, max(1, round(w * scale_by)), max(1, round(h * scale_by)), upscale_method),
+        )
+
+
+class ImageInvert(Node):
+    SCHEMA = NodeSchema(
+        node_id="ImageInvert",
+        display_name="Invert Image",
+        category="image",
+        description="Invert colours (1 - value).",
+        inputs=(Input("image", IMAGE, "The images."),),
+        outputs=(Output("IMAGE", IMAGE, "Inverted images."),),
+    )
+
+    def run(self, ctx: NodeContext, *, image: torch.Tensor) -> tuple[torch.Tensor]:
+        return (1.0 - image,)
+
+
+class EmptyImage(Node):
+    SCHEMA = NodeSchema(
+        node_id="EmptyImage",
+        display_name="EmptyImage",
+        category="image",
+        description="A batch of images filled with one colour.",
+        inputs=(
+            Input("width", INT, "Width in pixels.", default=512, min=1, max=MAX_RESOLUTION, step=1),
+            Input("height", INT, "Height in pixels.", default=512, min=1, max=MAX_RESOLUTION, step=1),
+            Input("batch_size", INT, "Number of images.", default=1, min=1, max=4096),
+            Input("color", INT, "Colour as 0xRRGGBB.", default=0, min=0, max=0xFFFFFF, step=1),
+        ),
+        outputs=(Output("IMAGE", IMAGE, "The images."),),
+    )
+
+    def run(
+        self, ctx: NodeContext, *, width: int, height: int, batch_size: int, color: int
+    ) -> tuple[torch.Tensor]:
+        rgb = (
+            torch.tensor([(color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF], dtype=torch.float32)
+            / 255.0
+        )
+        return (rgb.view(1, 1, 1, 3).repeat(batch_size, height, width, 1),)
+
+
+IMAGE_NODES: list[type[Node]] = [
+    LoadImage,
+    SaveImage,
+    PreviewImage,
+    ImageScale,
+    ImageScaleBy,
+    ImageInvert,
+    EmptyImage,
+]
