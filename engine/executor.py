@@ -27,7 +27,13 @@ from engine.lists import NodeRun, call_mapped
 from engine.memory import handles_in
 from engine.node import ExecutionBlocker, NodeDef
 from engine.registry import NodeRegistry
-from engine.schema import HIDDEN_DYNPROMPT, HIDDEN_EXTRA_PNGINFO, HIDDEN_PROMPT, HIDDEN_UNIQUE_ID
+from engine.schema import (
+    HIDDEN_DYNPROMPT,
+    HIDDEN_EXTRA_PNGINFO,
+    HIDDEN_PROMPT,
+    HIDDEN_UNIQUE_ID,
+    WIDGET_TYPES,
+)
 from engine.validate import Validation, validate_prompt
 
 log = logging.getLogger("loom.executor")
@@ -208,7 +214,11 @@ class Executor:
             if spec.name in given:
                 value = given[spec.name]
                 if as_link(value) is None:
-                    constants[spec.name] = coerce_constant(spec, value) if spec.is_widget else value
+                    constants[spec.name] = (
+                        coerce_constant(spec, value)
+                        if spec.type in WIDGET_TYPES and spec.name not in node_def.self_validated
+                        else value
+                    )
             elif spec.optional and spec.is_widget and spec.default is not None:
                 constants[spec.name] = spec.default
         return constants

@@ -53,6 +53,9 @@ class NodeDef(ABC):
     schema: NodeSchema
     code_version: str
     origin: str  # "core" or the plugin pack's name; named in errors
+    # Inputs the node's own validation hook checks instead of the type/range/choice rules
+    # (ComfyUI: inputs named as parameters of VALIDATE_INPUTS).
+    self_validated: frozenset[str] = frozenset()
 
     @abstractmethod
     def execute(self, ctx: NodeContext, inputs: dict[str, Any]) -> NodeOutput:

@@ -37,6 +37,11 @@ HIDDEN_DYNPROMPT = "DYNPROMPT"
 HIDDEN_KINDS = frozenset({HIDDEN_PROMPT, HIDDEN_UNIQUE_ID, HIDDEN_EXTRA_PNGINFO, HIDDEN_DYNPROMPT})
 
 
+def hidden_argument(kind: str) -> str:
+    """The keyword a hidden input arrives under (``PROMPT`` → ``prompt``), as in ComfyUI's object_info."""
+    return kind.lower()
+
+
 class SchemaError(ValueError):
     """A node class declares a malformed schema; the message names the class and the field."""
 
@@ -162,7 +167,7 @@ class NodeSchema:
         """ComfyUI's ``object_info[class]`` entry."""
         required = {i.name: i.export(resolve) for i in self.inputs if not i.optional}
         optional = {i.name: i.export(resolve) for i in self.inputs if i.optional}
-        hidden = {h: h for h in self.hidden}
+        hidden = {hidden_argument(h): h for h in self.hidden}
         inputs: dict[str, Any] = {"required": required}
         order: dict[str, list[str]] = {"required": list(required)}
         if optional:

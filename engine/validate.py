@@ -16,7 +16,7 @@ import networkx as nx
 
 from engine.graph import Prompt, as_link, build_graph, find_cycle, sort_key
 from engine.registry import NodeRegistry
-from engine.schema import ANY, BOOLEAN, COMBO, FLOAT, INT, STRING, Input, resolve_options
+from engine.schema import ANY, BOOLEAN, COMBO, FLOAT, INT, STRING, WIDGET_TYPES, Input, resolve_options
 
 
 @dataclass
@@ -151,7 +151,7 @@ def check_constant(
     """A constant input: type conversion, range, combo membership. Returns (issue, coerced)."""
     if as_link(value) is not None:
         return None, value
-    if not spec.is_widget and spec.type not in (COMBO, ANY):
+    if spec.type not in WIDGET_TYPES and spec.type != ANY:
         return (
             _issue(
                 "invalid_input_type",
@@ -286,6 +286,9 @@ def validate_node(
         link_issue = check_link(spec, value, prompt, registry)
         if link_issue is not None:
             issues.append(link_issue)
+            continue
+        if spec.name in node_def.self_validated and as_link(value) is None:
+            constants[spec.name] = value
             continue
         const_issue, coerced = check_constant(spec, value, registry.resolve_options)
         if const_issue is not None:

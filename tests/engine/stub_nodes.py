@@ -174,8 +174,15 @@ class Even(Node):
         return (value,)
 
 
+class UseThing(Node):
+    SCHEMA = schema("UseThing", (Input("thing", "THING", "a custom type that only links can carry"),), INT_OUT)
+
+    def run(self, ctx: NodeContext, *, thing: Any) -> tuple[int]:
+        return (1,)
+
+
 STUBS: list[type[Node]] = [Const, Add, Show, Random, ReadFile, Fail, Slow, MakeList, Double, SumList, Switch,
-                           Gate, Pick, Ratio, Even]
+                           Gate, Pick, Ratio, Even, UseThing]
 
 
 class G:

@@ -91,9 +91,16 @@ def test_constant_rules(harness: Harness, node: str, inputs: dict[str, Any], kin
     assert errors_of(result, "1") == [kind]
 
 
-def test_link_to_widget_of_non_widget_type_rejected(harness: Harness) -> None:
+def test_forced_input_of_a_widget_type_accepts_a_constant_as_comfyui_does(harness: Harness) -> None:
     g = G()
-    g.add("Double", value=5)  # INT forced to be an input: constant refused
+    d = g.add("Double", value=5)
+    g.add("Show", value=g.out(d))
+    assert harness.run(g.prompt).outputs == {"2": {"text": ["10"]}}
+
+
+def test_constant_for_a_link_only_type_rejected(harness: Harness) -> None:
+    g = G()
+    g.add("UseThing", thing=5)
     g.add("Show", value=["1", 0])
     result = run_invalid(harness, g.prompt)
     assert errors_of(result, "1") == ["invalid_input_type"]

@@ -29,7 +29,7 @@ def test_object_info_matches_the_comfyui_declaration(loaded: tuple[Env, PluginRe
     assert required["mode"][0] == ["plain", "numbered"] and required["mode"][1]["default"] == "plain"
     assert optional["separator"][1]["placeholder"] == "between copies"
     assert optional["scale"][1]["round"] == 0.01 and optional["scale"][1]["display"] == "slider"
-    assert set(info["input"]["hidden"]) == {"PROMPT", "UNIQUE_ID", "EXTRA_PNGINFO", "DYNPROMPT"}
+    assert info["input"]["hidden"] == {"prompt": "PROMPT", "unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO", "dynprompt": "DYNPROMPT"}
     assert info["output"] == ["STRING", "INT"] and info["output_name"] == ["text", "length"]
     assert info["output_tooltips"] == ["The repeated text.", "Its length in characters."]
     assert info["output_is_list"] == [False, False]
