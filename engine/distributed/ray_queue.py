@@ -109,8 +109,10 @@ class RayJobQueue:
     """Jobs from a :class:`JobStore`, run by a pool of workers with model-affinity routing."""
 
     def __init__(self, store: JobStore, pool: WorkerPool, folders: Folders, *, model_of: ModelOf | None = None,
-                 settings: QueueSettings | None = None, router: Router | None = None) -> None:
+                 settings: QueueSettings | None = None, router: Router | None = None,
+                 on_stop: Callable[[], None] | None = None) -> None:
         self.store = store
+        self.on_stop = on_stop
         self.pool = pool
         self.settings = settings or QueueSettings()
         self.router = router or Router(default_load_s=self.settings.default_load_s,
@@ -152,6 +154,8 @@ class RayJobQueue:
             thread.join(timeout)
         for driver in list(self._drivers):
             driver.join(timeout)
+        if self.on_stop is not None:
+            self.on_stop()
 
     def wait(self, prompt_id: str, timeout: float | None = None) -> JobRecord | None:
         """Block until the job is in the history (or the timeout passes)."""
