@@ -93,11 +93,9 @@ def _model_manager(args: argparse.Namespace) -> ModelManager:
 def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Folders) -> Any:
     if getattr(args, "disable_custom_nodes", False):
         return None
-    try:
-        from engine.plugins import load_plugins_for_cli
-    except ImportError:
-        return None
-    return load_plugins_for_cli(registry, [ROOT / "custom_nodes", *args.custom_nodes], folders)
+    from nodes.compat.shim import load_plugins_with_shim
+
+    return load_plugins_with_shim(registry, [ROOT / "custom_nodes", *args.custom_nodes], folders)
 
 
 # --- run ----------------------------------------------------------------------------------------

@@ -77,6 +77,10 @@ class NodeDef(ABC):
     def has_lazy_status(self) -> bool:
         return False
 
+    def refresh(self) -> None:
+        """Re-read a schema that depends on the outside (e.g. a V1 node's INPUT_TYPES listing files)."""
+        return None
+
 
 class Node:
     """Base class for native nodes: declare ``SCHEMA``, implement ``run``.

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.context import Folders
 from engine.node import NativeNodeDef, Node, NodeDef
 from engine.plugins_compat import (
     ComfyV1NodeDef,
@@ -275,28 +274,6 @@ def load_plugins(
         status = load_pack(registry, source, shim)
         report.packs.append(status)
         _log_status(status)
-    return report
-
-
-def load_plugins_for_cli(
-    registry: NodeRegistry,
-    dirs: Sequence[Path],
-    folders: Folders,
-    *,
-    config: PluginConfig | None = None,
-    event_sink: Callable[[str, Any, str | None], None] | None = None,
-) -> PluginReport:
-    """``load_plugins`` with the ComfyUI shim bound to ``folders`` (as ``main.py`` needs it).
-
-    The shim's modules are ComfyUI's public module stand-ins in ``nodes/compat``; this function is
-    the one place the engine reaches for them, lazily, so the engine itself stays free of them.
-    """
-    from nodes.compat.shim import ComfyShim
-
-    model_files = folders.models
-    shim = ComfyShim(folders, model_files, event_sink, models_dir=getattr(model_files, "models_dir", None))
-    report = load_plugins(registry, dirs, config=config, shim=shim)
-    report.environment = shim
     return report
 
 

@@ -89,5 +89,10 @@ class NodeRegistry:
         """ComfyUI's ``/object_info`` (all nodes) or ``/object_info/{class}`` (one, or ``{}``)."""
         if name is not None:
             node_def = self._defs.get(name)
-            return {} if node_def is None else {name: node_def.schema.export(self.resolve_options)}
+            if node_def is None:
+                return {}
+            node_def.refresh()
+            return {name: node_def.schema.export(self.resolve_options)}
+        for node_def in self._defs.values():
+            node_def.refresh()
         return export_all([d.schema for d in self.defs()], self.resolve_options)

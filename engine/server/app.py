@@ -31,6 +31,7 @@ from engine.server.routes_comfy import QueueRoutes
 from engine.server.routes_files import FileRoutes
 from engine.server.routes_info import InfoRoutes
 from engine.server.routes_jobs import JobRoutes
+from engine.server.routes_plugins import PluginBridge, PluginRoutes
 from engine.server.security import ERRORS, ErrorCounter, Guard, InsecureBindError, check_bind, safe_path
 from engine.server.userdata import UserdataRoutes
 from engine.server.ws import WsHub
@@ -58,6 +59,7 @@ class ServerParts:
     models: Any = None
     extensions: Mapping[str, Path] = field(default_factory=dict)
     own_queue: bool = True
+    plugins: Any = None  # engine.plugins.PluginReport, when plugins were loaded
 
 
 def loom_version() -> str:
@@ -102,7 +104,8 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     relay = EventRelay(queue, preview_fps=config.preview_fps)
     hub = WsHub(queue)
     jobs = JobRoutes(queue, parts.executor.validate, parts.registry.object_info, config)
-    for sink in (hub, jobs, ProgressLog()):
+    bridge = PluginBridge(parts.plugins, hub)
+    for sink in (hub, jobs, ProgressLog(), bridge):
         relay.add_sink(sink)
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
@@ -116,11 +119,14 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     add_routes(app, [("GET", "/ws", hub.handle)])
     add_routes(app, jobs.routes(), comfy=False)
     add_routes(app, OpenApiRoutes(config.version).routes(), comfy=False)
+    add_routes(app, PluginRoutes(parts.plugins).routes(), comfy=False)
+    bridge.mount(app)
     app.router.add_route("*", "/api/{tail:.*}", _unknown_api)
     StaticRoutes(parts.web_dir).install(app)
 
     async def on_startup(app: web.Application) -> None:
         relay.start(asyncio.get_running_loop())
+        bridge.start(asyncio.get_running_loop())
         if parts.own_queue:
             queue.start()
 
@@ -170,7 +176,7 @@ def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Names
     web_dirs = getattr(report, "web_directories", None)
     extensions = web_dirs() if callable(web_dirs) else {}
     parts = ServerParts(runtime.registry, runtime.executor, queue, runtime.folders, user_dir,
-                        web_dir=root / "web", models=runtime.models, extensions=extensions)
+                        web_dir=root / "web", models=runtime.models, extensions=extensions, plugins=report)
     pending = len(queue.pending())
     if pending:
         log.info("resuming %d queued job(s) from %s", pending, store.path)

@@ -137,6 +137,14 @@ class WsHub:
                     if client.ws is not None:
                         self._deliver(client, notice.event)
 
+    def send_custom(self, event_type: str, data: object, sid: str | None = None) -> None:
+        """A plugin's own message (``send_sync``): to one client, or to all when ``sid`` is None."""
+        message = json.dumps({"type": event_type, "data": data}, default=str)
+        targets = [self._clients[sid]] if sid is not None and sid in self._clients else (
+            [] if sid is not None else [c for c in self._clients.values() if c.ws is not None])
+        for client in targets:
+            self._enqueue(client, message)
+
     def _deliver(self, client: _Client, event: ev.Event) -> None:
         if isinstance(event, ev.PreviewFrame):
             if client.ws is None or client.previews_waiting >= self.max_waiting_previews:

@@ -28,6 +28,8 @@ from typing import Any
 from aiohttp import web
 
 from engine.context import Folders, ModelFiles
+from engine.plugins import PluginConfig, PluginReport, load_plugins
+from engine.registry import NodeRegistry
 
 EventSink = Callable[[str, Any, str | None], None]
 
@@ -253,3 +255,20 @@ class _LoomNodesProxy(types.ModuleType):
         for key, value in list(self.__dict__.items()):
             if isinstance(value, types.ModuleType) and value.__name__ == f"nodes.{key}":
                 setattr(self._real, key, value)
+
+
+def load_plugins_with_shim(
+    registry: NodeRegistry,
+    dirs: Sequence[Path],
+    folders: Folders,
+    *,
+    config: PluginConfig | None = None,
+    event_sink: EventSink | None = None,
+) -> PluginReport:
+    """``engine.plugins.load_plugins`` with a ComfyUI shim bound to ``folders`` (what main.py uses).
+
+    The report's ``environment`` is the shim: the server mounts its routes and feeds its events.
+    """
+    model_files = folders.models
+    shim = ComfyShim(folders, model_files, event_sink, models_dir=getattr(model_files, "models_dir", None))
+    return load_plugins(registry, dirs, config=config, shim=shim)

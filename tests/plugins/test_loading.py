@@ -166,18 +166,18 @@ def test_pack_folder_without_init_is_skipped_with_reason(env: Env, tmp_path: Pat
     assert report.pack("lists_file").nodes == ["Lists_SplitWords", "Lists_JoinWords"]  # type: ignore[union-attr]
 
 
-def test_load_plugins_for_cli_binds_the_shim_to_the_folders(tmp_path: Path) -> None:
+def test_load_plugins_with_shim_binds_the_shim_to_the_folders(tmp_path: Path) -> None:
     from engine.context import Folders
     from engine.folders import ModelFolders
-    from engine.plugins import load_plugins_for_cli
     from engine.registry import NodeRegistry
+    from nodes.compat.shim import load_plugins_with_shim
 
     models = ModelFolders(tmp_path / "models")
     (tmp_path / "models" / "checkpoints").mkdir(parents=True)
     (tmp_path / "models" / "checkpoints" / "a.safetensors").write_bytes(b"x")
     folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "tmp", models=models)
     registry = NodeRegistry()
-    report = load_plugins_for_cli(registry, [PACKS], folders)
+    report = load_plugins_with_shim(registry, [PACKS], folders)
     pick = registry.get("FolderTools_PickCheckpoint")
     assert pick is not None and pick.schema.input("ckpt_name").options == ("a.safetensors",)
     assert report.environment is not None and len(list(report.environment.routes)) == 1
