@@ -12,8 +12,15 @@ from PIL import Image
 
 from nodes.image import EmptyImage, ImageInvert, ImageScale, ImageScaleBy, LoadImage, PreviewImage, SaveImage
 from nodes.latent import (
-    EmptyLatentImage, LatentUpscale, LatentUpscaleBy, SetLatentNoiseMask, VAEDecode, VAEDecodeTiled, VAEEncode,
-    VAEEncodeForInpaint, VAEEncodeTiled,
+    EmptyLatentImage,
+    LatentUpscale,
+    LatentUpscaleBy,
+    SetLatentNoiseMask,
+    VAEDecode,
+    VAEDecodeTiled,
+    VAEEncode,
+    VAEEncodeForInpaint,
+    VAEEncodeTiled,
 )
 from nodes.models import open_checkpoint
 from tests.nodes.gen_fixtures import gradient_image
