@@ -14,150 +14,36 @@ queued jobs on its own thread.
 
 from __future__ import annotations
 
-import json
 import logging
-import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from engine import events as ev
 from engine.executor import Executor, RunRequest, RunResult
+from engine.jobstore import JobStore
+from engine.jobtypes import (
+    FINAL,
+    RESTART_MESSAGE,
+    STATUS_MESSAGES,
+    JobEvent,
+    JobFinished,
+    JobProgress,
+    JobRecord,
+    JobSpec,
+    JobStatus,
+    JobView,
+    Notice,
+    NoticeListener,
+    QueueChanged,
+)
+
+__all__ = ["FINAL", "RESTART_MESSAGE", "JobEvent", "JobFinished", "JobProgress", "JobQueue", "JobRecord",
+           "JobSpec", "JobStatus", "JobStore", "JobView", "LocalJobQueue", "Notice", "NoticeListener",
+           "QueueChanged"]
 
 log = logging.getLogger("loom.jobs")
-
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-RESTART_MESSAGE = "interrupted by restart"
-# Events ComfyUI keeps in a history entry's status.messages.
-_STATUS_MESSAGES = frozenset({"execution_start", "execution_cached", "execution_success",
-                              "execution_error", "execution_interrupted"})
-
-
-@dataclass
-class JobSpec:
-    """One submitted workflow, exactly as the queue stores it."""
-
-    prompt: dict[str, Any]
-    prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    number: float = 0.0
-    extra_data: dict[str, Any] = field(default_factory=dict)
-    outputs: list[str] = field(default_factory=list)
-    client_id: str | None = None
-    webhook: str | None = None
-    created_at: float = field(default_factory=time.time)
-
-    def comfy_tuple(self) -> list[Any]:
-        """ComfyUI's queue item: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``."""
-        number: float | int = int(self.number) if float(self.number).is_integer() else self.number
-        return [number, self.prompt_id, self.prompt, self.extra_data, list(self.outputs)]
-
-    def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: no deep copy
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobSpec:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-
-
-@dataclass(frozen=True)
-class JobProgress:
-    value: int = 0
-    max: int = 0
-    node: str | None = None
-
-
-@dataclass
-class JobRecord:
-    """A finished job: ComfyUI's history entry plus Loom's own fields."""
-
-    spec: JobSpec
-    status: JobStatus
-    outputs: dict[str, Any] = field(default_factory=dict)
-    messages: list[list[Any]] = field(default_factory=list)
-    error: dict[str, Any] | None = None
-    node_errors: dict[str, Any] = field(default_factory=dict)
-    executed: list[str] = field(default_factory=list)
-    cached: list[str] = field(default_factory=list)
-    timings: dict[str, Any] = field(default_factory=dict)
-    memory: dict[str, Any] = field(default_factory=dict)
-    started_at: float | None = None
-    finished_at: float = field(default_factory=time.time)
-
-    @property
-    def ran(self) -> bool:
-        """False for a job cancelled before it started (ComfyUI's /history does not list those)."""
-        return self.started_at is not None
-
-    def comfy_history(self) -> dict[str, Any]:
-        """ComfyUI's ``/history/{id}`` value: prompt tuple, outputs, status, meta."""
-        return {
-            "prompt": self.spec.comfy_tuple(),
-            "outputs": self.outputs,
-            "status": {
-                "status_str": "success" if self.status == "succeeded" else "error",
-                "completed": self.status == "succeeded",
-                "messages": self.messages,
-            },
-            "meta": {
-                nid: {"node_id": nid, "display_node": nid, "parent_node": None, "real_node_id": nid}
-                for nid in self.outputs
-            },
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        data["spec"] = self.spec.to_json()
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobRecord:
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "spec"}
-        return cls(spec=JobSpec.from_json(data["spec"]), **fields)
-
-    @classmethod
-    def from_result(cls, spec: JobSpec, result: RunResult, messages: list[list[Any]], started: float) -> JobRecord:
-        status: JobStatus = {"success": "succeeded", "interrupted": "cancelled"}.get(result.status, "failed")  # type: ignore[assignment]
-        return cls(spec, status, outputs=result.outputs, messages=messages, error=result.error,
-                   node_errors=result.node_errors, executed=result.executed, cached=result.cached,
-                   timings=result.timings, memory=result.memory, started_at=started)
-
-
-@dataclass(frozen=True)
-class JobView:
-    """Where a job stands now."""
-
-    spec: JobSpec
-    status: JobStatus
-    progress: JobProgress | None = None
-    record: JobRecord | None = None
-
-
-# --- notices to subscribers ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class JobEvent:
-    """An execution event of a job the queue is running (``spec`` says whose it is)."""
-
-    spec: JobSpec
-    event: ev.Event
-
-
-@dataclass(frozen=True)
-class QueueChanged:
-    remaining: int
-
-
-@dataclass(frozen=True)
-class JobFinished:
-    record: JobRecord
-
-
-Notice = JobEvent | QueueChanged | JobFinished
-NoticeListener = Callable[[Notice], None]
 
 
 class JobQueue(Protocol):
@@ -176,140 +62,6 @@ class JobQueue(Protocol):
     def clear_history(self) -> None: ...
     def schedule_free(self, *, unload_models: bool, free_memory: bool) -> None: ...
     def subscribe(self, listener: NoticeListener) -> Callable[[], None]: ...
-
-
-# --- persistence ---------------------------------------------------------------------------------------
-class JobStore:
-    """SQLite tables ``queue`` (pending and running jobs) and ``history`` (finished ones). Thread-safe."""
-
-    def __init__(self, path: Path | str = ":memory:", *, history_size: int = 10_000) -> None:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.path = str(path)
-        self.history_size = history_size
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(
-            """
-            CREATE TABLE IF NOT EXISTS queue (
-                seq INTEGER PRIMARY KEY AUTOINCREMENT, prompt_id TEXT UNIQUE NOT NULL,
-                number REAL NOT NULL, state TEXT NOT NULL, spec TEXT NOT NULL);
-            CREATE TABLE IF NOT EXISTS history (
-                seq INTEGER PRIMARY KEY AUTOINCREMENT, prompt_id TEXT UNIQUE NOT NULL,
-                ran INTEGER NOT NULL, record TEXT NOT NULL);
-            CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-            """
-        )
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def next_number(self) -> int:
-        """ComfyUI's ever-increasing counter, persisted."""
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key='number'").fetchone()
-            number = int(row[0]) if row else 0
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('number', ?)", (str(number + 1),))
-            return number
-
-    def add_pending(self, spec: JobSpec) -> None:
-        with self._lock:
-            self._db.execute("INSERT INTO queue (prompt_id, number, state, spec) VALUES (?, ?, 'pending', ?)",
-                             (spec.prompt_id, spec.number, json.dumps(spec.to_json(), default=str)))
-
-    def knows(self, prompt_id: str) -> bool:
-        with self._lock:
-            q = self._db.execute("SELECT 1 FROM queue WHERE prompt_id=?", (prompt_id,)).fetchone()
-            h = self._db.execute("SELECT 1 FROM history WHERE prompt_id=?", (prompt_id,)).fetchone()
-            return bool(q or h)
-
-    def count(self) -> int:
-        """Jobs pending or running."""
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM queue").fetchone()[0])
-
-    def queued(self, prompt_id: str) -> tuple[str, JobSpec] | None:
-        """(state, spec) of a job still in the queue."""
-        with self._lock:
-            row = self._db.execute("SELECT state, spec FROM queue WHERE prompt_id=?", (prompt_id,)).fetchone()
-        return (row[0], JobSpec.from_json(json.loads(row[1]))) if row else None
-
-    def jobs(self, state: str) -> list[JobSpec]:
-        with self._lock:
-            rows = self._db.execute("SELECT spec FROM queue WHERE state=? ORDER BY number, seq", (state,)).fetchall()
-        return [JobSpec.from_json(json.loads(r[0])) for r in rows]
-
-    def pop_next(self) -> JobSpec | None:
-        """Mark the first pending job running and return it."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT seq, spec FROM queue WHERE state='pending' ORDER BY number, seq LIMIT 1").fetchone()
-            if row is None:
-                return None
-            self._db.execute("UPDATE queue SET state='running' WHERE seq=?", (row[0],))
-            return JobSpec.from_json(json.loads(row[1]))
-
-    def remove(self, prompt_id: str, state: str | None = None) -> JobSpec | None:
-        with self._lock:
-            sql, args = "SELECT spec FROM queue WHERE prompt_id=?", [prompt_id]
-            if state is not None:
-                sql, args = sql + " AND state=?", [prompt_id, state]
-            row = self._db.execute(sql, args).fetchone()
-            if row is None:
-                return None
-            self._db.execute("DELETE FROM queue WHERE prompt_id=?", (prompt_id,))
-            return JobSpec.from_json(json.loads(row[0]))
-
-    def finish(self, record: JobRecord) -> None:
-        """Move a job from the queue into the history (one transaction), trimming old entries."""
-        with self._lock:
-            self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM queue WHERE prompt_id=?", (record.spec.prompt_id,))
-            self._db.execute("INSERT OR REPLACE INTO history (prompt_id, ran, record) VALUES (?, ?, ?)",
-                             (record.spec.prompt_id, int(record.ran), json.dumps(record.to_json(), default=str)))
-            self._db.execute("DELETE FROM history WHERE seq NOT IN "
-                             "(SELECT seq FROM history ORDER BY seq DESC LIMIT ?)", (self.history_size,))
-            self._db.execute("COMMIT")
-
-    def record(self, prompt_id: str) -> JobRecord | None:
-        with self._lock:
-            row = self._db.execute("SELECT record FROM history WHERE prompt_id=?", (prompt_id,)).fetchone()
-        return JobRecord.from_json(json.loads(row[0])) if row else None
-
-    def history(self, max_items: int | None, offset: int, ran_only: bool) -> list[JobRecord]:
-        """Oldest first (ComfyUI's order); ``max_items`` keeps the newest ones."""
-        where = "WHERE ran=1" if ran_only else ""
-        with self._lock:
-            if max_items is None:
-                rows = self._db.execute(f"SELECT record FROM history {where} ORDER BY seq").fetchall()
-            else:
-                rows = self._db.execute(
-                    f"SELECT record FROM (SELECT seq, record FROM history {where} ORDER BY seq DESC "
-                    "LIMIT ? OFFSET ?) ORDER BY seq", (max(0, max_items), max(0, offset))).fetchall()
-        return [JobRecord.from_json(json.loads(r[0])) for r in rows]
-
-    def delete_history(self, prompt_ids: list[str]) -> None:
-        with self._lock:
-            self._db.executemany("DELETE FROM history WHERE prompt_id=?", [(p,) for p in prompt_ids])
-
-    def clear_history(self) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM history")
-
-    def recover(self) -> list[JobRecord]:
-        """After a restart: jobs left 'running' become failed history entries."""
-        records = []
-        for spec in self.jobs("running"):
-            error = {"type": "restart", "message": RESTART_MESSAGE, "exception_message": RESTART_MESSAGE}
-            message = ["execution_error", {"prompt_id": spec.prompt_id, "exception_message": RESTART_MESSAGE,
-                                           "exception_type": "Restart", "timestamp": int(time.time() * 1000)}]
-            record = JobRecord(spec, "failed", messages=[message], error=error, started_at=spec.created_at)
-            self.finish(record)
-            records.append(record)
-        return records
 
 
 # --- the in-process queue --------------------------------------------------------------------------
@@ -551,7 +303,7 @@ class LocalJobQueue:
                 self._progress = JobProgress(event.value, event.max, event.node)
             elif isinstance(event, ev.Executing) and event.node is not None:
                 self._progress = JobProgress(0, 0, event.node)
-            if event.type in _STATUS_MESSAGES:
+            if event.type in STATUS_MESSAGES:
                 self._messages.append([event.type, event.data()])
         self._notify(JobEvent(spec, event))
 

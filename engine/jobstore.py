@@ -1,0 +1,150 @@
+"""SQLite persistence of the job queue and its history."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from engine.jobtypes import RESTART_MESSAGE, JobRecord, JobSpec
+
+log = logging.getLogger("loom.jobs")
+
+
+# --- persistence ---------------------------------------------------------------------------------------
+class JobStore:
+    """SQLite tables ``queue`` (pending and running jobs) and ``history`` (finished ones). Thread-safe."""
+
+    def __init__(self, path: Path | str = ":memory:", *, history_size: int = 10_000) -> None:
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = str(path)
+        self.history_size = history_size
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS queue (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, prompt_id TEXT UNIQUE NOT NULL,
+                number REAL NOT NULL, state TEXT NOT NULL, spec TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS history (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, prompt_id TEXT UNIQUE NOT NULL,
+                ran INTEGER NOT NULL, record TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+            """
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def next_number(self) -> int:
+        """ComfyUI's ever-increasing counter, persisted."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='number'").fetchone()
+            number = int(row[0]) if row else 0
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('number', ?)", (str(number + 1),))
+            return number
+
+    def add_pending(self, spec: JobSpec) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO queue (prompt_id, number, state, spec) VALUES (?, ?, 'pending', ?)",
+                             (spec.prompt_id, spec.number, json.dumps(spec.to_json(), default=str)))
+
+    def knows(self, prompt_id: str) -> bool:
+        with self._lock:
+            q = self._db.execute("SELECT 1 FROM queue WHERE prompt_id=?", (prompt_id,)).fetchone()
+            h = self._db.execute("SELECT 1 FROM history WHERE prompt_id=?", (prompt_id,)).fetchone()
+            return bool(q or h)
+
+    def count(self) -> int:
+        """Jobs pending or running."""
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM queue").fetchone()[0])
+
+    def queued(self, prompt_id: str) -> tuple[str, JobSpec] | None:
+        """(state, spec) of a job still in the queue."""
+        with self._lock:
+            row = self._db.execute("SELECT state, spec FROM queue WHERE prompt_id=?", (prompt_id,)).fetchone()
+        return (row[0], JobSpec.from_json(json.loads(row[1]))) if row else None
+
+    def jobs(self, state: str) -> list[JobSpec]:
+        with self._lock:
+            rows = self._db.execute("SELECT spec FROM queue WHERE state=? ORDER BY number, seq", (state,)).fetchall()
+        return [JobSpec.from_json(json.loads(r[0])) for r in rows]
+
+    def pop_next(self) -> JobSpec | None:
+        """Mark the first pending job running and return it."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT seq, spec FROM queue WHERE state='pending' ORDER BY number, seq LIMIT 1").fetchone()
+            if row is None:
+                return None
+            self._db.execute("UPDATE queue SET state='running' WHERE seq=?", (row[0],))
+            return JobSpec.from_json(json.loads(row[1]))
+
+    def remove(self, prompt_id: str, state: str | None = None) -> JobSpec | None:
+        with self._lock:
+            sql, args = "SELECT spec FROM queue WHERE prompt_id=?", [prompt_id]
+            if state is not None:
+                sql, args = sql + " AND state=?", [prompt_id, state]
+            row = self._db.execute(sql, args).fetchone()
+            if row is None:
+                return None
+            self._db.execute("DELETE FROM queue WHERE prompt_id=?", (prompt_id,))
+            return JobSpec.from_json(json.loads(row[0]))
+
+    def finish(self, record: JobRecord) -> None:
+        """Move a job from the queue into the history (one transaction), trimming old entries."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM queue WHERE prompt_id=?", (record.spec.prompt_id,))
+            self._db.execute("INSERT OR REPLACE INTO history (prompt_id, ran, record) VALUES (?, ?, ?)",
+                             (record.spec.prompt_id, int(record.ran), json.dumps(record.to_json(), default=str)))
+            self._db.execute("DELETE FROM history WHERE seq NOT IN "
+                             "(SELECT seq FROM history ORDER BY seq DESC LIMIT ?)", (self.history_size,))
+            self._db.execute("COMMIT")
+
+    def record(self, prompt_id: str) -> JobRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT record FROM history WHERE prompt_id=?", (prompt_id,)).fetchone()
+        return JobRecord.from_json(json.loads(row[0])) if row else None
+
+    def history(self, max_items: int | None, offset: int, ran_only: bool) -> list[JobRecord]:
+        """Oldest first (ComfyUI's order); ``max_items`` keeps the newest ones."""
+        where = "WHERE ran=1" if ran_only else ""
+        with self._lock:
+            if max_items is None:
+                rows = self._db.execute(f"SELECT record FROM history {where} ORDER BY seq").fetchall()
+            else:
+                rows = self._db.execute(
+                    f"SELECT record FROM (SELECT seq, record FROM history {where} ORDER BY seq DESC "
+                    "LIMIT ? OFFSET ?) ORDER BY seq", (max(0, max_items), max(0, offset))).fetchall()
+        return [JobRecord.from_json(json.loads(r[0])) for r in rows]
+
+    def delete_history(self, prompt_ids: list[str]) -> None:
+        with self._lock:
+            self._db.executemany("DELETE FROM history WHERE prompt_id=?", [(p,) for p in prompt_ids])
+
+    def clear_history(self) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM history")
+
+    def recover(self) -> list[JobRecord]:
+        """After a restart: jobs left 'running' become failed history entries."""
+        records = []
+        for spec in self.jobs("running"):
+            error = {"type": "restart", "message": RESTART_MESSAGE, "exception_message": RESTART_MESSAGE}
+            message = ["execution_error", {"prompt_id": spec.prompt_id, "exception_message": RESTART_MESSAGE,
+                                           "exception_type": "Restart", "timestamp": int(time.time() * 1000)}]
+            record = JobRecord(spec, "failed", messages=[message], error=error, started_at=spec.created_at)
+            self.finish(record)
+            records.append(record)
+        return records
+
+

@@ -1,0 +1,143 @@
+"""The job queue's data: a submitted job, a finished job's record, and the notices a queue sends."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engine import events as ev
+from engine.executor import RunResult
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+RESTART_MESSAGE = "interrupted by restart"
+# Events ComfyUI keeps in a history entry's status.messages.
+STATUS_MESSAGES = frozenset({"execution_start", "execution_cached", "execution_success",
+                             "execution_error", "execution_interrupted"})
+
+
+@dataclass
+class JobSpec:
+    """One submitted workflow, exactly as the queue stores it."""
+
+    prompt: dict[str, Any]
+    prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    number: float = 0.0
+    extra_data: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+    client_id: str | None = None
+    webhook: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+    def comfy_tuple(self) -> list[Any]:
+        """ComfyUI's queue item: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``."""
+        number: float | int = int(self.number) if float(self.number).is_integer() else self.number
+        return [number, self.prompt_id, self.prompt, self.extra_data, list(self.outputs)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: no deep copy
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    value: int = 0
+    max: int = 0
+    node: str | None = None
+
+
+@dataclass
+class JobRecord:
+    """A finished job: ComfyUI's history entry plus Loom's own fields."""
+
+    spec: JobSpec
+    status: JobStatus
+    outputs: dict[str, Any] = field(default_factory=dict)
+    messages: list[list[Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    node_errors: dict[str, Any] = field(default_factory=dict)
+    executed: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)
+    timings: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    started_at: float | None = None
+    finished_at: float = field(default_factory=time.time)
+
+    @property
+    def ran(self) -> bool:
+        """False for a job cancelled before it started (ComfyUI's /history does not list those)."""
+        return self.started_at is not None
+
+    def comfy_history(self) -> dict[str, Any]:
+        """ComfyUI's ``/history/{id}`` value: prompt tuple, outputs, status, meta."""
+        return {
+            "prompt": self.spec.comfy_tuple(),
+            "outputs": self.outputs,
+            "status": {
+                "status_str": "success" if self.status == "succeeded" else "error",
+                "completed": self.status == "succeeded",
+                "messages": self.messages,
+            },
+            "meta": {
+                nid: {"node_id": nid, "display_node": nid, "parent_node": None, "real_node_id": nid}
+                for nid in self.outputs
+            },
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["spec"] = self.spec.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobRecord:
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "spec"}
+        return cls(spec=JobSpec.from_json(data["spec"]), **fields)
+
+    @classmethod
+    def from_result(cls, spec: JobSpec, result: RunResult, messages: list[list[Any]], started: float) -> JobRecord:
+        status: JobStatus = {"success": "succeeded", "interrupted": "cancelled"}.get(result.status, "failed")  # type: ignore[assignment]
+        return cls(spec, status, outputs=result.outputs, messages=messages, error=result.error,
+                   node_errors=result.node_errors, executed=result.executed, cached=result.cached,
+                   timings=result.timings, memory=result.memory, started_at=started)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Where a job stands now."""
+
+    spec: JobSpec
+    status: JobStatus
+    progress: JobProgress | None = None
+    record: JobRecord | None = None
+
+
+# --- notices to subscribers ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobEvent:
+    """An execution event of a job the queue is running (``spec`` says whose it is)."""
+
+    spec: JobSpec
+    event: ev.Event
+
+
+@dataclass(frozen=True)
+class QueueChanged:
+    remaining: int
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    record: JobRecord
+
+
+Notice = JobEvent | QueueChanged | JobFinished
+NoticeListener = Callable[[Notice], None]
+
+
