@@ -29,7 +29,14 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, MASK, MODEL, DynamicOptions, Input, NodeSchema, Output
-from nodes.clip_vision import CLIP_VISION, ClipVisionHandle, ClipVisionOutput, check_image, encode_pixels, preprocess
+from nodes.clip_vision import (
+    CLIP_VISION,
+    ClipVisionHandle,
+    ClipVisionOutput,
+    check_image,
+    encode_pixels,
+    preprocess,
+)
 from nodes.families.files import ModelLoadError, fingerprint, pickle_refusal
 from nodes.ipadapter_attn import LayerWeights, Window, build_projection, install
 

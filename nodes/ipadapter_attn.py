@@ -91,6 +91,10 @@ class Window:
 class IPLayer(nn.Module):
     """One adapter's part of one cross-attention layer: projections, image tokens, weight, mask."""
 
+    cond: torch.Tensor
+    uncond: torch.Tensor
+    mask: torch.Tensor | None
+
     def __init__(self, to_k: torch.Tensor, to_v: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor,
                  weight: float, window: Window, mask: torch.Tensor | None) -> None:
         super().__init__()
@@ -135,7 +139,7 @@ class IPAttnProcessor(nn.Module):
                  attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None,
                  *args: Any, **kwargs: Any) -> torch.Tensor:
         t = self.clock.timestep
-        active = [lay for lay in self.layers if lay.weight != 0 and lay.window.contains(t)]
+        active = [lay for lay in self.layers if isinstance(lay, IPLayer) and lay.weight != 0 and lay.window.contains(t)]
         if not active or encoder_hidden_states is None:
             return self.base(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
         residual = hidden_states
@@ -183,7 +187,8 @@ class IPAttnProcessor(nn.Module):
 
 def cross_attention_names(unet: nn.Module) -> list[str]:
     """The UNet's cross-attention processors in ``attn_processors`` order (IP-Adapter's key order)."""
-    return [n for n in unet.attn_processors if n.endswith("attn2.processor")]  # type: ignore[operator]
+    processors: dict[str, Any] = getattr(unet, "attn_processors")  # noqa: B009 (a diffusers property)
+    return [n for n in processors if n.endswith("attn2.processor")]
 
 
 @dataclass
@@ -206,7 +211,7 @@ def install(unet: nn.Module, weights: LayerWeights, cond: torch.Tensor, uncond: 
             window: Window, mask: torch.Tensor | None, source: str) -> None:
     """Add one adapter to every cross-attention layer (stacking on adapters already there)."""
     clock = clock_of(unet)
-    procs: dict[str, Any] = dict(unet.attn_processors)  # type: ignore[call-overload]
+    procs: dict[str, Any] = dict(getattr(unet, "attn_processors"))  # noqa: B009
     names = cross_attention_names(unet)
     ids = sorted(weights.by_id)
     if len(ids) != len(names):
