@@ -368,6 +368,26 @@ class EmptyImage(Node):
         return (rgb.view(1, 1, 1, 3).repeat(batch_size, height, width, 1),)
 
 
+class ImageToMask(Node):
+    SCHEMA = NodeSchema(
+        node_id="ImageToMask",
+        display_name="Convert Image to Mask",
+        category="mask",
+        description="Take one colour channel of an image as a mask.",
+        inputs=(
+            Input("image", IMAGE, "The images."),
+            Input("channel", COMBO, "Which channel.", options=("red", "green", "blue", "alpha"), default="red"),
+        ),
+        outputs=(Output("MASK", MASK, "The channel as a mask [B, H, W]."),),
+    )
+
+    def run(self, ctx: NodeContext, *, image: torch.Tensor, channel: str) -> tuple[torch.Tensor]:
+        index = ("red", "green", "blue", "alpha").index(channel)
+        if index >= image.shape[-1]:
+            raise ImageError(f"the image has {image.shape[-1]} channels, so it has no {channel} channel")
+        return (image[..., index],)
+
+
 IMAGE_NODES: list[type[Node]] = [
     LoadImage,
     SaveImage,
@@ -376,4 +396,5 @@ IMAGE_NODES: list[type[Node]] = [
     ImageScaleBy,
     ImageInvert,
     EmptyImage,
+    ImageToMask,
 ]
