@@ -113,7 +113,7 @@ def open_clip_to_transformers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
             out["vision_model." + simple[key]] = value
         elif key == "proj":
             out["visual_projection.weight"] = value.t().contiguous()  # (width, proj) -> (proj, width)
-        elif m := re.fullmatch(r"transformer\.resblocks\.(\d+)\.(.+)\.(weight|bias)", key):
+        elif m := re.fullmatch(r"transformer\.resblocks\.(\d+)\.(.+?)[._](weight|bias)", key):
             layer, name, kind = m.groups()
             base = f"vision_model.encoder.layers.{layer}."
             if name == "attn.in_proj":  # fused (3*width, ...) -> q, k, v
