@@ -38,7 +38,6 @@ export class Canvas {
 
   apply() {
     this.world.style.transform = `translate(${this.x}px, ${this.y}px) scale(${this.zoom})`;
-    this.root.style.setProperty("--zoom", this.zoom);
     if (!this.pending) {
       this.pending = true;
       requestAnimationFrame(() => { this.pending = false; this.hooks.onChange(); });

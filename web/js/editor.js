@@ -24,7 +24,7 @@ export class Editor {
       onBackgroundClick: () => this.select([]),
       onBackgroundDblClick: (e) => this.openSearch(e.clientX, e.clientY),
       onContextMenu: (e) => this.menus.canvasMenu(e),
-      onChange: () => { this.minimap.draw(); if (this.tab) this.tab.view = [this.canvas.x, this.canvas.y, this.canvas.zoom]; },
+      onChange: () => { this.cull(); this.minimap.draw(); if (this.tab) this.tab.view = [this.canvas.x, this.canvas.y, this.canvas.zoom]; },
     });
     this.views = new NodeViews(this, this.nodesLayer);
     this.links = new Links(this, root.querySelector(".links-layer"));
@@ -46,8 +46,55 @@ export class Editor {
     this.history = tab.history;
     this.selection.clear();
     this.renderAll();
+    if (this.graph.needsLayout) this.#packColumns();
     if (tab.view) this.canvas.setView(...tab.view);
     else requestAnimationFrame(() => this.fitView());
+  }
+
+  // Lay out nodes that came without positions (API format) in columns, using their real sizes.
+  #packColumns() {
+    this.graph.needsLayout = false;
+    const columns = new Map();
+    for (const node of this.graph.nodes.values()) {
+      if (node.column === undefined) continue;
+      if (!columns.has(node.column)) columns.set(node.column, []);
+      columns.get(node.column).push(node);
+    }
+    let x = 40;
+    for (const d of [...columns.keys()].sort((a, b) => a - b)) {
+      let y = 40, width = 0;
+      for (const node of columns.get(d)) {
+        const [, , w, h] = this.views.rect(node.id);
+        node.pos = [x, y];
+        delete node.column;
+        this.views.setPos(node);
+        y += h + 40;
+        width = Math.max(width, w);
+      }
+      x += width + 80;
+    }
+    this.links.redrawAll();
+    this.history.reset();
+  }
+
+  // Hide nodes and links far outside the view, so a pan frame paints only what can be seen.
+  cull() {
+    if (!this.graph) return;
+    const c = this.canvas, r = this.root.getBoundingClientRect();
+    const m = 300 / c.zoom;
+    const x0 = -c.x / c.zoom - m, y0 = -c.y / c.zoom - m, x1 = x0 + r.width / c.zoom + 2 * m, y1 = y0 + r.height / c.zoom + 2 * m;
+    const outside = (ax, ay, bx, by) => bx < x0 || ax > x1 || by < y0 || ay > y1;
+    for (const [id, elem] of this.views.els) {
+      const [x, y, w, h] = this.views.rect(id);
+      const off = outside(x, y, x + w, y + h);
+      if (elem.classList.contains("offscreen") !== off) elem.classList.toggle("offscreen", off);
+    }
+    for (const link of this.links.paths.values()) {
+      const a = this.views.portPos(link.src, "out", String(link.slot)), b = this.views.portPos(link.dst, "in", link.name);
+      if (!a || !b) continue;
+      const off = outside(Math.min(a[0], b[0]) - 100, Math.min(a[1], b[1]), Math.max(a[0], b[0]) + 100, Math.max(a[1], b[1]));
+      if (link.off !== off) { link.off = off; link.path.style.visibility = off ? "hidden" : ""; }
+    }
   }
 
   renderAll() {
@@ -56,6 +103,7 @@ export class Editor {
     for (const node of this.graph.nodes.values()) this.views.render(node);
     this.links.redrawAll();
     this.groups.renderAll();
+    this.cull();
     for (const id of [...this.selection]) if (!this.graph.nodes.has(id)) this.selection.delete(id);
     this.minimap.draw();
   }

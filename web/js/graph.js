@@ -238,7 +238,9 @@ function autoLayoutIfNeeded(graph, laid) {
     const d = depthOf(node);
     rows[d] = (rows[d] || 0) + 1;
     node.pos = [40 + d * 340, 40 + (rows[d] - 1) * 260];
+    node.column = d;
   }
+  graph.needsLayout = true; // the editor packs the columns once it knows the nodes' sizes
 }
 
 // Undo/redo over whole-graph snapshots (cheap enough: one per user action).

@@ -1,0 +1,135 @@
+"""Editor frame time with a 300-node graph in headless Chromium (target: < 33 ms per frame).
+
+Starts tests/e2e/fake_server.py (the editor only needs /object_info), opens the editor, loads a
+generated 300-node graph (~500 links) and measures, with requestAnimationFrame timestamps:
+  1. panning by dragging the background with the mouse (input events through Chromium),
+  2. panning driven from script, one step per frame,
+  3. zooming with the wheel.
+Run: python tests/benchmarks/bench_editor.py [--nodes 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+# Build the graph in the page: repeating txt2img chains laid out on a grid.
+MAKE_GRAPH = """(count) => {
+  const chain = [["CheckpointLoaderSimple", {ckpt_name: "loom_demo_sd15.safetensors"}],
+    ["CLIPTextEncode", {text: "a prompt", clip: [0, 1]}], ["CLIPTextEncode", {text: "neg", clip: [0, 1]}],
+    ["EmptyLatentImage", {width: 512, height: 512, batch_size: 1}],
+    ["KSampler", {seed: 1, steps: 20, cfg: 8, sampler_name: "euler", scheduler: "normal", denoise: 1,
+                  model: [0, 0], positive: [1, 0], negative: [2, 0], latent_image: [3, 0]}],
+    ["VAEDecode", {samples: [4, 0], vae: [0, 2]}], ["SaveImage", {images: [5, 0], filename_prefix: "x"}]];
+  const prompt = {}, nodes = {};
+  for (let i = 0; i < count; i++) {
+    const base = i - (i % chain.length), [type, inputs] = chain[i % chain.length];
+    const resolved = {};
+    for (const [k, v] of Object.entries(inputs))
+      resolved[k] = Array.isArray(v) ? (base + v[0] < count ? [String(base + v[0] + 1), v[1]] : undefined) : v;
+    for (const k of Object.keys(resolved)) if (resolved[k] === undefined) delete resolved[k];
+    prompt[String(i + 1)] = {class_type: type, inputs: resolved};
+    const col = i % 20, row = Math.floor(i / 20);
+    nodes[String(i + 1)] = {pos: [col * 420, row * 330], size: [0, 0]};
+  }
+  const t0 = performance.now();
+  loom.tabs.open({format: "loom.workflow", version: 2, prompt, layout: {nodes, groups: []}, extra: {}}, "bench");
+  return {ms: performance.now() - t0, links: loom.tabs.current.graph.links().length};
+}"""
+
+RECORD = """() => { window.__frames = []; window.__rec = true;
+  const tick = (t) => { if (!window.__rec) return; window.__frames.push(t); requestAnimationFrame(tick); };
+  requestAnimationFrame(tick); }"""
+STOP = """() => { window.__rec = false; const f = window.__frames; const d = [];
+  for (let i = 1; i < f.length; i++) d.push(f[i] - f[i - 1]); return d; }"""
+SCRIPT_PAN = """(frames) => new Promise((done) => {
+  const c = loom.editor.canvas, times = []; let n = 0, last = null;
+  const step = (t) => { if (last !== null) times.push(t - last); last = t;
+    if (n++ >= frames) { done(times); return; }
+    c.setView(c.x - 12, c.y - 5, c.zoom); requestAnimationFrame(step); };
+  requestAnimationFrame(step); })"""
+
+
+def stats(name: str, deltas: list[float]) -> dict:
+    deltas = sorted(deltas[2:]) or [0.0]  # the first frames include the start-up
+    mean = sum(deltas) / len(deltas)
+    p95 = deltas[min(len(deltas) - 1, int(len(deltas) * 0.95))]
+    print(f"{name:<34} frames={len(deltas):4d}  mean={mean:6.1f} ms  p95={p95:6.1f} ms  max={deltas[-1]:6.1f} ms")
+    return {"mean": mean, "p95": p95, "max": deltas[-1], "frames": len(deltas)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = Path(tempfile.mkdtemp(prefix="loom-bench-"))
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "e2e" / "fake_server.py"), "--port", str(port),
+                               "--data-dir", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "object_info", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=ARGS)
+            page = browser.new_page(viewport={"width": 1600, "height": 900})
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            made = page.evaluate(MAKE_GRAPH, args.nodes)
+            page.wait_for_timeout(500)
+            count = page.locator(".node").count()
+            print(f"{count} nodes, {made['links']} links; building the view took {made['ms']:.0f} ms")
+            page.evaluate("loom.editor.canvas.setView(0, 0, 0.6)")
+            page.wait_for_timeout(300)
+            results = {}
+            page.evaluate(RECORD)
+            page.mouse.move(800, 500)
+            page.mouse.down()
+            # 120 pointer moves; the wait lets frames render between input events, as a hand does
+            for i in range(120):
+                page.mouse.move(800 - i * 5, 500 - (i % 40) * 3)
+                page.wait_for_timeout(8)
+            page.mouse.up()
+            results["mouse_pan"] = stats("pan (mouse drag on background)", page.evaluate(STOP))
+            results["script_pan"] = stats("pan (scripted, one step a frame)", page.evaluate(SCRIPT_PAN, 180))
+            page.evaluate(RECORD)
+            for i in range(30):
+                page.mouse.wheel(0, -40 if i < 15 else 40)
+                page.wait_for_timeout(16)
+            results["wheel_zoom"] = stats("zoom (wheel)", page.evaluate(STOP))
+            page.screenshot(path=str(ROOT / "artifacts" / "screenshots" / "bench-300-nodes.png"))
+            browser.close()
+        verdict = "OK" if results["mouse_pan"]["mean"] < 33 else "SLOW"
+        print(f"pan frame time {results['mouse_pan']['mean']:.1f} ms mean (target < 33 ms): {verdict}")
+        if args.json:
+            print(json.dumps({"nodes": count, **results}))
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
