@@ -9,6 +9,7 @@ import { Runner } from "./queue.js";
 import { Gallery } from "./gallery.js";
 import { loadExtensions } from "./extensions.js";
 import { el } from "./widgets.js";
+import { clearSchemaCache } from "./schema.js";
 
 class App {
   constructor() {
@@ -35,6 +36,7 @@ class App {
     this.workflows.refreshList();
     this.runner.refreshPanel();
     this.extensions = await loadExtensions(this);
+    if (this.extensions.length) { clearSchemaCache(); this.editor.renderAll(); }
     document.body.dataset.ready = "true";
     this.emit("ready", {});
   }
@@ -49,6 +51,7 @@ class App {
     const info = await this.api.objectInfo();
     for (const key of Object.keys(this.info)) delete this.info[key];
     Object.assign(this.info, info);
+    clearSchemaCache();
     this.editor.renderAll();
     this.editor.toast("Node list and model lists refreshed");
   }

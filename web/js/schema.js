@@ -38,6 +38,8 @@ export function typesCompatible(from, to) {
 
 const cache = new Map();
 
+export function clearSchemaCache() { cache.clear(); }
+
 // Parse one object_info entry into {inputs, outputs, ...}; each input is
 // {name, type, optional, opts, choices, widget} where widget is null for a link-only port.
 export function parseSchema(type, info) {
