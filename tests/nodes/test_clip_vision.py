@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.clip_vision import CLIPVisionEncode, CLIPVisionLoader, ClipVisionHandle, preprocess
+from nodes.clip_vision import CLIPVisionEncode, ClipVisionHandle, CLIPVisionLoader, preprocess
 from nodes.demo_vision import tiny_clip_vision
 from nodes.families.files import ModelLoadError
 
