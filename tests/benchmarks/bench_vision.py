@@ -115,14 +115,14 @@ def bench_full(repeats: int) -> None:
     with torch.device("meta"):
         encoder = CLIPVisionModelWithProjection(vit_h)
         projection = ImageProjection(image_embed_dim=1024, cross_attention_dim=768, num_image_text_embeds=4)
-    encoder, projection = _random_init(encoder), _random_init(projection)
+    enc, proj = _random_init(encoder), _random_init(projection)
     print(f"full  ViT-H/14 image encoder built in {time.perf_counter() - start:.1f} s")
 
     def encode() -> Any:
         pixels = preprocess(image, 224, "center")
-        out = encode_pixels(encoder, torch.cat([pixels, torch.zeros_like(pixels)]))  # image + negative
+        out = encode_pixels(enc, torch.cat([pixels, torch.zeros_like(pixels)]))  # image + negative
         with torch.inference_mode():
-            return projection(out.image_embeds)
+            return proj(out.image_embeds)
 
     first, warm = _timed(encode, repeats)
     print(f"full  IP-Adapter encode (ViT-H) + proj:    {warm:7.3f} s/run    (first {first:.3f} s)")
