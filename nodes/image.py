@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.context import Folders, NodeContext
+from engine.guard import SAFETY_CHUNK
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import (
@@ -119,6 +120,15 @@ def save_images(
     return results
 
 
+def guarded(ctx: NodeContext, images: torch.Tensor, metadata: dict[str, Any]) -> torch.Tensor:
+    """Under ``--safety enforce`` (``ctx.guard`` set) images pass the guard before they are written,
+    and the PNG gets the ``loom_safety`` chunk so ``/view`` knows they were checked."""
+    if ctx.guard is None:
+        return images
+    metadata[SAFETY_CHUNK] = {"checked": True, "policy": ctx.guard.policy}
+    return ctx.guard.check_images(images).images
+
+
 class LoadImage(Node):
     SCHEMA = NodeSchema(
         node_id="LoadImage",
@@ -203,6 +213,7 @@ class SaveImage(Node):
             if prompt is not None:
                 metadata["prompt"] = prompt
             metadata.update(extra_pnginfo or {})
+        images = guarded(ctx, images, metadata)
         results = save_images(images, ctx.folders.output_dir, filename_prefix, "output", metadata, 4)
         return NodeOutput(ui={"images": results})
 
@@ -222,7 +233,9 @@ class PreviewImage(Node):
         self, ctx: NodeContext, *, images: torch.Tensor, prompt: Any = None, extra_pnginfo: Any = None
     ) -> NodeOutput:
         prefix = "ComfyUI_temp_" + os.urandom(4).hex()[:5]
-        results = save_images(images, ctx.folders.temp_dir, prefix, "temp", None, 1)
+        metadata: dict[str, Any] = {}
+        images = guarded(ctx, images, metadata)
+        results = save_images(images, ctx.folders.temp_dir, prefix, "temp", metadata or None, 1)
         return NodeOutput(ui={"images": results})
 
 
