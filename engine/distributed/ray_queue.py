@@ -236,9 +236,9 @@ class RayJobQueue:
             flight = self._flights.get(prompt_id)
             if flight is not None:
                 return JobView(flight.spec, "running", flight.progress)
-        for spec in self.store.jobs("pending"):
-            if spec.prompt_id == prompt_id:
-                return JobView(spec, "queued")
+        queued = self.store.queued(prompt_id)
+        if queued is not None:
+            return JobView(queued[1], "queued")
         record = self.store.record(prompt_id)
         return JobView(record.spec, record.status, record=record) if record else None
 
@@ -252,7 +252,7 @@ class RayJobQueue:
         return [s for s in self.store.jobs("pending") if s.prompt_id not in flying]
 
     def remaining(self) -> int:
-        return len(self.store.jobs("pending"))
+        return self.store.count()
 
     def history(self, max_items: int | None = None, offset: int = 0) -> list[JobRecord]:
         return self.store.history(max_items, offset, ran_only=True)

@@ -72,18 +72,31 @@ class FakeSampler(Node):
         "FakeSampler",
         (Input("model", "MODEL", "model"), Input("seed", INT, "seed", default=0, min=0, max=2**31),
          Input("steps", INT, "steps", default=4, min=1, max=10_000),
-         Input("step_s", FLOAT, "seconds per step", default=0.01, min=0.0, max=10.0)),
+         Input("step_s", FLOAT, "seconds per step (sleeping)", default=0.01, min=0.0, max=10.0),
+         Input("burn_s", FLOAT, "seconds per step (busy CPU, for benchmarks)", default=0.0, min=0.0, max=10.0,
+               optional=True)),
         (Output("IMAGE", "IMAGE", "fake image bytes"),),
     )
 
-    def run(self, ctx: NodeContext, *, model: FakeCheckpoint, seed: int, steps: int, step_s: float) -> tuple[bytes]:
+    def run(self, ctx: NodeContext, *, model: FakeCheckpoint, seed: int, steps: int, step_s: float,
+            burn_s: float = 0.0) -> tuple[bytes]:
         with ctx.models.use(model) as weights:
             digest = hashlib.sha256(f"{weights['weights']}:{seed}".encode())
             for i in range(steps):
                 time.sleep(step_s)
+                _burn(burn_s)
                 digest.update(str(i).encode())
                 ctx.progress(i + 1, steps)
         return (digest.digest() * 8,)
+
+
+def _burn(seconds: float) -> None:
+    """Busy CPU for ``seconds`` (thread CPU time, so a shared core makes it take longer)."""
+    end = time.thread_time() + seconds
+    x = 0
+    while time.thread_time() < end:
+        for _ in range(1000):
+            x = (x * 31 + 7) % 1_000_003
 
 
 class FakeSaveImage(Node):
@@ -121,10 +134,13 @@ def build(args: argparse.Namespace) -> SimpleNamespace:
     return SimpleNamespace(registry=registry, executor=executor, models=models, folders=folders)
 
 
-def workflow(ckpt: str, seed: int, *, steps: int = 4, step_s: float = 0.01, prefix: str = "Loom") -> dict[str, Any]:
+def workflow(ckpt: str, seed: int, *, steps: int = 4, step_s: float = 0.01, prefix: str = "Loom",
+             burn_s: float = 0.0) -> dict[str, Any]:
+    sampler: dict[str, Any] = {"model": ["1", 0], "seed": seed, "steps": steps, "step_s": step_s}
+    if burn_s:
+        sampler["burn_s"] = burn_s
     return {
         "1": {"class_type": "FakeCheckpointLoader", "inputs": {"ckpt_name": ckpt}},
-        "2": {"class_type": "FakeSampler", "inputs": {"model": ["1", 0], "seed": seed, "steps": steps,
-                                                        "step_s": step_s}},
+        "2": {"class_type": "FakeSampler", "inputs": sampler},
         "3": {"class_type": "FakeSaveImage", "inputs": {"images": ["2", 0], "filename_prefix": prefix}},
     }

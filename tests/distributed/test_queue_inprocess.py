@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ class InProcessPool:
     def run(self, name: str, task: JobTask) -> Iterator[WorkerEvent | JobOutcome]:
         if name in self.dead:
             raise WorkerLost(f"{name} is dead")
-        stream = self.workers[name].run_job(task)
+        stream: Generator[WorkerEvent | JobOutcome, None, None] = self.workers[name].run_job(task)  # type: ignore[assignment]
         try:
             for item in stream:
                 if isinstance(item, WorkerEvent) and isinstance(item.event, ev.Progress):
