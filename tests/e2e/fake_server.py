@@ -173,6 +173,10 @@ class Fake:
     async def get_history(self, request: web.Request) -> web.Response:
         return web.json_response(self.history)
 
+    async def get_history_item(self, request: web.Request) -> web.Response:
+        item = self.history.get(request.match_info["id"])
+        return web.json_response({request.match_info["id"]: item} if item else {})
+
     async def view(self, request: web.Request) -> web.StreamResponse:
         folder = {"input": "input", "output": "output"}.get(request.query.get("type", "output"), "output")
         path = self.data / folder / request.query.get("subfolder", "") / request.query["filename"]
@@ -210,6 +214,7 @@ class Fake:
             app.router.add_post(prefix + "/queue", self.post_queue)
             app.router.add_post(prefix + "/interrupt", self.interrupt)
             app.router.add_get(prefix + "/history", self.get_history)
+            app.router.add_get(prefix + "/history/{id}", self.get_history_item)
             app.router.add_get(prefix + "/view", self.view)
             app.router.add_post(prefix + "/upload/image", self.upload)
             app.router.add_get(prefix + "/extensions", lambda r: web.json_response([]))

@@ -103,17 +103,25 @@ def test_groups_box_select_copy_paste_between_tabs(editor: Editor) -> None:
 def test_queue_panel_batch_and_cancel(editor: Editor) -> None:
     editor.open()
     page = editor.page
-    page.fill('[data-role="batch"]', "3")
+    page.wait_for_timeout(300)  # the gallery has read /history
+    thumbs = page.locator(".gallery-thumb").count()
+    page.fill('[data-role="batch"]', "4")
     seeds = [editor.saved()["prompt"]["3"]["inputs"]["seed"]]
     page.click('[data-show-panel="queue"]')
     page.keyboard.press("Control+Enter")
-    page.wait_for_function("() => loom.runner.promptTabs.size === 3")
+    # cancel the first pending job as soon as the panel lists one (in the page: the panel redraws often)
+    cancelled = page.wait_for_function("""() => {
+        const button = document.querySelector('.queue-item.pending [data-action="cancel"]');
+        if (!button) return false;
+        button.click();
+        return button.dataset.promptId;
+    }""", timeout=30_000).json_value()
+    page.wait_for_function("() => loom.runner.promptTabs.size === 4")
     seeds.append(editor.saved()["prompt"]["3"]["inputs"]["seed"])
     assert seeds[0] != seeds[1]  # randomize after each queued run
-    pending = page.locator('.queue-item.pending [data-action="cancel"]')
-    if pending.count():
-        pending.first.click()
-    page.wait_for_function("() => document.querySelectorAll('.gallery-thumb').length >= 2", timeout=120_000)
+    page.wait_for_function(f"() => document.querySelectorAll('.gallery-thumb').length >= {thumbs + 3}", timeout=120_000)
+    page.wait_for_function("() => document.querySelectorAll('.queue-item').length === 0", timeout=120_000)
+    assert editor.server.get(f"/history/{cancelled}") == {}
     editor.shot("queue-batch")
 
 
@@ -134,3 +142,62 @@ def test_web_extension_adds_a_menu_item_and_hears_events(editor: Editor) -> None
     page.locator('[data-role="toast"]', has_text="graph has 7 nodes").wait_for()
     editor.node("5").locator('[data-action="collapse"]').click()
     assert page.evaluate("window.__extChanged") >= 1
+
+
+def test_link_dropped_on_empty_canvas_opens_a_filtered_search(editor: Editor) -> None:
+    editor.open()
+    page = editor.page
+    editor.drag(editor.port(editor.node("3"), "LATENT", "out"), (1000, 700))
+    search = page.locator('[data-role="search"]')
+    search.wait_for(state="visible")
+    assert "LATENT" in search.locator(".search-hint").inner_text()
+    offered = page.eval_on_selector_all(".search-item", "els => els.map(e => e.dataset.type)")
+    assert "VAEDecode" in offered and "CLIPTextEncode" not in offered and "CheckpointLoaderSimple" not in offered
+    page.locator('[data-role="search-input"]').fill("vae dec")
+    page.keyboard.press("Enter")
+    new_id = page.evaluate("[...loom.editor.selection][0]")
+    assert editor.node(new_id).get_attribute("data-node-type") == "VAEDecode"
+    assert editor.prompt()[new_id]["inputs"]["samples"] == ["3", 0]
+    # and from an input dragged backwards onto empty canvas: nodes that give that type
+    editor.drag(editor.port(editor.node(new_id), "vae", "in"), (1200, 780))
+    offered = page.eval_on_selector_all(".search-item", "els => els.map(e => e.dataset.type)")
+    assert "CheckpointLoaderSimple" in offered and "KSampler" not in offered
+    page.keyboard.press("Escape")
+
+
+def test_execution_error_and_progress_are_shown_on_the_node(editor: Editor) -> None:
+    editor.open()
+    page = editor.page
+    fire = "([type, detail]) => loom.api.events.dispatchEvent(new CustomEvent(type, {detail}))"
+    page.evaluate(fire, ["executing", {"node": "3", "prompt_id": None}])
+    page.evaluate(fire, ["progress", {"node": "3", "value": 5, "max": 10, "prompt_id": None}])
+    assert "executing" in editor.node("3").get_attribute("class")
+    width = editor.node("3").locator(".node-progress .bar").evaluate("e => e.style.width")
+    assert width == "50%"
+    editor.shot("executing-progress")
+    page.evaluate(fire, ["execution_error", {"node_id": "3", "node_type": "KSampler", "exception_type": "RuntimeError",
+                                             "exception_message": "the sampler fell over", "prompt_id": None}])
+    assert "exec-error" in editor.node("3").get_attribute("class")
+    assert "the sampler fell over" in editor.node("3").locator(".node-error").inner_text()
+    assert "executing" not in editor.node("3").get_attribute("class")
+    page.locator('[data-role="toast"]', has_text="the sampler fell over").wait_for()
+    editor.shot("execution-error")
+
+
+def test_image_upload_widget_shows_a_thumbnail(editor: Editor, tmp_path) -> None:
+    editor.open()
+    if not editor.page.evaluate("'LoadImage' in loom.info"):
+        pytest.skip("this server has no LoadImage node")
+    from PIL import Image
+
+    picture = tmp_path / "upload_me.png"
+    Image.new("RGB", (48, 32), (30, 160, 90)).save(picture)
+    node = editor.add_node("LoadImage", 300, 650, "load image")
+    with editor.page.expect_file_chooser() as chooser:
+        node.locator('[data-action="upload"]').click()
+    chooser.value.set_files(str(picture))
+    editor.page.wait_for_function(
+        "() => { const i = document.querySelector('.node[data-node-type=LoadImage] .w-thumb'); return i && !i.hidden && i.complete && i.naturalWidth === 48; }")
+    node_id = node.get_attribute("data-node-id")
+    assert editor.prompt()[node_id]["inputs"]["image"].endswith("upload_me.png")
+    editor.shot("image-upload")

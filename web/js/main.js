@@ -33,7 +33,6 @@ class App {
     if (!this.workflows.restoreSession()) this.tabs.open(defaultWorkflow(this.info), "Default");
     this.api.connect();
     this.gallery.loadHistory();
-    this.workflows.refreshList();
     this.runner.refreshPanel();
     this.extensions = await loadExtensions(this);
     if (this.extensions.length) { clearSchemaCache(); this.editor.renderAll(); }

@@ -75,7 +75,8 @@ export function defaultWorkflow(info) {
   const pos = { 4: [20, 300], 6: [380, 40], 7: [380, 300], 5: [380, 540], 3: [840, 40], 8: [1260, 40], 9: [1500, 40] };
   const nodes = {};
   for (const id of Object.keys(prompt)) nodes[id] = { pos: pos[id], size: [0, 0] };
-  nodes[6].title = "Positive prompt"; nodes[7].title = "Negative prompt";
+  if (nodes[6]) nodes[6].title = "Positive prompt";
+  if (nodes[7]) nodes[7].title = "Negative prompt";
   return { format: "loom.workflow", version: 2, prompt, layout: { nodes, groups: [] }, extra: {} };
 }
 
