@@ -98,7 +98,12 @@ class _Guidance:
         self.groups = list(groups.items())
 
     def _call(
-        self, x: torch.Tensor, t: torch.Tensor, entries: Sequence[CondEntry], size: tuple[int, int]
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        entries: Sequence[CondEntry],
+        size: tuple[int, int],
+        branches: Sequence[str] = (),
     ) -> torch.Tensor:
         b = x.shape[0]
         embeds = _lcm_repeat([e.embeds for e in entries])
@@ -111,6 +116,8 @@ class _Guidance:
             extra = self.family.unet_inputs(
                 pooled=pooled, width=size[1], height=size[0], batch=hidden.shape[0]
             )
+        if getattr(self.unet, "_loom_clock", None) is not None:  # IP-Adapter: which rows are negative
+            extra["cross_attention_kwargs"] = {"loom_rows": [br for br in branches for _ in range(b)]}
         xs = torch.cat([x] * len(entries))  # (k*B, C, h, w)
         return self.unet(xs, t, encoder_hidden_states=hidden, return_dict=False, **extra)[0]
 
@@ -121,7 +128,8 @@ class _Guidance:
         for area, members in self.groups:
             ah, aw, ay, ax = area if area is not None else (h, w, 0, 0)
             region = (slice(None), slice(None), slice(ay, ay + ah), slice(ax, ax + aw))
-            outs = self._call(x_in[region], t, [e for _, e in members], (h * 8, w * 8)).chunk(len(members))
+            entries, branches = [e for _, e in members], [br for br, _ in members]
+            outs = self._call(x_in[region], t, entries, (h * 8, w * 8), branches).chunk(len(members))
             for (branch, entry), out in zip(members, outs, strict=True):
                 acc[branch][region] += out * entry.strength
                 weight[branch][region] += entry.strength

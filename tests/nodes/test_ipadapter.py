@@ -78,10 +78,10 @@ def _apply(ctx: Any, model: Any, adapter: IPAdapterFile, cv: ClipVisionHandle, *
     return IPAdapterAdvanced().run(ctx, model=model, ipadapter=adapter, clip_vision=cv, **args)[0]
 
 
-def _generate(ctx: Any, ck: Any, model: Any) -> np.ndarray:
+def _generate(ctx: Any, ck: Any, model: Any, cfg: float = 7.5, batch: int = 1) -> np.ndarray:
     enc = CLIPTextEncode()
-    latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=7.5, sampler_name="euler",
+    latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=batch)[0]
+    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=cfg, sampler_name="euler",
                          scheduler="normal", denoise=1.0, positive=enc.run(ctx, text=PROMPT, clip=ck.clip)[0],
                          negative=enc.run(ctx, text=NEGATIVE, clip=ck.clip)[0], latent_image=latent)[0]
     return VAEDecode().run(ctx, samples=out, vae=ck.vae)[0].numpy()
@@ -175,3 +175,20 @@ def test_bad_inputs_name_both_sides(tiny_sd15_ckpt: Path, ctx: Any, vision_dir: 
     with pytest.raises(ValueError, match="refusing to load a pickled"):
         _adapter(ctx, "old.bin")
     assert tiny_vision_config()["projection_dim"] == 32
+
+
+def test_sampler_tells_which_rows_are_negative(tiny_sd15_ckpt: Path, ctx: Any, vision_dir: Path) -> None:
+    """At cfg 1 a batch of 2 is two positive rows (not [negative, positive]): item 0 equals a batch of 1."""
+    ck = open_checkpoint(tiny_sd15_ckpt)
+    model = _apply(ctx, ck.unet, _adapter(ctx), _clip_vision(ctx, vision_dir))
+    one, two = _generate(ctx, ck, model, cfg=1.0), _generate(ctx, ck, model, cfg=1.0, batch=2)
+    assert np.abs(two[:1] - one).max() < 1e-4
+
+
+def test_attn_mask_limits_where_the_adapter_acts(tiny_sd15_ckpt: Path, ctx: Any, vision_dir: Path) -> None:
+    ck = open_checkpoint(tiny_sd15_ckpt)
+    adapter, cv = _adapter(ctx), _clip_vision(ctx, vision_dir)
+    plain, full = _generate(ctx, ck, ck.unet), _generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv))
+    nowhere = _generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv, attn_mask=torch.zeros(SIZE, SIZE)))
+    everywhere = _generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv, attn_mask=torch.ones(1, SIZE, SIZE)))
+    assert np.abs(nowhere - plain).max() < 1e-5 and np.abs(everywhere - full).max() < 1e-5
