@@ -116,7 +116,7 @@ export function convertUi(ui, info) {
         if ((input.opts.control_after_generate || /^(noise_)?seed$/.test(input.name)) && CONTROL_VALUES.has(wv[i])) control[input.name] = wv[i++];
         else if (input.widget === "IMAGEUPLOAD" && (wv[i] === "image" || wv[i] === "upload")) i++;
       }
-    } else if (wv && typeof wv === "object") Object.assign(inputs, wv);
+    } else if (wv && typeof wv === "object" && !Array.isArray(wv)) Object.assign(inputs, wv);
     for (const input of n.inputs || []) {
       if (input.link === null || input.link === undefined) continue;
       const source = resolve(input.link);
