@@ -193,6 +193,8 @@ class RayJobQueue:
             if self.interrupt(prompt_id):
                 return True
             spec = self.store.remove(prompt_id, "pending")
+            self._models.pop(prompt_id, None)
+            self._attempts.pop(prompt_id, None)
         if spec is None:
             return False
         if record:
@@ -278,6 +280,25 @@ class RayJobQueue:
     def router_workers(self) -> list[str]:
         with self._lock:
             return [slot.worker_id for slot in self.router.workers()]
+
+    def cluster(self) -> dict[str, Any]:
+        """Per-worker figures for ``/system_stats`` and logs: what the router believes (resident
+        model, running job) and, when the pool can ask, the worker's own accounting."""
+        with self._lock:
+            slots = [(s.worker_id, s.resident, s.job_id) for s in self.router.workers()]
+        ask = getattr(self.pool, "call", None)
+        workers: dict[str, Any] = {}
+        for name, resident, job in slots:
+            entry: dict[str, Any] = {"resident_model": resident, "running": job}
+            if callable(ask):
+                try:
+                    stats = ask(name, "stats", timeout=2.0)
+                    entry.update({k: stats.get(k) for k in ("jobs", "loads", "evictions", "load_s", "device")})
+                except Exception as exc:  # a busy or dying worker must not break the stats page
+                    entry["error"] = f"{type(exc).__name__}: {exc}"
+            workers[name] = entry
+        est = self.router.estimates
+        return {"workers": workers, "load_s": dict(est.load_s), "run_s": dict(est.run_s)}
 
     def assignments(self) -> dict[str, str]:
         """Running job id -> worker id."""

@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--burn-s", type=float, default=0.04, help="busy CPU seconds per step")
     parser.add_argument("--load-s", type=float, default=0.5, help="seconds per model load")
     parser.add_argument("--workers", default="1,2,3", help="worker counts to measure (comma-separated)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per row (the median is shown)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="loom-bench-ray-"))
@@ -157,14 +158,15 @@ def main() -> None:
         rows = []
         for workers in counts:
             for affinity in (True, False):
-                rows.append(run_cluster(workers, prompts, args.load_s, tmp, affinity))
+                runs = [run_cluster(workers, prompts, args.load_s, tmp, affinity) for _ in range(args.repeats)]
+                rows.append(sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2])  # the median run
         overhead = trivial_job_overhead_ms(tmp)
     finally:
         ray.shutdown()
-    base = next(r for r in rows if r["workers"] == min(counts) and r["affinity"])["wall_s"] * min(counts)
-    for row in rows:
-        row["speedup"] = round(base / row["wall_s"], 3)
-        row["per_worker_efficiency"] = round(row["speedup"] / row["workers"], 3)
+    base = next((r["wall_s"] for r in rows if r["workers"] == 1 and r["affinity"]), None)
+    for row in rows:  # relative to one worker (with affinity routing), when measured
+        row["speedup"] = round(base / row["wall_s"], 3) if base else float("nan")
+        row["per_worker_efficiency"] = round(row["speedup"] / row["workers"], 3) if base else float("nan")
     route_us = router_overhead_us()
     machine = f"{os.cpu_count()} CPUs; {args.jobs} jobs x {args.steps} steps x {args.burn_s}s CPU, load {args.load_s}s"
     if args.json:

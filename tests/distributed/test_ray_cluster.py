@@ -112,6 +112,11 @@ def test_alternating_models_on_two_workers_cause_no_swaps_after_warm_up(setup: A
     for st in stats:
         assert st["history"][0]["loads"] and not any(h["loads"] for h in st["history"][1:])
     assert sum(len(r.memory.get("loads", [])) for r in records) == 2
+    cluster = s.queue.cluster()
+    assert sorted(w["resident_model"] for w in cluster["workers"].values()) == [
+        "checkpoints/A.safetensors", "checkpoints/B.safetensors"]
+    assert [w["loads"] for w in cluster["workers"].values()] == [1, 1]
+    assert cluster["load_s"]["checkpoints/A.safetensors"] >= 0.5  # measured by the workers' memory managers
 
 
 def test_a_sigkilled_worker_s_job_completes_elsewhere_as_attempt_2_with_one_output(setup: Any) -> None:
