@@ -97,7 +97,7 @@ def test_txt2img_matches_diffusers_load_ip_adapter(tiny_models: dict, tiny_sd15_
     image = _generate(ctx, ck, _apply(ctx, ck.unet, _adapter(ctx), _clip_vision(ctx, vision_dir)))
 
     modules = tiny_models["sd15"].modules
-    pipe = StableDiffusionPipeline(
+    pipe: Any = StableDiffusionPipeline(
         vae=modules["vae"], text_encoder=modules["clip_l"], tokenizer=load_tokenizer("clip_tokenizer"),
         unet=copy.deepcopy(modules["unet"]), scheduler=make_scheduler("euler", "normal", ck.unet.scheduler_config()),
         safety_checker=None, requires_safety_checker=False,

@@ -47,6 +47,7 @@ def ctx(make_ctx: Any, model_folders: Any, safety_dir: Path) -> Any:
 def _run(ctx: Any, images: torch.Tensor, model: str, action: str, sensitivity: float = 0.5) -> tuple[torch.Tensor, list]:
     out = SafetyChecker().run(ctx, images=images, sensitivity=sensitivity, action=action,
                               safety_model=f"{model}/model.safetensors")
+    assert out.ui is not None
     return out.values[0], out.ui["safety"]
 
 
