@@ -4,6 +4,7 @@ same tiny weights, image and seed; weight 0, the step window, stacking, memory a
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from safetensors.torch import save_file
 
 from nodes.clip_vision import ClipVisionHandle
 from nodes.conditioning import CLIPTextEncode
-from nodes.demo_vision import ip_adapter_state_dict, tiny_clip_vision, tiny_vision_config
+from nodes.demo_vision import ip_adapter_state_dict, tiny_clip_vision
 from nodes.ipadapter import IPAdapter, IPAdapterAdvanced, IPAdapterFile, IPAdapterModelLoader
 from nodes.latent import EmptyLatentImage, VAEDecode
 from nodes.models import load_tokenizer, open_checkpoint
@@ -24,6 +25,33 @@ from nodes.sampling import KSampler
 SIZE, STEPS, SEED = 64, 3, 42
 PROMPT, NEGATIVE = "a photo of a cat", "blurry"
 CONFIGS = Path(__file__).resolve().parents[2] / "models" / "configs"
+
+
+def plus_adapter_state_dict(unet: Any, clip_hidden: int, seed: int = 7) -> dict[str, torch.Tensor]:
+    """ip-adapter-plus layout (Resampler ``image_proj``) with random weights, made by renaming a
+    diffusers IPAdapterPlusImageProjection's tensors back to the original names."""
+    from diffusers.models.embeddings import IPAdapterPlusImageProjection
+
+    torch.manual_seed(seed)
+    cross = unet.config.cross_attention_dim
+    proj = IPAdapterPlusImageProjection(embed_dims=clip_hidden, output_dims=cross, hidden_dims=64, depth=4,
+                                        dim_head=64, heads=1, num_queries=8)
+    back = {"ln0": "0.norm1", "ln1": "0.norm2", "attn.to_q": "0.to_q", "attn.to_out.0": "0.to_out",
+            "ff.0": "1.0", "ff.1.net.0.proj": "1.1", "ff.1.net.2": "1.3"}
+    sd: dict[str, torch.Tensor] = {}
+    for key, value in proj.state_dict().items():
+        parts = key.split(".")
+        if key.startswith("layers.") and ".attn.to_k." in key:
+            v = proj.state_dict()[key.replace("to_k", "to_v")]
+            sd[f"image_proj.layers.{parts[1]}.0.to_kv.{parts[-1]}"] = torch.cat([value, v])
+        elif key.startswith("layers.") and ".attn.to_v." not in key:
+            inner = ".".join(parts[2:-1])
+            sd[f"image_proj.layers.{parts[1]}.{back[inner]}.{parts[-1]}"] = value
+        elif not key.startswith("layers."):
+            sd[f"image_proj.{key}"] = value
+    sd.update({k: v for k, v in ip_adapter_state_dict(unet, 32, seed=seed, scale=0.5).items()
+               if k.startswith("ip_adapter.")})
+    return sd
 
 
 def _ref_image(size: int = 224, seed: int = 3) -> torch.Tensor:
@@ -53,142 +81,152 @@ def vision_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict) -> P
             "image_proj.norm.weight": torch.ones(2048), "image_proj.norm.bias": torch.zeros(2048),
             "ip_adapter.1.to_k_ip.weight": torch.zeros(640, 2048), "ip_adapter.1.to_v_ip.weight": torch.zeros(640, 2048)}
     save_file(wide, str(root / "ipadapter" / "ip-adapter_sdxl.safetensors"))
+    plus = plus_adapter_state_dict(unet, clip_hidden=32)
+    save_file({k: v.contiguous() for k, v in plus.items()}, str(root / "ipadapter" / "ip_plus.safetensors"))
     torch.save({"image_proj": {}, "ip_adapter": {}}, root / "ipadapter" / "old.bin")
     return root
 
 
-@pytest.fixture()
-def ctx(make_ctx: Any, model_folders: Any, vision_dir: Path) -> Any:
-    model_folders.add_folder("clip_vision", vision_dir / "clip_vision")
-    model_folders.add_folder("ipadapter", vision_dir / "ipadapter")
-    return make_ctx()
+@dataclass
+class Env:
+    ctx: Any
+    ck: Any
+    cv: ClipVisionHandle
+    vision_dir: Path
+    plain: np.ndarray  # no adapter
+    full: np.ndarray  # ip_a, weight 1, whole schedule
+
+    def adapter(self, name: str = "ip_a.safetensors") -> IPAdapterFile:
+        return IPAdapterModelLoader().run(self.ctx, ipadapter_file=name)[0]
+
+    def clip_vision(self, name: str = "enc") -> ClipVisionHandle:
+        return ClipVisionHandle.from_file(self.vision_dir / "clip_vision" / name / "model.safetensors")
+
+    def apply(self, model: Any, adapter: IPAdapterFile, cv: ClipVisionHandle | None = None, **kw: Any) -> Any:
+        args: dict[str, Any] = dict(weight=1.0, weight_type="linear", start_at=0.0, end_at=1.0, image=_ref_image())
+        args.update(kw)
+        return IPAdapterAdvanced().run(self.ctx, model=model, ipadapter=adapter, clip_vision=cv or self.cv,
+                                       **args)[0]
+
+    def generate(self, model: Any, cfg: float = 7.5, batch: int = 1) -> np.ndarray:
+        ctx, enc = self.ctx, CLIPTextEncode()
+        latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=batch)[0]
+        out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=cfg, sampler_name="euler",
+                             scheduler="normal", denoise=1.0, positive=enc.run(ctx, text=PROMPT, clip=self.ck.clip)[0],
+                             negative=enc.run(ctx, text=NEGATIVE, clip=self.ck.clip)[0], latent_image=latent)[0]
+        return VAEDecode().run(ctx, samples=out, vae=self.ck.vae)[0].numpy()
 
 
-def _adapter(ctx: Any, name: str = "ip_a.safetensors") -> IPAdapterFile:
-    return IPAdapterModelLoader().run(ctx, ipadapter_file=name)[0]
+@pytest.fixture(scope="module")
+def env(tiny_sd15_ckpt: Path, models_dir: Path, vision_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One context, manager and baseline images for the module (each generation costs a UNet load)."""
+    from engine.context import Folders, NodeContext
+    from engine.folders import ModelFolders
+    from engine.memory import ModelManager
+
+    files = ModelFolders(models_dir)
+    files.add_folder("clip_vision", vision_dir / "clip_vision")
+    files.add_folder("ipadapter", vision_dir / "ipadapter")
+    work = tmp_path_factory.mktemp("ip_work")
+    manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
+    ctx = NodeContext("1", "test", Folders(work / "in", work / "out", work / "tmp", models=files), models=manager)
+    ck = open_checkpoint(tiny_sd15_ckpt)
+    e = Env(ctx, ck, ClipVisionHandle.from_file(vision_dir / "clip_vision" / "enc" / "model.safetensors"),
+            vision_dir, np.zeros(0), np.zeros(0))
+    e.plain = e.generate(ck.unet)
+    e.full = e.generate(e.apply(ck.unet, e.adapter()))
+    yield e
+    manager.close()
 
 
-def _clip_vision(ctx: Any, vision_dir: Path, name: str = "enc") -> ClipVisionHandle:
-    return ClipVisionHandle.from_file(vision_dir / "clip_vision" / name / "model.safetensors")
-
-
-def _apply(ctx: Any, model: Any, adapter: IPAdapterFile, cv: ClipVisionHandle, **kw: Any) -> Any:
-    args: dict[str, Any] = dict(weight=1.0, weight_type="linear", start_at=0.0, end_at=1.0, image=_ref_image())
-    args.update(kw)
-    return IPAdapterAdvanced().run(ctx, model=model, ipadapter=adapter, clip_vision=cv, **args)[0]
-
-
-def _generate(ctx: Any, ck: Any, model: Any, cfg: float = 7.5, batch: int = 1) -> np.ndarray:
-    enc = CLIPTextEncode()
-    latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=batch)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=cfg, sampler_name="euler",
-                         scheduler="normal", denoise=1.0, positive=enc.run(ctx, text=PROMPT, clip=ck.clip)[0],
-                         negative=enc.run(ctx, text=NEGATIVE, clip=ck.clip)[0], latent_image=latent)[0]
-    return VAEDecode().run(ctx, samples=out, vae=ck.vae)[0].numpy()
-
-
-def test_txt2img_matches_diffusers_load_ip_adapter(tiny_models: dict, tiny_sd15_ckpt: Path, ctx: Any,
-                                                   vision_dir: Path) -> None:
+@pytest.mark.parametrize("name", ["ip_a.safetensors", "ip_plus.safetensors"])
+def test_txt2img_matches_diffusers_load_ip_adapter(tiny_models: dict, env: Env, name: str) -> None:
     from diffusers import StableDiffusionPipeline
     from PIL import Image
     from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
 
-    ck = open_checkpoint(tiny_sd15_ckpt)
-    image = _generate(ctx, ck, _apply(ctx, ck.unet, _adapter(ctx), _clip_vision(ctx, vision_dir)))
-
+    adapter = env.adapter(name)
+    assert adapter.projection == ("plus" if "plus" in name else "plain")
+    image = env.full if name == "ip_a.safetensors" else env.generate(env.apply(env.ck.unet, adapter))
     modules = tiny_models["sd15"].modules
     pipe: Any = StableDiffusionPipeline(
         vae=modules["vae"], text_encoder=modules["clip_l"], tokenizer=load_tokenizer("clip_tokenizer"),
-        unet=copy.deepcopy(modules["unet"]), scheduler=make_scheduler("euler", "normal", ck.unet.scheduler_config()),
+        unet=copy.deepcopy(modules["unet"]),
+        scheduler=make_scheduler("euler", "normal", env.ck.unet.scheduler_config()),
         safety_checker=None, requires_safety_checker=False,
         feature_extractor=CLIPImageProcessor.from_pretrained(CONFIGS / "clip_vision"),
-        image_encoder=CLIPVisionModelWithProjection.from_pretrained(vision_dir / "clip_vision" / "enc"),
+        image_encoder=CLIPVisionModelWithProjection.from_pretrained(env.vision_dir / "clip_vision" / "enc"),
     )
-    pipe.load_ip_adapter(str(vision_dir / "ipadapter"), subfolder="", weight_name="ip_a.safetensors",
+    pipe.load_ip_adapter(str(env.vision_dir / "ipadapter"), subfolder="", weight_name=name,
                          image_encoder_folder=None, local_files_only=True)
     pil = Image.fromarray((_ref_image()[0].numpy() * 255).round().astype(np.uint8))
     ref = pipe(PROMPT, negative_prompt=NEGATIVE, height=SIZE, width=SIZE, num_inference_steps=STEPS,
                guidance_scale=7.5, latents=make_noise(SEED, (1, 4, 8, 8)), ip_adapter_image=pil,
                output_type="np").images
-    plain = _generate(ctx, ck, ck.unet)
-    assert np.abs(image - plain).max() > 1e-2, "the adapter must change the image"
+    assert np.abs(image - env.plain).max() > 1e-2, "the adapter must change the image"
     assert np.abs(image - ref).max() < 1e-3
 
 
-def test_weight_zero_equals_no_adapter_and_window_limits_steps(tiny_sd15_ckpt: Path, ctx: Any,
-                                                               vision_dir: Path) -> None:
-    ck = open_checkpoint(tiny_sd15_ckpt)
-    adapter, cv = _adapter(ctx), _clip_vision(ctx, vision_dir)
-    plain = _generate(ctx, ck, ck.unet)
-    full = _generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv))
-    assert np.array_equal(_generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv, weight=0.0)), plain)
+def test_weight_zero_equals_no_adapter_and_window_limits_steps(env: Env) -> None:
+    unet, adapter = env.ck.unet, env.adapter()
+    assert np.array_equal(env.generate(env.apply(unet, adapter, weight=0.0)), env.plain)
     # 3 euler steps at t = 999, 499.5, 0 ("normal"): the window 0.6..0.9 (t in 99.9..399.6) holds no
     # step, end_at 0.2 (t >= 799.2) only the first
-    assert np.array_equal(_generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv, start_at=0.6, end_at=0.9)), plain)
-    first = _generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv, end_at=0.2))
-    assert np.abs(first - plain).max() > 1e-3 and np.abs(first - full).max() > 1e-3
+    assert np.array_equal(env.generate(env.apply(unet, adapter, start_at=0.6, end_at=0.9)), env.plain)
+    first = env.generate(env.apply(unet, adapter, end_at=0.2))
+    assert np.abs(first - env.plain).max() > 1e-3 and np.abs(first - env.full).max() > 1e-3
 
 
-def test_two_stacked_adapters_both_act(tiny_sd15_ckpt: Path, ctx: Any, vision_dir: Path) -> None:
-    ck = open_checkpoint(tiny_sd15_ckpt)
-    cv = _clip_vision(ctx, vision_dir)
-    a, b = _adapter(ctx, "ip_a.safetensors"), _adapter(ctx, "ip_b.safetensors")
-    only_a = _apply(ctx, ck.unet, a, cv)
-    both = _apply(ctx, only_a, b, cv)
+def test_two_stacked_adapters_both_act(env: Env) -> None:
+    a, b = env.adapter("ip_a.safetensors"), env.adapter("ip_b.safetensors")
+    only_a = env.apply(env.ck.unet, a)
+    both = env.apply(only_a, b)
     assert len(both.patches) == 2 and len(only_a.patches) == 1 and both.key != only_a.key
-    img_a, img_b, img_ab = (_generate(ctx, ck, m) for m in (only_a, _apply(ctx, ck.unet, b, cv), both))
-    assert np.abs(img_ab - img_a).max() > 1e-3 and np.abs(img_ab - img_b).max() > 1e-3
-    assert np.array_equal(_generate(ctx, ck, _apply(ctx, only_a, b, cv, weight=0.0)), img_a)
+    img_b, img_ab = env.generate(env.apply(env.ck.unet, b)), env.generate(both)
+    assert np.abs(img_ab - env.full).max() > 1e-3 and np.abs(img_ab - img_b).max() > 1e-3
+    assert np.array_equal(env.generate(env.apply(only_a, b, weight=0.0)), env.full)
 
 
-def test_encode_goes_through_the_memory_manager_one_resident(tiny_sd15_ckpt: Path, ctx: Any,
-                                                             vision_dir: Path) -> None:
-    ck = open_checkpoint(tiny_sd15_ckpt)
-    ctx.models.reset_run_stats()
-    model = _apply(ctx, ck.unet, _adapter(ctx), _clip_vision(ctx, vision_dir))
-    _generate(ctx, ck, model)
-    stats = ctx.models.stats()
+def test_sampler_tells_which_rows_are_negative(env: Env) -> None:
+    """At cfg 1 a batch of 2 is two positive rows (not [negative, positive]): item 0 equals a batch of 1."""
+    model = env.apply(env.ck.unet, env.adapter())
+    one, two = env.generate(model, cfg=1.0), env.generate(model, cfg=1.0, batch=2)
+    assert np.abs(two[:1] - one).max() < 1e-4
+
+
+def test_attn_mask_limits_where_the_adapter_acts(env: Env) -> None:
+    unet, adapter = env.ck.unet, env.adapter()
+    nowhere = env.generate(env.apply(unet, adapter, attn_mask=torch.zeros(SIZE, SIZE)))
+    everywhere = env.generate(env.apply(unet, adapter, attn_mask=torch.ones(1, SIZE, SIZE)))
+    assert np.abs(nowhere - env.plain).max() < 1e-5 and np.abs(everywhere - env.full).max() < 1e-5
+
+
+def test_encode_goes_through_the_memory_manager_one_resident(env: Env) -> None:
+    env.ctx.models.reset_run_stats()
+    env.generate(env.apply(env.ck.unet, env.adapter(), weight=0.5))
+    stats = env.ctx.models.stats()
     kinds = [x["kind"] for x in stats["loads"]]
     assert "clip_vision" in kinds and "unet" in kinds
     assert stats["max_resident"] == 1
 
 
-def test_simple_node_finds_a_fitting_clip_vision(tiny_sd15_ckpt: Path, ctx: Any, vision_dir: Path) -> None:
-    ck = open_checkpoint(tiny_sd15_ckpt)
-    model = IPAdapter().run(ctx, model=ck.unet, ipadapter=_adapter(ctx), image=_ref_image(), weight=1.0,
+def test_simple_node_finds_a_fitting_clip_vision(env: Env) -> None:
+    model = IPAdapter().run(env.ctx, model=env.ck.unet, ipadapter=env.adapter(), image=_ref_image(), weight=1.0,
                             start_at=0.0, end_at=1.0)[0]
-    assert len(model.patches) == 1
+    (patch,) = model.patches
+    assert patch.key == env.apply(env.ck.unet, env.adapter()).patches[0].key  # found "enc", not "small"
 
 
-def test_bad_inputs_name_both_sides(tiny_sd15_ckpt: Path, ctx: Any, vision_dir: Path) -> None:
-    ck = open_checkpoint(tiny_sd15_ckpt)
-    cv = _clip_vision(ctx, vision_dir)
+def test_bad_inputs_name_both_sides(env: Env) -> None:
+    unet, ctx = env.ck.unet, env.ctx
     with pytest.raises(ValueError, match=r"for SDXL .*width 2048.* MODEL is SD1\.x \(width 32\)"):
-        _apply(ctx, ck.unet, _adapter(ctx, "ip-adapter_sdxl.safetensors"), cv)
+        env.apply(unet, env.adapter("ip-adapter_sdxl.safetensors"))
     with pytest.raises(ValueError, match=r"image embedding size 32 .* gives 16"):
-        _apply(ctx, ck.unet, _adapter(ctx), _clip_vision(ctx, vision_dir, "small"))
+        env.apply(unet, env.adapter(), env.clip_vision("small"))
     latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
     with pytest.raises(TypeError, match=r"'image' must be an IMAGE .* got dict"):
-        _apply(ctx, ck.unet, _adapter(ctx), cv, image=latent)
+        env.apply(unet, env.adapter(), image=latent)
     with pytest.raises(TypeError, match=r"'image' must be an IMAGE .*shape \(1, 4, 8, 8\)"):
-        _apply(ctx, ck.unet, _adapter(ctx), cv, image=latent["samples"])
+        env.apply(unet, env.adapter(), image=latent["samples"])
     with pytest.raises(ValueError, match="refusing to load a pickled"):
-        _adapter(ctx, "old.bin")
-    assert tiny_vision_config()["projection_dim"] == 32
-
-
-def test_sampler_tells_which_rows_are_negative(tiny_sd15_ckpt: Path, ctx: Any, vision_dir: Path) -> None:
-    """At cfg 1 a batch of 2 is two positive rows (not [negative, positive]): item 0 equals a batch of 1."""
-    ck = open_checkpoint(tiny_sd15_ckpt)
-    model = _apply(ctx, ck.unet, _adapter(ctx), _clip_vision(ctx, vision_dir))
-    one, two = _generate(ctx, ck, model, cfg=1.0), _generate(ctx, ck, model, cfg=1.0, batch=2)
-    assert np.abs(two[:1] - one).max() < 1e-4
-
-
-def test_attn_mask_limits_where_the_adapter_acts(tiny_sd15_ckpt: Path, ctx: Any, vision_dir: Path) -> None:
-    ck = open_checkpoint(tiny_sd15_ckpt)
-    adapter, cv = _adapter(ctx), _clip_vision(ctx, vision_dir)
-    plain, full = _generate(ctx, ck, ck.unet), _generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv))
-    nowhere = _generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv, attn_mask=torch.zeros(SIZE, SIZE)))
-    everywhere = _generate(ctx, ck, _apply(ctx, ck.unet, adapter, cv, attn_mask=torch.ones(1, SIZE, SIZE)))
-    assert np.abs(nowhere - plain).max() < 1e-5 and np.abs(everywhere - full).max() < 1e-5
+        env.adapter("old.bin")
