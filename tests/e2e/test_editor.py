@@ -31,7 +31,12 @@ def test_default_workflow_runs_and_lands_in_gallery(editor: Editor) -> None:
     ckpt = editor.node_of_type("CheckpointLoaderSimple").locator('[data-widget="ckpt_name"]')
     assert "demo" in ckpt.input_value()
     seed_before = editor.saved()["prompt"]["3"]["inputs"]["seed"]
+    editor.page.evaluate("""() => { window.__previews = 0;
+        loom.api.events.addEventListener('preview', () => { window.__previews++;
+            window.__previewOnSampler = !!document.querySelector('.node[data-node-id="3"] img.node-preview'); }); }""")
     editor.queue_and_wait_image()
+    if editor.page.evaluate("window.__previews"):  # live previews (when the server sends them) land on the sampler
+        editor.page.wait_for_function("() => !!document.querySelector('.node[data-node-id=\"3\"] img.node-preview')")
     editor.shot("default-workflow-result")
     # control after generate (randomize) changed the seed after queueing
     assert editor.saved()["prompt"]["3"]["inputs"]["seed"] != seed_before

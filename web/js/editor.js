@@ -209,6 +209,8 @@ export class Editor {
       return;
     }
     if (!this.selection.has(id)) this.select([id]);
+    const elem = this.views.els.get(id);
+    if (elem && elem !== this.nodesLayer.lastElementChild) this.nodesLayer.append(elem); // bring to front
     const start = this.canvas.toWorld(e.clientX, e.clientY);
     const moving = [...this.selection].map((nid) => [this.graph.nodes.get(nid), [...this.graph.nodes.get(nid).pos]]);
     let moved = false;
