@@ -230,3 +230,40 @@ def test_bad_inputs_name_both_sides(env: Env) -> None:
         env.apply(unet, env.adapter(), image=latent["samples"])
     with pytest.raises(ValueError, match="refusing to load a pickled"):
         env.adapter("old.bin")
+
+
+def test_sdxl_adapter_matches_diffusers(tiny_models: dict, tiny_sdxl_ckpt: Path, env: Env) -> None:
+    """ip-adapter_sdxl layout on a UNet with 2 transformer layers per block (key order 1, 3, 5, ...)."""
+    from diffusers import StableDiffusionXLPipeline
+    from PIL import Image
+    from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
+
+    m = tiny_models["sdxl"].modules
+    folder = env.vision_dir / "ipadapter"
+    sd = ip_adapter_state_dict(m["unet"], 32, seed=11, scale=0.5)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "ip_sdxl_tiny.safetensors"))
+    ck = open_checkpoint(tiny_sdxl_ckpt)
+    model = env.apply(ck.unet, env.adapter("ip_sdxl_tiny.safetensors"))
+    ctx, enc = env.ctx, CLIPTextEncode()
+    latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
+    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=5.0, sampler_name="euler", scheduler="normal",
+                         denoise=1.0, positive=enc.run(ctx, text=PROMPT, clip=ck.clip)[0],
+                         negative=enc.run(ctx, text=NEGATIVE, clip=ck.clip)[0], latent_image=latent)[0]
+    image = VAEDecode().run(ctx, samples=out, vae=ck.vae)[0].numpy()
+
+    vae = copy.deepcopy(m["vae"])
+    vae.register_to_config(scaling_factor=ck.unet.latent_scale)
+    pipe: Any = StableDiffusionXLPipeline(
+        vae=vae, text_encoder=m["clip_l"], text_encoder_2=m["clip_g"], tokenizer=load_tokenizer("clip_tokenizer"),
+        tokenizer_2=load_tokenizer("clip_tokenizer_2"), unet=copy.deepcopy(m["unet"]),
+        scheduler=make_scheduler("euler", "normal", ck.unet.scheduler_config()),
+        feature_extractor=CLIPImageProcessor.from_pretrained(CONFIGS / "clip_vision"),
+        image_encoder=CLIPVisionModelWithProjection.from_pretrained(env.vision_dir / "clip_vision" / "enc"),
+    )
+    pipe.load_ip_adapter(str(folder), subfolder="", weight_name="ip_sdxl_tiny.safetensors",
+                         image_encoder_folder=None, local_files_only=True)
+    pil = Image.fromarray((_ref_image()[0].numpy() * 255).round().astype(np.uint8))
+    ref = pipe(PROMPT, negative_prompt=NEGATIVE, height=SIZE, width=SIZE, num_inference_steps=STEPS,
+               guidance_scale=5.0, latents=make_noise(SEED, (1, 4, 8, 8)), ip_adapter_image=pil,
+               output_type="np").images
+    assert np.abs(image - ref).max() < 1e-3
