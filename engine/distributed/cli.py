@@ -31,7 +31,7 @@ from engine.jobs import JobStore
 
 log = logging.getLogger("loom.distributed")
 
-REQUIREMENT = "ray>=2.9"
+REQUIREMENT = "ray>=2.50"  # the extra's requirement; tested with ray 2.60.0
 _NOT_FOR_WORKERS = ("func",)
 
 

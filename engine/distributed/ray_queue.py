@@ -326,9 +326,9 @@ class RayJobQueue:
                 log.exception("dispatching failed; retrying")
             self._wake.wait(min(1.0, self.settings.discover_every_s))
 
-    def _discover(self, force: bool = False) -> None:
+    def _discover(self) -> None:
         now = time.monotonic()
-        if not force and now - self._last_discovery < self.settings.discover_every_s and self.router.workers():
+        if now - self._last_discovery < self.settings.discover_every_s and self.router.workers():
             return
         self._last_discovery = now
         ready, gone = self.pool.discover()
