@@ -69,8 +69,8 @@ class TextEncoder:
 @contextmanager
 def text_encoders(ctx: NodeContext, clip: Any) -> Iterator[list[TextEncoder]]:
     """The CLIP handle's encoders, resident for the duration of the ``with`` block."""
-    tokenizers = clip.tokenizers()
     with ctx.models.use(clip) as modules:
+        tokenizers = modules.tokenizers  # loaded with the module (ClipHandle)
         yield [
             TextEncoder(spec, tokenizers[spec.name], modules[spec.name], clip.hidden_state_index(spec.name))
             for spec in clip.specs()

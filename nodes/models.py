@@ -152,7 +152,10 @@ class ClipHandle(ComponentHandle):
     def _assemble(self, modules: dict[str, Any]) -> Any:
         import torch
 
-        return torch.nn.ModuleDict(modules)
+        assembled = torch.nn.ModuleDict(modules)
+        # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.
+        assembled.tokenizers = self.tokenizers()
+        return assembled
 
     def specs(self) -> tuple[TextEncoderSpec, ...]:
         return self.family.text_encoders
