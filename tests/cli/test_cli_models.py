@@ -1,0 +1,62 @@
+"""Checkpoint swaps through the CLI: one resident model, one eviction per swap, RAM tier on return."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import main
+
+pytestmark = pytest.mark.slow
+
+
+def encode_workflow(ckpt: str, text: str) -> dict[str, Any]:
+    return {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt}},
+        "2": {"class_type": "CLIPTextEncode", "inputs": {"text": text, "clip": ["1", 1]}},
+        "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}},
+    }
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_swap_a_b_a_keeps_one_resident_and_returns_from_ram(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    models = tmp_path / "models"
+    assert main.main(["make-demo-model", "--models-dir", str(models)]) == 0
+    ckpts = models / "checkpoints"
+    shutil.copy(ckpts / "loom_demo_sd15.safetensors", ckpts / "other_b.safetensors")
+    capsys.readouterr()
+    files = []
+    for i, (ckpt, text) in enumerate([("loom_demo_sd15.safetensors", "a"), ("other_b.safetensors", "b"),
+                                       ("loom_demo_sd15.safetensors", "c")]):
+        path = tmp_path / f"wf{i}.json"
+        path.write_text(json.dumps(encode_workflow(ckpt, text)))
+        files.append(str(path))
+    before = rss_bytes()
+    code = main.main(["run", *files, "--json", "-q", "--models-dir", str(models), "--output-dir",
+                      str(tmp_path / "out"), "--input-dir", str(tmp_path / "in"), "--temp-dir", str(tmp_path / "t"),
+                      "--disable-custom-nodes"])
+    grown = rss_bytes() - before
+    assert code == 0
+    runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["status"] for r in runs] == ["success"] * 3
+    memory = [r["memory"] for r in runs]
+    assert all(m["max_resident"] == 1 for m in memory)
+    assert [[load["source"] for load in m["loads"]] for m in memory] == [["disk"], ["disk"], ["ram"]]
+    assert [len(m["evictions"]) for m in memory] == [0, 1, 1]
+    assert memory[1]["evictions"][0]["to"] == "ram"
+    # The process grew by about what the manager says it holds (two CLIP models), not more.
+    held = memory[2]["ram_tier_bytes"] + sum(r["bytes"] for r in memory[2]["resident"])
+    assert held > 0
+    assert grown < held + 400 * 2**20, f"RSS grew {grown / 2**20:.0f} MiB for {held / 2**20:.1f} MiB of models"
