@@ -57,6 +57,8 @@ def test_build_txt2img_from_empty_canvas(editor: Editor) -> None:
     editor.open()
     editor.page.click('[data-action="new-tab"]')
     assert editor.page.locator(".node").count() == 0
+    editor.page.locator('[data-role="empty-hint"]').wait_for(state="visible")
+    editor.shot("empty-canvas")
     ckpt = editor.add_node("CheckpointLoaderSimple", 40, 330, "load checkpoint")
     pos = editor.add_node("CLIPTextEncode", 380, 90, "clip text encode")
     neg = editor.add_node("CLIPTextEncode", 380, 360, "cliptextenc")
@@ -91,8 +93,13 @@ def test_build_txt2img_from_empty_canvas(editor: Editor) -> None:
     editor.shot("built-txt2img")
     prompt = editor.prompt()
     assert sum(isinstance(v, list) for n in prompt.values() for v in n["inputs"].values()) == 9
+    assert editor.page.locator('[data-role="empty-hint"]').is_hidden()
     editor.queue_and_wait_image()
     editor.shot("built-txt2img-result")
+    editor.page.click('[data-action="help"]')
+    editor.page.locator('[data-role="help"]').wait_for(state="visible")
+    editor.shot("help")
+    editor.page.keyboard.press("Escape")
 
 
 def test_wrong_type_link_is_refused(editor: Editor) -> None:

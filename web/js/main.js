@@ -30,6 +30,17 @@ class App {
     this.#panels();
     document.querySelector('[data-action="refresh-models"]').addEventListener("click", () => this.refreshModels());
     document.querySelector('[data-action="fit"]').addEventListener("click", () => this.editor.fitView());
+    const help = document.querySelector('[data-role="help"]');
+    document.querySelector('[data-action="help"]').addEventListener("click", () => { help.hidden = false; });
+    help.addEventListener("click", () => { help.hidden = true; });
+    window.addEventListener("keydown", (e) => {
+      if (e.key === "Escape") help.hidden = true;
+      if (e.key === "?" && !/INPUT|TEXTAREA|SELECT/.test(e.target.tagName)) help.hidden = !help.hidden;
+    });
+    const hint = document.querySelector('[data-role="empty-hint"]');
+    const showHint = () => { hint.hidden = this.tabs.current.graph.nodes.size > 0; };
+    this.editor.events.addEventListener("graphChanged", showHint);
+    this.editor.events.addEventListener("tabShown", showHint);
     if (!this.workflows.restoreSession()) this.tabs.open(defaultWorkflow(this.info), "Default");
     this.api.connect();
     this.gallery.loadHistory();
