@@ -150,3 +150,43 @@ def test_run_accepts_ui_format_saved_format_and_png(tmp_path: Path, capsys: pyte
     code, lines, _ = run_cli(tmp_path, capsys, str(ui_path), str(saved_path), str(png_path))
     assert code == 0
     assert [line["outputs"]["3"]["text"][0] for line in lines] == ["from ui+!", "saved world", "png world"]
+
+
+FAILING_PACK = '''
+from nodes.api import Input, Node, NodeSchema, Output, STRING
+
+
+class AlwaysFails(Node):
+    SCHEMA = NodeSchema(node_id="Test_AlwaysFails", display_name="Always fails", category="test",
+                        description="raises when run", inputs=(Input("text", STRING, "ignored"),),
+                        outputs=(Output("STRING", STRING, "never produced"),))
+
+    def run(self, ctx, *, text):
+        raise RuntimeError("the disk is on fire")
+
+
+def loom_register(plugin):
+    plugin.add_node(AlwaysFails)
+'''
+
+
+def test_a_workflow_failing_while_running_exits_1_and_names_node_and_pack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    (packs / "fire_pack.py").write_text(FAILING_PACK)
+    wf = write(tmp_path, "fail.json", {
+        "1": {"class_type": "Test_AlwaysFails", "inputs": {"text": "x"}},
+        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+    })
+    good = write(tmp_path, "good.json", text_workflow())
+    args = [a for a in dirs(tmp_path) if a != "--disable-custom-nodes"]
+    code = main.main(["run", str(wf), str(good), "--json", "--custom-nodes", str(packs), *args])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert code == 1
+    assert lines[0]["status"] == "error"
+    assert lines[0]["error"]["node_id"] == "1"
+    assert "the disk is on fire" in lines[0]["error"]["exception_message"]
+    assert "fire_pack" in lines[0]["error"]["exception_message"]
+    assert lines[1]["status"] == "success"
