@@ -6,6 +6,8 @@ box. Their images are noise: real checkpoints go in ``models/checkpoints``.
   vocabulary, 4-level VAE so latents are 1/8 of the image size like real SD (~7 MB in all)
 - ``vae/loom_demo_vae.safetensors``: the same VAE architecture, standalone original layout
 - ``loras/loom_demo_lora.safetensors``: a kohya-format LoRA for the demo UNet and text encoder
+- ``checkpoints/loom_demo_sdxl.safetensors``: SDXL architecture (two text encoders, pooled output,
+  size/crop conditioning), equally tiny
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 DEMO_CHECKPOINT = "loom_demo_sd15.safetensors"
 DEMO_VAE = "loom_demo_vae.safetensors"
 DEMO_LORA = "loom_demo_lora.safetensors"
+DEMO_SDXL = "loom_demo_sdxl.safetensors"
 _NOTE = "Loom demo model: random weights, produces noise. Put real checkpoints in models/checkpoints."
 
 
@@ -43,6 +46,31 @@ def demo_modules(seed: int = 0) -> dict[str, Any]:
     return {"unet": unet.eval(), "clip_l": text.eval(), "vae": vae.eval()}
 
 
+def demo_sdxl_modules(seed: int = 0) -> dict[str, Any]:
+    """A tiny SDXL: UNet with text_time embedding, CLIP-L and CLIP-G (with projection), 4-level VAE."""
+    import torch
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    base = demo_modules(seed)
+    torch.manual_seed(seed + 1)
+    unet: Any = UNet2DConditionModel(
+        sample_size=32, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=64, attention_head_dim=(1, 1), use_linear_projection=True, norm_num_groups=32,
+        transformer_layers_per_block=(1, 2), addition_embed_type="text_time", addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=32 + 6 * 8,
+    )
+    clip_g = CLIPTextModelWithProjection(CLIPTextConfig(
+        vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=1,
+        max_position_embeddings=77, hidden_act="gelu", bos_token_id=49406, eos_token_id=49407, pad_token_id=1,
+        projection_dim=32,
+    ))
+    clip_l: Any = CLIPTextModel(base["clip_l"].config)
+    clip_l.load_state_dict(base["clip_l"].state_dict())
+    return {"unet": unet.eval(), "clip_l": clip_l.eval(), "clip_g": clip_g.eval(), "vae": base["vae"]}
+
+
 def demo_lora(modules: dict[str, Any], rank: int = 4, seed: int = 1) -> dict[str, Any]:
     """A kohya-format LoRA (``lora_unet_*`` / ``lora_te_*``) for the attention projections."""
     import torch
@@ -66,12 +94,12 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     import torch
     from safetensors.torch import save_file
 
-    from nodes.families import SD15
+    from nodes.families import SD15, SDXL
     from nodes.families.build import ldm_state_dict
 
     models_dir = Path(models_dir)
     paths = [models_dir / "checkpoints" / DEMO_CHECKPOINT, models_dir / "vae" / DEMO_VAE,
-             models_dir / "loras" / DEMO_LORA]
+             models_dir / "loras" / DEMO_LORA, models_dir / "checkpoints" / DEMO_SDXL]
     if all(p.is_file() for p in paths):
         return paths
     modules = demo_modules()
@@ -79,7 +107,8 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     half = {k: v.to(torch.float16).contiguous() for k, v in full.items()}
     vae = {k.removeprefix("first_stage_model."): v for k, v in half.items() if k.startswith("first_stage_model.")}
     meta = {"format": "pt", "loom.note": _NOTE}
-    for path, tensors in zip(paths, (half, vae, demo_lora(modules)), strict=True):
+    sdxl = {k: v.to(torch.float16).contiguous() for k, v in ldm_state_dict(SDXL(), demo_sdxl_modules()).items()}
+    for path, tensors in zip(paths, (half, vae, demo_lora(modules), sdxl), strict=True):
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")

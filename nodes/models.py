@@ -154,7 +154,7 @@ class ClipHandle(ComponentHandle):
 
         assembled = torch.nn.ModuleDict(modules)
         # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.
-        assembled.tokenizers = self.tokenizers()
+        object.__setattr__(assembled, "tokenizers", self.tokenizers())
         return assembled
 
     def specs(self) -> tuple[TextEncoderSpec, ...]:

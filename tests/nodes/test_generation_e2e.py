@@ -19,13 +19,11 @@ WORKFLOWS = ROOT / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict) -> Path:
+def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from nodes.demo import make_demo_models
-    from tests.nodes.conftest import write_single_file
 
     root = tmp_path_factory.mktemp("demo_models")
     make_demo_models(root)
-    write_single_file(tiny_models["sdxl"], root / "checkpoints" / "loom_demo_sdxl.safetensors")
     return root
 
 
