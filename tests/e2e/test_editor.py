@@ -239,3 +239,31 @@ def test_drop_png_and_comfyui_ui_json(editor: Editor) -> None:
     assert editor.prompt()["3"]["inputs"]["steps"] == 20 and editor.prompt()["3"]["inputs"]["model"] == ["4", 0]
     assert editor.page.locator('.node[data-node-id="3"]').count() == 1
     editor.shot("dropped-ui-json")
+
+
+def test_download_export_api_and_open_file(editor: Editor, tmp_path: Path) -> None:
+    editor.open()
+    page = editor.page
+    page.evaluate("loom.editor.setMode(['7'], 2)")  # a muted node: kept in the file, left out of the API prompt
+    before = editor.saved()
+    with page.expect_download() as download:
+        page.click('[data-action="download"]')
+    saved_path = tmp_path / "saved.json"
+    download.value.save_as(saved_path)
+    saved = json.loads(saved_path.read_text())
+    assert saved["format"] == "loom.workflow" and saved["version"] == 2
+    assert saved["prompt"] == before["prompt"] and saved["layout"]["nodes"]["7"]["mode"] == 2
+    with page.expect_download() as download:
+        page.click('[data-action="export-api"]')
+    api_path = tmp_path / "api.json"
+    download.value.save_as(api_path)
+    api = json.loads(api_path.read_text())
+    assert "7" not in api and "negative" not in api["3"]["inputs"]
+    assert api["3"]["class_type"] == "KSampler" and api["3"]["inputs"]["positive"] == ["6", 0]
+    with page.expect_file_chooser() as chooser:
+        page.click('[data-action="open-file"]')
+    chooser.value.set_files(str(saved_path))
+    page.wait_for_function("() => loom.tabs.current.name === 'saved'")
+    reopened = editor.saved()
+    assert reopened["prompt"] == before["prompt"]
+    assert layout_positions(reopened) == layout_positions(before)

@@ -58,3 +58,16 @@ def test_png_text_chunks_are_read_in_the_browser(editor: Editor) -> None:
     assert json.loads(chunks["prompt"]) == {"1": {"class_type": "X", "inputs": {"é": "ü"}}}
     assert json.loads(chunks["workflow"])["note"] == "日本"
     assert chunks["plain"] == "latin-1 text"
+
+
+def test_the_editors_saved_format_is_read_by_the_engine(editor: Editor) -> None:
+    from engine.workflow import from_saved, load_workflow
+
+    editor.open()
+    editor.page.evaluate("loom.editor.groups.addAround(['6', '7']); loom.editor.setMode(['7'], 4); loom.editor.convertWidget('3', 'cfg', true)")
+    saved = editor.saved()
+    parsed = from_saved(saved)
+    assert parsed.loaded_version == 2
+    assert parsed.prompt == {k: {**v, "inputs": v["inputs"]} for k, v in saved["prompt"].items()}
+    assert parsed.layout["nodes"]["7"]["mode"] == 4 and parsed.layout["groups"][0]["bounding"] == saved["layout"]["groups"][0]["bounding"]
+    assert load_workflow(saved, INFO).source_format == "loom"
