@@ -12,7 +12,8 @@ saved / temp files          the image-writing nodes (SaveImage, PreviewImage) ca
                             ``ctx.guard.check_images`` before encoding
 preview frames (websocket)  the executor calls ``guard.check_preview`` on each frame
 ``/view`` of output/temp    served as written (they were checked on write); files found
-                            there without Loom's ``loom_safety`` PNG chunk go through
+                            there without Loom's ``loom_safety`` PNG chunk (``was_checked``;
+                            e.g. uploads with type=output, files from before) go through
                             ``guard.check_encoded`` first
 ``/view`` of input files    served as uploaded: they are the user's own uploads, not
                             something Loom generated
@@ -22,6 +23,7 @@ preview frames (websocket)  the executor calls ``guard.check_preview`` on each f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from engine.context import Preview
@@ -75,3 +77,15 @@ class ImageGuard(Protocol):
 
 class GuardUnavailable(RuntimeError):
     """``--safety enforce`` was asked for but no safety model can be loaded; refuse to start."""
+
+
+def was_checked(path: Path) -> bool:
+    """Whether an image file carries the ``loom_safety`` chunk (written by SaveImage/PreviewImage
+    after the guard ran). ``/view`` of an output/temp file without it goes through ``check_encoded``."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            return SAFETY_CHUNK in getattr(img, "text", {})
+    except (UnidentifiedImageError, OSError):
+        return False

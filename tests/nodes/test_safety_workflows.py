@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from engine.guard import was_checked
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / "web" / "workflows"
 
@@ -99,6 +101,7 @@ def test_enforce_replaces_saved_images_and_previews_without_the_node(demo_models
     (image,) = result.outputs["9"]["images"]
     with Image.open(tmp_path / "output" / image["subfolder"] / image["filename"]) as png:
         assert json.loads(png.info["loom_safety"]) == {"checked": True, "policy": "enforce"}
+    assert was_checked(tmp_path / "output" / image["subfolder"] / image["filename"])
     from engine.context import Preview
 
     # a preview frame on its way to the websocket goes through the guard too
@@ -114,6 +117,8 @@ def test_off_and_node_policies_leave_images_alone(demo_models: Path, tmp_path: P
     off = run(make_executor(demo_models, tmp_path / "off", safety="off"), prompt)
     assert off.outputs["20"]["safety"][0]["checked"] is False and _saved(tmp_path / "off", off).max() > 0
     assert "safety" not in [x["kind"] for x in off.memory["loads"]]
+    (image,) = off.outputs["9"]["images"]
+    assert not was_checked(tmp_path / "off" / "output" / image["subfolder"] / image["filename"])  # /view checks it
 
 
 def executor_request() -> Any:
