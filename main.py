@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.cache import OutputCache
 from engine.context import Folders
+from engine.distributed.cli import add_ray_arguments
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders
@@ -269,6 +270,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args, build_runtime, ROOT)
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from engine.distributed.cli import worker_main
+
+    return worker_main(args, root=ROOT)  # builds its runtime with main:build_runtime inside the actor
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="main.py", description="Loom: node-graph diffusion workflows")
     sub = parser.add_subparsers(dest="command")
@@ -281,7 +288,13 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without a token")
     serve.add_argument("--user-dir", type=Path, default=ROOT / "user", help="queue, history, saved workflows")
     serve.add_argument("--no-demo", action="store_true", help="do not create demo models when none exist")
+    add_ray_arguments(serve)
     serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="join a Ray cluster as a worker (pip install -e '.[ray]')")
+    add_common(worker)
+    add_ray_arguments(worker, worker=True)
+    worker.set_defaults(func=cmd_worker)
 
     run = sub.add_parser("run", help="run workflows headless")
     add_common(run)

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from engine.context import Folders
 from engine.executor import Executor
-from engine.jobs import JobStore, LocalJobQueue
+from engine.jobs import JobQueue, JobStore, LocalJobQueue
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, ServerConfig, add_routes
 from engine.server.openapi import OpenApiRoutes
@@ -38,7 +38,7 @@ from engine.server.ws import WsHub
 
 log = logging.getLogger("loom.server")
 
-QUEUE = web.AppKey("loom_queue", LocalJobQueue)
+QUEUE = web.AppKey("loom_queue", JobQueue)
 HUB = web.AppKey("loom_ws_hub", WsHub)
 RELAY = web.AppKey("loom_relay", EventRelay)
 JOBS = web.AppKey("loom_job_routes", JobRoutes)
@@ -52,7 +52,7 @@ class ServerParts:
 
     registry: NodeRegistry
     executor: Executor
-    queue: LocalJobQueue
+    queue: JobQueue
     folders: Folders
     user_dir: Path
     web_dir: Path | None = None
@@ -171,7 +171,13 @@ def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Names
     runtime = build_runtime(args)
     user_dir = Path(args.user_dir)
     store = JobStore(user_dir / "loom.sqlite", history_size=int(getattr(args, "history_size", 10_000) or 10_000))
-    queue = LocalJobQueue(runtime.executor, store)
+    queue: JobQueue
+    if getattr(args, "ray", None):
+        from engine.distributed.cli import make_ray_queue
+
+        queue = make_ray_queue(args, runtime, store, root=root)
+    else:
+        queue = LocalJobQueue(runtime.executor, store)
     report = getattr(runtime, "plugin_report", None)
     web_dirs = getattr(report, "web_directories", None)
     extensions = web_dirs() if callable(web_dirs) else {}

@@ -61,7 +61,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
              "--input-dir", str(root / name / "input"), "--temp-dir", str(root / name / "temp"),
              "--cpu", "--disable-custom-nodes"])
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
                                        "TRANSFORMERS_OFFLINE": "1"}})
     yield {"root": root, "args": args, "checkpoints": [DEMO_CHECKPOINT, "demo_b.safetensors"],
