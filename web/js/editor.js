@@ -100,7 +100,8 @@ export class Editor {
   renderAll() {
     this.views.clear();
     this.links.clear();
-    for (const node of this.graph.nodes.values()) this.views.render(node);
+    for (const node of this.graph.nodes.values()) this.views.render(node, false);
+    for (const id of this.graph.nodes.keys()) this.views.measure(id); // one layout for all nodes
     this.links.redrawAll();
     this.groups.renderAll();
     this.cull();

@@ -24,7 +24,7 @@ export class NodeViews {
     this.els.clear(); this.ports.clear(); this.widgetEnvs.clear();
   }
 
-  render(node) {
+  render(node, measureNow = true) {
     const { editor } = this;
     const schema = editor.graph.schema(node.type);
     const old = this.els.get(node.id);
@@ -74,7 +74,7 @@ export class NodeViews {
     if (old) { this.resize.unobserve(old); old.replaceWith(root); } else this.layer.append(root);
     this.els.set(node.id, root);
     this.resize.observe(root);
-    this.measure(node.id);
+    if (measureNow) this.measure(node.id);
     return root;
   }
 
