@@ -3,6 +3,7 @@ links, server validation errors on widgets, undo/redo, save/reload/load, and dro
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -239,6 +240,17 @@ def test_drop_png_and_comfyui_ui_json(editor: Editor) -> None:
     assert editor.prompt()["3"]["inputs"]["steps"] == 20 and editor.prompt()["3"]["inputs"]["model"] == ["4", 0]
     assert editor.page.locator('.node[data-node-id="3"]').count() == 1
     editor.shot("dropped-ui-json")
+    # a PNG as ComfyUI writes it: the UI-format workflow in a tEXt chunk (preferred: it has the layout)
+    from PIL import Image, PngImagePlugin
+
+    meta = PngImagePlugin.PngInfo()
+    meta.add_text("workflow", ui.decode())
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, "PNG", pnginfo=meta)
+    editor.drop_file("ComfyUI_00001_.png", buf.getvalue(), "image/png")
+    page.wait_for_function("() => loom.tabs.current.name === 'ComfyUI_00001_'")
+    assert editor.prompt()["3"]["inputs"]["model"] == ["4", 0]
+    assert editor.saved()["layout"]["groups"], "the UI workflow's group came along"
 
 
 def test_download_export_api_and_open_file(editor: Editor, tmp_path: Path) -> None:
