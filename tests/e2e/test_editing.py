@@ -52,6 +52,11 @@ def test_bypass_mute_collapse_rename_convert(editor: Editor) -> None:
     page.keyboard.press("Enter")
     assert editor.node("9").locator(".node-title").inner_text() == "Final picture"
     assert editor.saved()["layout"]["nodes"]["9"]["title"] == "Final picture"
+    # resize: the grip widens the node, and the width is saved
+    width = editor.node("9").bounding_box()["width"]
+    editor.drag(editor.node("9").locator(".node-resize"), (editor.node("9").bounding_box()["x"] + width + 80, 300))
+    assert editor.node("9").bounding_box()["width"] > width + 40
+    assert editor.saved()["layout"]["nodes"]["9"]["size"][0] > width + 40
     # widget -> input: steps becomes a port fed by a primitive, then back to a widget
     menu(editor, editor.node("3").locator(".node-title"), "Widgets ↔ inputs", "Convert steps to input")
     assert editor.node("3").locator('.io-row .port[data-port="steps"][data-dir="in"]').count() == 1

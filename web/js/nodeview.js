@@ -30,7 +30,7 @@ export class NodeViews {
     const old = this.els.get(node.id);
     const root = el("div", { class: "node", "data-node-id": node.id, "data-node-type": node.type });
     root.style.setProperty("--cat", node.color || categoryColor(schema?.category));
-    if (node.size) root.style.width = `${node.size[0]}px`;
+    if (node.size) { root.style.width = `${node.size[0]}px`; root.style.maxWidth = "none"; }
     const title = el("span", { class: "node-title", title: schema?.description || node.type }, node.title);
     const collapse = el("button", { type: "button", class: "node-collapse", title: "collapse", "data-action": "collapse" }, node.collapsed ? "▸" : "▾");
     const header = el("div", { class: "node-header" }, collapse, title, el("span", { class: "node-badge" }));
@@ -64,6 +64,9 @@ export class NodeViews {
       body.append(row);
     }
     body.append(el("div", { class: "node-error" }), el("div", { class: "node-outputs" }));
+    const grip = el("div", { class: "node-resize", title: "drag to resize" });
+    grip.addEventListener("pointerdown", (e) => { if (e.button === 0) { e.stopPropagation(); e.preventDefault(); this.#resizeDrag(node, root, e); } });
+    root.append(grip);
     this.widgetEnvs.set(node.id, envs);
     root.classList.toggle("collapsed", node.collapsed);
     root.classList.toggle("bypassed", node.mode === 4);
@@ -114,6 +117,24 @@ export class NodeViews {
       editor.menus.nodeMenu(node.id, e);
     });
     root.addEventListener("dblclick", (e) => e.stopPropagation());
+  }
+
+  #resizeDrag(node, root, e) {
+    const zoom = this.editor.canvas.zoom;
+    const startW = root.getBoundingClientRect().width / zoom, x0 = e.clientX;
+    const move = (ev) => {
+      const w = Math.max(160, startW + (ev.clientX - x0) / zoom);
+      root.style.width = `${w}px`;
+      root.style.maxWidth = "none";
+      node.size = [w, root.getBoundingClientRect().height / zoom];
+    };
+    const up = () => {
+      window.removeEventListener("pointermove", move);
+      window.removeEventListener("pointerup", up);
+      this.editor.commit();
+    };
+    window.addEventListener("pointermove", move);
+    window.addEventListener("pointerup", up);
   }
 
   rename(id) {
