@@ -151,19 +151,26 @@ def image_tokens(ctx: NodeContext, adapter: IPAdapterFile, clip_vision: ClipVisi
     """(cond, uncond) image tokens, each (1, images × tokens, cross_dim); several images are concatenated."""
     size = clip_vision.image_size
     pixels = preprocess(image, size, "center")
-    negative = preprocess(image_negative, size, "center") if image_negative is not None else torch.zeros_like(pixels[:1])
+    # no negative image: plain adapters take zero embeddings, the others the encoding of a zero image
+    negative = preprocess(image_negative, size, "center") if image_negative is not None else None
+    if negative is None and adapter.uses_hidden_states:
+        negative = torch.zeros_like(pixels[:1])
     with ctx.models.use(clip_vision) as model:
-        pos, neg = encode_pixels(model, pixels), encode_pixels(model, negative)
+        pos = encode_pixels(model, pixels)
+        neg = encode_pixels(model, negative) if negative is not None else None
 
-    def features(out: ClipVisionOutput, zeros_if_plain: bool) -> torch.Tensor:
-        if adapter.uses_hidden_states:
-            return out.penultimate_hidden_states
-        return torch.zeros_like(out.image_embeds) if zeros_if_plain else out.image_embeds
+    def features(out: ClipVisionOutput) -> torch.Tensor:
+        return out.penultimate_hidden_states if adapter.uses_hidden_states else out.image_embeds
 
     projection = build_projection(adapter.tensors("image_proj"), adapter.projection)
     with torch.inference_mode():
-        cond = projection(features(pos, False))  # (images, tokens, cross_dim)
-        uncond = projection(features(neg, image_negative is None))
+        cond = projection(features(pos))  # (images, tokens, cross_dim)
+        uncond = projection(features(neg) if neg is not None else torch.zeros_like(features(pos)[:1]))
+    if len(uncond) == 1 and len(cond) > 1:  # one negative for all reference images
+        uncond = uncond.expand(len(cond), -1, -1)
+    if len(uncond) != len(cond):
+        raise ValueError(f"image_negative has {len(uncond)} images but image has {len(cond)}; give one negative "
+                         "image or as many as reference images")
     return cond.reshape(1, -1, cond.shape[-1]).clone(), uncond.reshape(1, -1, uncond.shape[-1]).clone()
 
 

@@ -120,9 +120,9 @@ def bench_full(repeats: int) -> None:
 
     def encode() -> Any:
         pixels = preprocess(image, 224, "center")
-        out = encode_pixels(enc, torch.cat([pixels, torch.zeros_like(pixels)]))  # image + negative
+        out = encode_pixels(enc, pixels)  # ip-adapter_sd15: no negative encode (zero embeddings)
         with torch.inference_mode():
-            return proj(out.image_embeds)
+            return proj(out.image_embeds), proj(torch.zeros_like(out.image_embeds))
 
     first, warm = _timed(encode, repeats)
     print(f"full  IP-Adapter encode (ViT-H) + proj:    {warm:7.3f} s/run    (first {first:.3f} s)")

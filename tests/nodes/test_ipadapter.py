@@ -267,3 +267,12 @@ def test_sdxl_adapter_matches_diffusers(tiny_models: dict, tiny_sdxl_ckpt: Path,
                guidance_scale=5.0, latents=make_noise(SEED, (1, 4, 8, 8)), ip_adapter_image=pil,
                output_type="np").images
     assert np.abs(image - ref).max() < 1e-3
+
+
+def test_several_reference_images_are_concatenated(env: Env) -> None:
+    images = torch.cat([_ref_image(seed=3), _ref_image(seed=4)])
+    model = env.apply(env.ck.unet, env.adapter(), image=images)
+    (patch,) = model.patches
+    assert patch.cond.shape == patch.uncond.shape == (1, 8, 32)  # 2 images x 4 tokens
+    with pytest.raises(ValueError, match="image_negative has 2 images but image has 3"):
+        env.apply(env.ck.unet, env.adapter(), image=torch.cat([images, images[:1]]), image_negative=images)
