@@ -57,6 +57,12 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ram-gb", type=float, default=None, help="RAM budget of the model tier (GiB)")
     parser.add_argument("--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)")
     parser.add_argument("--no-png-metadata", action="store_true", help="do not write workflows into PNGs")
+    parser.add_argument("--safety", choices=("off", "node", "enforce"), default="node",
+                        help="off: never check; node: SafetyChecker nodes check; enforce: every image that "
+                             "leaves Loom is checked (needs a model in models/safety)")
+    parser.add_argument("--safety-action", choices=("blur", "black"), default="black",
+                        help="what enforce does to a flagged image")
+    parser.add_argument("--safety-sensitivity", type=float, default=0.5, help="0..1; 0.5 = the model's thresholds")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -72,11 +78,23 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     report = _load_plugins(registry, args, folders)
     models = _model_manager(args)
     bus = EventBus()
-    settings = {"png_metadata": not args.no_png_metadata, "allow_pickle": args.allow_pickle}
+    settings = {"png_metadata": not args.no_png_metadata, "allow_pickle": args.allow_pickle, "safety": args.safety}
     executor = Executor(
-        registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings
+        registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings,
+        guard=_guard(args, model_files, models),
     )
     return Runtime(registry, executor, folders, bus, models, report)
+
+
+def _guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
+    """The safety guard for ``--safety enforce`` (None otherwise); refuses to start without a model."""
+    from nodes.safety import GuardUnavailable, build_guard
+
+    try:
+        return build_guard(args.safety, model_files, models, action=args.safety_action,
+                           sensitivity=args.safety_sensitivity)
+    except GuardUnavailable as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _model_files(args: argparse.Namespace) -> ModelFolders:
@@ -244,11 +262,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 # --- make-demo-model ----------------------------------------------------------------------------
 def cmd_make_demo_model(args: argparse.Namespace) -> int:
-    from nodes.demo import make_demo_models
-
-    for path in make_demo_models(args.models_dir):
+    for path in write_demo_models(args.models_dir):
         print(f"wrote {path}")
     return 0
+
+
+def write_demo_models(models_dir: Path) -> list[Path]:
+    """Every demo file core nodes load: checkpoints, VAE, LoRA, CLIP vision, IP-Adapter, safety."""
+    from nodes.demo import make_demo_models
+    from nodes.demo_vision import make_demo_vision_models
+
+    return [*make_demo_models(models_dir), *make_demo_vision_models(models_dir)]
 
 
 # --- serve --------------------------------------------------------------------------------------
@@ -256,11 +280,9 @@ def ensure_demo_models(args: argparse.Namespace) -> None:
     """The main job must run out of the box: write the demo models when no checkpoint exists."""
     if args.no_demo or _model_files(args).list("checkpoints"):
         return
-    from nodes.demo import make_demo_models
-
     log.info("no checkpoint in %s: writing the random-weight demo models (their images are noise; "
              "put real checkpoints in %s)", args.models_dir, args.models_dir / "checkpoints")
-    make_demo_models(args.models_dir)
+    write_demo_models(args.models_dir)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -114,7 +114,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
                       extensions=parts.extensions)
     add_routes(app, info.routes())
     add_routes(app, info.static_routes(), comfy=False)
-    add_routes(app, FileRoutes(parts.folders, config).routes())
+    add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "guard", None)).routes())
     add_routes(app, UserdataRoutes(parts.user_dir).routes())
     add_routes(app, [("GET", "/ws", hub.handle)])
     add_routes(app, jobs.routes(), comfy=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import mimetypes
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from aiohttp import web
 from PIL import Image, UnidentifiedImageError
 
 from engine.context import Folders
+from engine.guard import ImageGuard, was_checked
 from engine.server.common import ApiError, Handler, ServerConfig
 from engine.server.security import safe_path
 
@@ -72,9 +74,10 @@ def convert_preview(path: Path, spec: str | None, channel: str) -> tuple[bytes, 
 
 
 class FileRoutes:
-    def __init__(self, folders: Folders, config: ServerConfig) -> None:
+    def __init__(self, folders: Folders, config: ServerConfig, guard: ImageGuard | None = None) -> None:
         self.folders = folders
         self.max_upload = config.max_upload_bytes
+        self.guard = guard  # --safety enforce: generated files not marked as checked are checked here
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -97,6 +100,10 @@ class FileRoutes:
         path = safe_path(base, request.query.get("subfolder", ""), filename)
         if not path.is_file():
             raise ApiError(404, "not_found", f"no file {filename!r} in that folder")
+        kind = request.query.get("type", "output")
+        if self.guard is not None and kind in ("output", "temp") and not await asyncio.to_thread(was_checked, path):
+            checked = await asyncio.to_thread(self.guard.check_encoded, await asyncio.to_thread(path.read_bytes))
+            return web.Response(body=checked, content_type=mimetypes.guess_type(path.name)[0] or "image/png")
         preview = request.query.get("preview")
         channel = request.query.get("channel", "rgba")
         if channel not in ("rgba", "rgb", "a"):

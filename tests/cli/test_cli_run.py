@@ -190,3 +190,10 @@ def test_a_workflow_failing_while_running_exits_1_and_names_node_and_pack(
     assert "the disk is on fire" in lines[0]["error"]["exception_message"]
     assert "fire_pack" in lines[0]["error"]["exception_message"]
     assert lines[1]["status"] == "success"
+
+
+def test_safety_enforce_without_a_model_refuses_to_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wf = write(tmp_path, "a.json", text_workflow())
+    assert main.main(["run", str(wf), "--safety", "enforce", *dirs(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no safety checker model" in err and "Traceback" not in err
