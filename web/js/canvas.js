@@ -38,6 +38,8 @@ export class Canvas {
 
   apply() {
     this.world.style.transform = `translate(${this.x}px, ${this.y}px) scale(${this.zoom})`;
+    const lod = this.zoom < 0.5; // zoomed far out: widgets are unreadable, draw nodes as outlines
+    if (lod !== this.root.classList.contains("lod")) this.root.classList.toggle("lod", lod);
     if (!this.pending) {
       this.pending = true;
       requestAnimationFrame(() => { this.pending = false; this.hooks.onChange(); });
