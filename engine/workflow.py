@@ -249,6 +249,68 @@ def _numbers(value: Any, count: int) -> bool:
             and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value))
 
 
+# --- node modes of the saved format (as ComfyUI: 2 = muted, 4 = bypassed) ---------------------
+MODE_MUTED = 2
+MODE_BYPASSED = 4
+
+
+def apply_modes(
+    prompt: Mapping[str, Any], layout: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The graph that runs: muted nodes dropped (inputs reading them removed); a bypassed node's
+    consumers read the bypassed node's first linked input of the output's type instead."""
+    modes = {str(k): v.get("mode", 0) for k, v in (layout.get("nodes") or {}).items() if isinstance(v, Mapping)}
+    muted = {n for n, m in modes.items() if m == MODE_MUTED and n in prompt}
+    bypassed = {n for n, m in modes.items() if m == MODE_BYPASSED and n in prompt}
+    if not muted and not bypassed:
+        return dict(prompt)
+    runnable = {k: copy.deepcopy(dict(v)) for k, v in prompt.items() if k not in muted and k not in bypassed}
+    for node in runnable.values():
+        inputs = node.get("inputs") or {}
+        for name in list(inputs):
+            value = inputs[name]
+            if _is_link(value):
+                target = _through_bypass(prompt, value, muted, bypassed, object_info)
+                if target is None:
+                    del inputs[name]
+                else:
+                    inputs[name] = target
+    return runnable
+
+
+def _is_link(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
+
+
+def _through_bypass(
+    prompt: Mapping[str, Any], link: list[Any], muted: set[str], bypassed: set[str],
+    object_info: Mapping[str, Mapping[str, Any]],
+) -> list[Any] | None:
+    seen: set[str] = set()
+    while link[0] in bypassed and link[0] not in seen:
+        source = link[0]
+        seen.add(source)
+        node = prompt[source]
+        info = object_info.get(str(node.get("class_type"))) or {}
+        outputs = info.get("output") or []
+        wanted = outputs[link[1]] if link[1] < len(outputs) else "*"
+        declared = {**(info.get("input") or {}).get("required", {}), **(info.get("input") or {}).get("optional", {})}
+        links = [(n, v) for n, v in (node.get("inputs") or {}).items() if _is_link(v)]
+        ordered = links[link[1]:link[1] + 1] + links
+        passed = next((v for n, v in ordered
+                       if "*" in (_type_name(declared.get(n)), wanted) or _type_name(declared.get(n)) == wanted), None)
+        if passed is None:
+            return None
+        link = passed
+    if link[0] in muted or link[0] in seen:
+        return None
+    return list(link)
+
+
+def _type_name(spec: Any) -> str:
+    return spec[0] if isinstance(spec, list | tuple) and spec and isinstance(spec[0], str) else "?"
+
+
 # --- UI format (see engine.workflow_ui) -------------------------------------------------------
 def convert_ui_to_api(ui: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """ComfyUI UI format → API format; see :func:`engine.workflow_ui.convert_ui_to_api`."""
@@ -292,7 +354,8 @@ def load_workflow(obj: Any, object_info: Mapping[str, Mapping[str, Any]]) -> Loa
         return LoadedWorkflow(normalize_api(obj), None, FORMAT_API)
     if kind == FORMAT_SAVED:
         saved = from_saved(obj)
-        return LoadedWorkflow(saved.prompt, to_saved(saved.prompt, saved.layout, saved.extra), FORMAT_SAVED)
+        runnable = apply_modes(saved.prompt, saved.layout, object_info)
+        return LoadedWorkflow(runnable, to_saved(saved.prompt, saved.layout, saved.extra), FORMAT_SAVED)
     prompt = convert_ui_to_api(obj, object_info)
     if not prompt:
         raise WorkflowFormatError("the UI-format workflow has no nodes that run (all are notes, muted or bypassed)")

@@ -301,3 +301,29 @@ def test_engine_workflow_modules_do_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parent.parent.parent)
     assert out.stdout.strip() == "False"
+
+
+def test_saved_format_modes_mute_and_bypass_as_comfyui() -> None:
+    from engine.workflow import load_workflow, to_saved
+
+    info = {
+        "Src": {"input": {"required": {}}, "output": ["IMAGE"]},
+        "Blur": {"input": {"required": {"image": ["IMAGE", {}], "amount": ["FLOAT", {}]}}, "output": ["IMAGE"]},
+        "Save": {"input": {"required": {"images": ["IMAGE", {}]}}, "output": []},
+        "Note": {"input": {"required": {"images": ["IMAGE", {}]}}, "output": []},
+    }
+    prompt = {
+        "1": {"class_type": "Src", "inputs": {}},
+        "2": {"class_type": "Blur", "inputs": {"image": ["1", 0], "amount": 2.0}},
+        "3": {"class_type": "Blur", "inputs": {"image": ["2", 0], "amount": 3.0}},
+        "4": {"class_type": "Save", "inputs": {"images": ["3", 0]}},
+        "5": {"class_type": "Note", "inputs": {"images": ["1", 0]}},
+    }
+    layout = {"nodes": {"2": {"pos": [0, 0], "mode": 4}, "3": {"pos": [0, 0], "mode": 4},
+                        "5": {"pos": [0, 0], "mode": 2}}}
+    loaded = load_workflow(to_saved(prompt, layout), info)
+    assert loaded.prompt == {
+        "1": {"class_type": "Src", "inputs": {}},
+        "4": {"class_type": "Save", "inputs": {"images": ["1", 0]}},
+    }
+    assert loaded.workflow is not None and set(loaded.workflow["prompt"]) == set(prompt)  # the editor keeps all
