@@ -35,6 +35,8 @@ from engine.schema import (
     WIDGET_TYPES,
 )
 from engine.validate import Validation, validate_prompt
+from engine.workflow import SAVED_FORMAT_NAME, SAVED_VERSION, WorkflowFormatError, from_saved
+from engine.workflow_export import saved_to_ui
 
 log = logging.getLogger("loom.executor")
 
@@ -98,6 +100,7 @@ class _Plan:
     queued: set[str] = field(default_factory=set)
     cached: list[str] = field(default_factory=list)
     cached_ui: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pnginfo: dict[str, Any] | None = None
 
 
 class Executor:
@@ -344,7 +347,9 @@ class Executor:
         if HIDDEN_UNIQUE_ID in hidden:
             inputs["unique_id"] = [node_id]
         if HIDDEN_EXTRA_PNGINFO in hidden:
-            inputs["extra_pnginfo"] = [request.extra_pnginfo]
+            if plan.pnginfo is None:
+                plan.pnginfo = png_info(request.extra_pnginfo, self.registry)
+            inputs["extra_pnginfo"] = [plan.pnginfo or None]
         if first_only:
             return {k: (v[0] if v else None) for k, v in inputs.items()}
         return inputs
@@ -436,6 +441,23 @@ class Executor:
             self.bus.emit(event)
         except Exception:  # a listener's bug must not fail the run
             log.exception("event listener failed on %s", event.type)
+
+
+def png_info(extra: dict[str, Any] | None, registry: NodeRegistry) -> dict[str, Any]:
+    """What image-writing nodes embed: a Loom saved-format ``workflow`` becomes ComfyUI's UI format
+    (so ComfyUI opens Loom's images), the saved format itself kept as ``loom_workflow``."""
+    if not extra:
+        return {}
+    workflow = extra.get("workflow")
+    if not isinstance(workflow, Mapping) or workflow.get("format") != SAVED_FORMAT_NAME:
+        return dict(extra)
+    try:
+        saved = from_saved(workflow)
+    except WorkflowFormatError:
+        return dict(extra)
+    ui = saved_to_ui({"prompt": saved.prompt, "layout": saved.layout, "format": SAVED_FORMAT_NAME,
+                      "version": SAVED_VERSION}, registry.object_info())
+    return {**extra, "workflow": ui, "loom_workflow": workflow}
 
 
 def _first_blocker(inputs: Mapping[str, list[Any]]) -> ExecutionBlocker | None:
