@@ -116,7 +116,9 @@ def test_demo_txt2img_on_two_workers_matches_single_process_with_affinity(demo: 
         assert _pixels(mine) == _pixels(theirs)  # same image...
         assert _text(mine) == _text(theirs)  # ...same embedded workflow
     assert got == expected  # and so the same file
-    assert sorted(st["jobs"] for st in stats) == [3, 3]
+    # Both workers work; how many each runs depends on timing (a job may wait for the worker that
+    # holds its model when that beats a load), so only the total is exact.
+    assert sum(st["jobs"] for st in stats) == 6 and all(st["jobs"] >= 1 for st in stats)
     for record in records[2:]:  # after each worker's first job, nothing comes from disk
         assert record is not None
         assert [x for x in record.memory.get("loads", []) if x.get("source") == "disk"] == []
