@@ -177,12 +177,15 @@ def load_for_run(path: Path, registry: NodeRegistry) -> tuple[dict[str, Any], di
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run workflows in order through the same queue code as the server (an in-memory store)."""
+    from engine.jobs import JobSpec, JobStore, LocalJobQueue
     from engine.progress import ProgressPrinter
 
     runtime = build_runtime(args)
     sets = parse_set(args.set)
     printer = ProgressPrinter(sys.stderr, quiet=args.quiet)
     runtime.bus.subscribe(printer.on_event)
+    queue = LocalJobQueue(runtime.executor, JobStore(":memory:"))
     worst = 0
     for path in args.workflows:
         try:
@@ -195,13 +198,27 @@ def cmd_run(args: argparse.Namespace) -> int:
                                   "error": {"type": "bad_file", "message": str(exc)}}), flush=True)
             worst = max(worst, 2)
             continue
-        extra = {"workflow": workflow} if workflow else None
         printer.start(path.name, prompt)
-        result = runtime.executor.run(RunRequest(prompt=prompt, extra_pnginfo=extra))
+        request = RunRequest(prompt=prompt)
+        validation = runtime.executor.validate(request)
+        if validation.ok:
+            extra = {"extra_pnginfo": {"workflow": workflow}} if workflow else {}
+            queue.submit(JobSpec(prompt, prompt_id=request.prompt_id, extra_data=extra))
+            result = result_of(queue.drain()[-1])
+        else:
+            result = runtime.executor.run(request, validation)  # reports invalid without running
         printer.finish(result)
         _report(result, path, args.json, runtime)
         worst = max(worst, {"success": 0, "error": 1, "interrupted": 1, "invalid": 2}[result.status])
     return worst
+
+
+def result_of(record: Any) -> RunResult:
+    """A finished job's record as the CLI reports it (``RunResult``'s JSON shape)."""
+    status = {"succeeded": "success", "cancelled": "interrupted"}.get(record.status, "error")
+    return RunResult(record.spec.prompt_id, status, executed=record.executed, cached=record.cached,  # type: ignore[arg-type]
+                     outputs=record.outputs, node_errors=record.node_errors, error=record.error,
+                     timings=record.timings, memory=record.memory)
 
 
 def _report(result: RunResult, path: Path, as_json: bool, runtime: Runtime) -> None:
