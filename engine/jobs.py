@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import events as ev
 from engine.executor import Executor, RunRequest, RunResult
@@ -42,6 +42,9 @@ from engine.jobtypes import (
 __all__ = ["FINAL", "RESTART_MESSAGE", "JobEvent", "JobFinished", "JobProgress", "JobQueue", "JobRecord",
            "JobSpec", "JobStatus", "JobStore", "JobView", "LocalJobQueue", "Notice", "NoticeListener",
            "QueueChanged"]
+
+if TYPE_CHECKING:
+    from engine.coalesce import Coalescer, NextJobPrefetch
 
 log = logging.getLogger("loom.jobs")
 
@@ -75,9 +78,12 @@ class LocalJobQueue:
     ``start()``, :meth:`drain` runs the queued jobs on the caller's thread (the CLI's way).
     """
 
-    def __init__(self, executor: Executor, store: JobStore) -> None:
+    def __init__(self, executor: Executor, store: JobStore, *, coalescer: Coalescer | None = None,
+                 prefetch: NextJobPrefetch | None = None) -> None:
         self.executor = executor
         self.store = store
+        self.coalescer = coalescer  # engine/coalesce.py: batch compatible queued jobs (None: off)
+        self.prefetch = prefetch  # engine/coalesce.py: read the next job's models during this one
         self._lock = threading.RLock()
         self._finished = threading.Condition(self._lock)
         self._wake = threading.Event()
@@ -122,7 +128,7 @@ class LocalJobQueue:
         self._subscribe_bus()
         records = []
         while (spec := self._pop()) is not None:
-            record = self._run(spec)
+            record = self._run_scheduled(spec, wait=False)
             if record is not None:
                 records.append(record)
         return records
@@ -248,7 +254,7 @@ class LocalJobQueue:
                 self._wake.wait(1.0)
                 continue
             try:
-                self._run(spec)
+                self._run_scheduled(spec)
             except Exception:  # the worker must survive anything a job does
                 log.exception("job %s: unexpected failure in the queue worker", spec.prompt_id)
                 with self._lock:
@@ -261,6 +267,36 @@ class LocalJobQueue:
             if spec is not None:
                 self._current, self._progress, self._messages = spec, JobProgress(), []
             return spec
+
+    def _run_scheduled(self, spec: JobSpec, *, wait: bool = True) -> JobRecord | None:
+        """Run ``spec``, first coalescing compatible queued jobs with it and hinting the next
+        job's models (both optional, see ``engine/coalesce.py``)."""
+        group: list[JobSpec] = []
+        if self.coalescer is not None:
+            try:
+                group = self._companions(spec, wait)
+                if group:
+                    self.coalescer.prefill([spec, *group], forward=self.executor.bus.emit)
+            except Exception:  # coalescing only saves work; each job still runs on its own
+                log.exception("coalescing with job %s failed; running the jobs one by one", spec.prompt_id)
+        if self.prefetch is None:
+            return self._run(spec)
+        skip = {spec.prompt_id, *(g.prompt_id for g in group)}
+        following = next((s for s in self.pending() if s.prompt_id not in skip), None)
+        with self.prefetch.during(following):
+            return self._run(spec)
+
+    def _companions(self, spec: JobSpec, wait: bool) -> list[JobSpec]:
+        """Pending jobs to coalesce with ``spec``; a lone job waits at most the window for some."""
+        assert self.coalescer is not None
+        if self.coalescer.signature(spec) is None:
+            return []
+        deadline = time.monotonic() + (self.coalescer.config.window_s if wait else 0.0)
+        while True:
+            group = self.coalescer.companions(spec, self.pending())
+            if group or time.monotonic() >= deadline or self._stopping.is_set():
+                return group
+            time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
 
     def _run(self, spec: JobSpec) -> JobRecord | None:
         self._notify(QueueChanged(self.remaining()))

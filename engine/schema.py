@@ -136,6 +136,20 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Batching:
+    """How runs of a node may be batched (request coalescing, ``engine/coalesce.py``).
+
+    ``inputs``: widget inputs whose values may differ between queued jobs that are still run
+    together (seeds, prompt text). ``variant``: the node_id of an ``input_is_list`` node that takes
+    one item per job and returns one output item per job in one call (None: the node just runs
+    once per job).
+    """
+
+    inputs: tuple[str, ...] = ()
+    variant: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeSchema:
     """Everything the engine and the editor need to know about a node class."""
 
@@ -152,6 +166,7 @@ class NodeSchema:
     experimental: bool = False
     input_is_list: bool = False
     python_module: str = "nodes"
+    batching: Batching | None = None  # not exported: Loom's own scheduling hint
 
     def input(self, name: str) -> Input | None:
         for spec in self.inputs:

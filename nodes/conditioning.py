@@ -24,7 +24,7 @@ import torch
 
 from engine.context import NodeContext
 from engine.node import Node
-from engine.schema import CLIP, CONDITIONING, FLOAT, INT, STRING, Input, NodeSchema, Output
+from engine.schema import CLIP, CONDITIONING, FLOAT, INT, STRING, Batching, Input, NodeSchema, Output
 from nodes import prompt_weights as pw
 
 
@@ -132,6 +132,7 @@ class CLIPTextEncode(Node):
         outputs=(
             Output("CONDITIONING", CONDITIONING, "The encoded prompt, for a sampler's positive/negative."),
         ),
+        batching=Batching(inputs=("text",)),  # queued jobs differing only in prompt text coalesce
     )
 
     def run(self, ctx: NodeContext, *, text: str, clip: Any) -> tuple[Conditioning]:

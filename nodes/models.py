@@ -81,10 +81,13 @@ class ComponentHandle:
         return self.nbytes
 
     def load(self) -> Any:
-        modules = {p.name: self._build(p) for p in self.parts}
-        module = self._assemble(modules)
-        for patch in self.patches:
-            patch.apply(module, self)
+        from nodes.families.build import EMPTY_INIT_LOCK
+
+        with EMPTY_INIT_LOCK:  # patches may create parameters too (IP-Adapter): see EMPTY_INIT_LOCK
+            modules = {p.name: self._build(p) for p in self.parts}
+            module = self._assemble(modules)
+            for patch in self.patches:
+                patch.apply(module, self)
         return module
 
     def to_device(self, module: Any, device: str, dtype: str) -> Any:

@@ -10,7 +10,6 @@ as SDXL's pooled/size ids) come from the model handle's family adapter.
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +18,9 @@ from typing import Any
 
 import torch
 
-from engine.context import NodeContext, Preview
+from engine.context import NodeContext
 from engine.node import Node
-from engine.schema import COMBO, CONDITIONING, FLOAT, INT, LATENT, MODEL, Input, NodeSchema, Output
+from engine.schema import COMBO, CONDITIONING, FLOAT, INT, LATENT, MODEL, Batching, Input, NodeSchema, Output
 from nodes import samplers as smp
 from nodes.conditioning import CondEntry
 from nodes.denoise import Inpaint, Window, cfg_combine, run_loop, start_latent
@@ -156,29 +155,27 @@ def _check_conditioning(unet: Any, family: Any, name: str, cond: Sequence[CondEn
 
 
 class _Reporter:
-    """Per-step progress, a paced JPEG preview (at most one per ``interval`` s), and interrupts."""
+    """Per-step progress, a paced JPEG preview (TAESD or latent->RGB, ``nodes.perf_preview``;
+    previews cost at most ~5% of the sampling time), and interrupts."""
 
-    def __init__(self, ctx: NodeContext, family: Any, interval: float = 0.25):
-        self.ctx, self.interval, self.last = ctx, interval, -math.inf
-        factors, bias = _RGB_FACTORS.get(family.latent_scale, _RGB_FACTORS[0.18215])
-        self.factors, self.bias = torch.tensor(factors), torch.tensor(bias)
+    def __init__(self, ctx: NodeContext, family: Any):
+        from nodes.perf_preview import PreviewPacer, PreviewRenderer
+
+        self.ctx = ctx
+        self.pacer = PreviewPacer()
+        self.pacer.begin()
+        factors = _RGB_FACTORS.get(family.latent_scale, _RGB_FACTORS[0.18215])
+        method = str(ctx.settings.get("preview_method", "auto"))
+        wanted = ctx.wants_preview and method != "none"  # settings["preview_method"]: auto|taesd|latent2rgb|none
+        self.renderer = PreviewRenderer(ctx, family, factors, method) if wanted else None
 
     def __call__(self, done: int, total: int, x0: Callable[[], torch.Tensor]) -> None:
         preview = None
-        now = time.monotonic()
-        if self.ctx.wants_preview and (now - self.last >= self.interval or done == total):
-            self.last = now
-            preview = self.preview(x0())
+        if self.renderer is not None and self.pacer.due(done):
+            started = time.perf_counter()
+            preview = self.renderer.render(x0())
+            self.pacer.record(time.perf_counter() - started)
         self.ctx.progress(done, total, preview=preview)
-
-    def preview(self, x0: torch.Tensor) -> Preview:
-        from PIL import Image
-
-        rgb = torch.einsum("chw,cr->hwr", x0[0].float().cpu(), self.factors) + self.bias  # (h, w, 3)
-        pixels = ((rgb + 1) * 127.5).clamp(0, 255).to(torch.uint8).numpy()
-        buf = io.BytesIO()
-        Image.fromarray(pixels).save(buf, format="JPEG", quality=80)
-        return Preview("JPEG", buf.getvalue())
 
 
 @torch.no_grad()
@@ -200,6 +197,9 @@ def sample(
     noise = smp.make_noise(s.seed, samples.shape, batch_index)
     gens = smp.step_generators(s.seed, batch_index) if smp.is_ancestral(s.sampler_name) else None
     with ctx.models.use(model) as unet:
+        new_run = getattr(unet, "_loom_new_run", None)  # step-caching patches (nodes.perf_deepcache)
+        if callable(new_run):
+            new_run()
         _check_conditioning(unet, family, "positive", positive)
         if s.cfg != 1.0:
             _check_conditioning(unet, family, "negative", negative)
@@ -307,6 +307,7 @@ class KSampler(Node):
             _RESCALE,
         ),
         outputs=(Output("LATENT", LATENT, "The denoised latent."),),
+        batching=Batching(inputs=("seed",), variant="KSamplerBatched"),  # nodes/perf_batch.py
     )
 
     def run(

@@ -6,6 +6,7 @@ parameters, then ``load_state_dict(assign=True)``), so building costs only the f
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,20 @@ from nodes.families import keys
 from nodes.families.base import FamilyAdapter, Part
 from nodes.families.files import ModelLoadError, TensorIndex, load_tensors
 
+# accelerate's init_empty_weights patches nn.Module.register_parameter for the whole process while
+# it is open: a parameter set in another thread meanwhile (load_state_dict(assign=True), a module
+# constructor) lands on the meta device, and two threads inside it at once can leave the patch
+# installed for good. The memory manager builds on its prefetch thread while nodes build on the
+# main one, so every build holds this lock (other module builders, e.g. TAESD, take it too).
+EMPTY_INIT_LOCK = threading.RLock()
+
 
 def empty_module(part: Part) -> Any:
     """The module of ``part`` with parameters on the meta device (buffers real)."""
     from accelerate import init_empty_weights
 
     cfg = part.config
-    with init_empty_weights(include_buffers=False):
+    with EMPTY_INIT_LOCK, init_empty_weights(include_buffers=False):
         if part.builder == "unet":
             from diffusers import UNet2DConditionModel
 
@@ -62,6 +70,11 @@ def build_from_single_file(part: Part, index: TensorIndex) -> Any:
 
 
 def assign(part: Part, sd: dict[str, Any], where: str) -> Any:
+    with EMPTY_INIT_LOCK:
+        return _assign(part, sd, where)
+
+
+def _assign(part: Part, sd: dict[str, Any], where: str) -> Any:
     module = empty_module(part)
     sd = _module_keys(part, sd)
     sd.pop("embeddings.position_ids", None)
@@ -92,22 +105,26 @@ def build_from_diffusers(part: Part, folder: Path, *, allow_pickle: bool = False
         raise ModelLoadError(f"{path}: no .safetensors weights (only pickled .bin files?); convert them "
                              "or allow pickles with the allow_pickle setting")
     try:
-        if part.builder == "unet":
-            from diffusers import UNet2DConditionModel
-
-            module = UNet2DConditionModel.from_pretrained(path, local_files_only=True, use_safetensors=bool(weights))
-        elif part.builder == "vae":
-            from diffusers import AutoencoderKL
-
-            module = AutoencoderKL.from_pretrained(path, local_files_only=True, use_safetensors=bool(weights))
-        else:
-            from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
-            cls = CLIPTextModelWithProjection if part.builder == "clip_projection" else CLIPTextModel
-            module = cls.from_pretrained(path, local_files_only=True, use_safetensors=bool(weights))
+        with EMPTY_INIT_LOCK:  # from_pretrained initialises empty too (see EMPTY_INIT_LOCK)
+            module = _from_pretrained(part, path, bool(weights))
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"{path}: cannot load the {part.name} of this diffusers folder: {exc}") from exc
     return module.eval().requires_grad_(False)
+
+
+def _from_pretrained(part: Part, path: Path, safetensors: bool) -> Any:
+    if part.builder == "unet":
+        from diffusers import UNet2DConditionModel
+
+        return UNet2DConditionModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+    if part.builder == "vae":
+        from diffusers import AutoencoderKL
+
+        return AutoencoderKL.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    cls = CLIPTextModelWithProjection if part.builder == "clip_projection" else CLIPTextModel
+    return cls.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
 
 def original_state_dict(part: Part, module: Any, prefix: str | None = None) -> dict[str, Any]:

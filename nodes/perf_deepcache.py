@@ -1,0 +1,152 @@
+"""DeepCache-style step caching as a MODEL patch: the ``DeepCache`` node.
+
+Ma, Fang & Wang 2023, "DeepCache: Accelerating Diffusion Models for Free"
+(https://arxiv.org/abs/2312.00858): the UNet's deep (low-resolution) features change slowly from
+one denoising step to the next, so a full forward pass runs only every ``cache_interval`` steps
+("update steps"); in between, only the shallow skip branch runs — ``down_blocks[:depth + 1]`` and
+``up_blocks[-(depth + 1):]`` — and the input of the first shallow up block (the deep features)
+is taken from the last update step. This trades image quality for speed; it is off unless the
+node is in the workflow.
+
+Implementation on diffusers' ``UNet2DConditionModel``: the deep blocks' ``forward`` methods are
+wrapped. On update steps they run and remember their outputs; on cached steps they return the
+remembered outputs at once (the residual tuples keep their shapes, so diffusers' own forward
+slices the skip connections as usual). A step is recognised from the timestep: a new timestep is
+a new step, a timestep not below the last one starts a new run (the sampler also calls
+``_loom_new_run`` at the start of each run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.context import NodeContext
+from engine.node import Node
+from engine.schema import INT, MODEL, Input, NodeSchema, Output
+
+
+@dataclass(frozen=True)
+class DeepCacheSettings:
+    cache_interval: int = 3
+    cache_depth: int = 0
+    start_step: int = 0
+    end_step: int = 1000
+
+    def is_update(self, step: int) -> bool:
+        """Full forward pass at this step (outside the window, or every ``cache_interval``-th)."""
+        if step < self.start_step or step >= self.end_step or self.cache_interval <= 1:
+            return True
+        return (step - self.start_step) % self.cache_interval == 0
+
+
+@dataclass
+class _StepCache:
+    """The per-UNet state: which step we are at and the deep blocks' outputs of the last update."""
+
+    settings: DeepCacheSettings
+    step: int = -1
+    position: int = 0  # which UNet call within the current step (area conditioning makes several)
+    last_t: float | None = None
+    shape: tuple[int, ...] | None = None
+    reuse: bool = False
+    outputs: dict[tuple[int, str], Any] = field(default_factory=dict)
+    full_calls: int = 0
+    cached_calls: int = 0
+
+    def new_run(self) -> None:
+        self.step, self.position, self.last_t, self.outputs = -1, 0, None, {}
+
+    def before_call(self, t: Any, sample: Any) -> None:
+        value = float(t.flatten()[0]) if hasattr(t, "flatten") else float(t)
+        if self.last_t is None or value > self.last_t:
+            self.new_run()
+        if value == self.last_t:
+            self.position += 1
+        else:
+            self.step, self.position = self.step + 1, 0
+        self.last_t = value
+        shape = tuple(sample.shape)
+        have = any(k[0] == self.position for k in self.outputs)
+        self.reuse = not self.settings.is_update(self.step) and shape == self.shape and have
+        if not self.reuse:
+            self.outputs = {k: v for k, v in self.outputs.items() if k[0] != self.position}
+            self.shape = shape
+        if self.reuse:
+            self.cached_calls += 1
+        else:
+            self.full_calls += 1
+
+
+def _wrap(block: Any, name: str, cache: _StepCache) -> None:
+    original = block.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        key = (cache.position, name)
+        if cache.reuse and key in cache.outputs:
+            return cache.outputs[key]
+        out = original(*args, **kwargs)
+        cache.outputs[key] = out
+        return out
+
+    block.forward = forward
+
+
+@dataclass(frozen=True)
+class DeepCachePatch:
+    """A :class:`nodes.models.Patch` installing the step cache on a diffusers UNet."""
+
+    settings: DeepCacheSettings
+
+    @property
+    def key(self) -> str:
+        s = self.settings
+        return f"deepcache:{s.cache_interval}:{s.cache_depth}:{s.start_step}:{s.end_step}"
+
+    def apply(self, module: Any, handle: Any) -> None:
+        n = len(module.down_blocks)
+        depth = self.settings.cache_depth
+        if not 0 <= depth < n:
+            raise ValueError(f"DeepCache cache_depth {depth} is out of range: this UNet has {n} down blocks, "
+                             f"so use 0 (shallowest skip branch, fastest) to {n - 1}")
+        cache = _StepCache(self.settings)
+        for i in range(depth + 1, n):  # deep down blocks; their skip residuals feed skipped up blocks only
+            _wrap(module.down_blocks[i], f"down{i}", cache)
+        if module.mid_block is not None:
+            _wrap(module.mid_block, "mid", cache)
+        for i in range(0, n - 1 - depth):  # deep up blocks; the last one's output is the cached feature
+            _wrap(module.up_blocks[i], f"up{i}", cache)
+
+        def pre_hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            t = args[1] if len(args) > 1 else kwargs["timestep"]
+            sample = args[0] if args else kwargs["sample"]
+            cache.before_call(t, sample)
+
+        module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        module._loom_new_run = cache.new_run
+        module._loom_step_cache = cache
+
+
+class DeepCache(Node):
+    SCHEMA = NodeSchema(
+        node_id="DeepCache",
+        display_name="DeepCache (step caching)",
+        category="model_patches",
+        description="Reuse the UNet's deep features between update steps for speed; trades some quality.",
+        inputs=(
+            Input("model", MODEL, "The diffusion model to patch."),
+            Input("cache_interval", INT, "A full UNet pass every N steps (1 = off).", default=3, min=1, max=1000),
+            Input("cache_depth", INT, "Skip-branch depth: 0 = shallowest (fastest), larger = closer to the "
+                  "full model.", default=0, min=0, max=12),
+            Input("start_step", INT, "First step that may reuse cached features.", default=0, min=0, max=10000),
+            Input("end_step", INT, "Steps from here on run in full.", default=1000, min=0, max=10000),
+        ),
+        outputs=(Output("MODEL", MODEL, "The model with step caching applied."),),
+    )
+
+    def run(self, ctx: NodeContext, *, model: Any, cache_interval: int, cache_depth: int, start_step: int,
+            end_step: int) -> tuple[Any]:
+        if cache_interval <= 1 or end_step <= start_step:
+            return (model,)
+        settings = DeepCacheSettings(cache_interval, cache_depth, start_step, end_step)
+        return (model.with_patch(DeepCachePatch(settings)),)

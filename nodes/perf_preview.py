@@ -1,0 +1,216 @@
+"""Fast live previews: TAESD decoding (diffusers' ``AutoencoderTiny``) paced to a share of a step.
+
+TAESD (madebyollin, https://github.com/madebyollin/taesd) is a tiny VAE decoder trained on SD's
+latent space; it decodes ~15x faster than the KL VAE and looks like the final image, where the
+linear latent->RGB fallback only shows blurry colour. Weights are read from ``models/vae_approx/``
+with ComfyUI's file names: ``taesd_decoder.*`` (SD1.x/2.x) and ``taesdxl_decoder.*`` (SDXL), in
+madebyollin's decoder layout (``1.weight`` ...) or diffusers' (``decoder.layers.0.weight`` ...).
+TAESD takes model-space latents (the UNet's, i.e. already multiplied by the VAE scale) and
+returns images in [-1, 1] (diffusers ``DecoderTiny``).
+
+Pacing (:class:`PreviewPacer`): a preview is rendered only while the time spent on previews
+stays under ``budget`` (5 %) of the sampling time so far, and at most every ``interval`` seconds
+(the websocket relay drops faster frames anyway). The first step always gets one, so a client
+sees something at once.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.context import NodeContext, Preview
+
+TAESD_FILES = {"sd15": "taesd_decoder", "sd2": "taesd_decoder", "sdxl": "taesdxl_decoder"}
+_EXTENSIONS = (".safetensors", ".pth", ".pt")
+DEMO_TAESD_CHANNELS = 16  # the demo decoder's width (real TAESD: 64)
+
+
+@dataclass(frozen=True)
+class TaesdHandle:
+    """A ``vae_approx`` model handle (small: the manager keeps it resident beside the UNet)."""
+
+    path: Path
+    fingerprint: str
+    kind: str = "vae_approx"
+
+    @property
+    def key(self) -> str:
+        return f"vae_approx:{self.path.name}:{self.fingerprint}"
+
+    def estimate_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    def load(self) -> Any:
+        from diffusers import AutoencoderTiny
+
+        from nodes.families.build import EMPTY_INIT_LOCK
+
+        tensors = _read(self.path)
+        tensors = _to_diffusers_layout(tensors)
+        channels = int(tensors["decoder.layers.0.weight"].shape[0])
+        blocks = _blocks_per_stage(tensors)
+        with EMPTY_INIT_LOCK:  # never while another thread has accelerate's empty-init patch on
+            model: Any = AutoencoderTiny(decoder_block_out_channels=(channels,) * 4,
+                                         encoder_block_out_channels=(channels,) * 4, num_decoder_blocks=blocks)
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+        missing = [k for k in missing if k.startswith("decoder.")]
+        if missing or unexpected:
+            raise ValueError(f"{self.path}: not a TAESD decoder (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        return model.eval()
+
+    def to_device(self, module: Any, device: str, dtype: str) -> Any:
+        # nn.Module.to, not diffusers' override (it warns on every cast)
+        return torch.nn.Module.to(module, device=torch.device(device), dtype=getattr(torch, dtype))
+
+    def model_handles(self) -> list[Any]:
+        return [self]
+
+
+def _read(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return dict(load_file(str(path)))
+    return dict(torch.load(str(path), map_location="cpu", weights_only=True))
+
+
+def _to_diffusers_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """madebyollin's ``Sequential`` decoder (``Clamp`` at index 0) → ``decoder.layers.{i - 1}``."""
+    if any(k.startswith("decoder.") for k in tensors):
+        return tensors
+    out = {}
+    for key, value in tensors.items():
+        m = re.match(r"(\d+)\.(.*)", key)
+        if m is None:
+            raise ValueError(f"unexpected TAESD tensor {key!r}: expected madebyollin or diffusers layout")
+        out[f"decoder.layers.{int(m.group(1)) - 1}.{m.group(2)}"] = value
+    return out
+
+
+def _blocks_per_stage(tensors: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
+    """Count the decoder's ``AutoencoderTinyBlock`` runs (layers with ``conv.0``) between its plain
+    convolutions (the first conv, one after each upsample, the last)."""
+    layers = sorted({int(k.split(".")[2]) for k in tensors if k.startswith("decoder.layers.")})
+    stages, count = [], 0
+    for i in layers:
+        if f"decoder.layers.{i}.conv.0.weight" in tensors:
+            count += 1
+        elif count:
+            stages.append(count)
+            count = 0
+    if count:
+        stages.append(count)
+    if len(stages) != 4:
+        raise ValueError(f"TAESD decoder has {len(stages)} stages of blocks; expected 4")
+    return (stages[0], stages[1], stages[2], stages[3])
+
+
+def find_taesd(ctx: NodeContext, family_name: str) -> TaesdHandle | None:
+    """The ``vae_approx`` decoder for this family, if the user has one."""
+    files = ctx.folders.models
+    stem = TAESD_FILES.get(family_name)
+    if files is None or stem is None:
+        return None
+    try:
+        names = files.list("vae_approx")
+    except Exception:  # a models folder without that kind: no TAESD
+        return None
+    for ext in _EXTENSIONS:
+        if stem + ext in names:
+            path = files.resolve("vae_approx", stem + ext)
+            stat = path.stat()
+            return TaesdHandle(path, f"{stat.st_size}-{int(stat.st_mtime)}")
+    return None
+
+
+def make_demo_taesd(models_dir: Path) -> list[Path]:
+    """Write small random TAESD decoders (madebyollin layout) to ``models_dir/vae_approx``."""
+    from diffusers import AutoencoderTiny
+    from safetensors.torch import save_file
+
+    folder = Path(models_dir) / "vae_approx"
+    paths = [folder / f"{stem}.safetensors" for stem in sorted(set(TAESD_FILES.values()))]
+    if all(p.is_file() for p in paths):
+        return paths
+    torch.manual_seed(0)
+    c = DEMO_TAESD_CHANNELS
+    model: Any = AutoencoderTiny(decoder_block_out_channels=(c,) * 4, encoder_block_out_channels=(c,) * 4)
+    state = {f"{int(k.split('.')[2]) + 1}.{k.split('.', 3)[3]}": v.contiguous()
+             for k, v in model.state_dict().items() if k.startswith("decoder.layers.")}
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        if not path.is_file():
+            tmp = path.with_suffix(".tmp")
+            save_file(state, str(tmp), metadata={"loom.note": "Loom demo TAESD: random weights"})
+            tmp.replace(path)
+    return paths
+
+
+@dataclass
+class PreviewPacer:
+    """Decides per step whether a preview is worth its cost (see the module docstring)."""
+
+    budget: float = 0.05
+    interval: float = 0.25
+    started: float = math.nan
+    last: float = -math.inf
+    spent: float = 0.0
+    cost: float = 0.0
+    shown: int = 0
+
+    def begin(self) -> None:
+        self.started = time.perf_counter()
+
+    def due(self, done: int) -> bool:
+        now = time.perf_counter()
+        if self.shown == 0:
+            return True
+        elapsed = now - self.started
+        return now - self.last >= self.interval and self.spent + self.cost <= self.budget * elapsed
+
+    def record(self, seconds: float) -> None:
+        self.last, self.shown = time.perf_counter(), self.shown + 1
+        self.spent += seconds
+        self.cost = seconds
+
+
+class PreviewRenderer:
+    """x0 (model space, [B, 4, h, w]) → JPEG: TAESD when available, else the linear approximation."""
+
+    def __init__(self, ctx: NodeContext, family: Any, factors: Any, method: str = "auto") -> None:
+        self.ctx, self.family = ctx, family
+        self.factors, self.bias = (torch.tensor(factors[0]), torch.tensor(factors[1]))
+        self.taesd = find_taesd(ctx, family.name) if method in ("auto", "taesd") else None
+
+    @cached_property
+    def method(self) -> str:
+        return "taesd" if self.taesd is not None else "latent2rgb"
+
+    def render(self, x0: torch.Tensor) -> Preview:
+        from PIL import Image
+
+        rgb = self._taesd(x0) if self.taesd is not None else self._linear(x0)
+        pixels = (rgb.clamp(0, 1) * 255).to(torch.uint8).numpy()
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=80)
+        return Preview("JPEG", buf.getvalue())
+
+    def _linear(self, x0: torch.Tensor) -> torch.Tensor:
+        rgb = torch.einsum("chw,cr->hwr", x0[0].float().cpu(), self.factors) + self.bias
+        return (rgb + 1) / 2  # (h, w, 3)
+
+    def _taesd(self, x0: torch.Tensor) -> torch.Tensor:
+        assert self.taesd is not None
+        with self.ctx.models.use(self.taesd) as decoder:
+            param = next(decoder.parameters())
+            image = decoder.decode(x0[:1].to(param), return_dict=False)[0]  # (1, 3, H, W) in [-1, 1]
+        return ((image[0].float().cpu() + 1) / 2).permute(1, 2, 0)  # (H, W, 3)

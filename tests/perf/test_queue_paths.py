@@ -1,0 +1,112 @@
+"""Queue fast paths: request coalescing (each job's image equal to running it alone, chunking,
+the companion window) and next-job model prefetch (same images, models read during the job before)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from engine.coalesce import CoalesceConfig, Coalescer, NextJobPrefetch
+from engine.jobs import JobSpec, LocalJobQueue
+from engine.jobstore import JobStore
+from nodes.bench.runtime import BenchRuntime, txt2img
+from tests.perf.conftest import CKPT, CKPT_B
+
+
+def _saved(rt: BenchRuntime, record: Any) -> np.ndarray:
+    info = record.outputs["9"]["images"][0]
+    with Image.open(rt.folders.output_dir / info["filename"]) as im:
+        return np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
+
+
+def test_coalesced_jobs_equal_running_alone_and_chunk(perf_models: Path, tmp_path: Path) -> None:
+    rt = BenchRuntime(perf_models, tmp_path / "q")
+    coalescer = Coalescer(rt.executor, CoalesceConfig(window_s=0.0, max_batch=3))
+    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"), coalescer=coalescer)
+    jobs = [dict(seed=10 + i, text=f"prompt {i % 2}", sampler="euler_ancestral" if i < 0 else "euler")
+            for i in range(4)]
+    for job in jobs:
+        queue.submit(JobSpec(prompt=txt2img(CKPT, steps=3, **job)))
+    records = queue.drain()
+    assert [r.status for r in records] == ["succeeded"] * 4
+    assert coalescer.groups_run == 1 and coalescer.jobs_coalesced == 3  # chunks of 3 and a lone 1
+    assert all("3" in r.cached for r in records[:3]) and "3" in records[3].executed
+    alone = BenchRuntime(perf_models, tmp_path / "alone")
+    for job, record in zip(jobs, records, strict=True):
+        expected = alone.image(alone.run(txt2img(CKPT, steps=3, **job)))
+        assert np.abs(_saved(rt, record) - expected).max() <= 2 / 255
+    rt.close()
+    alone.close()
+
+
+def test_coalescing_ancestral_sampler_and_other_settings_do_not_group(perf_models: Path, tmp_path: Path) -> None:
+    rt = BenchRuntime(perf_models, tmp_path / "q")
+    coalescer = Coalescer(rt.executor, CoalesceConfig(window_s=0.0))
+    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"), coalescer=coalescer)
+    prompts = [txt2img(CKPT, steps=2, seed=s, sampler="euler_ancestral") for s in (1, 2)]
+    prompts.append(txt2img(CKPT, steps=3, seed=3, sampler="euler_ancestral"))  # other steps: own group
+    for prompt in prompts:
+        queue.submit(JobSpec(prompt=prompt))
+    records = queue.drain()
+    assert coalescer.jobs_coalesced == 2
+    alone = BenchRuntime(perf_models, tmp_path / "alone")
+    for prompt, record in zip(prompts, records, strict=True):
+        assert np.abs(_saved(rt, record) - alone.image(alone.run(prompt))).max() <= 2 / 255
+    rt.close()
+    alone.close()
+
+
+def test_lone_job_waits_at_most_the_window(perf_models: Path, tmp_path: Path) -> None:
+    rt = BenchRuntime(perf_models, tmp_path / "q")
+    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"),
+                          coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.2)))
+    spec = JobSpec(prompt=txt2img(CKPT))
+    started = time.perf_counter()
+    assert queue._companions(spec, wait=True) == []
+    waited = time.perf_counter() - started
+    assert 0.15 <= waited < 0.6
+    started = time.perf_counter()
+    assert queue._companions(spec, wait=False) == []
+    assert time.perf_counter() - started < 0.1
+    rt.close()
+
+
+def _known_models(rt: BenchRuntime) -> set[str]:
+    deadline = time.monotonic() + 10
+    while rt.models._pending and time.monotonic() < deadline:  # let a background read finish
+        time.sleep(0.02)
+    stats = rt.models.stats()
+    return {m["key"] for m in [*stats["resident"], *stats["ram_tier"]]}
+
+
+def test_next_job_models_are_prefetched_and_images_unchanged(perf_models: Path, tmp_path: Path) -> None:
+    from engine.jobs import JobFinished
+
+    images = {}
+    for mode in ("plain", "prefetch"):
+        rt = BenchRuntime(perf_models, tmp_path / mode, prefetch=True)
+        prefetch = NextJobPrefetch(rt.executor) if mode == "prefetch" else None
+        queue = LocalJobQueue(rt.executor, JobStore(tmp_path / f"{mode}.sqlite"), prefetch=prefetch)
+        seen_after_a: list[set[str]] = []
+
+        def on_notice(notice: Any, rt: BenchRuntime = rt, seen: list[set[str]] = seen_after_a) -> None:
+            if isinstance(notice, JobFinished) and not seen:
+                seen.append(_known_models(rt))
+
+        queue.subscribe(on_notice)
+        for ckpt in (CKPT, CKPT_B):
+            queue.submit(JobSpec(prompt=txt2img(ckpt, steps=2, seed=4)))
+        records = queue.drain()
+        images[mode] = [_saved(rt, r) for r in records]
+        b_models = {load["key"] for load in records[1].memory["loads"]}
+        assert len(b_models) == 3 and all("_b.safetensors" in k for k in b_models)
+        # with the hook, B's models were read into RAM while A's job ran; without it, none were
+        expected = b_models if mode == "prefetch" else set()
+        assert b_models & seen_after_a[0] == expected
+        rt.close()
+    for a, b in zip(images["plain"], images["prefetch"], strict=True):
+        assert np.array_equal(a, b)
