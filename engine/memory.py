@@ -283,6 +283,7 @@ class ModelManager:
             source = "disk"
             module, nbytes = handle.load(), max(0, int(handle.estimate_bytes()))
         module = handle.to_device(module, device, dtype)
+        nbytes = module_bytes(module, nbytes)
         seconds = time.perf_counter() - start
         entry = _Entry(handle, module, nbytes, locks=1)
         with self._lock:
@@ -384,6 +385,7 @@ class ModelManager:
             self._loading.discard(key)
             self._pending.pop(key, None)
             if module is not None:
+                nbytes = module_bytes(module, nbytes)
                 self._ram[key] = _Entry(handle, module, nbytes, prefetched=True)
                 self._stats.bytes_moved += nbytes
                 self._stats.seconds += seconds
@@ -406,6 +408,22 @@ class ModelManager:
     @staticmethod
     def _describe(entry: _Entry) -> dict[str, Any]:
         return {"key": entry.handle.key, "kind": entry.handle.kind, "bytes": entry.nbytes}
+
+
+def module_bytes(module: Any, fallback: int) -> int:
+    """The memory a built module really holds (its parameters and buffers, each tensor once), so
+    the accounting follows the compute dtype (an fp16 file computed in fp32 holds twice its size).
+    Objects that are not torch modules keep the handle's estimate."""
+    parameters, buffers = getattr(module, "parameters", None), getattr(module, "buffers", None)
+    if not callable(parameters) or not callable(buffers):
+        return fallback
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*parameters(), *buffers()]:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += int(tensor.numel()) * int(tensor.element_size())
+    return total or fallback
 
 
 def handles_in(values: Iterable[Any]) -> list[ModelHandleLike]:

@@ -69,6 +69,13 @@ def make_checkpoints() -> tuple[Path, Path]:
     return a, b
 
 
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--compute-s", type=float, default=2.0, help="simulated node compute time")
@@ -93,11 +100,16 @@ def main() -> None:
 
     mm = ModelManager(ram_budget_bytes=24 * 2**30, prefetch=False)
     drop_page_cache(a_path)
+    rss_before = rss_bytes()
     print("cold load A (disk, page cache dropped): {:.2f}s [{}]".format(*timed(mm, a)))
     print("swap A→B (B from disk, page cache warm): {:.2f}s [{}]".format(*timed(mm, b)))
     print("swap B→A (A from the RAM tier):           {:.2f}s [{}]".format(*timed(mm, a)))
     s = mm.stats()
     print(f"   evictions: {[e['to'] for e in s['evictions']]}, max_resident {s['max_resident']}")
+    held = s["ram_tier_bytes"] + sum(r["bytes"] for r in s["resident"])
+    grown = rss_bytes() - rss_before
+    print(f"process memory grew {grown / 2**30:.2f} GiB; the manager accounts for {held / 2**30:.2f} GiB "
+          f"(ratio {grown / max(held, 1):.2f})")
     mm.close()
 
     for prefetch in (False, True):

@@ -56,7 +56,22 @@ def test_swap_a_b_a_keeps_one_resident_and_returns_from_ram(
     assert [[load["source"] for load in m["loads"]] for m in memory] == [["disk"], ["disk"], ["ram"]]
     assert [len(m["evictions"]) for m in memory] == [0, 1, 1]
     assert memory[1]["evictions"][0]["to"] == "ram"
+    # The accounting follows the compute dtype: the fp16 file's text encoder is held in fp32 on CPU.
+    from safetensors import safe_open
+
+    with safe_open(str(ckpts / "loom_demo_sd15.safetensors"), "pt") as f:
+        fp16_bytes = 2 * sum(_numel(f.get_slice(k).get_shape()) for k in f.keys()
+                             if k.startswith("cond_stage_model.") and f.get_slice(k).get_dtype() == "F16")
+    loaded = memory[0]["loads"][0]["bytes"]
+    assert abs(loaded - 2 * fp16_bytes) / loaded < 0.05, (loaded, fp16_bytes)
     # The process grew by about what the manager says it holds (two CLIP models), not more.
     held = memory[2]["ram_tier_bytes"] + sum(r["bytes"] for r in memory[2]["resident"])
     assert held > 0
     assert grown < held + 400 * 2**20, f"RSS grew {grown / 2**20:.0f} MiB for {held / 2**20:.1f} MiB of models"
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
