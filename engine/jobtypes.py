@@ -101,6 +101,14 @@ class JobRecord:
         return cls(spec=JobSpec.from_json(data["spec"]), **fields)
 
     @classmethod
+    def cancelled_before_start(cls, spec: JobSpec) -> JobRecord:
+        """A queued job removed before it ran (its history messages as ComfyUI records an interrupt)."""
+        message = ["execution_interrupted", {"prompt_id": spec.prompt_id, "node_id": None, "node_type": None,
+                                             "executed": [], "timestamp": int(time.time() * 1000)}]
+        return cls(spec, "cancelled", messages=[message],
+                   error={"type": "cancelled", "message": "cancelled before it started"})
+
+    @classmethod
     def from_result(cls, spec: JobSpec, result: RunResult, messages: list[list[Any]], started: float) -> JobRecord:
         status: JobStatus = {"success": "succeeded", "interrupted": "cancelled"}.get(result.status, "failed")  # type: ignore[assignment]
         return cls(spec, status, outputs=result.outputs, messages=messages, error=result.error,

@@ -198,10 +198,7 @@ class RayJobQueue:
         if spec is None:
             return False
         if record:
-            message = ["execution_interrupted", {"prompt_id": prompt_id, "node_id": None, "node_type": None,
-                                                 "executed": [], "timestamp": int(time.time() * 1000)}]
-            cancelled = JobRecord(spec, "cancelled", messages=[message],
-                                  error={"type": "cancelled", "message": "cancelled before it started"})
+            cancelled = JobRecord.cancelled_before_start(spec)
             self.store.finish(cancelled)
             self._notify(JobFinished(cancelled))
         self._notify(QueueChanged(self.remaining()))
