@@ -358,6 +358,10 @@ def make_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("make-demo-model", help="write small random-weight demo models")
     demo.add_argument("--models-dir", type=Path, default=ROOT / "models")
     demo.set_defaults(func=cmd_make_demo_model)
+
+    from nodes.bench.cli import add_bench_parser  # python main.py bench [--quick] [--json]
+
+    add_bench_parser(sub)
     return parser
 
 

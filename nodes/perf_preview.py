@@ -170,12 +170,14 @@ class PreviewPacer:
     def begin(self) -> None:
         self.started = time.perf_counter()
 
-    def due(self, done: int) -> bool:
+    def due(self, done: int, estimate: float | None = None) -> bool:
+        """``estimate``: a preview's cost measured before (None: unknown, so show one to learn it)."""
         now = time.perf_counter()
-        if self.shown == 0:
+        cost = self.cost if self.shown else estimate
+        if cost is None:
             return True
         elapsed = now - self.started
-        return now - self.last >= self.interval and self.spent + self.cost <= self.budget * elapsed
+        return now - self.last >= self.interval and self.spent + cost <= self.budget * elapsed
 
     def record(self, seconds: float) -> None:
         self.last, self.shown = time.perf_counter(), self.shown + 1
@@ -194,6 +196,20 @@ class PreviewRenderer:
     @cached_property
     def method(self) -> str:
         return "taesd" if self.taesd is not None else "latent2rgb"
+
+    def estimate(self, x0_shape: tuple[int, ...]) -> float | None:
+        """What a preview of this size cost last time (kept on the decoder module), else None."""
+        if self.taesd is None:
+            return 0.0
+        with self.ctx.models.use(self.taesd) as decoder:
+            return getattr(decoder, "_loom_preview_cost", {}).get(x0_shape)
+
+    def remember(self, x0_shape: tuple[int, ...], seconds: float) -> None:
+        if self.taesd is not None:
+            with self.ctx.models.use(self.taesd) as decoder:
+                costs = getattr(decoder, "_loom_preview_cost", {})
+                costs[x0_shape] = seconds
+                decoder._loom_preview_cost = costs
 
     def render(self, x0: torch.Tensor) -> Preview:
         from PIL import Image

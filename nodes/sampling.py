@@ -95,6 +95,31 @@ class _Guidance:
         for branch, entry in branches:
             groups.setdefault(entry.area, []).append((branch, entry))
         self.groups = list(groups.items())
+        # One area-less group with one entry of strength 1 per branch: plain CFG on the batch
+        # [negative; positive], combined without the area accumulators (bit-identical result).
+        self.plain = (len(self.groups) == 1 and self.groups[0][0] is None
+                      and len(self.groups[0][1]) == (1 if s.cfg == 1.0 else 2)
+                      and all(e.strength == 1.0 for _, e in self.groups[0][1]))
+        self._inputs: dict[tuple[int, int, int, int], tuple[torch.Tensor, dict[str, Any]]] = {}
+
+    def _static_inputs(self, key: tuple[int, int, int, int], entries: Sequence[CondEntry],
+                       size: tuple[int, int]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Text embeddings (and SDXL's pooled/size inputs) of a group, built once per batch size."""
+        if key not in self._inputs:
+            b = key[1]
+            embeds = _lcm_repeat([e.embeds for e in entries])
+            hidden = torch.cat([e.expand(b, -1, -1) for e in embeds]).to(self.param)  # (k*B, T, D)
+            extra: dict[str, Any] = {}
+            if entries[0].pooled is not None:
+                pooled = torch.cat([e.pooled.expand(b, -1) for e in entries if e.pooled is not None]).to(
+                    self.param
+                )
+                extra = self.family.unet_inputs(
+                    pooled=pooled, width=size[1], height=size[0], batch=hidden.shape[0]
+                )
+            self._inputs[key] = (hidden, extra)
+        hidden, extra = self._inputs[key]
+        return hidden, dict(extra)
 
     def _call(
         self,
@@ -105,16 +130,7 @@ class _Guidance:
         branches: Sequence[str] = (),
     ) -> torch.Tensor:
         b = x.shape[0]
-        embeds = _lcm_repeat([e.embeds for e in entries])
-        hidden = torch.cat([e.expand(b, -1, -1) for e in embeds]).to(self.param)  # (k*B, T, D)
-        extra: dict[str, Any] = {}
-        if entries[0].pooled is not None:
-            pooled = torch.cat([e.pooled.expand(b, -1) for e in entries if e.pooled is not None]).to(
-                self.param
-            )
-            extra = self.family.unet_inputs(
-                pooled=pooled, width=size[1], height=size[0], batch=hidden.shape[0]
-            )
+        hidden, extra = self._static_inputs((id(entries[0]), b, *size), entries, size)
         if getattr(self.unet, "_loom_clock", None) is not None:  # IP-Adapter: which rows are negative
             extra["cross_attention_kwargs"] = {"loom_rows": [br for br in branches for _ in range(b)]}
         xs = torch.cat([x] * len(entries))  # (k*B, C, h, w)
@@ -122,6 +138,14 @@ class _Guidance:
 
     def __call__(self, x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         h, w = x_in.shape[-2:]
+        if self.plain:
+            members = self.groups[0][1]
+            entries, branches = [e for _, e in members], [br for br, _ in members]
+            out = self._call(x_in, t, entries, (h * 8, w * 8), branches)
+            if self.s.cfg == 1.0:
+                return out
+            neg, pos = out.chunk(2)
+            return cfg_combine(neg, pos, self.s.cfg, self.s.guidance_rescale)
         acc = {k: torch.zeros_like(x_in) for k in ("pos", "neg")}
         weight = {k: torch.zeros_like(x_in[:, :1]) for k in ("pos", "neg")}
         for area, members in self.groups:
@@ -168,13 +192,20 @@ class _Reporter:
         method = str(ctx.settings.get("preview_method", "auto"))
         wanted = ctx.wants_preview and method != "none"  # settings["preview_method"]: auto|taesd|latent2rgb|none
         self.renderer = PreviewRenderer(ctx, family, factors, method) if wanted else None
+        self.shape: tuple[int, ...] = ()  # the latent's shape, set by sample()
+        self.estimate: float | None = None
 
     def __call__(self, done: int, total: int, x0: Callable[[], torch.Tensor]) -> None:
         preview = None
-        if self.renderer is not None and self.pacer.due(done):
-            started = time.perf_counter()
-            preview = self.renderer.render(x0())
-            self.pacer.record(time.perf_counter() - started)
+        if self.renderer is not None:
+            if self.estimate is None and self.pacer.shown == 0:
+                self.estimate = self.renderer.estimate(self.shape)
+            if self.pacer.due(done, self.estimate):
+                started = time.perf_counter()
+                x = x0()
+                preview = self.renderer.render(x)
+                self.pacer.record(time.perf_counter() - started)
+                self.renderer.remember(tuple(x.shape), self.pacer.cost)
         self.ctx.progress(done, total, preview=preview)
 
 
@@ -215,9 +246,9 @@ def sample(
             mask = _latent_mask(latent["noise_mask"], samples.shape).to(param)
             inpaint = Inpaint(samples.to(param), noise.to(param), mask)
         guidance = _Guidance(unet, family, positive, negative, s)
-        x = run_loop(
-            scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint, on_step=_Reporter(ctx, family)
-        )
+        reporter = _Reporter(ctx, family)
+        reporter.shape = tuple(x.shape)
+        x = run_loop(scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint, on_step=reporter)
     out = {k: v for k, v in latent.items() if k != "samples"}
     out["samples"] = x.float().cpu() / family.latent_scale
     return tag_latent(out, family)

@@ -1,0 +1,1 @@
+"""Benchmark scenarios: each module has ``run(setup) -> list[Row]``."""

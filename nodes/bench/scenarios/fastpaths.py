@@ -1,0 +1,127 @@
+"""Each optimisation on vs off: speed ratio and image difference (ToMe, DeepCache, previews) and
+device-level switches measured on the UNet itself (SDPA, channels-last, bf16; TF32/compile noted)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from functools import partial
+from typing import Any
+
+from nodes.bench.report import Row, interleaved, median
+from nodes.bench.runtime import BenchRuntime, image_difference, txt2img
+from nodes.bench.setup import BenchSetup
+
+
+def _sampler_s(rt: BenchRuntime, prompt: dict[str, Any]) -> tuple[float, Any]:
+    result = rt.run(prompt)
+    return result.timings["nodes"]["3"], rt.image(result)
+
+
+def _on_off(rt: BenchRuntime, setup: BenchSetup, size: int, steps: int, **patch: Any) -> tuple[float, float]:
+    """(speed ratio off/on of the sampler node, mean image difference), same seeds, interleaved."""
+    off_t, on_t, diffs = [], [], []
+    for seed in range(setup.repeats):
+        off, off_img = _sampler_s(rt, txt2img(setup.ckpt_a, size=size, steps=steps, seed=seed))
+        on, on_img = _sampler_s(rt, txt2img(setup.ckpt_a, size=size, steps=steps, seed=seed, **patch))
+        off_t.append(off)
+        on_t.append(on)
+        diffs.append(image_difference(off_img, on_img))
+    return median(off_t) / median(on_t), median(diffs)
+
+
+def model_patches(setup: BenchSetup) -> list[Row]:
+    rt = BenchRuntime(setup.models_dir, setup.work / "patches", settings={"preview_method": "none"})
+    big, steps = setup.sizes[-1], setup.steps
+    rt.run(txt2img(setup.ckpt_a, size=64, steps=1, tome=0.5))  # load both UNets once
+    speed, diff = _on_off(rt, setup, big, steps[0], tome=0.5)
+    rows = [Row("ToMe (TomePatchModel 0.5)", f"sampler speed-up at {big}²", speed, "x", "off by default"),
+            Row("ToMe (TomePatchModel 0.5)", "image difference", diff, "mean |Δ|", "trades quality")]
+    dc = {"cache_interval": 3, "cache_depth": 0, "start_step": 0, "end_step": 1000}
+    speed, diff = _on_off(rt, setup, setup.sizes[0], steps[-1], deepcache=dc)
+    rows += [Row("DeepCache (interval 3, depth 0)", f"sampler speed-up, {setup.sizes[0]}² {steps[-1]} steps", speed,
+                 "x", "off by default"),
+             Row("DeepCache (interval 3, depth 0)", "image difference", diff, "mean |Δ|", "trades quality")]
+    rt.close()
+    return rows
+
+
+def previews(setup: BenchSetup) -> list[Row]:
+    size, steps = setup.sizes[-1], setup.steps[-1]
+    rows = []
+    runtimes = {m: BenchRuntime(setup.models_dir, setup.work / f"preview_{m}", settings={"preview_method": m})
+                for m in ("none", "latent2rgb", "taesd")}
+    for rt in runtimes.values():
+        rt.run(txt2img(setup.ckpt_a, size=64, steps=2))
+    times: dict[str, list[float]] = {m: [] for m in runtimes}
+    for seed in range(setup.repeats):
+        for method, rt in runtimes.items():
+            times[method].append(rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=seed)).timings["nodes"]["3"])
+    base = median(times["none"])
+    for method in ("latent2rgb", "taesd"):
+        extra = (median(times[method]) - base) / base * 100
+        rows.append(Row("previews", f"{method} overhead, {size}² {steps} steps", extra, "% step",
+                        "paced to <= 5% of sampling time (± noise)"))
+    for rt in runtimes.values():
+        rt.close()
+    return rows
+
+
+def _unet(rt: BenchRuntime, ckpt: str) -> Any:
+    from nodes.models import open_checkpoint
+
+    with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
+        return unet
+
+
+def device_level(setup: BenchSetup) -> list[Row]:
+    import torch
+
+    rt = BenchRuntime(setup.models_dir, setup.work / "device")
+    unet = _unet(rt, setup.ckpt_a)
+    h = setup.sizes[-1] // 8
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, h, h, generator=gen)
+    hidden = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
+    t = torch.tensor(500)
+    processors = {type(p).__name__ for p in unet.attn_processors.values()}
+    rows = [Row("device: SDPA attention", "processors", float("AttnProcessor2_0" in processors), "bool",
+                f"{sorted(processors)} (torch scaled_dot_product_attention)")]
+
+    def step(module: Any, sample: Any, states: Any) -> Any:
+        with torch.no_grad():
+            return module(sample, t, encoder_hidden_states=states, return_dict=False)[0]
+
+    last = copy.deepcopy(unet).to(memory_format=torch.channels_last)
+    x_last = x.to(memory_format=torch.channels_last)
+    ref, alt = step(unet, x, hidden), step(last, x_last, hidden)
+    timing = interleaved({"contiguous": partial(step, unet, x, hidden),
+                          "channels_last": partial(step, last, x_last, hidden)}, setup.repeats)
+    rows.append(Row("device: channels-last", f"UNet call speed-up at {setup.sizes[-1]}² (CFG batch)",
+                    timing["contiguous"] / timing["channels_last"], "x",
+                    f"max |Δ| {float((ref - alt).abs().max()):.2e}; off on CPU unless it helps"))
+    del last
+    bf16 = copy.deepcopy(unet).to(torch.bfloat16)
+    timing = interleaved({"fp32": partial(step, unet, x, hidden),
+                          "bf16": partial(step, bf16, x.bfloat16(), hidden.bfloat16())}, max(1, setup.repeats - 1))
+    rows.append(Row("device: bf16 vs fp32", "UNet call speed-up", timing["fp32"] / timing["bf16"], "x",
+                    "policy: fp32 on CPU, fp16/bf16 on CUDA (DevicePolicy.detect)"))
+    del bf16
+    rows.append(Row("device: TF32", "enabled", float(torch.backends.cuda.matmul.allow_tf32), "bool",
+                    "CUDA only; no effect on CPU (no --tf32 switch yet)"))
+    if os.environ.get("LOOM_BENCH_COMPILE") == "1":
+        compiled = torch.compile(unet)
+        first = interleaved({"compile+first": lambda: step(compiled, x, hidden)}, 1)["compile+first"]
+        timing = interleaved({"eager": lambda: step(unet, x, hidden), "compiled": lambda: step(compiled, x, hidden)},
+                             setup.repeats)
+        rows.append(Row("device: torch.compile", "UNet call speed-up", timing["eager"] / timing["compiled"], "x",
+                        f"first call (compile) {first:.0f} s; opt-in only"))
+    else:
+        rows.append(Row("device: torch.compile", "UNet call speed-up", float("nan"), "x",
+                        "not run (LOOM_BENCH_COMPILE=1 measures it; ~64 s compile per shape on this CPU)"))
+    rt.close()
+    return rows
+
+
+def run(setup: BenchSetup) -> list[Row]:
+    return [*model_patches(setup), *previews(setup), *device_level(setup)]

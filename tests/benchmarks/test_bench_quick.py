@@ -1,0 +1,24 @@
+"""Regression guard: the quick benchmark runs in-process, prints its figures, and asserts only ratios
+measured in the same run (absolute times on shared CI machines vary up to 3x)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes.bench.report import Row, format_table
+from nodes.bench.suite import collect
+
+
+@pytest.mark.slow
+def test_quick_benchmark_ratios() -> None:
+    report = collect(True, only=["executor", "generation", "queue"])
+    rows = [Row(**r) for r in report["rows"]]
+    print("\n" + format_table(rows, report["machine"], "Loom quick benchmark (regression guard)"))
+    value = {(r.scenario, r.metric): r.value for r in rows}
+    assert value[("cache", "identical resubmit / cold")] < 0.02
+    per_step = [r.value for r in rows if r.metric == "Loom / diffusers per step"]
+    # medians of interleaved repeats; the guard takes the median over the sizes and step counts too
+    assert sorted(per_step)[len(per_step) // 2] <= 1.05, per_step
+    assert value[("cache", "seed-only change")] < value[("cache", "cold run (load + encode + sample + decode)")]
+    assert value[("checkpoint swap A→B→A", "A again: run")] > 0
+    assert value[("queue", "coalesced vs alone image diff")] < 1e-3
