@@ -178,14 +178,14 @@ def load_for_run(path: Path, registry: NodeRegistry) -> tuple[dict[str, Any], di
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run workflows in order through the same queue code as the server (an in-memory store)."""
-    from engine.jobs import JobSpec, JobStore, LocalJobQueue
+    from engine.jobs import JobSpec, JobStore, make_local_queue
     from engine.progress import ProgressPrinter
 
     runtime = build_runtime(args)
     sets = parse_set(args.set)
     printer = ProgressPrinter(sys.stderr, quiet=args.quiet)
     runtime.bus.subscribe(printer.on_event)
-    queue = LocalJobQueue(runtime.executor, JobStore(":memory:"))
+    queue = make_local_queue(runtime.executor, JobStore(":memory:"))
     worst = 0
     for path in args.workflows:
         try:
@@ -288,8 +288,9 @@ def write_demo_models(models_dir: Path) -> list[Path]:
     """Every demo file core nodes load: checkpoints, VAE, LoRA, CLIP vision, IP-Adapter, safety."""
     from nodes.demo import make_demo_models
     from nodes.demo_vision import make_demo_vision_models
+    from nodes.perf_preview import make_demo_taesd
 
-    return [*make_demo_models(models_dir), *make_demo_vision_models(models_dir)]
+    return [*make_demo_models(models_dir), *make_demo_vision_models(models_dir), *make_demo_taesd(models_dir)]
 
 
 # --- serve --------------------------------------------------------------------------------------

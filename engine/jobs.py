@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import events as ev
+from engine.coalesce import Coalescer, NextJobPrefetch
 from engine.executor import Executor, RunRequest, RunResult
 from engine.jobstore import JobStore
 from engine.jobtypes import (
@@ -363,3 +364,9 @@ class LocalJobQueue:
                 listener(notice)
             except Exception:  # a listener's bug must not stop the queue
                 log.exception("job queue listener failed")
+
+
+def make_local_queue(executor: Executor, store: JobStore) -> LocalJobQueue:
+    """The in-process queue as the server and the CLI run it: coalescing of compatible queued jobs
+    and next-job model prefetch on (both leave every image as it would be alone)."""
+    return LocalJobQueue(executor, store, coalescer=Coalescer(executor), prefetch=NextJobPrefetch(executor))

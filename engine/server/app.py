@@ -22,7 +22,7 @@ from aiohttp import web
 
 from engine.context import Folders
 from engine.executor import Executor
-from engine.jobs import JobQueue, JobStore, LocalJobQueue
+from engine.jobs import JobQueue, JobStore, make_local_queue
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, ServerConfig, add_routes
 from engine.server.openapi import OpenApiRoutes
@@ -177,7 +177,7 @@ def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Names
 
         queue = make_ray_queue(args, runtime, store, root=root)
     else:
-        queue = LocalJobQueue(runtime.executor, store)
+        queue = make_local_queue(runtime.executor, store)
     report = getattr(runtime, "plugin_report", None)
     web_dirs = getattr(report, "web_directories", None)
     extensions = web_dirs() if callable(web_dirs) else {}
