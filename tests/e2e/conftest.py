@@ -97,7 +97,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         subprocess.run([sys.executable, "main.py", "make-demo-model", "--models-dir", str(models)], cwd=ROOT, check=True,
                        capture_output=True, timeout=300)
         options = ["--models-dir", str(models), "--output-dir", str(data / "output"), "--input-dir", str(data / "input"),
-                   "--temp-dir", str(data / "temp"), "--user-dir", str(data / "user")]
+                   "--temp-dir", str(data / "temp"), "--user-dir", str(data / "user"),
+                   # plugin packs of every style, broken ones included: the editor must show the good ones
+                   "--custom-nodes", str(ROOT / "tests" / "plugins" / "packs")]
         launchers = [("real: main.py serve", [sys.executable, "main.py", "serve", *options]),
                      ("real: main.py serve + serve_all_nodes.py registration shim",
                       [sys.executable, str(Path(__file__).with_name("serve_all_nodes.py")), *options])]
