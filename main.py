@@ -63,6 +63,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--safety-action", choices=("blur", "black"), default="black",
                         help="what enforce does to a flagged image")
     parser.add_argument("--safety-sensitivity", type=float, default=0.5, help="0..1; 0.5 = the model's thresholds")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the UNet (opt-in; compiled once per loaded model, slow first run)")
+    parser.add_argument("--tf32", action="store_true", help="TF32 matmuls/convolutions while sampling (CUDA only)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -78,7 +81,11 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     report = _load_plugins(registry, args, folders)
     models = _model_manager(args)
     bus = EventBus()
-    settings = {"png_metadata": not args.no_png_metadata, "allow_pickle": args.allow_pickle, "safety": args.safety}
+    settings = {"png_metadata": not args.no_png_metadata, "allow_pickle": args.allow_pickle, "safety": args.safety,
+                "compile": args.compile, "tf32": args.tf32}
+    if args.tf32 and models.policy.device != "cuda":
+        log.info("--tf32 has no effect here: TF32 applies to CUDA devices only, this process computes on %s",
+                 models.policy.device)
     executor = Executor(
         registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings,
         guard=_guard(args, model_files, models),

@@ -8,7 +8,7 @@ of the process is reachable from here.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +81,27 @@ class Preview:
     data: bytes
 
 
+@dataclass
+class KeptImages:
+    """Encoded images a run keeps in memory because its client asked for bytes
+    (``RunRequest.keep_images``), keyed like the UI output entry that names them
+    (:meth:`key`: ``"{type}/{subfolder}/{filename}"``). ``memory_only`` lists the nodes whose
+    images were never written to disk (the executor does not cache their UI output, which names
+    files that do not exist)."""
+
+    data: dict[str, bytes] = field(default_factory=dict)
+    memory_only: set[str] = field(default_factory=set)
+
+    @staticmethod
+    def key(entry: Mapping[str, Any]) -> str:
+        return f"{entry.get('type', 'output')}/{entry.get('subfolder', '')}/{entry['filename']}"
+
+    def add(self, node_id: str, entry: Mapping[str, Any], encoded: bytes, *, on_disk: bool) -> None:
+        self.data[self.key(entry)] = encoded
+        if not on_disk:
+            self.memory_only.add(node_id)
+
+
 ProgressFn = Callable[[str, int, int], None]
 PreviewFn = Callable[[str, Preview], None]
 
@@ -98,6 +119,7 @@ class NodeContext:
     on_preview: PreviewFn | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     guard: ImageGuard | None = None  # set under --safety enforce; image-writing nodes must call it
+    kept_images: KeptImages | None = None  # set when the client asked for bytes; image nodes add to it
 
     def check_interrupt(self) -> None:
         """Raise :class:`Interrupted` if the run was interrupted; call it inside long loops."""

@@ -20,7 +20,16 @@ from typing import Any, Literal
 
 from engine import events as ev
 from engine.cache import OutputCache, canonical, is_nonce, make_key, nonce
-from engine.context import Folders, Interrupted, InterruptFlag, ModelAccess, NodeContext, NoModels, Preview
+from engine.context import (
+    Folders,
+    Interrupted,
+    InterruptFlag,
+    KeptImages,
+    ModelAccess,
+    NodeContext,
+    NoModels,
+    Preview,
+)
 from engine.graph import Prompt, as_link, build_graph, sort_key, topological_order
 from engine.guard import ImageGuard
 from engine.lists import NodeRun, call_mapped
@@ -46,13 +55,16 @@ LOOKAHEAD = 16  # how many upcoming nodes the memory manager hears about
 
 @dataclass
 class RunRequest:
-    """One workflow to run. ``outputs``: partial execution targets (default: all output nodes)."""
+    """One workflow to run. ``outputs``: partial execution targets (default: all output nodes).
+    ``keep_images``: image nodes also keep their encoded files in ``RunResult.images`` (previews
+    are then not written to disk at all)."""
 
     prompt: dict[str, Any]
     prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     outputs: list[str] | None = None
     extra_pnginfo: dict[str, Any] | None = None
     client_id: str | None = None
+    keep_images: bool = False
 
 
 @dataclass
@@ -66,6 +78,7 @@ class RunResult:
     error: dict[str, Any] | None = None
     timings: dict[str, Any] = field(default_factory=lambda: {"total_s": 0.0, "nodes": {}})
     memory: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, bytes] = field(default_factory=dict)  # KeptImages.key(ui entry) -> file bytes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,6 +114,7 @@ class _Plan:
     cached: list[str] = field(default_factory=list)
     cached_ui: dict[str, dict[str, Any]] = field(default_factory=dict)
     pnginfo: dict[str, Any] | None = None
+    kept: KeptImages | None = None  # RunRequest.keep_images
 
 
 class Executor:
@@ -148,6 +162,8 @@ class Executor:
         self._emit(ev.ExecutionStart(request.prompt_id))
         try:
             plan = self._plan(prompt, validation.outputs)
+            if request.keep_images:
+                plan.kept = KeptImages(data=result.images)
             self._require(plan, validation.outputs)
             self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(plan.cached)))  # always, as ComfyUI
             self._send_cached_ui(request, plan, plan.cached, result)
@@ -300,7 +316,8 @@ class Executor:
             result.timings["nodes"][node_id] = round(time.perf_counter() - started, 6)
             plan.results[node_id] = outputs
             result.executed.append(node_id)
-            self.cache.put(plan.keys[node_id], outputs, ui)
+            if plan.kept is None or node_id not in plan.kept.memory_only:  # its UI names no real file
+                self.cache.put(plan.keys[node_id], outputs, ui)
             if ui:
                 result.outputs[node_id] = ui
                 self._emit(ev.Executed(request.prompt_id, node=node_id, output=ui))
@@ -310,7 +327,7 @@ class Executor:
     def _pull_lazy(self, request: RunRequest, plan: _Plan, node_id: str, node_def: NodeDef) -> bool:
         """Ask the node which lazy inputs it needs; queue their producers. True if it must wait."""
         inputs = self._gather(request, plan, node_id, node_def, first_only=True)
-        ctx = self._context(request, node_id)
+        ctx = self._context(request, node_id, plan.kept)
         try:
             wanted = node_def.check_lazy_status(ctx, inputs)
         except Exception as exc:
@@ -364,7 +381,7 @@ class Executor:
             if blocker.message is not None:
                 raise NodeFailed(node_id, node_def.schema.node_id, RuntimeError(blocker.message), {})
             return [[blocker] for _ in range(n_out)], None
-        ctx = self._context(request, node_id)
+        ctx = self._context(request, node_id, plan.kept)
         try:
             run = call_mapped(NodeRun(node_def, ctx, inputs))
         except Interrupted:
@@ -373,7 +390,7 @@ class Executor:
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
         return run.outputs, run.ui
 
-    def _context(self, request: RunRequest, node_id: str) -> NodeContext:
+    def _context(self, request: RunRequest, node_id: str, kept: KeptImages | None = None) -> NodeContext:
         return NodeContext(
             node_id=node_id,
             prompt_id=request.prompt_id,
@@ -386,6 +403,7 @@ class Executor:
             on_preview=lambda nid, preview: self._preview(request, nid, preview),
             settings=self.settings,
             guard=self.guard,
+            kept_images=kept,
         )
 
     def _preview(self, request: RunRequest, node_id: str, preview: Preview) -> None:

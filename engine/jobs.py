@@ -27,6 +27,7 @@ from engine.jobstore import JobStore
 from engine.jobtypes import (
     FINAL,
     RESTART_MESSAGE,
+    RETURN_KEY,
     STATUS_MESSAGES,
     JobEvent,
     JobFinished,
@@ -35,6 +36,7 @@ from engine.jobtypes import (
     JobSpec,
     JobStatus,
     JobView,
+    KeptImageStore,
     Notice,
     NoticeListener,
     QueueChanged,
@@ -85,6 +87,7 @@ class LocalJobQueue:
         self.store = store
         self.coalescer = coalescer  # engine/coalesce.py: batch compatible queued jobs (None: off)
         self.prefetch = prefetch  # engine/coalesce.py: read the next job's models during this one
+        self.kept = KeptImageStore()  # images of jobs that asked for bytes (never written to SQLite)
         self._lock = threading.RLock()
         self._finished = threading.Condition(self._lock)
         self._wake = threading.Event()
@@ -212,9 +215,16 @@ class LocalJobQueue:
 
     def delete_history(self, prompt_ids: list[str]) -> None:
         self.store.delete_history(prompt_ids)
+        self.kept.discard(prompt_ids)
 
     def clear_history(self) -> None:
         self.store.clear_history()
+        self.kept.discard()
+
+    def kept_images(self, prompt_id: str) -> dict[str, bytes]:
+        """The encoded images a finished job kept in memory (``KeptImages.key`` -> bytes); empty
+        unless it was submitted with ``extra_data["loom_return"]`` = "bytes" or "base64"."""
+        return self.kept.get(prompt_id)
 
     def wait(self, prompt_id: str, timeout: float | None = None) -> JobRecord | None:
         """Block until the job is in the history (or the timeout passes)."""
@@ -302,6 +312,7 @@ class LocalJobQueue:
         request = RunRequest(
             prompt=spec.prompt, prompt_id=spec.prompt_id, outputs=list(spec.outputs) or None,
             extra_pnginfo=(spec.extra_data.get("extra_pnginfo") or None), client_id=spec.client_id,
+            keep_images=spec.extra_data.get(RETURN_KEY) in ("bytes", "base64"),
         )
         try:
             result = self.executor.run(request)
@@ -318,6 +329,8 @@ class LocalJobQueue:
         if result.status == "invalid" and not any(m[0] == "execution_error" for m in messages):
             messages.append(["execution_error", {"prompt_id": spec.prompt_id, **(result.error or {})}])
         record = JobRecord.from_result(spec, result, messages, started)
+        if result.images:
+            self.kept.put(spec.prompt_id, result.images)  # before the record: a GET must find both
         with self._finished:
             self.store.finish(record)
             self._current = None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,6 +19,10 @@ RESTART_MESSAGE = "interrupted by restart"
 # Events ComfyUI keeps in a history entry's status.messages.
 STATUS_MESSAGES = frozenset({"execution_start", "execution_cached", "execution_success",
                              "execution_error", "execution_interrupted"})
+# extra_data key of a job whose client asked for its images as bytes ("bytes" | "base64"; see
+# engine/server/routes_jobs.py): the run keeps them in memory (RunRequest.keep_images).
+RETURN_KEY = "loom_return"
+RETURN_MODES = ("files", "bytes", "base64")
 
 
 @dataclass
@@ -124,6 +130,34 @@ class JobView:
     status: JobStatus
     progress: JobProgress | None = None
     record: JobRecord | None = None
+
+
+class KeptImageStore:
+    """The in-memory images (``RunResult.images``) of the last ``max_jobs`` finished jobs that
+    asked for bytes; older ones are dropped (their files, where written, remain). Thread-safe."""
+
+    def __init__(self, max_jobs: int = 32) -> None:
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
+        self.max_jobs = max_jobs
+        self._lock = threading.Lock()
+        self._jobs: OrderedDict[str, dict[str, bytes]] = OrderedDict()
+
+    def put(self, prompt_id: str, images: Mapping[str, bytes]) -> None:
+        with self._lock:
+            self._jobs[prompt_id] = dict(images)
+            while len(self._jobs) > self.max_jobs:
+                self._jobs.popitem(last=False)
+
+    def get(self, prompt_id: str) -> dict[str, bytes]:
+        with self._lock:
+            return dict(self._jobs.get(prompt_id, {}))
+
+    def discard(self, prompt_ids: list[str] | None = None) -> None:
+        """Forget these jobs' images (all with ``None``), as the history forgets them."""
+        with self._lock:
+            for prompt_id in list(self._jobs) if prompt_ids is None else prompt_ids:
+                self._jobs.pop(prompt_id, None)
 
 
 # --- notices to subscribers ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ unless the run's settings say ``"png_metadata": False``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -95,27 +96,48 @@ def _to_pil(image: torch.Tensor) -> Any:
     return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels[..., :4])
 
 
+def encode_png(image: torch.Tensor, metadata: dict[str, Any] | None, compress_level: int) -> bytes:
+    """One [H, W, C] image as PNG file bytes, the metadata as JSON text chunks."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = None
+    if metadata:
+        info = PngInfo()
+        for key, value in metadata.items():
+            info.add_text(key, json.dumps(value))
+    buffer = io.BytesIO()
+    _to_pil(image).save(buffer, format="PNG", pnginfo=info, compress_level=compress_level)
+    return buffer.getvalue()
+
+
 def save_images(
+    ctx: NodeContext,
     images: torch.Tensor,
     folder_root: Path,
     prefix: str,
     kind: str,
     metadata: dict[str, Any] | None,
     compress_level: int,
+    *,
+    to_disk: bool = True,
 ) -> list[dict[str, str]]:
-    from PIL.PngImagePlugin import PngInfo
-
-    folder, stem, sub, counter = _save_path(folder_root, prefix)
-    info = None
-    if metadata:
-        info = PngInfo()
-        for key, value in metadata.items():
-            info.add_text(key, json.dumps(value))
+    """Encode and write ``{stem}_{counter:05}_.png`` files; the encoded bytes also go to
+    ``ctx.kept_images`` when the run asked for bytes. ``to_disk=False`` (previews for a client that
+    asked for bytes) skips the folder entirely: the images then exist only in memory."""
+    if to_disk:
+        folder, stem, sub, counter = _save_path(folder_root, prefix)
+    else:
+        folder, stem, sub, counter = folder_root, os.path.basename(prefix), "", 1
     results = []
     for i, image in enumerate(images):
         name = f"{stem.replace('%batch_num%', str(i))}_{counter:05}_.png"
-        _to_pil(image).save(folder / name, pnginfo=info, compress_level=compress_level)
-        results.append({"filename": name, "subfolder": sub, "type": kind})
+        encoded = encode_png(image, metadata, compress_level)
+        if to_disk:
+            (folder / name).write_bytes(encoded)
+        entry = {"filename": name, "subfolder": sub, "type": kind}
+        if ctx.kept_images is not None:
+            ctx.kept_images.add(ctx.node_id, entry, encoded, on_disk=to_disk)
+        results.append(entry)
         counter += 1
     return results
 
@@ -214,7 +236,7 @@ class SaveImage(Node):
                 metadata["prompt"] = prompt
             metadata.update(extra_pnginfo or {})
         images = guarded(ctx, images, metadata)
-        results = save_images(images, ctx.folders.output_dir, filename_prefix, "output", metadata, 4)
+        results = save_images(ctx, images, ctx.folders.output_dir, filename_prefix, "output", metadata, 4)
         return NodeOutput(ui={"images": results})
 
 
@@ -223,7 +245,8 @@ class PreviewImage(Node):
         node_id="PreviewImage",
         display_name="Preview Image",
         category="image",
-        description="Show images without keeping them (written to the temp folder).",
+        description="Show images without keeping them (written to the temp folder, or kept only in memory "
+        "when the job asked for bytes).",
         inputs=(Input("images", IMAGE, "The images to preview."),),
         hidden=(HIDDEN_PROMPT, HIDDEN_EXTRA_PNGINFO),
         output_node=True,
@@ -235,7 +258,8 @@ class PreviewImage(Node):
         prefix = "ComfyUI_temp_" + os.urandom(4).hex()[:5]
         metadata: dict[str, Any] = {}
         images = guarded(ctx, images, metadata)
-        results = save_images(images, ctx.folders.temp_dir, prefix, "temp", metadata or None, 1)
+        results = save_images(ctx, images, ctx.folders.temp_dir, prefix, "temp", metadata or None, 1,
+                              to_disk=ctx.kept_images is None)  # bytes asked for: no disk round trip
         return NodeOutput(ui={"images": results})
 
 

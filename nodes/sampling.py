@@ -5,7 +5,8 @@ noise (a CPU generator per seed, so a seed gives the same image on any device), 
 function (``_Guidance``: one batched UNet call per step for all entries of both CFG branches that
 share an area; CFG 1.0 skips the negative branch), then runs ``nodes.denoise.run_loop`` with a
 progress/preview/interrupt callback. Family differences (scheduler config, extra UNet inputs such
-as SDXL's pooled/size ids) come from the model handle's family adapter.
+as SDXL's pooled/size ids) come from the model handle's family adapter. ``settings["compile"]`` /
+``settings["tf32"]`` (``--compile`` / ``--tf32``) switch the UNet call (``nodes.perf_device``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nodes import samplers as smp
 from nodes.conditioning import CondEntry
 from nodes.denoise import Inpaint, Window, cfg_combine, run_loop, start_latent
 from nodes.latent import check_latent_for, tag_latent
+from nodes.perf_device import compiled_forward, tf32_scope
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -85,8 +87,10 @@ class _Guidance:
         positive: Sequence[CondEntry],
         negative: Sequence[CondEntry],
         s: Settings,
+        forward: Any = None,
     ):
         self.unet, self.family, self.s = unet, family, s
+        self.forward = unet if forward is None else forward  # the compiled UNet under --compile
         self.param = next(unet.parameters())
         branches = [("pos", e) for e in positive]
         if s.cfg != 1.0:
@@ -134,7 +138,7 @@ class _Guidance:
         if getattr(self.unet, "_loom_clock", None) is not None:  # IP-Adapter: which rows are negative
             extra["cross_attention_kwargs"] = {"loom_rows": [br for br in branches for _ in range(b)]}
         xs = torch.cat([x] * len(entries))  # (k*B, C, h, w)
-        return self.unet(xs, t, encoder_hidden_states=hidden, return_dict=False, **extra)[0]
+        return self.forward(xs, t, encoder_hidden_states=hidden, return_dict=False, **extra)[0]
 
     def __call__(self, x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         h, w = x_in.shape[-2:]
@@ -245,10 +249,11 @@ def sample(
         if "noise_mask" in latent:
             mask = _latent_mask(latent["noise_mask"], samples.shape).to(param)
             inpaint = Inpaint(samples.to(param), noise.to(param), mask)
-        guidance = _Guidance(unet, family, positive, negative, s)
+        guidance = _Guidance(unet, family, positive, negative, s, compiled_forward(unet, ctx.settings))
         reporter = _Reporter(ctx, family)
         reporter.shape = tuple(x.shape)
-        x = run_loop(scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint, on_step=reporter)
+        with tf32_scope(ctx.settings, param.device):  # settings["tf32"]: CUDA only
+            x = run_loop(scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint, on_step=reporter)
     out = {k: v for k, v in latent.items() if k != "samples"}
     out["samples"] = x.float().cpu() / family.latent_scale
     return tag_latent(out, family)

@@ -63,7 +63,10 @@ SCHEMAS: dict[str, Any] = {
         "workflow": {"type": "object", "description": "API format, Loom's saved format or ComfyUI UI format"},
         "client_id": {"type": "string"}, "front": {"type": "boolean"},
         "outputs": {"type": "array", "items": {"type": "string"}, "description": "output node ids to run"},
-        "webhook": {"type": "string", "description": "URL called with the job resource on completion"}}},
+        "webhook": {"type": "string", "description": "URL called with the job resource on completion"},
+        "return": {"type": "string", "enum": ["files", "bytes", "base64"],
+                   "description": "bytes: images kept in memory (previews never touch disk), served at "
+                                  "/api/v1/jobs/{job_id}/images/{n}; base64: also embedded in outputs[n].data"}}},
     "PromptRequest": {"type": "object", "required": ["prompt"], "properties": {
         "prompt": {"type": "object"}, "client_id": {"type": "string"}, "prompt_id": {"type": "string"},
         "number": {"type": "number"}, "front": {"type": "boolean"}, "extra_data": _OBJ,
@@ -96,6 +99,13 @@ def build_document(version: str) -> dict[str, Any]:
                        {"200": {"description": "text/event-stream", "content": {"text/event-stream": {
                            "schema": {"type": "string"}}}}, **_errors(404)},
                        params=[_path_param("job_id")], tags=native),
+        },
+        "/api/v1/jobs/{job_id}/images/{n}": {
+            "get": _op("Output file n of a job: its bytes from memory, else a redirect to /api/view",
+                       {"200": {"description": "the file", "content": {"image/png": {
+                           "schema": {"type": "string", "format": "binary"}}}},
+                        "307": {"description": "not kept in memory: the file's /api/view URL"}, **_errors(404)},
+                       params=[_path_param("job_id"), _path_param("n")], tags=native),
         },
         "/api/v1/workflows/convert": {
             "post": _op("Convert any workflow format to API format", {"200": _json(

@@ -3,13 +3,20 @@ server-sent event streams, cancellation, webhooks, and workflow conversion.
 
 ``POST /api/v1/jobs`` accepts any workflow format (API, Loom's saved format, ComfyUI UI format),
 converted on the server. A job's ``status`` is queued | running | succeeded | failed | cancelled.
+
+``"return": "bytes"`` in the POST body keeps the job's encoded images in memory (previews are then
+never written to disk); ``GET /api/v1/jobs/{id}/images/{n}`` serves output ``n`` of the job
+resource from memory, or redirects to its file under ``/api/view``. ``"return": "base64"`` (or
+``?images=base64`` on a GET) also embeds the in-memory bytes in the resource's ``outputs[n].data``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
+import mimetypes
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +26,9 @@ import aiohttp
 from aiohttp import web
 
 from engine import events as ev
+from engine.context import KeptImages
 from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
+from engine.jobtypes import RETURN_KEY, RETURN_MODES
 from engine.server.common import ApiError, Handler, ServerConfig, read_json, read_object
 from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
 from engine.server.security import is_loopback
@@ -64,7 +73,8 @@ def job_resource(view: JobView) -> dict[str, Any]:
         "started_at": _iso(record.started_at) if record else None,
         "finished_at": _iso(record.finished_at) if record else None,
         "progress": {"value": progress.value, "max": progress.max, "node": progress.node} if progress else None,
-        "outputs": output_files(record.outputs) if record else [],
+        "outputs": [{**f, "image": f"/api/v1/jobs/{spec.prompt_id}/images/{n}"}
+                    for n, f in enumerate(output_files(record.outputs))] if record else [],
         "errors": errors,
         "node_errors": record.node_errors if record else {},
         "executed": record.executed if record else [],
@@ -112,6 +122,7 @@ class JobRoutes:
             ("GET", "/api/v1/jobs/{job_id}", self.get),
             ("DELETE", "/api/v1/jobs/{job_id}", self.cancel),
             ("GET", "/api/v1/jobs/{job_id}/events", self.events),
+            ("GET", "/api/v1/jobs/{job_id}/images/{n}", self.image),
             ("POST", "/api/v1/workflows/convert", self.convert),
         ]
 
@@ -125,6 +136,13 @@ class JobRoutes:
         loaded = convert_any(source, self.object_info())
         webhook = self._check_webhook(body.get("webhook"))
         extra: dict[str, Any] = {}
+        returned = body.get("return", "files")
+        if returned not in RETURN_MODES:
+            raise ApiError(400, "invalid_request", f"return must be one of {', '.join(RETURN_MODES)} "
+                           f"(bytes: images kept in memory, served at /api/v1/jobs/<id>/images/<n>), "
+                           f"got {returned!r}")
+        if returned != "files":
+            extra[RETURN_KEY] = returned
         if loaded.workflow is not None:
             extra["extra_pnginfo"] = {"workflow": loaded.workflow}
         fields = {"prompt": loaded.prompt, "extra_data": extra, "client_id": body.get("client_id"),
@@ -163,7 +181,42 @@ class JobRoutes:
         return view
 
     async def get(self, request: web.Request) -> web.Response:
-        return web.json_response(job_resource(self._view(request)), dumps=_dumps)
+        view = self._view(request)
+        embed = request.query.get("images")
+        if embed not in (None, "base64"):
+            raise ApiError(400, "invalid_request", f"images must be 'base64' (or left out), got {embed!r}")
+        return web.json_response(self._resource(view, embed=embed == "base64"), dumps=_dumps)
+
+    async def image(self, request: web.Request) -> web.Response:
+        """Output ``n`` of a finished job: its bytes from memory, else a redirect to its file."""
+        view = self._view(request)
+        files = job_resource(view)["outputs"]
+        try:
+            entry = files[int(request.match_info["n"])]
+        except (ValueError, IndexError):
+            raise ApiError(404, "image_not_found", f"job {view.spec.prompt_id!r} has {len(files)} output "
+                           f"file(s); n must be 0..{len(files) - 1}") from None
+        data = self._kept(view.spec.prompt_id).get(KeptImages.key(entry))
+        if data is None:
+            raise web.HTTPTemporaryRedirect(entry["url"])
+        kind = mimetypes.guess_type(entry["filename"])[0] or "application/octet-stream"
+        return web.Response(body=data, content_type=kind, headers={"Cache-Control": "no-cache"})
+
+    def _kept(self, prompt_id: str) -> dict[str, bytes]:
+        kept = getattr(self.queue, "kept_images", None)  # queues that run jobs elsewhere keep none
+        return kept(prompt_id) if callable(kept) else {}
+
+    def _resource(self, view: JobView, *, embed: bool = False) -> dict[str, Any]:
+        """The job resource; with ``embed`` (or a job submitted with ``"return": "base64"``) each
+        output kept in memory carries its bytes as ``data`` (base64)."""
+        resource = job_resource(view)
+        if embed or view.spec.extra_data.get(RETURN_KEY) == "base64":
+            kept = self._kept(view.spec.prompt_id)
+            for entry in resource["outputs"]:
+                data = kept.get(KeptImages.key(entry))
+                if data is not None:
+                    entry["data"] = base64.b64encode(data).decode("ascii")
+        return resource
 
     async def cancel(self, request: web.Request) -> web.Response:
         view = self._view(request)
@@ -180,7 +233,7 @@ class JobRoutes:
             view = self._view(request)
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
-            await _send(response, "job", job_resource(view))
+            await _send(response, "job", self._resource(view))
             if view.status in FINAL:
                 return response
             while True:
@@ -191,7 +244,7 @@ class JobRoutes:
                     continue
                 if isinstance(notice, JobFinished):
                     final = self.queue.get(job_id)
-                    await _send(response, "job", job_resource(final) if final else {"id": job_id})
+                    await _send(response, "job", self._resource(final) if final else {"id": job_id})
                     return response
                 if isinstance(notice, JobEvent) and not isinstance(notice.event, ev.PreviewFrame):
                     await _send(response, notice.event.type, notice.event.data())
@@ -215,7 +268,7 @@ class JobRoutes:
                 inbox.put_nowait(notice)
             if isinstance(notice, JobFinished) and spec.webhook:
                 view = JobView(spec, notice.record.status, record=notice.record)
-                task = asyncio.get_running_loop().create_task(self._post_webhook(spec.webhook, job_resource(view)))
+                task = asyncio.get_running_loop().create_task(self._post_webhook(spec.webhook, self._resource(view)))
                 self._webhook_tasks.add(task)
                 task.add_done_callback(self._webhook_tasks.discard)
 

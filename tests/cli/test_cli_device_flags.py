@@ -1,0 +1,29 @@
+"""``--compile`` / ``--tf32`` reach the executor's settings; ``--tf32`` on the CPU only logs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import main
+from tests.cli.test_cli_run import dirs
+
+
+def _runtime(tmp_path: Path, *flags: str) -> main.Runtime:
+    args = main.make_parser().parse_args(["run", "wf.json", "--cpu", *flags, *dirs(tmp_path)])
+    return main.build_runtime(args)
+
+
+def test_flags_are_off_by_default_and_reach_the_settings(tmp_path: Path) -> None:
+    settings = _runtime(tmp_path).executor.settings
+    assert settings["compile"] is False and settings["tf32"] is False
+    settings = _runtime(tmp_path, "--compile", "--tf32").executor.settings
+    assert settings["compile"] is True and settings["tf32"] is True
+
+
+def test_tf32_on_cpu_says_it_does_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="loom"):
+        _runtime(tmp_path, "--tf32")
+    assert any("--tf32 has no effect" in r.getMessage() and "cpu" in r.getMessage() for r in caplog.records)
