@@ -6,11 +6,14 @@ them, so the server forwards them as they are and the CLI prints from the same o
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
+
+log = logging.getLogger("loom.events")
 
 
 def _now_ms() -> int:
@@ -112,28 +115,52 @@ class PreviewFrame(Event):
 
 
 Listener = Callable[[Event], None]
+T = TypeVar("T")
+
+
+class Listeners(Generic[T]):
+    """A thread-safe list of callbacks: ``subscribe`` returns the unsubscribe function; ``notify``
+    calls each one (outside the lock). With ``isolate``, a listener that raises is logged and the
+    others still run."""
+
+    def __init__(self, *, isolate: bool = False, what: str = "listener") -> None:
+        self._items: list[Callable[[T], None]] = []
+        self._lock = threading.Lock()
+        self._isolate = isolate
+        self._what = what
+
+    def subscribe(self, listener: Callable[[T], None]) -> Callable[[], None]:
+        with self._lock:
+            self._items.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if listener in self._items:
+                    self._items.remove(listener)
+
+        return unsubscribe
+
+    def notify(self, value: T) -> None:
+        with self._lock:
+            items = list(self._items)
+        for listener in items:
+            if not self._isolate:
+                listener(value)
+                continue
+            try:
+                listener(value)
+            except Exception:  # a listener's bug must not stop the producer
+                log.exception("%s failed", self._what)
 
 
 class EventBus:
     """Fan-out of events to listeners; safe to emit from the executor thread."""
 
     def __init__(self) -> None:
-        self._listeners: list[Listener] = []
-        self._lock = threading.Lock()
+        self._listeners: Listeners[Event] = Listeners()
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener)
 
     def emit(self, event: Event) -> None:
-        with self._lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener(event)
+        self._listeners.notify(event)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import events as ev
 from engine.coalesce import Coalescer, NextJobPrefetch
+from engine.events import Listeners
 from engine.executor import Executor, RunRequest, RunResult
 from engine.jobstore import JobStore
 from engine.jobtypes import (
@@ -92,7 +93,7 @@ class LocalJobQueue:
         self._finished = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._listeners: list[NoticeListener] = []
+        self._listeners: Listeners[Notice] = Listeners(isolate=True, what="job queue listener")
         self._current: JobSpec | None = None
         self._progress = JobProgress()
         self._messages: list[list[Any]] = []
@@ -140,12 +141,7 @@ class LocalJobQueue:
     # --- submitting and cancelling ------------------------------------------------------------------
     def submit(self, spec: JobSpec, *, front: bool = False, number: float | None = None) -> JobSpec:
         """Queue a job. ``number`` orders it (ComfyUI's field); ``front`` puts it before the others."""
-        if self.store.knows(spec.prompt_id):
-            raise ValueError(f"prompt_id {spec.prompt_id!r} is already in the queue or the history; "
-                             "leave prompt_id out to get a fresh one")
-        counter = self.store.next_number()
-        spec.number = float(number) if number is not None else float(-counter if front else counter)
-        self.store.add_pending(spec)
+        self.store.enqueue(spec, front=front, number=number)
         self._wake.set()
         self._notify(QueueChanged(self.remaining()))
         return spec
@@ -238,15 +234,7 @@ class LocalJobQueue:
             return record
 
     def subscribe(self, listener: NoticeListener) -> Callable[[], None]:
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener)
 
     # --- the worker -------------------------------------------------------------------------------
     def _subscribe_bus(self) -> None:
@@ -370,13 +358,7 @@ class LocalJobQueue:
         log.info("freed memory (unload_models=%s, free_memory=%s)", unload, free_memory)
 
     def _notify(self, notice: Notice) -> None:
-        with self._lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                listener(notice)
-            except Exception:  # a listener's bug must not stop the queue
-                log.exception("job queue listener failed")
+        self._listeners.notify(notice)
 
 
 def make_local_queue(executor: Executor, store: JobStore) -> LocalJobQueue:

@@ -51,6 +51,16 @@ class JobStore:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('number', ?)", (str(number + 1),))
             return number
 
+    def enqueue(self, spec: JobSpec, *, front: bool = False, number: float | None = None) -> None:
+        """Queue ``spec`` in ComfyUI's order: ``number`` given, else the next counter (negative with
+        ``front``, so it runs before the others). A prompt_id already known is refused."""
+        if self.knows(spec.prompt_id):
+            raise ValueError(f"prompt_id {spec.prompt_id!r} is already in the queue or the history; "
+                             "leave prompt_id out to get a fresh one")
+        counter = self.next_number()
+        spec.number = float(number) if number is not None else float(-counter if front else counter)
+        self.add_pending(spec)
+
     def add_pending(self, spec: JobSpec) -> None:
         with self._lock:
             self._db.execute("INSERT INTO queue (prompt_id, number, state, spec) VALUES (?, ?, 'pending', ?)",

@@ -32,6 +32,7 @@ from engine.context import Folders
 from engine.distributed.outputs import OutputStore
 from engine.distributed.router import Router, Ticket
 from engine.distributed.worker import JobOutcome, JobTask, WorkerEvent, WorkerLost
+from engine.events import Listeners
 from engine.executor import RunResult
 from engine.jobs import (
     JobEvent,
@@ -123,7 +124,7 @@ class RayJobQueue:
         self._finished = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._listeners: list[NoticeListener] = []
+        self._listeners: Listeners[Notice] = Listeners(isolate=True, what="job queue listener")
         self._flights: dict[str, _Flight] = {}
         self._attempts: dict[str, int] = {}  # next attempt number of jobs that lost a worker
         self._started_losses: dict[str, int] = {}
@@ -177,12 +178,7 @@ class RayJobQueue:
 
     # --- the JobQueue protocol ------------------------------------------------------------------------
     def submit(self, spec: JobSpec, *, front: bool = False, number: float | None = None) -> JobSpec:
-        if self.store.knows(spec.prompt_id):
-            raise ValueError(f"prompt_id {spec.prompt_id!r} is already in the queue or the history; "
-                             "leave prompt_id out to get a fresh one")
-        counter = self.store.next_number()
-        spec.number = float(number) if number is not None else float(-counter if front else counter)
-        self.store.add_pending(spec)
+        self.store.enqueue(spec, front=front, number=number)
         self._wake.set()
         self._notify(QueueChanged(self.remaining()))
         return spec
@@ -263,15 +259,7 @@ class RayJobQueue:
         self.store.clear_history()
 
     def subscribe(self, listener: NoticeListener) -> Callable[[], None]:
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener)
 
     # --- looking at the cluster ----------------------------------------------------------------------
     def router_workers(self) -> list[str]:
@@ -486,13 +474,7 @@ class RayJobQueue:
         self._notify(QueueChanged(self.remaining()))
 
     def _notify(self, notice: Notice) -> None:
-        with self._lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                listener(notice)
-            except Exception:  # a listener's bug must not stop the queue
-                log.exception("job queue listener failed")
+        self._listeners.notify(notice)
 
 
 def _names_files(output: dict[str, Any]) -> bool:
