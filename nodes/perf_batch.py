@@ -24,6 +24,7 @@ from nodes import samplers as smp
 from nodes.conditioning import CondEntry
 from nodes.denoise import Inpaint, Window, cfg_combine, run_loop, start_latent
 from nodes.latent import check_latent_for, tag_latent
+from nodes.perf_device import compiled_forward, tf32_scope
 from nodes.sampling import _AYS_TABLES, KSampler, Settings, _latent_mask, _lcm_repeat, _Reporter, sample
 
 
@@ -31,8 +32,9 @@ class _RowsGuidance:
     """Model function for stacked jobs: one UNet call on ``[neg rows; pos rows]`` per step."""
 
     def __init__(self, unet: Any, family: Any, pos: Sequence[CondEntry], neg: Sequence[CondEntry],
-                 rows: int, s: Settings) -> None:
+                 rows: int, s: Settings, forward: Any = None) -> None:
         self.unet, self.family, self.s, self.rows = unet, family, s, rows  # rows: B per job
+        self.forward = forward if forward is not None else unet  # the compiled UNet under --compile
         param = next(unet.parameters())
         entries = [*neg, *pos] if s.cfg != 1.0 else list(pos)
         embeds = _lcm_repeat([e.embeds for e in entries])
@@ -47,7 +49,7 @@ class _RowsGuidance:
         extra: dict[str, Any] = {}
         if self.pooled is not None:
             extra = self.family.unet_inputs(pooled=self.pooled, width=w * 8, height=h * 8, batch=xs.shape[0])
-        out = self.unet(xs, t, encoder_hidden_states=self.hidden, return_dict=False, **extra)[0]
+        out = self.forward(xs, t, encoder_hidden_states=self.hidden, return_dict=False, **extra)[0]
         if self.s.cfg == 1.0:
             return out
         neg, pos = out.chunk(2)
@@ -93,9 +95,11 @@ def sample_stacked(ctx: NodeContext, model: Any, positives: Sequence[Sequence[Co
         if "noise_mask" in latent:
             mask = _latent_mask(latent["noise_mask"], samples.shape).to(param).repeat(k, 1, 1, 1)
             inpaint = Inpaint(stacked.to(param), noise.to(param), mask)
-        guidance = _RowsGuidance(unet, family, [p[0] for p in positives], [n[0] for n in negatives], b, s)
-        x = run_loop(scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint,
-                     on_step=_Reporter(ctx, family))
+        guidance = _RowsGuidance(unet, family, [p[0] for p in positives], [n[0] for n in negatives], b, s,
+                                 compiled_forward(unet, ctx.settings))
+        with tf32_scope(ctx.settings, param.device):
+            x = run_loop(scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint,
+                         on_step=_Reporter(ctx, family))
     results = []
     for part in (x.float().cpu() / family.latent_scale).chunk(k):
         out = {key: v for key, v in latent.items() if key != "samples"}
