@@ -33,6 +33,7 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, IMAGE, DynamicOptions, Input, NodeSchema, Output
 from nodes.families.base import CONFIGS_DIR
+from nodes.families.build import module_with_weights
 from nodes.families.files import ModelLoadError, TensorIndex, fingerprint, load_tensors, read_index
 
 CLIP_VISION = "CLIP_VISION"
@@ -173,7 +174,6 @@ class ClipVisionHandle:
         return self.nbytes
 
     def load(self) -> Any:
-        from accelerate import init_empty_weights
         from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
         index = read_index(self.path, allow_pickle=self.allow_pickle)
@@ -183,14 +183,9 @@ class ClipVisionHandle:
         sd = {k: v.float() for k, v in sd.items() if k.startswith(("vision_model.", "visual_projection."))}
         if "visual_projection.weight" not in sd:  # a tower without projection: embeds = pooled output
             sd["visual_projection.weight"] = torch.eye(self.hidden_size)
-        with init_empty_weights(include_buffers=False):
-            model = CLIPVisionModelWithProjection(CLIPVisionConfig(**self.config))
-        missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
-        missing = [k for k in missing if not k.endswith("position_ids")]
-        if missing or unexpected:
-            raise ModelLoadError(f"{self.path}: CLIP vision weights do not fit the architecture read from the file "
-                                 f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-        return model.eval().requires_grad_(False)
+        config = CLIPVisionConfig(**self.config)
+        return module_with_weights(lambda: CLIPVisionModelWithProjection(config), sd,
+                                   f"{self.path}: CLIP vision weights read from the file")
 
     def to_device(self, module: Any, device: str, dtype: str) -> Any:
         return module.to(device=torch.device(device), dtype=getattr(torch, dtype))

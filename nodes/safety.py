@@ -38,6 +38,7 @@ from engine.node import Node, NodeOutput
 from engine.schema import COMBO, FLOAT, IMAGE, DynamicOptions, Input, NodeSchema, Output
 from nodes.clip_vision import ProcessorConfig, check_image, preprocess
 from nodes.families.base import CONFIGS_DIR
+from nodes.families.build import module_with_weights
 from nodes.families.files import ModelLoadError, fingerprint, load_tensors, read_index
 
 ACTIONS = ("blur", "black", "mark-only")
@@ -74,20 +75,13 @@ class SafetyHandle:
         return self.nbytes
 
     def load(self) -> Any:
-        from accelerate import init_empty_weights
         from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
         from transformers import CLIPConfig
 
         config = CLIPConfig(**json.loads((self.path.parent / "config.json").read_text(encoding="utf-8")))
-        with init_empty_weights(include_buffers=False):
-            model = StableDiffusionSafetyChecker(config)
         sd = {k: v.float() for k, v in load_tensors(read_index(self.path)).items()}
-        missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
-        missing = [k for k in missing if not k.endswith("position_ids")]
-        if missing or unexpected:
-            raise ModelLoadError(f"{self.path}: weights do not fit config.json (missing {missing[:3]}, "
-                                 f"unexpected {unexpected[:3]})")
-        return model.eval().requires_grad_(False)
+        return module_with_weights(lambda: StableDiffusionSafetyChecker(config), sd,
+                                   f"{self.path}: safety checker weights and config.json")
 
     def to_device(self, module: Any, device: str, dtype: str) -> Any:
         return module.to(device=torch.device(device), dtype=getattr(torch, dtype))

@@ -23,6 +23,22 @@ from nodes.families.files import ModelLoadError, TensorIndex, load_tensors
 EMPTY_INIT_LOCK = threading.RLock()
 
 
+def module_with_weights(factory: Any, state_dict: dict[str, Any], what: str) -> Any:
+    """``factory()`` built with meta parameters, then given ``state_dict`` (assigned, no copy), all
+    under EMPTY_INIT_LOCK; a state dict that does not fit raises ModelLoadError naming ``what``."""
+    from accelerate import init_empty_weights
+
+    with EMPTY_INIT_LOCK:
+        with init_empty_weights(include_buffers=False):
+            model = factory()
+        missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise ModelLoadError(f"{what}: weights do not fit the architecture (missing {missing[:4]}, "
+                             f"unexpected {unexpected[:4]})")
+    return model.eval().requires_grad_(False)
+
+
 def empty_module(part: Part) -> Any:
     """The module of ``part`` with parameters on the meta device (buffers real)."""
     from accelerate import init_empty_weights
