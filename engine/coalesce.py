@@ -119,6 +119,20 @@ class Coalescer:
         except TypeError:
             return None
 
+    def has_work(self, spec: JobSpec) -> bool:
+        """Whether a node of ``spec`` that could batch still has to compute (not in the cache).
+        A job whose samplers are all cached (an identical resubmit) has nothing to coalesce and
+        must not wait for companions."""
+        plan = self._plan(spec)
+        if plan is None:
+            return False
+        for node_id, key in plan.keys.items():
+            node_def = self.executor.registry.get(str(plan.prompt[node_id]["class_type"]))
+            batching = node_def.schema.batching if node_def is not None else None
+            if batching is not None and batching.variant is not None and (is_nonce(key) or key not in self.executor.cache):
+                return True
+        return False
+
     def companions(self, head: JobSpec, pending: Sequence[JobSpec]) -> list[JobSpec]:
         """The consecutive pending jobs right after ``head`` that can run with it (chunked)."""
         sig = self.signature(head)

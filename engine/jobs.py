@@ -285,7 +285,7 @@ class LocalJobQueue:
     def _companions(self, spec: JobSpec, wait: bool) -> list[JobSpec]:
         """Pending jobs to coalesce with ``spec``; a lone job waits at most the window for some."""
         assert self.coalescer is not None
-        if self.coalescer.signature(spec) is None:
+        if self.coalescer.signature(spec) is None or not self.coalescer.has_work(spec):
             return []
         deadline = time.monotonic() + (self.coalescer.config.window_s if wait else 0.0)
         while True:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -73,6 +74,9 @@ class DevicePolicy:
     dtypes: tuple[tuple[str, str], ...] = ()  # (kind, dtype name); missing kinds use default_dtype
     default_dtype: str = "float32"
     small_kinds: frozenset[str] = frozenset({"vae_approx"})  # may stay resident beside a large one
+    # kinds whose convolution weights are kept channels-last (NHWC): on CPU oneDNN runs the SD UNet
+    # ~3% and the VAE 10-17% faster that way, equal up to float noise (python main.py bench)
+    channels_last: frozenset[str] = frozenset()
 
     def dtype_for(self, kind: str) -> str:
         return dict(self.dtypes).get(kind, self.default_dtype)
@@ -82,12 +86,12 @@ class DevicePolicy:
 
     @classmethod
     def cpu(cls) -> DevicePolicy:
-        return cls()
+        return cls(channels_last=frozenset({"unet", "vae"}))
 
     @classmethod
     def detect(cls, force_cpu: bool = False) -> DevicePolicy:
         """CUDA (fp16, or bf16 where supported; VAE in bf16 or fp32) > MPS (fp16, VAE fp32) > CPU
-        (fp32 everywhere: half precision is slower than fp32 on CPUs)."""
+        (fp32 everywhere: half precision is slower than fp32 on CPUs; UNet and VAE channels-last)."""
         if force_cpu:
             return cls.cpu()
         import torch  # lazy: the engine imports no torch at import time
@@ -283,6 +287,8 @@ class ModelManager:
             source = "disk"
             module, nbytes = handle.load(), max(0, int(handle.estimate_bytes()))
         module = handle.to_device(module, device, dtype)
+        if handle.kind in self.policy.channels_last:
+            module = channels_last(module)
         nbytes = module_bytes(module, nbytes)
         seconds = time.perf_counter() - start
         entry = _Entry(handle, module, nbytes, locks=1)
@@ -408,6 +414,15 @@ class ModelManager:
     @staticmethod
     def _describe(entry: _Entry) -> dict[str, Any]:
         return {"key": entry.handle.key, "kind": entry.handle.kind, "bytes": entry.nbytes}
+
+
+def channels_last(module: Any) -> Any:
+    """``module`` with its 4-D weights in channels-last memory order (a no-op for weights already
+    in it, and for objects that are not torch modules)."""
+    torch = sys.modules.get("torch")  # a torch module means torch is imported already
+    if torch is None or not isinstance(module, torch.nn.Module):
+        return module
+    return torch.nn.Module.to(module, memory_format=torch.channels_last)
 
 
 def module_bytes(module: Any, fallback: int) -> int:

@@ -1,12 +1,14 @@
-"""``KSamplerBatched``: KSampler over lists of seeds and prompts in one batched UNet call per step.
+"""``KSamplerBatched`` / ``KSamplerAdvancedBatched``: KSampler (Advanced) over lists of seeds and
+prompts in one batched UNet call per step.
 
-KSampler's ``batched_variant``. Request coalescing (``engine/coalesce.py``) runs queued jobs that
-differ only in seeds and prompt text as one merged workflow in which this node receives one seed
-and one prompt pair per job; it stacks the jobs along the batch axis (rows ``[j*B, (j+1)*B)``
-are job ``j``; CFG branches as ``[negatives; positives]``) and returns one LATENT per job, each
-equal to what KSampler gives for that job alone up to float noise (same per-seed noise, same
-per-row scheduler arithmetic). Inputs a single batched call cannot express (areas, several
-entries per side, IP-Adapter, differing settings) fall back to one KSampler call per job.
+The ``batching.variant`` of KSampler and KSamplerAdvanced. Request coalescing
+(``engine/coalesce.py``) runs queued jobs that differ only in seeds and prompt text as one merged
+workflow in which this node receives one seed and one prompt pair per job; it stacks the jobs
+along the batch axis (rows ``[j*B, (j+1)*B)`` are job ``j``; CFG branches as
+``[negatives; positives]``) and returns one LATENT per job, each equal to what the single node
+gives for that job alone up to float noise (same per-seed noise, same per-row scheduler
+arithmetic). Inputs a single batched call cannot express (areas, several entries per side,
+IP-Adapter, differing settings, an empty step window) fall back to one call per job.
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ from nodes.conditioning import CondEntry
 from nodes.denoise import Inpaint, Window, cfg_combine, run_loop, start_latent
 from nodes.latent import check_latent_for, tag_latent
 from nodes.perf_device import compiled_forward, tf32_scope
-from nodes.sampling import _AYS_TABLES, KSampler, Settings, _latent_mask, _lcm_repeat, _Reporter, sample
+from nodes.sampling import (
+    _AYS_TABLES,
+    KSampler,
+    KSamplerAdvanced,
+    Settings,
+    _latent_mask,
+    _lcm_repeat,
+    _Reporter,
+    sample,
+)
 
 
 class _RowsGuidance:
@@ -114,6 +125,20 @@ def _broadcast(inputs: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [{name: v[min(i, len(v) - 1)] for name, v in inputs.items() if v} for i in range(k)]
 
 
+def _run_calls(ctx: NodeContext, calls: list[dict[str, Any]], settings: list[Settings]) -> list[dict]:
+    """One stacked sampling for all calls when they can share it, else one ``sample`` per call."""
+    first = calls[0]
+    same = all(c["model"] is first["model"] and c["latent_image"] is first["latent_image"] for c in calls)
+    if len(calls) > 1 and same:
+        with ctx.models.use(first["model"]) as unet:
+            stackable = can_stack(unet, settings, [c["positive"] for c in calls], [c["negative"] for c in calls])
+        if stackable:
+            return sample_stacked(ctx, first["model"], [c["positive"] for c in calls],
+                                  [c["negative"] for c in calls], first["latent_image"], settings)
+    return [sample(ctx, c["model"], c["positive"], c["negative"], c["latent_image"], s)
+            for c, s in zip(calls, settings, strict=True)]
+
+
 class KSamplerBatched(Node):
     SCHEMA = NodeSchema(
         node_id="KSamplerBatched",
@@ -130,13 +155,29 @@ class KSamplerBatched(Node):
         settings = [Settings(c["seed"], c["steps"], c["cfg"], c["sampler_name"], c["scheduler"],
                              Window.from_denoise(c["steps"], c["denoise"]), True, c.get("guidance_rescale", 0.0))
                     for c in calls]
-        first = calls[0]
-        same = all(c["model"] is first["model"] and c["latent_image"] is first["latent_image"] for c in calls)
-        if len(calls) > 1 and same:
-            with ctx.models.use(first["model"]) as unet:
-                stackable = can_stack(unet, settings, [c["positive"] for c in calls], [c["negative"] for c in calls])
-            if stackable:
-                return (sample_stacked(ctx, first["model"], [c["positive"] for c in calls],
-                                       [c["negative"] for c in calls], first["latent_image"], settings),)
-        return ([sample(ctx, c["model"], c["positive"], c["negative"], c["latent_image"], s)
-                 for c, s in zip(calls, settings, strict=True)],)
+        return (_run_calls(ctx, calls, settings),)
+
+
+class KSamplerAdvancedBatched(Node):
+    SCHEMA = NodeSchema(
+        node_id="KSamplerAdvancedBatched",
+        display_name="KSampler (Advanced, batched lists)",
+        category="sampling",
+        description="KSampler (Advanced) over lists of noise seeds/prompts: one batched UNet call per step, "
+                    "one latent per item.",
+        inputs=KSamplerAdvanced.SCHEMA.inputs,
+        outputs=(Output("LATENT", LATENT, "One (partly) denoised latent per list item.", is_list=True),),
+        input_is_list=True,
+    )
+
+    def run(self, ctx: NodeContext, **inputs: Any) -> tuple[list[dict]]:
+        calls = _broadcast(inputs)
+        if any(c["start_at_step"] >= min(c["end_at_step"], c["steps"]) for c in calls):
+            single = KSamplerAdvanced()  # an empty window returns the latent as it is
+            return ([single.run(ctx, **c)[0] for c in calls],)
+        settings = [Settings(c["noise_seed"], c["steps"], c["cfg"], c["sampler_name"], c["scheduler"],
+                             Window(c["steps"], c["start_at_step"], min(c["end_at_step"], c["steps"]),
+                                    c["return_with_leftover_noise"] != "enable"),
+                             c["add_noise"] == "enable", c.get("guidance_rescale", 0.0))
+                    for c in calls]
+        return (_run_calls(ctx, calls, settings),)

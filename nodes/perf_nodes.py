@@ -2,7 +2,7 @@
 
 - ``TomePatchModel`` (``nodes/perf_tome.py``): token merging, trades quality for speed
 - ``DeepCache`` (``nodes/perf_deepcache.py``): step caching, trades quality for speed
-- ``KSamplerBatched`` (``nodes/perf_batch.py``): KSampler's batched variant, used by request
+- ``KSamplerBatched`` / ``KSamplerAdvancedBatched`` (``nodes/perf_batch.py``): the samplers' batched variants, used by request
   coalescing (``engine/coalesce.py``) and usable on its own with list inputs
 """
 
@@ -13,11 +13,11 @@ from engine.registry import NodeRegistry
 
 
 def perf_nodes() -> list[type[Node]]:
-    from nodes.perf_batch import KSamplerBatched
+    from nodes.perf_batch import KSamplerAdvancedBatched, KSamplerBatched
     from nodes.perf_deepcache import DeepCache
     from nodes.perf_tome import TomePatchModel
 
-    return [TomePatchModel, DeepCache, KSamplerBatched]
+    return [TomePatchModel, DeepCache, KSamplerBatched, KSamplerAdvancedBatched]
 
 
 def register_perf(registry: NodeRegistry) -> None:

@@ -398,6 +398,7 @@ class KSamplerAdvanced(Node):
             _RESCALE,
         ),
         outputs=(Output("LATENT", LATENT, "The (partly) denoised latent."),),
+        batching=Batching(inputs=("noise_seed",), variant="KSamplerAdvancedBatched"),  # nodes/perf_batch.py
     )
 
     def run(

@@ -1,4 +1,4 @@
-"""The ``bench`` subcommand: ``python main.py bench [--quick] [--json] [--only NAME]... [--repeats N]``."""
+"""The ``bench`` subcommand: ``python main.py bench [--quick] [--json|--markdown] [--only NAME]... [--repeats N]``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help="demo models, small sizes (a few minutes on a CPU; what CI runs)")
     bench.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    bench.add_argument("--markdown", action="store_true", help="a Markdown table (for a README) instead")
     bench.add_argument("--only", action="append", default=None, metavar="SCENARIO",
-                       choices=["executor", "generation", "queue", "fastpaths"], help="run only these (repeatable)")
+                       choices=["executor", "generation", "server", "queue", "fastpaths"], help="run only these (repeatable)")
     bench.add_argument("--repeats", type=int, default=None, help="repeats per figure (median is reported)")
     bench.set_defaults(func=cmd_bench)
     return bench
@@ -22,4 +23,4 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     from nodes.bench.suite import run_bench
 
-    return run_bench(args.quick, args.json, only=args.only, repeats=args.repeats)
+    return run_bench(args.quick, args.json, only=args.only, repeats=args.repeats, as_markdown=args.markdown)

@@ -100,3 +100,12 @@ def image_difference(a: Any, b: Any) -> float:
     import numpy as np
 
     return float(np.abs(np.asarray(a, dtype=np.float32) - np.asarray(b, dtype=np.float32)).mean())
+
+
+def contiguous_copy(module: Any) -> Any:
+    """A copy of ``module`` in contiguous memory order: the way diffusers loads it (Loom keeps UNet
+    and VAE channels-last on CPU, ``DevicePolicy.channels_last``)."""
+    import torch
+
+    to: Any = torch.nn.Module.to  # the stubs do not declare memory_format
+    return to(copy.deepcopy(module), memory_format=torch.contiguous_format)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from nodes.bench.report import Row, format_table, machine, peak_rss_mib
+from nodes.bench.report import Row, format_table, machine, markdown_table, peak_rss_mib
 from nodes.bench.setup import BenchSetup, prepare
 
 log = logging.getLogger("loom.bench")
@@ -24,10 +24,10 @@ Scenario = Callable[[BenchSetup], list[Row]]
 
 
 def scenarios() -> dict[str, Scenario]:
-    from nodes.bench.scenarios import executor_overhead, fastpaths, generation, queue
+    from nodes.bench.scenarios import executor_overhead, fastpaths, generation, queue, server
 
-    return {"executor": executor_overhead.run, "generation": generation.run, "queue": queue.run,
-            "fastpaths": fastpaths.run}
+    return {"executor": executor_overhead.run, "generation": generation.run, "server": server.run,
+            "queue": queue.run, "fastpaths": fastpaths.run}
 
 
 def collect(quick: bool, *, only: list[str] | None = None, repeats: int | None = None,
@@ -59,12 +59,17 @@ def collect(quick: bool, *, only: list[str] | None = None, repeats: int | None =
 
 
 def run_bench(quick: bool, as_json: bool, *, only: list[str] | None = None, repeats: int | None = None,
-              out: TextIO | None = None) -> int:
-    """Run the benchmark and print a table (or one JSON object); 0 on success."""
+              out: TextIO | None = None, as_markdown: bool = False) -> int:
+    """Run the benchmark and print a table (or one JSON object, or a Markdown table); 0 on success."""
     out = out or sys.stdout
     report = collect(quick, only=only, repeats=repeats, progress=sys.stderr)
     if as_json:
         print(json.dumps(report), file=out, flush=True)
+    elif as_markdown:
+        info = ", ".join(f"{k}={v}" for k, v in report["machine"].items())
+        print(f"Machine: {info}. Mode {report['mode']}, median of {report['repeats']}, {report['seconds']} s.\n",
+              file=out)
+        print(markdown_table([Row(**r) for r in report["rows"]]), file=out, flush=True)
     else:
         rows = [Row(**r) for r in report["rows"]]
         title = f"Loom benchmark ({report['mode']}, median of {report['repeats']}, {report['seconds']} s)"

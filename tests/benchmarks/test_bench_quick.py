@@ -11,7 +11,7 @@ from nodes.bench.suite import collect
 
 @pytest.mark.slow
 def test_quick_benchmark_ratios() -> None:
-    report = collect(True, only=["executor", "generation", "queue"])
+    report = collect(True, only=["executor", "generation", "server", "queue"])
     rows = [Row(**r) for r in report["rows"]]
     print("\n" + format_table(rows, report["machine"], "Loom quick benchmark (regression guard)"))
     value = {(r.scenario, r.metric): r.value for r in rows}
@@ -22,3 +22,22 @@ def test_quick_benchmark_ratios() -> None:
     assert value[("cache", "seed-only change")] < value[("cache", "cold run (load + encode + sample + decode)")]
     assert value[("checkpoint swap A→B→A", "A again: run")] > 0
     assert value[("queue", "coalesced vs alone image diff")] < 1e-3
+    assert value[("HTTP + websocket", "identical resubmit / cold")] < 0.05
+
+
+def test_bench_cli_prints_json_and_markdown(tmp_path: object) -> None:
+    """``main.py bench`` is reachable from the CLI: one JSON object, or a Markdown table."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = [sys.executable, str(root / "main.py"), "bench", "--quick", "--only", "executor", "--repeats", "1"]
+    out = subprocess.run([*run, "--json"], capture_output=True, text=True, check=True, timeout=300, cwd=tmp_path)
+    report = json.loads(out.stdout)
+    assert report["mode"] == "quick" and report["machine"]["cores"] >= 1
+    metrics = {(r["scenario"], r["metric"]) for r in report["rows"]}
+    assert {("executor overhead", "per node, cached"), ("memory", "peak process RSS")} <= metrics
+    out = subprocess.run([*run, "--markdown"], capture_output=True, text=True, check=True, timeout=300, cwd=tmp_path)
+    assert "| scenario | metric | value | unit | note |" in out.stdout

@@ -75,6 +75,22 @@ def test_lone_job_waits_at_most_the_window(perf_models: Path, tmp_path: Path) ->
     rt.close()
 
 
+def test_cached_job_does_not_wait_for_companions(perf_models: Path, tmp_path: Path) -> None:
+    """An identical resubmit has nothing left to batch: it must not sit out the window."""
+    rt = BenchRuntime(perf_models, tmp_path / "q")
+    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"),
+                          coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.5)))
+    spec = JobSpec(prompt=txt2img(CKPT, seed=5))
+    assert queue.coalescer is not None and queue.coalescer.has_work(spec)
+    rt.run(spec.prompt)
+    assert not queue.coalescer.has_work(JobSpec(prompt=txt2img(CKPT, seed=5)))
+    assert queue.coalescer.has_work(JobSpec(prompt=txt2img(CKPT, seed=6)))  # a new seed still waits
+    started = time.perf_counter()
+    assert queue._companions(JobSpec(prompt=txt2img(CKPT, seed=5)), wait=True) == []
+    assert time.perf_counter() - started < 0.2
+    rt.close()
+
+
 def _known_models(rt: BenchRuntime) -> set[str]:
     deadline = time.monotonic() + 10
     while rt.models._pending and time.monotonic() < deadline:  # let a background read finish
@@ -110,3 +126,40 @@ def test_next_job_models_are_prefetched_and_images_unchanged(perf_models: Path, 
         rt.close()
     for a, b in zip(images["plain"], images["prefetch"], strict=True):
         assert np.array_equal(a, b)
+
+
+def _advanced(seed: int, text: str) -> dict[str, Any]:
+    """txt2img through two KSamplerAdvanced stages (ComfyUI's base → refiner split: 0..2 with
+    leftover noise, then 2..4 without adding noise)."""
+    prompt = txt2img(CKPT, steps=4, seed=seed, text=text)
+    common = {"model": ["4", 0], "steps": 4, "cfg": 7.0, "sampler_name": "euler", "scheduler": "normal",
+              "positive": ["6", 0], "negative": ["7", 0]}
+    prompt["3"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        **common, "add_noise": "enable", "noise_seed": seed, "latent_image": ["5", 0], "start_at_step": 0,
+        "end_at_step": 2, "return_with_leftover_noise": "enable"}}
+    prompt["10"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        **common, "add_noise": "disable", "noise_seed": 0, "latent_image": ["3", 0], "start_at_step": 2,
+        "end_at_step": 10000, "return_with_leftover_noise": "disable"}}
+    prompt["8"]["inputs"]["samples"] = ["10", 0]
+    return prompt
+
+
+def test_ksampler_advanced_jobs_coalesce_and_equal_running_alone(perf_models: Path, tmp_path: Path) -> None:
+    rt = BenchRuntime(perf_models, tmp_path / "q")
+    coalescer = Coalescer(rt.executor, CoalesceConfig(window_s=0.0))
+    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"), coalescer=coalescer)
+    prompts = [_advanced(20 + i, f"advanced {i}") for i in range(3)]
+    for prompt in prompts:
+        queue.submit(JobSpec(prompt=prompt))
+    records = queue.drain()
+    assert [r.status for r in records] == ["succeeded"] * 3
+    assert coalescer.groups_run == 1 and coalescer.jobs_coalesced == 3
+    # both stages ran batched: each job finds its second stage in the cache and needs nothing before it
+    assert all("10" in r.cached and r.executed == ["8", "9"] for r in records)
+    alone = BenchRuntime(perf_models, tmp_path / "alone")
+    images = [alone.image(alone.run(prompt)) for prompt in prompts]
+    for image, record in zip(images, records, strict=True):
+        assert np.abs(_saved(rt, record) - image).max() <= 2 / 255
+    assert np.abs(images[0] - images[1]).mean() > 0.01  # the seeds (and prompts) really differ
+    rt.close()
+    alone.close()

@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 from nodes.bench.report import Row, interleaved, median
-from nodes.bench.runtime import BenchRuntime, image_difference, txt2img
+from nodes.bench.runtime import BenchRuntime, contiguous_copy, image_difference, txt2img
 from nodes.bench.setup import BenchSetup
 
 
@@ -47,7 +47,7 @@ def model_patches(setup: BenchSetup) -> list[Row]:
 
 
 def previews(setup: BenchSetup) -> list[Row]:
-    size, steps = setup.sizes[-1], setup.steps[-1]
+    size, steps = setup.sizes[0], setup.steps[-1]  # a percentage of the step: the smaller size suffices
     rows = []
     runtimes = {m: BenchRuntime(setup.models_dir, setup.work / f"preview_{m}", settings={"preview_method": m})
                 for m in ("none", "latent2rgb", "taesd")}
@@ -74,6 +74,29 @@ def _unet(rt: BenchRuntime, ckpt: str) -> Any:
         return unet
 
 
+def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
+    import torch
+
+    from nodes.models import open_checkpoint
+
+    with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", setup.ckpt_a)).vae) as vae:
+        last = vae
+    plain = contiguous_copy(last)
+    h = setup.sizes[-1] // 8
+    z = torch.randn(1, 4, h, h, generator=torch.Generator().manual_seed(1))
+
+    def decode(module: Any) -> Any:
+        with torch.no_grad():
+            return module.decode(z, return_dict=False)[0]
+
+    diff = float((decode(plain) - decode(last)).abs().max())
+    timing = interleaved({"contiguous": partial(decode, plain), "channels_last": partial(decode, last)},
+                         setup.repeats)
+    return Row("device: channels-last", f"VAE decode speed-up at {setup.sizes[-1]}²",
+               timing["contiguous"] / timing["channels_last"], "x",
+               f"max |Δ| {diff:.2e} (pixels in -1..1); on by default on CPU")
+
+
 def device_level(setup: BenchSetup) -> list[Row]:
     import torch
 
@@ -92,23 +115,25 @@ def device_level(setup: BenchSetup) -> list[Row]:
         with torch.no_grad():
             return module(sample, t, encoder_hidden_states=states, return_dict=False)[0]
 
-    last = copy.deepcopy(unet).to(memory_format=torch.channels_last)
-    x_last = x.to(memory_format=torch.channels_last)
-    ref, alt = step(unet, x, hidden), step(last, x_last, hidden)
-    timing = interleaved({"contiguous": partial(step, unet, x, hidden),
-                          "channels_last": partial(step, last, x_last, hidden)}, setup.repeats)
+    # Loom's policy keeps the UNet and VAE channels-last on CPU (DevicePolicy.channels_last): compare
+    # with contiguous copies, the memory order diffusers loads them in
+    last, plain = unet, contiguous_copy(unet)
+    ref, alt = step(plain, x, hidden), step(last, x, hidden)
+    timing = interleaved({"contiguous": partial(step, plain, x, hidden),
+                          "channels_last": partial(step, last, x, hidden)}, setup.repeats)
     rows.append(Row("device: channels-last", f"UNet call speed-up at {setup.sizes[-1]}² (CFG batch)",
                     timing["contiguous"] / timing["channels_last"], "x",
-                    f"max |Δ| {float((ref - alt).abs().max()):.2e}; off on CPU unless it helps"))
-    del last
-    bf16 = copy.deepcopy(unet).to(torch.bfloat16)
+                    f"max |Δ| {float((ref - alt).abs().max()):.2e}; on by default on CPU"))
+    del plain
+    rows.append(_vae_channels_last(rt, setup))
+    bf16 = torch.nn.Module.to(copy.deepcopy(unet), torch.bfloat16)
     timing = interleaved({"fp32": partial(step, unet, x, hidden),
                           "bf16": partial(step, bf16, x.bfloat16(), hidden.bfloat16())}, max(1, setup.repeats - 1))
     rows.append(Row("device: bf16 vs fp32", "UNet call speed-up", timing["fp32"] / timing["bf16"], "x",
                     "policy: fp32 on CPU, fp16/bf16 on CUDA (DevicePolicy.detect)"))
     del bf16
     rows.append(Row("device: TF32", "enabled", float(torch.backends.cuda.matmul.allow_tf32), "bool",
-                    "CUDA only; no effect on CPU (no --tf32 switch yet)"))
+                    "--tf32: CUDA only, set around sampling; nothing to switch on a CPU"))
     if os.environ.get("LOOM_BENCH_COMPILE") == "1":
         compiled = torch.compile(unet)
         first = interleaved({"compile+first": lambda: step(compiled, x, hidden)}, 1)["compile+first"]
