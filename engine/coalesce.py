@@ -161,12 +161,13 @@ class Coalescer:
                                                      for b in points)]
         if len(todo) < 2:
             return outcome
+        members = [group[i].prompt_id for i in todo]
         if len(todo) < len(ready):
             ready = [ready[i] for i in todo]
             merged, points = self._merge(ready)
             if not points:
                 return outcome
-        side = self._side_executor(group[0].prompt_id, forward)
+        side = self._side_executor(members, forward)
         request = RunRequest(prompt=merged, prompt_id=f"{group[0].prompt_id}.coalesced", outputs=points)
         validation = side.validate(request)
         if not validation.ok:
@@ -219,15 +220,19 @@ class Coalescer:
                 points.append(node_id)
         return merged, points
 
-    def _side_executor(self, head_id: str, forward: Callable[[ev.Event], None] | None) -> Executor:
+    def _side_executor(self, members: Sequence[str], forward: Callable[[ev.Event], None] | None) -> Executor:
+        """An executor for the merged run whose progress shows as every member job's (each
+        member's sampler is computing), and whose preview frames show as the first member's (the
+        batch's first item is the one previewed)."""
         ex = self.executor
         bus = ev.EventBus()
-        if forward is not None:  # progress of the merged run shows as the first job's
+        if forward is not None:
             def relabel(event: ev.Event) -> None:
                 if isinstance(event, ev.Progress):
-                    forward(ev.Progress(head_id, node=event.node, value=event.value, max=event.max))
+                    for prompt_id in members:
+                        forward(ev.Progress(prompt_id, node=event.node, value=event.value, max=event.max))
                 elif isinstance(event, ev.PreviewFrame):
-                    forward(ev.PreviewFrame(head_id, node=event.node, format=event.format, image=event.image))
+                    forward(ev.PreviewFrame(members[0], node=event.node, format=event.format, image=event.image))
             bus.subscribe(relabel)
         return Executor(_overlay(ex.registry), ex.cache, ex.folders, models=ex.models, bus=bus,
                         interrupt=ex.interrupt, settings=ex.settings, guard=ex.guard)

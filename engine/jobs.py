@@ -96,6 +96,9 @@ class LocalJobQueue:
         self._listeners: Listeners[Notice] = Listeners(isolate=True, what="job queue listener")
         self._current: JobSpec | None = None
         self._progress = JobProgress()
+        # queued jobs whose sampler runs batched with the current one (coalescing): their progress
+        self._riders: dict[str, JobSpec] = {}
+        self._rider_progress: dict[str, JobProgress] = {}
         self._messages: list[list[Any]] = []
         self._cancel_requested: set[str] = set()
         self._free_request = (False, False)
@@ -189,9 +192,10 @@ class LocalJobQueue:
         with self._lock:
             if self._current is not None and self._current.prompt_id == prompt_id:
                 return JobView(self._current, "running", self._progress)
+            ridden = self._rider_progress.get(prompt_id)
         queued = self.store.queued(prompt_id)
         if queued is not None and queued[0] == "pending":
-            return JobView(queued[1], "queued")
+            return JobView(queued[1], "queued", ridden)
         record = self.store.record(prompt_id)
         return JobView(record.spec, record.status, record=record) if record else None
 
@@ -262,6 +266,7 @@ class LocalJobQueue:
             spec = self.store.pop_next()
             if spec is not None:
                 self._current, self._progress, self._messages = spec, JobProgress(), []
+                self._rider_progress.pop(spec.prompt_id, None)
             return spec
 
     def _run_scheduled(self, spec: JobSpec, *, wait: bool = True) -> JobRecord | None:
@@ -272,9 +277,15 @@ class LocalJobQueue:
             try:
                 group = self._companions(spec, wait)
                 if group:
+                    with self._lock:
+                        self._riders = {g.prompt_id: g for g in group}
+                        self._rider_progress = {}  # an earlier group's riders have all run (or left)
                     self.coalescer.prefill([spec, *group], forward=self.executor.bus.emit)
             except Exception:  # coalescing only saves work; each job still runs on its own
                 log.exception("coalescing with job %s failed; running the jobs one by one", spec.prompt_id)
+            finally:
+                with self._lock:
+                    self._riders = {}
         if self.prefetch is None:
             return self._run(spec)
         skip = {spec.prompt_id, *(g.prompt_id for g in group)}
@@ -330,18 +341,20 @@ class LocalJobQueue:
     def _on_event(self, event: ev.Event) -> None:
         with self._lock:
             spec = self._current
-            if spec is None or event.prompt_id != spec.prompt_id:
+            rider = self._riders.get(event.prompt_id) if isinstance(event, ev.Progress) else None
+            if rider is not None:  # a queued job's sampler, running batched with the current job
+                self._rider_progress[rider.prompt_id] = JobProgress().after(event)
+                spec = rider
+            elif spec is None or event.prompt_id != spec.prompt_id:
                 return
-            if isinstance(event, ev.ExecutionStart) and (
-                spec.prompt_id in self._cancel_requested or self._stopping.is_set()
-            ):
-                self.executor.interrupt.set()  # cancelled between pop and the executor's start
-            if isinstance(event, ev.Progress):
-                self._progress = JobProgress(event.value, event.max, event.node)
-            elif isinstance(event, ev.Executing) and event.node is not None:
-                self._progress = JobProgress(0, 0, event.node)
-            if event.type in STATUS_MESSAGES:
-                self._messages.append([event.type, event.data()])
+            else:
+                if isinstance(event, ev.ExecutionStart) and (
+                    spec.prompt_id in self._cancel_requested or self._stopping.is_set()
+                ):
+                    self.executor.interrupt.set()  # cancelled between pop and the executor's start
+                self._progress = self._progress.after(event)
+                if event.type in STATUS_MESSAGES:
+                    self._messages.append([event.type, event.data()])
         self._notify(JobEvent(spec, event))
 
     def _do_free(self) -> None:

@@ -57,6 +57,14 @@ class JobProgress:
     max: int = 0
     node: str | None = None
 
+    def after(self, event: ev.Event) -> JobProgress:
+        """Where the job stands once ``event`` happened: a sampler step, or a node starting."""
+        if isinstance(event, ev.Progress):
+            return JobProgress(event.value, event.max, event.node)
+        if isinstance(event, ev.Executing) and event.node is not None:
+            return JobProgress(0, 0, event.node)
+        return self
+
 
 @dataclass
 class JobRecord:

@@ -391,10 +391,7 @@ class RayJobQueue:
         with self._lock:
             if isinstance(event, ev.ExecutionStart):
                 flight.began = True
-            if isinstance(event, ev.Progress):
-                flight.progress = JobProgress(event.value, event.max, event.node)
-            elif isinstance(event, ev.Executing) and event.node is not None:
-                flight.progress = JobProgress(0, 0, event.node)
+            flight.progress = flight.progress.after(event)
             if event.type in _STATUS_MESSAGES:
                 flight.messages.append([event.type, event.data()])
             hold = bool(flight.held) or isinstance(event, _CLOSING) or (

@@ -163,3 +163,35 @@ def test_ksampler_advanced_jobs_coalesce_and_equal_running_alone(perf_models: Pa
     assert np.abs(images[0] - images[1]).mean() > 0.01  # the seeds (and prompts) really differ
     rt.close()
     alone.close()
+
+
+def test_every_coalesced_job_reports_its_own_sampler_progress(perf_models: Path, tmp_path: Path) -> None:
+    """Jobs batched into one sampler call each see progress under their own prompt id (a client
+    waiting on the second job watches its bar move while the batch samples), and a queued job's
+    view carries that progress; preview frames stay with the first job (the batch's first item)."""
+    from engine import events as ev
+    from engine.jobs import JobEvent
+
+    rt = BenchRuntime(perf_models, tmp_path / "q")
+    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"),
+                          coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.0)))
+    specs = [queue.submit(JobSpec(prompt=txt2img(CKPT, steps=3, seed=20 + i))) for i in range(3)]
+    progress: dict[str, list[int]] = {s.prompt_id: [] for s in specs}
+    views: list[Any] = []
+
+    def on_notice(notice: Any) -> None:
+        if isinstance(notice, JobEvent) and isinstance(notice.event, ev.Progress):
+            assert notice.event.prompt_id == notice.spec.prompt_id
+            progress[notice.spec.prompt_id].append(notice.event.value)
+            if notice.spec.prompt_id == specs[2].prompt_id:
+                views.append(queue.get(specs[2].prompt_id))
+
+    queue.subscribe(on_notice)
+    records = queue.drain()
+    assert [r.status for r in records] == ["succeeded"] * 3
+    assert all("3" in r.cached for r in records[1:])  # their samplers ran in the head's batch
+    for spec in specs:
+        assert progress[spec.prompt_id] == [1, 2, 3], spec.prompt_id
+    assert views and views[-1].status == "queued" and views[-1].progress is not None
+    assert (views[-1].progress.value, views[-1].progress.max) == (3, 3)
+    rt.close()
