@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import precision
 from engine.cache import OutputCache
 from engine.context import Folders
 from engine.distributed.cli import add_ray_arguments
@@ -53,6 +54,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-model-paths", type=Path, default=None, metavar="YAML",
                         help="extra model folders (ComfyUI extra_model_paths.yaml format)")
     parser.add_argument("--cpu", action="store_true", help="compute on the CPU even if a GPU exists")
+    precision.add_precision_args(parser)  # --force-fp32/--force-fp16, --{fp32,bf16,fp16}-{unet,vae,text-enc}
     parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
     parser.add_argument("--ram-gb", type=float, default=None, help="RAM budget of the model tier (GiB)")
     parser.add_argument("--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)")
@@ -113,7 +115,9 @@ def _model_files(args: argparse.Namespace) -> ModelFolders:
 
 def _model_manager(args: argparse.Namespace) -> ModelManager:
     budget = None if args.ram_gb is None else int(args.ram_gb * (1 << 30))
-    return ModelManager(DevicePolicy.detect(force_cpu=args.cpu), ram_budget_bytes=budget)
+    policy = precision.apply(DevicePolicy.detect(force_cpu=args.cpu), args)
+    log.info("models compute on %s", precision.describe(policy))
+    return ModelManager(policy, ram_budget_bytes=budget)
 
 
 def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Folders) -> Any:

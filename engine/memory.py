@@ -286,9 +286,7 @@ class ModelManager:
         else:
             source = "disk"
             module, nbytes = handle.load(), max(0, int(handle.estimate_bytes()))
-        module = handle.to_device(module, device, dtype)
-        if handle.kind in self.policy.channels_last:
-            module = channels_last(module)
+        module = self._ready(handle, module, device, dtype)
         nbytes = module_bytes(module, nbytes)
         seconds = time.perf_counter() - start
         entry = _Entry(handle, module, nbytes, locks=1)
@@ -308,6 +306,14 @@ class ModelManager:
         log.info("load %s %s from %s: %.1f MiB in %.2fs", handle.kind, handle.key[:12], source,
                  nbytes / 2**20, seconds)
         return entry
+
+    def _ready(self, handle: ModelHandleLike, module: Any, device: str, dtype: str) -> Any:
+        """``module`` cast to ``dtype`` on ``device``, in the memory order the policy wants (a
+        module prepared so already passes through unchanged)."""
+        module = handle.to_device(module, device, dtype)
+        if handle.kind in self.policy.channels_last:
+            module = channels_last(module)
+        return module
 
     def _evict_resident_large(self) -> None:
         """Move unlocked large residents to the RAM tier (caller holds the lock)."""
@@ -382,7 +388,9 @@ class ModelManager:
         key = handle.key
         start = time.perf_counter()
         try:
-            module = handle.load()
+            # built and made ready for computing (cast, memory order) here, off the critical path;
+            # the RAM tier holds CPU modules, the move to a GPU waits for use()
+            module = self._ready(handle, handle.load(), "cpu", self.policy.dtype_for(handle.kind))
         except Exception as exc:  # the real use() will raise it again with the node's context
             log.warning("prefetch of %s %s failed: %s", handle.kind, key[:12], exc)
             module = None

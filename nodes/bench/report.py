@@ -52,9 +52,12 @@ def machine() -> dict[str, Any]:
     import torch
 
     cpu = platform.processor() or platform.machine()
+    flags: set[str] = set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            info = f.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+        flags = set(next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), []))
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -62,7 +65,9 @@ def machine() -> dict[str, Any]:
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem_gib = float("nan")
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu, "cpu_isa": torch.backends.cpu.get_cpu_capability(),
+            "cpu_native_bf16": bool(flags & {"avx512_bf16", "amx_bf16"}),
+            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "memory_gib": round(mem_gib, 1), "gpu": gpu, "python": platform.python_version(),
             "torch": torch.__version__, "load_avg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 

@@ -29,6 +29,7 @@ class BenchRuntime:
     prefetch: bool = False
     ram_gb: float = 8.0
     settings: dict[str, Any] = field(default_factory=dict)
+    policy: Any = None  # engine.memory.DevicePolicy; None: the CPU policy (fp32)
 
     def __post_init__(self) -> None:
         from nodes import register_core
@@ -40,7 +41,7 @@ class BenchRuntime:
         self.registry = NodeRegistry()
         register_core(self.registry, self.files, self.folders.input_dir)
         register_perf(self.registry)
-        self.models = ModelManager(ram_budget_bytes=int(self.ram_gb * (1 << 30)), prefetch=self.prefetch)
+        self.models = ModelManager(self.policy, ram_budget_bytes=int(self.ram_gb * (1 << 30)), prefetch=self.prefetch)
         self.bus = EventBus()
         self.cache = OutputCache(2 << 30)
         self.executor = Executor(self.registry, self.cache, self.folders, models=self.models, bus=self.bus,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,7 @@ def write_full_checkpoint(path: Path) -> Path:
     def config(sub: str) -> dict[str, Any]:
         return dict(json.loads((CONFIGS_DIR / "sd15" / sub / "config.json").read_text(encoding="utf-8")))
 
-    print(f"writing full-size random SD1.5 weights to {path} (once) ...", flush=True)
+    print(f"writing full-size random SD1.5 weights to {path} (once) ...", file=sys.stderr, flush=True)
     torch.manual_seed(0)
     modules = {"unet": UNet2DConditionModel.from_config(config("unet")).eval(),
                "vae": AutoencoderKL.from_config(config("vae")).eval(),

@@ -11,7 +11,7 @@ from nodes.bench.suite import collect
 
 @pytest.mark.slow
 def test_quick_benchmark_ratios() -> None:
-    report = collect(True, only=["executor", "generation", "server", "queue"])
+    report = collect(True, only=["executor", "generation", "server", "queue", "prefetch"])
     rows = [Row(**r) for r in report["rows"]]
     print("\n" + format_table(rows, report["machine"], "Loom quick benchmark (regression guard)"))
     value = {(r.scenario, r.metric): r.value for r in rows}
@@ -23,6 +23,10 @@ def test_quick_benchmark_ratios() -> None:
     assert value[("checkpoint swap A→B→A", "A again: run")] > 0
     assert value[("queue", "coalesced vs alone image diff")] < 1e-3
     assert value[("HTTP + websocket", "identical resubmit / cold")] < 0.05
+    # next-job prefetch: job B's three models (UNet, CLIP, VAE) were read while job A ran; same image
+    assert value[("next-job prefetch", "job B's models in RAM when job A finished, on")] == 3
+    assert value[("next-job prefetch", "image difference on vs off")] == 0
+    assert any(r.scenario == "in-memory PNG" for r in rows)
 
 
 def test_bench_cli_prints_json_and_markdown(tmp_path: object) -> None:

@@ -43,7 +43,11 @@ class FakeHandle:
         self.loads.append(threading.current_thread().name)
         return FakeModule(self.name)
 
+    casts: list[tuple[str, str, str]] = field(default_factory=list)  # (thread, device, dtype)
+
     def to_device(self, module: Any, device: str, dtype: str) -> Any:
+        if (module.device, module.dtype) != (device, dtype):
+            self.casts.append((threading.current_thread().name, device, dtype))
         module.device, module.dtype = device, dtype
         return module
 
@@ -122,6 +126,32 @@ def test_prefetch_reads_next_in_background_and_counts_a_hit() -> None:
     assert mm.stats()["prefetch_hits"] >= 1
     assert b.loads and b.loads[0].startswith("loom-prefetch")
     mm.close()
+
+
+def test_prefetch_casts_in_the_background_so_use_finds_the_module_ready() -> None:
+    """The prefetch thread builds the module and casts it to the compute dtype; use() then has
+    nothing left to convert on a CPU (on a GPU only the move to the device is left)."""
+    policy = DevicePolicy(dtypes=(("unet", "bfloat16"),))
+    mm = ModelManager(policy, ram_budget_bytes=1000, prefetch=True)
+    a, b = FakeHandle("a"), FakeHandle("b")
+    mm.hint_upcoming([a, b])
+    with mm.use(a):
+        time.sleep(0.2)
+    with mm.use(b) as module:
+        assert (module.device, module.dtype) == ("cpu", "bfloat16")
+    assert [(x["key"], x["source"]) for x in mm.stats()["loads"]][-1] == ("fake:b", "prefetch")
+    assert [c[0].startswith("loom-prefetch") for c in b.casts] == [True]
+    mm.close()
+    cuda = ModelManager(DevicePolicy(device="cuda", default_dtype="float16"), ram_budget_bytes=1000, prefetch=True)
+    c, d = FakeHandle("c"), FakeHandle("d")
+    cuda.hint_upcoming([c, d])
+    with cuda.use(c):
+        time.sleep(0.2)
+    with cuda.use(d):
+        pass
+    assert [cast[1:] for cast in d.casts] == [("cpu", "float16"), ("cuda", "float16")]
+    assert d.casts[0][0].startswith("loom-prefetch") and not d.casts[1][0].startswith("loom-prefetch")
+    cuda.close()
 
 
 def test_use_waits_for_a_prefetch_in_flight() -> None:

@@ -114,3 +114,27 @@ def test_sampler_previews_with_either_method(perf_models: Path, tmp_path: Path, 
     rt.run(txt2img(CKPT, steps=2))
     assert frames and frames[0].image[:2] == b"\xff\xd8"
     rt.close()
+
+
+def _unet_dtypes(rt: BenchRuntime) -> set[str]:
+    return {str(next(e.module.parameters()).dtype) for e in [*rt.models._resident.values(), *rt.models._ram.values()]
+            if e.handle.kind == "unet"}
+
+
+def test_half_precision_unet_is_opt_in_and_close_to_fp32(perf_models: Path, tmp_path: Path) -> None:
+    """fp32 on the CPU unless ``--bf16-unet`` (or another precision flag) asks otherwise; then the
+    UNet computes in bf16, the image stays close to fp32's but not equal (it trades quality)."""
+    import argparse
+
+    from engine import precision
+    from engine.memory import DevicePolicy
+
+    plain = BenchRuntime(perf_models, tmp_path / "fp32")
+    flags = argparse.Namespace(bf16_unet=True)
+    half = BenchRuntime(perf_models, tmp_path / "bf16", policy=precision.apply(DevicePolicy.cpu(), flags))
+    prompt = txt2img(CKPT, steps=4, size=128, seed=3)
+    reference, bf16 = plain.image(plain.run(prompt)), half.image(half.run(prompt))
+    assert _unet_dtypes(plain) == {"torch.float32"} and _unet_dtypes(half) == {"torch.bfloat16"}
+    assert 0.0 < image_difference(reference, bf16) < 0.05
+    plain.close()
+    half.close()

@@ -46,6 +46,36 @@ def model_patches(setup: BenchSetup) -> list[Row]:
     return rows
 
 
+def half_precision(setup: BenchSetup) -> list[Row]:
+    """``--bf16-unet`` vs the CPU's fp32 policy on whole txt2img runs: sampler speed-up and image
+    difference (bf16 trades quality; CPUs with native bf16 — AVX-512 BF16, AMX — gain, others lose)."""
+    import argparse
+
+    from engine import precision
+    from engine.memory import DevicePolicy
+
+    bf16 = precision.apply(DevicePolicy.cpu(), argparse.Namespace(bf16_unet=True))
+    runtimes = {"fp32": BenchRuntime(setup.models_dir, setup.work / "fp32", settings={"preview_method": "none"}),
+                "bf16": BenchRuntime(setup.models_dir, setup.work / "bf16", settings={"preview_method": "none"},
+                                     policy=bf16)}
+    for rt in runtimes.values():
+        rt.run(txt2img(setup.ckpt_a, size=64, steps=1))  # load once
+    size, steps = setup.sizes[-1], setup.steps[0]
+    times: dict[str, list[float]] = {k: [] for k in runtimes}
+    diffs = []
+    for seed in range(setup.repeats):
+        images = {}
+        for name, rt in (runtimes.items() if seed % 2 == 0 else reversed(runtimes.items())):
+            seconds, images[name] = _sampler_s(rt, txt2img(setup.ckpt_a, size=size, steps=steps, seed=seed))
+            times[name].append(seconds)
+        diffs.append(image_difference(images["fp32"], images["bf16"]))
+    for rt in runtimes.values():
+        rt.close()
+    return [Row("--bf16-unet", f"sampler speed-up at {size}², {steps} steps", median(times["fp32"]) / median(times["bf16"]),
+                "x", "opt-in flag (fp32 on CPU by default)"),
+            Row("--bf16-unet", "image difference", median(diffs), "mean |Δ|", "trades quality")]
+
+
 def previews(setup: BenchSetup) -> list[Row]:
     size, steps = setup.sizes[0], setup.steps[-1]  # a percentage of the step: the smaller size suffices
     rows = []
@@ -130,7 +160,7 @@ def device_level(setup: BenchSetup) -> list[Row]:
     timing = interleaved({"fp32": partial(step, unet, x, hidden),
                           "bf16": partial(step, bf16, x.bfloat16(), hidden.bfloat16())}, max(1, setup.repeats - 1))
     rows.append(Row("device: bf16 vs fp32", "UNet call speed-up", timing["fp32"] / timing["bf16"], "x",
-                    "policy: fp32 on CPU, fp16/bf16 on CUDA (DevicePolicy.detect)"))
+                    "policy: fp32 on CPU, fp16/bf16 on CUDA (DevicePolicy.detect); flags override"))
     del bf16
     rows.append(Row("device: TF32", "enabled", float(torch.backends.cuda.matmul.allow_tf32), "bool",
                     "--tf32: CUDA only, set around sampling; nothing to switch on a CPU"))
@@ -149,4 +179,4 @@ def device_level(setup: BenchSetup) -> list[Row]:
 
 
 def run(setup: BenchSetup) -> list[Row]:
-    return [*model_patches(setup), *previews(setup), *device_level(setup)]
+    return [*model_patches(setup), *half_precision(setup), *previews(setup), *device_level(setup)]

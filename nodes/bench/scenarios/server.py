@@ -65,6 +65,35 @@ async def _measure(setup: BenchSetup) -> dict[str, Any]:
     return out
 
 
+def in_memory_png(setup: BenchSetup) -> list[Row]:
+    """PreviewImage writing its PNG to the temp folder vs keeping it in memory (what a job submitted
+    with ``"return": "bytes"`` does). The decoded image is cached; each run crops one more row off it
+    (a new image, so the preview node runs again) and only the crop and the preview execute."""
+    size = setup.sizes[-1]
+    rt = BenchRuntime(setup.models_dir, setup.work / "png")
+    prompt = txt2img(setup.ckpt_a, size=size, steps=1, seed=3)
+    rt.run(prompt)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    rows_off = 0
+    for _ in range(max(5, setup.repeats * 5)):
+        for keep in (False, True):
+            rows_off += 1
+            prompt["10"] = {"class_type": "ImageScale", "inputs": {
+                "image": ["8", 0], "upscale_method": "nearest-exact", "width": size, "height": size - rows_off,
+                "crop": "disabled"}}
+            prompt["9"] = {"class_type": "PreviewImage", "inputs": {"images": ["10", 0]}}
+            result = rt.run(prompt, keep_images=keep)
+            if "9" not in result.executed:
+                raise RuntimeError(f"the preview node did not run ({result.executed}); nothing to measure")
+            times[keep].append(result.timings["nodes"]["9"])
+    rt.close()
+    disk, memory = median(times[False]), median(times[True])
+    return [Row("in-memory PNG", f"PreviewImage at {size}², temp file", disk * 1e3, "ms",
+                f"median of {len(times[False])}"),
+            Row("in-memory PNG", f"PreviewImage at {size}², kept in memory", memory * 1e3, "ms",
+                'jobs with "return": "bytes" (POST /api/v1/jobs): PNG encoded, no file written')]
+
+
 def run(setup: BenchSetup) -> list[Row]:
     figures = asyncio.run(_measure(setup))
     where = f"{setup.sizes[0]}², {setup.steps[0]} steps"
@@ -75,4 +104,5 @@ def run(setup: BenchSetup) -> list[Row]:
             Row("HTTP + websocket", "identical resubmit / cold", resubmit / figures["cold"], "ratio",
                 "nothing executes; the queue, HTTP and /ws are all that is left"),
             Row("HTTP + websocket", "seed-only change round trip", median(figures["seed"]), "s",
-                "sampler + decode + save only")]
+                "sampler + decode + save only"),
+            *in_memory_png(setup)]
