@@ -230,6 +230,7 @@ class ModelManager:
                 "ram_tier_bytes": sum(e.nbytes for e in self._ram.values()),
                 "ram_budget_bytes": self.ram_budget_bytes,
                 "device": self.policy.device,
+                "dtypes": {kind: self.policy.dtype_for(kind) for kind in ("unet", "clip", "vae")},
             }
 
     def reset_run_stats(self) -> None:

@@ -55,3 +55,14 @@ def test_two_precisions_for_one_kind_are_refused(flags: tuple[str, str], capsys:
 def test_describe_names_device_and_dtypes() -> None:
     assert precision.describe(precision.apply(DevicePolicy.cpu(), parse("--bf16-unet"))) == \
         "cpu: unet bfloat16, clip float32, vae float32"
+
+
+def test_the_manager_reports_its_precision() -> None:
+    """What /system_stats (loom.memory_manager) and each run's memory figures show."""
+    from engine.memory import ModelManager
+
+    manager = ModelManager(precision.apply(DevicePolicy.cpu(), parse("--bf16-unet")), prefetch=False)
+    stats = manager.stats()
+    assert stats["device"] == "cpu"
+    assert stats["dtypes"] == {"unet": "bfloat16", "clip": "float32", "vae": "float32"}
+    manager.close()
