@@ -66,6 +66,10 @@ class ModelHandleLike(Protocol):
         ...
 
 
+# The kinds whose precision a user chooses (precision flags) and the manager reports (stats).
+PRECISION_KINDS = ("unet", "clip", "vae")
+
+
 @dataclass(frozen=True)
 class DevicePolicy:
     """Where models compute and in which precision. ``detect()`` picks CUDA > MPS > CPU."""
@@ -230,7 +234,7 @@ class ModelManager:
                 "ram_tier_bytes": sum(e.nbytes for e in self._ram.values()),
                 "ram_budget_bytes": self.ram_budget_bytes,
                 "device": self.policy.device,
-                "dtypes": {kind: self.policy.dtype_for(kind) for kind in ("unet", "clip", "vae")},
+                "dtypes": {kind: self.policy.dtype_for(kind) for kind in PRECISION_KINDS},
             }
 
     def reset_run_stats(self) -> None:

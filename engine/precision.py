@@ -21,10 +21,15 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from engine.memory import DevicePolicy
+from engine.memory import PRECISION_KINDS, DevicePolicy
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 KINDS = {"unet": "unet", "vae": "vae", "text-enc": "clip"}  # flag suffix -> model handle kind
+
+
+def _dest(short: str, suffix: str) -> str:
+    """The attribute a flag sets: ``--bf16-text-enc`` -> ``bf16_text_enc``."""
+    return f"{short}_{suffix.replace('-', '_')}"
 
 
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +41,7 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     for suffix, kind in KINDS.items():
         group = parser.add_mutually_exclusive_group()
         for short in DTYPES:
-            group.add_argument(f"--{short}-{suffix}", dest=f"{short}_{suffix.replace('-', '_')}",
+            group.add_argument(f"--{short}-{suffix}", dest=_dest(short, suffix),
                                action="store_true", help=f"compute the {kind} models in {short}")
 
 
@@ -47,7 +52,7 @@ def overrides(args: Any) -> tuple[str | None, dict[str, str]]:
     kinds: dict[str, str] = {}
     for suffix, kind in KINDS.items():
         for short, dtype in DTYPES.items():
-            if getattr(args, f"{short}_{suffix.replace('-', '_')}", False):
+            if getattr(args, _dest(short, suffix), False):
                 kinds[kind] = dtype
     return default, kinds
 
@@ -66,6 +71,6 @@ def apply(policy: DevicePolicy, args: Any) -> DevicePolicy:
     return replace(policy, dtypes=tuple(sorted(rules.items())))
 
 
-def describe(policy: DevicePolicy, kinds: tuple[str, ...] = ("unet", "clip", "vae")) -> str:
+def describe(policy: DevicePolicy) -> str:
     """One line for the log: where models compute and in which precision."""
-    return f"{policy.device}: " + ", ".join(f"{k} {policy.dtype_for(k)}" for k in kinds)
+    return f"{policy.device}: " + ", ".join(f"{k} {policy.dtype_for(k)}" for k in PRECISION_KINDS)
