@@ -92,8 +92,10 @@ class ModelFolders:
     extra: dict[str, list[Path]] = field(default_factory=dict)  # searched after models_dir
     first: dict[str, list[Path]] = field(default_factory=dict)  # is_default folders: searched before it
     listings: ListingCache = field(default_factory=ListingCache, repr=False, compare=False)
-    _names: dict[tuple[str, str], tuple[Listing, list[str], frozenset[str]]] = field(
-        default_factory=dict, repr=False, compare=False)
+    _names: dict[tuple[str, str], tuple[Listing, Names, frozenset[str]]] = field(
+        default_factory=dict, repr=False, compare=False)  # (root, kind) -> names in that root's listing
+    _merged: dict[str, tuple[tuple[Listing, ...], Names]] = field(
+        default_factory=dict, repr=False, compare=False)  # kind -> (the listings used, sorted names)
 
     def __post_init__(self) -> None:
         self.models_dir = Path(self.models_dir)
@@ -169,10 +171,17 @@ class ModelFolders:
 
     def list(self, kind: str) -> list[str]:
         """Sorted names of the model files (or diffusers folders) of ``kind``; duplicates once."""
-        names: set[str] = set()
-        for root in self.folders(kind):
-            names.update(self._listed(root, kind)[0])
-        return sorted(names, key=str.lower)
+        parts = [self._listed(root, kind) for root in self.folders(kind)]
+        sources = tuple(part[0] for part in parts)
+        merged = self._merged.get(kind)
+        if merged is None or len(merged[0]) != len(sources) or any(
+                a is not b for a, b in zip(merged[0], sources, strict=True)):
+            names: set[str] = set()
+            for part in parts:
+                names.update(part[1])
+            merged = (sources, sorted(names, key=str.lower))
+            self._merged[kind] = merged
+        return list(merged[1])
 
     def resolve(self, kind: str, name: str) -> Path:
         """The path of ``name`` in the first folder of ``kind`` whose listing has it.
@@ -183,7 +192,7 @@ class ModelFolders:
         self._check_name(kind, name)
         searched = self.folders(kind)
         for root in searched:
-            if name in self._listed(root, kind)[1]:
+            if name in self._listed(root, kind)[2]:
                 return Path(os.path.abspath(root)) / name
         where = ", ".join(str(p) for p in searched)
         available = self.list(kind)
@@ -194,10 +203,11 @@ class ModelFolders:
         """Forget the cached listings (they are also walked again whenever a folder changes)."""
         self.listings.clear()
         self._names.clear()
+        self._merged.clear()
 
     # --- helpers -----------------------------------------------------------------------------------
-    def _listed(self, root: Path, kind: str) -> tuple[Names, frozenset[str]]:
-        """(names, the same as a set) of ``kind`` under ``root``, from the cached listing."""
+    def _listed(self, root: Path, kind: str) -> tuple[Listing, Names, frozenset[str]]:
+        """(listing, names, the same as a set) of ``kind`` under ``root``, from the cached listing."""
         kind = canonical_kind(kind)
         listing = self.listings.listing(root)
         key = (str(root), kind)
@@ -206,7 +216,7 @@ class ModelFolders:
             names = model_names(listing.files, kind)
             memo = (listing, names, frozenset(names))
             self._names[key] = memo
-        return memo[1], memo[2]
+        return memo
 
     @staticmethod
     def _check_name(kind: str, name: str) -> None:
