@@ -159,6 +159,11 @@ class ListingCache:
         """The files under ``root`` with one of ``extensions`` (all files when empty)."""
         return keep_with_extensions(self.listing(root).files, extensions)
 
+    def forget(self, root: str | Path) -> None:
+        """Forget one root's listing: its next look-up walks it again."""
+        with self._lock:
+            self._listings.pop(os.path.abspath(root), None)
+
     def clear(self) -> None:
         """Forget every listing: the next look-up walks the folders again."""
         with self._lock:

@@ -192,8 +192,9 @@ class ModelFolders:
         self._check_name(kind, name)
         searched = self.folders(kind)
         for root in searched:
-            if name in self._listed(root, kind)[2]:
-                return Path(os.path.abspath(root)) / name
+            found = self._find(root, kind, name)
+            if found is not None:
+                return found
         where = ", ".join(str(p) for p in searched)
         available = self.list(kind)
         hint = f"; available: {available[:10]}" if available else f"; put the file in {searched[0]}"
@@ -206,6 +207,16 @@ class ModelFolders:
         self._merged.clear()
 
     # --- helpers -----------------------------------------------------------------------------------
+    def _find(self, root: Path, kind: str, name: str) -> Path | None:
+        if name not in self._listed(root, kind)[2]:
+            return None
+        path = Path(os.path.abspath(root)) / name
+        if path.exists():
+            return path
+        # Listed but gone: a link whose target was removed leaves its folder's time unchanged.
+        self.listings.forget(root)
+        return path if name in self._listed(root, kind)[2] and path.exists() else None
+
     def _listed(self, root: Path, kind: str) -> tuple[Listing, Names, frozenset[str]]:
         """(listing, names, the same as a set) of ``kind`` under ``root``, from the cached listing."""
         kind = canonical_kind(kind)

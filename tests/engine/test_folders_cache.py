@@ -36,9 +36,10 @@ def scandirs(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScandirCounter]:
 
 
 def age(root: Path, counter: ScandirCounter) -> None:
-    """Date every folder under ``root`` (links followed) a minute back: a folder modified in the last
-    seconds is never trusted (see folder_scan.SETTLE_NS), and the test files were just written."""
-    past = time.time() - 60
+    """Date every folder under ``root`` (links followed) back to 2023: a folder modified in the last
+    seconds is never trusted (see folder_scan.SETTLE_NS), and the test files were just written.
+    Always the same date, so dating a folder again is not a change."""
+    past = 1_700_000_000
     for dirpath, _, _ in os.walk(root, followlinks=True):
         os.utime(dirpath, (past, past))
     counter.calls = 0  # os.walk read the folders: start counting after it
@@ -108,6 +109,24 @@ def test_removed_file_is_no_longer_valid(tmp_path: Path) -> None:
     assert folders.list("vae") == []
     with pytest.raises(ValueError, match="not found"):
         folders.resolve("vae", "a.safetensors")
+
+
+def test_a_link_whose_target_was_removed_is_refused(tmp_path: Path, scandirs: ScandirCounter) -> None:
+    # Removing a link's target leaves the link's folder unchanged: resolve notices and walks it again.
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "big.safetensors").touch()
+    root = tmp_path / "models" / "checkpoints"
+    root.mkdir(parents=True)
+    (root / "big.safetensors").symlink_to(tmp_path / "store" / "big.safetensors")
+    age(tmp_path, scandirs)
+    folders = ModelFolders(tmp_path / "models")
+    assert folders.list("checkpoints") == ["big.safetensors"]
+    (tmp_path / "store" / "big.safetensors").unlink()
+    age(tmp_path, scandirs)
+    assert folders.list("checkpoints") == ["big.safetensors"]  # the folders did not change
+    with pytest.raises(ValueError, match="checkpoints file 'big.safetensors' not found"):
+        folders.resolve("checkpoints", "big.safetensors")
+    assert folders.list("checkpoints") == []
 
 
 def test_a_recently_modified_folder_is_walked_again(tmp_path: Path, scandirs: ScandirCounter) -> None:
