@@ -106,6 +106,9 @@ class ModelFolders:
         (as ComfyUI's ``add_model_folder_path``: each default folder goes in front of the others)."""
         kind = canonical_kind(kind)
         folder = Path(os.path.normpath(os.path.abspath(folder)))
+        known = folder in self.configured(kind)
+        if known and not is_default:
+            return  # already searched: it keeps its place
         for table in (self.first, self.extra):
             if folder in table.get(kind, []):
                 table[kind].remove(folder)

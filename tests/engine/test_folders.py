@@ -260,7 +260,9 @@ def test_add_folder_twice_keeps_one_entry(tmp_path: Path) -> None:
     folders.add_folder("loras", tmp_path / "a/")
     folders.add_folder("loras", tmp_path / "a", is_default=True)  # moves it to the front
     assert folders.folders("loras") == [tmp_path / "a", tmp_path / "models" / "loras"]
-    assert folders.configured("loras") == [tmp_path / "a"]
+    folders.add_folder("loras", tmp_path / "b")
+    folders.add_folder("loras", tmp_path / "a")  # known: keeps its place, as in ComfyUI
+    assert folders.configured("loras") == [tmp_path / "a", tmp_path / "b"]
 
 
 def test_base_directory_layout_is_comfyuis(tmp_path: Path) -> None:
