@@ -81,7 +81,7 @@ def _input_path(folders: Folders, name: str, default: str = "input") -> Path:
     return path
 
 
-def _save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
+def save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
     """(folder, file stem, subfolder, next counter) for ComfyUI-style ``{stem}_{counter:05}_.png``."""
     sub, stem = os.path.split(os.path.normpath(prefix))
     folder = (output_dir / sub).resolve()
@@ -131,7 +131,7 @@ def save_images(
     ``ctx.kept_images`` when the run asked for bytes. ``to_disk=False`` (previews for a client that
     asked for bytes) skips the folder entirely: the images then exist only in memory."""
     if to_disk:
-        folder, stem, sub, counter = _save_path(folder_root, prefix)
+        folder, stem, sub, counter = save_path(folder_root, prefix)
     else:
         folder, stem, sub, counter = folder_root, os.path.basename(prefix), "", 1
     results = []
