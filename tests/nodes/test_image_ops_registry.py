@@ -171,3 +171,15 @@ def test_a_value_outside_comfyui_range_is_a_validation_error(tmp_path: Path) -> 
     result = _executor(tmp_path).run(RunRequest(prompt=prompt))
     assert result.status == "invalid" and list(result.node_errors) == ["3"]
     assert result.node_errors["3"]["errors"][0]["type"] == "value_bigger_than_max"
+
+
+def test_dotted_input_names_are_allowed_only_as_joined_identifiers() -> None:
+    from engine.schema import IMAGE, Input, NodeSchema, SchemaError, check_schema
+
+    def schema(name: str) -> NodeSchema:
+        return NodeSchema("X", "X", "test", "A test node.", inputs=(Input(name, IMAGE, "An image."),))
+
+    check_schema(schema("images.image0"), "X")
+    for bad in ("images.", ".image0", "images..image0", "images.0image"):
+        with pytest.raises(SchemaError, match="identifiers joined by '.'"):
+            check_schema(schema(bad), "X")
