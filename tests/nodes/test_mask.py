@@ -118,3 +118,16 @@ def test_mask_preview_writes_grey_pngs(ctx: Any) -> None:
 def test_batch_masks_node(ctx: Any) -> None:
     out = BatchMasksNode().run(ctx, **{"masks.mask0": torch.zeros(4, 4), "masks.mask1": torch.ones(2, 8, 8)})[0]
     assert out.shape == (3, 4, 4) and out[0].max() == 0 and out[1:].min() == 1
+
+
+@pytest.mark.parametrize("tapered", [True, False])
+@pytest.mark.parametrize("expand", [3, -3])
+def test_grow_by_n_equals_n_single_steps(tapered: bool, expand: int) -> None:
+    from nodes.mask import grow
+
+    torch.manual_seed(0)
+    mask = (torch.rand(2, 9, 11) > 0.7).float() * torch.rand(2, 9, 11)
+    step = mask
+    for _ in range(abs(expand)):
+        step = grow(step, 1 if expand > 0 else -1, tapered)
+    assert torch.equal(grow(mask, expand, tapered), step)
