@@ -22,9 +22,7 @@ from nodes.diffusion.k_common import (
     batch_sigma,
     capture_uncond,
     get_ancestral_step,
-    model_sampling_of,
-    noise_sampler_for,
-    noise_scale,
+    noisy_run,
     report,
     sigma_to_half_log_snr,
     to_d,
@@ -47,10 +45,8 @@ def sample_euler_ancestral_cfg_pp(
 
     Options (SamplerEulerAncestralCFGPP): ``eta`` (ancestral noise amount), ``s_noise`` (noise multiplier).
     """
-    args = as_args(extra_args)
-    noise = noise_sampler_for(x, args, noise_sampler)
-    sampling = model_sampling_of(model)
-    s_noise = s_noise * noise_scale(sampling)
+    run = noisy_run(model, x, extra_args, noise_sampler, s_noise)
+    args, noise, sampling, s_noise = run.args, run.noise, run.sampling, run.s_noise
     args, uncond = capture_uncond(args)
     for i in range(len(sigmas) - 1):
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
@@ -99,10 +95,8 @@ def sample_dpmpp_2s_ancestral_cfg_pp(
     The midpoint model call only refreshes the unconditional prediction; the guidance vector of the
     step's first call (D − D_uncond) is added back at the end of the step (scaled by 1 − σ' for flow).
     """
-    sampling = model_sampling_of(model)
-    args = as_args(extra_args)
-    noise = noise_sampler_for(x, args, noise_sampler)
-    s_noise = s_noise * noise_scale(sampling)
+    run = noisy_run(model, x, extra_args, noise_sampler, s_noise)
+    args, noise, sampling, s_noise = run.args, run.noise, run.sampling, run.s_noise
     args, uncond = capture_uncond(args)
     step = _flow_2s_cfg_pp_step if sampling.is_flow else _ve_2s_cfg_pp_step
     for i in range(len(sigmas) - 1):

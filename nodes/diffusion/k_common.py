@@ -35,8 +35,8 @@ from nodes.diffusion.noise import NoiseSampler
 Callback = StepCallback
 
 __all__ = [
-    "Callback", "NoiseSampler", "UncondCapture", "as_args", "batch_sigma", "capture_uncond", "get_ancestral_step",
-    "half_log_snr_to_sigma", "model_sampling_of", "noise_sampler_for", "noise_scale", "offset_first_sigma_for_snr",
+    "Callback", "NoiseSampler", "NoisyRun", "UncondCapture", "as_args", "batch_sigma", "capture_uncond", "get_ancestral_step",
+    "half_log_snr_to_sigma", "model_sampling_of", "noise_sampler_for", "noise_scale", "noisy_run", "offset_first_sigma_for_snr",
     "report", "sigma_to_half_log_snr", "to_d",
 ]
 
@@ -97,3 +97,22 @@ def capture_uncond(extra_args: dict[str, Any]) -> tuple[dict[str, Any], UncondCa
     capture = UncondCapture()
     options = with_post_cfg(extra_args.get("model_options"), capture, disable_cfg1_optimization=True)
     return {**extra_args, "model_options": options}, capture
+
+
+@dataclass(frozen=True)
+class NoisyRun:
+    """What a sampler with per-step noise sets up first: its model args, the noise source, the model
+    sampling and the effective noise multiplier (``s_noise`` × the prediction's noise scale)."""
+
+    args: dict[str, Any]
+    noise: NoiseSampler
+    sampling: ModelSampling
+    s_noise: float
+
+
+def noisy_run(model: Any, x: Tensor, extra_args: dict[str, Any] | None, noise_sampler: NoiseSampler | None,
+              s_noise: float) -> NoisyRun:
+    """Set up a stochastic sampler (default noise: seed + 1 generator from ``extra_args['seed']``)."""
+    args = as_args(extra_args)
+    sampling = model_sampling_of(model)
+    return NoisyRun(args, noise_sampler_for(x, args, noise_sampler), sampling, s_noise * noise_scale(sampling))

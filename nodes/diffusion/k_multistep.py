@@ -14,6 +14,7 @@ Behaviour and noise draw points follow ComfyUI's functions of the same names
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,9 +27,7 @@ from nodes.diffusion.k_common import (
     batch_sigma,
     capture_uncond,
     get_ancestral_step,
-    model_sampling_of,
-    noise_sampler_for,
-    noise_scale,
+    noisy_run,
     report,
     to_d,
 )
@@ -52,6 +51,24 @@ def _ab_step(delta: Tensor, order: int, derivs: list[Tensor]) -> Tensor:
     return delta * total if order == 1 else delta * total / denominator
 
 
+StepRule = Callable[[int, Tensor, Tensor, Tensor, list[Tensor]], Tensor]
+"""``rule(i, x, denoised, d, history) -> x_next`` with ``history`` the past derivatives, newest first."""
+
+
+def _run_on_derivatives(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None,
+                        callback: Callback | None, max_order: int, rule: StepRule) -> Tensor:
+    """The loop the d-based multistep samplers share: one model call per step, d = (x − D)/σ kept."""
+    args = as_args(extra_args)
+    history: list[Tensor] = []
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, batch_sigma(x, sigmas[i]), **args)
+        report(callback, x, i, sigmas[i], denoised)
+        d = (x - denoised) / sigmas[i]
+        x = rule(i, x, denoised, d, history)
+        history = [d, *history][: max(max_order - 1, 1)]
+    return x
+
+
 @torch.no_grad()
 def sample_ipndm(
     model: Any,
@@ -63,20 +80,14 @@ def sample_ipndm(
     max_order: int = 4,
 ) -> Tensor:
     """iPNDM: Adams–Bashforth of order min(i+1, max_order) on d = (x − D)/σ; the last step to σ = 0 gives D."""
-    args = as_args(extra_args)
-    history: list[Tensor] = []  # past derivatives, newest first
-    for i in range(len(sigmas) - 1):
-        sigma, sigma_next = sigmas[i], sigmas[i + 1]
-        denoised = model(x, batch_sigma(x, sigma), **args)
-        report(callback, x, i, sigma, denoised)
-        d = (x - denoised) / sigma
+
+    def rule(i: int, x: Tensor, denoised: Tensor, d: Tensor, history: list[Tensor]) -> Tensor:
+        if sigmas[i + 1] == 0:
+            return denoised
         order = min(max_order, i + 1)
-        if sigma_next == 0:
-            x = denoised
-        else:
-            x = x + _ab_step(sigma_next - sigma, order, [d, *history[: order - 1]])
-        history = [d, *history][: max(max_order - 1, 1)]
-    return x
+        return x + _ab_step(sigmas[i + 1] - sigmas[i], order, [d, *history[: order - 1]])
+
+    return _run_on_derivatives(model, x, sigmas, extra_args, callback, max_order, rule)
 
 
 def ipndm_v_weights(steps: Tensor, i: int, order: int) -> list[Tensor]:
@@ -117,24 +128,17 @@ def sample_ipndm_v(
     max_order: int = 4,
 ) -> Tensor:
     """iPNDM-v: like :func:`sample_ipndm` with weights that account for unequal σ steps."""
-    args = as_args(extra_args)
-    history: list[Tensor] = []
-    for i in range(len(sigmas) - 1):
-        sigma, sigma_next = sigmas[i], sigmas[i + 1]
-        denoised = model(x, batch_sigma(x, sigma), **args)
-        report(callback, x, i, sigma, denoised)
-        d = (x - denoised) / sigma
-        order = min(max_order, i + 1)
-        if sigma_next == 0:
-            x = denoised
-        else:
-            weights = ipndm_v_weights(sigmas, i, order)
-            step = weights[0] * d
-            for w, past in zip(weights[1:], history, strict=False):
-                step = step + w * past
-            x = x + (sigma_next - sigma) * step
-        history = [d, *history][: max(max_order - 1, 1)]
-    return x
+
+    def rule(i: int, x: Tensor, denoised: Tensor, d: Tensor, history: list[Tensor]) -> Tensor:
+        if sigmas[i + 1] == 0:
+            return denoised
+        weights = ipndm_v_weights(sigmas, i, min(max_order, i + 1))
+        step = weights[0] * d
+        for w, past in zip(weights[1:], history, strict=False):
+            step = step + w * past
+        return x + (sigmas[i + 1] - sigmas[i]) * step
+
+    return _run_on_derivatives(model, x, sigmas, extra_args, callback, max_order, rule)
 
 
 @torch.no_grad()
@@ -149,22 +153,16 @@ def sample_deis(
     deis_mode: str = "tab",
 ) -> Tensor:
     """DEIS multistep: x' = x + Σⱼ Cᵢⱼ·d_{i−j} with exponential-integrator coefficients (Euler when σ' = 0)."""
-    args = as_args(extra_args)
     coefficients = deis_coefficients(sigmas, max_order, mode=deis_mode)
-    history: list[Tensor] = []
-    for i in range(len(sigmas) - 1):
-        sigma, sigma_next = sigmas[i], sigmas[i + 1]
-        denoised = model(x, batch_sigma(x, sigma), **args)
-        report(callback, x, i, sigma, denoised)
-        d = (x - denoised) / sigma
-        order = 1 if sigma_next <= 0 else min(max_order, i + 1)
-        if order == 1:
-            x = x + (sigma_next - sigma) * d
-        else:
-            for c, past in zip(coefficients[i], [d, *history], strict=False):
-                x = x + c * past
-        history = [d, *history][: max(max_order - 1, 1)]
-    return x
+
+    def rule(i: int, x: Tensor, denoised: Tensor, d: Tensor, history: list[Tensor]) -> Tensor:
+        if not coefficients[i]:  # first step, and the step to σ = 0
+            return x + (sigmas[i + 1] - sigmas[i]) * d
+        for c, past in zip(coefficients[i], [d, *history], strict=False):
+            x = x + c * past
+        return x
+
+    return _run_on_derivatives(model, x, sigmas, extra_args, callback, max_order, rule)
 
 
 @torch.no_grad()
@@ -181,9 +179,8 @@ def res_multistep(
     cfg_pp: bool = False,
 ) -> Tensor:
     """RES second-order multistep (arXiv:2308.02157) with optional ancestral noise and CFG++."""
-    args = as_args(extra_args)
-    noise = noise_sampler_for(x, args, noise_sampler)
-    s_noise = s_noise * noise_scale(model_sampling_of(model))
+    run = noisy_run(model, x, extra_args, noise_sampler, s_noise)
+    args, noise, s_noise = run.args, run.noise, run.s_noise
     uncond = None
     if cfg_pp:
         args, uncond = capture_uncond(args)

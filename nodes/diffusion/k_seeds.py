@@ -17,6 +17,7 @@ variance-exploding and flow model samplings.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,12 +26,10 @@ from torch import Tensor
 from nodes.diffusion.k_common import (
     Callback,
     NoiseSampler,
-    as_args,
+    NoisyRun,
     batch_sigma,
     half_log_snr_to_sigma,
-    model_sampling_of,
-    noise_sampler_for,
-    noise_scale,
+    noisy_run,
     offset_first_sigma_for_snr,
     report,
     sigma_to_half_log_snr,
@@ -42,9 +41,62 @@ ER_SDE_SOLVER_TYPES = ("ER-SDE", "Reverse-time SDE", "ODE")
 _ER_SDE_INTEGRATION_POINTS = 200
 
 
-def _carry_noise(noise: Tensor, factor: Tensor, fresh: Tensor) -> Tensor:
-    """Decay the stage noise by e^factor and top it up with fresh noise to keep unit variance."""
-    return noise * factor.exp() + factor.mul(2).expm1().neg().sqrt() * fresh
+@dataclass
+class _SeedsStep:
+    """One SEEDS step σ → σ' in half-logSNR time; stages sit at λ + r·h (r = 1 is σ' itself).
+
+    The stage noise is carried from stage to stage (decayed by e^((r_prev − r)hη), topped up with fresh
+    noise) so that each step injects noise of the variance the SDE prescribes.
+    """
+
+    run: NoisyRun
+    eta: float
+    sigma: Tensor
+    sigma_next: Tensor
+    lam: Tensor
+    lam_next: Tensor
+    stage_noise: Tensor | None = None
+
+    @property
+    def h(self) -> Tensor:
+        return self.lam_next - self.lam
+
+    @property
+    def h_eta(self) -> Tensor:
+        return self.h * (self.eta + 1)
+
+    def point(self, r: float) -> tuple[Tensor, Tensor]:
+        """(σ_r, α_r) at λ + r·h."""
+        lam_r = torch.lerp(self.lam, self.lam_next, r)
+        sigma_r = half_log_snr_to_sigma(lam_r, self.run.sampling)
+        return sigma_r, sigma_r * lam_r.exp()
+
+    def decay(self, sigma_r: Tensor, r: float) -> Tensor:
+        return sigma_r / self.sigma * (-r * self.h * self.eta).exp()
+
+    def add_noise(self, x_r: Tensor, sigma_from: Tensor, sigma_r: Tensor, r_from: float, r: float) -> Tensor:
+        if not (self.eta > 0 and self.run.s_noise > 0):
+            return x_r
+        factor = (r_from - r) * self.h * self.eta
+        fresh = factor.mul(2).expm1().neg().sqrt() * self.run.noise(sigma_from, sigma_r)
+        self.stage_noise = fresh if self.stage_noise is None else self.stage_noise * factor.exp() + fresh
+        return x_r + self.stage_noise * sigma_r * self.run.s_noise
+
+
+def _seeds_loop(model: Any, x: Tensor, sigmas: Tensor, run: NoisyRun, eta: float, callback: Callback | None,
+                step: Callable[[_SeedsStep, Tensor, Tensor], Tensor]) -> Tensor:
+    """The step loop SEEDS-2 and SEEDS-3 share; ``step(state, x, denoised)`` returns x at σ'."""
+    sigmas = offset_first_sigma_for_snr(sigmas, run.sampling)
+    for i in range(len(sigmas) - 1):
+        sigma, sigma_next = sigmas[i], sigmas[i + 1]
+        denoised = model(x, batch_sigma(x, sigma), **run.args)
+        report(callback, x, i, sigma, denoised)
+        if sigma_next == 0:
+            x = denoised
+            continue
+        lam, lam_next = sigma_to_half_log_snr(sigma, run.sampling), sigma_to_half_log_snr(sigma_next, run.sampling)
+        x = step(_SeedsStep(run, eta, sigma, sigma_next, lam, lam_next), x, denoised)
+    return x
 
 
 @torch.no_grad()
@@ -64,44 +116,25 @@ def sample_seeds_2(
     """SEEDS-2. Options (SamplerSEEDS2): ``solver_type`` phi_1 | phi_2, ``eta``, ``s_noise``, ``r`` (stage 2 at λ + r·h)."""
     if solver_type not in SEEDS2_SOLVER_TYPES:
         raise ValueError(f"seeds_2 solver_type must be one of {SEEDS2_SOLVER_TYPES}, got {solver_type!r}")
-    args = as_args(extra_args)
-    noise = noise_sampler_for(x, args, noise_sampler)
-    sampling = model_sampling_of(model)
-    s_noise = s_noise * noise_scale(sampling)
-    inject = eta > 0 and s_noise > 0
-    sigmas = offset_first_sigma_for_snr(sigmas, sampling)
-    for i in range(len(sigmas) - 1):
-        sigma, sigma_next = sigmas[i], sigmas[i + 1]
-        denoised = model(x, batch_sigma(x, sigma), **args)
-        report(callback, x, i, sigma, denoised)
-        if sigma_next == 0:
-            x = denoised
-            continue
-        lam, lam_next = sigma_to_half_log_snr(sigma, sampling), sigma_to_half_log_snr(sigma_next, sampling)
-        h = lam_next - lam
-        h_eta = h * (eta + 1)
-        lam_mid = torch.lerp(lam, lam_next, r)
-        sigma_mid = half_log_snr_to_sigma(lam_mid, sampling)
-        alpha_mid = sigma_mid * lam_mid.exp()
-        alpha_next = sigma_next * lam_next.exp()
+    run = noisy_run(model, x, extra_args, noise_sampler, s_noise)
 
-        x_mid = sigma_mid / sigma * (-r * h * eta).exp() * x - alpha_mid * ei_h_phi_1(-r * h_eta) * denoised
-        if inject:
-            stage_noise = (-2 * r * h * eta).expm1().neg().sqrt() * noise(sigma, sigma_mid)
-            x_mid = x_mid + stage_noise * sigma_mid * s_noise
-        denoised_mid = model(x_mid, batch_sigma(x, sigma_mid), **args)
-
-        decay = sigma_next / sigma * (-h * eta).exp()
+    def step(state: _SeedsStep, x: Tensor, denoised: Tensor) -> Tensor:
+        h_eta, sigma, sigma_next = state.h_eta, state.sigma, state.sigma_next
+        sigma_mid, alpha_mid = state.point(r)
+        x_mid = state.decay(sigma_mid, r) * x - alpha_mid * ei_h_phi_1(-r * h_eta) * denoised
+        x_mid = state.add_noise(x_mid, sigma, sigma_mid, 0.0, r)
+        denoised_mid = model(x_mid, batch_sigma(x, sigma_mid), **run.args)
+        alpha_next = sigma_next * state.lam_next.exp()
         if solver_type == "phi_1":
-            x = decay * x - alpha_next * ei_h_phi_1(-h_eta) * torch.lerp(denoised, denoised_mid, 1 / (2 * r))
+            x = state.decay(sigma_next, 1.0) * x - alpha_next * ei_h_phi_1(-h_eta) * torch.lerp(
+                denoised, denoised_mid, 1 / (2 * r))
         else:
             b2 = ei_h_phi_2(-h_eta) / r
             b1 = ei_h_phi_1(-h_eta) - b2
-            x = decay * x - alpha_next * (b1 * denoised + b2 * denoised_mid)
-        if inject:
-            stage_noise = _carry_noise(stage_noise, (r - 1) * h * eta, noise(sigma_mid, sigma_next))
-            x = x + stage_noise * sigma_next * s_noise
-    return x
+            x = state.decay(sigma_next, 1.0) * x - alpha_next * (b1 * denoised + b2 * denoised_mid)
+        return state.add_noise(x, sigma_mid, sigma_next, r, 1.0)
+
+    return _seeds_loop(model, x, sigmas, run, eta, callback, step)
 
 
 def sample_exp_heun_2_x0(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None = None,
@@ -136,48 +169,29 @@ def sample_seeds_3(
     r_2: float = 2.0 / 3,
 ) -> Tensor:
     """SEEDS-3: stages at λ + r₁h and λ + r₂h, then the φ₂-weighted final combination."""
-    args = as_args(extra_args)
-    noise = noise_sampler_for(x, args, noise_sampler)
-    sampling = model_sampling_of(model)
-    s_noise = s_noise * noise_scale(sampling)
-    inject = eta > 0 and s_noise > 0
-    sigmas = offset_first_sigma_for_snr(sigmas, sampling)
-    for i in range(len(sigmas) - 1):
-        sigma, sigma_next = sigmas[i], sigmas[i + 1]
-        denoised = model(x, batch_sigma(x, sigma), **args)
-        report(callback, x, i, sigma, denoised)
-        if sigma_next == 0:
-            x = denoised
-            continue
-        lam, lam_next = sigma_to_half_log_snr(sigma, sampling), sigma_to_half_log_snr(sigma_next, sampling)
-        h = lam_next - lam
-        h_eta = h * (eta + 1)
-        lam_1, lam_2 = torch.lerp(lam, lam_next, r_1), torch.lerp(lam, lam_next, r_2)
-        sigma_1, sigma_2 = half_log_snr_to_sigma(lam_1, sampling), half_log_snr_to_sigma(lam_2, sampling)
-        alpha_1, alpha_2 = sigma_1 * lam_1.exp(), sigma_2 * lam_2.exp()
-        alpha_next = sigma_next * lam_next.exp()
+    run = noisy_run(model, x, extra_args, noise_sampler, s_noise)
 
-        x_1 = sigma_1 / sigma * (-r_1 * h * eta).exp() * x - alpha_1 * ei_h_phi_1(-r_1 * h_eta) * denoised
-        if inject:
-            stage_noise = (-2 * r_1 * h * eta).expm1().neg().sqrt() * noise(sigma, sigma_1)
-            x_1 = x_1 + stage_noise * sigma_1 * s_noise
-        denoised_1 = model(x_1, batch_sigma(x, sigma_1), **args)
+    def step(state: _SeedsStep, x: Tensor, denoised: Tensor) -> Tensor:
+        h_eta, sigma, sigma_next = state.h_eta, state.sigma, state.sigma_next
+        sigma_1, alpha_1 = state.point(r_1)
+        sigma_2, alpha_2 = state.point(r_2)
+        x_1 = state.decay(sigma_1, r_1) * x - alpha_1 * ei_h_phi_1(-r_1 * h_eta) * denoised
+        x_1 = state.add_noise(x_1, sigma, sigma_1, 0.0, r_1)
+        denoised_1 = model(x_1, batch_sigma(x, sigma_1), **run.args)
 
         a2 = r_2 / r_1 * ei_h_phi_2(-r_2 * h_eta)
         a1 = ei_h_phi_1(-r_2 * h_eta) - a2
-        x_2 = sigma_2 / sigma * (-r_2 * h * eta).exp() * x - alpha_2 * (a1 * denoised + a2 * denoised_1)
-        if inject:
-            stage_noise = _carry_noise(stage_noise, (r_1 - r_2) * h * eta, noise(sigma_1, sigma_2))
-            x_2 = x_2 + stage_noise * sigma_2 * s_noise
-        denoised_2 = model(x_2, batch_sigma(x, sigma_2), **args)
+        x_2 = state.decay(sigma_2, r_2) * x - alpha_2 * (a1 * denoised + a2 * denoised_1)
+        x_2 = state.add_noise(x_2, sigma_1, sigma_2, r_1, r_2)
+        denoised_2 = model(x_2, batch_sigma(x, sigma_2), **run.args)
 
         b3 = ei_h_phi_2(-h_eta) / r_2
         b1 = ei_h_phi_1(-h_eta) - b3
-        x = sigma_next / sigma * (-h * eta).exp() * x - alpha_next * (b1 * denoised + b3 * denoised_2)
-        if inject:
-            stage_noise = _carry_noise(stage_noise, (r_2 - 1) * h * eta, noise(sigma_2, sigma_next))
-            x = x + stage_noise * sigma_next * s_noise
-    return x
+        alpha_next = sigma_next * state.lam_next.exp()
+        x = state.decay(sigma_next, 1.0) * x - alpha_next * (b1 * denoised + b3 * denoised_2)
+        return state.add_noise(x, sigma_2, sigma_next, r_2, 1.0)
+
+    return _seeds_loop(model, x, sigmas, run, eta, callback, step)
 
 
 def er_sde_default_noise_scaler(x: Tensor) -> Tensor:
@@ -223,10 +237,8 @@ def sample_er_sde(
     Stages 2 and 3 add finite-difference corrections of D weighted by integrals of 1/noise_scaler, taken
     with a 200-point Riemann sum as the reference does.
     """
-    args = as_args(extra_args)
-    noise = noise_sampler_for(x, args, noise_sampler)
-    sampling = model_sampling_of(model)
-    s_noise = s_noise * noise_scale(sampling)
+    run = noisy_run(model, x, extra_args, noise_sampler, s_noise)
+    args, noise, sampling, s_noise = run.args, run.noise, run.sampling, run.s_noise
     scaler = er_sde_default_noise_scaler if noise_scaler is None else noise_scaler
     point_index = torch.arange(0, float(_ER_SDE_INTEGRATION_POINTS), dtype=torch.float32, device=x.device)
     sigmas = offset_first_sigma_for_snr(sigmas, sampling)

@@ -21,11 +21,8 @@ from torch import Tensor
 from nodes.diffusion.k_common import (
     Callback,
     NoiseSampler,
-    as_args,
     batch_sigma,
-    model_sampling_of,
-    noise_sampler_for,
-    noise_scale,
+    noisy_run,
     offset_first_sigma_for_snr,
     report,
     sigma_to_half_log_snr,
@@ -128,10 +125,8 @@ def sample_sa_solver(
     """SA-Solver (predictor order ≤ 3, corrector order ≤ 4 by default; PECE re-evaluates after correcting)."""
     if len(sigmas) <= 1:
         return x
-    args = as_args(extra_args)
-    noise_draw = noise_sampler_for(x, args, noise_sampler)
-    sampling = model_sampling_of(model)
-    s_noise = s_noise * noise_scale(sampling)
+    run = noisy_run(model, x, extra_args, noise_sampler, s_noise)
+    args, noise_draw, sampling, s_noise = run.args, run.noise, run.sampling, run.s_noise
     sigmas = offset_first_sigma_for_snr(sigmas, sampling)
     lambdas = sigma_to_half_log_snr(sigmas, sampling)
     if tau_func is None:
