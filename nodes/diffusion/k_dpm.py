@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from nodes.diffusion.k_euler import INF, churn, report, rf_ancestral_split
+from nodes.diffusion.k_euler import INF, ChurnedModel, report, rf_ancestral_split
 from nodes.diffusion.k_samplers import (
     StepCallback,
     get_ancestral_step,
@@ -39,12 +39,9 @@ def sample_dpm_2(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: 
     """Second-order steps through the log-sigma midpoint; Euler on the last step to 0."""
     extra_args = {} if extra_args is None else extra_args
     s_in = x.new_ones([x.shape[0]])
-    state: dict[str, NoiseSampler] = {}
+    evaluate = ChurnedModel(model, extra_args, callback, s_churn, s_tmin, s_tmax, s_noise)
     for i in step_range(len(sigmas) - 1, disable):
-        x, sigma_hat = churn(x, sigmas, i, extra_args, s_churn, s_tmin, s_tmax, s_noise, state)
-        denoised = model(x, sigma_hat * s_in, **extra_args)
-        d = to_d(x, sigma_hat, denoised)
-        report(callback, x, i, sigmas[i], sigma_hat, denoised)
+        x, sigma_hat, _, d = evaluate(x, sigmas, i)
         if sigmas[i + 1] == 0:
             x = x + d * (sigmas[i + 1] - sigma_hat)
             continue

@@ -29,6 +29,7 @@ from nodes.diffusion.k_samplers import (
     step_range,
     to_d,
 )
+from nodes.diffusion.model_sampling import ModelSampling
 from nodes.diffusion.noise import NoiseSampler, brownian_noise_sampler
 
 
@@ -176,6 +177,34 @@ def sample_dpmpp_2m(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_arg
     return x
 
 
+def _sde_setup(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any],
+               noise_sampler: NoiseSampler | None, cpu_tree: bool) -> tuple[NoiseSampler, ModelSampling, torch.Tensor]:
+    """(noise sampler, model sampling, sigmas) of a half-log-SNR SDE sampler: the Brownian tree spans
+    the given sigmas; a flow schedule starting at 1 is nudged afterwards."""
+    noise = _brownian_or(x, sigmas, extra_args, noise_sampler, cpu_tree)
+    sampling = model_sampling_of(model)
+    return noise, sampling, offset_first_sigma_for_snr(sigmas, sampling)
+
+
+def _sde_first_order(x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor,
+                     sampling: ModelSampling, eta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exponential-integrator SDE step to sigma_next in lambda; returns (x, h, h * (1 + eta), alpha_next)."""
+    lambda_s, lambda_t = sigma_to_half_log_snr(sigma, sampling), sigma_to_half_log_snr(sigma_next, sampling)
+    h = lambda_t - lambda_s
+    h_eta = h * (eta + 1)
+    alpha_t = sigma_next * lambda_t.exp()
+    x = sigma_next / sigma * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
+    return x, h, h_eta, alpha_t
+
+
+def _sde_noise(x: torch.Tensor, noise: NoiseSampler, sigma: torch.Tensor, sigma_next: torch.Tensor,
+               h: torch.Tensor, eta: float, s_noise: float) -> torch.Tensor:
+    """Add the step's Brownian noise, std sigma_next * sqrt(1 - e^(-2 h eta))."""
+    if eta > 0 and s_noise > 0:
+        x = x + noise(sigma, sigma_next) * sigma_next * (-2 * h * eta).expm1().neg().sqrt() * s_noise
+    return x
+
+
 @torch.no_grad()
 def sample_dpmpp_2m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
                         callback: StepCallback | None = None, disable: bool | None = None, eta: float = 1.0,
@@ -187,10 +216,8 @@ def sample_dpmpp_2m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra
     if solver_type not in {"heun", "midpoint"}:
         raise ValueError(f"solver_type must be 'heun' or 'midpoint', got {solver_type!r}")
     extra_args = {} if extra_args is None else extra_args
-    noise = _brownian_or(x, sigmas, extra_args, noise_sampler, cpu_tree)
+    noise, sampling, sigmas = _sde_setup(model, x, sigmas, extra_args, noise_sampler, cpu_tree)
     s_in = x.new_ones([x.shape[0]])
-    sampling = model_sampling_of(model)
-    sigmas = offset_first_sigma_for_snr(sigmas, sampling)
     old_denoised: torch.Tensor | None = None
     h: torch.Tensor | None = None
     h_last: torch.Tensor | None = None
@@ -200,19 +227,14 @@ def sample_dpmpp_2m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra
         if sigmas[i + 1] == 0:
             x = denoised
         else:
-            lambda_s, lambda_t = sigma_to_half_log_snr(sigmas[i], sampling), sigma_to_half_log_snr(sigmas[i + 1], sampling)
-            h = lambda_t - lambda_s
-            h_eta = h * (eta + 1)
-            alpha_t = sigmas[i + 1] * lambda_t.exp()
-            x = sigmas[i + 1] / sigmas[i] * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
+            x, h, h_eta, alpha_t = _sde_first_order(x, denoised, sigmas[i], sigmas[i + 1], sampling, eta)
             if old_denoised is not None and h_last is not None:
                 r = h_last / h
                 if solver_type == "heun":
                     x = x + alpha_t * ((-h_eta).expm1().neg() / (-h_eta) + 1) * (1 / r) * (denoised - old_denoised)
                 else:
                     x = x + 0.5 * alpha_t * (-h_eta).expm1().neg() * (1 / r) * (denoised - old_denoised)
-            if eta > 0 and s_noise > 0:
-                x = x + noise(sigmas[i], sigmas[i + 1]) * sigmas[i + 1] * (-2 * h * eta).expm1().neg().sqrt() * s_noise
+            x = _sde_noise(x, noise, sigmas[i], sigmas[i + 1], h, eta, s_noise)
         old_denoised = denoised
         h_last = h
     return x
@@ -227,41 +249,32 @@ def sample_dpmpp_3m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra
     if len(sigmas) <= 1:
         return x
     extra_args = {} if extra_args is None else extra_args
-    noise = _brownian_or(x, sigmas, extra_args, noise_sampler, cpu_tree)
+    noise, sampling, sigmas = _sde_setup(model, x, sigmas, extra_args, noise_sampler, cpu_tree)
     s_in = x.new_ones([x.shape[0]])
-    sampling = model_sampling_of(model)
-    sigmas = offset_first_sigma_for_snr(sigmas, sampling)
-    denoised_1: torch.Tensor | None = None
-    denoised_2: torch.Tensor | None = None
-    h: torch.Tensor | None = None
-    h_1: torch.Tensor | None = None
-    h_2: torch.Tensor | None = None
+    denoised_1: Any = None
+    denoised_2: Any = None
+    h: Any = None
+    h_1: Any = None
+    h_2: Any = None
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
         report(callback, x, i, sigmas[i], sigmas[i], denoised)
         if sigmas[i + 1] == 0:
             x = denoised
         else:
-            lambda_s, lambda_t = sigma_to_half_log_snr(sigmas[i], sampling), sigma_to_half_log_snr(sigmas[i + 1], sampling)
-            h = lambda_t - lambda_s
-            h_eta = h * (eta + 1)
-            alpha_t = sigmas[i + 1] * lambda_t.exp()
-            x = sigmas[i + 1] / sigmas[i] * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
-            if h_2 is not None and h_1 is not None and denoised_1 is not None and denoised_2 is not None:
+            x, h, h_eta, alpha_t = _sde_first_order(x, denoised, sigmas[i], sigmas[i + 1], sampling, eta)
+            phi_2 = h_eta.neg().expm1() / h_eta + 1
+            if h_2 is not None:  # third order from the two previous steps
                 r0, r1 = h_1 / h, h_2 / h
                 d1_0 = (denoised - denoised_1) / r0
                 d1_1 = (denoised_1 - denoised_2) / r1
                 d1 = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1)
                 d2 = (d1_0 - d1_1) / (r0 + r1)
-                phi_2 = h_eta.neg().expm1() / h_eta + 1
                 phi_3 = phi_2 / h_eta - 0.5
                 x = x + (alpha_t * phi_2) * d1 - (alpha_t * phi_3) * d2
-            elif h_1 is not None and denoised_1 is not None:
-                d = (denoised - denoised_1) / (h_1 / h)
-                phi_2 = h_eta.neg().expm1() / h_eta + 1
-                x = x + (alpha_t * phi_2) * d
-            if eta > 0 and s_noise > 0:
-                x = x + noise(sigmas[i], sigmas[i + 1]) * sigmas[i + 1] * (-2 * h * eta).expm1().neg().sqrt() * s_noise
+            elif h_1 is not None:  # second order from the previous step
+                x = x + (alpha_t * phi_2) * ((denoised - denoised_1) / (h_1 / h))
+            x = _sde_noise(x, noise, sigmas[i], sigmas[i + 1], h, eta, s_noise)
         denoised_1, denoised_2 = denoised, denoised_1
         h_1, h_2 = h, h_1
     return x

@@ -10,6 +10,7 @@ Heun++ from Carzit/sd-webui-samplers-scheduler (MIT); Ho et al. 2020 (DDPM); Luo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,23 +37,39 @@ def report(callback: StepCallback | None, x: torch.Tensor, i: int, sigma: torch.
         callback({"x": x, "i": i, "sigma": sigma, "sigma_hat": sigma_hat, "denoised": denoised})
 
 
-def churn(x: torch.Tensor, sigmas: torch.Tensor, i: int, extra_args: dict[str, Any], s_churn: float,
-          s_tmin: float, s_tmax: float, s_noise: float,
-          state: dict[str, NoiseSampler]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Karras' stochastic churn: raise sigma_i to sigma_hat = sigma_i (1 + gamma) by adding noise.
-    Returns (x, sigma_hat); without churn, (x, sigma_i). ComfyUI draws this noise from torch's global
+@dataclass
+class ChurnedModel:
+    """The first evaluation of a Karras-style step (euler, heun, heunpp2, dpm_2): optional stochastic
+    churn raises sigma_i to sigma_hat = sigma_i (1 + gamma) by adding noise, then the model is
+    evaluated at sigma_hat and the step is reported. ComfyUI draws churn noise from torch's global
     generator; Loom draws it from the seeded per-step generator so runs stay reproducible."""
-    sigma = sigmas[i]
-    if s_churn <= 0:
-        return x, sigma
-    gamma = min(s_churn / (len(sigmas) - 1), 2**0.5 - 1) if s_tmin <= sigma <= s_tmax else 0.0
-    sigma_hat = sigma * (gamma + 1)
-    if gamma > 0:
-        if "noise" not in state:
-            state["noise"] = noise_sampler_for(x, extra_args, None)
-        eps = state["noise"](sigma, sigma_hat) * s_noise
-        x = x + eps * (sigma_hat**2 - sigma**2) ** 0.5
-    return x, sigma_hat
+
+    model: Any
+    extra_args: dict[str, Any]
+    callback: StepCallback | None
+    s_churn: float = 0.0
+    s_tmin: float = 0.0
+    s_tmax: float = INF
+    s_noise: float = 1.0
+    noise: NoiseSampler | None = None
+
+    def __call__(self, x: torch.Tensor, sigmas: torch.Tensor,
+                 i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns (x after churn, sigma_hat, denoised, d = (x - denoised) / sigma_hat)."""
+        sigma = sigma_hat = sigmas[i]
+        if self.s_churn > 0:
+            inside = self.s_tmin <= sigma <= self.s_tmax
+            gamma = min(self.s_churn / (len(sigmas) - 1), 2**0.5 - 1) if inside else 0.0
+            sigma_hat = sigma * (gamma + 1)
+            if gamma > 0:
+                if self.noise is None:
+                    self.noise = noise_sampler_for(x, self.extra_args, None)
+                eps = self.noise(sigma, sigma_hat) * self.s_noise
+                x = x + eps * (sigma_hat**2 - sigma**2) ** 0.5
+        denoised = self.model(x, sigma_hat * x.new_ones([x.shape[0]]), **self.extra_args)
+        d = to_d(x, sigma_hat, denoised)
+        report(self.callback, x, i, sigma, sigma_hat, denoised)
+        return x, sigma_hat, denoised, d
 
 
 @torch.no_grad()
@@ -61,13 +78,9 @@ def sample_euler(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: 
                  s_tmin: float = 0.0, s_tmax: float = INF, s_noise: float = 1.0) -> torch.Tensor:
     """Euler steps on the probability-flow ODE (Karras et al. 2022, algorithm 2 without the Heun part)."""
     extra_args = {} if extra_args is None else extra_args
-    s_in = x.new_ones([x.shape[0]])
-    state: dict[str, NoiseSampler] = {}
+    evaluate = ChurnedModel(model, extra_args, callback, s_churn, s_tmin, s_tmax, s_noise)
     for i in step_range(len(sigmas) - 1, disable):
-        x, sigma_hat = churn(x, sigmas, i, extra_args, s_churn, s_tmin, s_tmax, s_noise, state)
-        denoised = model(x, sigma_hat * s_in, **extra_args)
-        d = to_d(x, sigma_hat, denoised)
-        report(callback, x, i, sigmas[i], sigma_hat, denoised)
+        x, sigma_hat, _, d = evaluate(x, sigmas, i)
         x = x + d * (sigmas[i + 1] - sigma_hat)
     return x
 
@@ -135,12 +148,9 @@ def sample_heun(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: d
     """Heun's second-order method (Karras et al. 2022, algorithm 2); Euler on the last step to 0."""
     extra_args = {} if extra_args is None else extra_args
     s_in = x.new_ones([x.shape[0]])
-    state: dict[str, NoiseSampler] = {}
+    evaluate = ChurnedModel(model, extra_args, callback, s_churn, s_tmin, s_tmax, s_noise)
     for i in step_range(len(sigmas) - 1, disable):
-        x, sigma_hat = churn(x, sigmas, i, extra_args, s_churn, s_tmin, s_tmax, s_noise, state)
-        denoised = model(x, sigma_hat * s_in, **extra_args)
-        d = to_d(x, sigma_hat, denoised)
-        report(callback, x, i, sigmas[i], sigma_hat, denoised)
+        x, sigma_hat, _, d = evaluate(x, sigmas, i)
         dt = sigmas[i + 1] - sigma_hat
         if sigmas[i + 1] == 0:
             x = x + d * dt
@@ -160,12 +170,9 @@ def sample_heunpp2(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args
     extra_args = {} if extra_args is None else extra_args
     s_in = x.new_ones([x.shape[0]])
     s_end = sigmas[-1]
-    state: dict[str, NoiseSampler] = {}
+    evaluate = ChurnedModel(model, extra_args, callback, s_churn, s_tmin, s_tmax, s_noise)
     for i in step_range(len(sigmas) - 1, disable):
-        x, sigma_hat = churn(x, sigmas, i, extra_args, s_churn, s_tmin, s_tmax, s_noise, state)
-        denoised = model(x, sigma_hat * s_in, **extra_args)
-        d = to_d(x, sigma_hat, denoised)
-        report(callback, x, i, sigmas[i], sigma_hat, denoised)
+        x, sigma_hat, _, d = evaluate(x, sigmas, i)
         dt = sigmas[i + 1] - sigma_hat
         if sigmas[i + 1] == s_end:
             x = x + d * dt
