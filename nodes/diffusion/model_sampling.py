@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -83,6 +83,7 @@ class VPrediction(Prediction):
     """v prediction (SD2-768): x0 = x * sd^2/(s^2+sd^2) - v * s * sd / sqrt(s^2+sd^2)."""
 
     kind: str = field(default="v_prediction", init=False)
+    output_sign: ClassVar[float] = -1.0
 
     def calculate_denoised(
         self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor,
@@ -90,22 +91,15 @@ class VPrediction(Prediction):
     ) -> torch.Tensor:
         s = reshape_sigma(sigma, model_output.ndim)
         denom = s**2 + sigma_data**2
-        return model_input * sigma_data**2 / denom - model_output * s * sigma_data / denom**0.5
+        return model_input * sigma_data**2 / denom + self.output_sign * (model_output * s * sigma_data / denom**0.5)
 
 
 @dataclass(frozen=True)
-class EDMPrediction(Prediction):
+class EDMPrediction(VPrediction):
     """EDM preconditioning (Karras et al. 2022, eq. 7): the v formula with a plus sign on F."""
 
     kind: str = field(default="edm", init=False)
-
-    def calculate_denoised(
-        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor,
-        sigma_data: float, timestep: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        s = reshape_sigma(sigma, model_output.ndim)
-        denom = s**2 + sigma_data**2
-        return model_input * sigma_data**2 / denom + model_output * s * sigma_data / denom**0.5
+    output_sign: ClassVar[float] = 1.0
 
 
 @dataclass(frozen=True)
@@ -255,8 +249,35 @@ def _nearest_index(log_sigmas: torch.Tensor, sigma: torch.Tensor) -> torch.Tenso
     return dists.abs().argmin(dim=0).view(sigma.shape)
 
 
+class _TableSchedule:
+    """Shared by the table-based discrete schedules: ``_table`` is (sigmas, log sigmas), float32."""
+
+    @property
+    def _table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    @property
+    def sigmas(self) -> torch.Tensor:
+        return self._table[0]
+
+    @property
+    def log_sigmas(self) -> torch.Tensor:
+        return self._table[1]
+
+    def sigma(self, timestep: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def percent_to_sigma(self, percent: float) -> float:
+        """Sigma at timestep (1 - percent) * 999 (ComfyUI's rule, whatever the table length)."""
+        if percent <= 0.0:
+            return INFINITE_SIGMA
+        if percent >= 1.0:
+            return 0.0
+        return float(self.sigma(torch.tensor((1.0 - percent) * 999.0)).item())
+
+
 @dataclass(frozen=True)
-class DiscreteSchedule:
+class DiscreteSchedule(_TableSchedule):
     """The DDPM training schedule of ``timesteps`` steps; timestep(sigma) is an integer index."""
 
     beta_schedule: str = "linear"
@@ -281,14 +302,6 @@ class DiscreteSchedule:
             sigmas = rescale_zero_terminal_snr(sigmas)
         return sigmas.float(), sigmas.log().float()
 
-    @property
-    def sigmas(self) -> torch.Tensor:
-        return self._table[0]
-
-    @property
-    def log_sigmas(self) -> torch.Tensor:
-        return self._table[1]
-
     def timestep(self, sigma: torch.Tensor) -> torch.Tensor:
         sigma = torch.as_tensor(sigma)
         return _nearest_index(self.log_sigmas, sigma).to(sigma.device)
@@ -297,20 +310,13 @@ class DiscreteSchedule:
         timestep = torch.as_tensor(timestep)
         return _interp_log_sigma(self.log_sigmas, timestep).to(timestep.device)
 
-    def percent_to_sigma(self, percent: float) -> float:
-        if percent <= 0.0:
-            return INFINITE_SIGMA
-        if percent >= 1.0:
-            return 0.0
-        return float(self.sigma(torch.tensor((1.0 - percent) * 999.0)).item())
-
     def describe(self) -> str:
         return (f"discrete({self.beta_schedule},{self.linear_start!r},{self.linear_end!r},"
                 f"{self.timesteps},zsnr={self.zsnr})")
 
 
 @dataclass(frozen=True)
-class DistilledSchedule:
+class DistilledSchedule(_TableSchedule):
     """LCM's distilled table: every ``timesteps // original_timesteps``-th training sigma, counted
     from the last; timesteps map back onto the original 0..timesteps-1 scale."""
 
@@ -328,14 +334,6 @@ class DistilledSchedule:
         picked = picked.float()
         return picked, picked.log().float()
 
-    @property
-    def sigmas(self) -> torch.Tensor:
-        return self._table[0]
-
-    @property
-    def log_sigmas(self) -> torch.Tensor:
-        return self._table[1]
-
     def timestep(self, sigma: torch.Tensor) -> torch.Tensor:
         sigma = torch.as_tensor(sigma)
         index = _nearest_index(self.log_sigmas, sigma)
@@ -345,13 +343,6 @@ class DistilledSchedule:
         timestep = torch.as_tensor(timestep)
         t = (timestep.float() - (self.skip_steps - 1)) / self.skip_steps
         return _interp_log_sigma(self.log_sigmas, t).to(timestep.device)
-
-    def percent_to_sigma(self, percent: float) -> float:
-        if percent <= 0.0:
-            return INFINITE_SIGMA
-        if percent >= 1.0:
-            return 0.0
-        return float(self.sigma(torch.tensor((1.0 - percent) * 999.0)).item())
 
     def describe(self) -> str:
         return f"distilled({self.base.describe()},{self.original_timesteps})"
