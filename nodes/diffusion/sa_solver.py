@@ -109,7 +109,7 @@ def sa_solver_options(model_sampling: Any, eta: float = 1.0, sde_start_percent: 
 
 def _combine(outputs: list[Tensor], weights: Tensor) -> Tensor:
     stacked = torch.stack(outputs, dim=1)  # (B, K, ...)
-    return torch.tensordot(stacked, weights, dims=([1], [0]))  # (B, ...)
+    return torch.tensordot(stacked, weights.to(stacked.device), dims=([1], [0]))  # (B, ...)
 
 
 @torch.no_grad()

@@ -85,7 +85,8 @@ def unipc_coefficients(rks: Tensor, hh: Tensor, order: int, variant: str) -> tup
 
 
 def _weighted(differences: list[Tensor], rho: Tensor) -> Tensor:
-    return torch.tensordot(torch.stack(differences, dim=1), rho, dims=([1], [0]))  # (B, K, ...) -> (B, ...)
+    stacked = torch.stack(differences, dim=1)  # (B, K, ...)
+    return torch.tensordot(stacked, rho.to(stacked.device), dims=([1], [0]))  # (B, ...)
 
 
 class _UniPC:
