@@ -2,9 +2,9 @@
 
 CFG++ (Chung et al. 2024, "CFG++: Manifold-constrained Classifier Free Guidance", arXiv:2406.08070)
 renoises with the unconditional ε instead of the guided one. Behaviour follows ComfyUI's
-``sample_euler_ancestral_cfg_pp``, ``sample_euler_cfg_pp``, ``sample_dpmpp_2s_ancestral_cfg_pp`` (with its
-flow-model variant) and ``sample_dpmpp_2m_cfg_pp`` (``comfy/k_diffusion/sampling.py``), including where the
-per-step noise is drawn, so seeded runs give ComfyUI's latents. The unconditional prediction reaches the
+``sample_euler_ancestral_cfg_pp``, ``sample_euler_cfg_pp``, ``sample_dpmpp_2s_ancestral_cfg_pp`` and
+``sample_dpmpp_2m_cfg_pp`` (``comfy/k_diffusion/sampling.py`` at 618b803d), including where the per-step
+noise is drawn, so seeded runs give ComfyUI's latents. The unconditional prediction reaches the
 sampler through a post-CFG function (:func:`nodes.diffusion.k_common.capture_uncond`).
 """
 
