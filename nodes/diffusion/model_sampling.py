@@ -568,6 +568,19 @@ def discrete(kind: str = "eps", *, beta_schedule: str = "linear", linear_start: 
     return ModelSampling(prediction_for(kind), schedule)
 
 
+def discrete_from(base: ModelSampling, kind: str, zsnr: bool = False) -> ModelSampling:
+    """ComfyUI's ModelSamplingDiscrete node: prediction ``kind`` (and zsnr) over the model's own beta
+    schedule, or over the SD default (linear 0.00085..0.012, 1000 steps) when the model's schedule is
+    not a discrete one (e.g. a flow model)."""
+    schedule = base.schedule
+    if isinstance(schedule, DistilledSchedule):
+        schedule = schedule.base
+    if not isinstance(schedule, DiscreteSchedule):
+        schedule = DiscreteSchedule()
+    return discrete(kind, beta_schedule=schedule.beta_schedule, linear_start=schedule.linear_start,
+                    linear_end=schedule.linear_end, timesteps=schedule.timesteps, zsnr=zsnr)
+
+
 def continuous_edm(kind: str = "v_prediction", *, sigma_min: float = 0.002, sigma_max: float = 120.0,
                    sigma_data: float = 1.0) -> ModelSampling:
     """ModelSamplingContinuousEDM (prediction eps, v_prediction, edm, ...)."""

@@ -150,6 +150,15 @@ def test_lcm_distilled_table_and_boundary_condition() -> None:
     assert torch.allclose(lcm.calculate_denoised(sigma, OUT, X), expected)
 
 
+def test_discrete_from_keeps_the_models_beta_schedule() -> None:
+    custom = ms.discrete(linear_start=0.0001, linear_end=0.02, beta_schedule="sqrt_linear")
+    v_zsnr = ms.discrete_from(custom, "v_prediction", zsnr=True)
+    assert v_zsnr.kind == "v_prediction" and v_zsnr.key != custom.key
+    assert v_zsnr.schedule == ms.DiscreteSchedule("sqrt_linear", 0.0001, 0.02, 1000, True)
+    assert ms.discrete_from(ms.discrete("lcm"), "eps").key == ms.discrete().key
+    assert ms.discrete_from(ms.flow(shift=3.0), "lcm").key == ms.discrete("lcm").key
+
+
 def test_keys_identify_behaviour() -> None:
     assert ms.discrete().key == ms.discrete().key
     keys = {ms.discrete().key, ms.discrete("v_prediction").key, ms.discrete(zsnr=True).key,
