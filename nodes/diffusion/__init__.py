@@ -29,8 +29,10 @@ Conventions every sampler follows
   sample at ``sigmas[-1]``. ``sigmas`` is a float32 1-D tensor, descending, usually ending in 0.
 - ``extra_args`` is passed through to every model call; it holds ``"seed"`` (int or None: the noise
   seed for per-step noise, ``default_noise_sampler(x, seed)`` draws with seed + 1 on CPU; Brownian
-  trees use the seed itself), ``"model_options"`` (dict) and, set by :class:`KSamplerFn`,
-  ``"denoise_mask"``. A sampler that needs changed model options copies ``extra_args`` first.
+  trees use the seed itself; or ``noise.SeedGroups`` for several runs coalesced into one batch, which
+  every noise source here draws per run; samplers only pass the seed on, never compute with it),
+  ``"model_options"`` (dict) and, set by :class:`KSamplerFn`, ``"denoise_mask"``. A sampler that needs
+  changed model options copies ``extra_args`` first.
 - ``callback`` (may be None) receives one dict per step, after the step's first model evaluation:
   ``{"x": x, "i": i, "sigma": sigmas[i], "sigma_hat": sigma_hat, "denoised": denoised}``.
 - ``disable`` is accepted and ignored (progress is reported through the callback).
