@@ -3,8 +3,9 @@
 This package knows nothing of model families, nodes or the engine; the guider and the nodes sit on
 top of it. Modules (import them directly; nothing is imported with the package):
 
-- ``model_sampling``: :class:`ModelSampling` = prediction (eps, v, x0, const/flow, EDM, LCM) over a
-  sigma schedule (discrete betas incl. zsnr, LCM distilled, continuous EDM/V, flow with shift, Flux).
+- ``model_sampling``: :class:`ModelSampling` = prediction (eps, v, x0, const/flow, EDM, LCM; defined in
+  ``predictions``) over a sigma schedule (discrete betas incl. zsnr, LCM distilled, continuous EDM/V,
+  flow with shift, Flux; defined in ``sigma_schedules``); constructors ``discrete``, ``flow``, ``flux``...
 - ``schedulers``: ``calculate_sigmas(model_sampling, name, steps)`` for ComfyUI's 9 scheduler names,
   the scheduler-node functions (karras, exponential, polyexponential, vp, laplace, beta, AYS, GITS,
   optimal steps, SDTurbo) and ``ksampler_sigmas`` (KSampler's steps/denoise rules).

@@ -18,6 +18,7 @@ Lin et al. 2023 (zero terminal SNR, arXiv:2305.08891), Esser et al. 2024 (SD3 fl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +122,17 @@ class ModelSampling:
 
     def inverse_noise_scaling(self, sigma: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         return self.prediction.inverse_noise_scaling(sigma, latent)
+
+    def apply(self, network: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor,
+              sigma: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Denoised prediction of ``network(scaled_input, timestep)`` for ``x`` at ``sigma`` ([B]), in
+        ComfyUI's order (``BaseModel._apply_model``): scale the input, cast it to ``dtype`` (the
+        network's compute dtype), float32 timestep, float32 output, then ``calculate_denoised``."""
+        x_in = self.calculate_input(sigma, x)
+        if dtype is not None:
+            x_in = x_in.to(dtype)
+        output = network(x_in, self.timestep(sigma).float()).float()
+        return self.calculate_denoised(sigma, output, x)
 
     # -- identity --------------------------------------------------------------------------
     def describe(self) -> str:

@@ -159,6 +159,21 @@ def test_discrete_from_keeps_the_models_beta_schedule() -> None:
     assert ms.discrete_from(ms.flow(shift=3.0), "lcm").key == ms.discrete("lcm").key
 
 
+def test_apply_runs_a_network_as_comfyui_does(sd15: ms.ModelSampling) -> None:
+    seen: dict[str, torch.Tensor] = {}
+
+    def network(x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        seen["x_in"], seen["t"] = x_in, t
+        return torch.ones_like(x_in)  # eps = 1
+
+    sigma = sd15.sigmas[[999, 500]]
+    denoised = sd15.apply(network, X, sigma, dtype=torch.float16)
+    assert seen["x_in"].dtype == torch.float16 and seen["t"].tolist() == [999.0, 500.0]
+    assert torch.allclose(seen["x_in"].float(), sd15.calculate_input(sigma, X), rtol=1e-3)
+    assert denoised.dtype == torch.float32
+    assert torch.allclose(denoised, X - sigma.reshape(2, 1, 1, 1))
+
+
 def test_keys_identify_behaviour() -> None:
     assert ms.discrete().key == ms.discrete().key
     keys = {ms.discrete().key, ms.discrete("v_prediction").key, ms.discrete(zsnr=True).key,
