@@ -16,6 +16,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.image import IMAGE_NODES, register_image_options
     from nodes.ipadapter import IPADAPTER_NODES
     from nodes.latent import LATENT_NODES
+    from nodes.latent_batch import register_everyday
     from nodes.loaders import LOADER_NODES, register_model_options
     from nodes.perf_nodes import register_perf
     from nodes.safety import SAFETY_NODES
@@ -26,6 +27,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
+    register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py
     register_perf(registry)  # TomePatchModel, DeepCache, KSamplerBatched (coalesced jobs)
     if model_files is not None:
         register_model_options(registry, model_files)
