@@ -79,7 +79,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     folders = Folders(args.input_dir, args.output_dir, args.temp_dir, models=model_files)
     folders.ensure()
     registry = NodeRegistry()
-    register_core(registry, model_files, folders.input_dir)
+    register_core(registry, model_files, folders.input_dir, folders.output_dir)
     report = _load_plugins(registry, args, folders)
     models = _model_manager(args)
     bus = EventBus()
