@@ -72,6 +72,36 @@ class LatentBatch(Node):
         return ({**samples1, "samples": torch.cat((s1, s2.to(s1.dtype)), dim=0), "batch_index": index},)
 
 
+AUTOGROW_MAX = 50  # ComfyUI's Autogrow template: latents.latent0 .. latents.latent49, at least 2
+
+
+def batch_latents(latents: list[dict]) -> dict:
+    """One LATENT holding every item of ``latents`` (later ones resized to the first's size) with
+    their batch indices listed in order."""
+    first = samples_of(latents[0], "latents.latent0")
+    parts, index = [], []
+    for n, latent in enumerate(latents):
+        s = samples_of(latent, f"latents.latent{n}")
+        parts.append(match_to(first, s, f"latents.latent{n}", repeat_batch=False).to(first.dtype))
+        index += list(latent.get("batch_index", range(s.shape[0])))
+    return {**latents[0], "samples": torch.cat(parts, dim=0), "batch_index": index}
+
+
+class BatchLatentsNode(Node):
+    SCHEMA = NodeSchema(
+        node_id="BatchLatentsNode", display_name="Batch Latents", category="latent",
+        description="Join 2 to 50 latents into one batch (later ones resized to the first's size).",
+        inputs=tuple(Input(f"latents.latent{i}", LATENT, f"Latent #{i + 1}.", optional=i >= 2)
+                     for i in range(AUTOGROW_MAX)),
+        outputs=_OUT,
+    )
+
+    def run(self, ctx: NodeContext, **latents: dict) -> tuple[dict]:
+        # connected slots in slot order; unconnected optional slots do not arrive at all
+        given = [latents[f"latents.latent{i}"] for i in range(AUTOGROW_MAX) if f"latents.latent{i}" in latents]
+        return (batch_latents(given),)
+
+
 class RepeatLatentBatch(Node):
     SCHEMA = NodeSchema(
         node_id="RepeatLatentBatch", display_name="Repeat Latent Batch", category="latent/batch",
@@ -386,7 +416,7 @@ class LoadLatent(Node):
 
 
 LATENT_BATCH_NODES: list[type[Node]] = [
-    LatentBatch, RepeatLatentBatch, LatentFromBatch, RebatchLatents, LatentBatchSeedBehavior, LatentConcat,
+    LatentBatch, BatchLatentsNode, RepeatLatentBatch, LatentFromBatch, RebatchLatents, LatentBatchSeedBehavior, LatentConcat,
     LatentCut, LatentCutToBatch, SaveLatent, LoadLatent,
 ]
 

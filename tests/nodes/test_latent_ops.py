@@ -141,6 +141,33 @@ def test_latent_batch_joins_and_lists_indices(ctx: NodeContext) -> None:
     assert out["samples"].shape == (3, 4, 8, 8) and out["batch_index"] == [3, 4, 0]
 
 
+def test_batch_latents_node_joins_connected_slots_in_order(ctx: NodeContext) -> None:
+    inputs = {"latents.latent0": lat(1, fill=1.0, batch_index=[2]), "latents.latent3": lat(2, h=4, w=4, fill=3.0),
+              "latents.latent1": lat(1, fill=2.0)}
+    out = lb.BatchLatentsNode().run(ctx, **inputs)[0]
+    assert out["samples"].shape == (4, 4, 8, 8) and out["batch_index"] == [2, 0, 0, 1]
+    assert [float(v) for v in out["samples"][:, 0, 0, 0]] == [1.0, 2.0, 3.0, 3.0]
+    spec = lb.BatchLatentsNode.SCHEMA
+    assert [i.name for i in spec.inputs[:3]] == ["latents.latent0", "latents.latent1", "latents.latent2"]
+    assert [i.optional for i in spec.inputs[:3]] == [False, False, True] and len(spec.inputs) == 50
+
+
+def test_latent_upscale_follows_comfyui_sizes_and_methods(ctx: NodeContext) -> None:
+    from nodes.latent import LatentUpscale, LatentUpscaleBy
+
+    a = lat(1, h=8, w=16, fill=1.0, noise_mask=torch.ones(1, 1, 64, 128))
+    keep_aspect = run(LatentUpscale, ctx, samples=a, upscale_method="bislerp", width=0, height=128, crop="disabled")
+    assert keep_aspect["samples"].shape == (1, 4, 16, 32) and "noise_mask" in keep_aspect
+    assert torch.allclose(keep_aspect["samples"], torch.tensor(1.0))
+    tiny = run(LatentUpscale, ctx, samples=a, upscale_method="area", width=8, height=8, crop="center")
+    assert tiny["samples"].shape == (1, 4, 8, 8)  # each side at least 64 px
+    assert run(LatentUpscale, ctx, samples=a, upscale_method="bilinear", width=0, height=0, crop="disabled") is a
+    by = run(LatentUpscaleBy, ctx, samples=a, upscale_method="bicubic", scale_by=1.5)
+    assert by["samples"].shape == (1, 4, 12, 24)
+    methods = LatentUpscale.SCHEMA.input("upscale_method").options
+    assert methods == ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")
+
+
 def test_repeat_latent_batch_offsets_indices_and_masks(ctx: NodeContext) -> None:
     a = lat(2, batch_index=[2, 3], noise_mask=torch.rand(2, 1, 64, 64))
     out = run(lb.RepeatLatentBatch, ctx, samples=a, amount=3)
