@@ -382,7 +382,7 @@ class SaveLatent(Node):
         folder.mkdir(parents=True, exist_ok=True)
         metadata: dict[str, str] | None = None
         if ctx.settings.get("png_metadata", True):
-            metadata = {"prompt": json.dumps(prompt)}
+            metadata = {"prompt": json.dumps(prompt) if prompt is not None else ""}
             for key, value in (extra_pnginfo or {}).items():
                 metadata[key] = json.dumps(value)
         name = f"{stem}_{_next_counter(folder, stem):05}_{LATENT_EXTENSION}"

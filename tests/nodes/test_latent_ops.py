@@ -233,9 +233,23 @@ def test_save_and_load_latent_round_trip_in_comfyui_layout(ctx: NodeContext) -> 
         assert f.metadata() == {"prompt": '{"1": {}}', "workflow": '{"nodes": []}'}
     second = lb.SaveLatent().run(ctx, samples=a, filename_prefix="latents/fox").ui
     assert second["latents"][0]["filename"] == "fox_00002_.latent"
+    with safe_open(str(path.with_name("fox_00002_.latent")), "pt") as f:
+        assert f.metadata() == {"prompt": ""}  # as ComfyUI writes it without a prompt
     (ctx.folders.input_dir / "fox.latent").write_bytes(path.read_bytes())
     assert lb.list_input_latents(ctx.folders.input_dir) == ["fox.latent"]
     assert torch.equal(run(lb.LoadLatent, ctx, latent="fox.latent")["samples"], a["samples"])
+
+
+def test_load_latent_lists_input_files(tmp_path: Path) -> None:
+    from engine.registry import NodeRegistry
+
+    (tmp_path / "b.latent").write_bytes(b"")
+    (tmp_path / "a.latent").write_bytes(b"")
+    (tmp_path / "image.png").write_bytes(b"")
+    registry = NodeRegistry()
+    lb.register_everyday(registry, tmp_path)
+    choices = registry.object_info("LoadLatent")["LoadLatent"]["input"]["required"]["latent"][0]
+    assert choices == ["a.latent", "b.latent"]
 
 
 def test_legacy_latent_without_marker_is_rescaled(ctx: NodeContext) -> None:

@@ -3,6 +3,7 @@ free-choice custom combo passing validation."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,27 @@ def test_custom_combo_accepts_any_choice() -> None:
     assert issues == [] and constants == {"choice": "my own option", "index": 2}
     assert t.CustomCombo().run(NodeContext("1", "p", Folders(Path("."), Path("."), Path("."))),
                                choice="my own option", index=2) == ("my own option", 2)
+
+
+def switch_prompt(switch: bool) -> dict[str, Any]:
+    return {
+        "2": {"class_type": "RegexReplace", "inputs": {"string": "x", "regex_pattern": "(", "replace": ""}},
+        "3": {"class_type": "StringReplace", "inputs": {"string": "a good fox", "find": "good", "replace": "red"}},
+        "4": {"class_type": "ComfySwitchNode", "inputs": {"switch": switch, "on_false": ["2", 0], "on_true": ["3", 0]}},
+        "5": {"class_type": "PreviewAny", "inputs": {"source": ["4", 0]}},
+    }
+
+
+def test_switch_in_a_run_never_computes_the_other_branch(tmp_path: Path) -> None:
+    from engine.cache import OutputCache
+    from engine.executor import Executor, RunRequest
+    from nodes.utility import UTILITY_NODES
+
+    registry = NodeRegistry()
+    registry.register_all([*UTILITY_NODES, *t.text_node_defs()])
+    executor = Executor(registry, OutputCache(), Folders(tmp_path, tmp_path, tmp_path))
+    chosen = executor.run(RunRequest(prompt=switch_prompt(True)))
+    assert chosen.status == "success" and chosen.outputs["5"]["text"] == ["a red fox"]
+    # the false branch holds an invalid pattern: computing it fails the run, naming the input
+    other = executor.run(RunRequest(prompt=switch_prompt(False)))
+    assert other.status != "success" and "regex_pattern" in json.dumps(other.error)
