@@ -38,7 +38,7 @@ from engine.schema import (
     Output,
 )
 from nodes.latent import MAX_RESOLUTION, LatentError
-from nodes.latent_ops import match_to, repeat_to_batch, samples_of, with_samples
+from nodes.latent_ops import check_same_space, match_to, repeat_to_batch, samples_of, with_samples
 
 LATENT_EXTENSION = ".latent"
 LEGACY_SCALE = 0.18215
@@ -66,6 +66,7 @@ class LatentBatch(Node):
 
     def run(self, ctx: NodeContext, *, samples1: dict, samples2: dict) -> tuple[dict]:
         s1 = samples_of(samples1, "samples1")
+        check_same_space(samples1, samples2, "samples2")
         s2 = match_to(s1, samples_of(samples2, "samples2"), "samples2", repeat_batch=False)
         index = list(samples1.get("batch_index", range(s1.shape[0]))) + list(
             samples2.get("batch_index", range(s2.shape[0])))
@@ -82,6 +83,7 @@ def batch_latents(latents: list[dict]) -> dict:
     parts, index = [], []
     for n, latent in enumerate(latents):
         s = samples_of(latent, f"latents.latent{n}")
+        check_same_space(latents[0], latent, f"latents.latent{n}")
         parts.append(match_to(first, s, f"latents.latent{n}", repeat_batch=False).to(first.dtype))
         index += list(latent.get("batch_index", range(s.shape[0])))
     return {**latents[0], "samples": torch.cat(parts, dim=0), "batch_index": index}
@@ -245,6 +247,7 @@ class LatentConcat(Node):
 
     def run(self, ctx: NodeContext, *, samples1: dict, samples2: dict, dim: str) -> tuple[dict]:
         s1 = samples_of(samples1, "samples1")
+        check_same_space(samples1, samples2, "samples2")
         s2 = repeat_to_batch(samples_of(samples2, "samples2"), s1.shape[0])
         axis = _resolve_dim(dim, s1.ndim)
         if axis < 2 or s2.ndim != s1.ndim:

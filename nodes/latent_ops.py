@@ -61,10 +61,9 @@ def center_crop_resize(x: torch.Tensor, width: int, height: int, mode: str) -> t
     elif old_aspect < new_aspect:
         dy = round((old_h - old_h * (old_aspect / new_aspect)) / 2)
     x = x.narrow(-2, dy, old_h - 2 * dy).narrow(-1, dx, old_w - 2 * dx)
-    lead = x.shape[:-3]
-    flat = x.reshape(-1, *x.shape[-3:]) if x.ndim != 4 else x
-    out = F.interpolate(flat.float(), size=(height, width), mode=mode)
-    return out.reshape(*lead, *out.shape[-3:]) if x.ndim != 4 else out
+    planes = x.reshape(-1, 1, x.shape[-2], x.shape[-1]).float()  # every channel (and frame) on its own
+    out = F.interpolate(planes, size=(height, width), mode=mode)
+    return out.reshape(*x.shape[:-2], height, width)
 
 
 def match_to(target: torch.Tensor, other: torch.Tensor, name: str, *, repeat_batch: bool = True) -> torch.Tensor:
@@ -78,9 +77,21 @@ def match_to(target: torch.Tensor, other: torch.Tensor, name: str, *, repeat_bat
     return repeat_to_batch(other, target.shape[0]) if repeat_batch else other
 
 
+def check_same_space(first: dict, other: dict, name: str) -> None:
+    """Latents tagged with different latent spaces (Loom's tag, see :mod:`nodes.latent`) cannot be
+    combined: same channel count, different models' scales and meanings."""
+    a, b = first.get("latent_space"), other.get("latent_space")
+    if a is not None and b is not None and a != b:
+        raise LatentError(f"{name} comes from a {other.get('latent_family', 'different')} model (latent space {b}) "
+                          f"but the first latent from a {first.get('latent_family', 'different')} model ({a}); "
+                          "combine latents of one model family")
+
+
 def _two(samples1: dict, samples2: dict) -> tuple[torch.Tensor, torch.Tensor]:
     s1 = samples_of(samples1, "samples1")
-    return s1, match_to(s1, samples_of(samples2, "samples2"), "samples2")
+    s2 = samples_of(samples2, "samples2")
+    check_same_space(samples1, samples2, "samples2")
+    return s1, match_to(s1, s2, "samples2")
 
 
 def _in(name: str, description: str = "") -> Input:
@@ -158,6 +169,7 @@ class LatentBlend(Node):
 
     def run(self, ctx: NodeContext, *, samples1: dict, samples2: dict, blend_factor: float) -> tuple[dict]:
         s1, s2 = samples_of(samples1, "samples1"), samples_of(samples2, "samples2")
+        check_same_space(samples1, samples2, "samples2")
         if s1.shape != s2.shape:
             if s1.shape[1] != s2.shape[1]:
                 raise LatentError(f"samples2 has {s2.shape[1]} channels but samples1 has {s1.shape[1]}: "
@@ -192,6 +204,7 @@ class LatentComposite(Node):
     def run(self, ctx: NodeContext, *, samples_to: dict, samples_from: dict, x: int, y: int, feather: int) -> tuple[dict]:
         dest = samples_of(samples_to, "samples_to").clone()
         src = samples_of(samples_from, "samples_from")
+        check_same_space(samples_to, samples_from, "samples_from")
         if src.shape[1] != dest.shape[1]:
             raise LatentError(f"samples_from has {src.shape[1]} channels but samples_to has {dest.shape[1]}")
         _check_batches(dest, src, "samples_from")
@@ -273,6 +286,7 @@ class LatentCompositeMasked(Node):
             mask: torch.Tensor | None = None) -> tuple[dict]:
         dest = samples_of(destination, "destination")
         src = samples_of(source, "source")
+        check_same_space(destination, source, "source")
         if src.shape[1] != dest.shape[1]:
             raise LatentError(f"source has {src.shape[1]} channels but destination has {dest.shape[1]}")
         if mask is not None and (not isinstance(mask, torch.Tensor) or mask.ndim not in (2, 3)):

@@ -57,6 +57,24 @@ def test_channel_mismatch_names_the_input(ctx: NodeContext) -> None:
         run(lo.LatentAdd, ctx, samples1="nope", samples2=lat())
 
 
+def test_latents_of_different_model_families_are_refused(ctx: NodeContext) -> None:
+    sd15 = lat(fill=1.0, latent_space="4x0.18215", latent_family="SD1.5")
+    sdxl = lat(fill=1.0, latent_space="4x0.13025", latent_family="SDXL")
+    for node, inputs in [(lo.LatentAdd, {"samples1": sd15, "samples2": sdxl}),
+                         (lb.LatentBatch, {"samples1": sd15, "samples2": sdxl}),
+                         (lo.LatentCompositeMasked, {"destination": sd15, "source": sdxl, "x": 0, "y": 0,
+                                                     "resize_source": False})]:
+        with pytest.raises(LatentError, match="from a SDXL model .* combine latents of one model family"):
+            run(node, ctx, **inputs)
+    assert run(lo.LatentAdd, ctx, samples1=sd15, samples2=lat(fill=1.0))["latent_space"] == "4x0.18215"
+
+
+def test_video_latents_resize_per_channel(ctx: NodeContext) -> None:
+    video = {"samples": torch.arange(2 * 3 * 4.0).reshape(1, 2, 3, 2, 2).repeat_interleave(2, -1).repeat_interleave(2, -2)}
+    small = lo.center_crop_resize(video["samples"], 2, 2, "area")
+    assert small.shape == (1, 2, 3, 2, 2) and torch.equal(small, torch.arange(2 * 3 * 4.0).reshape(1, 2, 3, 2, 2))
+
+
 def test_interpolate_and_blend(ctx: NodeContext) -> None:
     a, b = lat(fill=2.0), lat(fill=4.0)
     assert torch.allclose(run(lo.LatentInterpolate, ctx, samples1=a, samples2=b, ratio=1.0)["samples"], a["samples"])
