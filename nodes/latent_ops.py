@@ -52,18 +52,12 @@ def repeat_to_batch(tensor: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 def center_crop_resize(x: torch.Tensor, width: int, height: int, mode: str) -> torch.Tensor:
-    """Crop the centre of ``x`` [..., H, W] to the aspect ratio of width x height, then resize."""
-    old_h, old_w = x.shape[-2], x.shape[-1]
-    old_aspect, new_aspect = old_w / old_h, width / height
-    dx = dy = 0
-    if old_aspect > new_aspect:
-        dx = round((old_w - old_w * (new_aspect / old_aspect)) / 2)
-    elif old_aspect < new_aspect:
-        dy = round((old_h - old_h * (old_aspect / new_aspect)) / 2)
-    x = x.narrow(-2, dy, old_h - 2 * dy).narrow(-1, dx, old_w - 2 * dx)
-    planes = x.reshape(-1, 1, x.shape[-2], x.shape[-1]).float()  # every channel (and frame) on its own
-    out = F.interpolate(planes, size=(height, width), mode=mode)
-    return out.reshape(*x.shape[:-2], height, width)
+    """``x`` [..., H, W] (4-D latents, 5-D video latents) cut to the aspect ratio of width x height
+    around its centre, then resized (:func:`nodes.resize.resize`, each channel and frame alone)."""
+    from nodes.resize import resize
+
+    planes = x.reshape(-1, 1, x.shape[-2], x.shape[-1]).float()
+    return resize(planes, width, height, mode, "center").reshape(*x.shape[:-2], height, width)
 
 
 def match_to(target: torch.Tensor, other: torch.Tensor, name: str, *, repeat_batch: bool = True) -> torch.Tensor:
