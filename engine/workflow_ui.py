@@ -60,6 +60,10 @@ class _Removed:
 
 
 _REMOVED = _Removed()
+
+
+class _NestingError(WorkflowFormatError):
+    """Subgraphs nested too deeply (a cycle): reported once, not wrapped by every level."""
 _Source = _Ref | _Const
 _Resolved = _Ref | _Const | _Removed | None  # None: no link; the widget value (if any) stays
 
@@ -89,12 +93,11 @@ class _Flattener:
     subgraphs: Mapping[str, Mapping[str, Any]]
     group_defs: Mapping[str, Mapping[str, Any]]
     flat: dict[str, _FlatNode] = field(default_factory=dict)
-    problems: list[ConversionProblem] | None = None
 
     # --- graphs (top level and subgraph definitions) -----------------------------------------
     def graph(self, graph: Mapping[str, Any], prefix: str, inherited_mode: int, depth: int) -> None:
         if depth > MAX_NESTING:
-            raise WorkflowFormatError(f"subgraphs or group nodes nest deeper than {MAX_NESTING} levels (a cycle?)")
+            raise _NestingError(f"subgraphs or group nodes nest deeper than {MAX_NESTING} levels (a cycle?)")
         links = _link_table(graph.get("links"))
         nodes = graph.get("nodes")
         if not isinstance(nodes, list):
@@ -115,9 +118,9 @@ class _Flattener:
             if type_ in self.subgraphs:
                 try:
                     self.subgraph(node, node_id, mode, inputs, outputs, depth)
+                except _NestingError:
+                    raise
                 except WorkflowFormatError as exc:
-                    if "nest deeper" in str(exc):
-                        raise
                     raise WorkflowFormatError(f"node {node_id} (subgraph {type_}): {exc}") from exc
                 except (TypeError, ValueError, KeyError, IndexError) as exc:
                     raise WorkflowFormatError(
@@ -261,7 +264,7 @@ def convert_ui_to_api(
         str(s["id"]): s for s in _entries(definitions.get("subgraphs")) if isinstance(s.get("nodes"), list)
     }
     group_defs = _mapping(_mapping(ui.get("extra")).get("groupNodes"))
-    flattener = _Flattener(object_info, subgraphs, group_defs, problems=problems)
+    flattener = _Flattener(object_info, subgraphs, group_defs)
     flattener.graph(ui, "", 0, 0)
     flat = flattener.flat
 
