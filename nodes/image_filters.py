@@ -114,7 +114,7 @@ def _filter(image: torch.Tensor, kernel: torch.Tensor, radius: int, input_name: 
         )
     channels = image.shape[-1]
     x = F.pad(image.movedim(-1, 1), (radius, radius, radius, radius), mode="reflect")  # (B, C, H+2r, W+2r)
-    weights = kernel.to(image.dtype).expand(channels, 1, *kernel.shape)
+    weights = kernel.to(image).expand(channels, 1, *kernel.shape)
     return F.conv2d(x, weights, groups=channels).movedim(1, -1)
 
 
@@ -178,7 +178,7 @@ def bayer_matrix(order: int) -> np.ndarray:
 def _quantize_one(rgb_u8: np.ndarray, colors: int, dither: str) -> np.ndarray:
     from PIL import Image
 
-    im = Image.fromarray(rgb_u8, mode="RGB")
+    im = Image.fromarray(rgb_u8)  # [H, W, 3] uint8: RGB
     palette = im.quantize(colors=colors)  # median cut: the palette (Pillow needs it separately, #5836)
     if dither == "none":
         out = im.quantize(palette=palette, dither=Image.Dither.NONE)
@@ -191,7 +191,7 @@ def _quantize_one(rgb_u8: np.ndarray, colors: int, dither: str) -> np.ndarray:
         h, w = rgb_u8.shape[:2]
         tiled = np.tile(matrix, (math.ceil(h / order), math.ceil(w / order)))[:h, :w, None]
         shifted = np.clip(rgb_u8.astype(np.float64) + tiled, 0, 255).astype(np.uint8)
-        out = Image.fromarray(shifted, mode="RGB").quantize(palette=palette, dither=Image.Dither.NONE)
+        out = Image.fromarray(shifted).quantize(palette=palette, dither=Image.Dither.NONE)
     return np.asarray(out.convert("RGB"), dtype=np.float32) / 255.0
 
 

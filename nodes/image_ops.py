@@ -8,12 +8,14 @@ the other has 4 channels.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 from engine.context import NodeContext
 from engine.node import Node
-from engine.schema import BOOLEAN, COMBO, FLOAT, IMAGE, INT, MASK, Input, NodeSchema, Output
+from engine.schema import BOOLEAN, COMBO, FLOAT, HIDDEN_UNIQUE_ID, IMAGE, INT, MASK, Input, NodeSchema, Output
 from nodes.image import MAX_RESOLUTION, ImageError
 from nodes.resize import resize_image
 
@@ -247,6 +249,7 @@ class GetImageSize(Node):
         category="image",
         description="Returns width and height of the image, and passes it through unchanged.",
         inputs=(Input("image", IMAGE, "The images."),),
+        hidden=(HIDDEN_UNIQUE_ID,),  # ComfyUI shows the size on the node through it; Loom does not
         outputs=(
             Output("width", INT, "Width in pixels."),
             Output("height", INT, "Height in pixels."),
@@ -254,7 +257,7 @@ class GetImageSize(Node):
         ),
     )
 
-    def run(self, ctx: NodeContext, *, image: torch.Tensor) -> tuple:
+    def run(self, ctx: NodeContext, *, image: torch.Tensor, unique_id: Any = None) -> tuple:
         return image.shape[2], image.shape[1], image.shape[0]
 
 
@@ -343,9 +346,9 @@ class ImageStitch(Node):
         if spacing_width > 0:
             gap = spacing_width + spacing_width % 2
             shape = (batch, image1.shape[1], gap, channels) if sideways else (batch, gap, image1.shape[2], channels)
-            spacing = torch.zeros(shape, dtype=image1.dtype)
+            spacing = torch.zeros(shape, dtype=image1.dtype, device=image1.device)
             color = _SPACING_COLORS[spacing_color]
-            spacing[..., : min(3, channels)] = torch.tensor(color[: min(3, channels)], dtype=image1.dtype)
+            spacing[..., : min(3, channels)] = torch.tensor(color[: min(3, channels)]).to(image1)
             if channels == 4:
                 spacing[..., 3] = 1.0
             parts.insert(1, spacing)

@@ -131,7 +131,7 @@ class ResizeAndPadImage(Node):
         new_w, new_h = int(w * scale), int(h * scale)
         resized = resize_any(image, new_w, new_h, interpolation)
         out = torch.full((b, target_height, target_width, c), 0.0 if padding_color == "black" else 1.0,
-                         dtype=image.dtype)
+                         dtype=image.dtype, device=image.device)
         y0, x0 = (target_height - new_h) // 2, (target_width - new_w) // 2
         out[:, y0 : y0 + new_h, x0 : x0 + new_w, :] = resized
         return (out,)
