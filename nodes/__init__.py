@@ -19,6 +19,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.image_nodes import register_everyday_image
     from nodes.ipadapter import IPADAPTER_NODES
     from nodes.latent import LATENT_NODES
+    from nodes.latent_batch import register_everyday
     from nodes.loaders import LOADER_NODES, register_model_options
     from nodes.perf_nodes import register_perf
     from nodes.safety import SAFETY_NODES
@@ -29,6 +30,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
+    register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py
     register_everyday_image(registry, output_dir)  # issue 17: image/mask nodes (nodes/image_nodes.py)
     register_perf(registry)  # TomePatchModel, DeepCache, KSamplerBatched (coalesced jobs)
     if model_files is not None:
