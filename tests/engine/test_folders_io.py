@@ -37,13 +37,13 @@ def test_input_link_leading_out_is_refused(work: tuple[Folders, Path]) -> None:
 
 
 def test_output_prefix_leading_out_is_refused(work: tuple[Folders, Path]) -> None:
-    from nodes.image import ImageError, _save_path
+    from nodes.image import ImageError, save_path
 
     folders, outside = work
     (folders.output_dir / "linked").symlink_to(outside, target_is_directory=True)
     for prefix in ("../escape/x", "linked/x"):
         with pytest.raises(ImageError, match="points outside the output folder"):
-            _save_path(folders.output_dir, prefix)
+            save_path(folders.output_dir, prefix)
 
 
 def test_server_paths_refuse_links_out(work: tuple[Folders, Path]) -> None:
