@@ -19,11 +19,14 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.loaders import LOADER_NODES, register_model_options
     from nodes.perf_nodes import register_perf
     from nodes.safety import SAFETY_NODES
+    from nodes.sampler_nodes import SAMPLER_NODES
     from nodes.sampling import SAMPLING_NODES
+    from nodes.sampling_custom import CUSTOM_SAMPLING_NODES
+    from nodes.sigmas import SIGMA_NODES
     from nodes.utility import UTILITY_NODES
 
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, LATENT_NODES, IMAGE_NODES,
-              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES)
+              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, SAMPLER_NODES, SIGMA_NODES, CUSTOM_SAMPLING_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
     register_perf(registry)  # TomePatchModel, DeepCache, KSamplerBatched (coalesced jobs)

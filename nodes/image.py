@@ -92,7 +92,7 @@ def _save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
 def _to_pil(image: torch.Tensor) -> Any:
     from PIL import Image
 
-    pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    pixels = np.clip(255.0 * image.float().cpu().numpy(), 0, 255).astype(np.uint8)  # ComfyUI truncates
     return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels[..., :4])
 
 
