@@ -24,7 +24,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = ROOT.parent / "shared" / "reference" / "comfyui"
+# ../shared/reference/comfyui beside the clone (as CI lays it out); LOOM_REFERENCE_DIR overrides it
+# for a checkout elsewhere (e.g. a git worktree).
+REFERENCE = Path(os.environ.get("LOOM_REFERENCE_DIR", ROOT.parent / "shared" / "reference" / "comfyui"))
 CHECKPOINT_SHA256 = "4ad5b8fb598022dd12eeb290b44cb433aa7fad4ae3ecc40e2c770399edf73023"
 LATENT_MAX, LATENT_MEAN, PIXEL_MAX, PIXEL_MEAN = 0.02, 0.004, 2.0, 0.02
 
