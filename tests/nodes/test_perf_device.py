@@ -80,9 +80,7 @@ def test_tf32_scope_sets_and_restores_on_cuda_devices() -> None:
 def test_coalesced_sampler_uses_the_compiled_unet_too(
     tiny_sd15_ckpt: Any, make_ctx: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodes.denoise import Window
-    from nodes.perf_batch import sample_stacked
-    from nodes.sampling import Settings
+    from nodes.perf_batch import KSamplerBatched
 
     counter = CountingCompile()
     monkeypatch.setattr(perf_device.torch, "compile", counter)
@@ -91,8 +89,9 @@ def test_coalesced_sampler_uses_the_compiled_unet_too(
     pos = CLIPTextEncode().run(ctx, text="a cat", clip=ck.clip)[0]
     neg = CLIPTextEncode().run(ctx, text="blurry", clip=ck.clip)[0]
     latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
-    settings = [Settings(seed, 2, 7.0, "euler", "normal", Window.from_denoise(2, 1.0)) for seed in (7, 8)]
-    stacked = sample_stacked(ctx, ck.unet, [pos, pos], [neg, neg], latent, settings)
+    stacked = KSamplerBatched().run(ctx, model=[ck.unet], seed=[7, 8], steps=[2], cfg=[7.0], sampler_name=["euler"],
+                                    scheduler=["normal"], positive=[pos], negative=[neg], latent_image=[latent],
+                                    denoise=[1.0])[0]
     assert len(counter.calls) == 1
     alone = _sample(make_ctx(), ck, seed=7)  # batched convolutions differ from batch 1 by float noise only
     assert torch.allclose(stacked[0]["samples"], alone, rtol=1e-4, atol=1e-3)

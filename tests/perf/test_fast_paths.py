@@ -89,7 +89,7 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
     from engine.memory import ModelManager
     from nodes.families import SD15
     from nodes.perf_preview import PreviewPacer, PreviewRenderer
-    from nodes.sampling import _RGB_FACTORS
+    from nodes.sampling_model import _RGB_FACTORS
 
     files = ModelFolders(perf_models)
     ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, models=files), models=ModelManager())
