@@ -297,7 +297,7 @@ class CLIPVisionLoader(Node):
         if ctx.folders.models is None:
             raise RuntimeError("this run has no model folders; start Loom with --models-dir")
         path = ctx.folders.models.resolve("clip_vision", clip_name)
-        return (ClipVisionHandle.from_file(path, allow_pickle=bool(ctx.settings.get("allow_pickle", False))),)
+        return (ClipVisionHandle.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Any, **inputs: Any) -> Any:

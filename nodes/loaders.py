@@ -53,7 +53,7 @@ def _models(ctx: NodeContext) -> ModelFiles:
 
 
 def _allow_pickle(ctx: NodeContext) -> bool:
-    return bool(ctx.settings.get("allow_pickle", False))
+    return ctx.settings.allow_pickle
 
 
 def _file_fingerprint(folders: Folders, kind: str, name: Any) -> str | None:

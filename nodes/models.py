@@ -21,6 +21,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from nodes.families import FamilyAdapter, Part, read_index
 from nodes.families.base import CONFIGS_DIR, TextEncoderSpec
 from nodes.families.build import build_from_diffusers, build_from_single_file
+from nodes.families.latent_format import LatentFormat
+from nodes.hooks import SamplingHooks, merge_all
 
 
 @runtime_checkable
@@ -33,6 +35,15 @@ class Patch(Protocol):
         ...
 
     def apply(self, module: Any, handle: ComponentHandle) -> None: ...
+
+
+@runtime_checkable
+class HookedPatch(Patch, Protocol):
+    """A patch that also acts while the sampler runs (see ``nodes.hooks``)."""
+
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """The hooks for the resident, patched ``module`` (they may keep state found on it)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -127,10 +138,32 @@ class UNetHandle(ComponentHandle):
 
     kind: ClassVar[str] = "unet"
     prediction: str = "epsilon"
+    sampling_override: Any = field(default=None)  # set by with_model_sampling; not part of ``key``
 
     @property
-    def latent_scale(self) -> float:
-        return self.family.latent_scale
+    def latent_format(self) -> LatentFormat:
+        return self.family.latent_format
+
+    @property
+    def denoiser(self) -> Any:
+        """The family's denoiser kind: ``conditioning``, ``forward``, ``check_conditioning``."""
+        return self.family.denoiser
+
+    @cached_property
+    def model_sampling(self) -> Any:
+        """The ModelSampling to sample with: the override, else the family's default for the
+        checkpoint's prediction type. It does not change the weights, so it is not in ``key``."""
+        if self.sampling_override is not None:
+            return self.sampling_override
+        return self.family.model_sampling(self.prediction)
+
+    def with_model_sampling(self, model_sampling: Any) -> UNetHandle:
+        """A new handle sampling with ``model_sampling`` (ModelSamplingDiscrete & co.)."""
+        return replace(self, sampling_override=model_sampling)
+
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """The hooks of this handle's patches for the resident ``module``, in patch order."""
+        return merge_all([p.sampling_hooks(module) for p in self.patches if isinstance(p, HookedPatch)])
 
     @property
     def default_resolution(self) -> int:
@@ -277,14 +310,14 @@ def open_vae(path: Path, *, allow_pickle: bool = False) -> VAEHandle:
     family = SD15()  # the VAE architecture is shared; the latent scale belongs to the MODEL
     keys = list(index.tensors)
     if looks_like_diffusers_vae(keys):
-        cfg, prefix = arch.vae_config_diffusers_keys(index, family.latent_scale, 512), ""
+        cfg, prefix = arch.vae_config_diffusers_keys(index, family.latent_format.scale_factor, 512), ""
     else:
         prefix = "first_stage_model." if index.any_with("first_stage_model.") else ""
         if not index.has(f"{prefix}encoder.conv_in.weight") or not index.has(f"{prefix}decoder.conv_out.weight"):
             from nodes.families.base import describe_unknown
 
             raise ModelLoadError(f"{path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
-        cfg = arch.vae_config(index, prefix, family.latent_scale, 512)
+        cfg = arch.vae_config(index, prefix, family.latent_format.scale_factor, 512)
     part = Part.make("vae", "vae", "vae", prefix, "vae", cfg)
     source = WeightsSource(Path(path), fingerprint(path), "single_file", allow_pickle)
     return VAEHandle(source, family, (part,), index.nbytes(prefix))

@@ -8,7 +8,7 @@ along the batch axis (rows ``[j*B, (j+1)*B)`` are job ``j``; CFG branches as
 ``[negatives; positives]``) and returns one LATENT per job, each equal to what the single node
 gives for that job alone up to float noise (same per-seed noise, same per-row scheduler
 arithmetic). Inputs a single batched call cannot express (areas, several entries per side,
-IP-Adapter, differing settings, an empty step window) fall back to one call per job.
+differing settings, an empty step window) fall back to one call per job.
 """
 
 from __future__ import annotations
@@ -25,15 +25,14 @@ from engine.schema import LATENT, NodeSchema, Output
 from nodes import samplers as smp
 from nodes.conditioning import CondEntry
 from nodes.denoise import Inpaint, Window, cfg_combine, run_loop, start_latent
+from nodes.device import compiled_forward, tf32_scope
+from nodes.hooks import ModelCall, RunInfo
 from nodes.latent import check_latent_for, tag_latent
-from nodes.perf_device import compiled_forward, tf32_scope
 from nodes.sampling import (
-    _AYS_TABLES,
     KSampler,
     KSamplerAdvanced,
     Settings,
     _latent_mask,
-    _lcm_repeat,
     _Reporter,
     sample,
 )
@@ -42,25 +41,24 @@ from nodes.sampling import (
 class _RowsGuidance:
     """Model function for stacked jobs: one UNet call on ``[neg rows; pos rows]`` per step."""
 
-    def __init__(self, unet: Any, family: Any, pos: Sequence[CondEntry], neg: Sequence[CondEntry],
+    def __init__(self, unet: Any, model: Any, pos: Sequence[CondEntry], neg: Sequence[CondEntry],
                  rows: int, s: Settings, forward: Any = None) -> None:
-        self.unet, self.family, self.s, self.rows = unet, family, s, rows  # rows: B per job
-        self.forward = forward if forward is not None else unet  # the compiled UNet under --compile
-        param = next(unet.parameters())
-        entries = [*neg, *pos] if s.cfg != 1.0 else list(pos)
-        embeds = _lcm_repeat([e.embeds for e in entries])
-        self.hidden = torch.cat([e.expand(rows, -1, -1) for e in embeds]).to(param)  # (branches*k*B, T, D)
-        self.pooled = None
-        if entries[0].pooled is not None:
-            self.pooled = torch.cat([e.pooled.expand(rows, -1) for e in entries if e.pooled is not None]).to(param)
+        self.s, self.rows, self.denoiser = s, rows, model.denoiser  # rows: B per job
+        module = forward if forward is not None else unet  # the compiled UNet under --compile
+        self.apply = model.sampling_hooks(unet).apply_model(
+            lambda call: self.denoiser.forward(module, call.x_in, call.timestep, dict(call.cond_kwargs)))
+        self.param = next(unet.parameters())
+        self.entries = [*neg, *pos] if s.cfg != 1.0 else list(pos)
+        branch = ["uncond"] * len(neg) + ["cond"] * len(pos) if s.cfg != 1.0 else ["cond"] * len(pos)
+        self.row_kinds: tuple[Any, ...] = tuple(b for b in branch for _ in range(rows))
+        self._inputs: dict[tuple[int, int], dict[str, Any]] = {}
 
     def __call__(self, x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         h, w = x_in.shape[-2:]
         xs = torch.cat([x_in, x_in]) if self.s.cfg != 1.0 else x_in  # (branches*k*B, C, h, w)
-        extra: dict[str, Any] = {}
-        if self.pooled is not None:
-            extra = self.family.unet_inputs(pooled=self.pooled, width=w * 8, height=h * 8, batch=xs.shape[0])
-        out = self.forward(xs, t, encoder_hidden_states=self.hidden, return_dict=False, **extra)[0]
+        if (h, w) not in self._inputs:
+            self._inputs[(h, w)] = self.denoiser.conditioning(self.entries, self.rows, (h * 8, w * 8), like=self.param)
+        out = self.apply(ModelCall(xs, t, None, self._inputs[(h, w)], self.row_kinds))
         if self.s.cfg == 1.0:
             return out
         neg, pos = out.chunk(2)
@@ -71,11 +69,10 @@ def _simple(cond: Sequence[CondEntry]) -> bool:
     return len(cond) == 1 and cond[0].area is None and not cond[0].extras
 
 
-def can_stack(unet: Any, settings: Sequence[Settings], pos: Sequence[Any], neg: Sequence[Any]) -> bool:
+def can_stack(settings: Sequence[Settings], pos: Sequence[Any], neg: Sequence[Any]) -> bool:
     """Whether one stacked call reproduces every job: same settings but the seed, plain prompts."""
     first = replace(settings[0], seed=0)
-    return (all(replace(s, seed=0) == first for s in settings) and all(_simple(c) for c in [*pos, *neg])
-            and getattr(unet, "_loom_clock", None) is None)
+    return all(replace(s, seed=0) == first for s in settings) and all(_simple(c) for c in [*pos, *neg])
 
 
 @torch.no_grad()
@@ -85,20 +82,18 @@ def sample_stacked(ctx: NodeContext, model: Any, positives: Sequence[Sequence[Co
     family, k = model.family, len(settings)
     s = settings[0]
     check_latent_for(latent, family, "latent_image")
-    samples = latent["samples"].float() * family.latent_scale  # (B, C, h, w)
+    samples = model.latent_format.process_in(latent["samples"].float())  # (B, C, h, w)
     batch_index = latent.get("batch_index") or list(range(samples.shape[0]))
     b = samples.shape[0]
     scheduler = smp.make_scheduler(s.sampler_name, s.scheduler, model.scheduler_config())
-    smp.set_schedule(scheduler, s.window.total, s.scheduler, _AYS_TABLES.get(family.name))
+    smp.set_schedule(scheduler, s.window.total, s.scheduler, family.sampling.ays_sigmas)
     noise = torch.cat([smp.make_noise(j.seed, samples.shape, batch_index) for j in settings])  # (k*B, C, h, w)
     gens = ([g for j in settings for g in smp.step_generators(j.seed, batch_index)]
             if smp.is_ancestral(s.sampler_name) else None)
     stacked = samples.repeat(k, 1, 1, 1)
     with ctx.models.use(model) as unet:
-        new_run = getattr(unet, "_loom_new_run", None)
-        if callable(new_run):
-            new_run()
-        if not can_stack(unet, settings, positives, negatives):
+        model.sampling_hooks(unet).start_run(RunInfo(None, stacked.shape[0], s.window.total))
+        if not can_stack(settings, positives, negatives):
             raise ValueError("these jobs cannot be stacked; call sample() per job")
         param = next(unet.parameters())
         x = start_latent(scheduler, stacked, noise, s.window, s.add_noise).to(param)
@@ -106,13 +101,13 @@ def sample_stacked(ctx: NodeContext, model: Any, positives: Sequence[Sequence[Co
         if "noise_mask" in latent:
             mask = _latent_mask(latent["noise_mask"], samples.shape).to(param).repeat(k, 1, 1, 1)
             inpaint = Inpaint(stacked.to(param), noise.to(param), mask)
-        guidance = _RowsGuidance(unet, family, [p[0] for p in positives], [n[0] for n in negatives], b, s,
+        guidance = _RowsGuidance(unet, model, [p[0] for p in positives], [n[0] for n in negatives], b, s,
                                  compiled_forward(unet, ctx.settings))
         with tf32_scope(ctx.settings, param.device):
             x = run_loop(scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint,
-                         on_step=_Reporter(ctx, family))
+                         on_step=_Reporter(ctx, model))
     results = []
-    for part in (x.float().cpu() / family.latent_scale).chunk(k):
+    for part in model.latent_format.process_out(x.float().cpu()).chunk(k):
         out = {key: v for key, v in latent.items() if key != "samples"}
         out["samples"] = part
         results.append(tag_latent(out, family))
@@ -129,10 +124,7 @@ def _run_calls(ctx: NodeContext, calls: list[dict[str, Any]], settings: list[Set
     """One stacked sampling for all calls when they can share it, else one ``sample`` per call."""
     first = calls[0]
     same = all(c["model"] is first["model"] and c["latent_image"] is first["latent_image"] for c in calls)
-    if len(calls) > 1 and same:
-        with ctx.models.use(first["model"]) as unet:
-            stackable = can_stack(unet, settings, [c["positive"] for c in calls], [c["negative"] for c in calls])
-        if stackable:
+    if len(calls) > 1 and same and can_stack(settings, [c["positive"] for c in calls], [c["negative"] for c in calls]):
             return sample_stacked(ctx, first["model"], [c["positive"] for c in calls],
                                   [c["negative"] for c in calls], first["latent_image"], settings)
     return [sample(ctx, c["model"], c["positive"], c["negative"], c["latent_image"], s)

@@ -15,7 +15,7 @@ sensitivity 1 lowers all thresholds by 0.1 (flags more), 0 raises them by 0.1 (f
 
 Actions: ``black`` (zeros, as diffusers), ``blur`` (downscaled to 16 px on the long side and
 scaled back: no detail survives), ``mark-only`` (images unchanged; only the verdict says so).
-Policy (``--safety``, in ``ctx.settings["safety"]``): ``off`` makes the node a pass-through that
+Policy (``--safety``, in ``ctx.settings.safety``): ``off`` makes the node a pass-through that
 checks nothing; ``node`` (default) checks where the node is; ``enforce`` also checks every image
 leaving Loom through a :class:`SafetyGuard` (``build_guard``).
 """
@@ -221,7 +221,7 @@ class SafetyChecker(Node):
     def run(self, ctx: NodeContext, *, images: Any, sensitivity: float, action: str,
             safety_model: str | None = None) -> NodeOutput:
         check_image(images, "images")
-        if ctx.settings.get("safety") == "off":
+        if ctx.settings.safety == "off":
             verdicts = [{"flagged": False, "action": "none", "checked": False}] * int(images.shape[0])
             return NodeOutput((images,), ui={"safety": verdicts})
         handle = find_safety_model(ctx.folders.models, safety_model)

@@ -4,14 +4,14 @@
 noise (a CPU generator per seed, so a seed gives the same image on any device), and the model
 function (``_Guidance``: one batched UNet call per step for all entries of both CFG branches that
 share an area; CFG 1.0 skips the negative branch), then runs ``nodes.denoise.run_loop`` with a
-progress/preview/interrupt callback. Family differences (scheduler config, extra UNet inputs such
-as SDXL's pooled/size ids) come from the model handle's family adapter. ``settings["compile"]`` /
-``settings["tf32"]`` (``--compile`` / ``--tf32``) switch the UNet call (``nodes.perf_device``).
+progress/preview/interrupt callback. Family differences (scheduler config, the denoiser's inputs
+such as SDXL's pooled/size ids, the latent format) come from the MODEL handle (``model.denoiser``,
+``model.latent_format``); patches act through ``model.sampling_hooks`` (``nodes.hooks``).
+``ctx.settings.compile`` / ``.tf32`` (``--compile`` / ``--tf32``) switch the call (``nodes.device``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,34 +25,11 @@ from engine.schema import COMBO, CONDITIONING, FLOAT, INT, LATENT, MODEL, Batchi
 from nodes import samplers as smp
 from nodes.conditioning import CondEntry
 from nodes.denoise import Inpaint, Window, cfg_combine, run_loop, start_latent
+from nodes.device import compiled_forward, tf32_scope
+from nodes.hooks import ModelCall, Row, RunInfo
 from nodes.latent import check_latent_for, tag_latent
-from nodes.perf_device import compiled_forward, tf32_scope
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
-
-# Linear latent -> RGB approximations for previews (ComfyUI latent_formats), by VAE latent scale.
-_RGB_FACTORS: dict[float, tuple[tuple[tuple[float, ...], ...], tuple[float, ...]]] = {
-    0.18215: (
-        (
-            (0.3512, 0.2297, 0.3227),
-            (0.3250, 0.4974, 0.2350),
-            (-0.2829, 0.1762, 0.2721),
-            (-0.2120, -0.2616, -0.7177),
-        ),
-        (0.0, 0.0, 0.0),
-    ),
-    0.13025: (
-        (
-            (0.3651, 0.4232, 0.4341),
-            (-0.2533, -0.0042, 0.1068),
-            (0.1076, 0.1111, -0.0362),
-            (-0.3165, -0.2492, -0.2188),
-        ),
-        (0.1084, -0.0175, -0.0011),
-    ),
-}
-_AYS_TABLES = {"sd15": smp.AYS_SD15, "sd2": smp.AYS_SD15, "sdxl": smp.AYS_SDXL}
-
 
 class SamplingError(ValueError):
     """Inputs a sampler cannot use; the message says how to fix the workflow."""
@@ -70,27 +47,22 @@ class Settings:
     guidance_rescale: float = 0.0
 
 
-def _lcm_repeat(embeds: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Repeat token windows so all embeddings share one length (ComfyUI's rule for mixed lengths)."""
-    lengths = [e.shape[1] for e in embeds]
-    target = math.lcm(*lengths)
-    return [e.repeat(1, target // e.shape[1], 1) for e in embeds]
-
-
 class _Guidance:
     """The model function of the loop: (x_in [B,C,h,w], t) -> guided model output."""
 
     def __init__(
         self,
         unet: Any,
-        family: Any,
+        model: Any,
         positive: Sequence[CondEntry],
         negative: Sequence[CondEntry],
         s: Settings,
         forward: Any = None,
     ):
-        self.unet, self.family, self.s = unet, family, s
-        self.forward = unet if forward is None else forward  # the compiled UNet under --compile
+        self.s, self.denoiser = s, model.denoiser
+        module = unet if forward is None else forward  # the compiled UNet under --compile
+        self.apply = model.sampling_hooks(unet).apply_model(
+            lambda call: self.denoiser.forward(module, call.x_in, call.timestep, dict(call.cond_kwargs)))
         self.param = next(unet.parameters())
         branches = [("pos", e) for e in positive]
         if s.cfg != 1.0:
@@ -104,26 +76,7 @@ class _Guidance:
         self.plain = (len(self.groups) == 1 and self.groups[0][0] is None
                       and len(self.groups[0][1]) == (1 if s.cfg == 1.0 else 2)
                       and all(e.strength == 1.0 for _, e in self.groups[0][1]))
-        self._inputs: dict[tuple[int, int, int, int], tuple[torch.Tensor, dict[str, Any]]] = {}
-
-    def _static_inputs(self, key: tuple[int, int, int, int], entries: Sequence[CondEntry],
-                       size: tuple[int, int]) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Text embeddings (and SDXL's pooled/size inputs) of a group, built once per batch size."""
-        if key not in self._inputs:
-            b = key[1]
-            embeds = _lcm_repeat([e.embeds for e in entries])
-            hidden = torch.cat([e.expand(b, -1, -1) for e in embeds]).to(self.param)  # (k*B, T, D)
-            extra: dict[str, Any] = {}
-            if entries[0].pooled is not None:
-                pooled = torch.cat([e.pooled.expand(b, -1) for e in entries if e.pooled is not None]).to(
-                    self.param
-                )
-                extra = self.family.unet_inputs(
-                    pooled=pooled, width=size[1], height=size[0], batch=hidden.shape[0]
-                )
-            self._inputs[key] = (hidden, extra)
-        hidden, extra = self._inputs[key]
-        return hidden, dict(extra)
+        self._inputs: dict[tuple[int, int, int, int], dict[str, Any]] = {}
 
     def _call(
         self,
@@ -134,11 +87,12 @@ class _Guidance:
         branches: Sequence[str] = (),
     ) -> torch.Tensor:
         b = x.shape[0]
-        hidden, extra = self._static_inputs((id(entries[0]), b, *size), entries, size)
-        if getattr(self.unet, "_loom_clock", None) is not None:  # IP-Adapter: which rows are negative
-            extra["cross_attention_kwargs"] = {"loom_rows": [br for br in branches for _ in range(b)]}
+        key = (id(entries[0]), b, *size)
+        if key not in self._inputs:  # text embeddings (and pooled/size inputs), once per batch size
+            self._inputs[key] = self.denoiser.conditioning(entries, b, size, like=self.param)
+        rows: tuple[Row, ...] = tuple("uncond" if br == "neg" else "cond" for br in branches for _ in range(b))
         xs = torch.cat([x] * len(entries))  # (k*B, C, h, w)
-        return self.forward(xs, t, encoder_hidden_states=hidden, return_dict=False, **extra)[0]
+        return self.apply(ModelCall(xs, t, None, self._inputs[key], rows))
 
     def __call__(self, x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         h, w = x_in.shape[-2:]
@@ -167,35 +121,19 @@ class _Guidance:
         return cfg_combine(neg, pos, self.s.cfg, self.s.guidance_rescale)
 
 
-def _check_conditioning(unet: Any, family: Any, name: str, cond: Sequence[CondEntry]) -> None:
-    if not cond:
-        raise SamplingError(f"{name} conditioning is empty; connect a CLIPTextEncode output")
-    width = unet.config.cross_attention_dim
-    for e in cond:
-        if e.embeds.shape[-1] != width:
-            raise SamplingError(
-                f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this {family.title} model "
-                f"expects {width}; encode the prompt with the CLIP output of the same checkpoint"
-            )
-        needs_pooled = getattr(unet.config, "addition_embed_type", None) == "text_time"
-        if needs_pooled and e.pooled is None:
-            raise SamplingError(f"{name} conditioning has no pooled output, which {family.title} needs")
-
-
 class _Reporter:
-    """Per-step progress, a paced JPEG preview (TAESD or latent->RGB, ``nodes.perf_preview``;
+    """Per-step progress, a paced JPEG preview (TAESD or latent->RGB, ``nodes.preview``;
     previews cost at most ~5% of the sampling time), and interrupts."""
 
-    def __init__(self, ctx: NodeContext, family: Any):
-        from nodes.perf_preview import PreviewPacer, PreviewRenderer
+    def __init__(self, ctx: NodeContext, model: Any):
+        from nodes.preview import PreviewPacer, PreviewRenderer
 
         self.ctx = ctx
         self.pacer = PreviewPacer()
         self.pacer.begin()
-        factors = _RGB_FACTORS.get(family.latent_scale, _RGB_FACTORS[0.18215])
-        method = str(ctx.settings.get("preview_method", "auto"))
-        wanted = ctx.wants_preview and method != "none"  # settings["preview_method"]: auto|taesd|latent2rgb|none
-        self.renderer = PreviewRenderer(ctx, family, factors, method) if wanted else None
+        method = ctx.settings.preview_method
+        wanted = ctx.wants_preview and method != "none"
+        self.renderer = PreviewRenderer(ctx, model.latent_format, method) if wanted else None
         self.shape: tuple[int, ...] = ()  # the latent's shape, set by sample()
         self.estimate: float | None = None
 
@@ -225,19 +163,17 @@ def sample(
     """Run one sampler node; returns the new LATENT dict (tagged with the model's latent space)."""
     family = model.family
     check_latent_for(latent, family, "latent_image")
-    samples = latent["samples"].float() * family.latent_scale  # raw VAE latents -> model space
+    samples = model.latent_format.process_in(latent["samples"].float())  # raw VAE latents -> model space
     batch_index = latent.get("batch_index") or list(range(samples.shape[0]))
     scheduler = smp.make_scheduler(s.sampler_name, s.scheduler, model.scheduler_config())
-    smp.set_schedule(scheduler, s.window.total, s.scheduler, _AYS_TABLES.get(family.name))
+    smp.set_schedule(scheduler, s.window.total, s.scheduler, family.sampling.ays_sigmas)
     noise = smp.make_noise(s.seed, samples.shape, batch_index)
     gens = smp.step_generators(s.seed, batch_index) if smp.is_ancestral(s.sampler_name) else None
     with ctx.models.use(model) as unet:
-        new_run = getattr(unet, "_loom_new_run", None)  # step-caching patches (nodes.perf_deepcache)
-        if callable(new_run):
-            new_run()
-        _check_conditioning(unet, family, "positive", positive)
+        model.sampling_hooks(unet).start_run(RunInfo(None, samples.shape[0], s.window.total))
+        model.denoiser.check_conditioning(unet, positive, "positive")
         if s.cfg != 1.0:
-            _check_conditioning(unet, family, "negative", negative)
+            model.denoiser.check_conditioning(unet, negative, "negative")
         param = next(unet.parameters())
         if samples.shape[1] != unet.config.in_channels:
             raise SamplingError(
@@ -249,13 +185,13 @@ def sample(
         if "noise_mask" in latent:
             mask = _latent_mask(latent["noise_mask"], samples.shape).to(param)
             inpaint = Inpaint(samples.to(param), noise.to(param), mask)
-        guidance = _Guidance(unet, family, positive, negative, s, compiled_forward(unet, ctx.settings))
-        reporter = _Reporter(ctx, family)
+        guidance = _Guidance(unet, model, positive, negative, s, compiled_forward(unet, ctx.settings))
+        reporter = _Reporter(ctx, model)
         reporter.shape = tuple(x.shape)
         with tf32_scope(ctx.settings, param.device):  # settings["tf32"]: CUDA only
             x = run_loop(scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint, on_step=reporter)
     out = {k: v for k, v in latent.items() if k != "samples"}
-    out["samples"] = x.float().cpu() / family.latent_scale
+    out["samples"] = model.latent_format.process_out(x.float().cpu())
     return tag_latent(out, family)
 
 

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.files import TensorIndex
+from nodes.families.sampling import AYS_SD1, DiscreteSampling
 
 # ComfyUI's rule for SD2 files without a marker: v-prediction models have a wide norm bias here.
 _V_PROBE = "model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias"
@@ -19,6 +20,7 @@ class SD2(FamilyAdapter):
     name: ClassVar[str] = "sd2"
     title: ClassVar[str] = "SD2.x"
     pipeline_class: ClassVar[str] = "StableDiffusionPipeline"
+    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
         TextEncoderSpec("clip_h", "cond_stage_model.model.", "open_clip", "text_encoder",

@@ -252,7 +252,7 @@ def test_sdxl_adapter_matches_diffusers(tiny_models: dict, tiny_sdxl_ckpt: Path,
     image = VAEDecode().run(ctx, samples=out, vae=ck.vae)[0].numpy()
 
     vae = copy.deepcopy(m["vae"])
-    vae.register_to_config(scaling_factor=ck.unet.latent_scale)
+    vae.register_to_config(scaling_factor=ck.unet.latent_format.scale_factor)
     pipe: Any = StableDiffusionXLPipeline(
         vae=vae, text_encoder=m["clip_l"], text_encoder_2=m["clip_g"], tokenizer=load_tokenizer("clip_tokenizer"),
         tokenizer_2=load_tokenizer("clip_tokenizer_2"), unet=copy.deepcopy(m["unet"]),

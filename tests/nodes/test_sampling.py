@@ -72,7 +72,7 @@ def test_img2img_matches_diffusers_sd15(tiny_models: dict, tiny_sd15_ckpt: Any, 
 
     pipe = _sd15_pipe(tiny_models["sd15"].modules, make_scheduler("euler", "normal", ck.unet.scheduler_config()),
                       img2img=True)
-    scaled = latent["samples"] * ck.unet.latent_scale  # the pipeline takes model-space latents as `image`
+    scaled = latent["samples"] * ck.unet.latent_format.scale_factor  # the pipeline takes model-space latents as `image`
     ref = pipe("a photo of a cat", negative_prompt=NEGATIVE, image=scaled, strength=0.5, num_inference_steps=4,
                guidance_scale=7.5, generator=torch.Generator("cpu").manual_seed(42), output_type="np").images
     assert np.abs(image.numpy() - ref).max() < 1e-3
@@ -88,7 +88,7 @@ def test_txt2img_matches_diffusers_sdxl(tiny_models: dict, tiny_sdxl_ckpt: Any, 
 
     m = tiny_models["sdxl"].modules
     vae = copy.deepcopy(m["vae"])
-    vae.register_to_config(scaling_factor=ck.unet.latent_scale)
+    vae.register_to_config(scaling_factor=ck.unet.latent_format.scale_factor)
     pipe = StableDiffusionXLPipeline(
         vae=vae, text_encoder=m["clip_l"], text_encoder_2=m["clip_g"], tokenizer=load_tokenizer("clip_tokenizer"),
         tokenizer_2=load_tokenizer("clip_tokenizer_2"), unet=m["unet"],

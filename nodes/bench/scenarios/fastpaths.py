@@ -82,7 +82,7 @@ def half_precision(setup: BenchSetup) -> list[Row]:
 def _preview_clock(spent: list[float]) -> Iterator[None]:
     """Collects the seconds of every preview the sampler renders (``PreviewPacer.record`` gets the
     time from the denoised estimate to the encoded frame); benchmark-only instrumentation."""
-    from nodes.perf_preview import PreviewPacer
+    from nodes.preview import PreviewPacer
 
     original = PreviewPacer.record
 
