@@ -37,9 +37,9 @@ from nodes.clip_vision import (
     encode_pixels,
     preprocess,
 )
-from nodes.families.files import ModelLoadError, fingerprint, pickle_refusal
 from nodes.hooks import ApplyFn, ModelCall, SamplingHooks
 from nodes.ipadapter_attn import LayerWeights, Window, build_projection, clock_of, install, set_clock
+from nodes.weights import ModelLoadError, fingerprint, pickle_refusal
 
 IPADAPTER = "IPADAPTER"
 UNET_WIDTHS = {768: "SD1.x", 1024: "SD2.x", 2048: "SDXL"}  # cross-attention width -> family

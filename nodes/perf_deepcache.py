@@ -102,7 +102,7 @@ def _wrap(block: Any, name: str, cache: StepCache) -> None:
 
 @dataclass(frozen=True)
 class DeepCachePatch:
-    """A :class:`nodes.models.Patch` installing the step cache on a diffusers UNet."""
+    """A :class:`nodes.handles.Patch` installing the step cache on a diffusers UNet."""
 
     settings: DeepCacheSettings
 

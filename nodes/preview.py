@@ -24,56 +24,38 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from engine.context import NodeContext, Preview
 from nodes.families.latent_format import LatentFormat
+from nodes.handles import WeightsHandle, WeightsSource
 
 _EXTENSIONS = (".safetensors", ".pth", ".pt")
 DEMO_TAESD_CHANNELS = 16  # the demo decoder's width (real TAESD: 64)
 
 
-@dataclass(frozen=True)
-class TaesdHandle:
+@dataclass(frozen=True, kw_only=True)
+class TaesdHandle(WeightsHandle):
     """A ``vae_approx`` model handle (small: the manager keeps it resident beside the UNet)."""
 
-    path: Path
-    fingerprint: str
-    kind: str = "vae_approx"
+    kind: ClassVar[str] = "vae_approx"
 
-    @property
-    def key(self) -> str:
-        return f"vae_approx:{self.path.name}:{self.fingerprint}"
-
-    def estimate_bytes(self) -> int:
-        return self.path.stat().st_size
-
-    def load(self) -> Any:
+    def build(self) -> Any:
         from diffusers import AutoencoderTiny
-
-        from nodes.families.build import EMPTY_INIT_LOCK
 
         tensors = _read(self.path)
         tensors = _to_diffusers_layout(tensors)
         channels = int(tensors["decoder.layers.0.weight"].shape[0])
         blocks = _blocks_per_stage(tensors)
-        with EMPTY_INIT_LOCK:  # never while another thread has accelerate's empty-init patch on
-            model: Any = AutoencoderTiny(decoder_block_out_channels=(channels,) * 4,
-                                         encoder_block_out_channels=(channels,) * 4, num_decoder_blocks=blocks)
+        model: Any = AutoencoderTiny(decoder_block_out_channels=(channels,) * 4,  # (load holds EMPTY_INIT_LOCK)
+                                     encoder_block_out_channels=(channels,) * 4, num_decoder_blocks=blocks)
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         missing = [k for k in missing if k.startswith("decoder.")]
         if missing or unexpected:
             raise ValueError(f"{self.path}: not a TAESD decoder (missing {missing[:3]}, unexpected {unexpected[:3]})")
         return PreviewDecoder(model.eval())
-
-    def to_device(self, module: Any, device: str, dtype: str) -> Any:
-        # nn.Module.to, not diffusers' override (it warns on every cast)
-        return torch.nn.Module.to(module, device=torch.device(device), dtype=getattr(torch, dtype))
-
-    def model_handles(self) -> list[Any]:
-        return [self]
 
 
 class PreviewDecoder(torch.nn.Module):
@@ -142,7 +124,7 @@ def find_taesd(ctx: NodeContext, stem: str | None) -> TaesdHandle | None:
         if stem + ext in names:
             path = files.resolve("vae_approx", stem + ext)
             stat = path.stat()
-            return TaesdHandle(path, f"{stat.st_size}-{int(stat.st_mtime)}")
+            return TaesdHandle(source=WeightsSource(path, f"{stat.st_size}-{int(stat.st_mtime)}"), nbytes=stat.st_size)
     return None
 
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from nodes.families import arch
 from nodes.families.components import UNetDenoiser
-from nodes.families.files import ModelLoadError, TensorIndex
 from nodes.families.latent_format import SD15_LATENT, LatentFormat
 from nodes.families.sampling import DiscreteSampling
+from nodes.weights import ModelLoadError, TensorIndex
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "models" / "configs"
 
@@ -120,6 +120,25 @@ class FamilyAdapter(ABC):
             builder = "clip_projection" if "projection_dim" in cfg else "clip"
             clips.append(Part.make(spec.name, builder, spec.layout, spec.prefix, spec.subfolder, cfg))
         return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}
+
+    def diffusers_parts(self, config: Callable[[str], dict[str, Any]]
+                        ) -> tuple[dict[str, tuple[Part, ...]], tuple[tuple[str, int], ...]]:
+        """The parts of each handle of a diffusers folder (``config(sub)`` reads ``sub``'s JSON),
+        and the text encoders whose folder dropped final layers (name, how many)."""
+        unet = Part.make("unet", "unet", "unet", self.unet_prefix, "unet", config("unet/config.json"))
+        vae = Part.make("vae", "vae", "vae", self.vae_prefix, "vae", config("vae/config.json"))
+        clips, dropped = [], []
+        for spec in self.text_encoders:
+            cfg = config(f"{spec.subfolder}/config.json")
+            builder = "clip_projection" if "WithProjection" in str(cfg.get("architectures", "")) else "clip"
+            clips.append(Part.make(spec.name, builder, spec.layout, spec.prefix, spec.subfolder, cfg))
+            if drop := self.dropped_layers(spec, cfg):
+                dropped.append((spec.name, drop))
+        return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}, tuple(dropped)
+
+    def dropped_layers(self, spec: TextEncoderSpec, config: Mapping[str, Any]) -> int:
+        """How many final layers a diffusers folder's text encoder lacks (its hidden states shift)."""
+        return 0
 
     def spec(self, name: str) -> TextEncoderSpec:
         for s in self.text_encoders:

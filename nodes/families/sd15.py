@@ -7,8 +7,8 @@ from typing import ClassVar
 
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
-from nodes.families.files import TensorIndex
 from nodes.families.sampling import AYS_SD1, DiscreteSampling
+from nodes.weights import TensorIndex
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.components import UNetDenoiser
-from nodes.families.files import ModelLoadError, TensorIndex
 from nodes.families.latent_format import SDXL_LATENT, LatentFormat
 from nodes.families.sampling import DiscreteSampling
+from nodes.weights import ModelLoadError, TensorIndex
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import torch
 import nodes.device as device
 from engine.context import RunSettings
 from nodes.conditioning import CLIPTextEncode
+from nodes.handles import open_checkpoint
 from nodes.latent import EmptyLatentImage
-from nodes.models import open_checkpoint
 from nodes.sampling import KSampler
 
 

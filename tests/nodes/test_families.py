@@ -11,7 +11,7 @@ import torch
 
 from nodes.families import SD2, SD15, SDXL, ModelLoadError, detect_family, read_index
 from nodes.families.build import ldm_state_dict
-from nodes.models import load_tokenizer, open_checkpoint
+from nodes.handles import load_tokenizer, open_checkpoint
 
 # Derived once from the shipped BPE files; "a photo of a cat" matches OpenAI's CLIP tokenizer.
 EXPECTED_IDS = {

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from nodes.conditioning import CLIPTextEncode
+from nodes.handles import load_tokenizer, open_checkpoint
 from nodes.latent import EmptyLatentImage, VAEDecode, VAEEncode
-from nodes.models import load_tokenizer, open_checkpoint
 from nodes.samplers import SAMPLER_NAMES, SCHEDULER_NAMES, compatible_schedulers, make_noise, make_scheduler
 from nodes.sampling import KSampler, KSamplerAdvanced
 from tests.nodes.gen_fixtures import gradient_image

@@ -131,7 +131,7 @@ def previews(setup: BenchSetup) -> list[Row]:
 
 
 def _unet(rt: BenchRuntime, ckpt: str) -> Any:
-    from nodes.models import open_checkpoint
+    from nodes.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
         return unet
@@ -140,7 +140,7 @@ def _unet(rt: BenchRuntime, ckpt: str) -> Any:
 def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
     import torch
 
-    from nodes.models import open_checkpoint
+    from nodes.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", setup.ckpt_a)).vae) as vae:
         last = vae

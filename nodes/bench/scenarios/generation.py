@@ -54,7 +54,7 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
     from diffusers import StableDiffusionPipeline
 
     from nodes.families import SD15
-    from nodes.models import open_checkpoint
+    from nodes.handles import open_checkpoint
     from nodes.samplers import make_scheduler
 
     handles = open_checkpoint(rt.files.resolve("checkpoints", ckpt))
@@ -71,7 +71,7 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
 
 
 def _loom_unet(rt: BenchRuntime, ckpt: str) -> Any:
-    from nodes.models import open_checkpoint
+    from nodes.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
         return unet
