@@ -42,10 +42,23 @@ def load_unet() -> Any:
 
 @dataclass(frozen=True)
 class BenchModel:
-    """Stands in for a UNetHandle: the family and scheduler config, with the module already built."""
+    """Stands in for a DenoiserHandle: the family and scheduler config, with the module already built."""
 
     family: Any
     prediction: str = "epsilon"
+
+    @property
+    def latent_format(self) -> Any:
+        return self.family.latent_format
+
+    @property
+    def denoiser(self) -> Any:
+        return self.family.denoiser
+
+    def sampling_hooks(self, module: Any) -> Any:
+        from nodes.hooks import SamplingHooks
+
+        return SamplingHooks()
 
     def scheduler_config(self) -> dict[str, Any]:
         return dict(self.family.scheduler_config(self.prediction))
