@@ -70,7 +70,7 @@ class TextEncoder:
 def text_encoders(ctx: NodeContext, clip: Any) -> Iterator[list[TextEncoder]]:
     """The CLIP handle's encoders, resident for the duration of the ``with`` block."""
     with ctx.models.use(clip) as modules:
-        tokenizers = modules.tokenizers  # loaded with the module (ClipHandle)
+        tokenizers = modules.tokenizers  # loaded with the module (TextEncodersHandle)
         yield [
             TextEncoder(spec, tokenizers[spec.name], modules[spec.name], clip.hidden_state_index(spec.name))
             for spec in clip.specs()

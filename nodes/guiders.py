@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from nodes import cond_batch as cb
-from nodes import sampling_model as sm
 from nodes.conditioning import CondEntry
+from nodes.hooks import ModelCall, Row
 
 # Branch names whose rows are the "uncond" side for hooks (ComfyUI's prompt_type negative).
 _UNCOND = frozenset({"negative", "middle", "empty_negative_prompt", "extra"})
@@ -125,18 +125,19 @@ class GuidedRun:
                  forward: Any = None) -> None:
         self.guider = guiders[0]
         self.model = self.guider.model
-        self.model_sampling = sm.model_sampling(self.model)
-        self.denoiser = sm.denoiser(self.model)
+        self.model_sampling = self.model.model_sampling
+        self.denoiser = self.model.denoiser
         self.module = module
-        self.hooks = sm.sampling_hooks(self.model, module)
+        self.hooks = self.model.sampling_hooks(module)
         self.size = latent_size
+        self.pixels = (latent_size[0] * 8, latent_size[1] * 8)  # SDXL's size ids (the UNet families' factor)
         self._forward = forward if forward is not None else module
         self._apply = self.hooks.apply_model(self._raw_forward)
         self._transformer_options = self.hooks.transformer_options()
         self._kwargs: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._names: list[str | None] = []  # the branches of the current calc, by index
         self.model_options: dict[str, Any] = {}  # the sampler's, for the current call
-        self.dtype = sm.compute_dtype(module)
+        self.dtype = next(module.parameters()).dtype
         self.jobs = []
         for j, g in enumerate(guiders):
             prepared = {name: cb.prepare(entries, latent_size, self.model_sampling.percent_to_sigma)
@@ -212,14 +213,15 @@ class GuidedRun:
         timestep = ms.timestep(sigma).float()
         key = cb.model_kwargs_key(conds, rows, self.size)
         if key not in self._kwargs:
-            self._kwargs[key] = self.denoiser.conditioning([c.entry for c in conds], rows, self.size, like=x_in)
+            self._kwargs[key] = self.denoiser.conditioning([c.entry for c in conds], rows, self.pixels, like=x_in)
         kwargs = dict(self._kwargs[key])
         if self._transformer_options:
             kwargs["transformer_options"] = self._transformer_options
-        kinds = tuple("uncond" if self._names[b] in _UNCOND else "cond" for b in branches for _ in range(rows))
-        call = sm.ModelCall(x_in, timestep, sigma, kwargs, kinds)
+        kinds: tuple[Row, ...] = tuple("uncond" if self._names[b] in _UNCOND else "cond"
+                                       for b in branches for _ in range(rows))
+        call = ModelCall(x_in, timestep, sigma, kwargs, kinds)
         out = self._apply(call).float()
         return ms.calculate_denoised(sigma, out, xs)
 
-    def _raw_forward(self, call: sm.ModelCall) -> torch.Tensor:
+    def _raw_forward(self, call: ModelCall) -> torch.Tensor:
         return self.denoiser.forward(self._forward, call.x_in, call.timestep, dict(call.cond_kwargs))

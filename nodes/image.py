@@ -4,7 +4,7 @@
 third-party image nodes interoperate. ``SaveImage`` names files like ComfyUI
 (``{prefix}_{counter:05}_.png``, sub-folders allowed in the prefix) and writes the ``prompt`` (API
 JSON) and ``workflow`` (editor JSON) text chunks from the hidden PROMPT / EXTRA_PNGINFO inputs,
-unless the run's settings say ``"png_metadata": False``.
+unless the run's settings say ``png_metadata=False`` (``--no-png-metadata``).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class SaveImage(Node):
         extra_pnginfo: Any = None,
     ) -> NodeOutput:
         metadata: dict[str, Any] = {}
-        if ctx.settings.get("png_metadata", True):
+        if ctx.settings.png_metadata:
             if prompt is not None:
                 metadata["prompt"] = prompt
             metadata.update(extra_pnginfo or {})

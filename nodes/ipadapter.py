@@ -37,8 +37,9 @@ from nodes.clip_vision import (
     encode_pixels,
     preprocess,
 )
-from nodes.families.files import ModelLoadError, fingerprint, pickle_refusal
-from nodes.ipadapter_attn import LayerWeights, Window, build_projection, install
+from nodes.hooks import ApplyFn, ModelCall, SamplingHooks
+from nodes.ipadapter_attn import LayerWeights, Window, build_projection, clock_of, install, set_clock
+from nodes.weights import ModelLoadError, fingerprint, pickle_refusal
 
 IPADAPTER = "IPADAPTER"
 UNET_WIDTHS = {768: "SD1.x", 1024: "SD2.x", 2048: "SDXL"}  # cross-attention width -> family
@@ -145,6 +146,18 @@ class IPAdapterPatch:
         weights = LayerWeights.from_state_dict(self.adapter.tensors("ip_adapter"))
         install(module, weights, self.cond, self.uncond, self.weight, self.window, self.mask, self.adapter.path.name)
 
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """Tell the installed processors each call's timestep, latent size and negative rows."""
+        clock = clock_of(module)
+        if clock is None:
+            raise RuntimeError("the IP-Adapter patch found no IP-Adapter attention on its model")
+
+        def wrapper(apply: ApplyFn, call: ModelCall) -> torch.Tensor:
+            set_clock(clock, call.timestep, call.x_in, call.rows)
+            return apply(call)
+
+        return SamplingHooks(model_wrappers=(wrapper,))
+
 
 def image_tokens(ctx: NodeContext, adapter: IPAdapterFile, clip_vision: ClipVisionHandle, image: Any,
                  image_negative: Any | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,7 +259,7 @@ class IPAdapterModelLoader(Node):
         if ctx.folders.models is None:
             raise RuntimeError("this run has no model folders; start Loom with --models-dir")
         path = ctx.folders.models.resolve("ipadapter", ipadapter_file)
-        return (IPAdapterFile.from_file(path, allow_pickle=bool(ctx.settings.get("allow_pickle", False))),)
+        return (IPAdapterFile.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
 
 class IPAdapterAdvanced(Node):

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.families.files import ModelLoadError, TensorIndex, load_tensors, read_index
 from nodes.families.keys import to_ldm
+from nodes.weights import ModelLoadError, TensorIndex, load_tensors, read_index
 
 if TYPE_CHECKING:
-    from nodes.models import ComponentHandle
+    from nodes.handles import ComponentHandle
 
 log = logging.getLogger("loom.lora")
 

@@ -18,7 +18,6 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, INT, MODEL, SAMPLER, Input, NodeSchema, Output
-from nodes import sampling_model as sm
 from nodes.diffusion.names import SAMPLER_NAMES
 
 _OUT = (Output("SAMPLER", SAMPLER, "The sampler."),)
@@ -219,7 +218,7 @@ class SamplerSASolver(Node):
     def run(self, ctx: NodeContext, *, model: Any, eta: float, sde_start_percent: float, sde_end_percent: float,
             s_noise: float, predictor_order: int, corrector_order: int, use_pece: bool,
             simple_order_2: bool) -> tuple[Any]:
-        ms = sm.model_sampling(model)
+        ms = model.model_sampling
         tau = TauInterval(float(ms.percent_to_sigma(sde_start_percent)), float(ms.percent_to_sigma(sde_end_percent)),
                           eta)
         return (_ksampler("sa_solver", {"tau_func": tau, "s_noise": s_noise, "predictor_order": predictor_order,

@@ -29,12 +29,12 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, CONDITIONING, FLOAT, INT, LATENT, MODEL, Batching, Input, NodeSchema, Output
-from nodes import sampling_model as sm
 from nodes.conditioning import CondEntry
+from nodes.device import compiled_forward, tf32_scope
 from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
 from nodes.guiders import GuidedRun, Guider
+from nodes.hooks import RunInfo
 from nodes.latent import check_latent_for, tag_latent
-from nodes.perf_device import compiled_forward, tf32_scope
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -63,20 +63,18 @@ class Result:
 
 
 class _Reporter:
-    """Per-step progress, a paced JPEG preview (TAESD or latent->RGB, ``nodes.perf_preview``;
+    """Per-step progress, a paced JPEG preview (TAESD or latent->RGB, ``nodes.preview``;
     previews cost at most ~5% of the sampling time), and interrupts."""
 
     def __init__(self, ctx: NodeContext, model: Any, shape: tuple[int, ...], total: int):
-        from nodes.perf_preview import PreviewPacer, PreviewRenderer
+        from nodes.preview import PreviewPacer, PreviewRenderer
 
         self.ctx, self.shape, self.total = ctx, shape, total
         self.pacer = PreviewPacer()
         self.pacer.begin()
-        fmt = sm.latent_format(model)
-        method = str(ctx.settings.get("preview_method", "auto"))
-        wanted = ctx.wants_preview and method != "none"  # settings["preview_method"]: auto|taesd|latent2rgb|none
-        factors = (fmt.rgb_factors, fmt.rgb_bias)
-        self.renderer = PreviewRenderer(ctx, model.family, factors, method) if wanted else None
+        method = ctx.settings.preview_method
+        wanted = ctx.wants_preview and method != "none"
+        self.renderer = PreviewRenderer(ctx, model.latent_format, method) if wanted else None
         self.estimate: float | None = None
         self.denoised: torch.Tensor | None = None
 
@@ -106,7 +104,7 @@ def prepare_mask(mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
 
 
 def _check(module: Any, model: Any, jobs: Sequence[Job]) -> None:
-    denoiser = sm.denoiser(model)
+    denoiser = model.denoiser
     for job in jobs:
         for name, entries in job.guider.branches:
             if name == "negative" and not entries:
@@ -134,7 +132,7 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     sigmas = torch.as_tensor(sigmas, dtype=torch.float32).reshape(-1)
     if sigmas.numel() == 0:
         return [Result(dict(latent), dict(latent)) for _ in jobs]
-    fmt = sm.latent_format(model)
+    fmt = model.latent_format
     samples = latent["samples"].float()
     rows = samples.shape[0]
     latent_in = fmt.process_in(samples) if torch.count_nonzero(samples) > 0 else samples
@@ -146,11 +144,11 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
         device = next(module.parameters()).device
         run = GuidedRun([job.guider for job in jobs], module, rows, tuple(samples.shape[-2:]),
                         compiled_forward(module, ctx.settings))
-        run.hooks.start_run(sm.RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1))
+        run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1))
         denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
         reporter = _Reporter(ctx, model, tuple(noise.shape), sigmas.numel() - 1)
         extra_args: dict[str, Any] = {"seed": jobs[0].seed, "model_options": {}}
-        with tf32_scope(ctx.settings, device):  # settings["tf32"]: CUDA only
+        with tf32_scope(ctx.settings, device):  # --tf32: CUDA only
             x = sampler.sample(run, sigmas.to(device), extra_args, reporter, noise.to(device),
                                latent_in.to(device), denoise_mask)
     outs = fmt.process_out(x.float().cpu()).chunk(len(jobs))
@@ -209,7 +207,7 @@ class KSamplerCall:
     def sigmas(self) -> torch.Tensor | None:
         from nodes.diffusion.schedulers import ksampler_sigmas
 
-        full = ksampler_sigmas(sm.model_sampling(self.model), self.scheduler, self.sampler_name, self.steps,
+        full = ksampler_sigmas(self.model.model_sampling, self.scheduler, self.sampler_name, self.steps,
                                self.denoise)
         return window(full, self.start, self.last, self.force_full_denoise)
 

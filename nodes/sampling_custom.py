@@ -33,7 +33,6 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes import sampling_model as sm
 from nodes.guiders import BasicGuider as BasicGuiderValue
 from nodes.guiders import DualCFGGuider as DualCFGGuiderValue
 from nodes.guiders import Guider
@@ -153,7 +152,7 @@ class AddNoise(Node):
             return (latent_image,)
         samples = latent_image["samples"].float()
         drawn = noise.generate(latent_image)
-        fmt, ms = sm.latent_format(model), sm.model_sampling(model)
+        fmt, ms = model.latent_format, model.model_sampling
         scale = torch.abs(sigmas[0] - sigmas[-1]) if len(sigmas) > 1 else sigmas[0]
         if torch.count_nonzero(samples) > 0:  # the empty latent is not shifted
             samples = fmt.process_in(samples)

@@ -18,7 +18,6 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, INT, MODEL, SIGMAS, STRING, Input, NodeSchema, Output
-from nodes import sampling_model as sm
 from nodes.diffusion import schedulers as sch
 from nodes.diffusion.names import SCHEDULER_NAMES
 
@@ -55,7 +54,7 @@ class BasicScheduler(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: Any, scheduler: str, steps: int, denoise: float) -> tuple[torch.Tensor]:
-        return (sch.basic_scheduler_sigmas(sm.model_sampling(model), scheduler, steps, denoise).float().cpu(),)
+        return (sch.basic_scheduler_sigmas(model.model_sampling, scheduler, steps, denoise).float().cpu(),)
 
 
 class KarrasScheduler(Node):
@@ -140,7 +139,7 @@ class BetaSamplingScheduler(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: Any, steps: int, alpha: float, beta: float) -> tuple[torch.Tensor]:
-        return (sch.beta(sm.model_sampling(model), steps, alpha, beta).float().cpu(),)
+        return (sch.beta(model.model_sampling, steps, alpha, beta).float().cpu(),)
 
 
 class SDTurboScheduler(Node):
@@ -155,7 +154,7 @@ class SDTurboScheduler(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: Any, steps: int, denoise: float) -> tuple[torch.Tensor]:
-        return (sch.sd_turbo(sm.model_sampling(model), steps, denoise).float().cpu(),)
+        return (sch.sd_turbo(model.model_sampling, steps, denoise).float().cpu(),)
 
 
 class AlignYourStepsScheduler(Node):
@@ -305,7 +304,7 @@ class SamplingPercentToSigma(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: Any, sampling_percent: float, return_actual_sigma: bool) -> tuple[float]:
-        ms = sm.model_sampling(model)
+        ms = model.model_sampling
         value = float(ms.percent_to_sigma(sampling_percent))
         if return_actual_sigma and sampling_percent == 0.0:
             value = float(ms.sigma_max)

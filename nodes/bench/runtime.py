@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cache import OutputCache
-from engine.context import Folders
+from engine.context import Folders, RunSettings
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders
@@ -45,7 +45,7 @@ class BenchRuntime:
         self.bus = EventBus()
         self.cache = OutputCache(2 << 30)
         self.executor = Executor(self.registry, self.cache, self.folders, models=self.models, bus=self.bus,
-                                 settings={"png_metadata": False, **self.settings})
+                                 settings=RunSettings(**{"png_metadata": False, **self.settings}))
 
     def run(self, prompt: dict[str, Any], **request: Any) -> RunResult:
         result = self.executor.run(RunRequest(prompt=copy.deepcopy(prompt), **request))

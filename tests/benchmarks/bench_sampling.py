@@ -44,10 +44,27 @@ def load_unet() -> Any:
 
 @dataclass(frozen=True)
 class BenchModel:
-    """Stands in for a UNetHandle: the family and scheduler config, with the module already built."""
+    """Stands in for a DenoiserHandle: the family and scheduler config, with the module already built."""
 
     family: Any
     prediction: str = "epsilon"
+
+    @property
+    def latent_format(self) -> Any:
+        return self.family.latent_format
+
+    @property
+    def denoiser(self) -> Any:
+        return self.family.denoiser
+
+    @property
+    def model_sampling(self) -> Any:
+        return self.family.model_sampling(self.prediction)
+
+    def sampling_hooks(self, module: Any) -> Any:
+        from nodes.hooks import SamplingHooks
+
+        return SamplingHooks()
 
     def scheduler_config(self) -> dict[str, Any]:
         return dict(self.family.scheduler_config(self.prediction))
@@ -78,7 +95,6 @@ def main() -> None:
     from nodes.diffusion.schedulers import ksampler_sigmas
     from nodes.families import SD15
     from nodes.sampling import Job, cfg_guider, sample
-    from nodes.sampling_model import model_sampling
     from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
     torch.set_grad_enabled(False)
@@ -87,7 +103,7 @@ def main() -> None:
     print(f"UNet ready in {time.perf_counter() - t0:.1f} s ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f}M params, "
           f"{torch.get_num_threads()} threads)")
     model = BenchModel(SD15())
-    ms = model_sampling(model)
+    ms = model.model_sampling
     gen = torch.Generator().manual_seed(1)
     pos, neg = torch.randn(1, 77, 768, generator=gen), torch.randn(1, 77, 768, generator=gen)
     folders = Folders(ROOT / "bench_cache" / "in", ROOT / "bench_cache" / "out", ROOT / "bench_cache" / "tmp")

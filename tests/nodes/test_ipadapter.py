@@ -18,11 +18,10 @@ from nodes.conditioning import CLIPTextEncode
 from nodes.demo_vision import ip_adapter_state_dict, tiny_clip_vision
 from nodes.diffusion.noise import prepare_noise
 from nodes.diffusion.schedulers import ksampler_sigmas
+from nodes.handles import load_tokenizer, open_checkpoint
 from nodes.ipadapter import IPAdapter, IPAdapterAdvanced, IPAdapterFile, IPAdapterModelLoader
 from nodes.latent import EmptyLatentImage, VAEDecode
-from nodes.models import load_tokenizer, open_checkpoint
 from nodes.sampling import KSampler
-from nodes.sampling_model import model_sampling
 from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
 SIZE, STEPS, SEED = 64, 3, 42
@@ -32,7 +31,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "models" / "configs"
 
 def _euler(unet: Any) -> Any:
     """diffusers' Euler over the sigmas KSampler euler/normal uses (same math as Loom)."""
-    ms = model_sampling(unet)
+    ms = unet.model_sampling
     return ComfyEulerScheduler.over(unet.scheduler_config(), ms, ksampler_sigmas(ms, "normal", "euler", STEPS))
 
 
@@ -261,7 +260,7 @@ def test_sdxl_adapter_matches_diffusers(tiny_models: dict, tiny_sdxl_ckpt: Path,
     image = VAEDecode().run(ctx, samples=out, vae=ck.vae)[0].numpy()
 
     vae = copy.deepcopy(m["vae"])
-    vae.register_to_config(scaling_factor=ck.unet.latent_scale)
+    vae.register_to_config(scaling_factor=ck.unet.latent_format.scale_factor)
     pipe: Any = StableDiffusionXLPipeline(
         vae=vae, text_encoder=m["clip_l"], text_encoder_2=m["clip_g"], tokenizer=load_tokenizer("clip_tokenizer"),
         tokenizer_2=load_tokenizer("clip_tokenizer_2"), unet=copy.deepcopy(m["unet"]),

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.families.files import ModelLoadError
 from nodes.families.keys import to_ldm
 from nodes.loaders import CheckpointLoaderSimple, LoraLoader, LoraLoaderModelOnly
+from nodes.weights import ModelLoadError
 
 RANK = 4
 

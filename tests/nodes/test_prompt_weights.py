@@ -9,7 +9,7 @@ import torch
 
 from nodes import prompt_weights as pw
 from nodes.conditioning import CLIPTextEncode, TextEncoder, encode_prompt
-from nodes.models import load_tokenizer, open_checkpoint
+from nodes.handles import load_tokenizer, open_checkpoint
 
 
 def _weights(prompt: str) -> list[tuple[str, float]]:

@@ -9,8 +9,8 @@ import torch
 
 from nodes.conditioning import CLIPTextEncode, ConditioningSetArea
 from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
+from nodes.handles import open_checkpoint
 from nodes.latent import EmptyLatentImage, VAEDecode
-from nodes.models import open_checkpoint
 from nodes.sampling import KSampler, KSamplerAdvanced, SamplingError
 
 SIZE = 64

@@ -11,10 +11,9 @@ import torch
 from nodes.conditioning import CLIPTextEncode
 from nodes.diffusion.noise import prepare_noise
 from nodes.diffusion.schedulers import ksampler_sigmas
+from nodes.handles import load_tokenizer, open_checkpoint
 from nodes.latent import EmptyLatentImage
-from nodes.models import load_tokenizer, open_checkpoint
 from nodes.sampling import KSampler
-from nodes.sampling_model import latent_format, model_sampling
 from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
 PROMPT, NEGATIVE, SIZE, STEPS, SEED = "a photo of a cat", "blurry", 64, 3, 42
@@ -32,7 +31,7 @@ def test_euler_matches_diffusers_sd15(tiny_models: dict, tiny_sd15_ckpt: Any, ma
                          scheduler=scheduler, positive=enc.run(ctx, text=PROMPT, clip=ck.clip)[0],
                          negative=enc.run(ctx, text=NEGATIVE, clip=ck.clip)[0], latent_image=latent, denoise=1.0)[0]
 
-    ms = model_sampling(ck.unet)
+    ms = ck.unet.model_sampling
     sched = ComfyEulerScheduler.over(ck.unet.scheduler_config(), ms, ksampler_sigmas(ms, scheduler, "euler", STEPS))
     modules = tiny_models["sd15"].modules
     pipe: Any = StableDiffusionPipeline(
@@ -42,5 +41,5 @@ def test_euler_matches_diffusers_sd15(tiny_models: dict, tiny_sd15_ckpt: Any, ma
     pipe.set_progress_bar_config(disable=True)
     ref = pipe(PROMPT, negative_prompt=NEGATIVE, height=SIZE, width=SIZE, num_inference_steps=STEPS,
                guidance_scale=7.5, latents=prepare_noise(latent["samples"], SEED), output_type="latent").images
-    mine = latent_format(ck.unet).process_in(out["samples"])
+    mine = ck.unet.latent_format.process_in(out["samples"])
     torch.testing.assert_close(mine, ref, atol=1e-4, rtol=1e-4)

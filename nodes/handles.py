@@ -1,12 +1,18 @@
-"""Model handles: the light, immutable values that flow along MODEL / CLIP / VAE links.
+"""Model handles: the light, immutable values that flow along MODEL / CLIP / VAE / CLIP_VISION links.
 
-A handle says where a component's weights live (file + fingerprint), how to build it (family,
-parts with their configs) and which patches apply (LoRA, later IP-Adapter, ToMe). It holds no
-weights: ``ModelManager.use(handle)`` calls ``handle.load()`` when the weights are needed.
+Every weighted module Loom loads is described by one :class:`WeightsHandle`: where its weights
+live (file + fingerprint), what to build from them (``build``, per subclass), and which patches
+apply (LoRA, IP-Adapter, ToMe, DeepCache). It holds no weights: ``ModelManager.use(handle)``
+calls ``handle.load()`` when the weights are needed, and ``handle.to_device`` is the one device
+move and precision cast of every module (skipped when nothing changes; ``dtype`` overrides the
+manager's per-kind policy). ``key`` is the content identity the manager caches modules by.
 Patching returns a new handle (``with_patch``), so a cached output never changes behind the
-cache's back. ``key`` is the content identity the manager caches modules by.
+cache's back.
 
-The MODEL value is a :class:`UNetHandle` (it knows its family, prediction type and latent scale).
+The checkpoint parts are :class:`DenoiserHandle` (MODEL), :class:`TextEncodersHandle` (CLIP) and
+:class:`VaeHandle` (VAE); CLIP vision, the safety model and TAESD subclass WeightsHandle in their
+modules. The ``kind`` strings (``unet``, ``clip``, ``vae``, ...) are ComfyUI's precision-flag
+vocabulary, which the manager's policy is keyed by.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from nodes.families import FamilyAdapter, Part, read_index
+from nodes.families import FamilyAdapter, Part
 from nodes.families.base import CONFIGS_DIR, TextEncoderSpec
 from nodes.families.build import build_from_diffusers, build_from_single_file
+from nodes.families.latent_format import LatentFormat
+from nodes.hooks import SamplingHooks, merge_all
+from nodes.weights import ModelLoadError, fingerprint, read_index
 
 
 @runtime_checkable
@@ -32,16 +41,28 @@ class Patch(Protocol):
         """Identity of the patch (file fingerprint, strengths): part of the handle's key."""
         ...
 
-    def apply(self, module: Any, handle: ComponentHandle) -> None: ...
+    def apply(self, module: Any, handle: Any) -> None:
+        """Change the freshly built ``module`` of ``handle`` in place."""
+        ...
+
+
+@runtime_checkable
+class HookedPatch(Patch, Protocol):
+    """A patch that also acts while the sampler runs (see ``nodes.hooks``)."""
+
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """The hooks for the resident, patched ``module`` (they may keep state found on it)."""
+        ...
 
 
 @dataclass(frozen=True)
 class WeightsSource:
-    """A single-file checkpoint (original layout) or a diffusers folder."""
+    """A weights file (single-file checkpoint in the original layout, a component file) or a
+    diffusers folder."""
 
     path: Path
     fingerprint: str
-    format: str  # "single_file" | "diffusers"
+    format: str = "single_file"  # "single_file" | "diffusers"
     allow_pickle: bool = False
 
     @property
@@ -49,14 +70,13 @@ class WeightsSource:
         return self.path.name
 
 
-@dataclass(frozen=True)
-class ComponentHandle:
-    """Base of the handles. ``parts`` are the modules to build (one, or several text encoders)."""
+@dataclass(frozen=True, kw_only=True)
+class WeightsHandle:
+    """One weighted module (see the module docstring). Subclasses implement ``build`` and, if
+    more than the file identifies the module, ``recipe``."""
 
     kind: ClassVar[str] = "model"
     source: WeightsSource
-    family: FamilyAdapter
-    parts: tuple[Part, ...]
     nbytes: int
     patches: tuple[Patch, ...] = ()
     dtype: str | None = None  # overrides the manager's dtype policy for this handle
@@ -64,13 +84,18 @@ class ComponentHandle:
     # --- identity -------------------------------------------------------------------------------
     @cached_property
     def key(self) -> str:
-        ident = {
-            "kind": self.kind, "file": self.source.fingerprint, "format": self.source.format,
-            "parts": [[p.name, p.prefix, p.subfolder, p.config_json] for p in self.parts],
-            "patches": [p.key for p in self.patches],
-        }
+        ident = {"kind": self.kind, "file": self.source.fingerprint, "format": self.source.format,
+                 "recipe": self.recipe(), "patches": [p.key for p in self.patches]}
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         return f"{self.kind}:{self.source.name}:{digest}"
+
+    def recipe(self) -> Any:
+        """JSON-able description of what is built from the file (besides the file itself)."""
+        return None
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
 
     def with_patch(self, patch: Patch) -> Any:
         """A new handle with ``patch`` appended (this one is unchanged)."""
@@ -84,11 +109,13 @@ class ComponentHandle:
         from nodes.families.build import EMPTY_INIT_LOCK
 
         with EMPTY_INIT_LOCK:  # patches may create parameters too (IP-Adapter): see EMPTY_INIT_LOCK
-            modules = {p.name: self._build(p) for p in self.parts}
-            module = self._assemble(modules)
+            module = self.build()
             for patch in self.patches:
                 patch.apply(module, self)
         return module
+
+    def build(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not say how to build its module")
 
     def to_device(self, module: Any, device: str, dtype: str) -> Any:
         import torch
@@ -100,7 +127,24 @@ class ComponentHandle:
         # nn.Module.to, not diffusers' override (it warns on every cast of modules without fp32 parts)
         return torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
 
-    # --- helpers --------------------------------------------------------------------------------
+    def model_handles(self) -> list[Any]:
+        return [self]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentHandle(WeightsHandle):
+    """A checkpoint part: built by the family's component kinds from ``parts`` (one module, or
+    several text encoders)."""
+
+    family: FamilyAdapter
+    parts: tuple[Part, ...]
+
+    def recipe(self) -> Any:
+        return [[p.name, p.prefix, p.subfolder, p.config_json] for p in self.parts]
+
+    def build(self) -> Any:
+        return self._assemble({p.name: self._build(p) for p in self.parts})
+
     def _build(self, part: Part) -> Any:
         if self.source.format == "diffusers":
             return build_from_diffusers(part, self.source.path, allow_pickle=self.source.allow_pickle)
@@ -117,20 +161,39 @@ class ComponentHandle:
                 return p
         raise KeyError(f"{self.kind} handle has no part {name!r}")
 
-    def model_handles(self) -> list[Any]:
-        return [self]
 
-
-@dataclass(frozen=True)
-class UNetHandle(ComponentHandle):
-    """The MODEL value: a denoising UNet, its family and how it predicts."""
+@dataclass(frozen=True, kw_only=True)
+class DenoiserHandle(ComponentHandle):
+    """The MODEL value: the family's denoiser, how it predicts, how to sample it."""
 
     kind: ClassVar[str] = "unet"
     prediction: str = "epsilon"
+    sampling_override: Any = field(default=None)  # set by with_model_sampling; not part of ``key``
 
     @property
-    def latent_scale(self) -> float:
-        return self.family.latent_scale
+    def latent_format(self) -> LatentFormat:
+        return self.family.latent_format
+
+    @property
+    def denoiser(self) -> Any:
+        """The family's denoiser kind: ``conditioning``, ``forward``, ``check_conditioning``."""
+        return self.family.denoiser
+
+    @cached_property
+    def model_sampling(self) -> Any:
+        """The ModelSampling to sample with: the override, else the family's default for the
+        checkpoint's prediction type. It does not change the weights, so it is not in ``key``."""
+        if self.sampling_override is not None:
+            return self.sampling_override
+        return self.family.model_sampling(self.prediction)
+
+    def with_model_sampling(self, model_sampling: Any) -> DenoiserHandle:
+        """A new handle sampling with ``model_sampling`` (ModelSamplingDiscrete & co.)."""
+        return replace(self, sampling_override=model_sampling)
+
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """The hooks of this handle's patches for the resident ``module``, in patch order."""
+        return merge_all([p.sampling_hooks(module) for p in self.patches if isinstance(p, HookedPatch)])
 
     @property
     def default_resolution(self) -> int:
@@ -140,9 +203,10 @@ class UNetHandle(ComponentHandle):
         return self.family.scheduler_config(self.prediction)
 
 
-@dataclass(frozen=True)
-class ClipHandle(ComponentHandle):
-    """The CLIP value: the family's text encoder(s) as one module dict (``module["clip_l"]``).
+@dataclass(frozen=True, kw_only=True)
+class TextEncodersHandle(ComponentHandle):
+    """The CLIP value: the family's text encoder(s), loaded as one :class:`TextEncoders` module
+    (``module["clip_l"]``, ``module.tokenizers``).
 
     ``layer`` is CLIPSetLastLayer's ``stop_at_clip_layer`` (None: the family's default). It does
     not change the weights, so it is not part of ``key``.
@@ -150,15 +214,13 @@ class ClipHandle(ComponentHandle):
 
     kind: ClassVar[str] = "clip"
     layer: int | None = None
-    dropped_layers: tuple[tuple[str, int], ...] = field(default=())  # diffusers SD2 drops one
+    dropped_layers: tuple[tuple[str, int], ...] = field(default=())  # diffusers folders may drop one
 
     def _assemble(self, modules: dict[str, Any]) -> Any:
-        import torch
+        from nodes.families.components.clip_text import TextEncoders
 
-        assembled = torch.nn.ModuleDict(modules)
         # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.
-        object.__setattr__(assembled, "tokenizers", self.tokenizers())
-        return assembled
+        return TextEncoders(modules, {s.name: load_tokenizer(s.tokenizer) for s in self.specs()})
 
     def specs(self) -> tuple[TextEncoderSpec, ...]:
         return self.family.text_encoders
@@ -170,12 +232,11 @@ class ClipHandle(ComponentHandle):
         dropped = dict(self.dropped_layers).get(name, 0)
         return min(-1, wanted + dropped)
 
-    def tokenizers(self) -> dict[str, Any]:
-        return {s.name: load_tokenizer(s.tokenizer) for s in self.specs()}
 
+@dataclass(frozen=True, kw_only=True)
+class VaeHandle(ComponentHandle):
+    """The VAE value."""
 
-@dataclass(frozen=True)
-class VAEHandle(ComponentHandle):
     kind: ClassVar[str] = "vae"
 
 
@@ -199,15 +260,14 @@ def load_tokenizer(name: str) -> Any:
 class Checkpoint:
     """What a checkpoint loader returns: MODEL, CLIP and VAE handles."""
 
-    unet: UNetHandle
-    clip: ClipHandle
-    vae: VAEHandle
+    unet: DenoiserHandle
+    clip: TextEncodersHandle
+    vae: VaeHandle
 
 
 def open_checkpoint(path: Path, *, allow_pickle: bool = False) -> Checkpoint:
     """Handles for a single-file checkpoint (reads the header only; no weights)."""
     from nodes.families import detect_family
-    from nodes.families.files import fingerprint
 
     index = read_index(path, allow_pickle=allow_pickle)
     family = detect_family(index)
@@ -219,16 +279,16 @@ def open_checkpoint(path: Path, *, allow_pickle: bool = False) -> Checkpoint:
 
     prediction = family.prediction_type(index)
     return Checkpoint(
-        UNetHandle(source, family, parts["unet"], size(parts["unet"]), prediction=prediction),
-        ClipHandle(source, family, parts["clip"], size(parts["clip"])),
-        VAEHandle(source, family, parts["vae"], size(parts["vae"])),
+        DenoiserHandle(source=source, family=family, parts=parts["unet"], nbytes=size(parts["unet"]),
+                       prediction=prediction),
+        TextEncodersHandle(source=source, family=family, parts=parts["clip"], nbytes=size(parts["clip"])),
+        VaeHandle(source=source, family=family, parts=parts["vae"], nbytes=size(parts["vae"])),
     )
 
 
 def open_diffusers(folder: Path, *, allow_pickle: bool = False) -> Checkpoint:
     """Handles for a diffusers folder (``model_index.json`` + component subfolders)."""
-    from nodes.families import FAMILIES, ModelLoadError
-    from nodes.families.files import fingerprint
+    from nodes.families import diffusers_family
 
     folder = Path(folder)
 
@@ -239,52 +299,29 @@ def open_diffusers(folder: Path, *, allow_pickle: bool = False) -> Checkpoint:
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"{folder}: cannot read {sub} ({exc}); is this a diffusers model folder?") from exc
 
-    model_index, unet_cfg = config("model_index.json"), config("unet/config.json")
-    family = next((cls() for cls in FAMILIES if cls.detect_diffusers(model_index, unet_cfg)), None)
-    if family is None:
-        raise ModelLoadError(f"{folder}: pipeline {model_index.get('_class_name')!r} is not SD1.x, SD2.x or SDXL")
+    family = diffusers_family(folder, config("model_index.json"), config("unet/config.json"))
     sched = config("scheduler/scheduler_config.json") if (folder / "scheduler").is_dir() else {}
     prediction = str(sched.get("prediction_type", "epsilon"))
     source = WeightsSource(folder, fingerprint(folder), "diffusers", allow_pickle)
+    parts, dropped = family.diffusers_parts(config)
 
-    def size(sub: str) -> int:
-        return sum(p.stat().st_size for p in (folder / sub).glob("*.safetensors"))
+    def size(ps: tuple[Part, ...]) -> int:
+        return sum(p.stat().st_size for part in ps for p in (folder / part.subfolder).glob("*.safetensors"))
 
-    unet = Part.make("unet", "unet", "unet", family.unet_prefix, "unet", unet_cfg)
-    vae = Part.make("vae", "vae", "vae", family.vae_prefix, "vae", config("vae/config.json"))
-    clips, dropped = [], []
-    for spec in family.text_encoders:
-        cfg = config(f"{spec.subfolder}/config.json")
-        builder = "clip_projection" if "WithProjection" in str(cfg.get("architectures", "")) else "clip"
-        clips.append(Part.make(spec.name, builder, spec.layout, spec.prefix, spec.subfolder, cfg))
-        if spec.layout == "open_clip" and family.name == "sd2" and cfg.get("num_hidden_layers") == 23:
-            dropped.append((spec.name, 1))  # diffusers' SD2 folders drop ViT-H's last layer
     return Checkpoint(
-        UNetHandle(source, family, (unet,), size("unet"), prediction=prediction),
-        ClipHandle(source, family, tuple(clips), sum(size(s.subfolder) for s in family.text_encoders),
-                   dropped_layers=tuple(dropped)),
-        VAEHandle(source, family, (vae,), size("vae")),
+        DenoiserHandle(source=source, family=family, parts=parts["unet"], nbytes=size(parts["unet"]),
+                       prediction=prediction),
+        TextEncodersHandle(source=source, family=family, parts=parts["clip"], nbytes=size(parts["clip"]),
+                           dropped_layers=dropped),
+        VaeHandle(source=source, family=family, parts=parts["vae"], nbytes=size(parts["vae"])),
     )
 
 
-def open_vae(path: Path, *, allow_pickle: bool = False) -> VAEHandle:
+def open_vae(path: Path, *, allow_pickle: bool = False) -> VaeHandle:
     """A standalone VAE file: original layout with or without ``first_stage_model.``, or diffusers keys."""
-    from nodes.families import SD15, ModelLoadError, arch
-    from nodes.families.files import fingerprint
-    from nodes.families.keys import looks_like_diffusers_vae
+    from nodes.families import standalone_vae
 
     index = read_index(path, allow_pickle=allow_pickle)
-    family = SD15()  # the VAE architecture is shared; the latent scale belongs to the MODEL
-    keys = list(index.tensors)
-    if looks_like_diffusers_vae(keys):
-        cfg, prefix = arch.vae_config_diffusers_keys(index, family.latent_scale, 512), ""
-    else:
-        prefix = "first_stage_model." if index.any_with("first_stage_model.") else ""
-        if not index.has(f"{prefix}encoder.conv_in.weight") or not index.has(f"{prefix}decoder.conv_out.weight"):
-            from nodes.families.base import describe_unknown
-
-            raise ModelLoadError(f"{path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
-        cfg = arch.vae_config(index, prefix, family.latent_scale, 512)
-    part = Part.make("vae", "vae", "vae", prefix, "vae", cfg)
+    family, part = standalone_vae(index)
     source = WeightsSource(Path(path), fingerprint(path), "single_file", allow_pickle)
-    return VAEHandle(source, family, (part,), index.nbytes(prefix))
+    return VaeHandle(source=source, family=family, parts=(part,), nbytes=index.nbytes(part.prefix))
