@@ -11,12 +11,14 @@ from engine.registry import NodeRegistry
 def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None, input_dir: Path | None = None) -> None:
     """Register the core nodes (modules are imported here, not at package import) and the combo
     option sources: users' model files (``model_files``) and input images (``input_dir``)."""
+    from nodes.cfg_patches import CFG_PATCH_NODES
     from nodes.clip_vision import CLIP_VISION_NODES
     from nodes.conditioning import CONDITIONING_NODES
     from nodes.image import IMAGE_NODES, register_image_options
     from nodes.ipadapter import IPADAPTER_NODES
     from nodes.latent import LATENT_NODES
     from nodes.loaders import LOADER_NODES, register_model_options
+    from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
     from nodes.perf_nodes import register_perf
     from nodes.safety import SAFETY_NODES
     from nodes.sampler_nodes import SAMPLER_NODES
@@ -26,7 +28,8 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.utility import UTILITY_NODES
 
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, LATENT_NODES, IMAGE_NODES,
-              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, SAMPLER_NODES, SIGMA_NODES, CUSTOM_SAMPLING_NODES)
+              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, SAMPLER_NODES, SIGMA_NODES, CUSTOM_SAMPLING_NODES,
+              CFG_PATCH_NODES, MODEL_SAMPLING_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
     register_perf(registry)  # TomePatchModel, DeepCache, KSamplerBatched (coalesced jobs)

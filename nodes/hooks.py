@@ -110,6 +110,8 @@ class SamplingHooks:
     post_cfg: tuple[Callable[[dict[str, Any]], Tensor], ...] = ()
     disable_cfg1_optimization: bool = False
     block_patches: tuple[BlockPatch, ...] = field(default=())
+    # ComfyUI's denoise_mask_function(sigma, denoise_mask, extra_options) -> mask (DifferentialDiffusion)
+    denoise_mask_function: Callable[..., Tensor] | None = None
 
     def merged(self, other: SamplingHooks) -> SamplingHooks:
         """``self`` then ``other``: tuples concatenated, ``other``'s cfg_function wins, flags OR."""
@@ -122,6 +124,7 @@ class SamplingHooks:
             post_cfg=self.post_cfg + other.post_cfg,
             disable_cfg1_optimization=self.disable_cfg1_optimization or other.disable_cfg1_optimization,
             block_patches=self.block_patches + other.block_patches,
+            denoise_mask_function=other.denoise_mask_function or self.denoise_mask_function,
         )
 
     def start_run(self, info: RunInfo) -> None:

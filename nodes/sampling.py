@@ -147,7 +147,8 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
         run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1))
         denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
         reporter = _Reporter(ctx, model, tuple(noise.shape), sigmas.numel() - 1)
-        extra_args: dict[str, Any] = {"seed": jobs[0].seed, "model_options": {}}
+        options = {"denoise_mask_function": run.hooks.denoise_mask_function} if run.hooks.denoise_mask_function else {}
+        extra_args: dict[str, Any] = {"seed": jobs[0].seed, "model_options": options}
         with tf32_scope(ctx.settings, device):  # --tf32: CUDA only
             x = sampler.sample(run, sigmas.to(device), extra_args, reporter, noise.to(device),
                                latent_in.to(device), denoise_mask)
