@@ -3,8 +3,9 @@
 This package knows nothing of model families, nodes or the engine; the guider and the nodes sit on
 top of it. Modules (import them directly; nothing is imported with the package):
 
-- ``model_sampling``: :class:`ModelSampling` = prediction (eps, v, x0, const/flow, EDM, LCM) over a
-  sigma schedule (discrete betas incl. zsnr, LCM distilled, continuous EDM/V, flow with shift, Flux).
+- ``model_sampling``: :class:`ModelSampling` = prediction (eps, v, x0, const/flow, EDM, LCM; defined in
+  ``predictions``) over a sigma schedule (discrete betas incl. zsnr, LCM distilled, continuous EDM/V,
+  flow with shift, Flux; defined in ``sigma_schedules``); constructors ``discrete``, ``flow``, ``flux``...
 - ``schedulers``: ``calculate_sigmas(model_sampling, name, steps)`` for ComfyUI's 9 scheduler names,
   the scheduler-node functions (karras, exponential, polyexponential, vp, laplace, beta, AYS, GITS,
   optimal steps, SDTurbo) and ``ksampler_sigmas`` (KSampler's steps/denoise rules).
@@ -29,8 +30,10 @@ Conventions every sampler follows
   sample at ``sigmas[-1]``. ``sigmas`` is a float32 1-D tensor, descending, usually ending in 0.
 - ``extra_args`` is passed through to every model call; it holds ``"seed"`` (int or None: the noise
   seed for per-step noise, ``default_noise_sampler(x, seed)`` draws with seed + 1 on CPU; Brownian
-  trees use the seed itself), ``"model_options"`` (dict) and, set by :class:`KSamplerFn`,
-  ``"denoise_mask"``. A sampler that needs changed model options copies ``extra_args`` first.
+  trees use the seed itself; or ``noise.SeedGroups`` for several runs coalesced into one batch, which
+  every noise source here draws per run; samplers only pass the seed on, never compute with it),
+  ``"model_options"`` (dict) and, set by :class:`KSamplerFn`, ``"denoise_mask"``. A sampler that needs
+  changed model options copies ``extra_args`` first.
 - ``callback`` (may be None) receives one dict per step, after the step's first model evaluation:
   ``{"x": x, "i": i, "sigma": sigmas[i], "sigma_hat": sigma_hat, "denoised": denoised}``.
 - ``disable`` is accepted and ignored (progress is reported through the callback).

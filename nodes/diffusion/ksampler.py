@@ -25,7 +25,7 @@ from nodes.diffusion.k_euler import EULER_SAMPLERS
 from nodes.diffusion.k_samplers import model_sampling_of
 from nodes.diffusion.model_sampling import ModelSampling, reshape_sigma
 from nodes.diffusion.names import SAMPLER_NAMES
-from nodes.diffusion.noise import seeded_cpu_generator
+from nodes.diffusion.noise import SeedGroups, grouped_randn, seeded_cpu_generator
 
 ProgressCallback = Callable[[int, torch.Tensor, torch.Tensor, int], None]
 """``callback(step, denoised, x, total_steps)``: ComfyUI's sampling callback (previews, progress)."""
@@ -91,6 +91,18 @@ class InpaintDenoiser:
         return out
 
 
+def random_inpaint_noise(noise: torch.Tensor, seed: int | SeedGroups | None) -> torch.Tensor:
+    """ddim's inpaint noise: a fresh CPU float32 ``randn`` of the noise's shape seeded with seed + 1
+    (ComfyUI's fallback seed 41 when none is given), per run for coalesced seed groups."""
+    seed = DEFAULT_INPAINT_SEED if seed is None else seed
+    if isinstance(seed, SeedGroups):
+        generators = [seeded_cpu_generator(s + 1) for s, _ in seed.groups]
+        fresh = grouped_randn(noise.cpu().float(), seed, generators)
+    else:
+        fresh = torch.randn(noise.shape, generator=seeded_cpu_generator(int(seed) + 1), device="cpu")
+    return fresh.to(noise.dtype).to(noise.device)
+
+
 def starts_at_max_sigma(model_sampling: ModelSampling, sigmas: torch.Tensor) -> bool:
     """ComfyUI's max_denoise test: the run starts at (or above) the model's sigma_max."""
     max_sigma, first = float(model_sampling.sigma_max), float(sigmas[0])
@@ -122,10 +134,7 @@ class KSamplerFn:
         if latent_image is None:
             latent_image = torch.zeros_like(noise)
         extra_args = {**extra_args, "denoise_mask": denoise_mask}
-        inpaint_noise = noise
-        if self.inpaint_options.get("random", False):
-            generator = seeded_cpu_generator(int(extra_args.get("seed", DEFAULT_INPAINT_SEED)) + 1)
-            inpaint_noise = torch.randn(noise.shape, generator=generator, device="cpu").to(noise.dtype).to(noise.device)
+        inpaint_noise = random_inpaint_noise(noise, extra_args.get("seed")) if self.inpaint_options.get("random") else noise
         model_k = InpaintDenoiser(model_wrap, sigmas, latent_image, inpaint_noise)
         x = sampling.noise_scaling(sigmas[0], noise, latent_image, starts_at_max_sigma(sampling, sigmas))
         total_steps = len(sigmas) - 1

@@ -11,17 +11,49 @@
 - :class:`BrownianTreeNoiseSampler` is the SDE samplers' noise: torchsde's ``BrownianTree`` over
   [smallest positive sigma, largest sigma] with ``entropy=seed``; a call for (sigma, sigma_next)
   returns the sign-normalised increment (W(t1) - W(t0)) / sqrt(|t1 - t0|) with t0 < t1 sorted.
+- :class:`SeedGroups` lets one batch carry several runs (seed, batch size): each noise source draws
+  every run's slice as that run alone would, so coalesced jobs reproduce their separate results.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 NoiseSampler = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``noise_sampler(sigma, sigma_next) -> unit-variance noise shaped like x``."""
+
+
+@dataclass(frozen=True)
+class SeedGroups:
+    """The seeds of several runs coalesced into one batch: ``groups`` is ((seed, batch_size), ...) in
+    batch order. Passed as ``extra_args["seed"]``, every noise source here draws each group's slice
+    exactly as that run alone would, so a coalesced batch reproduces the separate runs."""
+
+    groups: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        if not self.groups or any(count < 1 for _, count in self.groups):
+            raise ValueError(f"SeedGroups needs (seed, batch_size >= 1) pairs, got {self.groups!r}")
+
+    @property
+    def batch_size(self) -> int:
+        return sum(count for _, count in self.groups)
+
+    def check(self, x: torch.Tensor) -> None:
+        if x.shape[0] != self.batch_size:
+            raise ValueError(f"seed groups cover {self.batch_size} batch items but the latent has {x.shape[0]}")
+
+
+def grouped_randn(x: torch.Tensor, seeds: SeedGroups, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One ``randn`` per group (its slice's shape) from that group's generator, concatenated."""
+    parts = [torch.randn([count, *x.shape[1:]], dtype=x.dtype, layout=x.layout, device=generator.device,
+                         generator=generator)
+             for (_, count), generator in zip(seeds.groups, generators, strict=True)]
+    return torch.cat(parts).to(x.device)
 
 
 def seeded_cpu_generator(seed: int) -> torch.Generator:
@@ -54,9 +86,14 @@ def prepare_noise(latent: torch.Tensor, seed: int, batch_index: Sequence[int] | 
     return noise.to(dtype=latent.dtype)
 
 
-def default_noise_sampler(x: torch.Tensor, seed: int | None = None) -> NoiseSampler:
+def default_noise_sampler(x: torch.Tensor, seed: int | SeedGroups | None = None) -> NoiseSampler:
     """k-diffusion's Gaussian noise sampler as ComfyUI seeds it (``seed + 1`` on CPU, ``seed``
     elsewhere). With ``seed=None`` it draws from torch's global generator, like ComfyUI."""
+    if isinstance(seed, SeedGroups):
+        seed.check(x)
+        offset = 1 if x.device.type == "cpu" else 0
+        generators = [torch.Generator(device=x.device).manual_seed(s + offset) for s, _ in seed.groups]
+        return lambda sigma, sigma_next: grouped_randn(x, seed, generators)
     generator: torch.Generator | None = None
     if seed is not None:
         generator = torch.Generator(device=x.device)
@@ -73,13 +110,21 @@ class BatchedBrownianTree:
     answering increments W(b) - W(a) for any a, b in the interval (sign-correct for a > b)."""
 
     def __init__(self, x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor,
-                 seed: int | Sequence[int] | None = None, cpu: bool = True) -> None:
+                 seed: int | Sequence[int] | SeedGroups | None = None, cpu: bool = True) -> None:
         import torchsde  # imported on use: only the SDE samplers need it
 
         self.cpu_tree = cpu
         t0, t1, self.sign = self._sort(t0, t1)
         w0 = torch.zeros_like(x)
         self.batched = False
+        self.grouped = isinstance(seed, SeedGroups)
+        if isinstance(seed, SeedGroups):  # one tree per coalesced run, each over its own slice
+            seed.check(x)
+            if self.cpu_tree:
+                t0, t1 = t0.detach().cpu(), t1.detach().cpu()
+            self.trees = tuple(torchsde.BrownianTree(t0, torch.zeros_like(w0[:count]).to(t0.device), t1, entropy=s)
+                               for s, count in seed.groups)
+            return
         if seed is None:
             seeds: tuple[int, ...] = (int(torch.randint(0, 2**63 - 1, ()).item()),)
         elif isinstance(seed, (tuple, list)):
@@ -103,7 +148,10 @@ class BatchedBrownianTree:
         device, dtype = t0.device, t0.dtype
         if self.cpu_tree:
             t0, t1 = t0.detach().cpu().float(), t1.detach().cpu().float()
-        w = torch.stack([tree(t0, t1) for tree in self.trees]).to(device=device, dtype=dtype) * (self.sign * sign)
+        draws = [tree(t0, t1) for tree in self.trees]
+        if self.grouped:
+            return torch.cat(draws).to(device=device, dtype=dtype) * (self.sign * sign)
+        w = torch.stack(draws).to(device=device, dtype=dtype) * (self.sign * sign)
         return w if self.batched else w[0]
 
 
@@ -116,7 +164,7 @@ class BrownianTreeNoiseSampler:
     non-``_gpu`` samplers)."""
 
     def __init__(self, x: torch.Tensor, sigma_min: float | torch.Tensor, sigma_max: float | torch.Tensor,
-                 seed: int | Sequence[int] | None = None,
+                 seed: int | Sequence[int] | SeedGroups | None = None,
                  transform: Callable[[torch.Tensor], torch.Tensor] = lambda t: t, cpu: bool = False) -> None:
         self.transform = transform
         t0 = self.transform(torch.as_tensor(sigma_min))
@@ -129,7 +177,7 @@ class BrownianTreeNoiseSampler:
         return self.tree(t0, t1) / (t1 - t0).abs().sqrt()
 
 
-def brownian_noise_sampler(x: torch.Tensor, sigmas: torch.Tensor, seed: int | None, cpu: bool = True,
+def brownian_noise_sampler(x: torch.Tensor, sigmas: torch.Tensor, seed: int | SeedGroups | None, cpu: bool = True,
                            transform: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> BrownianTreeNoiseSampler:
     """The Brownian sampler an SDE sampler builds for ``sigmas``: t0 = smallest positive sigma,
     t1 = largest sigma (ComfyUI's ``sigmas[sigmas > 0].min()`` and ``sigmas.max()``)."""
