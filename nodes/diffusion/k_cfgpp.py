@@ -2,9 +2,9 @@
 
 CFG++ (Chung et al. 2024, "CFG++: Manifold-constrained Classifier Free Guidance", arXiv:2406.08070)
 renoises with the unconditional ε instead of the guided one. Behaviour follows ComfyUI's
-``sample_euler_ancestral_cfg_pp``, ``sample_euler_cfg_pp``, ``sample_dpmpp_2s_ancestral_cfg_pp`` (with its
-flow-model variant) and ``sample_dpmpp_2m_cfg_pp`` (``comfy/k_diffusion/sampling.py``), including where the
-per-step noise is drawn, so seeded runs give ComfyUI's latents. The unconditional prediction reaches the
+``sample_euler_ancestral_cfg_pp``, ``sample_euler_cfg_pp``, ``sample_dpmpp_2s_ancestral_cfg_pp`` and
+``sample_dpmpp_2m_cfg_pp`` (``comfy/k_diffusion/sampling.py`` at 618b803d), including where the per-step
+noise is drawn, so seeded runs give ComfyUI's latents. The unconditional prediction reaches the
 sampler through a post-CFG function (:func:`nodes.diffusion.k_common.capture_uncond`).
 """
 
@@ -90,68 +90,31 @@ def sample_dpmpp_2s_ancestral_cfg_pp(
     s_noise: float = 1.0,
     noise_sampler: NoiseSampler | None = None,
 ) -> Tensor:
-    """DPM-Solver++(2S) ancestral (Lu et al. 2022, arXiv:2211.01095) with CFG++.
+    """DPM-Solver++(2S) ancestral (Lu et al. 2022, arXiv:2211.01095) with CFG++, as ComfyUI 618b803d runs it.
 
-    The midpoint model call only refreshes the unconditional prediction; the guidance vector of the
-    step's first call (D − D_uncond) is added back at the end of the step (scaled by 1 − σ' for flow).
+    Both half steps start from x + (D − D_uncond) and move along D; the final half step reads the
+    unconditional prediction the post-CFG hook holds after the midpoint call (ComfyUI's behaviour at that
+    version, later reworked upstream). The same update serves flow models (no flow-specific branch there).
     """
     run = noisy_run(model, x, extra_args, noise_sampler, s_noise)
-    args, noise, sampling, s_noise = run.args, run.noise, run.sampling, run.s_noise
+    args, noise, s_noise = run.args, run.noise, run.s_noise
     args, uncond = capture_uncond(args)
-    step = _flow_2s_cfg_pp_step if sampling.is_flow else _ve_2s_cfg_pp_step
     for i in range(len(sigmas) - 1):
-        sigma = sigmas[i]
+        sigma, sigma_next = sigmas[i], sigmas[i + 1]
         denoised = model(x, batch_sigma(x, sigma), **args)
-        guidance = denoised - uncond.latest()
+        sigma_down, sigma_up = get_ancestral_step(sigma, sigma_next, eta=eta)
         report(callback, x, i, sigma, denoised)
-        x = step(model, x, sigmas, i, args, uncond.latest, noise, eta, s_noise)
-        x = x + guidance if not sampling.is_flow else x + (1 - sigmas[i + 1]) * guidance
-    return x
-
-
-def _ve_2s_cfg_pp_step(
-    model: Any, x: Tensor, sigmas: Tensor, i: int, args: dict[str, Any], uncond: Any,
-    noise: NoiseSampler, eta: float, s_noise: float,
-) -> Tensor:
-    sigma, sigma_next = sigmas[i], sigmas[i + 1]
-    sigma_down, sigma_up = get_ancestral_step(sigma, sigma_next, eta=eta)
-    if sigma_down == 0:
-        x = x + to_d(x, sigma, uncond()) * (sigma_down - sigma)
-    else:
-        t, t_next = sigma.log().neg(), sigma_down.log().neg()
-        h = t_next - t
-        s = t + h / 2
-        x_mid = (s.neg().exp() / t.neg().exp()) * x - (-h / 2).expm1() * uncond()
-        model(x_mid, batch_sigma(x, s.neg().exp()), **args)  # refreshes the unconditional prediction
-        x = (t_next.neg().exp() / t.neg().exp()) * x - (-h).expm1() * uncond()
-    if sigma_next > 0:
-        x = x + noise(sigma, sigma_next) * s_noise * sigma_up
-    return x
-
-
-def _flow_2s_cfg_pp_step(
-    model: Any, x: Tensor, sigmas: Tensor, i: int, args: dict[str, Any], uncond: Any,
-    noise: NoiseSampler, eta: float, s_noise: float,
-) -> Tensor:
-    sigma, sigma_next = sigmas[i], sigmas[i + 1]
-    sigma_down = sigma_next * (1 + (sigma_next / sigma - 1) * eta)
-    alpha_next, alpha_down = 1 - sigma_next, 1 - sigma_down
-    renoise = (sigma_next**2 - sigma_down**2 * alpha_next**2 / alpha_down**2) ** 0.5
-    if sigma_next == 0:
-        x = x + to_d(x, sigma, uncond()) * (sigma_down - sigma)
-    else:
-        if sigma == 1.0:
-            sigma_mid: Tensor | float = 0.9999
+        if sigma_down == 0:
+            x = denoised + to_d(x, sigma, uncond.latest()) * sigma_down
         else:
-            lam, lam_down = ((1 - sigma) / sigma).log(), ((1 - sigma_down) / sigma_down).log()
-            sigma_mid = ((lam + (lam_down - lam) / 2).exp() + 1) ** -1
-        ratio_mid = sigma_mid / sigma
-        x_mid = ratio_mid * x + (1 - ratio_mid) * uncond()
-        model(x_mid, batch_sigma(x, torch.as_tensor(sigma_mid, dtype=sigmas.dtype)), **args)
-        ratio_down = sigma_down / sigma
-        x = ratio_down * x + (1 - ratio_down) * uncond()
-    if sigma_next > 0 and eta > 0:
-        x = (alpha_next / alpha_down) * x + noise(sigma, sigma_next) * s_noise * renoise
+            t, t_next = sigma.log().neg(), sigma_down.log().neg()  # t = −log σ
+            h = t_next - t
+            t_mid = t + h / 2
+            x_mid = (t_mid.neg().exp() / t.neg().exp()) * (x + (denoised - uncond.latest())) - (-h / 2).expm1() * denoised
+            denoised_mid = model(x_mid, batch_sigma(x, t_mid.neg().exp()), **args)
+            x = (t_next.neg().exp() / t.neg().exp()) * (x + (denoised - uncond.latest())) - (-h).expm1() * denoised_mid
+        if sigma_next > 0:
+            x = x + noise(sigma, sigma_next) * s_noise * sigma_up
     return x
 
 

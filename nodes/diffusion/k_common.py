@@ -35,16 +35,17 @@ from nodes.diffusion.noise import NoiseSampler
 Callback = StepCallback
 
 __all__ = [
-    "Callback", "NoiseSampler", "NoisyRun", "UncondCapture", "as_args", "batch_sigma", "capture_uncond", "get_ancestral_step",
-    "half_log_snr_to_sigma", "model_sampling_of", "noise_sampler_for", "noise_scale", "noisy_run", "offset_first_sigma_for_snr",
-    "report", "sigma_to_half_log_snr", "to_d",
+    "Callback", "NoiseSampler", "NoisyRun", "UncondCapture", "as_args", "batch_sigma", "capture_uncond",
+    "get_ancestral_step", "half_log_snr_to_sigma", "model_sampling_of", "noise_sampler_for", "noise_scale",
+    "noisy_run", "offset_first_sigma_for_snr", "report", "sigma_to_half_log_snr", "to_d",
 ]
 
 
 def noise_scale(model_sampling: ModelSampling) -> float:
-    """The multiplier a flow prediction puts on its noise (ComfyUI's ``noise_scale``; 1 otherwise).
+    """The multiplier a flow prediction puts on its noise (``noise_scale``; 1 otherwise).
 
-    ComfyUI's SDE samplers scale their injected noise by it, as the initial noise is.
+    Newer ComfyUI scales the samplers' injected noise by it, as the initial noise is; at 618b803d no model
+    sampling had one, which is the default 1 here, so the results are the same.
     """
     return float(getattr(model_sampling.prediction, "noise_scale", 1.0))
 

@@ -25,9 +25,15 @@ _INTEGRATION_POINTS = 10_000
 
 
 def vp_fit() -> tuple[Tensor, Tensor]:
-    """(β_d, β_min) of the linear VP-SDE through EDM's σ range (float32, as the reference)."""
-    log_min = torch.log(torch.tensor(_EDM_SIGMA_MIN) ** 2 + 1)
-    log_max = torch.log(torch.tensor(_EDM_SIGMA_MAX) ** 2 + 1)
+    """(β_d, β_min) of the linear VP-SDE through EDM's σ range.
+
+    Precision follows the reference: log(σ_min² + 1) in float32 with NumPy's log (σ_min is a float32 tensor
+    there; torch's float32 log differs in the last bit), log(σ_max² + 1) in float64 (σ_max is the integer
+    80), so the result is float64.
+    """
+    sigma_min = np.float32(_EDM_SIGMA_MIN)
+    log_min = torch.tensor(float(np.log(sigma_min * sigma_min + np.float32(1))), dtype=torch.float32)
+    log_max = torch.tensor(math.log(int(_EDM_SIGMA_MAX) ** 2 + 1), dtype=torch.float64)
     beta_d = 2 * (log_min / _EPS_S - log_max) / (_EPS_S - 1)
     beta_min = log_max - 0.5 * beta_d
     return beta_d, beta_min
@@ -50,9 +56,16 @@ def _lagrange_basis(nodes: Tensor, j: int, taus: Tensor) -> Tensor:
 
 
 def _tab_weight(beta_0: Tensor, beta_1: Tensor, taus: Tensor) -> Tensor:
-    """−½·(d log α/dτ)/√(α(1−α)) for α(τ) = exp(−½τ²(β₁−β₀) − τβ₀)."""
-    alpha = torch.exp(-0.5 * taus**2 * (beta_1 - beta_0) - taus * beta_0)
-    dlog_alpha = -taus * (beta_1 - beta_0) - beta_0
+    """−½·(d log α/dτ)/√(α(1−α)) for α(τ) = exp(−½τ²(β₁−β₀) − τβ₀).
+
+    d log α/dτ is taken by autograd through log(exp(·)), as the reference does, so the float32 weights
+    (and the coefficients summed from them) match it bit for bit.
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        taus = taus.clone().requires_grad_(True)
+        alpha = torch.exp(-0.5 * taus**2 * (beta_1.clone() - beta_0.clone()) - taus * beta_0.clone())
+        (dlog_alpha,) = torch.autograd.grad(alpha.log().sum(), taus)
+    alpha = alpha.detach()
     return -0.5 * dlog_alpha / torch.sqrt(alpha * (1 - alpha))
 
 

@@ -12,6 +12,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,15 +35,20 @@ TauFunction = Callable[[Tensor | float], float]
 def exponential_moments(lam_s: Tensor, lam_t: Tensor, order: int, tau: float) -> Tensor:
     """Jₚ = k·∫_{λ_s}^{λ_t} e^(k(λ−λ_t))·λᵖ dλ for p < order, with k = 1 + τ².
 
-    Integration by parts gives Jₚ = (λ_tᵖ − λ_sᵖ·e^(−k·h)) − (p/k)·J_{p−1}.
+    Integration by parts gives Jₚ = Bₚ − (p/k)·J_{p−1} with Bₚ = λ_tᵖ − λ_sᵖ·e^(−k·h); unrolled,
+    Jₚ = Σ_{j≤p} (−1)^(p−j)·(p!/j!)·k^(j−p)·Bⱼ. The weights are formed in log space as a lower-triangular
+    matrix (the reference's arithmetic, so results agree to the last bit).
     """
     k = 1 + tau**2
-    decay = (-k * (lam_t - lam_s)).exp()
-    moments: list[Tensor] = []
-    for p in range(order):
-        boundary = lam_t**p - lam_s**p * decay
-        moments.append(boundary if p == 0 else boundary - (p / k) * moments[-1])
-    return torch.stack(moments)
+    powers = torch.arange(order, dtype=lam_s.dtype, device=lam_s.device)
+    boundary = lam_t**powers - lam_s**powers * (-k * (lam_t - lam_s)).exp()
+    depth = powers.unsqueeze(1) - powers.unsqueeze(0)  # p − j
+    log_factorial = (powers + 1).lgamma()
+    log_weight = log_factorial.unsqueeze(1) - log_factorial.unsqueeze(0)
+    if tau > 0:
+        log_weight = log_weight - depth * math.log(k)
+    sign = torch.where(depth % 2 == 0, 1.0, -1.0)
+    return (log_weight.exp() * sign).tril() @ boundary
 
 
 def _simple_order_2(sigma_next: Tensor, lambdas: Tensor, lam_s: Tensor, lam_t: Tensor, tau: float,
@@ -103,7 +109,7 @@ def sa_solver_options(model_sampling: Any, eta: float = 1.0, sde_start_percent: 
 
 def _combine(outputs: list[Tensor], weights: Tensor) -> Tensor:
     stacked = torch.stack(outputs, dim=1)  # (B, K, ...)
-    return torch.tensordot(stacked, weights, dims=([1], [0]))  # (B, ...)
+    return torch.tensordot(stacked, weights.to(stacked.device), dims=([1], [0]))  # (B, ...)
 
 
 @torch.no_grad()

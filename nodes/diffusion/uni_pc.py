@@ -23,7 +23,9 @@ from torch import Tensor
 from nodes.diffusion.k_common import Callback
 
 UNI_PC_VARIANTS = ("bh1", "bh2")
-_FINAL_SIGMA = 0.001
+FINAL_SIGMA = 0.001
+"""UniPC integrates to this σ when the schedule ends at 0 (ComfyUI writes it into the sigmas in place, so its
+KSAMPLER then un-scales flow latents with σ_last = 0.001; this module leaves the caller's sigmas alone)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def unipc_coefficients(rks: Tensor, hh: Tensor, order: int, variant: str) -> tup
 
 
 def _weighted(differences: list[Tensor], rho: Tensor) -> Tensor:
-    return torch.tensordot(torch.stack(differences, dim=1), rho, dims=([1], [0]))  # (B, K, ...) -> (B, ...)
+    stacked = torch.stack(differences, dim=1)  # (B, K, ...)
+    return torch.tensordot(stacked, rho.to(stacked.device), dims=([1], [0]))  # (B, ...)
 
 
 class _UniPC:
@@ -141,7 +144,7 @@ def sample_unipc(
         return x
     times = sigmas.clone()
     if sigmas[-1] == 0:
-        times[-1] = _FINAL_SIGMA
+        times[-1] = FINAL_SIGMA
     vp = [_VP.of(s) for s in times]
     steps = len(times) - 1
     order = min(3, steps - 1)

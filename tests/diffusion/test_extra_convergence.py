@@ -81,8 +81,10 @@ def test_higher_order_samplers_beat_the_first_order_ones(name: str) -> None:
     assert ode_error(name, EPS, eps_grid(16)) < ode_error("euler_cfg_pp", EPS, eps_grid(16)) / 5
 
 
+# dpmpp_2s_ancestral_cfg_pp is left out: at ComfyUI 618b803d its last half step mixes the midpoint's
+# unconditional prediction into the guidance term, which biases even a cfg-1 run (test_extra_cfgpp.py pins it).
 STOCHASTIC = [
-    "euler_ancestral_cfg_pp", "dpmpp_2s_ancestral_cfg_pp", "res_multistep_ancestral", "res_multistep_ancestral_cfg_pp",
+    "euler_ancestral_cfg_pp", "res_multistep_ancestral", "res_multistep_ancestral_cfg_pp",
     "exp_heun_2_x0_sde", "seeds_2", "seeds_3", "er_sde", "sa_solver", "sa_solver_pece",
 ]
 
