@@ -97,9 +97,7 @@ if importlib.util.find_spec("scipy") is None:  # diffusers computes beta sigmas 
     del _SPACING["beta"]
 SCHEDULER_NAMES: tuple[str, ...] = tuple(_SPACING)
 
-# Align Your Steps, 10-step sigma tables (11 values, the last is replaced by 0).
-AYS_SD15 = (14.615, 6.475, 3.861, 2.697, 1.886, 1.396, 0.963, 0.652, 0.399, 0.152, 0.029)
-AYS_SDXL = (14.615, 6.315, 3.771, 2.181, 1.342, 0.862, 0.555, 0.380, 0.234, 0.113, 0.029)
+# Align Your Steps: the 10-step sigma tables are the families' (``family.sampling.ays_sigmas``).
 
 
 def ays_sigmas(table: Sequence[float], steps: int) -> list[float]:

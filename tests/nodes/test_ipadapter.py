@@ -16,7 +16,8 @@ from safetensors.torch import save_file
 from nodes.clip_vision import ClipVisionHandle
 from nodes.conditioning import CLIPTextEncode
 from nodes.demo_vision import ip_adapter_state_dict, tiny_clip_vision
-from nodes.handles import load_tokenizer, open_checkpoint
+from nodes.families.components.clip_text import load_tokenizer
+from nodes.handles import open_checkpoint
 from nodes.ipadapter import IPAdapter, IPAdapterAdvanced, IPAdapterFile, IPAdapterModelLoader
 from nodes.latent import EmptyLatentImage, VAEDecode
 from nodes.samplers import make_noise, make_scheduler

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nodes.conditioning import CLIPTextEncode
-from nodes.handles import load_tokenizer, open_checkpoint
+from nodes.families.components.clip_text import load_tokenizer
+from nodes.handles import open_checkpoint
 from nodes.latent import EmptyLatentImage, VAEDecode, VAEEncode
 from nodes.samplers import SAMPLER_NAMES, SCHEDULER_NAMES, compatible_schedulers, make_noise, make_scheduler
 from nodes.sampling import KSampler, KSamplerAdvanced
