@@ -19,7 +19,8 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.latent import LATENT_NODES
     from nodes.loaders import LOADER_NODES, register_model_options
     from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
-    from nodes.perf_nodes import register_perf
+    from nodes.patches import patch_nodes
+    from nodes.perf_batch import KSamplerAdvancedBatched, KSamplerBatched
     from nodes.safety import SAFETY_NODES
     from nodes.sampler_nodes import SAMPLER_NODES
     from nodes.sampling import SAMPLING_NODES
@@ -27,12 +28,12 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.sigmas import SIGMA_NODES
     from nodes.utility import UTILITY_NODES
 
-    groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, LATENT_NODES, IMAGE_NODES,
-              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, SAMPLER_NODES, SIGMA_NODES, CUSTOM_SAMPLING_NODES,
-              CFG_PATCH_NODES, MODEL_SAMPLING_NODES)
+    batched = [KSamplerBatched, KSamplerAdvancedBatched]  # the samplers' batching variants (coalesced jobs)
+    groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
+              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
+              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
-    register_perf(registry)  # TomePatchModel, DeepCache, KSamplerBatched (coalesced jobs)
     if model_files is not None:
         register_model_options(registry, model_files)
     if input_dir is not None:

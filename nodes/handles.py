@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from nodes.families import FamilyAdapter, Part
-from nodes.families.base import CONFIGS_DIR, TextEncoderSpec
+from nodes.families.base import TextEncoderSpec
 from nodes.families.build import build_from_diffusers, build_from_single_file
 from nodes.families.latent_format import LatentFormat
 from nodes.hooks import SamplingHooks, merge_all
@@ -217,7 +217,7 @@ class TextEncodersHandle(ComponentHandle):
     dropped_layers: tuple[tuple[str, int], ...] = field(default=())  # diffusers folders may drop one
 
     def _assemble(self, modules: dict[str, Any]) -> Any:
-        from nodes.families.components.clip_text import TextEncoders
+        from nodes.families.components.clip_text import TextEncoders, load_tokenizer
 
         # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.
         return TextEncoders(modules, {s.name: load_tokenizer(s.tokenizer) for s in self.specs()})
@@ -238,21 +238,6 @@ class VaeHandle(ComponentHandle):
     """The VAE value."""
 
     kind: ClassVar[str] = "vae"
-
-
-def load_tokenizer(name: str) -> Any:
-    """A CLIP tokenizer from the shipped files: ``models/configs/clip_tokenizer`` vocabulary with
-    the settings of ``models/configs/<name>/tokenizer_config.json`` (e.g. SDXL's pad ``!``)."""
-    from transformers import CLIPTokenizer
-
-    tokenizer = CLIPTokenizer.from_pretrained(CONFIGS_DIR / "clip_tokenizer", local_files_only=True)
-    if name != "clip_tokenizer":
-        settings = json.loads((CONFIGS_DIR / name / "tokenizer_config.json").read_text(encoding="utf-8"))
-        # Set after loading: the pad id becomes 0 while a "!" typed in a prompt still tokenizes as
-        # "!</w>" (256), as in OpenCLIP and ComfyUI. (Passed to from_pretrained, "!" would become
-        # a special token and prompt text "!" would turn into padding, as in diffusers.)
-        tokenizer.pad_token = settings.get("pad_token", tokenizer.pad_token)
-    return tokenizer
 
 
 # --- opening files into handles ------------------------------------------------------------------

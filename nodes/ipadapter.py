@@ -42,13 +42,8 @@ from nodes.ipadapter_attn import LayerWeights, Window, build_projection, clock_o
 from nodes.weights import ModelLoadError, fingerprint, pickle_refusal
 
 IPADAPTER = "IPADAPTER"
-UNET_WIDTHS = {768: "SD1.x", 1024: "SD2.x", 2048: "SDXL"}  # cross-attention width -> family
 CLIP_NAMES = {768: "ViT-L/14", 1024: "ViT-H/14", 1280: "ViT-bigG/14"}  # embedding/hidden size -> encoder
 WEIGHT_TYPES = ("linear",)
-
-
-def _family_of_width(width: int) -> str:
-    return UNET_WIDTHS.get(width, f"a UNet of cross-attention width {width}")
 
 
 def read_adapter_tensors(path: Path, *, allow_pickle: bool) -> dict[str, torch.Tensor]:
@@ -108,8 +103,8 @@ class IPAdapterFile:
         width = int(model.part("unet").config["cross_attention_dim"])
         if width != self.cross_dim:
             raise ValueError(
-                f"IP-Adapter {self.path.name!r} is for {_family_of_width(self.cross_dim)} (cross-attention width "
-                f"{self.cross_dim}) but the MODEL is {model.family.title} (width {width}); use an IP-Adapter "
+                f"IP-Adapter {self.path.name!r} is for a model of cross-attention width "
+                f"{self.cross_dim} but the MODEL is {model.family.title} (width {width}); use an IP-Adapter "
                 f"made for {model.family.title}")
 
     def check_clip_vision(self, clip_vision: ClipVisionHandle) -> None:
@@ -249,7 +244,7 @@ _WINDOW = (
 class IPAdapterModelLoader(Node):
     SCHEMA = NodeSchema(
         node_id="IPAdapterModelLoader", display_name="IPAdapter Model Loader", category="ipadapter",
-        description="Loads an IP-Adapter file (sd15, plus, sdxl, vit-h variants) from models/ipadapter.",
+        description="Loads an IP-Adapter file (plain, plus, face and ViT-H variants) from models/ipadapter.",
         inputs=(Input("ipadapter_file", COMBO, "The IP-Adapter file in models/ipadapter.",
                       options=DynamicOptions("ipadapter")),),
         outputs=(Output("IPADAPTER", IPADAPTER, "The IP-Adapter (weights are read when applied)."),),

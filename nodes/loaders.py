@@ -80,7 +80,8 @@ def _strength(name: str) -> Input:
 class CheckpointLoaderSimple(Node):
     SCHEMA = NodeSchema(
         node_id="CheckpointLoaderSimple", display_name="Load Checkpoint", category="loaders",
-        description="Loads a single-file SD1.x / SD2.x / SDXL checkpoint (.safetensors) as MODEL, CLIP and VAE.",
+        description="Loads a single-file checkpoint (.safetensors; the model family is read from its tensors) "
+                    "as MODEL, CLIP and VAE.",
         inputs=(Input("ckpt_name", COMBO, "The checkpoint file in models/checkpoints.",
                       options=DynamicOptions("checkpoints")),),
         outputs=(_MODEL_OUT, _CLIP_OUT, _VAE_OUT),

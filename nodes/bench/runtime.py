@@ -33,14 +33,12 @@ class BenchRuntime:
 
     def __post_init__(self) -> None:
         from nodes import register_core
-        from nodes.perf_nodes import register_perf
 
         self.files = ModelFolders(self.models_dir)
         self.folders = Folders(self.work / "input", self.work / "output", self.work / "temp", models=self.files)
         self.folders.ensure()
         self.registry = NodeRegistry()
         register_core(self.registry, self.files, self.folders.input_dir)
-        register_perf(self.registry)
         self.models = ModelManager(self.policy, ram_budget_bytes=int(self.ram_gb * (1 << 30)), prefetch=self.prefetch)
         self.bus = EventBus()
         self.cache = OutputCache(2 << 30)

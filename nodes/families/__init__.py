@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nodes.families import arch
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
 from nodes.families.keys import looks_like_diffusers_vae
 from nodes.families.sd2 import SD2
@@ -48,12 +47,10 @@ def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
     SD1.x, SD2.x and SDXL is one architecture; the latent scale belongs to the MODEL, so the
     first family's is used for the config (VAE nodes never scale)."""
     family = SD15()
-    scale = family.latent_format.scale_factor
-    if looks_like_diffusers_vae(list(index.tensors)):
-        cfg, prefix = arch.vae_config_diffusers_keys(index, scale, 512), ""
-    else:
-        prefix = family.vae_prefix if index.any_with(family.vae_prefix) else ""
-        if not index.has(f"{prefix}encoder.conv_in.weight") or not index.has(f"{prefix}decoder.conv_out.weight"):
-            raise ModelLoadError(f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
-        cfg = arch.vae_config(index, prefix, scale, 512)
-    return family, Part.make("vae", "vae", "vae", prefix, "vae", cfg)
+    prefix = family.vae_prefix if index.any_with(family.vae_prefix) else ""
+    diffusers_keys = looks_like_diffusers_vae(list(index.tensors))
+    if not diffusers_keys and not (index.has(f"{prefix}encoder.conv_in.weight")
+                                   and index.has(f"{prefix}decoder.conv_out.weight")):
+        raise ModelLoadError(f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
+    cfg = family.vae.config_from_tensors(index, prefix, family.latent_format.scale_factor, 512)
+    return family, Part.make("vae", family.vae, prefix, "vae", cfg)

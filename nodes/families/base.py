@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from nodes.families import arch
-from nodes.families.components import UNetDenoiser
+from nodes.families.components import KLVae, ModuleKind, UNetDenoiser
+from nodes.families.components.clip_text import ClipText
 from nodes.families.latent_format import SD15_LATENT, LatentFormat
+from nodes.families.prompt import ConcatPrompt
 from nodes.families.sampling import DiscreteSampling
 from nodes.weights import ModelLoadError, TensorIndex
 
@@ -40,11 +42,11 @@ class TextEncoderSpec:
 
 @dataclass(frozen=True)
 class Part:
-    """One module to build: its file location, key layout and diffusers/transformers config."""
+    """One module to build: its component kind (which owns the key table and the build), file
+    location and diffusers/transformers config."""
 
     name: str  # unet | vae | clip_l | clip_h | clip_g
-    builder: str  # unet | vae | clip | clip_projection
-    layout: str  # key layout in a single file: unet | vae | hf_clip | open_clip
+    kind: ModuleKind
     prefix: str  # key prefix in a single file
     subfolder: str  # subfolder in a diffusers folder
     config_json: str
@@ -54,8 +56,8 @@ class Part:
         return dict(json.loads(self.config_json))
 
     @staticmethod
-    def make(name: str, builder: str, layout: str, prefix: str, subfolder: str, config: Mapping[str, Any]) -> Part:
-        return Part(name, builder, layout, prefix, subfolder, json.dumps(dict(config), sort_keys=True))
+    def make(name: str, kind: ModuleKind, prefix: str, subfolder: str, config: Mapping[str, Any]) -> Part:
+        return Part(name, kind, prefix, subfolder, json.dumps(dict(config), sort_keys=True, default=str))
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class FamilyAdapter(ABC):
     latent_format: ClassVar[LatentFormat] = SD15_LATENT
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling()
     denoiser: ClassVar[UNetDenoiser] = UNetDenoiser()
+    vae: ClassVar[KLVae] = KLVae()
+    prompt: ClassVar[ConcatPrompt] = ConcatPrompt()
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]]
     heads: ClassVar[arch.HeadsRule]
     pipeline_class: ClassVar[str]
@@ -106,32 +110,32 @@ class FamilyAdapter(ABC):
     # --- architecture ---------------------------------------------------------------------------
     def unet_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
         size = self.default_resolution(prediction) // 8
-        return arch.unet_config(index, self.unet_prefix, type(self).heads, size)
+        return self.denoiser.config_from_tensors(index, self.unet_prefix, type(self).heads, size)
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
         """The parts of each handle (``unet``, ``clip``, ``vae``) of a single-file checkpoint."""
         prediction = self.prediction_type(index)
-        unet = Part.make("unet", "unet", "unet", self.unet_prefix, "unet", self.unet_config(index, prediction))
-        vae_cfg = arch.vae_config(index, self.vae_prefix, self.latent_format.scale_factor, self.default_resolution(prediction))
-        vae = Part.make("vae", "vae", "vae", self.vae_prefix, "vae", vae_cfg)
+        unet = Part.make("unet", self.denoiser, self.unet_prefix, "unet", self.unet_config(index, prediction))
+        vae_cfg = self.vae.config_from_tensors(index, self.vae_prefix, self.latent_format.scale_factor,
+                                               self.default_resolution(prediction))
+        vae = Part.make("vae", self.vae, self.vae_prefix, "vae", vae_cfg)
         clips = []
         for spec in self.text_encoders:
-            cfg = arch.clip_config(index, spec.prefix, spec.layout)
-            builder = "clip_projection" if "projection_dim" in cfg else "clip"
-            clips.append(Part.make(spec.name, builder, spec.layout, spec.prefix, spec.subfolder, cfg))
+            kind, cfg = ClipText.from_tensors(index, spec.prefix, spec.layout)
+            clips.append(Part.make(spec.name, kind, spec.prefix, spec.subfolder, cfg))
         return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}
 
     def diffusers_parts(self, config: Callable[[str], dict[str, Any]]
                         ) -> tuple[dict[str, tuple[Part, ...]], tuple[tuple[str, int], ...]]:
         """The parts of each handle of a diffusers folder (``config(sub)`` reads ``sub``'s JSON),
         and the text encoders whose folder dropped final layers (name, how many)."""
-        unet = Part.make("unet", "unet", "unet", self.unet_prefix, "unet", config("unet/config.json"))
-        vae = Part.make("vae", "vae", "vae", self.vae_prefix, "vae", config("vae/config.json"))
+        unet = Part.make("unet", self.denoiser, self.unet_prefix, "unet", config("unet/config.json"))
+        vae = Part.make("vae", self.vae, self.vae_prefix, "vae", config("vae/config.json"))
         clips, dropped = [], []
         for spec in self.text_encoders:
             cfg = config(f"{spec.subfolder}/config.json")
-            builder = "clip_projection" if "WithProjection" in str(cfg.get("architectures", "")) else "clip"
-            clips.append(Part.make(spec.name, builder, spec.layout, spec.prefix, spec.subfolder, cfg))
+            clips.append(Part.make(spec.name, ClipText.from_diffusers(spec.layout, cfg), spec.prefix,
+                                   spec.subfolder, cfg))
             if drop := self.dropped_layers(spec, cfg):
                 dropped.append((spec.name, drop))
         return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}, tuple(dropped)

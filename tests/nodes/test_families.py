@@ -11,7 +11,8 @@ import torch
 
 from nodes.families import SD2, SD15, SDXL, ModelLoadError, detect_family, read_index
 from nodes.families.build import ldm_state_dict
-from nodes.handles import load_tokenizer, open_checkpoint
+from nodes.families.components.clip_text import load_tokenizer
+from nodes.handles import open_checkpoint
 
 # Derived once from the shipped BPE files; "a photo of a cat" matches OpenAI's CLIP tokenizer.
 EXPECTED_IDS = {

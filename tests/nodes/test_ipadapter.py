@@ -18,7 +18,8 @@ from nodes.conditioning import CLIPTextEncode
 from nodes.demo_vision import ip_adapter_state_dict, tiny_clip_vision
 from nodes.diffusion.noise import prepare_noise
 from nodes.diffusion.schedulers import ksampler_sigmas
-from nodes.handles import load_tokenizer, open_checkpoint
+from nodes.families.components.clip_text import load_tokenizer
+from nodes.handles import open_checkpoint
 from nodes.ipadapter import IPAdapter, IPAdapterAdvanced, IPAdapterFile, IPAdapterModelLoader
 from nodes.latent import EmptyLatentImage, VAEDecode
 from nodes.sampling import KSampler

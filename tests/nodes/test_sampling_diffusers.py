@@ -11,7 +11,8 @@ import torch
 from nodes.conditioning import CLIPTextEncode
 from nodes.diffusion.noise import prepare_noise
 from nodes.diffusion.schedulers import ksampler_sigmas
-from nodes.handles import load_tokenizer, open_checkpoint
+from nodes.families.components.clip_text import load_tokenizer
+from nodes.handles import open_checkpoint
 from nodes.latent import EmptyLatentImage
 from nodes.sampling import KSampler
 from tests.nodes.diffusers_ref import ComfyEulerScheduler

@@ -1,4 +1,7 @@
-"""The UNet denoiser kind (diffusers' ``UNet2DConditionModel``): how the sampler calls it.
+"""The UNet denoiser kind (diffusers' ``UNet2DConditionModel``): how it is read from the tensors
+(``config_from_tensors``), its key table both ways (``to_diffusers`` / ``to_original``, the LDM
+layout ``input_blocks.*`` ⇄ diffusers' ``down_blocks.*``), how it is built, and how the sampler
+calls it.
 
 ``conditioning`` turns a group of cond entries into the forward's keyword inputs: the text
 embeddings (token windows repeated to a common length, ComfyUI's rule for mixed lengths), and for
@@ -9,11 +12,14 @@ a UNet with SDXL's ``text_time`` embedding the pooled text embedding and the six
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.families import arch, keys
 from nodes.hooks import ConditioningError
+from nodes.weights import TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -32,7 +38,33 @@ class UNetDenoiser:
     """A diffusers UNet; ``size_ids``: it takes SDXL's pooled embedding and size/crop ids."""
 
     size_ids: bool = False
+    id: str = "unet"
 
+    # --- reading and building -----------------------------------------------------------------
+    def config_from_tensors(self, index: TensorIndex, prefix: str, heads: arch.HeadsRule,
+                            sample_size: int) -> dict[str, Any]:
+        return arch.unet_config(index, prefix, heads, sample_size)
+
+    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        return keys.rename(sd, dict(keys.unet_pairs(config)))
+
+    def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        return keys.rename(sd, {b: a for a, b in keys.unet_pairs(config)})
+
+    def module_keys(self, sd: dict[str, Any]) -> dict[str, Any]:
+        return sd
+
+    def empty(self, config: Mapping[str, Any]) -> Any:
+        from diffusers import UNet2DConditionModel
+
+        return UNet2DConditionModel.from_config(dict(config))
+
+    def from_pretrained(self, path: Path, safetensors: bool) -> Any:
+        from diffusers import UNet2DConditionModel
+
+        return UNet2DConditionModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+
+    # --- sampling -----------------------------------------------------------------------------
     def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
                      like: Tensor | None = None) -> dict[str, Any]:
         """Keyword inputs of the forward for ``entries`` (each repeated ``batch`` times, in order);
