@@ -6,10 +6,9 @@ The ``batching.variant`` of KSampler and KSamplerAdvanced. Request coalescing
 workflow in which this node receives one seed and one prompt pair per job. The calls go to the
 same ``nodes.sampling.run_calls`` as the single nodes: jobs that agree on everything but seed and
 prompts become one stacked batch (rows ``[j*B, (j+1)*B)`` are job ``j``, each with its own
-conditioning and initial noise; one model call per step for all jobs' branches), else each call
-runs alone. Stacking needs a sampler without per-step noise: ComfyUI draws a stochastic
-sampler's noise for the whole batch from one seeded generator, which a stack of jobs with
-different seeds cannot reproduce, so those run one by one and each equals its single run.
+conditioning, initial noise and per-step noise (``nodes.diffusion.noise.SeedGroups``: each job's
+slice is drawn as its single run draws it); one model call per step for all jobs' branches), else
+each call runs alone. Every job's result equals its single run up to float noise.
 """
 
 from __future__ import annotations
@@ -20,17 +19,6 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import LATENT, NodeSchema, Output
 from nodes.sampling import KSampler, KSamplerAdvanced, KSamplerCall, run_calls
-
-# Samplers that draw no noise after the initial one (at their default options): stackable.
-DETERMINISTIC_SAMPLERS = frozenset({
-    "euler", "euler_cfg_pp", "heun", "heunpp2", "exp_heun_2_x0", "dpm_2", "lms", "dpm_fast", "dpm_adaptive",
-    "dpmpp_2m", "dpmpp_2m_cfg_pp", "ipndm", "ipndm_v", "deis", "res_multistep", "res_multistep_cfg_pp",
-    "gradient_estimation", "gradient_estimation_cfg_pp", "ddim", "uni_pc", "uni_pc_bh2",
-})
-
-
-def stackable(sampler_name: str) -> bool:
-    return sampler_name in DETERMINISTIC_SAMPLERS
 
 
 def _broadcast(inputs: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -54,7 +42,7 @@ class KSamplerBatched(Node):
         calls = [KSamplerCall(c["model"], c["seed"], c["steps"], c["cfg"], c["sampler_name"], c["scheduler"],
                               c["positive"], c["negative"], c["latent_image"], c["denoise"])
                  for c in _broadcast(inputs)]
-        return (run_calls(ctx, calls, stackable),)
+        return (run_calls(ctx, calls),)
 
 
 class KSamplerAdvancedBatched(Node):
@@ -71,4 +59,4 @@ class KSamplerAdvancedBatched(Node):
 
     def run(self, ctx: NodeContext, **inputs: Any) -> tuple[list[dict]]:
         calls = [KSamplerAdvanced.call(**c) for c in _broadcast(inputs)]
-        return (run_calls(ctx, calls, stackable),)
+        return (run_calls(ctx, calls),)

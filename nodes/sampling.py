@@ -20,7 +20,7 @@ noise, and ``add_noise = disable`` as zero initial noise (the seed still seeds p
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ from engine.schema import COMBO, CONDITIONING, FLOAT, INT, LATENT, MODEL, Batchi
 from nodes.conditioning import CondEntry
 from nodes.device import compiled_forward, tf32_scope
 from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
+from nodes.diffusion.noise import SeedGroups
 from nodes.guiders import GuidedRun, Guider
 from nodes.hooks import RunInfo
 from nodes.latent import check_latent_for, tag_latent
@@ -148,7 +149,8 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
         denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
         reporter = _Reporter(ctx, model, tuple(noise.shape), sigmas.numel() - 1)
         options = {"denoise_mask_function": run.hooks.denoise_mask_function} if run.hooks.denoise_mask_function else {}
-        extra_args: dict[str, Any] = {"seed": jobs[0].seed, "model_options": options}
+        seed: Any = jobs[0].seed if len(jobs) == 1 else SeedGroups(tuple((job.seed, rows) for job in jobs))
+        extra_args: dict[str, Any] = {"seed": seed, "model_options": options}
         with tf32_scope(ctx.settings, device):  # --tf32: CUDA only
             x = sampler.sample(run, sigmas.to(device), extra_args, reporter, noise.to(device),
                                latent_in.to(device), denoise_mask)
@@ -222,15 +224,14 @@ class KSamplerCall:
                 self.denoise, self.add_noise, self.start, self.last, self.force_full_denoise)
 
 
-def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall], stack: Callable[[str], bool]) -> list[dict]:
+def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall]) -> list[dict]:
     """Sample KSampler calls: all in one stacked batch when they agree on everything but seeds and
-    prompts and ``stack(sampler_name)`` says the sampler's per-step noise allows it, else one by one."""
+    prompts (per-step noise is drawn per job: ``SeedGroups``), else one by one."""
     from nodes.diffusion.ksampler import sampler_object
 
     first = calls[0]
     sigmas = first.sigmas()
-    stackable = len(calls) > 1 and stack(first.sampler_name) and \
-        all(c.batch_key() == first.batch_key() for c in calls)
+    stackable = len(calls) > 1 and all(c.batch_key() == first.batch_key() for c in calls)
     groups = [list(calls)] if stackable else [[c] for c in calls]
     out: list[dict] = []
     for group in groups:
@@ -281,7 +282,7 @@ class KSampler(Node):
             scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float) -> tuple[dict]:
         call = KSamplerCall(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                             denoise)
-        return (run_calls(ctx, [call], lambda _name: False)[0],)
+        return (run_calls(ctx, [call])[0],)
 
 
 class KSamplerAdvanced(Node):
@@ -314,7 +315,7 @@ class KSamplerAdvanced(Node):
                             return_with_leftover_noise != "enable")
 
     def run(self, ctx: NodeContext, **inputs: Any) -> tuple[dict]:
-        return (run_calls(ctx, [self.call(**inputs)], lambda _name: False)[0],)
+        return (run_calls(ctx, [self.call(**inputs)])[0],)
 
 
 SAMPLING_NODES: list[type[Node]] = [KSampler, KSamplerAdvanced]
