@@ -28,6 +28,7 @@ from engine.schema import CONDITIONING, FLOAT, INT, MODEL, Input, NodeSchema, Ou
 from nodes.hooks import SamplingHooks
 
 Args = dict[str, Any]
+LATENT_OPERATION = "LATENT_OPERATION"  # the socket type of ComfyUI's LatentOperation* nodes
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ def _ident(value: Any) -> Any:
         if value.pooled is not None:
             digest.update(value.pooled.detach().float().cpu().numpy().tobytes())
         return f"cond:{digest.hexdigest()[:16]}:{value.area}:{value.strength}"
+    if callable(value) and not isinstance(value, type):
+        return f"fn:{id(value)}"  # an operation value: identity (the node output cache keeps it)
     return value
 
 
@@ -231,6 +234,18 @@ def differential_diffusion(strength: float) -> SamplingHooks:
     return SamplingHooks(denoise_mask_function=mask_fn)
 
 
+def latent_operation_cfg(operation: Callable[..., torch.Tensor]) -> SamplingHooks:
+    def pre(args: Args) -> list[Any]:
+        out = list(args["conds_out"])
+        if len(out) == 2:
+            out[0] = operation(latent=out[0] - out[1]) + out[1]
+        else:
+            out[0] = operation(latent=out[0])
+        return out
+
+    return SamplingHooks(pre_cfg=(pre,))
+
+
 def _model_in() -> Input:
     return Input("model", MODEL, "The model to patch.")
 
@@ -391,7 +406,22 @@ class DifferentialDiffusion(Node):
         return _patch(model, "DifferentialDiffusion", differential_diffusion, strength)
 
 
+class LatentApplyOperationCFG(Node):
+    SCHEMA = NodeSchema(
+        node_id="LatentApplyOperationCFG", display_name="LatentApplyOperationCFG",
+        category="latent/advanced/operations",
+        description="Apply a latent operation to the guidance (positive minus negative prediction) every step.",
+        inputs=(_model_in(), Input("operation", LATENT_OPERATION, "A LatentOperation* node's operation.")),
+        outputs=_patched(), experimental=True,
+    )
+
+    def run(self, ctx: NodeContext, *, model: Any, operation: Callable[..., torch.Tensor]) -> tuple[Any]:
+        if not callable(operation):
+            raise ValueError("LatentApplyOperationCFG: operation must come from a LatentOperation* node")
+        return _patch(model, "LatentApplyOperationCFG", latent_operation_cfg, operation)
+
+
 CFG_PATCH_NODES: list[type[Node]] = [
     RescaleCFG, CFGZeroStar, CFGNorm, APG, TCFG, PerpNeg, Mahiro, FreSca, EpsilonScaling, TemporalScoreRescaling,
-    DifferentialDiffusion,
+    DifferentialDiffusion, LatentApplyOperationCFG,
 ]

@@ -201,3 +201,11 @@ def test_area_feathering_follows_comfyui() -> None:
     column = item.mult[0, 0, :, 8]
     assert column.tolist() == pytest.approx([0.25, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.25])
     assert item.mult[0, 0, 4, :].tolist()[-4:] == pytest.approx([0.5, 0.5, 1 / 3, 1 / 6])  # left edge at border
+
+
+def test_latent_operation_on_the_guidance(env: dict[str, Any]) -> None:
+    ctx, unet = env["ctx"], env["ck"].unet
+    halve = cp.LatentApplyOperationCFG().run(ctx, model=unet, operation=lambda latent, **_: latent * 0.5)[0]
+    identity = cp.LatentApplyOperationCFG().run(ctx, model=unet, operation=lambda latent, **_: latent)[0]
+    torch.testing.assert_close(_ksampler(env, model=identity), _ksampler(env), atol=2e-3, rtol=1e-3)
+    torch.testing.assert_close(_ksampler(env, model=halve), _ksampler(env, cfg=3.0), atol=2e-3, rtol=1e-3)
