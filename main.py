@@ -16,7 +16,7 @@ from typing import Any
 
 from engine import precision
 from engine.cache import OutputCache
-from engine.context import Folders
+from engine.context import Folders, RunSettings
 from engine.distributed.cli import add_ray_arguments
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
@@ -39,7 +39,7 @@ class Runtime:
     executor: Executor
     folders: Folders
     bus: EventBus
-    models: Any
+    models: ModelManager
     plugin_report: Any = None
 
 
@@ -71,6 +71,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--safety-sensitivity", type=float, default=0.5, help="0..1; 0.5 = the model's thresholds")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the UNet (opt-in; compiled once per loaded model, slow first run)")
+    parser.add_argument("--preview-method", choices=("auto", "taesd", "latent2rgb", "none"), default="auto",
+                        help="sampler previews: TAESD (models/vae_approx) when auto finds it, else latent2rgb")
     parser.add_argument("--tf32", action="store_true", help="TF32 matmuls/convolutions while sampling (CUDA only)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -87,8 +89,9 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     report = _load_plugins(registry, args, folders)
     models = _model_manager(args)
     bus = EventBus()
-    settings = {"png_metadata": not args.no_png_metadata, "allow_pickle": args.allow_pickle, "safety": args.safety,
-                "compile": args.compile, "tf32": args.tf32}
+    settings = RunSettings(png_metadata=not args.no_png_metadata, allow_pickle=args.allow_pickle, safety=args.safety,
+                           compile=args.compile, tf32=args.tf32,
+                           preview_method=args.preview_method)
     if args.tf32 and models.policy.device != "cuda":
         log.info("--tf32 has no effect here: TF32 applies to CUDA devices only, this process computes on %s",
                  models.policy.device)
@@ -332,7 +335,7 @@ def write_demo_models(models_dir: Path) -> list[Path]:
     """Every demo file core nodes load: checkpoints, VAE, LoRA, CLIP vision, IP-Adapter, safety."""
     from nodes.demo import make_demo_models
     from nodes.demo_vision import make_demo_vision_models
-    from nodes.perf_preview import make_demo_taesd
+    from nodes.preview import make_demo_taesd
 
     return [*make_demo_models(models_dir), *make_demo_vision_models(models_dir), *make_demo_taesd(models_dir)]
 

@@ -322,7 +322,7 @@ class NextJobPrefetch:
         """While inside, the executor's hints include ``next_spec``'s models."""
         ex = self.executor
         extra: list[Any] = []
-        if next_spec is not None and callable(getattr(ex.models, "hint_upcoming", None)):
+        if next_spec is not None:
             try:
                 extra = self.handles(next_spec)
             except Exception:  # a hint only: never fail the current job over it

@@ -8,11 +8,11 @@ of the process is reachable from here.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from engine.guard import ImageGuard
@@ -47,16 +47,73 @@ class ModelFiles(Protocol):
 
 
 class ModelAccess(Protocol):
-    """What nodes may do with the memory manager (``engine.memory.ModelManager`` implements it)."""
+    """What nodes may do with the memory manager: ``use`` a handle's module while it is resident."""
 
     def use(self, handle: Any) -> AbstractContextManager[Any]: ...
 
 
+class ModelManagerLike(ModelAccess, Protocol):
+    """What the executor, the job queue and the server ask of the memory manager
+    (``engine.memory.ModelManager`` implements it; :class:`NoModels` is the no-op one)."""
+
+    def hint_upcoming(self, handles: Sequence[Any]) -> None:
+        """The handles the next nodes will use, next first (for prefetch and eviction choices)."""
+        ...
+
+    def free(self) -> None:
+        """Unload every module not in use (device and RAM tier)."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for /system_stats and the run summary (devices, tiers, loads, evictions)."""
+        ...
+
+    def reset_run_stats(self) -> None:
+        """Start counting the per-run figures (loads, load time) afresh."""
+        ...
+
+
 class NoModels:
-    """Stand-in for runs without a model manager (engine tests)."""
+    """Stand-in for runs without a model manager (engine tests): ``use`` refuses, the rest are no-ops."""
 
     def use(self, handle: Any) -> AbstractContextManager[Any]:
         raise RuntimeError("this run has no model manager; create one in main.py and pass it to the Executor")
+
+    def hint_upcoming(self, handles: Sequence[Any]) -> None:
+        return None
+
+    def free(self) -> None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def reset_run_stats(self) -> None:
+        return None
+
+
+PreviewMethod = Literal["auto", "taesd", "latent2rgb", "none"]
+SafetyMode = Literal["off", "node", "enforce"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Process-wide switches nodes read (built once by ``main.py`` from the command line).
+
+    - ``png_metadata``: write the workflow into saved PNGs (``--no-png-metadata`` turns it off)
+    - ``allow_pickle``: let loaders open pickled .ckpt/.pt/.bin files (``--allow-pickle``)
+    - ``safety``: ``--safety`` (off: SafetyChecker nodes pass images through)
+    - ``compile``: torch.compile the denoiser (``--compile``)
+    - ``tf32``: TF32 matmuls while sampling on CUDA (``--tf32``)
+    - ``preview_method``: how sampler previews are made (``auto`` picks TAESD when its file exists)
+    """
+
+    png_metadata: bool = True
+    allow_pickle: bool = False
+    safety: SafetyMode = "node"
+    compile: bool = False
+    tf32: bool = False
+    preview_method: PreviewMethod = "auto"
 
 
 @dataclass(frozen=True)
@@ -117,7 +174,7 @@ class NodeContext:
     interrupt: InterruptFlag = field(default_factory=InterruptFlag)
     on_progress: ProgressFn | None = None
     on_preview: PreviewFn | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: RunSettings = field(default_factory=RunSettings)
     guard: ImageGuard | None = None  # set under --safety enforce; image-writing nodes must call it
     kept_images: KeptImages | None = None  # set when the client asked for bytes; image nodes add to it
 

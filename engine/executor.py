@@ -25,10 +25,11 @@ from engine.context import (
     Interrupted,
     InterruptFlag,
     KeptImages,
-    ModelAccess,
+    ModelManagerLike,
     NodeContext,
     NoModels,
     Preview,
+    RunSettings,
 )
 from engine.graph import Prompt, as_link, build_graph, sort_key, topological_order
 from engine.guard import ImageGuard
@@ -126,19 +127,19 @@ class Executor:
         cache: OutputCache,
         folders: Folders,
         *,
-        models: ModelAccess | None = None,
+        models: ModelManagerLike | None = None,
         bus: ev.EventBus | None = None,
         interrupt: InterruptFlag | None = None,
-        settings: dict[str, Any] | None = None,
+        settings: RunSettings | None = None,
         guard: ImageGuard | None = None,
     ) -> None:
         self.registry = registry
         self.cache = cache
         self.folders = folders
-        self.models: ModelAccess = models if models is not None else NoModels()
+        self.models: ModelManagerLike = models if models is not None else NoModels()
         self.bus = bus if bus is not None else ev.EventBus()
         self.interrupt = interrupt if interrupt is not None else InterruptFlag()
-        self.settings = settings if settings is not None else {}
+        self.settings = settings if settings is not None else RunSettings()
         self.guard = guard  # engine.guard.ImageGuard under --safety enforce, else None
 
     # --- public ---------------------------------------------------------------------------------
@@ -155,9 +156,7 @@ class Executor:
             result.error = validation.error.to_json() if validation.error else None
             return result
         self.interrupt.clear()
-        reset = getattr(self.models, "reset_run_stats", None)
-        if callable(reset):
-            reset()
+        self.models.reset_run_stats()
         prompt = {str(k): v for k, v in request.prompt.items()}
         self._emit(ev.ExecutionStart(request.prompt_id))
         try:
@@ -190,8 +189,7 @@ class Executor:
             self._current = None
             self._emit(ev.Executing(request.prompt_id, node=None))
             result.timings["total_s"] = round(time.perf_counter() - started, 6)
-            stats = getattr(self.models, "stats", None)
-            result.memory = stats() if callable(stats) else {}
+            result.memory = self.models.stats()
         return result
 
     _current: str | None = None
@@ -416,16 +414,13 @@ class Executor:
 
     def _hint_models(self, plan: _Plan) -> None:
         """Tell the memory manager which values the next nodes will consume (it picks out handles)."""
-        hint = getattr(self.models, "hint_upcoming", None)
-        if not callable(hint):
-            return
         upcoming: list[Any] = []
         for _, node_id in plan.pending[:LOOKAHEAD] if plan.pending else []:
             for link in self._links(plan.prompt, node_id).values():
                 produced = plan.results.get(link.source)
                 if produced is not None:
                     upcoming.extend(produced[link.output_index])
-        hint(handles_in(upcoming))
+        self.models.hint_upcoming(handles_in(upcoming))
 
     def _send_cached_ui(self, request: RunRequest, plan: _Plan, nodes: Iterable[str], result: RunResult) -> None:
         """Output nodes served from the cache re-send their UI output, as ComfyUI does."""

@@ -363,9 +363,7 @@ class LocalJobQueue:
             self._free_request = (False, False)
         if not (unload or free_memory):
             return
-        free = getattr(self.executor.models, "free", None)
-        if callable(free):
-            free()
+        self.executor.models.free()
         if free_memory:
             self.executor.cache.clear()
         log.info("freed memory (unload_models=%s, free_memory=%s)", unload, free_memory)

@@ -43,7 +43,7 @@ GIB = 1024**3
 
 @runtime_checkable
 class ModelHandleLike(Protocol):
-    """What the manager needs from a handle (``nodes/models.py`` has the real ones)."""
+    """What the manager needs from a handle (``nodes/handles.py`` has the real ones)."""
 
     @property
     def key(self) -> str:

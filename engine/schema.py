@@ -25,6 +25,10 @@ FLOAT = "FLOAT"
 STRING = "STRING"
 BOOLEAN = "BOOLEAN"
 COMBO = "COMBO"
+SAMPLER = "SAMPLER"  # ComfyUI's custom-sampling values (nodes/sampling_custom.py, nodes/sigmas.py)
+SIGMAS = "SIGMAS"
+NOISE = "NOISE"
+GUIDER = "GUIDER"
 ANY = "*"
 
 WIDGET_TYPES = frozenset({INT, FLOAT, STRING, BOOLEAN, COMBO})

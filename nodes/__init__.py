@@ -13,6 +13,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     """Register the core nodes (modules are imported here, not at package import) and the combo
     option sources: users' model files (``model_files``), input images (``input_dir``) and output
     images (``output_dir``, LoadImageOutput)."""
+    from nodes.cfg_patches import CFG_PATCH_NODES
     from nodes.clip_vision import CLIP_VISION_NODES
     from nodes.conditioning import CONDITIONING_NODES
     from nodes.image import IMAGE_NODES, register_image_options
@@ -21,18 +22,24 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.latent import LATENT_NODES
     from nodes.latent_batch import register_everyday
     from nodes.loaders import LOADER_NODES, register_model_options
-    from nodes.perf_nodes import register_perf
+    from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
+    from nodes.patches import patch_nodes
+    from nodes.perf_batch import KSamplerAdvancedBatched, KSamplerBatched
     from nodes.safety import SAFETY_NODES
+    from nodes.sampler_nodes import SAMPLER_NODES
     from nodes.sampling import SAMPLING_NODES
+    from nodes.sampling_custom import CUSTOM_SAMPLING_NODES
+    from nodes.sigmas import SIGMA_NODES
     from nodes.utility import UTILITY_NODES
 
-    groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, LATENT_NODES, IMAGE_NODES,
-              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES)
+    batched = [KSamplerBatched, KSamplerAdvancedBatched]  # the samplers' batching variants (coalesced jobs)
+    groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
+              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
+              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
     register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py
     register_everyday_image(registry, output_dir)  # issue 17: image/mask nodes (nodes/image_nodes.py)
-    register_perf(registry)  # TomePatchModel, DeepCache, KSamplerBatched (coalesced jobs)
     if model_files is not None:
         register_model_options(registry, model_files)
     if input_dir is not None:

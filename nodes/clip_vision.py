@@ -18,12 +18,10 @@ References: transformers ``models/clip/image_processing_clip.py``, open_clip ``t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,7 +32,8 @@ from engine.node import Node
 from engine.schema import COMBO, IMAGE, DynamicOptions, Input, NodeSchema, Output
 from nodes.families.base import CONFIGS_DIR
 from nodes.families.build import module_with_weights
-from nodes.families.files import ModelLoadError, TensorIndex, fingerprint, load_tensors, read_index
+from nodes.handles import WeightsHandle, WeightsSource
+from nodes.weights import ModelLoadError, TensorIndex, fingerprint, load_tensors, read_index
 
 CLIP_VISION = "CLIP_VISION"
 CLIP_VISION_OUTPUT = "CLIP_VISION_OUTPUT"
@@ -125,23 +124,17 @@ def open_clip_to_transformers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
-@dataclass(frozen=True)
-class ClipVisionHandle:
+@dataclass(frozen=True, kw_only=True)
+class ClipVisionHandle(WeightsHandle):
     """The ``CLIP_VISION`` value: where the weights are and the architecture; no weights."""
 
     kind: ClassVar[str] = "clip_vision"
-    path: Path
-    file_fingerprint: str
     layout: str
     prefix: str
     config_json: str
-    nbytes: int
-    allow_pickle: bool = False
 
-    @cached_property
-    def key(self) -> str:
-        digest = hashlib.sha256(f"{self.file_fingerprint}|{self.layout}|{self.config_json}".encode()).hexdigest()[:16]
-        return f"clip_vision:{self.path.name}:{digest}"
+    def recipe(self) -> Any:
+        return [self.layout, self.prefix, self.config_json]
 
     @property
     def config(self) -> dict[str, Any]:
@@ -166,17 +159,13 @@ class ClipVisionHandle:
         layout, prefix = detect_layout(index)
         config = sidecar_config(path) if layout == "transformers" else None
         config = config or infer_config(index, layout, prefix)
-        return cls(Path(path), fingerprint(path), layout, prefix, json.dumps(config, sort_keys=True),
-                   index.nbytes(prefix), allow_pickle)
+        return cls(source=WeightsSource(Path(path), fingerprint(path), allow_pickle=allow_pickle), layout=layout,
+                   prefix=prefix, config_json=json.dumps(config, sort_keys=True), nbytes=index.nbytes(prefix))
 
-    # --- ModelHandleLike ------------------------------------------------------------------------
-    def estimate_bytes(self) -> int:
-        return self.nbytes
-
-    def load(self) -> Any:
+    def build(self) -> Any:
         from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
-        index = read_index(self.path, allow_pickle=self.allow_pickle)
+        index = read_index(self.path, allow_pickle=self.source.allow_pickle)
         sd = load_tensors(index, self.prefix)
         if self.layout == "open_clip":
             sd = open_clip_to_transformers(sd)
@@ -186,12 +175,6 @@ class ClipVisionHandle:
         config = CLIPVisionConfig(**self.config)
         return module_with_weights(lambda: CLIPVisionModelWithProjection(config), sd,
                                    f"{self.path}: CLIP vision weights read from the file")
-
-    def to_device(self, module: Any, device: str, dtype: str) -> Any:
-        return module.to(device=torch.device(device), dtype=getattr(torch, dtype))
-
-    def model_handles(self) -> list[Any]:
-        return [self]
 
 
 # --- preprocessing ------------------------------------------------------------------------------
@@ -297,7 +280,7 @@ class CLIPVisionLoader(Node):
         if ctx.folders.models is None:
             raise RuntimeError("this run has no model folders; start Loom with --models-dir")
         path = ctx.folders.models.resolve("clip_vision", clip_name)
-        return (ClipVisionHandle.from_file(path, allow_pickle=bool(ctx.settings.get("allow_pickle", False))),)
+        return (ClipVisionHandle.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Any, **inputs: Any) -> Any:

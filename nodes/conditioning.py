@@ -6,11 +6,11 @@
 ``strength`` (ConditioningSetArea), and ``extras`` for what other nodes add. A sampler averages
 the predictions of all entries of one side, weighted by strength over their area, as ComfyUI does.
 
-Encoding (``encode_prompt``) follows ComfyUI's ``CLIPTextEncode``: weights parsed and tokens
-chunked by :mod:`nodes.prompt_weights`; each text encoder of the family encodes every chunk,
-takes hidden state ``layer`` (the family default, or CLIPSetLastLayer's choice), applies the final
-layer norm if the family says so, and the per-token weighting; SDXL's encoders are concatenated
-along the feature axis and the pooled output of the first chunk is kept.
+Encoding (``encode_prompt``) follows ComfyUI's ``CLIPTextEncode`` through the family's prompt
+recipe (``family.prompt``, ``nodes.families.prompt``): each text encoder kind parses the weights,
+chunks the tokens (:mod:`nodes.prompt_weights`), takes hidden state ``layer`` (the family
+default, or CLIPSetLastLayer's choice), applies the final layer norm if the family says so and
+the per-token weighting; the recipe combines the encoders' outputs.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, CONDITIONING, FLOAT, INT, STRING, Batching, Input, NodeSchema, Output
-from nodes import prompt_weights as pw
+from nodes.families.prompt import ReadyEncoder
 
 
 @dataclass(frozen=True)
@@ -42,79 +42,19 @@ class CondEntry:
 Conditioning = list[CondEntry]
 
 
-class EncoderSpec(Protocol):
-    """What encoding needs from a family's text encoder description (``TextEncoderSpec``)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def default_layer(self) -> int: ...
-    @property
-    def final_norm(self) -> bool: ...
-    @property
-    def pooled(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class TextEncoder:
-    """A ready text encoder: its spec, tokenizer, module (on the compute device) and the index
-    into ``hidden_states`` to use (the family default or CLIPSetLastLayer's choice)."""
-
-    spec: EncoderSpec
-    tokenizer: Any
-    module: Any
-    layer: int
-
-
 @contextmanager
-def text_encoders(ctx: NodeContext, clip: Any) -> Iterator[list[TextEncoder]]:
+def text_encoders(ctx: NodeContext, clip: Any) -> Iterator[list[ReadyEncoder]]:
     """The CLIP handle's encoders, resident for the duration of the ``with`` block."""
     with ctx.models.use(clip) as modules:
-        tokenizers = modules.tokenizers  # loaded with the module (ClipHandle)
-        yield [
-            TextEncoder(spec, tokenizers[spec.name], modules[spec.name], clip.hidden_state_index(spec.name))
-            for spec in clip.specs()
-        ]
-
-
-def _final_norm(module: Any) -> Any:
-    norm = getattr(module, "final_layer_norm", None)
-    return norm if norm is not None else module.text_model.final_layer_norm
-
-
-def _encode_one(enc: TextEncoder, text: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    tok = enc.tokenizer
-    ids = {"bos": tok.bos_token_id, "eos": tok.eos_token_id, "pad": tok.pad_token_id}
-
-    def tokenize_word(word: str) -> list[int]:
-        return list(tok(word, add_special_tokens=False)["input_ids"])
-
-    chunks = pw.chunk_tokens(pw.parse_weights(text), tokenize_word, **ids)
-    weighted = any(c.has_weights for c in chunks)
-    batch = [c.ids for c in chunks] + ([pw.empty_chunk(**ids).ids] if weighted else [])
-    device = next(enc.module.parameters()).device
-    out = enc.module(torch.tensor(batch, device=device), output_hidden_states=True)
-    hidden = out.hidden_states[enc.layer]
-    if enc.spec.final_norm:
-        hidden = _final_norm(enc.module)(hidden)  # (n_chunks [+1], 77, D)
-    if weighted:
-        z = pw.apply_weights(hidden[:-1], hidden[-1], chunks)
-    else:
-        z = hidden.reshape(1, -1, hidden.shape[-1])  # chunks concatenated: (1, 77 * n, D)
-    pooled = out.text_embeds[0:1] if enc.spec.pooled else None
-    return z, pooled
+        yield [ReadyEncoder(clip.family.spec(part.name), part.kind, modules.tokenizers[part.name],
+                            modules[part.name], clip.hidden_state_index(part.name)) for part in clip.parts]
 
 
 @torch.no_grad()
-def encode_prompt(text: str, encoders: Sequence[TextEncoder]) -> CondEntry:
-    """Encode ``text`` with every text encoder of a family into one :class:`CondEntry`."""
-    parts, pooled = [], None
-    for enc in encoders:
-        z, p = _encode_one(enc, text)
-        parts.append(z)
-        pooled = p if p is not None else pooled
-    embeds = torch.cat(parts, dim=-1).float().cpu()
-    return CondEntry(embeds=embeds, pooled=None if pooled is None else pooled.float().cpu())
+def encode_prompt(text: str, clip: Any, encoders: Sequence[ReadyEncoder]) -> CondEntry:
+    """Encode ``text`` through the family's prompt recipe into one :class:`CondEntry`."""
+    embeds, pooled = clip.family.prompt.encode(text, encoders)
+    return CondEntry(embeds=embeds.float().cpu(), pooled=None if pooled is None else pooled.float().cpu())
 
 
 class CLIPTextEncode(Node):
@@ -137,7 +77,7 @@ class CLIPTextEncode(Node):
 
     def run(self, ctx: NodeContext, *, text: str, clip: Any) -> tuple[Conditioning]:
         with text_encoders(ctx, clip) as encoders:
-            return ([encode_prompt(text, encoders)],)
+            return ([encode_prompt(text, clip, encoders)],)
 
 
 class ConditioningCombine(Node):
@@ -208,7 +148,7 @@ class ConditioningZeroOut(Node):
         node_id="ConditioningZeroOut",
         display_name="ConditioningZeroOut",
         category="advanced/conditioning",
-        description="Replace the embeddings (and pooled output) with zeros, e.g. an SDXL empty negative.",
+        description="Replace the embeddings (and pooled output) with zeros, e.g. an empty negative for a pooled-output model.",
         inputs=(Input("conditioning", CONDITIONING, "The conditioning to zero."),),
         outputs=(Output("CONDITIONING", CONDITIONING, "Zeroed conditioning of the same shape."),),
     )

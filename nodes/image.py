@@ -4,7 +4,7 @@
 third-party image nodes interoperate. ``SaveImage`` names files like ComfyUI
 (``{prefix}_{counter:05}_.png``, sub-folders allowed in the prefix) and writes the ``prompt`` (API
 JSON) and ``workflow`` (editor JSON) text chunks from the hidden PROMPT / EXTRA_PNGINFO inputs,
-unless the run's settings say ``"png_metadata": False``.
+unless the run's settings say ``png_metadata=False`` (``--no-png-metadata``).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
 def _to_pil(image: torch.Tensor) -> Any:
     from PIL import Image
 
-    pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    pixels = np.clip(255.0 * image.float().cpu().numpy(), 0, 255).astype(np.uint8)  # ComfyUI truncates
     return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels[..., :4])
 
 
@@ -253,7 +253,7 @@ class SaveImage(Node):
         extra_pnginfo: Any = None,
     ) -> NodeOutput:
         metadata: dict[str, Any] = {}
-        if ctx.settings.get("png_metadata", True):
+        if ctx.settings.png_metadata:
             if prompt is not None:
                 metadata["prompt"] = prompt
             metadata.update(extra_pnginfo or {})

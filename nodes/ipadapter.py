@@ -37,17 +37,13 @@ from nodes.clip_vision import (
     encode_pixels,
     preprocess,
 )
-from nodes.families.files import ModelLoadError, fingerprint, pickle_refusal
-from nodes.ipadapter_attn import LayerWeights, Window, build_projection, install
+from nodes.hooks import ApplyFn, ModelCall, SamplingHooks
+from nodes.ipadapter_attn import LayerWeights, Window, build_projection, clock_of, install, set_clock
+from nodes.weights import ModelLoadError, fingerprint, pickle_refusal
 
 IPADAPTER = "IPADAPTER"
-UNET_WIDTHS = {768: "SD1.x", 1024: "SD2.x", 2048: "SDXL"}  # cross-attention width -> family
 CLIP_NAMES = {768: "ViT-L/14", 1024: "ViT-H/14", 1280: "ViT-bigG/14"}  # embedding/hidden size -> encoder
 WEIGHT_TYPES = ("linear",)
-
-
-def _family_of_width(width: int) -> str:
-    return UNET_WIDTHS.get(width, f"a UNet of cross-attention width {width}")
 
 
 def read_adapter_tensors(path: Path, *, allow_pickle: bool) -> dict[str, torch.Tensor]:
@@ -107,8 +103,8 @@ class IPAdapterFile:
         width = int(model.part("unet").config["cross_attention_dim"])
         if width != self.cross_dim:
             raise ValueError(
-                f"IP-Adapter {self.path.name!r} is for {_family_of_width(self.cross_dim)} (cross-attention width "
-                f"{self.cross_dim}) but the MODEL is {model.family.title} (width {width}); use an IP-Adapter "
+                f"IP-Adapter {self.path.name!r} is for a model of cross-attention width "
+                f"{self.cross_dim} but the MODEL is {model.family.title} (width {width}); use an IP-Adapter "
                 f"made for {model.family.title}")
 
     def check_clip_vision(self, clip_vision: ClipVisionHandle) -> None:
@@ -144,6 +140,18 @@ class IPAdapterPatch:
     def apply(self, module: Any, handle: Any) -> None:
         weights = LayerWeights.from_state_dict(self.adapter.tensors("ip_adapter"))
         install(module, weights, self.cond, self.uncond, self.weight, self.window, self.mask, self.adapter.path.name)
+
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """Tell the installed processors each call's timestep, latent size and negative rows."""
+        clock = clock_of(module)
+        if clock is None:
+            raise RuntimeError("the IP-Adapter patch found no IP-Adapter attention on its model")
+
+        def wrapper(apply: ApplyFn, call: ModelCall) -> torch.Tensor:
+            set_clock(clock, call.timestep, call.x_in, call.rows)
+            return apply(call)
+
+        return SamplingHooks(model_wrappers=(wrapper,))
 
 
 def image_tokens(ctx: NodeContext, adapter: IPAdapterFile, clip_vision: ClipVisionHandle, image: Any,
@@ -236,7 +244,7 @@ _WINDOW = (
 class IPAdapterModelLoader(Node):
     SCHEMA = NodeSchema(
         node_id="IPAdapterModelLoader", display_name="IPAdapter Model Loader", category="ipadapter",
-        description="Loads an IP-Adapter file (sd15, plus, sdxl, vit-h variants) from models/ipadapter.",
+        description="Loads an IP-Adapter file (plain, plus, face and ViT-H variants) from models/ipadapter.",
         inputs=(Input("ipadapter_file", COMBO, "The IP-Adapter file in models/ipadapter.",
                       options=DynamicOptions("ipadapter")),),
         outputs=(Output("IPADAPTER", IPADAPTER, "The IP-Adapter (weights are read when applied)."),),
@@ -246,7 +254,7 @@ class IPAdapterModelLoader(Node):
         if ctx.folders.models is None:
             raise RuntimeError("this run has no model folders; start Loom with --models-dir")
         path = ctx.folders.models.resolve("ipadapter", ipadapter_file)
-        return (IPAdapterFile.from_file(path, allow_pickle=bool(ctx.settings.get("allow_pickle", False))),)
+        return (IPAdapterFile.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
 
 class IPAdapterAdvanced(Node):

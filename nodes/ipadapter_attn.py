@@ -11,10 +11,11 @@ An adapter acts only while the UNet's timestep t lies in its window: ComfyUI_IPA
 ``start_at``/``end_at`` are fractions of the schedule, ``percent_to_sigma(p) = σ(t = (1 - p)·999)``,
 so the adapter is on for ``(1 - end_at)·999 <= t <= (1 - start_at)·999`` (no bound at 0 and 1).
 
-Which rows of a UNet batch are the unconditional (negative) branch: a forward pre-hook on the UNet
-reads ``cross_attention_kwargs["loom_rows"]`` (a sequence of "neg"/"pos" per row, removed before
-diffusers sees it) when the sampler passes it; otherwise it assumes diffusers' convention, an even
-batch being ``[negative rows, positive rows]`` and an odd one all positive.
+What the processors need to know about the current UNet call (its timestep, latent size and which
+rows of the batch are the unconditional branch) is set on a :class:`UNetClock` shared by all of
+them, by the patch's model wrapper (``nodes.hooks``: ``ModelCall.rows``) before each call; a call
+without it assumes diffusers' convention, an even batch being ``[negative rows, positive rows]``
+and an odd one all positive.
 References: diffusers ``models/attention_processor.py`` (``IPAdapterAttnProcessor2_0``),
 ``loaders/unet.py`` (``_convert_ip_adapter_*``: key ids 1, 3, 5, ... over ``attn_processors``).
 """
@@ -49,28 +50,17 @@ class UNetClock:
         return flags
 
 
-def clock_of(unet: nn.Module) -> UNetClock:
-    """The UNet's clock, creating it (and its forward pre-hook) on first use."""
-    clock = getattr(unet, "_loom_clock", None)
-    if clock is None:
-        clock = UNetClock()
+def clock_of(unet: nn.Module) -> UNetClock | None:
+    """The clock shared by the IP-Adapter processors installed on ``unet`` (None if there are none)."""
+    processors: dict[str, Any] = getattr(unet, "attn_processors")  # noqa: B009 (a diffusers property)
+    return next((p.clock for p in processors.values() if isinstance(p, IPAttnProcessor)), None)
 
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-            sample = args[0] if args else kwargs["sample"]
-            t = args[1] if len(args) > 1 else kwargs["timestep"]
-            clock.timestep = float(torch.as_tensor(t).flatten()[0])
-            clock.latent_hw = (int(sample.shape[-2]), int(sample.shape[-1]))
-            extra = kwargs.get("cross_attention_kwargs")
-            clock.rows = None
-            if extra and "loom_rows" in extra:
-                extra = dict(extra)
-                clock.rows = tuple(extra.pop("loom_rows"))
-                kwargs = {**kwargs, "cross_attention_kwargs": extra or None}
-            return args, kwargs
 
-        unet.register_forward_pre_hook(hook, with_kwargs=True)
-        unet._loom_clock = clock  # type: ignore[assignment]
-    return clock
+def set_clock(clock: UNetClock, timestep: torch.Tensor, x_in: torch.Tensor, rows: tuple[str, ...] | None) -> None:
+    """Before a UNet call: its timestep, latent size and ``"uncond"``/``"cond"`` per row."""
+    clock.timestep = float(torch.as_tensor(timestep).flatten()[0])
+    clock.latent_hw = (int(x_in.shape[-2]), int(x_in.shape[-1]))
+    clock.rows = None if rows is None else tuple("neg" if r == "uncond" else "pos" for r in rows)
 
 
 @dataclass(frozen=True)
@@ -210,7 +200,7 @@ class LayerWeights:
 def install(unet: nn.Module, weights: LayerWeights, cond: torch.Tensor, uncond: torch.Tensor, weight: float,
             window: Window, mask: torch.Tensor | None, source: str) -> None:
     """Add one adapter to every cross-attention layer (stacking on adapters already there)."""
-    clock = clock_of(unet)
+    clock = clock_of(unet) or UNetClock()
     procs: dict[str, Any] = dict(getattr(unet, "attn_processors"))  # noqa: B009
     names = cross_attention_names(unet)
     ids = sorted(weights.by_id)

@@ -4,7 +4,7 @@
 "batch_index"?: [int]}``. As in ComfyUI, ``samples`` are the VAE's raw latents (not multiplied
 by the model's latent scale; the sampler scales on the way in and out), so any VAE decodes them
 and third-party latent nodes see the values they expect. Loom adds ``latent_space`` (channels and
-latent scale, e.g. ``"4x0.13025"``) and ``latent_family`` to the latents a sampler produced, so an
+latent scale: the family's ``LatentFormat.tag``) and ``latent_family`` to the latents a sampler produced, so an
 SDXL latent reaching an SD1.5 sampler fails with a clear message instead of a garbage image.
 ``IMAGE`` is float [B, H, W, C] in 0..1 and ``MASK`` [B, H, W].
 """
@@ -30,7 +30,7 @@ class LatentError(ValueError):
 
 
 def latent_space(family: Any) -> str:
-    return f"{family.latent_channels}x{family.latent_scale}"
+    return str(family.latent_format.tag)
 
 
 def tag_latent(latent: dict, family: Any) -> dict:

@@ -28,9 +28,16 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.families.files import ModelLoadError, fingerprint
+from nodes.handles import (
+    DenoiserHandle,
+    TextEncodersHandle,
+    VaeHandle,
+    open_checkpoint,
+    open_diffusers,
+    open_vae,
+)
 from nodes.lora import LoraPatch, inspect_lora
-from nodes.models import ClipHandle, UNetHandle, VAEHandle, open_checkpoint, open_diffusers, open_vae
+from nodes.weights import ModelLoadError, fingerprint
 
 OPTION_KINDS = ("checkpoints", "diffusers", "vae", "loras", "clip_vision", "ipadapter", "safety", "vae_approx",
                 "embeddings", "upscale_models")
@@ -53,7 +60,7 @@ def _models(ctx: NodeContext) -> ModelFiles:
 
 
 def _allow_pickle(ctx: NodeContext) -> bool:
-    return bool(ctx.settings.get("allow_pickle", False))
+    return ctx.settings.allow_pickle
 
 
 def _file_fingerprint(folders: Folders, kind: str, name: Any) -> str | None:
@@ -73,13 +80,14 @@ def _strength(name: str) -> Input:
 class CheckpointLoaderSimple(Node):
     SCHEMA = NodeSchema(
         node_id="CheckpointLoaderSimple", display_name="Load Checkpoint", category="loaders",
-        description="Loads a single-file SD1.x / SD2.x / SDXL checkpoint (.safetensors) as MODEL, CLIP and VAE.",
+        description="Loads a single-file checkpoint (.safetensors; the model family is read from its tensors) "
+                    "as MODEL, CLIP and VAE.",
         inputs=(Input("ckpt_name", COMBO, "The checkpoint file in models/checkpoints.",
                       options=DynamicOptions("checkpoints")),),
         outputs=(_MODEL_OUT, _CLIP_OUT, _VAE_OUT),
     )
 
-    def run(self, ctx: NodeContext, *, ckpt_name: str) -> tuple[UNetHandle, ClipHandle, VAEHandle]:
+    def run(self, ctx: NodeContext, *, ckpt_name: str) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle]:
         ck = open_checkpoint(_models(ctx).resolve("checkpoints", ckpt_name), allow_pickle=_allow_pickle(ctx))
         return ck.unet, ck.clip, ck.vae
 
@@ -96,7 +104,7 @@ class DiffusersLoader(Node):
         outputs=(_MODEL_OUT, _CLIP_OUT, _VAE_OUT),
     )
 
-    def run(self, ctx: NodeContext, *, model_path: str) -> tuple[UNetHandle, ClipHandle, VAEHandle]:
+    def run(self, ctx: NodeContext, *, model_path: str) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle]:
         ck = open_diffusers(_models(ctx).resolve("diffusers", model_path), allow_pickle=_allow_pickle(ctx))
         return ck.unet, ck.clip, ck.vae
 
@@ -113,7 +121,7 @@ class VAELoader(Node):
         outputs=(_VAE_OUT,),
     )
 
-    def run(self, ctx: NodeContext, *, vae_name: str) -> tuple[VAEHandle]:
+    def run(self, ctx: NodeContext, *, vae_name: str) -> tuple[VaeHandle]:
         return (open_vae(_models(ctx).resolve("vae", vae_name), allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod
@@ -140,8 +148,8 @@ class LoraLoader(Node):
         outputs=(Output("MODEL", MODEL, "The model with the LoRA."), Output("CLIP", CLIP, "The text encoder with the LoRA.")),
     )
 
-    def run(self, ctx: NodeContext, *, model: UNetHandle, clip: ClipHandle, lora_name: str,
-            strength_model: float, strength_clip: float) -> tuple[UNetHandle, ClipHandle]:
+    def run(self, ctx: NodeContext, *, model: DenoiserHandle, clip: TextEncodersHandle, lora_name: str,
+            strength_model: float, strength_clip: float) -> tuple[DenoiserHandle, TextEncodersHandle]:
         if strength_model != 0:
             model = model.with_patch(_lora_patch(ctx, lora_name, strength_model, "unet"))
         if strength_clip != 0:
@@ -165,7 +173,7 @@ class LoraLoaderModelOnly(Node):
         outputs=(Output("MODEL", MODEL, "The model with the LoRA."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: UNetHandle, lora_name: str, strength_model: float) -> tuple[UNetHandle]:
+    def run(self, ctx: NodeContext, *, model: DenoiserHandle, lora_name: str, strength_model: float) -> tuple[DenoiserHandle]:
         if strength_model != 0:
             model = model.with_patch(_lora_patch(ctx, lora_name, strength_model, "unet"))
         return (model,)
@@ -187,7 +195,7 @@ class CLIPSetLastLayer(Node):
         outputs=(_CLIP_OUT,),
     )
 
-    def run(self, ctx: NodeContext, *, clip: ClipHandle, stop_at_clip_layer: int) -> tuple[ClipHandle]:
+    def run(self, ctx: NodeContext, *, clip: TextEncodersHandle, stop_at_clip_layer: int) -> tuple[TextEncodersHandle]:
         return (replace(clip, layer=int(stop_at_clip_layer)),)
 
 
@@ -206,7 +214,7 @@ class CheckpointSave(Node):
         output_node=True,
     )
 
-    def run(self, ctx: NodeContext, *, model: UNetHandle, clip: ClipHandle, vae: VAEHandle,
+    def run(self, ctx: NodeContext, *, model: DenoiserHandle, clip: TextEncodersHandle, vae: VaeHandle,
             filename_prefix: str) -> NodeOutput:
         from safetensors.torch import save_file
 
@@ -218,7 +226,7 @@ class CheckpointSave(Node):
                                  (clip, {s.name: s.prefix for s in family.text_encoders})):
             with ctx.models.use(handle) as module:
                 for part in handle.parts:
-                    sub = module[part.name] if isinstance(handle, ClipHandle) else module
+                    sub = module[part.name] if isinstance(handle, TextEncodersHandle) else module
                     tensors = original_state_dict(part, sub, prefix=prefixes.get(part.name, part.prefix))
                     sd.update({k: v.to("cpu") for k, v in tensors.items()})
         if model.prediction == "v_prediction":

@@ -15,16 +15,15 @@ Strength 0 is no patch at all (the loader returns the input handle unchanged).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.families.files import ModelLoadError, TensorIndex, load_tensors, read_index
-from nodes.families.keys import to_ldm
+from nodes.weights import ModelLoadError, TensorIndex, load_tensors, read_index
 
 if TYPE_CHECKING:
-    from nodes.models import ComponentHandle
+    from nodes.families.base import Part
+    from nodes.handles import ComponentHandle
 
 log = logging.getLogger("loom.lora")
 
@@ -93,11 +92,11 @@ def read_lora(index: TensorIndex) -> list[LoraLayer]:
     return layers
 
 
-def _unet_lookup(unet: Any, config: Mapping[str, Any]) -> dict[str, Any]:
+def _unet_lookup(unet: Any, part: Part) -> dict[str, Any]:
     """Flattened diffusers names and original (LDM) names → weight-bearing submodules."""
     lookup: dict[str, Any] = {}
     names = [(n, m) for n, m in unet.named_modules() if hasattr(m, "weight") and m.weight is not None]
-    ldm = to_ldm("unet", {f"{n}.weight": None for n, _ in names}, config)
+    ldm = part.kind.to_original({f"{n}.weight": None for n, _ in names}, part.config)
     for (name, module), ldm_key in zip(names, ldm, strict=True):
         lookup[name.replace(".", "_")] = module
         lookup[ldm_key.removesuffix(".weight").replace(".", "_")] = module
@@ -139,7 +138,7 @@ class LoraPatch:
     def apply(self, module: Any, handle: ComponentHandle) -> None:
         layers = [x for x in read_lora(read_index(self.path, allow_pickle=self.allow_pickle)) if x.target == self.target]
         if self.target == "unet":
-            lookups = {-1: _unet_lookup(module, handle.part("unet").config)}
+            lookups = {-1: _unet_lookup(module, handle.part("unet"))}
         else:
             names = [s.name for s in handle.family.text_encoders]
             lookups = {i: _clip_lookup(module[n]) for i, n in enumerate(names) if n in module}

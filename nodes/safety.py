@@ -15,7 +15,7 @@ sensitivity 1 lowers all thresholds by 0.1 (flags more), 0 raises them by 0.1 (f
 
 Actions: ``black`` (zeros, as diffusers), ``blur`` (downscaled to 16 px on the long side and
 scaled back: no detail survives), ``mark-only`` (images unchanged; only the verdict says so).
-Policy (``--safety``, in ``ctx.settings["safety"]``): ``off`` makes the node a pass-through that
+Policy (``--safety``, in ``ctx.settings.safety``): ``off`` makes the node a pass-through that
 checks nothing; ``node`` (default) checks where the node is; ``enforce`` also checks every image
 leaving Loom through a :class:`SafetyGuard` (``build_guard``).
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,25 +38,22 @@ from engine.schema import COMBO, FLOAT, IMAGE, DynamicOptions, Input, NodeSchema
 from nodes.clip_vision import ProcessorConfig, check_image, preprocess
 from nodes.families.base import CONFIGS_DIR
 from nodes.families.build import module_with_weights
-from nodes.families.files import ModelLoadError, fingerprint, load_tensors, read_index
+from nodes.handles import WeightsHandle, WeightsSource
+from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
 
 ACTIONS = ("blur", "black", "mark-only")
 PROCESSOR_CONFIG = CONFIGS_DIR / "safety" / "preprocessor_config.json"
 SPECIAL_CARE_BONUS = 0.01
 
 
-@dataclass(frozen=True)
-class SafetyHandle:
+@dataclass(frozen=True, kw_only=True)
+class SafetyHandle(WeightsHandle):
     """The safety model: a ``model.safetensors`` with its ``config.json`` (diffusers' layout)."""
 
     kind: ClassVar[str] = "safety"
-    path: Path
-    file_fingerprint: str
-    nbytes: int
 
-    @cached_property
-    def key(self) -> str:
-        return f"safety:{self.path.parent.name}:{self.file_fingerprint}"
+    def recipe(self) -> Any:
+        return self.path.parent.name  # the config.json beside the file is part of the model
 
     @classmethod
     def from_file(cls, path: Path) -> SafetyHandle:
@@ -69,12 +65,9 @@ class SafetyHandle:
         if not index.has("concept_embeds") or not index.any_with("vision_model."):
             raise ModelLoadError(f"{path}: not a StableDiffusionSafetyChecker (expected 'concept_embeds' and "
                                  f"'vision_model.*' tensors; found e.g. {list(index.tensors)[:3]})")
-        return cls(path, fingerprint(path), index.nbytes())
+        return cls(source=WeightsSource(path, fingerprint(path)), nbytes=index.nbytes())
 
-    def estimate_bytes(self) -> int:
-        return self.nbytes
-
-    def load(self) -> Any:
+    def build(self) -> Any:
         from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
         from transformers import CLIPConfig
 
@@ -82,12 +75,6 @@ class SafetyHandle:
         sd = {k: v.float() for k, v in load_tensors(read_index(self.path)).items()}
         return module_with_weights(lambda: StableDiffusionSafetyChecker(config), sd,
                                    f"{self.path}: safety checker weights and config.json")
-
-    def to_device(self, module: Any, device: str, dtype: str) -> Any:
-        return module.to(device=torch.device(device), dtype=getattr(torch, dtype))
-
-    def model_handles(self) -> list[Any]:
-        return [self]
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -221,7 +208,7 @@ class SafetyChecker(Node):
     def run(self, ctx: NodeContext, *, images: Any, sensitivity: float, action: str,
             safety_model: str | None = None) -> NodeOutput:
         check_image(images, "images")
-        if ctx.settings.get("safety") == "off":
+        if ctx.settings.safety == "off":
             verdicts = [{"flagged": False, "action": "none", "checked": False}] * int(images.shape[0])
             return NodeOutput((images,), ui={"safety": verdicts})
         handle = find_safety_model(ctx.folders.models, safety_model)

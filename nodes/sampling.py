@@ -1,19 +1,26 @@
-"""KSampler and KSamplerAdvanced: seeded noise, guided UNet calls and the denoising loop.
+"""The sampling station: ``sample()`` (one function for single and stacked runs), KSampler and
+KSamplerAdvanced.
 
-``sample`` is the station: it checks the inputs, makes the scheduler (``nodes.samplers``), the
-noise (a CPU generator per seed, so a seed gives the same image on any device), and the model
-function (``_Guidance``: one batched UNet call per step for all entries of both CFG branches that
-share an area; CFG 1.0 skips the negative branch), then runs ``nodes.denoise.run_loop`` with a
-progress/preview/interrupt callback. Family differences (scheduler config, extra UNet inputs such
-as SDXL's pooled/size ids) come from the model handle's family adapter. ``settings["compile"]`` /
-``settings["tf32"]`` (``--compile`` / ``--tf32``) switch the UNet call (``nodes.perf_device``).
+``sample`` follows ComfyUI's ``CFGGuider.sample`` / ``KSAMPLER.sample``: an empty sigma schedule
+returns the latent unchanged; a non-empty latent goes into model space (``process_in``), the
+SAMPLER (``nodes.diffusion``) scales the noise to the first sigma and runs its steps on the
+guided model (``nodes.guiders.GuidedRun``), handling an inpaint ``noise_mask`` through its
+``denoise_mask``; the result comes back to VAE space (``process_out``). Every step reports
+progress, a paced preview and honours interrupts. A single run is a batch of one job; coalesced
+requests are several jobs stacked along the batch axis (``nodes.perf_batch``), each with its own
+conditioning, initial noise and seed.
+
+KSampler / KSamplerAdvanced have exactly ComfyUI's inputs and semantics (``nodes.py``
+``common_ksampler``, ``comfy/samplers.py`` ``KSampler``): sigmas from the scheduler with
+``denoise`` (``int(steps / denoise)`` steps, the last ``steps + 1`` kept), the penultimate sigma
+dropped for dpm_2 / dpm_2_ancestral / uni_pc / uni_pc_bh2, the advanced step window with leftover
+noise, and ``add_noise = disable`` as zero initial noise (the seed still seeds per-step noise).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,36 +29,15 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, CONDITIONING, FLOAT, INT, LATENT, MODEL, Batching, Input, NodeSchema, Output
-from nodes import samplers as smp
 from nodes.conditioning import CondEntry
-from nodes.denoise import Inpaint, Window, cfg_combine, run_loop, start_latent
+from nodes.device import compiled_forward, tf32_scope
+from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
+from nodes.diffusion.noise import SeedGroups
+from nodes.guiders import GuidedRun, Guider
+from nodes.hooks import RunInfo
 from nodes.latent import check_latent_for, tag_latent
-from nodes.perf_device import compiled_forward, tf32_scope
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
-
-# Linear latent -> RGB approximations for previews (ComfyUI latent_formats), by VAE latent scale.
-_RGB_FACTORS: dict[float, tuple[tuple[tuple[float, ...], ...], tuple[float, ...]]] = {
-    0.18215: (
-        (
-            (0.3512, 0.2297, 0.3227),
-            (0.3250, 0.4974, 0.2350),
-            (-0.2829, 0.1762, 0.2721),
-            (-0.2120, -0.2616, -0.7177),
-        ),
-        (0.0, 0.0, 0.0),
-    ),
-    0.13025: (
-        (
-            (0.3651, 0.4232, 0.4341),
-            (-0.2533, -0.0042, 0.1068),
-            (0.1076, 0.1111, -0.0362),
-            (-0.3165, -0.2492, -0.2188),
-        ),
-        (0.1084, -0.0175, -0.0011),
-    ),
-}
-_AYS_TABLES = {"sd15": smp.AYS_SD15, "sd2": smp.AYS_SD15, "sdxl": smp.AYS_SDXL}
 
 
 class SamplingError(ValueError):
@@ -59,244 +45,218 @@ class SamplingError(ValueError):
 
 
 @dataclass(frozen=True)
-class Settings:
+class Job:
+    """One request in a sampling batch: its guider (model and prompts), initial noise
+    (the latent's shape, float32 CPU) and seed (per-step noise)."""
+
+    guider: Guider
+    noise: torch.Tensor
     seed: int
-    steps: int
-    cfg: float
-    sampler_name: str
-    scheduler: str
-    window: Window
-    add_noise: bool = True
-    guidance_rescale: float = 0.0
 
 
-def _lcm_repeat(embeds: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Repeat token windows so all embeddings share one length (ComfyUI's rule for mixed lengths)."""
-    lengths = [e.shape[1] for e in embeds]
-    target = math.lcm(*lengths)
-    return [e.repeat(1, target // e.shape[1], 1) for e in embeds]
+@dataclass(frozen=True)
+class Result:
+    """One job's LATENT output and the denoised estimate of its last step (SamplerCustom's
+    ``denoised_output``; the output itself when no step ran)."""
 
-
-class _Guidance:
-    """The model function of the loop: (x_in [B,C,h,w], t) -> guided model output."""
-
-    def __init__(
-        self,
-        unet: Any,
-        family: Any,
-        positive: Sequence[CondEntry],
-        negative: Sequence[CondEntry],
-        s: Settings,
-        forward: Any = None,
-    ):
-        self.unet, self.family, self.s = unet, family, s
-        self.forward = unet if forward is None else forward  # the compiled UNet under --compile
-        self.param = next(unet.parameters())
-        branches = [("pos", e) for e in positive]
-        if s.cfg != 1.0:
-            branches = [("neg", e) for e in negative] + branches
-        groups: dict[Any, list[tuple[str, CondEntry]]] = {}
-        for branch, entry in branches:
-            groups.setdefault(entry.area, []).append((branch, entry))
-        self.groups = list(groups.items())
-        # One area-less group with one entry of strength 1 per branch: plain CFG on the batch
-        # [negative; positive], combined without the area accumulators (bit-identical result).
-        self.plain = (len(self.groups) == 1 and self.groups[0][0] is None
-                      and len(self.groups[0][1]) == (1 if s.cfg == 1.0 else 2)
-                      and all(e.strength == 1.0 for _, e in self.groups[0][1]))
-        self._inputs: dict[tuple[int, int, int, int], tuple[torch.Tensor, dict[str, Any]]] = {}
-
-    def _static_inputs(self, key: tuple[int, int, int, int], entries: Sequence[CondEntry],
-                       size: tuple[int, int]) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Text embeddings (and SDXL's pooled/size inputs) of a group, built once per batch size."""
-        if key not in self._inputs:
-            b = key[1]
-            embeds = _lcm_repeat([e.embeds for e in entries])
-            hidden = torch.cat([e.expand(b, -1, -1) for e in embeds]).to(self.param)  # (k*B, T, D)
-            extra: dict[str, Any] = {}
-            if entries[0].pooled is not None:
-                pooled = torch.cat([e.pooled.expand(b, -1) for e in entries if e.pooled is not None]).to(
-                    self.param
-                )
-                extra = self.family.unet_inputs(
-                    pooled=pooled, width=size[1], height=size[0], batch=hidden.shape[0]
-                )
-            self._inputs[key] = (hidden, extra)
-        hidden, extra = self._inputs[key]
-        return hidden, dict(extra)
-
-    def _call(
-        self,
-        x: torch.Tensor,
-        t: torch.Tensor,
-        entries: Sequence[CondEntry],
-        size: tuple[int, int],
-        branches: Sequence[str] = (),
-    ) -> torch.Tensor:
-        b = x.shape[0]
-        hidden, extra = self._static_inputs((id(entries[0]), b, *size), entries, size)
-        if getattr(self.unet, "_loom_clock", None) is not None:  # IP-Adapter: which rows are negative
-            extra["cross_attention_kwargs"] = {"loom_rows": [br for br in branches for _ in range(b)]}
-        xs = torch.cat([x] * len(entries))  # (k*B, C, h, w)
-        return self.forward(xs, t, encoder_hidden_states=hidden, return_dict=False, **extra)[0]
-
-    def __call__(self, x_in: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        h, w = x_in.shape[-2:]
-        if self.plain:
-            members = self.groups[0][1]
-            entries, branches = [e for _, e in members], [br for br, _ in members]
-            out = self._call(x_in, t, entries, (h * 8, w * 8), branches)
-            if self.s.cfg == 1.0:
-                return out
-            neg, pos = out.chunk(2)
-            return cfg_combine(neg, pos, self.s.cfg, self.s.guidance_rescale)
-        acc = {k: torch.zeros_like(x_in) for k in ("pos", "neg")}
-        weight = {k: torch.zeros_like(x_in[:, :1]) for k in ("pos", "neg")}
-        for area, members in self.groups:
-            ah, aw, ay, ax = area if area is not None else (h, w, 0, 0)
-            region = (slice(None), slice(None), slice(ay, ay + ah), slice(ax, ax + aw))
-            entries, branches = [e for _, e in members], [br for br, _ in members]
-            outs = self._call(x_in[region], t, entries, (h * 8, w * 8), branches).chunk(len(members))
-            for (branch, entry), out in zip(members, outs, strict=True):
-                acc[branch][region] += out * entry.strength
-                weight[branch][region] += entry.strength
-        pos = acc["pos"] / weight["pos"].clamp_min(1e-8)
-        if self.s.cfg == 1.0:
-            return pos
-        neg = acc["neg"] / weight["neg"].clamp_min(1e-8)
-        return cfg_combine(neg, pos, self.s.cfg, self.s.guidance_rescale)
-
-
-def _check_conditioning(unet: Any, family: Any, name: str, cond: Sequence[CondEntry]) -> None:
-    if not cond:
-        raise SamplingError(f"{name} conditioning is empty; connect a CLIPTextEncode output")
-    width = unet.config.cross_attention_dim
-    for e in cond:
-        if e.embeds.shape[-1] != width:
-            raise SamplingError(
-                f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this {family.title} model "
-                f"expects {width}; encode the prompt with the CLIP output of the same checkpoint"
-            )
-        needs_pooled = getattr(unet.config, "addition_embed_type", None) == "text_time"
-        if needs_pooled and e.pooled is None:
-            raise SamplingError(f"{name} conditioning has no pooled output, which {family.title} needs")
+    output: dict
+    denoised: dict
 
 
 class _Reporter:
-    """Per-step progress, a paced JPEG preview (TAESD or latent->RGB, ``nodes.perf_preview``;
+    """Per-step progress, a paced JPEG preview (TAESD or latent->RGB, ``nodes.preview``;
     previews cost at most ~5% of the sampling time), and interrupts."""
 
-    def __init__(self, ctx: NodeContext, family: Any):
-        from nodes.perf_preview import PreviewPacer, PreviewRenderer
+    def __init__(self, ctx: NodeContext, model: Any, shape: tuple[int, ...], total: int):
+        from nodes.preview import PreviewPacer, PreviewRenderer
 
-        self.ctx = ctx
+        self.ctx, self.shape, self.total = ctx, shape, total
         self.pacer = PreviewPacer()
         self.pacer.begin()
-        factors = _RGB_FACTORS.get(family.latent_scale, _RGB_FACTORS[0.18215])
-        method = str(ctx.settings.get("preview_method", "auto"))
-        wanted = ctx.wants_preview and method != "none"  # settings["preview_method"]: auto|taesd|latent2rgb|none
-        self.renderer = PreviewRenderer(ctx, family, factors, method) if wanted else None
-        self.shape: tuple[int, ...] = ()  # the latent's shape, set by sample()
+        method = ctx.settings.preview_method
+        wanted = ctx.wants_preview and method != "none"
+        self.renderer = PreviewRenderer(ctx, model.latent_format, method) if wanted else None
         self.estimate: float | None = None
+        self.denoised: torch.Tensor | None = None
 
-    def __call__(self, done: int, total: int, x0: Callable[[], torch.Tensor]) -> None:
+    def __call__(self, step: int, denoised: torch.Tensor, x: torch.Tensor, total: int) -> None:
+        self.denoised = denoised
+        done = min(int(step) + 1, self.total)
         preview = None
         if self.renderer is not None:
             if self.estimate is None and self.pacer.shown == 0:
                 self.estimate = self.renderer.estimate(self.shape)
             if self.pacer.due(done, self.estimate):
                 started = time.perf_counter()
-                x = x0()
-                preview = self.renderer.render(x)
+                preview = self.renderer.render(denoised)
                 self.pacer.record(time.perf_counter() - started)
-                self.renderer.remember(tuple(x.shape), self.pacer.cost)
-        self.ctx.progress(done, total, preview=preview)
+                self.renderer.remember(tuple(denoised.shape), self.pacer.cost)
+        self.ctx.progress(done, self.total, preview=preview)
+
+
+def prepare_mask(mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """A noise mask [B|1, H, W] (1 = repaint) as ComfyUI's ``prepare_mask``: bilinear to the
+    latent size, repeated over channels and to the batch -> (B, C, h, w)."""
+    m = mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float()
+    m = torch.nn.functional.interpolate(m, size=tuple(shape[-2:]), mode="bilinear")
+    m = m.repeat(1, shape[1], 1, 1)
+    reps = -(-shape[0] // m.shape[0])
+    return m.repeat(reps, 1, 1, 1)[: shape[0]]
+
+
+def _check(module: Any, model: Any, jobs: Sequence[Job]) -> None:
+    denoiser = model.denoiser
+    for job in jobs:
+        for name, entries in job.guider.branches:
+            if name == "negative" and not entries:
+                continue
+            try:
+                denoiser.check_conditioning(module, entries, name)
+            except ValueError as exc:
+                raise SamplingError(str(exc)) from None
+
+
+def _output(latent: dict, samples: torch.Tensor, model: Any) -> dict:
+    out = {k: v for k, v in latent.items() if k != "samples"}
+    out["samples"] = samples
+    return tag_latent(out, model.family)
 
 
 @torch.no_grad()
-def sample(
-    ctx: NodeContext,
-    model: Any,
-    positive: Sequence[CondEntry],
-    negative: Sequence[CondEntry],
-    latent: dict,
-    s: Settings,
-) -> dict:
-    """Run one sampler node; returns the new LATENT dict (tagged with the model's latent space)."""
-    family = model.family
-    check_latent_for(latent, family, "latent_image")
-    samples = latent["samples"].float() * family.latent_scale  # raw VAE latents -> model space
-    batch_index = latent.get("batch_index") or list(range(samples.shape[0]))
-    scheduler = smp.make_scheduler(s.sampler_name, s.scheduler, model.scheduler_config())
-    smp.set_schedule(scheduler, s.window.total, s.scheduler, _AYS_TABLES.get(family.name))
-    noise = smp.make_noise(s.seed, samples.shape, batch_index)
-    gens = smp.step_generators(s.seed, batch_index) if smp.is_ancestral(s.sampler_name) else None
-    with ctx.models.use(model) as unet:
-        new_run = getattr(unet, "_loom_new_run", None)  # step-caching patches (nodes.perf_deepcache)
-        if callable(new_run):
-            new_run()
-        _check_conditioning(unet, family, "positive", positive)
-        if s.cfg != 1.0:
-            _check_conditioning(unet, family, "negative", negative)
-        param = next(unet.parameters())
-        if samples.shape[1] != unet.config.in_channels:
-            raise SamplingError(
-                f"latent_image has {samples.shape[1]} channels; this {family.title} UNet takes "
-                f"{unet.config.in_channels}"
-            )
-        x = start_latent(scheduler, samples, noise, s.window, s.add_noise).to(param)
-        inpaint = None
-        if "noise_mask" in latent:
-            mask = _latent_mask(latent["noise_mask"], samples.shape).to(param)
-            inpaint = Inpaint(samples.to(param), noise.to(param), mask)
-        guidance = _Guidance(unet, family, positive, negative, s, compiled_forward(unet, ctx.settings))
-        reporter = _Reporter(ctx, family)
-        reporter.shape = tuple(x.shape)
-        with tf32_scope(ctx.settings, param.device):  # settings["tf32"]: CUDA only
-            x = run_loop(scheduler, x, s.window, guidance, generators=gens, inpaint=inpaint, on_step=reporter)
-    out = {k: v for k, v in latent.items() if k != "samples"}
-    out["samples"] = x.float().cpu() / family.latent_scale
-    return tag_latent(out, family)
+def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Tensor, latent: dict) -> list[Result]:
+    """Run ``sampler`` over ``sigmas`` for every job on the same input latent; one Result per job.
+
+    All jobs share the model, the guider kind and its settings (``Guider.combine_key``); only
+    prompts, noise and seeds differ (the caller checks, ``nodes.perf_batch``)."""
+    model = jobs[0].guider.model
+    check_latent_for(latent, model.family, "latent_image")
+    sigmas = torch.as_tensor(sigmas, dtype=torch.float32).reshape(-1)
+    if sigmas.numel() == 0:
+        return [Result(dict(latent), dict(latent)) for _ in jobs]
+    fmt = model.latent_format
+    samples = latent["samples"].float()
+    rows = samples.shape[0]
+    latent_in = fmt.process_in(samples) if torch.count_nonzero(samples) > 0 else samples
+    latent_in = latent_in.repeat(len(jobs), 1, 1, 1)
+    noise = torch.cat([job.noise.float() for job in jobs])
+    mask = latent.get("noise_mask")
+    with ctx.models.use(model) as module:
+        _check(module, model, jobs)
+        device = next(module.parameters()).device
+        run = GuidedRun([job.guider for job in jobs], module, rows, tuple(samples.shape[-2:]),
+                        compiled_forward(module, ctx.settings))
+        run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1))
+        denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
+        reporter = _Reporter(ctx, model, tuple(noise.shape), sigmas.numel() - 1)
+        options = {"denoise_mask_function": run.hooks.denoise_mask_function} if run.hooks.denoise_mask_function else {}
+        seed: Any = jobs[0].seed if len(jobs) == 1 else SeedGroups(tuple((job.seed, rows) for job in jobs))
+        extra_args: dict[str, Any] = {"seed": seed, "model_options": options}
+        with tf32_scope(ctx.settings, device):  # --tf32: CUDA only
+            x = sampler.sample(run, sigmas.to(device), extra_args, reporter, noise.to(device),
+                               latent_in.to(device), denoise_mask)
+    outs = fmt.process_out(x.float().cpu()).chunk(len(jobs))
+    den = reporter.denoised
+    dens = fmt.process_out(den.float().cpu()).chunk(len(jobs)) if den is not None else outs
+    return [Result(_output(latent, o, model), _output(latent, d, model)) for o, d in zip(outs, dens, strict=True)]
 
 
-def _latent_mask(mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """A pixel or latent mask [B|1, H, W] (1 = repaint) resized to the latent: (B|1, 1, h, w)."""
-    m = mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float()
-    return torch.nn.functional.interpolate(m, size=tuple(shape[-2:]), mode="bilinear")
+def window(sigmas: torch.Tensor, start: int | None, last: int | None, force_full_denoise: bool) -> torch.Tensor | None:
+    """ComfyUI's ``KSampler.sample`` step window: cut at ``last`` (its sigma set to 0 with
+    ``force_full_denoise``), start at ``start``; None when the window is empty."""
+    if last is not None and last < sigmas.numel() - 1:
+        sigmas = sigmas[: last + 1].clone()
+        if force_full_denoise:
+            sigmas[-1] = 0
+    if start is not None:
+        if start >= sigmas.numel() - 1:
+            return None
+        sigmas = sigmas[start:]
+    return sigmas
+
+
+def initial_noise(latent: dict, seed: int, add_noise: bool = True) -> torch.Tensor:
+    """ComfyUI's initial noise for a LATENT: seeded per ``batch_index`` item, or zeros."""
+    from nodes.diffusion.noise import prepare_noise
+
+    samples = latent["samples"]
+    if not add_noise:
+        return torch.zeros(samples.shape, dtype=torch.float32)
+    return prepare_noise(samples.float(), seed, latent.get("batch_index"))
+
+
+def cfg_guider(model: Any, positive: Sequence[CondEntry], negative: Sequence[CondEntry], cfg: float) -> Guider:
+    return Guider(model, (("positive", tuple(positive)), ("negative", tuple(negative))), cfg)
+
+
+@dataclass(frozen=True)
+class KSamplerCall:
+    """What one KSampler / KSamplerAdvanced call samples (shared by the batched variants)."""
+
+    model: Any
+    seed: int
+    steps: int
+    cfg: float
+    sampler_name: str
+    scheduler: str
+    positive: Sequence[CondEntry]
+    negative: Sequence[CondEntry]
+    latent_image: dict
+    denoise: float = 1.0
+    add_noise: bool = True
+    start: int | None = None
+    last: int | None = None
+    force_full_denoise: bool = False
+
+    def sigmas(self) -> torch.Tensor | None:
+        from nodes.diffusion.schedulers import ksampler_sigmas
+
+        full = ksampler_sigmas(self.model.model_sampling, self.scheduler, self.sampler_name, self.steps,
+                               self.denoise)
+        return window(full, self.start, self.last, self.force_full_denoise)
+
+    def job(self) -> Job:
+        return Job(cfg_guider(self.model, self.positive, self.negative, self.cfg),
+                   initial_noise(self.latent_image, self.seed, self.add_noise), self.seed)
+
+    def batch_key(self) -> tuple[Any, ...]:
+        """Calls with equal keys can share one stacked batch (all but seed and prompts equal)."""
+        return (id(self.model), id(self.latent_image), self.steps, self.cfg, self.sampler_name, self.scheduler,
+                self.denoise, self.add_noise, self.start, self.last, self.force_full_denoise)
+
+
+def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall]) -> list[dict]:
+    """Sample KSampler calls: all in one stacked batch when they agree on everything but seeds and
+    prompts (per-step noise is drawn per job: ``SeedGroups``), else one by one."""
+    from nodes.diffusion.ksampler import sampler_object
+
+    first = calls[0]
+    sigmas = first.sigmas()
+    stackable = len(calls) > 1 and all(c.batch_key() == first.batch_key() for c in calls)
+    groups = [list(calls)] if stackable else [[c] for c in calls]
+    out: list[dict] = []
+    for group in groups:
+        s = group[0].sigmas() if group[0] is not first else sigmas
+        if s is None:  # an empty step window: the latent as it came
+            out.extend(dict(c.latent_image) for c in group)
+            continue
+        results = sample(ctx, [c.job() for c in group], sampler_object(group[0].sampler_name), s,
+                         group[0].latent_image)
+        out.extend(r.output for r in results)
+    return out
 
 
 def _common_inputs() -> tuple[Input, ...]:
     return (
         Input("steps", INT, "Number of denoising steps.", default=20, min=1, max=10000),
-        Input(
-            "cfg",
-            FLOAT,
-            "Classifier-free guidance scale; 1.0 skips the negative.",
-            default=8.0,
-            min=0.0,
-            max=100.0,
-            step=0.1,
-            round=0.01,
-        ),
-        Input(
-            "sampler_name",
-            COMBO,
-            "The stepping rule (ComfyUI's names).",
-            options=smp.SAMPLER_NAMES,
-            default="euler",
-        ),
-        Input(
-            "scheduler",
-            COMBO,
-            "How noise levels are spaced over the steps.",
-            options=smp.SCHEDULER_NAMES,
-            default="normal",
-        ),
+        Input("cfg", FLOAT, "Classifier-free guidance scale; 1.0 skips the negative.", default=8.0, min=0.0,
+              max=100.0, step=0.1, round=0.01),
+        Input("sampler_name", COMBO, "The stepping rule (ComfyUI's names).", options=tuple(SAMPLER_NAMES),
+              default="euler"),
+        Input("scheduler", COMBO, "How noise levels are spaced over the steps.", options=tuple(SCHEDULER_NAMES),
+              default="simple"),
         Input("positive", CONDITIONING, "What the image should show."),
         Input("negative", CONDITIONING, "What the image should avoid."),
-        Input(
-            "latent_image", LATENT, "Starting latent: EmptyLatentImage for txt2img, VAEEncode for img2img."
-        ),
+        Input("latent_image", LATENT, "Starting latent: EmptyLatentImage for txt2img, VAEEncode for img2img."),
     )
 
 
@@ -307,49 +267,22 @@ class KSampler(Node):
         category="sampling",
         description="Denoise a latent with a model, a prompt pair and a sampler.",
         inputs=(
-            Input("model", MODEL, "The diffusion model (UNet) to sample with."),
-            Input(
-                "seed",
-                INT,
-                "Noise seed; same seed, same image.",
-                default=0,
-                min=0,
-                max=SEED_MAX,
-                control_after_generate=True,
-            ),
+            Input("model", MODEL, "The diffusion model to sample with."),
+            Input("seed", INT, "Noise seed; same seed, same image.", default=0, min=0, max=SEED_MAX,
+                  control_after_generate=True),
             *_common_inputs(),
-            Input(
-                "denoise",
-                FLOAT,
-                "Fraction of the schedule to run; < 1 keeps part of latent_image (img2img).",
-                default=1.0,
-                min=0.0,
-                max=1.0,
-                step=0.01,
-            ),
+            Input("denoise", FLOAT, "Fraction of the schedule to run; < 1 keeps part of latent_image (img2img).",
+                  default=1.0, min=0.0, max=1.0, step=0.01),
         ),
         outputs=(Output("LATENT", LATENT, "The denoised latent."),),
         batching=Batching(inputs=("seed",), variant="KSamplerBatched"),  # nodes/perf_batch.py
     )
 
-    def run(
-        self,
-        ctx: NodeContext,
-        *,
-        model: Any,
-        seed: int,
-        steps: int,
-        cfg: float,
-        sampler_name: str,
-        scheduler: str,
-        positive: list,
-        negative: list,
-        latent_image: dict,
-        denoise: float,
-    ) -> tuple[dict]:
-        window = Window.from_denoise(steps, denoise)
-        s = Settings(seed, steps, cfg, sampler_name, scheduler, window, True)
-        return (sample(ctx, model, positive, negative, latent_image, s),)
+    def run(self, ctx: NodeContext, *, model: Any, seed: int, steps: int, cfg: float, sampler_name: str,
+            scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float) -> tuple[dict]:
+        call = KSamplerCall(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                            denoise)
+        return (run_calls(ctx, [call])[0],)
 
 
 class KSamplerAdvanced(Node):
@@ -359,56 +292,30 @@ class KSamplerAdvanced(Node):
         category="sampling",
         description="KSampler with a step window and control over added and leftover noise.",
         inputs=(
-            Input("model", MODEL, "The diffusion model (UNet) to sample with."),
-            Input(
-                "add_noise",
-                COMBO,
-                "Add seeded noise first (disable for an already-noisy latent).",
-                options=("enable", "disable"),
-                default="enable",
-            ),
-            Input(
-                "noise_seed", INT, "Noise seed.", default=0, min=0, max=SEED_MAX, control_after_generate=True
-            ),
+            Input("model", MODEL, "The diffusion model to sample with."),
+            Input("add_noise", COMBO, "Add seeded noise first (disable for an already-noisy latent).",
+                  options=("enable", "disable"), default="enable"),
+            Input("noise_seed", INT, "Noise seed.", default=0, min=0, max=SEED_MAX, control_after_generate=True),
             *_common_inputs(),
             Input("start_at_step", INT, "First step of the schedule to run.", default=0, min=0, max=10000),
             Input("end_at_step", INT, "Step to stop at (exclusive).", default=10000, min=0, max=10000),
-            Input(
-                "return_with_leftover_noise",
-                COMBO,
-                "Return the latent still noisy when stopping early.",
-                options=("disable", "enable"),
-                default="disable",
-            ),
+            Input("return_with_leftover_noise", COMBO, "Return the latent still noisy when stopping early.",
+                  options=("disable", "enable"), default="disable"),
         ),
         outputs=(Output("LATENT", LATENT, "The (partly) denoised latent."),),
         batching=Batching(inputs=("noise_seed",), variant="KSamplerAdvancedBatched"),  # nodes/perf_batch.py
     )
 
-    def run(
-        self,
-        ctx: NodeContext,
-        *,
-        model: Any,
-        add_noise: str,
-        noise_seed: int,
-        steps: int,
-        cfg: float,
-        sampler_name: str,
-        scheduler: str,
-        positive: list,
-        negative: list,
-        latent_image: dict,
-        start_at_step: int,
-        end_at_step: int,
-        return_with_leftover_noise: str,
-    ) -> tuple[dict]:
-        end = min(end_at_step, steps)
-        if start_at_step >= end:
-            return (latent_image,)
-        window = Window(steps, start_at_step, end, return_with_leftover_noise != "enable")
-        s = Settings(noise_seed, steps, cfg, sampler_name, scheduler, window, add_noise == "enable")
-        return (sample(ctx, model, positive, negative, latent_image, s),)
+    @staticmethod
+    def call(*, model: Any, add_noise: str, noise_seed: int, steps: int, cfg: float, sampler_name: str,
+             scheduler: str, positive: list, negative: list, latent_image: dict, start_at_step: int,
+             end_at_step: int, return_with_leftover_noise: str) -> KSamplerCall:
+        return KSamplerCall(model, noise_seed, steps, cfg, sampler_name, scheduler, positive, negative,
+                            latent_image, 1.0, add_noise == "enable", start_at_step, end_at_step,
+                            return_with_leftover_noise != "enable")
+
+    def run(self, ctx: NodeContext, **inputs: Any) -> tuple[dict]:
+        return (run_calls(ctx, [self.call(**inputs)])[0],)
 
 
 SAMPLING_NODES: list[type[Node]] = [KSampler, KSamplerAdvanced]

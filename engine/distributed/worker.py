@@ -271,9 +271,7 @@ class LoomWorker:
             unload, free_memory = self._free_request
             self._free_request = (False, False)
         if unload or free_memory:
-            free = getattr(self.executor.models, "free", None)
-            if callable(free):
-                free()
+            self.executor.models.free()
         if free_memory:
             self.executor.cache.clear()
 

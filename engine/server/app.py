@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.context import Folders
+from engine.context import Folders, ModelManagerLike
 from engine.executor import Executor
 from engine.jobs import JobQueue, JobStore, make_local_queue
 from engine.registry import NodeRegistry
@@ -56,7 +56,7 @@ class ServerParts:
     folders: Folders
     user_dir: Path
     web_dir: Path | None = None
-    models: Any = None
+    models: ModelManagerLike | None = None
     extensions: Mapping[str, Path] = field(default_factory=dict)
     own_queue: bool = True
     plugins: Any = None  # engine.plugins.PluginReport, when plugins were loaded
@@ -149,10 +149,9 @@ async def _unknown_api(request: web.Request) -> web.Response:
     raise ApiError(404, "not_found", f"no API route {request.method} {request.path}; see /api/v1/openapi.json")
 
 
-def log_memory(models: Any) -> None:
-    stats = getattr(models, "stats", None)
-    if callable(stats):
-        figures = stats()
+def log_memory(models: ModelManagerLike | None) -> None:
+    if models is not None:
+        figures = models.stats()
         log.info("memory manager: device %s, RAM budget %.1f GiB, %d resident, RAM tier %.0f MiB",
                  figures.get("device"), figures.get("ram_budget_bytes", 0) / 2**30,
                  len(figures.get("resident", [])), figures.get("ram_tier_bytes", 0) / 2**20)

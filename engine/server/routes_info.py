@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from engine.context import ModelManagerLike
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, Handler, ServerConfig
 from engine.server.security import safe_path
@@ -77,7 +78,7 @@ def torch_version() -> str:
 
 class InfoRoutes:
     def __init__(self, registry: NodeRegistry, config: ServerConfig, *, model_files: Any = None,
-                 models: Any = None, extensions: Mapping[str, Path] | None = None) -> None:
+                 models: ModelManagerLike | None = None, extensions: Mapping[str, Path] | None = None) -> None:
         self.registry = registry
         self.config = config
         self.model_files = model_files
@@ -107,8 +108,7 @@ class InfoRoutes:
 
     async def system_stats(self, request: web.Request) -> web.Response:
         ram = ram_figures()
-        stats = getattr(self.models, "stats", None)
-        memory = stats() if callable(stats) else None
+        memory = self.models.stats() if self.models is not None else None
         body = {
             "system": {
                 "os": os.name if sys.platform != "linux" else "posix",

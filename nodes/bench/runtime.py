@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cache import OutputCache
-from engine.context import Folders
+from engine.context import Folders, RunSettings
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders
@@ -33,19 +33,17 @@ class BenchRuntime:
 
     def __post_init__(self) -> None:
         from nodes import register_core
-        from nodes.perf_nodes import register_perf
 
         self.files = ModelFolders(self.models_dir)
         self.folders = Folders(self.work / "input", self.work / "output", self.work / "temp", models=self.files)
         self.folders.ensure()
         self.registry = NodeRegistry()
         register_core(self.registry, self.files, self.folders.input_dir)
-        register_perf(self.registry)
         self.models = ModelManager(self.policy, ram_budget_bytes=int(self.ram_gb * (1 << 30)), prefetch=self.prefetch)
         self.bus = EventBus()
         self.cache = OutputCache(2 << 30)
         self.executor = Executor(self.registry, self.cache, self.folders, models=self.models, bus=self.bus,
-                                 settings={"png_metadata": False, **self.settings})
+                                 settings=RunSettings(**{"png_metadata": False, **self.settings}))
 
     def run(self, prompt: dict[str, Any], **request: Any) -> RunResult:
         result = self.executor.run(RunRequest(prompt=copy.deepcopy(prompt), **request))

@@ -45,7 +45,7 @@ def _second_name(folder: Path, name: str) -> str:
 
 
 def prepare(quick: bool, repeats: int | None = None) -> BenchSetup:
-    from nodes.perf_preview import make_demo_taesd
+    from nodes.preview import make_demo_taesd
 
     if quick:
         models = Path(tempfile.mkdtemp(prefix="loom_bench_models_"))

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from nodes.families import arch
-from nodes.families.files import ModelLoadError, TensorIndex
+from nodes.families.components import KLVae, ModuleKind, UNetDenoiser
+from nodes.families.components.clip_text import ClipText
+from nodes.families.latent_format import SD15_LATENT, LatentFormat
+from nodes.families.prompt import ConcatPrompt
+from nodes.families.sampling import DiscreteSampling
+from nodes.weights import ModelLoadError, TensorIndex
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "models" / "configs"
 
@@ -37,11 +42,11 @@ class TextEncoderSpec:
 
 @dataclass(frozen=True)
 class Part:
-    """One module to build: its file location, key layout and diffusers/transformers config."""
+    """One module to build: its component kind (which owns the key table and the build), file
+    location and diffusers/transformers config."""
 
     name: str  # unet | vae | clip_l | clip_h | clip_g
-    builder: str  # unet | vae | clip | clip_projection
-    layout: str  # key layout in a single file: unet | vae | hf_clip | open_clip
+    kind: ModuleKind
     prefix: str  # key prefix in a single file
     subfolder: str  # subfolder in a diffusers folder
     config_json: str
@@ -51,8 +56,8 @@ class Part:
         return dict(json.loads(self.config_json))
 
     @staticmethod
-    def make(name: str, builder: str, layout: str, prefix: str, subfolder: str, config: Mapping[str, Any]) -> Part:
-        return Part(name, builder, layout, prefix, subfolder, json.dumps(dict(config), sort_keys=True))
+    def make(name: str, kind: ModuleKind, prefix: str, subfolder: str, config: Mapping[str, Any]) -> Part:
+        return Part(name, kind, prefix, subfolder, json.dumps(dict(config), sort_keys=True, default=str))
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,11 @@ class FamilyAdapter(ABC):
     title: ClassVar[str]
     unet_prefix: ClassVar[str] = "model.diffusion_model."
     vae_prefix: ClassVar[str] = "first_stage_model."
-    latent_scale: ClassVar[float] = 0.18215
-    latent_channels: ClassVar[int] = 4
+    latent_format: ClassVar[LatentFormat] = SD15_LATENT
+    sampling: ClassVar[DiscreteSampling] = DiscreteSampling()
+    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser()
+    vae: ClassVar[KLVae] = KLVae()
+    prompt: ClassVar[ConcatPrompt] = ConcatPrompt()
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]]
     heads: ClassVar[arch.HeadsRule]
     pipeline_class: ClassVar[str]
@@ -95,28 +103,46 @@ class FamilyAdapter(ABC):
         cfg["prediction_type"] = prediction
         return cfg
 
-    def unet_inputs(self, *, pooled: Any, width: int, height: int, batch: int,
-                    crop: tuple[int, int] = (0, 0), target: tuple[int, int] | None = None) -> dict[str, Any]:
-        """Extra keyword arguments of the UNet call beyond (latents, t, encoder_hidden_states)."""
-        return {}
+    def model_sampling(self, prediction: str) -> Any:
+        """The default ModelSampling for a checkpoint of this family with ``prediction``."""
+        return self.sampling.build(prediction)
 
     # --- architecture ---------------------------------------------------------------------------
     def unet_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
         size = self.default_resolution(prediction) // 8
-        return arch.unet_config(index, self.unet_prefix, type(self).heads, size)
+        return self.denoiser.config_from_tensors(index, self.unet_prefix, type(self).heads, size)
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
         """The parts of each handle (``unet``, ``clip``, ``vae``) of a single-file checkpoint."""
         prediction = self.prediction_type(index)
-        unet = Part.make("unet", "unet", "unet", self.unet_prefix, "unet", self.unet_config(index, prediction))
-        vae_cfg = arch.vae_config(index, self.vae_prefix, self.latent_scale, self.default_resolution(prediction))
-        vae = Part.make("vae", "vae", "vae", self.vae_prefix, "vae", vae_cfg)
+        unet = Part.make("unet", self.denoiser, self.unet_prefix, "unet", self.unet_config(index, prediction))
+        vae_cfg = self.vae.config_from_tensors(index, self.vae_prefix, self.latent_format.scale_factor,
+                                               self.default_resolution(prediction))
+        vae = Part.make("vae", self.vae, self.vae_prefix, "vae", vae_cfg)
         clips = []
         for spec in self.text_encoders:
-            cfg = arch.clip_config(index, spec.prefix, spec.layout)
-            builder = "clip_projection" if "projection_dim" in cfg else "clip"
-            clips.append(Part.make(spec.name, builder, spec.layout, spec.prefix, spec.subfolder, cfg))
+            kind, cfg = ClipText.from_tensors(index, spec.prefix, spec.layout)
+            clips.append(Part.make(spec.name, kind, spec.prefix, spec.subfolder, cfg))
         return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}
+
+    def diffusers_parts(self, config: Callable[[str], dict[str, Any]]
+                        ) -> tuple[dict[str, tuple[Part, ...]], tuple[tuple[str, int], ...]]:
+        """The parts of each handle of a diffusers folder (``config(sub)`` reads ``sub``'s JSON),
+        and the text encoders whose folder dropped final layers (name, how many)."""
+        unet = Part.make("unet", self.denoiser, self.unet_prefix, "unet", config("unet/config.json"))
+        vae = Part.make("vae", self.vae, self.vae_prefix, "vae", config("vae/config.json"))
+        clips, dropped = [], []
+        for spec in self.text_encoders:
+            cfg = config(f"{spec.subfolder}/config.json")
+            clips.append(Part.make(spec.name, ClipText.from_diffusers(spec.layout, cfg), spec.prefix,
+                                   spec.subfolder, cfg))
+            if drop := self.dropped_layers(spec, cfg):
+                dropped.append((spec.name, drop))
+        return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}, tuple(dropped)
+
+    def dropped_layers(self, spec: TextEncoderSpec, config: Mapping[str, Any]) -> int:
+        """How many final layers a diffusers folder's text encoder lacks (its hidden states shift)."""
+        return 0
 
     def spec(self, name: str) -> TextEncoderSpec:
         for s in self.text_encoders:

@@ -5,15 +5,13 @@ parameters, then ``load_state_dict(assign=True)``), so building costs only the f
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nodes.families import keys
 from nodes.families.base import FamilyAdapter, Part
-from nodes.families.files import ModelLoadError, TensorIndex, load_tensors
+from nodes.weights import ModelLoadError, TensorIndex, load_tensors
 
 # accelerate's init_empty_weights patches nn.Module.register_parameter for the whole process while
 # it is open: a parameter set in another thread meanwhile (load_state_dict(assign=True), a module
@@ -43,45 +41,13 @@ def empty_module(part: Part) -> Any:
     """The module of ``part`` with parameters on the meta device (buffers real)."""
     from accelerate import init_empty_weights
 
-    cfg = part.config
     with EMPTY_INIT_LOCK, init_empty_weights(include_buffers=False):
-        if part.builder == "unet":
-            from diffusers import UNet2DConditionModel
-
-            return UNet2DConditionModel.from_config(cfg)
-        if part.builder == "vae":
-            from diffusers import AutoencoderKL
-
-            return AutoencoderKL.from_config(cfg)
-        from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-        config = CLIPTextConfig(**cfg)
-        if part.builder == "clip_projection":
-            return CLIPTextModelWithProjection(config)
-        return CLIPTextModel(config)
-    raise AssertionError(part.builder)
-
-
-def _module_keys(part: Part, sd: dict[str, Any]) -> dict[str, Any]:
-    """transformers' ``CLIPTextModelWithProjection`` nests the encoder under ``text_model.``."""
-    if part.builder != "clip_projection":
-        return sd
-    return {k if k.startswith("text_projection.") else f"text_model.{k}": v for k, v in sd.items()}
-
-
-def _inner_keys(part: Part, sd: Mapping[str, Any]) -> dict[str, Any]:
-    if part.builder != "clip_projection":
-        return dict(sd)
-    return {k.removeprefix("text_model."): v for k, v in sd.items()}
+        return part.kind.empty(part.config)
 
 
 def build_from_single_file(part: Part, index: TensorIndex) -> Any:
     """Read ``part``'s tensors from a single file in the original layout and build the module."""
-    raw = load_tensors(index, part.prefix)
-    if part.layout == "vae" and keys.looks_like_diffusers_vae(list(raw)):
-        sd = raw  # a standalone VAE file saved by diffusers
-    else:
-        sd = keys.to_diffusers(part.layout, raw, part.config)
+    sd = part.kind.to_diffusers(load_tensors(index, part.prefix), part.config)
     return assign(part, sd, where=f"{index.path} ({part.name}, prefix {part.prefix!r})")
 
 
@@ -92,7 +58,7 @@ def assign(part: Part, sd: dict[str, Any], where: str) -> Any:
 
 def _assign(part: Part, sd: dict[str, Any], where: str) -> Any:
     module = empty_module(part)
-    sd = _module_keys(part, sd)
+    sd = part.kind.module_keys(sd)
     sd.pop("embeddings.position_ids", None)
     sd.pop("text_model.embeddings.position_ids", None)
     expected = set(module.state_dict())
@@ -100,7 +66,7 @@ def _assign(part: Part, sd: dict[str, Any], where: str) -> Any:
     unexpected = sorted(set(sd) - expected)
     if missing or unexpected:
         raise ModelLoadError(
-            f"{where}: weights do not fit the {part.builder} read from the file's shapes: "
+            f"{where}: weights do not fit the {part.kind.id} read from the file's shapes: "
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); "
             "the file is incomplete or of an unsupported variant"
         )
@@ -122,31 +88,15 @@ def build_from_diffusers(part: Part, folder: Path, *, allow_pickle: bool = False
                              "or allow pickles with the allow_pickle setting")
     try:
         with EMPTY_INIT_LOCK:  # from_pretrained initialises empty too (see EMPTY_INIT_LOCK)
-            module = _from_pretrained(part, path, bool(weights))
+            module = part.kind.from_pretrained(path, bool(weights))
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"{path}: cannot load the {part.name} of this diffusers folder: {exc}") from exc
     return module.eval().requires_grad_(False)
 
 
-def _from_pretrained(part: Part, path: Path, safetensors: bool) -> Any:
-    if part.builder == "unet":
-        from diffusers import UNet2DConditionModel
-
-        return UNet2DConditionModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
-    if part.builder == "vae":
-        from diffusers import AutoencoderKL
-
-        return AutoencoderKL.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
-    cls = CLIPTextModelWithProjection if part.builder == "clip_projection" else CLIPTextModel
-    return cls.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
-
-
 def original_state_dict(part: Part, module: Any, prefix: str | None = None) -> dict[str, Any]:
     """``module``'s weights in the original single-file layout, with the part's key prefix."""
-    sd = _inner_keys(part, module.state_dict())
-    converted = keys.to_ldm(part.layout, sd, part.config)
+    converted = part.kind.to_original(module.state_dict(), part.config)
     head = part.prefix if prefix is None else prefix
     return {head + k: v.detach().contiguous() for k, v in converted.items()}
 
@@ -156,16 +106,18 @@ def ldm_state_dict(family: FamilyAdapter, modules: Mapping[str, Any], prediction
     and the family's text encoder names (``clip_l``, ``clip_g``, ``clip_h``)."""
     import torch
 
+    from nodes.families.components.clip_text import ClipText
+
     out: dict[str, Any] = {}
     for name, module in modules.items():
         if name in ("unet", "vae"):
+            kind = family.denoiser if name == "unet" else family.vae
             prefix = family.unet_prefix if name == "unet" else family.vae_prefix
-            cfg = json.dumps(dict(module.config), sort_keys=True, default=str)
-            part = Part(name, name, name, prefix, name, cfg)
+            part = Part.make(name, kind, prefix, name, dict(module.config))
         else:
             spec = family.spec(name)
-            builder = "clip_projection" if hasattr(module, "text_projection") else "clip"
-            part = Part(name, builder, spec.layout, spec.prefix, spec.subfolder, "{}")
+            part = Part.make(name, ClipText(spec.layout, hasattr(module, "text_projection")), spec.prefix,
+                             spec.subfolder, {})
         out.update(original_state_dict(part, module))
     if prediction == "v_prediction":
         out["v_pred"] = torch.zeros(0)  # ComfyUI's marker of a v-prediction checkpoint

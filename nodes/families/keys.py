@@ -1,7 +1,8 @@
 """Key conversion between the original (LDM / CompVis / OpenCLIP) single-file layout and the
 diffusers / transformers layout, both directions, for any block count read from the tensors.
 
-One table per component, built from the architecture (levels, layers per block, attention per
+The component kinds (``nodes/families/components/``) call these tables. One table per component,
+built from the architecture (levels, layers per block, attention per
 level), is used in both directions, so the two directions cannot disagree. The tables follow the
 layout documented by diffusers' ``loaders/single_file_utils.py`` (``convert_ldm_unet_checkpoint``,
 ``convert_ldm_vae_checkpoint``, ``convert_open_clip_checkpoint``); the tests check our
@@ -181,31 +182,15 @@ def hf_to_open_clip(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-# --- entry points -------------------------------------------------------------------------------
-def to_diffusers(layout: str, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """Inner LDM-layout keys → diffusers/transformers keys for ``layout``."""
-    if layout == "unet":
-        return rename(sd, dict(unet_pairs(config)))
-    if layout == "vae":
-        return _vae_reshape(rename(sd, dict(vae_pairs(config))), to_linear=True)
-    if layout == "hf_clip":
-        return {k: v for k, v in sd.items() if k != "embeddings.position_ids"}
-    if layout == "open_clip":
-        return open_clip_to_hf(sd)
-    raise ValueError(f"unknown key layout {layout!r}; expected unet, vae, hf_clip or open_clip")
+# --- VAE entry points (the UNet and CLIP kinds call rename / open_clip_* directly) ------------------
+def vae_to_diffusers(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Inner LDM-layout VAE keys → diffusers keys (attention 1×1 convolutions become linear)."""
+    return _vae_reshape(rename(sd, dict(vae_pairs(config))), to_linear=True)
 
 
-def to_ldm(layout: str, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """diffusers/transformers keys → inner LDM-layout keys (the inverse of ``to_diffusers``)."""
-    if layout == "unet":
-        return rename(sd, {b: a for a, b in unet_pairs(config)})
-    if layout == "vae":
-        return _vae_reshape(rename(sd, {b: a for a, b in vae_pairs(config)}), to_linear=False)
-    if layout == "hf_clip":
-        return {k: v for k, v in sd.items() if k != "embeddings.position_ids"}
-    if layout == "open_clip":
-        return hf_to_open_clip(sd)
-    raise ValueError(f"unknown key layout {layout!r}; expected unet, vae, hf_clip or open_clip")
+def vae_to_ldm(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """diffusers VAE keys → inner LDM-layout keys (the inverse of ``vae_to_diffusers``)."""
+    return _vae_reshape(rename(sd, {b: a for a, b in vae_pairs(config)}), to_linear=False)
 
 
 def looks_like_diffusers_vae(keys: list[str]) -> bool:

@@ -7,7 +7,8 @@ from typing import ClassVar
 
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
-from nodes.families.files import TensorIndex
+from nodes.families.sampling import AYS_SD1, DiscreteSampling
+from nodes.weights import TensorIndex
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,7 @@ class SD15(FamilyAdapter):
     name: ClassVar[str] = "sd15"
     title: ClassVar[str] = "SD1.x"
     pipeline_class: ClassVar[str] = "StableDiffusionPipeline"
+    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.eight_heads)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
         TextEncoderSpec("clip_l", "cond_stage_model.transformer.text_model.", "hf_clip", "text_encoder",

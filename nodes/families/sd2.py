@@ -3,12 +3,14 @@ attention heads, linear transformer projections; 512-base (epsilon) and 768-v (v
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
-from nodes.families.files import TensorIndex
+from nodes.families.sampling import AYS_SD1, DiscreteSampling
+from nodes.weights import TensorIndex
 
 # ComfyUI's rule for SD2 files without a marker: v-prediction models have a wide norm bias here.
 _V_PROBE = "model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias"
@@ -19,6 +21,7 @@ class SD2(FamilyAdapter):
     name: ClassVar[str] = "sd2"
     title: ClassVar[str] = "SD2.x"
     pipeline_class: ClassVar[str] = "StableDiffusionPipeline"
+    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
         TextEncoderSpec("clip_h", "cond_stage_model.model.", "open_clip", "text_encoder",
@@ -42,10 +45,14 @@ class SD2(FamilyAdapter):
             return "v_prediction"
         if meta.get("modelspec.prediction_type") == "epsilon" or not index.has(_V_PROBE) or index.pickled:
             return "epsilon"
-        from nodes.families.files import load_tensors
+        from nodes.weights import load_tensors
 
         bias = load_tensors(index, _V_PROBE, strip=False)[_V_PROBE]
         return "v_prediction" if float(bias.float().std()) > 0.09 else "epsilon"
+
+    def dropped_layers(self, spec: TextEncoderSpec, config: Mapping[str, Any]) -> int:
+        """diffusers' SD2 folders drop ViT-H's last layer (23 of 24)."""
+        return 1 if config.get("num_hidden_layers") == 23 else 0
 
     def default_resolution(self, prediction: str) -> int:
         return 768 if prediction == "v_prediction" else 512

@@ -8,7 +8,10 @@ from typing import Any, ClassVar
 
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
-from nodes.families.files import ModelLoadError, TensorIndex
+from nodes.families.components import UNetDenoiser
+from nodes.families.latent_format import SDXL_LATENT, LatentFormat
+from nodes.families.sampling import DiscreteSampling
+from nodes.weights import ModelLoadError, TensorIndex
 
 
 @dataclass(frozen=True)
@@ -16,7 +19,10 @@ class SDXL(FamilyAdapter):
     name: ClassVar[str] = "sdxl"
     title: ClassVar[str] = "SDXL"
     pipeline_class: ClassVar[str] = "StableDiffusionXLPipeline"
-    latent_scale: ClassVar[float] = 0.13025
+    latent_format: ClassVar[LatentFormat] = SDXL_LATENT
+    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=(
+        14.615, 6.315, 3.771, 2.181, 1.342, 0.862, 0.555, 0.380, 0.234, 0.113, 0.029))
+    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(size_ids=True)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
         TextEncoderSpec("clip_l", "conditioner.embedders.0.transformer.text_model.", "hf_clip", "text_encoder",
@@ -46,12 +52,3 @@ class SDXL(FamilyAdapter):
                                  f"inputs; expected the pooled text size {pooled} + 6 size/crop embeddings")
         cfg["addition_time_embed_dim"] = extra // 6
         return cfg
-
-    def unet_inputs(self, *, pooled: Any, width: int, height: int, batch: int,
-                    crop: tuple[int, int] = (0, 0), target: tuple[int, int] | None = None) -> dict[str, Any]:
-        """``added_cond_kwargs``: pooled bigG embedding and (orig h, w, crop top, left, target h, w)."""
-        import torch
-
-        th, tw = target if target is not None else (height, width)
-        ids = torch.tensor([[height, width, crop[0], crop[1], th, tw]], dtype=pooled.dtype, device=pooled.device)
-        return {"added_cond_kwargs": {"text_embeds": pooled, "time_ids": ids.repeat(batch, 1)}}

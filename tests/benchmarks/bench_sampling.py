@@ -1,13 +1,15 @@
-"""Seconds per sampling step: Loom's KSampler loop vs diffusers' StableDiffusionPipeline.
+"""Seconds per sampling step: Loom's sampling station vs diffusers' StableDiffusionPipeline.
 
 Same full-size SD1.5-architecture UNet (random weights, generated once and cached under the
-gitignored ``bench_cache/``), same scheduler (euler / normal), same prompt embeddings, CFG 7.5,
+gitignored ``bench_cache/``), the same math (euler over ComfyUI's "normal" sigmas; diffusers runs
+them through ``tests/nodes/diffusers_ref.ComfyEulerScheduler``), same prompt embeddings, CFG 7.5,
 fp32 on CPU; text encoding and VAE decoding are excluded on both sides (the pipeline is given
 ``prompt_embeds`` and returns latents). Run::
 
     python tests/benchmarks/bench_sampling.py [--sizes 256 512] [--steps 3] [--repeats 1]
 
-Prints one line per size: Loom s/step, diffusers s/step and the ratio (target <= 1.0).
+Prints one line per size: Loom s/step, diffusers s/step, the ratio (target <= 1.0) and Loom's own
+work per step outside the UNet call (target < 1 ms).
 """
 
 from __future__ import annotations
@@ -42,10 +44,27 @@ def load_unet() -> Any:
 
 @dataclass(frozen=True)
 class BenchModel:
-    """Stands in for a UNetHandle: the family and scheduler config, with the module already built."""
+    """Stands in for a DenoiserHandle: the family and scheduler config, with the module already built."""
 
     family: Any
     prediction: str = "epsilon"
+
+    @property
+    def latent_format(self) -> Any:
+        return self.family.latent_format
+
+    @property
+    def denoiser(self) -> Any:
+        return self.family.denoiser
+
+    @property
+    def model_sampling(self) -> Any:
+        return self.family.model_sampling(self.prediction)
+
+    def sampling_hooks(self, module: Any) -> Any:
+        from nodes.hooks import SamplingHooks
+
+        return SamplingHooks()
 
     def scheduler_config(self) -> dict[str, Any]:
         return dict(self.family.scheduler_config(self.prediction))
@@ -71,10 +90,12 @@ def main() -> None:
 
     from engine.context import Folders, NodeContext
     from nodes.conditioning import CondEntry
-    from nodes.denoise import Window
+    from nodes.diffusion.ksampler import sampler_object
+    from nodes.diffusion.noise import prepare_noise
+    from nodes.diffusion.schedulers import ksampler_sigmas
     from nodes.families import SD15
-    from nodes.samplers import make_noise, make_scheduler
-    from nodes.sampling import Settings, sample
+    from nodes.sampling import Job, cfg_guider, sample
+    from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
     torch.set_grad_enabled(False)
     t0 = time.perf_counter()
@@ -82,42 +103,53 @@ def main() -> None:
     print(f"UNet ready in {time.perf_counter() - t0:.1f} s ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f}M params, "
           f"{torch.get_num_threads()} threads)")
     model = BenchModel(SD15())
+    ms = model.model_sampling
     gen = torch.Generator().manual_seed(1)
     pos, neg = torch.randn(1, 77, 768, generator=gen), torch.randn(1, 77, 768, generator=gen)
     folders = Folders(ROOT / "bench_cache" / "in", ROOT / "bench_cache" / "out", ROOT / "bench_cache" / "tmp")
     ctx = NodeContext("3", "bench", folders, models=ResidentModels(unet))
-    pipe = StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=unet,  # type: ignore[arg-type]
-                                   scheduler=make_scheduler("euler", "normal", model.scheduler_config()),
-                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-    pipe.vae_scale_factor = 8
-    pipe.set_progress_bar_config(disable=True)
+    guider = cfg_guider(model, [CondEntry(pos)], [CondEntry(neg)], 7.5)
+    unet_s: list[float] = []
+    started: list[float] = []
+    unet.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))
+    unet.register_forward_hook(lambda *_: unet_s.append(time.perf_counter() - started[-1]))
 
-    print(f"{'size':>6} {'loom s/step':>12} {'diffusers s/step':>17} {'ratio':>7}")
+    def pipe_for(steps: int) -> Any:
+        sched = ComfyEulerScheduler.over(model.scheduler_config(), ms, ksampler_sigmas(ms, "normal", "euler", steps))
+        pipe = StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=unet,  # type: ignore[arg-type]
+                                       scheduler=sched, safety_checker=None, feature_extractor=None,
+                                       requires_safety_checker=False)
+        pipe.vae_scale_factor = 8
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def run_loom(steps: int, size: int) -> None:
+        latent = {"samples": torch.zeros(1, 4, size // 8, size // 8)}
+        job = Job(guider, prepare_noise(latent["samples"], 0), 0)
+        sample(ctx, [job], sampler_object("euler"), ksampler_sigmas(ms, "normal", "euler", steps), latent)
+
+    def run_diffusers(steps: int, size: int) -> None:
+        pipe_for(steps)(prompt_embeds=pos, negative_prompt_embeds=neg, height=size, width=size,
+                        num_inference_steps=steps, guidance_scale=7.5,
+                        latents=prepare_noise(torch.zeros(1, 4, size // 8, size // 8), 0), output_type="latent")
+
+    print(f"{'size':>6} {'loom s/step':>12} {'diffusers s/step':>17} {'ratio':>7} {'loom own ms/step':>17}")
     for size in args.sizes:
-        h = size // 8
-        settings = Settings(0, args.steps, 7.5, "euler", "normal", Window.from_denoise(args.steps, 1.0))
-        latent = {"samples": torch.zeros(1, 4, h, h)}
-        loom, ref = [], []
-
-        def run_loom(s: Settings = settings, latent: dict = latent) -> None:
-            sample(ctx, model, [CondEntry(pos)], [CondEntry(neg)], latent, s)
-
-        def run_diffusers(steps: int = args.steps, size: int = size) -> None:
-            h = size // 8
-            pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=size, width=size, num_inference_steps=steps,
-                 guidance_scale=7.5, latents=make_noise(0, (1, 4, h, h)), output_type="latent")
-
-        run_loom(Settings(0, 1, 7.5, "euler", "normal", Window.from_denoise(1, 1.0)))  # warm-up: allocator, oneDNN
-        run_diffusers(1)
+        run_loom(1, size)  # warm-up: allocator, oneDNN
+        run_diffusers(1, size)
+        loom, ref, own = [], [], []
         for _ in range(args.repeats):  # interleaved, so load on the machine hits both alike
+            unet_s.clear()
             t = time.perf_counter()
-            run_loom()
-            loom.append((time.perf_counter() - t) / args.steps)
+            run_loom(args.steps, size)
+            total = time.perf_counter() - t
+            loom.append(total / args.steps)
+            own.append((total - sum(unet_s)) / args.steps)
             t = time.perf_counter()
-            run_diffusers()
+            run_diffusers(args.steps, size)
             ref.append((time.perf_counter() - t) / args.steps)
         lo, di = min(loom), min(ref)
-        print(f"{size:>6} {lo:>12.3f} {di:>17.3f} {lo / di:>7.3f}", flush=True)
+        print(f"{size:>6} {lo:>12.3f} {di:>17.3f} {lo / di:>7.3f} {min(own) * 1000:>17.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -62,8 +62,8 @@ def bench_demo(repeats: int) -> None:
     from nodes.clip_vision import ClipVisionHandle
     from nodes.demo import make_demo_models
     from nodes.demo_vision import DEMO_CLIP_VISION, DEMO_IPADAPTER, DEMO_SAFETY, make_demo_vision_models
+    from nodes.handles import open_checkpoint
     from nodes.ipadapter import IPAdapterFile, image_tokens
-    from nodes.models import open_checkpoint
     from nodes.safety import SafetyChecker
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -183,11 +183,12 @@ def manager() -> Any:
 
 @pytest.fixture()
 def make_ctx(model_folders: Any, manager: Any, tmp_path: Path) -> Callable[..., Any]:
-    from engine.context import Folders, NodeContext
+    from engine.context import Folders, NodeContext, RunSettings
 
     def make(node_id: str = "1", **settings: Any) -> NodeContext:
         folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", models=model_folders)
         folders.ensure()
-        return NodeContext(node_id=node_id, prompt_id="test", folders=folders, models=manager, settings=settings)
+        return NodeContext(node_id=node_id, prompt_id="test", folders=folders, models=manager,
+                           settings=RunSettings(**settings))
 
     return make

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from nodes.clip_vision import CLIPVisionEncode, ClipVisionHandle, CLIPVisionLoader, preprocess
 from nodes.demo_vision import tiny_clip_vision
-from nodes.families.files import ModelLoadError
+from nodes.weights import ModelLoadError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "models" / "configs"
 LEVEL = 1 / 255 / 0.2613  # one 8-bit level after normalisation (smallest CLIP std)

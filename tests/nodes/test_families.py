@@ -11,7 +11,8 @@ import torch
 
 from nodes.families import SD2, SD15, SDXL, ModelLoadError, detect_family, read_index
 from nodes.families.build import ldm_state_dict
-from nodes.models import load_tokenizer, open_checkpoint
+from nodes.families.components.clip_text import load_tokenizer
+from nodes.handles import open_checkpoint
 
 # Derived once from the shipped BPE files; "a photo of a cat" matches OpenAI's CLIP tokenizer.
 EXPECTED_IDS = {
@@ -51,7 +52,7 @@ def test_detect_family_and_sampling_facts(request: pytest.FixtureRequest, ckpt: 
     assert isinstance(fam, family)
     assert fam.prediction_type(index) == prediction
     assert fam.default_resolution(prediction) == resolution
-    assert fam.latent_scale == scale
+    assert fam.latent_format.scale_factor == scale
     assert fam.scheduler_config(prediction)["prediction_type"] == prediction
 
 
@@ -112,15 +113,29 @@ def test_open_clip_layout_matches_diffusers(tiny_models: dict[str, Any]) -> None
             assert torch.equal(theirs_sd[k], v), k
 
 
-def test_sdxl_unet_call_needs_added_cond_kwargs(tiny_models: dict[str, Any]) -> None:
+def test_sdxl_denoiser_conditioning_carries_pooled_and_size_ids(tiny_models: dict[str, Any]) -> None:
+    from nodes.conditioning import CondEntry
+
     unet = tiny_models["sdxl"].modules["unet"]
-    pooled = torch.randn(2, 32)
-    extra = SDXL().unet_inputs(pooled=pooled, width=64, height=64, batch=2)
-    assert extra["added_cond_kwargs"]["time_ids"].tolist() == [[64, 64, 0, 0, 64, 64]] * 2
+    entries = [CondEntry(torch.randn(1, 77, 64), torch.randn(1, 32)), CondEntry(torch.randn(1, 77, 64), torch.randn(1, 32))]
+    kwargs = SDXL().denoiser.conditioning(entries, 1, (64, 48))
+    assert kwargs["added_cond_kwargs"]["time_ids"].tolist() == [[64, 48, 0, 0, 64, 48]] * 2
+    assert kwargs["encoder_hidden_states"].shape == (2, 77, 64)
     with torch.no_grad():
-        out = unet(torch.randn(2, 4, 8, 8), 10, torch.randn(2, 77, 64), **extra).sample
-    assert out.shape == (2, 4, 8, 8)
-    assert SD15().unet_inputs(pooled=pooled, width=64, height=64, batch=2) == {}
+        out = SDXL().denoiser.forward(unet, torch.randn(2, 4, 8, 6), torch.tensor(10), kwargs)
+    assert out.shape == (2, 4, 8, 6)
+    assert set(SD15().denoiser.conditioning(entries, 2, (64, 64))) == {"encoder_hidden_states"}
+
+
+def test_denoiser_rejects_conditioning_of_another_width(tiny_models: dict[str, Any]) -> None:
+    from nodes.conditioning import CondEntry
+    from nodes.hooks import ConditioningError
+
+    unet = tiny_models["sdxl"].modules["unet"]
+    with pytest.raises(ConditioningError, match="32-wide embeddings but this model expects 64"):
+        SDXL().denoiser.check_conditioning(unet, [CondEntry(torch.randn(1, 77, 32), torch.randn(1, 32))], "positive")
+    with pytest.raises(ConditioningError, match="no pooled output"):
+        SDXL().denoiser.check_conditioning(unet, [CondEntry(torch.randn(1, 77, 64))], "negative")
 
 
 def test_unknown_architecture_names_file_and_problem(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def make_executor(models_dir: Path, work: Path, **settings: Any) -> Any:
     from engine.cache import OutputCache
-    from engine.context import Folders
+    from engine.context import Folders, RunSettings
     from engine.executor import Executor
     from engine.folders import ModelFolders
     from engine.memory import ModelManager
@@ -51,7 +51,7 @@ def make_executor(models_dir: Path, work: Path, **settings: Any) -> Any:
                 registry.register(node)
     register_image_options(registry, folders.input_dir)
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
-    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=settings)
+    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=RunSettings(**settings))
 
 
 def run(executor: Any, prompt: dict, **extra: Any) -> Any:

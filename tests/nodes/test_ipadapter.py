@@ -16,15 +16,24 @@ from safetensors.torch import save_file
 from nodes.clip_vision import ClipVisionHandle
 from nodes.conditioning import CLIPTextEncode
 from nodes.demo_vision import ip_adapter_state_dict, tiny_clip_vision
+from nodes.diffusion.noise import prepare_noise
+from nodes.diffusion.schedulers import ksampler_sigmas
+from nodes.families.components.clip_text import load_tokenizer
+from nodes.handles import open_checkpoint
 from nodes.ipadapter import IPAdapter, IPAdapterAdvanced, IPAdapterFile, IPAdapterModelLoader
 from nodes.latent import EmptyLatentImage, VAEDecode
-from nodes.models import load_tokenizer, open_checkpoint
-from nodes.samplers import make_noise, make_scheduler
 from nodes.sampling import KSampler
+from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
 SIZE, STEPS, SEED = 64, 3, 42
 PROMPT, NEGATIVE = "a photo of a cat", "blurry"
 CONFIGS = Path(__file__).resolve().parents[2] / "models" / "configs"
+
+
+def _euler(unet: Any) -> Any:
+    """diffusers' Euler over the sigmas KSampler euler/normal uses (same math as Loom)."""
+    ms = unet.model_sampling
+    return ComfyEulerScheduler.over(unet.scheduler_config(), ms, ksampler_sigmas(ms, "normal", "euler", STEPS))
 
 
 def plus_adapter_state_dict(unet: Any, clip_hidden: int, seed: int = 7) -> dict[str, torch.Tensor]:
@@ -152,7 +161,7 @@ def test_txt2img_matches_diffusers_load_ip_adapter(tiny_models: dict, env: Env, 
     pipe: Any = StableDiffusionPipeline(
         vae=modules["vae"], text_encoder=modules["clip_l"], tokenizer=load_tokenizer("clip_tokenizer"),
         unet=copy.deepcopy(modules["unet"]),
-        scheduler=make_scheduler("euler", "normal", env.ck.unet.scheduler_config()),
+        scheduler=_euler(env.ck.unet),
         safety_checker=None, requires_safety_checker=False,
         feature_extractor=CLIPImageProcessor.from_pretrained(CONFIGS / "clip_vision"),
         image_encoder=CLIPVisionModelWithProjection.from_pretrained(env.vision_dir / "clip_vision" / "enc"),
@@ -161,7 +170,7 @@ def test_txt2img_matches_diffusers_load_ip_adapter(tiny_models: dict, env: Env, 
                          image_encoder_folder=None, local_files_only=True)
     pil = Image.fromarray((_ref_image()[0].numpy() * 255).round().astype(np.uint8))
     ref = pipe(PROMPT, negative_prompt=NEGATIVE, height=SIZE, width=SIZE, num_inference_steps=STEPS,
-               guidance_scale=7.5, latents=make_noise(SEED, (1, 4, 8, 8)), ip_adapter_image=pil,
+               guidance_scale=7.5, latents=prepare_noise(torch.zeros(1, 4, 8, 8), SEED), ip_adapter_image=pil,
                output_type="np").images
     assert np.abs(image - env.plain).max() > 1e-2, "the adapter must change the image"
     assert np.abs(image - ref).max() < 1e-3
@@ -252,11 +261,11 @@ def test_sdxl_adapter_matches_diffusers(tiny_models: dict, tiny_sdxl_ckpt: Path,
     image = VAEDecode().run(ctx, samples=out, vae=ck.vae)[0].numpy()
 
     vae = copy.deepcopy(m["vae"])
-    vae.register_to_config(scaling_factor=ck.unet.latent_scale)
+    vae.register_to_config(scaling_factor=ck.unet.latent_format.scale_factor)
     pipe: Any = StableDiffusionXLPipeline(
         vae=vae, text_encoder=m["clip_l"], text_encoder_2=m["clip_g"], tokenizer=load_tokenizer("clip_tokenizer"),
         tokenizer_2=load_tokenizer("clip_tokenizer_2"), unet=copy.deepcopy(m["unet"]),
-        scheduler=make_scheduler("euler", "normal", ck.unet.scheduler_config()),
+        scheduler=_euler(ck.unet),
         feature_extractor=CLIPImageProcessor.from_pretrained(CONFIGS / "clip_vision"),
         image_encoder=CLIPVisionModelWithProjection.from_pretrained(env.vision_dir / "clip_vision" / "enc"),
     )
@@ -264,7 +273,7 @@ def test_sdxl_adapter_matches_diffusers(tiny_models: dict, tiny_sdxl_ckpt: Path,
                          image_encoder_folder=None, local_files_only=True)
     pil = Image.fromarray((_ref_image()[0].numpy() * 255).round().astype(np.uint8))
     ref = pipe(PROMPT, negative_prompt=NEGATIVE, height=SIZE, width=SIZE, num_inference_steps=STEPS,
-               guidance_scale=5.0, latents=make_noise(SEED, (1, 4, 8, 8)), ip_adapter_image=pil,
+               guidance_scale=5.0, latents=prepare_noise(torch.zeros(1, 4, 8, 8), SEED), ip_adapter_image=pil,
                output_type="np").images
     assert np.abs(image - ref).max() < 1e-3
 

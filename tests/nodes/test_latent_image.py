@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from nodes.handles import open_checkpoint
 from nodes.image import EmptyImage, ImageInvert, ImageScale, ImageScaleBy, LoadImage, PreviewImage, SaveImage
 from nodes.latent import (
     EmptyLatentImage,
@@ -22,7 +23,6 @@ from nodes.latent import (
     VAEEncodeForInpaint,
     VAEEncodeTiled,
 )
-from nodes.models import open_checkpoint
 from tests.nodes.gen_fixtures import gradient_image
 
 

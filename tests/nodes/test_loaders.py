@@ -12,7 +12,6 @@ import torch
 
 from engine.folders import ModelFolders, ModelPathError
 from engine.registry import NodeRegistry
-from nodes.families.files import ModelLoadError
 from nodes.loaders import (
     LOADER_NODES,
     CheckpointLoaderSimple,
@@ -22,6 +21,7 @@ from nodes.loaders import (
     VAELoader,
     register_model_options,
 )
+from nodes.weights import ModelLoadError
 
 
 def assert_weights(module: Any, original: Any, dtype: torch.dtype | None = None) -> None:
@@ -109,7 +109,7 @@ def test_checkpoint_save_round_trip(make_ctx: Any, tiny_models: dict[str, Any], 
     saved = ctx.folders.output_dir / "checkpoints" / entry["filename"]
     from safetensors import safe_open
 
-    from nodes.models import open_checkpoint
+    from nodes.handles import open_checkpoint
 
     ck = open_checkpoint(ModelFolders(ctx.folders.output_dir).resolve("checkpoints", entry["filename"]))
     assert ck.unet.prediction == model.prediction and type(ck.unet.family) is type(model.family)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.families.files import ModelLoadError
-from nodes.families.keys import to_ldm
+from nodes.families.components import UNetDenoiser
 from nodes.loaders import CheckpointLoaderSimple, LoraLoader, LoraLoaderModelOnly
+from nodes.weights import ModelLoadError
 
 RANK = 4
 
@@ -39,7 +39,7 @@ def lora_files(models_dir: Path, tiny_models: dict[str, Any]) -> dict[str, str]:
     u, t = lora_pairs(unet, UNET_SUFFIXES, 1), lora_pairs(te, TE_SUFFIXES, 2)
     loras = models_dir / "loras"
     kohya, peft, kohya_ldm = {}, {}, {}
-    ldm_names = to_ldm("unet", {f"{n}.weight": None for n in u}, dict(unet.config))
+    ldm_names = UNetDenoiser().to_original({f"{n}.weight": None for n in u}, dict(unet.config))
     for (name, (down, up)), ldm in zip(u.items(), ldm_names, strict=True):
         key = "lora_unet_" + name.replace(".", "_")
         kohya.update({f"{key}.lora_down.weight": down, f"{key}.lora_up.weight": up, f"{key}.alpha": torch.tensor(2.0)})

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from nodes import prompt_weights as pw
-from nodes.conditioning import CLIPTextEncode, TextEncoder, encode_prompt
-from nodes.models import load_tokenizer, open_checkpoint
+from nodes.conditioning import CLIPTextEncode, CondEntry
+from nodes.families.components.clip_text import load_tokenizer
+from nodes.families.prompt import ReadyEncoder
+from nodes.handles import open_checkpoint
 
 
 def _weights(prompt: str) -> list[tuple[str, float]]:
@@ -52,14 +54,22 @@ def test_chunking_keeps_every_token_and_words_whole() -> None:
 
 
 @pytest.fixture(scope="module")
-def sd15_encoder(tiny_models: dict) -> list[TextEncoder]:
+def sd15_encoder(tiny_models: dict) -> list[ReadyEncoder]:
     from nodes.families import SD15
+    from nodes.families.components.clip_text import ClipText
 
     spec = SD15.text_encoders[0]
-    return [TextEncoder(spec, load_tokenizer(spec.tokenizer), tiny_models["sd15"].modules["clip_l"], -1)]
+    kind = ClipText(spec.layout)
+    return [ReadyEncoder(spec, kind, load_tokenizer(spec.tokenizer), tiny_models["sd15"].modules["clip_l"], -1)]
 
 
-def test_weight_follows_comfyui_formula(sd15_encoder: list[TextEncoder]) -> None:
+def encode_prompt(text: str, encoders: list[ReadyEncoder]) -> Any:
+    from nodes.families import SD15
+
+    return CondEntry(*SD15.prompt.encode(text, encoders))
+
+
+def test_weight_follows_comfyui_formula(sd15_encoder: list[ReadyEncoder]) -> None:
     plain = encode_prompt("a cat", sd15_encoder).embeds
     weighted = encode_prompt("a (cat:1.5)", sd15_encoder).embeds
     empty = encode_prompt("", sd15_encoder).embeds
@@ -71,7 +81,7 @@ def test_weight_follows_comfyui_formula(sd15_encoder: list[TextEncoder]) -> None
     assert (weighted[0, 2] - plain[0, 2]).abs().max() > 1e-3
 
 
-def test_long_prompt_is_not_truncated(sd15_encoder: list[TextEncoder]) -> None:
+def test_long_prompt_is_not_truncated(sd15_encoder: list[ReadyEncoder]) -> None:
     long = ", ".join(f"word{i}" for i in range(60))  # well over 75 tokens
     embeds = encode_prompt(long, sd15_encoder).embeds
     assert embeds.shape[1] % 77 == 0 and embeds.shape[1] >= 154

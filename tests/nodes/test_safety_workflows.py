@@ -34,7 +34,7 @@ def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def make_executor(models_dir: Path, work: Path, *, guard_model: str | None = None, **settings: Any) -> Any:
     from engine.cache import OutputCache
-    from engine.context import Folders
+    from engine.context import Folders, RunSettings
     from engine.executor import Executor
     from engine.folders import ModelFolders
     from engine.memory import ModelManager
@@ -60,7 +60,7 @@ def make_executor(models_dir: Path, work: Path, *, guard_model: str | None = Non
                 registry.register(node)
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     guard = build_guard("enforce", files, manager, model_name=guard_model) if guard_model else None
-    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=settings, guard=guard)
+    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=RunSettings(**settings), guard=guard)
 
 
 def run(executor: Any, prompt: dict) -> Any:

@@ -16,7 +16,7 @@ CKPT_B = "loom_demo_sd15_b.safetensors"
 @pytest.fixture(scope="session")
 def perf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from nodes.demo import make_demo_models
-    from nodes.perf_preview import make_demo_taesd
+    from nodes.preview import make_demo_taesd
 
     root = tmp_path_factory.mktemp("perf_models")
     make_demo_models(root)

@@ -73,8 +73,8 @@ def test_deepcache_reuses_deep_features_between_update_steps(runtime: Any) -> No
     runtime.run(txt2img(CKPT, steps=6, deepcache={"cache_interval": 3, "cache_depth": 0, "start_step": 0,
                                                   "end_step": 1000}))
     unet = next(e.module for e in [*runtime.models._resident.values(), *runtime.models._ram.values()]
-                if getattr(e.module, "_loom_step_cache", None) is not None)
-    cache = unet._loom_step_cache
+                if "step_cache" in dict(e.module.named_children()))
+    cache = unet.get_submodule("step_cache")
     assert (cache.full_calls, cache.cached_calls) == (2, 4)  # steps 0 and 3 in full
 
 
@@ -88,15 +88,14 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
     from engine.folders import ModelFolders
     from engine.memory import ModelManager
     from nodes.families import SD15
-    from nodes.perf_preview import PreviewPacer, PreviewRenderer
-    from nodes.sampling import _RGB_FACTORS
+    from nodes.preview import PreviewPacer, PreviewRenderer
 
     files = ModelFolders(perf_models)
     ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, models=files), models=ModelManager())
     ctx.on_preview = lambda node, preview: None
     x0 = torch.randn(1, 4, 8, 8)
     for method, size in (("auto", 64), ("latent2rgb", 8)):
-        renderer = PreviewRenderer(ctx, SD15(), _RGB_FACTORS[0.18215], method)
+        renderer = PreviewRenderer(ctx, SD15().latent_format, method)
         with Image.open(io.BytesIO(renderer.render(x0).data)) as im:
             assert im.size == (size, size), method
     pacer = PreviewPacer(budget=0.05, interval=0.0)

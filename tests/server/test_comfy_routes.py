@@ -204,7 +204,7 @@ async def test_models_embeddings_extensions_features(client: TestClient) -> None
 
 
 class FakeManager:
-    """Duck-typed memory manager: what the server calls (stats, free)."""
+    """A memory manager (``engine.context.ModelManagerLike``) that only records and reports."""
 
     def __init__(self) -> None:
         self.freed = 0
@@ -218,6 +218,12 @@ class FakeManager:
 
     def use(self, handle: object) -> object:
         raise RuntimeError("not used by stub nodes")
+
+    def hint_upcoming(self, handles: object) -> None:
+        return None
+
+    def reset_run_stats(self) -> None:
+        return None
 
 
 async def test_memory_manager_figures_and_progress_log(aiohttp_client, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]

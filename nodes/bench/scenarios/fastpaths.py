@@ -82,7 +82,7 @@ def half_precision(setup: BenchSetup) -> list[Row]:
 def _preview_clock(spent: list[float]) -> Iterator[None]:
     """Collects the seconds of every preview the sampler renders (``PreviewPacer.record`` gets the
     time from the denoised estimate to the encoded frame); benchmark-only instrumentation."""
-    from nodes.perf_preview import PreviewPacer
+    from nodes.preview import PreviewPacer
 
     original = PreviewPacer.record
 
@@ -131,7 +131,7 @@ def previews(setup: BenchSetup) -> list[Row]:
 
 
 def _unet(rt: BenchRuntime, ckpt: str) -> Any:
-    from nodes.models import open_checkpoint
+    from nodes.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
         return unet
@@ -140,7 +140,7 @@ def _unet(rt: BenchRuntime, ckpt: str) -> Any:
 def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
     import torch
 
-    from nodes.models import open_checkpoint
+    from nodes.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", setup.ckpt_a)).vae) as vae:
         last = vae

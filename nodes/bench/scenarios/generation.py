@@ -51,11 +51,10 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
     """StableDiffusionPipeline over the weights Loom's memory manager holds, as diffusers would have
     them (``from_single_file``: contiguous memory order; Loom keeps UNet and VAE channels-last on
     CPU, so those two are copied; the text encoder is shared)."""
-    from diffusers import StableDiffusionPipeline
+    from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
 
     from nodes.families import SD15
-    from nodes.models import open_checkpoint
-    from nodes.samplers import make_scheduler
+    from nodes.handles import open_checkpoint
 
     handles = open_checkpoint(rt.files.resolve("checkpoints", ckpt))
     with rt.models.use(handles.clip) as clip:
@@ -64,14 +63,14 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
         vae, unet = contiguous_copy(loom_vae), contiguous_copy(loom_unet)
         pipe = StableDiffusionPipeline(
             vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-            scheduler=make_scheduler("euler", "normal", SD15().scheduler_config("epsilon")),
+            scheduler=EulerDiscreteScheduler.from_config(SD15().scheduler_config("epsilon")),
             safety_checker=None, feature_extractor=None, requires_safety_checker=False)  # type: ignore[arg-type]
     pipe.set_progress_bar_config(disable=True)  # type: ignore[attr-defined]
     return pipe
 
 
 def _loom_unet(rt: BenchRuntime, ckpt: str) -> Any:
-    from nodes.models import open_checkpoint
+    from nodes.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
         return unet

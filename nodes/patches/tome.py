@@ -24,7 +24,7 @@ from engine.schema import FLOAT, MODEL, Input, NodeSchema, Output
 
 @dataclass(frozen=True)
 class TomePatch:
-    """A :class:`nodes.models.Patch`: tomesd on the UNet with the given merge ratio."""
+    """A :class:`nodes.handles.Patch`: tomesd on the UNet with the given merge ratio."""
 
     ratio: float
     max_downsample: int = 1

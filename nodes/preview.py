@@ -3,7 +3,7 @@
 TAESD (madebyollin, https://github.com/madebyollin/taesd) is a tiny VAE decoder trained on SD's
 latent space; it decodes ~15x faster than the KL VAE and looks like the final image, where the
 linear latent->RGB fallback only shows blurry colour. Weights are read from ``models/vae_approx/``
-with ComfyUI's file names: ``taesd_decoder.*`` (SD1.x/2.x) and ``taesdxl_decoder.*`` (SDXL), in
+with ComfyUI's file names, which the family's latent format names (``LatentFormat.taesd_decoder``), in
 madebyollin's decoder layout (``1.weight`` ...) or diffusers' (``decoder.layers.0.weight`` ...).
 TAESD takes model-space latents (the UNet's, i.e. already multiplied by the VAE scale) and
 returns images in [-1, 1] (diffusers ``DecoderTiny``).
@@ -24,56 +24,52 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from engine.context import NodeContext, Preview
+from nodes.families.latent_format import LatentFormat
+from nodes.handles import WeightsHandle, WeightsSource
 
-TAESD_FILES = {"sd15": "taesd_decoder", "sd2": "taesd_decoder", "sdxl": "taesdxl_decoder"}
 _EXTENSIONS = (".safetensors", ".pth", ".pt")
 DEMO_TAESD_CHANNELS = 16  # the demo decoder's width (real TAESD: 64)
 
 
-@dataclass(frozen=True)
-class TaesdHandle:
+@dataclass(frozen=True, kw_only=True)
+class TaesdHandle(WeightsHandle):
     """A ``vae_approx`` model handle (small: the manager keeps it resident beside the UNet)."""
 
-    path: Path
-    fingerprint: str
-    kind: str = "vae_approx"
+    kind: ClassVar[str] = "vae_approx"
 
-    @property
-    def key(self) -> str:
-        return f"vae_approx:{self.path.name}:{self.fingerprint}"
-
-    def estimate_bytes(self) -> int:
-        return self.path.stat().st_size
-
-    def load(self) -> Any:
+    def build(self) -> Any:
         from diffusers import AutoencoderTiny
-
-        from nodes.families.build import EMPTY_INIT_LOCK
 
         tensors = _read(self.path)
         tensors = _to_diffusers_layout(tensors)
         channels = int(tensors["decoder.layers.0.weight"].shape[0])
         blocks = _blocks_per_stage(tensors)
-        with EMPTY_INIT_LOCK:  # never while another thread has accelerate's empty-init patch on
-            model: Any = AutoencoderTiny(decoder_block_out_channels=(channels,) * 4,
-                                         encoder_block_out_channels=(channels,) * 4, num_decoder_blocks=blocks)
+        model: Any = AutoencoderTiny(decoder_block_out_channels=(channels,) * 4,  # (load holds EMPTY_INIT_LOCK)
+                                     encoder_block_out_channels=(channels,) * 4, num_decoder_blocks=blocks)
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         missing = [k for k in missing if k.startswith("decoder.")]
         if missing or unexpected:
             raise ValueError(f"{self.path}: not a TAESD decoder (missing {missing[:3]}, unexpected {unexpected[:3]})")
-        return model.eval()
+        return PreviewDecoder(model.eval())
 
-    def to_device(self, module: Any, device: str, dtype: str) -> Any:
-        # nn.Module.to, not diffusers' override (it warns on every cast)
-        return torch.nn.Module.to(module, device=torch.device(device), dtype=getattr(torch, dtype))
 
-    def model_handles(self) -> list[Any]:
-        return [self]
+class PreviewDecoder(torch.nn.Module):
+    """The loaded TAESD model and what previews of each latent shape cost on it (seconds), so a
+    run can pace its first preview from the last run's figure (lives as long as the module)."""
+
+    def __init__(self, taesd: Any) -> None:
+        super().__init__()
+        self.taesd = taesd
+        self.costs: dict[tuple[int, ...], float] = {}
+
+    def decode(self, x0: torch.Tensor) -> torch.Tensor:
+        """Model-space latents -> images in [-1, 1]."""
+        return self.taesd.decode(x0, return_dict=False)[0]
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
@@ -115,10 +111,9 @@ def _blocks_per_stage(tensors: dict[str, torch.Tensor]) -> tuple[int, int, int, 
     return (stages[0], stages[1], stages[2], stages[3])
 
 
-def find_taesd(ctx: NodeContext, family_name: str) -> TaesdHandle | None:
-    """The ``vae_approx`` decoder for this family, if the user has one."""
+def find_taesd(ctx: NodeContext, stem: str | None) -> TaesdHandle | None:
+    """The ``vae_approx`` decoder named ``stem`` (a latent format's ``taesd_decoder``), if the user has one."""
     files = ctx.folders.models
-    stem = TAESD_FILES.get(family_name)
     if files is None or stem is None:
         return None
     try:
@@ -129,7 +124,7 @@ def find_taesd(ctx: NodeContext, family_name: str) -> TaesdHandle | None:
         if stem + ext in names:
             path = files.resolve("vae_approx", stem + ext)
             stat = path.stat()
-            return TaesdHandle(path, f"{stat.st_size}-{int(stat.st_mtime)}")
+            return TaesdHandle(source=WeightsSource(path, f"{stat.st_size}-{int(stat.st_mtime)}"), nbytes=stat.st_size)
     return None
 
 
@@ -139,7 +134,7 @@ def make_demo_taesd(models_dir: Path) -> list[Path]:
     from safetensors.torch import save_file
 
     folder = Path(models_dir) / "vae_approx"
-    paths = [folder / f"{stem}.safetensors" for stem in sorted(set(TAESD_FILES.values()))]
+    paths = [folder / f"{stem}.safetensors" for stem in taesd_names()]
     if all(p.is_file() for p in paths):
         return paths
     torch.manual_seed(0)
@@ -189,10 +184,10 @@ class PreviewPacer:
 class PreviewRenderer:
     """x0 (model space, [B, 4, h, w]) → JPEG: TAESD when available, else the linear approximation."""
 
-    def __init__(self, ctx: NodeContext, family: Any, factors: Any, method: str = "auto") -> None:
-        self.ctx, self.family = ctx, family
-        self.factors, self.bias = (torch.tensor(factors[0]), torch.tensor(factors[1]))
-        self.taesd = find_taesd(ctx, family.name) if method in ("auto", "taesd") else None
+    def __init__(self, ctx: NodeContext, latent_format: LatentFormat, method: str = "auto") -> None:
+        self.ctx = ctx
+        self.factors, self.bias = torch.tensor(latent_format.rgb_factors), torch.tensor(latent_format.rgb_bias)
+        self.taesd = find_taesd(ctx, latent_format.taesd_decoder) if method in ("auto", "taesd") else None
 
     @cached_property
     def method(self) -> str:
@@ -203,14 +198,12 @@ class PreviewRenderer:
         if self.taesd is None:
             return 0.0
         with self.ctx.models.use(self.taesd) as decoder:
-            return getattr(decoder, "_loom_preview_cost", {}).get(x0_shape)
+            return decoder.costs.get(x0_shape)
 
     def remember(self, x0_shape: tuple[int, ...], seconds: float) -> None:
         if self.taesd is not None:
             with self.ctx.models.use(self.taesd) as decoder:
-                costs = getattr(decoder, "_loom_preview_cost", {})
-                costs[x0_shape] = seconds
-                decoder._loom_preview_cost = costs
+                decoder.costs[x0_shape] = seconds
 
     def render(self, x0: torch.Tensor) -> Preview:
         from PIL import Image
@@ -229,5 +222,12 @@ class PreviewRenderer:
         assert self.taesd is not None
         with self.ctx.models.use(self.taesd) as decoder:
             param = next(decoder.parameters())
-            image = decoder.decode(x0[:1].to(param), return_dict=False)[0]  # (1, 3, H, W) in [-1, 1]
+            image = decoder.decode(x0[:1].to(param))  # (1, 3, H, W) in [-1, 1]
         return ((image[0].float().cpu() + 1) / 2).permute(1, 2, 0)  # (H, W, 3)
+
+
+def taesd_names() -> list[str]:
+    """The TAESD decoder file stems the known families use."""
+    from nodes.families import FAMILIES
+
+    return sorted({f.latent_format.taesd_decoder for f in FAMILIES if f.latent_format.taesd_decoder})

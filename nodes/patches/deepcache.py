@@ -12,18 +12,21 @@ Implementation on diffusers' ``UNet2DConditionModel``: the deep blocks' ``forwar
 wrapped. On update steps they run and remember their outputs; on cached steps they return the
 remembered outputs at once (the residual tuples keep their shapes, so diffusers' own forward
 slices the skip connections as usual). A step is recognised from the timestep: a new timestep is
-a new step, a timestep not below the last one starts a new run (the sampler also calls
-``_loom_new_run`` at the start of each run).
+a new step, a timestep not below the last one starts a new run; the patch's sampling hooks
+(``nodes.hooks``) reset it at the start of each run and tell it each call's timestep.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from torch import nn
 
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import INT, MODEL, Input, NodeSchema, Output
+from nodes.hooks import ApplyFn, ModelCall, SamplingHooks
 
 
 @dataclass(frozen=True)
@@ -40,19 +43,24 @@ class DeepCacheSettings:
         return (step - self.start_step) % self.cache_interval == 0
 
 
-@dataclass
-class _StepCache:
-    """The per-UNet state: which step we are at and the deep blocks' outputs of the last update."""
+class StepCache(nn.Module):
+    """The per-UNet state: which step we are at and the deep blocks' outputs of the last update.
 
-    settings: DeepCacheSettings
-    step: int = -1
-    position: int = 0  # which UNet call within the current step (area conditioning makes several)
-    last_t: float | None = None
-    shape: tuple[int, ...] | None = None
-    reuse: bool = False
-    outputs: dict[tuple[int, str], Any] = field(default_factory=dict)
-    full_calls: int = 0
-    cached_calls: int = 0
+    An ``nn.Module`` without parameters only so that it can live on the UNet as a named child
+    (``step_cache``), found again by the patch's sampling hooks; it holds no weights.
+    """
+
+    def __init__(self, settings: DeepCacheSettings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.step = -1
+        self.position = 0  # which UNet call within the current step (area conditioning makes several)
+        self.last_t: float | None = None
+        self.shape: tuple[int, ...] | None = None
+        self.reuse = False
+        self.outputs: dict[tuple[int, str], Any] = {}
+        self.full_calls = 0
+        self.cached_calls = 0
 
     def new_run(self) -> None:
         self.step, self.position, self.last_t, self.outputs = -1, 0, None, {}
@@ -78,7 +86,7 @@ class _StepCache:
             self.full_calls += 1
 
 
-def _wrap(block: Any, name: str, cache: _StepCache) -> None:
+def _wrap(block: Any, name: str, cache: StepCache) -> None:
     original = block.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -94,7 +102,7 @@ def _wrap(block: Any, name: str, cache: _StepCache) -> None:
 
 @dataclass(frozen=True)
 class DeepCachePatch:
-    """A :class:`nodes.models.Patch` installing the step cache on a diffusers UNet."""
+    """A :class:`nodes.handles.Patch` installing the step cache on a diffusers UNet."""
 
     settings: DeepCacheSettings
 
@@ -109,7 +117,7 @@ class DeepCachePatch:
         if not 0 <= depth < n:
             raise ValueError(f"DeepCache cache_depth {depth} is out of range: this UNet has {n} down blocks, "
                              f"so use 0 (shallowest skip branch, fastest) to {n - 1}")
-        cache = _StepCache(self.settings)
+        cache = StepCache(self.settings)
         for i in range(depth + 1, n):  # deep down blocks; their skip residuals feed skipped up blocks only
             _wrap(module.down_blocks[i], f"down{i}", cache)
         if module.mid_block is not None:
@@ -117,14 +125,17 @@ class DeepCachePatch:
         for i in range(0, n - 1 - depth):  # deep up blocks; the last one's output is the cached feature
             _wrap(module.up_blocks[i], f"up{i}", cache)
 
-        def pre_hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            t = args[1] if len(args) > 1 else kwargs["timestep"]
-            sample = args[0] if args else kwargs["sample"]
-            cache.before_call(t, sample)
+        module.add_module("step_cache", cache)  # found again by sampling_hooks; holds no tensors
 
-        module.register_forward_pre_hook(pre_hook, with_kwargs=True)
-        module._loom_new_run = cache.new_run
-        module._loom_step_cache = cache
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """Reset the step count per run; before each call, decide from its timestep whether to reuse."""
+        cache = module.get_submodule("step_cache")
+
+        def wrapper(apply: ApplyFn, call: ModelCall) -> Any:
+            cache.before_call(call.timestep, call.x_in)
+            return apply(call)
+
+        return SamplingHooks(run_start=(lambda info: cache.new_run(),), model_wrappers=(wrapper,))
 
 
 class DeepCache(Node):

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-import nodes.perf_device as perf_device
+import nodes.device as device
+from engine.context import RunSettings
 from nodes.conditioning import CLIPTextEncode
+from nodes.handles import open_checkpoint
 from nodes.latent import EmptyLatentImage
-from nodes.models import open_checkpoint
 from nodes.sampling import KSampler
 
 
@@ -43,7 +44,7 @@ def test_compile_once_across_runs_same_images(
     tiny_sd15_ckpt: Any, make_ctx: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counter = CountingCompile()
-    monkeypatch.setattr(perf_device.torch, "compile", counter)
+    monkeypatch.setattr(device.torch, "compile", counter)
     ck = open_checkpoint(tiny_sd15_ckpt)
     eager = _sample(make_ctx(), ck)
     assert counter.calls == []  # opt-in only
@@ -51,9 +52,8 @@ def test_compile_once_across_runs_same_images(
     first = _sample(make_ctx(compile=True), ck)
     second = _sample(make_ctx(compile=True), ck, seed=8)
     assert len(counter.calls) == 1  # cached on the resident module, not rebuilt per run
-    unet = counter.calls[0]
-    assert perf_device.COMPILED_ATTR in unet.__dict__
-    assert perf_device.COMPILED_ATTR not in dict(unet.named_children())  # no module cycle
+    unet = counter.calls[0].__self__  # nn.Module.compile compiles the module's own call
+    assert device.is_compiled(unet)
     assert torch.equal(first, eager)
     assert not torch.equal(second, first)
 
@@ -70,29 +70,28 @@ def test_tf32_is_harmless_on_cpu(tiny_sd15_ckpt: Any, make_ctx: Any) -> None:
 def test_tf32_scope_sets_and_restores_on_cuda_devices() -> None:
     """The flags are process-wide torch state; the scope turns them on only around sampling."""
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    with perf_device.tf32_scope({"tf32": True}, torch.device("cuda")):  # setting flags needs no GPU
+    with device.tf32_scope(RunSettings(tf32=True), torch.device("cuda")):  # setting flags needs no GPU
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
-    with perf_device.tf32_scope({"tf32": False}, torch.device("cuda")):
+    with device.tf32_scope(RunSettings(tf32=False), torch.device("cuda")):
         assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
 def test_coalesced_sampler_uses_the_compiled_unet_too(
     tiny_sd15_ckpt: Any, make_ctx: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodes.denoise import Window
-    from nodes.perf_batch import sample_stacked
-    from nodes.sampling import Settings
+    from nodes.perf_batch import KSamplerBatched
 
     counter = CountingCompile()
-    monkeypatch.setattr(perf_device.torch, "compile", counter)
+    monkeypatch.setattr(device.torch, "compile", counter)
     ck = open_checkpoint(tiny_sd15_ckpt)
     ctx = make_ctx(compile=True)
     pos = CLIPTextEncode().run(ctx, text="a cat", clip=ck.clip)[0]
     neg = CLIPTextEncode().run(ctx, text="blurry", clip=ck.clip)[0]
     latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
-    settings = [Settings(seed, 2, 7.0, "euler", "normal", Window.from_denoise(2, 1.0)) for seed in (7, 8)]
-    stacked = sample_stacked(ctx, ck.unet, [pos, pos], [neg, neg], latent, settings)
+    stacked = KSamplerBatched().run(ctx, model=[ck.unet], seed=[7, 8], steps=[2], cfg=[7.0], sampler_name=["euler"],
+                                    scheduler=["normal"], positive=[pos], negative=[neg], latent_image=[latent],
+                                    denoise=[1.0])[0]
     assert len(counter.calls) == 1
     alone = _sample(make_ctx(), ck, seed=7)  # batched convolutions differ from batch 1 by float noise only
     assert torch.allclose(stacked[0]["samples"], alone, rtol=1e-4, atol=1e-3)

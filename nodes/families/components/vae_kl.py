@@ -1,0 +1,48 @@
+"""The KL autoencoder kind (diffusers' ``AutoencoderKL``) of SD1.x, SD2.x and SDXL: config from the
+tensors, the key table both ways (LDM ``encoder.down.{i}.block.{j}`` ⇄ diffusers'
+``encoder.down_blocks.{i}.resnets.{j}``, the decoder reversed; attention 1x1 convolutions ⇄
+linear layers), and the build. Files saved by diffusers already have the module's names."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nodes.families import arch, keys
+from nodes.weights import TensorIndex
+
+
+@dataclass(frozen=True)
+class KLVae:
+    """The VAE kind (see the module docstring)."""
+
+    id: str = "vae"
+
+    def config_from_tensors(self, index: TensorIndex, prefix: str, scaling_factor: float,
+                            sample_size: int) -> dict[str, Any]:
+        if keys.looks_like_diffusers_vae([k.removeprefix(prefix) for k in index.tensors if k.startswith(prefix)]):
+            return arch.vae_config_diffusers_keys(index, scaling_factor, sample_size)
+        return arch.vae_config(index, prefix, scaling_factor, sample_size)
+
+    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        if keys.looks_like_diffusers_vae(list(sd)):
+            return dict(sd)  # a standalone VAE file saved by diffusers
+        return keys.vae_to_diffusers(sd, config)
+
+    def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        return keys.vae_to_ldm(sd, config)
+
+    def module_keys(self, sd: dict[str, Any]) -> dict[str, Any]:
+        return sd
+
+    def empty(self, config: Mapping[str, Any]) -> Any:
+        from diffusers import AutoencoderKL
+
+        return AutoencoderKL.from_config(dict(config))
+
+    def from_pretrained(self, path: Path, safetensors: bool) -> Any:
+        from diffusers import AutoencoderKL
+
+        return AutoencoderKL.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)

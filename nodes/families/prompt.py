@@ -1,0 +1,47 @@
+"""Prompt recipes: how a family turns prompt text into the conditioning its denoiser takes.
+
+A recipe gets the family's ready text encoders (:class:`ReadyEncoder`: the kind, the module, its
+tokenizer, the hidden-state index to use and the spec's flags) and returns ``(embeds, pooled)``:
+embeds (1, T, D) and the pooled output (1, P) or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from nodes.families.base import TextEncoderSpec
+
+
+@dataclass(frozen=True)
+class ReadyEncoder:
+    """A text encoder resident for encoding: its spec, kind, tokenizer, module and the index into
+    ``hidden_states`` to use (the family default, or CLIPSetLastLayer's choice)."""
+
+    spec: TextEncoderSpec
+    kind: Any  # a ClipText (nodes.families.components.clip_text)
+    tokenizer: Any
+    module: Any
+    layer: int
+
+
+@dataclass(frozen=True)
+class ConcatPrompt:
+    """SD1.x, SD2.x, SDXL (ComfyUI's ``CLIPTextEncode``): every encoder encodes the prompt; their
+    outputs are concatenated along the feature axis; the pooled output comes from the encoder
+    whose spec says ``pooled`` (SDXL's clip_g), computed on the first chunk."""
+
+    def encode(self, text: str, encoders: Sequence[ReadyEncoder]) -> tuple[Tensor, Tensor | None]:
+        import torch
+
+        parts, pooled = [], None
+        for enc in encoders:
+            z, p = enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer,
+                                   final_norm=enc.spec.final_norm, pooled=enc.spec.pooled)
+            parts.append(z)
+            pooled = p if p is not None else pooled
+        return torch.cat(parts, dim=-1), pooled

@@ -1,0 +1,40 @@
+"""A family's default ModelSampling, described as data and built on demand.
+
+SD1.x, SD2.x and SDXL are discrete-time VP models trained on 1000 steps with ComfyUI's "linear"
+beta schedule (β = linspace(√0.00085, √0.012)², diffusers' "scaled_linear"), predicting noise
+(``epsilon``) or velocity (``v_prediction``); which one is a property of the checkpoint, read by
+the family. ComfyUI builds
+the same from ``sampling_settings`` in ``comfy/supported_models.py`` and
+``comfy/model_sampling.py`` (``ModelSamplingDiscrete`` with ``EPS`` / ``V_PREDICTION``).
+
+``ays_sigmas`` is the family's 10-step Align Your Steps table (Sabour et al. 2024; the numbers
+ComfyUI's ``AlignYourStepsScheduler`` ships), or None when the family has none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PREDICTIONS = {"epsilon": "eps", "v_prediction": "v_prediction"}  # checkpoint's name -> ModelSampling's
+AYS_SD1 = (14.615, 6.475, 3.861, 2.697, 1.886, 1.396, 0.963, 0.652, 0.399, 0.152, 0.029)  # SD1.x and SD2.x
+
+
+@dataclass(frozen=True)
+class DiscreteSampling:
+    """A discrete-time VP schedule (see the module docstring)."""
+
+    beta_schedule: str = "linear"  # ComfyUI's name
+    linear_start: float = 0.00085
+    linear_end: float = 0.012
+    timesteps: int = 1000
+    ays_sigmas: tuple[float, ...] | None = None
+
+    def build(self, prediction: str) -> Any:
+        """The ModelSampling object of ``nodes.diffusion.model_sampling`` for ``prediction``."""
+        from nodes.diffusion import model_sampling as ms  # the sigma-space core (branch sampling-core)
+
+        if prediction not in PREDICTIONS:
+            raise ValueError(f"unknown prediction type {prediction!r}; expected one of {sorted(PREDICTIONS)}")
+        return ms.discrete(PREDICTIONS[prediction], beta_schedule=self.beta_schedule,
+                           linear_start=self.linear_start, linear_end=self.linear_end, timesteps=self.timesteps)

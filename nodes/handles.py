@@ -1,0 +1,312 @@
+"""Model handles: the light, immutable values that flow along MODEL / CLIP / VAE / CLIP_VISION links.
+
+Every weighted module Loom loads is described by one :class:`WeightsHandle`: where its weights
+live (file + fingerprint), what to build from them (``build``, per subclass), and which patches
+apply (LoRA, IP-Adapter, ToMe, DeepCache). It holds no weights: ``ModelManager.use(handle)``
+calls ``handle.load()`` when the weights are needed, and ``handle.to_device`` is the one device
+move and precision cast of every module (skipped when nothing changes; ``dtype`` overrides the
+manager's per-kind policy). ``key`` is the content identity the manager caches modules by.
+Patching returns a new handle (``with_patch``), so a cached output never changes behind the
+cache's back.
+
+The checkpoint parts are :class:`DenoiserHandle` (MODEL), :class:`TextEncodersHandle` (CLIP) and
+:class:`VaeHandle` (VAE); CLIP vision, the safety model and TAESD subclass WeightsHandle in their
+modules. The ``kind`` strings (``unet``, ``clip``, ``vae``, ...) are ComfyUI's precision-flag
+vocabulary, which the manager's policy is keyed by.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from nodes.families import FamilyAdapter, Part
+from nodes.families.base import TextEncoderSpec
+from nodes.families.build import build_from_diffusers, build_from_single_file
+from nodes.families.latent_format import LatentFormat
+from nodes.hooks import SamplingHooks, merge_all
+from nodes.weights import ModelLoadError, fingerprint, read_index
+
+
+@runtime_checkable
+class Patch(Protocol):
+    """A change applied to a freshly built module (in place), e.g. a LoRA merged into weights."""
+
+    @property
+    def key(self) -> str:
+        """Identity of the patch (file fingerprint, strengths): part of the handle's key."""
+        ...
+
+    def apply(self, module: Any, handle: Any) -> None:
+        """Change the freshly built ``module`` of ``handle`` in place."""
+        ...
+
+
+@runtime_checkable
+class HookedPatch(Patch, Protocol):
+    """A patch that also acts while the sampler runs (see ``nodes.hooks``)."""
+
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """The hooks for the resident, patched ``module`` (they may keep state found on it)."""
+        ...
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    """A weights file (single-file checkpoint in the original layout, a component file) or a
+    diffusers folder."""
+
+    path: Path
+    fingerprint: str
+    format: str = "single_file"  # "single_file" | "diffusers"
+    allow_pickle: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightsHandle:
+    """One weighted module (see the module docstring). Subclasses implement ``build`` and, if
+    more than the file identifies the module, ``recipe``."""
+
+    kind: ClassVar[str] = "model"
+    source: WeightsSource
+    nbytes: int
+    patches: tuple[Patch, ...] = ()
+    dtype: str | None = None  # overrides the manager's dtype policy for this handle
+
+    # --- identity -------------------------------------------------------------------------------
+    @cached_property
+    def key(self) -> str:
+        ident = {"kind": self.kind, "file": self.source.fingerprint, "format": self.source.format,
+                 "recipe": self.recipe(), "patches": [p.key for p in self.patches]}
+        digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+        return f"{self.kind}:{self.source.name}:{digest}"
+
+    def recipe(self) -> Any:
+        """JSON-able description of what is built from the file (besides the file itself)."""
+        return None
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    def with_patch(self, patch: Patch) -> Any:
+        """A new handle with ``patch`` appended (this one is unchanged)."""
+        return replace(self, patches=(*self.patches, patch))
+
+    # --- ModelHandleLike ------------------------------------------------------------------------
+    def estimate_bytes(self) -> int:
+        return self.nbytes
+
+    def load(self) -> Any:
+        from nodes.families.build import EMPTY_INIT_LOCK
+
+        with EMPTY_INIT_LOCK:  # patches may create parameters too (IP-Adapter): see EMPTY_INIT_LOCK
+            module = self.build()
+            for patch in self.patches:
+                patch.apply(module, self)
+        return module
+
+    def build(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not say how to build its module")
+
+    def to_device(self, module: Any, device: str, dtype: str) -> Any:
+        import torch
+
+        target_device, target_dtype = torch.device(device), getattr(torch, self.dtype or dtype)
+        tensors = [*module.parameters(), *module.buffers()]
+        if all(t.device == target_device and (t.dtype == target_dtype or not t.is_floating_point()) for t in tensors):
+            return module
+        # nn.Module.to, not diffusers' override (it warns on every cast of modules without fp32 parts)
+        return torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
+
+    def model_handles(self) -> list[Any]:
+        return [self]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentHandle(WeightsHandle):
+    """A checkpoint part: built by the family's component kinds from ``parts`` (one module, or
+    several text encoders)."""
+
+    family: FamilyAdapter
+    parts: tuple[Part, ...]
+
+    def recipe(self) -> Any:
+        return [[p.name, p.prefix, p.subfolder, p.config_json] for p in self.parts]
+
+    def build(self) -> Any:
+        return self._assemble({p.name: self._build(p) for p in self.parts})
+
+    def _build(self, part: Part) -> Any:
+        if self.source.format == "diffusers":
+            return build_from_diffusers(part, self.source.path, allow_pickle=self.source.allow_pickle)
+        index = read_index(self.source.path, allow_pickle=self.source.allow_pickle)
+        return build_from_single_file(part, index)
+
+    def _assemble(self, modules: dict[str, Any]) -> Any:
+        (module,) = modules.values()
+        return module
+
+    def part(self, name: str) -> Part:
+        for p in self.parts:
+            if p.name == name:
+                return p
+        raise KeyError(f"{self.kind} handle has no part {name!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DenoiserHandle(ComponentHandle):
+    """The MODEL value: the family's denoiser, how it predicts, how to sample it."""
+
+    kind: ClassVar[str] = "unet"
+    prediction: str = "epsilon"
+    sampling_override: Any = field(default=None)  # set by with_model_sampling; not part of ``key``
+
+    @property
+    def latent_format(self) -> LatentFormat:
+        return self.family.latent_format
+
+    @property
+    def denoiser(self) -> Any:
+        """The family's denoiser kind: ``conditioning``, ``forward``, ``check_conditioning``."""
+        return self.family.denoiser
+
+    @cached_property
+    def model_sampling(self) -> Any:
+        """The ModelSampling to sample with: the override, else the family's default for the
+        checkpoint's prediction type. It does not change the weights, so it is not in ``key``."""
+        if self.sampling_override is not None:
+            return self.sampling_override
+        return self.family.model_sampling(self.prediction)
+
+    def with_model_sampling(self, model_sampling: Any) -> DenoiserHandle:
+        """A new handle sampling with ``model_sampling`` (ModelSamplingDiscrete & co.)."""
+        return replace(self, sampling_override=model_sampling)
+
+    def sampling_hooks(self, module: Any) -> SamplingHooks:
+        """The hooks of this handle's patches for the resident ``module``, in patch order."""
+        return merge_all([p.sampling_hooks(module) for p in self.patches if isinstance(p, HookedPatch)])
+
+    @property
+    def default_resolution(self) -> int:
+        return self.family.default_resolution(self.prediction)
+
+    def scheduler_config(self) -> dict[str, Any]:
+        return self.family.scheduler_config(self.prediction)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextEncodersHandle(ComponentHandle):
+    """The CLIP value: the family's text encoder(s), loaded as one :class:`TextEncoders` module
+    (``module["clip_l"]``, ``module.tokenizers``).
+
+    ``layer`` is CLIPSetLastLayer's ``stop_at_clip_layer`` (None: the family's default). It does
+    not change the weights, so it is not part of ``key``.
+    """
+
+    kind: ClassVar[str] = "clip"
+    layer: int | None = None
+    dropped_layers: tuple[tuple[str, int], ...] = field(default=())  # diffusers folders may drop one
+
+    def _assemble(self, modules: dict[str, Any]) -> Any:
+        from nodes.families.components.clip_text import TextEncoders, load_tokenizer
+
+        # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.
+        return TextEncoders(modules, {s.name: load_tokenizer(s.tokenizer) for s in self.specs()})
+
+    def specs(self) -> tuple[TextEncoderSpec, ...]:
+        return self.family.text_encoders
+
+    def hidden_state_index(self, name: str) -> int:
+        """Index into ``hidden_states`` (output_hidden_states=True) to use for encoder ``name``."""
+        spec = self.family.spec(name)
+        wanted = spec.default_layer if self.layer is None else self.layer
+        dropped = dict(self.dropped_layers).get(name, 0)
+        return min(-1, wanted + dropped)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VaeHandle(ComponentHandle):
+    """The VAE value."""
+
+    kind: ClassVar[str] = "vae"
+
+
+# --- opening files into handles ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint loader returns: MODEL, CLIP and VAE handles."""
+
+    unet: DenoiserHandle
+    clip: TextEncodersHandle
+    vae: VaeHandle
+
+
+def open_checkpoint(path: Path, *, allow_pickle: bool = False) -> Checkpoint:
+    """Handles for a single-file checkpoint (reads the header only; no weights)."""
+    from nodes.families import detect_family
+
+    index = read_index(path, allow_pickle=allow_pickle)
+    family = detect_family(index)
+    parts = family.parts(index)
+    source = WeightsSource(Path(path), fingerprint(path), "single_file", allow_pickle)
+
+    def size(ps: tuple[Part, ...]) -> int:
+        return sum(index.nbytes(p.prefix) for p in ps)
+
+    prediction = family.prediction_type(index)
+    return Checkpoint(
+        DenoiserHandle(source=source, family=family, parts=parts["unet"], nbytes=size(parts["unet"]),
+                       prediction=prediction),
+        TextEncodersHandle(source=source, family=family, parts=parts["clip"], nbytes=size(parts["clip"])),
+        VaeHandle(source=source, family=family, parts=parts["vae"], nbytes=size(parts["vae"])),
+    )
+
+
+def open_diffusers(folder: Path, *, allow_pickle: bool = False) -> Checkpoint:
+    """Handles for a diffusers folder (``model_index.json`` + component subfolders)."""
+    from nodes.families import diffusers_family
+
+    folder = Path(folder)
+
+    def config(sub: str) -> dict[str, Any]:
+        path = folder / sub
+        try:
+            return dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{folder}: cannot read {sub} ({exc}); is this a diffusers model folder?") from exc
+
+    family = diffusers_family(folder, config("model_index.json"), config("unet/config.json"))
+    sched = config("scheduler/scheduler_config.json") if (folder / "scheduler").is_dir() else {}
+    prediction = str(sched.get("prediction_type", "epsilon"))
+    source = WeightsSource(folder, fingerprint(folder), "diffusers", allow_pickle)
+    parts, dropped = family.diffusers_parts(config)
+
+    def size(ps: tuple[Part, ...]) -> int:
+        return sum(p.stat().st_size for part in ps for p in (folder / part.subfolder).glob("*.safetensors"))
+
+    return Checkpoint(
+        DenoiserHandle(source=source, family=family, parts=parts["unet"], nbytes=size(parts["unet"]),
+                       prediction=prediction),
+        TextEncodersHandle(source=source, family=family, parts=parts["clip"], nbytes=size(parts["clip"]),
+                           dropped_layers=dropped),
+        VaeHandle(source=source, family=family, parts=parts["vae"], nbytes=size(parts["vae"])),
+    )
+
+
+def open_vae(path: Path, *, allow_pickle: bool = False) -> VaeHandle:
+    """A standalone VAE file: original layout with or without ``first_stage_model.``, or diffusers keys."""
+    from nodes.families import standalone_vae
+
+    index = read_index(path, allow_pickle=allow_pickle)
+    family, part = standalone_vae(index)
+    source = WeightsSource(Path(path), fingerprint(path), "single_file", allow_pickle)
+    return VaeHandle(source=source, family=family, parts=(part,), nbytes=index.nbytes(part.prefix))

@@ -1,0 +1,164 @@
+"""Sampling hooks: how a MODEL patch takes part in sampling without the sampler knowing its name.
+
+A patch (``nodes.handles.Patch``) changes the built module in ``apply``; if it must also act while
+the sampler runs (reset a step cache, know which batch rows are the negative branch, replace the
+CFG formula), it implements ``sampling_hooks(module) -> SamplingHooks``. The MODEL handle merges
+the hooks of all its patches in patch order (``DenoiserHandle.sampling_hooks(module)``), and the
+sampler calls them at ComfyUI's points:
+
+- ``run_start``: once per sampling run, before the first model call (:class:`RunInfo`).
+- ``model_wrappers``: ComfyUI's ``model_function_wrapper``. Each gets the next apply function and
+  the :class:`ModelCall` and returns the raw model output; :meth:`SamplingHooks.apply_model`
+  composes them around the denoiser's ``forward`` (the first patch's wrapper is the outermost).
+- ``forward_kwargs``: extra keyword arguments merged into a call's ``cond_kwargs`` just before
+  the denoiser's ``forward``.
+- ``pre_cfg`` / ``cfg_function`` / ``post_cfg`` / ``disable_cfg1_optimization``: ComfyUI's
+  ``sampler_pre_cfg_function`` / ``sampler_cfg_function`` / ``sampler_post_cfg_function`` /
+  ``disable_cfg1_optimization``, called with ComfyUI's argument dicts (see ComfyUI's
+  ``comfy/samplers.py`` ``sampling_function`` and ``cfg_function``).
+- ``block_patches``: per-block patches by ComfyUI's patch point names (``attn1_patch``,
+  ``attn2_output_patch``, ``input_block_patch``, ``output_block_patch``, ``middle_patch``, ...).
+  The sampler hands them to the denoiser's ``forward`` as
+  ``cond_kwargs["transformer_options"] = {"patches": {point: [fn, ...]}}`` (ComfyUI's shape,
+  :meth:`SamplingHooks.transformer_options`); a denoiser that cannot run a point says so.
+
+Hooks may keep per-module state: ``sampling_hooks`` receives the resident module (a patch finds
+what it installed there, e.g. IP-Adapter's attention processors). No private ``_loom_*``
+attributes on torch modules: this dataclass is the whole contract between patches and sampler.
+
+The contract between the model layer and the sampling station (a copy of
+``CONTRACT_MODEL_SAMPLING.md`` as implemented):
+
+- ``model.family``: the family composition (``nodes.families``); samplers never branch on it.
+- ``model.latent_format``: :class:`nodes.families.latent_format.LatentFormat` (``channels``,
+  ``scale_factor``, ``shift``, ``process_in``, ``process_out``, ``rgb_factors``, ``rgb_bias``,
+  ``taesd_decoder``).
+- ``model.model_sampling``: the ModelSampling to sample with (the family's default for the
+  checkpoint's prediction type, or what ``model.with_model_sampling(ms)`` set; part of the key).
+- ``model.denoiser``: the family's denoiser kind with ``conditioning(entries, batch, size, *,
+  like=None) -> dict`` (keyword inputs of the forward for a group of cond entries, each repeated
+  ``batch`` times; ``like``: a tensor whose device and dtype they take), ``forward(module, x_in,
+  timestep, cond_kwargs) -> Tensor`` (the raw model output) and ``check_conditioning(module,
+  entries, name)`` (raises :class:`ConditioningError`, a ValueError, with a teaching message).
+- ``model.sampling_hooks(module) -> SamplingHooks``; ``model.with_patch(patch)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+Row = Literal["cond", "uncond"]
+
+
+class ConditioningError(ValueError):
+    """Conditioning a denoiser cannot use (wrong width, missing pooled output); the message says
+    what was expected, what was found and how to fix the workflow."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a sampling run is about to do: its noise levels (``None`` from a loop that has no
+    sigma schedule), the latent batch size and the number of steps."""
+
+    sigmas: Tensor | None
+    batch_size: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One model call: the model-space input, the model's timestep, the noise level (``None``
+    where the loop does not know it), the forward's keyword inputs and, per batch row in order,
+    whether it is the conditional or unconditional branch."""
+
+    x_in: Tensor
+    timestep: Tensor
+    sigma: Tensor | None
+    cond_kwargs: Mapping[str, Any]
+    rows: tuple[Row, ...]
+
+    def with_kwargs(self, extra: Mapping[str, Any]) -> ModelCall:
+        return replace(self, cond_kwargs={**self.cond_kwargs, **extra})
+
+
+ApplyFn = Callable[[ModelCall], "Tensor"]
+ModelWrapper = Callable[[ApplyFn, ModelCall], "Tensor"]
+
+
+@dataclass(frozen=True)
+class BlockPatch:
+    """A per-block patch at one of ComfyUI's patch points (``"attn2_output_patch"``, ...)."""
+
+    point: str
+    fn: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class SamplingHooks:
+    """The hooks of a MODEL's patches (see the module docstring). Empty by default."""
+
+    run_start: tuple[Callable[[RunInfo], None], ...] = ()
+    model_wrappers: tuple[ModelWrapper, ...] = ()
+    forward_kwargs: tuple[Callable[[ModelCall], Mapping[str, Any]], ...] = ()
+    pre_cfg: tuple[Callable[[dict[str, Any]], list[Any]], ...] = ()
+    cfg_function: Callable[[dict[str, Any]], Tensor] | None = None
+    post_cfg: tuple[Callable[[dict[str, Any]], Tensor], ...] = ()
+    disable_cfg1_optimization: bool = False
+    block_patches: tuple[BlockPatch, ...] = field(default=())
+    # ComfyUI's denoise_mask_function(sigma, denoise_mask, extra_options) -> mask (DifferentialDiffusion)
+    denoise_mask_function: Callable[..., Tensor] | None = None
+
+    def merged(self, other: SamplingHooks) -> SamplingHooks:
+        """``self`` then ``other``: tuples concatenated, ``other``'s cfg_function wins, flags OR."""
+        return SamplingHooks(
+            run_start=self.run_start + other.run_start,
+            model_wrappers=self.model_wrappers + other.model_wrappers,
+            forward_kwargs=self.forward_kwargs + other.forward_kwargs,
+            pre_cfg=self.pre_cfg + other.pre_cfg,
+            cfg_function=other.cfg_function if other.cfg_function is not None else self.cfg_function,
+            post_cfg=self.post_cfg + other.post_cfg,
+            disable_cfg1_optimization=self.disable_cfg1_optimization or other.disable_cfg1_optimization,
+            block_patches=self.block_patches + other.block_patches,
+            denoise_mask_function=other.denoise_mask_function or self.denoise_mask_function,
+        )
+
+    def start_run(self, info: RunInfo) -> None:
+        for fn in self.run_start:
+            fn(info)
+
+    def apply_model(self, forward: ApplyFn) -> ApplyFn:
+        """The model function to call per step: ``forward`` (the denoiser's raw forward) with the
+        ``forward_kwargs`` merged in, wrapped by ``model_wrappers`` (first patch outermost)."""
+
+        def innermost(call: ModelCall) -> Tensor:
+            for extra in self.forward_kwargs:
+                call = call.with_kwargs(extra(call))
+            return forward(call)
+
+        apply: ApplyFn = innermost
+        for wrapper in reversed(self.model_wrappers):
+            apply = _bind(wrapper, apply)
+        return apply
+
+    def transformer_options(self) -> dict[str, Any]:
+        """The block patches in ComfyUI's ``transformer_options`` shape (empty when none)."""
+        patches: dict[str, list[Callable[..., Any]]] = {}
+        for p in self.block_patches:
+            patches.setdefault(p.point, []).append(p.fn)
+        return {"patches": patches} if patches else {}
+
+
+def _bind(wrapper: ModelWrapper, inner: ApplyFn) -> ApplyFn:
+    return lambda call: wrapper(inner, call)
+
+
+def merge_all(hooks: Sequence[SamplingHooks]) -> SamplingHooks:
+    out = SamplingHooks()
+    for h in hooks:
+        out = out.merged(h)
+    return out

@@ -1,0 +1,15 @@
+"""MODEL patches that change how the denoiser runs, each with its node: ``TomePatchModel``
+(token merging, ``tome.py``) and ``DeepCache`` (step caching, ``deepcache.py``). A patch changes
+the built module in ``apply`` and takes part in sampling through ``sampling_hooks``
+(``nodes.hooks``); both trade a little quality for speed and are off unless in the workflow."""
+
+from __future__ import annotations
+
+from engine.node import Node
+
+
+def patch_nodes() -> list[type[Node]]:
+    from nodes.patches.deepcache import DeepCache
+    from nodes.patches.tome import TomePatchModel
+
+    return [TomePatchModel, DeepCache]
