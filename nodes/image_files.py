@@ -120,7 +120,7 @@ def _frames(images: torch.Tensor) -> list[Any]:
 
 def _metadata(ctx: NodeContext, prompt: Any, extra_pnginfo: Any) -> dict[str, Any]:
     metadata: dict[str, Any] = {}
-    if ctx.settings.get("png_metadata", True):
+    if ctx.settings.png_metadata:
         if prompt is not None:
             metadata["prompt"] = prompt
         metadata.update(extra_pnginfo or {})

@@ -7,7 +7,7 @@ seeded batch), and ``noise_mask`` [B|1, 1, H, W] follows the items it belongs to
 A ``.latent`` file is ComfyUI's layout: a safetensors file with ``latent_tensor`` (the raw VAE
 latents, as LATENT ``samples``), an empty ``latent_format_version_0`` marker, and ``prompt`` /
 extra PNG-info keys (``workflow``) as JSON text in the metadata. Files without the marker predate
-it and hold latents multiplied by SD's 0.18215; LoadLatent divides them back, as ComfyUI does.
+it and hold latents multiplied by the SD latent scale; LoadLatent divides them back, as ComfyUI does.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
+from nodes.families.latent_format import LEGACY_LATENT_FILE_SCALE
 from nodes.latent import MAX_RESOLUTION, LatentError
 from nodes.latent_ops import check_same_space, match_to, repeat_to_batch, samples_of, with_samples
 
 LATENT_EXTENSION = ".latent"
-LEGACY_SCALE = 0.18215
 VERSION_MARKER = "latent_format_version_0"
 _OUT = (Output("LATENT", LATENT, "The resulting latent."),)
 
@@ -351,7 +351,7 @@ def read_latent_file(path: Path) -> torch.Tensor:
     if "latent_tensor" not in data:
         raise LatentError(f"latent: {path.name} has no 'latent_tensor' (found {sorted(data)}); "
                           "save it with SaveLatent")
-    scale = 1.0 if VERSION_MARKER in data else 1.0 / LEGACY_SCALE
+    scale = 1.0 if VERSION_MARKER in data else 1.0 / LEGACY_LATENT_FILE_SCALE
     return data["latent_tensor"].float() * scale
 
 
@@ -384,7 +384,7 @@ class SaveLatent(Node):
                               "use e.g. 'latents/cat'")
         folder.mkdir(parents=True, exist_ok=True)
         metadata: dict[str, str] | None = None
-        if ctx.settings.get("png_metadata", True):
+        if ctx.settings.png_metadata:
             metadata = {"prompt": json.dumps(prompt) if prompt is not None else ""}
             for key, value in (extra_pnginfo or {}).items():
                 metadata[key] = json.dumps(value)
