@@ -90,9 +90,10 @@ export class Editor {
       if (elem.classList.contains("offscreen") !== off) elem.classList.toggle("offscreen", off);
     }
     for (const link of this.links.paths.values()) {
-      const a = this.views.portPos(link.src, "out", String(link.slot)), b = this.views.portPos(link.dst, "in", link.name);
-      if (!a || !b) continue;
-      const off = outside(Math.min(a[0], b[0]) - 100, Math.min(a[1], b[1]), Math.max(a[0], b[0]) + 100, Math.max(a[1], b[1]));
+      const pts = link.points;
+      if (!pts) continue;
+      const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
+      const off = outside(Math.min(...xs) - 100, Math.min(...ys), Math.max(...xs) + 100, Math.max(...ys));
       if (link.off !== off) { link.off = off; link.path.style.visibility = off ? "hidden" : ""; }
     }
   }
@@ -111,6 +112,7 @@ export class Editor {
 
   commit() {
     this.minimap.draw();
+    this.links.reroutes.sync();
     if (this.history.commit()) {
       this.tab.dirty = true;
       this.emit("graphChanged", { graph: this.graph });
@@ -187,6 +189,7 @@ export class Editor {
   }
 
   select(ids) {
+    if (ids.length || this.links.reroutes.selected !== null) this.links.reroutes.select(null);
     for (const id of this.selection) this.views.setSelected(id, false);
     this.selection = new Set(ids);
     for (const id of this.selection) this.views.setSelected(id, true);
@@ -286,6 +289,7 @@ export class Editor {
     else if (mod && k === "v") { e.preventDefault(); this.paste(); }
     else if (mod && k === "a") { e.preventDefault(); this.selectAll(); }
     else if (mod && k === "g") { e.preventDefault(); this.groups.addAround([...this.selection]); }
+    else if ((e.key === "Delete" || e.key === "Backspace") && this.links.reroutes.selected !== null) { e.preventDefault(); this.links.reroutes.remove(this.links.reroutes.selected); }
     else if (e.key === "Delete" || e.key === "Backspace") { if (this.selection.size) { e.preventDefault(); this.deleteNodes([...this.selection]); } }
     else if (k === "/" && !mod) { e.preventDefault(); const r = this.root.getBoundingClientRect(); this.openSearch(r.left + r.width / 2 - 180, r.top + 80); }
     else if (k === "." && !mod) { this.fitView(); }

@@ -4,12 +4,20 @@
 
 import { typeColor, typesCompatible } from "./schema.js";
 import { TypeMismatch } from "./graph.js";
+import { Reroutes } from "./reroutes.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 
 function curve(a, b) {
   const dx = Math.max(40, Math.abs(b[0] - a[0]) * 0.5);
   return `M${a[0]},${a[1]} C${a[0] + dx},${a[1]} ${b[0] - dx},${b[1]} ${b[0]},${b[1]}`;
+}
+
+// A link drawn through its reroute points: one curve per stretch.
+function route(points) {
+  const parts = [];
+  for (let i = 0; i + 1 < points.length; i++) parts.push(curve(points[i], points[i + 1]));
+  return parts.join(" ");
 }
 
 export class Links {
@@ -20,25 +28,36 @@ export class Links {
     this.byNode = new Map(); // node id -> Set of keys
     this.temp = document.createElementNS(SVG, "path");
     this.temp.setAttribute("class", "link temp");
+    this.reroutes = new Reroutes(editor, this, svg);
     editor.nodesLayer.addEventListener("pointerdown", (e) => {
       const port = e.target.closest?.(".port");
       if (port && e.button === 0 && !editor.canvas.spaceDown) { e.preventDefault(); e.stopPropagation(); this.#startDrag(port, e); }
     });
   }
 
-  clear() { for (const { path } of this.paths.values()) path.remove(); this.paths.clear(); this.byNode.clear(); }
+  clear() { for (const { path } of this.paths.values()) path.remove(); this.paths.clear(); this.byNode.clear(); this.reroutes.clear(); }
 
   redrawAll() {
     this.clear();
     for (const link of this.editor.graph.links()) this.add(link);
+    this.reroutes.renderAll();
+  }
+
+  // Redraw every link that passes through reroutes (after one moved, or the chains changed).
+  redrawRouted() {
+    const graph = this.editor.graph;
+    for (const link of this.paths.values()) if (graph.nodes.get(link.dst)?.routes[link.name] !== undefined || link.routed) this.#draw(link);
   }
 
   add({ src, slot, dst, name }) {
     const key = `${dst}\u0000${name}`;
     this.remove(dst, name);
+    this.#reshapePrimitive(src);
     const path = document.createElementNS(SVG, "path");
     path.setAttribute("class", "link");
     path.dataset.src = src; path.dataset.dst = dst; path.dataset.input = name;
+    path.addEventListener("dblclick", (e) => { e.stopPropagation(); this.reroutes.addAt(dst, name, e); });
+    path.addEventListener("contextmenu", (e) => { e.preventDefault(); e.stopPropagation(); this.reroutes.linkMenu(dst, name, e); });
     const type = this.editor.graph.outputType(this.editor.graph.nodes.get(src), slot);
     path.style.stroke = typeColor(type);
     this.svg.append(path);
@@ -60,6 +79,15 @@ export class Links {
     this.byNode.get(link.src)?.delete(key);
     this.byNode.get(link.dst)?.delete(key);
     this.editor.views.setLinked(dst, name, false);
+    this.#reshapePrimitive(link.src);
+  }
+
+  // A PrimitiveNode's widget follows the inputs it feeds: draw it again when they change.
+  #reshapePrimitive(id) {
+    const node = this.editor.graph.nodes.get(id);
+    if (node?.type !== "PrimitiveNode" || !this.editor.views.els.has(id)) return;
+    this.editor.views.render(node);
+    this.updateNode(id);
   }
 
   removeNode(id) {
@@ -79,7 +107,11 @@ export class Links {
     const views = this.editor.views;
     const a = views.portPos(link.src, "out", String(link.slot));
     const b = views.portPos(link.dst, "in", link.name);
-    if (a && b) link.path.setAttribute("d", curve(a, b));
+    if (!a || !b) return;
+    const points = [a, ...this.editor.graph.routeOf(link.dst, link.name).map((r) => r.pos), b];
+    link.routed = points.length > 2;
+    link.points = points;
+    link.path.setAttribute("d", route(points));
   }
 
   // --- dragging -------------------------------------------------------------------------------

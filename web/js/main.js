@@ -10,6 +10,7 @@ import { Gallery } from "./gallery.js";
 import { loadExtensions } from "./extensions.js";
 import { el } from "./widgets.js";
 import { clearSchemaCache } from "./schema.js";
+import { addFrontendNodes } from "./frontend.js";
 
 class App {
   constructor() {
@@ -20,7 +21,7 @@ class App {
   emit(name, detail = {}) { this.events.dispatchEvent(new CustomEvent(name, { detail })); }
 
   async start() {
-    this.info = await this.api.objectInfo();
+    this.info = addFrontendNodes(await this.api.objectInfo());
     this.editor = new Editor(document.querySelector(".canvas"), { info: this.info, api: this.api });
     this.editor.events.addEventListener("graphChanged", () => { this.persist(); this.emit("graphChanged", { graph: this.tabs.current.graph }); });
     this.tabs = new Tabs(this);
@@ -60,7 +61,7 @@ class App {
   async refreshModels() {
     const info = await this.api.objectInfo();
     for (const key of Object.keys(this.info)) delete this.info[key];
-    Object.assign(this.info, info);
+    Object.assign(this.info, addFrontendNodes(info));
     clearSchemaCache();
     this.editor.renderAll();
     this.editor.toast("Node list and model lists refreshed");

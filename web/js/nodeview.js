@@ -3,6 +3,7 @@
 
 import { categoryColor, typeColor } from "./schema.js";
 import { buildWidget, el } from "./widgets.js";
+import { primitiveSpec } from "./frontend.js";
 
 export class NodeViews {
   constructor(editor, layer) {
@@ -39,7 +40,13 @@ export class NodeViews {
     root.append(body);
     if (!schema) body.append(el("div", { class: "node-missing" }, `unknown node type "${node.type}"`));
     const linkInputs = (schema?.inputs || []).filter((i) => !i.widget || node.converted.has(i.name));
-    const widgets = (schema?.inputs || []).filter((i) => i.widget && !node.converted.has(i.name));
+    let widgets = (schema?.inputs || []).filter((i) => i.widget && !node.converted.has(i.name));
+    const primitive = node.type === "PrimitiveNode";
+    if (primitive) {
+      const spec = primitiveSpec(editor.graph, node);
+      widgets = spec ? [spec] : [];
+      if (!spec) body.append(el("div", { class: "node-hint" }, "link the output to widget inputs"));
+    }
     const outputs = schema?.outputs || [];
     for (let r = 0; r < Math.max(linkInputs.length, outputs.length); r++) {
       const row = el("div", { class: "io-row" });
@@ -56,7 +63,7 @@ export class NodeViews {
       envs[input.name] = env;
       const control = buildWidget(env);
       const row = el("div", { class: "widget-row", "data-widget-row": input.name, title: input.opts.tooltip || input.name },
-        this.#port(input.name, "in", input.type, input.optional, null, true),
+        primitive ? "" : this.#port(input.name, "in", input.type, input.optional, null, true),
         el("label", { class: "w-label" }, input.name),
         el("div", { class: "w-control-box" }, control, el("span", { class: "w-linked" }, "← linked")),
         el("div", { class: "w-error" }));

@@ -1,0 +1,203 @@
+// ComfyUI's UI (litegraph) workflow format, both ways. Reading: every node with its positions,
+// widget values and links; the editor-only nodes (legacy `Reroute`, `PrimitiveNode`) are kept as
+// such, link-midpoint reroutes come from `extra.reroutes` and `extra.linkExtensions` (and from a
+// link object's `parentId`). Writing (toUi): the same shape ComfyUI's current frontend saves
+// (version 0.4: links as arrays, every widget also an input slot with `widget: {name}`).
+
+import { parseSchema } from "./schema.js";
+import { SAVED_FORMAT, SAVED_VERSION } from "./graph.js";
+import { FRONTEND_INFO, PRIMITIVE_OUTPUT, primitiveTargets } from "./frontend.js";
+
+const NOTES = new Set(["Note", "MarkdownNote"]);
+const KEPT = new Set(["Reroute", "PrimitiveNode"]);
+const CONTROL_VALUES = new Set(["fixed", "increment", "decrement", "randomize"]);
+
+function toPair(value) {
+  if (Array.isArray(value)) return [Number(value[0]) || 0, Number(value[1]) || 0];
+  if (value && typeof value === "object") return [Number(value[0] ?? value.x ?? 0) || 0, Number(value[1] ?? value.y ?? 0) || 0];
+  return [0, 0];
+}
+
+function schemaOf(type, info) { return parseSchema(type, info) ?? (KEPT.has(type) ? parseSchema(type, FRONTEND_INFO) : null); }
+
+// Widget values in the frontend's order → {name: value} and seed controls {name: how}.
+function readWidgets(schema, wv) {
+  const values = {}, control = {};
+  if (!schema || !Array.isArray(wv)) return { values: wv && typeof wv === "object" && !Array.isArray(wv) ? { ...wv } : values, control };
+  let i = 0;
+  for (const input of schema.inputs.filter((x) => x.widget)) {
+    if (i >= wv.length) break;
+    values[input.name] = wv[i++];
+    if ((input.opts.control_after_generate || /^(noise_)?seed$/.test(input.name)) && CONTROL_VALUES.has(wv[i])) control[input.name] = wv[i++];
+    else if (input.widget === "IMAGEUPLOAD" && (wv[i] === "image" || wv[i] === "upload")) i++;
+  }
+  return { values, control };
+}
+
+// ComfyUI UI format → Loom's saved format.
+export function convertUi(ui, info) {
+  const nodes = new Map(ui.nodes.map((n) => [String(n.id), n]));
+  const links = new Map();
+  const parents = new Map(); // link id -> reroute id nearest its target
+  for (const link of ui.links || []) {
+    if (Array.isArray(link)) links.set(link[0], { origin: String(link[1]), slot: link[2] });
+    else if (link) {
+      links.set(link.id, { origin: String(link.origin_id), slot: link.origin_slot });
+      if (link.parentId !== undefined && link.parentId !== null) parents.set(link.id, link.parentId);
+    }
+  }
+  for (const ext of ui.extra?.linkExtensions || []) if (ext && ext.parentId !== undefined && ext.parentId !== null) parents.set(ext.id, ext.parentId);
+  // Follow a link id to what the API prompt gets: {link: [id, slot]} | {value} | null
+  const resolve = (linkId, depth = 0) => {
+    const link = links.get(linkId);
+    if (!link || depth > 64) return null;
+    const origin = nodes.get(link.origin);
+    if (!origin) return null;
+    if (origin.type === "Reroute") {
+      const upstream = (origin.inputs || [])[0]?.link;
+      return upstream === null || upstream === undefined ? null : resolve(upstream, depth + 1);
+    }
+    if (origin.type === "PrimitiveNode") return { value: (origin.widgets_values || [])[0] };
+    if (NOTES.has(origin.type)) return null;
+    return { link: [String(origin.id), link.slot] };
+  };
+  const prompt = {}, layout = { nodes: {}, groups: [] }, frontend = {};
+  for (const n of ui.nodes) {
+    if (NOTES.has(n.type)) continue;
+    const id = String(n.id);
+    const entry = { pos: toPair(n.pos), size: toPair(n.size) };
+    if (n.title) entry.title = n.title;
+    if (n.color || n.bgcolor) entry.color = n.bgcolor || n.color;
+    if (n.flags?.collapsed) entry.collapsed = true;
+    if (n.mode === 2 || n.mode === 4) entry.mode = n.mode;
+    const converted = n.properties?.loom?.converted;
+    if (Array.isArray(converted) && converted.length) entry.converted = [...converted];
+    const routes = {}, editorLinks = {}, via = {};
+    const schema = schemaOf(n.type, info);
+    const { values: inputs, control } = n.type === "PrimitiveNode"
+      ? readWidgets({ inputs: [{ name: "value", widget: "X", opts: { control_after_generate: true } }] }, n.widgets_values || [])
+      : readWidgets(schema, n.widgets_values);
+    for (const input of n.inputs || []) {
+      if (input.link === null || input.link === undefined || !links.has(input.link)) continue;
+      const name = n.type === "Reroute" ? "input" : input.widget?.name || input.name;
+      const link = links.get(input.link);
+      if (parents.has(input.link)) routes[name] = parents.get(input.link);
+      const origin = nodes.get(link.origin);
+      if (KEPT.has(n.type)) { editorLinks[name] = [link.origin, link.slot]; continue; }
+      if (origin && KEPT.has(origin.type)) via[name] = [link.origin, link.slot];
+      const source = resolve(input.link);
+      if (!source) { delete inputs[name]; continue; }
+      inputs[name] = source.link || source.value;
+    }
+    if (Object.keys(control).length) entry.control = control;
+    if (Object.keys(routes).length) entry.routes = routes;
+    if (KEPT.has(n.type)) {
+      frontend[id] = { type: n.type, ...entry, values: n.type === "PrimitiveNode" ? inputs : {}, links: editorLinks };
+      continue;
+    }
+    if (Object.keys(via).length) entry.via = via;
+    prompt[id] = { class_type: n.type, inputs };
+    if (n.title) prompt[id]._meta = { title: n.title };
+    layout.nodes[id] = entry;
+  }
+  for (const g of ui.groups || []) {
+    if (Array.isArray(g.bounding) && g.bounding.length === 4) layout.groups.push({ title: g.title || "Group", bounding: g.bounding, color: g.color || null });
+  }
+  if (Object.keys(frontend).length) layout.frontend = frontend;
+  const reroutes = (ui.extra?.reroutes || []).filter((r) => r && Number.isInteger(r.id));
+  if (reroutes.length) layout.reroutes = reroutes.map((r) => ({ id: r.id, pos: toPair(r.pos), parentId: r.parentId ?? null }));
+  const extra = ui.extra?.loom && typeof ui.extra.loom === "object" ? { ...ui.extra.loom } : {};
+  return { format: SAVED_FORMAT, version: SAVED_VERSION, prompt, layout, extra };
+}
+
+// --- writing ---------------------------------------------------------------------------------------
+function uiId(id) { return /^\d+$/.test(id) ? Number(id) : id; }
+
+function nodeShape(graph, node) {
+  const schema = graph.schema(node.type);
+  const inputs = [], outputs = [], widgetsValues = [];
+  if (node.type === "Reroute") {
+    inputs.push({ name: "", type: "*", link: null });
+    outputs.push({ name: "", type: graph.outputType(node, 0), links: [], slot_index: 0 });
+    return { inputs, outputs, widgetsValues, slotOf: { input: 0 } };
+  }
+  if (node.type === "PrimitiveNode") {
+    const targets = primitiveTargets(graph, node);
+    const out = { name: PRIMITIVE_OUTPUT, type: graph.outputType(node, 0), links: [], slot_index: 0 };
+    if (targets.length) out.widget = { name: targets[0].name };
+    outputs.push(out);
+    if (node.values.value !== undefined) widgetsValues.push(node.values.value);
+    if (node.control.value) widgetsValues.push(node.control.value);
+    return { inputs, outputs, widgetsValues, slotOf: {} };
+  }
+  const slotOf = {};
+  for (const input of schema ? schema.inputs : []) {
+    const entry = { name: input.name, type: input.type, link: null };
+    if (input.widget) {
+      entry.widget = { name: input.name };
+      widgetsValues.push(node.values[input.name] ?? null);
+      if (input.opts.control_after_generate) widgetsValues.push(node.control[input.name] || "randomize");
+      else if (input.widget === "IMAGEUPLOAD") widgetsValues.push("image");
+    }
+    slotOf[input.name] = inputs.length;
+    inputs.push(entry);
+  }
+  for (const output of schema ? schema.outputs : []) outputs.push({ name: output.name, type: output.type, links: [], slot_index: output.slot });
+  // inputs linked without a schema entry (unknown node types keep their links)
+  for (const name of Object.keys(node.links)) if (!(name in slotOf)) { slotOf[name] = inputs.length; inputs.push({ name, type: "*", link: null }); }
+  if (!schema) for (const [name, value] of Object.entries(node.values)) if (!(name in slotOf)) widgetsValues.push(value);
+  return { inputs, outputs, widgetsValues, slotOf };
+}
+
+// Loom's graph → ComfyUI UI format (what ComfyUI's frontend saves and loads).
+export function toUi(graph) {
+  const shapes = new Map(), uiNodes = [];
+  let order = 0, lastNode = 0;
+  for (const node of graph.nodes.values()) {
+    const shape = nodeShape(graph, node);
+    shapes.set(node.id, shape);
+    const schema = graph.schema(node.type);
+    const size = node.size || node.measured || [200, 80];
+    const n = {
+      id: uiId(node.id), type: node.type, pos: [Math.round(node.pos[0]), Math.round(node.pos[1])],
+      size: [Math.round(size[0]), Math.round(size[1])], flags: node.collapsed ? { collapsed: true } : {},
+      order: order++, mode: node.mode || 0, inputs: shape.inputs, outputs: shape.outputs,
+      properties: { "Node name for S&R": node.type }, widgets_values: shape.widgetsValues,
+    };
+    if (!schema || node.title !== schema.display) n.title = node.title;
+    if (node.color) { n.color = node.color; n.bgcolor = node.color; }
+    if (node.converted.size) n.properties.loom = { converted: [...node.converted] };
+    if (typeof n.id === "number") lastNode = Math.max(lastNode, n.id);
+    uiNodes.push(n);
+  }
+  const links = [], linkExtensions = [], rerouteLinks = new Map();
+  let linkId = 0;
+  for (const node of graph.nodes.values()) {
+    const shape = shapes.get(node.id);
+    for (const [name, [src, slot]] of Object.entries(node.links)) {
+      const source = shapes.get(src);
+      if (!source || !(name in shape.slotOf)) continue;
+      const id = ++linkId, targetSlot = shape.slotOf[name];
+      links.push([id, uiId(src), slot, uiId(node.id), targetSlot, graph.outputType(graph.nodes.get(src), slot)]);
+      shape.inputs[targetSlot].link = id;
+      source.outputs[slot]?.links.push(id);
+      if (node.routes[name] !== undefined) linkExtensions.push({ id, parentId: node.routes[name] });
+      for (const r of graph.routeOf(node.id, name)) {
+        if (!rerouteLinks.has(r.id)) rerouteLinks.set(r.id, []);
+        rerouteLinks.get(r.id).push(id);
+      }
+    }
+  }
+  const extra = {};
+  if (graph.reroutes.size) {
+    extra.reroutes = [...graph.reroutes.values()].map((r) => {
+      const out = { id: r.id, pos: [Math.round(r.pos[0]), Math.round(r.pos[1])], linkIds: rerouteLinks.get(r.id) || [] };
+      if (r.parentId !== null) out.parentId = r.parentId;
+      return out;
+    });
+  }
+  if (linkExtensions.length) extra.linkExtensions = linkExtensions;
+  if (Object.keys(graph.extra).length) extra.loom = { ...graph.extra };
+  const groups = graph.groups.map((g, i) => ({ id: i + 1, title: g.title, bounding: g.bounding.map(Math.round), color: g.color || "#3f789e", font_size: 24, flags: {} }));
+  return { last_node_id: lastNode, last_link_id: linkId, nodes: uiNodes, links, groups, config: {}, extra, version: 0.4 };
+}
