@@ -203,6 +203,9 @@ export class Graph {
         else if (source) inputs[name] = source.value;
       }
       if (Object.keys(via).length) entry.via = via;
+      // a linked widget keeps its own value for when the link goes again
+      const shadowed = Object.fromEntries(Object.keys(node.links).filter((n) => n in node.values).map((n) => [n, node.values[n]]));
+      if (Object.keys(shadowed).length) entry.shadowed = shadowed;
       prompt[node.id] = { class_type: node.type, inputs, _meta: { title: node.title } };
       nodes[node.id] = entry;
     }
@@ -245,6 +248,7 @@ export class Graph {
         else node.values[name] = value;
       }
       for (const [name, link] of Object.entries(l.via || {})) node.links[name] = [String(link[0]), link[1]];
+      for (const [name, value] of Object.entries(l.shadowed || {})) if (node.links[name]) node.values[name] = value;
     }
     const frontend = layout.frontend || {};
     for (const [id, f] of Object.entries(frontend)) {

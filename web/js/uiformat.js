@@ -72,7 +72,7 @@ export function convertUi(ui, info) {
     if (n.mode === 2 || n.mode === 4) entry.mode = n.mode;
     const converted = n.properties?.loom?.converted;
     if (Array.isArray(converted) && converted.length) entry.converted = [...converted];
-    const routes = {}, editorLinks = {}, via = {};
+    const routes = {}, editorLinks = {}, via = {}, shadowed = {};
     const schema = schemaOf(n.type, info);
     const { values: inputs, control } = n.type === "PrimitiveNode"
       ? readWidgets({ inputs: [{ name: "value", widget: "X", opts: { control_after_generate: true } }] }, n.widgets_values || [])
@@ -85,6 +85,7 @@ export function convertUi(ui, info) {
       const origin = nodes.get(link.origin);
       if (KEPT.has(n.type)) { editorLinks[name] = [link.origin, link.slot]; continue; }
       if (origin && KEPT.has(origin.type)) via[name] = [link.origin, link.slot];
+      if (name in inputs) shadowed[name] = inputs[name];
       const source = resolve(input.link);
       if (!source) { delete inputs[name]; continue; }
       inputs[name] = source.link || source.value;
@@ -96,6 +97,7 @@ export function convertUi(ui, info) {
       continue;
     }
     if (Object.keys(via).length) entry.via = via;
+    if (Object.keys(shadowed).length) entry.shadowed = shadowed;
     prompt[id] = { class_type: n.type, inputs };
     if (n.title) prompt[id]._meta = { title: n.title };
     layout.nodes[id] = entry;
