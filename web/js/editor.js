@@ -228,6 +228,9 @@ export class Editor {
     const up = () => {
       window.removeEventListener("pointermove", move);
       window.removeEventListener("pointerup", up);
+      if (moved && this.snap) {
+        for (const [node] of moving) { node.pos = node.pos.map((v) => Math.round(v / this.snap) * this.snap); this.views.setPos(node); this.links.updateNode(node.id); }
+      }
       if (moved) { this.commit(); this.minimap.draw(); }
     };
     window.addEventListener("pointermove", move);

@@ -13,10 +13,20 @@ function curve(a, b) {
   return `M${a[0]},${a[1]} C${a[0] + dx},${a[1]} ${b[0] - dx},${b[1]} ${b[0]},${b[1]}`;
 }
 
-// A link drawn through its reroute points: one curve per stretch.
-function route(points) {
+// The link styles of ComfyUI's "Comfy.LinkRenderMode": 2 spline, 1 linear, 0 straight (elbows).
+function stretch(a, b, style) {
+  if (style === 1) return `M${a[0]},${a[1]} L${a[0] + 15},${a[1]} L${b[0] - 15},${b[1]} L${b[0]},${b[1]}`;
+  if (style === 0) {
+    const mid = (a[0] + b[0]) / 2;
+    return `M${a[0]},${a[1]} L${mid},${a[1]} L${mid},${b[1]} L${b[0]},${b[1]}`;
+  }
+  return curve(a, b);
+}
+
+// A link drawn through its reroute points: one stretch per pair of points.
+function route(points, style) {
   const parts = [];
-  for (let i = 0; i + 1 < points.length; i++) parts.push(curve(points[i], points[i + 1]));
+  for (let i = 0; i + 1 < points.length; i++) parts.push(stretch(points[i], points[i + 1], style));
   return parts.join(" ");
 }
 
@@ -33,6 +43,14 @@ export class Links {
       const port = e.target.closest?.(".port");
       if (port && e.button === 0 && !editor.canvas.spaceDown) { e.preventDefault(); e.stopPropagation(); this.#startDrag(port, e); }
     });
+  }
+
+  setStyle(style) {
+    const next = Number(style);
+    this.editor.root.classList.toggle("links-hidden", next === -1);
+    if (next === this.style) return;
+    this.style = next;
+    for (const link of this.paths.values()) this.#draw(link);
   }
 
   clear() { for (const { path } of this.paths.values()) path.remove(); this.paths.clear(); this.byNode.clear(); this.reroutes.clear(); }
@@ -111,7 +129,7 @@ export class Links {
     const points = [a, ...this.editor.graph.routeOf(link.dst, link.name).map((r) => r.pos), b];
     link.routed = points.length > 2;
     link.points = points;
-    link.path.setAttribute("d", route(points));
+    link.path.setAttribute("d", route(points, this.style ?? 2));
   }
 
   // --- dragging -------------------------------------------------------------------------------

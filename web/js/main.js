@@ -11,6 +11,7 @@ import { loadExtensions } from "./extensions.js";
 import { el } from "./widgets.js";
 import { clearSchemaCache } from "./schema.js";
 import { addFrontendNodes } from "./frontend.js";
+import { Settings } from "./settings.js";
 
 class App {
   constructor() {
@@ -28,6 +29,9 @@ class App {
     this.workflows = new Workflows(this);
     this.gallery = new Gallery(this);
     this.runner = new Runner(this);
+    this.settings = new Settings(this);
+    await this.settings.load();
+    document.querySelector('[data-action="settings"]').addEventListener("click", () => this.settings.open());
     this.#panels();
     document.querySelector('[data-action="refresh-models"]').addEventListener("click", () => this.refreshModels());
     document.querySelector('[data-action="fit"]').addEventListener("click", () => this.editor.fitView());

@@ -57,6 +57,7 @@ export class Menus {
       { label: "Add node…", action: () => ed.openSearch(e.clientX, e.clientY) },
       { label: "Add group", action: () => ed.groups.add(at) },
       { label: "Paste", action: () => ed.paste(at) },
+      { label: "Clear canvas", action: () => window.loom?.settings.clearCanvas() },
       "-",
       { label: "Fit view", action: () => ed.fitView() },
       { label: "Select all", action: () => ed.selectAll() },

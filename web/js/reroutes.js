@@ -80,6 +80,11 @@ export class Reroutes {
     const up = () => {
       window.removeEventListener("pointermove", move);
       window.removeEventListener("pointerup", up);
+      if (moved && editor.snap) {
+        r.pos = r.pos.map((v) => Math.round(v / editor.snap) * editor.snap);
+        this.#place(this.dots.get(r.id), r);
+        this.links.redrawRouted();
+      }
       if (moved) editor.commit();
     };
     window.addEventListener("pointermove", move);
