@@ -12,6 +12,8 @@ import { el } from "./widgets.js";
 import { clearSchemaCache } from "./schema.js";
 import { addFrontendNodes } from "./frontend.js";
 import { Settings } from "./settings.js";
+import { Viewer } from "./viewer.js";
+import { RunProgress } from "./progress.js";
 
 class App {
   constructor() {
@@ -29,6 +31,8 @@ class App {
     this.workflows = new Workflows(this);
     this.gallery = new Gallery(this);
     this.runner = new Runner(this);
+    this.viewer = new Viewer(this);
+    this.progress = new RunProgress(this);
     this.settings = new Settings(this);
     await this.settings.load();
     document.querySelector('[data-action="settings"]').addEventListener("click", () => this.settings.open());
