@@ -112,6 +112,12 @@ def build_document(version: str) -> dict[str, Any]:
                 {"type": "object", "properties": {"prompt": _OBJ, "source_format": {"type": "string"}}}),
                 **_errors(400)}, body=_OBJ, tags=native),
         },
+        "/api/v1/models/{folder}/info": {
+            "get": _op("Files of a model folder with size and safetensors metadata (title, trigger words, base model)",
+                       {"200": _json({"type": "object", "properties": {"folder": {"type": "string"}, "files": {
+                           "type": "array", "items": _OBJ}}}), **_errors(404)},
+                       params=[_path_param("folder")], tags=native),
+        },
         "/api/v1/openapi.json": {"get": _op("This document", {"200": _json(_OBJ)}, tags=native)},
         "/prompt": {
             "post": _op("Queue a workflow (ComfyUI)", {"200": _json({"$ref": "#/components/schemas/PromptResponse"}),

@@ -14,6 +14,7 @@ import { addFrontendNodes } from "./frontend.js";
 import { Settings } from "./settings.js";
 import { Viewer } from "./viewer.js";
 import { RunProgress } from "./progress.js";
+import { Library } from "./library.js";
 
 class App {
   constructor() {
@@ -33,6 +34,7 @@ class App {
     this.runner = new Runner(this);
     this.viewer = new Viewer(this);
     this.progress = new RunProgress(this);
+    this.library = new Library(this);
     this.settings = new Settings(this);
     await this.settings.load();
     document.querySelector('[data-action="settings"]').addEventListener("click", () => this.settings.open());
@@ -113,6 +115,9 @@ class App {
         button.classList.toggle("active", open);
         if (open && name === "workflows") this.workflows.refreshList();
         if (open && name === "queue") this.runner.refreshPanel();
+        if (open && name === "nodes") this.library.renderNodes();
+        if (open && name === "models") this.library.renderModels();
+        if (open && name === "templates") this.library.renderTemplates();
       });
     }
   }
