@@ -15,6 +15,7 @@ import { Settings } from "./settings.js";
 import { Viewer } from "./viewer.js";
 import { RunProgress } from "./progress.js";
 import { Library } from "./library.js";
+import { MaskEditor } from "./maskeditor.js";
 
 class App {
   constructor() {
@@ -35,6 +36,8 @@ class App {
     this.viewer = new Viewer(this);
     this.progress = new RunProgress(this);
     this.library = new Library(this);
+    this.maskEditor = new MaskEditor(this);
+    this.editor.events.addEventListener("openMaskEditor", (e) => this.maskEditor.openForNode(e.detail.nodeId));
     this.settings = new Settings(this);
     await this.settings.load();
     document.querySelector('[data-action="settings"]').addEventListener("click", () => this.settings.open());

@@ -90,6 +90,7 @@ export class Menus {
       { label: "Colour", submenu: Object.entries(COLORS).map(([name, color]) => ({ label: name, action: () => ed.setColor(ids, color) })) },
     ];
     if (convert.length) items.push({ label: "Widgets ↔ inputs", submenu: convert });
+    if (widgetInputs.some((i) => i.widget === "IMAGEUPLOAD")) items.push({ label: "Open in mask editor", action: () => ed.emit("openMaskEditor", { nodeId: id }) });
     items.push("-",
       { label: "Copy", action: () => ed.copy() },
       { label: "Clone", action: () => ed.clone(ids) },

@@ -55,6 +55,7 @@ export class Viewer {
     const actions = el("div", { class: "viewer-actions" },
       button("viewer-load-workflow", "Load this workflow", () => this.loadWorkflow(item)),
       button("viewer-compare", "Compare with…", () => this.startCompare(item)),
+      button("viewer-mask", "Mask editor", () => this.maskImage(item)),
       button("viewer-delete", "Delete", () => this.remove(item)),
       button("viewer-close", "Close", () => this.close()));
     this.box.textContent = "";
@@ -89,6 +90,21 @@ export class Viewer {
     this.close();
     this.gallery.current = item; // the gallery knows how to read an image's workflow
     this.gallery.lightbox.querySelector('[data-action="open-workflow"]').click();
+  }
+
+  // Paint a mask on a gallery image: the result goes into the input folder and onto a new LoadImage node.
+  maskImage(item) {
+    this.close();
+    this.app.maskEditor.open(item.img, (name) => {
+      const editor = this.app.editor;
+      const r = editor.root.getBoundingClientRect();
+      const node = editor.addNode("LoadImage", editor.canvas.toWorld(r.left + r.width / 2, r.top + r.height / 3), false);
+      const spec = editor.graph.inputSpec(node, "image");
+      if (spec && !spec.choices.includes(name)) spec.choices.push(name);
+      node.values.image = name;
+      editor.views.render(node);
+      editor.commit();
+    });
   }
 
   // Delete: ComfyUI's gallery removes the history entry (the file stays in the output folder).
