@@ -190,6 +190,8 @@ export class Graph {
       if (node.converted.size) entry.converted = [...node.converted];
       if (Object.keys(node.control).length) entry.control = { ...node.control };
       if (Object.keys(node.routes).length) entry.routes = { ...node.routes };
+      if (node.properties && Object.keys(node.properties).length) entry.properties = structuredClone(node.properties);
+      if (node.extWidgets && Object.keys(node.extWidgets).length) entry.ext_widgets = structuredClone(node.extWidgets);
       if (node.frontend) {
         frontend[node.id] = { type: node.type, ...entry, values: { ...node.values }, links: structuredClone(node.links) };
         continue;
@@ -237,6 +239,8 @@ export class Graph {
       node.converted = new Set(l.converted || []);
       if (l.control) Object.assign(node.control, l.control);
       node.routes = { ...(l.routes || {}) };
+      if (l.properties) node.properties = structuredClone(l.properties);
+      if (l.ext_widgets) node.extWidgets = structuredClone(l.ext_widgets);
     };
     for (const [id, entry] of Object.entries(prompt)) {
       const l = laid[id] || {};

@@ -86,6 +86,17 @@ export class Links {
     }
     this.#draw(this.paths.get(key));
     this.editor.views.setLinked(dst, name, true);
+    this.#notify(src, slot, dst, name, true);
+  }
+
+  // ComfyUI's onConnectionsChange(side, slot, connected, linkInfo) for the extension shim: 1 = input, 2 = output.
+  #notify(src, slot, dst, name, connected) {
+    if (!this.onConnectionsChange) return;
+    const graph = this.editor.graph;
+    const index = graph.schema(graph.nodes.get(dst)?.type)?.inputs.findIndex((i) => i.name === name) ?? -1;
+    const info = { origin_id: src, origin_slot: slot, target_id: dst, target_slot: index };
+    this.onConnectionsChange(dst, 1, index, connected, info);
+    this.onConnectionsChange(src, 2, slot, connected, info);
   }
 
   remove(dst, name) {
@@ -98,6 +109,7 @@ export class Links {
     this.byNode.get(link.dst)?.delete(key);
     this.editor.views.setLinked(dst, name, false);
     this.#reshapePrimitive(link.src);
+    this.#notify(link.src, link.slot, dst, name, false);
   }
 
   // A PrimitiveNode's widget follows the inputs it feeds: draw it again when they change.

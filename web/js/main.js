@@ -7,7 +7,7 @@ import { Editor } from "./editor.js";
 import { Tabs, Workflows, defaultWorkflow } from "./workflows.js";
 import { Runner } from "./queue.js";
 import { Gallery } from "./gallery.js";
-import { loadExtensions } from "./extensions.js";
+import { loadExtensions, registerShimWidgetTypes } from "./extensions.js";
 import { el } from "./widgets.js";
 import { clearSchemaCache } from "./schema.js";
 import { addFrontendNodes } from "./frontend.js";
@@ -79,6 +79,8 @@ class App {
     this.editor.renderAll();
     this.editor.toast("Node list and model lists refreshed");
   }
+
+  registerCustomWidgetTypes(types) { registerShimWidgetTypes(types); clearSchemaCache(); }
 
   addMainMenuItem(item) {
     const button = el("button", { type: "button", class: "ext-item" }, item.label);

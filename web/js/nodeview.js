@@ -84,6 +84,7 @@ export class NodeViews {
     if (old) { this.resize.unobserve(old); old.replaceWith(root); } else this.layer.append(root);
     this.els.set(node.id, root);
     this.resize.observe(root);
+    this.onRendered?.(node, root); // the ComfyUI extension shim attaches its node objects here
     if (measureNow) this.measure(node.id);
     return root;
   }
@@ -98,7 +99,7 @@ export class NodeViews {
   #widgetEnv(node, input) {
     const { editor } = this;
     const env = {
-      input, value: node.values[input.name], control: node.control[input.name], api: editor.api,
+      input, node, value: node.values[input.name], control: node.control[input.name], api: editor.api,
       set: (value, commit) => {
         node.values[input.name] = value;
         this.clearError(node.id, input.name);

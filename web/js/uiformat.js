@@ -70,6 +70,8 @@ export function convertUi(ui, info) {
     if (n.color || n.bgcolor) entry.color = n.bgcolor || n.color;
     if (n.flags?.collapsed) entry.collapsed = true;
     if (n.mode === 2 || n.mode === 4) entry.mode = n.mode;
+    const { "Node name for S&R": _sr, loom: _loom, ...props } = n.properties || {};
+    if (Object.keys(props).length) entry.properties = props;
     const converted = n.properties?.loom?.converted;
     if (Array.isArray(converted) && converted.length) entry.converted = [...converted];
     const routes = {}, editorLinks = {}, via = {}, shadowed = {};
@@ -164,7 +166,7 @@ export function toUi(graph) {
       id: uiId(node.id), type: node.type, pos: [Math.round(node.pos[0]), Math.round(node.pos[1])],
       size: [Math.round(size[0]), Math.round(size[1])], flags: node.collapsed ? { collapsed: true } : {},
       order: order++, mode: node.mode || 0, inputs: shape.inputs, outputs: shape.outputs,
-      properties: { "Node name for S&R": node.type }, widgets_values: shape.widgetsValues,
+      properties: { ...(node.properties || {}), "Node name for S&R": node.type }, widgets_values: shape.widgetsValues,
     };
     if (!schema || node.title !== schema.display) n.title = node.title;
     if (node.color) { n.color = node.color; n.bgcolor = node.color; }
