@@ -113,6 +113,7 @@ export class Editor {
   commit() {
     this.minimap.draw();
     this.links.reroutes.sync();
+    this.onCommit?.(); // inside a subgraph: write the definition back
     if (this.history.commit()) {
       this.tab.dirty = true;
       this.emit("graphChanged", { graph: this.graph });

@@ -75,6 +75,6 @@ export function toSavedFormat(obj, info) {
 }
 
 export function uiNeedsServer(ui, info) {
-  return ui.nodes.some((n) => !FRONTEND_ONLY.has(n.type) && !info[n.type]) &&
-    (ui.extra?.groupNodes || ui.definitions?.subgraphs);
+  // legacy group nodes are flattened by the server; subgraphs (definitions.subgraphs) are read here
+  return ui.nodes.some((n) => !FRONTEND_ONLY.has(n.type) && !info[n.type]) && !!ui.extra?.groupNodes;
 }

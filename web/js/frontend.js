@@ -3,7 +3,8 @@
 // widget takes the shape of the widget inputs it feeds). They are never sent to the server: the
 // API prompt follows a Reroute to its producer and puts a PrimitiveNode's value in the input.
 
-export const FRONTEND_TYPES = new Set(["Reroute", "PrimitiveNode"]);
+// SubgraphInput / SubgraphOutput are the boundary nodes inside a subgraph (see subgraph.js).
+export const FRONTEND_TYPES = new Set(["Reroute", "PrimitiveNode", "SubgraphInput", "SubgraphOutput"]);
 export const PRIMITIVE_OUTPUT = "connect to widget input";
 
 export const FRONTEND_INFO = {

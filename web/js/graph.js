@@ -3,6 +3,7 @@
 
 import { parseSchema, defaultValue, typesCompatible } from "./schema.js";
 import { FRONTEND_INFO, isFrontendType, primitiveAccepts, primitiveSpec, primitiveTargets } from "./frontend.js";
+import { boundarySchema, flattenInstance, instanceOutput, instanceSchema } from "./subgraph.js";
 
 export const MODE_NORMAL = 0, MODE_MUTED = 2, MODE_BYPASS = 4;
 export const SAVED_FORMAT = "loom.workflow", SAVED_VERSION = 2;
@@ -18,9 +19,35 @@ export class Graph {
     this.nextId = 1;
     this.reroutes = new Map(); // id -> {id, pos, parentId}: link-midpoint points (ComfyUI's native reroutes)
     this.nextRerouteId = 1;
+    this.subgraphs = new Map(); // definition id -> {id, name, inputs, outputs, saved}; shared with inner graphs
+    this.boundary = null; // inside a subgraph: its definition
   }
 
-  schema(type) { return parseSchema(type, this.info) ?? (isFrontendType(type) ? parseSchema(type, FRONTEND_INFO) : null); }
+  schema(type) {
+    const def = this.subgraphs.get(type);
+    if (def) return (def._schema ||= instanceSchema(def, this.innerGraph(def)));
+    if (this.boundary && (type === "SubgraphInput" || type === "SubgraphOutput")) return boundarySchema(type, this.boundary);
+    return parseSchema(type, this.info) ?? (isFrontendType(type) ? parseSchema(type, FRONTEND_INFO) : null);
+  }
+
+  // --- subgraphs ----------------------------------------------------------------------------------
+  spawn(def) {
+    const inner = new Graph(this.info);
+    inner.subgraphs = this.subgraphs;
+    inner.boundary = def;
+    return inner;
+  }
+
+  innerGraph(def) {
+    if (!def._graph) { def._graph = this.spawn(def); def._graph.loadSaved(def.saved); }
+    return def._graph;
+  }
+
+  // A producer [id, slot] as the flattened prompt names it (an instance's output → its inner node).
+  mapOut(source) {
+    const node = this.nodes.get(source[0]);
+    return node && this.subgraphs.has(node.type) ? instanceOutput(this, node, source[1]) : source;
+  }
 
   addNode(type, pos = [0, 0], { id = null, values = null, title = null } = {}) {
     const schema = this.schema(type);
@@ -201,8 +228,10 @@ export class Graph {
         if (!this.nodes.get(link[0])?.frontend) { inputs[name] = [link[0], link[1]]; continue; }
         via[name] = [link[0], link[1]]; // the editor's link; the prompt gets what it carries
         const source = this.resolveFrontend(link);
-        if (Array.isArray(source)) inputs[name] = source;
-        else if (source) inputs[name] = source.value;
+        if (Array.isArray(source)) {
+          if (this.nodes.get(source[0])?.frontend) delete inputs[name]; // a subgraph's input node: the link says it all
+          else inputs[name] = source;
+        } else if (source) inputs[name] = source.value;
       }
       if (Object.keys(via).length) entry.via = via;
       // a linked widget keeps its own value for when the link goes again
@@ -214,6 +243,10 @@ export class Graph {
     const groups = this.groups.map((g) => ({ title: g.title, bounding: g.bounding.map(Math.round), color: g.color }));
     const layout = { nodes, groups };
     if (Object.keys(frontend).length) layout.frontend = frontend;
+    if (this.subgraphs.size && !this.boundary) {
+      layout.subgraphs = [...this.subgraphs.values()].map((d) => ({ id: d.id, name: d.name, inputs: d.inputs.map(({ name, type }) => ({ name, type })),
+        outputs: d.outputs.map(({ name, type }) => ({ name, type })), saved: d.saved }));
+    }
     if (this.reroutes.size) {
       layout.reroutes = [...this.reroutes.values()].map((r) => ({ id: r.id, pos: r.pos.map(Math.round), parentId: r.parentId }));
     }
@@ -230,6 +263,10 @@ export class Graph {
     if (saved.version === 1) layout = migrateV1(layout);
     const laid = layout.nodes || {};
     const prompt = saved.prompt || {};
+    if (!this.boundary) {
+      this.subgraphs.clear();
+      for (const d of layout.subgraphs || []) this.subgraphs.set(d.id, { id: d.id, name: d.name, inputs: d.inputs.map((i) => ({ ...i })), outputs: d.outputs.map((o) => ({ ...o })), saved: d.saved });
+    }
     const place = (node, l) => {
       node.title = l.title || node.title;
       if (l.size && l.size[0] > 0) node.size = [...l.size];
@@ -283,6 +320,7 @@ export class Graph {
     const prompt = {};
     for (const node of this.nodes.values()) {
       if (node.frontend || node.mode === MODE_MUTED || node.mode === MODE_BYPASS) continue;
+      if (this.subgraphs.has(node.type)) { Object.assign(prompt, flattenInstance(this, node)); continue; }
       const inputs = {};
       const schema = this.schema(node.type);
       for (const [name, value] of Object.entries(node.values)) {
@@ -290,7 +328,8 @@ export class Graph {
       }
       for (const name of Object.keys(node.links)) {
         delete inputs[name];
-        const source = this.resolveSource(node.links[name], this.inputSpec(node, name)?.type ?? "*");
+        let source = this.resolveSource(node.links[name], this.inputSpec(node, name)?.type ?? "*");
+        if (Array.isArray(source)) source = this.mapOut(source);
         if (Array.isArray(source)) inputs[name] = source;
         else if (source) inputs[name] = source.value;
       }

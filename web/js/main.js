@@ -16,6 +16,7 @@ import { Viewer } from "./viewer.js";
 import { RunProgress } from "./progress.js";
 import { Library } from "./library.js";
 import { MaskEditor } from "./maskeditor.js";
+import { SubgraphUi } from "./subgraphui.js";
 
 class App {
   constructor() {
@@ -37,6 +38,7 @@ class App {
     this.progress = new RunProgress(this);
     this.library = new Library(this);
     this.maskEditor = new MaskEditor(this);
+    this.editor.subgraphUi = new SubgraphUi(this);
     this.editor.events.addEventListener("openMaskEditor", (e) => this.maskEditor.openForNode(e.detail.nodeId));
     this.settings = new Settings(this);
     await this.settings.load();

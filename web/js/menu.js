@@ -91,6 +91,11 @@ export class Menus {
     ];
     if (convert.length) items.push({ label: "Widgets ↔ inputs", submenu: convert });
     if (widgetInputs.some((i) => i.widget === "IMAGEUPLOAD")) items.push({ label: "Open in mask editor", action: () => ed.emit("openMaskEditor", { nodeId: id }) });
+    const sub = ed.subgraphUi;
+    if (sub) {
+      items.push("-", { label: "Convert to subgraph", action: () => sub.convertSelection() });
+      if (sub.isInstance(node)) items.push({ label: "Open subgraph", action: () => sub.open(id) }, { label: "Unpack subgraph", action: () => sub.unpack(id) });
+    }
     items.push("-",
       { label: "Copy", action: () => ed.copy() },
       { label: "Clone", action: () => ed.clone(ids) },

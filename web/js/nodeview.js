@@ -35,6 +35,10 @@ export class NodeViews {
     const title = el("span", { class: "node-title", title: schema?.description || node.type }, node.title);
     const collapse = el("button", { type: "button", class: "node-collapse", title: "collapse", "data-action": "collapse" }, node.collapsed ? "▸" : "▾");
     const header = el("div", { class: "node-header" }, collapse, title, el("span", { class: "node-badge" }));
+    if (schema?.subgraph) {
+      root.classList.add("subgraph-instance");
+      header.append(el("button", { type: "button", class: "node-open", title: "open the subgraph", "data-action": "open-subgraph" }, "⤢"));
+    }
     root.append(header, el("div", { class: "node-progress" }, el("div", { class: "bar" })));
     const body = el("div", { class: "node-body" });
     root.append(body);
@@ -113,6 +117,7 @@ export class NodeViews {
   #wire(root, node, header, title, collapse) {
     const { editor } = this;
     collapse.addEventListener("pointerdown", (e) => e.stopPropagation());
+    header.querySelector(".node-open")?.addEventListener("pointerdown", (e) => e.stopPropagation());
     collapse.addEventListener("click", () => editor.setCollapsed([node.id], !node.collapsed));
     title.addEventListener("dblclick", (e) => { e.stopPropagation(); this.rename(node.id); });
     root.addEventListener("pointerdown", (e) => {

@@ -9,7 +9,7 @@ import { SAVED_FORMAT, SAVED_VERSION } from "./graph.js";
 import { FRONTEND_INFO, PRIMITIVE_OUTPUT, primitiveTargets } from "./frontend.js";
 
 const NOTES = new Set(["Note", "MarkdownNote"]);
-const KEPT = new Set(["Reroute", "PrimitiveNode"]);
+const KEPT = new Set(["Reroute", "PrimitiveNode", "SubgraphInput", "SubgraphOutput"]);
 const CONTROL_VALUES = new Set(["fixed", "increment", "decrement", "randomize"]);
 
 function toPair(value) {
@@ -34,8 +34,21 @@ function readWidgets(schema, wv) {
   return { values, control };
 }
 
+// A subgraph definition of the UI format as a graph of its own, with its boundary nodes.
+function definitionAsGraph(d) {
+  const links = d.links || [];
+  const into = (k) => links.find((l) => l && (Array.isArray(l) ? l[3] === -20 && l[4] === k : l.target_id === -20 && l.target_slot === k));
+  const at = (node, dx) => (Array.isArray(node?.bounding) ? [node.bounding[0], node.bounding[1]] : [dx, 0]);
+  const inputNode = { id: -10, type: "SubgraphInput", pos: at(d.inputNode, -300), inputs: [], outputs: (d.inputs || []).map((i) => ({ name: i.name, type: i.type })) };
+  const outputNode = { id: -20, type: "SubgraphOutput", pos: at(d.outputNode, 900), outputs: [],
+    inputs: (d.outputs || []).map((o, k) => { const l = into(k); return { name: o.name, type: o.type, link: l ? (Array.isArray(l) ? l[0] : l.id) : null }; }) };
+  return { nodes: [...(d.nodes || []), inputNode, outputNode], links, groups: d.groups || [], extra: d.extra || {} };
+}
+
 // ComfyUI UI format → Loom's saved format.
-export function convertUi(ui, info) {
+export function convertUi(ui, info, defs = null) {
+  const root = defs === null;
+  if (root) defs = new Map((ui.definitions?.subgraphs || []).filter((d) => d && d.id).map((d) => [String(d.id), d]));
   const nodes = new Map(ui.nodes.map((n) => [String(n.id), n]));
   const links = new Map();
   const parents = new Map(); // link id -> reroute id nearest its target
@@ -58,6 +71,7 @@ export function convertUi(ui, info) {
       return upstream === null || upstream === undefined ? null : resolve(upstream, depth + 1);
     }
     if (origin.type === "PrimitiveNode") return { value: (origin.widgets_values || [])[0] };
+    if (origin.type === "SubgraphInput") return null; // inside a subgraph: the editor link (via) carries it
     if (NOTES.has(origin.type)) return null;
     return { link: [String(origin.id), link.slot] };
   };
@@ -78,7 +92,7 @@ export function convertUi(ui, info) {
     const schema = schemaOf(n.type, info);
     const { values: inputs, control } = n.type === "PrimitiveNode"
       ? readWidgets({ inputs: [{ name: "value", widget: "X", opts: { control_after_generate: true } }] }, n.widgets_values || [])
-      : readWidgets(schema, n.widgets_values);
+      : defs.has(String(n.type)) ? { values: promotedValues(n), control: {} } : readWidgets(schema, n.widgets_values);
     for (const input of n.inputs || []) {
       if (input.link === null || input.link === undefined || !links.has(input.link)) continue;
       const name = n.type === "Reroute" ? "input" : input.widget?.name || input.name;
@@ -111,11 +125,25 @@ export function convertUi(ui, info) {
   const reroutes = (ui.extra?.reroutes || []).filter((r) => r && Number.isInteger(r.id));
   if (reroutes.length) layout.reroutes = reroutes.map((r) => ({ id: r.id, pos: toPair(r.pos), parentId: r.parentId ?? null }));
   const extra = ui.extra?.loom && typeof ui.extra.loom === "object" ? { ...ui.extra.loom } : {};
+  if (root && defs.size) {
+    layout.subgraphs = [...defs.values()].map((d) => ({
+      id: String(d.id), name: d.name || "Subgraph", inputs: (d.inputs || []).map((i) => ({ name: i.name, type: i.type })),
+      outputs: (d.outputs || []).map((o) => ({ name: o.name, type: o.type })), saved: convertUi(definitionAsGraph(d), info, defs),
+    }));
+  }
   return { format: SAVED_FORMAT, version: SAVED_VERSION, prompt, layout, extra };
 }
 
+// A subgraph instance's promoted widget values: its widget inputs, in order, with widgets_values.
+function promotedValues(n) {
+  const wv = n.widgets_values;
+  if (wv && typeof wv === "object" && !Array.isArray(wv)) return { ...wv };
+  const names = (n.inputs || []).filter((i) => i.widget?.name).map((i) => i.widget.name);
+  return Object.fromEntries(names.map((name, i) => [name, (wv || [])[i]]).filter(([, v]) => v !== undefined));
+}
+
 // --- writing ---------------------------------------------------------------------------------------
-function uiId(id) { return /^\d+$/.test(id) ? Number(id) : id; }
+function uiId(id) { return /^-?\d+$/.test(id) ? Number(id) : id; }
 
 function nodeShape(graph, node) {
   const schema = graph.schema(node.type);
@@ -203,5 +231,23 @@ export function toUi(graph) {
   if (linkExtensions.length) extra.linkExtensions = linkExtensions;
   if (Object.keys(graph.extra).length) extra.loom = { ...graph.extra };
   const groups = graph.groups.map((g, i) => ({ id: i + 1, title: g.title, bounding: g.bounding.map(Math.round), color: g.color || "#3f789e", font_size: 24, flags: {} }));
-  return { last_node_id: lastNode, last_link_id: linkId, nodes: uiNodes, links, groups, config: {}, extra, version: 0.4 };
+  const out = { last_node_id: lastNode, last_link_id: linkId, nodes: uiNodes, links, groups, config: {}, extra, version: 0.4 };
+  if (graph.subgraphs.size && !graph.boundary) out.definitions = { subgraphs: [...graph.subgraphs.values()].map((d) => definitionToUi(graph, d)) };
+  return out;
+}
+
+// One definition in ComfyUI's `definitions.subgraphs` shape (links as objects, boundary ids -10 / -20).
+function definitionToUi(graph, def) {
+  const inner = toUi(graph.innerGraph(def));
+  const boundary = (type) => inner.nodes.find((n) => n.type === type);
+  const box = (n, dx) => [n ? n.pos[0] : dx, n ? n.pos[1] : 0, 120, 40 + 20 * Math.max(def.inputs.length, def.outputs.length)];
+  const links = inner.links.map(([id, o, os, t, ts, type]) => ({ id, origin_id: o, origin_slot: os, target_id: t, target_slot: ts, type }));
+  return {
+    id: def.id, version: 1, state: { lastGroupId: 0, lastNodeId: inner.last_node_id, lastLinkId: inner.last_link_id, lastRerouteId: 0 },
+    revision: 0, config: {}, name: def.name,
+    inputNode: { id: -10, bounding: box(boundary("SubgraphInput"), -300) }, outputNode: { id: -20, bounding: box(boundary("SubgraphOutput"), 900) },
+    inputs: def.inputs.map((i, k) => ({ id: `${def.id}-in-${k}`, name: i.name, type: i.type, linkIds: links.filter((l) => l.origin_id === -10 && l.origin_slot === k).map((l) => l.id) })),
+    outputs: def.outputs.map((o, k) => ({ id: `${def.id}-out-${k}`, name: o.name, type: o.type, linkIds: links.filter((l) => l.target_id === -20 && l.target_slot === k).map((l) => l.id) })),
+    widgets: [], nodes: inner.nodes.filter((n) => n.type !== "SubgraphInput" && n.type !== "SubgraphOutput"), links, groups: inner.groups, extra: inner.extra,
+  };
 }
