@@ -83,7 +83,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     folders = Folders(args.input_dir, args.output_dir, args.temp_dir, models=model_files)
     folders.ensure()
     registry = NodeRegistry()
-    register_core(registry, model_files, folders.input_dir)
+    register_core(registry, model_files, folders.input_dir, folders.output_dir)
     report = _load_plugins(registry, args, folders)
     models = _model_manager(args)
     bus = EventBus()
@@ -311,6 +311,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- check ----------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 when every node type is available and the workflow converts, 2 otherwise."""
+    from engine.compat_check import check_file
+
+    report = check_file(args.workflow, build_runtime(args).registry.object_info())
+    print(json.dumps(report.to_json(), indent=1) if args.json else "\n".join(report.lines()))
+    return 0 if report.ok else 2
+
+
 # --- make-demo-model ----------------------------------------------------------------------------
 def cmd_make_demo_model(args: argparse.Namespace) -> int:
     for path in write_demo_models(args.models_dir):
@@ -389,6 +399,12 @@ def make_parser() -> argparse.ArgumentParser:
     convert.add_argument("workflow", type=Path)
     convert.add_argument("-o", "--output", type=Path, default=None)
     convert.set_defaults(func=cmd_convert)
+
+    check = sub.add_parser("check", help="list the node types a workflow needs that Loom lacks, before running")
+    add_common(check)
+    check.add_argument("workflow", type=Path, help="API, saved, ComfyUI UI-format JSON, or a PNG")
+    check.add_argument("--json", action="store_true", help="the report as JSON")
+    check.set_defaults(func=cmd_check)
 
     demo = sub.add_parser("make-demo-model", help="write small random-weight demo models")
     demo.add_argument("--models-dir", type=Path, default=ROOT / "models")

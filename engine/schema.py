@@ -245,8 +245,10 @@ def check_schema(schema: NodeSchema, owner: str) -> None:
         where = f"inputs.{spec.name}"
         if not isinstance(spec, Input):
             fail("inputs", f"expected Input entries, found {type(spec).__name__}")
-        if not spec.name.isidentifier():
-            fail(where, "input names must be identifiers")
+        if not all(part.isidentifier() for part in spec.name.split(".")):
+            # dotted names are ComfyUI's V3 dynamic inputs as the API format spells them
+            # ("images.image0", "resize_type.width")
+            fail(where, "input names must be identifiers, or identifiers joined by '.'")
         if spec.name in seen:
             fail(where, "duplicate input name")
         seen.add(spec.name)

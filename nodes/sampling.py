@@ -300,19 +300,6 @@ def _common_inputs() -> tuple[Input, ...]:
     )
 
 
-_RESCALE = Input(
-    "guidance_rescale",
-    FLOAT,
-    "Rescale the guided prediction's std toward the positive one "
-    "(Lin et al. 2023); 0 is off, 0.7 typical for v-prediction.",
-    default=0.0,
-    min=0.0,
-    max=1.0,
-    step=0.01,
-    optional=True,
-)
-
-
 class KSampler(Node):
     SCHEMA = NodeSchema(
         node_id="KSampler",
@@ -340,7 +327,6 @@ class KSampler(Node):
                 max=1.0,
                 step=0.01,
             ),
-            _RESCALE,
         ),
         outputs=(Output("LATENT", LATENT, "The denoised latent."),),
         batching=Batching(inputs=("seed",), variant="KSamplerBatched"),  # nodes/perf_batch.py
@@ -360,10 +346,9 @@ class KSampler(Node):
         negative: list,
         latent_image: dict,
         denoise: float,
-        guidance_rescale: float = 0.0,
     ) -> tuple[dict]:
         window = Window.from_denoise(steps, denoise)
-        s = Settings(seed, steps, cfg, sampler_name, scheduler, window, True, guidance_rescale)
+        s = Settings(seed, steps, cfg, sampler_name, scheduler, window, True)
         return (sample(ctx, model, positive, negative, latent_image, s),)
 
 
@@ -395,7 +380,6 @@ class KSamplerAdvanced(Node):
                 options=("disable", "enable"),
                 default="disable",
             ),
-            _RESCALE,
         ),
         outputs=(Output("LATENT", LATENT, "The (partly) denoised latent."),),
         batching=Batching(inputs=("noise_seed",), variant="KSamplerAdvancedBatched"),  # nodes/perf_batch.py
@@ -418,15 +402,12 @@ class KSamplerAdvanced(Node):
         start_at_step: int,
         end_at_step: int,
         return_with_leftover_noise: str,
-        guidance_rescale: float = 0.0,
     ) -> tuple[dict]:
         end = min(end_at_step, steps)
         if start_at_step >= end:
             return (latent_image,)
         window = Window(steps, start_at_step, end, return_with_leftover_noise != "enable")
-        s = Settings(
-            noise_seed, steps, cfg, sampler_name, scheduler, window, add_noise == "enable", guidance_rescale
-        )
+        s = Settings(noise_seed, steps, cfg, sampler_name, scheduler, window, add_noise == "enable")
         return (sample(ctx, model, positive, negative, latent_image, s),)
 
 

@@ -118,6 +118,13 @@ def build_document(version: str) -> dict[str, Any]:
                            "type": "array", "items": _OBJ}}}), **_errors(404)},
                        params=[_path_param("folder")], tags=native),
         },
+        "/api/v1/workflows/check": {
+            "post": _op("Compatibility report: node types Loom lacks (ComfyUI core or custom, with their pack) "
+                        "and conversion problems, before running", {"200": _json(
+                {"type": "object", "properties": {"ok": {"type": "boolean"}, "missing": {"type": "array"},
+                                                  "problems": {"type": "array"}, "error": {"type": "string"}}}),
+                **_errors(400)}, body=_OBJ, tags=native),
+        },
         "/api/v1/openapi.json": {"get": _op("This document", {"200": _json(_OBJ)}, tags=native)},
         "/prompt": {
             "post": _op("Queue a workflow (ComfyUI)", {"200": _json({"$ref": "#/components/schemas/PromptResponse"}),

@@ -43,6 +43,21 @@ export class Graph {
     return def._graph;
   }
 
+  // Ports and kept values of a node whose type this server lacks (from the file it came in).
+  placeholderSchema(node) {
+    const ph = node.placeholder || {};
+    const inputs = (ph.inputs || []).map((i) => ({ name: i.name, type: i.type || "*", optional: true, opts: {}, choices: null, widget: i.widget ? "STRING" : null }));
+    for (const name of Object.keys(node.links)) if (!inputs.some((i) => i.name === name)) inputs.push({ name, type: "*", optional: true, opts: {}, choices: null, widget: null });
+    let outputs = (ph.outputs || []).map((o, k) => ({ name: o.name, type: o.type || "*", isList: false, slot: k }));
+    if (!outputs.length) {
+      let most = -1;
+      for (const n of this.nodes.values()) for (const l of Object.values(n.links)) if (l[0] === node.id) most = Math.max(most, l[1]);
+      outputs = Array.from({ length: most + 1 }, (_, k) => ({ name: `output ${k}`, type: "*", isList: false, slot: k }));
+    }
+    const values = ph.widgets_values !== undefined ? [["widgets_values", ph.widgets_values]] : Object.entries(node.values);
+    return { inputs, outputs, values };
+  }
+
   // A producer [id, slot] as the flattened prompt names it (an instance's output → its inner node).
   mapOut(source) {
     const node = this.nodes.get(source[0]);
@@ -219,6 +234,7 @@ export class Graph {
       if (Object.keys(node.routes).length) entry.routes = { ...node.routes };
       if (node.properties && Object.keys(node.properties).length) entry.properties = structuredClone(node.properties);
       if (node.extWidgets && Object.keys(node.extWidgets).length) entry.ext_widgets = structuredClone(node.extWidgets);
+      if (node.placeholder) entry.placeholder = structuredClone(node.placeholder);
       if (node.frontend) {
         frontend[node.id] = { type: node.type, ...entry, values: { ...node.values }, links: structuredClone(node.links) };
         continue;
@@ -278,6 +294,7 @@ export class Graph {
       node.routes = { ...(l.routes || {}) };
       if (l.properties) node.properties = structuredClone(l.properties);
       if (l.ext_widgets) node.extWidgets = structuredClone(l.ext_widgets);
+      if (l.placeholder) node.placeholder = structuredClone(l.placeholder);
     };
     for (const [id, entry] of Object.entries(prompt)) {
       const l = laid[id] || {};

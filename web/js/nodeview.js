@@ -42,8 +42,13 @@ export class NodeViews {
     root.append(header, el("div", { class: "node-progress" }, el("div", { class: "bar" })));
     const body = el("div", { class: "node-body" });
     root.append(body);
-    if (!schema) body.append(el("div", { class: "node-missing" }, `unknown node type "${node.type}"`));
-    const linkInputs = (schema?.inputs || []).filter((i) => !i.widget || node.converted.has(i.name));
+    const ghost = schema ? null : editor.graph.placeholderSchema(node); // a missing type keeps its ports and values
+    if (!schema) {
+      root.classList.add("missing");
+      body.append(el("div", { class: "node-missing", "data-role": "missing-type" }, `missing node type "${node.type}" — kept as it is`));
+      for (const [name, value] of ghost.values) body.append(el("div", { class: "node-kept-value", "data-kept": name }, `${name}: ${JSON.stringify(value)}`));
+    }
+    const linkInputs = (schema?.inputs || ghost.inputs).filter((i) => !i.widget || node.converted.has(i.name) || node.links[i.name]);
     let widgets = (schema?.inputs || []).filter((i) => i.widget && !node.converted.has(i.name));
     const primitive = node.type === "PrimitiveNode";
     if (primitive) {
@@ -51,7 +56,7 @@ export class NodeViews {
       widgets = spec ? [spec] : [];
       if (!spec) body.append(el("div", { class: "node-hint" }, "link the output to widget inputs"));
     }
-    const outputs = schema?.outputs || [];
+    const outputs = schema?.outputs || ghost.outputs;
     for (let r = 0; r < Math.max(linkInputs.length, outputs.length); r++) {
       const row = el("div", { class: "io-row" });
       const input = linkInputs[r], output = outputs[r];

@@ -11,6 +11,11 @@ import { FRONTEND_INFO, PRIMITIVE_OUTPUT, primitiveTargets } from "./frontend.js
 const NOTES = new Set(["Note", "MarkdownNote"]);
 const KEPT = new Set(["Reroute", "PrimitiveNode", "SubgraphInput", "SubgraphOutput"]);
 const CONTROL_VALUES = new Set(["fixed", "increment", "decrement", "randomize"]);
+// What files store after a widget with "control after generate" (engine/workflow_widgets.py has the
+// same rules): a control string, a boolean (2023 files) or null; a COMBO also stores a filter text.
+const looksLikeControl = (v) => v === null || typeof v === "boolean" || CONTROL_VALUES.has(v) || v === "increment-wrap";
+const controlSlots = (input) => (input.opts.control_after_generate || (input.type === "INT" && /^(noise_)?seed$/.test(input.name)))
+  ? (input.choices ? 2 : 1) : 0;
 
 function toPair(value) {
   if (Array.isArray(value)) return [Number(value[0]) || 0, Number(value[1]) || 0];
@@ -24,13 +29,19 @@ function schemaOf(type, info) { return parseSchema(type, info) ?? (KEPT.has(type
 function readWidgets(schema, wv) {
   const values = {}, control = {};
   if (!schema || !Array.isArray(wv)) return { values: wv && typeof wv === "object" && !Array.isArray(wv) ? { ...wv } : values, control };
+  const widgets = schema.inputs.filter((x) => x.widget);
   let i = 0;
-  for (const input of schema.inputs.filter((x) => x.widget)) {
-    if (i >= wv.length) break;
+  widgets.forEach((input, position) => {
+    if (i >= wv.length) return;
     values[input.name] = wv[i++];
-    if ((input.opts.control_after_generate || /^(noise_)?seed$/.test(input.name)) && CONTROL_VALUES.has(wv[i])) control[input.name] = wv[i++];
-    else if (input.widget === "IMAGEUPLOAD" && (wv[i] === "image" || wv[i] === "upload")) i++;
-  }
+    const needed = widgets.length - position - 1; // values the later widgets still need
+    const slots = controlSlots(input);
+    if (slots && i < wv.length && wv.length - i > needed && looksLikeControl(wv[i])) {
+      if (CONTROL_VALUES.has(wv[i])) control[input.name] = wv[i];
+      i++;
+      if (slots === 2 && i < wv.length && wv.length - i > needed && typeof wv[i] === "string") i++;
+    } else if (input.widget === "IMAGEUPLOAD" && (wv[i] === "image" || wv[i] === "upload")) i++;
+  });
   return { values, control };
 }
 
@@ -108,6 +119,13 @@ export function convertUi(ui, info, defs = null) {
     }
     if (Object.keys(control).length) entry.control = control;
     if (Object.keys(routes).length) entry.routes = routes;
+    if (!schema && !KEPT.has(n.type) && !defs.has(String(n.type))) { // a type this server lacks: keep what the file says
+      entry.placeholder = {
+        inputs: (n.inputs || []).map((i) => ({ name: i.widget?.name || i.name, type: i.type, widget: !!i.widget })),
+        outputs: (n.outputs || []).map((o) => ({ name: o.name, type: o.type })),
+        widgets_values: structuredClone(n.widgets_values ?? []),
+      };
+    }
     if (KEPT.has(n.type)) {
       frontend[id] = { type: n.type, ...entry, values: n.type === "PrimitiveNode" ? inputs : {}, links: editorLinks };
       continue;
@@ -161,6 +179,13 @@ function nodeShape(graph, node) {
     if (node.values.value !== undefined) widgetsValues.push(node.values.value);
     if (node.control.value) widgetsValues.push(node.control.value);
     return { inputs, outputs, widgetsValues, slotOf: {} };
+  }
+  if (!schema && node.placeholder) { // a missing type goes out as it came in
+    const ph = node.placeholder, slotOf = {};
+    for (const i of ph.inputs || []) { slotOf[i.name] = inputs.length; inputs.push({ name: i.name, type: i.type, link: null, ...(i.widget ? { widget: { name: i.name } } : {}) }); }
+    for (const name of Object.keys(node.links)) if (!(name in slotOf)) { slotOf[name] = inputs.length; inputs.push({ name, type: "*", link: null }); }
+    (ph.outputs || []).forEach((o, k) => outputs.push({ name: o.name, type: o.type, links: [], slot_index: k }));
+    return { inputs, outputs, widgetsValues: structuredClone(ph.widgets_values), slotOf };
   }
   const slotOf = {};
   for (const input of schema ? schema.inputs : []) {
