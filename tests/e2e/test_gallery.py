@@ -70,6 +70,19 @@ def test_viewer_metadata_load_compare_delete_and_progress(editor: Editor, server
     editor.node("9").locator(".node-outputs img.node-image").first.click()
     viewer.locator('[data-meta="file"]').wait_for()
     viewer.locator('[data-action="viewer-close"]').click()
+    # a gallery image into the mask editor: saved into the input folder, onto a new LoadImage node
+    thumbs.first.click()
+    viewer.locator('[data-action="viewer-mask"]').click()
+    page.locator('[data-role="mask-stage"]').wait_for()
+    box = page.locator('[data-role="mask-stage"]').bounding_box()
+    page.mouse.move(box["x"] + 40, box["y"] + 40)
+    page.mouse.down()
+    page.mouse.move(box["x"] + 120, box["y"] + 60, steps=5)
+    page.mouse.up()
+    page.locator('[data-mask-action="save"]').click()
+    loader = page.locator('.node[data-node-type="LoadImage"]').last
+    loader.wait_for()
+    assert loader.locator('[data-widget="image"]').input_value().startswith("clipspace/clipspace-mask-")
     # delete: the history entry goes, and so does the thumbnail
     history = server.get("/history")
     count = thumbs.count()

@@ -90,10 +90,9 @@ export class Editor {
       if (elem.classList.contains("offscreen") !== off) elem.classList.toggle("offscreen", off);
     }
     for (const link of this.links.paths.values()) {
-      const pts = link.points;
-      if (!pts) continue;
-      const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
-      const off = outside(Math.min(...xs) - 100, Math.min(...ys), Math.max(...xs) + 100, Math.max(...ys));
+      const box = link.box;
+      if (!box) continue;
+      const off = outside(box[0] - 100, box[1], box[2] + 100, box[3]);
       if (link.off !== off) { link.off = off; link.path.style.visibility = off ? "hidden" : ""; }
     }
   }

@@ -141,6 +141,9 @@ export class Links {
     const points = [a, ...this.editor.graph.routeOf(link.dst, link.name).map((r) => r.pos), b];
     link.routed = points.length > 2;
     link.points = points;
+    let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+    for (const [x, y] of points) { if (x < x0) x0 = x; if (x > x1) x1 = x; if (y < y0) y0 = y; if (y > y1) y1 = y; }
+    link.box = [x0, y0, x1, y1]; // for culling
     link.path.setAttribute("d", route(points, this.style ?? 2));
   }
 
