@@ -48,7 +48,8 @@ export class NodeViews {
       body.append(el("div", { class: "node-missing", "data-role": "missing-type" }, `missing node type "${node.type}" — kept as it is`));
       for (const [name, value] of ghost.values) body.append(el("div", { class: "node-kept-value", "data-kept": name }, `${name}: ${JSON.stringify(value)}`));
     }
-    const linkInputs = (schema?.inputs || ghost.inputs).filter((i) => !i.widget || node.converted.has(i.name) || node.links[i.name]);
+    const linkInputs = schema ? schema.inputs.filter((i) => !i.widget || node.converted.has(i.name))
+      : ghost.inputs.filter((i) => !i.widget || node.links[i.name]);
     let widgets = (schema?.inputs || []).filter((i) => i.widget && !node.converted.has(i.name));
     const primitive = node.type === "PrimitiveNode";
     if (primitive) {
