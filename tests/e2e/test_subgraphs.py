@@ -92,6 +92,16 @@ def test_convert_open_edit_instances_round_trip_unpack(editor: Editor, server: S
     editor.drag(editor.port(editor.node("4"), "CLIP", "out"), editor.port(editor.node(second), "clip", "in"))
     assert editor.prompt()[f"{second}:7"]["inputs"]["clip"] == ["4", 1]
 
+    # an instance pasted into another tab brings its definition along
+    page.click('[data-action="new-tab"]')
+    page.mouse.move(500, 400)
+    page.keyboard.press("Control+v")
+    pasted = page.locator(".node.subgraph-instance")
+    assert pasted.count() == 1
+    pid = pasted.get_attribute("data-node-id")
+    assert editor.prompt()[f"{pid}:6"]["inputs"]["text"] == "a red fox in the snow"
+    page.locator('[data-role="tabs"] .tab .tab-name').first.click()
+
     # ComfyUI's UI format: out and back in, the same prompt; the server flattens it the same way
     prompt = strip(editor.prompt())
     ui = page.evaluate("(async () => (await import('./js/uiformat.js')).toUi(loom.tabs.current.graph))()")

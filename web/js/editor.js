@@ -247,7 +247,12 @@ export class Editor {
       return { id: n.id, type: n.type, title: n.title, pos: n.pos, values: n.values, links, converted: [...n.converted],
         control: n.control, mode: n.mode, collapsed: n.collapsed, color: n.color, size: n.size };
     });
-    const text = JSON.stringify({ "loom-clipboard": 1, nodes });
+    // subgraph instances carry their definitions, so they paste into any tab
+    const defs = [...new Set(nodes.map((n) => n.type))].filter((t) => this.graph.subgraphs.has(t)).map((t) => {
+      const d = this.graph.subgraphs.get(t);
+      return { id: d.id, name: d.name, inputs: d.inputs.map(({ name, type }) => ({ name, type })), outputs: d.outputs.map(({ name, type }) => ({ name, type })), saved: d.saved };
+    });
+    const text = JSON.stringify({ "loom-clipboard": 1, nodes, subgraphs: defs });
     localStorage.setItem(CLIPBOARD_KEY, text);
     navigator.clipboard?.writeText(text).catch(() => {});
     this.toast(`Copied ${nodes.length} node${nodes.length > 1 ? "s" : ""}`);
@@ -257,6 +262,7 @@ export class Editor {
     let data;
     try { data = JSON.parse(localStorage.getItem(CLIPBOARD_KEY) || "null"); } catch { data = null; }
     if (!data || !data.nodes?.length) return;
+    for (const d of data.subgraphs || []) if (!this.graph.subgraphs.has(d.id)) this.graph.subgraphs.set(d.id, d);
     this.pasteNodes(data.nodes, at);
   }
 
