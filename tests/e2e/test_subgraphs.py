@@ -122,3 +122,18 @@ def test_convert_open_edit_instances_round_trip_unpack(editor: Editor, server: S
     assert texts == sorted(["a red fox in the snow", flat["7"]["inputs"]["text"]])
     ks = after["3"]["inputs"]
     assert ":" not in ks["positive"][0] and after[ks["positive"][0]]["inputs"]["text"] == "a red fox in the snow"
+
+    # inside, link the input node's "+" slot to a widget: the instance gets that widget, with its value
+    editor.node(second).locator('[data-action="open-subgraph"]').click()
+    editor.drag(editor.port(editor.node("-10"), "+", "out"), editor.port(editor.node("6"), "text", "in"))
+    assert editor.port(editor.node("-10"), "text", "out").count() == 1
+    page.locator('[data-role="breadcrumb"] .crumb').first.click()
+    widget = editor.node(second).locator('[data-widget="text"]')
+    assert widget.input_value() == "a red fox in the snow"
+    widget.fill("a blue bird")
+    widget.press("Tab")
+    prompt = strip(editor.prompt())
+    assert prompt[f"{second}:6"]["inputs"]["text"] == "a blue bird"
+    ui = page.evaluate("(async () => (await import('./js/uiformat.js')).toUi(loom.tabs.current.graph))()")
+    assert strip(server_convert(server, ui)) == prompt
+    editor.shot("subgraph-promoted-widget")

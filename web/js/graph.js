@@ -3,7 +3,7 @@
 
 import { parseSchema, defaultValue, typesCompatible } from "./schema.js";
 import { FRONTEND_INFO, isFrontendType, primitiveAccepts, primitiveSpec, primitiveTargets } from "./frontend.js";
-import { boundarySchema, flattenInstance, instanceOutput, instanceSchema } from "./subgraph.js";
+import { boundarySchema, flattenInstance, growBoundary, instanceOutput, instanceSchema } from "./subgraph.js";
 
 export const MODE_NORMAL = 0, MODE_MUTED = 2, MODE_BYPASS = 4;
 export const SAVED_FORMAT = "loom.workflow", SAVED_VERSION = 2;
@@ -130,10 +130,11 @@ export class Graph {
       if (!typesCompatible(from, to)) throw new TypeMismatch(`${from} cannot connect to ${name} (${to})`);
     }
     if (this.reaches(dstId, srcId)) throw new TypeMismatch("that link would make a cycle");
+    if (this.boundary) name = growBoundary(this, src, slot, dst, name); // the "+" slot of a boundary node
     if (dst.links[name]) delete dst.routes[name];
     dst.links[name] = [srcId, slot];
     this.pruneReroutes();
-    return true;
+    return name;
   }
 
   disconnect(dstId, name) {

@@ -237,7 +237,11 @@ export class Links {
   tryConnect(srcId, slot, dstId, name, portEl = null, commit = true) {
     const { editor } = this;
     try {
-      editor.graph.connect(srcId, slot, dstId, name);
+      const used = editor.graph.connect(srcId, slot, dstId, name);
+      if (used !== name || editor.graph.nodes.get(srcId)?.type === "SubgraphInput") { // a boundary node grew a slot
+        for (const id of [srcId, dstId]) editor.views.render(editor.graph.nodes.get(id));
+        name = used;
+      }
     } catch (err) {
       if (!(err instanceof TypeMismatch)) throw err;
       const el = portEl || editor.views.els.get(dstId)?.querySelector(`.port[data-dir="in"][data-port="${CSS.escape(name)}"]`);

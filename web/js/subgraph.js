@@ -30,11 +30,36 @@ export function instanceSchema(def, inner) {
   return { type: def.id, inputs, outputs, display: def.name, category: "subgraph", description: `Subgraph “${def.name}”`, outputNode: false, subgraph: true };
 }
 
+// The boundary nodes inside; each has one more slot, "+": link it to add an input (or output).
+export const ADD_SLOT = "+";
+
 export function boundarySchema(type, def) {
   if (type === "SubgraphInput") {
-    return { type, inputs: [], outputs: def.inputs.map((i, k) => ({ name: i.name, type: i.type, isList: false, slot: k })), display: "Subgraph inputs", category: "subgraph", description: "", outputNode: false };
+    const outputs = def.inputs.map((i, k) => ({ name: i.name, type: i.type, isList: false, slot: k }));
+    outputs.push({ name: ADD_SLOT, type: "*", isList: false, slot: def.inputs.length });
+    return { type, inputs: [], outputs, display: "Subgraph inputs", category: "subgraph", description: "", outputNode: false };
   }
-  return { type, inputs: def.outputs.map((o) => ({ name: o.name, type: o.type, optional: true, opts: {}, choices: null, widget: null })), outputs: [], display: "Subgraph outputs", category: "subgraph", description: "", outputNode: false };
+  const inputs = def.outputs.map((o) => ({ name: o.name, type: o.type, optional: true, opts: {}, choices: null, widget: null }));
+  inputs.push({ name: ADD_SLOT, type: "*", optional: true, opts: {}, choices: null, widget: null });
+  return { type, inputs, outputs: [], display: "Subgraph outputs", category: "subgraph", description: "", outputNode: false };
+}
+
+// Linking the "+" slot of a boundary node adds an input (or output) to the definition; returns the
+// input name the link should use at the target.
+export function growBoundary(graph, src, slot, dst, name) {
+  const def = graph.boundary;
+  if (!def) return name;
+  const taken = (list) => new Set(list.map((x) => x.name));
+  if (src.type === "SubgraphInput" && slot === def.inputs.length) {
+    def.inputs.push({ name: uniqueName(name, taken(def.inputs)), type: graph.inputSpec(dst, name)?.type ?? "*" });
+  }
+  if (dst.type === "SubgraphOutput" && name === ADD_SLOT) {
+    const out = graph.schema(src.type)?.outputs[slot];
+    const added = { name: uniqueName(out?.name || "output", taken(def.outputs)), type: graph.outputType(src, slot) };
+    def.outputs.push(added);
+    return added.name;
+  }
+  return name;
 }
 
 function uniqueName(name, taken) {

@@ -3,7 +3,7 @@
 // Editing inside writes the definition back on every commit, so every instance follows.
 
 import { History } from "./graph.js";
-import { convertToSubgraph, unpackSubgraph } from "./subgraph.js";
+import { INPUT_ID, boundaryInputs, convertToSubgraph, unpackSubgraph } from "./subgraph.js";
 import { el } from "./widgets.js";
 
 export class SubgraphUi {
@@ -86,6 +86,16 @@ export class SubgraphUi {
     if (!tab?.def) return;
     tab.def.saved = tab.graph.toSaved({ measured: false });
     for (const level of this.stack) if (level.def) level.def._schema = null;
+    // instances of this definition get a value for widgets newly promoted to inputs: the inner one's
+    const parent = this.stack[this.stack.length - 2]?.tab.graph;
+    for (const [k, input] of boundaryInputs(tab.def, tab.graph).entries()) {
+      if (!input.widget) continue;
+      const target = [...tab.graph.nodes.values()].find((n) => Object.entries(n.links).some(([, l]) => l[0] === INPUT_ID && l[1] === k));
+      const name = target && Object.keys(target.links).find((n) => target.links[n][0] === INPUT_ID && target.links[n][1] === k);
+      for (const node of parent?.nodes.values() || []) {
+        if (node.type === tab.def.id && node.values[input.name] === undefined && name) node.values[input.name] = target.values[name];
+      }
+    }
     const root = tab.root;
     if (root.history.commit()) { root.dirty = true; this.app.persist(); }
   }
