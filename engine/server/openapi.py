@@ -112,6 +112,12 @@ def build_document(version: str) -> dict[str, Any]:
                 {"type": "object", "properties": {"prompt": _OBJ, "source_format": {"type": "string"}}}),
                 **_errors(400)}, body=_OBJ, tags=native),
         },
+        "/api/v1/models/{folder}/info": {
+            "get": _op("Files of a model folder with size and safetensors metadata (title, trigger words, base model)",
+                       {"200": _json({"type": "object", "properties": {"folder": {"type": "string"}, "files": {
+                           "type": "array", "items": _OBJ}}}), **_errors(404)},
+                       params=[_path_param("folder")], tags=native),
+        },
         "/api/v1/workflows/check": {
             "post": _op("Compatibility report: node types Loom lacks (ComfyUI core or custom, with their pack) "
                         "and conversion problems, before running", {"200": _json(

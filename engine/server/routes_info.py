@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.context import ModelManagerLike
+from engine.model_meta import describe_model_file
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, Handler, ServerConfig
 from engine.server.security import safe_path
@@ -92,6 +94,7 @@ class InfoRoutes:
             ("GET", "/system_stats", self.system_stats),
             ("GET", "/models", self.model_kinds),
             ("GET", "/models/{folder}", self.model_list),
+            ("GET", "/api/v1/models/{folder}/info", self.model_info),
             ("GET", "/embeddings", self.embeddings),
             ("GET", "/extensions", self.extension_list),
             ("GET", "/features", self.features),
@@ -156,6 +159,24 @@ class InfoRoutes:
         if folder not in self._kinds():
             raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
         return web.json_response(self._files(folder))
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        """Loom: each file of a model folder with its size and safetensors metadata (read-only)."""
+        folder = request.match_info["folder"]
+        if folder not in self._kinds():
+            raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
+        files = await asyncio.to_thread(self._describe, folder)  # header reads stay off the event loop
+        return web.json_response({"folder": folder, "files": files})
+
+    def _describe(self, folder: str) -> list[dict[str, Any]]:
+        files: list[dict[str, Any]] = []
+        for name in self._files(folder):
+            try:
+                path = self.model_files.resolve(folder, name)
+                files.append(describe_model_file(name, path).to_json())
+            except (KeyError, ValueError, OSError) as exc:
+                files.append({"name": name, "size": None, "error": str(exc)})
+        return files
 
     async def embeddings(self, request: web.Request) -> web.Response:
         names = []

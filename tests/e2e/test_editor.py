@@ -46,10 +46,10 @@ def test_default_workflow_runs_and_lands_in_gallery(editor: Editor) -> None:
     thumb.wait_for(state="visible")
     editor.page.wait_for_function("() => { const i = document.querySelector('.gallery-thumb'); return i && i.complete && i.naturalWidth > 0; }")
     thumb.click()
-    editor.page.locator(".lightbox").wait_for(state="visible")
+    editor.page.locator('[data-role="viewer"]').wait_for(state="visible")  # the full-size viewer (web/js/viewer.js)
     editor.shot("gallery-lightbox")
     tabs_before = editor.page.locator(".tab").count()
-    editor.page.click('[data-action="open-workflow"]')
+    editor.page.click('[data-action="viewer-load-workflow"]')
     editor.page.wait_for_function(f"() => document.querySelectorAll('.tab').length === {tabs_before + 1}")
     assert editor.page.locator('.node[data-node-type="KSampler"]').count() == 1
 

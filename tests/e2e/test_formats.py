@@ -19,7 +19,7 @@ COMPAT = Path(__file__).resolve().parents[1] / "compat"
 INFO = json.loads((COMPAT / "object_info_core.json").read_text())
 UI_FILES = sorted(p.name for p in (COMPAT / "workflows").glob("*.json")
                   if isinstance(json.loads(p.read_text()), dict) and "links" in json.loads(p.read_text())
-                  and p.stem not in ("group_node", "subgraph"))
+                  and p.stem != "group_node")
 
 CONVERT_IN_PAGE = """async ([ui, info]) => {
   const formats = await import('./js/formats.js');

@@ -34,8 +34,15 @@ export class Api {
   queuePrompt(prompt, workflow) {
     return this.fetchJson("/prompt", {
       method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ prompt, client_id: this.clientId, extra_data: { extra_pnginfo: { workflow } } }),
+      body: JSON.stringify({ prompt, client_id: this.clientId, extra_data: this.#extraData(workflow) }),
     });
+  }
+
+  // The preview method is ComfyUI's per-prompt `preview_method` (left out for the server default).
+  #extraData(workflow) {
+    const extra = { extra_pnginfo: { workflow } };
+    if (this.previewMethod && this.previewMethod !== "default") extra.preview_method = this.previewMethod;
+    return extra;
   }
 
   getQueue() { return this.fetchJson("/queue"); }

@@ -18,7 +18,10 @@ export function workflowTypes(obj) {
     return all.map((n) => n?.type).filter((t) => typeof t === "string" && !ids.has(t) && !t.startsWith("workflow>"));
   }
   const prompt = obj.format ? obj.prompt : obj;
-  return Object.values(prompt || {}).map((n) => n?.class_type).filter((t) => typeof t === "string");
+  const defs = obj.format ? obj.layout?.subgraphs || [] : []; // Loom's saved format keeps subgraphs in its layout
+  const ids = new Set(defs.map((d) => String(d.id)));
+  const types = Object.values(prompt || {}).map((n) => n?.class_type).filter((t) => typeof t === "string" && !ids.has(t));
+  return [...types, ...defs.flatMap((d) => workflowTypes(d.saved))];
 }
 
 export function unknownTypes(obj, info) {

@@ -90,9 +90,9 @@ export class Editor {
       if (elem.classList.contains("offscreen") !== off) elem.classList.toggle("offscreen", off);
     }
     for (const link of this.links.paths.values()) {
-      const a = this.views.portPos(link.src, "out", String(link.slot)), b = this.views.portPos(link.dst, "in", link.name);
-      if (!a || !b) continue;
-      const off = outside(Math.min(a[0], b[0]) - 100, Math.min(a[1], b[1]), Math.max(a[0], b[0]) + 100, Math.max(a[1], b[1]));
+      const box = link.box;
+      if (!box) continue;
+      const off = outside(box[0] - 100, box[1], box[2] + 100, box[3]);
       if (link.off !== off) { link.off = off; link.path.style.visibility = off ? "hidden" : ""; }
     }
   }
@@ -111,6 +111,8 @@ export class Editor {
 
   commit() {
     this.minimap.draw();
+    this.links.reroutes.sync();
+    this.onCommit?.(); // inside a subgraph: write the definition back
     if (this.history.commit()) {
       this.tab.dirty = true;
       this.emit("graphChanged", { graph: this.graph });
@@ -187,6 +189,7 @@ export class Editor {
   }
 
   select(ids) {
+    if (ids.length || this.links.reroutes.selected !== null) this.links.reroutes.select(null);
     for (const id of this.selection) this.views.setSelected(id, false);
     this.selection = new Set(ids);
     for (const id of this.selection) this.views.setSelected(id, true);
@@ -225,6 +228,9 @@ export class Editor {
     const up = () => {
       window.removeEventListener("pointermove", move);
       window.removeEventListener("pointerup", up);
+      if (moved && this.snap) {
+        for (const [node] of moving) { node.pos = node.pos.map((v) => Math.round(v / this.snap) * this.snap); this.views.setPos(node); this.links.updateNode(node.id); }
+      }
       if (moved) { this.commit(); this.minimap.draw(); }
     };
     window.addEventListener("pointermove", move);
@@ -241,7 +247,12 @@ export class Editor {
       return { id: n.id, type: n.type, title: n.title, pos: n.pos, values: n.values, links, converted: [...n.converted],
         control: n.control, mode: n.mode, collapsed: n.collapsed, color: n.color, size: n.size };
     });
-    const text = JSON.stringify({ "loom-clipboard": 1, nodes });
+    // subgraph instances carry their definitions, so they paste into any tab
+    const defs = [...new Set(nodes.map((n) => n.type))].filter((t) => this.graph.subgraphs.has(t)).map((t) => {
+      const d = this.graph.subgraphs.get(t);
+      return { id: d.id, name: d.name, inputs: d.inputs.map(({ name, type }) => ({ name, type })), outputs: d.outputs.map(({ name, type }) => ({ name, type })), saved: d.saved };
+    });
+    const text = JSON.stringify({ "loom-clipboard": 1, nodes, subgraphs: defs });
     localStorage.setItem(CLIPBOARD_KEY, text);
     navigator.clipboard?.writeText(text).catch(() => {});
     this.toast(`Copied ${nodes.length} node${nodes.length > 1 ? "s" : ""}`);
@@ -251,6 +262,7 @@ export class Editor {
     let data;
     try { data = JSON.parse(localStorage.getItem(CLIPBOARD_KEY) || "null"); } catch { data = null; }
     if (!data || !data.nodes?.length) return;
+    for (const d of data.subgraphs || []) if (!this.graph.subgraphs.has(d.id)) this.graph.subgraphs.set(d.id, d);
     this.pasteNodes(data.nodes, at);
   }
 
@@ -286,6 +298,7 @@ export class Editor {
     else if (mod && k === "v") { e.preventDefault(); this.paste(); }
     else if (mod && k === "a") { e.preventDefault(); this.selectAll(); }
     else if (mod && k === "g") { e.preventDefault(); this.groups.addAround([...this.selection]); }
+    else if ((e.key === "Delete" || e.key === "Backspace") && this.links.reroutes.selected !== null) { e.preventDefault(); this.links.reroutes.remove(this.links.reroutes.selected); }
     else if (e.key === "Delete" || e.key === "Backspace") { if (this.selection.size) { e.preventDefault(); this.deleteNodes([...this.selection]); } }
     else if (k === "/" && !mod) { e.preventDefault(); const r = this.root.getBoundingClientRect(); this.openSearch(r.left + r.width / 2 - 180, r.top + 80); }
     else if (k === "." && !mod) { this.fitView(); }

@@ -4,6 +4,7 @@
 import { registerWidget } from "./widgets.js";
 import { registerWidgetType } from "./schema.js";
 import { addMenuItem } from "./menu.js";
+import { shim } from "./comfyshim.js";
 
 export function extensionApi(app) {
   return Object.freeze({
@@ -29,6 +30,7 @@ export function extensionApi(app) {
 }
 
 export async function loadExtensions(app) {
+  shim.bind(app);
   const urls = await app.api.extensions();
   const loom = extensionApi(app);
   window.loomExtensionApi = loom;
@@ -44,5 +46,14 @@ export async function loadExtensions(app) {
       app.editor.toast(`Extension ${url} failed to load: ${err.message}`, "warn", 8000);
     }
   }
+  await shim.start(); // ComfyUI-style extensions registered while importing: run their hooks
   return loaded;
+}
+
+// Input types an extension builds widgets for (ComfyUI's getCustomWidgets).
+export function registerShimWidgetTypes(types) {
+  for (const type of types) {
+    registerWidgetType(type);
+    registerWidget(type, (env) => shim.buildCustom(env, env.node));
+  }
 }

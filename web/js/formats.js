@@ -2,17 +2,13 @@
 // Loom write `prompt` and `workflow`), ComfyUI's UI (litegraph) format and its API format.
 // Everything becomes Loom's saved format, which Graph.loadSaved() reads.
 
-import { parseSchema } from "./schema.js";
 import { SAVED_FORMAT, SAVED_VERSION } from "./graph.js";
+import { convertUi, toUi } from "./uiformat.js";
+
+export { convertUi, toUi };
 
 const PNG_SIGNATURE = [137, 80, 78, 71, 13, 10, 26, 10];
 const FRONTEND_ONLY = new Set(["Note", "MarkdownNote", "Reroute", "PrimitiveNode"]);
-const CONTROL_VALUES = new Set(["fixed", "increment", "decrement", "randomize"]);
-// What files store after a widget with "control after generate" (engine/workflow_widgets.py has the
-// same rules): a control string, a boolean (2023 files) or null; a COMBO also stores a filter text.
-const looksLikeControl = (v) => v === null || typeof v === "boolean" || CONTROL_VALUES.has(v) || v === "increment-wrap";
-const controlSlots = (input) => (input.opts.control_after_generate || (input.type === "INT" && /^(noise_)?seed$/.test(input.name)))
-  ? (input.choices ? 2 : 1) : 0;
 
 export function isPng(bytes) { return PNG_SIGNATURE.every((b, i) => bytes[i] === b); }
 
@@ -79,80 +75,6 @@ export function toSavedFormat(obj, info) {
 }
 
 export function uiNeedsServer(ui, info) {
-  return ui.nodes.some((n) => !FRONTEND_ONLY.has(n.type) && !info[n.type]) &&
-    (ui.extra?.groupNodes || ui.definitions?.subgraphs);
-}
-
-// ComfyUI UI format → saved format. Reroutes are followed, PrimitiveNodes become constants, notes
-// are dropped; muted and bypassed nodes keep their mode (the API prompt handles them).
-export function convertUi(ui, info) {
-  const nodes = new Map(ui.nodes.map((n) => [String(n.id), n]));
-  const links = new Map();
-  for (const link of ui.links || []) {
-    if (Array.isArray(link)) links.set(link[0], { origin: String(link[1]), slot: link[2] });
-    else if (link) links.set(link.id, { origin: String(link.origin_id), slot: link.origin_slot });
-  }
-  // Follow a link id back through Reroutes and PrimitiveNodes: {link: [id, slot]} | {value} | null
-  const resolve = (linkId, depth = 0) => {
-    const link = links.get(linkId);
-    if (!link || depth > 64) return null;
-    const origin = nodes.get(link.origin);
-    if (!origin) return null;
-    if (origin.type === "Reroute") {
-      const upstream = (origin.inputs || [])[0]?.link;
-      return upstream === null || upstream === undefined ? null : resolve(upstream, depth + 1);
-    }
-    if (origin.type === "PrimitiveNode") return { value: (origin.widgets_values || [])[0] };
-    if (FRONTEND_ONLY.has(origin.type)) return null;
-    return { link: [String(origin.id), link.slot] };
-  };
-  const prompt = {}, layout = { nodes: {}, groups: [] };
-  for (const n of ui.nodes) {
-    if (FRONTEND_ONLY.has(n.type)) continue;
-    const id = String(n.id);
-    const inputs = {}, control = {};
-    const schema = parseSchema(n.type, info);
-    const wv = n.widgets_values;
-    if (schema && Array.isArray(wv)) {
-      const widgets = schema.inputs.filter((x) => x.widget);
-      let i = 0;
-      widgets.forEach((input, position) => {
-        if (i >= wv.length) return;
-        inputs[input.name] = wv[i++];
-        const needed = widgets.length - position - 1; // values the later widgets still need
-        const slots = controlSlots(input);
-        if (slots && i < wv.length && wv.length - i > needed && looksLikeControl(wv[i])) {
-          if (CONTROL_VALUES.has(wv[i])) control[input.name] = wv[i];
-          i++;
-          if (slots === 2 && i < wv.length && wv.length - i > needed && typeof wv[i] === "string") i++;
-        } else if (input.widget === "IMAGEUPLOAD" && (wv[i] === "image" || wv[i] === "upload")) i++;
-      });
-    } else if (wv && typeof wv === "object" && !Array.isArray(wv)) Object.assign(inputs, wv);
-    for (const input of n.inputs || []) {
-      if (input.link === null || input.link === undefined) continue;
-      const source = resolve(input.link);
-      const name = input.widget?.name || input.name;
-      if (!source) { delete inputs[name]; continue; }
-      inputs[name] = source.link || source.value;
-    }
-    prompt[id] = { class_type: n.type, inputs };
-    if (n.title) prompt[id]._meta = { title: n.title };
-    const entry = { pos: toPair(n.pos), size: toPair(n.size) };
-    if (n.title) entry.title = n.title;
-    if (n.color || n.bgcolor) entry.color = n.bgcolor || n.color;
-    if (n.flags?.collapsed) entry.collapsed = true;
-    if (n.mode === 2 || n.mode === 4) entry.mode = n.mode;
-    if (Object.keys(control).length) entry.control = control;
-    layout.nodes[id] = entry;
-  }
-  for (const g of ui.groups || []) {
-    if (Array.isArray(g.bounding) && g.bounding.length === 4) layout.groups.push({ title: g.title || "Group", bounding: g.bounding, color: g.color || null });
-  }
-  return { format: SAVED_FORMAT, version: SAVED_VERSION, prompt, layout, extra: {} };
-}
-
-function toPair(value) {
-  if (Array.isArray(value)) return [Number(value[0]) || 0, Number(value[1]) || 0];
-  if (value && typeof value === "object") return [Number(value[0] ?? value.x ?? 0) || 0, Number(value[1] ?? value.y ?? 0) || 0];
-  return [0, 0];
+  // legacy group nodes are flattened by the server; subgraphs (definitions.subgraphs) are read here
+  return ui.nodes.some((n) => !FRONTEND_ONLY.has(n.type) && !info[n.type]) && !!ui.extra?.groupNodes;
 }

@@ -4,12 +4,30 @@
 
 import { typeColor, typesCompatible } from "./schema.js";
 import { TypeMismatch } from "./graph.js";
+import { Reroutes } from "./reroutes.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 
 function curve(a, b) {
   const dx = Math.max(40, Math.abs(b[0] - a[0]) * 0.5);
   return `M${a[0]},${a[1]} C${a[0] + dx},${a[1]} ${b[0] - dx},${b[1]} ${b[0]},${b[1]}`;
+}
+
+// The link styles of ComfyUI's "Comfy.LinkRenderMode": 2 spline, 1 linear, 0 straight (elbows).
+function stretch(a, b, style) {
+  if (style === 1) return `M${a[0]},${a[1]} L${a[0] + 15},${a[1]} L${b[0] - 15},${b[1]} L${b[0]},${b[1]}`;
+  if (style === 0) {
+    const mid = (a[0] + b[0]) / 2;
+    return `M${a[0]},${a[1]} L${mid},${a[1]} L${mid},${b[1]} L${b[0]},${b[1]}`;
+  }
+  return curve(a, b);
+}
+
+// A link drawn through its reroute points: one stretch per pair of points.
+function route(points, style) {
+  const parts = [];
+  for (let i = 0; i + 1 < points.length; i++) parts.push(stretch(points[i], points[i + 1], style));
+  return parts.join(" ");
 }
 
 export class Links {
@@ -20,25 +38,44 @@ export class Links {
     this.byNode = new Map(); // node id -> Set of keys
     this.temp = document.createElementNS(SVG, "path");
     this.temp.setAttribute("class", "link temp");
+    this.reroutes = new Reroutes(editor, this, svg);
     editor.nodesLayer.addEventListener("pointerdown", (e) => {
       const port = e.target.closest?.(".port");
       if (port && e.button === 0 && !editor.canvas.spaceDown) { e.preventDefault(); e.stopPropagation(); this.#startDrag(port, e); }
     });
   }
 
-  clear() { for (const { path } of this.paths.values()) path.remove(); this.paths.clear(); this.byNode.clear(); }
+  setStyle(style) {
+    const next = Number(style);
+    this.editor.root.classList.toggle("links-hidden", next === -1);
+    if (next === this.style) return;
+    this.style = next;
+    for (const link of this.paths.values()) this.#draw(link);
+  }
+
+  clear() { for (const { path } of this.paths.values()) path.remove(); this.paths.clear(); this.byNode.clear(); this.reroutes.clear(); }
 
   redrawAll() {
     this.clear();
     for (const link of this.editor.graph.links()) this.add(link);
+    this.reroutes.renderAll();
+  }
+
+  // Redraw every link that passes through reroutes (after one moved, or the chains changed).
+  redrawRouted() {
+    const graph = this.editor.graph;
+    for (const link of this.paths.values()) if (graph.nodes.get(link.dst)?.routes[link.name] !== undefined || link.routed) this.#draw(link);
   }
 
   add({ src, slot, dst, name }) {
     const key = `${dst}\u0000${name}`;
     this.remove(dst, name);
+    this.#reshapePrimitive(src);
     const path = document.createElementNS(SVG, "path");
     path.setAttribute("class", "link");
     path.dataset.src = src; path.dataset.dst = dst; path.dataset.input = name;
+    path.addEventListener("dblclick", (e) => { e.stopPropagation(); this.reroutes.addAt(dst, name, e); });
+    path.addEventListener("contextmenu", (e) => { e.preventDefault(); e.stopPropagation(); this.reroutes.linkMenu(dst, name, e); });
     const type = this.editor.graph.outputType(this.editor.graph.nodes.get(src), slot);
     path.style.stroke = typeColor(type);
     this.svg.append(path);
@@ -49,6 +86,17 @@ export class Links {
     }
     this.#draw(this.paths.get(key));
     this.editor.views.setLinked(dst, name, true);
+    this.#notify(src, slot, dst, name, true);
+  }
+
+  // ComfyUI's onConnectionsChange(side, slot, connected, linkInfo) for the extension shim: 1 = input, 2 = output.
+  #notify(src, slot, dst, name, connected) {
+    if (!this.onConnectionsChange) return;
+    const graph = this.editor.graph;
+    const index = graph.schema(graph.nodes.get(dst)?.type)?.inputs.findIndex((i) => i.name === name) ?? -1;
+    const info = { origin_id: src, origin_slot: slot, target_id: dst, target_slot: index };
+    this.onConnectionsChange(dst, 1, index, connected, info);
+    this.onConnectionsChange(src, 2, slot, connected, info);
   }
 
   remove(dst, name) {
@@ -60,6 +108,16 @@ export class Links {
     this.byNode.get(link.src)?.delete(key);
     this.byNode.get(link.dst)?.delete(key);
     this.editor.views.setLinked(dst, name, false);
+    this.#reshapePrimitive(link.src);
+    this.#notify(link.src, link.slot, dst, name, false);
+  }
+
+  // A PrimitiveNode's widget follows the inputs it feeds: draw it again when they change.
+  #reshapePrimitive(id) {
+    const node = this.editor.graph.nodes.get(id);
+    if (node?.type !== "PrimitiveNode" || !this.editor.views.els.has(id)) return;
+    this.editor.views.render(node);
+    this.updateNode(id);
   }
 
   removeNode(id) {
@@ -79,7 +137,14 @@ export class Links {
     const views = this.editor.views;
     const a = views.portPos(link.src, "out", String(link.slot));
     const b = views.portPos(link.dst, "in", link.name);
-    if (a && b) link.path.setAttribute("d", curve(a, b));
+    if (!a || !b) return;
+    const points = [a, ...this.editor.graph.routeOf(link.dst, link.name).map((r) => r.pos), b];
+    link.routed = points.length > 2;
+    link.points = points;
+    let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+    for (const [x, y] of points) { if (x < x0) x0 = x; if (x > x1) x1 = x; if (y < y0) y0 = y; if (y > y1) y1 = y; }
+    link.box = [x0, y0, x1, y1]; // for culling
+    link.path.setAttribute("d", route(points, this.style ?? 2));
   }
 
   // --- dragging -------------------------------------------------------------------------------
@@ -172,7 +237,11 @@ export class Links {
   tryConnect(srcId, slot, dstId, name, portEl = null, commit = true) {
     const { editor } = this;
     try {
-      editor.graph.connect(srcId, slot, dstId, name);
+      const used = editor.graph.connect(srcId, slot, dstId, name);
+      if (used !== name || editor.graph.nodes.get(srcId)?.type === "SubgraphInput") { // a boundary node grew a slot
+        for (const id of [srcId, dstId]) editor.views.render(editor.graph.nodes.get(id));
+        name = used;
+      }
     } catch (err) {
       if (!(err instanceof TypeMismatch)) throw err;
       const el = portEl || editor.views.els.get(dstId)?.querySelector(`.port[data-dir="in"][data-port="${CSS.escape(name)}"]`);

@@ -7,9 +7,16 @@ import { Editor } from "./editor.js";
 import { Tabs, Workflows, defaultWorkflow } from "./workflows.js";
 import { Runner } from "./queue.js";
 import { Gallery } from "./gallery.js";
-import { loadExtensions } from "./extensions.js";
+import { loadExtensions, registerShimWidgetTypes } from "./extensions.js";
 import { el } from "./widgets.js";
 import { clearSchemaCache } from "./schema.js";
+import { addFrontendNodes } from "./frontend.js";
+import { Settings } from "./settings.js";
+import { Viewer } from "./viewer.js";
+import { RunProgress } from "./progress.js";
+import { Library } from "./library.js";
+import { MaskEditor } from "./maskeditor.js";
+import { SubgraphUi } from "./subgraphui.js";
 
 class App {
   constructor() {
@@ -20,13 +27,22 @@ class App {
   emit(name, detail = {}) { this.events.dispatchEvent(new CustomEvent(name, { detail })); }
 
   async start() {
-    this.info = await this.api.objectInfo();
+    this.info = addFrontendNodes(await this.api.objectInfo());
     this.editor = new Editor(document.querySelector(".canvas"), { info: this.info, api: this.api });
     this.editor.events.addEventListener("graphChanged", () => { this.persist(); this.emit("graphChanged", { graph: this.tabs.current.graph }); });
     this.tabs = new Tabs(this);
     this.workflows = new Workflows(this);
     this.gallery = new Gallery(this);
     this.runner = new Runner(this);
+    this.viewer = new Viewer(this);
+    this.progress = new RunProgress(this);
+    this.library = new Library(this);
+    this.maskEditor = new MaskEditor(this);
+    this.editor.subgraphUi = new SubgraphUi(this);
+    this.editor.events.addEventListener("openMaskEditor", (e) => this.maskEditor.openForNode(e.detail.nodeId));
+    this.settings = new Settings(this);
+    await this.settings.load();
+    document.querySelector('[data-action="settings"]').addEventListener("click", () => this.settings.open());
     this.#panels();
     document.querySelector('[data-action="refresh-models"]').addEventListener("click", () => this.refreshModels());
     document.querySelector('[data-action="fit"]').addEventListener("click", () => this.editor.fitView());
@@ -60,11 +76,13 @@ class App {
   async refreshModels() {
     const info = await this.api.objectInfo();
     for (const key of Object.keys(this.info)) delete this.info[key];
-    Object.assign(this.info, info);
+    Object.assign(this.info, addFrontendNodes(info));
     clearSchemaCache();
     this.editor.renderAll();
     this.editor.toast("Node list and model lists refreshed");
   }
+
+  registerCustomWidgetTypes(types) { registerShimWidgetTypes(types); clearSchemaCache(); }
 
   addMainMenuItem(item) {
     const button = el("button", { type: "button", class: "ext-item" }, item.label);
@@ -104,6 +122,9 @@ class App {
         button.classList.toggle("active", open);
         if (open && name === "workflows") this.workflows.refreshList();
         if (open && name === "queue") this.runner.refreshPanel();
+        if (open && name === "nodes") this.library.renderNodes();
+        if (open && name === "models") this.library.renderModels();
+        if (open && name === "templates") this.library.renderTemplates();
       });
     }
   }

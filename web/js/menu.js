@@ -57,6 +57,7 @@ export class Menus {
       { label: "Add node…", action: () => ed.openSearch(e.clientX, e.clientY) },
       { label: "Add group", action: () => ed.groups.add(at) },
       { label: "Paste", action: () => ed.paste(at) },
+      { label: "Clear canvas", action: () => window.loom?.settings.clearCanvas() },
       "-",
       { label: "Fit view", action: () => ed.fitView() },
       { label: "Select all", action: () => ed.selectAll() },
@@ -89,6 +90,12 @@ export class Menus {
       { label: "Colour", submenu: Object.entries(COLORS).map(([name, color]) => ({ label: name, action: () => ed.setColor(ids, color) })) },
     ];
     if (convert.length) items.push({ label: "Widgets ↔ inputs", submenu: convert });
+    if (widgetInputs.some((i) => i.widget === "IMAGEUPLOAD")) items.push({ label: "Open in mask editor", action: () => ed.emit("openMaskEditor", { nodeId: id }) });
+    const sub = ed.subgraphUi;
+    if (sub) {
+      items.push("-", { label: "Convert to subgraph", action: () => sub.convertSelection() });
+      if (sub.isInstance(node)) items.push({ label: "Open subgraph", action: () => sub.open(id) }, { label: "Unpack subgraph", action: () => sub.unpack(id) });
+    }
     items.push("-",
       { label: "Copy", action: () => ed.copy() },
       { label: "Clone", action: () => ed.clone(ids) },

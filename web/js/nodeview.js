@@ -3,6 +3,7 @@
 
 import { categoryColor, typeColor } from "./schema.js";
 import { buildWidget, el } from "./widgets.js";
+import { primitiveSpec } from "./frontend.js";
 
 export class NodeViews {
   constructor(editor, layer) {
@@ -34,13 +35,29 @@ export class NodeViews {
     const title = el("span", { class: "node-title", title: schema?.description || node.type }, node.title);
     const collapse = el("button", { type: "button", class: "node-collapse", title: "collapse", "data-action": "collapse" }, node.collapsed ? "▸" : "▾");
     const header = el("div", { class: "node-header" }, collapse, title, el("span", { class: "node-badge" }));
+    if (schema?.subgraph) {
+      root.classList.add("subgraph-instance");
+      header.append(el("button", { type: "button", class: "node-open", title: "open the subgraph", "data-action": "open-subgraph" }, "⤢"));
+    }
     root.append(header, el("div", { class: "node-progress" }, el("div", { class: "bar" })));
     const body = el("div", { class: "node-body" });
     root.append(body);
-    if (!schema) body.append(el("div", { class: "node-missing" }, `unknown node type "${node.type}"`));
-    const linkInputs = (schema?.inputs || []).filter((i) => !i.widget || node.converted.has(i.name));
-    const widgets = (schema?.inputs || []).filter((i) => i.widget && !node.converted.has(i.name));
-    const outputs = schema?.outputs || [];
+    const ghost = schema ? null : editor.graph.placeholderSchema(node); // a missing type keeps its ports and values
+    if (!schema) {
+      root.classList.add("missing");
+      body.append(el("div", { class: "node-missing", "data-role": "missing-type" }, `missing node type "${node.type}" — kept as it is`));
+      for (const [name, value] of ghost.values) body.append(el("div", { class: "node-kept-value", "data-kept": name }, `${name}: ${JSON.stringify(value)}`));
+    }
+    const linkInputs = schema ? schema.inputs.filter((i) => !i.widget || node.converted.has(i.name))
+      : ghost.inputs.filter((i) => !i.widget || node.links[i.name]);
+    let widgets = (schema?.inputs || []).filter((i) => i.widget && !node.converted.has(i.name));
+    const primitive = node.type === "PrimitiveNode";
+    if (primitive) {
+      const spec = primitiveSpec(editor.graph, node);
+      widgets = spec ? [spec] : [];
+      if (!spec) body.append(el("div", { class: "node-hint" }, "link the output to widget inputs"));
+    }
+    const outputs = schema?.outputs || ghost.outputs;
     for (let r = 0; r < Math.max(linkInputs.length, outputs.length); r++) {
       const row = el("div", { class: "io-row" });
       const input = linkInputs[r], output = outputs[r];
@@ -56,7 +73,7 @@ export class NodeViews {
       envs[input.name] = env;
       const control = buildWidget(env);
       const row = el("div", { class: "widget-row", "data-widget-row": input.name, title: input.opts.tooltip || input.name },
-        this.#port(input.name, "in", input.type, input.optional, null, true),
+        primitive ? "" : this.#port(input.name, "in", input.type, input.optional, null, true),
         el("label", { class: "w-label" }, input.name),
         el("div", { class: "w-control-box" }, control, el("span", { class: "w-linked" }, "← linked")),
         el("div", { class: "w-error" }));
@@ -77,6 +94,7 @@ export class NodeViews {
     if (old) { this.resize.unobserve(old); old.replaceWith(root); } else this.layer.append(root);
     this.els.set(node.id, root);
     this.resize.observe(root);
+    this.onRendered?.(node, root); // the ComfyUI extension shim attaches its node objects here
     if (measureNow) this.measure(node.id);
     return root;
   }
@@ -91,7 +109,7 @@ export class NodeViews {
   #widgetEnv(node, input) {
     const { editor } = this;
     const env = {
-      input, value: node.values[input.name], control: node.control[input.name], api: editor.api,
+      input, node, value: node.values[input.name], control: node.control[input.name], api: editor.api,
       set: (value, commit) => {
         node.values[input.name] = value;
         this.clearError(node.id, input.name);
@@ -105,6 +123,7 @@ export class NodeViews {
   #wire(root, node, header, title, collapse) {
     const { editor } = this;
     collapse.addEventListener("pointerdown", (e) => e.stopPropagation());
+    header.querySelector(".node-open")?.addEventListener("pointerdown", (e) => e.stopPropagation());
     collapse.addEventListener("click", () => editor.setCollapsed([node.id], !node.collapsed));
     title.addEventListener("dblclick", (e) => { e.stopPropagation(); this.rename(node.id); });
     root.addEventListener("pointerdown", (e) => {

@@ -120,7 +120,7 @@ export class Runner {
   }
 
   #preview(url) {
-    if (!this.executing) { URL.revokeObjectURL(url); return; }
+    if (!this.executing || this.api.previewMethod === "none") { URL.revokeObjectURL(url); return; }
     if (this.lastPreview) URL.revokeObjectURL(this.lastPreview);
     this.lastPreview = url;
     this.#forTab(this.executing.promptId, () => this.editor.views.showImages(this.executing.node, [url], { preview: true }));

@@ -3,7 +3,7 @@
 // API-format export, and the session kept in localStorage across reloads.
 
 import { Graph, History } from "./graph.js";
-import { isPng, readPngText, toSavedFormat, detectFormat, uiNeedsServer } from "./formats.js";
+import { isPng, readPngText, toSavedFormat, detectFormat, uiNeedsServer, toUi } from "./formats.js";
 import { el } from "./widgets.js";
 import { reportIfIncomplete } from "./compat.js";
 
@@ -90,6 +90,7 @@ export class Workflows {
     action("save", () => this.save());
     action("download", () => this.download());
     action("export-api", () => this.exportApi());
+    action("export-ui", () => this.exportUi());
     action("open-file", () => this.fileInput.click());
     action("load-default", () => this.app.tabs.open(defaultWorkflow(this.app.info), "Default"));
     action("refresh-workflows", () => this.refreshList());
@@ -210,6 +211,7 @@ export class Workflows {
   }
 
   download() { const tab = this.app.tabs.current; this.#downloadJson(tab.graph.toSaved(), `${tab.name}.json`); }
+  exportUi() { const tab = this.app.tabs.current; this.#downloadJson(toUi(tab.graph), `${tab.name}.workflow.json`); }
   exportApi() { const tab = this.app.tabs.current; this.#downloadJson(tab.graph.toPrompt(), `${tab.name}.api.json`); }
 
   // --- the session: open tabs survive a reload ----------------------------------------------------
