@@ -26,12 +26,13 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.sampling import SAMPLING_NODES
     from nodes.sampling_custom import CUSTOM_SAMPLING_NODES
     from nodes.sigmas import SIGMA_NODES
+    from nodes.upscale_model import UPSCALE_NODES
     from nodes.utility import UTILITY_NODES
 
     batched = [KSamplerBatched, KSamplerAdvancedBatched]  # the samplers' batching variants (coalesced jobs)
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
-              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES)
+              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
     if model_files is not None:
