@@ -219,3 +219,21 @@ def test_out_of_memory_recognition() -> None:
     assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"))
     assert not is_out_of_memory(RuntimeError("size mismatch"))
     assert not is_out_of_memory(Interrupted("interrupted"))
+
+
+def test_the_handle_is_managed_like_every_model_prefetched_counted_evicted(make_ctx: Callable[..., NodeContext]) -> None:
+    from engine.memory import ModelManager, handles_in
+
+    (handle,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
+    assert handles_in([handle]) == [handle]  # the executor hints it to the manager ahead of use
+    mm = ModelManager(ram_budget_bytes=2**30, prefetch=True)
+    try:
+        mm.hint_upcoming([handle])
+        with mm.use(handle) as module:
+            assert isinstance(module, UpscaleModule)
+        assert [(x["kind"], x["source"]) for x in mm.stats()["loads"]] == [("upscale_model", "prefetch")]
+        assert mm.stats()["loads"][0]["bytes"] == handle.nbytes
+        mm.free()
+        assert mm.stats()["resident"] == []
+    finally:
+        mm.close()
