@@ -41,6 +41,7 @@ from nodes.weights import (
 UPSCALE_MODEL = "UPSCALE_MODEL"
 TILE, OVERLAP, MIN_TILE = 512, 32, 128
 _WRAPPERS = ("params_ema", "params", "state_dict", "model", "net")  # containers trainers save weights under
+_TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 _OOM_WORDS = ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory")
 
 
@@ -77,25 +78,53 @@ def _strip_data_parallel(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def describe(sd: dict[str, torch.Tensor], path: Path) -> Any:
-    """spandrel's ImageModelDescriptor for the weights, or an error saying what the file is not."""
+    """spandrel's ImageModelDescriptor for the weights, or an error saying what the file is not.
+    Meta tensors (shapes only) give a descriptor whose network is on the meta device."""
     spandrel = import_spandrel()
     if not sd:
         raise ModelLoadError(f"{path}: the file holds no tensors; it is not an upscale model")
+    meta = next(iter(sd.values())).is_meta
     try:
-        descriptor = spandrel.ModelLoader().load_from_state_dict(_strip_data_parallel(sd))
+        if meta:
+            with torch.device("meta"):
+                descriptor = spandrel.MAIN_REGISTRY.load(_strip_data_parallel(sd))
+        else:
+            descriptor = spandrel.ModelLoader().load_from_state_dict(_strip_data_parallel(sd))
     except spandrel.UnsupportedModelError as exc:
         raise ModelLoadError(
             f"{path}: not an upscale model spandrel recognizes (it detects ESRGAN, RealESRGAN, SwinIR, HAT, DAT, "
             "OmniSR, SPAN, Compact and more from the weights). Is this a checkpoint, LoRA or VAE in the wrong "
             "folder? Put upscale models in models/upscale_models."
         ) from exc
-    except (KeyError, ValueError, RuntimeError, IndexError) as exc:
+    except (KeyError, ValueError, RuntimeError, IndexError, NotImplementedError) as exc:
+        if meta:
+            raise _NeedsValues(str(exc)) from exc
         raise ModelLoadError(f"{path}: the weights look like an upscale model but do not load ({exc!r}); the file "
                              "may be damaged or an unsupported variant") from exc
     if not isinstance(descriptor, spandrel.ImageModelDescriptor):
         raise ModelLoadError(f"{path}: this is a {descriptor.architecture.name} model ({descriptor.purpose}), not a "
                              "single-image upscale model; ImageUpscaleWithModel needs one image in, one image out")
     return descriptor.eval()
+
+
+class _NeedsValues(Exception):
+    """Detection from shapes alone failed: the loader reads the tensors and tries again."""
+
+
+def _detect(path: Path, allow_pickle: bool) -> tuple[Any, int]:
+    """(descriptor, weight bytes) for the loader. A safetensors file is detected from its header
+    (meta tensors: no weights read, the network built on the meta device); pickles, and files
+    whose detection needs tensor values, are read."""
+    if path.suffix.lower() not in PICKLE_SUFFIXES:
+        index = read_index(path)
+        meta = {k: torch.empty(t.shape, dtype=_TORCH_DTYPES.get(t.dtype, torch.float32), device="meta")
+                for k, t in index.tensors.items()}
+        try:
+            return describe(meta, path), index.nbytes()
+        except _NeedsValues:
+            pass
+    sd = read_state_dict(path, allow_pickle=allow_pickle)
+    return describe(sd, path), sum(t.numel() * t.element_size() for t in sd.values())
 
 
 class UpscaleModule(torch.nn.Module):
@@ -127,11 +156,10 @@ class UpscaleModelHandle(WeightsHandle):
     @classmethod
     def from_file(cls, path: Path, *, allow_pickle: bool = False) -> UpscaleModelHandle:
         path = Path(path)
-        sd = read_state_dict(path, allow_pickle=allow_pickle)
-        d = describe(sd, path)
+        d, nbytes = _detect(path, allow_pickle)
         halves = tuple(name for name, ok in (("float16", d.supports_half), ("bfloat16", d.supports_bfloat16)) if ok)
         return cls(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
-                   nbytes=sum(t.numel() * t.element_size() for t in sd.values()), architecture=d.architecture.name,
+                   nbytes=nbytes, architecture=d.architecture.name,
                    scale=int(d.scale), input_channels=int(d.input_channels),
                    output_channels=int(d.output_channels), half_dtypes=halves)
 

@@ -14,7 +14,12 @@ import torch
 from safetensors.torch import save_file
 
 from engine.context import Folders, Interrupted, NodeContext, RunSettings
-from nodes.demo_upscale import DEMO_UPSCALER, DEMO_UPSCALER_PTH, make_demo_upscale_models
+from nodes.demo_upscale import (
+    DEMO_UPSCALER,
+    DEMO_UPSCALER_PTH,
+    demo_esrgan_state_dict,
+    make_demo_upscale_models,
+)
 from nodes.spandrel_import import import_spandrel
 from nodes.upscale_model import (
     ImageUpscaleWithModel,
@@ -86,6 +91,34 @@ def test_pth_is_refused_like_checkpoints_unless_pickles_are_allowed(make_ctx: Ca
     assert torch.equal(from_pth.load()(x), from_st.load()(x))  # {"params_ema": sd} unwrapped
 
 
+def test_the_loader_reads_only_the_header_of_a_safetensors_file(make_ctx: Callable[..., NodeContext],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import nodes.upscale_model as upscale_model
+
+    def no_weights(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("the loader read the weights")
+
+    monkeypatch.setattr(upscale_model, "read_state_dict", no_weights)
+    (handle,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
+    assert (handle.architecture, handle.scale) == ("ESRGAN", 4)
+    assert handle.nbytes == sum(v.numel() * 4 for v in demo_esrgan_state_dict().values())
+
+
+def test_detection_that_needs_tensor_values_falls_back_to_reading_them(make_ctx: Callable[..., NodeContext],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    spandrel = import_spandrel()
+    real_load = spandrel.MAIN_REGISTRY.load
+
+    def values_needed(sd: Any) -> Any:
+        if next(iter(sd.values())).is_meta:
+            raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+        return real_load(sd)
+
+    monkeypatch.setattr(spandrel.MAIN_REGISTRY, "load", values_needed)
+    (handle,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
+    assert (handle.architecture, handle.scale) == ("ESRGAN", 4)
+
+
 class NotWeights:
     """Any object a weights-only unpickler refuses."""
 
@@ -143,8 +176,6 @@ def test_node_output_is_the_model_output_clamped_and_loaded_by_the_manager(make_
 def test_tiled_equals_untiled_within_the_seam_blending() -> None:
     torch.set_num_threads(1)
     spandrel = import_spandrel()
-    from nodes.demo_upscale import demo_esrgan_state_dict
-
     model = UpscaleModule(spandrel.ModelLoader().load_from_state_dict(demo_esrgan_state_dict()).eval())
     x = torch.rand(1, 3, 96, 80, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
