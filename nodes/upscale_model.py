@@ -15,7 +15,6 @@ down to 128, progress per tile, interruptible between tiles, output clamped to 0
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,15 +178,15 @@ class UpscaleModelHandle(WeightsHandle):
 
 
 # --- tiling ---------------------------------------------------------------------------------------
-def tile_count(height: int, width: int, tile: int, overlap: int) -> int:
-    """Tiles per image, as ComfyUI counts them for its progress bar."""
-    return math.ceil(height / (tile - overlap)) * math.ceil(width / (tile - overlap))
-
-
 def _starts(size: int, tile: int, overlap: int) -> list[int]:
     if size <= tile:
         return [0]
     return list(range(0, size - overlap, tile - overlap))
+
+
+def tile_count(height: int, width: int, tile: int, overlap: int) -> int:
+    """Tiles per image (the progress total; ComfyUI's estimate can overcount when one side fits)."""
+    return len(_starts(height, tile, overlap)) * len(_starts(width, tile, overlap))
 
 
 def _feather(shape: tuple[int, ...], ramp: int) -> torch.Tensor:
@@ -248,7 +247,7 @@ def _attempt(ctx: NodeContext, module: Any, pixels: torch.Tensor, tile: int, han
     def step() -> None:
         nonlocal done
         done += 1
-        ctx.progress(min(done, total), total)
+        ctx.progress(done, total)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         ctx.check_interrupt()

@@ -268,3 +268,16 @@ def test_the_handle_is_managed_like_every_model_prefetched_counted_evicted(make_
         assert mm.stats()["resident"] == []
     finally:
         mm.close()
+
+
+@pytest.mark.parametrize(("h", "w", "tile", "expected"), [(64, 64, 512, 1), (500, 1000, 512, 3), (1024, 1024, 256, 25),
+                                                           (1000, 1000, 512, 9)])
+def test_progress_total_is_the_number_of_tiles_run(h: int, w: int, tile: int, expected: int) -> None:
+    calls: list[int] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return x
+
+    tiled_scale(torch.zeros(1, 3, h, w), fn, tile=tile, overlap=32, scale=1, out_channels=3)
+    assert len(calls) == tile_count(h, w, tile, 32) == expected
