@@ -25,17 +25,20 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
     from nodes.patches import patch_nodes
     from nodes.perf_batch import KSamplerAdvancedBatched, KSamplerBatched
+    from nodes.preprocessors import PREPROCESSOR_NODES
     from nodes.safety import SAFETY_NODES
     from nodes.sampler_nodes import SAMPLER_NODES
     from nodes.sampling import SAMPLING_NODES
     from nodes.sampling_custom import CUSTOM_SAMPLING_NODES
     from nodes.sigmas import SIGMA_NODES
+    from nodes.upscale_model import UPSCALE_NODES
     from nodes.utility import UTILITY_NODES
 
     batched = [KSamplerBatched, KSamplerAdvancedBatched]  # the samplers' batching variants (coalesced jobs)
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
-              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES)
+              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES,
+              PREPROCESSOR_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
     register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py
