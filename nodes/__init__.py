@@ -14,6 +14,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.cfg_patches import CFG_PATCH_NODES
     from nodes.clip_vision import CLIP_VISION_NODES
     from nodes.conditioning import CONDITIONING_NODES
+    from nodes.conditioning_ops import CONDITIONING_OPS_NODES
     from nodes.image import IMAGE_NODES, register_image_options
     from nodes.ipadapter import IPADAPTER_NODES
     from nodes.latent import LATENT_NODES
@@ -31,7 +32,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     batched = [KSamplerBatched, KSamplerAdvancedBatched]  # the samplers' batching variants (coalesced jobs)
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
-              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES)
+              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, CONDITIONING_OPS_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
     if model_files is not None:
