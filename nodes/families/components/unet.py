@@ -98,7 +98,8 @@ class UNetDenoiser:
             pooled = to(torch.cat([e.pooled.expand(batch, -1) for e in entries if e.pooled is not None]))
             ids = torch.tensor([size_ids(e.extras, size) for e in entries], dtype=pooled.dtype, device=pooled.device)
             kwargs["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": ids.repeat_interleave(batch, 0)}
-        if any("concat_latent_image" in e.extras or "latent_image" in e.extras for e in entries):
+        if any(e.extras.get("concat_latent_image") is not None or e.extras.get("denoise_mask") is not None
+               for e in entries):
             latent = (size[0] // 8, size[1] // 8)
             kwargs["concat"] = to(torch.cat([self.inpaint_concat(e.extras, batch, latent) for e in entries]))
         return kwargs
@@ -122,12 +123,14 @@ class UNetDenoiser:
             t = t.float()
             if tuple(t.shape[-2:]) != latent:
                 t = F.interpolate(t, size=latent, mode="bilinear", align_corners=False)
+            if t.shape[0] != batch and batch % t.shape[0]:
+                raise ConditioningError(f"the inpainting image or mask has a batch of {t.shape[0]} but the "
+                                        f"latent has {batch}; give one image or one per latent")
             return t.repeat(batch // t.shape[0], 1, 1, 1) if t.shape[0] != batch else t
 
-        if image is None or mask is None:
+        if image is None or mask is None:  # no noise mask: ComfyUI's full mask and blank image
             mask_t = torch.ones(batch, 1, *latent)
-            blank = torch.tensor(BLANK_INPAINT_LATENT).reshape(1, -1, 1, 1)
-            image_t = blank.expand(batch, -1, *latent) if image is None else fit(image)
+            image_t = torch.tensor(BLANK_INPAINT_LATENT).reshape(1, -1, 1, 1).expand(batch, -1, *latent)
         else:
             mask_t = fit(mask.reshape(-1, 1, *mask.shape[-2:])[:, :1]).round()
             image_t = fit(image)
