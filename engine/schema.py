@@ -249,8 +249,8 @@ def check_schema(schema: NodeSchema, owner: str) -> None:
         where = f"inputs.{spec.name}"
         if not isinstance(spec, Input):
             fail("inputs", f"expected Input entries, found {type(spec).__name__}")
-        if not spec.name.isidentifier():
-            fail(where, "input names must be identifiers")
+        if not spec.name.replace(".", "_").isidentifier():  # dots: ComfyUI's ModelMergeSD1 names ("input_blocks.0.")
+            fail(where, "input names must be identifiers (dots allowed)")
         if spec.name in seen:
             fail(where, "duplicate input name")
         seen.add(spec.name)
