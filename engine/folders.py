@@ -42,9 +42,12 @@ KIND_ALIASES: Mapping[str, tuple[str, ...]] = {
     "controlnet": ("t2i_adapter",),
     "text_encoders": ("clip",),
     "diffusion_models": ("unet",),
+    "configs": (),
 }
 # Kinds whose entries are folders (a diffusers model is a folder with model_index.json).
 FOLDER_KINDS = frozenset({"diffusers"})
+# Kinds whose files are not weights: their extensions (CheckpointLoader's model configs)
+KIND_EXTENSIONS: Mapping[str, frozenset[str]] = {"configs": frozenset({".yaml", ".yml"})}
 
 
 class ModelPathError(ValueError):
@@ -152,8 +155,9 @@ class ModelFolders:
             for index in root.rglob("model_index.json"):
                 yield index.parent.relative_to(root).as_posix()
             return
+        extensions = KIND_EXTENSIONS.get(kind, MODEL_EXTENSIONS)
         for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             for fn in filenames:
-                if Path(fn).suffix.lower() in MODEL_EXTENSIONS and not fn.startswith("."):
+                if Path(fn).suffix.lower() in extensions and not fn.startswith("."):
                     yield (Path(dirpath) / fn).relative_to(root).as_posix()

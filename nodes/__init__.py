@@ -21,6 +21,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.loaders import LOADER_NODES, register_model_options
     from nodes.model_merge import MERGE_NODES
     from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
+    from nodes.model_save import SAVE_NODES
     from nodes.patches import patch_nodes
     from nodes.perf_batch import KSamplerAdvancedBatched, KSamplerBatched
     from nodes.safety import SAFETY_NODES
@@ -34,7 +35,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
               CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, CONDITIONING_OPS_NODES,
-              MERGE_NODES)
+              MERGE_NODES, SAVE_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
     if model_files is not None:
