@@ -206,9 +206,9 @@ class CLIPTextEncodeSDXL(Node):
         node_id="CLIPTextEncodeSDXL",
         display_name="CLIPTextEncodeSDXL",
         category="advanced/conditioning",
-        description="Encode separate prompts for SDXL's two text encoders, with its size and crop conditioning.",
+        description="Encode separate prompts for the two text encoders (bigG and ViT-L), with size and crop conditioning.",
         inputs=(
-            Input("clip", CLIP, "An SDXL CLIP (clip_l and clip_g)."),
+            Input("clip", CLIP, "A CLIP with two text encoders (clip_l and clip_g)."),
             _size("width", 1024, "Original image width the model is told about."),
             _size("height", 1024, "Original image height the model is told about."),
             _size("crop_w", 0, "Crop left offset the model is told about."),
@@ -218,7 +218,7 @@ class CLIPTextEncodeSDXL(Node):
             Input("text_g", STRING, "Prompt for the OpenCLIP bigG encoder.", default="CLIP_G", multiline=True),
             Input("text_l", STRING, "Prompt for the CLIP ViT-L encoder.", default="CLIP_L", multiline=True),
         ),
-        outputs=(Output("CONDITIONING", CONDITIONING, "The encoded prompt with SDXL's size ids."),),
+        outputs=(Output("CONDITIONING", CONDITIONING, "The encoded prompt with its size ids."),),
     )
 
     @torch.no_grad()
@@ -226,7 +226,7 @@ class CLIPTextEncodeSDXL(Node):
             target_width: int, target_height: int, text_g: str, text_l: str) -> tuple[Conditioning]:
         names = [p.name for p in clip.parts]
         if "clip_l" not in names or len(names) < 2:
-            raise ValueError(f"CLIPTextEncodeSDXL needs an SDXL CLIP with clip_l and clip_g, but this CLIP has "
+            raise ValueError(f"CLIPTextEncodeSDXL needs a CLIP with two text encoders (clip_l and clip_g), but this CLIP has "
                              f"{names}; use CLIPTextEncode for this model")
         parts, pooled = [], None
         with text_encoders(ctx, clip) as encoders:
@@ -256,7 +256,7 @@ class CLIPTextEncodeSDXLRefiner(Node):
         node_id="CLIPTextEncodeSDXLRefiner",
         display_name="CLIPTextEncodeSDXLRefiner",
         category="advanced/conditioning",
-        description="Encode a prompt for the SDXL refiner, with its aesthetic score and size conditioning.",
+        description="Encode a prompt for a refiner model, with its aesthetic score and size conditioning.",
         inputs=(
             Input("clip", CLIP, "The refiner's CLIP."),
             Input("ascore", FLOAT, "Aesthetic score the refiner is told about.",

@@ -195,17 +195,17 @@ _SPECIFIC = "advanced/model_merging/model_specific"
 
 
 class ModelMergeSD1(_BlockMerge):
-    SCHEMA = _schema("ModelMergeSD1", "Merge two SD1.x models with one ratio per UNet block.",
+    SCHEMA = _schema("ModelMergeSD1", "Merge two UNets of 12 input and 12 output blocks, one ratio per block.",
                      _block_inputs(12, 12, "."), _MODEL_OUT, _SPECIFIC)
 
 
 class ModelMergeSD2(_BlockMerge):
-    SCHEMA = _schema("ModelMergeSD2", "Merge two SD2.x models with one ratio per UNet block.",
+    SCHEMA = _schema("ModelMergeSD2", "Merge two UNets of 12 input and 12 output blocks (v-prediction generation), one ratio per block.",
                      _block_inputs(12, 12, "."), _MODEL_OUT, _SPECIFIC)
 
 
 class ModelMergeSDXL(_BlockMerge):
-    SCHEMA = _schema("ModelMergeSDXL", "Merge two SDXL models with one ratio per UNet block.",
+    SCHEMA = _schema("ModelMergeSDXL", "Merge two UNets of 9 input and 9 output blocks (with label_emb), one ratio per block.",
                      _block_inputs(9, 9, ""), _MODEL_OUT, _SPECIFIC)
 
 
