@@ -20,7 +20,7 @@ from engine.context import Folders, RunSettings
 from engine.distributed.cli import add_ray_arguments
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
-from engine.folders import ModelFolders
+from engine.folders import ModelFolders, ModelPathError, base_directory_layout
 from engine.memory import DevicePolicy, ModelManager
 from engine.registry import NodeRegistry
 
@@ -51,8 +51,12 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--custom-nodes", type=Path, action="append", default=[], metavar="DIR",
                         help="another folder of plugins (repeatable); custom_nodes/ is always searched")
     parser.add_argument("--disable-custom-nodes", action="store_true", help="load no plugins")
-    parser.add_argument("--extra-model-paths", type=Path, default=None, metavar="YAML",
-                        help="extra model folders (ComfyUI extra_model_paths.yaml format)")
+    parser.add_argument("--extra-model-paths", "--extra-model-paths-config", type=Path, action="append", default=[],
+                        metavar="YAML", help="extra model folders (ComfyUI extra_model_paths.yaml format; repeatable; "
+                        "an extra_model_paths.yaml next to main.py is read too, as ComfyUI does)")
+    parser.add_argument("--base-directory", type=Path, default=None, metavar="DIR",
+                        help="one root for models/, input/, output/, temp/, user/ and custom_nodes/ (ComfyUI's "
+                        "flag); a folder flag given as well (e.g. --output-dir) still wins")
     parser.add_argument("--cpu", action="store_true", help="compute on the CPU even if a GPU exists")
     precision.add_precision_args(parser)  # --force-fp32/--force-fp16, --{fp32,bf16,fp16}-{unet,vae,text-enc}
     parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
@@ -81,7 +85,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     folders = Folders(args.input_dir, args.output_dir, args.temp_dir, models=model_files)
     folders.ensure()
     registry = NodeRegistry()
-    register_core(registry, model_files, folders.input_dir)
+    register_core(registry, model_files, folders.input_dir, folders.output_dir)
     report = _load_plugins(registry, args, folders)
     models = _model_manager(args)
     bus = EventBus()
@@ -111,9 +115,27 @@ def _guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelMan
 
 def _model_files(args: argparse.Namespace) -> ModelFolders:
     files = ModelFolders(args.models_dir)
-    if args.extra_model_paths is not None:
-        files.add_yaml(args.extra_model_paths)
+    configs = [ROOT / "extra_model_paths.yaml"] if (ROOT / "extra_model_paths.yaml").is_file() else []
+    given = getattr(args, "extra_model_paths", None) or []
+    try:
+        for config in [*configs, *([given] if isinstance(given, str | Path) else given)]:
+            files.add_yaml(config)
+    except ModelPathError as exc:
+        raise UsageError(str(exc)) from exc
     return files
+
+
+def apply_base_directory(args: argparse.Namespace) -> None:
+    """``--base-directory D``: each folder flag left at its default moves under D (ComfyUI's layout)."""
+    if getattr(args, "base_directory", None) is None:
+        return
+    layout = base_directory_layout(args.base_directory)
+    for attr, name in (("models_dir", "models"), ("input_dir", "input"), ("output_dir", "output"),
+                       ("temp_dir", "temp"), ("user_dir", "user")):
+        if getattr(args, attr, None) == ROOT / name:
+            setattr(args, attr, layout[name])
+    if layout["custom_nodes"] != ROOT / "custom_nodes":
+        args.custom_nodes = [*args.custom_nodes, layout["custom_nodes"]]
 
 
 def _model_manager(args: argparse.Namespace) -> ModelManager:
@@ -128,7 +150,8 @@ def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Fol
         return None
     from nodes.compat.shim import load_plugins_with_shim
 
-    return load_plugins_with_shim(registry, [ROOT / "custom_nodes", *args.custom_nodes], folders)
+    configured = folders.models.configured("custom_nodes") if isinstance(folders.models, ModelFolders) else []
+    return load_plugins_with_shim(registry, [ROOT / "custom_nodes", *args.custom_nodes, *configured], folders)
 
 
 # --- run ----------------------------------------------------------------------------------------
@@ -291,6 +314,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- check ----------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 when every node type is available and the workflow converts, 2 otherwise."""
+    from engine.compat_check import check_file
+
+    report = check_file(args.workflow, build_runtime(args).registry.object_info())
+    print(json.dumps(report.to_json(), indent=1) if args.json else "\n".join(report.lines()))
+    return 0 if report.ok else 2
+
+
 # --- make-demo-model ----------------------------------------------------------------------------
 def cmd_make_demo_model(args: argparse.Namespace) -> int:
     for path in write_demo_models(args.models_dir):
@@ -370,6 +403,12 @@ def make_parser() -> argparse.ArgumentParser:
     convert.add_argument("-o", "--output", type=Path, default=None)
     convert.set_defaults(func=cmd_convert)
 
+    check = sub.add_parser("check", help="list the node types a workflow needs that Loom lacks, before running")
+    add_common(check)
+    check.add_argument("workflow", type=Path, help="API, saved, ComfyUI UI-format JSON, or a PNG")
+    check.add_argument("--json", action="store_true", help="the report as JSON")
+    check.set_defaults(func=cmd_check)
+
     demo = sub.add_parser("make-demo-model", help="write small random-weight demo models")
     demo.add_argument("--models-dir", type=Path, default=ROOT / "models")
     demo.set_defaults(func=cmd_make_demo_model)
@@ -386,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
+    apply_base_directory(args)
     logging.basicConfig(
         level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -130,7 +130,11 @@ def normalize_api(obj: Any) -> dict[str, Any]:
 
 
 def _normalize_value(value: Any, ids: set[str]) -> Any:
-    """A link written with an integer source id (``[4, 0]``) becomes ``["4", 0]``."""
+    """A link written with an integer source id (``[4, 0]``) becomes ``["4", 0]``; a list value the
+    frontend wrapped as ``{"__value__": [...]}`` (so it is not taken for a link) is unwrapped, as
+    ComfyUI's server does."""
+    if isinstance(value, Mapping) and set(value) == {"__value__"}:
+        return copy.deepcopy(value["__value__"])
     if (
         isinstance(value, list) and len(value) == 2
         and isinstance(value[0], str | int) and not isinstance(value[0], bool)
@@ -312,11 +316,14 @@ def _type_name(spec: Any) -> str:
 
 
 # --- UI format (see engine.workflow_ui) -------------------------------------------------------
-def convert_ui_to_api(ui: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """ComfyUI UI format → API format; see :func:`engine.workflow_ui.convert_ui_to_api`."""
+def convert_ui_to_api(
+    ui: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]], problems: list[Any] | None = None
+) -> dict[str, Any]:
+    """ComfyUI UI format → API format; see :func:`engine.workflow_ui.convert_ui_to_api` (``problems``
+    collects :class:`engine.workflow_widgets.ConversionProblem` entries)."""
     from engine.workflow_ui import convert_ui_to_api as convert
 
-    return convert(ui, object_info)
+    return convert(ui, object_info, problems)
 
 
 # --- PNG text chunks --------------------------------------------------------------------------

@@ -24,18 +24,16 @@ engine internals.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.workflow import WorkflowFormatError
+from engine.workflow_widgets import MISSING, ConversionProblem, Widget, assign, widget_inputs, widgets_of
 
 MODE_MUTED = 2  # litegraph's NEVER
 MODE_BYPASS = 4
 FRONTEND_ONLY = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
-CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize"})
-SEED_NAMES = frozenset({"seed", "noise_seed"})
-WIDGET_SCALARS = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN"})
 SUBGRAPH_INPUT_NODE = -10
 SUBGRAPH_OUTPUT_NODE = -20
 GROUP_NODE_PREFIXES = ("workflow>", "workflow/")
@@ -62,7 +60,10 @@ class _Removed:
 
 
 _REMOVED = _Removed()
-_MISSING = object()
+
+
+class _NestingError(WorkflowFormatError):
+    """Subgraphs nested too deeply (a cycle): reported once, not wrapped by every level."""
 _Source = _Ref | _Const
 _Resolved = _Ref | _Const | _Removed | None  # None: no link; the widget value (if any) stays
 
@@ -86,12 +87,6 @@ class _FlatNode:
     aliases: list[_Source | None] | None = None  # set on virtual pass-through nodes
 
 
-@dataclass(frozen=True)
-class _Widget:
-    name: str
-    seed_like: bool
-
-
 @dataclass
 class _Flattener:
     object_info: Mapping[str, Mapping[str, Any]]
@@ -102,7 +97,7 @@ class _Flattener:
     # --- graphs (top level and subgraph definitions) -----------------------------------------
     def graph(self, graph: Mapping[str, Any], prefix: str, inherited_mode: int, depth: int) -> None:
         if depth > MAX_NESTING:
-            raise WorkflowFormatError(f"subgraphs or group nodes nest deeper than {MAX_NESTING} levels (a cycle?)")
+            raise _NestingError(f"subgraphs or group nodes nest deeper than {MAX_NESTING} levels (a cycle?)")
         links = _link_table(graph.get("links"))
         nodes = graph.get("nodes")
         if not isinstance(nodes, list):
@@ -121,7 +116,17 @@ class _Flattener:
             outputs = [str(o.get("type", "")) for o in _entries(node.get("outputs"))]
             type_ = node["type"]
             if type_ in self.subgraphs:
-                self.subgraph(node, node_id, mode, inputs, outputs, depth)
+                try:
+                    self.subgraph(node, node_id, mode, inputs, outputs, depth)
+                except _NestingError:
+                    raise
+                except WorkflowFormatError as exc:
+                    raise WorkflowFormatError(f"node {node_id} (subgraph {type_}): {exc}") from exc
+                except (TypeError, ValueError, KeyError, IndexError) as exc:
+                    raise WorkflowFormatError(
+                        f"node {node_id} (subgraph {type_}): its definition in definitions.subgraphs does not fit "
+                        f"the node ({exc}); expected matching inputs and outputs"
+                    ) from exc
             elif type_.startswith(GROUP_NODE_PREFIXES) and _group_name(type_) in self.group_defs:
                 try:
                     self.group_node(node, node_id, mode, inputs, outputs)
@@ -131,6 +136,12 @@ class _Flattener:
                     ) from exc
             else:
                 title = node.get("title")
+                values = node.get("widgets_values")
+                if values is not None and not isinstance(values, list | Mapping):
+                    raise WorkflowFormatError(
+                        f"node {node_id} ({type_}): expected 'widgets_values' to be a list (or an object by widget "
+                        f"name), found {type(values).__name__} {values!r:.40}"
+                    )
                 self.flat[node_id] = _FlatNode(
                     node_id, type_, mode, title if isinstance(title, str) else None,
                     inputs, outputs, node.get("widgets_values"),
@@ -183,18 +194,18 @@ class _Flattener:
         widget_inputs = {_widget_name(e): i for i, e in enumerate(_entries(node.get("inputs"))) if _widget_name(e)}
         indexed = [(int(inner.get("index", pos)), inner) for pos, inner in enumerate(inner_nodes)]
         exposed_sockets: list[tuple[int, int]] = []
-        exposed_widgets: list[tuple[int, _Widget]] = []
+        exposed_widgets: list[tuple[int, Widget]] = []
         for idx, inner in indexed:
             for slot, entry in enumerate(_entries(inner.get("inputs"))):
                 if _widget_name(entry) is None and (idx, slot) not in linked_to:
                     exposed_sockets.append((idx, slot))
-            for widget in _widgets_of(self.object_info.get(str(inner.get("type")))):
+            for widget in widgets_of(self.object_info.get(str(inner.get("type")))):
                 exposed_widgets.append((idx, widget))
         # The instance's widgets_values list every inner widget, node after node.
         per_node: dict[int, dict[str, Any]] = {}
-        assigned = _assign_widgets([w for _, w in exposed_widgets], node.get("widgets_values"))
+        assigned, _ = assign([w for _, w in exposed_widgets], node.get("widgets_values"))
         for (idx, widget), value in zip(exposed_widgets, assigned, strict=True):
-            if value is not _MISSING:
+            if value is not MISSING:
                 per_node.setdefault(idx, {})[widget.name] = value
 
         exposed_outputs = [
@@ -234,12 +245,17 @@ class _Flattener:
 
 
 # --- public entry point -----------------------------------------------------------------------
-def convert_ui_to_api(ui: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def convert_ui_to_api(
+    ui: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]],
+    problems: list[ConversionProblem] | None = None,
+) -> dict[str, Any]:
     """Convert a ComfyUI UI-format workflow (litegraph ``nodes``/``links``) to API format.
 
     ``object_info`` is ComfyUI's ``/object_info`` mapping; it tells which inputs are widgets and
-    in what order ``widgets_values`` lists them. Unknown class types are kept as they are (their
-    widget values cannot be mapped; validation reports the class later).
+    in what order ``widgets_values`` lists them (rules: :mod:`engine.workflow_widgets`). Unknown
+    class types are kept as they are (their widget values cannot be mapped; validation reports
+    the class later). What had to be guessed or dropped is appended to ``problems`` when given;
+    what cannot be converted at all raises :class:`WorkflowFormatError` naming the node.
     """
     if not isinstance(ui, Mapping) or not isinstance(ui.get("nodes"), list):
         raise WorkflowFormatError("expected a ComfyUI UI-format workflow (an object with a 'nodes' list)")
@@ -259,13 +275,18 @@ def convert_ui_to_api(ui: Mapping[str, Any], object_info: Mapping[str, Mapping[s
         info = object_info.get(node.type)
         inputs: dict[str, Any] = {}
         if info is not None:
-            inputs.update(_map_widgets(_widgets_of(info), node.widgets_values))
+            inputs.update(widget_inputs(widgets_of(info), node.widgets_values, node.id, node.type, problems))
         for flat_input in node.inputs:
             resolved = _resolve(flat, flat_input.source)
+            dangling = isinstance(flat_input.source, _Ref) and flat_input.source.node not in flat
+            if dangling and problems is not None:
+                problems.append(ConversionProblem(node.id, node.type, f"input {flat_input.name!r} is linked to a "
+                                                  "node that does not exist; the link is ignored", "note"))
             if isinstance(resolved, _Removed):
                 inputs.pop(flat_input.name, None)
             elif isinstance(resolved, _Const):
-                inputs[flat_input.name] = resolved.value
+                value = resolved.value
+                inputs[flat_input.name] = {"__value__": value} if isinstance(value, list) else value
             elif isinstance(resolved, _Ref):
                 inputs[flat_input.name] = [resolved.node, resolved.slot]
         order = _input_order(info)
@@ -325,61 +346,7 @@ def _bypass_input(node: _FlatNode, slot: int) -> _FlatInput | None:
     return None
 
 
-# --- widgets ----------------------------------------------------------------------------------
-def _widgets_of(info: Mapping[str, Any] | None) -> list[_Widget]:
-    """The widget inputs of an ``object_info`` entry, in input order (required, then optional)."""
-    if not isinstance(info, Mapping):
-        return []
-    declared = info.get("input") or {}
-    order = info.get("input_order") or {}
-    widgets: list[_Widget] = []
-    for section in ("required", "optional"):
-        specs = declared.get(section) or {}
-        for name in order.get(section) or list(specs):
-            spec = specs.get(name)
-            if not isinstance(spec, Sequence) or isinstance(spec, str) or not spec:
-                continue
-            kind = spec[0]
-            opts = spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
-            is_combo = isinstance(kind, list) or kind == "COMBO"
-            if opts.get("forceInput") or not (is_combo or kind in WIDGET_SCALARS):
-                continue
-            seed_like = bool(opts.get("control_after_generate")) or (kind == "INT" and name in SEED_NAMES)
-            widgets.append(_Widget(name, seed_like))
-    return widgets
-
-
-def _map_widgets(widgets: Sequence[_Widget], values: Any) -> dict[str, Any]:
-    """``widgets_values`` by widget name (see :func:`_assign_widgets`)."""
-    assigned = _assign_widgets(widgets, values)
-    return {w.name: v for w, v in zip(widgets, assigned, strict=True) if v is not _MISSING}
-
-
-def _assign_widgets(widgets: Sequence[_Widget], values: Any) -> list[Any]:
-    """One value per widget (``_MISSING`` where none), skipping the "control after generate"
-    value the frontend stores right after a seed-like widget. ``values`` is the node's
-    ``widgets_values``: a list in widget order, or (newer frontends) a dict by name."""
-    if isinstance(values, Mapping):
-        return [values.get(w.name, _MISSING) for w in widgets]
-    out: list[Any] = [_MISSING] * len(widgets)
-    if not isinstance(values, list):
-        return out
-    i = 0
-    for position, widget in enumerate(widgets):
-        if i >= len(values):
-            break
-        out[position] = values[i]
-        i += 1
-        if widget.seed_like and i < len(values):
-            following = values[i]
-            # Skip it only if it looks like a control value and there are more values left than
-            # widgets, so a genuine widget value "fixed" is never swallowed.
-            spare = (len(values) - i) > (len(widgets) - position - 1)
-            if isinstance(following, str) and following in CONTROL_VALUES and spare:
-                i += 1
-    return out
-
-
+# --- widgets (rules in engine/workflow_widgets.py) ---------------------------------------------
 def _input_order(info: Mapping[str, Any] | None) -> dict[str, int]:
     if not isinstance(info, Mapping):
         return {}

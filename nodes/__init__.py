@@ -8,16 +8,20 @@ from engine.context import ModelFiles
 from engine.registry import NodeRegistry
 
 
-def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None, input_dir: Path | None = None) -> None:
+def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None, input_dir: Path | None = None,
+                  output_dir: Path | None = None) -> None:
     """Register the core nodes (modules are imported here, not at package import) and the combo
-    option sources: users' model files (``model_files``) and input images (``input_dir``)."""
+    option sources: users' model files (``model_files``), input images (``input_dir``) and output
+    images (``output_dir``, LoadImageOutput)."""
     from nodes.cfg_patches import CFG_PATCH_NODES
     from nodes.clip_vision import CLIP_VISION_NODES
     from nodes.conditioning import CONDITIONING_NODES
     from nodes.conditioning_ops import CONDITIONING_OPS_NODES
     from nodes.image import IMAGE_NODES, register_image_options
+    from nodes.image_nodes import register_everyday_image
     from nodes.ipadapter import IPADAPTER_NODES
     from nodes.latent import LATENT_NODES
+    from nodes.latent_batch import register_everyday
     from nodes.loaders import LOADER_NODES, register_model_options
     from nodes.model_merge import MERGE_NODES
     from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
@@ -38,6 +42,8 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
               MERGE_NODES, SAVE_NODES)
     for group in groups:
         registry.register_all(group, origin="core")
+    register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py
+    register_everyday_image(registry, output_dir)  # issue 17: image/mask nodes (nodes/image_nodes.py)
     if model_files is not None:
         register_model_options(registry, model_files)
     if input_dir is not None:

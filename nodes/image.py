@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from engine.context import Folders, NodeContext
 from engine.guard import SAFETY_CHUNK
@@ -39,6 +38,8 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
+from nodes.resize import resize_image as resize_bhwc
+from nodes.resize import size_keeping_aspect
 
 MAX_RESOLUTION = 16384
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -66,16 +67,21 @@ def register_image_options(registry: NodeRegistry, input_dir: Path) -> None:
     registry.add_options_source("input_images", lambda: list_input_images(Path(input_dir)))
 
 
-def _input_path(folders: Folders, name: str) -> Path:
-    name = re.sub(r"\s*\[input\]$", "", name)  # ComfyUI's annotated file names
-    root = folders.input_dir.resolve()
+def _input_path(folders: Folders, name: str, default: str = "input") -> Path:
+    """The file a LoadImage-style name points at. ComfyUI's annotated names (``"a.png [output]"``,
+    ``[input]``, ``[temp]``) pick the folder; otherwise ``default`` does."""
+    match = re.match(r"^(.*?)\s*\[(input|output|temp)\]$", name)
+    kind = default
+    if match:
+        name, kind = match.group(1), match.group(2)
+    root = {"input": folders.input_dir, "output": folders.output_dir, "temp": folders.temp_dir}[kind].resolve()
     path = (root / name).resolve()
     if root not in path.parents:
-        raise ImageError(f"image {name!r} points outside the input folder {root}")
+        raise ImageError(f"image {name!r} points outside the {kind} folder {root}")
     return path
 
 
-def _save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
+def save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
     """(folder, file stem, subfolder, next counter) for ComfyUI-style ``{stem}_{counter:05}_.png``."""
     sub, stem = os.path.split(os.path.normpath(prefix))
     folder = (output_dir / sub).resolve()
@@ -84,7 +90,7 @@ def _save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
             f"filename_prefix {prefix!r} points outside the output folder; use e.g. 'renders/cat'"
         )
     folder.mkdir(parents=True, exist_ok=True)
-    pattern = re.compile(re.escape(stem) + r"_(\d{5,})_\.png$")
+    pattern = re.compile(re.escape(stem) + r"_(\d{5,})_\.[A-Za-z0-9]+$")  # any extension, as ComfyUI counts
     counters = [int(m.group(1)) for f in os.listdir(folder) if (m := pattern.match(f))]
     return folder, stem, sub.replace(os.sep, "/"), max(counters, default=0) + 1
 
@@ -125,7 +131,7 @@ def save_images(
     ``ctx.kept_images`` when the run asked for bytes. ``to_disk=False`` (previews for a client that
     asked for bytes) skips the folder entirely: the images then exist only in memory."""
     if to_disk:
-        folder, stem, sub, counter = _save_path(folder_root, prefix)
+        folder, stem, sub, counter = save_path(folder_root, prefix)
     else:
         folder, stem, sub, counter = folder_root, os.path.basename(prefix), "", 1
     results = []
@@ -149,6 +155,46 @@ def guarded(ctx: NodeContext, images: torch.Tensor, metadata: dict[str, Any]) ->
         return images
     metadata[SAFETY_CHUNK] = {"checked": True, "policy": ctx.guard.policy}
     return ctx.guard.check_images(images).images
+
+
+def preview_images(ctx: NodeContext, images: torch.Tensor) -> list[dict[str, str]]:
+    """PreviewImage's saving: PNGs in the temp folder (no workflow metadata), or only in memory when
+    the job asked for bytes; returns the UI entries."""
+    prefix = "ComfyUI_temp_" + os.urandom(4).hex()[:5]
+    metadata: dict[str, Any] = {}
+    images = guarded(ctx, images, metadata)
+    return save_images(ctx, images, ctx.folders.temp_dir, prefix, "temp", metadata or None, 1,
+                       to_disk=ctx.kept_images is None)  # bytes asked for: no disk round trip
+
+
+def load_image_file(folders: Folders, image: str, default: str = "input") -> tuple[torch.Tensor, torch.Tensor]:
+    """LoadImage's reading of ``image`` (a name in the ``default`` folder, or annotated): the RGB
+    image [1, H, W, 3] and the mask [1, H, W] (1 where transparent; zeros without alpha)."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = _input_path(folders, image, default)
+    if not path.is_file():
+        raise ImageError(
+            f"image {image!r} not found in the {default} folder ({path.parent}); "
+            "upload it (POST /upload/image) or copy it there"
+        )
+    try:
+        with Image.open(path) as opened:
+            img = ImageOps.exif_transpose(opened)
+            img.load()
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ImageError(
+            f"{image!r} is not an image PIL can read ({exc}); use PNG, JPEG or WebP"
+        ) from exc
+    if img.mode == "I":
+        img = img.point(lambda v: v * (1 / 255))
+    rgb = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)[None]
+    if "A" in img.getbands():
+        alpha = torch.from_numpy(np.asarray(img.getchannel("A"), dtype=np.float32) / 255.0)
+        mask = (1.0 - alpha)[None]
+    else:
+        mask = torch.zeros(1, rgb.shape[1], rgb.shape[2])
+    return rgb, mask
 
 
 class LoadImage(Node):
@@ -180,31 +226,7 @@ class LoadImage(Node):
             return "missing"  # the run reports the problem
 
     def run(self, ctx: NodeContext, *, image: str) -> tuple[torch.Tensor, torch.Tensor]:
-        from PIL import Image, ImageOps, UnidentifiedImageError
-
-        path = _input_path(ctx.folders, image)
-        if not path.is_file():
-            raise ImageError(
-                f"image {image!r} not found in the input folder {ctx.folders.input_dir}; "
-                "upload it (POST /upload/image) or copy it there"
-            )
-        try:
-            with Image.open(path) as opened:
-                img = ImageOps.exif_transpose(opened)
-                img.load()
-        except (UnidentifiedImageError, OSError) as exc:
-            raise ImageError(
-                f"{image!r} is not an image PIL can read ({exc}); use PNG, JPEG or WebP"
-            ) from exc
-        if img.mode == "I":
-            img = img.point(lambda v: v * (1 / 255))
-        rgb = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)[None]
-        if "A" in img.getbands():
-            alpha = torch.from_numpy(np.asarray(img.getchannel("A"), dtype=np.float32) / 255.0)
-            mask = (1.0 - alpha)[None]
-        else:
-            mask = torch.zeros(1, rgb.shape[1], rgb.shape[2])
-        return rgb, mask
+        return load_image_file(ctx.folders, image)
 
 
 class SaveImage(Node):
@@ -255,47 +277,18 @@ class PreviewImage(Node):
     def run(
         self, ctx: NodeContext, *, images: torch.Tensor, prompt: Any = None, extra_pnginfo: Any = None
     ) -> NodeOutput:
-        prefix = "ComfyUI_temp_" + os.urandom(4).hex()[:5]
-        metadata: dict[str, Any] = {}
-        images = guarded(ctx, images, metadata)
-        results = save_images(ctx, images, ctx.folders.temp_dir, prefix, "temp", metadata or None, 1,
-                              to_disk=ctx.kept_images is None)  # bytes asked for: no disk round trip
-        return NodeOutput(ui={"images": results})
+        return NodeOutput(ui={"images": preview_images(ctx, images)})
 
 
 def resize_image(
     image: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled"
 ) -> torch.Tensor:
-    """Resize [B, H, W, C]; 0 for one side keeps the aspect ratio; ``crop="center"`` crops to fit."""
-    _, h, w, _ = image.shape
+    """ImageScale's resize of [B, H, W, C]: 0 for one side keeps the aspect ratio (both 0: unchanged);
+    ``crop="center"`` crops to the target aspect first. Methods: :data:`nodes.resize.UPSCALE_METHODS`."""
     if width == 0 and height == 0:
         return image
-    width = width or max(1, round(w * height / h))
-    height = height or max(1, round(h * width / w))
-    x = image.permute(0, 3, 1, 2)  # (B, C, H, W)
-    if crop == "center":
-        if w / h > width / height:
-            cw = round(h * width / height)
-            x = x[..., (w - cw) // 2 : (w - cw) // 2 + cw]
-        else:
-            ch = round(w * height / width)
-            x = x[..., (h - ch) // 2 : (h - ch) // 2 + ch, :]
-    if method == "lanczos":
-        from PIL import Image
-
-        out = [
-            torch.from_numpy(
-                np.asarray(
-                    _to_pil(im.permute(1, 2, 0)).resize((width, height), Image.Resampling.LANCZOS),
-                    dtype=np.float32,
-                )
-                / 255.0
-            )
-            for im in x
-        ]
-        return torch.stack([o if o.ndim == 3 else o[..., None] for o in out])
-    kwargs = {"align_corners": False} if method in ("bilinear", "bicubic") else {}
-    return F.interpolate(x, size=(height, width), mode=method, **kwargs).clamp(0, 1).permute(0, 2, 3, 1)
+    width, height = size_keeping_aspect(width, height, image.shape[2], image.shape[1])
+    return resize_bhwc(image, width, height, method, crop)
 
 
 class ImageScale(Node):
@@ -361,9 +354,7 @@ class ImageScaleBy(Node):
         self, ctx: NodeContext, *, image: torch.Tensor, upscale_method: str, scale_by: float
     ) -> tuple[torch.Tensor]:
         h, w = image.shape[1:3]
-        return (
-            resize_image(image, max(1, round(w * scale_by)), max(1, round(h * scale_by)), upscale_method),
-        )
+        return (resize_bhwc(image, max(1, round(w * scale_by)), max(1, round(h * scale_by)), upscale_method),)
 
 
 class ImageInvert(Node):

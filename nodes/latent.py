@@ -22,7 +22,7 @@ from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, INT, LATENT, MASK, VAE, Input, NodeSchema, Output
 
 MAX_RESOLUTION = 16384
-UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic")
+UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")  # ComfyUI's, for latents
 
 
 class LatentError(ValueError):
@@ -167,12 +167,6 @@ class EmptyLatentImage(Node):
         return ({"samples": torch.zeros(batch_size, 4, height // 8, width // 8)},)
 
 
-def _resize(samples: torch.Tensor, size: tuple[int, int], method: str) -> torch.Tensor:
-    if method in ("bilinear", "bicubic"):
-        return F.interpolate(samples, size=size, mode=method, align_corners=False)
-    return F.interpolate(samples, size=size, mode=method)
-
-
 class LatentUpscale(Node):
     SCHEMA = NodeSchema(
         node_id="LatentUpscale",
@@ -216,20 +210,21 @@ class LatentUpscale(Node):
     def run(
         self, ctx: NodeContext, *, samples: dict, upscale_method: str, width: int, height: int, crop: str
     ) -> tuple[dict]:
+        from nodes.resize import resize
+
         s = samples["samples"]
-        h, w = s.shape[-2:]
         if width == 0 and height == 0:
             return (samples,)
-        tw = width // 8 if width else max(1, round(w * (height // 8) / h))
-        th = height // 8 if height else max(1, round(h * (width // 8) / w))
-        if crop == "center":
-            if w / h > tw / th:
-                cw = round(h * tw / th)
-                s = s[..., :, (w - cw) // 2 : (w - cw) // 2 + cw]
-            else:
-                ch = round(w * th / tw)
-                s = s[..., (h - ch) // 2 : (h - ch) // 2 + ch, :]
-        return ({**samples, "samples": _resize(s, (th, tw), upscale_method)},)
+        # ComfyUI: 0 on one side keeps the aspect ratio; each side is at least 64 pixels
+        if width == 0:
+            height = max(64, height)
+            width = max(64, round(s.shape[-1] * height / s.shape[-2]))
+        elif height == 0:
+            width = max(64, width)
+            height = max(64, round(s.shape[-2] * width / s.shape[-1]))
+        else:
+            width, height = max(64, width), max(64, height)
+        return ({**samples, "samples": resize(s, width // 8, height // 8, upscale_method, crop)},)
 
 
 class LatentUpscaleBy(Node):
@@ -249,9 +244,11 @@ class LatentUpscaleBy(Node):
     )
 
     def run(self, ctx: NodeContext, *, samples: dict, upscale_method: str, scale_by: float) -> tuple[dict]:
+        from nodes.resize import resize
+
         s = samples["samples"]
-        size = (max(1, round(s.shape[-2] * scale_by)), max(1, round(s.shape[-1] * scale_by)))
-        return ({**samples, "samples": _resize(s, size, upscale_method)},)
+        width, height = max(1, round(s.shape[-1] * scale_by)), max(1, round(s.shape[-2] * scale_by))
+        return ({**samples, "samples": resize(s, width, height, upscale_method, "disabled")},)
 
 
 class VAEDecode(Node):

@@ -112,6 +112,13 @@ def build_document(version: str) -> dict[str, Any]:
                 {"type": "object", "properties": {"prompt": _OBJ, "source_format": {"type": "string"}}}),
                 **_errors(400)}, body=_OBJ, tags=native),
         },
+        "/api/v1/workflows/check": {
+            "post": _op("Compatibility report: node types Loom lacks (ComfyUI core or custom, with their pack) "
+                        "and conversion problems, before running", {"200": _json(
+                {"type": "object", "properties": {"ok": {"type": "boolean"}, "missing": {"type": "array"},
+                                                  "problems": {"type": "array"}, "error": {"type": "string"}}}),
+                **_errors(400)}, body=_OBJ, tags=native),
+        },
         "/api/v1/openapi.json": {"get": _op("This document", {"200": _json(_OBJ)}, tags=native)},
         "/prompt": {
             "post": _op("Queue a workflow (ComfyUI)", {"200": _json({"$ref": "#/components/schemas/PromptResponse"}),

@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from engine import events as ev
+from engine.compat_check import check_workflow
 from engine.context import KeptImages
 from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
 from engine.jobtypes import RETURN_KEY, RETURN_MODES
@@ -124,6 +125,7 @@ class JobRoutes:
             ("GET", "/api/v1/jobs/{job_id}/events", self.events),
             ("GET", "/api/v1/jobs/{job_id}/images/{n}", self.image),
             ("POST", "/api/v1/workflows/convert", self.convert),
+            ("POST", "/api/v1/workflows/check", self.check),
         ]
 
     # --- routes -------------------------------------------------------------------------------------
@@ -259,6 +261,14 @@ class JobRoutes:
         data = await read_json(request)
         loaded = convert_any(data, self.object_info())
         return web.json_response({"prompt": loaded.prompt, "source_format": loaded.source_format})
+
+    async def check(self, request: web.Request) -> web.Response:
+        """The compatibility report (engine/compat_check.py) of a bare workflow or ``{"workflow": ...}``."""
+        data = await read_json(request)
+        inner = data.get("workflow") if isinstance(data, dict) else None
+        if isinstance(inner, dict) and "class_type" not in inner:  # not an API node that happens to be named so
+            data = inner
+        return web.json_response(check_workflow(data, self.object_info()).to_json())
 
     # --- events and webhooks (on the event loop) -----------------------------------------------------------
     def __call__(self, notice: Notice) -> None:

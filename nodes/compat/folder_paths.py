@@ -5,6 +5,10 @@ Loom loads a fresh copy of this file for every :class:`nodes.compat.shim.ComfySh
 ``sys.modules["folder_paths"]``. The one piece of state here is ``_binding``: the shim this copy
 serves (its folders, model files and registered model folders live on the shim).
 Reference for names and return shapes: Comfy-Org/ComfyUI ``folder_paths.py``.
+
+Model folders follow Loom's rules (``engine.folders``): symlinks in them are followed, with a guard
+against link cycles, and listings are cached until a folder changes (one cache, shared with Loom's
+own loaders). Input, output and temp paths stay inside their folder, links included.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from engine.folder_scan import ListingCache, keep_with_extensions, scan
+from engine.folders import canonical_kind
 
 if TYPE_CHECKING:
     from nodes.compat.shim import ComfyShim
@@ -28,12 +35,14 @@ input_directory = ""
 temp_directory = ""
 user_directory = ""
 folder_names_and_paths: dict[str, tuple[list[str], set[str]]] = {}
+_listings: ListingCache | None = None
 
 
 def _bind(shim: ComfyShim) -> None:
     global _binding, base_path, models_dir, output_directory, input_directory, temp_directory
-    global user_directory, folder_names_and_paths
+    global user_directory, folder_names_and_paths, _listings
     _binding = shim
+    _listings = getattr(shim.model_files, "listings", None) or ListingCache()
     folders = shim.folders
     models_dir = str(shim.models_dir) if shim.models_dir is not None else ""
     base_path = str(Path(models_dir).parent) if models_dir else str(folders.output_dir.parent)
@@ -85,58 +94,85 @@ def annotated_filepath(name: str) -> tuple[str, str | None]:
     return name, None
 
 
+def is_within_directory(directory: str, target: str) -> bool:
+    """True when ``target`` (links resolved) lies inside ``directory`` (links resolved)."""
+    try:
+        real_dir = os.path.realpath(directory)
+        return os.path.commonpath((real_dir, os.path.realpath(target))) == real_dir
+    except ValueError:  # a NUL byte, or different drives
+        return False
+
+
 def get_annotated_filepath(name: str, default_dir: str | None = None) -> str:
-    """``"a.png [output]"`` → the file in the output folder; no annotation → the input folder."""
+    """``"a.png [output]"`` → the file in the output folder; no annotation → the input folder.
+    Raises ValueError for a name that leads out of its folder (through ``..`` or a link)."""
     name, base_dir = annotated_filepath(name)
     if base_dir is None:
         base_dir = default_dir if default_dir is not None else get_input_directory()
-    return os.path.join(base_dir, name)
+    path = os.path.abspath(os.path.join(base_dir, name))
+    if not is_within_directory(base_dir, path):
+        raise ValueError(f"invalid file path {name!r}: it leads outside {base_dir}")
+    return path
 
 
 def exists_annotated_filepath(name: str) -> bool:
-    return os.path.exists(get_annotated_filepath(name))
+    try:
+        return os.path.exists(get_annotated_filepath(name))
+    except ValueError:
+        return False
 
 
 # --- model folders ---------------------------------------------------------------------------------
+def map_legacy(folder_name: str) -> str:
+    """ComfyUI's old folder names: ``unet`` → ``diffusion_models``, ``clip`` → ``text_encoders``."""
+    return canonical_kind(folder_name)
+
+
 def add_model_folder_path(folder_name: str, full_folder_path: str, is_default: bool = False) -> None:
-    paths, extensions = folder_names_and_paths.setdefault(folder_name, ([], set(supported_pt_extensions)))
+    """Search ``full_folder_path`` for ``folder_name`` too: last, or first with ``is_default``."""
+    folder_name = map_legacy(folder_name)
+    if folder_name not in folder_names_and_paths:
+        folder_names_and_paths[folder_name] = ([full_folder_path], set())
+        return
+    paths = folder_names_and_paths[folder_name][0]
     if full_folder_path in paths:
-        paths.remove(full_folder_path)
-    if is_default:
+        if is_default and paths[0] != full_folder_path:
+            paths.remove(full_folder_path)
+            paths.insert(0, full_folder_path)
+    elif is_default:
         paths.insert(0, full_folder_path)
     else:
         paths.append(full_folder_path)
 
 
 def get_folder_paths(folder_name: str) -> list[str]:
-    return list(folder_names_and_paths.get(folder_name, ([], set()))[0])
+    return list(folder_names_and_paths.get(map_legacy(folder_name), ([], set()))[0])
 
 
 def filter_files_extensions(files: Any, extensions: Any) -> list[str]:
-    exts = {e.lower() for e in extensions}
-    return sorted(f for f in files if not exts or os.path.splitext(f)[1].lower() in exts)
+    return sorted(keep_with_extensions(files, frozenset(e.lower() for e in extensions)))
 
 
 def recursive_search(directory: str, excluded_dir_names: list[str] | None = None) -> tuple[list[str], dict[str, float]]:
-    """Files under ``directory`` (relative, '/'-separated) and the folders' modification times."""
-    if not os.path.isdir(directory):
-        return [], {}
-    excluded = set(excluded_dir_names or []) | {".git"}
-    found: list[str] = []
-    dirs: dict[str, float] = {directory: os.path.getmtime(directory)}
-    for root, subdirs, files in os.walk(directory, followlinks=True):
-        subdirs[:] = [d for d in subdirs if d not in excluded]
-        for name in files:
-            found.append(os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/"))
-        for d in subdirs:
-            path = os.path.join(root, d)
-            dirs[path] = os.path.getmtime(path)
-    return found, dirs
+    """Files under ``directory`` (relative, '/'-separated; links followed, cycles cut) and the
+    modification times of the folders walked."""
+    listing = scan(directory)
+    excluded = set(excluded_dir_names or [])
+    files = [f for f in listing.files if not excluded.intersection(f.split("/")[:-1])]
+    return files, {path: mtime / 1e9 for path, (_, mtime) in listing.stamps.items()}
+
+
+def _cache() -> ListingCache:
+    if _listings is None:
+        _shim()  # raises the explanation
+    assert _listings is not None
+    return _listings
 
 
 def get_filename_list(folder_name: str) -> list[str]:
     """Model files of one kind (``"checkpoints"``, ``"loras"``, ...), relative to their folder."""
     shim = _shim()
+    folder_name = map_legacy(folder_name)
     names: set[str] = set()
     if shim.model_files is not None:
         try:
@@ -145,12 +181,14 @@ def get_filename_list(folder_name: str) -> list[str]:
             pass
     paths, extensions = folder_names_and_paths.get(folder_name, ([], set()))
     for directory in paths:
-        files, _ = recursive_search(directory)
-        names.update(filter_files_extensions(files, extensions))
+        names.update(keep_with_extensions(_cache().files(directory), frozenset(e.lower() for e in extensions)))
     return sorted(names)
 
 
 def get_full_path(folder_name: str, filename: str) -> str | None:
+    """The file ``filename`` (``..`` dropped, as ComfyUI does) in the first folder of the kind that
+    has it; links in model folders are followed. None when no folder has it."""
+    folder_name = map_legacy(folder_name)
     filename = os.path.relpath(os.path.join("/", filename), "/")  # no escaping the folder
     for directory in get_folder_paths(folder_name):
         candidate = os.path.join(directory, filename)

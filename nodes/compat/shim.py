@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.context import Folders, ModelFiles
+from engine.folders import comfy_folder_table
 from engine.plugins import PluginConfig, PluginReport, load_plugins
 from engine.registry import NodeRegistry
 
@@ -74,11 +75,9 @@ class ComfyShim:
         self.client_id: str | None = None
         self.last_node_id: str | None = None
         exts = {".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft"}
-        self.model_folders: dict[str, tuple[list[str], set[str]]] = {
-            kind: ([str(models_dir / kind)] if models_dir is not None else [], set(exts)) for kind in MODEL_KINDS
-        }
-        for kind, extra in dict(getattr(model_files, "extra", None) or {}).items():  # extra_model_paths.yaml
-            self.model_folders.setdefault(str(kind), ([], set(exts)))[0].extend(str(p) for p in extra)
+        # the folders Loom searches per kind (models_dir's, extra_model_paths.yaml's), in its order
+        self.model_folders: dict[str, tuple[list[str], set[str]]] = comfy_folder_table(
+            model_files, models_dir, MODEL_KINDS, exts)
         self.folder_paths = self._bound_copy("folder_paths")
         self.server = self._bound_copy("server")
         self._lock = threading.Lock()

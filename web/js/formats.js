@@ -8,6 +8,11 @@ import { SAVED_FORMAT, SAVED_VERSION } from "./graph.js";
 const PNG_SIGNATURE = [137, 80, 78, 71, 13, 10, 26, 10];
 const FRONTEND_ONLY = new Set(["Note", "MarkdownNote", "Reroute", "PrimitiveNode"]);
 const CONTROL_VALUES = new Set(["fixed", "increment", "decrement", "randomize"]);
+// What files store after a widget with "control after generate" (engine/workflow_widgets.py has the
+// same rules): a control string, a boolean (2023 files) or null; a COMBO also stores a filter text.
+const looksLikeControl = (v) => v === null || typeof v === "boolean" || CONTROL_VALUES.has(v) || v === "increment-wrap";
+const controlSlots = (input) => (input.opts.control_after_generate || (input.type === "INT" && /^(noise_)?seed$/.test(input.name)))
+  ? (input.choices ? 2 : 1) : 0;
 
 export function isPng(bytes) { return PNG_SIGNATURE.every((b, i) => bytes[i] === b); }
 
@@ -109,13 +114,19 @@ export function convertUi(ui, info) {
     const schema = parseSchema(n.type, info);
     const wv = n.widgets_values;
     if (schema && Array.isArray(wv)) {
+      const widgets = schema.inputs.filter((x) => x.widget);
       let i = 0;
-      for (const input of schema.inputs.filter((x) => x.widget)) {
-        if (i >= wv.length) break;
+      widgets.forEach((input, position) => {
+        if (i >= wv.length) return;
         inputs[input.name] = wv[i++];
-        if ((input.opts.control_after_generate || /^(noise_)?seed$/.test(input.name)) && CONTROL_VALUES.has(wv[i])) control[input.name] = wv[i++];
-        else if (input.widget === "IMAGEUPLOAD" && (wv[i] === "image" || wv[i] === "upload")) i++;
-      }
+        const needed = widgets.length - position - 1; // values the later widgets still need
+        const slots = controlSlots(input);
+        if (slots && i < wv.length && wv.length - i > needed && looksLikeControl(wv[i])) {
+          if (CONTROL_VALUES.has(wv[i])) control[input.name] = wv[i];
+          i++;
+          if (slots === 2 && i < wv.length && wv.length - i > needed && typeof wv[i] === "string") i++;
+        } else if (input.widget === "IMAGEUPLOAD" && (wv[i] === "image" || wv[i] === "upload")) i++;
+      });
     } else if (wv && typeof wv === "object" && !Array.isArray(wv)) Object.assign(inputs, wv);
     for (const input of n.inputs || []) {
       if (input.link === null || input.link === undefined) continue;

@@ -5,6 +5,7 @@
 import { Graph, History } from "./graph.js";
 import { isPng, readPngText, toSavedFormat, detectFormat, uiNeedsServer } from "./formats.js";
 import { el } from "./widgets.js";
+import { reportIfIncomplete } from "./compat.js";
 
 const SESSION_KEY = "loom.session";
 let tabCounter = 0;
@@ -145,6 +146,7 @@ export class Workflows {
       saved = toSavedFormat(prompt.prompt || prompt, this.app.info);
     } else saved = toSavedFormat(obj, this.app.info);
     this.app.tabs.open(saved, name || "Loaded");
+    reportIfIncomplete(this.app, obj, name); // not awaited: the workflow opens at once
     this.app.emit("workflowLoaded", { name });
     return true;
   }

@@ -1,0 +1,170 @@
+"""Listings of model folders: walked once, following symlinks, and kept until a folder changes.
+
+A model library is often a tree of symlinks (one copy of each multi-gigabyte file shared by several
+installations), so :func:`scan` follows links to files and to folders wherever they point. It keeps
+the chain of folders it is inside (by device and inode) and skips a link back into that chain, so a
+link cycle ends the walk of that branch instead of looping. Hidden names (``.git``, ``.cache``) are
+skipped, like dangling links and folders it may not read.
+
+:class:`ListingCache` keeps one :class:`Listing` per root folder. A listing records every folder it
+walked with that folder's inode and modification time; adding, removing or renaming an entry changes
+the folder's modification time, so a listing is reused while a ``stat`` of each of its folders shows
+the same figures (no folder is read again), and walked again otherwise. A folder modified within
+:data:`SETTLE_NS` of the walk is not trusted: file systems stamp times coarsely, so a file added in
+the same tick as the walk could leave the time unchanged. ``clear()`` forgets everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SETTLE_NS = 2_000_000_000  # a folder modified this recently (ns) is walked again next time
+MAX_DEPTH = 64  # folders deeper than this (below the root) are not walked
+MAX_FOLDERS = 200_000  # one walk reads at most this many folders (a guard against link mazes)
+
+Stamp = tuple[int, int]  # (inode, modification time in ns) of a folder
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One root folder's files (relative, ``/``-separated) and the folders walked to find them."""
+
+    root: str
+    files: tuple[str, ...]
+    stamps: dict[str, Stamp]  # folder path as walked (through links) -> its stamp
+    settled: bool  # False when a folder was modified too recently to trust its stamp
+
+    @property
+    def exists(self) -> bool:
+        return bool(self.stamps)
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return st.st_ino, st.st_mtime_ns
+
+
+def scan(root: str | Path) -> Listing:
+    """Walk ``root``, following symlinks, and list its files; a missing root lists nothing."""
+    root = os.fspath(root)
+    started = time.time_ns()
+    try:
+        top = os.stat(root)
+    except OSError:
+        return Listing(root, (), {}, settled=True)
+    if not stat.S_ISDIR(top.st_mode):
+        return Listing(root, (), {}, settled=True)
+    files: list[str] = []
+    stamps: dict[str, Stamp] = {}
+    # (folder path, its name relative to root + "/", the (dev, inode) chain down to it, its stat)
+    pending: list[tuple[str, str, tuple[tuple[int, int], ...], os.stat_result]] = [
+        (root, "", ((top.st_dev, top.st_ino),), top)
+    ]
+    while pending:
+        path, prefix, chain, st = pending.pop()
+        if len(stamps) >= MAX_FOLDERS:
+            log.warning("stopped listing %s after %d folders (a maze of links?); files past that are not listed",
+                        root, MAX_FOLDERS)
+            break
+        stamps[path] = _stamp(st)
+        try:
+            with os.scandir(path) as entries:
+                found = list(entries)
+        except OSError as exc:
+            log.warning("cannot list model folder %s: %s", path, exc)
+            continue
+        for entry in found:
+            if entry.name.startswith("."):
+                continue
+            try:
+                if entry.is_dir():  # follows a link to a folder
+                    sub = entry.stat()
+                    ident = (sub.st_dev, sub.st_ino)
+                    if ident in chain:
+                        log.info("model folder link %s leads back into %s; not followed again",
+                                 entry.path, path)
+                    elif len(chain) > MAX_DEPTH:
+                        log.warning("model folder %s is nested deeper than %d folders; not listed", entry.path,
+                                    MAX_DEPTH)
+                    else:
+                        pending.append((entry.path, f"{prefix}{entry.name}/", (*chain, ident), sub))
+                elif entry.is_file():  # follows a link to a file; a dangling link is neither
+                    files.append(prefix + entry.name)
+            except OSError:  # vanished, or no permission: not listed
+                continue
+    settled = all(started - mtime >= SETTLE_NS for _, mtime in stamps.values())
+    return Listing(root, tuple(files), stamps, settled)
+
+
+def is_current(listing: Listing) -> bool:
+    """True while no folder of ``listing`` changed (one ``stat`` per folder; nothing is read)."""
+    if not listing.settled:
+        return False
+    if not listing.stamps:
+        return not os.path.isdir(listing.root)
+    for path, stamp in listing.stamps.items():
+        try:
+            if _stamp(os.stat(path)) != stamp:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def keep_with_extensions(files: Iterable[str], extensions: frozenset[str]) -> list[str]:
+    """The names whose lower-cased suffix is in ``extensions`` (an empty set keeps every name)."""
+    if not extensions:
+        return list(files)
+    return [f for f in files if os.path.splitext(f)[1].lower() in extensions]
+
+
+def folders_holding(files: Iterable[str], marker: str) -> list[str]:
+    """Folders (relative) that directly contain a file named ``marker``; ``""`` is the root itself."""
+    suffix = "/" + marker
+    return [f[: -len(suffix)] if f != marker else "" for f in files if f == marker or f.endswith(suffix)]
+
+
+@dataclass
+class ListingCache:
+    """Root folder -> its :class:`Listing`, walked again only when a folder of it changed.
+
+    Thread-safe: the server lists from its request handlers while runs resolve names. ``scans`` counts
+    the walks (for stats and tests).
+    """
+
+    _listings: dict[str, Listing] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    scans: int = 0
+
+    def listing(self, root: str | Path) -> Listing:
+        key = os.path.abspath(root)
+        with self._lock:
+            cached = self._listings.get(key)
+            if cached is not None and is_current(cached):
+                return cached
+            fresh = scan(key)
+            self.scans += 1
+            self._listings[key] = fresh
+            return fresh
+
+    def files(self, root: str | Path, extensions: frozenset[str] = frozenset()) -> list[str]:
+        """The files under ``root`` with one of ``extensions`` (all files when empty)."""
+        return keep_with_extensions(self.listing(root).files, extensions)
+
+    def forget(self, root: str | Path) -> None:
+        """Forget one root's listing: its next look-up walks it again."""
+        with self._lock:
+            self._listings.pop(os.path.abspath(root), None)
+
+    def clear(self) -> None:
+        """Forget every listing: the next look-up walks the folders again."""
+        with self._lock:
+            self._listings.clear()

@@ -1,0 +1,194 @@
+"""How ComfyUI's frontend maps a UI-format node's ``widgets_values`` onto its widget inputs.
+
+Rules, as the frontend builds and restores widgets (``useIntWidget``/``useComboWidget``,
+``addValueControlWidgets``, the ``Comfy.UploadImage`` extension, ``LGraphNode.configure``):
+
+- A node's widgets are its widget inputs (INT, FLOAT, STRING, BOOLEAN, COMBO; not ``forceInput``)
+  in ``input_order`` (required, then optional), then an ``upload`` button when an input asks for
+  a media upload (``image_upload``, ...). The button's value is stored but never sent.
+- An input with ``control_after_generate`` (and, in older frontends, any INT named ``seed`` or
+  ``noise_seed``) is followed by a "control after generate" widget: one stored value for numbers,
+  two for a COMBO (the control and its filter text). Files store the control value as a string
+  (``"randomize"``, ``"fixed"``, ``"increment"``, ``"decrement"``, ``"increment-wrap"``), as a
+  boolean (2023 files), or not at all (files written by tools, or newest frontends that keep the
+  control outside ``widgets_values``): a value is taken as a control value only if it looks like
+  one and the file has values to spare.
+- ``widgets_values`` restores positionally; surplus trailing values are ignored; a widget the file
+  has no value for keeps the widget's default (an older save of a node that gained an input).
+- Array values are sent wrapped as ``{"__value__": [...]}`` (arrays mean links in API format).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize", "increment-wrap"})
+SEED_NAMES = frozenset({"seed", "noise_seed"})
+WIDGET_SCALARS = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN"})
+UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_upload")
+MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class Widget:
+    """One widget of a node: its input name, the values stored after it for its "control after
+    generate" companions (0, 1, or 2 for a COMBO), whether its value is sent (``serialize``), the
+    default the frontend gives it, and its kind (INT, FLOAT, STRING, BOOLEAN, COMBO)."""
+
+    name: str
+    control_slots: int = 0
+    serialize: bool = True
+    default: Any = None
+    kind: str = ""
+    options: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ConversionProblem:
+    """Something a conversion had to guess or drop: the node, its class, and what happened."""
+
+    node_id: str
+    class_type: str
+    message: str
+    level: str = "warning"  # "warning": the result may be wrong; "note": a documented fallback was used
+
+    def to_json(self) -> dict[str, str]:
+        return {"node_id": self.node_id, "class_type": self.class_type, "message": self.message, "level": self.level}
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} ({self.class_type}): {self.message}"
+
+
+def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
+    """The widgets of an ``object_info`` entry, in the order the frontend creates them."""
+    if not isinstance(info, Mapping):
+        return []
+    declared = info.get("input") or {}
+    order = info.get("input_order") or {}
+    widgets: list[Widget] = []
+    upload = False
+    for section in ("required", "optional"):
+        specs = declared.get(section) or {}
+        for name in order.get(section) or list(specs):
+            spec = specs.get(name)
+            if not isinstance(spec, Sequence) or isinstance(spec, str) or not spec:
+                continue
+            kind, opts = spec[0], spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
+            options = _combo_options(kind, opts)
+            if opts.get("forceInput") or (options is None and kind not in WIDGET_SCALARS):
+                continue
+            upload = upload or any(opts.get(flag) for flag in UPLOAD_FLAGS)
+            controlled = bool(opts.get("control_after_generate")) or (kind == "INT" and name in SEED_NAMES)
+            slots = (2 if options is not None else 1) if controlled else 0
+            widgets.append(Widget(str(name), slots, True, _default(kind, opts, options),
+                                  "COMBO" if options is not None else str(kind), options))
+    if upload:
+        widgets.append(Widget("upload", 0, False, "image", "BUTTON"))
+    return widgets
+
+
+def _combo_options(kind: Any, opts: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    if isinstance(kind, list):
+        return tuple(kind)
+    if kind == "COMBO":
+        return tuple(opts.get("options") or ())
+    return None
+
+
+def _default(kind: Any, opts: Mapping[str, Any], options: tuple[Any, ...] | None) -> Any:
+    """The value a freshly created widget has (the frontend's defaults when the spec names none)."""
+    if "default" in opts:
+        return opts["default"]
+    if options is not None:
+        return options[0] if options else None
+    if kind in ("INT", "FLOAT"):
+        low = opts.get("min")
+        return low if isinstance(low, int | float) and low > 0 else 0
+    return {"STRING": "", "BOOLEAN": False}.get(str(kind))
+
+
+def looks_like_control(value: Any) -> bool:
+    return value is None or isinstance(value, bool) or (isinstance(value, str) and value in CONTROL_VALUES)
+
+
+def assign(widgets: Sequence[Widget], values: Any) -> tuple[list[Any], int]:
+    """One value per widget (``MISSING`` where the file has none) from ``widgets_values``: a list
+    in widget order, or (some newer files) an object by widget name; and how many list entries
+    that used (controls included; the rest are surplus)."""
+    if isinstance(values, Mapping):
+        return [values.get(w.name, MISSING) for w in widgets], 0
+    out: list[Any] = [MISSING] * len(widgets)
+    if not isinstance(values, list):
+        return out, 0
+    i = 0
+    for position, widget in enumerate(widgets):
+        if i >= len(values):
+            break
+        out[position] = values[i]
+        i += 1
+        needed_after = len(widgets) - position - 1  # values the later widgets still need
+        if widget.control_slots and i < len(values) and len(values) - i > needed_after:
+            if looks_like_control(values[i]):
+                i += 1
+                spare = len(values) - i > needed_after
+                if widget.control_slots == 2 and i < len(values) and spare and isinstance(values[i], str):
+                    i += 1  # the combo's filter text
+    return out, i
+
+
+def widget_inputs(
+    widgets: Sequence[Widget], values: Any, node_id: str, class_type: str, problems: list[ConversionProblem] | None,
+) -> dict[str, Any]:
+    """The API-format inputs the frontend sends for these widgets, defaults filled in; what had to
+    be guessed goes to ``problems`` (when given)."""
+    assigned, used = assign(widgets, values)
+    inputs: dict[str, Any] = {}
+    for widget, value in zip(widgets, assigned, strict=True):
+        if not widget.serialize:
+            continue
+        if value is MISSING:
+            value = widget.default
+            if problems is not None and values is not None:
+                problems.append(ConversionProblem(node_id, class_type, f"the file stores no value for widget "
+                                                  f"{widget.name!r}; its default {value!r} is used", "note"))
+        elif problems is not None:
+            mismatch = _type_problem(widget, value)
+            if mismatch:
+                problems.append(ConversionProblem(node_id, class_type, mismatch))
+        inputs[widget.name] = {"__value__": value} if isinstance(value, list) else value
+    if problems is not None and isinstance(values, list) and MISSING not in assigned:
+        if used < len(values):
+            surplus = values[used:]
+            problems.append(ConversionProblem(node_id, class_type, f"{len(surplus)} surplus widget value(s) "
+                                              f"ignored: {surplus!r:.80}", "note"))
+    return inputs
+
+
+def _type_problem(widget: Widget, value: Any) -> str | None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    expected = None
+    if widget.kind == "INT" and not ((number and float(value).is_integer()) or _numeric_text(value)):
+        expected = "an integer"
+    elif widget.kind == "COMBO" and widget.options and value not in widget.options and not isinstance(
+            value, type(widget.options[0])):
+        expected = f"one of {list(widget.options)[:4]!r:.60}"
+    elif widget.kind == "FLOAT" and not (number or _numeric_text(value)):
+        expected = "a number"
+    elif widget.kind == "BOOLEAN" and not isinstance(value, bool):
+        expected = "true or false"
+    if expected is None:
+        return None
+    return (f"widget {widget.name!r} expects {expected} but the file has {value!r:.40}; the widget values may "
+            "be shifted (a node saved by another version, or a missing control-after-generate value)")
+
+
+def _numeric_text(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,143 @@
+"""Model folders set up the way ComfyUI users set them up, through the CLI: a checkpoint, a LoRA and a
+whole folder of VAEs symlinked from outside models/ load and run under ``--base-directory``; an
+``extra_model_paths.yaml`` in ComfyUI's format is honoured; request names leading out are refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo models in a shared store outside any models/ folder, with a folder of two VAEs."""
+    root = tmp_path_factory.mktemp("store")
+    main.write_demo_models(root)
+    vaes = root / "all_vaes"
+    (vaes / "sd").mkdir(parents=True)
+    shutil.copy(root / "vae" / "loom_demo_vae.safetensors", vaes / "first.safetensors")
+    shutil.copy(root / "vae" / "loom_demo_vae.safetensors", vaes / "sd" / "second.safetensors")
+    return root
+
+
+def generate(ckpt: str, lora: str, vae: str) -> dict[str, Any]:
+    return {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt}},
+        "2": {"class_type": "LoraLoader", "inputs": {"model": ["1", 0], "clip": ["1", 1], "lora_name": lora,
+                                                      "strength_model": 0.8, "strength_clip": 0.8}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse", "clip": ["2", 1]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["2", 1]}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "6": {"class_type": "KSampler", "inputs": {"model": ["2", 0], "seed": 1, "steps": 2, "cfg": 7.0,
+                                                    "sampler_name": "euler", "scheduler": "normal",
+                                                    "positive": ["3", 0], "negative": ["4", 0],
+                                                    "latent_image": ["5", 0], "denoise": 1.0}},
+        "7": {"class_type": "VAELoader", "inputs": {"vae_name": vae}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "linked"}},
+    }
+
+
+def run_cli(tmp_path: Path, workflows: list[dict[str, Any]], *flags: str,
+            capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict[str, Any]], str]:
+    files = []
+    for i, prompt in enumerate(workflows):
+        path = tmp_path / f"wf{i}.json"
+        path.write_text(json.dumps(prompt))
+        files.append(str(path))
+    capsys.readouterr()
+    code = main.main(["run", *files, "--json", "-q", "--disable-custom-nodes", *flags])
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines()], err
+
+
+def test_symlinked_checkpoint_lora_and_vae_folder_run_under_base_directory(
+        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = tmp_path / "comfy_root"
+    models = base / "models"
+    (models / "checkpoints").mkdir(parents=True)
+    (models / "loras").mkdir()
+    (models / "checkpoints" / "shared_sd15.safetensors").symlink_to(store / "checkpoints" / "loom_demo_sd15.safetensors")
+    (models / "loras" / "ink.safetensors").symlink_to(store / "loras" / "loom_demo_lora.safetensors")
+    (models / "vae").symlink_to(store / "all_vaes", target_is_directory=True)  # the whole folder
+    code, runs, _ = run_cli(tmp_path, [generate("shared_sd15.safetensors", "ink.safetensors", "first.safetensors"),
+                                    generate("shared_sd15.safetensors", "ink.safetensors", "sd/second.safetensors")],
+                         "--base-directory", str(base), capsys=capsys)
+    assert code == 0, runs
+    assert [r["status"] for r in runs] == ["success", "success"]
+    for run in runs:
+        (image,) = run["outputs"]["9"]["images"]
+        assert (base / "output" / image["subfolder"] / image["filename"]).is_file()  # output under the base
+    assert (base / "input").is_dir() and (base / "temp").is_dir()
+
+
+@pytest.mark.parametrize("name", ["../checkpoints/loom_demo_sd15.safetensors", "/etc/passwd", "unlisted.safetensors"])
+def test_request_names_leading_out_or_unlisted_are_refused(
+        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    models = tmp_path / "models"
+    (models / "checkpoints").mkdir(parents=True)
+    (models / "checkpoints" / "shared.safetensors").symlink_to(store / "checkpoints" / "loom_demo_sd15.safetensors")
+    prompt = generate(name, "x.safetensors", "y.safetensors")
+    code, (run,), _ = run_cli(tmp_path, [prompt], "--models-dir", str(models), "--output-dir", str(tmp_path / "out"),
+                           "--input-dir", str(tmp_path / "in"), "--temp-dir", str(tmp_path / "t"), capsys=capsys)
+    assert code == 2 and run["status"] == "invalid"
+    assert "ckpt_name" in json.dumps(run["node_errors"]["1"])
+
+
+COMFY_YAML = """\
+#config for a1111 ui
+a111:
+    base_path: {store}
+
+    checkpoints: checkpoints
+    vae: all_vaes
+    loras: |
+         no_such_folder
+         loras
+
+comfyui:
+     base_path: elsewhere/
+     is_default: true
+     checkpoints: models/checkpoints/
+"""
+
+
+def test_extra_model_paths_yaml_in_comfyuis_format(store: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "extra_model_paths.yaml"
+    config.write_text(COMFY_YAML.format(store=store))
+    code, (run,), _ = run_cli(
+        tmp_path, [generate("loom_demo_sd15.safetensors", "loom_demo_lora.safetensors", "sd/second.safetensors")],
+        "--extra-model-paths", str(config), "--models-dir", str(tmp_path / "empty_models"),
+        "--output-dir", str(tmp_path / "out"), "--input-dir", str(tmp_path / "in"), "--temp-dir", str(tmp_path / "t"),
+        capsys=capsys)
+    assert code == 0 and run["status"] == "success", run
+
+
+def test_a_broken_yaml_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "extra_model_paths.yaml"
+    config.write_text("a111:\n  loras: 3\n")
+    code, _, err = run_cli(tmp_path, [{}], "--extra-model-paths", str(config), "--models-dir", str(tmp_path / "m"),
+                           "--output-dir", str(tmp_path / "out"), "--input-dir", str(tmp_path / "in"),
+                           "--temp-dir", str(tmp_path / "t"), capsys=capsys)
+    assert code == 2
+    assert "a111.loras: expected a folder or a block of folders" in err
+
+
+def test_base_directory_moves_every_folder_left_at_its_default(tmp_path: Path) -> None:
+    args = main.make_parser().parse_args(["serve", "--base-directory", str(tmp_path / "b"),
+                                          "--output-dir", str(tmp_path / "mine")])
+    main.apply_base_directory(args)
+    base = tmp_path / "b"
+    assert (args.models_dir, args.input_dir, args.temp_dir, args.user_dir) == (
+        base / "models", base / "input", base / "temp", base / "user")
+    assert args.output_dir == tmp_path / "mine"  # given explicitly: kept
+    assert args.custom_nodes == [base / "custom_nodes"]
