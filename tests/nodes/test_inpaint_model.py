@@ -140,3 +140,22 @@ def test_a_four_channel_unet_ignores_the_inpainting_inputs(ctx: Any, tiny_sd15_c
     p, n, latent = InpaintModelConditioning().run(ctx, positive=pos, negative=neg, vae=sd.vae, pixels=_image(),
                                                   mask=_mask(), noise_mask=True)
     assert torch.equal(_sample(ctx, sd.unet, p, n, latent), _sample(ctx, sd.unet, pos, neg, latent))
+
+
+def test_a_nine_channel_pooled_unet_samples_with_inpaint_conditioning(ctx: Any, tmp_path: Path) -> None:
+    from tests.nodes.conftest import build_tiny
+
+    tiny = build_tiny("sdxl", seed=2)
+    cfg = dict(tiny.modules["unet"].config)
+    cfg["in_channels"] = 9
+    torch.manual_seed(2)
+    tiny.modules["unet"] = type(tiny.modules["unet"]).from_config(cfg).eval()
+    ck = open_checkpoint(write_single_file(tiny, tmp_path / "xl_inpaint.safetensors"))
+    with ctx.models.use(ck.unet) as module:
+        assert module.config.in_channels == 9 and module.config.addition_embed_type == "text_time"
+    pos, neg = _prompts(ctx, ck.clip)
+    p, n, latent = InpaintModelConditioning().run(ctx, positive=pos, negative=neg, vae=ck.vae, pixels=_image(),
+                                                  mask=_mask(), noise_mask=False)
+    out = _sample(ctx, ck.unet, p, n, latent)
+    assert torch.isfinite(out).all()
+    assert not torch.allclose(_sample(ctx, ck.unet, pos, neg, latent), out)

@@ -125,3 +125,19 @@ def test_a_merge_honours_the_other_models_patches(ctx: Any, pair: Any) -> None:
     outer = ModelMergeSimple().run(ctx, model1=a.unet, model2=inner, ratio=0.0)[0]
     assert _equal(_sd(ctx, outer), _sd(ctx, a.unet))
 
+
+
+def test_a_workflow_with_comfyuis_dotted_block_inputs_runs(models_dir: Any, tmp_path: Any) -> None:
+    from tests.nodes.test_generation_e2e import make_executor, run
+
+    ratios = {i.name: 1.0 for i in ModelMergeSD1.SCHEMA.inputs[2:]}
+    ratios["input_blocks.4."] = 0.25
+    prompt = {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "tiny_sd15.safetensors"}},
+        "2": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "tiny_sd15_fp16.safetensors"}},
+        "3": {"class_type": "ModelMergeSD1", "inputs": {"model1": ["1", 0], "model2": ["2", 0], **ratios}},
+        "4": {"class_type": "ModelSave", "inputs": {"model": ["3", 0], "filename_prefix": "merged/sd1"}},
+    }
+    result = run(make_executor(models_dir, tmp_path), prompt)
+    assert result.status == "success", result.error
+    assert (tmp_path / "output" / "merged" / "sd1_00001_.safetensors").is_file()
