@@ -141,6 +141,7 @@ class GuidedRun:
         # what ComfyUI hands every cond's extra_conds (the sampled latent, its noise mask): defaults
         # under each entry's own extras, read by the denoisers that need them (inpainting UNets)
         self.model_inputs = dict(model_inputs or {})
+        self._with_inputs_cache: dict[int, tuple[CondEntry, CondEntry]] = {}
         self.jobs = []
         for j, g in enumerate(guiders):
             prepared = {name: cb.prepare(self._with_inputs(entries), latent_size, self.model_sampling.percent_to_sigma)
@@ -208,9 +209,18 @@ class GuidedRun:
         return result
 
     def _with_inputs(self, entries: Sequence[CondEntry]) -> list[CondEntry]:
+        """``entries`` with the model inputs under their extras; one copy per entry for the run (the
+        forward's kwargs are cached by entry identity, so a copy must live as long as the run)."""
         if not self.model_inputs:
             return list(entries)
-        return [replace(e, extras={**self.model_inputs, **e.extras}) for e in entries]
+        out = []
+        for e in entries:
+            kept = self._with_inputs_cache.get(id(e))
+            if kept is None or kept[0] is not e:
+                kept = (e, replace(e, extras={**self.model_inputs, **e.extras}))
+                self._with_inputs_cache[id(e)] = kept
+            out.append(kept[1])
+        return out
 
     # -- the model call --------------------------------------------------------------------
     def _call(self, xs: torch.Tensor, sigma: torch.Tensor, conds: Sequence[cb.Cond], rows: int,
