@@ -2,7 +2,8 @@
 
 A merge returns ``model1.with_patch(MergePatch(...))``: nothing is computed until the model is
 made resident. Then, part by part, the other model's tensors are read from its file (through the
-family's key table, into the module's names) and every weight becomes
+family's key table, into the module's names; one tensor at a time where the table only renames,
+so two full models are never in memory together) and every weight becomes
 ``w1 * a + w2 * b`` (ComfyUI's ``add_patches(patch, strength_patch=b, strength_model=a)``):
 
 - Simple / Blocks / SD1 / SD2 / SDXL: ``a = ratio``, ``b = 1 - ratio`` (ratio 1 keeps model1);
@@ -17,6 +18,8 @@ the other handle's key and the strengths, so a merged handle caches apart from b
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +48,42 @@ def part_state(handle: Any, name: str) -> dict[str, torch.Tensor]:
         return dict(part_module(handle.load(), handle, name).state_dict())
     index = read_index(handle.source.path, allow_pickle=handle.source.allow_pickle)
     return dict(part.kind.module_keys(part.kind.to_diffusers(load_tensors(index, part.prefix), part.config)))
+
+
+def file_names(handle: Any, name: str) -> dict[str, str] | None:
+    """Module key -> file key of part ``name`` when the kind's key table only renames (UNet, CLIP
+    in transformers' layout) and the handle is a plain safetensors file; None otherwise (a table
+    that splits or reshapes tensors, a patched handle, a diffusers folder, a pickle)."""
+    if handle.patches or handle.source.format != "single_file":
+        return None
+    index = read_index(handle.source.path, allow_pickle=handle.source.allow_pickle)
+    if index.pickled:
+        return None
+    part = handle.part(name)
+    inner = [k[len(part.prefix):] for k in index.tensors if k.startswith(part.prefix)]
+    try:  # strings for tensors: a table that only renames keeps them; one that splits them fails
+        mapped = part.kind.module_keys(part.kind.to_diffusers(dict(zip(inner, inner, strict=True)), part.config))
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError, RuntimeError):
+        return None
+    values = list(mapped.values())
+    if not all(isinstance(v, str) for v in values) or len(set(values)) != len(values):
+        return None
+    return {k: part.prefix + v for k, v in mapped.items()}
+
+
+@contextmanager
+def other_weights(handle: Any, name: str) -> Iterator[Callable[[str], torch.Tensor | None]]:
+    """A reader of part ``name``'s tensors by module key: one tensor at a time from the file when
+    the key table allows (see :func:`file_names`), else from the whole part read or built once."""
+    names = file_names(handle, name)
+    if names is None:
+        theirs = part_state(handle, name)
+        yield lambda key: theirs.pop(key, None)
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(handle.source.path), framework="pt", device="cpu") as f:
+        yield lambda key: f.get_tensor(names[key]) if key in names else None
 
 
 def ldm_names(part: Any, names: list[str]) -> dict[str, str]:
@@ -86,17 +125,18 @@ class MergePatch:
                 continue
             target = part_module(module, handle, part.name)
             mine = target.state_dict()
-            theirs = part_state(self.other, part.name)
             names = ldm_names(part, list(mine)) if self.blocks else {}
-            for k, w in mine.items():
-                o = theirs.pop(k, None)
-                if o is None or o.shape != w.shape or not w.is_floating_point() or k.endswith(self.skip):
-                    continue
-                a, b = self.strengths(names.get(k, k))
-                merged += 1
-                if (a, b) != (1.0, 0.0):
-                    w.copy_((w.float() * a + o.to(w.device).float() * b).to(w.dtype))
-            del theirs
+            with other_weights(self.other, part.name) as read:
+                for k, w in mine.items():
+                    if not w.is_floating_point() or k.endswith(self.skip):
+                        continue
+                    a, b = self.strengths(names.get(k, k))
+                    o = read(k)
+                    if o is None or o.shape != w.shape:
+                        continue
+                    merged += 1
+                    if (a, b) != (1.0, 0.0):
+                        w.copy_((w.float() * a + o.to(w.device).float() * b).to(w.dtype))
         if merged == 0:
             raise ModelLoadError(f"nothing to merge: {self.other.source.name} has no weight of the same name and "
                                  f"shape as {handle.source.name}; merge models of the same family")

@@ -141,3 +141,27 @@ def test_a_workflow_with_comfyuis_dotted_block_inputs_runs(models_dir: Any, tmp_
     result = run(make_executor(models_dir, tmp_path), prompt)
     assert result.status == "success", result.error
     assert (tmp_path / "output" / "merged" / "sd1_00001_.safetensors").is_file()
+
+
+def test_the_other_model_is_read_tensor_by_tensor_where_the_key_table_only_renames(
+        pair: Any, tiny_sdxl_ckpt: Any) -> None:
+    from nodes.model_merge import file_names
+
+    a, b = pair
+    unet_names = file_names(b.unet, "unet")
+    assert unet_names is not None and unet_names["conv_in.weight"] == "model.diffusion_model.input_blocks.0.0.weight"
+    assert file_names(b.clip, "clip_l") is not None
+    xl = open_checkpoint(tiny_sdxl_ckpt)
+    assert file_names(xl.clip, "clip_g") is None  # open_clip's fused q/k/v: read as a whole part
+    patched = ModelMergeSimple().run(None, model1=b.unet, model2=a.unet, ratio=0.5)[0]
+    assert file_names(patched, "unet") is None  # a patched model is built, not read
+
+
+def test_clip_merge_of_two_encoder_clips_reads_the_fused_layout_whole(ctx: Any, tmp_path: Any,
+                                                                       tiny_sdxl_ckpt: Any) -> None:
+    a = open_checkpoint(tiny_sdxl_ckpt)
+    b = open_checkpoint(write_single_file(build_tiny("sdxl", seed=3), tmp_path / "xl_b.safetensors"))
+    zero = CLIPMergeSimple().run(ctx, clip1=a.clip, clip2=b.clip, ratio=0.0)[0]
+    for name in ("clip_l", "clip_g"):
+        merged, want = _sd(ctx, zero, name), _sd(ctx, b.clip, name)
+        assert all(torch.equal(merged[k], want[k]) for k in want if not k.endswith("position_ids")), name
