@@ -215,8 +215,8 @@ class CLIPTextEncodeSDXL(Node):
             _size("crop_h", 0, "Crop top offset the model is told about."),
             _size("target_width", 1024, "Target width the model is told about."),
             _size("target_height", 1024, "Target height the model is told about."),
-            Input("text_g", STRING, "Prompt for the OpenCLIP bigG encoder.", default="CLIP_G", multiline=True),
-            Input("text_l", STRING, "Prompt for the CLIP ViT-L encoder.", default="CLIP_L", multiline=True),
+            Input("text_g", STRING, "Prompt for the OpenCLIP bigG encoder.", multiline=True),
+            Input("text_l", STRING, "Prompt for the CLIP ViT-L encoder.", multiline=True),
         ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The encoded prompt with its size ids."),),
     )
@@ -257,13 +257,13 @@ class CLIPTextEncodeSDXLRefiner(Node):
         display_name="CLIPTextEncodeSDXLRefiner",
         category="advanced/conditioning",
         description="Encode a prompt for a refiner model, with its aesthetic score and size conditioning.",
-        inputs=(
-            Input("clip", CLIP, "The refiner's CLIP."),
+        inputs=(  # ComfyUI's order: clip last
             Input("ascore", FLOAT, "Aesthetic score the refiner is told about.",
                   default=6.0, min=0.0, max=1000.0, step=0.01),
             _size("width", 1024, "Image width the refiner is told about."),
             _size("height", 1024, "Image height the refiner is told about."),
             Input("text", STRING, "The prompt.", multiline=True),
+            Input("clip", CLIP, "The refiner's CLIP."),
         ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The encoded prompt with the refiner's ids."),),
     )

@@ -46,7 +46,7 @@ def test_inputs_are_comfyuis() -> None:
     assert _names(ConditioningSetTimestepRange) == ["conditioning", "start", "end"]
     assert _names(CLIPTextEncodeSDXL) == ["clip", "width", "height", "crop_w", "crop_h", "target_width",
                                           "target_height", "text_g", "text_l"]
-    assert _names(CLIPTextEncodeSDXLRefiner) == ["clip", "ascore", "width", "height", "text"]
+    assert _names(CLIPTextEncodeSDXLRefiner) == ["ascore", "width", "height", "text", "clip"]
     area = ConditioningSetMask.SCHEMA.input("set_cond_area")
     assert area is not None and tuple(area.options or ()) == ("default", "mask bounds")
 
