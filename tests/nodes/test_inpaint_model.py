@@ -159,3 +159,26 @@ def test_a_nine_channel_pooled_unet_samples_with_inpaint_conditioning(ctx: Any, 
     out = _sample(ctx, ck.unet, p, n, latent)
     assert torch.isfinite(out).all()
     assert not torch.allclose(_sample(ctx, ck.unet, pos, neg, latent), out)
+
+
+def test_odd_sized_pixels_are_centre_cropped_with_their_mask(ctx: Any, ck: Any) -> None:
+    pos, neg = _prompts(ctx, ck.clip)
+    pixels = torch.rand(1, SIZE + 3, SIZE + 6, 3, generator=torch.Generator().manual_seed(4))
+    mask = torch.zeros(1, SIZE + 3, SIZE + 6)
+    mask[:, 1:33, 3:35] = 1.0  # the top-left quarter of the cropped image
+    p, _, latent = InpaintModelConditioning().run(ctx, positive=pos, negative=neg, vae=ck.vae, pixels=pixels,
+                                                  mask=mask, noise_mask=True)
+    assert latent["samples"].shape == (1, 4, 8, 8)
+    m = p[0].extras["concat_mask"]
+    assert m.shape == (1, 1, SIZE, SIZE) and float(m[0, 0, :32, :32].min()) == 1.0 and float(m[0, 0, 32:].max()) == 0.0
+
+
+def test_an_area_conditioning_on_an_inpainting_model_is_refused_with_a_reason(ctx: Any, ck: Any) -> None:
+    from nodes.conditioning import ConditioningSetArea
+
+    pos, neg = _prompts(ctx, ck.clip)
+    p, n, latent = InpaintModelConditioning().run(ctx, positive=pos, negative=neg, vae=ck.vae, pixels=_image(),
+                                                  mask=_mask(), noise_mask=False)
+    (area,) = ConditioningSetArea().run(ctx, conditioning=p, width=32, height=32, x=0, y=0, strength=1.0)
+    with pytest.raises(ConditioningError, match="area"):
+        _sample(ctx, ck.unet, p + area, n, latent)
