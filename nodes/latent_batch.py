@@ -37,11 +37,12 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
+from nodes.families.latent_format import LEGACY_LATENT_FILE_SCALE
 from nodes.latent import MAX_RESOLUTION, LatentError
 from nodes.latent_ops import check_same_space, match_to, repeat_to_batch, samples_of, with_samples
 
 LATENT_EXTENSION = ".latent"
-LEGACY_SCALE = 0.18215
+LEGACY_SCALE = LEGACY_LATENT_FILE_SCALE  # ComfyUI: files without the version marker are unscaled
 VERSION_MARKER = "latent_format_version_0"
 _OUT = (Output("LATENT", LATENT, "The resulting latent."),)
 
