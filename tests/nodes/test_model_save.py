@@ -132,3 +132,17 @@ def test_checkpoint_loader_explains_a_bad_config(ctx: Any, models_dir: Path) -> 
     bad = _config(models_dir, "broken.yaml", "just: [text\n")
     with pytest.raises(ModelLoadError, match="not an LDM model config"):
         CheckpointLoader().run(ctx, config_name=bad, ckpt_name="tiny_sd15.safetensors")
+
+
+def test_comfyuis_config_names_ship_with_loom() -> None:
+    from engine.folders import ModelFolders
+    from nodes.model_save import read_config
+
+    models = Path(__file__).resolve().parents[2] / "models"
+    names = ModelFolders(models).list("configs")
+    for name in ("v1-inference.yaml", "v1-inference_clip_skip_2.yaml", "v2-inference.yaml", "v2-inference-v.yaml",
+                 "v1-inpainting-inference.yaml", "anything_v3.yaml"):
+        assert name in names, name
+    assert read_config(models / "configs" / "v2-inference-v.yaml")["parameterization"] == "v"
+    assert read_config(models / "configs" / "v1-inference.yaml") == {"parameterization": None, "layer_idx": None}
+    assert read_config(models / "configs" / "v1-inference_clip_skip_2.yaml")["layer_idx"] == -2
