@@ -8,6 +8,7 @@ plugin layer all read the same description. Shapes follow ComfyUI's ``/object_in
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -230,6 +231,10 @@ def types_compatible(produced: str, expected: str) -> bool:
     return bool(produced_set & expected_set)
 
 
+# an identifier, then dot-separated word parts; a trailing dot allowed (ModelMergeSD1's "input_blocks.0.")
+_INPUT_NAME = re.compile(r"[A-Za-z_]\w*(\.\w+)*\.?", re.ASCII)
+
+
 def check_schema(schema: NodeSchema, owner: str) -> None:
     """Reject a malformed schema, naming ``owner`` (the class) and the offending field."""
 
@@ -249,9 +254,9 @@ def check_schema(schema: NodeSchema, owner: str) -> None:
         where = f"inputs.{spec.name}"
         if not isinstance(spec, Input):
             fail("inputs", f"expected Input entries, found {type(spec).__name__}")
-        if not all(part.isidentifier() for part in spec.name.split(".")):
-            # dotted names are ComfyUI's V3 dynamic inputs as the API format spells them
-            # ("images.image0", "resize_type.width")
+        if not _INPUT_NAME.fullmatch(spec.name):
+            # dotted names: ComfyUI's V3 dynamic inputs as the API format spells them ("images.image0",
+            # "resize_type.width") and ModelMergeSD1's block names ("input_blocks.0.", "time_embed.")
             fail(where, "input names must be identifiers, or identifiers joined by '.'")
         if spec.name in seen:
             fail(where, "duplicate input name")

@@ -3,7 +3,8 @@
 ComfyUI's rules (``comfy/samplers.py``: ``process_conds``, ``get_area_and_mult``,
 ``_calc_cond_batch``, ``create_cond_with_same_area_if_none``), read for behaviour and written anew:
 
-- an entry's **area** (h, w, y, x in latent cells) crops the model input; its prediction is weighted
+- an entry's **area** (h, w, y, x in latent cells, or ``extras["area_percentage"]`` as fractions
+  of the latent's size) crops the model input; its prediction is weighted
   by ``strength`` and feathered linearly over ``min(8, side // 4)`` cells along every edge that does
   not touch the image border; a **mask** (``extras["mask"]``, resized to the latent) replaces the
   feathering and is scaled by ``extras["mask_strength"]``; ``set_area_to_bounds`` turns the mask's
@@ -63,6 +64,9 @@ def prepare(entries: Sequence[CondEntry], size: tuple[int, int], percent_to_sigm
     out = []
     for e in entries:
         area, mask = e.area, None
+        if area is None and e.extras.get("area_percentage") is not None:  # ConditioningSetAreaPercentage
+            ph, pw, py, px = e.extras["area_percentage"]
+            area = (max(1, round(ph * size[0])), max(1, round(pw * size[1])), round(py * size[0]), round(px * size[1]))
         if e.extras.get("mask") is not None:
             m = torch.as_tensor(e.extras["mask"]).float()
             m = m.reshape(-1, *m.shape[-2:])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -122,7 +122,7 @@ class GuidedRun:
     (the CFG++ samplers do, as in ComfyUI)."""
 
     def __init__(self, guiders: Sequence[Guider], module: Any, rows: int, latent_size: tuple[int, int],
-                 forward: Any = None) -> None:
+                 forward: Any = None, model_inputs: Mapping[str, Any] | None = None) -> None:
         self.guider = guiders[0]
         self.model = self.guider.model
         self.model_sampling = self.model.model_sampling
@@ -138,9 +138,13 @@ class GuidedRun:
         self._names: list[str | None] = []  # the branches of the current calc, by index
         self.model_options: dict[str, Any] = {}  # the sampler's, for the current call
         self.dtype = next(module.parameters()).dtype
+        # what ComfyUI hands every cond's extra_conds (the sampled latent, its noise mask): defaults
+        # under each entry's own extras, read by the denoisers that need them (inpainting UNets)
+        self.model_inputs = dict(model_inputs or {})
+        self._with_inputs_cache: dict[int, tuple[CondEntry, CondEntry]] = {}
         self.jobs = []
         for j, g in enumerate(guiders):
-            prepared = {name: cb.prepare(entries, latent_size, self.model_sampling.percent_to_sigma)
+            prepared = {name: cb.prepare(self._with_inputs(entries), latent_size, self.model_sampling.percent_to_sigma)
                         for name, entries in g.branches}
             cb.add_same_area_counterparts(prepared)
             self.jobs.append(cb.Job(slice(j * rows, (j + 1) * rows), prepared))
@@ -165,7 +169,7 @@ class GuidedRun:
 
     def calc_entries(self, entries: Sequence[CondEntry], x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """Denoised prediction of extra conditioning for every job (PerpNeg's empty prompt)."""
-        prepared = cb.prepare(entries, self.size, self.model_sampling.percent_to_sigma)
+        prepared = cb.prepare(self._with_inputs(entries), self.size, self.model_sampling.percent_to_sigma)
         jobs = [cb.Job(job.rows, {"extra": prepared}) for job in self.jobs]
         self._names = ["extra"]
         return cb.calc_cond_batch(self._call, jobs, ["extra"], x, sigma)[0]
@@ -203,6 +207,20 @@ class GuidedRun:
                          "uncond_denoised": uncond, "cond_denoised": cond, "sigma": sigma,
                          "model_options": self.model_options, "input": x, **extra})
         return result
+
+    def _with_inputs(self, entries: Sequence[CondEntry]) -> list[CondEntry]:
+        """``entries`` with the model inputs under their extras; one copy per entry for the run (the
+        forward's kwargs are cached by entry identity, so a copy must live as long as the run)."""
+        if not self.model_inputs:
+            return list(entries)
+        out = []
+        for e in entries:
+            kept = self._with_inputs_cache.get(id(e))
+            if kept is None or kept[0] is not e:
+                kept = (e, replace(e, extras={**self.model_inputs, **e.extras}))
+                self._with_inputs_cache[id(e)] = kept
+            out.append(kept[1])
+        return out
 
     # -- the model call --------------------------------------------------------------------
     def _call(self, xs: torch.Tensor, sigma: torch.Tensor, conds: Sequence[cb.Cond], rows: int,

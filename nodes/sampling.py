@@ -136,15 +136,15 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     fmt = model.latent_format
     samples = latent["samples"].float()
     rows = samples.shape[0]
-    latent_in = fmt.process_in(samples) if torch.count_nonzero(samples) > 0 else samples
-    latent_in = latent_in.repeat(len(jobs), 1, 1, 1)
+    model_in = fmt.process_in(samples) if torch.count_nonzero(samples) > 0 else samples
+    latent_in = model_in.repeat(len(jobs), 1, 1, 1)
     noise = torch.cat([job.noise.float() for job in jobs])
     mask = latent.get("noise_mask")
     with ctx.models.use(model) as module:
         _check(module, model, jobs)
         device = next(module.parameters()).device
         run = GuidedRun([job.guider for job in jobs], module, rows, tuple(samples.shape[-2:]),
-                        compiled_forward(module, ctx.settings))
+                        compiled_forward(module, ctx.settings), {"latent_image": model_in, "denoise_mask": mask})
         run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1))
         denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
         reporter = _Reporter(ctx, model, tuple(noise.shape), sigmas.numel() - 1)

@@ -73,7 +73,7 @@ class FamilyAdapter(ABC):
     vae_prefix: ClassVar[str] = "first_stage_model."
     latent_format: ClassVar[LatentFormat] = SD15_LATENT
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling()
-    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser()
+    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(latent_format=SD15_LATENT)
     vae: ClassVar[KLVae] = KLVae()
     prompt: ClassVar[ConcatPrompt] = ConcatPrompt()
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]]

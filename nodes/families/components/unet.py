@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from nodes.conditioning import CondEntry
+    from nodes.families.latent_format import LatentFormat
 
 
 def lcm_repeat(embeds: Sequence[Tensor]) -> list[Tensor]:
@@ -33,12 +34,28 @@ def lcm_repeat(embeds: Sequence[Tensor]) -> list[Tensor]:
     return [e.repeat(1, target // e.shape[1], 1) for e in embeds]
 
 
+# ComfyUI's "zero image" in SD latent space: the masked image of an inpainting UNet given no image
+BLANK_INPAINT_LATENT = (0.8223, -0.6876, 0.6364, 0.1380)
+
+
+def size_ids(extras: Mapping[str, Any], size: tuple[int, int]) -> list[float]:
+    """SDXL's size/crop ids for one entry (CLIPTextEncodeSDXL's values, else the image ``size``):
+    (height, width, crop_h, crop_w, target_height, target_width); the refiner's (an entry with an
+    ``aesthetic_score``, CLIPTextEncodeSDXLRefiner): (height, width, crop_h, crop_w, score)."""
+    height, width = float(extras.get("height", size[0])), float(extras.get("width", size[1]))
+    crop = [float(extras.get("crop_h", 0)), float(extras.get("crop_w", 0))]
+    if "aesthetic_score" in extras:
+        return [height, width, *crop, float(extras["aesthetic_score"])]
+    return [height, width, *crop, float(extras.get("target_height", height)), float(extras.get("target_width", width))]
+
+
 @dataclass(frozen=True)
 class UNetDenoiser:
     """A diffusers UNet; ``size_ids``: it takes SDXL's pooled embedding and size/crop ids."""
 
     size_ids: bool = False
     id: str = "unet"
+    latent_format: LatentFormat | None = None  # an inpainting UNet's concat image is brought into model space
 
     # --- reading and building -----------------------------------------------------------------
     def config_from_tensors(self, index: TensorIndex, prefix: str, heads: arch.HeadsRule,
@@ -79,18 +96,65 @@ class UNetDenoiser:
         kwargs: dict[str, Any] = {"encoder_hidden_states": hidden}
         if self.size_ids and entries[0].pooled is not None:
             pooled = to(torch.cat([e.pooled.expand(batch, -1) for e in entries if e.pooled is not None]))
-            height, width = size
-            ids = torch.tensor([[height, width, 0, 0, height, width]], dtype=pooled.dtype, device=pooled.device)
-            kwargs["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": ids.repeat(hidden.shape[0], 1)}
+            ids = torch.tensor([size_ids(e.extras, size) for e in entries], dtype=pooled.dtype, device=pooled.device)
+            kwargs["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": ids.repeat_interleave(batch, 0)}
+        if any(e.extras.get("concat_latent_image") is not None or e.extras.get("denoise_mask") is not None
+               for e in entries):
+            latent = (size[0] // 8, size[1] // 8)
+            kwargs["concat"] = to(torch.cat([self.inpaint_concat(e.extras, batch, latent) for e in entries]))
         return kwargs
 
+    def inpaint_concat(self, extras: Mapping[str, Any], batch: int, latent: tuple[int, int]) -> Tensor:
+        """An inpainting UNet's extra input channels (ComfyUI's ``c_concat``): the mask, then the masked
+        image in model space. From InpaintModelConditioning (``concat_mask``/``concat_latent_image``),
+        else from the sampled latent and its noise mask (``denoise_mask``/``latent_image``), else an
+        all-ones mask and a blank image."""
+        import torch
+        import torch.nn.functional as F
+
+        image = extras.get("concat_latent_image")
+        if image is not None and self.latent_format is not None:
+            image = self.latent_format.process_in(image.float())
+        elif image is None:
+            image = extras.get("latent_image")
+        mask = extras.get("concat_mask", extras.get("denoise_mask"))
+
+        def fit(t: Tensor) -> Tensor:
+            t = t.float()
+            if tuple(t.shape[-2:]) != latent:
+                t = F.interpolate(t, size=latent, mode="bilinear", align_corners=False)
+            if t.shape[0] != batch and batch % t.shape[0]:
+                raise ConditioningError(f"the inpainting image or mask has a batch of {t.shape[0]} but the "
+                                        f"latent has {batch}; give one image or one per latent")
+            return t.repeat(batch // t.shape[0], 1, 1, 1) if t.shape[0] != batch else t
+
+        if image is None or mask is None:  # no noise mask: ComfyUI's full mask and blank image
+            mask_t = torch.ones(batch, 1, *latent)
+            image_t = torch.tensor(BLANK_INPAINT_LATENT).reshape(1, -1, 1, 1).expand(batch, -1, *latent)
+        else:
+            mask_t = fit(mask.reshape(-1, 1, *mask.shape[-2:])[:, :1]).round()
+            image_t = fit(image)
+        return torch.cat([mask_t, image_t], dim=1)
+
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
-        """The raw model output for ``x_in`` at the UNet's ``timestep``."""
+        """The raw model output for ``x_in`` at the UNet's ``timestep`` (an inpainting UNet gets its
+        extra channels appended: ``cond_kwargs["concat"]``, or a blank image and full mask)."""
+        import torch
+
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         if options and options.get("patches"):
             raise ConditioningError(f"this UNet cannot run block patches {sorted(options['patches'])}; "
                                     "remove the patch node from the workflow")
+        concat = kwargs.pop("concat", None)
+        extra = module.config.in_channels - x_in.shape[1]
+        if extra > 0:
+            if concat is None:  # an inpainting UNet sampled without inpainting inputs (ComfyUI's blank)
+                concat = self.inpaint_concat({}, x_in.shape[0], (x_in.shape[-2], x_in.shape[-1]))
+            if tuple(concat.shape[-2:]) != tuple(x_in.shape[-2:]):
+                raise ConditioningError("an inpainting model cannot run an area-limited conditioning "
+                                        "(ConditioningSetArea/mask bounds); remove the area node")
+            x_in = torch.cat([x_in, concat.to(x_in)], dim=1)
         return module(x_in, timestep, return_dict=False, **kwargs)[0]
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
