@@ -1,0 +1,127 @@
+"""The Flux.1 transformer and T5 encoder kinds: configs read from tensor shapes, key tables both
+ways (BFL/ComfyUI single-file layout ⇄ diffusers/transformers names), loaded modules equal to
+diffusers' own classes, the packing/calling convention, and a full-size key-table check on the
+meta device (no memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nodes.families.components.flux_dit import FluxTransformer, pack, rope_axes, unpack
+from nodes.weights import TensorIndex, TensorInfo
+
+torch.set_num_threads(1)
+
+
+def index_of(sd: dict[str, Any], path: str = "tiny.safetensors") -> TensorIndex:
+    return TensorIndex(Path(path), {k: TensorInfo("F32", tuple(v.shape)) for k, v in sd.items()})
+
+
+def tiny_flux(guidance: bool = True, seed: int = 0) -> Any:
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
+                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                   pooled_projection_dim=20, guidance_embeds=guidance,
+                                   axes_dims_rope=rope_axes(16))
+    with torch.no_grad():  # diffusers zero-initialises some layers; make every weight count
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+@pytest.mark.parametrize("guidance", [True, False], ids=["dev", "schnell"])
+def test_flux_key_table_round_trips_and_reads_the_config(guidance: bool) -> None:
+    model = tiny_flux(guidance)
+    kind = FluxTransformer()
+    original = kind.to_original(model.state_dict(), model.config)
+    assert any(k.startswith("double_blocks.1.img_attn.qkv") for k in original)
+    assert ("guidance_in.in_layer.weight" in original) is guidance
+    assert original["single_blocks.0.linear1.weight"].shape == (3 * 32 + 128, 32)
+    config = kind.config_from_tensors(index_of(original), "")
+    for key in ("in_channels", "num_layers", "num_single_layers", "attention_head_dim", "num_attention_heads",
+                "joint_attention_dim", "pooled_projection_dim", "guidance_embeds"):
+        assert config[key] == model.config[key], key
+    back = kind.to_diffusers(original, config)
+    assert back.keys() == model.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+
+def test_final_modulation_swaps_shift_and_scale() -> None:
+    model = tiny_flux()
+    original = FluxTransformer().to_original(model.state_dict(), model.config)
+    shift, scale = original["final_layer.adaLN_modulation.1.weight"].chunk(2)
+    d_scale, d_shift = model.state_dict()["norm_out.linear.weight"].chunk(2)
+    assert torch.equal(shift, d_shift) and torch.equal(scale, d_scale)
+
+
+def test_built_module_equals_diffusers_model_from_the_same_tensors() -> None:
+    from nodes.families.base import Part
+    from nodes.families.build import assign
+
+    model = tiny_flux()
+    kind = FluxTransformer()
+    original = kind.to_original(model.state_dict(), model.config)
+    config = kind.config_from_tensors(index_of(original), "")
+    built = assign(Part.make("unet", kind, "", "transformer", config), kind.to_diffusers(original, config), "test")
+    x = torch.randn(1, 16, 8, 6)
+    entry = _entry(torch.randn(1, 7, 24), torch.randn(1, 20), guidance=4.0)
+    cond = kind.conditioning([entry], 1, (64, 48))
+    ours = kind.forward(built, x, torch.tensor([0.7]), cond)
+    tokens, img_ids = pack(x)
+    ref = model(hidden_states=tokens, encoder_hidden_states=entry.embeds, pooled_projections=entry.pooled,
+                timestep=torch.tensor([0.7]), img_ids=img_ids, txt_ids=torch.zeros(7, 3),
+                guidance=torch.tensor([4.0]), return_dict=False)[0]
+    assert ours.shape == x.shape
+    assert torch.allclose(ours, unpack(ref, 8, 6), atol=1e-6)
+
+
+def test_pack_is_channel_major_2x2_patches_and_unpack_inverts_it() -> None:
+    x = torch.arange(2 * 3 * 4 * 6, dtype=torch.float32).reshape(2, 3, 4, 6)
+    tokens, ids = pack(x)
+    assert tokens.shape == (2, 6, 12) and ids.shape == (6, 3)
+    assert tokens[0, 0].tolist() == [x[0, c, r, q].item() for c in range(3) for r in (0, 1) for q in (0, 1)]
+    assert ids[4].tolist() == [0.0, 1.0, 1.0]  # token 4 = patch row 1, col 1
+    assert torch.equal(unpack(tokens, 4, 6), x)
+
+
+def test_guidance_defaults_to_comfyui_value_and_schnell_ignores_it() -> None:
+    kind = FluxTransformer()
+    cond = kind.conditioning([_entry(torch.zeros(1, 3, 24), torch.zeros(1, 20))], 2, (64, 64))
+    assert cond["guidance"].tolist() == [3.5, 3.5]
+    schnell = tiny_flux(guidance=False)
+    out = kind.forward(schnell, torch.randn(1, 16, 4, 4), torch.tensor([1.0]), cond | {
+        "encoder_hidden_states": cond["encoder_hidden_states"][:1], "pooled_projections": cond["pooled_projections"][:1]})
+    assert out.shape == (1, 16, 4, 4)
+
+
+@pytest.mark.parametrize("guidance", [True, False], ids=["dev", "schnell"])
+def test_full_size_flux_key_table_on_meta_device(guidance: bool) -> None:
+    """The real Flux.1 dev/schnell shapes: 19 double + 38 single blocks, 3072 wide, 64-channel tokens;
+    the file layout (780 / 776 tensors) maps onto every parameter of diffusers' class, shapes equal."""
+    from accelerate import init_empty_weights
+    from diffusers import FluxTransformer2DModel
+
+    with init_empty_weights():
+        model = FluxTransformer2DModel(guidance_embeds=guidance)
+    kind = FluxTransformer()
+    original = kind.to_original(model.state_dict(), model.config)
+    assert len(original) == (780 if guidance else 776)
+    config = kind.config_from_tensors(index_of(original, "flux1.safetensors"), "")
+    assert config["axes_dims_rope"] == [16, 56, 56] and config["num_attention_heads"] == 24
+    assert config["num_layers"] == 19 and config["num_single_layers"] == 38 and config["guidance_embeds"] is guidance
+    back = kind.to_diffusers(original, config)
+    expected = model.state_dict()
+    assert back.keys() == expected.keys()
+    assert all(back[k].shape == v.shape for k, v in expected.items())
+
+
+def _entry(embeds: torch.Tensor, pooled: torch.Tensor, guidance: float | None = None) -> Any:
+    from nodes.conditioning import CondEntry
+
+    return CondEntry(embeds=embeds, pooled=pooled, extras={} if guidance is None else {"guidance": guidance})
