@@ -296,6 +296,6 @@ def _fuse(sd: Mapping[str, Any], out: dict[str, Any], head: str, parts: Sequence
     import torch
 
     for leaf in ("weight", "bias"):
-        pieces = [sd.get(f"{head}{p}.{leaf}") for p in parts]
-        if all(p is not None for p in pieces):
-            out[f"{target}.{leaf}"] = torch.cat(pieces, dim=0)
+        names = [f"{head}{p}.{leaf}" for p in parts]
+        if all(n in sd for n in names):
+            out[f"{target}.{leaf}"] = torch.cat([sd[n] for n in names], dim=0)
