@@ -125,3 +125,46 @@ def _entry(embeds: torch.Tensor, pooled: torch.Tensor, guidance: float | None = 
     from nodes.conditioning import CondEntry
 
     return CondEntry(embeds=embeds, pooled=pooled, extras={} if guidance is None else {"guidance": guidance})
+
+
+def tiny_t5(seed: int = 0) -> Any:
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    cfg = T5Config(vocab_size=32128, d_model=24, d_kv=6, d_ff=40, num_layers=2, num_heads=4,
+                   relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                   feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False)
+    return T5EncoderModel(cfg).eval()
+
+
+def test_t5_key_table_and_config_from_a_comfyui_style_file() -> None:
+    from nodes.families.components.t5_text import T5Text
+
+    model = tiny_t5()
+    kind = T5Text()
+    original = kind.to_original(model.state_dict(), {})
+    assert "shared.weight" in original and "encoder.embed_tokens.weight" not in original
+    prefixed = {f"text_encoders.t5xxl.transformer.{k}": v for k, v in original.items()}
+    config = kind.config_from_tensors(index_of(prefixed), "text_encoders.t5xxl.transformer.")
+    assert (config["d_model"], config["d_kv"], config["d_ff"], config["num_layers"], config["num_heads"]) == (24, 6, 40, 2, 4)
+    back = kind.to_diffusers(original, config)
+    assert back.keys() == model.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+
+def test_t5_encode_follows_comfyui_padding_and_weights() -> None:
+    from nodes.families.components.t5_text import T5Text, load_t5_tokenizer
+
+    model, tokenizer = tiny_t5(), load_t5_tokenizer()
+    flux, sd3 = T5Text(min_length=256), T5Text(min_length=77)
+    chunk = flux.tokenize(tokenizer, "a photo of a cat")
+    assert chunk.ids[:8] == (3, 9, 1202, 13, 3, 9, 1712, 1) and len(chunk.ids) == 256 and set(chunk.ids[8:]) == {0}
+    assert len(sd3.tokenize(tokenizer, "a photo of a cat").ids) == 77
+    assert len(flux.tokenize(tokenizer, "word " * 300).ids) == 301  # long prompts are not truncated
+    z = flux.encode(model, tokenizer, "a photo of a cat")
+    ref = model(input_ids=torch.tensor([chunk.ids])).last_hidden_state
+    assert z.shape == (1, 256, 24) and torch.allclose(z, ref, atol=1e-5)
+    weighted = flux.encode(model, tokenizer, "a photo of a (cat:1.5)")
+    empty = model(input_ids=torch.tensor([flux.tokenize(tokenizer, "").ids])).last_hidden_state[0]
+    assert torch.allclose(weighted[0, 6], (ref[0, 6] - empty[6]) * 1.5 + empty[6], atol=1e-5)
+    assert torch.allclose(weighted[0, 5], ref[0, 5], atol=1e-5)
