@@ -86,6 +86,9 @@ class T5Text:
         return T5EncoderModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
     # --- prompts ------------------------------------------------------------------------------
+    def load_tokenizer(self, name: str) -> Any:
+        return load_t5_tokenizer()
+
     def tokenize(self, tokenizer: Any, text: str) -> pw.Chunk:
         """ComfyUI's T5 tokens of ``text`` with their weights: words one by one, ``</s>``, padding."""
         ids: list[int] = []
