@@ -14,7 +14,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.cfg_patches import CFG_PATCH_NODES
     from nodes.clip_vision import CLIP_VISION_NODES
     from nodes.conditioning import CONDITIONING_NODES
-    from nodes.flux_nodes import FLUX_NODES
+    from nodes.families import family_nodes
     from nodes.image import IMAGE_NODES, register_image_options
     from nodes.ipadapter import IPADAPTER_NODES
     from nodes.latent import LATENT_NODES
@@ -33,7 +33,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     batched = [KSamplerBatched, KSamplerAdvancedBatched]  # the samplers' batching variants (coalesced jobs)
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
-              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, COMPONENT_LOADER_NODES, FLUX_NODES)
+              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, COMPONENT_LOADER_NODES, family_nodes())
     for group in groups:
         registry.register_all(group, origin="core")
     if model_files is not None:

@@ -11,21 +11,20 @@ from typing import Any
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import CLIP, COMBO, MODEL, DynamicOptions, Input, NodeSchema, Output
+from nodes.families import DUAL_CLIP_TYPES
 from nodes.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
 from nodes.loaders import _allow_pickle, _file_fingerprint, _models
 from nodes.weights import ModelLoadError
 
 WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
-DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_image", "hunyuan_video_15",
-                   "kandinsky5", "kandinsky5_image", "ltxv", "newbie", "ace")
 DEVICES = ("default", "cpu")
 
 
 class UNETLoader(Node):
     SCHEMA = NodeSchema(
         node_id="UNETLoader", display_name="Load Diffusion Model", category="advanced/loaders",
-        description="Loads a diffusion model file on its own (e.g. a Flux transformer); the family is read "
-                    "from its tensors. Combine with DualCLIPLoader and VAELoader.",
+        description="Loads a diffusion model file on its own (a transformer or UNet without text encoders "
+                    "and VAE); the family is read from its tensors. Combine with DualCLIPLoader and VAELoader.",
         inputs=(Input("unet_name", COMBO, "The model file in models/diffusion_models (or models/unet).",
                       options=DynamicOptions("diffusion_models")),
                 Input("weight_dtype", COMBO, "Precision to keep the weights in; default follows the device policy.",
@@ -48,8 +47,8 @@ class UNETLoader(Node):
 class DualCLIPLoader(Node):
     SCHEMA = NodeSchema(
         node_id="DualCLIPLoader", display_name="DualCLIPLoader", category="advanced/loaders",
-        description="Loads two text-encoder files as one CLIP for the model family named by type "
-                    "(flux: clip_l + t5xxl, in either order).",
+        description="Loads two text-encoder files as one CLIP for the model family named by type; "
+                    "each file's encoder is recognised from its tensors, so the order does not matter.",
         inputs=(Input("clip_name1", COMBO, "A text encoder in models/text_encoders (or models/clip).",
                       options=DynamicOptions("text_encoders")),
                 Input("clip_name2", COMBO, "The other text encoder.", options=DynamicOptions("text_encoders")),

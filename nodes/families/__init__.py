@@ -18,7 +18,7 @@ from nodes.weights import ModelLoadError, TensorIndex, read_index
 FAMILIES: tuple[type[FamilyAdapter], ...] = (Flux, SDXL, SD2, SD15)  # most specific first
 
 __all__ = ["FAMILIES", "Flux", "SD15", "SD2", "SDXL", "FamilyAdapter", "ModelLoadError", "Part", "TensorIndex",
-           "TextEncoderSpec", "detect_family", "diffusers_family", "family_by_name", "family_for_clip_type", "read_index", "standalone_text_encoder",
+           "TextEncoderSpec", "detect_family", "diffusers_family", "DUAL_CLIP_TYPES", "family_by_name", "family_for_clip_type", "family_nodes", "read_index", "standalone_text_encoder",
            "standalone_vae"]
 
 
@@ -79,6 +79,16 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
 
 
 CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+# DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
+DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_image", "hunyuan_video_15",
+                   "kandinsky5", "kandinsky5_image", "ltxv", "newbie", "ace")
+
+
+def family_nodes() -> list[Any]:
+    """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance...), for the registry."""
+    from nodes.families.flux_nodes import FLUX_NODES
+
+    return list(FLUX_NODES)
 
 
 def family_for_clip_type(clip_type: str) -> FamilyAdapter:

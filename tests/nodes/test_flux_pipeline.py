@@ -25,7 +25,7 @@ from nodes.demo_flux import (
 from nodes.diffusion.noise import prepare_noise
 from nodes.families.components.clip_text import load_tokenizer
 from nodes.families.components.t5_text import load_t5_tokenizer
-from nodes.flux_nodes import EmptySD3LatentImage, FluxGuidance, ModelSamplingFlux
+from nodes.families.flux_nodes import EmptySD3LatentImage, FluxGuidance, ModelSamplingFlux
 from nodes.handles import open_diffusion_model, open_text_encoders
 from nodes.sampling import KSampler
 
