@@ -168,3 +168,43 @@ def test_t5_encode_follows_comfyui_padding_and_weights() -> None:
     empty = model(input_ids=torch.tensor([flux.tokenize(tokenizer, "").ids])).last_hidden_state[0]
     assert torch.allclose(weighted[0, 6], (ref[0, 6] - empty[6]) * 1.5 + empty[6], atol=1e-5)
     assert torch.allclose(weighted[0, 5], ref[0, 5], atol=1e-5)
+
+
+def test_full_size_t5_xxl_key_table_on_meta_device() -> None:
+    """T5 v1.1 XXL (4096 wide, 24 layers, 64 heads, d_ff 10240): config read back from the file
+    layout's shapes, every parameter of transformers' class covered."""
+    from accelerate import init_empty_weights
+    from transformers import T5Config, T5EncoderModel
+
+    from nodes.families.components.t5_text import T5Text
+
+    cfg = T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                   feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False)
+    with init_empty_weights():
+        model = T5EncoderModel(cfg)
+    kind = T5Text()
+    original = {f"text_encoders.t5xxl.transformer.{k}": v for k, v in kind.to_original(model.state_dict(), {}).items()}
+    config = kind.config_from_tensors(index_of(original, "t5xxl_fp16.safetensors"), "text_encoders.t5xxl.transformer.")
+    assert (config["d_model"], config["d_kv"], config["d_ff"], config["num_layers"], config["num_heads"]) == (
+        4096, 64, 10240, 24, 64)
+    back = kind.to_diffusers({k.removeprefix("text_encoders.t5xxl.transformer."): v for k, v in original.items()}, config)
+    assert {k: tuple(v.shape) for k, v in back.items()} == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def test_fp8_transformer_file_loads_and_runs_in_float32(tmp_path: Path) -> None:
+    """A Flux file stored in float8_e4m3fn (as ComfyUI's fp8 files are) builds, and the device move
+    upcasts it to the compute precision."""
+    from safetensors.torch import save_file
+
+    from nodes.handles import open_diffusion_model
+
+    model = tiny_flux()
+    original = FluxTransformer().to_original(model.state_dict(), model.config)
+    save_file({k: v.to(torch.float8_e4m3fn).contiguous() for k, v in original.items()}, str(tmp_path / "fp8.safetensors"))
+    handle = open_diffusion_model(tmp_path / "fp8.safetensors")
+    module = handle.to_device(handle.load(), "cpu", "float32")
+    assert {p.dtype for p in module.parameters()} == {torch.float32}
+    expected = original["double_blocks.0.img_attn.qkv.weight"].to(torch.float8_e4m3fn).float()
+    assert torch.equal(module.state_dict()["transformer_blocks.0.attn.to_q.weight"], expected.chunk(3)[0])
+    cond = FluxTransformer().conditioning([_entry(torch.randn(1, 3, 24), torch.randn(1, 20))], 1, (32, 32))
+    assert torch.isfinite(FluxTransformer().forward(module, torch.randn(1, 16, 4, 4), torch.tensor([0.5]), cond)).all()
