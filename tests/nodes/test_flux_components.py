@@ -119,6 +119,11 @@ def test_full_size_flux_key_table_on_meta_device(guidance: bool) -> None:
     expected = model.state_dict()
     assert back.keys() == expected.keys()
     assert all(back[k].shape == v.shape for k, v in expected.items())
+    # diffusers' own converter (real widths only) agrees with Loom's file layout
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
+
+    theirs = convert_flux_transformer_checkpoint_to_diffusers(dict(original))
+    assert {k: tuple(v.shape) for k, v in theirs.items()} == {k: tuple(v.shape) for k, v in expected.items()}
 
 
 def _entry(embeds: torch.Tensor, pooled: torch.Tensor, guidance: float | None = None) -> Any:
@@ -208,3 +213,60 @@ def test_fp8_transformer_file_loads_and_runs_in_float32(tmp_path: Path) -> None:
     assert torch.equal(module.state_dict()["transformer_blocks.0.attn.to_q.weight"], expected.chunk(3)[0])
     cond = FluxTransformer().conditioning([_entry(torch.randn(1, 3, 24), torch.randn(1, 20))], 1, (32, 32))
     assert torch.isfinite(FluxTransformer().forward(module, torch.randn(1, 16, 4, 4), torch.tensor([0.5]), cond)).all()
+
+
+def tiny_chroma(seed: int = 0) -> Any:
+    from diffusers import ChromaTransformer2DModel
+
+    torch.manual_seed(seed)
+    model = ChromaTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
+                                     attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                     axes_dims_rope=rope_axes(16), approximator_num_channels=16,
+                                     approximator_hidden_dim=32, approximator_layers=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def test_chroma_key_table_round_trips_and_module_equals_diffusers() -> None:
+    from nodes.families.base import Part
+    from nodes.families.build import assign
+
+    model, kind = tiny_chroma(), FluxTransformer(approximator=True)
+    original = kind.to_original(model.state_dict(), model.config)
+    assert "distilled_guidance_layer.layers.1.in_layer.weight" in original
+    assert "distilled_guidance_layer.norms.0.scale" in original and "vector_in.in_layer.weight" not in original
+    config = kind.config_from_tensors(index_of(original), "")
+    assert (config["approximator_num_channels"], config["approximator_hidden_dim"], config["approximator_layers"]) == (
+        16, 32, 2)
+    back = kind.to_diffusers(original, config)
+    assert back.keys() == model.state_dict().keys() and all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    built = assign(Part.make("unet", kind, "", "transformer", config), back, "test")
+    x, text = torch.randn(1, 16, 6, 4), torch.randn(1, 5, 24)
+    from nodes.conditioning import CondEntry
+
+    ours = kind.forward(built, x, torch.tensor([0.4]), kind.conditioning([CondEntry(embeds=text)], 1, (48, 32)))
+    tokens, img_ids = pack(x)
+    ref = model(hidden_states=tokens, encoder_hidden_states=text, timestep=torch.tensor([0.4]), img_ids=img_ids,
+                txt_ids=torch.zeros(5, 3), return_dict=False)[0]
+    assert torch.allclose(ours, unpack(ref, 6, 4), atol=1e-6)
+
+
+def test_full_size_chroma_key_table_agrees_with_diffusers_converter() -> None:
+    """At the real size (3072 wide, 19 + 38 blocks, 5 approximator layers) diffusers' own Chroma
+    converter, run on Loom's file layout (meta tensors), gives back every parameter name and shape."""
+    from accelerate import init_empty_weights
+    from diffusers import ChromaTransformer2DModel
+    from diffusers.loaders.single_file_utils import convert_chroma_transformer_checkpoint_to_diffusers
+
+    with init_empty_weights():
+        model = ChromaTransformer2DModel()
+    kind = FluxTransformer(approximator=True)
+    original = kind.to_original(model.state_dict(), model.config)
+    assert len(original) == 643  # the tensor count of the released Chroma files
+    theirs = convert_chroma_transformer_checkpoint_to_diffusers(dict(original))
+    ours = kind.to_diffusers(original, kind.config_from_tensors(index_of(original, "chroma.safetensors"), ""))
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert {k: tuple(v.shape) for k, v in theirs.items()} == expected
+    assert {k: tuple(v.shape) for k, v in ours.items()} == expected

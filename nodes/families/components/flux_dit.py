@@ -65,6 +65,7 @@ _DOUBLE_QKV = {"img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
 _SINGLE = {"linear2": "proj_out", "modulation.lin": "norm.linear"}
 _SINGLE_NORMS = {"norm.query_norm.scale": "attn.norm_q.weight", "norm.key_norm.scale": "attn.norm_k.weight"}
 _SINGLE_LINEAR1 = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+_APPROXIMATOR = {"in_layer": "linear_1", "out_layer": "linear_2"}  # Chroma's distilled_guidance_layer.layers.N
 
 
 def rope_axes(head_dim: int) -> tuple[int, int, int]:
@@ -79,9 +80,22 @@ def rope_axes(head_dim: int) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class FluxTransformer:
-    """The Flux.1 transformer kind (see the module docstring)."""
+    """The Flux.1 transformer kind (see the module docstring). ``approximator``: Chroma's variant
+    (diffusers' ``ChromaTransformer2DModel``): the same blocks without per-block modulation
+    layers, whose modulation comes from one ``distilled_guidance_layer``; no pooled vector, no
+    guidance input."""
 
-    id: str = "flux_transformer"
+    approximator: bool = False
+
+    @property
+    def id(self) -> str:
+        return "chroma_transformer" if self.approximator else "flux_transformer"
+
+    @property
+    def model_class(self) -> Any:
+        import diffusers
+
+        return diffusers.ChromaTransformer2DModel if self.approximator else diffusers.FluxTransformer2DModel
 
     # --- reading and building -----------------------------------------------------------------
     def config_from_tensors(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
@@ -92,7 +106,7 @@ class FluxTransformer:
         if mlp != 4 * inner or inner % head_dim:
             raise ModelLoadError(f"{index.path}: a Flux transformer with width {inner}, MLP width {mlp} and "
                                  f"{head_dim}-wide heads is not a variant Loom can build (it needs MLP = 4 × width)")
-        return {
+        config = {
             "patch_size": 1,
             "in_channels": in_channels,
             "out_channels": index.shape(f"{prefix}final_layer.linear.weight")[0],
@@ -101,10 +115,14 @@ class FluxTransformer:
             "attention_head_dim": head_dim,
             "num_attention_heads": inner // head_dim,
             "joint_attention_dim": index.shape(f"{prefix}txt_in.weight")[1],
-            "pooled_projection_dim": index.shape(f"{prefix}vector_in.in_layer.weight")[1],
-            "guidance_embeds": index.has(f"{prefix}guidance_in.in_layer.weight"),
             "axes_dims_rope": list(rope_axes(head_dim)),
         }
+        if self.approximator:
+            hidden, channels = index.shape(f"{prefix}distilled_guidance_layer.in_proj.weight")
+            return config | {"approximator_num_channels": channels, "approximator_hidden_dim": hidden,
+                             "approximator_layers": index.count(f"{prefix}distilled_guidance_layer.layers.")}
+        return config | {"pooled_projection_dim": index.shape(f"{prefix}vector_in.in_layer.weight")[1],
+                         "guidance_embeds": index.has(f"{prefix}guidance_in.in_layer.weight")}
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         import torch
@@ -124,6 +142,8 @@ class FluxTransformer:
             elif name.startswith("single_blocks."):
                 _, i, rest = name.split(".", 2)
                 out.update(_single_to_diffusers(f"single_transformer_blocks.{i}.", rest, tensor, inner))
+            elif name.startswith("distilled_guidance_layer."):
+                out[_approximator_name(name, _APPROXIMATOR, "scale", "weight")] = tensor
             else:
                 raise ModelLoadError(f"unexpected tensor {name!r} in a Flux transformer")
         return out
@@ -132,10 +152,13 @@ class FluxTransformer:
         import torch
 
         out: dict[str, Any] = {}
+        back = {v: k for k, v in _APPROXIMATOR.items()}
         for name, tensor in sd.items():
             original = _original_name(name)
             if original is not None:
                 out[original] = tensor
+            elif name.startswith("distilled_guidance_layer."):
+                out[_approximator_name(name, back, "weight", "scale")] = tensor
             elif name.startswith("norm_out.linear."):
                 scale, shift = tensor.chunk(2, dim=0)
                 out[f"final_layer.adaLN_modulation.1.{name.rsplit('.', 1)[1]}"] = torch.cat([shift, scale])
@@ -150,14 +173,10 @@ class FluxTransformer:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from diffusers import FluxTransformer2DModel
-
-        return FluxTransformer2DModel.from_config(dict(config))
+        return self.model_class.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from diffusers import FluxTransformer2DModel
-
-        return FluxTransformer2DModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+        return self.model_class.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
     # --- sampling -----------------------------------------------------------------------------
     def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
@@ -170,6 +189,8 @@ class FluxTransformer:
 
         length = max(e.embeds.shape[1] for e in entries)
         hidden = torch.cat([_pad_tokens(e.embeds, length).expand(batch, -1, -1) for e in entries])
+        if self.approximator:
+            return {"encoder_hidden_states": to(hidden), "txt_ids": to(torch.zeros(length, 3))}
         pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
         guidance = torch.tensor([float(e.extras.get("guidance", DEFAULT_GUIDANCE) or 0.0)
                                  for e in entries for _ in range(batch)])
@@ -184,7 +205,7 @@ class FluxTransformer:
         if options and options.get("patches"):
             raise ConditioningError(f"the Flux transformer cannot run block patches {sorted(options['patches'])}; "
                                     "remove the patch node from the workflow")
-        if not module.config.guidance_embeds:
+        if not getattr(module.config, "guidance_embeds", False):
             kwargs.pop("guidance", None)
         height, width = x_in.shape[-2:]
         x = _pad_to_even(x_in)
@@ -202,6 +223,8 @@ class FluxTransformer:
                 raise ConditioningError(
                     f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this Flux model expects "
                     f"{width} (T5-XXL); load the text encoders with DualCLIPLoader (type flux)")
+            if self.approximator:
+                continue
             if e.pooled is None or e.pooled.shape[-1] != module.config.pooled_projection_dim:
                 raise ConditioningError(
                     f"{name} conditioning has no {module.config.pooled_projection_dim}-wide pooled CLIP-L "
@@ -290,6 +313,17 @@ def _original_name(name: str) -> str | None:
                 if rest_base == dst:
                     return f"{src_block}{i}.{src}.{leaf}"
     return None
+
+
+def _approximator_name(name: str, layers: Mapping[str, str], norm_from: str, norm_to: str) -> str:
+    """Chroma's approximator names: ``layers.N.in_layer`` ⇄ ``layers.N.linear_1``,
+    ``norms.N.scale`` ⇄ ``norms.N.weight`` (``in_proj``/``out_proj`` keep their names)."""
+    parts = name.split(".")
+    if len(parts) == 5 and parts[1] == "layers" and parts[3] in layers:
+        parts[3] = layers[parts[3]]
+    elif len(parts) == 4 and parts[1] == "norms" and parts[3] == norm_from:
+        parts[3] = norm_to
+    return ".".join(parts)
 
 
 def _fuse(sd: Mapping[str, Any], out: dict[str, Any], head: str, parts: Sequence[str], target: str) -> None:
