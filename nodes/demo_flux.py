@@ -14,6 +14,25 @@ DEMO_FLUX_SCHNELL = "loom_demo_flux_schnell.safetensors"
 DEMO_CLIP_L = "loom_demo_clip_l.safetensors"
 DEMO_T5XXL = "loom_demo_t5xxl.safetensors"
 DEMO_FLUX_VAE = "loom_demo_flux_ae.safetensors"
+DEMO_CHROMA = "loom_demo_chroma.safetensors"
+
+
+def demo_chroma_transformer(seed: int = 2) -> Any:
+    """A tiny Chroma transformer (diffusers' ChromaTransformer2DModel) for the demo's T5 width."""
+    import torch
+    from diffusers import ChromaTransformer2DModel
+
+    from nodes.families.components.flux_dit import rope_axes
+
+    torch.manual_seed(seed)
+    model: Any = ChromaTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, axes_dims_rope=rope_axes(16), approximator_num_channels=16, approximator_hidden_dim=32,
+        approximator_layers=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.05)
+    return model.eval()
 
 
 def demo_flux_modules(seed: int = 0, guidance: bool = True) -> dict[str, Any]:
@@ -67,13 +86,21 @@ def flux_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def make_flux_demo(models_dir: Path) -> list[Path]:
-    """Write the Flux demo files under ``models_dir`` (dev and schnell share the encoders and VAE)."""
+    """Write the Flux demo files under ``models_dir`` (dev, schnell and Chroma share the T5 encoder and
+    the VAE; dev and schnell also CLIP-L)."""
     from safetensors.torch import save_file
 
-    folders = {DEMO_FLUX_DEV: "diffusion_models", DEMO_FLUX_SCHNELL: "diffusion_models",
+    from nodes.families.base import Part
+    from nodes.families.build import original_state_dict
+    from nodes.families.components.flux_dit import FluxTransformer
+
+    folders = {DEMO_FLUX_DEV: "diffusion_models", DEMO_FLUX_SCHNELL: "diffusion_models", DEMO_CHROMA: "diffusion_models",
                DEMO_CLIP_L: "text_encoders", DEMO_T5XXL: "text_encoders", DEMO_FLUX_VAE: "vae"}
     files = flux_files(demo_flux_modules(guidance=True))
     files[DEMO_FLUX_SCHNELL] = flux_files(demo_flux_modules(seed=1, guidance=False))[DEMO_FLUX_SCHNELL]
+    chroma = demo_chroma_transformer()
+    files[DEMO_CHROMA] = original_state_dict(Part.make("unet", FluxTransformer(approximator=True), "", "",
+                                                       dict(chroma.config)), chroma)
     written = []
     for name, tensors in files.items():
         path = Path(models_dir) / folders[name] / name

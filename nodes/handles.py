@@ -341,6 +341,9 @@ def open_text_encoders(paths: list[Path], clip_type: str, *, allow_pickle: bool 
         if any(p.name == name for p in parts):
             raise ModelLoadError(f"{path.name} is a second {name} text encoder; {family.title} takes one "
                                  f"of each of {[s.name for s in family.text_encoders]}")
+        if name not in [s.name for s in family.text_encoders]:
+            raise ModelLoadError(f"{Path(path).name} is a {name} text encoder; {family.title} uses "
+                                 f"{[s.name for s in family.text_encoders]}")
         parts.append(family.text_encoder_part(family.spec(name), index, prefix).in_file(Path(path)))
         nbytes += index.nbytes(prefix)
     source = WeightsSource(Path(paths[0]), fingerprint(paths[0]), "single_file", allow_pickle)

@@ -1,4 +1,4 @@
-"""Loader nodes for models kept as separate files (ComfyUI's ``UNETLoader`` and ``DualCLIPLoader``,
+"""Loader nodes for models kept as separate files (ComfyUI's ``UNETLoader``, ``CLIPLoader`` and ``DualCLIPLoader``,
 same names, inputs and outputs): the denoiser alone from ``models/diffusion_models`` (or
 ``models/unet``) and the text encoders from ``models/text_encoders`` (or ``models/clip``). Like
 the other loaders they read file headers only; the family is recognised from the tensors.
@@ -11,7 +11,7 @@ from typing import Any
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import CLIP, COMBO, MODEL, DynamicOptions, Input, NodeSchema, Output
-from nodes.families import DUAL_CLIP_TYPES
+from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
 from nodes.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
 from nodes.loaders import _allow_pickle, _file_fingerprint, _models
 from nodes.weights import ModelLoadError
@@ -44,6 +44,27 @@ class UNETLoader(Node):
         return _file_fingerprint(folders, "diffusion_models", inputs.get("unet_name"))
 
 
+class CLIPLoader(Node):
+    SCHEMA = NodeSchema(
+        node_id="CLIPLoader", display_name="Load CLIP", category="advanced/loaders",
+        description="Loads one text-encoder file as the CLIP of the model family named by type.",
+        inputs=(Input("clip_name", COMBO, "The text encoder in models/text_encoders (or models/clip).",
+                      options=DynamicOptions("text_encoders")),
+                Input("type", COMBO, "The model family the encoder is for.", options=SINGLE_CLIP_TYPES),
+                Input("device", COMBO, "Where to run the encoder.", options=DEVICES, default="default",
+                      optional=True)),
+        outputs=(Output("CLIP", CLIP, "The text encoder that turns prompts into conditioning."),),
+    )
+
+    def run(self, ctx: NodeContext, *, clip_name: str, type: str, device: str = "default") -> tuple[TextEncodersHandle]:
+        path = _models(ctx).resolve("text_encoders", clip_name)
+        return (open_text_encoders([path], type, allow_pickle=_allow_pickle(ctx)),)
+
+    @classmethod
+    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
+        return _file_fingerprint(folders, "text_encoders", inputs.get("clip_name"))
+
+
 class DualCLIPLoader(Node):
     SCHEMA = NodeSchema(
         node_id="DualCLIPLoader", display_name="DualCLIPLoader", category="advanced/loaders",
@@ -69,4 +90,4 @@ class DualCLIPLoader(Node):
         return [_file_fingerprint(folders, "text_encoders", inputs.get(k)) for k in ("clip_name1", "clip_name2")]
 
 
-COMPONENT_LOADER_NODES: list[type[Node]] = [UNETLoader, DualCLIPLoader]
+COMPONENT_LOADER_NODES: list[type[Node]] = [UNETLoader, CLIPLoader, DualCLIPLoader]

@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
-from nodes.families.flux import Flux
+from nodes.families.flux import Chroma, Flux
 from nodes.families.keys import looks_like_diffusers_vae
 from nodes.families.sd2 import SD2
 from nodes.families.sd15 import SD15
 from nodes.families.sdxl import SDXL
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Flux, SDXL, SD2, SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, SDXL, SD2, SD15)  # most specific first
 
 __all__ = ["FAMILIES", "Flux", "SD15", "SD2", "SDXL", "FamilyAdapter", "ModelLoadError", "Part", "TensorIndex",
-           "TextEncoderSpec", "detect_family", "diffusers_family", "DUAL_CLIP_TYPES", "family_by_name", "family_for_clip_type", "family_nodes", "read_index", "standalone_text_encoder",
+           "TextEncoderSpec", "detect_family", "diffusers_family", "DUAL_CLIP_TYPES", "SINGLE_CLIP_TYPES", "Chroma", "family_by_name", "family_for_clip_type", "family_nodes", "read_index", "standalone_text_encoder",
            "standalone_vae"]
 
 
@@ -71,15 +71,19 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     for name, prefix, marker in TEXT_ENCODER_FILES:
         if index.has(marker):
             return name, prefix
-    if Flux.detect(index):
+    if Flux.detect(index) or Chroma.detect(index):
         raise ModelLoadError(f"{index.path}: this is a Flux transformer, not a text encoder; put it in "
                              "models/diffusion_models and load it with UNETLoader")
     raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L or T5-XXL): "
                          f"{describe_unknown(index)}")
 
 
-CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma}  # ComfyUI's CLIPLoader/DualCLIPLoader types
 # DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
+# CLIPLoader's ``type`` options, as ComfyUI lists them
+SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
+                     "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image", "flux2",
+                     "ovis")
 DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_image", "hunyuan_video_15",
                    "kandinsky5", "kandinsky5_image", "ltxv", "newbie", "ace")
 

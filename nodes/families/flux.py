@@ -80,8 +80,8 @@ class FluxPrompt:
             else:
                 _, pooled = enc.kind.encode(enc.module, enc.tokenizer, clip_l, -1, final_norm=True, pooled=True)
         if embeds is None:
-            raise ModelLoadError("Flux needs the T5-XXL text encoder; load clip_l and t5xxl with DualCLIPLoader "
-                                 "(type flux)")
+            raise ModelLoadError("this model needs the T5-XXL text encoder; load it with DualCLIPLoader (type flux) "
+                                 "or CLIPLoader (type chroma)")
         return embeds, pooled
 
 
@@ -98,7 +98,8 @@ class Flux(FamilyAdapter):
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:
-        return transformer_prefix(index) is not None
+        prefix = transformer_prefix(index)
+        return prefix is not None and not index.has(f"{prefix}distilled_guidance_layer.in_proj.weight")
 
     @classmethod
     def detect_diffusers(cls, model_index: Any, unet: Any) -> bool:
@@ -153,3 +154,30 @@ class Flux(FamilyAdapter):
                 "(type flux) and the VAE (ae.safetensors) with VAELoader")
         clips = tuple(self.text_encoder_part(s, index, s.prefix) for s in self.text_encoders)
         return {"unet": (self.denoiser_part(index),), "clip": clips, "vae": (self.vae_part(index, vae_prefix),)}
+
+
+@dataclass(frozen=True)
+class Chroma(Flux):
+    """Chroma (Flux.1-schnell derived): the Flux blocks with one modulation approximator
+    (``distilled_guidance_layer``) instead of per-block modulation, T5-XXL only (no CLIP-L, no
+    pooled vector; ComfyUI does not pad its T5 tokens: min_length 1), real CFG with a negative
+    prompt, ModelSamplingFlux with mu 1.15, the Flux VAE.
+
+    Test-size note: ComfyUI always builds 344 modulation rows and takes the final layer's from the
+    last two; diffusers (and so Loom) builds 3·single + 12·double + 2. They agree at the real depth
+    (19 + 38 blocks), not for reduced-depth test models."""
+
+    name: ClassVar[str] = "chroma"
+    title: ClassVar[str] = "Chroma"
+    pipeline_class: ClassVar[str] = "ChromaPipeline"
+    denoiser: ClassVar[FluxTransformer] = FluxTransformer(approximator=True)  # type: ignore[assignment]
+    text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (T5XXL,)
+    t5: ClassVar[T5Text] = T5Text(min_length=1)
+
+    @classmethod
+    def detect(cls, index: TensorIndex) -> bool:
+        prefix = transformer_prefix(index)
+        return prefix is not None and index.has(f"{prefix}distilled_guidance_layer.in_proj.weight")
+
+    def prediction_type(self, index: TensorIndex) -> str:
+        return "flux"

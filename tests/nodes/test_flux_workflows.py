@@ -31,7 +31,7 @@ def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("name", ["flux_dev", "flux_schnell"])
+@pytest.mark.parametrize("name", ["flux_dev", "flux_schnell", "chroma"])
 def test_flux_workflow_runs(name: str, demo_models: Path, tmp_path: Path) -> None:
     prompt = json.loads((WORKFLOWS / f"{name}.api.json").read_text())
     result = run(make_executor(demo_models, tmp_path), prompt)

@@ -187,8 +187,11 @@ class FluxTransformer:
         def to(t: Tensor) -> Tensor:
             return t if like is None else t.to(like)
 
-        length = max(e.embeds.shape[1] for e in entries)
-        hidden = torch.cat([_pad_tokens(e.embeds, length).expand(batch, -1, -1) for e in entries])
+        from nodes.families.components.unet import lcm_repeat
+
+        embeds = lcm_repeat([e.embeds for e in entries])  # ComfyUI's rule for mixed lengths, as for UNets
+        length = embeds[0].shape[1]
+        hidden = torch.cat([e.expand(batch, -1, -1) for e in embeds])
         if self.approximator:
             return {"encoder_hidden_states": to(hidden), "txt_ids": to(torch.zeros(length, 3))}
         pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
@@ -256,12 +259,6 @@ def _pad_to_even(x: Tensor) -> Tensor:
 
     pad_h, pad_w = x.shape[-2] % 2, x.shape[-1] % 2
     return F.pad(x, (0, pad_w, 0, pad_h), mode="circular") if pad_h or pad_w else x
-
-
-def _pad_tokens(embeds: Tensor, length: int) -> Tensor:
-    import torch.nn.functional as F
-
-    return F.pad(embeds, (0, 0, 0, length - embeds.shape[1])) if embeds.shape[1] < length else embeds
 
 
 def _pooled(entry: CondEntry) -> Tensor:
