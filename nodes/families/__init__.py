@@ -17,9 +17,10 @@ from nodes.weights import ModelLoadError, TensorIndex, read_index
 
 FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, SDXL, SD2, SD15)  # most specific first
 
-__all__ = ["FAMILIES", "Flux", "SD15", "SD2", "SDXL", "FamilyAdapter", "ModelLoadError", "Part", "TensorIndex",
-           "TextEncoderSpec", "detect_family", "diffusers_family", "DUAL_CLIP_TYPES", "SINGLE_CLIP_TYPES", "Chroma", "family_by_name", "family_for_clip_type", "family_nodes", "read_index", "standalone_text_encoder",
-           "standalone_vae"]
+__all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux",
+           "ModelLoadError", "Part", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
+           "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
+           "standalone_text_encoder", "standalone_vae"]
 
 
 def detect_family(index: TensorIndex) -> FamilyAdapter:
@@ -100,3 +101,9 @@ def family_for_clip_type(clip_type: str) -> FamilyAdapter:
     if clip_type not in CLIP_TYPES:
         raise ModelLoadError(f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}")
     return CLIP_TYPES[clip_type]()
+
+
+def describe_context_dim(width: int) -> str:
+    """Which family's released models have text width ``width`` (for messages)."""
+    titles = [c.title for c in FAMILIES if c.context_dim == width]
+    return " or ".join(sorted(titles)) if titles else f"a model of cross-attention width {width}"

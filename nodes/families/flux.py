@@ -94,6 +94,7 @@ class Flux(FamilyAdapter):
     denoiser: ClassVar[FluxTransformer] = FluxTransformer()  # type: ignore[assignment]
     prompt: ClassVar[FluxPrompt] = FluxPrompt()  # type: ignore[assignment]
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (CLIP_L, T5XXL)
+    context_dim: ClassVar[int] = 4096  # T5-XXL
     t5: ClassVar[T5Text] = T5Text(min_length=256)
 
     @classmethod
