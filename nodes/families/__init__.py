@@ -56,7 +56,9 @@ def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
                                    and index.has(f"{prefix}decoder.conv_out.weight")):
         raise ModelLoadError(f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
     cfg = family.vae.config_from_tensors(index, prefix, family.latent_format.scale_factor, 512)
-    return family, Part.make("vae", family.vae, prefix, "vae", cfg)
+    # the latent space it belongs to, by its latent channels (the 16-channel KL VAE is Flux's ae.safetensors)
+    by_channels = [cls() for cls in (SD15, Flux) if cls.latent_format.channels == cfg.get("latent_channels")]
+    return (by_channels[0] if by_channels else family), Part.make("vae", family.vae, prefix, "vae", cfg)
 
 
 TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that marks it)

@@ -18,6 +18,7 @@ from nodes.demo_flux import (
     DEMO_CLIP_L,
     DEMO_FLUX_DEV,
     DEMO_FLUX_SCHNELL,
+    DEMO_FLUX_VAE,
     DEMO_T5XXL,
     demo_flux_modules,
     flux_files,
@@ -78,6 +79,16 @@ def test_flux_dev_txt2img_matches_flux_pipeline(flux_dir: Any, make_ctx: Any) ->
     mine = model.latent_format.process_in(out["samples"])
     assert (mine - ref).abs().max() < 1e-4
     assert (mine - noise).abs().max() > 0.1  # the model moved the latent
+
+    # decoding: VAEDecode on the 16-channel VAE file equals the pipeline's image (shift and scale undone)
+    from nodes.handles import open_vae
+    from nodes.latent import VAEDecode
+
+    image = VAEDecode().run(ctx, samples=out, vae=open_vae(root / DEMO_FLUX_VAE))[0]
+    ref_image = pipe(prompt_embeds=cond[0].embeds, pooled_prompt_embeds=cond[0].pooled, height=SIZE, width=SIZE,
+                     num_inference_steps=STEPS, guidance_scale=4.0, latents=packed, output_type="pt").images
+    assert image.shape == (1, SIZE, SIZE, 3)
+    assert (image - ref_image.permute(0, 2, 3, 1)).abs().max() < 1e-4
 
 
 def test_flux_schnell_sigmas_are_plain_flow_and_sampling_runs(flux_dir: Any, make_ctx: Any) -> None:

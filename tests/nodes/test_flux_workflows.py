@@ -100,3 +100,15 @@ def test_sd_vae_with_flux_is_refused(demo_models: Path, tmp_path: Path) -> None:
     result = run(make_executor(demo_models, tmp_path / "work"), prompt)
     assert result.status != "success" and result.error["node_id"] == "8"
     assert "4-channel" in result.error["exception_message"] and "ae.safetensors" in result.error["exception_message"]
+
+
+def test_flux_vae_file_belongs_to_the_flux_latent_space(demo_models: Path, tmp_path: Path) -> None:
+    """VAEDecodeTiled checks the latent space: a Flux latent decodes with the 16-channel VAE file."""
+    from nodes.handles import open_vae
+
+    assert open_vae(demo_models / "vae" / DEMO_FLUX_VAE).family.latent_format.channels == 16
+    prompt = json.loads((WORKFLOWS / "flux_schnell.api.json").read_text())
+    prompt["8"] = {"class_type": "VAEDecodeTiled", "inputs": {"samples": ["3", 0], "vae": ["10", 0],
+                                                              "tile_size": 512, "overlap": 64}}
+    result = run(make_executor(demo_models, tmp_path), prompt)
+    assert result.status == "success", (result.node_errors, result.error)
