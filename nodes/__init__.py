@@ -17,12 +17,14 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.clip_vision import CLIP_VISION_NODES
     from nodes.conditioning import CONDITIONING_NODES
     from nodes.conditioning_ops import CONDITIONING_OPS_NODES
+    from nodes.families import family_nodes
     from nodes.image import IMAGE_NODES, register_image_options
     from nodes.image_nodes import register_everyday_image
     from nodes.ipadapter import IPADAPTER_NODES
     from nodes.latent import LATENT_NODES
     from nodes.latent_batch import register_everyday
     from nodes.loaders import LOADER_NODES, register_model_options
+    from nodes.loaders_components import COMPONENT_LOADER_NODES
     from nodes.model_merge import MERGE_NODES
     from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
     from nodes.model_save import SAVE_NODES
@@ -41,7 +43,8 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
               CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES,
-              PREPROCESSOR_NODES, CONDITIONING_OPS_NODES, MERGE_NODES, SAVE_NODES)
+              PREPROCESSOR_NODES, CONDITIONING_OPS_NODES, MERGE_NODES, SAVE_NODES, COMPONENT_LOADER_NODES,
+              family_nodes())
     for group in groups:
         registry.register_all(group, origin="core")
     register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py

@@ -94,14 +94,16 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     import torch
     from safetensors.torch import save_file
 
+    from nodes.demo_flux import DEMO_FLUX_DEV, make_flux_demo
     from nodes.families import SD15, SDXL
     from nodes.families.build import ldm_state_dict
 
     models_dir = Path(models_dir)
+    flux = [] if (models_dir / "diffusion_models" / DEMO_FLUX_DEV).is_file() else make_flux_demo(models_dir)
     paths = [models_dir / "checkpoints" / DEMO_CHECKPOINT, models_dir / "vae" / DEMO_VAE,
              models_dir / "loras" / DEMO_LORA, models_dir / "checkpoints" / DEMO_SDXL]
     if all(p.is_file() for p in paths):
-        return paths
+        return paths + flux
     modules = demo_modules()
     full = ldm_state_dict(SD15(), modules)
     half = {k: v.to(torch.float16).contiguous() for k, v in full.items()}
@@ -114,4 +116,4 @@ def make_demo_models(models_dir: Path) -> list[Path]:
             tmp = path.with_suffix(".tmp")
             save_file(tensors, str(tmp), metadata=meta)
             tmp.replace(path)  # never leave a half-written model behind
-    return paths
+    return paths + flux

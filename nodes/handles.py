@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
 
 from nodes.families import FamilyAdapter, Part
 from nodes.families.base import TextEncoderSpec
@@ -143,7 +143,7 @@ class ComponentHandle(WeightsHandle):
     parts: tuple[Part, ...]
 
     def recipe(self) -> Any:
-        return [[p.name, p.prefix, p.subfolder, p.config_json] for p in self.parts]
+        return [[p.name, p.prefix, p.subfolder, p.config_json, *([p.file_id] if p.file else [])] for p in self.parts]
 
     def build(self) -> Any:
         return self._assemble({p.name: self._build(p) for p in self.parts})
@@ -151,7 +151,7 @@ class ComponentHandle(WeightsHandle):
     def _build(self, part: Part) -> Any:
         if self.source.format == "diffusers":
             return build_from_diffusers(part, self.source.path, allow_pickle=self.source.allow_pickle)
-        index = read_index(self.source.path, allow_pickle=self.source.allow_pickle)
+        index = read_index(Path(part.file or self.source.path), allow_pickle=self.source.allow_pickle)
         return build_from_single_file(part, index)
 
     def _assemble(self, modules: dict[str, Any]) -> Any:
@@ -220,10 +220,13 @@ class TextEncodersHandle(ComponentHandle):
     dropped_layers: tuple[tuple[str, int], ...] = field(default=())  # diffusers folders may drop one
 
     def _assemble(self, modules: dict[str, Any]) -> Any:
-        from nodes.families.components.clip_text import TextEncoders, load_tokenizer
+        from nodes.families.components import TextEncoderKind
+        from nodes.families.components.clip_text import TextEncoders
 
         # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.
-        return TextEncoders(modules, {s.name: load_tokenizer(s.tokenizer) for s in self.specs()})
+        # Each part's kind loads its own (CLIP BPE, T5 SentencePiece...).
+        return TextEncoders(modules, {p.name: cast(TextEncoderKind, p.kind).load_tokenizer(self.family.spec(p.name).tokenizer)
+                                      for p in self.parts})
 
     def specs(self) -> tuple[TextEncoderSpec, ...]:
         return self.family.text_encoders
@@ -313,3 +316,38 @@ def open_vae(path: Path, *, allow_pickle: bool = False) -> VaeHandle:
     family, part = standalone_vae(index)
     source = WeightsSource(Path(path), fingerprint(path), "single_file", allow_pickle)
     return VaeHandle(source=source, family=family, parts=(part,), nbytes=index.nbytes(part.prefix))
+
+
+def open_diffusion_model(path: Path, *, allow_pickle: bool = False, dtype: str | None = None) -> DenoiserHandle:
+    """A denoiser-only file (``models/diffusion_models``, UNETLoader): its family reads the part."""
+    from nodes.families import detect_family
+
+    index = read_index(path, allow_pickle=allow_pickle)
+    family = detect_family(index)
+    part = family.denoiser_part(index)
+    source = WeightsSource(Path(path), fingerprint(path), "single_file", allow_pickle)
+    return DenoiserHandle(source=source, family=family, parts=(part,), nbytes=index.nbytes(part.prefix),
+                          prediction=family.prediction_type(index), dtype=dtype)
+
+
+def open_text_encoders(paths: list[Path], clip_type: str, *, allow_pickle: bool = False) -> TextEncodersHandle:
+    """Standalone text-encoder files (``models/text_encoders``; CLIPLoader, DualCLIPLoader) for the
+    family of ComfyUI's ``type``; each file's encoder is recognised from its tensors."""
+    from nodes.families import family_for_clip_type, standalone_text_encoder
+
+    family = family_for_clip_type(clip_type)
+    parts: list[Part] = []
+    nbytes = 0
+    for path in paths:
+        index = read_index(path, allow_pickle=allow_pickle)
+        name, prefix = standalone_text_encoder(index)
+        if any(p.name == name for p in parts):
+            raise ModelLoadError(f"{path.name} is a second {name} text encoder; {family.title} takes one "
+                                 f"of each of {[s.name for s in family.text_encoders]}")
+        if name not in [s.name for s in family.text_encoders]:
+            raise ModelLoadError(f"{Path(path).name} is a {name} text encoder; {family.title} uses "
+                                 f"{[s.name for s in family.text_encoders]}")
+        parts.append(family.text_encoder_part(family.spec(name), index, prefix).in_file(Path(path)))
+        nbytes += index.nbytes(prefix)
+    source = WeightsSource(Path(paths[0]), fingerprint(paths[0]), "single_file", allow_pickle)
+    return TextEncodersHandle(source=source, family=family, parts=tuple(parts), nbytes=nbytes)

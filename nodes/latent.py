@@ -54,6 +54,11 @@ def check_latent_for(latent: dict, family: Any, input_name: str) -> None:
 @torch.no_grad()
 def decode(vae: Any, samples: torch.Tensor) -> torch.Tensor:
     """Raw latents [B, C, h, w] -> IMAGE [B, H, W, 3] in 0..1 (as diffusers' pipelines post-process)."""
+    expected = getattr(getattr(vae, "config", None), "latent_channels", samples.shape[1])
+    if samples.shape[1] != expected:
+        raise LatentError(f"the latents have {samples.shape[1]} channels but this VAE decodes {expected}-channel "
+                          "latents; use the VAE that belongs to the model that made them (a 16-channel model needs "
+                          "its 16-channel VAE, e.g. ae.safetensors)")
     param = next(vae.parameters())
     pixels = vae.decode(samples.to(param), return_dict=False)[0]  # (B, 3, H, W) in -1..1
     return (pixels.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).cpu()

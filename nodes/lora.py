@@ -15,6 +15,7 @@ Strength 0 is no patch at all (the loader returns the input handle unchanged).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,8 @@ _SUFFIXES = (
 # (key prefix, target, text encoder position or -1 for the UNet)
 _PREFIXES = (
     ("lora_unet_", "unet", -1), ("lora_te1_", "clip", 0), ("lora_te2_", "clip", 1), ("lora_te_", "clip", 0),
-    ("unet.", "unet", -1), ("diffusion_model.", "unet", -1), ("text_encoder_2.", "clip", 1),
+    ("unet.", "unet", -1), ("transformer.", "unet", -1), ("diffusion_model.", "unet", -1),
+    ("text_encoder_2.", "clip", 1),
     ("text_encoder.", "clip", 0),
 )
 
@@ -92,15 +94,63 @@ def read_lora(index: TensorIndex) -> list[LoraLayer]:
     return layers
 
 
-def _unet_lookup(unet: Any, part: Part) -> dict[str, Any]:
-    """Flattened diffusers names and original (LDM) names → weight-bearing submodules."""
-    lookup: dict[str, Any] = {}
+@dataclass(frozen=True)
+class Fused:
+    """An original-layout weight that several of the module's weights were split from (Flux's
+    ``img_attn.qkv``, ``linear1``) or that is stored reordered (its final modulation)."""
+
+    key: str  # original name (``double_blocks.0.img_attn.qkv.weight``)
+    shape: tuple[int, ...]
+
+
+def _unet_lookup(unet: Any, part: Part) -> tuple[dict[str, Any], dict[str, Fused]]:
+    """Flattened module names and original-layout names → weight-bearing submodules; and the
+    flattened original names that do not map one-to-one (see :class:`Fused`)."""
+    import torch
+
     names = [(n, m) for n, m in unet.named_modules() if hasattr(m, "weight") and m.weight is not None]
-    ldm = part.kind.to_original({f"{n}.weight": None for n, _ in names}, part.config)
-    for (name, module), ldm_key in zip(names, ldm, strict=True):
-        lookup[name.replace(".", "_")] = module
-        lookup[ldm_key.removesuffix(".weight").replace(".", "_")] = module
-    return lookup
+    lookup: dict[str, Any] = {n.replace(".", "_"): m for n, m in names}
+    meta = {f"{n}.weight": torch.empty(m.weight.shape, device="meta") for n, m in names}
+    original = part.kind.to_original(meta, part.config)
+    if len(original) == len(names):  # a one-to-one table (the UNet): names correspond in order
+        for (_, module), key in zip(names, original, strict=True):
+            lookup[key.removesuffix(".weight").replace(".", "_")] = module
+        return lookup, {}
+    fused: dict[str, Fused] = {}
+    for key, tensor in original.items():
+        flat = key.removesuffix(".weight").replace(".", "_")
+        pieces = part.kind.to_diffusers({key: tensor}, part.config)
+        (piece, value), *rest = pieces.items()
+        if not rest and tuple(value.shape) == tuple(tensor.shape) and piece.removesuffix(".weight") in lookup:
+            lookup[flat] = lookup[piece.removesuffix(".weight").replace(".", "_")]
+        else:
+            fused[flat] = Fused(key, tuple(tensor.shape))
+    return lookup, fused
+
+
+def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength: float) -> None:
+    """Add ``layer``'s change of an original-layout weight to the module weights it was split into."""
+    import torch
+
+    modules = dict(unet.named_modules())
+    delta = _delta(layer)
+    if delta.numel() != math.prod(fused.shape):
+        raise ModelLoadError(f"LoRA layer {layer.name!r} makes a {tuple(delta.shape)} change but the model's "
+                             f"{fused.key} is {fused.shape}; the LoRA is for another model family or size")
+    delta = delta.reshape(fused.shape) * strength
+    for name, piece in part.kind.to_diffusers({fused.key: delta}, part.config).items():
+        weight = modules[name.removesuffix(".weight")].weight
+        with torch.no_grad():
+            weight.copy_((weight.to(torch.float32) + piece).to(weight.dtype))
+
+
+def _delta(layer: LoraLayer) -> Any:
+    import torch
+
+    down = layer.down.to(torch.float32).flatten(1)  # [r, in·k·k]
+    up = layer.up.to(torch.float32).flatten(1)  # [out, r]
+    scale = (layer.alpha / down.shape[0]) if layer.alpha is not None else 1.0
+    return scale * (up @ down)
 
 
 def _clip_lookup(encoder: Any) -> dict[str, Any]:
@@ -112,13 +162,9 @@ def merge(module: Any, delta_source: LoraLayer, strength: float) -> None:
     import torch
 
     weight = module.weight
-    down = delta_source.down.to(torch.float32).flatten(1)  # [r, in·k·k]
-    up = delta_source.up.to(torch.float32).flatten(1)  # [out, r]
-    rank = down.shape[0]
-    scale = (delta_source.alpha / rank) if delta_source.alpha is not None else 1.0
-    delta = (up @ down).reshape(weight.shape)
+    delta = _delta(delta_source).reshape(weight.shape)
     with torch.no_grad():
-        weight.copy_((weight.to(torch.float32) + strength * scale * delta).to(weight.dtype))
+        weight.copy_((weight.to(torch.float32) + strength * delta).to(weight.dtype))
 
 
 @dataclass(frozen=True)
@@ -137,14 +183,20 @@ class LoraPatch:
 
     def apply(self, module: Any, handle: ComponentHandle) -> None:
         layers = [x for x in read_lora(read_index(self.path, allow_pickle=self.allow_pickle)) if x.target == self.target]
+        fused: dict[str, Fused] = {}
         if self.target == "unet":
-            lookups = {-1: _unet_lookup(module, handle.part("unet"))}
+            unet_lookup, fused = _unet_lookup(module, handle.part("unet"))
+            lookups = {-1: unet_lookup}
         else:
             names = [s.name for s in handle.family.text_encoders]
             lookups = {i: _clip_lookup(module[n]) for i, n in enumerate(names) if n in module}
         matched = 0
         for layer in layers:
             target = lookups.get(layer.encoder, {}).get(layer.name)
+            if target is None and layer.name in fused:
+                merge_fused(module, handle.part("unet"), fused[layer.name], layer, self.strength)
+                matched += 1
+                continue
             if target is None:
                 continue
             if layer.up.shape[0] * layer.down[0].numel() != target.weight.numel():

@@ -8,16 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
+from nodes.families.flux import Chroma, Flux
 from nodes.families.keys import looks_like_diffusers_vae
 from nodes.families.sd2 import SD2
 from nodes.families.sd15 import SD15
 from nodes.families.sdxl import SDXL
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (SDXL, SD2, SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, SDXL, SD2, SD15)  # most specific first
 
-__all__ = ["FAMILIES", "SD15", "SD2", "SDXL", "FamilyAdapter", "ModelLoadError", "Part", "TensorIndex",
-           "TextEncoderSpec", "detect_family", "describe_context_dim", "diffusers_family", "family_by_name", "read_index", "standalone_vae"]
+__all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux",
+           "ModelLoadError", "Part", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
+           "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
+           "standalone_text_encoder", "standalone_vae"]
 
 
 def detect_family(index: TensorIndex) -> FamilyAdapter:
@@ -53,7 +56,53 @@ def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
                                    and index.has(f"{prefix}decoder.conv_out.weight")):
         raise ModelLoadError(f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
     cfg = family.vae.config_from_tensors(index, prefix, family.latent_format.scale_factor, 512)
-    return family, Part.make("vae", family.vae, prefix, "vae", cfg)
+    # the latent space it belongs to, by its latent channels (the 16-channel KL VAE is Flux's ae.safetensors)
+    by_channels = [cls() for cls in (SD15, Flux) if cls.latent_format.channels == cfg.get("latent_channels")]
+    return (by_channels[0] if by_channels else family), Part.make("vae", family.vae, prefix, "vae", cfg)
+
+
+TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that marks it)
+    ("t5xxl", "", "encoder.block.0.layer.0.SelfAttention.q.weight"),
+    ("clip_l", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight"),
+    ("clip_l", "", "encoder.layers.0.self_attn.q_proj.weight"),
+)
+
+
+def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
+    """The text encoder a standalone text-encoder file holds (``t5xxl`` | ``clip_l``) and the
+    prefix of its tensors; a teaching error for anything else."""
+    for name, prefix, marker in TEXT_ENCODER_FILES:
+        if index.has(marker):
+            return name, prefix
+    if Flux.detect(index) or Chroma.detect(index):
+        raise ModelLoadError(f"{index.path}: this is a Flux transformer, not a text encoder; put it in "
+                             "models/diffusion_models and load it with UNETLoader")
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L or T5-XXL): "
+                         f"{describe_unknown(index)}")
+
+
+CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+# DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
+# CLIPLoader's ``type`` options, as ComfyUI lists them
+SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
+                     "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image", "flux2",
+                     "ovis")
+DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_image", "hunyuan_video_15",
+                   "kandinsky5", "kandinsky5_image", "ltxv", "newbie", "ace")
+
+
+def family_nodes() -> list[Any]:
+    """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance...), for the registry."""
+    from nodes.families.flux_nodes import FLUX_NODES
+
+    return list(FLUX_NODES)
+
+
+def family_for_clip_type(clip_type: str) -> FamilyAdapter:
+    """The family whose text encoders ComfyUI's loader ``type`` names."""
+    if clip_type not in CLIP_TYPES:
+        raise ModelLoadError(f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}")
+    return CLIP_TYPES[clip_type]()
 
 
 def describe_context_dim(width: int) -> str:

@@ -53,6 +53,8 @@ class Part:
     prefix: str  # key prefix in a single file
     subfolder: str  # subfolder in a diffusers folder
     config_json: str
+    file: str = ""  # the part's own file (DualCLIPLoader's second file); "" = the handle's source
+    file_id: str = ""  # that file's fingerprint (part of the handle key)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -61,6 +63,14 @@ class Part:
     @staticmethod
     def make(name: str, kind: ModuleKind, prefix: str, subfolder: str, config: Mapping[str, Any]) -> Part:
         return Part(name, kind, prefix, subfolder, json.dumps(dict(config), sort_keys=True, default=str))
+
+    def in_file(self, path: Path) -> Part:
+        """This part, read from ``path`` instead of its handle's file."""
+        from dataclasses import replace
+
+        from nodes.weights import fingerprint
+
+        return replace(self, file=str(path), file_id=fingerprint(path))
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,16 @@ class FamilyAdapter(ABC):
         """How many final layers a diffusers folder's text encoder lacks (its hidden states shift)."""
         return 0
 
+    def denoiser_part(self, index: TensorIndex) -> Part:
+        """The denoiser part of a file holding only the denoiser (UNETLoader)."""
+        raise ModelLoadError(f"{index.path}: a {self.title} denoiser-only file cannot be loaded by itself; "
+                             "use the full checkpoint with CheckpointLoaderSimple")
+
+    def text_encoder_part(self, spec: TextEncoderSpec, index: TensorIndex, prefix: str) -> Part:
+        """The part of text encoder ``spec`` whose tensors start at ``prefix`` in ``index``."""
+        kind, cfg = ClipText.from_tensors(index, prefix, spec.layout)
+        return Part.make(spec.name, kind, prefix, spec.subfolder, cfg)
+
     def spec(self, name: str) -> TextEncoderSpec:
         for s in self.text_encoders:
             if s.name == name:
@@ -160,7 +180,8 @@ def describe_unknown(index: TensorIndex) -> str:
     keys = list(index.tensors)
     hints = [
         (("lora_unet_", "lora_te", ".lora_down.", ".lora_A."), "this looks like a LoRA; put it in models/loras and use LoraLoader"),
-        (("double_blocks.", "model.diffusion_model.double_blocks."), "this looks like a FLUX model, which Loom does not support"),
+        (("double_blocks.", "model.diffusion_model.double_blocks."),
+         "this looks like a Flux-style model (double_blocks) of a variant Loom does not know"),
         (("joint_blocks.", "model.diffusion_model.joint_blocks."), "this looks like an SD3 model, which Loom does not support"),
         (("encoder.down.0.block.", "encoder.down_blocks.0."), "this looks like a VAE; put it in models/vae and use VAELoader"),
     ]

@@ -45,4 +45,11 @@ class ModuleKind(Protocol):
         ...
 
 
-__all__ = ["KLVae", "ModuleKind", "UNetDenoiser"]
+class TextEncoderKind(ModuleKind, Protocol):
+    """A text encoder kind also loads its tokenizer from the shipped files (``models/configs``)."""
+
+    def load_tokenizer(self, name: str) -> Any:
+        ...
+
+
+__all__ = ["KLVae", "ModuleKind", "TextEncoderKind", "UNetDenoiser"]

@@ -68,6 +68,10 @@ class ClipText:
         cfg = CLIPTextConfig(**config)
         return CLIPTextModelWithProjection(cfg) if self.projection else CLIPTextModel(cfg)
 
+    def load_tokenizer(self, name: str) -> Any:
+        """The tokenizer of settings folder ``name`` (see :func:`load_tokenizer`)."""
+        return load_tokenizer(name)
+
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
         from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
@@ -80,7 +84,7 @@ class ClipText:
                pooled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``text`` (with ``(word:1.2)`` weights; long prompts in 77-token chunks) through
         ``module``: the hidden state ``layer`` (optionally final-normed), chunks concatenated,
-        (1, 77·n, D); and the pooled, projected output (1, P) if ``pooled``."""
+        (1, 77·n, D); and the pooled (projected, if the model has a projection) output (1, P) if ``pooled``."""
         ids = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}
 
         def tokenize_word(word: str) -> list[int]:
@@ -98,7 +102,9 @@ class ClipText:
             z = pw.apply_weights(hidden[:-1], hidden[-1], chunks)
         else:
             z = hidden.reshape(1, -1, hidden.shape[-1])  # chunks concatenated: (1, 77 * n, D)
-        return z, (out.text_embeds[0:1] if pooled else None)
+        # pooled: the projected EOS state, or without a projection (Flux's CLIP-L) the final-normed EOS state
+        pooled_out = out.text_embeds if self.projection else out.pooler_output
+        return z, (pooled_out[0:1] if pooled else None)
 
 
 def _final_norm(module: Any) -> Any:

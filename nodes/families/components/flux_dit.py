@@ -1,0 +1,332 @@
+"""The Flux.1 transformer kind (diffusers' ``FluxTransformer2DModel``): config from the tensors, the
+key table both ways between Black Forest Labs' single-file layout (``double_blocks.N``,
+``single_blocks.N``, ``img_in``...; the layout of ComfyUI's ``diffusion_models`` files, which
+ComfyUI's all-in-one checkpoints nest under ``model.diffusion_model.``) and diffusers' names, the
+build, and how the sampler calls it.
+
+The table is shape-generic (fused projections are split by the widths read from the tensors), so it
+serves tiny test models and the real 3072-wide ones alike. Facts it follows:
+
+- ``img_attn.qkv`` / ``txt_attn.qkv`` are q, k, v stacked along the output axis;
+  ``single_blocks.N.linear1`` is q, k, v and the MLP input stacked (widths H, H, H, 4H).
+- The final layer's modulation is (shift, scale) in the file and (scale, shift) in diffusers.
+- Calling convention (ComfyUI's ``comfy/ldm/flux``): the 16-channel latent is packed into 2×2
+  patches (64 channels per token, channel-major), image token ids are ``(0, row, col)``, text ids
+  zeros, the timestep IS sigma (the model multiplies by 1000 inside, as does diffusers), and
+  guidance-distilled models (dev) take the guidance value as a second embedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nodes.hooks import ConditioningError
+from nodes.weights import ModelLoadError, TensorIndex
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from nodes.conditioning import CondEntry
+
+DEFAULT_GUIDANCE = 3.5  # ComfyUI's value for a guidance-distilled Flux when no FluxGuidance is set
+
+_EMBEDDERS = {  # file name -> diffusers name (both have .weight and .bias)
+    "img_in": "x_embedder",
+    "txt_in": "context_embedder",
+    "time_in.in_layer": "time_text_embed.timestep_embedder.linear_1",
+    "time_in.out_layer": "time_text_embed.timestep_embedder.linear_2",
+    "vector_in.in_layer": "time_text_embed.text_embedder.linear_1",
+    "vector_in.out_layer": "time_text_embed.text_embedder.linear_2",
+    "guidance_in.in_layer": "time_text_embed.guidance_embedder.linear_1",
+    "guidance_in.out_layer": "time_text_embed.guidance_embedder.linear_2",
+    "final_layer.linear": "proj_out",
+}
+_DOUBLE = {  # inside double_blocks.N -> inside transformer_blocks.N (weight and bias)
+    "img_mod.lin": "norm1.linear",
+    "txt_mod.lin": "norm1_context.linear",
+    "img_attn.proj": "attn.to_out.0",
+    "txt_attn.proj": "attn.to_add_out",
+    "img_mlp.0": "ff.net.0.proj",
+    "img_mlp.2": "ff.net.2",
+    "txt_mlp.0": "ff_context.net.0.proj",
+    "txt_mlp.2": "ff_context.net.2",
+}
+_DOUBLE_NORMS = {
+    "img_attn.norm.query_norm.scale": "attn.norm_q.weight",
+    "img_attn.norm.key_norm.scale": "attn.norm_k.weight",
+    "txt_attn.norm.query_norm.scale": "attn.norm_added_q.weight",
+    "txt_attn.norm.key_norm.scale": "attn.norm_added_k.weight",
+}
+_DOUBLE_QKV = {"img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
+               "txt_attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj")}
+_SINGLE = {"linear2": "proj_out", "modulation.lin": "norm.linear"}
+_SINGLE_NORMS = {"norm.query_norm.scale": "attn.norm_q.weight", "norm.key_norm.scale": "attn.norm_k.weight"}
+_SINGLE_LINEAR1 = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+_APPROXIMATOR = {"in_layer": "linear_1", "out_layer": "linear_2"}  # Chroma's distilled_guidance_layer.layers.N
+
+
+def rope_axes(head_dim: int) -> tuple[int, int, int]:
+    """The rotary split of a head over (index, row, col): Flux's (16, 56, 56) for 128-wide heads,
+    the same proportions (even widths) for other widths (test models)."""
+    if head_dim == 128:
+        return (16, 56, 56)
+    first = max(2, head_dim // 8 // 2 * 2)
+    second = (head_dim - first) // 2 // 2 * 2
+    return (first, second, head_dim - first - second)
+
+
+@dataclass(frozen=True)
+class FluxTransformer:
+    """The Flux.1 transformer kind (see the module docstring). ``approximator``: Chroma's variant
+    (diffusers' ``ChromaTransformer2DModel``): the same blocks without per-block modulation
+    layers, whose modulation comes from one ``distilled_guidance_layer``; no pooled vector, no
+    guidance input."""
+
+    approximator: bool = False
+
+    @property
+    def id(self) -> str:
+        return "chroma_transformer" if self.approximator else "flux_transformer"
+
+    @property
+    def model_class(self) -> Any:
+        import diffusers
+
+        return diffusers.ChromaTransformer2DModel if self.approximator else diffusers.FluxTransformer2DModel
+
+    # --- reading and building -----------------------------------------------------------------
+    def config_from_tensors(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
+        """The ``FluxTransformer2DModel`` config from the shapes under ``prefix``."""
+        inner, in_channels = index.shape(f"{prefix}img_in.weight")
+        head_dim = index.shape(f"{prefix}double_blocks.0.img_attn.norm.query_norm.scale")[0]
+        mlp = index.shape(f"{prefix}double_blocks.0.img_mlp.0.weight")[0]
+        if mlp != 4 * inner or inner % head_dim:
+            raise ModelLoadError(f"{index.path}: a Flux transformer with width {inner}, MLP width {mlp} and "
+                                 f"{head_dim}-wide heads is not a variant Loom can build (it needs MLP = 4 × width)")
+        config = {
+            "patch_size": 1,
+            "in_channels": in_channels,
+            "out_channels": index.shape(f"{prefix}final_layer.linear.weight")[0],
+            "num_layers": index.count(f"{prefix}double_blocks."),
+            "num_single_layers": index.count(f"{prefix}single_blocks."),
+            "attention_head_dim": head_dim,
+            "num_attention_heads": inner // head_dim,
+            "joint_attention_dim": index.shape(f"{prefix}txt_in.weight")[1],
+            "axes_dims_rope": list(rope_axes(head_dim)),
+        }
+        if self.approximator:
+            hidden, channels = index.shape(f"{prefix}distilled_guidance_layer.in_proj.weight")
+            return config | {"approximator_num_channels": channels, "approximator_hidden_dim": hidden,
+                             "approximator_layers": index.count(f"{prefix}distilled_guidance_layer.layers.")}
+        return config | {"pooled_projection_dim": index.shape(f"{prefix}vector_in.in_layer.weight")[1],
+                         "guidance_embeds": index.has(f"{prefix}guidance_in.in_layer.weight")}
+
+    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        import torch
+
+        inner = config["num_attention_heads"] * config["attention_head_dim"]
+        out: dict[str, Any] = {}
+        for name, tensor in sd.items():
+            head, _, leaf = name.rpartition(".")
+            if head in _EMBEDDERS:
+                out[f"{_EMBEDDERS[head]}.{leaf}"] = tensor
+            elif head == "final_layer.adaLN_modulation.1":
+                shift, scale = tensor.chunk(2, dim=0)
+                out[f"norm_out.linear.{leaf}"] = torch.cat([scale, shift])
+            elif name.startswith("double_blocks."):
+                _, i, rest = name.split(".", 2)
+                out.update(_double_to_diffusers(f"transformer_blocks.{i}.", rest, tensor))
+            elif name.startswith("single_blocks."):
+                _, i, rest = name.split(".", 2)
+                out.update(_single_to_diffusers(f"single_transformer_blocks.{i}.", rest, tensor, inner))
+            elif name.startswith("distilled_guidance_layer."):
+                out[_approximator_name(name, _APPROXIMATOR, "scale", "weight")] = tensor
+            else:
+                raise ModelLoadError(f"unexpected tensor {name!r} in a Flux transformer")
+        return out
+
+    def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        import torch
+
+        out: dict[str, Any] = {}
+        back = {v: k for k, v in _APPROXIMATOR.items()}
+        for name, tensor in sd.items():
+            original = _original_name(name)
+            if original is not None:
+                out[original] = tensor
+            elif name.startswith("distilled_guidance_layer."):
+                out[_approximator_name(name, back, "weight", "scale")] = tensor
+            elif name.startswith("norm_out.linear."):
+                scale, shift = tensor.chunk(2, dim=0)
+                out[f"final_layer.adaLN_modulation.1.{name.rsplit('.', 1)[1]}"] = torch.cat([shift, scale])
+        for i in range(config["num_layers"]):
+            for fused, parts in _DOUBLE_QKV.items():
+                _fuse(sd, out, f"transformer_blocks.{i}.", parts, f"double_blocks.{i}.{fused}")
+        for i in range(config["num_single_layers"]):
+            _fuse(sd, out, f"single_transformer_blocks.{i}.", _SINGLE_LINEAR1, f"single_blocks.{i}.linear1")
+        return out
+
+    def module_keys(self, sd: dict[str, Any]) -> dict[str, Any]:
+        return sd
+
+    def empty(self, config: Mapping[str, Any]) -> Any:
+        return self.model_class.from_config(dict(config))
+
+    def from_pretrained(self, path: Path, safetensors: bool) -> Any:
+        return self.model_class.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+
+    # --- sampling -----------------------------------------------------------------------------
+    def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
+                     like: Tensor | None = None) -> dict[str, Any]:
+        """Text tokens, pooled CLIP-L vector, text ids and the guidance value per row."""
+        import torch
+
+        def to(t: Tensor) -> Tensor:
+            return t if like is None else t.to(like)
+
+        from nodes.families.components.unet import lcm_repeat
+
+        embeds = lcm_repeat([e.embeds for e in entries])  # ComfyUI's rule for mixed lengths, as for UNets
+        length = embeds[0].shape[1]
+        hidden = torch.cat([e.expand(batch, -1, -1) for e in embeds])
+        if self.approximator:
+            return {"encoder_hidden_states": to(hidden), "txt_ids": to(torch.zeros(length, 3))}
+        pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
+        guidance = torch.tensor([float(e.extras.get("guidance", DEFAULT_GUIDANCE) or 0.0)
+                                 for e in entries for _ in range(batch)])
+        return {"encoder_hidden_states": to(hidden), "pooled_projections": to(pooled),
+                "txt_ids": to(torch.zeros(length, 3)), "guidance": to(guidance)}
+
+    def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
+        """Pack ``x_in`` (B, 16, H, W) into 2×2 patches, call the transformer at ``timestep`` (= sigma),
+        unpack the output to the latent's shape."""
+        kwargs = dict(cond_kwargs)
+        options = kwargs.pop("transformer_options", None)
+        if options and options.get("patches"):
+            raise ConditioningError(f"the Flux transformer cannot run block patches {sorted(options['patches'])}; "
+                                    "remove the patch node from the workflow")
+        if not getattr(module.config, "guidance_embeds", False):
+            kwargs.pop("guidance", None)
+        height, width = x_in.shape[-2:]
+        x = _pad_to_even(x_in)
+        tokens, img_ids = pack(x)
+        t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
+        out = module(hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False, **kwargs)[0]
+        return unpack(out, x.shape[-2], x.shape[-1])[..., :height, :width]
+
+    def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
+        if not entries:
+            raise ConditioningError(f"{name} conditioning is empty; connect a CLIPTextEncode output")
+        width = module.config.joint_attention_dim
+        for e in entries:
+            if e.embeds.shape[-1] != width:
+                raise ConditioningError(
+                    f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this Flux model expects "
+                    f"{width} (T5-XXL); load the text encoders with DualCLIPLoader (type flux)")
+            if self.approximator:
+                continue
+            if e.pooled is None or e.pooled.shape[-1] != module.config.pooled_projection_dim:
+                raise ConditioningError(
+                    f"{name} conditioning has no {module.config.pooled_projection_dim}-wide pooled CLIP-L "
+                    "vector, which Flux needs; encode with the CLIP of DualCLIPLoader (clip_l + t5xxl, type flux)")
+
+
+def pack(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, C, H, W) → tokens (B, H/2·W/2, 4C) in 2×2 patches (channel, row, col order), and the
+    image ids (H/2·W/2, 3): (0, row, col)."""
+    import torch
+
+    b, c, h, w = x.shape
+    tokens = x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), 4 * c)
+    ids = torch.zeros(h // 2, w // 2, 3)
+    ids[..., 1] = torch.arange(h // 2)[:, None]
+    ids[..., 2] = torch.arange(w // 2)[None, :]
+    return tokens, ids.reshape(-1, 3)
+
+
+def unpack(tokens: Tensor, h: int, w: int) -> Tensor:
+    """The inverse of :func:`pack` for an (even) latent of height ``h`` and width ``w``."""
+    b, _, d = tokens.shape
+    c = d // 4
+    return tokens.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+
+def _pad_to_even(x: Tensor) -> Tensor:
+    import torch.nn.functional as F
+
+    pad_h, pad_w = x.shape[-2] % 2, x.shape[-1] % 2
+    return F.pad(x, (0, pad_w, 0, pad_h), mode="circular") if pad_h or pad_w else x
+
+
+def _pooled(entry: CondEntry) -> Tensor:
+    if entry.pooled is None:
+        raise ConditioningError("a Flux conditioning entry has no pooled CLIP-L vector; encode the prompt "
+                                "with the CLIP of DualCLIPLoader (type flux)")
+    return entry.pooled
+
+
+def _double_to_diffusers(head: str, rest: str, tensor: Any) -> dict[str, Any]:
+    base, _, leaf = rest.rpartition(".")
+    if rest in _DOUBLE_NORMS:
+        return {head + _DOUBLE_NORMS[rest]: tensor}
+    if base in _DOUBLE:
+        return {f"{head}{_DOUBLE[base]}.{leaf}": tensor}
+    if base in _DOUBLE_QKV:
+        return {f"{head}{p}.{leaf}": t for p, t in zip(_DOUBLE_QKV[base], tensor.chunk(3, dim=0), strict=True)}
+    raise ModelLoadError(f"unexpected tensor {rest!r} in a Flux double block")
+
+
+def _single_to_diffusers(head: str, rest: str, tensor: Any, inner: int) -> dict[str, Any]:
+    base, _, leaf = rest.rpartition(".")
+    if rest in _SINGLE_NORMS:
+        return {head + _SINGLE_NORMS[rest]: tensor}
+    if base in _SINGLE:
+        return {f"{head}{_SINGLE[base]}.{leaf}": tensor}
+    if base == "linear1":
+        widths = [inner, inner, inner, tensor.shape[0] - 3 * inner]
+        return {f"{head}{p}.{leaf}": t for p, t in zip(_SINGLE_LINEAR1, tensor.split(widths, dim=0), strict=True)}
+    raise ModelLoadError(f"unexpected tensor {rest!r} in a Flux single block")
+
+
+def _original_name(name: str) -> str | None:
+    """The file name of a one-to-one diffusers tensor (None for split/fused or swapped ones)."""
+    base, _, leaf = name.rpartition(".")
+    for src, dst in _EMBEDDERS.items():
+        if base == dst:
+            return f"{src}.{leaf}"
+    for block, src_block, plain, norms in (
+            ("transformer_blocks.", "double_blocks.", _DOUBLE, _DOUBLE_NORMS),
+            ("single_transformer_blocks.", "single_blocks.", _SINGLE, _SINGLE_NORMS)):
+        if name.startswith(block):
+            i, rest = name[len(block):].split(".", 1)
+            for src, dst in norms.items():
+                if rest == dst:
+                    return f"{src_block}{i}.{src}"
+            rest_base = rest.rpartition(".")[0]
+            for src, dst in plain.items():
+                if rest_base == dst:
+                    return f"{src_block}{i}.{src}.{leaf}"
+    return None
+
+
+def _approximator_name(name: str, layers: Mapping[str, str], norm_from: str, norm_to: str) -> str:
+    """Chroma's approximator names: ``layers.N.in_layer`` ⇄ ``layers.N.linear_1``,
+    ``norms.N.scale`` ⇄ ``norms.N.weight`` (``in_proj``/``out_proj`` keep their names)."""
+    parts = name.split(".")
+    if len(parts) == 5 and parts[1] == "layers" and parts[3] in layers:
+        parts[3] = layers[parts[3]]
+    elif len(parts) == 4 and parts[1] == "norms" and parts[3] == norm_from:
+        parts[3] = norm_to
+    return ".".join(parts)
+
+
+def _fuse(sd: Mapping[str, Any], out: dict[str, Any], head: str, parts: Sequence[str], target: str) -> None:
+    import torch
+
+    for leaf in ("weight", "bias"):
+        names = [f"{head}{p}.{leaf}" for p in parts]
+        if all(n in sd for n in names):
+            out[f"{target}.{leaf}"] = torch.cat([sd[n] for n in names], dim=0)

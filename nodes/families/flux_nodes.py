@@ -1,0 +1,101 @@
+"""ComfyUI's Flux nodes (``comfy_extras/nodes_flux.py``, ``nodes_sd3.py``, ``nodes_model_advanced.py``;
+same names, inputs and semantics): ``CLIPTextEncodeFlux`` (separate CLIP-L and T5-XXL prompts plus the
+guidance value), ``FluxGuidance`` (sets the distilled guidance on a conditioning),
+``EmptySD3LatentImage`` (16-channel empty latents) and ``ModelSamplingFlux`` (the time shift from the
+image size)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from engine.context import NodeContext
+from engine.node import Node
+from engine.schema import CLIP, CONDITIONING, FLOAT, INT, LATENT, MODEL, STRING, Input, NodeSchema, Output
+from nodes.conditioning import CondEntry, Conditioning, text_encoders
+from nodes.latent import MAX_RESOLUTION
+
+_GUIDANCE = Input("guidance", FLOAT, "The distilled guidance strength of Flux dev (ignored by schnell).",
+                  default=3.5, min=0.0, max=100.0, step=0.1)
+_COND_OUT = Output("CONDITIONING", CONDITIONING, "The conditioning, for a sampler or guider.")
+
+
+class FluxEncodeError(ValueError):
+    """A CLIP that cannot encode Flux prompts; the message says which loader to use."""
+
+
+class CLIPTextEncodeFlux(Node):
+    SCHEMA = NodeSchema(
+        node_id="CLIPTextEncodeFlux", display_name="CLIPTextEncodeFlux", category="advanced/conditioning/flux",
+        description="Encode a Flux prompt: clip_l text for the pooled CLIP-L vector, t5xxl text for the T5 tokens, "
+                    "with the distilled guidance value.",
+        inputs=(Input("clip", CLIP, "The Flux text encoders (DualCLIPLoader, type flux)."),
+                Input("clip_l", STRING, "The prompt for CLIP-L.", multiline=True),
+                Input("t5xxl", STRING, "The prompt for T5-XXL.", multiline=True),
+                _GUIDANCE),
+        outputs=(_COND_OUT,),
+    )
+
+    def run(self, ctx: NodeContext, *, clip: Any, clip_l: str, t5xxl: str, guidance: float) -> tuple[Conditioning]:
+        encode_pair = getattr(clip.family.prompt, "encode_pair", None)
+        if encode_pair is None:
+            raise FluxEncodeError(f"CLIPTextEncodeFlux needs Flux text encoders, got the {clip.family.title} CLIP; "
+                                  "load clip_l and t5xxl with DualCLIPLoader (type flux) or use CLIPTextEncode")
+        with text_encoders(ctx, clip) as encoders:
+            embeds, pooled = encode_pair(clip_l, t5xxl, encoders)
+        entry = CondEntry(embeds=embeds.float().cpu(), pooled=None if pooled is None else pooled.float().cpu(),
+                          extras={"guidance": guidance})
+        return ([entry],)
+
+
+class FluxGuidance(Node):
+    SCHEMA = NodeSchema(
+        node_id="FluxGuidance", display_name="FluxGuidance", category="advanced/conditioning/flux",
+        description="Set the distilled guidance value of Flux dev on every entry of a conditioning.",
+        inputs=(Input("conditioning", CONDITIONING, "The conditioning to change."), _GUIDANCE),
+        outputs=(_COND_OUT,),
+    )
+
+    def run(self, ctx: NodeContext, *, conditioning: Conditioning, guidance: float) -> tuple[Conditioning]:
+        return ([replace(e, extras={**e.extras, "guidance": guidance}) for e in conditioning],)
+
+
+class EmptySD3LatentImage(Node):
+    SCHEMA = NodeSchema(
+        node_id="EmptySD3LatentImage", display_name="EmptySD3LatentImage", category="latent/sd3",
+        description="A batch of empty 16-channel latents (Flux, SD3) of a given image size, for txt2img.",
+        inputs=(Input("width", INT, "Image width in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=16),
+                Input("height", INT, "Image height in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=16),
+                Input("batch_size", INT, "Number of images.", default=1, min=1, max=4096)),
+        outputs=(Output("LATENT", LATENT, "Zero latents [batch, 16, height/8, width/8]."),),
+    )
+
+    def run(self, ctx: NodeContext, *, width: int, height: int, batch_size: int) -> tuple[dict]:
+        return ({"samples": torch.zeros(batch_size, 16, height // 8, width // 8)},)
+
+
+class ModelSamplingFlux(Node):
+    SCHEMA = NodeSchema(
+        node_id="ModelSamplingFlux", display_name="ModelSamplingFlux", category="advanced/model",
+        description="Sample with Flux's time shift, its mu interpolated from base_shift (256 tokens) to max_shift "
+                    "(4096 tokens) by the image size.",
+        inputs=(Input("model", MODEL, "The model."),
+                Input("max_shift", FLOAT, "Shift at 4096 image tokens (1024×1024).", default=1.15, min=0.0,
+                      max=100.0, step=0.01),
+                Input("base_shift", FLOAT, "Shift at 256 image tokens (256×256).", default=0.5, min=0.0,
+                      max=100.0, step=0.01),
+                Input("width", INT, "Image width in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=8),
+                Input("height", INT, "Image height in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=8)),
+        outputs=(Output("MODEL", MODEL, "The model with the new sampling."),),
+    )
+
+    def run(self, ctx: NodeContext, *, model: Any, max_shift: float, base_shift: float, width: int,
+            height: int) -> tuple[Any]:
+        from nodes.diffusion.model_sampling import flux, flux_mu
+
+        return (model.with_model_sampling(flux(shift=flux_mu(width, height, base_shift, max_shift))),)
+
+
+FLUX_NODES: list[type[Node]] = [CLIPTextEncodeFlux, FluxGuidance, EmptySD3LatentImage, ModelSamplingFlux]

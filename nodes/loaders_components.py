@@ -1,0 +1,93 @@
+"""Loader nodes for models kept as separate files (ComfyUI's ``UNETLoader``, ``CLIPLoader`` and ``DualCLIPLoader``,
+same names, inputs and outputs): the denoiser alone from ``models/diffusion_models`` (or
+``models/unet``) and the text encoders from ``models/text_encoders`` (or ``models/clip``). Like
+the other loaders they read file headers only; the family is recognised from the tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.context import Folders, NodeContext
+from engine.node import Node
+from engine.schema import CLIP, COMBO, MODEL, DynamicOptions, Input, NodeSchema, Output
+from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
+from nodes.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
+from nodes.loaders import _allow_pickle, _file_fingerprint, _models
+from nodes.weights import ModelLoadError
+
+WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
+DEVICES = ("default", "cpu")
+
+
+class UNETLoader(Node):
+    SCHEMA = NodeSchema(
+        node_id="UNETLoader", display_name="Load Diffusion Model", category="advanced/loaders",
+        description="Loads a diffusion model file on its own (a transformer or UNet without text encoders "
+                    "and VAE); the family is read from its tensors. Combine with DualCLIPLoader and VAELoader.",
+        inputs=(Input("unet_name", COMBO, "The model file in models/diffusion_models (or models/unet).",
+                      options=DynamicOptions("diffusion_models")),
+                Input("weight_dtype", COMBO, "Precision to keep the weights in; default follows the device policy.",
+                      options=WEIGHT_DTYPES, default="default")),
+        outputs=(Output("MODEL", MODEL, "The denoising model and its family."),),
+    )
+
+    def run(self, ctx: NodeContext, *, unet_name: str, weight_dtype: str) -> tuple[DenoiserHandle]:
+        if weight_dtype != "default":
+            raise ModelLoadError(f"weight_dtype {weight_dtype!r} (fp8 weight storage) is not supported yet; "
+                                 "choose 'default' (fp8 files still load, computed in the device's precision)")
+        path = _models(ctx).resolve("diffusion_models", unet_name)
+        return (open_diffusion_model(path, allow_pickle=_allow_pickle(ctx)),)
+
+    @classmethod
+    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
+        return _file_fingerprint(folders, "diffusion_models", inputs.get("unet_name"))
+
+
+class CLIPLoader(Node):
+    SCHEMA = NodeSchema(
+        node_id="CLIPLoader", display_name="Load CLIP", category="advanced/loaders",
+        description="Loads one text-encoder file as the CLIP of the model family named by type.",
+        inputs=(Input("clip_name", COMBO, "The text encoder in models/text_encoders (or models/clip).",
+                      options=DynamicOptions("text_encoders")),
+                Input("type", COMBO, "The model family the encoder is for.", options=SINGLE_CLIP_TYPES),
+                Input("device", COMBO, "Where to run the encoder.", options=DEVICES, default="default",
+                      optional=True)),
+        outputs=(Output("CLIP", CLIP, "The text encoder that turns prompts into conditioning."),),
+    )
+
+    def run(self, ctx: NodeContext, *, clip_name: str, type: str, device: str = "default") -> tuple[TextEncodersHandle]:
+        path = _models(ctx).resolve("text_encoders", clip_name)
+        return (open_text_encoders([path], type, allow_pickle=_allow_pickle(ctx)),)
+
+    @classmethod
+    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
+        return _file_fingerprint(folders, "text_encoders", inputs.get("clip_name"))
+
+
+class DualCLIPLoader(Node):
+    SCHEMA = NodeSchema(
+        node_id="DualCLIPLoader", display_name="DualCLIPLoader", category="advanced/loaders",
+        description="Loads two text-encoder files as one CLIP for the model family named by type; "
+                    "each file's encoder is recognised from its tensors, so the order does not matter.",
+        inputs=(Input("clip_name1", COMBO, "A text encoder in models/text_encoders (or models/clip).",
+                      options=DynamicOptions("text_encoders")),
+                Input("clip_name2", COMBO, "The other text encoder.", options=DynamicOptions("text_encoders")),
+                Input("type", COMBO, "The model family the encoders are for.", options=DUAL_CLIP_TYPES),
+                Input("device", COMBO, "Where to run the encoders.", options=DEVICES, default="default",
+                      optional=True)),
+        outputs=(Output("CLIP", CLIP, "The text encoders that turn prompts into conditioning."),),
+    )
+
+    def run(self, ctx: NodeContext, *, clip_name1: str, clip_name2: str, type: str,
+            device: str = "default") -> tuple[TextEncodersHandle]:
+        models = _models(ctx)
+        paths = [models.resolve("text_encoders", clip_name1), models.resolve("text_encoders", clip_name2)]
+        return (open_text_encoders(paths, type, allow_pickle=_allow_pickle(ctx)),)
+
+    @classmethod
+    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
+        return [_file_fingerprint(folders, "text_encoders", inputs.get(k)) for k in ("clip_name1", "clip_name2")]
+
+
+COMPONENT_LOADER_NODES: list[type[Node]] = [UNETLoader, CLIPLoader, DualCLIPLoader]
