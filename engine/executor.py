@@ -34,7 +34,7 @@ from engine.graph import Prompt, as_link, build_graph, sort_key, topological_ord
 from engine.guard import ImageGuard
 from engine.lists import NodeRun, call_mapped
 from engine.memory import handles_in
-from engine.node import ExecutionBlocker, NodeDef
+from engine.node import ExecutionBlocker, NodeDef, contained
 from engine.registry import NodeRegistry
 from engine.schema import (
     HIDDEN_DYNPROMPT,
@@ -255,7 +255,8 @@ class Executor:
             producers[name] = [source_key, link.output_index]
         constants = plan.constants[node_id]
         try:
-            fingerprint = node_def.fingerprint(self.folders, constants)
+            with contained(_who(node_id, node_def)):
+                fingerprint = node_def.fingerprint(self.folders, constants)
             if isinstance(fingerprint, float) and fingerprint != fingerprint:  # NaN: always changed
                 return nonce()
             parts = {
@@ -329,7 +330,8 @@ class Executor:
         inputs = self._gather(request, plan, node_id, node_def, first_only=True)
         ctx = self._context(request, node_id, plan.kept)
         try:
-            wanted = node_def.check_lazy_status(ctx, inputs)
+            with contained(_who(node_id, node_def)):
+                wanted = node_def.check_lazy_status(ctx, inputs)
         except Exception as exc:
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
         links = self._links(plan.prompt, node_id)
@@ -383,7 +385,8 @@ class Executor:
             return [[blocker] for _ in range(n_out)], None
         ctx = self._context(request, node_id, plan.kept)
         try:
-            run = call_mapped(NodeRun(node_def, ctx, inputs))
+            with contained(_who(node_id, node_def)):
+                run = call_mapped(NodeRun(node_def, ctx, inputs))
         except Interrupted:
             raise
         except Exception as exc:
@@ -476,6 +479,10 @@ def png_info(extra: dict[str, Any] | None, registry: NodeRegistry) -> dict[str, 
     ui = saved_to_ui({"prompt": saved.prompt, "layout": saved.layout, "format": SAVED_FORMAT_NAME,
                       "version": SAVED_VERSION}, registry.object_info())
     return {**extra, "workflow": ui, "loom_workflow": workflow}
+
+
+def _who(node_id: str, node_def: NodeDef) -> str:
+    return f"node {node_id} ({node_def.schema.node_id})"  # _error_event adds the pack
 
 
 def _first_blocker(inputs: Mapping[str, list[Any]]) -> ExecutionBlocker | None:

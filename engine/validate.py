@@ -15,6 +15,7 @@ from typing import Any
 import networkx as nx
 
 from engine.graph import Prompt, as_link, build_graph, find_cycle, sort_key
+from engine.node import contained
 from engine.registry import NodeRegistry
 from engine.schema import ANY, BOOLEAN, COMBO, FLOAT, INT, STRING, WIDGET_TYPES, Input, resolve_options
 
@@ -246,7 +247,8 @@ def check_node_type(class_type: str, registry: NodeRegistry) -> ValidationIssue 
 def check_custom(node_def: Any, constants: Mapping[str, Any]) -> ValidationIssue | None:
     """The node's own validation hook (ComfyUI's VALIDATE_INPUTS) on its constant inputs."""
     try:
-        verdict = node_def.validate_inputs(constants)
+        with contained(f"VALIDATE_INPUTS of {node_def.schema.node_id} (from {node_def.origin})"):
+            verdict = node_def.validate_inputs(constants)
     except Exception as exc:  # a plugin's hook must not crash validation
         return _issue(
             "exception_during_inner_validation",

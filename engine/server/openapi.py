@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.server.common import Handler
+from engine.server.common import Handler, json_response
 
 _OBJ: dict[str, Any] = {"type": "object"}
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -164,4 +164,4 @@ class OpenApiRoutes:
         return [("GET", "/api/v1/openapi.json", self.get)]
 
     async def get(self, request: web.Request) -> web.Response:
-        return web.json_response(self.document)
+        return json_response(self.document)

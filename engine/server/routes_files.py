@@ -19,7 +19,7 @@ from PIL import Image, UnidentifiedImageError
 
 from engine.context import Folders
 from engine.guard import ImageGuard, was_checked
-from engine.server.common import ApiError, Handler, ServerConfig
+from engine.server.common import ApiError, Handler, ServerConfig, json_response
 from engine.server.security import safe_path
 
 PREVIEW_FORMATS = {"webp": ("WEBP", "image/webp"), "jpeg": ("JPEG", "image/jpeg"), "jpg": ("JPEG", "image/jpeg"),
@@ -150,7 +150,7 @@ class FileRoutes:
         if path.is_symlink():
             raise ApiError(403, "path_outside_folder", "refusing to write through a symlink")
         await asyncio.to_thread(path.write_bytes, data)
-        return web.json_response({"name": path.name, "subfolder": subfolder, "type": kind})
+        return json_response({"name": path.name, "subfolder": subfolder, "type": kind})
 
     async def upload_image(self, request: web.Request) -> web.Response:
         fields, data, name = await self._read_upload(request)

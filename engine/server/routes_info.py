@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.registry import NodeRegistry
-from engine.server.common import ApiError, Handler, ServerConfig
+from engine.server.common import ApiError, Handler, ServerConfig, json_response
 from engine.server.security import safe_path
 
 # Folder kinds listed by /models when the model-file finder does not say which it knows.
@@ -100,10 +100,10 @@ class InfoRoutes:
         return [("GET", "/extensions/{pack}/{path:.+}", self.extension_file)]
 
     async def object_info(self, request: web.Request) -> web.Response:
-        return web.json_response(self.registry.object_info())
+        return json_response(self.registry.object_info())
 
     async def object_info_one(self, request: web.Request) -> web.Response:
-        return web.json_response(self.registry.object_info(request.match_info["node_class"]))
+        return json_response(self.registry.object_info(request.match_info["node_class"]))
 
     async def system_stats(self, request: web.Request) -> web.Response:
         ram = ram_figures()
@@ -125,7 +125,7 @@ class InfoRoutes:
             "devices": device_figures(ram),
             "loom": {"memory_manager": memory, **self.config.extra_stats},
         }
-        return web.json_response(body, dumps=_dumps)
+        return json_response(body)
 
     def _kinds(self) -> list[str]:
         kinds = getattr(self.model_files, "kinds", None)
@@ -149,13 +149,13 @@ class InfoRoutes:
             return []
 
     async def model_kinds(self, request: web.Request) -> web.Response:
-        return web.json_response(self._kinds())
+        return json_response(self._kinds())
 
     async def model_list(self, request: web.Request) -> web.Response:
         folder = request.match_info["folder"]
         if folder not in self._kinds():
             raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
-        return web.json_response(self._files(folder))
+        return json_response(self._files(folder))
 
     async def embeddings(self, request: web.Request) -> web.Response:
         names = []
@@ -165,7 +165,7 @@ class InfoRoutes:
                     name = name[: -len(suffix)]
                     break
             names.append(name)
-        return web.json_response(names)
+        return json_response(names)
 
     async def extension_list(self, request: web.Request) -> web.Response:
         urls = []
@@ -174,7 +174,7 @@ class InfoRoutes:
                 for path in sorted(folder.rglob("*.js")):
                     if path.is_file() and not path.is_symlink():
                         urls.append(f"/extensions/{pack}/{path.relative_to(folder).as_posix()}")
-        return web.json_response(urls)
+        return json_response(urls)
 
     async def extension_file(self, request: web.Request) -> web.StreamResponse:
         folder = self.extensions.get(request.match_info["pack"])
@@ -186,11 +186,6 @@ class InfoRoutes:
         return web.FileResponse(path)
 
     async def features(self, request: web.Request) -> web.Response:
-        return web.json_response({"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes,
+        return json_response({"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes,
                                   "loom_jobs_api": "/api/v1/jobs"})
 
-
-def _dumps(value: Any) -> str:
-    import json
-
-    return json.dumps(value, default=str)

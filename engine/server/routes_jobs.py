@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 import mimetypes
 from collections.abc import Callable, Mapping
@@ -29,7 +28,7 @@ from engine import events as ev
 from engine.context import KeptImages
 from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
 from engine.jobtypes import RETURN_KEY, RETURN_MODES
-from engine.server.common import ApiError, Handler, ServerConfig, read_json, read_object
+from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
 from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
 from engine.server.security import is_loopback
 from engine.workflow import LoadedWorkflow, WorkflowFormatError, load_workflow
@@ -133,7 +132,7 @@ class JobRoutes:
         if source is None:
             raise ApiError(400, "missing_workflow", "send {\"workflow\": <API, saved or UI-format workflow>, "
                            "\"client_id\"?, \"webhook\"?, \"front\"?, \"outputs\"?}")
-        loaded = convert_any(source, self.object_info())
+        loaded = await asyncio.to_thread(self._convert, source)  # large workflows: off the loop
         webhook = self._check_webhook(body.get("webhook"))
         extra: dict[str, Any] = {}
         returned = body.get("return", "files")
@@ -153,7 +152,7 @@ class JobRoutes:
         except _BadPrompt as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         try:
-            spec, validation = submit_prompt(self.queue, self.validate, req, webhook=webhook)
+            spec, validation = await asyncio.to_thread(submit_prompt, self.queue, self.validate, req, webhook=webhook)
         except ApiError:
             raise
         except Exception as exc:
@@ -163,7 +162,7 @@ class JobRoutes:
             raise ApiError(400, "invalid_workflow", error.get("message", "invalid workflow"),
                            details=error.get("details", ""), node_errors=validation.node_errors_json())
         view = self.queue.get(spec.prompt_id) or JobView(spec, "queued")
-        response = web.json_response(job_resource(view), status=201, dumps=_dumps)
+        response = json_response(job_resource(view), status=201)
         response.headers["Location"] = f"/api/v1/jobs/{spec.prompt_id}"
         return response
 
@@ -171,7 +170,7 @@ class JobRoutes:
         views = [JobView(s, "running") for s in self.queue.running()]
         views += [JobView(s, "queued") for s in self.queue.pending()]
         views += [JobView(r.spec, r.status, record=r) for r in reversed(self.queue.history(50))]
-        return web.json_response({"jobs": [job_resource(v) for v in views]}, dumps=_dumps)
+        return json_response({"jobs": [job_resource(v) for v in views]})
 
     def _view(self, request: web.Request) -> JobView:
         job_id = request.match_info["job_id"]
@@ -185,7 +184,7 @@ class JobRoutes:
         embed = request.query.get("images")
         if embed not in (None, "base64"):
             raise ApiError(400, "invalid_request", f"images must be 'base64' (or left out), got {embed!r}")
-        return web.json_response(self._resource(view, embed=embed == "base64"), dumps=_dumps)
+        return json_response(self._resource(view, embed=embed == "base64"))
 
     async def image(self, request: web.Request) -> web.Response:
         """Output ``n`` of a finished job: its bytes from memory, else a redirect to its file."""
@@ -223,7 +222,7 @@ class JobRoutes:
         if view.status in FINAL:
             raise ApiError(409, "job_finished", f"job {view.spec.prompt_id!r} already {view.status}")
         self.queue.cancel(view.spec.prompt_id)
-        return web.json_response(job_resource(self.queue.get(view.spec.prompt_id) or view), status=202, dumps=_dumps)
+        return json_response(job_resource(self.queue.get(view.spec.prompt_id) or view), status=202)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         job_id = request.match_info["job_id"]
@@ -257,8 +256,11 @@ class JobRoutes:
 
     async def convert(self, request: web.Request) -> web.Response:
         data = await read_json(request)
-        loaded = convert_any(data, self.object_info())
-        return web.json_response({"prompt": loaded.prompt, "source_format": loaded.source_format})
+        loaded = await asyncio.to_thread(self._convert, data)
+        return json_response({"prompt": loaded.prompt, "source_format": loaded.source_format})
+
+    def _convert(self, data: Any) -> LoadedWorkflow:
+        return convert_any(data, self.object_info())
 
     # --- events and webhooks (on the event loop) -----------------------------------------------------------
     def __call__(self, notice: Notice) -> None:
@@ -289,7 +291,7 @@ class JobRoutes:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         try:
-            async with self._session.post(url, data=_dumps(payload),
+            async with self._session.post(url, data=dumps(payload),
                                           headers={"Content-Type": "application/json"}) as response:
                 if response.status >= 400:
                     log.warning("webhook %s answered %d for job %s", url, response.status, payload["id"])
@@ -307,8 +309,5 @@ class JobRoutes:
 
 
 async def _send(response: web.StreamResponse, event: str, data: Any) -> None:
-    await response.write(f"event: {event}\ndata: {_dumps(data)}\n\n".encode())
+    await response.write(f"event: {event}\ndata: {dumps(data)}\n\n".encode())
 
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, default=str)

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.jobs import JobEvent, Notice
-from engine.server.common import Handler
+from engine.server.common import Handler, json_response
 from engine.server.ws import WsHub
 
 log = logging.getLogger("loom.server.plugins")
@@ -29,8 +29,8 @@ class PluginRoutes:
 
     async def plugins(self, request: web.Request) -> web.Response:
         if self.report is None:
-            return web.json_response({"enabled": False, "packs": []})
-        return web.json_response({"enabled": True, **self.report.to_json()})
+            return json_response({"enabled": False, "packs": []})
+        return json_response({"enabled": True, **self.report.to_json()})
 
 
 class PluginBridge:

@@ -24,7 +24,16 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from engine.server.common import LOOPBACK_HOSTS, ApiError, Handler, ServerConfig, json_error
+from engine.jobstore import StorageError
+from engine.server.common import (
+    LOOPBACK_HOSTS,
+    ApiError,
+    Handler,
+    ServerConfig,
+    json_error,
+    json_response,
+    storage_error,
+)
 
 log = logging.getLogger("loom.server")
 TOKEN_COOKIE = "loom_token"
@@ -113,7 +122,10 @@ class Guard:
                 return json_error(response.status, kind, response.reason or kind, path=request.path)
             return response
         except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+            return json_response(exc.body(), status=exc.status)
+        except StorageError as exc:  # the job database cannot be written (a full disk): not the client's fault
+            error = storage_error(exc)
+            return json_response(error.body(), status=error.status)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
