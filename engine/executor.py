@@ -43,6 +43,7 @@ from engine.schema import (
     HIDDEN_UNIQUE_ID,
     WIDGET_TYPES,
 )
+from engine.typecheck import output_problems
 from engine.validate import Validation, validate_prompt
 from engine.workflow import SAVED_FORMAT_NAME, SAVED_VERSION, WorkflowFormatError, from_saved
 from engine.workflow_export import saved_to_ui
@@ -391,6 +392,10 @@ class Executor:
             raise
         except Exception as exc:
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
+        if node_def.origin != "core":  # a plugin's wrong output is blamed on it, not on the node downstream
+            problems = output_problems(node_def.schema.outputs, run.outputs)
+            if problems:
+                raise NodeFailed(node_id, node_def.schema.node_id, TypeError("; ".join(problems)), inputs)
         return run.outputs, run.ui
 
     def _context(self, request: RunRequest, node_id: str, kept: KeptImages | None = None) -> NodeContext:

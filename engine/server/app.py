@@ -111,7 +111,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
 
     add_routes(app, QueueRoutes(queue, parts.executor.validate).routes())
     info = InfoRoutes(parts.registry, config, model_files=parts.folders.models, models=parts.models,
-                      extensions=parts.extensions)
+                      extensions=parts.extensions, queue=queue)
     add_routes(app, info.routes())
     add_routes(app, info.static_routes(), comfy=False)
     add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "guard", None)).routes())

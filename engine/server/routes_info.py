@@ -77,8 +77,9 @@ def torch_version() -> str:
 
 class InfoRoutes:
     def __init__(self, registry: NodeRegistry, config: ServerConfig, *, model_files: Any = None,
-                 models: Any = None, extensions: Mapping[str, Path] | None = None) -> None:
+                 models: Any = None, extensions: Mapping[str, Path] | None = None, queue: Any = None) -> None:
         self.registry = registry
+        self.queue = queue  # its health() (worker alive, restarts, storage) goes into /system_stats
         self.config = config
         self.model_files = model_files
         self.models = models
@@ -109,6 +110,8 @@ class InfoRoutes:
         ram = ram_figures()
         stats = getattr(self.models, "stats", None)
         memory = stats() if callable(stats) else None
+        health = getattr(self.queue, "health", None)
+        worker = health().to_json() if callable(health) else None
         body = {
             "system": {
                 "os": os.name if sys.platform != "linux" else "posix",
@@ -123,7 +126,7 @@ class InfoRoutes:
                 "argv": list(self.config.argv) or list(sys.argv),
             },
             "devices": device_figures(ram),
-            "loom": {"memory_manager": memory, **self.config.extra_stats},
+            "loom": {"memory_manager": memory, "job_worker": worker, **self.config.extra_stats},
         }
         return json_response(body)
 
