@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import secrets
@@ -54,6 +55,7 @@ class ApiError(Exception):
         return {"error": {"type": self.kind, "message": self.message, **self.details}}
 
 
+MAX_NAME_BYTES = 255  # one path segment, as file systems allow
 MAX_JSON_DEPTH = 64  # ComfyUI's formats nest about 10 deep; far more is an attack or a bug
 MAX_QUERY_INT = 2**53  # JavaScript's safe integers; larger query numbers mean nothing to Loom
 
@@ -84,6 +86,26 @@ def json_response(data: Any, *, status: int = 200, headers: Any = None) -> web.R
 
 def json_error(status: int, kind: str, message: str, **details: Any) -> web.Response:
     return json_response(ApiError(status, kind, message, **details).body(), status=status)
+
+
+def os_error(exc: OSError) -> ApiError | None:
+    """A client-facing answer for a file-system failure a request caused or met (None: a real bug)."""
+    name = f" ({exc.filename})" if exc.filename else ""
+    answers = {
+        errno.ENOSPC: (507, "storage_full", f"the disk is full{name}; nothing was written. Free some space and retry"),
+        errno.EDQUOT: (507, "storage_full", f"the disk quota is exhausted{name}; nothing was written"),
+        errno.EROFS: (507, "storage_read_only", f"the folder is on a read-only file system{name}"),
+        errno.ENAMETOOLONG: (400, "name_too_long", f"a file name is too long{name}; names are limited to "
+                             f"{MAX_NAME_BYTES} bytes"),
+        errno.EISDIR: (409, "is_a_folder", f"that name is a folder{name}; give a file name"),
+        errno.ENOTDIR: (409, "not_a_folder", f"a part of that path is a file, not a folder{name}"),
+        errno.EEXIST: (409, "exists", f"a file or folder of that name is in the way{name}"),
+        errno.ENOTEMPTY: (409, "folder_not_empty", f"that folder is not empty{name}"),
+        errno.EACCES: (403, "permission_denied", f"the server may not write there{name}"),
+        errno.EPERM: (403, "permission_denied", f"the server may not write there{name}"),
+    }
+    answer = answers.get(exc.errno or -1)
+    return ApiError(*answer) if answer else None
 
 
 def storage_error(exc: BaseException) -> ApiError:

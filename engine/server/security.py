@@ -27,11 +27,13 @@ from aiohttp import web
 from engine.jobstore import StorageError
 from engine.server.common import (
     LOOPBACK_HOSTS,
+    MAX_NAME_BYTES,
     ApiError,
     Handler,
     ServerConfig,
     json_error,
     json_response,
+    os_error,
     storage_error,
 )
 
@@ -126,19 +128,28 @@ class Guard:
         except StorageError as exc:  # the job database cannot be written (a full disk): not the client's fault
             error = storage_error(exc)
             return json_response(error.body(), status=error.status)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except OSError as exc:  # a full disk, a name too long, a folder where a file was meant ...
+            answer = os_error(exc)
+            if answer is None:
+                return self._bug(request, exc)
+            return json_response(answer.body(), status=answer.status)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             kind = (exc.reason or "error").lower().replace(" ", "_")
             message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
             return json_error(exc.status, kind, message or kind, path=request.path)
-        except (asyncio.CancelledError, ConnectionResetError):
-            raise
         except Exception as exc:
-            request.app[ERRORS].count += 1
-            log.exception("unexpected error handling %s %s", request.method, request.path)
-            return json_error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
-                              "this is a bug in Loom: the log has the details")
+            return self._bug(request, exc)
+
+    @staticmethod
+    def _bug(request: web.Request, exc: Exception) -> web.Response:
+        request.app[ERRORS].count += 1
+        log.exception("unexpected error handling %s %s", request.method, request.path, exc_info=exc)
+        return json_error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
+                          "this is a bug in Loom: the log has the details")
 
     @web.middleware
     async def access(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -191,6 +202,9 @@ def safe_path(base: Path, *parts: str) -> Path:
         for seg in part.replace("\\", "/").split("/"):
             if seg == "..":
                 raise ApiError(400, "invalid_path", f"'..' is refused in {part!r}: paths stay inside their folder")
+            if len(seg.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+                raise ApiError(400, "name_too_long", f"the name {seg[:40]!r}... is longer than {MAX_NAME_BYTES} "
+                               "bytes, which file systems refuse; give a shorter name")
             if seg not in ("", "."):
                 segments.append(seg)
     candidate = base.joinpath(*segments)

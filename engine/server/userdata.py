@@ -13,7 +13,8 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from engine.server.common import ApiError, Handler, json_response, query_bool, read_json, read_object
+from engine.atomic import write_atomic
+from engine.server.common import ApiError, Handler, dumps, json_response, query_bool, read_json, read_object
 from engine.server.security import safe_path
 
 DEFAULT_USER = "default"
@@ -96,7 +97,7 @@ class UserdataRoutes:
         body = await request.read()
         path.parent.mkdir(parents=True, exist_ok=True)
         safe_path(self.root, path.relative_to(self.root).as_posix())  # parents created: check again
-        await asyncio.to_thread(path.write_bytes, body)
+        await asyncio.to_thread(write_atomic, path, body)
         return self._answer(path, request)
 
     async def delete_file(self, request: web.Request) -> web.Response:
@@ -127,10 +128,7 @@ class UserdataRoutes:
         return data if isinstance(data, dict) else {}
 
     def _save_settings(self, settings: dict[str, Any]) -> None:
-        path = self.root / SETTINGS_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(settings, indent=2))
-        os.replace(tmp, path)
+        write_atomic(self.root / SETTINGS_FILE, dumps(settings).encode())
 
     async def get_settings(self, request: web.Request) -> web.Response:
         return json_response(self._load_settings())
