@@ -112,7 +112,8 @@ class _Plan:
     results: dict[str, list[list[Any]]] = field(default_factory=dict)
     pending: list[tuple[int, str]] = field(default_factory=list)
     queued: set[str] = field(default_factory=set)
-    cached: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)  # cache hits that ended the walk upstream
+    from_cache: list[str] = field(default_factory=list)  # every planned node whose output is cached
     cached_ui: dict[str, dict[str, Any]] = field(default_factory=dict)
     pnginfo: dict[str, Any] | None = None
     kept: KeptImages | None = None  # RunRequest.keep_images
@@ -166,7 +167,10 @@ class Executor:
             if request.keep_images:
                 plan.kept = KeptImages(data=result.images)
             self._require(plan, validation.outputs)
-            self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(plan.cached)))  # always, as ComfyUI
+            # always, as ComfyUI: every planned node whose output is in the cache, not only the
+            # cache hits that stopped the walk (their producers are cached too)
+            plan.from_cache = self._cached_nodes(plan)
+            self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(plan.from_cache)))
             self._send_cached_ui(request, plan, plan.cached, result)
             self._loop(request, plan, result)
             self._emit(ev.ExecutionSuccess(request.prompt_id))
@@ -298,8 +302,13 @@ class Executor:
                 stack.append(link.source)
 
     # --- running --------------------------------------------------------------------------------
+    def _cached_nodes(self, plan: _Plan) -> list[str]:
+        hits = set(plan.cached)
+        return [n for n in sorted(plan.order_index, key=plan.order_index.__getitem__)
+                if n in hits or (n not in plan.queued and plan.keys[n] in self.cache)]
+
     def _loop(self, request: RunRequest, plan: _Plan, result: RunResult) -> None:
-        result.cached.extend(sorted(plan.cached, key=lambda n: plan.order_index[n]))
+        result.cached.extend(plan.from_cache)
         while plan.pending:
             _, node_id = plan.pending.pop(0)
             plan.queued.discard(node_id)

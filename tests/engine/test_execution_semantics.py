@@ -74,7 +74,7 @@ def test_event_sequence_matches_comfyui(harness: Harness) -> None:
     harness.run(g.prompt, prompt_id="p2")
     types = [e.type for e in harness.events]
     assert types[:2] == ["execution_start", "execution_cached"]
-    assert harness.events[1].data()["nodes"] == ["2"]
+    assert harness.events[1].data()["nodes"] == ["1", "2"]  # ComfyUI lists every cached node
 
 
 def test_interrupt_stops_a_long_node_and_the_next_run_works(harness: Harness) -> None:
