@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,12 @@ def upload(data: bytes, name: str, **fields: str) -> aiohttp.FormData:
     for key, value in fields.items():
         body.add_field(key, value)
     return body
+
+
+def noise_png(seed: int, size: int = 250) -> bytes:
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", (size, size), random.Random(seed).randbytes(size * size * 3)).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def nested(depth: int) -> bytes:
@@ -192,8 +199,8 @@ async def test_view_of_a_file_with_odd_characters_sends_an_encoded_disposition(
 
 # --- item 7: concurrent uploads -------------------------------------------------------------------------
 async def test_concurrent_uploads_of_one_name_keep_every_file(client: TestClient, parts: ServerParts) -> None:
-    count = 16
-    contents = [png_bytes(i, size=8 + i) for i in range(count)]
+    count = 24
+    contents = [noise_png(seed) for seed in range(count)]  # ~190 KB each: writes overlap
     responses = await asyncio.gather(*(client.post("/upload/image", data=upload(c, "same.png")) for c in contents))
     names = []
     for resp, content in zip(responses, contents, strict=True):
