@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.workflow import WorkflowFormatError
+from engine.workflow import MAX_NODES, WorkflowFormatError, WorkflowTooLarge
 
 MODE_MUTED = 2  # litegraph's NEVER
 MODE_BYPASS = 4
@@ -112,6 +112,8 @@ class _Flattener:
                 raise WorkflowFormatError(
                     f"node #{position} of the 'nodes' list: expected an object with 'id' and 'type', found {node!r:.80}"
                 )
+            if len(self.flat) >= MAX_NODES:  # subgraphs nest: a small file can expand enormously
+                raise WorkflowTooLarge()
             node_id = f"{prefix}{node['id']}"
             mode = _mode(node, inherited_mode)
             inputs = [

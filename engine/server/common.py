@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import math
@@ -55,6 +56,7 @@ class ApiError(Exception):
         return {"error": {"type": self.kind, "message": self.message, **self.details}}
 
 
+LARGE_BODY = 64 * 1024
 MAX_NAME_BYTES = 255  # one path segment, as file systems allow
 MAX_JSON_DEPTH = 64  # ComfyUI's formats nest about 10 deep; far more is an attack or a bug
 MAX_QUERY_INT = 2**53  # JavaScript's safe integers; larger query numbers mean nothing to Loom
@@ -154,8 +156,8 @@ async def read_json(request: web.Request, *, allow_empty: bool = False) -> Any:
         if allow_empty:
             return {}
         raise ApiError(400, "invalid_json", "the request body is empty; send a JSON object")
-    try:
-        return parse_json(raw)
+    try:  # a large body is parsed off the event loop
+        return parse_json(raw) if len(raw) < LARGE_BODY else await asyncio.to_thread(parse_json, raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "invalid_json", f"the request body is not valid JSON: {exc}") from exc
 

@@ -26,6 +26,7 @@ from engine.server.common import (
     storage_error,
 )
 from engine.validate import Validation
+from engine.workflow import MAX_NODES, WorkflowTooLarge
 
 log = logging.getLogger("loom.server")
 Validator = Callable[[RunRequest], Validation]
@@ -128,6 +129,10 @@ class QueueRoutes:
         data = await read_object(request)
         if not isinstance(data.get("prompt"), dict) or not data["prompt"]:
             return no_prompt_error()
+        if len(data["prompt"]) > MAX_NODES:
+            error = {"type": "workflow_too_large", "message": str(WorkflowTooLarge(len(data["prompt"]))),
+                     "details": f"at most {MAX_NODES} nodes", "extra_info": {}}
+            return json_response({"error": error, "node_errors": {}}, status=413)
         try:
             req = PromptRequest(data)
         except _BadPrompt as exc:

@@ -31,7 +31,7 @@ from engine.jobtypes import RETURN_KEY, RETURN_MODES
 from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
 from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
 from engine.server.security import is_loopback
-from engine.workflow import LoadedWorkflow, WorkflowFormatError, load_workflow
+from engine.workflow import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
 
 log = logging.getLogger("loom.server.jobs")
 ObjectInfo = Callable[[], Mapping[str, Any]]
@@ -88,6 +88,8 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
     """Any supported workflow format → API format; a bare workflow or ``{"workflow": ...}``."""
     try:
         return load_workflow(data, object_info)
+    except WorkflowTooLarge as exc:
+        raise ApiError(413, "workflow_too_large", str(exc), max_nodes=MAX_NODES) from exc
     except WorkflowFormatError as first:
         inner = data.get("workflow") if isinstance(data, dict) else None
         if inner is None and isinstance(data, dict):
@@ -95,6 +97,8 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
         if inner is not None:
             try:
                 return load_workflow(inner, object_info)
+            except WorkflowTooLarge as exc:
+                raise ApiError(413, "workflow_too_large", str(exc), max_nodes=MAX_NODES) from exc
             except WorkflowFormatError as exc:
                 raise ApiError(400, "invalid_workflow", str(exc)) from exc
             except RecursionError as exc:
