@@ -162,7 +162,8 @@ def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Names
     """``python main.py serve``: check the bind, build the runtime, open the queue, serve until stopped."""
     config = ServerConfig(host=args.host, port=args.port, token=args.token, insecure=args.insecure,
                           version=loom_version(), argv=tuple(sys.argv),
-                          allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()))
+                          allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()),
+                          allowed_origins=tuple(getattr(args, "allowed_origin", None) or ()))
     try:
         check_bind(config)
     except InsecureBindError as exc:

@@ -24,7 +24,9 @@ class ServerConfig:
 
     ``token``: required from every client when set (``Authorization: Bearer``, ``?token=`` or the
     cookie the server sets after a ``?token=`` visit). ``allowed_hosts``: extra names accepted in
-    ``Host``/``Origin`` headers besides loopback and ``host``. ``allow_remote_webhooks``: webhooks
+    ``Host`` headers besides loopback and ``host``. ``allowed_origins``: web pages of other
+    origins (``scheme://host:port``, or ``*``) that may use the API; by default only the server's
+    own origin may. ``allow_remote_webhooks``: webhooks
     may target non-loopback hosts.
     """
 
@@ -33,6 +35,7 @@ class ServerConfig:
     token: str | None = None
     insecure: bool = False
     allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()  # pages of other origins allowed to use the API ("*": any)
     max_upload_bytes: int = 50 * 1024 * 1024
     preview_fps: float = 10.0
     allow_remote_webhooks: bool = False

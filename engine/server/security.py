@@ -88,6 +88,17 @@ def _hostname(value: str) -> str:
     return value.lower()
 
 
+def origin_key(origin: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of an origin URL, the port filled in from the scheme's default."""
+    parts = urlsplit(origin.strip().lower())
+    try:
+        port = parts.port
+    except ValueError:
+        return (parts.scheme, "", None)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return (parts.scheme, (parts.hostname or "").strip("[]"), port if port is not None else default)
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -167,11 +178,13 @@ class Guard:
             host = _hostname(request.headers.get("Host", ""))
             if not self.host_allowed(host):
                 raise ApiError(403, "host_not_allowed", f"Host {host!r} is not this server's name; "
-                               "use http://127.0.0.1 (or start with an allowed host)")
+                               f"use http://127.0.0.1, or start the server with --allow-host {host} "
+                               "to accept that name")
         origin = request.headers.get("Origin")
         if origin is not None and not self._origin_allowed(origin, request):
             raise ApiError(403, "cross_origin", f"requests from the web page at {origin!r} are refused: "
-                           "only pages served by this server may use its API")
+                           "only pages served by this server may use its API; to allow that page, start the "
+                           f"server with --allow-origin {origin}")
         if origin is None and request.headers.get("Sec-Fetch-Site") == "cross-site" and request.method not in (
                 "GET", "HEAD"):
             raise ApiError(403, "cross_origin", "cross-site requests are refused")
@@ -181,11 +194,15 @@ class Guard:
         return response
 
     def _origin_allowed(self, origin: str, request: web.Request) -> bool:
-        host = _hostname(origin)
-        if not host or origin == "null":
+        """The page's origin must be this server's own (host and port, as the ``Host`` header names
+        them; ComfyUI's rule) or one of ``allowed_origins`` (``--allow-origin``; ``*`` for any)."""
+        if origin == "null" or not _hostname(origin):
             return False
-        own = _hostname(request.headers.get("Host", ""))
-        return host == own or is_loopback(host) or host in self.allowed_names
+        wanted = origin_key(origin)
+        if "*" in self.config.allowed_origins or wanted in {origin_key(o) for o in self.config.allowed_origins}:
+            return True
+        scheme = "https" if request.secure else "http"
+        return wanted == origin_key(f"{scheme}://{request.headers.get('Host', '')}")
 
 
 def safe_path(base: Path, *parts: str) -> Path:
