@@ -32,6 +32,7 @@ from engine.context import (
 )
 from engine.graph import Prompt, as_link, build_graph, sort_key, topological_order
 from engine.guard import ImageGuard
+from engine.interrupt_hooks import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
 from engine.memory import handles_in
 from engine.node import ExecutionBlocker, NodeDef, contained
@@ -408,11 +409,14 @@ class Executor:
         return run.outputs, run.ui
 
     def _context(self, request: RunRequest, node_id: str, kept: KeptImages | None = None) -> NodeContext:
+        models: ModelAccess = self.models
+        if not self.settings.get("compile"):  # hooks would break torch.compile's graphs: steps only there
+            models = InterruptibleModels(self.models, self.interrupt, f"node {node_id}")
         return NodeContext(
             node_id=node_id,
             prompt_id=request.prompt_id,
             folders=self.folders,
-            models=self.models,
+            models=models,
             interrupt=self.interrupt,
             on_progress=lambda nid, value, total: self._emit(
                 ev.Progress(request.prompt_id, node=nid, value=value, max=total)

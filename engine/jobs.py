@@ -31,6 +31,7 @@ from engine.jobtypes import (
     RESTART_MESSAGE,
     RETURN_KEY,
     STATUS_MESSAGES,
+    InterruptState,
     JobEvent,
     JobFinished,
     JobProgress,
@@ -243,7 +244,10 @@ class LocalJobQueue:
     def get(self, prompt_id: str) -> JobView | None:
         with self._lock:
             if self._current is not None and self._current.prompt_id == prompt_id:
-                return JobView(self._current, "running", self._progress)
+                stopping = None
+                if prompt_id in self._cancel_requested and self.executor.interrupt.is_requested():
+                    stopping = InterruptState(self.executor.interrupt.unheeded_for())
+                return JobView(self._current, "running", self._progress, interrupt=stopping)
             ridden = self._rider_progress.get(prompt_id)
             unsaved = self._unsaved.get(prompt_id)
         if unsaved is not None:

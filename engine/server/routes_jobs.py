@@ -80,6 +80,7 @@ def job_resource(view: JobView) -> dict[str, Any]:
         "cached": record.cached if record else [],
         "timings": record.timings if record else {},
         "webhook": spec.webhook,
+        "interrupt": view.interrupt.to_json() if view.interrupt is not None else None,
         "links": {"self": f"/api/v1/jobs/{spec.prompt_id}", "events": f"/api/v1/jobs/{spec.prompt_id}/events"},
     }
 
