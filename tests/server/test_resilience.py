@@ -126,6 +126,28 @@ async def test_a_dead_worker_is_restarted_its_job_failed_and_stats_say_so(
     assert stats["alive"] and stats["restarts"] == 1 and "SystemExit" in stats["last_death"]
 
 
+async def test_a_node_that_ignores_interrupts_is_reported_as_unstoppable(aiohttp_client: Any, tmp_path: Path) -> None:
+    client, app = await hostile_client(aiohttp_client, tmp_path)
+    stubborn = {"class_type": "Hostile_Stubborn", "inputs": {"value": 1}}
+    resp = await client.post("/api/v1/jobs", json={"workflow": {"1": stubborn, "2": stubborn}})
+    job_id = (await resp.json())["id"]
+    await job_status(client, job_id, ("running",))
+    cancel = await client.delete(f"/api/v1/jobs/{job_id}")
+    assert cancel.status == 202 and (await cancel.json())["interrupt"]["requested"] is True
+    for _ in range(500):  # bounded: the report comes once the node ignored the request for 2 s
+        job = await job_status(client, job_id, ("running",))
+        if job["interrupt"] and not job["interrupt"]["stoppable"]:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the API never said the running node cannot be stopped")
+    assert "cannot be stopped" in job["interrupt"]["message"]
+    (tmp_path / "input" / "release").write_text("")  # the node finishes by itself; node 2 never starts
+    final = await job_status(client, job_id, FINAL)
+    assert final["status"] == "cancelled" and final["executed"] == ["1"]
+    assert app[ERRORS].count == 0
+
+
 # --- item 2: storage failures -------------------------------------------------------------------------
 class FullDisk:
     """Stands in front of a SQLite connection: while ``full``, every write fails as SQLite fails

@@ -116,6 +116,31 @@ class WrongArity:
         return (value,)
 
 
+class Stubborn:
+    """Blocks until a file named ``release`` appears in the input folder, never checking for an
+    interrupt (as a blocking plugin does)."""
+
+    CATEGORY = "hostile"
+    FUNCTION = "run"
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 0})}}
+
+    def run(self, value):
+        import os
+        import time
+
+        import folder_paths
+
+        release = os.path.join(folder_paths.get_input_directory(), "release")
+        while not os.path.exists(release):
+            time.sleep(0.02)
+        return {}
+
+
 class Sink:
     """Takes anything and shows its type (so junk from a node upstream would be 'saved')."""
 
@@ -146,4 +171,5 @@ NODE_CLASS_MAPPINGS = {
     "Hostile_WrongInt": WrongInt,
     "Hostile_WrongArity": WrongArity,
     "Hostile_Sink": Sink,
+    "Hostile_Stubborn": Stubborn,
 }
