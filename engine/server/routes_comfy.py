@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.executor import RunRequest
-from engine.jobs import JobQueue, JobSpec, StorageError
+from engine.jobs import JobQueue, JobRecord, JobSpec, StorageError
 from engine.server.common import (
     ApiError,
     Handler,
@@ -25,6 +25,7 @@ from engine.server.common import (
     read_object,
     storage_error,
 )
+from engine.server.presence import OutputPresence
 from engine.validate import Validation
 from engine.workflow import MAX_NODES, WorkflowTooLarge
 
@@ -108,9 +109,10 @@ def submit_prompt(queue: JobQueue, validate: Validator, req: PromptRequest, *, w
 class QueueRoutes:
     """The routes that queue, list and stop work."""
 
-    def __init__(self, queue: JobQueue, validate: Validator) -> None:
+    def __init__(self, queue: JobQueue, validate: Validator, presence: OutputPresence | None = None) -> None:
         self.queue = queue
         self.validate = validate
+        self.presence = presence  # marks output files that are gone
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -175,14 +177,20 @@ class QueueRoutes:
         max_items = query_int(request, "max_items")
         offset = query_int(request, "offset", 0) or 0
         records = self.queue.history(max_items, offset)
-        return json_response({r.spec.prompt_id: r.comfy_history() for r in records})
+        return json_response(await asyncio.to_thread(lambda: {r.spec.prompt_id: self._entry(r) for r in records}))
+
+    def _entry(self, record: JobRecord) -> dict[str, Any]:
+        entry = record.comfy_history()
+        if self.presence is not None:
+            entry["outputs"] = self.presence.annotate(entry["outputs"])
+        return entry
 
     async def get_history_item(self, request: web.Request) -> web.Response:
         prompt_id = request.match_info["prompt_id"]
         view = self.queue.get(prompt_id)
         if view is None or view.record is None or not view.record.ran:
             return json_response({})
-        return json_response({prompt_id: view.record.comfy_history()})
+        return json_response({prompt_id: await asyncio.to_thread(self._entry, view.record)})
 
     async def post_history(self, request: web.Request) -> web.Response:
         data = await read_object(request)

@@ -29,6 +29,7 @@ from engine.context import KeptImages
 from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
 from engine.jobtypes import RETURN_KEY, RETURN_MODES
 from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
+from engine.server.presence import OutputPresence
 from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
 from engine.server.security import is_loopback
 from engine.workflow import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
@@ -57,7 +58,9 @@ def output_files(outputs: Mapping[str, Any]) -> list[dict[str, Any]]:
     return files
 
 
-def job_resource(view: JobView) -> dict[str, Any]:
+def job_resource(view: JobView, presence: OutputPresence | None = None) -> dict[str, Any]:
+    """The job as ``/api/v1/jobs/{id}`` shows it; with ``presence``, output files that are gone
+    carry ``missing: true``."""
     spec, record = view.spec, view.record
     progress = view.progress
     errors: list[dict[str, Any]] = []
@@ -72,7 +75,8 @@ def job_resource(view: JobView) -> dict[str, Any]:
         "started_at": _iso(record.started_at) if record else None,
         "finished_at": _iso(record.finished_at) if record else None,
         "progress": {"value": progress.value, "max": progress.max, "node": progress.node} if progress else None,
-        "outputs": [{**f, "image": f"/api/v1/jobs/{spec.prompt_id}/images/{n}"}
+        "outputs": [{**(presence.mark(f) if presence is not None else f),
+                     "image": f"/api/v1/jobs/{spec.prompt_id}/images/{n}"}
                     for n, f in enumerate(output_files(record.outputs))] if record else [],
         "errors": errors,
         "node_errors": record.node_errors if record else {},
@@ -110,8 +114,10 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
 
 
 class JobRoutes:
-    def __init__(self, queue: JobQueue, validate: Validator, object_info: ObjectInfo, config: ServerConfig) -> None:
+    def __init__(self, queue: JobQueue, validate: Validator, object_info: ObjectInfo, config: ServerConfig,
+                 presence: OutputPresence | None = None) -> None:
         self.queue = queue
+        self.presence = presence
         self.validate = validate
         self.object_info = object_info
         self.config = config
@@ -175,7 +181,7 @@ class JobRoutes:
         views = [JobView(s, "running") for s in self.queue.running()]
         views += [JobView(s, "queued") for s in self.queue.pending()]
         views += [JobView(r.spec, r.status, record=r) for r in reversed(self.queue.history(50))]
-        return json_response({"jobs": [job_resource(v) for v in views]})
+        return json_response({"jobs": await asyncio.to_thread(lambda: [self._resource(v) for v in views])})
 
     def _view(self, request: web.Request) -> JobView:
         job_id = request.match_info["job_id"]
@@ -213,9 +219,12 @@ class JobRoutes:
     def _resource(self, view: JobView, *, embed: bool = False) -> dict[str, Any]:
         """The job resource; with ``embed`` (or a job submitted with ``"return": "base64"``) each
         output kept in memory carries its bytes as ``data`` (base64)."""
-        resource = job_resource(view)
+        resource = job_resource(view, self.presence)
+        kept = self._kept(view.spec.prompt_id)
+        for entry in resource["outputs"]:
+            if entry.get("missing") and KeptImages.key(entry) in kept:
+                del entry["missing"]  # served from memory all the same
         if embed or view.spec.extra_data.get(RETURN_KEY) == "base64":
-            kept = self._kept(view.spec.prompt_id)
             for entry in resource["outputs"]:
                 data = kept.get(KeptImages.key(entry))
                 if data is not None:
