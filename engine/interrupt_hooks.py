@@ -113,7 +113,7 @@ def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where
 def interruptible_attention(flag: InterruptFlag, where: str) -> Iterator[None]:
     """While inside, large attention calls on this thread are split and check ``flag``. A call
     already inside one (a node holding two models) changes nothing."""
-    functional = sys.modules["torch.nn.functional"]
+    functional: Any = sys.modules["torch.nn.functional"]
     current = functional.scaled_dot_product_attention
     if hasattr(current, "loom_original"):
         yield

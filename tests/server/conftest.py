@@ -79,7 +79,9 @@ async def wait_done(ws: ClientWebSocketResponse, prompt_id: str, timeout: float 
             return seen
 
 
-BLOCKER = {"steps": 10_000, "delay": 0.05}  # 500 s unless interrupted; stops within 50 ms when asked
+def blocker(value: int = 0) -> dict[str, Any]:
+    """A workflow that runs 500 s unless interrupted (it stops within 50 ms when asked)."""
+    return workflow(value, steps=10_000, delay=0.05)
 
 
 async def wait_running(client: TestClient, prompt_id: str, timeout: float = 30.0) -> None:
@@ -96,7 +98,7 @@ async def wait_running(client: TestClient, prompt_id: str, timeout: float = 30.0
 async def block_queue(client: TestClient, value: int = 0) -> str:
     """Start a job that runs until interrupted, so jobs queued after it stay pending; returns its id
     once it is running."""
-    resp = await client.post("/prompt", json={"prompt": workflow(value, **BLOCKER)})
+    resp = await client.post("/prompt", json={"prompt": blocker(value)})
     assert resp.status == 200, await resp.text()
     prompt_id = str((await resp.json())["prompt_id"])
     await wait_running(client, prompt_id)

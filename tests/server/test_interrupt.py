@@ -36,7 +36,8 @@ class Chain(torch.nn.Module):
         super().__init__()
         self.blocks = torch.nn.ModuleList(
             torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(4))
-        self.flag, self.ran = flag, []
+        self.flag = flag
+        self.ran: list[int] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for index, block in enumerate(self.blocks):

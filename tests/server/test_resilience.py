@@ -22,7 +22,8 @@ from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
 from nodes.compat.shim import load_plugins_with_shim
-from tests.server.conftest import BLOCKER, make_parts, wait_history
+from tests.server.conftest import blocker as blocker_workflow
+from tests.server.conftest import make_parts, wait_history
 from tests.server.stub_nodes import workflow
 
 HOSTILE = Path(__file__).resolve().parents[1] / "plugins" / "hostile"
@@ -177,7 +178,7 @@ async def test_a_full_job_database_is_507_keeps_the_running_job_and_recovers(
         client: TestClient, parts: ServerParts) -> None:
     queue = parts.queue
     assert isinstance(queue, LocalJobQueue)
-    blocker = await post_prompt(client, workflow(1, **BLOCKER))
+    blocker = await post_prompt(client, blocker_workflow(1))
     await job_status(client, blocker, ("running",))
     disk = FullDisk(queue.store._db)
     queue.store._db = disk  # type: ignore[assignment]
@@ -256,7 +257,7 @@ async def test_queue_delete_and_clear_cancel_jobs_like_the_jobs_api(client: Test
     receiver = web.Application()
     receiver.router.add_post("/hook", hook)
     url = f"http://127.0.0.1:{(await aiohttp_server(receiver, host='127.0.0.1')).port}/hook"
-    blocker = await post_prompt(client, workflow(1, **BLOCKER))
+    blocker = await post_prompt(client, blocker_workflow(1))
     await job_status(client, blocker, ("running",))
     deleted = (await (await client.post("/api/v1/jobs", json={"workflow": workflow(2), "webhook": url})).json())["id"]
     cleared = (await (await client.post("/api/v1/jobs", json={"workflow": workflow(3), "webhook": url})).json())["id"]

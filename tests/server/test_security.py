@@ -138,7 +138,8 @@ async def test_cross_origin_refused(client: TestClient) -> None:
     own = {"Origin": f"http://127.0.0.1:{client.port}"}
     assert (await client.post("/prompt", json={"prompt": workflow(1)}, headers=own)).status == 200
     # a loopback page on another port is another origin (another local app, a dev server): refused
-    for other in ("http://localhost:9999", f"http://127.0.0.1:{client.port + 1}", f"https://127.0.0.1:{client.port}"):
+    port = int(client.port or 0)
+    for other in ("http://localhost:9999", f"http://127.0.0.1:{port + 1}", f"https://127.0.0.1:{port}"):
         resp = await client.get("/queue", headers={"Origin": other})
         assert resp.status == 403, other
         assert "--allow-origin" in (await resp.json())["error"]["message"]

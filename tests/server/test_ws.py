@@ -81,7 +81,7 @@ async def test_events_go_to_their_client_only(client: TestClient) -> None:
 
 
 async def test_binary_previews(client: TestClient) -> None:
-    client.server.app[HUB].max_waiting_previews = 100  # no frame dropped for a slow reader: both formats arrive
+    client.app[HUB].max_waiting_previews = 100  # no frame dropped for a slow reader: both formats arrive
     ws = await client.ws_connect("/ws?clientId=p")
     await receive_json(ws)
     body = await (await client.post("/prompt", json={"prompt": workflow(1, steps=4, delay=0.15, previews=True),
@@ -123,7 +123,7 @@ async def test_previews_are_paced(client: TestClient) -> None:
     await wait_history(client, body["prompt_id"])
     job = await (await client.get(f"/api/v1/jobs/{body['prompt_id']}")).json()
     seconds = job["timings"]["total_s"]
-    interval = client.server.app[RELAY].min_preview_interval
+    interval = client.app[RELAY].min_preview_interval
     allowed = 1 + seconds / interval  # frames are paced in the job's own time: at most one per interval
     assert frames <= allowed, f"{frames} frames in {seconds:.2f} s (at most {allowed:.0f}): previews are not paced"
     assert frames < 200
