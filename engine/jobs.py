@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import events as ev
@@ -43,6 +43,7 @@ from engine.jobtypes import (
     Notice,
     NoticeListener,
     QueueChanged,
+    WorkerHealth,
 )
 
 __all__ = ["FINAL", "RESTART_MESSAGE", "JobEvent", "JobFinished", "JobProgress", "JobQueue", "JobRecord",
@@ -56,21 +57,6 @@ if TYPE_CHECKING:
     from engine.coalesce import Coalescer, NextJobPrefetch
 
 log = logging.getLogger("loom.jobs")
-
-
-@dataclass
-class WorkerHealth:
-    """What ``/system_stats`` says about the job worker: alive, how often it was restarted after
-    dying, why it died last, and whether the job database is failing right now."""
-
-    alive: bool = False
-    restarts: int = 0
-    last_death: str | None = None
-    storage_error: str | None = None
-    unsaved_records: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class JobQueue(Protocol):

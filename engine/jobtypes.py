@@ -7,7 +7,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from engine import events as ev
@@ -186,6 +186,21 @@ class KeptImageStore:
         with self._lock:
             for prompt_id in list(self._jobs) if prompt_ids is None else prompt_ids:
                 self._jobs.pop(prompt_id, None)
+
+
+@dataclass
+class WorkerHealth:
+    """What ``/system_stats`` says about the job worker: alive, how often it was restarted after
+    dying, why it died last, and whether the job database is failing right now."""
+
+    alive: bool = False
+    restarts: int = 0
+    last_death: str | None = None
+    storage_error: str | None = None
+    unsaved_records: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 # --- notices to subscribers ------------------------------------------------------------------------
