@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from engine.jobstore import StorageError
+from engine.node import PluginExit, describe_exit
 from engine.server.common import (
     LOOPBACK_HOSTS,
     MAX_NAME_BYTES,
@@ -154,6 +155,8 @@ class Guard:
             return json_error(exc.status, kind, message or kind, path=request.path)
         except Exception as exc:
             return self._bug(request, exc)
+        except (SystemExit, KeyboardInterrupt) as exc:  # code under a handler must never end the server
+            return self._bug(request, PluginExit(f"{request.method} {request.path} {describe_exit(exc)}"))
 
     @staticmethod
     def _bug(request: web.Request, exc: Exception) -> web.Response:

@@ -83,3 +83,15 @@ def test_wrong_output_types_are_blamed_on_the_plugin_node(
     assert result.error is not None
     assert result.error["node_id"] == "1" and result.error["node_type"] == class_type
     assert expected in result.error["exception_message"] and "'exit_nodes'" in result.error["exception_message"]
+
+
+def test_an_options_provider_calling_exit_leaves_its_combo_empty(env: Env) -> None:
+    import sys
+
+    from engine.schema import DynamicOptions
+
+    def provider() -> list[str]:
+        sys.exit(2)
+
+    env.registry.add_options_source("hostile_files", provider)
+    assert env.registry.resolve_options(DynamicOptions("hostile_files")) == []
