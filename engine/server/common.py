@@ -89,6 +89,13 @@ def json_response(data: Any, *, status: int = 200, headers: Any = None) -> web.R
     return web.json_response(data, status=status, headers=headers, dumps=dumps)
 
 
+async def json_response_built(build: Callable[[], Any], *, status: int = 200) -> web.Response:
+    """A JSON response whose body is built and serialised off the event loop (large histories,
+    the node catalogue): other clients are served meanwhile."""
+    text = await asyncio.to_thread(lambda: dumps(build()))
+    return web.Response(text=text, status=status, content_type="application/json")
+
+
 def json_error(status: int, kind: str, message: str, **details: Any) -> web.Response:
     return json_response(ApiError(status, kind, message, **details).body(), status=status)
 

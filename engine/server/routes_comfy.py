@@ -21,6 +21,7 @@ from engine.server.common import (
     ApiError,
     Handler,
     json_response,
+    json_response_built,
     query_int,
     read_object,
     storage_error,
@@ -176,8 +177,8 @@ class QueueRoutes:
     async def get_history(self, request: web.Request) -> web.Response:
         max_items = query_int(request, "max_items")
         offset = query_int(request, "offset", 0) or 0
-        records = self.queue.history(max_items, offset)
-        return json_response(await asyncio.to_thread(lambda: {r.spec.prompt_id: self._entry(r) for r in records}))
+        return await json_response_built(
+            lambda: {r.spec.prompt_id: self._entry(r) for r in self.queue.history(max_items, offset)})
 
     def _entry(self, record: JobRecord) -> dict[str, Any]:
         entry = record.comfy_history()

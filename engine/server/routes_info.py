@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.registry import NodeRegistry
-from engine.server.common import ApiError, Handler, ServerConfig, json_response
+from engine.server.common import ApiError, Handler, ServerConfig, json_response, json_response_built
 from engine.server.security import safe_path
 
 # Folder kinds listed by /models when the model-file finder does not say which it knows.
@@ -101,10 +101,11 @@ class InfoRoutes:
         return [("GET", "/extensions/{pack}/{path:.+}", self.extension_file)]
 
     async def object_info(self, request: web.Request) -> web.Response:
-        return json_response(self.registry.object_info())
+        return await json_response_built(self.registry.object_info)  # plugins' INPUT_TYPES run off the loop
 
     async def object_info_one(self, request: web.Request) -> web.Response:
-        return json_response(self.registry.object_info(request.match_info["node_class"]))
+        name = request.match_info["node_class"]
+        return await json_response_built(lambda: self.registry.object_info(name))
 
     async def system_stats(self, request: web.Request) -> web.Response:
         ram = ram_figures()
