@@ -6,10 +6,13 @@ memory manager a node sees (``ctx.models``): while a node holds a model through 
 forward pre-hook on each of the model's blocks (every submodule that has children: UNet and DiT
 blocks, attention and ResNet blocks, VAE decoder blocks) checks the run's interrupt flag and raises
 :class:`~engine.context.Interrupted`. Leaf layers (one convolution, one attention kernel) are not
-hooked, with one exception: attention. One ``scaled_dot_product_attention`` call over a 2048²
-image's 65,536 latent tokens is minutes of CPU work, so while a node holds a model, large attention
-calls *made on the node's thread* are split along the query axis (each query row's softmax is
-independent: the result is the same) and the flag is checked between the pieces. The hooks and the
+hooked, with two exceptions: attention and convolution. One ``scaled_dot_product_attention`` call
+over a 2048² image's 65,536 latent tokens is minutes of CPU work, and one VAE convolution at full
+resolution seconds; so while a node holds a model, large attention and ``conv2d`` calls *made on
+the node's thread* are split (attention along the query axis, where each row's softmax is
+independent; stride-1 convolutions into bands of output rows with their halo) and the flag is
+checked between the pieces. Results are those of the whole call up to float rounding; calls
+below a few tenths of a second of CPU work are never split. The hooks and the
 split are removed when the node lets go of the model. Nothing here knows a model family: any
 ``torch.nn.Module`` (or a bundle of them) works, and every model that calls torch's attention.
 """
@@ -69,17 +72,23 @@ def interrupt_hooks(obj: Any, flag: InterruptFlag, where: str) -> Iterator[int]:
             handle.remove()
 
 
-# Work (multiply-adds) of one attention piece: ~0.1 s on one CPU core; on accelerators far larger
-# pieces (kernel launches cost more than the interrupt latency there).
-PIECE_WORK = {"cpu": 1e9}
-PIECE_WORK_OTHER = 5e10
+# Multiply-adds of one piece of a split attention or convolution call: a few tenths of a second on
+# one CPU core (small and medium images are never split); on accelerators far larger pieces, as
+# kernel launches cost more there than the interrupt latency.
+# (CPU attention kernels do far fewer multiply-adds per second than convolutions: smaller pieces.)
+PIECE_WORK = {("attention", "cpu"): 1e9, ("conv", "cpu"): 4e9}
+PIECE_WORK_OTHER = 2e11
+
+
+def _piece_work(kind: str, device: Any) -> float:
+    return PIECE_WORK.get((kind, device.type), PIECE_WORK_OTHER)
 
 
 def _pieces(query: Any, key: Any) -> int:
     """How many query-axis pieces an attention call is split into (1: left whole)."""
     rows, keys, dim = query.shape[-2], key.shape[-2], query.shape[-1]
     work = 2.0 * math.prod(query.shape[:-2]) * rows * keys * dim
-    return min(rows, max(1, math.ceil(work / PIECE_WORK.get(query.device.type, PIECE_WORK_OTHER))))
+    return min(rows, max(1, math.ceil(work / _piece_work("attention", query.device))))
 
 
 def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where: str,
@@ -109,20 +118,62 @@ def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where
     return attention
 
 
+def _pair(value: Any) -> tuple[int, int]:
+    return (int(value[0]), int(value[1])) if isinstance(value, list | tuple) else (int(value), int(value))
+
+
+def splitting_conv2d(original: Callable[..., Any], flag: InterruptFlag, where: str, owner: int) -> Callable[..., Any]:
+    """``conv2d`` that, on thread ``owner``, computes a large stride-1 convolution in bands of output
+    rows (each band reads its rows plus the kernel's halo; rows outside the image are the zero
+    padding the call asked for) and checks ``flag`` between bands; other calls go to ``original``."""
+    import torch
+
+    def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+               groups: int = 1) -> Any:
+        simple = (threading.get_ident() == owner and input.dim() == 4 and weight.dim() == 4
+                  and not isinstance(padding, str) and _pair(stride) == (1, 1))
+        if not simple:
+            return original(input, weight, bias, stride, padding, dilation, groups)
+        (ph, pw), (dh, _) = _pair(padding), _pair(dilation)
+        height, reach = input.shape[2], dh * (weight.shape[2] - 1)
+        out_rows = height + 2 * ph - reach
+        work = float(input.shape[0]) * weight.numel() * out_rows * (input.shape[3] + 2 * pw)
+        pieces = min(out_rows, math.ceil(work / _piece_work("conv", input.device))) if out_rows > 0 else 1
+        if pieces <= 1:
+            return original(input, weight, bias, stride, padding, dilation, groups)
+        step = math.ceil(out_rows / pieces)
+        bands = []
+        for first in range(0, out_rows, step):
+            if flag.is_set():
+                raise Interrupted(f"interrupted inside a convolution while running {where}")
+            lo, hi = first - ph, min(first + step, out_rows) - ph + reach
+            band = input[:, :, max(lo, 0):min(hi, height)]
+            if lo < 0 or hi > height:
+                band = torch.nn.functional.pad(band, (0, 0, max(0, -lo), max(0, hi - height)))
+            bands.append(original(band, weight, bias, 1, (0, pw), dilation, groups))
+        return torch.cat(bands, dim=2)
+
+    conv2d.loom_original = original  # type: ignore[attr-defined]
+    return conv2d
+
+
 @contextmanager
-def interruptible_attention(flag: InterruptFlag, where: str) -> Iterator[None]:
-    """While inside, large attention calls on this thread are split and check ``flag``. A call
-    already inside one (a node holding two models) changes nothing."""
+def interruptible_kernels(flag: InterruptFlag, where: str) -> Iterator[None]:
+    """While inside, large attention and convolution calls on this thread are split and check
+    ``flag`` between the pieces. A call already inside one (a node holding two models) changes
+    nothing."""
     functional: Any = sys.modules["torch.nn.functional"]
-    current = functional.scaled_dot_product_attention
-    if hasattr(current, "loom_original"):
+    attention, conv2d = functional.scaled_dot_product_attention, functional.conv2d
+    if hasattr(attention, "loom_original"):
         yield
         return
-    functional.scaled_dot_product_attention = splitting_attention(current, flag, where, threading.get_ident())
+    owner = threading.get_ident()
+    functional.scaled_dot_product_attention = splitting_attention(attention, flag, where, owner)
+    functional.conv2d = splitting_conv2d(conv2d, flag, where, owner)
     try:
         yield
     finally:
-        functional.scaled_dot_product_attention = current
+        functional.scaled_dot_product_attention, functional.conv2d = attention, conv2d
 
 
 class InterruptibleModels:
@@ -142,7 +193,7 @@ class InterruptibleModels:
         with ExitStack() as stack:
             module = stack.enter_context(self._inner.use(handle))
             if stack.enter_context(interrupt_hooks(module, self._flag, self._where)):
-                stack.enter_context(interruptible_attention(self._flag, self._where))
+                stack.enter_context(interruptible_kernels(self._flag, self._where))
             yield module
 
     def __getattr__(self, name: str) -> Any:

@@ -69,7 +69,7 @@ def test_large_attention_is_split_with_the_same_result_and_stops_between_pieces(
 
     from engine import interrupt_hooks as hooks
 
-    monkeypatch.setitem(hooks.PIECE_WORK, "cpu", 4096.0)  # tiny pieces for tiny tensors
+    monkeypatch.setitem(hooks.PIECE_WORK, ("attention", "cpu"), 4096.0)  # tiny pieces for tiny tensors
     flag = InterruptFlag()
     q, k, v = (torch.randn(1, 2, 64, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
     mask = torch.zeros(1, 1, 64, 64)
@@ -82,7 +82,7 @@ def test_large_attention_is_split_with_the_same_result_and_stops_between_pieces(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
-    with hooks.interruptible_attention(flag, "test"):
+    with hooks.interruptible_kernels(flag, "test"):
         split = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         assert len(calls) > 1 and sum(calls) == 64
         assert torch.allclose(split, whole, atol=1e-6)
@@ -90,6 +90,40 @@ def test_large_attention_is_split_with_the_same_result_and_stops_between_pieces(
         with pytest.raises(Interrupted, match="attention"):
             F.scaled_dot_product_attention(q, k, v)
     assert F.scaled_dot_product_attention is counting  # put back
+
+
+@pytest.mark.parametrize(("kernel", "padding", "dilation"), [(3, 1, 1), (1, 0, 1), (3, 0, 1), (3, 2, 2), (5, (2, 1), 1)])
+def test_large_convolutions_are_split_in_row_bands_with_the_same_result(
+        monkeypatch: pytest.MonkeyPatch, kernel: int, padding: Any, dilation: int) -> None:
+    import torch.nn.functional as F
+
+    from engine import interrupt_hooks as hooks
+
+    monkeypatch.setitem(hooks.PIECE_WORK, ("conv", "cpu"), 2_000.0)
+    flag = InterruptFlag()
+    x = torch.randn(2, 3, 23, 17, generator=torch.Generator().manual_seed(0))
+    conv = torch.nn.Conv2d(3, 4, kernel, padding=padding, dilation=dilation)
+    whole = conv(x)
+    calls: list[int] = []
+    original = F.conv2d
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0].shape[2])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(F, "conv2d", counting)
+    with hooks.interruptible_kernels(flag, "test"):
+        split = conv(x)
+        assert len(calls) > 2
+        assert split.shape == whole.shape and torch.allclose(split, whole, atol=1e-5)
+        strided = torch.nn.Conv2d(3, 4, 3, stride=2)
+        calls.clear()
+        strided(x)
+        assert len(calls) == 1  # strided convolutions are left whole
+        flag.set()
+        with pytest.raises(Interrupted, match="convolution"):
+            conv(x)
+    assert F.conv2d is counting
 
 
 # --- a real server on the demo model ----------------------------------------------------------------
@@ -160,4 +194,24 @@ async def test_interrupt_stops_a_2048px_txt2img_inside_its_step_and_the_next_job
     small = await client.post("/api/v1/jobs", json={"workflow": txt2img(64, 2)})
     after = await until(client, (await small.json())["id"], lambda j: j["status"] in FINAL, 120)
     assert after["status"] == "succeeded" and after["outputs"]
+    assert app[ERRORS].count == 0
+
+
+async def test_interrupt_stops_a_2048px_vae_decode_inside_its_convolutions(aiohttp_client: Any, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    app = create_app(demo_parts(tmp_path), ServerConfig())
+    client: TestClient = await aiohttp_client(app)
+    decode_only = txt2img(2048, 1)
+    decode_only["6"]["inputs"]["samples"] = ["4", 0]  # an empty 2048² latent straight into the VAE
+    for node in ("2", "3", "5"):
+        del decode_only[node]
+    job_id = (await (await client.post("/api/v1/jobs", json={"workflow": decode_only})).json())["id"]
+    await until(client, job_id, lambda j: (j["progress"] or {}).get("node") == "6" or j["status"] in FINAL, 300)
+    await asyncio.sleep(1.0)  # inside the decoder's full-resolution convolutions
+    asked = time.perf_counter()
+    assert (await client.post("/interrupt", json={})).status == 200
+    final = await until(client, job_id, lambda j: j["status"] in FINAL, 120)
+    print(f"\n2048x2048 VAE decode on the demo model: ended {time.perf_counter() - asked:.2f} s after /interrupt "
+          f"(status {final['status']})")
+    assert final["status"] == "cancelled"
     assert app[ERRORS].count == 0
