@@ -95,7 +95,6 @@ def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where
                         owner: int) -> Callable[..., Any]:
     """``scaled_dot_product_attention`` that, on thread ``owner``, computes a large call in query
     pieces and checks ``flag`` between them; other calls go to ``original`` unchanged."""
-    import torch
 
     def attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                   is_causal: bool = False, scale: float | None = None, **extra: Any) -> Any:
@@ -106,13 +105,16 @@ def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where
         rows = query.shape[-2]
         step = math.ceil(rows / pieces)
         per_row_mask = attn_mask is not None and attn_mask.dim() >= 2 and attn_mask.shape[-2] == rows
-        out = []
+        out: Any = None  # filled piece by piece: peak memory is the output plus one piece
         for start in range(0, rows, step):
             if flag.is_set():
                 raise Interrupted(f"interrupted inside an attention call while running {where}")
             mask = attn_mask[..., start:start + step, :] if per_row_mask else attn_mask
-            out.append(original(query[..., start:start + step, :], key, value, attn_mask=mask, scale=scale, **extra))
-        return torch.cat(out, dim=-2)
+            piece = original(query[..., start:start + step, :], key, value, attn_mask=mask, scale=scale, **extra)
+            if out is None:
+                out = piece.new_empty((*piece.shape[:-2], rows, piece.shape[-1]))
+            out[..., start:start + step, :] = piece
+        return out
 
     attention.loom_original = original  # type: ignore[attr-defined]
     return attention
@@ -142,7 +144,7 @@ def splitting_conv2d(original: Callable[..., Any], flag: InterruptFlag, where: s
         if pieces <= 1:
             return original(input, weight, bias, stride, padding, dilation, groups)
         step = math.ceil(out_rows / pieces)
-        bands = []
+        out: Any = None  # filled band by band: peak memory is the output plus one band
         for first in range(0, out_rows, step):
             if flag.is_set():
                 raise Interrupted(f"interrupted inside a convolution while running {where}")
@@ -150,8 +152,11 @@ def splitting_conv2d(original: Callable[..., Any], flag: InterruptFlag, where: s
             band = input[:, :, max(lo, 0):min(hi, height)]
             if lo < 0 or hi > height:
                 band = torch.nn.functional.pad(band, (0, 0, max(0, -lo), max(0, hi - height)))
-            bands.append(original(band, weight, bias, 1, (0, pw), dilation, groups))
-        return torch.cat(bands, dim=2)
+            result = original(band, weight, bias, 1, (0, pw), dilation, groups)
+            if out is None:
+                out = result.new_empty((result.shape[0], result.shape[1], out_rows, result.shape[3]))
+            out[:, :, first:first + result.shape[2]] = result
+        return out
 
     conv2d.loom_original = original  # type: ignore[attr-defined]
     return conv2d
