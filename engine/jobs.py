@@ -113,7 +113,11 @@ class LocalJobQueue:
         self._health = WorkerHealth()
         # finished jobs the store could not take (disk full): still visible, written when space returns
         self._unsaved: dict[str, JobRecord] = {}
-        self.recovered: list[JobRecord] = store.recover()
+        try:
+            self.recovered: list[JobRecord] = store.recover()
+        except StorageError as exc:  # a full disk at start-up: the jobs stay 'running' until next time
+            log.error("could not record the jobs interrupted by the last stop: %s", exc)
+            self.recovered = []
         for record in self.recovered:
             log.warning("job %s was running when the process stopped; recorded as failed (%s)",
                         record.spec.prompt_id, RESTART_MESSAGE)
@@ -144,8 +148,8 @@ class LocalJobQueue:
         with self._lock:
             thread = self._thread
             dead = thread is not None and not thread.is_alive() and not self._stopping.is_set()
-        if dead:
-            self._after_death(f"the worker thread {thread.name!r} was found dead" if thread else "no worker")
+        if dead and thread is not None:
+            self._after_death(f"the worker thread {thread.name!r} was found dead", thread)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the worker; a running job is interrupted and left for the next start to mark."""
@@ -302,22 +306,23 @@ class LocalJobQueue:
         except BaseException as exc:  # noqa: BLE001 - the queue must outlive whatever killed the loop
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             log.error("the job worker died: %s", reason, exc_info=exc)
-        self._after_death(reason)
+        self._after_death(reason, threading.current_thread())
 
-    def _after_death(self, reason: str) -> None:
+    def _after_death(self, reason: str, dead: threading.Thread) -> None:
+        """Record the job ``dead`` was running as failed and start a fresh worker (once per death)."""
         with self._lock:
-            if self._stopping.is_set():
-                return
-            thread = self._thread
-            if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-                return  # already replaced
+            if self._stopping.is_set() or self._thread is not dead:
+                return  # stopping, or another caller already replaced it
             spec, self._current = self._current, None
             self._health.restarts += 1
             self._health.last_death = reason
+            self._thread = None  # claimed: a concurrent caller now sees it replaced
         if spec is not None:
             self._record_failure(spec, f"{WORKER_DIED_MESSAGE} ({reason})")
         log.warning("restarting the job worker (restart #%d)", self._health.restarts)
-        self._launch()
+        with self._lock:
+            if not self._stopping.is_set():
+                self._launch()
 
     def _worker(self) -> None:
         while not self._stopping.is_set():

@@ -132,7 +132,11 @@ async def test_a_node_that_ignores_interrupts_is_reported_as_unstoppable(aiohttp
     stubborn = {"class_type": "Hostile_Stubborn", "inputs": {"value": 1}}
     resp = await client.post("/api/v1/jobs", json={"workflow": {"1": stubborn, "2": stubborn}})
     job_id = (await resp.json())["id"]
-    await job_status(client, job_id, ("running",))
+    for _ in range(1000):  # until node 1 itself runs (a job is "running" a moment before its first node)
+        job = await job_status(client, job_id, ("running",))
+        if (job["progress"] or {}).get("node") == "1":
+            break
+        await asyncio.sleep(0.01)
     cancel = await client.delete(f"/api/v1/jobs/{job_id}")
     assert cancel.status == 202 and (await cancel.json())["interrupt"]["requested"] is True
     for _ in range(500):  # bounded: the report comes once the node ignored the request for 2 s
