@@ -35,7 +35,7 @@ class Payload:
 
 def test_a_pickle_with_code_is_refused_not_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "evil.pt"
-    source.write_bytes(pickle.dumps({"w": Payload()}))
+    source.write_bytes(pickle.dumps({"w": Payload()}, protocol=2))
     assert main.main(["convert-weights", str(source)]) == 2
     captured = capsys.readouterr()
     assert "code ran" not in captured.out and "weights-only loader refused" in captured.err
