@@ -18,13 +18,15 @@ export class Gallery {
   }
 
   async loadHistory() {
-    let history;
-    try { history = await this.api.history(); } catch { return; }
-    const entries = Object.entries(history || {});
-    for (const [promptId, entry] of entries) {
-      for (const [nodeId, out] of Object.entries(entry.outputs || {})) {
-        for (const img of out.images || []) this.add(img, promptId, nodeId, entry);
+    try {
+      const history = await this.api.history();
+      for (const [promptId, entry] of Object.entries(history || {})) {
+        for (const [nodeId, out] of Object.entries(entry.outputs || {})) {
+          for (const img of out.images || []) this.add(img, promptId, nodeId, entry);
+        }
       }
+    } catch { /* no history: an empty gallery */ } finally {
+      this.list.dataset.loaded = "true"; // tests (and extensions) can wait for this
     }
   }
 
