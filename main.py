@@ -324,6 +324,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 2
 
 
+# --- convert-weights ----------------------------------------------------------------------------
+def cmd_convert_weights(args: argparse.Namespace) -> int:
+    from engine.weights import ConvertError, convert_weights
+
+    try:
+        target = convert_weights(args.file, args.output, overwrite=args.overwrite)
+    except ConvertError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"wrote {target}")
+    return 0
+
+
 # --- make-demo-model ----------------------------------------------------------------------------
 def cmd_make_demo_model(args: argparse.Namespace) -> int:
     for path in write_demo_models(args.models_dir):
@@ -375,6 +387,11 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8188, help="port (default 8188)")
     serve.add_argument("--token", default=None, help="access token required from clients")
     serve.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without a token")
+    serve.add_argument("--allow-host", dest="allowed_host", action="append", default=[], metavar="NAME",
+                       help="accept this name in the Host header besides loopback and --host (repeatable)")
+    serve.add_argument("--allow-origin", dest="allowed_origin", action="append", default=[], metavar="ORIGIN",
+                       help="let web pages of this origin (e.g. http://127.0.0.1:3000, or '*') use the API; "
+                            "by default only the server's own pages may (repeatable)")
     serve.add_argument("--user-dir", type=Path, default=ROOT / "user", help="queue, history, saved workflows")
     serve.add_argument("--no-demo", action="store_true", help="do not create demo models when none exist")
     add_ray_arguments(serve)
@@ -410,6 +427,12 @@ def make_parser() -> argparse.ArgumentParser:
     check.add_argument("workflow", type=Path, help="API, saved, ComfyUI UI-format JSON, or a PNG")
     check.add_argument("--json", action="store_true", help="the report as JSON")
     check.set_defaults(func=cmd_check)
+    weights = sub.add_parser("convert-weights", help="convert a pickled weights file (.ckpt/.pt/.pth/.bin) to "
+                             ".safetensors, read with torch's weights-only loader")
+    weights.add_argument("file", type=Path)
+    weights.add_argument("-o", "--output", type=Path, default=None, help="default: FILE with .safetensors")
+    weights.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    weights.set_defaults(func=cmd_convert_weights)
 
     demo = sub.add_parser("make-demo-model", help="write small random-weight demo models")
     demo.add_argument("--models-dir", type=Path, default=ROOT / "models")

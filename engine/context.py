@@ -8,6 +8,7 @@ of the process is reachable from here.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -23,19 +24,41 @@ class Interrupted(Exception):
 
 
 class InterruptFlag:
-    """A thread-safe flag; ``set()`` from any thread, nodes poll through ``ctx.check_interrupt``."""
+    """A thread-safe flag; ``set()`` from any thread, nodes poll through ``ctx.check_interrupt``.
+
+    Each poll is noted, so the queue can tell whether the running node has looked at the flag since
+    an interrupt was requested (:meth:`unheeded_for`): a node that never polls cannot be stopped,
+    and the API says so instead of pretending."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._requested_at: float | None = None
+        self._polled_at = 0.0
 
     def set(self) -> None:
+        if not self._event.is_set():
+            self._requested_at = time.monotonic()
         self._event.set()
 
     def clear(self) -> None:
         self._event.clear()
+        self._requested_at = None
 
     def is_set(self) -> bool:
+        self._polled_at = time.monotonic()
         return self._event.is_set()
+
+    def is_requested(self) -> bool:
+        """Like :meth:`is_set`, without counting as a poll (for observers, not for the running code)."""
+        return self._event.is_set()
+
+    def unheeded_for(self) -> float | None:
+        """Seconds since an interrupt was requested that nothing has polled the flag; None when no
+        interrupt is pending or the running code has polled since."""
+        requested = self._requested_at
+        if requested is None or self._polled_at >= requested:
+            return None
+        return time.monotonic() - requested
 
 
 class ModelFiles(Protocol):

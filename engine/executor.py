@@ -25,6 +25,7 @@ from engine.context import (
     Interrupted,
     InterruptFlag,
     KeptImages,
+    ModelAccess,
     ModelManagerLike,
     NodeContext,
     NoModels,
@@ -33,9 +34,10 @@ from engine.context import (
 )
 from engine.graph import Prompt, as_link, build_graph, sort_key, topological_order
 from engine.guard import ImageGuard
+from engine.interrupt_hooks import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
 from engine.memory import handles_in
-from engine.node import ExecutionBlocker, NodeDef
+from engine.node import ExecutionBlocker, NodeDef, contained
 from engine.registry import NodeRegistry
 from engine.schema import (
     HIDDEN_DYNPROMPT,
@@ -44,6 +46,7 @@ from engine.schema import (
     HIDDEN_UNIQUE_ID,
     WIDGET_TYPES,
 )
+from engine.typecheck import output_problems
 from engine.validate import Validation, validate_prompt
 from engine.workflow import SAVED_FORMAT_NAME, SAVED_VERSION, WorkflowFormatError, from_saved
 from engine.workflow_export import saved_to_ui
@@ -112,7 +115,8 @@ class _Plan:
     results: dict[str, list[list[Any]]] = field(default_factory=dict)
     pending: list[tuple[int, str]] = field(default_factory=list)
     queued: set[str] = field(default_factory=set)
-    cached: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)  # cache hits that ended the walk upstream
+    from_cache: list[str] = field(default_factory=list)  # every planned node whose output is cached
     cached_ui: dict[str, dict[str, Any]] = field(default_factory=dict)
     pnginfo: dict[str, Any] | None = None
     kept: KeptImages | None = None  # RunRequest.keep_images
@@ -164,7 +168,10 @@ class Executor:
             if request.keep_images:
                 plan.kept = KeptImages(data=result.images)
             self._require(plan, validation.outputs)
-            self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(plan.cached)))  # always, as ComfyUI
+            # always, as ComfyUI: every planned node whose output is in the cache, not only the
+            # cache hits that stopped the walk (their producers are cached too)
+            plan.from_cache = self._cached_nodes(plan)
+            self._emit(ev.ExecutionCached(request.prompt_id, nodes=list(plan.from_cache)))
             self._send_cached_ui(request, plan, plan.cached, result)
             self._loop(request, plan, result)
             self._emit(ev.ExecutionSuccess(request.prompt_id))
@@ -253,7 +260,8 @@ class Executor:
             producers[name] = [source_key, link.output_index]
         constants = plan.constants[node_id]
         try:
-            fingerprint = node_def.fingerprint(self.folders, constants)
+            with contained(_who(node_id, node_def)):
+                fingerprint = node_def.fingerprint(self.folders, constants)
             if isinstance(fingerprint, float) and fingerprint != fingerprint:  # NaN: always changed
                 return nonce()
             parts = {
@@ -294,8 +302,13 @@ class Executor:
                 stack.append(link.source)
 
     # --- running --------------------------------------------------------------------------------
+    def _cached_nodes(self, plan: _Plan) -> list[str]:
+        hits = set(plan.cached)
+        return [n for n in sorted(plan.order_index, key=plan.order_index.__getitem__)
+                if n in hits or (n not in plan.queued and plan.keys[n] in self.cache)]
+
     def _loop(self, request: RunRequest, plan: _Plan, result: RunResult) -> None:
-        result.cached.extend(sorted(plan.cached, key=lambda n: plan.order_index[n]))
+        result.cached.extend(plan.from_cache)
         while plan.pending:
             _, node_id = plan.pending.pop(0)
             plan.queued.discard(node_id)
@@ -327,7 +340,8 @@ class Executor:
         inputs = self._gather(request, plan, node_id, node_def, first_only=True)
         ctx = self._context(request, node_id, plan.kept)
         try:
-            wanted = node_def.check_lazy_status(ctx, inputs)
+            with contained(_who(node_id, node_def)):
+                wanted = node_def.check_lazy_status(ctx, inputs)
         except Exception as exc:
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
         links = self._links(plan.prompt, node_id)
@@ -381,19 +395,27 @@ class Executor:
             return [[blocker] for _ in range(n_out)], None
         ctx = self._context(request, node_id, plan.kept)
         try:
-            run = call_mapped(NodeRun(node_def, ctx, inputs))
+            with contained(_who(node_id, node_def)):
+                run = call_mapped(NodeRun(node_def, ctx, inputs))
         except Interrupted:
             raise
         except Exception as exc:
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
+        if node_def.origin != "core":  # a plugin's wrong output is blamed on it, not on the node downstream
+            problems = output_problems(node_def.schema.outputs, run.outputs)
+            if problems:
+                raise NodeFailed(node_id, node_def.schema.node_id, TypeError("; ".join(problems)), inputs)
         return run.outputs, run.ui
 
     def _context(self, request: RunRequest, node_id: str, kept: KeptImages | None = None) -> NodeContext:
+        models: ModelAccess = self.models
+        if not self.settings.compile:  # hooks would break torch.compile's graphs: steps only there
+            models = InterruptibleModels(self.models, self.interrupt, f"node {node_id}")
         return NodeContext(
             node_id=node_id,
             prompt_id=request.prompt_id,
             folders=self.folders,
-            models=self.models,
+            models=models,
             interrupt=self.interrupt,
             on_progress=lambda nid, value, total: self._emit(
                 ev.Progress(request.prompt_id, node=nid, value=value, max=total)
@@ -471,6 +493,10 @@ def png_info(extra: dict[str, Any] | None, registry: NodeRegistry) -> dict[str, 
     ui = saved_to_ui({"prompt": saved.prompt, "layout": saved.layout, "format": SAVED_FORMAT_NAME,
                       "version": SAVED_VERSION}, registry.object_info())
     return {**extra, "workflow": ui, "loom_workflow": workflow}
+
+
+def _who(node_id: str, node_def: NodeDef) -> str:
+    return f"node {node_id} ({node_def.schema.node_id})"  # _error_event adds the pack
 
 
 def _first_blocker(inputs: Mapping[str, list[Any]]) -> ExecutionBlocker | None:

@@ -18,18 +18,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import events as ev
 from engine.coalesce import Coalescer, NextJobPrefetch
 from engine.events import Listeners
 from engine.executor import Executor, RunRequest, RunResult
-from engine.jobstore import JobStore
+from engine.jobstore import JobStore, StorageError
 from engine.jobtypes import (
     FINAL,
     RESTART_MESSAGE,
     RETURN_KEY,
     STATUS_MESSAGES,
+    InterruptState,
     JobEvent,
     JobFinished,
     JobProgress,
@@ -41,11 +43,15 @@ from engine.jobtypes import (
     Notice,
     NoticeListener,
     QueueChanged,
+    WorkerHealth,
 )
 
 __all__ = ["FINAL", "RESTART_MESSAGE", "JobEvent", "JobFinished", "JobProgress", "JobQueue", "JobRecord",
            "JobSpec", "JobStatus", "JobStore", "JobView", "LocalJobQueue", "Notice", "NoticeListener",
-           "QueueChanged"]
+           "QueueChanged", "StorageError", "WorkerHealth"]
+
+WORKER_DIED_MESSAGE = "the job worker stopped unexpectedly while running this job; it was restarted"
+STORAGE_RETRY_S = 1.0
 
 if TYPE_CHECKING:
     from engine.coalesce import Coalescer, NextJobPrefetch
@@ -104,7 +110,14 @@ class LocalJobQueue:
         self._free_request = (False, False)
         self._thread: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self.recovered: list[JobRecord] = store.recover()
+        self._health = WorkerHealth()
+        # finished jobs the store could not take (disk full): still visible, written when space returns
+        self._unsaved: dict[str, JobRecord] = {}
+        try:
+            self.recovered: list[JobRecord] = store.recover()
+        except StorageError as exc:  # a full disk at start-up: the jobs stay 'running' until next time
+            log.error("could not record the jobs interrupted by the last stop: %s", exc)
+            self.recovered = []
         for record in self.recovered:
             log.warning("job %s was running when the process stopped; recorded as failed (%s)",
                         record.spec.prompt_id, RESTART_MESSAGE)
@@ -115,8 +128,28 @@ class LocalJobQueue:
             return
         self._stopping.clear()
         self._subscribe_bus()
-        self._thread = threading.Thread(target=self._worker, name="loom-job-worker", daemon=True)
+        self._launch()
+
+    def _launch(self) -> None:
+        self._thread = threading.Thread(target=self._worker_main, name="loom-job-worker", daemon=True)
         self._thread.start()
+
+    def health(self) -> WorkerHealth:
+        """The worker's state (restarting it first if it died unnoticed)."""
+        self.ensure_worker()
+        with self._lock:
+            thread = self._thread
+            self._health.alive = thread is not None and thread.is_alive()
+            self._health.unsaved_records = len(self._unsaved)
+            return WorkerHealth(**asdict(self._health))
+
+    def ensure_worker(self) -> None:
+        """Restart the worker thread if it died (normally it restarts itself on the way out)."""
+        with self._lock:
+            thread = self._thread
+            dead = thread is not None and not thread.is_alive() and not self._stopping.is_set()
+        if dead and thread is not None:
+            self._after_death(f"the worker thread {thread.name!r} was found dead", thread)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the worker; a running job is interrupted and left for the next start to mark."""
@@ -145,6 +178,7 @@ class LocalJobQueue:
     def submit(self, spec: JobSpec, *, front: bool = False, number: float | None = None) -> JobSpec:
         """Queue a job. ``number`` orders it (ComfyUI's field); ``front`` puts it before the others."""
         self.store.enqueue(spec, front=front, number=number)
+        self.ensure_worker()
         self._wake.set()
         self._notify(QueueChanged(self.remaining()))
         return spec
@@ -174,9 +208,18 @@ class LocalJobQueue:
         return True
 
     def clear_pending(self) -> int:
-        removed = [s for s in self.store.jobs("pending") if self.store.remove(s.prompt_id, "pending")]
+        """Remove every queued job; each is recorded as cancelled, its event streams end and its
+        webhook is called, as with :meth:`cancel`."""
+        removed = 0
+        for spec in self.store.jobs("pending"):
+            taken = self.store.remove(spec.prompt_id, "pending")
+            if taken is not None:
+                cancelled = JobRecord.cancelled_before_start(taken)
+                self.store.finish(cancelled)
+                self._notify(JobFinished(cancelled))
+                removed += 1
         self._notify(QueueChanged(self.remaining()))
-        return len(removed)
+        return removed
 
     def schedule_free(self, *, unload_models: bool, free_memory: bool) -> None:
         """Free models / caches between jobs (ComfyUI's /free), on the worker thread."""
@@ -191,8 +234,14 @@ class LocalJobQueue:
     def get(self, prompt_id: str) -> JobView | None:
         with self._lock:
             if self._current is not None and self._current.prompt_id == prompt_id:
-                return JobView(self._current, "running", self._progress)
+                stopping = None
+                if prompt_id in self._cancel_requested and self.executor.interrupt.is_requested():
+                    stopping = InterruptState(self.executor.interrupt.unheeded_for())
+                return JobView(self._current, "running", self._progress, interrupt=stopping)
             ridden = self._rider_progress.get(prompt_id)
+            unsaved = self._unsaved.get(prompt_id)
+        if unsaved is not None:
+            return JobView(unsaved.spec, unsaved.status, record=unsaved)
         queued = self.store.queued(prompt_id)
         if queued is not None and queued[0] == "pending":
             return JobView(queued[1], "queued", ridden)
@@ -211,7 +260,10 @@ class LocalJobQueue:
         return self.store.count()
 
     def history(self, max_items: int | None = None, offset: int = 0) -> list[JobRecord]:
-        return self.store.history(max_items, offset, ran_only=True)
+        records = self.store.history(max_items, offset, ran_only=True)
+        with self._lock:
+            unsaved = [r for r in self._unsaved.values() if r.ran]
+        return records + unsaved if offset == 0 else records
 
     def delete_history(self, prompt_ids: list[str]) -> None:
         self.store.delete_history(prompt_ids)
@@ -230,7 +282,7 @@ class LocalJobQueue:
         """Block until the job is in the history (or the timeout passes)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._finished:
-            while (record := self.store.record(prompt_id)) is None:
+            while (record := self._unsaved.get(prompt_id) or self.store.record(prompt_id)) is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
@@ -245,20 +297,98 @@ class LocalJobQueue:
         if self._unsubscribe is None:
             self._unsubscribe = self.executor.bus.subscribe(self._on_event)
 
+    def _worker_main(self) -> None:
+        """The worker thread: runs :meth:`_worker`; if anything ends it but :meth:`stop`, the job it
+        was running is recorded as failed and a fresh worker thread takes over."""
+        try:
+            self._worker()
+            return
+        except BaseException as exc:  # noqa: BLE001 - the queue must outlive whatever killed the loop
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            log.error("the job worker died: %s", reason, exc_info=exc)
+        self._after_death(reason, threading.current_thread())
+
+    def _after_death(self, reason: str, dead: threading.Thread) -> None:
+        """Record the job ``dead`` was running as failed and start a fresh worker (once per death)."""
+        with self._lock:
+            if self._stopping.is_set() or self._thread is not dead:
+                return  # stopping, or another caller already replaced it
+            spec, self._current = self._current, None
+            self._health.restarts += 1
+            self._health.last_death = reason
+            self._thread = None  # claimed: a concurrent caller now sees it replaced
+        if spec is not None:
+            self._record_failure(spec, f"{WORKER_DIED_MESSAGE} ({reason})")
+        log.warning("restarting the job worker (restart #%d)", self._health.restarts)
+        with self._lock:
+            if not self._stopping.is_set():
+                self._launch()
+
     def _worker(self) -> None:
         while not self._stopping.is_set():
             self._wake.clear()
-            self._do_free()
-            spec = self._pop()
+            try:
+                self._flush_unsaved()
+                self._do_free()
+                spec = self._pop()
+            except StorageError as exc:  # a full disk: keep trying, the server answers 507 meanwhile
+                self._storage_failed(exc)
+                self._wake.wait(STORAGE_RETRY_S)
+                continue
             if spec is None:
                 self._wake.wait(1.0)
                 continue
             try:
                 self._run_scheduled(spec)
-            except Exception:  # the worker must survive anything a job does
+            except Exception as exc:  # the worker must survive anything a job does
                 log.exception("job %s: unexpected failure in the queue worker", spec.prompt_id)
-                with self._lock:
-                    self._current = None
+                self._record_failure(spec, f"unexpected failure in the queue worker: {type(exc).__name__}: {exc}")
+
+    def _record_failure(self, spec: JobSpec, message: str) -> None:
+        """Record ``spec`` as failed with ``message`` (when its run cannot record itself)."""
+        error = {"type": "worker_failure", "message": message, "exception_message": message}
+        note = ["execution_error", {"prompt_id": spec.prompt_id, "exception_message": message,
+                                    "exception_type": "WorkerFailure", "timestamp": int(time.time() * 1000)}]
+        record = JobRecord(spec, "failed", messages=[note], error=error, started_at=spec.created_at)
+        self._save(record)
+        self._notify(JobFinished(record))
+        self._notify_remaining()
+
+    def _save(self, record: JobRecord) -> None:
+        """Persist a finished job; while the store fails, keep it in memory (still visible)."""
+        with self._finished:
+            try:
+                self.store.finish(record)
+            except StorageError as exc:
+                self._unsaved[record.spec.prompt_id] = record
+                self._storage_failed(exc)
+            if self._current is not None and self._current.prompt_id == record.spec.prompt_id:
+                self._current = None
+            self._finished.notify_all()
+
+    def _flush_unsaved(self) -> None:
+        with self._lock:
+            pending = list(self._unsaved.values())
+        for record in pending:
+            self.store.finish(record)  # StorageError: the worker retries later
+            with self._lock:
+                self._unsaved.pop(record.spec.prompt_id, None)
+        with self._lock:
+            if pending or self._health.storage_error:
+                self._health.storage_error = None
+
+    def _storage_failed(self, exc: StorageError) -> None:
+        with self._lock:
+            first = self._health.storage_error is None
+            self._health.storage_error = str(exc)
+        if first:
+            log.error("%s", exc)
+
+    def _notify_remaining(self) -> None:
+        try:
+            self._notify(QueueChanged(self.remaining()))
+        except StorageError as exc:
+            self._storage_failed(exc)
 
     def _pop(self) -> JobSpec | None:
         """Take the next job and make it current in one step (so cancel never misses it)."""
@@ -306,7 +436,7 @@ class LocalJobQueue:
             time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
 
     def _run(self, spec: JobSpec) -> JobRecord | None:
-        self._notify(QueueChanged(self.remaining()))
+        self._notify_remaining()
         started = time.time()
         request = RunRequest(
             prompt=spec.prompt, prompt_id=spec.prompt_id, outputs=list(spec.outputs) or None,
@@ -315,7 +445,7 @@ class LocalJobQueue:
         )
         try:
             result = self.executor.run(request)
-        except Exception as exc:  # the executor promises not to raise; be safe anyway
+        except BaseException as exc:  # noqa: BLE001 - the executor promises not to raise; be safe anyway
             log.exception("job %s: the executor raised", spec.prompt_id)
             result = RunResult(spec.prompt_id, "error", error={"type": type(exc).__name__, "message": str(exc)})
         with self._lock:
@@ -330,12 +460,9 @@ class LocalJobQueue:
         record = JobRecord.from_result(spec, result, messages, started)
         if result.images:
             self.kept.put(spec.prompt_id, result.images)  # before the record: a GET must find both
-        with self._finished:
-            self.store.finish(record)
-            self._current = None
-            self._finished.notify_all()
+        self._save(record)
         self._notify(JobFinished(record))
-        self._notify(QueueChanged(self.remaining()))
+        self._notify_remaining()
         return record
 
     def _on_event(self, event: ev.Event) -> None:

@@ -7,7 +7,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from engine import events as ev
@@ -130,6 +130,25 @@ class JobRecord:
                    timings=result.timings, memory=result.memory, started_at=started)
 
 
+UNSTOPPABLE_AFTER_S = 2.0  # an interrupt nothing polled for this long: the node cannot be stopped
+
+
+@dataclass(frozen=True)
+class InterruptState:
+    """A running job whose interrupt was requested: ``unheeded_s`` is how long the running code has
+    not polled the flag since (None: it has, so it is stopping)."""
+
+    unheeded_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        stuck = self.unheeded_s is not None and self.unheeded_s >= UNSTOPPABLE_AFTER_S
+        message = (f"the running node has not checked for an interrupt in {self.unheeded_s:.1f} s: it cannot be "
+                   "stopped and the job ends when the node finishes (the node should call "
+                   "ctx.check_interrupt() in its loops)" if stuck else "stopping")
+        return {"requested": True, "stoppable": not stuck,
+                "unheeded_s": None if self.unheeded_s is None else round(self.unheeded_s, 3), "message": message}
+
+
 @dataclass(frozen=True)
 class JobView:
     """Where a job stands now."""
@@ -138,6 +157,7 @@ class JobView:
     status: JobStatus
     progress: JobProgress | None = None
     record: JobRecord | None = None
+    interrupt: InterruptState | None = None  # a running job asked to stop
 
 
 class KeptImageStore:
@@ -166,6 +186,21 @@ class KeptImageStore:
         with self._lock:
             for prompt_id in list(self._jobs) if prompt_ids is None else prompt_ids:
                 self._jobs.pop(prompt_id, None)
+
+
+@dataclass
+class WorkerHealth:
+    """What ``/system_stats`` says about the job worker: alive, how often it was restarted after
+    dying, why it died last, and whether the job database is failing right now."""
+
+    alive: bool = False
+    restarts: int = 0
+    last_death: str | None = None
+    storage_error: str | None = None
+    unsaved_records: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 # --- notices to subscribers ------------------------------------------------------------------------

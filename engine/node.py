@@ -15,10 +15,12 @@ Other styles (ComfyUI's ``INPUT_TYPES`` classes, the V3 ``define_schema`` classe
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,6 +36,31 @@ class NodeOutput:
 
     values: tuple[Any, ...] = ()
     ui: dict[str, Any] | None = None
+
+
+class PluginExit(RuntimeError):
+    """Node or plugin code raised ``SystemExit``, ``KeyboardInterrupt`` or another exception that is
+    not an ``Exception``. :func:`contained` turns it into this ordinary error, so the job fails with
+    a message naming the node and the pack while the job worker and the server live on."""
+
+
+def describe_exit(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    return f"raised {type(exc).__name__}" + (f" ({exc})" if str(exc) else "")
+
+
+@contextmanager
+def contained(what: str) -> Iterator[None]:
+    """Run a call into node or plugin code; a ``SystemExit``/``KeyboardInterrupt`` (or any other
+    ``BaseException`` that is not an ``Exception``) leaves it as :class:`PluginExit`. Generator and
+    task cancellation pass through unchanged."""
+    try:
+        yield
+    except (Exception, GeneratorExit, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise PluginExit(f"{what} {describe_exit(exc)}; Loom refused to let it end the process") from exc
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.node import NativeNodeDef, Node, NodeDef
+from engine.node import NativeNodeDef, Node, NodeDef, describe_exit
 from engine.plugins_compat import (
     ComfyV1NodeDef,
     PluginEnvironment,
@@ -297,9 +297,13 @@ def load_pack(registry: NodeRegistry, source: PackSource, env: PluginEnvironment
         _drop_modules(source.module_name)
         status.ok = False
         status.error, status.traceback = _failure(exc, source)
-    except SystemExit as exc:  # a pack calling sys.exit() must not end Loom
+    except BaseException as exc:  # sys.exit(), KeyboardInterrupt ...: the pack must not end Loom
+        if isinstance(exc, GeneratorExit):
+            raise
+        _drop_modules(source.module_name)
         status.ok = False
-        status.error, status.traceback = f"the pack called sys.exit({exc.code!r}) while importing", None
+        status.error = f"plugin pack {source.name!r} {describe_exit(exc)} while importing; Loom skipped it"
+        status.traceback = _failure(exc, source)[1]
     status.nodes, status.rejected = registrar.registered, registrar.rejected
     status.import_seconds = time.perf_counter() - started
     return status

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.node import ExecutionBlocker, NodeDef, NodeOutput, as_output
+from engine.node import ExecutionBlocker, NodeDef, NodeOutput, as_output, contained
 from engine.schema import (
     COMBO,
     HIDDEN_DYNPROMPT,
@@ -261,7 +261,7 @@ class ComfyV1NodeDef(NodeDef):
         function = getattr(cls, "FUNCTION", None)
         if not isinstance(function, str) or not callable(getattr(cls, function, None)):
             raise SchemaError(f"node class {owner!r}: field 'FUNCTION': {function!r} does not name a method of the class")
-        with self.env.installed(self.origin):
+        with contained(f"INPUT_TYPES of {owner!r} from plugin pack {self.origin!r}"), self.env.installed(self.origin):
             declared = cls.INPUT_TYPES()  # type: ignore[attr-defined]
         if not isinstance(declared, Mapping):
             raise SchemaError(f"node class {owner!r}: field 'INPUT_TYPES': must return a dict, returned {declared!r}")
@@ -313,7 +313,7 @@ class ComfyV1NodeDef(NodeDef):
 
     def _call(self, fn: Callable[..., Any], kwargs: Mapping[str, Any], *, filtered: bool) -> Any:
         try:
-            with self.env.installed(self.origin):
+            with contained(f"node class {self.node_id!r} from plugin pack {self.origin!r}"), self.env.installed(self.origin):
                 return run_maybe_async(call_accepting(fn, kwargs) if filtered else fn(**kwargs))
         except Exception as exc:
             note_origin(exc, self.node_id, self.origin)

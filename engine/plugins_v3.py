@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.node import ExecutionBlocker, NodeDef, NodeOutput
+from engine.node import ExecutionBlocker, NodeDef, NodeOutput, contained
 from engine.plugins_compat import (
     HIDDEN_KWARGS,
     PluginEnvironment,
@@ -60,7 +60,7 @@ class ComfyV3NodeDef(NodeDef):
 
     def _build(self) -> None:
         owner = getattr(self.cls, "__name__", repr(self.cls))
-        with self.env.installed(self.origin):
+        with contained(f"define_schema of {owner!r} from plugin pack {self.origin!r}"), self.env.installed(self.origin):
             v3 = self.cls.define_schema()  # type: ignore[attr-defined]
         node_id = getattr(v3, "node_id", None)
         if not isinstance(node_id, str) or not node_id:
@@ -106,7 +106,8 @@ class ComfyV3NodeDef(NodeDef):
         if hidden is not None:  # a clone per call carries the hidden values, as ComfyUI does
             target = type(self.cls.__name__, (self.cls,), {"hidden": HiddenValues(hidden)})
         try:
-            with self.env.installed(self.origin):
+            with contained(f"{name} of {self.schema.node_id!r} from plugin pack {self.origin!r}"), \
+                    self.env.installed(self.origin):
                 return run_maybe_async(call_accepting(getattr(target, name), inputs))
         except Exception as exc:
             note_origin(exc, self.schema.node_id, self.origin)

@@ -6,12 +6,15 @@
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.node import NativeNodeDef, Node, NodeDef
+from engine.node import NativeNodeDef, Node, NodeDef, contained
 from engine.schema import DynamicOptions, export_all
+
+log = logging.getLogger("loom.registry")
 
 
 class RegistryError(ValueError):
@@ -83,7 +86,14 @@ class NodeRegistry:
 
     def resolve_options(self, options: DynamicOptions) -> list[str]:
         provider = self._options.get(options.source)
-        return provider() if provider is not None else []
+        if provider is None:
+            return []
+        try:  # a plugin's provider: its failure (even sys.exit()) leaves the combo empty
+            with contained(f"the options provider {options.source!r}"):
+                return list(provider())
+        except Exception:
+            log.exception("the options provider %r failed; its combo lists nothing", options.source)
+            return []
 
     def object_info(self, name: str | None = None) -> dict[str, Any]:
         """ComfyUI's ``/object_info`` (all nodes) or ``/object_info/{class}`` (one, or ``{}``)."""

@@ -8,6 +8,7 @@ outputs still run; :class:`Validation` says which.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import networkx as nx
 
 from engine.graph import Prompt, as_link, build_graph, find_cycle, sort_key
+from engine.node import contained
 from engine.registry import NodeRegistry
 from engine.schema import ANY, BOOLEAN, COMBO, FLOAT, INT, STRING, WIDGET_TYPES, Input, resolve_options
 
@@ -131,7 +133,13 @@ def coerce_constant(spec: Input, value: Any) -> Any:
     if spec.type == FLOAT:
         if isinstance(value, bool):
             raise ValueError("a boolean is not a FLOAT")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ValueError(f"{str(value)[:30]}... is too large for a FLOAT") from None
+        if not math.isfinite(number):
+            raise ValueError(f"{number} is not a finite number; give an ordinary number such as 7.5")
+        return number
     if spec.type == STRING:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise ValueError(f"{type(value).__name__} is not a STRING")
@@ -246,7 +254,8 @@ def check_node_type(class_type: str, registry: NodeRegistry) -> ValidationIssue 
 def check_custom(node_def: Any, constants: Mapping[str, Any]) -> ValidationIssue | None:
     """The node's own validation hook (ComfyUI's VALIDATE_INPUTS) on its constant inputs."""
     try:
-        verdict = node_def.validate_inputs(constants)
+        with contained(f"VALIDATE_INPUTS of {node_def.schema.node_id} (from {node_def.origin})"):
+            verdict = node_def.validate_inputs(constants)
     except Exception as exc:  # a plugin's hook must not crash validation
         return _issue(
             "exception_during_inner_validation",
@@ -374,6 +383,18 @@ def validate_prompt(
             class_type = str(node.get("class_type")) if isinstance(node, Mapping) else "?"
             entry = node_errors.setdefault(node_id, NodeErrors(class_type, per_node[node_id]))
             entry.dependent_outputs.append(output_id)
+    missing = [n for n, node in prompt.items() if isinstance(node, Mapping) and n not in node_errors
+               and str(node.get("class_type")) not in registry]
+    if missing:  # as ComfyUI: a node that does not exist fails the prompt even when nothing uses it
+        for node_id in missing:
+            node_errors[node_id] = NodeErrors(str(prompt[node_id].get("class_type")), per_node[node_id])
+        first = sorted(missing, key=sort_key)[0]
+        return Validation([], node_errors, _issue(
+            "invalid_prompt",
+            f"Cannot execute because node {prompt[first].get('class_type')} does not exist.",
+            f"Node ID '#{first}'; install the plugin that provides it or delete the node "
+            "(it is not connected to an output, but ComfyUI refuses such workflows too)",
+        ))
     if good:
         return Validation(good, node_errors)
     return Validation(

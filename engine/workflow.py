@@ -37,6 +37,23 @@ class WorkflowFormatError(ValueError):
     """A workflow could not be read; the message is one line meant for the user."""
 
 
+MAX_NODES = 10_000  # far above real workflows (hundreds of nodes); bounds conversion and validation time
+
+
+class WorkflowTooLarge(WorkflowFormatError):
+    """A workflow with more than :data:`MAX_NODES` nodes (counted while subgraphs expand)."""
+
+    def __init__(self, count: int | None = None) -> None:
+        found = f" (found {count})" if count is not None else " once its subgraphs are expanded"
+        super().__init__(f"the workflow has more than {MAX_NODES} nodes{found}; Loom refuses workflows that "
+                         "large. Nested subgraphs multiply: check that no subgraph contains itself many times over")
+
+
+def check_node_count(count: int) -> None:
+    if count > MAX_NODES:
+        raise WorkflowTooLarge(count)
+
+
 @dataclass(frozen=True)
 class SavedWorkflow:
     """Loom's saved format, migrated to the current version."""
@@ -104,6 +121,7 @@ def normalize_api(obj: Any) -> dict[str, Any]:
     if not isinstance(obj, Mapping) or not obj:
         raise WorkflowFormatError(f"expected an API-format workflow ({{id: {{\"class_type\", \"inputs\"}}}}); "
                                   f"found {_json_kind(obj) if obj or not isinstance(obj, Mapping) else 'an empty object'}")
+    check_node_count(len(obj))
     ids = {str(k) for k in obj}
     out: dict[str, Any] = {}
     for raw_id, node in obj.items():

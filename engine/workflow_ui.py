@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.workflow import WorkflowFormatError
+from engine.workflow import MAX_NODES, WorkflowFormatError, WorkflowTooLarge
 from engine.workflow_widgets import MISSING, ConversionProblem, Widget, assign, widget_inputs, widgets_of
 
 MODE_MUTED = 2  # litegraph's NEVER
@@ -107,6 +107,8 @@ class _Flattener:
                 raise WorkflowFormatError(
                     f"node #{position} of the 'nodes' list: expected an object with 'id' and 'type', found {node!r:.80}"
                 )
+            if len(self.flat) >= MAX_NODES:  # subgraphs nest: a small file can expand enormously
+                raise WorkflowTooLarge()
             node_id = f"{prefix}{node['id']}"
             mode = _mode(node, inherited_mode)
             inputs = [

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.atomic import write_atomic
 from engine.context import Folders, NodeContext
 from engine.guard import SAFETY_CHUNK
 from engine.node import Node, NodeOutput
@@ -139,7 +140,7 @@ def save_images(
         name = f"{stem.replace('%batch_num%', str(i))}_{counter:05}_.png"
         encoded = encode_png(image, metadata, compress_level)
         if to_disk:
-            (folder / name).write_bytes(encoded)
+            write_atomic(folder / name, encoded)  # a full disk leaves no truncated PNG
         entry = {"filename": name, "subfolder": sub, "type": kind}
         if ctx.kept_images is not None:
             ctx.kept_images.add(ctx.node_id, entry, encoded, on_disk=to_disk)

@@ -99,8 +99,8 @@ def pickle_refusal(path: Path) -> ModelLoadError:
     return ModelLoadError(
         f"{path}: refusing to load a pickled PyTorch file ({path.suffix}): pickles can run arbitrary code "
         "when loaded. Use the .safetensors version of this model, or convert it once with "
-        "`python main.py convert`, or allow pickles (loaded with torch.load(weights_only=True)) "
-        "with the allow_pickle setting."
+        f"`python main.py convert-weights {path}` (read with torch's weights-only loader), or allow pickles "
+        "(loaded with torch.load(weights_only=True)) by starting Loom with --allow-pickle."
     )
 
 

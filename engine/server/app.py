@@ -26,6 +26,7 @@ from engine.jobs import JobQueue, JobStore, make_local_queue
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, ServerConfig, add_routes
 from engine.server.openapi import OpenApiRoutes
+from engine.server.presence import OutputPresence
 from engine.server.relay import EventRelay, ProgressLog
 from engine.server.routes_comfy import QueueRoutes
 from engine.server.routes_files import FileRoutes
@@ -103,15 +104,16 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     queue = parts.queue
     relay = EventRelay(queue, preview_fps=config.preview_fps)
     hub = WsHub(queue)
-    jobs = JobRoutes(queue, parts.executor.validate, parts.registry.object_info, config)
+    presence = OutputPresence(parts.folders)
+    jobs = JobRoutes(queue, parts.executor.validate, parts.registry.object_info, config, presence)
     bridge = PluginBridge(parts.plugins, hub)
     for sink in (hub, jobs, ProgressLog(), bridge):
         relay.add_sink(sink)
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
-    add_routes(app, QueueRoutes(queue, parts.executor.validate).routes())
+    add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
     info = InfoRoutes(parts.registry, config, model_files=parts.folders.models, models=parts.models,
-                      extensions=parts.extensions)
+                      extensions=parts.extensions, queue=queue)
     add_routes(app, info.routes())
     add_routes(app, info.static_routes(), comfy=False)
     add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "guard", None)).routes())
@@ -161,7 +163,8 @@ def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Names
     """``python main.py serve``: check the bind, build the runtime, open the queue, serve until stopped."""
     config = ServerConfig(host=args.host, port=args.port, token=args.token, insecure=args.insecure,
                           version=loom_version(), argv=tuple(sys.argv),
-                          allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()))
+                          allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()),
+                          allowed_origins=tuple(getattr(args, "allowed_origin", None) or ()))
     try:
         check_bind(config)
     except InsecureBindError as exc:

@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.server.common import Handler
+from engine.server.common import Handler, json_response
 
 _OBJ: dict[str, Any] = {"type": "object"}
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -54,10 +54,17 @@ SCHEMAS: dict[str, Any] = {
             "value": {"type": "integer"}, "max": {"type": "integer"}, "node": {"type": "string", "nullable": True}}},
         "outputs": {"type": "array", "items": {"type": "object", "properties": {
             "node": {"type": "string"}, "filename": {"type": "string"}, "subfolder": {"type": "string"},
-            "type": {"type": "string"}, "url": {"type": "string"}}}},
+            "type": {"type": "string"}, "url": {"type": "string"},
+            "missing": {"type": "boolean", "description": "true when the file is gone from disk (deleted, or "
+                        "another --output-dir); clients show a placeholder instead of requesting it"}}}},
         "errors": {"type": "array", "items": _OBJ},
         "node_errors": _OBJ,
         "webhook": {"type": "string", "nullable": True},
+        "interrupt": {"type": "object", "nullable": True, "description": "set while a running job is asked to "
+                      "stop: stoppable false means its node does not check for interrupts and runs to its end",
+                      "properties": {"requested": {"type": "boolean"}, "stoppable": {"type": "boolean"},
+                                     "unheeded_s": {"type": "number", "nullable": True},
+                                     "message": {"type": "string"}}},
     }},
     "JobRequest": {"type": "object", "required": ["workflow"], "properties": {
         "workflow": {"type": "object", "description": "API format, Loom's saved format or ComfyUI UI format"},
@@ -177,4 +184,4 @@ class OpenApiRoutes:
         return [("GET", "/api/v1/openapi.json", self.get)]
 
     async def get(self, request: web.Request) -> web.Response:
-        return web.json_response(self.document)
+        return json_response(self.document)

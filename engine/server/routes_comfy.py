@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import uuid
@@ -15,9 +16,19 @@ from typing import Any
 from aiohttp import web
 
 from engine.executor import RunRequest
-from engine.jobs import JobQueue, JobSpec
-from engine.server.common import ApiError, Handler, query_int, read_object
+from engine.jobs import JobQueue, JobRecord, JobSpec, StorageError
+from engine.server.common import (
+    ApiError,
+    Handler,
+    json_response,
+    json_response_built,
+    query_int,
+    read_object,
+    storage_error,
+)
+from engine.server.presence import OutputPresence
 from engine.validate import Validation
+from engine.workflow import MAX_NODES, WorkflowTooLarge
 
 log = logging.getLogger("loom.server")
 Validator = Callable[[RunRequest], Validation]
@@ -26,12 +37,12 @@ Validator = Callable[[RunRequest], Validation]
 def no_prompt_error(details: str = "No prompt provided") -> web.Response:
     """ComfyUI's 400 for a request without a usable prompt."""
     error = {"type": "no_prompt", "message": "No prompt provided", "details": details, "extra_info": {}}
-    return web.json_response({"error": error, "node_errors": {}}, status=400)
+    return json_response({"error": error, "node_errors": {}}, status=400)
 
 
 def invalid_prompt_error(message: str, details: str) -> web.Response:
     error = {"type": "invalid_prompt", "message": message, "details": details, "extra_info": {}}
-    return web.json_response({"error": error, "node_errors": {}}, status=400)
+    return json_response({"error": error, "node_errors": {}}, status=400)
 
 
 class PromptRequest:
@@ -49,7 +60,7 @@ class PromptRequest:
                 raise _BadPrompt("number must be a number")
             try:
                 number = float(number)
-            except ValueError as exc:
+            except (ValueError, OverflowError) as exc:
                 raise _BadPrompt(f"number must be a number, got {number!r}") from exc
             if not math.isfinite(number):
                 raise _BadPrompt("number must be finite")
@@ -91,15 +102,18 @@ def submit_prompt(queue: JobQueue, validate: Validator, req: PromptRequest, *, w
         queue.submit(spec, front=req.front, number=req.number)
     except ValueError as exc:
         raise ApiError(400, "duplicate_prompt_id", str(exc)) from exc
+    except StorageError as exc:
+        raise storage_error(exc) from exc
     return spec, validation
 
 
 class QueueRoutes:
     """The routes that queue, list and stop work."""
 
-    def __init__(self, queue: JobQueue, validate: Validator) -> None:
+    def __init__(self, queue: JobQueue, validate: Validator, presence: OutputPresence | None = None) -> None:
         self.queue = queue
         self.validate = validate
+        self.presence = presence  # marks output files that are gone
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -118,12 +132,16 @@ class QueueRoutes:
         data = await read_object(request)
         if not isinstance(data.get("prompt"), dict) or not data["prompt"]:
             return no_prompt_error()
+        if len(data["prompt"]) > MAX_NODES:
+            error = {"type": "workflow_too_large", "message": str(WorkflowTooLarge(len(data["prompt"]))),
+                     "details": f"at most {MAX_NODES} nodes", "extra_info": {}}
+            return json_response({"error": error, "node_errors": {}}, status=413)
         try:
             req = PromptRequest(data)
         except _BadPrompt as exc:
             return invalid_prompt_error("Invalid prompt", str(exc))
-        try:
-            spec, validation = submit_prompt(self.queue, self.validate, req)
+        try:  # validation of a large workflow (and plugins' hooks) runs off the event loop
+            spec, validation = await asyncio.to_thread(submit_prompt, self.queue, self.validate, req)
         except ApiError:
             raise
         except Exception as exc:  # a validator crash on odd input is still the client's 400
@@ -131,16 +149,16 @@ class QueueRoutes:
             return invalid_prompt_error("Invalid prompt", f"the prompt could not be read: {exc}")
         if spec is None:
             error = validation.error.to_json() if validation.error else {}
-            return web.json_response({"error": error, "node_errors": validation.node_errors_json()}, status=400)
+            return json_response({"error": error, "node_errors": validation.node_errors_json()}, status=400)
         number = int(spec.number) if float(spec.number).is_integer() else spec.number
-        return web.json_response({"prompt_id": spec.prompt_id, "number": number,
+        return json_response({"prompt_id": spec.prompt_id, "number": number,
                                   "node_errors": validation.node_errors_json()})
 
     async def get_prompt(self, request: web.Request) -> web.Response:
-        return web.json_response({"exec_info": {"queue_remaining": self.queue.remaining()}})
+        return json_response({"exec_info": {"queue_remaining": self.queue.remaining()}})
 
     async def get_queue(self, request: web.Request) -> web.Response:
-        return web.json_response({
+        return json_response({
             "queue_running": [s.comfy_tuple() for s in self.queue.running()],
             "queue_pending": [s.comfy_tuple() for s in self.queue.pending()],
         })
@@ -153,21 +171,27 @@ class QueueRoutes:
         running = {s.prompt_id for s in self.queue.running()}
         for prompt_id in delete:
             if prompt_id not in running:  # ComfyUI deletes pending items only; /interrupt stops the running one
-                self.queue.cancel(prompt_id, record=False)
+                self.queue.cancel(prompt_id)  # recorded as cancelled: streams end, webhooks fire
         return web.Response(status=200)
 
     async def get_history(self, request: web.Request) -> web.Response:
         max_items = query_int(request, "max_items")
         offset = query_int(request, "offset", 0) or 0
-        records = self.queue.history(max_items, offset)
-        return web.json_response({r.spec.prompt_id: r.comfy_history() for r in records}, dumps=_dumps)
+        return await json_response_built(
+            lambda: {r.spec.prompt_id: self._entry(r) for r in self.queue.history(max_items, offset)})
+
+    def _entry(self, record: JobRecord) -> dict[str, Any]:
+        entry = record.comfy_history()
+        if self.presence is not None:
+            entry["outputs"] = self.presence.annotate(entry["outputs"])
+        return entry
 
     async def get_history_item(self, request: web.Request) -> web.Response:
         prompt_id = request.match_info["prompt_id"]
         view = self.queue.get(prompt_id)
         if view is None or view.record is None or not view.record.ran:
-            return web.json_response({})
-        return web.json_response({prompt_id: view.record.comfy_history()}, dumps=_dumps)
+            return json_response({})
+        return json_response({prompt_id: await asyncio.to_thread(self._entry, view.record)})
 
     async def post_history(self, request: web.Request) -> web.Response:
         data = await read_object(request)
@@ -202,7 +226,3 @@ def _id_list(data: dict[str, Any], key: str) -> list[str]:
     return list(value)
 
 
-def _dumps(value: Any) -> str:
-    import json
-
-    return json.dumps(value, default=str)

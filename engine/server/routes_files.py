@@ -13,15 +13,19 @@ import mimetypes
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import aiohttp
 from aiohttp import web
 from PIL import Image, UnidentifiedImageError
 
+from engine.atomic import create_exclusive, write_atomic
 from engine.context import Folders
 from engine.guard import ImageGuard, was_checked
-from engine.server.common import ApiError, Handler, ServerConfig
+from engine.server.common import MAX_NAME_BYTES, ApiError, Handler, ServerConfig, json_response
 from engine.server.security import safe_path
 
+MAX_NAME_TRIES = 10_000
 PREVIEW_FORMATS = {"webp": ("WEBP", "image/webp"), "jpeg": ("JPEG", "image/jpeg"), "jpg": ("JPEG", "image/jpeg"),
                    "png": ("PNG", "image/png")}
 
@@ -68,9 +72,56 @@ def convert_preview(path: Path, spec: str | None, channel: str) -> tuple[bytes, 
             buffer = io.BytesIO()
             save_format, mime = PREVIEW_FORMATS[fmt]
             img.save(buffer, format=save_format, quality=quality)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ApiError(413, "image_too_large", f"{path.name} is too large to preview ({exc}); "
+                       "fetch it without ?preview= to get the file as it is") from exc
     except (UnidentifiedImageError, OSError) as exc:
         raise ApiError(400, "not_an_image", f"{path.name} is not an image that can be previewed: {exc}") from exc
     return buffer.getvalue(), mime
+
+
+def clean_name(raw: str) -> str:
+    """An uploaded file's name made safe to store and to send back in headers: the last path part,
+    control characters (line breaks, NUL ...) and quotes removed, at most 255 bytes."""
+    name = Path(raw.replace("\\", "/")).name
+    name = "".join(ch for ch in name if ch.isprintable() and ch not in '"').strip()
+    if not name or name in (".", ".."):
+        raise ApiError(400, "invalid_filename", "the uploaded file needs a plain file name (letters, digits, "
+                       "dots; no path)")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise ApiError(400, "name_too_long", f"the file name is longer than {MAX_NAME_BYTES} bytes, which file "
+                       "systems refuse; rename the file before uploading")
+    return name
+
+
+def content_disposition(name: str) -> str:
+    """RFC 6266: an ASCII fallback and the exact UTF-8 name (``filename*``)."""
+    fallback = "".join(ch if 32 <= ord(ch) < 127 and ch not in '"\\' else "_" for ch in name)
+    return f"filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
+
+
+def allocate(target_dir: Path, name: str, data: bytes, *, overwrite: bool) -> Path:
+    """Store an upload under ``name`` in ``target_dir`` and return its path. Without ``overwrite``, a
+    different file of that name keeps it and the upload gets ``stem (1).ext``, ``stem (2).ext`` ...;
+    each name is claimed by an exclusive create, so concurrent uploads never share one. An identical
+    file already there is reused (ComfyUI's behaviour)."""
+    first = target_dir / name
+    if overwrite:
+        if first.is_dir() or first.is_symlink():
+            raise ApiError(409, "name_taken", f"{name!r} is a folder or a link in that folder; upload under "
+                           "another name")
+        write_atomic(first, data)
+        return first
+    stem, suffix = Path(name).stem, Path(name).suffix
+    for i in range(MAX_NAME_TRIES):
+        path = first if i == 0 else target_dir / f"{stem} ({i}){suffix}"
+        if path.is_symlink() or path.is_dir():
+            continue
+        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+            return path
+        if create_exclusive(path, data):
+            return path
+    raise ApiError(409, "name_taken", f"{MAX_NAME_TRIES} files named like {name!r} exist; upload under another name")
 
 
 class FileRoutes:
@@ -112,13 +163,13 @@ class FileRoutes:
             data, mime = await asyncio.to_thread(convert_preview, path, preview, channel)
             return web.Response(body=data, content_type=mime)
         response = web.FileResponse(path)
-        response.headers["Content-Disposition"] = f'filename="{path.name}"'
+        response.headers["Content-Disposition"] = content_disposition(path.name)
         return response
 
     async def _read_upload(self, request: web.Request) -> tuple[dict[str, Any], bytes, str]:
         try:
             post = await request.post()
-        except ValueError as exc:
+        except (ValueError, UnicodeDecodeError, aiohttp.http_exceptions.HttpProcessingError) as exc:
             raise ApiError(400, "invalid_form", f"expected a multipart form with an 'image' file: {exc}") from exc
         image = post.get("image")
         if not isinstance(image, web.FileField):
@@ -126,9 +177,7 @@ class FileRoutes:
         data = image.file.read(self.max_upload + 1)
         if len(data) > self.max_upload:
             raise ApiError(413, "upload_too_large", f"uploads are limited to {self.max_upload} bytes")
-        name = Path((image.filename or "").replace("\\", "/")).name
-        if not name or name in (".", "..") or "\x00" in name:
-            raise ApiError(400, "invalid_filename", "the uploaded file needs a plain file name")
+        name = clean_name(image.filename or "")
         fields = {k: v for k, v in post.items() if isinstance(v, str)}
         return fields, data, name
 
@@ -140,17 +189,8 @@ class FileRoutes:
         target_dir = safe_path(base, subfolder)
         target_dir.mkdir(parents=True, exist_ok=True)
         target_dir = safe_path(base, subfolder)  # re-check after creating
-        path = target_dir / name
-        if not overwrite:
-            stem, suffix = Path(name).stem, Path(name).suffix
-            i = 1
-            while path.exists() and path.read_bytes() != data:
-                path = target_dir / f"{stem} ({i}){suffix}"
-                i += 1
-        if path.is_symlink():
-            raise ApiError(403, "path_outside_folder", "refusing to write through a symlink")
-        await asyncio.to_thread(path.write_bytes, data)
-        return web.json_response({"name": path.name, "subfolder": subfolder, "type": kind})
+        path = await asyncio.to_thread(allocate, target_dir, name, data, overwrite=overwrite)
+        return json_response({"name": path.name, "subfolder": subfolder, "type": kind})
 
     async def upload_image(self, request: web.Request) -> web.Response:
         fields, data, name = await self._read_upload(request)

@@ -16,7 +16,7 @@ from aiohttp import web
 from engine.context import ModelManagerLike
 from engine.model_meta import describe_model_file
 from engine.registry import NodeRegistry
-from engine.server.common import ApiError, Handler, ServerConfig
+from engine.server.common import ApiError, Handler, ServerConfig, json_response, json_response_built
 from engine.server.security import safe_path
 
 # Folder kinds listed by /models when the model-file finder does not say which it knows.
@@ -80,8 +80,10 @@ def torch_version() -> str:
 
 class InfoRoutes:
     def __init__(self, registry: NodeRegistry, config: ServerConfig, *, model_files: Any = None,
-                 models: ModelManagerLike | None = None, extensions: Mapping[str, Path] | None = None) -> None:
+                 models: ModelManagerLike | None = None, extensions: Mapping[str, Path] | None = None,
+                 queue: Any = None) -> None:
         self.registry = registry
+        self.queue = queue  # its health() (worker alive, restarts, storage) goes into /system_stats
         self.config = config
         self.model_files = model_files
         self.models = models
@@ -104,14 +106,17 @@ class InfoRoutes:
         return [("GET", "/extensions/{pack}/{path:.+}", self.extension_file)]
 
     async def object_info(self, request: web.Request) -> web.Response:
-        return web.json_response(self.registry.object_info())
+        return await json_response_built(self.registry.object_info)  # plugins' INPUT_TYPES run off the loop
 
     async def object_info_one(self, request: web.Request) -> web.Response:
-        return web.json_response(self.registry.object_info(request.match_info["node_class"]))
+        name = request.match_info["node_class"]
+        return await json_response_built(lambda: self.registry.object_info(name))
 
     async def system_stats(self, request: web.Request) -> web.Response:
         ram = ram_figures()
         memory = self.models.stats() if self.models is not None else None
+        health = getattr(self.queue, "health", None)
+        worker = health().to_json() if callable(health) else None
         body = {
             "system": {
                 "os": os.name if sys.platform != "linux" else "posix",
@@ -126,9 +131,9 @@ class InfoRoutes:
                 "argv": list(self.config.argv) or list(sys.argv),
             },
             "devices": device_figures(ram),
-            "loom": {"memory_manager": memory, **self.config.extra_stats},
+            "loom": {"memory_manager": memory, "job_worker": worker, **self.config.extra_stats},
         }
-        return web.json_response(body, dumps=_dumps)
+        return json_response(body)
 
     def _kinds(self) -> list[str]:
         kinds = getattr(self.model_files, "kinds", None)
@@ -152,13 +157,13 @@ class InfoRoutes:
             return []
 
     async def model_kinds(self, request: web.Request) -> web.Response:
-        return web.json_response(self._kinds())
+        return json_response(self._kinds())
 
     async def model_list(self, request: web.Request) -> web.Response:
         folder = request.match_info["folder"]
         if folder not in self._kinds():
             raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
-        return web.json_response(self._files(folder))
+        return json_response(self._files(folder))
 
     async def model_info(self, request: web.Request) -> web.Response:
         """Loom: each file of a model folder with its size and safetensors metadata (read-only)."""
@@ -186,7 +191,7 @@ class InfoRoutes:
                     name = name[: -len(suffix)]
                     break
             names.append(name)
-        return web.json_response(names)
+        return json_response(names)
 
     async def extension_list(self, request: web.Request) -> web.Response:
         urls = []
@@ -195,7 +200,7 @@ class InfoRoutes:
                 for path in sorted(folder.rglob("*.js")):
                     if path.is_file() and not path.is_symlink():
                         urls.append(f"/extensions/{pack}/{path.relative_to(folder).as_posix()}")
-        return web.json_response(urls)
+        return json_response(urls)
 
     async def extension_file(self, request: web.Request) -> web.StreamResponse:
         folder = self.extensions.get(request.match_info["pack"])
@@ -207,11 +212,6 @@ class InfoRoutes:
         return web.FileResponse(path)
 
     async def features(self, request: web.Request) -> web.Response:
-        return web.json_response({"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes,
+        return json_response({"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes,
                                   "loom_jobs_api": "/api/v1/jobs"})
 
-
-def _dumps(value: Any) -> str:
-    import json
-
-    return json.dumps(value, default=str)

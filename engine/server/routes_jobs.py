@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 import mimetypes
 from collections.abc import Callable, Mapping
@@ -30,10 +29,11 @@ from engine.compat_check import check_workflow
 from engine.context import KeptImages
 from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
 from engine.jobtypes import RETURN_KEY, RETURN_MODES
-from engine.server.common import ApiError, Handler, ServerConfig, read_json, read_object
+from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
+from engine.server.presence import OutputPresence
 from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
 from engine.server.security import is_loopback
-from engine.workflow import LoadedWorkflow, WorkflowFormatError, load_workflow
+from engine.workflow import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
 
 log = logging.getLogger("loom.server.jobs")
 ObjectInfo = Callable[[], Mapping[str, Any]]
@@ -59,7 +59,9 @@ def output_files(outputs: Mapping[str, Any]) -> list[dict[str, Any]]:
     return files
 
 
-def job_resource(view: JobView) -> dict[str, Any]:
+def job_resource(view: JobView, presence: OutputPresence | None = None) -> dict[str, Any]:
+    """The job as ``/api/v1/jobs/{id}`` shows it; with ``presence``, output files that are gone
+    carry ``missing: true``."""
     spec, record = view.spec, view.record
     progress = view.progress
     errors: list[dict[str, Any]] = []
@@ -74,7 +76,8 @@ def job_resource(view: JobView) -> dict[str, Any]:
         "started_at": _iso(record.started_at) if record else None,
         "finished_at": _iso(record.finished_at) if record else None,
         "progress": {"value": progress.value, "max": progress.max, "node": progress.node} if progress else None,
-        "outputs": [{**f, "image": f"/api/v1/jobs/{spec.prompt_id}/images/{n}"}
+        "outputs": [{**(presence.mark(f) if presence is not None else f),
+                     "image": f"/api/v1/jobs/{spec.prompt_id}/images/{n}"}
                     for n, f in enumerate(output_files(record.outputs))] if record else [],
         "errors": errors,
         "node_errors": record.node_errors if record else {},
@@ -82,6 +85,7 @@ def job_resource(view: JobView) -> dict[str, Any]:
         "cached": record.cached if record else [],
         "timings": record.timings if record else {},
         "webhook": spec.webhook,
+        "interrupt": view.interrupt.to_json() if view.interrupt is not None else None,
         "links": {"self": f"/api/v1/jobs/{spec.prompt_id}", "events": f"/api/v1/jobs/{spec.prompt_id}/events"},
     }
 
@@ -90,6 +94,8 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
     """Any supported workflow format → API format; a bare workflow or ``{"workflow": ...}``."""
     try:
         return load_workflow(data, object_info)
+    except WorkflowTooLarge as exc:
+        raise ApiError(413, "workflow_too_large", str(exc), max_nodes=MAX_NODES) from exc
     except WorkflowFormatError as first:
         inner = data.get("workflow") if isinstance(data, dict) else None
         if inner is None and isinstance(data, dict):
@@ -97,6 +103,8 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
         if inner is not None:
             try:
                 return load_workflow(inner, object_info)
+            except WorkflowTooLarge as exc:
+                raise ApiError(413, "workflow_too_large", str(exc), max_nodes=MAX_NODES) from exc
             except WorkflowFormatError as exc:
                 raise ApiError(400, "invalid_workflow", str(exc)) from exc
             except RecursionError as exc:
@@ -107,8 +115,10 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
 
 
 class JobRoutes:
-    def __init__(self, queue: JobQueue, validate: Validator, object_info: ObjectInfo, config: ServerConfig) -> None:
+    def __init__(self, queue: JobQueue, validate: Validator, object_info: ObjectInfo, config: ServerConfig,
+                 presence: OutputPresence | None = None) -> None:
         self.queue = queue
+        self.presence = presence
         self.validate = validate
         self.object_info = object_info
         self.config = config
@@ -135,7 +145,7 @@ class JobRoutes:
         if source is None:
             raise ApiError(400, "missing_workflow", "send {\"workflow\": <API, saved or UI-format workflow>, "
                            "\"client_id\"?, \"webhook\"?, \"front\"?, \"outputs\"?}")
-        loaded = convert_any(source, self.object_info())
+        loaded = await asyncio.to_thread(self._convert, source)  # large workflows: off the loop
         webhook = self._check_webhook(body.get("webhook"))
         extra: dict[str, Any] = {}
         returned = body.get("return", "files")
@@ -155,7 +165,7 @@ class JobRoutes:
         except _BadPrompt as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         try:
-            spec, validation = submit_prompt(self.queue, self.validate, req, webhook=webhook)
+            spec, validation = await asyncio.to_thread(submit_prompt, self.queue, self.validate, req, webhook=webhook)
         except ApiError:
             raise
         except Exception as exc:
@@ -165,7 +175,7 @@ class JobRoutes:
             raise ApiError(400, "invalid_workflow", error.get("message", "invalid workflow"),
                            details=error.get("details", ""), node_errors=validation.node_errors_json())
         view = self.queue.get(spec.prompt_id) or JobView(spec, "queued")
-        response = web.json_response(job_resource(view), status=201, dumps=_dumps)
+        response = json_response(job_resource(view), status=201)
         response.headers["Location"] = f"/api/v1/jobs/{spec.prompt_id}"
         return response
 
@@ -173,7 +183,7 @@ class JobRoutes:
         views = [JobView(s, "running") for s in self.queue.running()]
         views += [JobView(s, "queued") for s in self.queue.pending()]
         views += [JobView(r.spec, r.status, record=r) for r in reversed(self.queue.history(50))]
-        return web.json_response({"jobs": [job_resource(v) for v in views]}, dumps=_dumps)
+        return json_response({"jobs": await asyncio.to_thread(lambda: [self._resource(v) for v in views])})
 
     def _view(self, request: web.Request) -> JobView:
         job_id = request.match_info["job_id"]
@@ -187,7 +197,7 @@ class JobRoutes:
         embed = request.query.get("images")
         if embed not in (None, "base64"):
             raise ApiError(400, "invalid_request", f"images must be 'base64' (or left out), got {embed!r}")
-        return web.json_response(self._resource(view, embed=embed == "base64"), dumps=_dumps)
+        return json_response(self._resource(view, embed=embed == "base64"))
 
     async def image(self, request: web.Request) -> web.Response:
         """Output ``n`` of a finished job: its bytes from memory, else a redirect to its file."""
@@ -211,9 +221,12 @@ class JobRoutes:
     def _resource(self, view: JobView, *, embed: bool = False) -> dict[str, Any]:
         """The job resource; with ``embed`` (or a job submitted with ``"return": "base64"``) each
         output kept in memory carries its bytes as ``data`` (base64)."""
-        resource = job_resource(view)
+        resource = job_resource(view, self.presence)
+        kept = self._kept(view.spec.prompt_id)
+        for entry in resource["outputs"]:
+            if entry.get("missing") and KeptImages.key(entry) in kept:
+                del entry["missing"]  # served from memory all the same
         if embed or view.spec.extra_data.get(RETURN_KEY) == "base64":
-            kept = self._kept(view.spec.prompt_id)
             for entry in resource["outputs"]:
                 data = kept.get(KeptImages.key(entry))
                 if data is not None:
@@ -225,7 +238,7 @@ class JobRoutes:
         if view.status in FINAL:
             raise ApiError(409, "job_finished", f"job {view.spec.prompt_id!r} already {view.status}")
         self.queue.cancel(view.spec.prompt_id)
-        return web.json_response(job_resource(self.queue.get(view.spec.prompt_id) or view), status=202, dumps=_dumps)
+        return json_response(job_resource(self.queue.get(view.spec.prompt_id) or view), status=202)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         job_id = request.match_info["job_id"]
@@ -259,8 +272,11 @@ class JobRoutes:
 
     async def convert(self, request: web.Request) -> web.Response:
         data = await read_json(request)
-        loaded = convert_any(data, self.object_info())
-        return web.json_response({"prompt": loaded.prompt, "source_format": loaded.source_format})
+        loaded = await asyncio.to_thread(self._convert, data)
+        return json_response({"prompt": loaded.prompt, "source_format": loaded.source_format})
+
+    def _convert(self, data: Any) -> LoadedWorkflow:
+        return convert_any(data, self.object_info())
 
     async def check(self, request: web.Request) -> web.Response:
         """The compatibility report (engine/compat_check.py) of a bare workflow or ``{"workflow": ...}``."""
@@ -299,7 +315,7 @@ class JobRoutes:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         try:
-            async with self._session.post(url, data=_dumps(payload),
+            async with self._session.post(url, data=dumps(payload),
                                           headers={"Content-Type": "application/json"}) as response:
                 if response.status >= 400:
                     log.warning("webhook %s answered %d for job %s", url, response.status, payload["id"])
@@ -317,8 +333,5 @@ class JobRoutes:
 
 
 async def _send(response: web.StreamResponse, event: str, data: Any) -> None:
-    await response.write(f"event: {event}\ndata: {_dumps(data)}\n\n".encode())
+    await response.write(f"event: {event}\ndata: {dumps(data)}\n\n".encode())
 
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, default=str)

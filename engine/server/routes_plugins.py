@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 
 from aiohttp import web
 
 from engine.jobs import JobEvent, Notice
-from engine.server.common import Handler
+from engine.node import contained
+from engine.server.common import Handler, json_error, json_response
 from engine.server.ws import WsHub
 
 log = logging.getLogger("loom.server.plugins")
@@ -29,8 +31,36 @@ class PluginRoutes:
 
     async def plugins(self, request: web.Request) -> web.Response:
         if self.report is None:
-            return web.json_response({"enabled": False, "packs": []})
-        return web.json_response({"enabled": True, **self.report.to_json()})
+            return json_response({"enabled": False, "packs": []})
+        return json_response({"enabled": True, **self.report.to_json()})
+
+
+def pack_of(handler: Any) -> str:
+    """The plugin pack a route handler comes from (its module is ``loom_plugin_<pack>_<digest>``)."""
+    module = str(getattr(handler, "__module__", "") or "")
+    found = re.match(r"loom_plugin_(.+)_[0-9a-f]{10}(\.|$)", module)
+    return found.group(1) if found else module or "an unknown pack"
+
+
+def contained_route(route: Any) -> Any:
+    """A pack's route whose handler cannot end the server: ``sys.exit()``, ``KeyboardInterrupt`` or
+    an exception in it become a JSON 500 that names the pack (a plugin's bug, not Loom's)."""
+    if not isinstance(route, web.RouteDef):
+        return route
+    handler, pack = route.handler, pack_of(route.handler)
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            with contained(f"the route {request.method} {request.path} of plugin pack {pack!r}"):
+                return await handler(request)  # type: ignore[no-any-return]
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            log.exception("plugin pack %r failed on %s %s", pack, request.method, request.path)
+            return json_error(500, "plugin_route_failed", f"the plugin pack {pack!r} failed on this request "
+                              f"({type(exc).__name__}: {exc}); the server is fine, the pack needs fixing")
+
+    return web.RouteDef(route.method, route.path, guarded, route.kwargs)
 
 
 class PluginBridge:
@@ -44,7 +74,7 @@ class PluginBridge:
     def mount(self, app: web.Application) -> None:
         routes = getattr(self.environment, "routes", None)
         if routes is not None and len(routes):
-            app.add_routes(routes)
+            app.add_routes([contained_route(r) for r in routes])
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop

@@ -24,7 +24,19 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from engine.server.common import LOOPBACK_HOSTS, ApiError, Handler, ServerConfig, json_error
+from engine.jobstore import StorageError
+from engine.node import PluginExit, describe_exit
+from engine.server.common import (
+    LOOPBACK_HOSTS,
+    MAX_NAME_BYTES,
+    ApiError,
+    Handler,
+    ServerConfig,
+    json_error,
+    json_response,
+    os_error,
+    storage_error,
+)
 
 log = logging.getLogger("loom.server")
 TOKEN_COOKIE = "loom_token"
@@ -77,6 +89,17 @@ def _hostname(value: str) -> str:
     return value.lower()
 
 
+def origin_key(origin: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of an origin URL, the port filled in from the scheme's default."""
+    parts = urlsplit(origin.strip().lower())
+    try:
+        port = parts.port
+    except ValueError:
+        return (parts.scheme, "", None)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return (parts.scheme, (parts.hostname or "").strip("[]"), port if port is not None else default)
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -113,20 +136,34 @@ class Guard:
                 return json_error(response.status, kind, response.reason or kind, path=request.path)
             return response
         except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+            return json_response(exc.body(), status=exc.status)
+        except StorageError as exc:  # the job database cannot be written (a full disk): not the client's fault
+            error = storage_error(exc)
+            return json_response(error.body(), status=error.status)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except OSError as exc:  # a full disk, a name too long, a folder where a file was meant ...
+            answer = os_error(exc)
+            if answer is None:
+                return self._bug(request, exc)
+            return json_response(answer.body(), status=answer.status)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             kind = (exc.reason or "error").lower().replace(" ", "_")
             message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
             return json_error(exc.status, kind, message or kind, path=request.path)
-        except (asyncio.CancelledError, ConnectionResetError):
-            raise
         except Exception as exc:
-            request.app[ERRORS].count += 1
-            log.exception("unexpected error handling %s %s", request.method, request.path)
-            return json_error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
-                              "this is a bug in Loom: the log has the details")
+            return self._bug(request, exc)
+        except (SystemExit, KeyboardInterrupt) as exc:  # code under a handler must never end the server
+            return self._bug(request, PluginExit(f"{request.method} {request.path} {describe_exit(exc)}"))
+
+    @staticmethod
+    def _bug(request: web.Request, exc: Exception) -> web.Response:
+        request.app[ERRORS].count += 1
+        log.exception("unexpected error handling %s %s", request.method, request.path, exc_info=exc)
+        return json_error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
+                          "this is a bug in Loom: the log has the details")
 
     @web.middleware
     async def access(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -144,11 +181,13 @@ class Guard:
             host = _hostname(request.headers.get("Host", ""))
             if not self.host_allowed(host):
                 raise ApiError(403, "host_not_allowed", f"Host {host!r} is not this server's name; "
-                               "use http://127.0.0.1 (or start with an allowed host)")
+                               f"use http://127.0.0.1, or start the server with --allow-host {host} "
+                               "to accept that name")
         origin = request.headers.get("Origin")
         if origin is not None and not self._origin_allowed(origin, request):
             raise ApiError(403, "cross_origin", f"requests from the web page at {origin!r} are refused: "
-                           "only pages served by this server may use its API")
+                           "only pages served by this server may use its API; to allow that page, start the "
+                           f"server with --allow-origin {origin}")
         if origin is None and request.headers.get("Sec-Fetch-Site") == "cross-site" and request.method not in (
                 "GET", "HEAD"):
             raise ApiError(403, "cross_origin", "cross-site requests are refused")
@@ -158,11 +197,15 @@ class Guard:
         return response
 
     def _origin_allowed(self, origin: str, request: web.Request) -> bool:
-        host = _hostname(origin)
-        if not host or origin == "null":
+        """The page's origin must be this server's own (host and port, as the ``Host`` header names
+        them; ComfyUI's rule) or one of ``allowed_origins`` (``--allow-origin``; ``*`` for any)."""
+        if origin == "null" or not _hostname(origin):
             return False
-        own = _hostname(request.headers.get("Host", ""))
-        return host == own or is_loopback(host) or host in self.allowed_names
+        wanted = origin_key(origin)
+        if "*" in self.config.allowed_origins or wanted in {origin_key(o) for o in self.config.allowed_origins}:
+            return True
+        scheme = "https" if request.secure else "http"
+        return wanted == origin_key(f"{scheme}://{request.headers.get('Host', '')}")
 
 
 def safe_path(base: Path, *parts: str) -> Path:
@@ -179,6 +222,9 @@ def safe_path(base: Path, *parts: str) -> Path:
         for seg in part.replace("\\", "/").split("/"):
             if seg == "..":
                 raise ApiError(400, "invalid_path", f"'..' is refused in {part!r}: paths stay inside their folder")
+            if len(seg.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+                raise ApiError(400, "name_too_long", f"the name {seg[:40]!r}... is longer than {MAX_NAME_BYTES} "
+                               "bytes, which file systems refuse; give a shorter name")
             if seg not in ("", "."):
                 segments.append(seg)
     candidate = base.joinpath(*segments)

@@ -13,7 +13,8 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from engine.server.common import ApiError, Handler, query_bool, read_json, read_object
+from engine.atomic import write_atomic
+from engine.server.common import ApiError, Handler, dumps, json_response, query_bool, read_json, read_object
 from engine.server.security import safe_path
 
 DEFAULT_USER = "default"
@@ -58,8 +59,8 @@ class UserdataRoutes:
 
     def _answer(self, path: Path, request: web.Request) -> web.Response:
         if query_bool(request, "full_info"):
-            return web.json_response(file_info(path, self.root))
-        return web.json_response(path.relative_to(self.root).as_posix())
+            return json_response(file_info(path, self.root))
+        return json_response(path.relative_to(self.root).as_posix())
 
     async def list_files(self, request: web.Request) -> web.Response:
         directory = request.query.get("dir")
@@ -73,11 +74,11 @@ class UserdataRoutes:
         files = sorted(p for p in folder.glob(pattern) if p.is_file()
                        and os.path.commonpath([os.path.realpath(p), real_root]) == real_root)
         if query_bool(request, "full_info"):
-            return web.json_response([file_info(p, folder) for p in files])
+            return json_response([file_info(p, folder) for p in files])
         names = [p.relative_to(folder).as_posix() for p in files]
         if query_bool(request, "split"):
-            return web.json_response([[n, *n.split("/")] for n in names])
-        return web.json_response(names)
+            return json_response([[n, *n.split("/")] for n in names])
+        return json_response(names)
 
     async def get_file(self, request: web.Request) -> web.StreamResponse:
         path = self._path(request.match_info["file"])
@@ -96,7 +97,7 @@ class UserdataRoutes:
         body = await request.read()
         path.parent.mkdir(parents=True, exist_ok=True)
         safe_path(self.root, path.relative_to(self.root).as_posix())  # parents created: check again
-        await asyncio.to_thread(path.write_bytes, body)
+        await asyncio.to_thread(write_atomic, path, body)
         return self._answer(path, request)
 
     async def delete_file(self, request: web.Request) -> web.Response:
@@ -127,13 +128,10 @@ class UserdataRoutes:
         return data if isinstance(data, dict) else {}
 
     def _save_settings(self, settings: dict[str, Any]) -> None:
-        path = self.root / SETTINGS_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(settings, indent=2))
-        os.replace(tmp, path)
+        write_atomic(self.root / SETTINGS_FILE, dumps(settings).encode())
 
     async def get_settings(self, request: web.Request) -> web.Response:
-        return web.json_response(self._load_settings())
+        return json_response(self._load_settings())
 
     async def post_settings(self, request: web.Request) -> web.Response:
         update = await read_object(request)
@@ -144,7 +142,7 @@ class UserdataRoutes:
         return web.Response(status=200)
 
     async def get_setting(self, request: web.Request) -> web.Response:
-        return web.json_response(self._load_settings().get(request.match_info["id"]))
+        return json_response(self._load_settings().get(request.match_info["id"]))
 
     async def post_setting(self, request: web.Request) -> web.Response:
         value = await read_json(request)
@@ -156,7 +154,7 @@ class UserdataRoutes:
 
     # --- users ----------------------------------------------------------------------------------------
     async def get_users(self, request: web.Request) -> web.Response:
-        return web.json_response({"storage": "server", "migrated": True})
+        return json_response({"storage": "server", "migrated": True})
 
     async def post_users(self, request: web.Request) -> web.Response:
         raise ApiError(400, "single_user", "Loom runs in single-user mode; there are no users to create")

@@ -11,7 +11,6 @@ waiting to be sent gets no new ones (slow clients drop frames, never fall behind
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import struct
 import time
@@ -23,6 +22,7 @@ from aiohttp import WSMsgType, web
 
 from engine import events as ev
 from engine.jobs import JobEvent, JobQueue, Notice, QueueChanged
+from engine.server.common import dumps, parse_json
 
 log = logging.getLogger("loom.server.ws")
 PREVIEW_IMAGE = 1  # ComfyUI's binary event type for preview images
@@ -44,14 +44,14 @@ def status_message(remaining: int, sid: str | None) -> str:
     data: dict[str, object] = {"status": {"exec_info": {"queue_remaining": remaining}}}
     if sid is not None:
         data["sid"] = sid
-    return json.dumps({"type": "status", "data": data})
+    return dumps({"type": "status", "data": data})
 
 
 def event_message(event: ev.Event) -> Message:
     if isinstance(event, ev.PreviewFrame):
         kind = IMAGE_FORMATS.get(event.format.upper(), 1)
         return struct.pack(">II", PREVIEW_IMAGE, kind) + event.image
-    return json.dumps({"type": event.type, "data": event.data()}, default=str)
+    return dumps({"type": event.type, "data": event.data()})
 
 
 class WsHub:
@@ -93,11 +93,11 @@ class WsHub:
     async def _on_client_text(self, ws: web.WebSocketResponse, text: str) -> None:
         """Unknown messages are ignored; ComfyUI's ``feature_flags`` hello gets our flags back."""
         try:
-            data = json.loads(text)
-        except ValueError:
+            data = parse_json(text)
+        except ValueError:  # not JSON, non-finite numbers, nested too deeply: ignored like any unknown message
             return
         if isinstance(data, dict) and data.get("type") == "feature_flags":
-            await ws.send_str(json.dumps({"type": "feature_flags", "data": {"supports_preview_metadata": False}}))
+            await ws.send_str(dumps({"type": "feature_flags", "data": {"supports_preview_metadata": False}}))
 
     async def _send_loop(self, client: _Client, ws: web.WebSocketResponse) -> None:
         while not ws.closed:
@@ -139,7 +139,11 @@ class WsHub:
 
     def send_custom(self, event_type: str, data: object, sid: str | None = None) -> None:
         """A plugin's own message (``send_sync``): to one client, or to all when ``sid`` is None."""
-        message = json.dumps({"type": event_type, "data": data}, default=str)
+        try:
+            message = dumps({"type": event_type, "data": data})
+        except (ValueError, RecursionError) as exc:  # a plugin's message that JSON cannot carry
+            log.warning("dropped the plugin message %r: it cannot be sent as JSON (%s)", event_type, exc)
+            return
         targets = [self._clients[sid]] if sid is not None and sid in self._clients else (
             [] if sid is not None else [c for c in self._clients.values() if c.ws is not None])
         for client in targets:

@@ -228,7 +228,6 @@ def test_a_restarted_server_runs_the_jobs_that_were_queued_or_running(tmp_path: 
     pool = InProcessPool([make_worker(tmp_path, "a")])
     queue, _ = make_queue(tmp_path, pool, JobStore(tmp_path / "loom.sqlite"))
     assert [s.prompt_id for s in queue.recovered] == [specs[0].prompt_id]
-    started = time.monotonic()
-    records = queue.drain(timeout=20)
+    records = queue.drain(timeout=20)  # bounded wait; the statuses say whether both ran
     queue.stop()
-    assert [r.status for r in records] == ["succeeded", "succeeded"] and time.monotonic() - started < 20
+    assert [r.status for r in records] == ["succeeded", "succeeded"]

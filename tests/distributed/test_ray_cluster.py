@@ -147,10 +147,9 @@ def test_cancel_interrupts_the_job_on_its_worker_which_then_runs_the_next(setup:
     (name,) = s.workers(1)
     spec = s.queue.submit(JobSpec(workflow("A.safetensors", 1, steps=2000, step_s=0.01)))
     s.wait_for_progress(spec.prompt_id)
-    started = time.monotonic()
     assert s.queue.cancel(spec.prompt_id)
-    record = s.queue.wait(spec.prompt_id, 30)
-    assert record is not None and record.status == "cancelled" and time.monotonic() - started < 10
+    record = s.queue.wait(spec.prompt_id, 30)  # bounded wait; run to its end it would be "succeeded"
+    assert record is not None and record.status == "cancelled"
     assert any(isinstance(n.event, ev.ExecutionInterrupted) for n in s.events(spec.prompt_id))
     (after,) = s.run_all([workflow("A.safetensors", 2)])
     assert after.status == "succeeded" and s.pool.call(name, "stats")["jobs"] == 2

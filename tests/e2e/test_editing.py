@@ -108,7 +108,7 @@ def test_groups_box_select_copy_paste_between_tabs(editor: Editor) -> None:
 def test_queue_panel_batch_and_cancel(editor: Editor) -> None:
     editor.open()
     page = editor.page
-    page.wait_for_timeout(300)  # the gallery has read /history
+    page.wait_for_selector('[data-panel="gallery"] .panel-body[data-loaded="true"]', state="attached")  # read /history
     thumbs = page.locator(".gallery-thumb").count()
     page.fill('[data-role="batch"]', "3")
     seeds = [editor.saved()["prompt"]["3"]["inputs"]["seed"]]

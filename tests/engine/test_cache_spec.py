@@ -32,7 +32,11 @@ def test_identical_resubmit_is_fully_cached_and_resends_ui(harness: Harness) -> 
     harness.run(chain().prompt)
     result = harness.run(chain().prompt)
     assert result.executed == []
-    assert result.cached == ["4"]  # the output node hit, so nothing upstream was even needed
+    # every node whose output the run took from the cache, as ComfyUI's execution_cached lists them
+    # (nothing upstream of the output node ran, but their outputs are cached all the same)
+    assert result.cached == ["1", "2", "3", "4"]
+    cached_events = [e for e in harness.events if e.type == "execution_cached"]
+    assert cached_events[-1].data()["nodes"] == ["1", "2", "3", "4"]
     assert harness.calls == []
     assert result.outputs == {"4": {"text": ["3"]}}
     executed = [e for e in harness.events if e.type == "executed"]
@@ -58,7 +62,7 @@ def test_same_subgraph_under_other_ids_hits(harness: Harness) -> None:
     g.add("Show", value=g.out(s))
     result = harness.run(g.prompt)
     assert result.executed == []
-    assert result.cached == ["103"]
+    assert result.cached == ["100", "101", "102", "103"]  # every node served from the cache
 
 
 def test_shared_prefix_between_workflows_hits(harness: Harness) -> None:

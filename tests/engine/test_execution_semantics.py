@@ -74,7 +74,7 @@ def test_event_sequence_matches_comfyui(harness: Harness) -> None:
     harness.run(g.prompt, prompt_id="p2")
     types = [e.type for e in harness.events]
     assert types[:2] == ["execution_start", "execution_cached"]
-    assert harness.events[1].data()["nodes"] == ["2"]
+    assert harness.events[1].data()["nodes"] == ["1", "2"]  # ComfyUI lists every cached node
 
 
 def test_interrupt_stops_a_long_node_and_the_next_run_works(harness: Harness) -> None:
@@ -86,9 +86,9 @@ def test_interrupt_stops_a_long_node_and_the_next_run_works(harness: Harness) ->
     results = []
     worker = threading.Thread(target=lambda: results.append(harness.executor.run(RunRequest(prompt=g.prompt))))
     worker.start()
-    assert started.wait(5)
+    assert started.wait(30)
     harness.executor.interrupt.set()
-    worker.join(10)
+    worker.join(30)
     assert not worker.is_alive()
     assert results[0].status == "interrupted"
     assert any(e.type == "execution_interrupted" for e in harness.events)

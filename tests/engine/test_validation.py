@@ -144,3 +144,25 @@ def test_a_failing_output_does_not_block_a_valid_one(harness: Harness) -> None:
 def test_not_a_prompt(harness: Harness) -> None:
     result = harness.run({"1": "nonsense"})  # type: ignore[dict-item]
     assert result.status == "invalid"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), "nan", "Infinity", 10**400])
+def test_non_finite_floats_are_refused(harness: Harness, value: Any) -> None:
+    g = G()
+    r = g.add("Ratio", x=value)
+    g.add("Show", value=g.out(r))
+    result = run_invalid(harness, g.prompt)
+    assert errors_of(result, "1") == ["invalid_input_type"]
+    assert "finite" in result.node_errors["1"]["errors"][0]["details"] or "too large" in \
+        result.node_errors["1"]["errors"][0]["details"]
+
+
+def test_a_missing_node_type_fails_the_prompt_even_when_unconnected(harness: Harness) -> None:
+    g = G()
+    c = g.add("Const", value=1)
+    g.add("Show", value=g.out(c))
+    g.add("NoSuchNode")  # connected to nothing
+    result = run_invalid(harness, g.prompt)
+    assert result.error["type"] == "invalid_prompt"
+    assert result.error["message"] == "Cannot execute because node NoSuchNode does not exist."
+    assert errors_of(result, "3") == ["missing_node_type"]

@@ -21,7 +21,7 @@ from engine.registry import NodeRegistry
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
-from tests.server.stub_nodes import register_stubs
+from tests.server.stub_nodes import register_stubs, workflow
 
 AppFactory = Callable[..., web.Application]
 
@@ -77,6 +77,32 @@ async def wait_done(ws: ClientWebSocketResponse, prompt_id: str, timeout: float 
         data = msg.get("data", {})
         if msg["type"] == "executing" and data.get("node") is None and data.get("prompt_id") == prompt_id:
             return seen
+
+
+def blocker(value: int = 0) -> dict[str, Any]:
+    """A workflow that runs 500 s unless interrupted (it stops within 50 ms when asked)."""
+    return workflow(value, steps=10_000, delay=0.05)
+
+
+async def wait_running(client: TestClient, prompt_id: str, timeout: float = 30.0) -> None:
+    """Until ``prompt_id`` is the running job (fails loudly; never goes on hoping)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = (await (await client.get("/queue")).json())["queue_running"]
+        if running and running[0][1] == prompt_id:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{prompt_id} never started running")
+
+
+async def block_queue(client: TestClient, value: int = 0) -> str:
+    """Start a job that runs until interrupted, so jobs queued after it stay pending; returns its id
+    once it is running."""
+    resp = await client.post("/prompt", json={"prompt": blocker(value)})
+    assert resp.status == 200, await resp.text()
+    prompt_id = str((await resp.json())["prompt_id"])
+    await wait_running(client, prompt_id)
+    return prompt_id
 
 
 async def wait_history(client: TestClient, prompt_id: str, timeout: float = 15.0) -> dict[str, Any]:

@@ -18,19 +18,13 @@ import asyncio
 
 from aiohttp.test_utils import TestClient
 
-from tests.server.conftest import receive_json, wait_done, wait_history
+from tests.server.conftest import block_queue, receive_json, wait_done, wait_history
 from tests.server.stub_nodes import workflow
 
 
 async def _block_queue(client: TestClient) -> str:
-    """Queue a long job so later ones stay pending; returns its id."""
-    resp = await client.post("/prompt", json={"prompt": workflow(0, steps=2000, delay=0.005)})
-    prompt_id = (await resp.json())["prompt_id"]
-    for _ in range(200):
-        if (await (await client.get("/queue")).json())["queue_running"]:
-            break
-        await asyncio.sleep(0.01)
-    return prompt_id
+    """A job that runs until interrupted, so later ones stay pending; returns its id once running."""
+    return await block_queue(client)
 
 
 async def test_post_prompt_shape_and_history(client: TestClient) -> None:
@@ -241,7 +235,7 @@ async def test_memory_manager_figures_and_progress_log(aiohttp_client, tmp_path,
     stats = await (await client.get("/system_stats")).json()
     assert stats["loom"]["memory_manager"]["max_resident"] == 1
     await client.post("/free", json={"unload_models": True})
-    for _ in range(200):
+    for _ in range(3000):  # bounded (30 s); the worker frees between jobs
         if manager.freed:
             break
         await asyncio.sleep(0.01)
@@ -249,8 +243,11 @@ async def test_memory_manager_figures_and_progress_log(aiohttp_client, tmp_path,
     with caplog.at_level(logging.INFO, logger="loom.server"):
         body = await (await client.post("/prompt", json={"prompt": workflow(77, steps=3)})).json()
         await wait_history(client, body["prompt_id"])
-        await asyncio.sleep(0.05)
-    lines = [r.getMessage() for r in caplog.records if r.name == "loom.server"]
-    short = body["prompt_id"][:8]
+        short = body["prompt_id"][:8]
+        for _ in range(1000):  # the history has the job a moment before the log line is written
+            lines = [r.getMessage() for r in caplog.records if r.name == "loom.server"]
+            if any(f"job {short} succeeded" in line for line in lines):
+                break
+            await asyncio.sleep(0.01)
     assert any(f"job {short} node 2 (StubSlow) [" in line and "3/3" in line for line in lines), lines
     assert any(f"job {short} succeeded" in line and "max resident 1" in line for line in lines), lines

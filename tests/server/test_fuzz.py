@@ -10,6 +10,7 @@ import json
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
 from tests.server.conftest import make_parts
-from tests.server.stub_nodes import workflow
+from tests.server.stub_nodes import png_bytes, workflow
 
 scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=12)
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
@@ -72,9 +73,23 @@ class LiveServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
+    def upload(self, name: str, subfolder: str) -> tuple[int, Any]:
+        """A multipart upload with ``name`` sent as RFC 2231 ``filename*`` (any character survives)."""
+        boundary = "FuzzBoundary"
+        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename*=UTF-8''"
+                f"{urllib.parse.quote(name, safe='')}\r\nContent-Type: image/png\r\n\r\n").encode() + png_bytes(1)
+        body += (f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"subfolder\"\r\n\r\n"
+                 f"{subfolder}\r\n--{boundary}--\r\n").encode("utf-8", "surrogatepass")
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/upload/image", data=body, method="POST",
+                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        return self._send(req)
+
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body, method=method,
                                      headers={"Content-Type": "application/json"})
+        return self._send(req)
+
+    def _send(self, req: urllib.request.Request) -> tuple[int, Any]:
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 raw = resp.read()
@@ -82,9 +97,14 @@ class LiveServer:
         except urllib.error.HTTPError as err:
             raw, status = err.read(), err.code
         try:
-            return status, json.loads(raw) if raw else None
+            return status, json.loads(raw, parse_constant=_not_json) if raw else None
         except ValueError:
+            assert not raw.lstrip().startswith((b"{", b"[")), f"a response that is not strict JSON: {raw[:200]!r}"
             return status, raw
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +140,78 @@ def test_fuzz_raw_bytes_and_queries(live: LiveServer, raw: bytes, route: str, qu
     _check(*live.request("POST", route, raw))
     for path in ("/history", "/view", "/userdata", "/api/v1/jobs"):
         _check(*live.request("GET", f"{path}?{query}"))
+
+
+# --- hostile shapes (issue 19): deep nesting, non-finite numbers, huge integers, control characters,
+# over-long names. Every answer below 500 and, for errors, a JSON error object.
+control_text = st.text(alphabet=st.characters(codec="utf-8", categories=("Cc", "Cf", "Zs", "Ll", "Po")), max_size=40)
+long_names = st.integers(200, 400).map(lambda n: "x" * n) | st.integers(60, 140).map(lambda n: "é" * n)
+hostile_names = control_text | long_names | st.sampled_from(["..", ".", "a/../b", "/etc/passwd", "a\x00b", "C:x"])
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"]
+
+
+def deep(depth: int, opener: str) -> str:
+    closer = {"[": "]", '{"a":': "}"}[opener]
+    return opener * depth + "1" + closer * depth
+
+
+@st.composite
+def hostile_bodies(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["deep", "non_finite", "huge_int", "control", "long_key"]))
+    if kind == "deep":
+        inner = deep(draw(st.integers(30, 20_000)), draw(st.sampled_from(["[", '{"a":'])))
+    elif kind == "non_finite":
+        inner = draw(st.sampled_from(NON_FINITE))
+    elif kind == "huge_int":
+        inner = str(draw(st.integers(10**18, 10**4000)) * draw(st.sampled_from([1, -1])))
+    elif kind == "control":
+        inner = json.dumps(draw(control_text))
+    else:
+        inner = json.dumps({draw(long_names): 1})
+    field = draw(st.sampled_from(["prompt", "workflow", "number", "max_items", "delete", "prompt_id", "client_id",
+                                  "extra_data", "front", "webhook"]))
+    template = draw(st.sampled_from([
+        '{"%s": %s}', '{"prompt": {"1": {"class_type": "StubSlow", "inputs": {"value": 1, "delay": %s}}}, "x": "%s"}',
+        "%s%s",
+    ]))
+    if template.startswith('{"prompt": {"1"'):
+        return (template % (inner, field)).encode("utf-8", "surrogatepass")
+    return (template % (field, inner) if template.startswith("{") else inner).encode("utf-8", "surrogatepass")
+
+
+HOSTILE_ROUTES = [*ROUTES, "/settings", "/settings/Comfy.X", "/userdata/fuzz.json"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=hostile_bodies(), route=st.sampled_from(HOSTILE_ROUTES))
+def test_fuzz_hostile_bodies(live: LiveServer, body: bytes, route: str) -> None:
+    _check(*live.request("POST", route, body))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=hostile_names, number=st.integers(-(10**40), 10**40) | st.sampled_from(NON_FINITE))
+def test_fuzz_hostile_names_and_numbers_in_paths_and_queries(live: LiveServer, name: str, number: Any) -> None:
+    quoted = urllib.parse.quote(name, safe="")
+    for method, path in (
+        ("GET", f"/view?filename={quoted}&subfolder={quoted}&type=input"),
+        ("GET", f"/view?filename={quoted}&preview=webp;{number}"),
+        ("GET", f"/history?max_items={number}&offset={number}"),
+        ("GET", f"/userdata?dir={quoted}"),
+        ("GET", f"/userdata/{quoted}"),
+        ("POST", f"/userdata/{quoted}"),
+        ("POST", f"/userdata/fuzz_src.json/move/{quoted}"),
+        ("DELETE", f"/userdata/{quoted}"),
+        ("GET", f"/api/v1/jobs/{quoted}"),
+        ("GET", f"/object_info/{quoted}"),
+        ("GET", f"/models/{quoted}"),
+    ):
+        _check(*live.request(method, path, b"{}" if method == "POST" else None))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=hostile_names, subfolder=hostile_names)
+def test_fuzz_upload_names(live: LiveServer, name: str, subfolder: str) -> None:
+    _check(*live.upload(name, subfolder))
 
 
 def test_fuzz_afterwards_queue_still_works(live: LiveServer) -> None:

@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from engine.workflow import to_saved
+from tests.server.conftest import block_queue
 from tests.server.stub_nodes import workflow
 
 UI_WORKFLOW: dict[str, Any] = {
@@ -36,12 +37,14 @@ async def wait_final(client: TestClient, job_id: str, timeout: float = 15.0) -> 
 
 
 async def test_job_lifecycle_api_format(client: TestClient) -> None:
+    blocker = await block_queue(client)  # the new job is certainly still queued when created
     resp = await client.post("/api/v1/jobs", json={"workflow": workflow(3), "client_id": "n"})
     assert resp.status == 201
     job = await resp.json()
     assert resp.headers["Location"] == f"/api/v1/jobs/{job['id']}"
-    assert job["status"] in ("queued", "running") and job["outputs"] == [] and job["errors"] == []
+    assert job["status"] == "queued" and job["outputs"] == [] and job["errors"] == []
     assert set(job) >= {"id", "status", "progress", "outputs", "errors", "created_at"}
+    assert (await client.delete(f"/api/v1/jobs/{blocker}")).status == 202
     final = await wait_final(client, job["id"])
     assert final["status"] == "succeeded" and final["finished_at"] and final["started_at"]
     (output,) = final["outputs"]
@@ -90,12 +93,8 @@ async def test_job_errors(client: TestClient) -> None:
 
 
 async def test_cancel_queued_and_running(client: TestClient) -> None:
-    running = await (await client.post("/api/v1/jobs", json={"workflow": workflow(0, steps=2000, delay=0.005)})).json()
+    running = {"id": await block_queue(client)}
     queued = await (await client.post("/api/v1/jobs", json={"workflow": workflow(1)})).json()
-    for _ in range(200):
-        if (await (await client.get(f"/api/v1/jobs/{running['id']}")).json())["status"] == "running":
-            break
-        await asyncio.sleep(0.01)
     resp = await client.delete(f"/api/v1/jobs/{queued['id']}")
     assert resp.status == 202 and (await resp.json())["status"] == "cancelled"
     assert (await client.delete(f"/api/v1/jobs/{running['id']}")).status == 202
@@ -106,10 +105,14 @@ async def test_cancel_queued_and_running(client: TestClient) -> None:
 
 
 async def test_sse_events(client: TestClient) -> None:
-    job = await (await client.post("/api/v1/jobs", json={"workflow": workflow(2, steps=3, delay=0.05)})).json()
+    blocker = await block_queue(client)  # the job waits in the queue while its stream opens
+    job = await (await client.post("/api/v1/jobs", json={"workflow": workflow(2, steps=3)})).json()
     resp = await client.get(f"/api/v1/jobs/{job['id']}/events")
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
-    text = (await resp.read()).decode()
+    first = await resp.content.readuntil(b"\n\n")  # the stream is open and subscribed
+    assert first.startswith(b"event: job")
+    await client.delete(f"/api/v1/jobs/{blocker}")
+    text = (first + await resp.read()).decode()
     events = []
     for block in text.strip().split("\n\n"):
         lines = dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(":"))
@@ -117,7 +120,7 @@ async def test_sse_events(client: TestClient) -> None:
     assert events[0][0] == "job" and events[-1][0] == "job"
     assert events[-1][1]["status"] == "succeeded"
     kinds = [e[0] for e in events]
-    assert "progress" in kinds or events[0][1]["status"] == "succeeded"
+    assert kinds.count("progress") == 3 and "executed" in kinds
     # a finished job's stream is one event
     again = (await (await client.get(f"/api/v1/jobs/{job['id']}/events")).read()).decode()
     assert again.count("event: job") == 1

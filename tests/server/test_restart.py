@@ -3,7 +3,6 @@ intact, queued jobs run, the interrupted one is marked failed ("interrupted by r
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -11,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from engine.jobs import JobRecord, JobSpec, JobStore, LocalJobQueue
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
-from tests.server.conftest import make_parts, wait_history
+from tests.server.conftest import block_queue, make_parts, wait_history
 from tests.server.stub_nodes import workflow
 
 
@@ -21,14 +20,9 @@ async def test_restart_keeps_queue_and_history(tmp_path: Path) -> None:
     async with TestClient(TestServer(first)) as client:
         done = (await (await client.post("/prompt", json={"prompt": workflow(1)})).json())["prompt_id"]
         await wait_history(client, done)
-        slow = (await (await client.post("/prompt", json={"prompt": workflow(2, steps=5000, delay=0.002)}))
-                .json())["prompt_id"]
+        slow = await block_queue(client, 2)  # running when the app stops
         queued = [(await (await client.post("/prompt", json={"prompt": workflow(v)})).json())["prompt_id"]
                   for v in (3, 4)]
-        for _ in range(300):
-            if (await (await client.get("/queue")).json())["queue_running"]:
-                break
-            await asyncio.sleep(0.01)
     # the app is stopped: its worker was interrupted mid-run
     second = create_app(make_parts(tmp_path / "b", db=db), ServerConfig())
     async with TestClient(TestServer(second)) as client:

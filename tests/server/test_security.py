@@ -137,7 +137,12 @@ async def test_cross_origin_refused(client: TestClient) -> None:
     assert (await client.get("/queue", headers=rebinding)).status == 403
     own = {"Origin": f"http://127.0.0.1:{client.port}"}
     assert (await client.post("/prompt", json={"prompt": workflow(1)}, headers=own)).status == 200
-    assert (await client.get("/queue", headers={"Origin": "http://localhost:9999"})).status == 200
+    # a loopback page on another port is another origin (another local app, a dev server): refused
+    port = int(client.port or 0)
+    for other in ("http://localhost:9999", f"http://127.0.0.1:{port + 1}", f"https://127.0.0.1:{port}"):
+        resp = await client.get("/queue", headers={"Origin": other})
+        assert resp.status == 403, other
+        assert "--allow-origin" in (await resp.json())["error"]["message"]
     fetch = {"Sec-Fetch-Site": "cross-site"}
     assert (await client.post("/interrupt", headers=fetch)).status == 403
 
@@ -164,3 +169,21 @@ async def test_unknown_routes_and_methods_are_json(client: TestClient) -> None:
         resp = await client.request(method, path)
         assert 400 <= resp.status < 500, (method, path)
         assert "error" in await resp.json()
+
+
+async def test_allowed_origins_option(aiohttp_client: Any, parts: ServerParts) -> None:
+    config = ServerConfig(allowed_origins=("http://localhost:3000",))
+    client = await aiohttp_client(create_app(parts, config))
+    assert (await client.get("/queue", headers={"Origin": "http://localhost:3000"})).status == 200
+    assert (await client.get("/queue", headers={"Origin": "http://localhost:3001"})).status == 403
+    assert (await client.get("/queue", headers={"Origin": f"http://127.0.0.1:{client.port}"})).status == 200
+
+
+async def test_host_refusal_names_an_option_that_exists(client: TestClient) -> None:
+    import main
+
+    resp = await client.get("/queue", headers={"Host": "evil.example:8188"})
+    message = (await resp.json())["error"]["message"]
+    assert "--allow-host evil.example" in message
+    args = main.make_parser().parse_args(["serve", "--allow-host", "evil.example", "--allow-origin", "http://x:1"])
+    assert args.allowed_host == ["evil.example"] and args.allowed_origin == ["http://x:1"]

@@ -18,13 +18,15 @@ export class Gallery {
   }
 
   async loadHistory() {
-    let history;
-    try { history = await this.api.history(); } catch { return; }
-    const entries = Object.entries(history || {});
-    for (const [promptId, entry] of entries) {
-      for (const [nodeId, out] of Object.entries(entry.outputs || {})) {
-        for (const img of out.images || []) this.add(img, promptId, nodeId, entry);
+    try {
+      const history = await this.api.history();
+      for (const [promptId, entry] of Object.entries(history || {})) {
+        for (const [nodeId, out] of Object.entries(entry.outputs || {})) {
+          for (const img of out.images || []) this.add(img, promptId, nodeId, entry);
+        }
       }
+    } catch { /* no history: an empty gallery */ } finally {
+      this.list.dataset.loaded = "true"; // tests (and extensions) can wait for this
     }
   }
 
@@ -35,8 +37,13 @@ export class Gallery {
     this.seen.add(key);
     const item = { img, promptId, nodeId, entry, url: this.api.viewUrl(img) };
     this.items.unshift(item);
-    const thumb = el("img", { src: item.url, class: "gallery-thumb", alt: img.filename, title: img.filename, "data-filename": img.filename });
-    thumb.addEventListener("click", () => this.open(item));
+    // The server marks files that are gone (deleted, another --output-dir) with missing: true; the
+    // gallery then shows a placeholder and never requests the file.
+    const thumb = img.missing
+      ? el("div", { class: "gallery-thumb gallery-missing", title: `${img.filename} is no longer on disk`,
+                    "data-filename": img.filename }, "file gone")
+      : el("img", { src: item.url, class: "gallery-thumb", alt: img.filename, title: img.filename, "data-filename": img.filename });
+    thumb.addEventListener("click", () => (img.missing ? this.#openWorkflow(item) : this.open(item)));
     this.list.querySelector(".empty")?.remove();
     this.list.prepend(thumb);
     this.app.emit("galleryAdded", item);
@@ -51,16 +58,18 @@ export class Gallery {
 
   close() { this.lightbox.hidden = true; this.current = null; }
 
-  async #openWorkflow() {
-    const item = this.current;
+  async #openWorkflow(missingItem = null) {
+    const item = missingItem || this.current;
     if (!item) return;
     this.close();
-    try {
-      const res = await fetch(item.url);
-      const blob = await res.blob();
-      const ok = await this.app.workflows.loadFile(new File([blob], item.img.filename, { type: "image/png" }));
-      if (ok) return;
-    } catch { /* fall back to the history entry */ }
+    if (!item.img.missing) {
+      try {
+        const res = await fetch(item.url);
+        const blob = await res.blob();
+        const ok = await this.app.workflows.loadFile(new File([blob], item.img.filename, { type: "image/png" }));
+        if (ok) return;
+      } catch { /* fall back to the history entry */ }
+    }
     const prompt = item.entry?.prompt?.[2];
     const workflow = item.entry?.prompt?.[3]?.extra_pnginfo?.workflow;
     if (workflow || prompt) this.app.workflows.loadObject(workflow || prompt, item.img.filename);

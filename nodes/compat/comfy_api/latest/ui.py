@@ -8,8 +8,12 @@ plugin nodes run) and shows them. Each object's ``as_dict()`` is ComfyUI's UI pa
 from __future__ import annotations
 
 import importlib
+import io
 import uuid
+from pathlib import Path
 from typing import Any
+
+from engine.atomic import write_atomic
 
 
 class _UIOutput:
@@ -67,7 +71,9 @@ def _save_temp_images(image: Any) -> list[dict[str, str]]:
         if pixels.shape[-1] == 1:
             pixels = pixels[..., 0]
         name = f"loom_preview_{uuid.uuid4().hex[:12]}.png"
-        Image.fromarray(pixels).save(f"{temp}/{name}", compress_level=1)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
+        write_atomic(Path(temp) / name, buffer.getvalue())  # a full disk leaves no truncated preview
         results.append({"filename": name, "subfolder": "", "type": "temp"})
     return results
 
