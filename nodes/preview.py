@@ -13,11 +13,16 @@ stays under ``budget`` (2.5 %: half the 5 % target, because a decode also slows 
 through the CPU caches) of the sampling time so far, and at most every ``interval`` seconds
 (the websocket relay drops faster frames anyway). The first step always gets one, so a client
 sees something at once.
+
+A preview is never worth a failed job: a decoder file that is damaged, not a TAESD decoder, or a
+pickle (``.pth``/``.pt``, read only with ``--allow-pickle``, like every pickled file Loom reads) is
+logged once as a warning and the run previews with the latent->RGB approximation instead.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 import re
 import time
@@ -28,9 +33,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.context import NodeContext, Preview
+from engine.context import Interrupted, NodeContext, Preview
 from nodes.families.latent_format import LatentFormat
 from nodes.handles import WeightsHandle, WeightsSource
+from nodes.weights import pickle_refusal
+
+log = logging.getLogger(__name__)
 
 _EXTENSIONS = (".safetensors", ".pth", ".pt")
 DEMO_TAESD_CHANNELS = 16  # the demo decoder's width (real TAESD: 64)
@@ -45,7 +53,7 @@ class TaesdHandle(WeightsHandle):
     def build(self) -> Any:
         from diffusers import AutoencoderTiny
 
-        tensors = _read(self.path)
+        tensors = _read(self.path, allow_pickle=self.source.allow_pickle)
         tensors = _to_diffusers_layout(tensors)
         channels = int(tensors["decoder.layers.0.weight"].shape[0])
         blocks = _blocks_per_stage(tensors)
@@ -72,11 +80,13 @@ class PreviewDecoder(torch.nn.Module):
         return self.taesd.decode(x0, return_dict=False)[0]
 
 
-def _read(path: Path) -> dict[str, torch.Tensor]:
+def _read(path: Path, *, allow_pickle: bool) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         return dict(load_file(str(path)))
+    if not allow_pickle:
+        raise pickle_refusal(path)
     return dict(torch.load(str(path), map_location="cpu", weights_only=True))
 
 
@@ -120,11 +130,13 @@ def find_taesd(ctx: NodeContext, stem: str | None) -> TaesdHandle | None:
         names = files.list("vae_approx")
     except Exception:  # a models folder without that kind: no TAESD
         return None
+    allow_pickle = ctx.settings.allow_pickle
     for ext in _EXTENSIONS:
         if stem + ext in names:
             path = files.resolve("vae_approx", stem + ext)
             stat = path.stat()
-            return TaesdHandle(source=WeightsSource(path, f"{stat.st_size}-{int(stat.st_mtime)}"), nbytes=stat.st_size)
+            source = WeightsSource(path, f"{stat.st_size}-{int(stat.st_mtime)}", allow_pickle=allow_pickle)
+            return TaesdHandle(source=source, nbytes=stat.st_size)
     return None
 
 
@@ -197,8 +209,14 @@ class PreviewRenderer:
         """What a preview of this size cost last time (kept on the decoder module), else None."""
         if self.taesd is None:
             return 0.0
-        with self.ctx.models.use(self.taesd) as decoder:
-            return decoder.costs.get(x0_shape)
+        try:
+            with self.ctx.models.use(self.taesd) as decoder:
+                return decoder.costs.get(x0_shape)
+        except Interrupted:
+            raise
+        except Exception as exc:  # a damaged or refused decoder file: previews go on without it
+            self._give_up_taesd(exc)
+            return 0.0
 
     def remember(self, x0_shape: tuple[int, ...], seconds: float) -> None:
         if self.taesd is not None:
@@ -208,11 +226,28 @@ class PreviewRenderer:
     def render(self, x0: torch.Tensor) -> Preview:
         from PIL import Image
 
-        rgb = self._taesd(x0) if self.taesd is not None else self._linear(x0)
+        rgb = None
+        if self.taesd is not None:
+            try:
+                rgb = self._taesd(x0)
+            except Interrupted:
+                raise
+            except Exception as exc:
+                self._give_up_taesd(exc)
+        if rgb is None:
+            rgb = self._linear(x0)
         pixels = (rgb.clamp(0, 1) * 255).to(torch.uint8).numpy()
         buf = io.BytesIO()
         Image.fromarray(pixels).save(buf, format="JPEG", quality=80)
         return Preview("JPEG", buf.getvalue())
+
+    def _give_up_taesd(self, exc: Exception) -> None:
+        assert self.taesd is not None
+        log.warning("preview decoder %s cannot be used (%s); previewing with the latent->RGB approximation "
+                    "instead. Replace the file with a TAESD decoder .safetensors to get TAESD previews.",
+                    self.taesd.source.path, exc)
+        self.taesd = None
+        self.__dict__.pop("method", None)
 
     def _linear(self, x0: torch.Tensor) -> torch.Tensor:
         rgb = torch.einsum("chw,cr->hwr", x0[0].float().cpu(), self.factors) + self.bias
