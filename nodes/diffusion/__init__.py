@@ -8,9 +8,10 @@ top of it. Modules (import them directly; nothing is imported with the package):
   flow with shift, Flux; defined in ``sigma_schedules``); constructors ``discrete``, ``flow``, ``flux``...
 - ``schedulers``: ``calculate_sigmas(model_sampling, name, steps)`` for ComfyUI's 9 scheduler names,
   the scheduler-node functions (karras, exponential, polyexponential, vp, laplace, beta, AYS, GITS,
-  optimal steps, SDTurbo) and ``ksampler_sigmas`` (KSampler's steps/denoise rules).
+  optimal steps, SDTurbo; GITS rows in ``gits_tables``) and ``ksampler_sigmas`` (KSampler's
+  steps/denoise rules).
 - ``noise``: ``prepare_noise`` (initial noise), ``default_noise_sampler`` (seed + 1 per-step noise),
-  ``BrownianTreeNoiseSampler`` (torchsde; SDE samplers).
+  ``BrownianTreeNoiseSampler`` (torchsde; SDE samplers), ``SeedGroups`` (coalesced runs).
 - ``k_samplers``: shared helpers (``to_d``, ``get_ancestral_step``, half-log-SNR, ``with_post_cfg``, ...);
   ``k_euler``, ``k_dpm``, ``k_dpmpp``: the core samplers; ``k_extra`` (another module set):
   ``EXTRA_SAMPLERS`` (CFG++ variants, ipndm, deis, res_multistep, er_sde, seeds, sa_solver, uni_pc).
