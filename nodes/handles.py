@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from nodes.families import FamilyAdapter, Part
 from nodes.families.base import TextEncoderSpec
@@ -30,6 +30,9 @@ from nodes.families.build import build_from_diffusers, build_from_single_file
 from nodes.families.latent_format import LatentFormat
 from nodes.hooks import SamplingHooks, merge_all
 from nodes.weights import ModelLoadError, fingerprint, read_index
+
+if TYPE_CHECKING:
+    from nodes.diffusion.model_sampling import ModelSampling
 
 
 @runtime_checkable
@@ -168,7 +171,7 @@ class DenoiserHandle(ComponentHandle):
 
     kind: ClassVar[str] = "unet"
     prediction: str = "epsilon"
-    sampling_override: Any = field(default=None)  # set by with_model_sampling; not part of ``key``
+    sampling_override: ModelSampling | None = field(default=None)  # with_model_sampling; not in ``key``
 
     @property
     def latent_format(self) -> LatentFormat:
@@ -180,14 +183,14 @@ class DenoiserHandle(ComponentHandle):
         return self.family.denoiser
 
     @cached_property
-    def model_sampling(self) -> Any:
+    def model_sampling(self) -> ModelSampling:
         """The ModelSampling to sample with: the override, else the family's default for the
         checkpoint's prediction type. It does not change the weights, so it is not in ``key``."""
         if self.sampling_override is not None:
             return self.sampling_override
         return self.family.model_sampling(self.prediction)
 
-    def with_model_sampling(self, model_sampling: Any) -> DenoiserHandle:
+    def with_model_sampling(self, model_sampling: ModelSampling) -> DenoiserHandle:
         """A new handle sampling with ``model_sampling`` (ModelSamplingDiscrete & co.)."""
         return replace(self, sampling_override=model_sampling)
 

@@ -26,21 +26,28 @@ Hooks may keep per-module state: ``sampling_hooks`` receives the resident module
 what it installed there, e.g. IP-Adapter's attention processors). No private ``_loom_*``
 attributes on torch modules: this dataclass is the whole contract between patches and sampler.
 
-The contract between the model layer and the sampling station (a copy of
-``CONTRACT_MODEL_SAMPLING.md`` as implemented):
+The contract between the model layer and the sampling station (the implemented form of
+``CONTRACT_MODEL_SAMPLING.md``), offered by a MODEL value (``nodes.handles.DenoiserHandle``):
 
 - ``model.family``: the family composition (``nodes.families``); samplers never branch on it.
-- ``model.latent_format``: :class:`nodes.families.latent_format.LatentFormat` (``channels``,
+- ``model.latent_format``: ``nodes.families.latent_format.LatentFormat`` (``channels``,
   ``scale_factor``, ``shift``, ``process_in``, ``process_out``, ``rgb_factors``, ``rgb_bias``,
-  ``taesd_decoder``).
-- ``model.model_sampling``: the ModelSampling to sample with (the family's default for the
-  checkpoint's prediction type, or what ``model.with_model_sampling(ms)`` set; part of the key).
+  ``taesd_decoder``, ``tag``).
+- ``model.model_sampling``: the ``nodes.diffusion.model_sampling.ModelSampling`` to sample with
+  (the family's default for the checkpoint's prediction type, or what
+  ``model.with_model_sampling(ms)`` set). Not part of ``model.key`` (the weights' identity in the
+  memory manager), part of the handle's equality.
 - ``model.denoiser``: the family's denoiser kind with ``conditioning(entries, batch, size, *,
   like=None) -> dict`` (keyword inputs of the forward for a group of cond entries, each repeated
-  ``batch`` times; ``like``: a tensor whose device and dtype they take), ``forward(module, x_in,
-  timestep, cond_kwargs) -> Tensor`` (the raw model output) and ``check_conditioning(module,
+  ``batch`` times; ``size`` = (height, width) in pixels; ``like``: a tensor whose device and dtype
+  they take), ``forward(module, x_in, timestep, cond_kwargs) -> Tensor`` (the raw output; the
+  timestep is the model's, ``model_sampling.timestep(sigma)``) and ``check_conditioning(module,
   entries, name)`` (raises :class:`ConditioningError`, a ValueError, with a teaching message).
-- ``model.sampling_hooks(module) -> SamplingHooks``; ``model.with_patch(patch)``.
+- ``model.family.sampling.ays_sigmas``: the family's Align Your Steps table, or None.
+- ``model.sampling_hooks(module) -> SamplingHooks`` (patches in order); ``model.with_patch(patch)``.
+- Run settings: ``ctx.settings`` is ``engine.context.RunSettings`` (``compile``, ``tf32``,
+  ``preview_method``, ...); ``nodes.device.compiled_forward`` / ``tf32_scope``;
+  ``nodes.preview.PreviewRenderer(ctx, model.latent_format, method)`` and ``PreviewPacer``.
 """
 
 from __future__ import annotations

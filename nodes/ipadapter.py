@@ -37,6 +37,7 @@ from nodes.clip_vision import (
     encode_pixels,
     preprocess,
 )
+from nodes.families import describe_context_dim
 from nodes.hooks import ApplyFn, ModelCall, SamplingHooks
 from nodes.ipadapter_attn import LayerWeights, Window, build_projection, clock_of, install, set_clock
 from nodes.weights import ModelLoadError, fingerprint, pickle_refusal
@@ -103,8 +104,8 @@ class IPAdapterFile:
         width = int(model.part("unet").config["cross_attention_dim"])
         if width != self.cross_dim:
             raise ValueError(
-                f"IP-Adapter {self.path.name!r} is for a model of cross-attention width "
-                f"{self.cross_dim} but the MODEL is {model.family.title} (width {width}); use an IP-Adapter "
+                f"IP-Adapter {self.path.name!r} is for {describe_context_dim(self.cross_dim)} (cross-attention "
+                f"width {self.cross_dim}) but the MODEL is {model.family.title} (width {width}); use an IP-Adapter "
                 f"made for {model.family.title}")
 
     def check_clip_vision(self, clip_vision: ClipVisionHandle) -> None:

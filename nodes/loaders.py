@@ -222,7 +222,7 @@ class CheckpointSave(Node):
 
         family = model.family
         sd: dict[str, Any] = {}
-        for handle, prefixes in ((model, {"unet": family.unet_prefix}), (vae, {"vae": family.vae_prefix}),
+        for handle, prefixes in ((model, {"unet": family.denoiser_prefix}), (vae, {"vae": family.vae_prefix}),
                                  (clip, {s.name: s.prefix for s in family.text_encoders})):
             with ctx.models.use(handle) as module:
                 for part in handle.parts:

@@ -17,7 +17,7 @@ from nodes.weights import ModelLoadError, TensorIndex, read_index
 FAMILIES: tuple[type[FamilyAdapter], ...] = (SDXL, SD2, SD15)  # most specific first
 
 __all__ = ["FAMILIES", "SD15", "SD2", "SDXL", "FamilyAdapter", "ModelLoadError", "Part", "TensorIndex",
-           "TextEncoderSpec", "detect_family", "diffusers_family", "family_by_name", "read_index", "standalone_vae"]
+           "TextEncoderSpec", "detect_family", "describe_context_dim", "diffusers_family", "family_by_name", "read_index", "standalone_vae"]
 
 
 def detect_family(index: TensorIndex) -> FamilyAdapter:
@@ -54,3 +54,9 @@ def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
         raise ModelLoadError(f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
     cfg = family.vae.config_from_tensors(index, prefix, family.latent_format.scale_factor, 512)
     return family, Part.make("vae", family.vae, prefix, "vae", cfg)
+
+
+def describe_context_dim(width: int) -> str:
+    """Which family's released models have text width ``width`` (for messages)."""
+    titles = [c.title for c in FAMILIES if c.context_dim == width]
+    return " or ".join(sorted(titles)) if titles else f"a model of cross-attention width {width}"

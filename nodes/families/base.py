@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nodes.families import arch
 from nodes.families.components import KLVae, ModuleKind, UNetDenoiser
@@ -22,6 +22,9 @@ from nodes.families.latent_format import SD15_LATENT, LatentFormat
 from nodes.families.prompt import ConcatPrompt
 from nodes.families.sampling import DiscreteSampling
 from nodes.weights import ModelLoadError, TensorIndex
+
+if TYPE_CHECKING:
+    from nodes.diffusion.model_sampling import ModelSampling
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "models" / "configs"
 
@@ -66,7 +69,7 @@ class FamilyAdapter(ABC):
 
     name: ClassVar[str]
     title: ClassVar[str]
-    unet_prefix: ClassVar[str] = "model.diffusion_model."
+    denoiser_prefix: ClassVar[str] = "model.diffusion_model."
     vae_prefix: ClassVar[str] = "first_stage_model."
     latent_format: ClassVar[LatentFormat] = SD15_LATENT
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling()
@@ -74,6 +77,7 @@ class FamilyAdapter(ABC):
     vae: ClassVar[KLVae] = KLVae()
     prompt: ClassVar[ConcatPrompt] = ConcatPrompt()
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]]
+    context_dim: ClassVar[int]  # the denoiser's text width in released checkpoints (ComfyUI's context_dim)
     heads: ClassVar[arch.HeadsRule]
     pipeline_class: ClassVar[str]
 
@@ -103,19 +107,19 @@ class FamilyAdapter(ABC):
         cfg["prediction_type"] = prediction
         return cfg
 
-    def model_sampling(self, prediction: str) -> Any:
+    def model_sampling(self, prediction: str) -> ModelSampling:
         """The default ModelSampling for a checkpoint of this family with ``prediction``."""
         return self.sampling.build(prediction)
 
     # --- architecture ---------------------------------------------------------------------------
-    def unet_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
+    def denoiser_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
         size = self.default_resolution(prediction) // 8
-        return self.denoiser.config_from_tensors(index, self.unet_prefix, type(self).heads, size)
+        return self.denoiser.config_from_tensors(index, self.denoiser_prefix, type(self).heads, size)
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
         """The parts of each handle (``unet``, ``clip``, ``vae``) of a single-file checkpoint."""
         prediction = self.prediction_type(index)
-        unet = Part.make("unet", self.denoiser, self.unet_prefix, "unet", self.unet_config(index, prediction))
+        unet = Part.make("unet", self.denoiser, self.denoiser_prefix, "unet", self.denoiser_config(index, prediction))
         vae_cfg = self.vae.config_from_tensors(index, self.vae_prefix, self.latent_format.scale_factor,
                                                self.default_resolution(prediction))
         vae = Part.make("vae", self.vae, self.vae_prefix, "vae", vae_cfg)
@@ -129,7 +133,7 @@ class FamilyAdapter(ABC):
                         ) -> tuple[dict[str, tuple[Part, ...]], tuple[tuple[str, int], ...]]:
         """The parts of each handle of a diffusers folder (``config(sub)`` reads ``sub``'s JSON),
         and the text encoders whose folder dropped final layers (name, how many)."""
-        unet = Part.make("unet", self.denoiser, self.unet_prefix, "unet", config("unet/config.json"))
+        unet = Part.make("unet", self.denoiser, self.denoiser_prefix, "unet", config("unet/config.json"))
         vae = Part.make("vae", self.vae, self.vae_prefix, "vae", config("vae/config.json"))
         clips, dropped = [], []
         for spec in self.text_encoders:

@@ -112,7 +112,7 @@ def ldm_state_dict(family: FamilyAdapter, modules: Mapping[str, Any], prediction
     for name, module in modules.items():
         if name in ("unet", "vae"):
             kind = family.denoiser if name == "unet" else family.vae
-            prefix = family.unet_prefix if name == "unet" else family.vae_prefix
+            prefix = family.denoiser_prefix if name == "unet" else family.vae_prefix
             part = Part.make(name, kind, prefix, name, dict(module.config))
         else:
             spec = family.spec(name)

@@ -70,3 +70,8 @@ SDXL_LATENT = LatentFormat(
     rgb_bias=(0.1084, -0.0175, -0.0011),
     taesd_decoder="taesdxl_decoder",
 )
+
+# ComfyUI's .latent files written before "latent_format_version_0" hold latents multiplied by SD1's
+# scale; LoadLatent divides them back (comfy's nodes.py LoadLatent). A file-format fact kept here
+# because it is a family's number.
+LEGACY_LATENT_FILE_SCALE = SD15_LATENT.scale_factor

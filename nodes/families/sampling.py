@@ -14,7 +14,10 @@ ComfyUI's ``AlignYourStepsScheduler`` ships), or None when the family has none.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nodes.diffusion.model_sampling import ModelSampling
 
 PREDICTIONS = {"epsilon": "eps", "v_prediction": "v_prediction"}  # checkpoint's name -> ModelSampling's
 AYS_SD1 = (14.615, 6.475, 3.861, 2.697, 1.886, 1.396, 0.963, 0.652, 0.399, 0.152, 0.029)  # SD1.x and SD2.x
@@ -30,11 +33,11 @@ class DiscreteSampling:
     timesteps: int = 1000
     ays_sigmas: tuple[float, ...] | None = None
 
-    def build(self, prediction: str) -> Any:
+    def build(self, prediction: str) -> ModelSampling:
         """The ModelSampling object of ``nodes.diffusion.model_sampling`` for ``prediction``."""
-        from nodes.diffusion import model_sampling as ms  # the sigma-space core (branch sampling-core)
+        from nodes.diffusion.model_sampling import discrete  # the sigma-space core
 
         if prediction not in PREDICTIONS:
             raise ValueError(f"unknown prediction type {prediction!r}; expected one of {sorted(PREDICTIONS)}")
-        return ms.discrete(PREDICTIONS[prediction], beta_schedule=self.beta_schedule,
-                           linear_start=self.linear_start, linear_end=self.linear_end, timesteps=self.timesteps)
+        return discrete(PREDICTIONS[prediction], beta_schedule=self.beta_schedule,
+                        linear_start=self.linear_start, linear_end=self.linear_end, timesteps=self.timesteps)

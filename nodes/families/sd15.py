@@ -16,6 +16,7 @@ class SD15(FamilyAdapter):
     name: ClassVar[str] = "sd15"
     title: ClassVar[str] = "SD1.x"
     pipeline_class: ClassVar[str] = "StableDiffusionPipeline"
+    context_dim: ClassVar[int] = 768
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.eight_heads)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
@@ -25,7 +26,7 @@ class SD15(FamilyAdapter):
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:
-        return index.has(f"{cls.unet_prefix}input_blocks.0.0.weight") and index.any_with(
+        return index.has(f"{cls.denoiser_prefix}input_blocks.0.0.weight") and index.any_with(
             "cond_stage_model.transformer.")
 
     @classmethod

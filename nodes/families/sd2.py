@@ -21,6 +21,7 @@ class SD2(FamilyAdapter):
     name: ClassVar[str] = "sd2"
     title: ClassVar[str] = "SD2.x"
     pipeline_class: ClassVar[str] = "StableDiffusionPipeline"
+    context_dim: ClassVar[int] = 1024
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
@@ -30,7 +31,7 @@ class SD2(FamilyAdapter):
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:
-        return index.has(f"{cls.unet_prefix}input_blocks.0.0.weight") and index.any_with("cond_stage_model.model.")
+        return index.has(f"{cls.denoiser_prefix}input_blocks.0.0.weight") and index.any_with("cond_stage_model.model.")
 
     @classmethod
     def detect_diffusers(cls, model_index: dict, unet: dict) -> bool:  # type: ignore[override]
@@ -57,7 +58,7 @@ class SD2(FamilyAdapter):
     def default_resolution(self, prediction: str) -> int:
         return 768 if prediction == "v_prediction" else 512
 
-    def unet_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
-        cfg = super().unet_config(index, prediction)
+    def denoiser_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
+        cfg = super().denoiser_config(index, prediction)
         cfg["upcast_attention"] = prediction == "v_prediction"  # SD2.1-v overflows in fp16 otherwise
         return cfg

@@ -19,6 +19,7 @@ class SDXL(FamilyAdapter):
     name: ClassVar[str] = "sdxl"
     title: ClassVar[str] = "SDXL"
     pipeline_class: ClassVar[str] = "StableDiffusionXLPipeline"
+    context_dim: ClassVar[int] = 2048
     latent_format: ClassVar[LatentFormat] = SDXL_LATENT
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=(
         14.615, 6.315, 3.771, 2.181, 1.342, 0.862, 0.555, 0.380, 0.234, 0.113, 0.029))
@@ -33,7 +34,7 @@ class SDXL(FamilyAdapter):
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:
-        if not index.has(f"{cls.unet_prefix}label_emb.0.0.weight"):
+        if not index.has(f"{cls.denoiser_prefix}label_emb.0.0.weight"):
             return False
         if not index.any_with("conditioner.embedders.1.model."):
             raise ModelLoadError(f"{index.path}: this looks like the SDXL refiner (one OpenCLIP text encoder), "
@@ -43,8 +44,8 @@ class SDXL(FamilyAdapter):
     def default_resolution(self, prediction: str) -> int:
         return 1024
 
-    def unet_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
-        cfg = super().unet_config(index, prediction)
+    def denoiser_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
+        cfg = super().denoiser_config(index, prediction)
         pooled = arch.clip_config(index, "conditioner.embedders.1.model.", "open_clip").get("projection_dim", 1280)
         extra = int(cfg["projection_class_embeddings_input_dim"]) - int(pooled)
         if extra <= 0 or extra % 6:

@@ -1,4 +1,5 @@
-"""``--compile`` / ``--tf32`` reach the executor's settings; ``--tf32`` on the CPU only logs."""
+"""``--compile`` / ``--tf32`` / ``--preview-method`` reach the executor's RunSettings; ``--tf32`` on
+the CPU only logs."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ def _runtime(tmp_path: Path, *flags: str) -> main.Runtime:
 
 def test_flags_are_off_by_default_and_reach_the_settings(tmp_path: Path) -> None:
     settings = _runtime(tmp_path).executor.settings
-    assert settings["compile"] is False and settings["tf32"] is False
-    settings = _runtime(tmp_path, "--compile", "--tf32").executor.settings
-    assert settings["compile"] is True and settings["tf32"] is True
+    assert (settings.compile, settings.tf32, settings.preview_method) == (False, False, "auto")
+    settings = _runtime(tmp_path, "--compile", "--tf32", "--preview-method", "latent2rgb").executor.settings
+    assert (settings.compile, settings.tf32, settings.preview_method) == (True, True, "latent2rgb")
 
 
 def test_tf32_on_cpu_says_it_does_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

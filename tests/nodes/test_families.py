@@ -159,3 +159,28 @@ def test_sdxl_refiner_is_refused_clearly(tiny_sdxl_ckpt: Path, tmp_path: Path) -
     save_file(sd, str(path))
     with pytest.raises(ModelLoadError, match="refiner"):
         detect_family(read_index(path))
+
+
+@pytest.mark.parametrize(("ckpt", "kind"), [("tiny_sd15_ckpt", "eps"), ("tiny_sd2_ckpt", "v_prediction"),
+                                            ("tiny_sdxl_ckpt", "eps")])
+def test_model_handle_samples_with_the_family_default_unless_replaced(request: pytest.FixtureRequest, ckpt: str,
+                                                                      kind: str) -> None:
+    from nodes.diffusion.model_sampling import discrete
+
+    model = open_checkpoint(request.getfixturevalue(ckpt)).unet
+    ms = model.model_sampling
+    assert ms.kind == kind
+    assert abs(float(ms.sigma_max) - 14.6146) < 1e-3 and abs(float(ms.sigma_min) - 0.0292) < 1e-3  # SD's table
+    other = model.with_model_sampling(discrete("v_prediction", zsnr=True))
+    assert other.model_sampling.kind == "v_prediction" and model.model_sampling is ms
+    assert other.key == model.key  # same weights: the memory manager shares the module
+    assert other != model  # a different value for the output cache
+
+
+def test_latent_formats_follow_comfyui() -> None:
+    sd1, xl = SD15().latent_format, SDXL().latent_format
+    assert SD2().latent_format == sd1
+    assert (sd1.scale_factor, sd1.taesd_decoder, sd1.rgb_bias) == (0.18215, "taesd_decoder", (0.0, 0.0, 0.0))
+    assert (xl.scale_factor, xl.taesd_decoder) == (0.13025, "taesdxl_decoder")
+    x = torch.randn(1, 4, 2, 2)
+    assert torch.equal(xl.process_in(x), x * 0.13025) and torch.allclose(xl.process_out(xl.process_in(x)), x)

@@ -33,6 +33,11 @@ ALLOWED = {
     "nodes/demo.py": "writes the demo checkpoints of named families (file names, modules per family)",
     "nodes/demo_vision.py": "writes the demo IP-Adapter in a named family's layout (file name)",
     "nodes/bench": "benchmarks named families' demo checkpoints against diffusers' pipelines",
+    # ComfyUI's published sampling vocabulary, which core nodes must expose with its exact names: the
+    # ModelSamplingFlux schedule (flux, flux_time_shift) and the model_type options of the
+    # AlignYourSteps / OptimalSteps scheduler nodes (SD1, SDXL, SVD, FLUX, ...). The core computes
+    # schedules; it never looks at a MODEL's family (the family hands it its ModelSampling).
+    "nodes/diffusion": "ComfyUI's sampling vocabulary (see above)",
 }
 
 

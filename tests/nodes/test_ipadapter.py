@@ -285,3 +285,23 @@ def test_several_reference_images_are_concatenated(env: Env) -> None:
     assert patch.cond.shape == patch.uncond.shape == (1, 8, 32)  # 2 images x 4 tokens
     with pytest.raises(ValueError, match="image_negative has 2 images but image has 3"):
         env.apply(env.ck.unet, env.adapter(), image=torch.cat([images, images[:1]]), image_negative=images)
+
+
+def test_coalesced_jobs_with_an_adapter_equal_running_alone(env: Env) -> None:
+    """The stacked sampler tells the adapter which rows are negative (ModelCall.rows), so jobs on an
+    IP-Adapter model coalesce and each still equals its own run (up to batched-float noise)."""
+    from nodes.denoise import Window
+    from nodes.perf_batch import sample_stacked
+    from nodes.sampling import Settings, sample
+
+    ctx, enc = env.ctx, CLIPTextEncode()
+    model = env.apply(env.ck.unet, env.adapter())
+    pos = [enc.run(ctx, text=t, clip=env.ck.clip)[0] for t in (PROMPT, "a dog")]
+    neg = enc.run(ctx, text=NEGATIVE, clip=env.ck.clip)[0]
+    latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
+    settings = [Settings(seed, STEPS, 7.5, "euler", "normal", Window.from_denoise(STEPS, 1.0)) for seed in (1, 2)]
+    stacked = sample_stacked(ctx, model, pos, [neg, neg], latent, settings)
+    for out, p, s in zip(stacked, pos, settings, strict=True):
+        alone = sample(ctx, model, p, neg, latent, s)
+        assert torch.allclose(out["samples"], alone["samples"], rtol=1e-4, atol=1e-3)
+    assert not torch.allclose(stacked[0]["samples"], sample(ctx, env.ck.unet, pos[0], neg, latent, settings[0])["samples"])
