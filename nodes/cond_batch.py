@@ -118,7 +118,7 @@ class _Item:
     """A cond ready for one step: its model input crop, weights and where its output goes."""
 
     x: torch.Tensor
-    mult: torch.Tensor
+    mult: torch.Tensor | None  # None: the whole crop weighs 1 (no area, no mask, strength 1)
     cond: Cond
     branch: int
     rows: slice
@@ -144,6 +144,8 @@ def _area_and_mult(c: Cond, x: torch.Tensor, sigma: float, branch: int, rows: sl
             m = m[:, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
         m = m.to(crop).unsqueeze(1).repeat(crop.shape[0] // m.shape[0], crop.shape[1], 1, 1)
         mult = m * c.strength
+    elif area is None and c.strength == 1.0:
+        return _Item(crop, None, c, branch, rows, area)
     else:
         mult = torch.ones_like(crop) * c.strength
         if area is not None:
@@ -192,8 +194,6 @@ BatchCall = Callable[[torch.Tensor, torch.Tensor, Sequence[Cond], int, Sequence[
 def calc_cond_batch(call: BatchCall, jobs: Sequence[Job], names: Sequence[str | None], x: torch.Tensor,
                     sigma: torch.Tensor) -> list[torch.Tensor]:
     """The denoised prediction of each named branch (``None``: skipped, zeros) for the batch ``x``."""
-    outs = [torch.zeros_like(x) for _ in names]
-    counts = [torch.ones_like(x) * 1e-37 for _ in names]
     to_run: list[_Item] = []
     for i, name in enumerate(names):
         if name is None:
@@ -204,6 +204,12 @@ def calc_cond_batch(call: BatchCall, jobs: Sequence[Job], names: Sequence[str | 
                 item = _area_and_mult(c, x[job.rows], s, i, job.rows)
                 if item is not None:
                     to_run.append(item)
+    # Each branch's rows covered by exactly one whole-crop item of weight 1: sum(out * 1) / (1 + 1e-37)
+    # is that item's output bit for bit, so it is used as is (no accumulators).
+    spots = [(item.branch, item.rows.start) for item in to_run]
+    direct = all(item.mult is None for item in to_run) and len(set(spots)) == len(spots)
+    outs = [torch.zeros_like(x) for _ in names]
+    counts = [] if direct else [torch.ones_like(x) * 1e-37 for _ in names]
     while to_run:
         first = to_run[0]
         picked = [k for k, item in enumerate(to_run) if _can_concat(item, first)]
@@ -212,14 +218,18 @@ def calc_cond_batch(call: BatchCall, jobs: Sequence[Job], names: Sequence[str | 
         output = call(torch.cat([item.x for item in group]), sig, [item.cond for item in group],
                       first.x.shape[0], [item.branch for item in group]).chunk(len(group))
         for item, out in zip(group, output, strict=True):
+            if direct:
+                outs[item.branch][item.rows] = out
+                continue
             target, count = outs[item.branch][item.rows], counts[item.branch][item.rows]
             if item.area is not None:
                 h, w, y, x0 = item.area
                 target = target[:, :, y:y + h, x0:x0 + w]
                 count = count[:, :, y:y + h, x0:x0 + w]
-            target += out * item.mult
-            count += item.mult
-    return [o / c for o, c in zip(outs, counts, strict=True)]
+            mult = item.mult if item.mult is not None else torch.ones_like(out)
+            target += out * mult
+            count += mult
+    return outs if direct else [o / c for o, c in zip(outs, counts, strict=True)]
 
 
 def lcm_repeat(embeds: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -162,7 +162,7 @@ class AlignYourStepsScheduler(Node):
         node_id="AlignYourStepsScheduler", display_name="AlignYourStepsScheduler",
         category="sampling/custom_sampling/schedulers",
         description="NVIDIA's Align Your Steps noise levels, log-linearly resampled to the step count.",
-        inputs=(Input("model_type", COMBO, "Which model family's table.", options=("SD1", "SDXL", "SVD")),
+        inputs=(Input("model_type", COMBO, "Which model family's table.", options=tuple(sch.AYS_NOISE_LEVELS)),
                 _steps(10), _denoise()),
         outputs=_out(),
     )

@@ -39,6 +39,7 @@ ALLOWED = {
     # AlignYourSteps / OptimalSteps scheduler nodes (SD1, SDXL, SVD, FLUX, ...). The core computes
     # schedules; it never looks at a MODEL's family (the family hands it its ModelSampling).
     "nodes/diffusion": "ComfyUI's sampling vocabulary (see above)",
+    "nodes/model_sampling_nodes.py": "ComfyUI's ModelSamplingContinuousEDM options (edm_playground_v2.5, cosmos_rflow)",
 }
 
 

@@ -290,18 +290,18 @@ def test_several_reference_images_are_concatenated(env: Env) -> None:
 def test_coalesced_jobs_with_an_adapter_equal_running_alone(env: Env) -> None:
     """The stacked sampler tells the adapter which rows are negative (ModelCall.rows), so jobs on an
     IP-Adapter model coalesce and each still equals its own run (up to batched-float noise)."""
-    from nodes.denoise import Window
-    from nodes.perf_batch import sample_stacked
-    from nodes.sampling import Settings, sample
+    from nodes.perf_batch import KSamplerBatched
 
     ctx, enc = env.ctx, CLIPTextEncode()
     model = env.apply(env.ck.unet, env.adapter())
     pos = [enc.run(ctx, text=t, clip=env.ck.clip)[0] for t in (PROMPT, "a dog")]
     neg = enc.run(ctx, text=NEGATIVE, clip=env.ck.clip)[0]
     latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    settings = [Settings(seed, STEPS, 7.5, "euler", "normal", Window.from_denoise(STEPS, 1.0)) for seed in (1, 2)]
-    stacked = sample_stacked(ctx, model, pos, [neg, neg], latent, settings)
-    for out, p, s in zip(stacked, pos, settings, strict=True):
-        alone = sample(ctx, model, p, neg, latent, s)
+    common = dict(steps=STEPS, cfg=7.5, sampler_name="euler", scheduler="normal", latent_image=latent, denoise=1.0)
+    stacked = KSamplerBatched().run(ctx, model=[model], seed=[1, 2], positive=pos, negative=[neg],
+                                    **{k: [v] for k, v in common.items()})[0]
+    for out, p, seed in zip(stacked, pos, (1, 2), strict=True):
+        alone = KSampler().run(ctx, model=model, seed=seed, positive=p, negative=neg, **common)[0]
         assert torch.allclose(out["samples"], alone["samples"], rtol=1e-4, atol=1e-3)
-    assert not torch.allclose(stacked[0]["samples"], sample(ctx, env.ck.unet, pos[0], neg, latent, settings[0])["samples"])
+    plain = KSampler().run(ctx, model=env.ck.unet, seed=1, positive=pos[0], negative=neg, **common)[0]
+    assert not torch.allclose(stacked[0]["samples"], plain["samples"])

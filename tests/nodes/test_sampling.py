@@ -68,7 +68,7 @@ def test_inputs_are_exactly_comfyuis() -> None:
 @pytest.fixture(scope="module")
 def pair_run(sd15: Any, model_folders_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One context, one resident model and one pair of prompts for the whole sampler x scheduler grid."""
-    from engine.context import Folders, NodeContext
+    from engine.context import Folders, NodeContext, RunSettings
     from engine.memory import ModelManager
 
     torch.set_num_threads(1)
@@ -76,7 +76,7 @@ def pair_run(sd15: Any, model_folders_module: Any, tmp_path_factory: pytest.Temp
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     folders = Folders(root / "input", root / "output", root / "temp", models=model_folders_module)
     folders.ensure()
-    ctx = NodeContext(node_id="1", prompt_id="pairs", folders=folders, models=manager, settings={})
+    ctx = NodeContext(node_id="1", prompt_id="pairs", folders=folders, models=manager, settings=RunSettings())
     conds = {"positive": _encode(ctx, sd15.clip, "a photo of a cat"), "negative": _encode(ctx, sd15.clip, "blurry")}
     yield ctx, conds
     manager.close()
