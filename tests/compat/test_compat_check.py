@@ -33,7 +33,7 @@ def mixed_workflow() -> dict[str, Any]:
              "nodes": [node(1, "FaceDetailer", cnr_id="comfyui-impact-pack", aux_id="ltdrdata/ComfyUI-Impact-Pack")]}
     return {"version": 0.4, "links": [], "definitions": {"subgraphs": [inner]}, "nodes": [
         node(1, "CheckpointLoaderSimple", ["sd15.safetensors"], cnr_id="comfy-core"),
-        node(2, "UpscaleModelLoader", ["4x.pth"], cnr_id="comfy-core"),
+        node(2, "EmptyHunyuanLatentVideo", [848, 480, 25, 1], cnr_id="comfy-core"),
         node(3, "ImageUpscaleWithModel"),
         node(4, "FaceDetailer", cnr_id="comfyui-impact-pack", aux_id="ltdrdata/ComfyUI-Impact-Pack"),
         node(5, "MysteryNode"),
@@ -54,8 +54,8 @@ def test_report_lists_every_missing_type_and_problem(object_info: dict[str, Any]
     report = check_workflow(mixed_workflow(), object_info)
     assert not report.ok and report.error is None and report.node_count == 7
     assert [(m.class_type, m.kind, m.pack, m.node_ids) for m in report.missing] == [
+        ("EmptyHunyuanLatentVideo", "core", None, ["2"]),
         ("ImageUpscaleWithModel", "core", None, ["3"]),
-        ("UpscaleModelLoader", "core", None, ["2"]),
         ("FaceDetailer", "custom", "comfyui-impact-pack", ["4", "Detailer:1"]),
         ("MysteryNode", "custom", None, ["5"]),
     ]
@@ -66,7 +66,7 @@ def test_report_lists_every_missing_type_and_problem(object_info: dict[str, Any]
     text = "\n".join(report.lines())
     assert "FaceDetailer (from the custom node pack comfyui-impact-pack (ltdrdata/ComfyUI-Impact-Pack); nodes 4, " \
            "Detailer:1)" in text
-    assert "UpscaleModelLoader (ComfyUI core node Loom does not have yet; node 2)" in text
+    assert "EmptyHunyuanLatentVideo (ComfyUI core node Loom does not have yet; node 2)" in text
 
 
 def test_api_format_and_unreadable_input(object_info: dict[str, Any]) -> None:
@@ -98,7 +98,7 @@ def test_cli_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main.main(["check", str(bad), "--json", *cli_dirs(tmp_path)]) == 2
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and report["missing_custom"] == 2
-    assert {m["class_type"] for m in report["missing"]} >= {"FaceDetailer", "MysteryNode", "UpscaleModelLoader"}
+    assert {m["class_type"] for m in report["missing"]} >= {"FaceDetailer", "MysteryNode", "EmptyHunyuanLatentVideo"}
     assert main.main(["check", str(tmp_path / "absent.json"), *cli_dirs(tmp_path)]) == 2
     assert "cannot read" in capsys.readouterr().out
 

@@ -23,6 +23,7 @@ from engine.memory import DevicePolicy, ModelManager
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import COMBO, FLOAT, INT, STRING, DynamicOptions, Input, NodeSchema, Output
+from tests.engine.stub_nodes import StubSettings, scratch
 
 CHECKPOINTS = ["A.safetensors", "B.safetensors", "C.safetensors"]
 
@@ -64,7 +65,7 @@ class FakeCheckpointLoader(Node):
                      (Output("MODEL", "MODEL", "the model handle"),))
 
     def run(self, ctx: NodeContext, *, ckpt_name: str) -> tuple[FakeCheckpoint]:
-        return (FakeCheckpoint(ckpt_name, float(ctx.settings.get("load_s", 0.3))),)
+        return (FakeCheckpoint(ckpt_name, float(scratch(ctx).get("load_s", 0.3))),)
 
 
 class FakeSampler(Node):
@@ -129,7 +130,7 @@ def build(args: argparse.Namespace) -> SimpleNamespace:
     folders.ensure()
     models = ModelManager(DevicePolicy.cpu(), ram_budget_bytes=0, prefetch=False)
     registry = make_registry()
-    settings = {"load_s": float(getattr(args, "load_s", 0.3))}
+    settings = StubSettings(record={"load_s": float(getattr(args, "load_s", 0.3))})
     executor = Executor(registry, OutputCache(64 << 20), folders, models=models, bus=EventBus(), settings=settings)
     return SimpleNamespace(registry=registry, executor=executor, models=models, folders=folders)
 

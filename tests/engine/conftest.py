@@ -10,7 +10,7 @@ from engine.context import Folders
 from engine.events import Event, EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.registry import NodeRegistry
-from tests.engine.stub_nodes import STUBS
+from tests.engine.stub_nodes import STUBS, StubSettings
 
 
 class Harness:
@@ -26,18 +26,18 @@ class Harness:
         self.bus = EventBus()
         self.events: list[Event] = []
         self.bus.subscribe(self.events.append)
-        self.settings: dict[str, Any] = {}
+        self.settings = StubSettings()
         self.cache = cache if cache is not None else OutputCache()
         self.executor = Executor(registry, self.cache, self.folders, bus=self.bus, settings=self.settings)
 
     def run(self, prompt: dict[str, Any], **kw: Any) -> RunResult:
-        self.settings["calls"] = []
+        self.settings.record["calls"] = []
         self.events.clear()
         return self.executor.run(RunRequest(prompt=prompt, **kw))
 
     @property
     def calls(self) -> list[tuple[str, str]]:
-        return list(self.settings.get("calls", []))
+        return list(self.settings.record.get("calls", []))
 
     def ran(self) -> set[str]:
         return {node_id for node_id, _ in self.calls}

@@ -1,12 +1,13 @@
-"""Stub nodes for engine tests: no torch, every call recorded in ``ctx.settings["calls"]``."""
+"""Stub nodes for engine tests: no torch, every call recorded in ``ctx.settings.record["calls"]``."""
 
 from __future__ import annotations
 
 import hashlib
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
-from engine.context import Folders, NodeContext
+from engine.context import Folders, NodeContext, RunSettings
 from engine.node import ExecutionBlocker, Node, NodeOutput
 from engine.schema import ANY, BOOLEAN, COMBO, FLOAT, INT, STRING, Input, NodeSchema, Output
 
@@ -16,8 +17,21 @@ def schema(node_id: str, inputs: tuple[Input, ...] = (), outputs: tuple[Output, 
                       inputs=inputs, outputs=outputs, **kw)
 
 
+@dataclass(frozen=True)
+class StubSettings(RunSettings):
+    """Run settings with a scratch dict the stub nodes record into (calls, counters, events)."""
+
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def scratch(ctx: NodeContext) -> dict[str, Any]:
+    settings = ctx.settings
+    assert isinstance(settings, StubSettings), "stub nodes run under StubSettings"
+    return settings.record
+
+
 def record(ctx: NodeContext, what: str) -> None:
-    ctx.settings.setdefault("calls", []).append((ctx.node_id, what))
+    scratch(ctx).setdefault("calls", []).append((ctx.node_id, what))
 
 
 INT_OUT = (Output("INT", INT, "a number"),)
@@ -52,8 +66,8 @@ class Random(Node):
 
     def run(self, ctx: NodeContext) -> tuple[int]:
         record(ctx, "Random")
-        ctx.settings["random_counter"] = ctx.settings.get("random_counter", 0) + 1
-        return (ctx.settings["random_counter"],)
+        scratch(ctx)["random_counter"] = scratch(ctx).get("random_counter", 0) + 1
+        return (scratch(ctx)["random_counter"],)
 
 
 class ReadFile(Node):
@@ -78,13 +92,13 @@ class Fail(Node):
 
 
 class Slow(Node):
-    """Loops with progress and interrupt checks; sets settings['slow_started'] when running."""
+    """Loops with progress and interrupt checks; sets the scratch dict's 'slow_started' when running."""
 
     SCHEMA = schema("Slow", (Input("steps", INT, "loop count", default=50, min=1, max=10_000),), INT_OUT)
 
     def run(self, ctx: NodeContext, *, steps: int) -> tuple[int]:
         record(ctx, "Slow")
-        started = ctx.settings.get("slow_started")
+        started = scratch(ctx).get("slow_started")
         if isinstance(started, threading.Event):
             started.set()
         for i in range(steps):

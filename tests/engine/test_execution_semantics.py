@@ -79,7 +79,7 @@ def test_event_sequence_matches_comfyui(harness: Harness) -> None:
 
 def test_interrupt_stops_a_long_node_and_the_next_run_works(harness: Harness) -> None:
     started = threading.Event()
-    harness.settings["slow_started"] = started
+    harness.settings.record["slow_started"] = started
     g = G()
     s = g.add("Slow", steps=2000)
     g.add("Show", value=g.out(s))
