@@ -4,8 +4,9 @@ inputs and semantics).
 
 A ControlNet is a :class:`ControlNetHandle` (a model-manager handle of kind ``controlnet``:
 counted, evictable, prefetched like every WeightsHandle) over a file in ``models/controlnet``:
-a diffusers ``ControlNetModel`` single file (a ``config.json`` beside it is used when present,
-otherwise the config is read from the tensors).
+a diffusers ``ControlNetModel`` single file or folder file (``NAME/diffusion_pytorch_model.safetensors``,
+whose ``config.json`` is used), or the original LDM layout (``control_model.*``, renamed through the
+UNet key table); otherwise the config is read from the tensors.
 
 Apply nodes attach a :class:`Control` (handle, image, strength, percent range, and the control
 that was already there: ControlNets stack) to ``extras["control"]`` of new cond entries, positive
@@ -41,12 +42,13 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.families.control import family_label
+from nodes.families.control import family_label, ldm_controlnet_to_diffusers
 from nodes.handles import WeightsHandle, WeightsSource
 from nodes.hooks import ConditioningError
 from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
 
 CONTROL_NET = "CONTROL_NET"
+LDM_PREFIX = "control_model."
 
 
 # --- the handle -----------------------------------------------------------------------------------
@@ -114,6 +116,8 @@ class ControlNetHandle(WeightsHandle):
 
         module = ControlNetModel.from_config(dict(self.config))
         sd = load_tensors(read_index(self.path, allow_pickle=self.source.allow_pickle))
+        if any(k.startswith(LDM_PREFIX) for k in sd):
+            sd = ldm_controlnet_to_diffusers({k.removeprefix(LDM_PREFIX): v for k, v in sd.items()})
         missing, unexpected = module.load_state_dict(sd, strict=False)
         if missing or unexpected:
             raise ModelLoadError(f"{self.path.name}: ControlNet tensors do not match its config "
@@ -124,10 +128,12 @@ class ControlNetHandle(WeightsHandle):
 def open_controlnet(path: Path, *, allow_pickle: bool = False) -> ControlNetHandle:
     """The handle of a ControlNet file (its config from ``config.json`` beside it, else its tensors)."""
     index = read_index(path, allow_pickle=allow_pickle)
-    shapes = {k: tuple(index.shape(k)) for k in index.tensors}
-    beside = path.parent / "config.json"
+    shapes: dict[str, Any] = {k: tuple(index.shape(k)) for k in index.tensors}
+    if any(k.startswith(LDM_PREFIX) for k in shapes):  # the original layout
+        shapes = ldm_controlnet_to_diffusers({k.removeprefix(LDM_PREFIX): v for k, v in shapes.items()})
     config = config_from_tensors(shapes, path.name)
-    if beside.is_file():
+    beside = path.parent / "config.json"  # a diffusers folder: its own config
+    if path.name.startswith("diffusion_pytorch_model") and beside.is_file():
         config = {k: v for k, v in json.loads(beside.read_text()).items() if not k.startswith("_")}
     nbytes = path.stat().st_size
     return ControlNetHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),

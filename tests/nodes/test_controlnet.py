@@ -210,3 +210,34 @@ def test_hint_is_center_cropped_and_resized_nearest_exact() -> None:
     wide[:, :, 16:48] = 1.0  # the middle square survives the center crop
     hint = fit_hint(wide, 1, (16, 16))
     assert hint.shape == (1, 3, 16, 16) and bool((hint == 1.0).all())
+
+
+def test_original_ldm_layout_loads_the_same_controlnet(nets: dict, models_dir: Path, tiny_sd15_ckpt: Path) -> None:
+    """An original-layout file (``control_model.*``): the encoder half as the checkpoint writes the
+    UNet's, the hint encoder and zero convolutions by position."""
+    from safetensors.torch import load_file
+
+    cn = nets["cn_a"]
+    ckpt = load_file(str(tiny_sd15_ckpt))
+    unet_prefix = "model.diffusion_model."
+    ldm = {"control_model." + k.removeprefix(unet_prefix): v for k, v in ckpt.items()
+           if k.startswith(unet_prefix) and k.removeprefix(unet_prefix).split(".")[0]
+           in ("input_blocks", "middle_block", "time_embed")}
+    sd = cn.state_dict()
+    n_blocks = len(cn.controlnet_cond_embedding.blocks)
+    for key, value in sd.items():
+        parts = key.split(".")
+        if key.startswith("controlnet_cond_embedding."):
+            name = parts[1]
+            index = 0 if name == "conv_in" else 2 * (n_blocks + 1) if name == "conv_out" else 2 * (int(parts[2]) + 1)
+            ldm[f"control_model.input_hint_block.{index}.{parts[-1]}"] = value
+        elif key.startswith("controlnet_down_blocks."):
+            ldm[f"control_model.zero_convs.{parts[1]}.0.{parts[-1]}"] = value
+        elif key.startswith("controlnet_mid_block."):
+            ldm[f"control_model.middle_block_out.0.{parts[-1]}"] = value
+    path = models_dir / "controlnet" / "cn_a_ldm.safetensors"
+    save_file({k: v.contiguous() for k, v in ldm.items()}, str(path))
+    built = open_controlnet(path).load()
+    ours = built.state_dict()
+    assert ours.keys() == sd.keys()
+    assert all(torch.equal(ours[k], sd[k]) for k in sd)
