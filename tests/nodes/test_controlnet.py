@@ -21,6 +21,7 @@ from nodes.controlnet import (
     fit_hint,
     open_controlnet,
 )
+from nodes.demo import demo_controlnet
 from nodes.families.components.unet import UNetDenoiser
 from nodes.handles import open_checkpoint
 from nodes.hooks import ConditioningError
@@ -30,26 +31,13 @@ from nodes.sampling import KSampler
 SIZE = 64
 
 
-def tiny_controlnet(unet: Any, seed: int) -> Any:
-    """A diffusers ControlNetModel copied from ``unet`` with random (not zero) output convolutions."""
-    from diffusers import ControlNetModel
-
-    torch.manual_seed(seed)
-    cn = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 16, 16)).eval()
-    with torch.no_grad():
-        for name, p in cn.named_parameters():
-            if name.startswith(("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out")):
-                p.normal_(0, 0.1)
-    return cn
-
-
 @pytest.fixture(scope="module")
 def nets(tiny_models: dict, models_dir: Path) -> dict[str, Any]:
     folder = models_dir / "controlnet"
     folder.mkdir(exist_ok=True)
     out = {}
     for name, family, seed in (("cn_a", "sd15", 1), ("cn_b", "sd15", 2), ("cn_xl", "sdxl", 3)):
-        cn = tiny_controlnet(tiny_models[family].modules["unet"], seed)
+        cn = demo_controlnet(tiny_models[family].modules["unet"], seed)
         save_file({k: v.contiguous() for k, v in cn.state_dict().items()}, str(folder / f"{name}.safetensors"))
         out[name] = cn
     return out
