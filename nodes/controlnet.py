@@ -129,6 +129,9 @@ def open_controlnet(path: Path, *, allow_pickle: bool = False) -> ControlNetHand
     """The handle of a ControlNet file (its config from ``config.json`` beside it, else its tensors)."""
     index = read_index(path, allow_pickle=allow_pickle)
     shapes: dict[str, Any] = {k: tuple(index.shape(k)) for k in index.tensors}
+    if "difference" in shapes:
+        raise ModelLoadError(f"{path.name} is a 'diff' ControlNet (weights stored as differences to a base UNet), "
+                             "which Loom cannot load yet; use the full ControlNet file of the same model")
     if any(k.startswith(LDM_PREFIX) for k in shapes):  # the original layout
         shapes = ldm_controlnet_to_diffusers({k.removeprefix(LDM_PREFIX): v for k, v in shapes.items()})
     config = config_from_tensors(shapes, path.name)

@@ -4,6 +4,7 @@ stacked ControlNets add; a ControlNet of another family and control image batche
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ def nets(tiny_models: dict, models_dir: Path) -> dict[str, Any]:
         cn = demo_controlnet(tiny_models[family].modules["unet"], seed)
         save_file({k: v.contiguous() for k, v in cn.state_dict().items()}, str(folder / f"{name}.safetensors"))
         out[name] = cn
+    out["cn_xl"].save_pretrained(folder / "cn_xl_folder")  # a diffusers folder: config.json beside the weights
     return out
 
 
@@ -229,3 +231,39 @@ def test_original_ldm_layout_loads_the_same_controlnet(nets: dict, models_dir: P
     ours = built.state_dict()
     assert ours.keys() == sd.keys()
     assert all(torch.equal(ours[k], sd[k]) for k in sd)
+
+
+def test_sdxl_call_matches_diffusers_with_pooled_and_size_ids(tiny_models: dict, nets: dict, models_dir: Path) -> None:
+    unet = tiny_models["sdxl"].modules["unet"]
+    handle = open_controlnet(models_dir / "controlnet" / "cn_xl_folder" / "diffusion_pytorch_model.safetensors")
+    assert handle.family == "sdxl"
+    modules = {handle.key: handle.load()}
+    image = _image()
+    g = torch.Generator().manual_seed(2)
+    embeds, pooled = torch.randn(1, 77, 64, generator=g), torch.randn(1, 32, generator=g)
+    entry = replace(_entry(embeds, Control(handle, image, 0.8), modules), pooled=pooled)
+    x, t = torch.randn(1, 4, SIZE // 8, SIZE // 8, generator=g), torch.tensor([700.0])
+    den = UNetDenoiser(size_ids=True)
+    kwargs = den.conditioning([entry], 1, (SIZE, SIZE))
+    kwargs["control"] = kwargs["control"].at(None)
+    added = {"text_embeds": pooled, "time_ids": torch.tensor([[SIZE, SIZE, 0, 0, SIZE, SIZE]], dtype=torch.float32)}
+    with torch.no_grad():
+        ours = den.forward(unet, x, t, kwargs)
+        down, mid = nets["cn_xl"](x, t, encoder_hidden_states=embeds, controlnet_cond=image.movedim(-1, 1),
+                                  conditioning_scale=0.8, added_cond_kwargs=added, return_dict=False)
+        ref = unet(x, t, encoder_hidden_states=embeds, added_cond_kwargs=added, down_block_additional_residuals=down,
+                   mid_block_additional_residual=mid).sample
+    assert (ours - ref).abs().max() < 1e-4
+
+
+def test_files_that_are_not_full_controlnets_are_refused(models_dir: Path) -> None:
+    from nodes.weights import ModelLoadError
+
+    folder = models_dir / "controlnet"
+    save_file({"body.0.weight": torch.zeros(4, 4)}, str(folder / "not_a_controlnet.safetensors"))
+    with pytest.raises(ModelLoadError, match="not a ControlNet"):
+        open_controlnet(folder / "not_a_controlnet.safetensors")
+    save_file({"difference": torch.zeros(1), "control_model.zero_convs.0.0.weight": torch.zeros(4, 4, 1, 1)},
+              str(folder / "diff_cn.safetensors"))
+    with pytest.raises(ModelLoadError, match="diff"):
+        open_controlnet(folder / "diff_cn.safetensors")
