@@ -267,3 +267,15 @@ def test_files_that_are_not_full_controlnets_are_refused(models_dir: Path) -> No
               str(folder / "diff_cn.safetensors"))
     with pytest.raises(ModelLoadError, match="diff"):
         open_controlnet(folder / "diff_cn.safetensors")
+
+
+def test_old_apply_controls_the_positive_branch_only(run_env: Any, tiny_sd15_ckpt: Path) -> None:
+    cn = ControlNetLoader().run(run_env, control_net_name="cn_a.safetensors")[0]
+
+    def positive_only(pos: Any, neg: Any) -> Any:
+        return ControlNetApply().run(run_env, conditioning=pos, control_net=cn, image=_image(), strength=1.0)[0], neg
+
+    plain = _generate(run_env, tiny_sd15_ckpt)
+    both = _generate(run_env, tiny_sd15_ckpt, _advanced(run_env, "cn_a.safetensors", _image(), 1.0))
+    positive = _generate(run_env, tiny_sd15_ckpt, positive_only)
+    assert (positive - plain).abs().max() > 1e-3 and (positive - both).abs().max() > 1e-3
