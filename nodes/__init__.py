@@ -17,6 +17,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.clip_vision import CLIP_VISION_NODES
     from nodes.conditioning import CONDITIONING_NODES
     from nodes.conditioning_ops import CONDITIONING_OPS_NODES
+    from nodes.controlnet import CONTROLNET_NODES
     from nodes.families import family_nodes
     from nodes.image import IMAGE_NODES, register_image_options
     from nodes.image_nodes import register_everyday_image
@@ -42,7 +43,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     batched = [KSamplerBatched, KSamplerAdvancedBatched]  # the samplers' batching variants (coalesced jobs)
     groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
-              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES,
+              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES, CONTROLNET_NODES,
               PREPROCESSOR_NODES, CONDITIONING_OPS_NODES, MERGE_NODES, SAVE_NODES, COMPONENT_LOADER_NODES,
               family_nodes())
     for group in groups:

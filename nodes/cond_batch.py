@@ -176,7 +176,7 @@ def _embeds_compatible(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _can_concat(a: _Item, b: _Item) -> bool:
     ea, eb = a.cond.entry, b.cond.entry
     return (a.x.shape == b.x.shape and _embeds_compatible(ea.embeds, eb.embeds)
-            and (ea.pooled is None) == (eb.pooled is None))
+            and (ea.pooled is None) == (eb.pooled is None) and ea.extras.get("control") is eb.extras.get("control"))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ box. Their images are noise: real checkpoints go in ``models/checkpoints``.
 - ``loras/loom_demo_lora.safetensors``: a kohya-format LoRA for the demo UNet and text encoder
 - ``checkpoints/loom_demo_sdxl.safetensors``: SDXL architecture (two text encoders, pooled output,
   size/crop conditioning), equally tiny
+- ``controlnet/loom_demo_controlnet_sd15.safetensors``: a diffusers ``ControlNetModel`` single file
+  for the SD1.5 demo (its encoder copied from the demo UNet, random output convolutions, fp16)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ DEMO_CHECKPOINT = "loom_demo_sd15.safetensors"
 DEMO_VAE = "loom_demo_vae.safetensors"
 DEMO_LORA = "loom_demo_lora.safetensors"
 DEMO_SDXL = "loom_demo_sdxl.safetensors"
+DEMO_CONTROLNET = "loom_demo_controlnet_sd15.safetensors"
 _NOTE = "Loom demo model: random weights, produces noise. Put real checkpoints in models/checkpoints."
 
 
@@ -89,10 +92,44 @@ def demo_lora(modules: dict[str, Any], rank: int = 4, seed: int = 1) -> dict[str
     return {k: v.to(torch.float16) if k.endswith("weight") else v for k, v in out.items()}
 
 
+def demo_controlnet(unet: Any, seed: int = 3) -> Any:
+    """A ControlNetModel for ``unet``: its encoder copied, a small hint encoder, random output convs
+    (a real ControlNet's start at zero; random ones make the demo's control visible)."""
+    import torch
+    from diffusers import ControlNetModel
+
+    torch.manual_seed(seed)
+    cn: Any = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 16, 16))
+    with torch.no_grad():
+        for name, p in cn.named_parameters():
+            if name.startswith(("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out")):
+                p.normal_(0, 0.1)
+    return cn.eval()
+
+
+def _write(path: Path, tensors: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(tmp), metadata={"format": "pt", "loom.note": _NOTE})
+    tmp.replace(path)  # never leave a half-written model behind
+
+
+def make_controlnet_demo(models_dir: Path) -> list[Path]:
+    """Write the demo ControlNet (kept if present)."""
+    import torch
+
+    path = Path(models_dir) / "controlnet" / DEMO_CONTROLNET
+    if not path.is_file():
+        cn = demo_controlnet(demo_modules()["unet"])
+        _write(path, {k: v.to(torch.float16).contiguous() for k, v in cn.state_dict().items()})
+    return [path]
+
+
 def make_demo_models(models_dir: Path) -> list[Path]:
     """Write the demo files under ``models_dir`` (existing ones are kept); return their paths."""
     import torch
-    from safetensors.torch import save_file
 
     from nodes.demo_flux import DEMO_FLUX_DEV, make_flux_demo
     from nodes.families import SD15, SDXL
@@ -100,6 +137,7 @@ def make_demo_models(models_dir: Path) -> list[Path]:
 
     models_dir = Path(models_dir)
     flux = [] if (models_dir / "diffusion_models" / DEMO_FLUX_DEV).is_file() else make_flux_demo(models_dir)
+    flux += make_controlnet_demo(models_dir)
     paths = [models_dir / "checkpoints" / DEMO_CHECKPOINT, models_dir / "vae" / DEMO_VAE,
              models_dir / "loras" / DEMO_LORA, models_dir / "checkpoints" / DEMO_SDXL]
     if all(p.is_file() for p in paths):
@@ -108,12 +146,8 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     full = ldm_state_dict(SD15(), modules)
     half = {k: v.to(torch.float16).contiguous() for k, v in full.items()}
     vae = {k.removeprefix("first_stage_model."): v for k, v in half.items() if k.startswith("first_stage_model.")}
-    meta = {"format": "pt", "loom.note": _NOTE}
     sdxl = {k: v.to(torch.float16).contiguous() for k, v in ldm_state_dict(SDXL(), demo_sdxl_modules()).items()}
     for path, tensors in zip(paths, (half, vae, demo_lora(modules), sdxl), strict=True):
         if not path.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            save_file(tensors, str(tmp), metadata=meta)
-            tmp.replace(path)  # never leave a half-written model behind
+            _write(path, tensors)
     return paths + flux

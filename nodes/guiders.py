@@ -242,4 +242,7 @@ class GuidedRun:
         return ms.calculate_denoised(sigma, out, xs)
 
     def _raw_forward(self, call: ModelCall) -> torch.Tensor:
-        return self.denoiser.forward(self._forward, call.x_in, call.timestep, dict(call.cond_kwargs))
+        kwargs = dict(call.cond_kwargs)
+        if kwargs.get("control") is not None:  # ControlNets act within their sigma range (nodes.controlnet)
+            kwargs["control"] = kwargs["control"].at(call.sigma)
+        return self.denoiser.forward(self._forward, call.x_in, call.timestep, kwargs)

@@ -30,6 +30,7 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, CONDITIONING, FLOAT, INT, LATENT, MODEL, Batching, Input, NodeSchema, Output
 from nodes.conditioning import CondEntry
+from nodes.controlnet import resident_controls
 from nodes.device import compiled_forward, tf32_scope
 from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
 from nodes.diffusion.noise import SeedGroups
@@ -140,11 +141,15 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     latent_in = model_in.repeat(len(jobs), 1, 1, 1)
     noise = torch.cat([job.noise.float() for job in jobs])
     mask = latent.get("noise_mask")
-    with ctx.models.use(model) as module:
+    entries = [e for job in jobs for _, branch in job.guider.branches for e in branch]
+    with ctx.models.use(model) as module, resident_controls(ctx, model, entries) as controls:
         _check(module, model, jobs)
         device = next(module.parameters()).device
+        inputs = {"latent_image": model_in, "denoise_mask": mask}
+        if controls:
+            inputs |= {"control_modules": controls, "percent_to_sigma": model.model_sampling.percent_to_sigma}
         run = GuidedRun([job.guider for job in jobs], module, rows, tuple(samples.shape[-2:]),
-                        compiled_forward(module, ctx.settings), {"latent_image": model_in, "denoise_mask": mask})
+                        compiled_forward(module, ctx.settings), inputs)
         run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1))
         denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
         reporter = _Reporter(ctx, model, tuple(noise.shape), sigmas.numel() - 1)

@@ -38,6 +38,18 @@ def lcm_repeat(embeds: Sequence[Tensor]) -> list[Tensor]:
 BLANK_INPAINT_LATENT = (0.8223, -0.6876, 0.6364, 0.1380)
 
 
+def bind_controls(entries: Sequence[CondEntry], batch: int) -> Any:
+    """The ControlNets of a cond group for ``forward`` (``nodes.controlnet.BoundControl``); the
+    sampler put the resident modules and the percent-to-sigma map under each entry's extras."""
+    from nodes.controlnet import BoundControl
+
+    first = entries[0].extras
+    if "control_modules" not in first:
+        raise ConditioningError("this sampler did not make the conditioning's ControlNets resident")
+    chains = tuple(tuple(e.extras["control"].chain()) for e in entries)
+    return BoundControl(chains, first["control_modules"], first["percent_to_sigma"], batch)
+
+
 def size_ids(extras: Mapping[str, Any], size: tuple[int, int]) -> list[float]:
     """SDXL's size/crop ids for one entry (CLIPTextEncodeSDXL's values, else the image ``size``):
     (height, width, crop_h, crop_w, target_height, target_width); the refiner's (an entry with an
@@ -102,6 +114,8 @@ class UNetDenoiser:
                for e in entries):
             latent = (size[0] // 8, size[1] // 8)
             kwargs["concat"] = to(torch.cat([self.inpaint_concat(e.extras, batch, latent) for e in entries]))
+        if any(e.extras.get("control") is not None for e in entries):
+            kwargs["control"] = bind_controls(entries, batch)
         return kwargs
 
     def inpaint_concat(self, extras: Mapping[str, Any], batch: int, latent: tuple[int, int]) -> Tensor:
@@ -147,6 +161,12 @@ class UNetDenoiser:
             raise ConditioningError(f"this UNet cannot run block patches {sorted(options['patches'])}; "
                                     "remove the patch node from the workflow")
         concat = kwargs.pop("concat", None)
+        control = kwargs.pop("control", None)
+        if control is not None:
+            down, mid = control.residuals(x_in, timestep, kwargs)
+            if down is not None:
+                kwargs["down_block_additional_residuals"] = down
+                kwargs["mid_block_additional_residual"] = mid
         extra = module.config.in_channels - x_in.shape[1]
         if extra > 0:
             if concat is None:  # an inpainting UNet sampled without inpainting inputs (ComfyUI's blank)
