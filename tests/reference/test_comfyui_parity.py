@@ -29,6 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = Path(os.environ.get("LOOM_REFERENCE_DIR", ROOT.parent / "shared" / "reference" / "comfyui"))
 CHECKPOINT_SHA256 = "4ad5b8fb598022dd12eeb290b44cb433aa7fad4ae3ecc40e2c770399edf73023"
 LATENT_MAX, LATENT_MEAN, PIXEL_MAX, PIXEL_MEAN = 0.02, 0.004, 2.0, 0.02
+# Cases whose second-order ancestral midpoint lands on a timestep tie (t = 166.5, see
+# tests/diffusion/test_midpoint_ties.py): the reference CPU's float32 log/exp (oneMKL, Intel code path)
+# put it on UNet timestep 167; other CPUs give 166 in ComfyUI as in Loom, ~0.02 latent |Δ| apart.
+TIE_SENSITIVE = {"p05_dpm_2_ancestral_normal", "p08_dpmpp_2s_ancestral_sgm_uniform"}
 
 pytestmark = [
     pytest.mark.slow,
@@ -124,6 +128,19 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return executor, store, work
 
 
+def _breaks_ties_like_the_reference_cpu() -> bool:
+    """Whether this CPU's float32 log/exp put p05's last dpm_2_ancestral midpoint on timestep 167,
+    as the machine that made the references did (measured there: ComfyUI's result matches only with 167)."""
+    from nodes.diffusion import model_sampling, schedulers
+    from nodes.diffusion.k_samplers import get_ancestral_step
+
+    sampling = model_sampling.discrete()
+    sigmas = schedulers.ksampler_sigmas(sampling, "normal", "dpm_2_ancestral", 6)
+    sigma_down, _ = get_ancestral_step(sigmas[4], sigmas[5])
+    midpoint = sigmas[4].log().lerp(sigma_down.log(), 0.5).exp()
+    return int(sampling.timestep(midpoint.expand(2))[0]) == 167
+
+
 def _pixels(path: Path) -> np.ndarray:
     from PIL import Image
 
@@ -151,6 +168,10 @@ def test_same_output_as_comfyui(case: dict[str, Any], reference_run: Any) -> Non
         assert mine.shape == ref.shape
         d = (mine - ref).abs()
         report.append(f"{name}: latent max {float(d.max()):.2e} mean {float(d.mean()):.2e}")
+        within = float(d.max()) <= LATENT_MAX and float(d.mean()) <= LATENT_MEAN
+        if not within and case["name"] in TIE_SENSITIVE and not _breaks_ties_like_the_reference_cpu():
+            pytest.xfail(f"{report}: this CPU's float32 log/exp break the t=166.5 timestep tie the other way "
+                         "from the reference CPU (ComfyUI on this CPU differs from its reference just as much)")
         assert float(d.max()) <= LATENT_MAX and float(d.mean()) <= LATENT_MEAN, report
     images = sorted(str(Path(f.get("subfolder", "")) / f["filename"])
                     for o in result.outputs.values() for f in o.get("images", []))
