@@ -98,7 +98,11 @@ def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where
 
     def attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                   is_causal: bool = False, scale: float | None = None, **extra: Any) -> Any:
-        pieces = _pieces(query, key) if threading.get_ident() == owner and not is_causal and not dropout_p else 1
+        pieces = 1
+        if threading.get_ident() == owner and not is_causal and not dropout_p:
+            # fast path: at most rows * keys * dim * batch multiply-adds, under the smallest piece
+            small = 2.0 * query.numel() * key.shape[-2] <= PIECE_WORK[("attention", "cpu")]
+            pieces = 1 if small else _pieces(query, key)
         if pieces == 1:
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                             scale=scale, **extra)
@@ -132,7 +136,12 @@ def splitting_conv2d(original: Callable[..., Any], flag: InterruptFlag, where: s
 
     def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
                groups: int = 1) -> Any:
-        simple = (threading.get_ident() == owner and input.dim() == 4 and weight.dim() == 4
+        # Fast path first (this wrapper sees every convolution of the model): the multiply-adds of
+        # a call are at most weight.numel() * input.numel(), so a call under the smallest piece
+        # can never be split.
+        if threading.get_ident() != owner or weight.numel() * input.numel() <= PIECE_WORK[("conv", "cpu")]:
+            return original(input, weight, bias, stride, padding, dilation, groups)
+        simple = (input.dim() == 4 and weight.dim() == 4
                   and not isinstance(padding, str) and _pair(stride) == (1, 1))
         if not simple:
             return original(input, weight, bias, stride, padding, dilation, groups)
