@@ -34,11 +34,31 @@ class InterruptFlag:
         self._event = threading.Event()
         self._requested_at: float | None = None
         self._polled_at = 0.0
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
 
     def set(self) -> None:
-        if not self._event.is_set():
-            self._requested_at = time.monotonic()
-        self._event.set()
+        with self._lock:
+            first = not self._event.is_set()
+            if first:
+                self._requested_at = time.monotonic()
+            self._event.set()
+            listeners = list(self._listeners) if first else []
+        for listener in listeners:  # on the setting thread, once per interrupt
+            listener()
+
+    def on_set(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` when the flag goes from clear to set (from the thread that sets it);
+        returns the function that removes it."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return remove
 
     def clear(self) -> None:
         self._event.clear()

@@ -50,26 +50,45 @@ def torch_modules(obj: Any, depth: int = 0) -> list[Any]:
 
 @contextmanager
 def interrupt_hooks(obj: Any, flag: InterruptFlag, where: str) -> Iterator[int]:
-    """While inside, every block of the modules in ``obj`` checks ``flag`` before it runs.
-    Yields how many blocks were hooked."""
+    """While inside, every block of the modules in ``obj`` checks ``flag`` before it runs once an
+    interrupt is requested. Yields how many blocks are watched.
+
+    The hooks are registered only when the flag is set (from the interrupting thread, through
+    :meth:`InterruptFlag.on_set`), so a run that is not interrupted pays nothing per forward:
+    a forward pre-hook on every block would cost each model call a few percent on small models."""
 
     def check(module: Any, args: Any) -> None:
         if flag.is_set():
             raise Interrupted(f"interrupted inside {type(module).__name__} while running {where}")
 
-    handles = []
+    blocks: list[Any] = []
     seen: set[int] = set()
+    for root in torch_modules(obj):
+        for module in root.modules():
+            if id(module) in seen or not any(True for _ in module.children()):
+                continue
+            seen.add(id(module))
+            blocks.append(module)
+    lock = threading.Lock()
+    handles: list[Any] = []
+    state = {"open": True}
+
+    def install() -> None:
+        with lock:
+            if state["open"] and not handles:
+                handles.extend(module.register_forward_pre_hook(check) for module in blocks)
+
+    remove_listener = flag.on_set(install)
     try:
-        for root in torch_modules(obj):
-            for module in root.modules():
-                if id(module) in seen or not any(True for _ in module.children()):
-                    continue
-                seen.add(id(module))
-                handles.append(module.register_forward_pre_hook(check))
-        yield len(handles)
+        if flag.is_requested():
+            install()
+        yield len(blocks)
     finally:
-        for handle in handles:
-            handle.remove()
+        remove_listener()
+        with lock:
+            state["open"] = False
+            for handle in handles:
+                handle.remove()
 
 
 # Multiply-adds of one piece of a split attention or convolution call: a few tenths of a second on

@@ -120,8 +120,8 @@ class _Flattener:
             if type_ in self.subgraphs:
                 try:
                     self.subgraph(node, node_id, mode, inputs, outputs, depth)
-                except _NestingError:
-                    raise
+                except (_NestingError, WorkflowTooLarge):
+                    raise  # the size limit keeps its own type (answered 413), whatever the depth
                 except WorkflowFormatError as exc:
                     raise WorkflowFormatError(f"node {node_id} (subgraph {type_}): {exc}") from exc
                 except (TypeError, ValueError, KeyError, IndexError) as exc:

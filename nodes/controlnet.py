@@ -66,7 +66,7 @@ def config_from_tensors(shapes: Mapping[str, Sequence[int]], name: str) -> dict[
              for i in range(levels)]
     attn_key = next((k for k in shapes if k.endswith("attn2.to_k.weight")), None)
     if attn_key is None:
-        raise ModelLoadError(f"{name}: the ControlNet has no cross-attention layers; not an SD1/SD2/SDXL ControlNet")
+        raise ModelLoadError(f"{name}: the ControlNet has no cross-attention layers; not a ControlNet for the UNet families Loom loads")
     context = int(shapes[attn_key][1])
     proj = next(k for k in shapes if k.endswith("proj_in.weight"))
     emb = [k for k in shapes if k.startswith("controlnet_cond_embedding.blocks.") and k.endswith(".weight")]
@@ -313,7 +313,7 @@ class ControlNetApplyAdvanced(Node):
                       step=0.001),
                 Input("end_percent", FLOAT, "Where in the schedule it stops.", default=1.0, min=0.0, max=1.0,
                       step=0.001),
-                Input("vae", VAE, "Only ControlNets working in latent space need it (none of SD1.x/SDXL's).",
+                Input("vae", VAE, "Only ControlNets working in latent space need it (the UNet families' ControlNets take pixels).",
                       optional=True)),
         outputs=(Output("positive", CONDITIONING, "Positive conditioning with the control."),
                  Output("negative", CONDITIONING, "Negative conditioning with the control.")),

@@ -118,7 +118,9 @@ def test_save_image_counters_subfolders_and_metadata(make_ctx: Any) -> None:
     with Image.open(ctx.folders.output_dir / "renders" / "cat_00001_.png") as png:
         assert json.loads(png.text["prompt"]) == prompt and json.loads(png.text["workflow"]) == workflow
         saved = np.asarray(png, dtype=np.float32) / 255
-    assert np.abs(saved - images[0].numpy()).max() <= 0.5 / 255 + 1e-6
+    # ComfyUI's quantisation: uint8(clip(255 * x)), truncated, not rounded
+    expected = np.floor(np.clip(images[0].numpy() * 255, 0, 255)) / 255
+    assert np.array_equal(saved, expected.astype(np.float32))
 
     quiet = make_ctx(png_metadata=False)
     SaveImage().run(quiet, images=images[:1], filename_prefix="plain", prompt=prompt)
