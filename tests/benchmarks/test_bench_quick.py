@@ -21,9 +21,10 @@ def test_quick_benchmark_ratios(capsys: pytest.CaptureFixture[str]) -> None:
     # Medians of interleaved repeats, at the largest quick size: there the model call dominates a
     # step, as it does at real sizes. At 128² the demo UNet takes ~3 ms, so that ratio mostly
     # weighs Loom's own ~0.3 ms more Python per step (printed above as "per step outside the UNet").
-    largest = max(int(name.split()[1].rstrip("²")) for name in per_step)
-    at_largest = sorted(v for name, v in per_step.items() if int(name.split()[1].rstrip("²")) == largest)
-    assert at_largest[len(at_largest) // 2] <= 1.05, per_step
+    # The run with the most steps there gives the steadiest median (4-step runs move by ±4 %).
+    size_steps = {name: (int(name.split()[1].rstrip("²")), int(name.split()[2])) for name in per_step}
+    steadiest = max(per_step, key=lambda name: size_steps[name])
+    assert per_step[steadiest] <= 1.05, per_step
     assert value[("cache", "seed-only change")] < value[("cache", "cold run (load + encode + sample + decode)")]
     assert value[("checkpoint swap A→B→A", "A again: run")] > 0
     assert value[("queue", "coalesced vs alone image diff")] < 1e-3
