@@ -48,8 +48,7 @@ from engine.schema import (
 )
 from engine.typecheck import output_problems
 from engine.validate import Validation, validate_prompt
-from engine.workflow import SAVED_FORMAT_NAME, SAVED_VERSION, WorkflowFormatError, from_saved
-from engine.workflow_export import saved_to_ui
+from engine.workflow_export import png_info
 
 log = logging.getLogger("loom.executor")
 
@@ -476,23 +475,6 @@ class Executor:
             self.bus.emit(event)
         except Exception:  # a listener's bug must not fail the run
             log.exception("event listener failed on %s", event.type)
-
-
-def png_info(extra: dict[str, Any] | None, registry: NodeRegistry) -> dict[str, Any]:
-    """What image-writing nodes embed: a Loom saved-format ``workflow`` becomes ComfyUI's UI format
-    (so ComfyUI opens Loom's images), the saved format itself kept as ``loom_workflow``."""
-    if not extra:
-        return {}
-    workflow = extra.get("workflow")
-    if not isinstance(workflow, Mapping) or workflow.get("format") != SAVED_FORMAT_NAME:
-        return dict(extra)
-    try:
-        saved = from_saved(workflow)
-    except WorkflowFormatError:
-        return dict(extra)
-    ui = saved_to_ui({"prompt": saved.prompt, "layout": saved.layout, "format": SAVED_FORMAT_NAME,
-                      "version": SAVED_VERSION}, registry.object_info())
-    return {**extra, "workflow": ui, "loom_workflow": workflow}
 
 
 def _who(node_id: str, node_def: NodeDef) -> str:

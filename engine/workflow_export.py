@@ -112,3 +112,22 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
         "groups": groups, "config": {}, "extra": {"loom": {"format": saved.get("format"), "version": saved.get("version")}},
         "version": 0.4,
     }
+
+
+def png_info(extra: dict[str, Any] | None, registry: Any) -> dict[str, Any]:
+    """What image-writing nodes embed: a Loom saved-format ``workflow`` becomes ComfyUI's UI format
+    (so ComfyUI opens Loom's images), the saved format itself kept as ``loom_workflow``."""
+    from engine.workflow import SAVED_FORMAT_NAME, SAVED_VERSION, WorkflowFormatError, from_saved
+
+    if not extra:
+        return {}
+    workflow = extra.get("workflow")
+    if not isinstance(workflow, Mapping) or workflow.get("format") != SAVED_FORMAT_NAME:
+        return dict(extra)
+    try:
+        saved = from_saved(workflow)
+    except WorkflowFormatError:
+        return dict(extra)
+    ui = saved_to_ui({"prompt": saved.prompt, "layout": saved.layout, "format": SAVED_FORMAT_NAME,
+                      "version": SAVED_VERSION}, registry.object_info())
+    return {**extra, "workflow": ui, "loom_workflow": workflow}

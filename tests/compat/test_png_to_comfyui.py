@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.executor import png_info
 from engine.registry import NodeRegistry
 from engine.workflow import from_saved, to_saved
-from engine.workflow_export import saved_to_ui
+from engine.workflow_export import png_info, saved_to_ui
 from engine.workflow_ui import convert_ui_to_api
 
 COMPAT = Path(__file__).resolve().parent
