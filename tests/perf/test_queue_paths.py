@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from PIL import Image
 
+import engine.jobs as jobs_module
 from engine.coalesce import CoalesceConfig, Coalescer, NextJobPrefetch
 from engine.jobs import JobSpec, LocalJobQueue
 from engine.jobstore import JobStore
@@ -60,22 +62,42 @@ def test_coalescing_ancestral_sampler_and_other_settings_do_not_group(perf_model
     alone.close()
 
 
-def test_lone_job_waits_at_most_the_window(perf_models: Path, tmp_path: Path) -> None:
+class VirtualClock:
+    """Stands in for the ``time`` module inside ``engine.jobs``: sleeping advances a virtual clock
+    instantly, so waits are measured exactly and no test depends on the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+
+def test_lone_job_waits_at_most_the_window(perf_models: Path, tmp_path: Path, monkeypatch: Any) -> None:
     rt = BenchRuntime(perf_models, tmp_path / "q")
     queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"),
                           coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.2)))
     spec = JobSpec(prompt=txt2img(CKPT))
-    started = time.perf_counter()
+    clock = VirtualClock()
+    monkeypatch.setattr(jobs_module, "time", clock)
     assert queue._companions(spec, wait=True) == []
-    waited = time.perf_counter() - started
-    assert 0.15 <= waited < 0.6
-    started = time.perf_counter()
+    assert clock.slept == pytest.approx(0.2)  # the whole window, and no more
+    clock.slept = 0.0
     assert queue._companions(spec, wait=False) == []
-    assert time.perf_counter() - started < 0.1
+    assert clock.slept == 0.0  # not waiting means not waiting
+    monkeypatch.undo()
     rt.close()
 
 
-def test_cached_job_does_not_wait_for_companions(perf_models: Path, tmp_path: Path) -> None:
+def test_cached_job_does_not_wait_for_companions(perf_models: Path, tmp_path: Path, monkeypatch: Any) -> None:
     """An identical resubmit has nothing left to batch: it must not sit out the window."""
     rt = BenchRuntime(perf_models, tmp_path / "q")
     queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"),
@@ -85,9 +107,11 @@ def test_cached_job_does_not_wait_for_companions(perf_models: Path, tmp_path: Pa
     rt.run(spec.prompt)
     assert not queue.coalescer.has_work(JobSpec(prompt=txt2img(CKPT, seed=5)))
     assert queue.coalescer.has_work(JobSpec(prompt=txt2img(CKPT, seed=6)))  # a new seed still waits
-    started = time.perf_counter()
+    clock = VirtualClock()
+    monkeypatch.setattr(jobs_module, "time", clock)
     assert queue._companions(JobSpec(prompt=txt2img(CKPT, seed=5)), wait=True) == []
-    assert time.perf_counter() - started < 0.2
+    assert clock.slept == 0.0
+    monkeypatch.undo()
     rt.close()
 
 
