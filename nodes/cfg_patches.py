@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -38,6 +38,7 @@ class GuidancePatch:
     name: str
     params: tuple[Any, ...]
     make: Callable[..., SamplingHooks]
+    changes_module: ClassVar[bool] = False  # hooks only: the loaded UNet is reused as it is
 
     @property
     def key(self) -> str:

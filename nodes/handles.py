@@ -5,8 +5,8 @@ live (file + fingerprint), what to build from them (``build``, per subclass), an
 apply (LoRA, IP-Adapter, ToMe, DeepCache). It holds no weights: ``ModelManager.use(handle)``
 calls ``handle.load()`` when the weights are needed, and ``handle.to_device`` is the one device
 move and precision cast of every module (skipped when nothing changes; ``dtype`` overrides the
-manager's per-kind policy). ``key`` is the content identity the manager caches modules by.
-Patching returns a new handle (``with_patch``), so a cached output never changes behind the
+manager's per-kind policy). ``key`` is the content identity the manager caches modules by; patches
+that act only through sampling hooks (``changes_module = False``) are not part of it. Patching returns a new handle (``with_patch``), so a cached output never changes behind the
 cache's back.
 
 The checkpoint parts are :class:`DenoiserHandle` (MODEL), :class:`TextEncodersHandle` (CLIP) and
@@ -49,6 +49,14 @@ class Patch(Protocol):
         ...
 
 
+def changes_module(patch: Patch) -> bool:
+    """Whether ``patch.apply`` changes the built module (weights, added layers, replaced forwards).
+    A patch that acts only through sampling hooks declares ``changes_module = False``: it is left
+    out of the handle's ``key``, so the memory manager keeps using the module already loaded
+    (a CFG patch must not make the UNet load again)."""
+    return bool(getattr(patch, "changes_module", True))
+
+
 @runtime_checkable
 class HookedPatch(Patch, Protocol):
     """A patch that also acts while the sampler runs (see ``nodes.hooks``)."""
@@ -88,7 +96,7 @@ class WeightsHandle:
     @cached_property
     def key(self) -> str:
         ident = {"kind": self.kind, "file": self.source.fingerprint, "format": self.source.format,
-                 "recipe": self.recipe(), "patches": [p.key for p in self.patches]}
+                 "recipe": self.recipe(), "patches": [p.key for p in self.patches if changes_module(p)]}
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         return f"{self.kind}:{self.source.name}:{digest}"
 

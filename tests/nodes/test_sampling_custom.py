@@ -170,6 +170,19 @@ def test_guidance_patches_change_guidance(env: dict[str, Any]) -> None:
         assert torch.isfinite(out).all() and not torch.allclose(out, plain, atol=1e-3), model.patches[-1].key
 
 
+def test_guidance_patches_reuse_the_loaded_unet(env: dict[str, Any]) -> None:
+    """A CFG patch changes no weights: the memory manager keeps using the UNet already loaded
+    (the patched handle's weight key is the plain one), while the sampling still differs."""
+    ctx, unet = env["ctx"], env["ck"].unet
+    plain = _ksampler(env)
+    ctx.models.reset_run_stats()
+    patched = cp.RescaleCFG().run(ctx, model=cp.CFGNorm().run(ctx, model=unet, strength=0.5)[0], multiplier=0.7)[0]
+    assert patched.key == unet.key and patched != unet
+    out = _ksampler(env, model=patched)
+    assert [load["kind"] for load in ctx.models.stats()["loads"]] == []  # nothing read again
+    assert not torch.allclose(out, plain, atol=1e-3)
+
+
 def _empty_prompt(env: dict[str, Any]) -> list:
     return CLIPTextEncode().run(env["ctx"], text="", clip=env["ck"].clip)[0]
 
