@@ -41,6 +41,8 @@ class Runtime:
     bus: EventBus
     models: ModelManager
     plugin_report: Any = None
+    describe_model: Any = None  # nodes.presets.ModelDescriber: (folder, path) -> family and preset
+    presets: Any = None  # () -> the preset table as JSON
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +101,21 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings,
         guard=_guard(args, model_files, models),
     )
-    return Runtime(registry, executor, folders, bus, models, report)
+    describer = _describer(args)
+    return Runtime(registry, executor, folders, bus, models, report, describer,
+                   lambda: [p.to_json() for p in describer.table.presets])
+
+
+def _describer(args: argparse.Namespace) -> Any:
+    """Model presets: the shipped table plus ``models/presets.json`` (a bad file is reported and
+    left out, so the server still starts)."""
+    from nodes.presets import ModelDescriber, PresetError, PresetTable
+
+    try:
+        return ModelDescriber(PresetTable.load(args.models_dir))
+    except PresetError as exc:
+        log.error("model presets: %s (using the shipped presets only)", exc)
+        return ModelDescriber(PresetTable.load(None))
 
 
 def _guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
@@ -227,6 +243,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for path in args.workflows:
         try:
             prompt, workflow = load_for_run(path, runtime.registry)
+            if args.preset:
+                _apply_preset(runtime, prompt, args.preset, path)
             apply_sets(prompt, sets, runtime.registry)
         except UsageError as exc:
             print(f"loom: {exc}", file=sys.stderr)
@@ -248,6 +266,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         _report(result, path, args.json, runtime)
         worst = max(worst, {"success": 0, "error": 1, "interrupted": 1, "invalid": 2}[result.status])
     return worst
+
+
+def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Path) -> None:
+    """``--preset``: write a model preset into the workflow's sampler, guidance and size widgets
+    (``auto``: the preset of the model the workflow loads). ``--set`` still wins."""
+    from nodes.presets import PresetError, apply_preset
+
+    describer, files = runtime.describe_model, runtime.folders.models
+    try:
+        if name == "auto" and files is not None:
+            preset, model = describer.preset_for_prompt(prompt, files.resolve)
+        else:
+            preset, model = describer.table.by_name(name), None
+    except PresetError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
+    changes = apply_preset(prompt, preset)
+    chosen = f" (for {model})" if model else ""
+    print(f"{path.name}: preset {preset.name}{chosen}: " + ("; ".join(changes) or "nothing to change"), file=sys.stderr)
 
 
 def result_of(record: Any) -> RunResult:
@@ -408,6 +444,9 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
                      help="override an input (repeatable), e.g. --set 3.seed=42")
     run.add_argument("--json", action="store_true", help="one JSON object per workflow on stdout")
+    run.add_argument("--preset", default=None, metavar="NAME",
+                     help="apply a model preset (steps, cfg, sampler, scheduler, size, guidance) before --set: "
+                          "'auto' for the preset of the workflow's model, or a preset's name (GET /api/v1/presets)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
 

@@ -61,6 +61,8 @@ class ServerParts:
     extensions: Mapping[str, Path] = field(default_factory=dict)
     own_queue: bool = True
     plugins: Any = None  # engine.plugins.PluginReport, when plugins were loaded
+    describe_model: Callable[[str, Path], dict[str, Any]] | None = None  # family + preset of a model file
+    presets: Callable[[], list[dict[str, Any]]] | None = None  # the model presets, as JSON
 
 
 def loom_version() -> str:
@@ -113,7 +115,8 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
 
     add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
     info = InfoRoutes(parts.registry, config, model_files=parts.folders.models, models=parts.models,
-                      extensions=parts.extensions, queue=queue)
+                      extensions=parts.extensions, queue=queue, describe_model=parts.describe_model,
+                      presets=parts.presets)
     add_routes(app, info.routes())
     add_routes(app, info.static_routes(), comfy=False)
     add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "guard", None)).routes())
@@ -184,7 +187,8 @@ def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Names
     web_dirs = getattr(report, "web_directories", None)
     extensions = web_dirs() if callable(web_dirs) else {}
     parts = ServerParts(runtime.registry, runtime.executor, queue, runtime.folders, user_dir,
-                        web_dir=root / "web", models=runtime.models, extensions=extensions, plugins=report)
+                        web_dir=root / "web", models=runtime.models, extensions=extensions, plugins=report,
+                        describe_model=getattr(runtime, "describe_model", None), presets=getattr(runtime, "presets", None))
     pending = len(queue.pending())
     if pending:
         log.info("resuming %d queued job(s) from %s", pending, store.path)

@@ -125,6 +125,17 @@ def build_document(version: str) -> dict[str, Any]:
                            "type": "array", "items": _OBJ}}}), **_errors(404)},
                        params=[_path_param("folder")], tags=native),
         },
+        "/api/v1/models/{folder}/{name}": {
+            "get": _op("One model file: size, metadata and, for checkpoints and diffusion models, the detected "
+                       "family, prediction type and the preset to sample it with (steps, cfg, sampler, scheduler, "
+                       "size, guidance)", {"200": _json(_OBJ), **_errors(404)},
+                       params=[_path_param("folder"), _path_param("name")], tags=native),
+        },
+        "/api/v1/presets": {
+            "get": _op("Model presets: the shipped table and the user's models/presets.json",
+                       {"200": _json({"type": "object", "properties": {"presets": {"type": "array", "items": _OBJ}}})},
+                       tags=native),
+        },
         "/api/v1/workflows/check": {
             "post": _op("Compatibility report: node types Loom lacks (ComfyUI core or custom, with their pack) "
                         "and conversion problems, before running", {"200": _json(

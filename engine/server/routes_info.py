@@ -1,5 +1,7 @@
 """ComfyUI's read-only information routes: ``/object_info``, ``/system_stats``, ``/models``,
-``/embeddings``, ``/extensions`` (and the plugins' web files under ``/extensions/``), ``/features``."""
+``/embeddings``, ``/extensions`` (and the plugins' web files under ``/extensions/``), ``/features``;
+Loom's model descriptions (``/api/v1/models/{folder}/info``, ``/api/v1/models/{folder}/{name}``
+with the detected family and preset) and ``/api/v1/presets``."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import asyncio
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +83,11 @@ def torch_version() -> str:
 class InfoRoutes:
     def __init__(self, registry: NodeRegistry, config: ServerConfig, *, model_files: Any = None,
                  models: ModelManagerLike | None = None, extensions: Mapping[str, Path] | None = None,
-                 queue: Any = None) -> None:
+                 queue: Any = None, describe_model: Callable[[str, Path], dict[str, Any]] | None = None,
+                 presets: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.registry = registry
+        self.describe_model = describe_model  # (folder, path) -> family and preset (the node library's)
+        self.presets = presets
         self.queue = queue  # its health() (worker alive, restarts, storage) goes into /system_stats
         self.config = config
         self.model_files = model_files
@@ -97,6 +102,8 @@ class InfoRoutes:
             ("GET", "/models", self.model_kinds),
             ("GET", "/models/{folder}", self.model_list),
             ("GET", "/api/v1/models/{folder}/info", self.model_info),
+            ("GET", "/api/v1/models/{folder}/{name:.+}", self.model_one),
+            ("GET", "/api/v1/presets", self.preset_list),
             ("GET", "/embeddings", self.embeddings),
             ("GET", "/extensions", self.extension_list),
             ("GET", "/features", self.features),
@@ -172,6 +179,27 @@ class InfoRoutes:
             raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
         files = await asyncio.to_thread(self._describe, folder)  # header reads stay off the event loop
         return web.json_response({"folder": folder, "files": files})
+
+    async def model_one(self, request: web.Request) -> web.Response:
+        """Loom: one model file: size, metadata, and (checkpoints, diffusion models) its detected
+        family and the preset to sample it with."""
+        folder, name = request.match_info["folder"], request.match_info["name"]
+        if folder not in self._kinds():
+            raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
+        if name not in self._files(folder):
+            raise ApiError(404, "unknown_model", f"no file {name!r} in models/{folder}; GET /models/{folder} lists them")
+        return web.json_response(await asyncio.to_thread(self._describe_one, folder, name))
+
+    def _describe_one(self, folder: str, name: str) -> dict[str, Any]:
+        path = self.model_files.resolve(folder, name)
+        body = describe_model_file(name, path).to_json()
+        if self.describe_model is not None:
+            body.update(self.describe_model(folder, path))
+        return body
+
+    async def preset_list(self, request: web.Request) -> web.Response:
+        """Loom: every model preset (shipped and the user's ``models/presets.json``)."""
+        return json_response({"presets": await asyncio.to_thread(self.presets) if self.presets else []})
 
     def _describe(self, folder: str) -> list[dict[str, Any]]:
         files: list[dict[str, Any]] = []
