@@ -102,8 +102,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         guard=_guard(args, model_files, models),
     )
     describer = _describer(args)
-    return Runtime(registry, executor, folders, bus, models, report, describer,
-                   lambda: [p.to_json() for p in describer.table.presets])
+    return Runtime(registry, executor, folders, bus, models, report, describer, describer.table_json)
 
 
 def _describer(args: argparse.Namespace) -> Any:

@@ -258,6 +258,12 @@ class ModelDescriber:
         return {"family": family.name, "family_title": family.title, "prediction": prediction,
                 "preset": None if sized is None else sized.to_json()}
 
+    def table_json(self) -> dict[str, Any]:
+        """What ``GET /api/v1/presets`` answers: the presets, which widget of which node each field
+        goes to, and which loader input names the model (the editor applies presets with these)."""
+        return {"presets": describe_presets(self.table.presets), "inputs": PRESET_INPUTS,
+                "loaders": {k: list(v) for k, v in MODEL_INPUTS.items()}}
+
     def preset_for_prompt(self, prompt: Mapping[str, Any], resolve: Any) -> tuple[Preset, str]:
         """The preset of the first checkpoint or diffusion model ``prompt`` loads (``resolve(folder,
         name) -> Path``), and the file it was chosen for; a PresetError when there is none."""

@@ -62,7 +62,7 @@ class ServerParts:
     own_queue: bool = True
     plugins: Any = None  # engine.plugins.PluginReport, when plugins were loaded
     describe_model: Callable[[str, Path], dict[str, Any]] | None = None  # family + preset of a model file
-    presets: Callable[[], list[dict[str, Any]]] | None = None  # the model presets, as JSON
+    presets: Callable[[], dict[str, Any]] | None = None  # the model presets and where they go, as JSON
 
 
 def loom_version() -> str:

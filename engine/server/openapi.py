@@ -133,7 +133,9 @@ def build_document(version: str) -> dict[str, Any]:
         },
         "/api/v1/presets": {
             "get": _op("Model presets: the shipped table and the user's models/presets.json",
-                       {"200": _json({"type": "object", "properties": {"presets": {"type": "array", "items": _OBJ}}})},
+                       {"200": _json({"type": "object", "properties": {
+                           "presets": {"type": "array", "items": _OBJ},
+                           "inputs": _OBJ, "loaders": _OBJ}})},
                        tags=native),
         },
         "/api/v1/workflows/check": {

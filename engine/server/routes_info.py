@@ -84,7 +84,7 @@ class InfoRoutes:
     def __init__(self, registry: NodeRegistry, config: ServerConfig, *, model_files: Any = None,
                  models: ModelManagerLike | None = None, extensions: Mapping[str, Path] | None = None,
                  queue: Any = None, describe_model: Callable[[str, Path], dict[str, Any]] | None = None,
-                 presets: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 presets: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = registry
         self.describe_model = describe_model  # (folder, path) -> family and preset (the node library's)
         self.presets = presets
@@ -199,7 +199,8 @@ class InfoRoutes:
 
     async def preset_list(self, request: web.Request) -> web.Response:
         """Loom: every model preset (shipped and the user's ``models/presets.json``)."""
-        return json_response({"presets": await asyncio.to_thread(self.presets) if self.presets else []})
+        body = await asyncio.to_thread(self.presets) if self.presets else {"presets": [], "inputs": {}, "loaders": {}}
+        return json_response(body)
 
     def _describe(self, folder: str) -> list[dict[str, Any]]:
         files: list[dict[str, Any]] = []

@@ -96,3 +96,27 @@ def test_template_opens_in_a_new_tab_and_runs(editor: Editor) -> None:
     assert page.evaluate("loom.tabs.current.name") == "Text to image"
     assert {n["class_type"] for n in editor.prompt().values()} >= {"KSampler", "SaveImage"}
     editor.queue_and_wait_image()
+
+
+def test_choosing_a_checkpoint_offers_its_family_preset(editor: Editor) -> None:
+    """Picking the SDXL demo checkpoint in the loader's combo offers SDXL's preset (at the demo
+    size); applying it sets the sampler and size widgets, and undo takes them back."""
+    editor.open()
+    page = editor.page
+    loader = editor.node_of_type("CheckpointLoaderSimple")
+    loader.locator('[data-widget="ckpt_name"]').select_option("loom_demo_sdxl.safetensors")
+    offer = page.locator('[data-role="preset-offer"]')
+    offer.wait_for()
+    assert offer.get_attribute("data-preset") == "loom_demo"
+    assert offer.inner_text().startswith("SDXL: ") and "dpmpp_2m / karras" in offer.inner_text()
+    editor.shot("preset-offer")
+    before = editor.prompt()
+    offer.locator('[data-role="apply-preset"]').click()
+    after = editor.prompt()
+    sampler = next(v["inputs"] for v in after.values() if v["class_type"] == "KSampler")
+    latent = next(v["inputs"] for v in after.values() if v["class_type"] == "EmptyLatentImage")
+    assert (sampler["steps"], sampler["cfg"], sampler["sampler_name"], sampler["scheduler"]) == (4, 7.0, "dpmpp_2m", "karras")
+    assert (latent["width"], latent["height"]) == (64, 64)
+    assert sampler["model"] == next(v["inputs"] for v in before.values() if v["class_type"] == "KSampler")["model"]
+    page.keyboard.press("Control+z")
+    assert editor.prompt() == before

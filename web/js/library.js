@@ -1,7 +1,8 @@
 // The libraries in the side bar. Nodes: every node type by category (plugin nodes marked with
 // their pack), a search box, click or drag onto the canvas. Models: the files of each model folder
 // with size, base model, title and trigger words from their safetensors metadata
-// (/api/v1/models/{folder}/info); drag one onto the canvas for the loader that takes it. Templates:
+// (/api/v1/models/{folder}/info); drag one onto the canvas for the loader that takes it (and, for a
+// checkpoint or diffusion model, an offer of its family's preset: presets.js). Templates:
 // the shipped example workflows (web/workflows/templates.json) with a drawn thumbnail, opened in
 // a new tab.
 
@@ -153,6 +154,7 @@ export class Library {
     added.values[loader[1]] = name;
     editor.views.render(added);
     editor.commit();
+    this.app.presets?.offer(folder, name);  // checkpoints and diffusion models: the family's preset
   }
 
   // --- templates ----------------------------------------------------------------------------------

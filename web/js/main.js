@@ -15,6 +15,7 @@ import { Settings } from "./settings.js";
 import { Viewer } from "./viewer.js";
 import { RunProgress } from "./progress.js";
 import { Library } from "./library.js";
+import { PresetOffers } from "./presets.js";
 import { MaskEditor } from "./maskeditor.js";
 import { SubgraphUi } from "./subgraphui.js";
 
@@ -37,6 +38,7 @@ class App {
     this.viewer = new Viewer(this);
     this.progress = new RunProgress(this);
     this.library = new Library(this);
+    this.presets = new PresetOffers(this);
     this.maskEditor = new MaskEditor(this);
     this.editor.subgraphUi = new SubgraphUi(this);
     this.editor.events.addEventListener("openMaskEditor", (e) => this.maskEditor.openForNode(e.detail.nodeId));

@@ -113,7 +113,7 @@ export class NodeViews {
       set: (value, commit) => {
         node.values[input.name] = value;
         this.clearError(node.id, input.name);
-        if (commit) editor.commit();
+        if (commit) { editor.commit(); editor.emit("widgetChanged", { node, name: input.name, value }); }
       },
       setControl: (how) => { node.control[input.name] = how; editor.commit(); },
     };
