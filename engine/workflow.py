@@ -300,6 +300,24 @@ def apply_modes(
     return runnable
 
 
+def saved_runnable(saved: SavedWorkflow, object_info: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The API graph a saved workflow runs. A graph holding subgraph instances runs the editor's
+    flattened graph, which the editor writes next to it (``layout.runnable``: the instances'
+    inner nodes as ``<instance id>:<inner id>``, exactly what it queues)."""
+    definitions = {str(d.get("id")) for d in saved.layout.get("subgraphs") or [] if isinstance(d, Mapping)}
+    instances = sorted(k for k, v in saved.prompt.items() if str(v.get("class_type")) in definitions)
+    if not instances:
+        return apply_modes(saved.prompt, saved.layout, object_info)
+    runnable = saved.layout.get("runnable")
+    if not isinstance(runnable, Mapping) or not runnable:
+        raise WorkflowFormatError(f"saved format: nodes {', '.join(instances[:5])} are subgraph instances, but the "
+                                  "file carries no flattened graph (\"layout\": {\"runnable\": ...}); open it in "
+                                  "Loom's editor and save it again, or export it in ComfyUI's format")
+    flat = normalize_api(runnable)
+    check_node_count(len(flat))
+    return flat
+
+
 def _is_link(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
 
@@ -379,8 +397,8 @@ def load_workflow(obj: Any, object_info: Mapping[str, Mapping[str, Any]]) -> Loa
         return LoadedWorkflow(normalize_api(obj), None, FORMAT_API)
     if kind == FORMAT_SAVED:
         saved = from_saved(obj)
-        runnable = apply_modes(saved.prompt, saved.layout, object_info)
-        return LoadedWorkflow(runnable, to_saved(saved.prompt, saved.layout, saved.extra), FORMAT_SAVED)
+        return LoadedWorkflow(saved_runnable(saved, object_info), to_saved(saved.prompt, saved.layout, saved.extra),
+                              FORMAT_SAVED)
     prompt = convert_ui_to_api(obj, object_info)
     if not prompt:
         raise WorkflowFormatError("the UI-format workflow has no nodes that run (all are notes, muted or bypassed)")

@@ -62,6 +62,7 @@ def test_convert_open_edit_instances_round_trip_unpack(editor: Editor, server: S
     ui = page.evaluate("(async () => (await import('./js/uiformat.js')).toUi(loom.tabs.current.graph))()")
     assert len(ui["definitions"]["subgraphs"]) == 1 and ui["definitions"]["subgraphs"][0]["inputs"][0]["type"] == "CLIP"
     assert strip(server_convert(server, ui)) == expected  # the server's flattening agrees
+    assert strip(server_convert(server, editor.saved())) == expected  # Loom's saved file runs as queued
     prefix = editor.node("9").locator('[data-widget="filename_prefix"]')
     prefix.fill("subgraph")  # a new file (the rest may come from the server's cache: same inputs, same result)
     prefix.press("Tab")

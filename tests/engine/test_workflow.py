@@ -165,6 +165,38 @@ def test_v2_loads_as_is(api: dict[str, Any]) -> None:
     assert saved.extra == v2["extra"]
 
 
+def saved_with_instance(api: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A saved file whose two prompts became one subgraph instance (id 10), as the editor writes
+    it, and the flattened graph it runs."""
+    outer = {k: copy.deepcopy(v) for k, v in api.items() if k not in ("6", "7")}
+    outer["10"] = {"class_type": "sg-1", "inputs": {"clip": ["4", 1]}}
+    outer["3"]["inputs"].update(positive=["10", 0], negative=["10", 1])
+    flat = copy.deepcopy(api)
+    flat["10:6"], flat["10:7"] = flat.pop("6"), flat.pop("7")
+    flat["3"]["inputs"].update(positive=["10:6", 0], negative=["10:7", 0])
+    layout = {"nodes": {}, "groups": [], "runnable": flat,
+              "subgraphs": [{"id": "sg-1", "name": "prompts", "inputs": [{"name": "clip", "type": "CLIP"}],
+                             "outputs": [{"name": "positive", "type": "CONDITIONING"},
+                                         {"name": "negative", "type": "CONDITIONING"}], "saved": {}}]}
+    return to_saved(outer, layout), flat
+
+
+def test_a_saved_graph_with_subgraph_instances_runs_the_flattened_graph(
+        api: dict[str, Any], object_info: dict[str, Any]) -> None:
+    saved, flat = saved_with_instance(api)
+    loaded = load_workflow(saved, object_info)
+    assert loaded.prompt == flat
+    assert loaded.workflow is not None and loaded.workflow["prompt"]["10"]["class_type"] == "sg-1"
+
+
+def test_a_saved_graph_with_instances_but_no_flattened_graph_says_how_to_fix(
+        api: dict[str, Any], object_info: dict[str, Any]) -> None:
+    saved, _ = saved_with_instance(api)
+    del saved["layout"]["runnable"]
+    with pytest.raises(WorkflowFormatError, match="10 are subgraph instances.*save it again"):
+        load_workflow(saved, object_info)
+
+
 # --- PNG chunks -------------------------------------------------------------------------------
 def test_read_png_workflow_text_and_itxt(api: dict[str, Any], tmp_path: Path) -> None:
     ui = json.loads((WORKFLOWS / "txt2img.json").read_text())

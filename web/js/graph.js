@@ -263,6 +263,8 @@ export class Graph {
     if (this.subgraphs.size && !this.boundary) {
       layout.subgraphs = [...this.subgraphs.values()].map((d) => ({ id: d.id, name: d.name, inputs: d.inputs.map(({ name, type }) => ({ name, type })),
         outputs: d.outputs.map(({ name, type }) => ({ name, type })), saved: d.saved }));
+      // what the server and `main.py run` execute: the instances flattened, as queued from here
+      if ([...this.nodes.values()].some((n) => this.subgraphs.has(n.type))) layout.runnable = this.toPrompt();
     }
     if (this.reroutes.size) {
       layout.reroutes = [...this.reroutes.values()].map((r) => ({ id: r.id, pos: r.pos.map(Math.round), parentId: r.parentId }));
