@@ -42,11 +42,17 @@ def demo_sd3_modules(seed: int = 0) -> dict[str, Any]:
     """The tiny transformer, CLIP-L, CLIP-G (with projection), T5 encoder and VAE."""
     import torch
     from diffusers import AutoencoderKL
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers import (
+        CLIPTextConfig,
+        CLIPTextModel,
+        CLIPTextModelWithProjection,
+        T5Config,
+        T5EncoderModel,
+    )
 
     transformer = demo_sd3_transformer(seed)
     torch.manual_seed(seed + 1)
-    common = {"vocab_size": 49408, "hidden_size": CLIP_WIDTH, "intermediate_size": 64, "num_attention_heads": 1,
+    common: dict[str, Any] = {"vocab_size": 49408, "hidden_size": CLIP_WIDTH, "intermediate_size": 64, "num_attention_heads": 1,
               "max_position_embeddings": 77, "bos_token_id": 49406, "eos_token_id": 49407, "pad_token_id": 1}
     clip_l = CLIPTextModel(CLIPTextConfig(**common, num_hidden_layers=2, hidden_act="quick_gelu"))
     clip_g = CLIPTextModelWithProjection(CLIPTextConfig(**common, num_hidden_layers=32, hidden_act="gelu",
