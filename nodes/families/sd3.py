@@ -139,7 +139,7 @@ class SD3Prompt:
                     lg = g.new_zeros(1, g.shape[1], WIDTHS["clip_l"])
                 lg = lg if g is None else torch.cat([lg, g], dim=-1)
                 out = F.pad(lg, (0, max(0, width - lg.shape[-1])))
-            for name in ("clip_l", "clip_g"):
+            for name in ("clip_l", "clip_g"):  # a CLIP not loaded pools to zeros of its real width
                 pools.setdefault(name, torch.zeros(1, WIDTHS[name]))
             pooled = torch.cat([pools["clip_l"].float().cpu(), pools["clip_g"].float().cpu()], dim=-1)
         if t5 is not None:
@@ -148,8 +148,8 @@ class SD3Prompt:
             out = t5_out if out is None else torch.cat([out.to(t5_out), t5_out], dim=-2)
         if out is None:
             out = torch.zeros(1, CLIP_TOKENS, width)
-        if pooled is None:
-            pooled = torch.zeros(1, WIDTHS["clip_l"] + WIDTHS["clip_g"])
+        if pooled is None:  # both CLIP prompts left out: zeros as wide as the pooled vector would be
+            pooled = torch.zeros(1, sum(_pooled_width(by_name.get(n), n) for n in ("clip_l", "clip_g")))
         return out, pooled
 
 
@@ -158,6 +158,14 @@ def _clip(enc: ReadyEncoder, text: str) -> tuple[Tensor, Tensor]:
                                 pooled=True)
     assert pooled is not None
     return z, pooled
+
+
+def _pooled_width(enc: ReadyEncoder | None, name: str) -> int:
+    """The width of an encoder's pooled output (CLIP-L: unprojected; CLIP-G: projected)."""
+    if enc is None:
+        return WIDTHS[name]
+    config = enc.module.config
+    return int(getattr(config, "projection_dim", 0) if name == "clip_g" else config.hidden_size)
 
 
 def _pad_chunks(hidden: dict[str, Tensor], by_name: dict[str, ReadyEncoder]) -> None:
