@@ -26,6 +26,7 @@ from nodes.families.flux_nodes import EmptySD3LatentImage
 from nodes.families.sd3_nodes import (
     CLIPTextEncodeSD3,
     ModelMergeSD3_2B,
+    ModelMergeSD35_Large,
     ModelSamplingSD3,
     SkipLayerGuidanceDiT,
     SkipLayerGuidanceDiTSimple,
@@ -182,6 +183,7 @@ def test_model_merge_sd3_2b_takes_ratios_per_joint_block(sd3_dir: Path, make_ctx
     assert [i.name for i in schema.inputs][:8] == ["model1", "model2", "pos_embed.", "x_embedder.",
                                                    "context_embedder.", "y_embedder.", "t_embedder.", "joint_blocks.0."]
     assert len(schema.inputs) == 2 + 5 + 24 + 1 and schema.inputs[-1].name == "final_layer."
+    assert [i.name for i in ModelMergeSD35_Large.SCHEMA.inputs][-2:] == ["joint_blocks.37.", "final_layer."]
     m1, m2 = open_diffusion_model(sd3_dir / DEMO_SD3_MMDIT), open_diffusion_model(sd3_dir / OTHER)
     ratios = {i.name: 1.0 for i in schema.inputs[2:]} | {"joint_blocks.1.": 0.0, "context_embedder.": 0.25}
     merged = ModelMergeSD3_2B().run(make_ctx(), model1=m1, model2=m2, **ratios)[0].load().state_dict()

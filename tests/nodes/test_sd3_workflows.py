@@ -118,3 +118,17 @@ def test_sd3_checkpoint_detected_by_tensors(demo_models: Path) -> None:
     assert ck.unet.family.name == "sd3" and ck.clip.parts == ()
     assert ck.unet.model_sampling.timestep(torch.tensor([0.5])).item() == pytest.approx(500.0)
     assert ck.unet.parts[0].config["dual_attention_layers"] == [0]
+
+
+def test_sd35_ui_format_workflow_converts_to_the_example_and_runs(demo_models: Path, tmp_path: Path) -> None:
+    """The SD3.5 example saved in ComfyUI's UI format (litegraph nodes and links, widget values in
+    ComfyUI's order, KSampler's control_after_generate included) converts to the API example."""
+    from engine.workflow import convert_ui_to_api
+
+    ui = json.loads((Path(__file__).parent / "comfyui_workflows" / "sd35_ui.json").read_text())
+    executor = make_executor(demo_models, tmp_path)
+    prompt = convert_ui_to_api(ui, executor.registry.object_info())
+    expected = json.loads((WORKFLOWS / "sd35.api.json").read_text())
+    assert {k: (v["class_type"], v["inputs"]) for k, v in prompt.items()} == {
+        k: (v["class_type"], v["inputs"]) for k, v in expected.items()}
+    _image_ok(run(executor, prompt), tmp_path)
