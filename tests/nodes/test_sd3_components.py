@@ -170,3 +170,15 @@ def test_merge_block_names_follow_the_file_layout() -> None:
     assert names["transformer_blocks.0.attn2.to_q.bias"] == "joint_blocks.0.x_block.attn2.qkv.bias"
     assert names["pos_embed.proj.weight"] == "x_embedder.proj.weight" and names["pos_embed.pos_embed"] == "pos_embed"
     assert names["norm_out.linear.weight"] == "final_layer.adaLN_modulation.1.weight"
+
+
+def test_wrong_conditioning_teaches_the_sd3_loaders() -> None:
+    from nodes.conditioning import CondEntry
+    from nodes.hooks import ConditioningError
+
+    model, kind = demo_sd3_transformer(), SD3Transformer()
+    with pytest.raises(ConditioningError, match="expects 64.*TripleCLIPLoader"):
+        kind.check_conditioning(model, [CondEntry(embeds=torch.zeros(1, 77, 768), pooled=torch.zeros(1, 64))], "positive")
+    with pytest.raises(ConditioningError, match="pooled vector"):
+        kind.check_conditioning(model, [CondEntry(embeds=torch.zeros(1, 77, 64), pooled=None)], "negative")
+    kind.check_conditioning(model, [CondEntry(embeds=torch.zeros(1, 5, 64), pooled=torch.zeros(1, 64))], "positive")

@@ -237,3 +237,11 @@ def test_sd3_lora_equals_editing_the_file(layout: str, sd3_dir: Path, tmp_path: 
     assert patched.keys() == expected.keys()
     for key, value in expected.items():
         torch.testing.assert_close(patched[key], value, atol=1e-5, rtol=1e-5, msg=key)
+
+
+def test_clip_text_encode_sd3_refuses_another_familys_clip(sd3_dir: Path, make_ctx: Any) -> None:
+    from nodes.families.sd3_nodes import SD3EncodeError
+
+    flux_clip = open_text_encoders([sd3_dir / DEMO_SD3_CLIP_L, sd3_dir / DEMO_SD3_T5XXL], "flux")
+    with pytest.raises(SD3EncodeError, match="TripleCLIPLoader"):
+        _encode_sd3(make_ctx(), flux_clip, "a", "a", "a", "none")
