@@ -95,14 +95,14 @@ def test_sd3_txt2img_matches_stable_diffusion_3_pipeline(sd3_dir: Any, make_ctx:
     ref = pipe(**embeds, height=SIZE, width=SIZE, num_inference_steps=STEPS, guidance_scale=CFG, latents=noise,
                output_type="latent").images
     mine = model.latent_format.process_in(out["samples"])
-    assert (mine - ref).abs().max() < 1e-3
+    assert (mine - ref).abs().max() < 1e-4  # measured 1.4e-6
     assert (mine - noise).abs().max() > 0.1  # the model moved the latent
 
     image = VAEDecode().run(ctx, samples=out, vae=open_vae(root / DEMO_SD3_VAE))[0]
     ref_image = pipe(**embeds, height=SIZE, width=SIZE, num_inference_steps=STEPS, guidance_scale=CFG, latents=noise,
                      output_type="pt").images
     assert image.shape == (1, SIZE, SIZE, 3)
-    assert (image - ref_image.permute(0, 2, 3, 1)).abs().max() < 1e-3
+    assert (image - ref_image.permute(0, 2, 3, 1)).abs().max() < 1e-4  # measured 3e-6
 
 
 def test_sd3_text_encoding_matches_pipeline_at_comfyui_length(sd3_dir: Any, make_ctx: Any) -> None:
