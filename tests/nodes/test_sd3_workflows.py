@@ -132,3 +132,22 @@ def test_sd35_ui_format_workflow_converts_to_the_example_and_runs(demo_models: P
     assert {k: (v["class_type"], v["inputs"]) for k, v in prompt.items()} == {
         k: (v["class_type"], v["inputs"]) for k, v in expected.items()}
     _image_ok(run(executor, prompt), tmp_path)
+
+
+def test_checkpoint_save_writes_comfyuis_sd3_layout(demo_models: Path, make_ctx: Any) -> None:
+    """CheckpointSave of an all-in-one SD3 checkpoint writes the same tensors under the same names."""
+    from safetensors.torch import load_file
+
+    from nodes.demo_sd3 import DEMO_SD35_AIO
+    from nodes.handles import open_checkpoint
+    from nodes.loaders import CheckpointSave
+
+    ctx = make_ctx()
+    source = demo_models / "checkpoints" / DEMO_SD35_AIO
+    ck = open_checkpoint(source)
+    out = CheckpointSave().run(ctx, model=ck.unet, clip=ck.clip, vae=ck.vae, filename_prefix="checkpoints/sd3")
+    saved = out.ui["checkpoints"][0]
+    written = load_file(str(ctx.folders.output_dir / saved["subfolder"] / saved["filename"]))
+    original = load_file(str(source))
+    assert written.keys() == original.keys()
+    assert all(torch.equal(written[k], v) for k, v in original.items())
