@@ -112,45 +112,53 @@ class SD3Prompt:
     def encode_triple(self, clip_l: str, clip_g: str, t5xxl: str, encoders: Sequence[ReadyEncoder], *,
                       drop_empty: bool) -> tuple[Tensor, Tensor | None]:
         import torch
-        import torch.nn.functional as F
 
         by_name = {enc.spec.name: enc for enc in encoders}
         if not by_name:
             raise ModelLoadError("this CLIP holds no text encoder: the SD3 checkpoint it came from has none; load "
                                  "clip_l, clip_g and t5xxl with TripleCLIPLoader and encode with its CLIP")
-        texts = {"clip_l": clip_l, "clip_g": clip_g}
-        dropped = {name: drop_empty and not text for name, text in texts.items()}
         t5 = by_name.get("t5xxl")
         width = int(t5.module.config.d_model) if t5 is not None else WIDTHS["t5xxl"]
-        out: Tensor | None = None
-        pooled: Tensor | None = None
-        if not all(dropped.values()):
-            hidden, pools = {}, {}
-            for name in ("clip_l", "clip_g"):
-                enc = by_name.get(name)
-                if enc is not None:
-                    hidden[name], pools[name] = _clip(enc, "" if dropped[name] else texts[name])
-            _pad_chunks(hidden, by_name)
-            if hidden:  # CLIP-L's columns first (zeros without it), then CLIP-G's, then zeros up to T5's width
-                g = hidden.get("clip_g")
-                lg = hidden.get("clip_l")
-                if lg is None:
-                    assert g is not None
-                    lg = g.new_zeros(1, g.shape[1], WIDTHS["clip_l"])
-                lg = lg if g is None else torch.cat([lg, g], dim=-1)
-                out = F.pad(lg, (0, max(0, width - lg.shape[-1])))
-            for name in ("clip_l", "clip_g"):  # a CLIP not loaded pools to zeros of its real width
-                pools.setdefault(name, torch.zeros(1, WIDTHS[name]))
-            pooled = torch.cat([pools["clip_l"].float().cpu(), pools["clip_g"].float().cpu()], dim=-1)
+        texts = {"clip_l": clip_l, "clip_g": clip_g}
+        if drop_empty and not clip_l and not clip_g:  # both CLIP prompts left out: pooled zeros
+            out = None
+            pooled = torch.zeros(1, sum(_pooled_width(by_name.get(n), n) for n in texts))
+        else:
+            # one empty CLIP prompt is encoded as the empty prompt either way (ComfyUI pads its tokens so)
+            out, pooled = _encode_clips(by_name, texts, width)
         if t5 is not None:
-            kind = replace(t5.kind, min_length=1) if drop_empty and not t5xxl else t5.kind
+            kind = replace(t5.kind, min_length=1) if drop_empty and not t5xxl else t5.kind  # [</s>] alone
             t5_out = kind.encode(t5.module, t5.tokenizer, t5xxl)
             out = t5_out if out is None else torch.cat([out.to(t5_out), t5_out], dim=-2)
         if out is None:
             out = torch.zeros(1, CLIP_TOKENS, width)
-        if pooled is None:  # both CLIP prompts left out: zeros as wide as the pooled vector would be
-            pooled = torch.zeros(1, sum(_pooled_width(by_name.get(n), n) for n in ("clip_l", "clip_g")))
         return out, pooled
+
+
+def _encode_clips(by_name: dict[str, ReadyEncoder], texts: dict[str, str], width: int) -> tuple[Tensor | None, Tensor]:
+    """CLIP-L's and CLIP-G's tokens side by side (CLIP-L's columns zeros without it; no CLIP-G
+    columns without it), zero-padded to ``width``; and their pooled vectors, concatenated (zeros of
+    the real width for an encoder not loaded)."""
+    import torch
+    import torch.nn.functional as F
+
+    hidden, pools = {}, {}
+    for name, text in texts.items():
+        enc = by_name.get(name)
+        if enc is not None:
+            hidden[name], pools[name] = _clip(enc, text)
+    _pad_chunks(hidden, by_name)
+    out = None
+    if hidden:
+        g = hidden.get("clip_g")
+        lg = hidden.get("clip_l")
+        if lg is None:
+            assert g is not None
+            lg = g.new_zeros(1, g.shape[1], WIDTHS["clip_l"])
+        lg = lg if g is None else torch.cat([lg, g], dim=-1)
+        out = F.pad(lg, (0, max(0, width - lg.shape[-1])))
+    pooled = [pools[n].float().cpu() if n in pools else torch.zeros(1, WIDTHS[n]) for n in ("clip_l", "clip_g")]
+    return out, torch.cat(pooled, dim=-1)
 
 
 def _clip(enc: ReadyEncoder, text: str) -> tuple[Tensor, Tensor]:
