@@ -1,6 +1,8 @@
-"""The SD3.5 example workflows (web/workflows/sd35*.api.json: ComfyUI's SD3.5 example with
+"""The SD3 example workflows (web/workflows/sd35*.api.json: ComfyUI's SD3.5 example with
 CheckpointLoaderSimple for the model and VAE and TripleCLIPLoader for the text encoders, and an
-all-in-one checkpoint with ModelSamplingSD3, SkipLayerGuidanceSD3 and CLIPTextEncodeSD3) run offline
+all-in-one checkpoint with ModelSamplingSD3, SkipLayerGuidanceSD3 and CLIPTextEncodeSD3;
+sd3_medium.api.json: ComfyUI's SD3 medium example, its negative zeroed out after the first tenth of
+the steps, dpmpp_2m) run offline
 on the demo files; the separate-files chain (UNETLoader, TripleCLIPLoader / DualCLIPLoader type sd3,
 VAELoader) runs; wrong files fail with errors that say what to do."""
 
@@ -47,7 +49,7 @@ def _image_ok(result, tmp_path: Path, node: str = "9") -> None:  # type: ignore[
         assert np.asarray(png).std() > 1.0  # not a flat image
 
 
-@pytest.mark.parametrize("name", ["sd35", "sd35_incl_clips"])
+@pytest.mark.parametrize("name", ["sd35", "sd35_incl_clips", "sd3_medium"])
 def test_sd35_workflow_runs(name: str, demo_models: Path, tmp_path: Path) -> None:
     prompt = json.loads((WORKFLOWS / f"{name}.api.json").read_text())
     _image_ok(run(make_executor(demo_models, tmp_path), prompt), tmp_path)
