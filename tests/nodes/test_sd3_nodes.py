@@ -245,3 +245,24 @@ def test_clip_text_encode_sd3_refuses_another_familys_clip(sd3_dir: Path, make_c
     flux_clip = open_text_encoders([sd3_dir / DEMO_SD3_CLIP_L, sd3_dir / DEMO_SD3_T5XXL], "flux")
     with pytest.raises(SD3EncodeError, match="TripleCLIPLoader"):
         _encode_sd3(make_ctx(), flux_clip, "a", "a", "a", "none")
+
+
+def test_kohya_text_encoder_lora_reaches_clip_l_and_clip_g(sd3_dir: Path, tmp_path: Path) -> None:
+    """kohya's lora_te1_ (CLIP-L) and lora_te2_ (CLIP-G) layers land on SD3's first two encoders."""
+    from safetensors.torch import save_file
+
+    from nodes.lora import LoraPatch
+    from nodes.weights import fingerprint
+
+    clip = _clip(sd3_dir)
+    torch.manual_seed(4)
+    g_down, g_up, l_down, l_up = torch.randn(2, 32), torch.randn(32, 2), torch.randn(2, 32), torch.randn(64, 2)
+    save_file({"lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight": g_down,
+               "lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight": g_up,
+               "lora_te1_text_model_encoder_layers_1_mlp_fc1.lora_down.weight": l_down,
+               "lora_te1_text_model_encoder_layers_1_mlp_fc1.lora_up.weight": l_up}, str(tmp_path / "te.safetensors"))
+    patch = LoraPatch(tmp_path / "te.safetensors", fingerprint(tmp_path / "te.safetensors"), 1.0, "clip")
+    base, patched = clip.load(), clip.with_patch(patch).load()
+    g_key, l_key = "text_model.encoder.layers.0.self_attn.q_proj.weight", "encoder.layers.1.mlp.fc1.weight"
+    torch.testing.assert_close(patched["clip_g"].state_dict()[g_key], base["clip_g"].state_dict()[g_key] + g_up @ g_down)
+    torch.testing.assert_close(patched["clip_l"].state_dict()[l_key], base["clip_l"].state_dict()[l_key] + l_up @ l_down)
