@@ -22,13 +22,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
 
 from nodes import cond_batch as cb
 from nodes.conditioning import CondEntry
-from nodes.hooks import ModelCall, Row
+from nodes.hooks import BlockSkip, ModelCall, Row
 
 # Branch names whose rows are the "uncond" side for hooks (ComfyUI's prompt_type negative).
 _UNCOND = frozenset({"negative", "middle", "empty_negative_prompt", "extra"})
@@ -163,9 +164,19 @@ class GuidedRun:
         return self.hooks.disable_cfg1_optimization or bool(self.model_options.get("disable_cfg1_optimization"))
 
     def calc(self, names: Sequence[str | None], x: torch.Tensor, sigma: torch.Tensor) -> list[torch.Tensor]:
-        """Denoised prediction per named branch (zeros for ``None``), as ComfyUI's calc_cond_batch."""
+        """Denoised prediction per named branch (zeros for ``None``), as ComfyUI's calc_cond_batch;
+        a ``calc_cond_batch`` hook replaces it (ComfyUI's ``sampler_calc_cond_batch_function``)."""
+        if self.hooks.calc_cond_batch is not None:
+            return self.hooks.calc_cond_batch({"conds": list(names), "input": x, "sigma": sigma, "model": self,
+                                               "model_options": self.model_options})
+        return self.calc_batch(names, x, sigma)
+
+    def calc_batch(self, names: Sequence[str | None], x: torch.Tensor, sigma: torch.Tensor, *,
+                   block_skip: BlockSkip | None = None) -> list[torch.Tensor]:
+        """:meth:`calc` without the hook; ``block_skip``: transformer blocks these calls skip."""
         self._names = list(names)
-        return cb.calc_cond_batch(self._call, self.jobs, names, x, sigma)
+        call = self._call if block_skip is None else partial(self._call, block_skip=block_skip)
+        return cb.calc_cond_batch(call, self.jobs, names, x, sigma)
 
     def calc_entries(self, entries: Sequence[CondEntry], x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """Denoised prediction of extra conditioning for every job (PerpNeg's empty prompt)."""
@@ -205,7 +216,8 @@ class GuidedRun:
             result = fn({"denoised": result, "cond": self.cond_args(cond_name),
                          "uncond": self.cond_args(uncond_name), "cond_scale": scale, "model": self,
                          "uncond_denoised": uncond, "cond_denoised": cond, "sigma": sigma,
-                         "model_options": self.model_options, "input": x, **extra})
+                         "model_options": self.model_options, "input": x,
+                         "branches": (cond_name, uncond_name), **extra})
         return result
 
     def _with_inputs(self, entries: Sequence[CondEntry]) -> list[CondEntry]:
@@ -224,7 +236,7 @@ class GuidedRun:
 
     # -- the model call --------------------------------------------------------------------
     def _call(self, xs: torch.Tensor, sigma: torch.Tensor, conds: Sequence[cb.Cond], rows: int,
-              branches: Sequence[int]) -> torch.Tensor:
+              branches: Sequence[int], block_skip: BlockSkip | None = None) -> torch.Tensor:
         """One batched model call: the denoised prediction for the concatenated crops ``xs``."""
         ms = self.model_sampling
         x_in = ms.calculate_input(sigma, xs).to(self.dtype)
@@ -233,8 +245,9 @@ class GuidedRun:
         if key not in self._kwargs:
             self._kwargs[key] = self.denoiser.conditioning([c.entry for c in conds], rows, self.pixels, like=x_in)
         kwargs = dict(self._kwargs[key])
-        if self._transformer_options:
-            kwargs["transformer_options"] = self._transformer_options
+        if self._transformer_options or block_skip is not None:
+            skip = {} if block_skip is None else {"block_skip": block_skip}
+            kwargs["transformer_options"] = {**self._transformer_options, **skip}
         kinds: tuple[Row, ...] = tuple("uncond" if self._names[b] in _UNCOND else "cond"
                                        for b in branches for _ in range(rows))
         call = ModelCall(x_in, timestep, sigma, kwargs, kinds)

@@ -21,6 +21,16 @@ sampler calls them at ComfyUI's points:
   The sampler hands them to the denoiser's ``forward`` as
   ``cond_kwargs["transformer_options"] = {"patches": {point: [fn, ...]}}`` (ComfyUI's shape,
   :meth:`SamplingHooks.transformer_options`); a denoiser that cannot run a point says so.
+- ``calc_cond_batch``: ComfyUI's ``sampler_calc_cond_batch_function``: replaces the evaluation of the
+  branches of a step. It gets ``{"conds": [branch name or None, ...], "input", "sigma", "model"
+  (the GuidedRun), "model_options"}`` and returns one denoised prediction per branch, computing them
+  with ``model.calc_batch(names, x, sigma, block_skip=...)``.
+- Skipping blocks (ComfyUI's ``"dit"`` ``double_block`` / ``single_block`` replace patches that return
+  their input, used by skip-layer guidance): a hook asks ``GuidedRun.calc_batch(..., block_skip=
+  BlockSkip(...))``; the sampler hands the :class:`BlockSkip` to the denoiser's ``forward`` as
+  ``cond_kwargs["transformer_options"]["block_skip"]``, and a denoiser that cannot skip blocks
+  raises :class:`ConditioningError`. Post-CFG hooks also get ``"branches"``: the (cond, uncond)
+  branch names of the result (a Loom addition to ComfyUI's arguments).
 
 Hooks may keep per-module state: ``sampling_hooks`` receives the resident module (a patch finds
 what it installed there, e.g. IP-Adapter's attention processors). No private ``_loom_*``
@@ -106,6 +116,15 @@ class BlockPatch:
 
 
 @dataclass(frozen=True)
+class BlockSkip:
+    """Transformer blocks one model call skips: indices of the double-stream (joint) blocks and of
+    the single-stream blocks (see the module docstring)."""
+
+    double: tuple[int, ...] = ()
+    single: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SamplingHooks:
     """The hooks of a MODEL's patches (see the module docstring). Empty by default."""
 
@@ -119,6 +138,7 @@ class SamplingHooks:
     block_patches: tuple[BlockPatch, ...] = field(default=())
     # ComfyUI's denoise_mask_function(sigma, denoise_mask, extra_options) -> mask (DifferentialDiffusion)
     denoise_mask_function: Callable[..., Tensor] | None = None
+    calc_cond_batch: Callable[[dict[str, Any]], list[Tensor]] | None = None
 
     def merged(self, other: SamplingHooks) -> SamplingHooks:
         """``self`` then ``other``: tuples concatenated, ``other``'s cfg_function wins, flags OR."""
@@ -132,6 +152,7 @@ class SamplingHooks:
             disable_cfg1_optimization=self.disable_cfg1_optimization or other.disable_cfg1_optimization,
             block_patches=self.block_patches + other.block_patches,
             denoise_mask_function=other.denoise_mask_function or self.denoise_mask_function,
+            calc_cond_batch=other.calc_cond_batch or self.calc_cond_batch,
         )
 
     def start_run(self, info: RunInfo) -> None:

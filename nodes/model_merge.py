@@ -87,7 +87,10 @@ def other_weights(handle: Any, name: str) -> Iterator[Callable[[str], torch.Tens
 
 
 def ldm_names(part: Any, names: list[str]) -> dict[str, str]:
-    """Module key -> original (LDM) key through the kind's key table."""
+    """Module key -> original (LDM) key through the kind's key table (or the kind's own
+    ``original_names`` where its table fuses tensors, e.g. SD3's q/k/v)."""
+    if hasattr(part.kind, "original_names"):
+        return dict(part.kind.original_names(names, part.config))
     original = list(part.kind.to_original(dict.fromkeys(names), part.config))
     if len(original) != len(names):
         raise ModelLoadError(f"the {part.name} key table does not map its weights one to one; "

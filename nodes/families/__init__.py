@@ -11,14 +11,15 @@ from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_u
 from nodes.families.flux import Chroma, Flux
 from nodes.families.keys import looks_like_diffusers_vae
 from nodes.families.sd2 import SD2
+from nodes.families.sd3 import SD3
 from nodes.families.sd15 import SD15
 from nodes.families.sdxl import SDXL
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, SDXL, SD2, SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, SD3, SDXL, SD2, SD15)  # most specific first
 
 __all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux",
-           "ModelLoadError", "Part", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
+           "ModelLoadError", "Part", "SD3", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
            "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
            "standalone_text_encoder", "standalone_vae"]
 
@@ -62,6 +63,7 @@ def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
 
 
 TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that marks it)
+    ("clip_g", "", "text_model.encoder.layers.30.mlp.fc1.weight"),  # ComfyUI's rule: CLIP-G has 32 layers
     ("t5xxl", "", "encoder.block.0.layer.0.SelfAttention.q.weight"),
     ("clip_l", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight"),
     ("clip_l", "", "encoder.layers.0.self_attn.q_proj.weight"),
@@ -74,14 +76,15 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     for name, prefix, marker in TEXT_ENCODER_FILES:
         if index.has(marker):
             return name, prefix
-    if Flux.detect(index) or Chroma.detect(index):
-        raise ModelLoadError(f"{index.path}: this is a Flux transformer, not a text encoder; put it in "
-                             "models/diffusion_models and load it with UNETLoader")
-    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L or T5-XXL): "
+    for title, family in (("Flux", Flux), ("Flux", Chroma), ("SD3", SD3)):
+        if family.detect(index):
+            raise ModelLoadError(f"{index.path}: this is a {title} transformer, not a text encoder; put it in "
+                                 "models/diffusion_models and load it with UNETLoader")
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, CLIP-G or T5-XXL): "
                          f"{describe_unknown(index)}")
 
 
-CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "sd3": SD3}  # ComfyUI's CLIPLoader/DualCLIPLoader types
 # DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
 # CLIPLoader's ``type`` options, as ComfyUI lists them
 SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
@@ -94,8 +97,9 @@ DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_i
 def family_nodes() -> list[Any]:
     """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance...), for the registry."""
     from nodes.families.flux_nodes import FLUX_NODES
+    from nodes.families.sd3_nodes import SD3_NODES
 
-    return list(FLUX_NODES)
+    return [*FLUX_NODES, *SD3_NODES]
 
 
 def family_for_clip_type(clip_type: str) -> FamilyAdapter:

@@ -182,7 +182,7 @@ def describe_unknown(index: TensorIndex) -> str:
         (("lora_unet_", "lora_te", ".lora_down.", ".lora_A."), "this looks like a LoRA; put it in models/loras and use LoraLoader"),
         (("double_blocks.", "model.diffusion_model.double_blocks."),
          "this looks like a Flux-style model (double_blocks) of a variant Loom does not know"),
-        (("joint_blocks.", "model.diffusion_model.joint_blocks."), "this looks like an SD3 model, which Loom does not support"),
+        (("joint_blocks.", "model.diffusion_model.joint_blocks."), "this looks like an SD3 model of a variant Loom does not know"),
         (("encoder.down.0.block.", "encoder.down_blocks.0."), "this looks like a VAE; put it in models/vae and use VAELoader"),
     ]
     for needles, hint in hints:

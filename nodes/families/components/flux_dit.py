@@ -208,6 +208,9 @@ class FluxTransformer:
         if options and options.get("patches"):
             raise ConditioningError(f"the Flux transformer cannot run block patches {sorted(options['patches'])}; "
                                     "remove the patch node from the workflow")
+        if options and options.get("block_skip"):
+            raise ConditioningError("the Flux transformer cannot skip layers yet (skip-layer guidance); "
+                                    "remove the SkipLayerGuidance node from the workflow")
         if not getattr(module.config, "guidance_embeds", False):
             kwargs.pop("guidance", None)
         height, width = x_in.shape[-2:]
