@@ -133,6 +133,7 @@ class GuidedRun:
         self.pixels = (latent_size[0] * 8, latent_size[1] * 8)  # SDXL's size ids (the UNet families' factor)
         self._forward = forward if forward is not None else module
         self._apply = self.hooks.apply_model(self._raw_forward)
+        self._predict = self.hooks.predict(self._guided)
         self._transformer_options = self.hooks.transformer_options()
         self._kwargs: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._names: list[str | None] = []  # the branches of the current calc, by index
@@ -155,6 +156,9 @@ class GuidedRun:
         sigma = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1).to(x.device)
         if sigma.numel() == 1:
             sigma = sigma.expand(x.shape[0])
+        return self._predict(x, sigma)
+
+    def _guided(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         return self.guider.predict(self, x, sigma)
 
     # -- building blocks for guiders and hooks ---------------------------------------------
@@ -237,7 +241,7 @@ class GuidedRun:
             kwargs["transformer_options"] = self._transformer_options
         kinds: tuple[Row, ...] = tuple("uncond" if self._names[b] in _UNCOND else "cond"
                                        for b in branches for _ in range(rows))
-        call = ModelCall(x_in, timestep, sigma, kwargs, kinds)
+        call = ModelCall(x_in, timestep, sigma, kwargs, kinds, tuple(id(c) for c in conds))
         out = self._apply(call).float()
         return ms.calculate_denoised(sigma, out, xs)
 

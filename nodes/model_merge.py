@@ -87,7 +87,10 @@ def other_weights(handle: Any, name: str) -> Iterator[Callable[[str], torch.Tens
 
 
 def ldm_names(part: Any, names: list[str]) -> dict[str, str]:
-    """Module key -> original (LDM) key through the kind's key table."""
+    """Module key -> original (LDM) key through the kind's key table (or the kind's own
+    ``original_names`` where its table fuses tensors, as Flux's q/k/v)."""
+    if hasattr(part.kind, "original_names"):
+        return dict(part.kind.original_names(names))
     original = list(part.kind.to_original(dict.fromkeys(names), part.config))
     if len(original) != len(names):
         raise ModelLoadError(f"the {part.name} key table does not map its weights one to one; "
@@ -249,7 +252,20 @@ class ModelMergeSDXL(_BlockMerge):
                      _block_inputs(9, 9, ""), _MODEL_OUT, _SPECIFIC)
 
 
+def _flux1_inputs() -> tuple[Input, ...]:
+    names = ["img_in.", "time_in.", "guidance_in", "vector_in.", "txt_in."]
+    names += [f"double_blocks.{i}." for i in range(19)] + [f"single_blocks.{i}." for i in range(38)]
+    names.append("final_layer.")
+    return (_M1, _M2, *(_ratio(n, f"Share of model1 in the weights named {n}*.") for n in names))
+
+
+class ModelMergeFlux1(_BlockMerge):
+    SCHEMA = _schema("ModelMergeFlux1", "Merge two Flux.1 transformers (19 double and 38 single blocks), one ratio "
+                     "per block; weights are named as in Black Forest Labs' files.", _flux1_inputs(), _MODEL_OUT,
+                     _SPECIFIC)
+
+
 MERGE_NODES: list[type[Node]] = [
     ModelMergeSimple, ModelMergeBlocks, ModelMergeAdd, ModelMergeSubtract, CLIPMergeSimple, CLIPMergeAdd,
-    CLIPMergeSubtract, ModelMergeSD1, ModelMergeSD2, ModelMergeSDXL,
+    CLIPMergeSubtract, ModelMergeSD1, ModelMergeSD2, ModelMergeSDXL, ModelMergeFlux1,
 ]

@@ -1,8 +1,10 @@
 """ComfyUI's Flux nodes (``comfy_extras/nodes_flux.py``, ``nodes_sd3.py``, ``nodes_model_advanced.py``;
 same names, inputs and semantics): ``CLIPTextEncodeFlux`` (separate CLIP-L and T5-XXL prompts plus the
 guidance value), ``FluxGuidance`` (sets the distilled guidance on a conditioning),
-``EmptySD3LatentImage`` (16-channel empty latents) and ``ModelSamplingFlux`` (the time shift from the
-image size)."""
+``FluxDisableGuidance`` (no guidance embedding at all), ``EmptySD3LatentImage`` (16-channel empty
+latents), ``ModelSamplingFlux`` (the time shift from the image size), and for Flux Kontext editing
+``FluxKontextImageScale`` (the nearest Kontext training size) and
+``FluxKontextMultiReferenceLatentMethod`` (how several reference latents are placed)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,20 @@ import torch
 
 from engine.context import NodeContext
 from engine.node import Node
-from engine.schema import CLIP, CONDITIONING, FLOAT, INT, LATENT, MODEL, STRING, Input, NodeSchema, Output
+from engine.schema import (
+    CLIP,
+    COMBO,
+    CONDITIONING,
+    FLOAT,
+    IMAGE,
+    INT,
+    LATENT,
+    MODEL,
+    STRING,
+    Input,
+    NodeSchema,
+    Output,
+)
 from nodes.conditioning import CondEntry, Conditioning, text_encoders
 from nodes.latent import MAX_RESOLUTION
 
@@ -62,6 +77,64 @@ class FluxGuidance(Node):
         return ([replace(e, extras={**e.extras, "guidance": guidance}) for e in conditioning],)
 
 
+class FluxDisableGuidance(Node):
+    SCHEMA = NodeSchema(
+        node_id="FluxDisableGuidance", display_name="FluxDisableGuidance", category="advanced/conditioning/flux",
+        description="This node completely disables the guidance embed on Flux and Flux like models",
+        inputs=(Input("conditioning", CONDITIONING, "The conditioning to change."),),
+        outputs=(_COND_OUT,),
+    )
+
+    def run(self, ctx: NodeContext, *, conditioning: Conditioning) -> tuple[Conditioning]:
+        return ([replace(e, extras={**e.extras, "guidance": None}) for e in conditioning],)
+
+
+# (width, height) Flux Kontext was trained at (ComfyUI's PREFERED_KONTEXT_RESOLUTIONS)
+KONTEXT_RESOLUTIONS = ((672, 1568), (688, 1504), (720, 1456), (752, 1392), (800, 1328), (832, 1248), (880, 1184),
+                       (944, 1104), (1024, 1024), (1104, 944), (1184, 880), (1248, 832), (1328, 800), (1392, 752),
+                       (1456, 720), (1504, 688), (1568, 672))
+
+
+def kontext_size(width: int, height: int) -> tuple[int, int]:
+    """The Kontext resolution whose aspect ratio is closest to ``width / height`` (first on ties)."""
+    aspect = width / height
+    return min(KONTEXT_RESOLUTIONS, key=lambda wh: abs(aspect - wh[0] / wh[1]))
+
+
+class FluxKontextImageScale(Node):
+    SCHEMA = NodeSchema(
+        node_id="FluxKontextImageScale", display_name="FluxKontextImageScale", category="advanced/conditioning/flux",
+        description="This node resizes the image to one that is more optimal for flux kontext.",
+        inputs=(Input("image", IMAGE, "The image to resize (cropped to the new aspect ratio around its centre)."),),
+        outputs=(Output("IMAGE", IMAGE, "The image at the nearest Kontext resolution (lanczos)."),),
+    )
+
+    def run(self, ctx: NodeContext, *, image: torch.Tensor) -> tuple[torch.Tensor]:
+        from nodes.resize import resize_image
+
+        width, height = kontext_size(image.shape[2], image.shape[1])
+        return (resize_image(image, width, height, "lanczos", "center"),)
+
+
+class FluxKontextMultiReferenceLatentMethod(Node):
+    SCHEMA = NodeSchema(
+        node_id="FluxKontextMultiReferenceLatentMethod", display_name="FluxKontextMultiReferenceLatentMethod",
+        category="advanced/conditioning/flux",
+        description="Choose how several reference latents are placed for the transformer: offset (side by side), "
+                    "index (one position index per reference) or uxo/uno (diagonally past the image).",
+        inputs=(Input("conditioning", CONDITIONING, "The conditioning with reference latents."),
+                Input("reference_latents_method", COMBO, "How the references' position ids are laid out.",
+                      options=("offset", "index", "uxo/uno"))),
+        outputs=(_COND_OUT,),
+    )
+
+    def run(self, ctx: NodeContext, *, conditioning: Conditioning,
+            reference_latents_method: str) -> tuple[Conditioning]:
+        method = "uxo" if "uxo" in reference_latents_method or "uso" in reference_latents_method \
+            else reference_latents_method
+        return ([replace(e, extras={**e.extras, "reference_latents_method": method}) for e in conditioning],)
+
+
 class EmptySD3LatentImage(Node):
     SCHEMA = NodeSchema(
         node_id="EmptySD3LatentImage", display_name="EmptySD3LatentImage", category="latent/sd3",
@@ -98,4 +171,5 @@ class ModelSamplingFlux(Node):
         return (model.with_model_sampling(flux(shift=flux_mu(width, height, base_shift, max_shift))),)
 
 
-FLUX_NODES: list[type[Node]] = [CLIPTextEncodeFlux, FluxGuidance, EmptySD3LatentImage, ModelSamplingFlux]
+FLUX_NODES: list[type[Node]] = [CLIPTextEncodeFlux, FluxGuidance, FluxDisableGuidance, EmptySD3LatentImage,
+                                 ModelSamplingFlux, FluxKontextImageScale, FluxKontextMultiReferenceLatentMethod]
