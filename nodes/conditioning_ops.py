@@ -320,8 +320,8 @@ class InpaintModelConditioning(Node):
 class ReferenceLatent(Node):
     SCHEMA = NodeSchema(
         node_id="ReferenceLatent", display_name="ReferenceLatent", category="advanced/conditioning/edit_models",
-        description="Add a reference latent (an encoded image) for an edit model such as Flux Kontext; chain "
-                    "several for several references where the model supports it.",
+        description="This node sets the guiding latent for an edit model. If the model supports it you can "
+                    "chain multiple to set multiple reference images.",
         inputs=(Input("conditioning", CONDITIONING, "The conditioning to add the reference to."),
                 Input("latent", LATENT, "The reference image, encoded with the model's VAE (VAEEncode).",
                       optional=True)),

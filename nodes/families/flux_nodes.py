@@ -31,6 +31,7 @@ from engine.schema import (
 )
 from nodes.conditioning import CondEntry, Conditioning, text_encoders
 from nodes.latent import MAX_RESOLUTION
+from nodes.model_merge import BlockMerge
 
 _GUIDANCE = Input("guidance", FLOAT, "The distilled guidance strength of Flux dev (ignored by schnell).",
                   default=3.5, min=0.0, max=100.0, step=0.1)
@@ -171,5 +172,25 @@ class ModelSamplingFlux(Node):
         return (model.with_model_sampling(flux(shift=flux_mu(width, height, base_shift, max_shift))),)
 
 
+def _flux1_inputs() -> tuple[Input, ...]:
+    from nodes.model_merge import MODEL_MERGE_PAIR, ratio_input
+
+    names = ["img_in.", "time_in.", "guidance_in", "vector_in.", "txt_in."]
+    names += [f"double_blocks.{i}." for i in range(19)] + [f"single_blocks.{i}." for i in range(38)]
+    names.append("final_layer.")
+    return (*MODEL_MERGE_PAIR, *(ratio_input(n, f"Share of model1 in the weights named {n}*.") for n in names))
+
+
+class ModelMergeFlux1(BlockMerge):
+    SCHEMA = NodeSchema(
+        node_id="ModelMergeFlux1", display_name="ModelMergeFlux1", category="advanced/model_merging/model_specific",
+        description="Merge two Flux.1 transformers (19 double and 38 single blocks), one ratio per block; weights are "
+                    "named as in Black Forest Labs' files.",
+        inputs=_flux1_inputs(),
+        outputs=(Output("MODEL", MODEL, "The merged model (computed when it is loaded)."),),
+    )
+
+
 FLUX_NODES: list[type[Node]] = [CLIPTextEncodeFlux, FluxGuidance, FluxDisableGuidance, EmptySD3LatentImage,
-                                 ModelSamplingFlux, FluxKontextImageScale, FluxKontextMultiReferenceLatentMethod]
+                                 ModelSamplingFlux, FluxKontextImageScale, FluxKontextMultiReferenceLatentMethod,
+                                 ModelMergeFlux1]

@@ -13,10 +13,9 @@ import torch
 
 from nodes.conditioning import CLIPTextEncode
 from nodes.demo_flux import DEMO_CHROMA, DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL, demo_flux_modules, flux_files
-from nodes.families.flux_nodes import EmptySD3LatentImage, FluxDisableGuidance, FluxGuidance
+from nodes.families.flux_nodes import EmptySD3LatentImage, FluxDisableGuidance, FluxGuidance, ModelMergeFlux1
 from nodes.handles import open_diffusion_model, open_text_encoders
 from nodes.loaders import T5TokenizerOptions
-from nodes.model_merge import ModelMergeFlux1
 from nodes.sampling import KSampler
 
 torch.set_num_threads(1)
