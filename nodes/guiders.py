@@ -241,7 +241,9 @@ class GuidedRun:
             kwargs["transformer_options"] = self._transformer_options
         kinds: tuple[Row, ...] = tuple("uncond" if self._names[b] in _UNCOND else "cond"
                                        for b in branches for _ in range(rows))
-        call = ModelCall(x_in, timestep, sigma, kwargs, kinds, tuple(id(c) for c in conds))
+        # one identity per entry, stable for the run (ComfyUI's uuids): its branch, prompt and area
+        chunks = tuple(hash((self._names[b], id(c.entry), c.area)) for c, b in zip(conds, branches, strict=True))
+        call = ModelCall(x_in, timestep, sigma, kwargs, kinds, chunks)
         out = self._apply(call).float()
         return ms.calculate_denoised(sigma, out, xs)
 

@@ -114,6 +114,31 @@ def test_real_threshold_skips_work(name: str, threshold: float, flux: Any) -> No
     assert torch.isfinite(cached).all() and diff.max() > 0
 
 
+def test_easycache_skips_every_call_of_a_step_together(flux: Any) -> None:
+    """A positive with a reference latent cannot batch with its negative: two model calls per step.
+    The first conditioning decides for the step; the other call follows with its own cached difference."""
+    from nodes.conditioning_ops import ReferenceLatent
+
+    ctx, model, pos, neg = flux
+    pos = ReferenceLatent().run(ctx, conditioning=pos, latent={"samples": torch.randn(1, 16, 8, 8)})[0]
+    plain, counted_plain, _ = sample(ctx, model, pos, neg)
+    cached, counted, _ = sample(ctx, easy(ctx, model, 0.3), pos, neg)
+    print(f"\nEasyCache 0.3, unbatched branches: transformer calls {counted.calls}/{counted_plain.calls}, "
+          f"latent difference max {(cached - plain).abs().max().item():.4f}")
+    assert counted_plain.calls == 2 * STEPS
+    assert counted.calls < 2 * STEPS and counted.calls % 2 == 0
+
+
+def test_outside_the_window_nothing_is_skipped(flux: Any) -> None:
+    """start_percent 1.0 is sigma 0: no step is inside, whatever the threshold."""
+    ctx, model, pos, neg = flux
+    plain, _, _ = sample(ctx, model, pos, neg)
+    late = EasyCache().run(ctx, model=model, reuse_threshold=3.0, start_percent=1.0, end_percent=1.0,
+                           verbose=False)[0]
+    cached, counted, _ = sample(ctx, late, pos, neg)
+    assert torch.equal(cached, plain) and counted.calls == STEPS
+
+
 def test_first_block_cache_covers_chroma(flux_demo: Path, make_ctx: Any) -> None:
     """Chroma's single blocks carry text and image in one sequence: the cache replaces the image part."""
     ctx = make_ctx()
