@@ -188,3 +188,19 @@ def bench_lines(ctx: Any, model: Any, pos: Any, neg: Any, size: int, steps: int,
                      f"{counted.calls}, full block stacks {counted.last_block}/{steps}; latent diff max "
                      f"{diff.max().item():.3f}, mean {diff.mean().item():.4f} (latent std {plain.std().item():.3f})")
     return "\n".join(lines)
+
+
+@pytest.mark.parametrize("node", ["EasyCache", "FirstBlockCache"])  # LazyCache has EasyCache's inputs
+def test_cache_nodes_run_in_the_flux_dev_workflow(node: str, flux_demo: Path, tmp_path: Path) -> None:
+    """The node between ModelSamplingFlux and the guider of the shipped Flux dev example."""
+    import json
+
+    from tests.nodes.test_generation_e2e import make_executor, run
+
+    prompt = json.loads((Path(__file__).resolve().parents[2] / "web" / "workflows" / "flux_dev.api.json").read_text())
+    inputs = {"EasyCache": {"reuse_threshold": 0.2, "start_percent": 0.15, "end_percent": 0.95, "verbose": False},
+              "FirstBlockCache": {"residual_diff_threshold": 0.1, "start_percent": 0.0, "end_percent": 1.0}}
+    prompt["50"] = {"class_type": node, "inputs": {"model": ["30", 0], **inputs[node]}}
+    prompt["22"]["inputs"]["model"] = ["50", 0]
+    result = run(make_executor(flux_demo, tmp_path), prompt)
+    assert result.status == "success", (result.node_errors, result.error)
