@@ -122,10 +122,12 @@ class BlockPatch:
 class BlockIO:
     """One kind of transformer block as a block-level step cache sees it (``args``/``kwargs``: the
     block's call arguments): ``image_in`` the image hidden states it is given, ``image_out(output,
-    tokens)`` those it returns (``tokens``: how many image tokens there are, for blocks that carry
-    text and image in one sequence), ``with_image(output, image)`` its output with the image part
-    replaced, ``passthrough`` the output of a block that changes nothing (its inputs, in its output
-    form)."""
+    tokens)`` those it returns (``tokens``: how many image tokens the first block returned, for
+    later blocks that carry text and image in one sequence; 0 when the first block itself is asked,
+    so a first block's ``image_out`` must not need it: a family whose blocks all carry one joint
+    sequence may treat the whole sequence as its stream), ``with_image(output, image)`` its output
+    with the image part replaced, ``passthrough`` the output of a block that changes nothing (its
+    inputs, in its output form)."""
 
     image_in: Callable[[tuple[Any, ...], Mapping[str, Any]], Tensor]
     image_out: Callable[[Any, int], Tensor]

@@ -78,6 +78,8 @@ class FirstBlockCacheRun:
             self.start_sigma = info.percent_to_sigma(self.start_percent)
             self.end_sigma = info.percent_to_sigma(self.end_percent)
         self.entries.clear()
+        log.info("FirstBlockCache enabled - threshold: %s, sigmas %.4g..%.4g, %d blocks", self.threshold,
+                 self.start_sigma, self.end_sigma, len(self.stack.blocks))
 
     def model_call(self, apply: ApplyFn, call: ModelCall) -> torch.Tensor:
         key = (call.chunks, tuple(call.x_in.shape))  # one memory per conditioning batch
