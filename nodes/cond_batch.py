@@ -173,10 +173,18 @@ def _embeds_compatible(a: torch.Tensor, b: torch.Tensor) -> bool:
     return math.lcm(a.shape[1], b.shape[1]) // min(a.shape[1], b.shape[1]) <= 4
 
 
+def _references(e: CondEntry) -> tuple[Any, ...]:
+    """What must match for two entries' reference latents to batch (ComfyUI's CONDList and
+    CONDConstant rules): the latents' shapes, in order, and the method."""
+    refs = e.extras.get("reference_latents") or ()
+    return tuple(tuple(r.shape) for r in refs), e.extras.get("reference_latents_method")
+
+
 def _can_concat(a: _Item, b: _Item) -> bool:
     ea, eb = a.cond.entry, b.cond.entry
     return (a.x.shape == b.x.shape and _embeds_compatible(ea.embeds, eb.embeds)
-            and (ea.pooled is None) == (eb.pooled is None) and ea.extras.get("control") is eb.extras.get("control"))
+            and (ea.pooled is None) == (eb.pooled is None) and ea.extras.get("control") is eb.extras.get("control")
+            and _references(ea) == _references(eb))
 
 
 @dataclass(frozen=True)

@@ -317,6 +317,25 @@ class InpaintModelConditioning(Node):
         return (with_extras(positive, **values), with_extras(negative, **values), out)
 
 
+class ReferenceLatent(Node):
+    SCHEMA = NodeSchema(
+        node_id="ReferenceLatent", display_name="ReferenceLatent", category="advanced/conditioning/edit_models",
+        description="This node sets the guiding latent for an edit model. If the model supports it you can "
+                    "chain multiple to set multiple reference images.",
+        inputs=(Input("conditioning", CONDITIONING, "The conditioning to add the reference to."),
+                Input("latent", LATENT, "The reference image, encoded with the model's VAE (VAEEncode).",
+                      optional=True)),
+        outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the reference appended."),),
+    )
+
+    def run(self, ctx: NodeContext, *, conditioning: Conditioning, latent: dict | None = None) -> tuple[Conditioning]:
+        if latent is None:
+            return (conditioning,)
+        samples = latent["samples"]
+        return ([replace(e, extras={**e.extras, "reference_latents": [*(e.extras.get("reference_latents") or ()),
+                                                                     samples]}) for e in conditioning],)
+
+
 CONDITIONING_OPS_NODES: list[type[Node]] = [
     ConditioningAverage,
     ConditioningConcat,
@@ -327,4 +346,5 @@ CONDITIONING_OPS_NODES: list[type[Node]] = [
     CLIPTextEncodeSDXL,
     CLIPTextEncodeSDXLRefiner,
     InpaintModelConditioning,
+    ReferenceLatent,
 ]

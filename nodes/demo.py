@@ -131,13 +131,13 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     """Write the demo files under ``models_dir`` (existing ones are kept); return their paths."""
     import torch
 
-    from nodes.demo_flux import DEMO_FLUX_DEV, make_flux_demo
+    from nodes.demo_flux import DEMO_FLUX_KONTEXT, make_flux_demo
     from nodes.demo_sd3 import make_sd3_demo
     from nodes.families import SD15, SDXL
     from nodes.families.build import ldm_state_dict
 
     models_dir = Path(models_dir)
-    flux = [] if (models_dir / "diffusion_models" / DEMO_FLUX_DEV).is_file() else make_flux_demo(models_dir)
+    flux = [] if (models_dir / "diffusion_models" / DEMO_FLUX_KONTEXT).is_file() else make_flux_demo(models_dir)
     flux += make_controlnet_demo(models_dir)
     flux += make_sd3_demo(models_dir)
     paths = [models_dir / "checkpoints" / DEMO_CHECKPOINT, models_dir / "vae" / DEMO_VAE,

@@ -15,6 +15,7 @@ DEMO_CLIP_L = "loom_demo_clip_l.safetensors"
 DEMO_T5XXL = "loom_demo_t5xxl.safetensors"
 DEMO_FLUX_VAE = "loom_demo_flux_ae.safetensors"
 DEMO_CHROMA = "loom_demo_chroma.safetensors"
+DEMO_FLUX_KONTEXT = "loom_demo_flux_kontext_dev.safetensors"  # Kontext dev: a Flux dev transformer
 
 
 def demo_chroma_transformer(seed: int = 2) -> Any:
@@ -86,8 +87,9 @@ def flux_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def make_flux_demo(models_dir: Path) -> list[Path]:
-    """Write the Flux demo files under ``models_dir`` (dev, schnell and Chroma share the T5 encoder and
-    the VAE; dev and schnell also CLIP-L)."""
+    """Write the Flux demo files under ``models_dir`` (dev, schnell, Kontext dev and Chroma share the T5
+    encoder and the VAE; the Flux ones also CLIP-L). Kontext dev has dev's architecture (its files are
+    Flux dev checkpoints; reference images make it an editor), with its own random weights."""
     from safetensors.torch import save_file
 
     from nodes.families.base import Part
@@ -95,9 +97,11 @@ def make_flux_demo(models_dir: Path) -> list[Path]:
     from nodes.families.components.flux_dit import FluxTransformer
 
     folders = {DEMO_FLUX_DEV: "diffusion_models", DEMO_FLUX_SCHNELL: "diffusion_models", DEMO_CHROMA: "diffusion_models",
-               DEMO_CLIP_L: "text_encoders", DEMO_T5XXL: "text_encoders", DEMO_FLUX_VAE: "vae"}
+               DEMO_FLUX_KONTEXT: "diffusion_models", DEMO_CLIP_L: "text_encoders", DEMO_T5XXL: "text_encoders",
+               DEMO_FLUX_VAE: "vae"}
     files = flux_files(demo_flux_modules(guidance=True))
     files[DEMO_FLUX_SCHNELL] = flux_files(demo_flux_modules(seed=1, guidance=False))[DEMO_FLUX_SCHNELL]
+    files[DEMO_FLUX_KONTEXT] = flux_files(demo_flux_modules(seed=3, guidance=True))[DEMO_FLUX_DEV]
     chroma = demo_chroma_transformer()
     files[DEMO_CHROMA] = original_state_dict(Part.make("unet", FluxTransformer(approximator=True), "", "",
                                                        dict(chroma.config)), chroma)

@@ -134,6 +134,7 @@ class GuidedRun:
         self.pixels = (latent_size[0] * 8, latent_size[1] * 8)  # SDXL's size ids (the UNet families' factor)
         self._forward = forward if forward is not None else module
         self._apply = self.hooks.apply_model(self._raw_forward)
+        self._predict = self.hooks.predict(self._guided)
         self._transformer_options = self.hooks.transformer_options()
         self._kwargs: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._names: list[str | None] = []  # the branches of the current calc, by index
@@ -156,6 +157,9 @@ class GuidedRun:
         sigma = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1).to(x.device)
         if sigma.numel() == 1:
             sigma = sigma.expand(x.shape[0])
+        return self._predict(x, sigma)
+
+    def _guided(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         return self.guider.predict(self, x, sigma)
 
     # -- building blocks for guiders and hooks ---------------------------------------------
@@ -250,7 +254,9 @@ class GuidedRun:
             kwargs["transformer_options"] = {**self._transformer_options, **skip}
         kinds: tuple[Row, ...] = tuple("uncond" if self._names[b] in _UNCOND else "cond"
                                        for b in branches for _ in range(rows))
-        call = ModelCall(x_in, timestep, sigma, kwargs, kinds)
+        # one identity per entry, stable for the run (ComfyUI's uuids): its branch, prompt and area
+        chunks = tuple(hash((self._names[b], id(c.entry), c.area)) for c, b in zip(conds, branches, strict=True))
+        call = ModelCall(x_in, timestep, sigma, kwargs, kinds, chunks)
         out = self._apply(call).float()
         return ms.calculate_denoised(sigma, out, xs)
 

@@ -28,6 +28,7 @@ from nodes.families import FamilyAdapter, Part
 from nodes.families.base import TextEncoderSpec
 from nodes.families.build import build_from_diffusers, build_from_single_file
 from nodes.families.latent_format import LatentFormat
+from nodes.families.prompt import TokenizerOptions
 from nodes.hooks import SamplingHooks, merge_all
 from nodes.weights import ModelLoadError, fingerprint, read_index
 
@@ -219,12 +220,14 @@ class TextEncodersHandle(ComponentHandle):
     """The CLIP value: the family's text encoder(s), loaded as one :class:`TextEncoders` module
     (``module["clip_l"]``, ``module.tokenizers``).
 
-    ``layer`` is CLIPSetLastLayer's ``stop_at_clip_layer`` (None: the family's default). It does
-    not change the weights, so it is not part of ``key``.
+    ``layer`` is CLIPSetLastLayer's ``stop_at_clip_layer`` (None: the family's default);
+    ``tokenizer_options`` are ComfyUI's ``set_tokenizer_option`` values (T5TokenizerOptions:
+    ``("t5xxl_min_length", n)``...). Neither changes the weights, so neither is part of ``key``.
     """
 
     kind: ClassVar[str] = "clip"
     layer: int | None = None
+    tokenizer_options: tuple[tuple[str, int], ...] = field(default=())
     dropped_layers: tuple[tuple[str, int], ...] = field(default=())  # diffusers folders may drop one
 
     def _assemble(self, modules: dict[str, Any]) -> Any:
@@ -238,6 +241,14 @@ class TextEncodersHandle(ComponentHandle):
 
     def specs(self) -> tuple[TextEncoderSpec, ...]:
         return self.family.text_encoders
+
+    def with_tokenizer_options(self, options: dict[str, int]) -> TextEncodersHandle:
+        """A new handle with ``options`` (ComfyUI's flat names) set over the current ones."""
+        return replace(self, tokenizer_options=tuple(sorted({**dict(self.tokenizer_options), **options}.items())))
+
+    def tokenizer_options_for(self, name: str) -> TokenizerOptions:
+        """The tokenizer options of encoder ``name``."""
+        return TokenizerOptions.from_flat(name, dict(self.tokenizer_options))
 
     def hidden_state_index(self, name: str) -> int:
         """Index into ``hidden_states`` (output_hidden_states=True) to use for encoder ``name``."""

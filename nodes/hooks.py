@@ -7,6 +7,9 @@ the hooks of all its patches in patch order (``DenoiserHandle.sampling_hooks(mod
 sampler calls them at ComfyUI's points:
 
 - ``run_start``: once per sampling run, before the first model call (:class:`RunInfo`).
+- ``predict_wrappers``: ComfyUI's ``PREDICT_NOISE`` wrapper. Each gets the next predict function
+  ``(x, sigma) -> denoised`` (the guider's whole guided prediction of one step: every branch, CFG
+  and its hooks), ``x`` and ``sigma``; the first patch's wrapper is the outermost (LazyCache).
 - ``model_wrappers``: ComfyUI's ``model_function_wrapper``. Each gets the next apply function and
   the :class:`ModelCall` and returns the raw model output; :meth:`SamplingHooks.apply_model`
   composes them around the denoiser's ``forward`` (the first patch's wrapper is the outermost).
@@ -53,6 +56,9 @@ The contract between the model layer and the sampling station (the implemented f
   they take), ``forward(module, x_in, timestep, cond_kwargs) -> Tensor`` (the raw output; the
   timestep is the model's, ``model_sampling.timestep(sigma)``) and ``check_conditioning(module,
   entries, name)`` (raises :class:`ConditioningError`, a ValueError, with a teaching message).
+- ``model.denoiser.block_stack(module) -> BlockStack`` (transformer denoisers only; optional): the
+  blocks in call order with how each reads and replaces its image stream (:class:`BlockIO`), for
+  block-level step caches.
 - ``model.family.sampling.ays_sigmas``: the family's Align Your Steps table, or None.
 - ``model.sampling_hooks(module) -> SamplingHooks`` (patches in order); ``model.with_patch(patch)``.
 - Run settings: ``ctx.settings`` is ``engine.context.RunSettings`` (``compile``, ``tf32``,
@@ -80,24 +86,29 @@ class ConditioningError(ValueError):
 @dataclass(frozen=True)
 class RunInfo:
     """What a sampling run is about to do: its noise levels (``None`` from a loop that has no
-    sigma schedule), the latent batch size and the number of steps."""
+    sigma schedule), the latent batch size, the number of steps and the model sampling's
+    ``percent_to_sigma`` (ComfyUI's: sampling progress 0..1 -> the sigma there; None where unknown)."""
 
     sigmas: Tensor | None
     batch_size: int
     steps: int
+    percent_to_sigma: Callable[[float], float] | None = None
 
 
 @dataclass(frozen=True)
 class ModelCall:
     """One model call: the model-space input, the model's timestep, the noise level (``None``
-    where the loop does not know it), the forward's keyword inputs and, per batch row in order,
-    whether it is the conditional or unconditional branch."""
+    where the loop does not know it), the forward's keyword inputs, per batch row in order
+    whether it is the conditional or unconditional branch, and ``chunks``: one identity per
+    conditioning entry in the batch, in order (each covers ``len(rows) // len(chunks)`` rows),
+    stable for a sampling run (ComfyUI's ``transformer_options["uuids"]``; empty where unknown)."""
 
     x_in: Tensor
     timestep: Tensor
     sigma: Tensor | None
     cond_kwargs: Mapping[str, Any]
     rows: tuple[Row, ...]
+    chunks: tuple[int, ...] = ()
 
     def with_kwargs(self, extra: Mapping[str, Any]) -> ModelCall:
         return replace(self, cond_kwargs={**self.cond_kwargs, **extra})
@@ -105,6 +116,8 @@ class ModelCall:
 
 ApplyFn = Callable[[ModelCall], "Tensor"]
 ModelWrapper = Callable[[ApplyFn, ModelCall], "Tensor"]
+PredictFn = Callable[["Tensor", "Tensor"], "Tensor"]  # (x, sigma per row) -> guided denoised
+PredictWrapper = Callable[[PredictFn, "Tensor", "Tensor"], "Tensor"]
 
 
 @dataclass(frozen=True)
@@ -125,10 +138,35 @@ class BlockSkip:
 
 
 @dataclass(frozen=True)
+class BlockIO:
+    """One kind of transformer block as a block-level step cache sees it (``args``/``kwargs``: the
+    block's call arguments): ``image_in`` the image hidden states it is given, ``image_out(output,
+    tokens)`` those it returns (``tokens``: how many image tokens the first block returned, for
+    later blocks that carry text and image in one sequence; 0 when the first block itself is asked,
+    so a first block's ``image_out`` must not need it: a family whose blocks all carry one joint
+    sequence may treat the whole sequence as its stream), ``with_image(output, image)`` its output
+    with the image part replaced, ``passthrough`` the output of a block that changes nothing (its
+    inputs, in its output form)."""
+
+    image_in: Callable[[tuple[Any, ...], Mapping[str, Any]], Tensor]
+    image_out: Callable[[Any, int], Tensor]
+    with_image: Callable[[Any, Tensor], Any]
+    passthrough: Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class BlockStack:
+    """A transformer denoiser's blocks in call order, each with its :class:`BlockIO`."""
+
+    blocks: tuple[tuple[Any, BlockIO], ...]
+
+
+@dataclass(frozen=True)
 class SamplingHooks:
     """The hooks of a MODEL's patches (see the module docstring). Empty by default."""
 
     run_start: tuple[Callable[[RunInfo], None], ...] = ()
+    predict_wrappers: tuple[PredictWrapper, ...] = ()
     model_wrappers: tuple[ModelWrapper, ...] = ()
     forward_kwargs: tuple[Callable[[ModelCall], Mapping[str, Any]], ...] = ()
     pre_cfg: tuple[Callable[[dict[str, Any]], list[Any]], ...] = ()
@@ -144,6 +182,7 @@ class SamplingHooks:
         """``self`` then ``other``: tuples concatenated, ``other``'s cfg_function wins, flags OR."""
         return SamplingHooks(
             run_start=self.run_start + other.run_start,
+            predict_wrappers=self.predict_wrappers + other.predict_wrappers,
             model_wrappers=self.model_wrappers + other.model_wrappers,
             forward_kwargs=self.forward_kwargs + other.forward_kwargs,
             pre_cfg=self.pre_cfg + other.pre_cfg,
@@ -173,6 +212,12 @@ class SamplingHooks:
             apply = _bind(wrapper, apply)
         return apply
 
+    def predict(self, fn: PredictFn) -> PredictFn:
+        """``fn`` (the guided prediction of one step) wrapped by ``predict_wrappers``."""
+        for wrapper in reversed(self.predict_wrappers):
+            fn = _bind_predict(wrapper, fn)
+        return fn
+
     def transformer_options(self) -> dict[str, Any]:
         """The block patches in ComfyUI's ``transformer_options`` shape (empty when none)."""
         patches: dict[str, list[Callable[..., Any]]] = {}
@@ -183,6 +228,10 @@ class SamplingHooks:
 
 def _bind(wrapper: ModelWrapper, inner: ApplyFn) -> ApplyFn:
     return lambda call: wrapper(inner, call)
+
+
+def _bind_predict(wrapper: PredictWrapper, inner: PredictFn) -> PredictFn:
+    return lambda x, sigma: wrapper(inner, x, sigma)
 
 
 def merge_all(hooks: Sequence[SamplingHooks]) -> SamplingHooks:

@@ -199,6 +199,27 @@ class CLIPSetLastLayer(Node):
         return (replace(clip, layer=int(stop_at_clip_layer)),)
 
 
+class T5TokenizerOptions(Node):
+    SCHEMA = NodeSchema(
+        node_id="T5TokenizerOptions", display_name="T5TokenizerOptions", category="_for_testing/conditioning",
+        description="Set how T5 prompts are padded: min_padding pad tokens after the end token, then pads up to "
+                    "min_length tokens (0 and 0: no padding at all, replacing the model's own length).",
+        inputs=(
+            Input("clip", CLIP, "The text encoders whose T5 tokenizer to set."),
+            Input("min_padding", INT, "Pad tokens always added after the end token.", default=0, min=0, max=10000,
+                  step=1),
+            Input("min_length", INT, "Pad up to at least this many tokens.", default=0, min=0, max=10000, step=1),
+        ),
+        outputs=(_CLIP_OUT,),
+    )
+
+    def run(self, ctx: NodeContext, *, clip: TextEncodersHandle, min_padding: int,
+            min_length: int) -> tuple[TextEncodersHandle]:
+        options = {f"{t5}_{name}": int(value) for t5 in T5_TOKENIZER_KEYS
+                   for name, value in (("min_padding", min_padding), ("min_length", min_length))}
+        return (clip.with_tokenizer_options(options),)
+
+
 class CheckpointSave(Node):
     SCHEMA = NodeSchema(
         node_id="CheckpointSave", display_name="Save Checkpoint", category="advanced/model_merging",
@@ -254,7 +275,10 @@ def _next_path(output_dir: Path, prefix: str) -> Path:
     return folder / f"{name}_{max(used, default=0) + 1:05d}_.safetensors"
 
 
+# the T5 encoders whose options ComfyUI's T5TokenizerOptions sets (Loom's Flux/Chroma/SD3 one is t5xxl)
+T5_TOKENIZER_KEYS = ("t5xxl", "pile_t5xl", "t5base", "mt5xl", "umt5xxl")
+
 LOADER_NODES: list[type[Node]] = [
     CheckpointLoaderSimple, DiffusersLoader, VAELoader, LoraLoader, LoraLoaderModelOnly, CLIPSetLastLayer,
-    CheckpointSave,
+    T5TokenizerOptions, CheckpointSave,
 ]

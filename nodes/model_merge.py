@@ -151,6 +151,8 @@ def _ratio(name: str, what: str) -> Input:
 
 _MULT = Input("multiplier", FLOAT, "Scale of the difference.", default=1.0, min=-10.0, max=10.0, step=0.01)
 _M1, _M2 = Input("model1", MODEL, "The base model (ratio 1 keeps it)."), Input("model2", MODEL, "The other model.")
+MODEL_MERGE_PAIR = (_M1, _M2)  # the first two inputs of every block-wise merge (family merges reuse them)
+ratio_input = _ratio
 _C1, _C2 = Input("clip1", CLIP, "The base text encoder(s)."), Input("clip2", CLIP, "The other text encoder(s).")
 _MODEL_OUT = (Output("MODEL", MODEL, "The merged model (computed when it is loaded)."),)
 _CLIP_OUT = (Output("CLIP", CLIP, "The merged text encoder(s) (computed when loaded)."),)
@@ -208,7 +210,7 @@ class CLIPMergeSubtract(Node):
         return (clip1.with_patch(MergePatch(clip2, (multiplier, -multiplier), skip=CLIP_SKIP)),)
 
 
-class _BlockMerge(Node):
+class BlockMerge(Node):
     """Block-wise ratios: every input after model1/model2 is an LDM key prefix; the first one is
     also the ratio of weights no prefix names (ComfyUI's ModelMergeBlocks rule)."""
 
@@ -220,7 +222,7 @@ class _BlockMerge(Node):
         return (model1.with_patch(MergePatch(model2, (ratios[0], 1.0 - ratios[0]), blocks)),)
 
 
-class ModelMergeBlocks(_BlockMerge):
+class ModelMergeBlocks(BlockMerge):
     SCHEMA = _schema("ModelMergeBlocks", "Merge with one ratio per UNet part (input, middle and output blocks).",
                      (_M1, _M2, _ratio("input", "Share of model1 in the input blocks (and unnamed weights)."),
                       _ratio("middle", "Share of model1 in the middle block."),
@@ -237,17 +239,17 @@ def _block_inputs(inputs: int, outputs: int, dot: str) -> tuple[Input, ...]:
 _SPECIFIC = "advanced/model_merging/model_specific"
 
 
-class ModelMergeSD1(_BlockMerge):
+class ModelMergeSD1(BlockMerge):
     SCHEMA = _schema("ModelMergeSD1", "Merge two UNets of 12 input and 12 output blocks, one ratio per block.",
                      _block_inputs(12, 12, "."), _MODEL_OUT, _SPECIFIC)
 
 
-class ModelMergeSD2(_BlockMerge):
+class ModelMergeSD2(BlockMerge):
     SCHEMA = _schema("ModelMergeSD2", "Merge two UNets of 12 input and 12 output blocks (v-prediction generation), one ratio per block.",
                      _block_inputs(12, 12, "."), _MODEL_OUT, _SPECIFIC)
 
 
-class ModelMergeSDXL(_BlockMerge):
+class ModelMergeSDXL(BlockMerge):
     SCHEMA = _schema("ModelMergeSDXL", "Merge two UNets of 9 input and 9 output blocks (with label_emb), one ratio per block.",
                      _block_inputs(9, 9, ""), _MODEL_OUT, _SPECIFIC)
 

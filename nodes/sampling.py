@@ -150,7 +150,8 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
             inputs |= {"control_modules": controls, "percent_to_sigma": model.model_sampling.percent_to_sigma}
         run = GuidedRun([job.guider for job in jobs], module, rows, tuple(samples.shape[-2:]),
                         compiled_forward(module, ctx.settings), inputs)
-        run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1))
+        run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1,
+                                    run.model_sampling.percent_to_sigma))
         denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
         reporter = _Reporter(ctx, model, tuple(noise.shape), sigmas.numel() - 1)
         options = {"denoise_mask_function": run.hooks.denoise_mask_function} if run.hooks.denoise_mask_function else {}

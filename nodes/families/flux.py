@@ -76,7 +76,7 @@ class FluxPrompt:
         embeds, pooled = None, None
         for enc in encoders:
             if isinstance(enc.kind, T5Text):
-                embeds = enc.kind.encode(enc.module, enc.tokenizer, t5xxl)
+                embeds = enc.kind.encode(enc.module, enc.tokenizer, t5xxl, enc.options)
             else:
                 _, pooled = enc.kind.encode(enc.module, enc.tokenizer, clip_l, -1, final_norm=True, pooled=True)
         if embeds is None:
@@ -91,7 +91,7 @@ class Flux(FamilyAdapter):
     title: ClassVar[str] = "Flux.1"
     pipeline_class: ClassVar[str] = "FluxPipeline"
     latent_format: ClassVar[LatentFormat] = FLUX_LATENT
-    denoiser: ClassVar[FluxTransformer] = FluxTransformer()  # type: ignore[assignment]
+    denoiser: ClassVar[FluxTransformer] = FluxTransformer(latent_format=FLUX_LATENT)  # type: ignore[assignment]
     prompt: ClassVar[FluxPrompt] = FluxPrompt()  # type: ignore[assignment]
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (CLIP_L, T5XXL)
     context_dim: ClassVar[int] = 4096  # T5-XXL
@@ -171,7 +171,7 @@ class Chroma(Flux):
     name: ClassVar[str] = "chroma"
     title: ClassVar[str] = "Chroma"
     pipeline_class: ClassVar[str] = "ChromaPipeline"
-    denoiser: ClassVar[FluxTransformer] = FluxTransformer(approximator=True)  # type: ignore[assignment]
+    denoiser: ClassVar[FluxTransformer] = FluxTransformer(approximator=True, latent_format=FLUX_LATENT)  # type: ignore[assignment]
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (T5XXL,)
     t5: ClassVar[T5Text] = T5Text(min_length=1)
 

@@ -7,7 +7,7 @@ embeds (1, T, D) and the pooled output (1, P) or None.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,15 +18,32 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TokenizerOptions:
+    """ComfyUI's tokenizer options for one encoder (T5TokenizerOptions' ``<encoder>_min_length``
+    and ``<encoder>_min_padding``); None keeps the family's own value. Padding order as ComfyUI:
+    after the end token, ``min_padding`` pad tokens, then pads up to ``min_length`` tokens."""
+
+    min_length: int | None = None
+    min_padding: int | None = None
+
+    @staticmethod
+    def from_flat(name: str, flat: Mapping[str, int]) -> TokenizerOptions:
+        """The options of encoder ``name`` from ComfyUI's flat ``{"t5xxl_min_length": n, ...}``."""
+        return TokenizerOptions(flat.get(f"{name}_min_length"), flat.get(f"{name}_min_padding"))
+
+
+@dataclass(frozen=True)
 class ReadyEncoder:
-    """A text encoder resident for encoding: its spec, kind, tokenizer, module and the index into
-    ``hidden_states`` to use (the family default, or CLIPSetLastLayer's choice)."""
+    """A text encoder resident for encoding: its spec, kind, tokenizer, module, the index into
+    ``hidden_states`` to use (the family default, or CLIPSetLastLayer's choice) and its tokenizer
+    options (T5TokenizerOptions)."""
 
     spec: TextEncoderSpec
     kind: Any  # a ClipText (nodes.families.components.clip_text)
     tokenizer: Any
     module: Any
     layer: int
+    options: TokenizerOptions = TokenizerOptions()
 
 
 @dataclass(frozen=True)

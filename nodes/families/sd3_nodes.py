@@ -29,7 +29,7 @@ from engine.schema import (
 from nodes.cfg_patches import GuidancePatch
 from nodes.conditioning import CondEntry, Conditioning, text_encoders
 from nodes.hooks import BlockSkip, SamplingHooks
-from nodes.model_merge import _BlockMerge, _ratio, _schema
+from nodes.model_merge import BlockMerge, _ratio, _schema
 
 _MODEL_IN = Input("model", MODEL, "The model.")
 _MODEL_OUT = (Output("MODEL", MODEL, "The model with the change (weights untouched)."),)
@@ -240,13 +240,13 @@ def _sd3_merge_inputs(blocks: int) -> tuple[Input, ...]:
     return (_M1, _M2, *(_ratio(n, f"Share of model1 in the weights named {n}*.") for n in names))
 
 
-class ModelMergeSD3_2B(_BlockMerge):  # noqa: N801 (ComfyUI's name)
+class ModelMergeSD3_2B(BlockMerge):  # noqa: N801 (ComfyUI's name)
     SCHEMA = _schema("ModelMergeSD3_2B", "Merge two SD3 medium (2B) transformers, one ratio per joint block.",
                      _sd3_merge_inputs(24), (Output("MODEL", MODEL, "The merged model (computed when loaded)."),),
                      _SPECIFIC)
 
 
-class ModelMergeSD35_Large(_BlockMerge):  # noqa: N801 (ComfyUI's name)
+class ModelMergeSD35_Large(BlockMerge):  # noqa: N801 (ComfyUI's name)
     SCHEMA = _schema("ModelMergeSD35_Large", "Merge two SD3.5 large transformers, one ratio per joint block.",
                      _sd3_merge_inputs(38), (Output("MODEL", MODEL, "The merged model (computed when loaded)."),),
                      _SPECIFIC)

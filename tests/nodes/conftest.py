@@ -9,6 +9,7 @@ Reusable by every test under tests/nodes/ (torch and diffusers are imported once
   ``vae/tiny_vae.safetensors`` (original layout, no prefix)
 - ``tiny_sd15_ckpt`` / ``tiny_sd2_ckpt`` / ``tiny_sdxl_ckpt``: paths of the fp32 files
 - ``model_folders``, ``manager``, ``make_ctx``: a ModelFolders, a ModelManager, a NodeContext factory
+- ``flux_demo``: a models folder with the Flux/Chroma demo files (``nodes.demo_flux``)
 """
 
 from __future__ import annotations
@@ -192,3 +193,15 @@ def make_ctx(model_folders: Any, manager: Any, tmp_path: Path) -> Callable[..., 
                            settings=RunSettings(**settings))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def flux_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    from nodes.demo_flux import make_flux_demo
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("flux_demo")
+    make_flux_demo(root)
+    return root

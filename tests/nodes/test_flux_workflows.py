@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from nodes.demo_flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_FLUX_VAE, DEMO_T5XXL
@@ -21,14 +20,9 @@ from tests.nodes.test_generation_e2e import make_executor, run
 WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
 
 
-@pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo_flux import make_flux_demo
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("flux_demo")
-    make_flux_demo(root)
-    return root
+@pytest.fixture
+def demo_models(flux_demo: Path) -> Path:
+    return flux_demo
 
 
 @pytest.mark.parametrize("name", ["flux_dev", "flux_schnell", "chroma"])

@@ -48,3 +48,19 @@ def test_merge_concatenates_in_patch_order_last_cfg_function_wins_flags_or() -> 
     assert merged.transformer_options() == {"patches": {"attn2_patch": [print]}}
     assert SamplingHooks().transformer_options() == {}
     assert SamplingHooks().apply_model(lambda call: call.x_in)(_call()).shape == (2, 1)
+
+
+def test_predict_wrappers_wrap_the_guided_step_first_patch_outermost() -> None:
+    seen: list[str] = []
+
+    def wrapper(name: str) -> Any:
+        def wrap(predict: Any, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            seen.append(name)
+            return predict(x * 2, sigma)
+        return wrap
+
+    hooks = merge_all([SamplingHooks(predict_wrappers=(wrapper("a"),)),
+                       SamplingHooks(predict_wrappers=(wrapper("b"),))])
+    out = hooks.predict(lambda x, sigma: x + sigma)(torch.ones(1), torch.tensor([0.5]))
+    assert seen == ["a", "b"] and torch.equal(out, torch.tensor([4.5]))
+    assert torch.equal(SamplingHooks().predict(lambda x, sigma: x)(torch.ones(1), torch.zeros(1)), torch.ones(1))

@@ -13,7 +13,10 @@ serves tiny test models and the real 3072-wide ones alike. Facts it follows:
 - Calling convention (ComfyUI's ``comfy/ldm/flux``): the 16-channel latent is packed into 2×2
   patches (64 channels per token, channel-major), image token ids are ``(0, row, col)``, text ids
   zeros, the timestep IS sigma (the model multiplies by 1000 inside, as does diffusers), and
-  guidance-distilled models (dev) take the guidance value as a second embedding.
+  guidance-distilled models (dev) take the guidance value as a second embedding; a conditioning
+  whose guidance is None (FluxDisableGuidance) gets no guidance embedding at all, as in ComfyUI.
+- Reference latents (ReferenceLatent, Flux Kontext) become extra image tokens after the sampled
+  latent's (``flux_kontext``); Chroma's transformer ignores them, as ComfyUI's does.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import ConditioningError
+from nodes.families.latent_format import LatentFormat
+from nodes.hooks import BlockStack, ConditioningError
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -83,9 +87,10 @@ class FluxTransformer:
     """The Flux.1 transformer kind (see the module docstring). ``approximator``: Chroma's variant
     (diffusers' ``ChromaTransformer2DModel``): the same blocks without per-block modulation
     layers, whose modulation comes from one ``distilled_guidance_layer``; no pooled vector, no
-    guidance input."""
+    guidance input. ``latent_format``: the family's, for reference latents (``process_in``)."""
 
     approximator: bool = False
+    latent_format: LatentFormat | None = None
 
     @property
     def id(self) -> str:
@@ -181,7 +186,8 @@ class FluxTransformer:
     # --- sampling -----------------------------------------------------------------------------
     def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
                      like: Tensor | None = None) -> dict[str, Any]:
-        """Text tokens, pooled CLIP-L vector, text ids and the guidance value per row."""
+        """Text tokens, pooled CLIP-L vector, text ids, the guidance value per row and the
+        reference latents (Flux Kontext)."""
         import torch
 
         def to(t: Tensor) -> Tensor:
@@ -195,14 +201,37 @@ class FluxTransformer:
         if self.approximator:
             return {"encoder_hidden_states": to(hidden), "txt_ids": to(torch.zeros(length, 3))}
         pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
-        guidance = torch.tensor([float(e.extras.get("guidance", DEFAULT_GUIDANCE) or 0.0)
-                                 for e in entries for _ in range(batch)])
-        return {"encoder_hidden_states": to(hidden), "pooled_projections": to(pooled),
-                "txt_ids": to(torch.zeros(length, 3)), "guidance": to(guidance)}
+        values = [e.extras.get("guidance", DEFAULT_GUIDANCE) for e in entries for _ in range(batch)]
+        out = {"encoder_hidden_states": to(hidden), "pooled_projections": to(pooled),
+               "txt_ids": to(torch.zeros(length, 3)),
+               "guidance": to(torch.tensor([0.0 if v is None else float(v) for v in values]))}
+        if any(v is None for v in values):
+            out["guidance_off"] = torch.tensor([v is None for v in values])
+        return out | self._references(entries, batch, to)
+
+    def _references(self, entries: Sequence[CondEntry], batch: int, to: Any) -> dict[str, Any]:
+        """``ref_latents`` (each reference for every row, through ``process_in``) and the method."""
+        import torch
+
+        lists = [list(e.extras.get("reference_latents") or ()) for e in entries]
+        if not any(lists):
+            return {}
+        if any(len(r) != len(lists[0]) for r in lists):
+            raise ConditioningError("conditioning entries with different numbers of reference latents were batched "
+                                    "together; give every entry the same ReferenceLatent chain")
+        fmt = self.latent_format
+        refs = []
+        for i in range(len(lists[0])):
+            rows = [_repeat_rows(r[i], batch) for r in lists]
+            ref = torch.cat(rows)
+            refs.append(to(fmt.process_in(ref) if fmt is not None else ref))
+        method = entries[0].extras.get("reference_latents_method") or "offset"
+        return {"ref_latents": refs, "ref_latents_method": str(method)}
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
-        """Pack ``x_in`` (B, 16, H, W) into 2×2 patches, call the transformer at ``timestep`` (= sigma),
-        unpack the output to the latent's shape."""
+        """Pack ``x_in`` (B, 16, H, W) into 2×2 patches (then the reference latents' tokens, if
+        any), call the transformer at ``timestep`` (= sigma), unpack the image tokens of the output
+        to the latent's shape."""
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         if options and options.get("patches"):
@@ -211,14 +240,44 @@ class FluxTransformer:
         if options and options.get("block_skip"):
             raise ConditioningError("the Flux transformer cannot skip layers yet (skip-layer guidance); "
                                     "remove the SkipLayerGuidance node from the workflow")
+        refs, method = kwargs.pop("ref_latents", None), kwargs.pop("ref_latents_method", "offset")
+        guidance_off = kwargs.pop("guidance_off", None)
         if not getattr(module.config, "guidance_embeds", False):
             kwargs.pop("guidance", None)
+            guidance_off = None
         height, width = x_in.shape[-2:]
-        x = _pad_to_even(x_in)
+        x = pad_to_even(x_in)
         tokens, img_ids = pack(x)
+        image_tokens = tokens.shape[1]
+        if refs and not self.approximator:
+            import torch
+
+            from nodes.families.components.flux_kontext import reference_tokens
+
+            ref_tokens, ref_ids = reference_tokens([r.to(x) for r in refs], method, x.shape[-2] // 2, x.shape[-1] // 2)
+            tokens, img_ids = torch.cat([tokens, ref_tokens], dim=1), torch.cat([img_ids, ref_ids])
         t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
-        out = module(hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False, **kwargs)[0]
-        return unpack(out, x.shape[-2], x.shape[-1])[..., :height, :width]
+        hook = None
+        if guidance_off is not None:  # ComfyUI adds no guidance embedding for these rows
+            keep = (~guidance_off.to(x.device)).to(x.dtype)[:, None]
+            hook = module.time_text_embed.guidance_embedder.register_forward_hook(lambda m, i, o: o * keep)
+        try:
+            out = module(hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False, **kwargs)[0]
+        finally:
+            if hook is not None:
+                hook.remove()
+        return unpack(out[:, :image_tokens], x.shape[-2], x.shape[-1])[..., :height, :width]
+
+    def block_stack(self, module: Any) -> BlockStack:
+        """The double then single blocks, for block-level step caches."""
+        from nodes.families.components.flux_blocks import flux_block_stack
+
+        return flux_block_stack(module, joined_single=self.approximator)
+
+    def original_names(self, names: Sequence[str], config: Any = None) -> dict[str, str]:
+        """Module key -> the Black Forest Labs key it comes from (the fused tensor's name for
+        split q/k/v and MLP parts), for block-wise merges (ModelMergeFlux1)."""
+        return {n: _original_name(n) or _fused_name(n) for n in names}
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         if not entries:
@@ -257,11 +316,18 @@ def unpack(tokens: Tensor, h: int, w: int) -> Tensor:
     return tokens.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
-def _pad_to_even(x: Tensor) -> Tensor:
+def pad_to_even(x: Tensor) -> Tensor:
     import torch.nn.functional as F
 
     pad_h, pad_w = x.shape[-2] % 2, x.shape[-1] % 2
     return F.pad(x, (0, pad_w, 0, pad_h), mode="circular") if pad_h or pad_w else x
+
+
+def _repeat_rows(t: Tensor, batch: int) -> Tensor:
+    """ComfyUI's ``repeat_to_batch_size``: ``t`` cut or tiled to ``batch`` rows."""
+    if t.shape[0] >= batch:
+        return t[:batch]
+    return t.repeat(-(-batch // t.shape[0]), *([1] * (t.ndim - 1)))[:batch]
 
 
 def _pooled(entry: CondEntry) -> Tensor:
@@ -313,6 +379,24 @@ def _original_name(name: str) -> str | None:
                 if rest_base == dst:
                     return f"{src_block}{i}.{src}.{leaf}"
     return None
+
+
+def _fused_name(name: str) -> str:
+    """The file name of a split (q/k/v, MLP input) or swapped (final modulation) diffusers tensor;
+    ``name`` itself for anything else (Chroma's approximator keeps the diffusers-side name)."""
+    parts = name.split(".")
+    leaf = parts[-1]
+    if name.startswith("norm_out.linear."):
+        return f"final_layer.adaLN_modulation.1.{leaf}"
+    if len(parts) >= 4:
+        rest = ".".join(parts[2:-1])
+        if parts[0] == "transformer_blocks":
+            for fused, split in _DOUBLE_QKV.items():
+                if rest in split:
+                    return f"double_blocks.{parts[1]}.{fused}.{leaf}"
+        if parts[0] == "single_transformer_blocks" and rest in _SINGLE_LINEAR1:
+            return f"single_blocks.{parts[1]}.linear1.{leaf}"
+    return name
 
 
 def _approximator_name(name: str, layers: Mapping[str, str], norm_from: str, norm_to: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from nodes import prompt_weights as pw
+from nodes.families.prompt import TokenizerOptions
 from nodes.weights import ModelLoadError, TensorIndex
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
@@ -89,8 +90,9 @@ class T5Text:
     def load_tokenizer(self, name: str) -> Any:
         return load_t5_tokenizer()
 
-    def tokenize(self, tokenizer: Any, text: str) -> pw.Chunk:
-        """ComfyUI's T5 tokens of ``text`` with their weights: words one by one, ``</s>``, padding."""
+    def tokenize(self, tokenizer: Any, text: str, options: TokenizerOptions | None = None) -> pw.Chunk:
+        """ComfyUI's T5 tokens of ``text`` with their weights: words one by one, ``</s>``, then
+        ``min_padding`` pads and pads up to ``min_length`` (``options`` override the family's)."""
         ids: list[int] = []
         weights: list[float] = []
         for segment in pw.parse_weights(text):
@@ -101,17 +103,20 @@ class T5Text:
                     weights += [segment.weight] * len(word_ids)
         ids.append(tokenizer.eos_token_id)
         weights.append(1.0)
-        pad = max(0, self.min_length - len(ids))
+        options = options or TokenizerOptions()
+        min_length = self.min_length if options.min_length is None else options.min_length
+        pad = options.min_padding or 0
+        pad += max(0, min_length - len(ids) - pad)
         return pw.Chunk(tuple(ids + [tokenizer.pad_token_id] * pad), tuple(weights + [1.0] * pad))
 
     @torch.no_grad()
-    def encode(self, module: Any, tokenizer: Any, text: str) -> torch.Tensor:
+    def encode(self, module: Any, tokenizer: Any, text: str, options: TokenizerOptions | None = None) -> torch.Tensor:
         """The last hidden state (1, T, D) of ``text`` (T ≥ min_length), weights applied."""
-        chunk = self.tokenize(tokenizer, text)
+        chunk = self.tokenize(tokenizer, text, options)
         weighted = any(w != 1.0 for w in chunk.weights)
         rows = [chunk.ids]
         if weighted:
-            empty = self.tokenize(tokenizer, "")
+            empty = self.tokenize(tokenizer, "", options)
             rows.append(empty.ids + (tokenizer.pad_token_id,) * (len(chunk.ids) - len(empty.ids)))
         device = next(module.parameters()).device
         ids = torch.tensor(rows, device=device)
