@@ -28,7 +28,7 @@ import torch
 
 from nodes import cond_batch as cb
 from nodes.conditioning import CondEntry
-from nodes.hooks import ModelCall, Row
+from nodes.hooks import BlockPatch, ModelCall, Row, block_options
 
 # Branch names whose rows are the "uncond" side for hooks (ComfyUI's prompt_type negative).
 _UNCOND = frozenset({"negative", "middle", "empty_negative_prompt", "extra"})
@@ -167,12 +167,20 @@ class GuidedRun:
         self._names = list(names)
         return cb.calc_cond_batch(self._call, self.jobs, names, x, sigma)
 
-    def calc_entries(self, entries: Sequence[CondEntry], x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        """Denoised prediction of extra conditioning for every job (PerpNeg's empty prompt)."""
+    def calc_entries(self, entries: Sequence[CondEntry], x: torch.Tensor, sigma: torch.Tensor,
+                     patches: Sequence[BlockPatch] = ()) -> torch.Tensor:
+        """Denoised prediction of extra conditioning for every job (PerpNeg's empty prompt; PAG's
+        and SAG's extra calls), with ``patches`` added to the block patches for these calls only
+        (ComfyUI's ``calc_cond_batch`` with changed ``model_options``)."""
         prepared = cb.prepare(self._with_inputs(entries), self.size, self.model_sampling.percent_to_sigma)
         jobs = [cb.Job(job.rows, {"extra": prepared}) for job in self.jobs]
         self._names = ["extra"]
-        return cb.calc_cond_batch(self._call, jobs, ["extra"], x, sigma)[0]
+        saved = self._transformer_options
+        self._transformer_options = block_options(patches, saved) if patches else saved
+        try:
+            return cb.calc_cond_batch(self._call, jobs, ["extra"], x, sigma)[0]
+        finally:
+            self._transformer_options = saved
 
     def cond_args(self, name: str | None) -> list[Any] | None:
         """The entries of a branch as hook arguments (``None`` for a skipped branch)."""
@@ -233,10 +241,11 @@ class GuidedRun:
         if key not in self._kwargs:
             self._kwargs[key] = self.denoiser.conditioning([c.entry for c in conds], rows, self.pixels, like=x_in)
         kwargs = dict(self._kwargs[key])
-        if self._transformer_options:
-            kwargs["transformer_options"] = self._transformer_options
-        kinds: tuple[Row, ...] = tuple("uncond" if self._names[b] in _UNCOND else "cond"
-                                       for b in branches for _ in range(rows))
+        uncond = [self._names[b] in _UNCOND for b in branches]
+        if self._transformer_options:  # ComfyUI's per-call entries: 0 = cond, 1 = uncond per chunk
+            kwargs["transformer_options"] = {**self._transformer_options, "sigmas": sigma,
+                                             "cond_or_uncond": [int(u) for u in uncond]}
+        kinds: tuple[Row, ...] = tuple("uncond" if u else "cond" for u in uncond for _ in range(rows))
         call = ModelCall(x_in, timestep, sigma, kwargs, kinds)
         out = self._apply(call).float()
         return ms.calculate_denoised(sigma, out, xs)

@@ -157,9 +157,6 @@ class UNetDenoiser:
 
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
-        if options and options.get("patches"):
-            raise ConditioningError(f"this UNet cannot run block patches {sorted(options['patches'])}; "
-                                    "remove the patch node from the workflow")
         concat = kwargs.pop("concat", None)
         control = kwargs.pop("control", None)
         if control is not None:
@@ -175,6 +172,10 @@ class UNetDenoiser:
                 raise ConditioningError("an inpainting model cannot run an area-limited conditioning "
                                         "(ConditioningSetArea/mask bounds); remove the area node")
             x_in = torch.cat([x_in, concat.to(x_in)], dim=1)
+        if options and (options.get("patches") or options.get("patches_replace")):
+            from nodes.families.components.unet_patching import run_patched
+
+            return run_patched(module, x_in, timestep, kwargs, options)  # FreeU, PAG, HyperTile, ...
         return module(x_in, timestep, return_dict=False, **kwargs)[0]
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
