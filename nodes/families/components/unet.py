@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.families import arch, keys
+from nodes.families.components.unet_patching import PATCH_POINTS
 from nodes.hooks import ConditioningError
 from nodes.weights import TensorIndex
 
@@ -67,6 +68,8 @@ class UNetDenoiser:
 
     size_ids: bool = False
     id: str = "unet"
+    # the patch points ``forward`` runs (MODEL patch nodes check this before patching)
+    patch_points: frozenset[str] = PATCH_POINTS
     latent_format: LatentFormat | None = None  # an inpainting UNet's concat image is brought into model space
 
     # --- reading and building -----------------------------------------------------------------

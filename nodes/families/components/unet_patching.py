@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 ATTENTION_POINTS = frozenset({"attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch"})
 BLOCK_POINTS = frozenset({"input_block_patch", "input_block_patch_after_skip", "output_block_patch"})
+PATCH_POINTS = ATTENTION_POINTS | BLOCK_POINTS | {"attn1", "attn2"}  # the last two: replace patches
 
 
 @dataclass(frozen=True)
