@@ -24,7 +24,7 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, INT, MODEL, Input, NodeSchema, Output
 from nodes.hooks import BlockPatch, ConditioningError, SamplingHooks
-from nodes.patches.unet_hooks import unet_patch
+from nodes.patches.unet_hooks import require_points, unet_patch
 from nodes.resize import resize
 
 log = logging.getLogger("loom.nodes.patches")
@@ -164,9 +164,10 @@ class PatchModelAddDownscale(Node):
     def run(self, ctx: NodeContext, *, model: Any, block_number: int, downscale_factor: float,
             start_percent: float, end_percent: float, downscale_after_skip: bool, downscale_method: str,
             upscale_method: str) -> tuple[Any]:
+        points = ("input_block_patch", "input_block_patch_after_skip", "output_block_patch")
+        require_points(model, "PatchModelAddDownscale", points)
         ms = model.model_sampling
         start, end = float(ms.percent_to_sigma(start_percent)), float(ms.percent_to_sigma(end_percent))
-        points = ("input_block_patch", "input_block_patch_after_skip", "output_block_patch")
         return unet_patch(model, "PatchModelAddDownscale", points, downscale_hooks, int(block_number),
                           float(downscale_factor), start, end, bool(downscale_after_skip), downscale_method,
                           upscale_method)
