@@ -39,7 +39,7 @@ class UNetHookPatch:
 def require_points(model: Any, node: str, points: Iterable[str]) -> None:
     """Raise a teaching error if ``model``'s denoiser cannot run ``points``."""
     wanted = set(points)
-    have = getattr(model.denoiser, "patch_points", frozenset())
+    have: frozenset[str] = getattr(model.denoiser, "patch_points", frozenset())
     if not wanted <= have:
         raise ValueError(f"{node} patches the blocks of a UNet (SD1.x, SD2.x, SDXL) but this MODEL is "
                          f"{model.family.title}, whose denoiser has no {', '.join(sorted(wanted - have))} patch "
