@@ -224,3 +224,14 @@ def test_workflow_with_every_patch_runs_and_keeps_the_plain_branch(models_dir: P
     plain = _pixels(alone, "7", tmp_path / "b" / "output")
     assert np.array_equal(_pixels(both, "7", tmp_path / "a" / "output"), plain)
     assert not np.array_equal(_pixels(both, "44", tmp_path / "a" / "output"), plain)
+
+
+def test_block_patches_with_deepcache_get_a_teaching_error(env: dict[str, Any]) -> None:
+    from nodes.hooks import ConditioningError
+    from nodes.patches.deepcache import DeepCache
+
+    cached = DeepCache().run(env["ctx"], model=env["ck"].unet, cache_interval=2, cache_depth=0, start_step=0,
+                             end_step=1000)[0]
+    with pytest.raises(ConditioningError, match="cannot run together with DeepCache"):
+        _sample(env, _patch(env, FreeU, REAL[0][1], cached))
+    assert torch.isfinite(_sample(env, _patch(env, PerturbedAttentionGuidance, {"scale": 3.0}, cached))).all()
