@@ -7,6 +7,10 @@
   by ``b`` and the skip connection's lowest frequencies (the 2x2 centre of its shifted 2-D spectrum)
   by ``s``. FreeU_V2 scales by ``(b - 1) * m + 1`` instead, ``m`` the per-image channel mean of
   ``h`` normalised to [0, 1]. All-ones settings change nothing, so the node then returns its input.
+  The per-place operation and filter equal diffusers' ``apply_freeu`` / ``fourier_filter``, but the
+  places differ from diffusers' ``enable_freeu`` (which scales whole up blocks 0 and 1 by index):
+  ComfyUI's rule by channel count also patches the first resnet of the next up block, and on SD1.x
+  all three resnets of up block 1 get ``b1``; Loom follows ComfyUI.
 - PatchModelAddDownscale: while sigma is within [sigma(end_percent), sigma(start_percent)], the
   features after input place ``block_number`` are resized by ``1 / downscale_factor`` (before or
   after they are kept as a skip connection); at an output place whose features and skip connection

@@ -161,6 +161,59 @@ def _processors(attn: Any, fn: Any) -> Any:
     return saved
 
 
+def test_output_block_patch_sees_diffusers_freeu_pairs(tiny_models: dict) -> None:
+    """Parity with diffusers' own FreeU (``enable_freeu``, applied per up block by index): an output
+    patch doing diffusers' ``apply_freeu`` for the up block of its place gives diffusers' output.
+    (ComfyUI's FreeU picks places by channel count instead, see ``nodes/patches/freeu.py``.)"""
+    from diffusers.utils.torch_utils import apply_freeu
+
+    unet = tiny_models["sd15"].modules["unet"]
+    x, t, kw = _inputs(unet)
+    ends = np.cumsum([len(b.resnets) for b in unet.up_blocks])
+    factors = dict(b1=1.2, b2=1.4, s1=0.7, s2=0.5)
+
+    def patch(h: torch.Tensor, hsp: torch.Tensor, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_freeu(int(np.searchsorted(ends, options["block"][1], side="right")), h.clone(), hsp, **factors)
+
+    with torch.no_grad():
+        out = run_patched(unet, x, t, dict(kw), {"patches": {"output_block_patch": [patch]}})
+    unet.enable_freeu(**factors)
+    try:
+        expected = _plain(unet, x, t, kw)
+    finally:
+        unet.disable_freeu()
+    assert torch.equal(out, expected)
+
+
+def test_freeu_filter_equals_diffusers_fourier_filter() -> None:
+    from diffusers.utils.torch_utils import fourier_filter as diffusers_filter
+
+    x = torch.randn(2, 8, 16, 12, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(fourier_filter(x, 1, 0.4), diffusers_filter(x, 1, 0.4))
+
+
+def test_pag_perturbed_prediction_equals_diffusers_pag_processor(tiny_models: dict) -> None:
+    """Parity with diffusers' PAG (``PAGIdentitySelfAttnProcessor2_0`` on the middle block, its
+    default layer): the second half of a doubled batch is the perturbed prediction. The tiny SD1.5
+    middle block has one transformer block, where diffusers' "mid" and ComfyUI's (middle, 0, 0) agree."""
+    from diffusers.models.attention_processor import PAGIdentitySelfAttnProcessor2_0
+
+    unet = tiny_models["sd15"].modules["unet"]
+    x, t, kw = _inputs(unet, batch=1)
+    with torch.no_grad():
+        ours = run_patched(unet, x, t, dict(kw), block_options(_pag_patch()))
+    attn = unet.mid_block.attentions[0].transformer_blocks[0].attn1
+    saved = attn.processor
+    attn.set_processor(PAGIdentitySelfAttnProcessor2_0())
+    try:
+        doubled = {k: torch.cat([v, v]) for k, v in kw.items()}
+        theirs = _plain(unet, torch.cat([x, x]), torch.cat([t, t]), doubled)
+    finally:
+        attn.set_processor(saved)
+    assert torch.allclose(ours, theirs[1:], atol=1e-5)
+    assert torch.allclose(theirs[:1], _plain(unet, x, t, kw), atol=1e-5)
+
+
 def test_pag_replaces_the_first_middle_self_attention_by_its_values(tiny_models: dict) -> None:
     unet = tiny_models["sdxl"].modules["unet"]  # two transformer blocks in the middle: only the first
     x, t, kw = _inputs(unet)
