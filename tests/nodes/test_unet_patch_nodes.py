@@ -1,5 +1,5 @@
-"""The UNet patch nodes (FreeU, FreeU_V2, PatchModelAddDownscale, PAG, SAG, HyperTile, attention
-multipliers, TorchCompileModel) as a workflow uses them, on the tiny SD1.5 checkpoint: neutral
+"""The UNet patch nodes (FreeU, FreeU_V2, PatchModelAddDownscale, PAG, SAG, HyperTile, ToMe,
+attention multipliers, TorchCompileModel) as a workflow uses them, on the tiny SD1.5 checkpoint: neutral
 settings give the unpatched image bit for bit, real settings change it, patches stack, a patched
 MODEL leaves the unpatched one alone, hook-only patches reuse the loaded UNet, a model without a
 UNet gets a teaching error, and a workflow with all of them runs through the executor."""
@@ -28,6 +28,7 @@ from nodes.patches.attention_multiply import (
 from nodes.patches.compile import TorchCompileModel
 from nodes.patches.freeu import FreeU, FreeU_V2, PatchModelAddDownscale
 from nodes.patches.hypertile import HyperTile
+from nodes.patches.tome import TomePatchModel
 from nodes.sampling import KSampler
 from tests.nodes.test_generation_e2e import make_executor, run
 
@@ -40,11 +41,13 @@ REAL: list[tuple[Any, dict[str, Any]]] = [
     (PerturbedAttentionGuidance, dict(scale=3.0)),
     (SelfAttentionGuidance, dict(scale=0.5, blur_sigma=2.0)),
     (HyperTile, dict(tile_size=32, swap_size=2, max_depth=0, scale_depth=False)),
+    (TomePatchModel, dict(ratio=0.5)),
     (UNetSelfAttentionMultiply, dict(q=1.2, k=1.0, v=0.8, out=1.1)),
     (UNetCrossAttentionMultiply, dict(q=1.0, k=1.3, v=1.0, out=0.9)),
     (UNetTemporalAttentionMultiply, dict(self_structural=1.2, self_temporal=1.0, cross_structural=0.8,
                                          cross_temporal=1.0)),
 ]
+HOOK_ONLY = 7  # the first seven act through hooks only; the multipliers change weights
 NEUTRAL: list[tuple[Any, dict[str, Any]]] = [
     (FreeU, dict(b1=1.0, b2=1.0, s1=1.0, s2=1.0)),
     (FreeU_V2, dict(b1=1.0, b2=1.0, s1=1.0, s2=1.0)),
@@ -52,6 +55,7 @@ NEUTRAL: list[tuple[Any, dict[str, Any]]] = [
     (PerturbedAttentionGuidance, dict(scale=0.0)),
     (SelfAttentionGuidance, dict(scale=0.0, blur_sigma=2.0)),
     (HyperTile, dict(tile_size=2048, swap_size=1, max_depth=0, scale_depth=False)),  # one tile
+    (TomePatchModel, dict(ratio=0.0)),
     (UNetSelfAttentionMultiply, dict(q=1.0, k=1.0, v=1.0, out=1.0)),
     (UNetCrossAttentionMultiply, dict(q=1.0, k=1.0, v=1.0, out=1.0)),
     (UNetTemporalAttentionMultiply, dict(self_structural=1.0, self_temporal=1.0, cross_structural=1.0,
@@ -102,21 +106,24 @@ def test_real_settings_change_the_result_and_leave_the_unpatched_model_alone(env
 
 def test_hook_only_patches_reuse_the_loaded_unet_weight_patches_do_not(env: dict[str, Any]) -> None:
     unet = env["ck"].unet
-    for node, kw in REAL[:6]:
+    for node, kw in REAL[:HOOK_ONLY]:
         assert _patch(env, node, kw).key == unet.key, node.__name__
-    for node, kw in REAL[6:]:
+    for node, kw in REAL[HOOK_ONLY:]:
         assert _patch(env, node, kw).key != unet.key, node.__name__
 
 
 def test_patches_stack(env: dict[str, Any]) -> None:
     model = env["ck"].unet
     results = []
-    for node, kw in REAL[:6]:
+    for node, kw in REAL[:HOOK_ONLY - 1]:
         model = _patch(env, node, kw, model)
         results.append(_sample(env, model))
-    assert [type(p).__name__ for p in model.patches] == ["UNetHookPatch"] * 6
+    assert [type(p).__name__ for p in model.patches] == ["UNetHookPatch"] * (HOOK_ONLY - 1)
     assert all(torch.isfinite(r).all() for r in results)
     assert all(not torch.allclose(a, b, atol=1e-4) for a, b in zip(results, results[1:], strict=False))
+    # ToMe after HyperTile sees already tiled queries (too few tokens for the full resolution) and
+    # leaves them, as in ComfyUI, where both patch the same attn1 queries in order
+    assert torch.equal(_sample(env, _patch(env, TomePatchModel, {"ratio": 0.5}, model)), results[-1])
 
 
 def test_attention_multipliers_scale_the_named_weights(env: dict[str, Any]) -> None:
@@ -191,6 +198,7 @@ def _workflow(patched: bool) -> dict[str, Any]:
              ("PerturbedAttentionGuidance", {"scale": 3.0}),
              ("SelfAttentionGuidance", {"scale": 0.5, "blur_sigma": 2.0}),
              ("HyperTile", {"tile_size": 32, "swap_size": 2, "max_depth": 0, "scale_depth": False}),
+             ("TomePatchModel", {"ratio": 0.4}),
              ("UNetSelfAttentionMultiply", {"q": 1.1, "k": 1.0, "v": 1.0, "out": 1.0}),
              ("UNetCrossAttentionMultiply", {"q": 1.0, "k": 1.0, "v": 0.9, "out": 1.0}),
              ("UNetTemporalAttentionMultiply", {"self_structural": 1.0, "self_temporal": 1.0,

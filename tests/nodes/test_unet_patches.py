@@ -305,3 +305,42 @@ def test_hypertile_on_the_unet_changes_only_the_highest_resolution(tiny_models: 
     big.start_run(None)  # type: ignore[arg-type]
     assert torch.allclose(_run(unet, big, x, t, kw), _plain(unet, x, t, kw), atol=1e-5)
     assert not any(isinstance(p, PatchedAttention) for p in unet.attn_processors.values())  # all set back
+
+
+@pytest.mark.parametrize(("w", "h", "r"), [(8, 8, 20), (7, 5, 9)])
+def test_tome_merge_equals_tomesd_without_randomness(w: int, h: int, r: int) -> None:
+    from tomesd.merge import bipartite_soft_matching_random2d
+
+    from nodes.patches.tome import bipartite_merge
+
+    g = torch.Generator().manual_seed(5)
+    metric = torch.randn(2, w * h, 6, generator=g)
+    merge, unmerge = bipartite_merge(metric, w, h, 2, 2, r, None)
+    ref_merge, ref_unmerge = bipartite_soft_matching_random2d(metric, w, h, 2, 2, r, no_rand=True)
+    x = torch.randn(2, w * h, 6, generator=g)
+    assert torch.equal(merge(x), ref_merge(x)) and merge(x).shape == (2, w * h - r, 6)
+    y = torch.randn(2, w * h - r, 6, generator=g)
+    assert torch.equal(unmerge(y), ref_unmerge(y))
+
+
+def test_tome_merges_only_full_resolution_queries(tiny_models: dict) -> None:
+    from nodes.patches.tome import tome_hooks
+
+    unet = tiny_models["sd15"].modules["unet"]
+    x, t, kw = _inputs(unet, batch=1)
+    shapes: list[tuple[int, ...]] = []
+    hooks = tome_hooks(unet, 0.5)
+    hooks.start_run(None)  # type: ignore[arg-type]
+    merge_q = hooks.block_patches[0].fn
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: dict) -> Any:
+        out = merge_q(q, k, v, extra)
+        shapes.append((q.shape[1], out[0].shape[1], out[1].shape[1]))
+        return out
+
+    from nodes.hooks import BlockPatch
+
+    with torch.no_grad():
+        out = run_patched(unet, x, t, dict(kw), block_options([BlockPatch("attn1_patch", spy), hooks.block_patches[1]]))
+    assert (256, 128, 256) in shapes and (64, 64, 64) in shapes  # 16x16 tokens halved; 8x8 untouched; keys whole
+    assert torch.isfinite(out).all() and not torch.allclose(out, _plain(unet, x, t, kw), atol=1e-4)
