@@ -243,3 +243,17 @@ def test_block_patches_with_deepcache_get_a_teaching_error(env: dict[str, Any]) 
     with pytest.raises(ConditioningError, match="cannot run together with DeepCache"):
         _sample(env, _patch(env, FreeU, REAL[0][1], cached))
     assert torch.isfinite(_sample(env, _patch(env, PerturbedAttentionGuidance, {"scale": 3.0}, cached))).all()
+
+
+def test_deepcache_is_hook_only_and_leaves_the_shared_unet_as_it_was(env: dict[str, Any]) -> None:
+    from nodes.patches.deepcache import DeepCache
+
+    plain = _sample(env)
+    cached = DeepCache().run(env["ctx"], model=env["ck"].unet, cache_interval=2, cache_depth=0, start_step=0,
+                             end_step=1000)[0]
+    assert cached.key == env["ck"].unet.key  # the loaded UNet is reused, not built again
+    out = _sample(env, cached)
+    assert torch.isfinite(out).all() and not torch.allclose(out, plain, atol=1e-4)
+    assert torch.equal(_sample(env), plain)
+    with env["ctx"].models.use(env["ck"].unet) as unet:
+        assert not any("forward" in vars(m) for m in unet.modules())  # no wrapper left behind
