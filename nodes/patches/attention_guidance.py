@@ -55,7 +55,7 @@ class PerturbedAttentionGuidance(Node):
         description="Guide away from a prediction made with the middle block's self-attention turned into the "
                     "identity (one extra model call per step).",
         inputs=(Input("model", MODEL, "The UNet model to patch."),
-                Input("scale", FLOAT, "Guidance strength (0 = off).", default=3.0, min=0.0, max=100.0, step=0.1,
+                Input("scale", FLOAT, "Guidance strength (0 = off).", default=3.0, min=0.0, max=100.0, step=0.01,
                       round=0.01)),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
     )
@@ -129,7 +129,7 @@ def sag_hooks(module: Any, scale: float, blur_sigma: float) -> SamplingHooks:
 
 class SelfAttentionGuidance(Node):
     SCHEMA = NodeSchema(
-        node_id="SelfAttentionGuidance", display_name="Self-Attention Guidance", category="model_patches/unet",
+        node_id="SelfAttentionGuidance", display_name="Self-Attention Guidance", category="_for_testing",
         description="Guide away from a prediction of the negative branch blurred where the model attends "
                     "(one extra model call per step).",
         inputs=(Input("model", MODEL, "The UNet model to patch."),

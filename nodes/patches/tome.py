@@ -126,7 +126,7 @@ class TomePatchModel(Node):
     SCHEMA = NodeSchema(
         node_id="TomePatchModel",
         display_name="Tome Patch Model",
-        category="model_patches/unet",
+        category="_for_testing",
         description="Merge similar self-attention queries (ToMe) for speed; trades a little quality.",
         inputs=(
             Input("model", MODEL, "The UNet model to patch."),
