@@ -257,3 +257,52 @@ def test_deepcache_is_hook_only_and_leaves_the_shared_unet_as_it_was(env: dict[s
     assert torch.equal(_sample(env), plain)
     with env["ctx"].models.use(env["ck"].unet) as unet:
         assert not any("forward" in vars(m) for m in unet.modules())  # no wrapper left behind
+
+
+COMFYUI_INPUTS = {  # ComfyUI's inputs, in order: (name, type, default, min, max, step)
+    "FreeU": [("model", "MODEL", None, None, None, None), ("b1", "FLOAT", 1.1, 0.0, 10.0, 0.01),
+              ("b2", "FLOAT", 1.2, 0.0, 10.0, 0.01), ("s1", "FLOAT", 0.9, 0.0, 10.0, 0.01),
+              ("s2", "FLOAT", 0.2, 0.0, 10.0, 0.01)],
+    "FreeU_V2": [("model", "MODEL", None, None, None, None), ("b1", "FLOAT", 1.3, 0.0, 10.0, 0.01),
+                 ("b2", "FLOAT", 1.4, 0.0, 10.0, 0.01), ("s1", "FLOAT", 0.9, 0.0, 10.0, 0.01),
+                 ("s2", "FLOAT", 0.2, 0.0, 10.0, 0.01)],
+    "PatchModelAddDownscale": [("model", "MODEL", None, None, None, None), ("block_number", "INT", 3, 1, 32, 1),
+                               ("downscale_factor", "FLOAT", 2.0, 0.1, 9.0, 0.001),
+                               ("start_percent", "FLOAT", 0.0, 0.0, 1.0, 0.001),
+                               ("end_percent", "FLOAT", 0.35, 0.0, 1.0, 0.001),
+                               ("downscale_after_skip", "BOOLEAN", True, None, None, None),
+                               ("downscale_method", "COMBO", None, None, None, None),
+                               ("upscale_method", "COMBO", None, None, None, None)],
+    "PerturbedAttentionGuidance": [("model", "MODEL", None, None, None, None), ("scale", "FLOAT", 3.0, 0.0, 100.0, 0.01)],
+    "SelfAttentionGuidance": [("model", "MODEL", None, None, None, None), ("scale", "FLOAT", 0.5, -2.0, 5.0, 0.01),
+                              ("blur_sigma", "FLOAT", 2.0, 0.0, 10.0, 0.1)],
+    "HyperTile": [("model", "MODEL", None, None, None, None), ("tile_size", "INT", 256, 1, 2048, None),
+                  ("swap_size", "INT", 2, 1, 128, None), ("max_depth", "INT", 0, 0, 10, None),
+                  ("scale_depth", "BOOLEAN", False, None, None, None)],
+    "TomePatchModel": [("model", "MODEL", None, None, None, None), ("ratio", "FLOAT", 0.3, 0.0, 1.0, 0.01)],
+    "UNetSelfAttentionMultiply": [("model", "MODEL", None, None, None, None),
+                                  *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out"))],
+    "UNetCrossAttentionMultiply": [("model", "MODEL", None, None, None, None),
+                                   *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out"))],
+    "CLIPAttentionMultiply": [("clip", "CLIP", None, None, None, None),
+                              *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out"))],
+    "UNetTemporalAttentionMultiply": [("model", "MODEL", None, None, None, None),
+                                      *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in
+                                        ("self_structural", "self_temporal", "cross_structural", "cross_temporal"))],
+    "TorchCompileModel": [("model", "MODEL", None, None, None, None), ("backend", "COMBO", None, None, None, None)],
+}
+
+
+def test_schemas_are_comfyuis() -> None:
+    from engine.registry import NodeRegistry
+    from nodes import register_core
+
+    registry = NodeRegistry()
+    register_core(registry)
+    for name, expected in COMFYUI_INPUTS.items():
+        schema = registry.get(name).schema
+        assert [(i.name, i.type, i.default, i.min, i.max, i.step) for i in schema.inputs] == expected, name
+        assert len(schema.outputs) == 1
+    methods = registry.get("PatchModelAddDownscale").schema.inputs[-1].options
+    assert tuple(methods) == ("bicubic", "nearest-exact", "bilinear", "area", "bislerp")
+    assert tuple(registry.get("TorchCompileModel").schema.inputs[1].options) == ("inductor", "cudagraphs")
