@@ -344,3 +344,28 @@ def test_tome_merges_only_full_resolution_queries(tiny_models: dict) -> None:
         out = run_patched(unet, x, t, dict(kw), block_options([BlockPatch("attn1_patch", spy), hooks.block_patches[1]]))
     assert (256, 128, 256) in shapes and (64, 64, 64) in shapes  # 16x16 tokens halved; 8x8 untouched; keys whole
     assert torch.isfinite(out).all() and not torch.allclose(out, _plain(unet, x, t, kw), atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["controlnet", "t2i_adapter"])
+def test_walk_adds_control_residuals_where_diffusers_does(tiny_models: dict, kind: str) -> None:
+    unet = tiny_models["sd15"].modules["unet"]
+    x, t, kw = _inputs(unet)
+    shapes: list[torch.Size] = []
+    record = {"patches": {"input_block_patch": [lambda h, o: (shapes.append(h.shape), h)[1]]}}
+    with torch.no_grad():
+        run_patched(unet, x, t, dict(kw), record)
+    g = torch.Generator().manual_seed(9)
+
+    def extra() -> dict[str, Any]:
+        g.manual_seed(9)
+        if kind == "controlnet":
+            return {"down_block_additional_residuals": [torch.randn(s, generator=g) for s in shapes],
+                    "mid_block_additional_residual": torch.randn(2, 64, 8, 8, generator=g)}
+        return {"down_intrablock_additional_residuals": [torch.randn(2, 32, 16, 16, generator=g),
+                                                         torch.randn(2, 64, 8, 8, generator=g)]}
+
+    noop = {"patches": {"output_block_patch": [lambda h, hsp, o: (h, hsp)]}}
+    with torch.no_grad():
+        out = run_patched(unet, x, t, {**kw, **extra()}, noop)
+    expected = _plain(unet, x, t, {**kw, **extra()})
+    assert torch.equal(out, expected) and not torch.equal(out, _plain(unet, x, t, kw))
