@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nodes.families import arch, keys
 from nodes.families.components.unet_patching import PATCH_POINTS
@@ -69,7 +69,7 @@ class UNetDenoiser:
     size_ids: bool = False
     id: str = "unet"
     # the patch points ``forward`` runs (MODEL patch nodes check this before patching)
-    patch_points: frozenset[str] = PATCH_POINTS
+    patch_points: ClassVar[frozenset[str]] = PATCH_POINTS
     latent_format: LatentFormat | None = None  # an inpainting UNet's concat image is brought into model space
 
     # --- reading and building -----------------------------------------------------------------
