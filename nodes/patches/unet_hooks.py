@@ -41,9 +41,9 @@ def require_points(model: Any, node: str, points: Iterable[str]) -> None:
     wanted = set(points)
     have: frozenset[str] = getattr(model.denoiser, "patch_points", frozenset())
     if not wanted <= have:
-        raise ValueError(f"{node} patches the blocks of a UNet (SD1.x, SD2.x, SDXL) but this MODEL is "
+        raise ValueError(f"{node} patches the blocks of a UNet but this MODEL is "
                          f"{model.family.title}, whose denoiser has no {', '.join(sorted(wanted - have))} patch "
-                         f"point; remove {node} from the workflow or load a UNet model")
+                         f"point; remove {node} from the workflow or load a model with a UNet")
 
 
 def unet_patch(model: Any, node: str, points: Iterable[str], make: Callable[..., SamplingHooks],
