@@ -29,7 +29,7 @@ import torch
 
 from nodes import cond_batch as cb
 from nodes.conditioning import CondEntry
-from nodes.hooks import BlockSkip, ModelCall, Row
+from nodes.hooks import BlockPatch, BlockSkip, ModelCall, Row, block_options
 
 # Branch names whose rows are the "uncond" side for hooks (ComfyUI's prompt_type negative).
 _UNCOND = frozenset({"negative", "middle", "empty_negative_prompt", "extra"})
@@ -182,12 +182,20 @@ class GuidedRun:
         call = self._call if block_skip is None else partial(self._call, block_skip=block_skip)
         return cb.calc_cond_batch(call, self.jobs, names, x, sigma)
 
-    def calc_entries(self, entries: Sequence[CondEntry], x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        """Denoised prediction of extra conditioning for every job (PerpNeg's empty prompt)."""
+    def calc_entries(self, entries: Sequence[CondEntry], x: torch.Tensor, sigma: torch.Tensor,
+                     patches: Sequence[BlockPatch] = ()) -> torch.Tensor:
+        """Denoised prediction of extra conditioning for every job (PerpNeg's empty prompt; PAG's
+        and SAG's extra calls), with ``patches`` added to the block patches for these calls only
+        (ComfyUI's ``calc_cond_batch`` with changed ``model_options``)."""
         prepared = cb.prepare(self._with_inputs(entries), self.size, self.model_sampling.percent_to_sigma)
         jobs = [cb.Job(job.rows, {"extra": prepared}) for job in self.jobs]
         self._names = ["extra"]
-        return cb.calc_cond_batch(self._call, jobs, ["extra"], x, sigma)[0]
+        saved = self._transformer_options
+        self._transformer_options = block_options(patches, saved) if patches else saved
+        try:
+            return cb.calc_cond_batch(self._call, jobs, ["extra"], x, sigma)[0]
+        finally:
+            self._transformer_options = saved
 
     def cond_args(self, name: str | None) -> list[Any] | None:
         """The entries of a branch as hook arguments (``None`` for a skipped branch)."""
@@ -249,11 +257,13 @@ class GuidedRun:
         if key not in self._kwargs:
             self._kwargs[key] = self.denoiser.conditioning([c.entry for c in conds], rows, self.pixels, like=x_in)
         kwargs = dict(self._kwargs[key])
+        uncond = [self._names[b] in _UNCOND for b in branches]
         if self._transformer_options or block_skip is not None:
+            # ComfyUI's per-call entries: 0 = cond, 1 = uncond per chunk; the blocks this call skips
             skip = {} if block_skip is None else {"block_skip": block_skip}
-            kwargs["transformer_options"] = {**self._transformer_options, **skip}
-        kinds: tuple[Row, ...] = tuple("uncond" if self._names[b] in _UNCOND else "cond"
-                                       for b in branches for _ in range(rows))
+            kwargs["transformer_options"] = {**self._transformer_options, "sigmas": sigma,
+                                             "cond_or_uncond": [int(u) for u in uncond], **skip}
+        kinds: tuple[Row, ...] = tuple("uncond" if u else "cond" for u in uncond for _ in range(rows))
         # one identity per entry, stable for the run (ComfyUI's uuids): its branch, prompt and area
         chunks = tuple(hash((self._names[b], id(c.entry), c.area)) for c, b in zip(conds, branches, strict=True))
         call = ModelCall(x_in, timestep, sigma, kwargs, kinds, chunks)

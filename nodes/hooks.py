@@ -23,7 +23,9 @@ sampler calls them at ComfyUI's points:
   ``attn2_output_patch``, ``input_block_patch``, ``output_block_patch``, ``middle_patch``, ...).
   The sampler hands them to the denoiser's ``forward`` as
   ``cond_kwargs["transformer_options"] = {"patches": {point: [fn, ...]}}`` (ComfyUI's shape,
-  :meth:`SamplingHooks.transformer_options`); a denoiser that cannot run a point says so.
+  :meth:`SamplingHooks.transformer_options`; replace patches under ``"patches_replace"``); the
+  sampler adds each call's ``sigmas`` and ``cond_or_uncond`` (0 = cond, 1 = uncond, per batch
+  chunk). A denoiser that cannot run a point says so.
 - ``calc_cond_batch``: ComfyUI's ``sampler_calc_cond_batch_function``: replaces the evaluation of the
   branches of a step. It gets ``{"conds": [branch name or None, ...], "input", "sigma", "model"
   (the GuidedRun), "model_options"}`` and returns one denoised prediction per branch, computing them
@@ -122,10 +124,33 @@ PredictWrapper = Callable[[PredictFn, "Tensor", "Tensor"], "Tensor"]
 
 @dataclass(frozen=True)
 class BlockPatch:
-    """A per-block patch at one of ComfyUI's patch points (``"attn2_output_patch"``, ...)."""
+    """A per-block patch at one of ComfyUI's patch points (``"attn2_output_patch"``, ...).
+
+    With ``block`` set it is a replace patch (ComfyUI's ``patches_replace``): ``point`` names the
+    attention (``"attn1"`` / ``"attn2"``) and ``block`` the place, ``(name, id)`` or
+    ``(name, id, transformer index)``, e.g. ``("middle", 0, 0)``; ``fn(q, k, v, extra_options)``
+    replaces the attention there."""
 
     point: str
     fn: Callable[..., Any]
+    block: tuple[Any, ...] | None = None
+
+
+def block_options(patches: Sequence[BlockPatch], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``patches`` (after those already in ``base``) in ComfyUI's ``transformer_options`` shape:
+    ``{"patches": {point: [fn, ...]}, "patches_replace": {attn: {block: fn}}}``, empty parts left out."""
+    out = dict(base or {})
+    points = {k: list(v) for k, v in out.get("patches", {}).items()}
+    replace = {k: dict(v) for k, v in out.get("patches_replace", {}).items()}
+    for p in patches:
+        if p.block is None:
+            points.setdefault(p.point, []).append(p.fn)
+        else:
+            replace.setdefault(p.point, {})[p.block] = p.fn
+    for name, value in (("patches", points), ("patches_replace", replace)):
+        if value:
+            out[name] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -220,10 +245,7 @@ class SamplingHooks:
 
     def transformer_options(self) -> dict[str, Any]:
         """The block patches in ComfyUI's ``transformer_options`` shape (empty when none)."""
-        patches: dict[str, list[Callable[..., Any]]] = {}
-        for p in self.block_patches:
-            patches.setdefault(p.point, []).append(p.fn)
-        return {"patches": patches} if patches else {}
+        return block_options(self.block_patches)
 
 
 def _bind(wrapper: ModelWrapper, inner: ApplyFn) -> ApplyFn:

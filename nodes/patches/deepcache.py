@@ -8,20 +8,21 @@ one denoising step to the next, so a full forward pass runs only every ``cache_i
 is taken from the last update step. This trades image quality for speed; it is off unless the
 node is in the workflow.
 
-Implementation on diffusers' ``UNet2DConditionModel``: the deep blocks' ``forward`` methods are
-wrapped. On update steps they run and remember their outputs; on cached steps they return the
-remembered outputs at once (the residual tuples keep their shapes, so diffusers' own forward
-slices the skip connections as usual). A step is recognised from the timestep: a new timestep is
-a new step, a timestep not below the last one starts a new run; the patch's sampling hooks
-(``nodes.hooks``) reset it at the start of each run and tell it each call's timestep.
+Implementation on diffusers' ``UNet2DConditionModel``, through the patch's sampling hooks only
+(``nodes.hooks``; the loaded UNet is shared with the unpatched MODEL and left as it was): around
+each UNet call, the deep blocks' ``forward`` is wrapped and unwrapped afterwards. On update steps
+they run and remember their outputs; on cached steps they return the remembered outputs at once
+(the residual tuples keep their shapes, so diffusers' own forward slices the skip connections as
+usual). A step is recognised from the timestep: a new timestep is a new step, a timestep not below
+the last one starts a new run; the hooks reset it at the start of each run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
-
-from torch import nn
+from typing import Any, ClassVar
 
 from engine.context import NodeContext
 from engine.node import Node
@@ -43,15 +44,11 @@ class DeepCacheSettings:
         return (step - self.start_step) % self.cache_interval == 0
 
 
-class StepCache(nn.Module):
-    """The per-UNet state: which step we are at and the deep blocks' outputs of the last update.
-
-    An ``nn.Module`` without parameters only so that it can live on the UNet as a named child
-    (``step_cache``), found again by the patch's sampling hooks; it holds no weights.
-    """
+class StepCache:
+    """The state of one sampling run: which step we are at and the deep blocks' outputs of the last
+    update (kept by the patch's hooks, never on the module)."""
 
     def __init__(self, settings: DeepCacheSettings) -> None:
-        super().__init__()
         self.settings = settings
         self.step = -1
         self.position = 0  # which UNet call within the current step (area conditioning makes several)
@@ -86,25 +83,50 @@ class StepCache(nn.Module):
             self.full_calls += 1
 
 
-def _wrap(block: Any, name: str, cache: StepCache) -> None:
-    original = block.forward
+def _caching(block: Any, name: str, cache: StepCache) -> Any:
+    original = type(block).forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         key = (cache.position, name)
         if cache.reuse and key in cache.outputs:
             return cache.outputs[key]
-        out = original(*args, **kwargs)
+        out = original(block, *args, **kwargs)
         cache.outputs[key] = out
         return out
 
-    block.forward = forward
+    return forward
+
+
+@contextmanager
+def cached_blocks(blocks: list[tuple[str, Any]], cache: StepCache) -> Iterator[None]:
+    """The deep blocks answer from ``cache`` during one UNet call; their own forward is back after."""
+    try:
+        for name, block in blocks:
+            block.forward = _caching(block, name, cache)
+        yield
+    finally:
+        for _, block in blocks:
+            vars(block).pop("forward", None)
+
+
+def deep_blocks(module: Any, depth: int) -> list[tuple[str, Any]]:
+    """The blocks DeepCache skips on cached steps (a teaching error for a depth the UNet lacks)."""
+    n = len(module.down_blocks)
+    if not 0 <= depth < n:
+        raise ValueError(f"DeepCache cache_depth {depth} is out of range: this UNet has {n} down blocks, "
+                         f"so use 0 (shallowest skip branch, fastest) to {n - 1}")
+    blocks = [(f"down{i}", module.down_blocks[i]) for i in range(depth + 1, n)]  # their skips feed skipped up blocks
+    if module.mid_block is not None:
+        blocks.append(("mid", module.mid_block))
+    return blocks + [(f"up{i}", module.up_blocks[i]) for i in range(0, n - 1 - depth)]  # last: the cached feature
 
 
 @dataclass(frozen=True)
 class DeepCachePatch:
-    """A :class:`nodes.handles.Patch` installing the step cache on a diffusers UNet."""
+    """A hook-only :class:`nodes.handles.Patch`: the step cache lives in its sampling hooks."""
 
     settings: DeepCacheSettings
+    changes_module: ClassVar[bool] = False
 
     @property
     def key(self) -> str:
@@ -112,28 +134,18 @@ class DeepCachePatch:
         return f"deepcache:{s.cache_interval}:{s.cache_depth}:{s.start_step}:{s.end_step}"
 
     def apply(self, module: Any, handle: Any) -> None:
-        n = len(module.down_blocks)
-        depth = self.settings.cache_depth
-        if not 0 <= depth < n:
-            raise ValueError(f"DeepCache cache_depth {depth} is out of range: this UNet has {n} down blocks, "
-                             f"so use 0 (shallowest skip branch, fastest) to {n - 1}")
-        cache = StepCache(self.settings)
-        for i in range(depth + 1, n):  # deep down blocks; their skip residuals feed skipped up blocks only
-            _wrap(module.down_blocks[i], f"down{i}", cache)
-        if module.mid_block is not None:
-            _wrap(module.mid_block, "mid", cache)
-        for i in range(0, n - 1 - depth):  # deep up blocks; the last one's output is the cached feature
-            _wrap(module.up_blocks[i], f"up{i}", cache)
-
-        module.add_module("step_cache", cache)  # found again by sampling_hooks; holds no tensors
+        """The weights and blocks stay as they are (the hooks wrap the blocks per call)."""
 
     def sampling_hooks(self, module: Any) -> SamplingHooks:
-        """Reset the step count per run; before each call, decide from its timestep whether to reuse."""
-        cache = module.get_submodule("step_cache")
+        """Reset the step count per run; around each call, decide from its timestep whether the deep
+        blocks run or answer from the cache."""
+        blocks = deep_blocks(module, self.settings.cache_depth)
+        cache = StepCache(self.settings)
 
         def wrapper(apply: ApplyFn, call: ModelCall) -> Any:
             cache.before_call(call.timestep, call.x_in)
-            return apply(call)
+            with cached_blocks(blocks, cache):
+                return apply(call)
 
         return SamplingHooks(run_start=(lambda info: cache.new_run(),), model_wrappers=(wrapper,))
 

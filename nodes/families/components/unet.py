@@ -15,9 +15,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nodes.families import arch, keys
+from nodes.families.components.unet_patching import PATCH_POINTS
 from nodes.hooks import ConditioningError
 from nodes.weights import TensorIndex
 
@@ -67,6 +68,8 @@ class UNetDenoiser:
 
     size_ids: bool = False
     id: str = "unet"
+    # the patch points ``forward`` runs (MODEL patch nodes check this before patching)
+    patch_points: ClassVar[frozenset[str]] = PATCH_POINTS
     latent_format: LatentFormat | None = None  # an inpainting UNet's concat image is brought into model space
 
     # --- reading and building -----------------------------------------------------------------
@@ -157,9 +160,6 @@ class UNetDenoiser:
 
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
-        if options and options.get("patches"):
-            raise ConditioningError(f"this UNet cannot run block patches {sorted(options['patches'])}; "
-                                    "remove the patch node from the workflow")
         concat = kwargs.pop("concat", None)
         control = kwargs.pop("control", None)
         if control is not None:
@@ -175,6 +175,10 @@ class UNetDenoiser:
                 raise ConditioningError("an inpainting model cannot run an area-limited conditioning "
                                         "(ConditioningSetArea/mask bounds); remove the area node")
             x_in = torch.cat([x_in, concat.to(x_in)], dim=1)
+        if options and (options.get("patches") or options.get("patches_replace")):
+            from nodes.families.components.unet_patching import run_patched
+
+            return run_patched(module, x_in, timestep, kwargs, options)  # FreeU, PAG, HyperTile, ...
         return module(x_in, timestep, return_dict=False, **kwargs)[0]
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
