@@ -21,10 +21,13 @@ def patch_nodes() -> list[type[Node]]:
     )
     from nodes.patches.compile import TorchCompileModel
     from nodes.patches.deepcache import DeepCache
+    from nodes.patches.easycache import EasyCache, LazyCache
+    from nodes.patches.first_block_cache import FirstBlockCache
     from nodes.patches.freeu import FreeU, FreeU_V2, PatchModelAddDownscale
     from nodes.patches.hypertile import HyperTile
     from nodes.patches.tome import TomePatchModel
 
     return [TomePatchModel, DeepCache, FreeU, FreeU_V2, PatchModelAddDownscale, PerturbedAttentionGuidance,
             SelfAttentionGuidance, HyperTile, UNetSelfAttentionMultiply, UNetCrossAttentionMultiply,
-            UNetTemporalAttentionMultiply, CLIPAttentionMultiply, TorchCompileModel]
+            UNetTemporalAttentionMultiply, CLIPAttentionMultiply, TorchCompileModel, EasyCache, LazyCache,
+            FirstBlockCache]
