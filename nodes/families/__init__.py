@@ -13,14 +13,15 @@ from nodes.families.keys import looks_like_diffusers_vae
 from nodes.families.sd2 import SD2
 from nodes.families.sd15 import SD15
 from nodes.families.sdxl import SDXL
+from nodes.families.zimage import ZImage
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, SDXL, SD2, SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, ZImage, SDXL, SD2, SD15)  # most specific first
 
 __all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux",
            "ModelLoadError", "Part", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
            "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
-           "standalone_text_encoder", "standalone_vae"]
+           "standalone_text_encoder", "standalone_vae", "ZImage"]
 
 
 def detect_family(index: TensorIndex) -> FamilyAdapter:
@@ -65,11 +66,12 @@ TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that 
     ("t5xxl", "", "encoder.block.0.layer.0.SelfAttention.q.weight"),
     ("clip_l", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight"),
     ("clip_l", "", "encoder.layers.0.self_attn.q_proj.weight"),
+    ("qwen3_4b", "model.", "model.layers.0.self_attn.q_norm.weight"),  # ComfyUI's qwen_3_4b.safetensors
 )
 
 
 def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
-    """The text encoder a standalone text-encoder file holds (``t5xxl`` | ``clip_l``) and the
+    """The text encoder a standalone text-encoder file holds (``t5xxl`` | ``clip_l`` | ``qwen3_4b``) and the
     prefix of its tensors; a teaching error for anything else."""
     for name, prefix, marker in TEXT_ENCODER_FILES:
         if index.has(marker):
@@ -77,11 +79,14 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     if Flux.detect(index) or Chroma.detect(index):
         raise ModelLoadError(f"{index.path}: this is a Flux transformer, not a text encoder; put it in "
                              "models/diffusion_models and load it with UNETLoader")
-    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L or T5-XXL): "
+    if ZImage.detect(index):
+        raise ModelLoadError(f"{index.path}: this is a Z-Image transformer, not a text encoder; put it in "
+                             "models/diffusion_models and load it with UNETLoader")
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, T5-XXL or Qwen3): "
                          f"{describe_unknown(index)}")
 
 
-CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "lumina2": ZImage}  # ComfyUI's CLIPLoader/DualCLIPLoader types
 # DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
 # CLIPLoader's ``type`` options, as ComfyUI lists them
 SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
@@ -92,10 +97,11 @@ DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_i
 
 
 def family_nodes() -> list[Any]:
-    """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance...), for the registry."""
+    """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance, ModelSamplingAuraFlow...), for the registry."""
     from nodes.families.flux_nodes import FLUX_NODES
+    from nodes.families.zimage_nodes import ZIMAGE_NODES
 
-    return list(FLUX_NODES)
+    return [*FLUX_NODES, *ZIMAGE_NODES]
 
 
 def family_for_clip_type(clip_type: str) -> FamilyAdapter:
