@@ -14,8 +14,8 @@ DEMO_QWEN3 = "loom_demo_qwen_3_4b.safetensors"
 QWEN3_VOCAB = 151936  # Qwen3's embedding rows (the tokenizer uses ids up to 151668)
 
 
-def demo_zimage_modules(seed: int = 0) -> dict[str, Any]:
-    """The tiny Z-Image transformer (diffusers), Qwen3 encoder (transformers) and the Flux demo VAE."""
+def demo_zimage_modules(seed: int = 0, vae: bool = True) -> dict[str, Any]:
+    """The tiny Z-Image transformer (diffusers), Qwen3 encoder (transformers) and (``vae``) the Flux demo VAE."""
     import torch
     from diffusers import ZImageTransformer2DModel
     from transformers import Qwen3Config, Qwen3Model
@@ -34,7 +34,8 @@ def demo_zimage_modules(seed: int = 0) -> dict[str, Any]:
     qwen = Qwen3Model(Qwen3Config(
         vocab_size=QWEN3_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, use_cache=False, **QWEN3_CONSTANTS))
-    return {"unet": transformer.eval(), "qwen3_4b": qwen.eval(), "vae": demo_flux_modules()["vae"]}
+    modules = {"unet": transformer.eval(), "qwen3_4b": qwen.eval()}
+    return modules | ({"vae": demo_flux_modules()["vae"]} if vae else {})
 
 
 def zimage_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -60,11 +61,11 @@ def make_zimage_demo(models_dir: Path) -> list[Path]:
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
 
-    modules = demo_zimage_modules()
+    vae_path = Path(models_dir) / "vae" / DEMO_FLUX_VAE
+    modules = demo_zimage_modules(vae=not vae_path.is_file())
     files = {("diffusion_models", name) if name == DEMO_ZIMAGE else ("text_encoders", name): tensors
              for name, tensors in zimage_files(modules).items()}
-    vae_path = Path(models_dir) / "vae" / DEMO_FLUX_VAE
-    if not vae_path.is_file():
+    if "vae" in modules:
         vae = modules["vae"]
         files[("vae", DEMO_FLUX_VAE)] = original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae)
     written = [vae_path]
