@@ -27,12 +27,12 @@ def demo_zimage_modules(seed: int = 0, vae: bool = True) -> dict[str, Any]:
     torch.manual_seed(seed)
     transformer: Any = ZImageTransformer2DModel(
         all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=64, n_layers=2, n_refiner_layers=1,
-        n_heads=2, n_kv_heads=2, cap_feat_dim=32, axes_dims=rope_axes(32), axes_lens=[1536, 512, 512])
+        n_heads=2, n_kv_heads=2, cap_feat_dim=48, axes_dims=rope_axes(32), axes_lens=[1536, 512, 512])
     with torch.no_grad():  # diffusers zero-initialises the pad tokens and some layers; random ones make it move
         for p in transformer.parameters():
             p.copy_(torch.randn_like(p) * 0.05)
     qwen = Qwen3Model(Qwen3Config(
-        vocab_size=QWEN3_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        vocab_size=QWEN3_VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=6,
         num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, use_cache=False, **QWEN3_CONSTANTS))
     modules = {"unet": transformer.eval(), "qwen3_4b": qwen.eval()}
     return modules | ({"vae": demo_flux_modules()["vae"]} if vae else {})

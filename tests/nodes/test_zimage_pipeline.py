@@ -118,5 +118,5 @@ def test_z_image_text_encoding_matches_qwen3_on_comfyui_template(zimage_dir: Any
     tokenizer = load_qwen_tokenizer()
     ids = tokenizer(f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt")
     ref = modules["qwen3_4b"](**ids, output_hidden_states=True).hidden_states[-2]
-    assert entry.embeds.shape == (1, 13, 32) and entry.pooled is None
+    assert entry.embeds.shape == (1, 13, 48) and entry.pooled is None
     torch.testing.assert_close(entry.embeds, ref, atol=1e-5, rtol=1e-5)
