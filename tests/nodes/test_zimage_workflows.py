@@ -56,8 +56,10 @@ def test_z_image_turbo_workflow_runs(demo_models: Path, tmp_path: Path) -> None:
 
 
 def test_loom_format_workflow_holds_the_same_prompt() -> None:
-    saved = json.loads((WORKFLOWS / "z_image_turbo.loom.json").read_text())
-    assert saved["format"] == "loom.workflow" and saved["prompt"] == workflow()
+    from engine.workflow import from_saved
+
+    saved = from_saved(json.loads((WORKFLOWS / "z_image_turbo.loom.json").read_text()))
+    assert saved.prompt == workflow() and set(saved.layout["nodes"]) == set(workflow())
 
 
 # --- LoRA ------------------------------------------------------------------------------------------
