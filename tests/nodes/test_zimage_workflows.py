@@ -218,6 +218,15 @@ def test_sd_vae_with_z_image_is_refused(demo_models: Path, tmp_path: Path) -> No
     assert "4-channel" in result.error["exception_message"] and "ae.safetensors" in result.error["exception_message"]
 
 
+def test_four_channel_latent_is_refused_with_the_node_to_use(demo_models: Path, tmp_path: Path) -> None:
+    prompt = workflow()
+    prompt["5"] = {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
+    result = run(make_executor(demo_models, tmp_path), prompt)
+    assert result.status != "success" and result.error["node_id"] == "3"
+    assert "4 channels but this Z-Image model works on 16-channel latents" in result.error["exception_message"]
+    assert "EmptySD3LatentImage" in result.error["exception_message"]
+
+
 # --- no network -----------------------------------------------------------------------------------
 def test_loading_encoding_and_sampling_never_touch_the_network(demo_models: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
