@@ -155,6 +155,16 @@ def test_lora_loader_node_in_the_workflow(demo_models: Path, tmp_path: Path) -> 
     assert result.status == "success", (result.node_errors, result.error)
 
 
+@pytest.mark.parametrize("clip_type", ["lumina2", "stable_diffusion", "qwen_image"])
+def test_qwen3_4b_file_is_z_images_encoder_for_any_type_but_flux(clip_type: str, demo_models: Path) -> None:
+    """As ComfyUI routes qwen_3_4b.safetensors: the file decides, the type only matters for Flux (Klein)."""
+    from nodes.families import ZImage
+
+    handle = open_text_encoders([demo_models / "text_encoders" / DEMO_QWEN3], clip_type)
+    assert handle.family == ZImage() and [p.name for p in handle.parts] == ["qwen3_4b"]
+    assert handle.hidden_state_index("qwen3_4b") == -2
+
+
 # --- wrong files ----------------------------------------------------------------------------------
 def test_z_image_transformer_given_to_clip_loader_says_use_unet_loader(demo_models: Path) -> None:
     with pytest.raises(ModelLoadError, match="Z-Image transformer, not a text encoder.*UNETLoader"):
