@@ -55,6 +55,20 @@ def test_z_image_turbo_workflow_runs(demo_models: Path, tmp_path: Path) -> None:
         assert np.asarray(png).std() > 1.0  # not a flat image
 
 
+def test_template_with_combined_prompts_runs(demo_models: Path, tmp_path: Path) -> None:
+    """ComfyUI's current template combines the prompt with a second one (ConditioningCombine): two
+    captions of different lengths, whose predictions the sampler averages."""
+    prompt = workflow()
+    prompt["14"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "safe for work, fully clothed, appropriate "
+                                                                       "attire, decent, family friendly",
+                                                               "clip": ["11", 0]}}
+    prompt["15"] = {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["6", 0],
+                                                                    "conditioning_2": ["14", 0]}}
+    prompt["3"]["inputs"] |= {"positive": ["15", 0], "steps": 2}
+    result = run(make_executor(demo_models, tmp_path), prompt)
+    assert result.status == "success", (result.node_errors, result.error)
+
+
 def test_loom_format_workflow_holds_the_same_prompt() -> None:
     from engine.workflow import from_saved
 
