@@ -25,6 +25,7 @@ from nodes.weights import ModelLoadError, fingerprint
 from tests.nodes.test_generation_e2e import make_executor, run
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+COMPAT_WORKFLOWS = Path(__file__).resolve().parents[1] / "compat" / "workflows"
 RANK, ALPHA, STRENGTH = 2, 1.0, 0.7
 
 
@@ -66,6 +67,24 @@ def test_template_with_combined_prompts_runs(demo_models: Path, tmp_path: Path) 
                                                                     "conditioning_2": ["14", 0]}}
     prompt["3"]["inputs"] |= {"positive": ["15", 0], "steps": 2}
     result = run(make_executor(demo_models, tmp_path), prompt)
+    assert result.status == "success", (result.node_errors, result.error)
+
+
+def test_ui_format_template_with_a_subgraph_runs(demo_models: Path, tmp_path: Path) -> None:
+    """A UI-format file shaped like ComfyUI's Z-Image Turbo template (the graph inside a subgraph whose
+    prompt, size, steps and model names are promoted to the instance) converts to the example's
+    graph and runs."""
+    from engine.workflow import load_workflow
+
+    ui = json.loads((COMPAT_WORKFLOWS / "z_image_turbo_subgraph.json").read_text())
+    executor = make_executor(demo_models, tmp_path)
+    prompt = load_workflow(ui, executor.registry.object_info()).prompt
+    expected = workflow()
+    assert sorted(n["class_type"] for n in prompt.values()) == sorted(n["class_type"] for n in expected.values())
+    (sampler,) = [n for n in prompt.values() if n["class_type"] == "KSampler"]
+    assert {k: v for k, v in sampler["inputs"].items() if not isinstance(v, list)} == {
+        k: v for k, v in expected["3"]["inputs"].items() if not isinstance(v, list)}
+    result = run(executor, prompt)
     assert result.status == "success", (result.node_errors, result.error)
 
 
