@@ -205,10 +205,12 @@ def test_full_size_qwen3_4b_key_table_on_meta_device() -> None:
     assert {k: config[k] for k in real} == real
 
 
-@pytest.mark.parametrize("prefix", ["", "model.diffusion_model."], ids=["bare", "comfyui_prefixed"])
-def test_bf16_transformer_file_loads_through_unet_loader(prefix: str, tmp_path: Path) -> None:
-    """Z-Image files are bf16 (z_image_turbo_bf16.safetensors), with or without ComfyUI's prefix: the
-    handle detects the family, builds the module and the device move upcasts it to the compute precision."""
+@pytest.mark.parametrize(("prefix", "dtype"), [("", torch.bfloat16), ("model.diffusion_model.", torch.bfloat16),
+                                              ("", torch.float8_e4m3fn)], ids=["bf16", "bf16_prefixed", "fp8"])
+def test_stored_precision_files_load_through_unet_loader(prefix: str, dtype: torch.dtype, tmp_path: Path) -> None:
+    """Z-Image files are bf16 (z_image_turbo_bf16.safetensors) or fp8, with or without ComfyUI's prefix:
+    the handle detects the family, builds the module and the device move upcasts it to the compute
+    precision."""
     from safetensors.torch import save_file
 
     from nodes.families import ZImage
@@ -216,10 +218,10 @@ def test_bf16_transformer_file_loads_through_unet_loader(prefix: str, tmp_path: 
 
     model, kind = tiny_zimage(), ZImageTransformer()
     original = kind.to_original(model.state_dict(), model.config)
-    save_file({prefix + k: v.to(torch.bfloat16).contiguous() for k, v in original.items()}, str(tmp_path / "z.safetensors"))
+    save_file({prefix + k: v.to(dtype).contiguous() for k, v in original.items()}, str(tmp_path / "z.safetensors"))
     handle = open_diffusion_model(tmp_path / "z.safetensors")
     assert handle.family == ZImage() and handle.parts[0].prefix == prefix and handle.prediction == "flow"
     module = handle.to_device(handle.load(), "cpu", "float32")
     assert {p.dtype for p in module.parameters()} == {torch.float32}
-    expected = original["layers.0.attention.qkv.weight"].to(torch.bfloat16).float().chunk(3)[1]
+    expected = original["layers.0.attention.qkv.weight"].to(dtype).float().chunk(3)[1]
     assert torch.equal(module.state_dict()["layers.0.attention.to_k.weight"], expected)
