@@ -14,14 +14,15 @@ from nodes.families.sd2 import SD2
 from nodes.families.sd3 import SD3
 from nodes.families.sd15 import SD15
 from nodes.families.sdxl import SDXL
+from nodes.families.zimage import ZImage
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, SD3, SDXL, SD2, SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, ZImage, SD3, SDXL, SD2, SD15)  # most specific first
 
 __all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux",
            "ModelLoadError", "Part", "SD3", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
            "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
-           "standalone_text_encoder", "standalone_vae"]
+           "standalone_text_encoder", "standalone_vae", "ZImage"]
 
 
 def detect_family(index: TensorIndex) -> FamilyAdapter:
@@ -67,24 +68,25 @@ TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that 
     ("t5xxl", "", "encoder.block.0.layer.0.SelfAttention.q.weight"),
     ("clip_l", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight"),
     ("clip_l", "", "encoder.layers.0.self_attn.q_proj.weight"),
+    ("qwen3_4b", "model.", "model.layers.0.self_attn.q_norm.weight"),  # ComfyUI's qwen_3_4b.safetensors
 )
 
 
 def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
-    """The text encoder a standalone text-encoder file holds (``t5xxl`` | ``clip_l``) and the
+    """The text encoder a standalone text-encoder file holds (``t5xxl`` | ``clip_l`` | ``qwen3_4b``) and the
     prefix of its tensors; a teaching error for anything else."""
     for name, prefix, marker in TEXT_ENCODER_FILES:
         if index.has(marker):
             return name, prefix
-    for title, family in (("Flux", Flux), ("Flux", Chroma), ("SD3", SD3)):
+    for title, family in (("Flux", Flux), ("Flux", Chroma), ("SD3", SD3), ("Z-Image", ZImage)):
         if family.detect(index):
             raise ModelLoadError(f"{index.path}: this is a {title} transformer, not a text encoder; put it in "
                                  "models/diffusion_models and load it with UNETLoader")
-    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, CLIP-G or T5-XXL): "
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, CLIP-G, T5-XXL or Qwen3): "
                          f"{describe_unknown(index)}")
 
 
-CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "sd3": SD3}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "sd3": SD3, "lumina2": ZImage}  # ComfyUI's CLIPLoader/DualCLIPLoader types
 # DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
 # CLIPLoader's ``type`` options, as ComfyUI lists them
 SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
@@ -95,15 +97,20 @@ DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_i
 
 
 def family_nodes() -> list[Any]:
-    """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance...), for the registry."""
+    """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance, ModelSamplingAuraFlow...), for the registry."""
     from nodes.families.flux_nodes import FLUX_NODES
     from nodes.families.sd3_nodes import SD3_NODES
+    from nodes.families.zimage_nodes import ZIMAGE_NODES
 
-    return [*FLUX_NODES, *SD3_NODES]
+    return [*FLUX_NODES, *SD3_NODES, *ZIMAGE_NODES]
 
 
-def family_for_clip_type(clip_type: str) -> FamilyAdapter:
-    """The family whose text encoders ComfyUI's loader ``type`` names."""
+def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> FamilyAdapter:
+    """The family whose text encoders ComfyUI's loader ``type`` names. As in ComfyUI, some encoder
+    files decide by themselves: a Qwen3-4B file is Z-Image's for every type but Flux's (ComfyUI routes
+    it to Flux.2 Klein there)."""
+    if "qwen3_4b" in encoders and clip_type not in ("flux", "flux2"):
+        return ZImage()
     if clip_type not in CLIP_TYPES:
         raise ModelLoadError(f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}")
     return CLIP_TYPES[clip_type]()

@@ -184,6 +184,8 @@ def describe_unknown(index: TensorIndex) -> str:
          "this looks like a Flux-style model (double_blocks) of a variant Loom does not know"),
         (("joint_blocks.", "model.diffusion_model.joint_blocks."), "this looks like an SD3 model of a variant Loom does not know"),
         (("encoder.down.0.block.", "encoder.down_blocks.0."), "this looks like a VAE; put it in models/vae and use VAELoader"),
+        (("model.layers.0.self_attn.q_norm.",), "this looks like a Qwen3 text encoder (an LLM); put it in "
+         "models/text_encoders and load it with CLIPLoader (type lumina2 for Z-Image)"),
     ]
     for needles, hint in hints:
         if any(any(n in k for n in needles) for k in keys):
