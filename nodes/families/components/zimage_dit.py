@@ -166,7 +166,7 @@ class ZImageTransformer:
         ``timestep`` (= sigma) with t = 1 − sigma; the negated output, cropped to the latent."""
         import torch
 
-        from nodes.families.components.flux_dit import _pad_to_even
+        from nodes.families.components.flux_dit import pad_to_even
 
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
@@ -174,7 +174,7 @@ class ZImageTransformer:
             raise ConditioningError(f"the Z-Image transformer cannot run block patches {sorted(options['patches'])}; "
                                     "remove the patch node from the workflow")
         height, width = x_in.shape[-2:]
-        x = _pad_to_even(x_in)
+        x = pad_to_even(x_in)
         t = (1.0 - timestep.to(x.dtype).reshape(-1)).expand(x.shape[0])
         out = module(list(x.unsqueeze(2).unbind(0)), t, kwargs.pop("cap_feats"), return_dict=False, **kwargs)[0]
         return -torch.stack(out).squeeze(2)[..., :height, :width]
