@@ -119,9 +119,9 @@ def test_sigma_range_selects_the_active_controls(models_dir: Path, nets: dict) -
     bound = BoundControl(((late,),), {handle.key: nets["cn_a"]}, lambda p: 10.0 * (1 - p), 1)
     x, kwargs = torch.zeros(1, 4, 8, 8), {"encoder_hidden_states": torch.zeros(1, 77, 32)}
     with torch.no_grad():
-        assert bound.at(torch.tensor([8.0])).residuals(x, torch.tensor([900.0]), kwargs) == (None, None)
-        down, mid = bound.at(torch.tensor([4.0])).residuals(x, torch.tensor([400.0]), kwargs)
-    assert down is not None and mid is not None
+        assert bound.at(torch.tensor([8.0])).residuals(x, torch.tensor([900.0]), kwargs).unet_kwargs() == {}
+        active = bound.at(torch.tensor([4.0])).residuals(x, torch.tensor([400.0]), kwargs)
+    assert active.down is not None and active.mid is not None
 
 
 # --- through the nodes ----------------------------------------------------------------------------
