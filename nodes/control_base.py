@@ -13,11 +13,17 @@ middle block, ComfyUI's ``output``/``middle`` controls) and ``down_intrablock_ad
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 CONTROL_NET = "CONTROL_NET"
+
+
+def file_label(path: Path) -> str:
+    """How messages name a control model file: a diffusers folder's file by its folder."""
+    return f"{path.parent.name}/{path.name}" if path.name.startswith("diffusion_pytorch_model") else path.name
 
 
 def _add(a: list[torch.Tensor] | None, b: list[torch.Tensor] | None) -> list[torch.Tensor] | None:

@@ -36,7 +36,7 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.control_base import CONTROL_NET, ControlResiduals, fit_hint
+from nodes.control_base import CONTROL_NET, ControlResiduals, file_label, fit_hint
 from nodes.controlnet_models import ControlHandle, ControlNetHandle, open_control_model
 from nodes.hooks import ConditioningError
 
@@ -85,7 +85,7 @@ def resident_controls(ctx: NodeContext, model: Any, entries: Sequence[Any]) -> I
             if not c.handle.fits(model.family.name):
                 what = "T2I-Adapter" if c.handle.kind == "t2i_adapter" else "ControlNet"
                 raise ConditioningError(
-                    f"{what} {c.handle.path.name!r} is for {c.handle.family} but the model is "
+                    f"{what} {file_label(c.handle.path)!r} is for {c.handle.family} but the model is "
                     f"{model.family.name}; load a {what} made for {model.family.name}")
             if c.handle.key not in modules:
                 modules[c.handle.key] = stack.enter_context(ctx.models.use(c.handle))

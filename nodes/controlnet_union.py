@@ -23,7 +23,7 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, Input, NodeSchema, Output
-from nodes.control_base import CONTROL_NET
+from nodes.control_base import CONTROL_NET, file_label
 
 # ComfyUI's UNION_CONTROLNET_TYPES: the task index of each control type (ProMax adds "repaint")
 UNION_TYPES: dict[str, int] = {
@@ -99,7 +99,7 @@ class SetUnionControlNetType(Node):
         index = UNION_TYPES.get(type, -1)
         types = getattr(control_net, "union_types", None)
         if index >= 0 and types is not None and index >= types:
-            raise ValueError(f"the union ControlNet {control_net.path.name!r} knows {types} control types and "
+            raise ValueError(f"the union ControlNet {file_label(control_net.path)!r} knows {types} control types and "
                              f"{type!r} is number {index}; pick another type (only ProMax files know 'repaint')")
         if not hasattr(control_net, "control_type"):
             return (control_net,)

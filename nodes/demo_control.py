@@ -59,7 +59,8 @@ def demo_union(unet: Any, seed: int = 9, types: int = 8) -> Any:
               "num_trans_head": 8}
     union: Any = ControlNetUnionModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
     torch.manual_seed(seed)
-    union.load_state_dict(module.state_dict(), strict=False)
+    own = union.state_dict()  # the UNet's copied encoder; the union parts stay freshly initialised
+    union.load_state_dict({k: v for k, v in module.state_dict().items() if own[k].shape == v.shape}, strict=False)
     with torch.no_grad():
         for name, p in union.named_parameters():
             if name.startswith(("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out",
