@@ -127,8 +127,14 @@ class BoundControl:
     def _controlnet_context(self, hidden: torch.Tensor) -> torch.Tensor:
         """The group's cross-attention input with each entry's ControlNet prompt in place of its own
         (token windows repeated to a common length, as for mixed prompt lengths)."""
+        chunks = hidden.chunk(len(self.chains))
+        for ctx in self.contexts:
+            if ctx is not None and ctx.shape[-1] != hidden.shape[-1]:
+                raise ConditioningError(
+                    f"the ControlNet prompt (CLIPTextEncodeControlnet) has {ctx.shape[-1]}-wide embeddings but the "
+                    f"conditioning has {hidden.shape[-1]}; encode it with the CLIP of the same checkpoint")
         parts = [own if ctx is None else ctx.to(own).expand(own.shape[0], -1, -1)
-                 for own, ctx in zip(hidden.chunk(len(self.chains)), self.contexts, strict=True)]
+                 for own, ctx in zip(chunks, self.contexts, strict=True)]
         target = math.lcm(*[p.shape[1] for p in parts])
         return torch.cat([p.repeat(1, target // p.shape[1], 1) for p in parts])
 

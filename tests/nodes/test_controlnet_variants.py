@@ -236,6 +236,10 @@ def test_controlnet_prompt_replaces_the_controlnets_cross_attention_only(run_env
         ref = unet(x, t, encoder_hidden_states=pos[0].embeds, down_block_additional_residuals=down,
                    mid_block_additional_residual=mid).sample
     assert (ours - ref).abs().max() < 1e-4
+    extras["cross_attn_controlnet"] = torch.zeros(1, 77, 64)  # an SDXL-wide prompt for an SD1.5 ControlNet
+    kwargs = den.conditioning([CondEntry(embeds=pos[0].embeds, extras=extras)], 1, (SIZE, SIZE))
+    with pytest.raises(ConditioningError, match="64-wide embeddings but the conditioning has 32"):
+        den.forward(unet, x, t, {**kwargs, "control": kwargs["control"].at(None)})
 
 
 def test_dit_controlnets_are_refused_saying_what_is_missing(models_dir: Path) -> None:

@@ -129,6 +129,9 @@ def test_hint_is_sized_to_the_unshuffle_factor_and_averaged_for_one_channel(adap
     image = _image()
     hint = gray.hint(image, 1, (8, 8))
     assert hint.shape == (1, 1, 64, 64) and torch.allclose(hint[0, 0], image[0].mean(-1))
+    three = _image(3)  # a control image batch of another size: cut or repeated to the rows (ComfyUI's broadcast)
+    assert torch.equal(xl.hint(three, 2, (8, 8)), three[:2].movedim(-1, 1))
+    assert torch.equal(xl.hint(three[:2], 4, (8, 8)), three[[0, 1, 0, 1]].movedim(-1, 1))
 
 
 # --- through the nodes ----------------------------------------------------------------------------
