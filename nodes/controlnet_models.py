@@ -10,6 +10,9 @@
 - union / ProMax SDXL ControlNets (``task_embedding``: ``nodes.controlnet_union``);
 - T2I-Adapters (``nodes.t2i_adapter``).
 
+As in ComfyUI, a file whose name ends in ``_shuffle`` (or ``_shuffle_fp16``) has its residuals
+averaged over the image (diffusers' ``global_pool_conditions``).
+
 A :class:`ControlNetHandle` is a model-manager handle of kind ``controlnet`` (counted, evictable,
 prefetched like every WeightsHandle); ``residuals`` runs its module for one UNet call.
 """
@@ -33,6 +36,7 @@ from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
 
 LDM_PREFIX = "control_model."
 DIFF_KEY = "difference"
+SHUFFLE_SUFFIXES = ("_shuffle", "_shuffle_fp16")  # file names whose residuals are averaged over the image
 # top-level tensor names of DiT ControlNets (SD3, Flux: diffusers, InstantX/Shakker, AliMama, XLabs)
 DIT_MARKS = frozenset({"controlnet_blocks", "controlnet_single_blocks", "controlnet_x_embedder", "pos_embed_input",
                        "double_blocks", "single_blocks", "transformer_blocks", "single_transformer_blocks"})
@@ -157,6 +161,9 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
     else its tensors); ``base``: the model a diff ControlNet is for (DiffControlNetLoader)."""
     index = read_index(path, allow_pickle=allow_pickle)
     shapes: dict[str, Any] = {k: tuple(index.shape(k)) for k in index.tensors}
+    if "lora_controlnet" in shapes:
+        raise ModelLoadError(f"{path.name} is a Control-LoRA (a LoRA of a ControlNet over the model's UNet), which "
+                             "Loom cannot load yet; use a full ControlNet file of the same kind")
     if "controlnet_cond_embedding.conv_in.weight" not in shapes and not any(k.startswith(LDM_PREFIX) for k in shapes):
         if is_adapter(shapes):
             return open_adapter(path, shapes, allow_pickle=allow_pickle)
@@ -176,6 +183,8 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
     beside = path.parent / "config.json"  # a diffusers folder: its own config
     if path.name.startswith("diffusion_pytorch_model") and beside.is_file():
         config = {k: v for k, v in json.loads(beside.read_text()).items() if not k.startswith("_")}
+    if path.stem.endswith(SHUFFLE_SUFFIXES):  # ComfyUI's rule for the shuffle ControlNets
+        config = {**config, "global_pool_conditions": True}
     handle = ControlNetHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
                               nbytes=path.stat().st_size, config=config, base=base if diff else None)
     if diff and not handle.fits(base.family.name):

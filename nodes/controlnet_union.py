@@ -83,7 +83,10 @@ def union_forward(module: Any, x: torch.Tensor, timestep: torch.Tensor, hint: to
         skips += res
     sample = module.mid_block(sample, emb, encoder_hidden_states=encoder_hidden_states)
     down = [zero(s) * strength for s, zero in zip(skips, module.controlnet_down_blocks, strict=True)]
-    return down, module.controlnet_mid_block(sample) * strength
+    mid = module.controlnet_mid_block(sample) * strength
+    if cfg.global_pool_conditions:
+        return [d.mean(dim=(2, 3), keepdim=True) for d in down], mid.mean(dim=(2, 3), keepdim=True)
+    return down, mid
 
 
 class SetUnionControlNetType(Node):

@@ -242,9 +242,28 @@ def test_controlnet_prompt_replaces_the_controlnets_cross_attention_only(run_env
         den.forward(unet, x, t, {**kwargs, "control": kwargs["control"].at(None)})
 
 
+def test_shuffle_controlnets_average_their_residuals_over_the_image(nets: dict, models_dir: Path) -> None:
+    path = models_dir / "controlnet" / "v_full_shuffle_fp16.safetensors"
+    save_file({k: v.contiguous() for k, v in nets["cn"].state_dict().items()}, str(path))
+    handle = open_controlnet(path)
+    assert handle.config["global_pool_conditions"] is True
+    g = torch.Generator().manual_seed(2)
+    x, hidden = torch.randn(1, 4, 8, 8, generator=g), torch.randn(1, 77, 32, generator=g)
+    with torch.no_grad():
+        res = handle.residuals(handle.load(), x, torch.tensor([300.0]), _image(), 1, 1.0, {"encoder_hidden_states": hidden})
+        down, _ = nets["cn"](x, torch.tensor([300.0]), encoder_hidden_states=hidden,
+                             controlnet_cond=_image().movedim(-1, 1), return_dict=False)
+    assert res.down is not None and all(r.shape[-2:] == (1, 1) for r in res.down)
+    assert max(float((r - d.mean(dim=(2, 3), keepdim=True)).abs().max()) for r, d in zip(res.down, down, strict=True)) < 1e-5
+
+
 def test_dit_controlnets_are_refused_saying_what_is_missing(models_dir: Path) -> None:
     path = models_dir / "controlnet" / "flux_union.safetensors"
     save_file({"controlnet_blocks.0.weight": torch.zeros(4, 4), "controlnet_x_embedder.weight": torch.zeros(4, 4)},
               str(path))
     with pytest.raises(ModelLoadError, match=r"DiT model.*Flux.*SD1\.x, SD2\.x and SDXL only"):
         open_controlnet(path)
+    lora = models_dir / "controlnet" / "control_lora.safetensors"
+    save_file({"lora_controlnet": torch.zeros(1), "input_hint_block.0.weight": torch.zeros(16, 3, 3, 3)}, str(lora))
+    with pytest.raises(ModelLoadError, match="Control-LoRA"):
+        open_controlnet(lora)
