@@ -75,6 +75,29 @@ def controls_of(entries: Sequence[Any]) -> list[Control]:
     return list(seen.values())
 
 
+def controls_to_uncond(branches: Sequence[tuple[str, Sequence[Any]]]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """ComfyUI's ``apply_empty_x_to_equal_area`` for controls: the controls of the positive entries
+    made by the old ``ControlNetApply`` (``control_apply_to_uncond``, no area) also go onto the
+    area-less entries of every other branch that has no control of its own (the k-th control onto
+    the k-th such entry, cycling; a later one replaces an earlier on the same entry)."""
+    def plain(e: Any) -> bool:
+        return e.area is None and "area_percentage" not in e.extras and not e.extras.get("set_area_to_bounds")
+
+    positive = dict(branches).get("positive", ())
+    controls = [e.extras["control"] for e in positive
+                if plain(e) and e.extras.get("control_apply_to_uncond") and e.extras.get("control") is not None]
+    out = []
+    for name, entries in branches:
+        new = list(entries)
+        targets = [i for i, e in enumerate(entries) if plain(e)]
+        if name != "positive" and controls and targets and all(entries[i].extras.get("control") is None for i in targets):
+            for k, c in enumerate(controls):
+                i = targets[k % len(targets)]
+                new[i] = replace(entries[i], extras={**entries[i].extras, "control": c})
+        out.append((name, tuple(new)))
+    return tuple(out)
+
+
 @contextmanager
 def resident_controls(ctx: NodeContext, model: Any, entries: Sequence[Any]) -> Iterator[dict[str, Any]]:
     """The modules of the ControlNets of ``entries`` by handle key, locked resident while inside
@@ -175,15 +198,17 @@ class DiffControlNetLoader(Node):
 
 
 def attach(conditioning: Sequence[Any], control: ControlHandle, image: torch.Tensor, strength: float,
-           start: float, end: float, cache: dict[int, Control]) -> list[Any]:
-    """New entries whose control is ``control`` stacked on what they had (one Control per previous)."""
+           start: float, end: float, cache: dict[int, Control], to_uncond: bool = False) -> list[Any]:
+    """New entries whose control is ``control`` stacked on what they had (one Control per previous);
+    ``to_uncond``: the old node's mark (:func:`controls_to_uncond`)."""
     out = []
     for e in conditioning:
         prev = e.extras.get("control")
         key = id(prev)
         if key not in cache:
             cache[key] = Control(control, image, strength, start, end, prev)
-        out.append(replace(e, extras={**e.extras, "control": cache[key]}))
+        mark = {"control_apply_to_uncond": True} if to_uncond else {}
+        out.append(replace(e, extras={**e.extras, "control": cache[key], **mark}))
     return out
 
 
@@ -221,7 +246,7 @@ class ControlNetApplyAdvanced(Node):
 class ControlNetApply(Node):
     SCHEMA = NodeSchema(
         node_id="ControlNetApply", display_name="Apply ControlNet (OLD)", category="conditioning/controlnet",
-        description="Guides sampling with a ControlNet and a control image (positive conditioning only).",
+        description="Guides sampling with a ControlNet and a control image (given to the negative too when it has none).",
         inputs=(Input("conditioning", CONDITIONING, "The conditioning."),
                 *_CONTROL),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the control."),),
@@ -231,7 +256,7 @@ class ControlNetApply(Node):
             strength: float) -> tuple[Any]:
         if strength == 0:
             return (conditioning,)
-        return (attach(conditioning, control_net, image, strength, 0.0, 1.0, {}),)
+        return (attach(conditioning, control_net, image, strength, 0.0, 1.0, {}, to_uncond=True),)
 
 
 def _nodes() -> list[type[Node]]:
