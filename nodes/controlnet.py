@@ -1,29 +1,23 @@
-"""ControlNets for the UNet families (SD1.x, SD2.x, SDXL): ``ControlNetLoader``,
+"""ControlNets and T2I-Adapters for the UNet families (SD1.x, SD2.x, SDXL): ``ControlNetLoader``,
 ``DiffControlNetLoader``, ``ControlNetApply`` and ``ControlNetApplyAdvanced`` (ComfyUI's names,
-inputs and semantics).
-
-A ControlNet is a :class:`ControlNetHandle` (a model-manager handle of kind ``controlnet``:
-counted, evictable, prefetched like every WeightsHandle) over a file in ``models/controlnet``:
-a diffusers ``ControlNetModel`` single file or folder file (``NAME/diffusion_pytorch_model.safetensors``,
-whose ``config.json`` is used), or the original LDM layout (``control_model.*``, renamed through the
-UNet key table); otherwise the config is read from the tensors.
+inputs and semantics). The files and their handles: ``nodes.controlnet_models`` (ControlNets,
+diff and union ControlNets) and ``nodes.t2i_adapter``.
 
 Apply nodes attach a :class:`Control` (handle, image, strength, percent range, and the control
-that was already there: ControlNets stack) to ``extras["control"]`` of new cond entries, positive
+that was already there: controls stack) to ``extras["control"]`` of new cond entries, positive
 and negative alike, as ComfyUI's ``ControlNetApplyAdvanced`` does. The sampler makes the handles
 resident beside the model (:func:`resident_controls`) and the denoiser runs them per call
-(:meth:`BoundControl.residuals`): the hint is resized to the latent size ×8 (ComfyUI's
-``common_upscale``, nearest-exact, center crop), batched to the rows, active while sigma lies in
-the percent range, scaled by its strength; stacked ControlNets add their residuals.
+(:meth:`BoundControl.residuals`): each active control (sigma inside its percent range) gives its
+residuals for the call's rows (the handle fits the hint: ComfyUI's ``common_upscale`` and
+``broadcast_image_to``), scaled by its strength; stacked controls add.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,105 +36,12 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.families.control import family_label, ldm_controlnet_to_diffusers
-from nodes.handles import WeightsHandle, WeightsSource
+from nodes.control_base import CONTROL_NET, ControlResiduals, file_label, fit_hint
+from nodes.controlnet_models import ControlHandle, ControlNetHandle, open_control_model
 from nodes.hooks import ConditioningError
-from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
 
-CONTROL_NET = "CONTROL_NET"
-LDM_PREFIX = "control_model."
-
-
-# --- the handle -----------------------------------------------------------------------------------
-def config_from_tensors(shapes: Mapping[str, Sequence[int]], name: str) -> dict[str, Any]:
-    """A diffusers ``ControlNetModel`` config read from the shapes of its tensors (diffusers names)."""
-    if "controlnet_cond_embedding.conv_in.weight" not in shapes or "conv_in.weight" not in shapes:
-        raise ModelLoadError(f"{name}: not a ControlNet (no controlnet_cond_embedding/conv_in tensors); "
-                             "put diffusers ControlNetModel files in models/controlnet")
-    levels = 1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("down_blocks."))
-    channels = [shapes[f"down_blocks.{i}.resnets.0.conv2.weight"][0] for i in range(levels)]
-    attention = [any(k.startswith(f"down_blocks.{i}.attentions.") for k in shapes) for i in range(levels)]
-    per_level = 1 + max(int(k.split(".")[3]) for k in shapes if k.startswith("down_blocks.0.resnets."))
-    depth = [1 + max((int(k.split(".")[5]) for k in shapes
-                      if k.startswith(f"down_blocks.{i}.attentions.0.transformer_blocks.")), default=0)
-             for i in range(levels)]
-    attn_key = next((k for k in shapes if k.endswith("attn2.to_k.weight")), None)
-    if attn_key is None:
-        raise ModelLoadError(f"{name}: the ControlNet has no cross-attention layers; not a ControlNet for the UNet families Loom loads")
-    context = int(shapes[attn_key][1])
-    proj = next(k for k in shapes if k.endswith("proj_in.weight"))
-    emb = [k for k in shapes if k.startswith("controlnet_cond_embedding.blocks.") and k.endswith(".weight")]
-    emb_channels = [shapes[f"controlnet_cond_embedding.blocks.{i}.weight"][0] for i in range(1, len(emb), 2)]
-    cfg: dict[str, Any] = {
-        "in_channels": int(shapes["conv_in.weight"][1]),
-        "conditioning_channels": int(shapes["controlnet_cond_embedding.conv_in.weight"][1]),
-        "block_out_channels": [int(c) for c in channels],
-        "down_block_types": ["CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention],
-        "layers_per_block": per_level,
-        "cross_attention_dim": context,
-        "attention_head_dim": [heads_for(context, int(c)) for c in channels],
-        "use_linear_projection": len(shapes[proj]) == 2,
-        "transformer_layers_per_block": depth,
-        "conditioning_embedding_out_channels": [int(shapes["controlnet_cond_embedding.conv_in.weight"][0]),
-                                                *[int(c) for c in emb_channels]],
-        "norm_num_groups": 32 if all(c % 32 == 0 for c in channels) else int(channels[0]),
-    }
-    if "add_embedding.linear_1.weight" in shapes:
-        cfg["addition_embed_type"] = "text_time"
-        cfg["projection_class_embeddings_input_dim"] = int(shapes["add_embedding.linear_1.weight"][1])
-        cfg["addition_time_embed_dim"] = 256
-    return cfg
-
-
-def heads_for(context: int, channels: int) -> int:
-    """Attention heads of a level: SD1.x's 8 (and the tiny 8-head demo models), else 64-wide heads."""
-    return 8 if context <= 768 else max(1, channels // 64)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ControlNetHandle(WeightsHandle):
-    """A ControlNet file; ``config``: its diffusers ControlNetModel config."""
-
-    kind = "controlnet"
-    config: Mapping[str, Any]
-
-    def recipe(self) -> Any:
-        return dict(self.config)
-
-    @property
-    def family(self) -> str:
-        return family_label(self.config)
-
-    def build(self) -> Any:
-        from diffusers import ControlNetModel
-
-        module = ControlNetModel.from_config(dict(self.config))
-        sd = load_tensors(read_index(self.path, allow_pickle=self.source.allow_pickle))
-        if any(k.startswith(LDM_PREFIX) for k in sd):
-            sd = ldm_controlnet_to_diffusers({k.removeprefix(LDM_PREFIX): v for k, v in sd.items()})
-        missing, unexpected = module.load_state_dict(sd, strict=False)
-        if missing or unexpected:
-            raise ModelLoadError(f"{self.path.name}: ControlNet tensors do not match its config "
-                                 f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
-        return module.eval()
-
-
-def open_controlnet(path: Path, *, allow_pickle: bool = False) -> ControlNetHandle:
-    """The handle of a ControlNet file (its config from ``config.json`` beside it, else its tensors)."""
-    index = read_index(path, allow_pickle=allow_pickle)
-    shapes: dict[str, Any] = {k: tuple(index.shape(k)) for k in index.tensors}
-    if "difference" in shapes:
-        raise ModelLoadError(f"{path.name} is a 'diff' ControlNet (weights stored as differences to a base UNet), "
-                             "which Loom cannot load yet; use the full ControlNet file of the same model")
-    if any(k.startswith(LDM_PREFIX) for k in shapes):  # the original layout
-        shapes = ldm_controlnet_to_diffusers({k.removeprefix(LDM_PREFIX): v for k, v in shapes.items()})
-    config = config_from_tensors(shapes, path.name)
-    beside = path.parent / "config.json"  # a diffusers folder: its own config
-    if path.name.startswith("diffusion_pytorch_model") and beside.is_file():
-        config = {k: v for k, v in json.loads(beside.read_text()).items() if not k.startswith("_")}
-    nbytes = path.stat().st_size
-    return ControlNetHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
-                            nbytes=nbytes, config=config)
+__all__ = ["CONTROL_NET", "ControlNetHandle", "fit_hint", "open_controlnet"]
+open_controlnet = open_control_model
 
 
 # --- the control attached to conditioning ---------------------------------------------------------
@@ -148,7 +49,7 @@ def open_controlnet(path: Path, *, allow_pickle: bool = False) -> ControlNetHand
 class Control:
     """One applied ControlNet; ``previous``: the control it stacks on (ComfyUI's ``set_previous_controlnet``)."""
 
-    handle: ControlNetHandle
+    handle: ControlHandle
     image: torch.Tensor  # (B, H, W, C) in 0..1, ComfyUI's IMAGE
     strength: float
     start_percent: float = 0.0
@@ -174,6 +75,29 @@ def controls_of(entries: Sequence[Any]) -> list[Control]:
     return list(seen.values())
 
 
+def controls_to_uncond(branches: Sequence[tuple[str, Sequence[Any]]]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """ComfyUI's ``apply_empty_x_to_equal_area`` for controls: the controls of the positive entries
+    made by the old ``ControlNetApply`` (``control_apply_to_uncond``, no area) also go onto the
+    area-less entries of every other branch that has no control of its own (the k-th control onto
+    the k-th such entry, cycling; a later one replaces an earlier on the same entry)."""
+    def plain(e: Any) -> bool:
+        return e.area is None and "area_percentage" not in e.extras and not e.extras.get("set_area_to_bounds")
+
+    positive = dict(branches).get("positive", ())
+    controls = [e.extras["control"] for e in positive
+                if plain(e) and e.extras.get("control_apply_to_uncond") and e.extras.get("control") is not None]
+    out = []
+    for name, entries in branches:
+        new = list(entries)
+        targets = [i for i, e in enumerate(entries) if plain(e)]
+        if name != "positive" and controls and targets and all(entries[i].extras.get("control") is None for i in targets):
+            for k, c in enumerate(controls):
+                i = targets[k % len(targets)]
+                new[i] = replace(entries[i], extras={**entries[i].extras, "control": c})
+        out.append((name, tuple(new)))
+    return tuple(out)
+
+
 @contextmanager
 def resident_controls(ctx: NodeContext, model: Any, entries: Sequence[Any]) -> Iterator[dict[str, Any]]:
     """The modules of the ControlNets of ``entries`` by handle key, locked resident while inside
@@ -181,36 +105,14 @@ def resident_controls(ctx: NodeContext, model: Any, entries: Sequence[Any]) -> I
     modules: dict[str, Any] = {}
     with ExitStack() as stack:
         for c in controls_of(entries):
-            if c.handle.family != model.family.name:
+            if not c.handle.fits(model.family.name):
+                what = "T2I-Adapter" if c.handle.kind == "t2i_adapter" else "ControlNet"
                 raise ConditioningError(
-                    f"ControlNet {c.handle.path.name!r} is for {c.handle.family} but the model is "
-                    f"{model.family.name}; load a ControlNet made for {model.family.name}")
+                    f"{what} {file_label(c.handle.path)!r} is for {c.handle.family} but the model is "
+                    f"{model.family.name}; load a {what} made for {model.family.name}")
             if c.handle.key not in modules:
                 modules[c.handle.key] = stack.enter_context(ctx.models.use(c.handle))
         yield modules
-
-
-def fit_hint(image: torch.Tensor, rows: int, size: tuple[int, int]) -> torch.Tensor:
-    """The control image as (rows, C, H, W) at ``size`` pixels: center-cropped to the aspect and
-    resized nearest-exact (ComfyUI's ``common_upscale``), batch repeated or cut to ``rows``
-    (ComfyUI's ``broadcast_image_to``)."""
-    x = image.movedim(-1, 1).float()
-    h, w = x.shape[-2:]
-    target_h, target_w = size
-    if (h, w) != (target_h, target_w):
-        old, new = w / h, target_w / target_h
-        if old > new:
-            keep = round(w * new / old)
-            x = x[..., :, (w - keep) // 2:(w - keep) // 2 + keep]
-        elif old < new:
-            keep = round(h * old / new)
-            x = x[..., (h - keep) // 2:(h - keep) // 2 + keep, :]
-        x = torch.nn.functional.interpolate(x, size=(target_h, target_w), mode="nearest-exact")
-    if x.shape[0] == 1 or x.shape[0] == rows:
-        return x.expand(rows, -1, -1, -1) if x.shape[0] == 1 else x
-    x = x[:rows]
-    reps = -(-rows // x.shape[0])
-    return torch.cat([x] * reps)[:rows]
 
 
 @dataclass(frozen=True)
@@ -224,76 +126,89 @@ class BoundControl:
     percent_to_sigma: Callable[[float], float]
     rows: int
     sigma: torch.Tensor | None = None
+    contexts: tuple[torch.Tensor | None, ...] = ()  # per entry: CLIPTextEncodeControlnet's embeddings
 
     def at(self, sigma: torch.Tensor | None) -> BoundControl:
         return replace(self, sigma=sigma)
 
-    def residuals(self, x_in: torch.Tensor, timestep: torch.Tensor,
-                  kwargs: Mapping[str, Any]) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
-        """Summed (down, mid) residuals of every active control for the whole group, or (None, None).
+    def residuals(self, x_in: torch.Tensor, timestep: torch.Tensor, kwargs: Mapping[str, Any]) -> ControlResiduals:
+        """Summed residuals of every active control for the whole group (empty when none is active).
         The chains of a group are the same controls (entries only batch together when they are)."""
-        chain = self.chains[0]
         s = float(self.sigma.reshape(-1)[0]) if self.sigma is not None else None
-        down: list[torch.Tensor] | None = None
-        mid: torch.Tensor | None = None
-        size = (x_in.shape[-2] * 8, x_in.shape[-1] * 8)
+        total = ControlResiduals()
         extra = {k: kwargs[k] for k in ("encoder_hidden_states", "added_cond_kwargs") if k in kwargs}
-        for c in chain:
+        if any(c is not None for c in self.contexts):
+            extra["encoder_hidden_states"] = self._controlnet_context(kwargs["encoder_hidden_states"])
+        for c in self.chains[0]:
             if s is not None and (s > self.percent_to_sigma(c.start_percent) or s < self.percent_to_sigma(c.end_percent)):
                 continue
             module = self.modules[c.handle.key]
-            hint = fit_hint(c.image, self.rows, size).repeat(len(self.chains), 1, 1, 1).to(x_in)
-            d, m = module(x_in, timestep, controlnet_cond=hint, conditioning_scale=float(c.strength),
-                          return_dict=False, **extra)
-            down = list(d) if down is None else [a + b for a, b in zip(down, d, strict=True)]
-            mid = m if mid is None else mid + m
-        return down, mid
+            total = total + c.handle.residuals(module, x_in, timestep, c.image, self.rows, c.strength, extra)
+        return total
+
+
+    def _controlnet_context(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The group's cross-attention input with each entry's ControlNet prompt in place of its own
+        (token windows repeated to a common length, as for mixed prompt lengths)."""
+        chunks = hidden.chunk(len(self.chains))
+        for ctx in self.contexts:
+            if ctx is not None and ctx.shape[-1] != hidden.shape[-1]:
+                raise ConditioningError(
+                    f"the ControlNet prompt (CLIPTextEncodeControlnet) has {ctx.shape[-1]}-wide embeddings but the "
+                    f"conditioning has {hidden.shape[-1]}; encode it with the CLIP of the same checkpoint")
+        parts = [own if ctx is None else ctx.to(own).expand(own.shape[0], -1, -1)
+                 for own, ctx in zip(chunks, self.contexts, strict=True)]
+        target = math.lcm(*[p.shape[1] for p in parts])
+        return torch.cat([p.repeat(1, target // p.shape[1], 1) for p in parts])
 
 
 # --- nodes ----------------------------------------------------------------------------------------
 _FILE = Input("control_net_name", COMBO, "The ControlNet file in models/controlnet.", options=DynamicOptions("controlnet"))
 
 
-def _load(ctx: NodeContext, name: str) -> ControlNetHandle:
+def _load(ctx: NodeContext, name: str, base: Any = None) -> ControlHandle:
     if ctx.folders.models is None:
         raise RuntimeError("this run has no model folders; start Loom with --models-dir")
-    return open_controlnet(ctx.folders.models.resolve("controlnet", name), allow_pickle=ctx.settings.allow_pickle)
+    return open_control_model(ctx.folders.models.resolve("controlnet", name), allow_pickle=ctx.settings.allow_pickle,
+                              base=base)
 
 
 class ControlNetLoader(Node):
     SCHEMA = NodeSchema(
         node_id="ControlNetLoader", display_name="Load ControlNet Model", category="loaders",
-        description="Loads a ControlNet from models/controlnet (weights are read when sampling).",
+        description="Loads a ControlNet, union ControlNet or T2I-Adapter from models/controlnet (weights are read when sampling).",
         inputs=(_FILE,),
         outputs=(Output("CONTROL_NET", CONTROL_NET, "The ControlNet."),),
     )
 
-    def run(self, ctx: NodeContext, *, control_net_name: str) -> tuple[ControlNetHandle]:
+    def run(self, ctx: NodeContext, *, control_net_name: str) -> tuple[ControlHandle]:
         return (_load(ctx, control_net_name),)
 
 
 class DiffControlNetLoader(Node):
     SCHEMA = NodeSchema(
         node_id="DiffControlNetLoader", display_name="Load ControlNet Model (diff)", category="loaders",
-        description="Loads a ControlNet for a model (ComfyUI's diff variant; full ControlNet files load the same).",
+        description="Loads a 'diff' ControlNet (only the difference to the model's UNet) for a model; full files load as with ControlNetLoader.",
         inputs=(Input("model", MODEL, "The model the ControlNet is for."), _FILE),
         outputs=(Output("CONTROL_NET", CONTROL_NET, "The ControlNet."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, control_net_name: str) -> tuple[ControlNetHandle]:
-        return (_load(ctx, control_net_name),)
+    def run(self, ctx: NodeContext, *, model: Any, control_net_name: str) -> tuple[ControlHandle]:
+        return (_load(ctx, control_net_name, base=model),)
 
 
-def attach(conditioning: Sequence[Any], control: ControlNetHandle, image: torch.Tensor, strength: float,
-           start: float, end: float, cache: dict[int, Control]) -> list[Any]:
-    """New entries whose control is ``control`` stacked on what they had (one Control per previous)."""
+def attach(conditioning: Sequence[Any], control: ControlHandle, image: torch.Tensor, strength: float,
+           start: float, end: float, cache: dict[int, Control], to_uncond: bool = False) -> list[Any]:
+    """New entries whose control is ``control`` stacked on what they had (one Control per previous);
+    ``to_uncond``: the old node's mark (:func:`controls_to_uncond`)."""
     out = []
     for e in conditioning:
         prev = e.extras.get("control")
         key = id(prev)
         if key not in cache:
             cache[key] = Control(control, image, strength, start, end, prev)
-        out.append(replace(e, extras={**e.extras, "control": cache[key]}))
+        mark = {"control_apply_to_uncond": True} if to_uncond else {}
+        out.append(replace(e, extras={**e.extras, "control": cache[key], **mark}))
     return out
 
 
@@ -319,7 +234,7 @@ class ControlNetApplyAdvanced(Node):
                  Output("negative", CONDITIONING, "Negative conditioning with the control.")),
     )
 
-    def run(self, ctx: NodeContext, *, positive: Any, negative: Any, control_net: ControlNetHandle, image: Any,
+    def run(self, ctx: NodeContext, *, positive: Any, negative: Any, control_net: ControlHandle, image: Any,
             strength: float, start_percent: float, end_percent: float, vae: Any = None) -> tuple[Any, Any]:
         if strength == 0:
             return (positive, negative)
@@ -331,17 +246,29 @@ class ControlNetApplyAdvanced(Node):
 class ControlNetApply(Node):
     SCHEMA = NodeSchema(
         node_id="ControlNetApply", display_name="Apply ControlNet (OLD)", category="conditioning/controlnet",
-        description="Guides sampling with a ControlNet and a control image (positive conditioning only).",
+        description="Guides sampling with a ControlNet and a control image (given to the negative too when it has none).",
         inputs=(Input("conditioning", CONDITIONING, "The conditioning."),
                 *_CONTROL),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the control."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning: Any, control_net: ControlNetHandle, image: Any,
+    def run(self, ctx: NodeContext, *, conditioning: Any, control_net: ControlHandle, image: Any,
             strength: float) -> tuple[Any]:
         if strength == 0:
             return (conditioning,)
-        return (attach(conditioning, control_net, image, strength, 0.0, 1.0, {}),)
+        return (attach(conditioning, control_net, image, strength, 0.0, 1.0, {}, to_uncond=True),)
 
 
-CONTROLNET_NODES = [ControlNetLoader, DiffControlNetLoader, ControlNetApply, ControlNetApplyAdvanced]
+def _nodes() -> list[type[Node]]:
+    from nodes.controlnet_apply import (
+        CLIPTextEncodeControlnet,
+        ControlNetApplySD3,
+        ControlNetInpaintingAliMamaApply,
+    )
+    from nodes.controlnet_union import SetUnionControlNetType
+
+    return [ControlNetLoader, DiffControlNetLoader, ControlNetApply, ControlNetApplyAdvanced, SetUnionControlNetType,
+            ControlNetInpaintingAliMamaApply, ControlNetApplySD3, CLIPTextEncodeControlnet]
+
+
+CONTROLNET_NODES = _nodes()

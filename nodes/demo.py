@@ -10,6 +10,7 @@ box. Their images are noise: real checkpoints go in ``models/checkpoints``.
   size/crop conditioning), equally tiny
 - ``controlnet/loom_demo_controlnet_sd15.safetensors``: a diffusers ``ControlNetModel`` single file
   for the SD1.5 demo (its encoder copied from the demo UNet, random output convolutions, fp16)
+- T2I-Adapters, a diff ControlNet and a union ControlNet beside it: see ``nodes.demo_control``
 """
 
 from __future__ import annotations
@@ -117,14 +118,16 @@ def _write(path: Path, tensors: dict[str, Any]) -> None:
 
 
 def make_controlnet_demo(models_dir: Path) -> list[Path]:
-    """Write the demo ControlNet (kept if present)."""
+    """Write the demo ControlNet and the other demo control models (``nodes.demo_control``; kept if present)."""
     import torch
+
+    from nodes.demo_control import make_control_demos
 
     path = Path(models_dir) / "controlnet" / DEMO_CONTROLNET
     if not path.is_file():
         cn = demo_controlnet(demo_modules()["unet"])
         _write(path, {k: v.to(torch.float16).contiguous() for k, v in cn.state_dict().items()})
-    return [path]
+    return [path, *make_control_demos(models_dir, _write)]
 
 
 def make_demo_models(models_dir: Path) -> list[Path]:

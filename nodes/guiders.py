@@ -29,6 +29,7 @@ import torch
 
 from nodes import cond_batch as cb
 from nodes.conditioning import CondEntry
+from nodes.controlnet import controls_to_uncond
 from nodes.hooks import BlockPatch, BlockSkip, ModelCall, Row, block_options
 
 # Branch names whose rows are the "uncond" side for hooks (ComfyUI's prompt_type negative).
@@ -147,7 +148,7 @@ class GuidedRun:
         self.jobs = []
         for j, g in enumerate(guiders):
             prepared = {name: cb.prepare(self._with_inputs(entries), latent_size, self.model_sampling.percent_to_sigma)
-                        for name, entries in g.branches}
+                        for name, entries in controls_to_uncond(g.branches)}
             cb.add_same_area_counterparts(prepared)
             self.jobs.append(cb.Job(slice(j * rows, (j + 1) * rows), prepared))
 

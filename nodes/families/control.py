@@ -44,3 +44,22 @@ def ldm_controlnet_to_diffusers(sd: Mapping[str, Any]) -> dict[str, Any]:
         table[f"zero_convs.{i}.0."] = f"controlnet_down_blocks.{i}."
     table["middle_block_out.0."] = "controlnet_mid_block."
     return rename(sd, table)
+
+
+def diffusers_controlnet_to_ldm(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`ldm_controlnet_to_diffusers` for a ``ControlNetModel`` state dict and its
+    config (``control_model.`` not added): what original-layout files (and diff ControlNets) hold."""
+    from nodes.families.keys import rename, unet_pairs
+
+    kinds = list(config["down_block_types"])
+    table = {new: old for old, new in unet_pairs({**config, "up_block_types": [t.replace("Down", "Up") for t in reversed(kinds)]})
+             if not new.startswith(("up_blocks.", "conv_norm_out.", "conv_out."))}
+    blocks = sorted({int(k.split(".")[2]) for k in sd if k.startswith("controlnet_cond_embedding.blocks.")})
+    table["controlnet_cond_embedding.conv_in."] = "input_hint_block.0."
+    for n, i in enumerate(blocks):
+        table[f"controlnet_cond_embedding.blocks.{i}."] = f"input_hint_block.{2 * (n + 1)}."
+    table["controlnet_cond_embedding.conv_out."] = f"input_hint_block.{2 * (len(blocks) + 1)}."
+    for i in {int(k.split(".")[1]) for k in sd if k.startswith("controlnet_down_blocks.")}:
+        table[f"controlnet_down_blocks.{i}."] = f"zero_convs.{i}.0."
+    table["controlnet_mid_block."] = "middle_block_out.0."
+    return rename(sd, table)

@@ -1,6 +1,7 @@
 """ControlNet (SD1.x core): the residuals of one UNet call equal diffusers' ControlNetModel fed to the
 UNet as StableDiffusionControlNetPipeline does; strength 0 or an empty step range changes nothing;
-stacked ControlNets add; a ControlNet of another family and control image batches."""
+stacked ControlNets add; a ControlNet of another family and control image batches; the old apply
+node's control reaches the negative as in ComfyUI."""
 
 from __future__ import annotations
 
@@ -119,9 +120,9 @@ def test_sigma_range_selects_the_active_controls(models_dir: Path, nets: dict) -
     bound = BoundControl(((late,),), {handle.key: nets["cn_a"]}, lambda p: 10.0 * (1 - p), 1)
     x, kwargs = torch.zeros(1, 4, 8, 8), {"encoder_hidden_states": torch.zeros(1, 77, 32)}
     with torch.no_grad():
-        assert bound.at(torch.tensor([8.0])).residuals(x, torch.tensor([900.0]), kwargs) == (None, None)
-        down, mid = bound.at(torch.tensor([4.0])).residuals(x, torch.tensor([400.0]), kwargs)
-    assert down is not None and mid is not None
+        assert bound.at(torch.tensor([8.0])).residuals(x, torch.tensor([900.0]), kwargs).unet_kwargs() == {}
+        active = bound.at(torch.tensor([4.0])).residuals(x, torch.tensor([400.0]), kwargs)
+    assert active.down is not None and active.mid is not None
 
 
 # --- through the nodes ----------------------------------------------------------------------------
@@ -269,13 +270,36 @@ def test_files_that_are_not_full_controlnets_are_refused(models_dir: Path) -> No
         open_controlnet(folder / "diff_cn.safetensors")
 
 
-def test_old_apply_controls_the_positive_branch_only(run_env: Any, tiny_sd15_ckpt: Path) -> None:
+def test_old_apply_goes_to_the_negative_too_when_it_has_no_control(run_env: Any, tiny_sd15_ckpt: Path) -> None:
+    """ComfyUI's ControlNetApply marks its entries ``control_apply_to_uncond``: at sampling the
+    control is copied onto the negative's entries unless the negative has a control of its own."""
     cn = ControlNetLoader().run(run_env, control_net_name="cn_a.safetensors")[0]
+    other = ControlNetLoader().run(run_env, control_net_name="cn_b.safetensors")[0]
 
-    def positive_only(pos: Any, neg: Any) -> Any:
+    def old_apply(pos: Any, neg: Any) -> Any:
         return ControlNetApply().run(run_env, conditioning=pos, control_net=cn, image=_image(), strength=1.0)[0], neg
 
-    plain = _generate(run_env, tiny_sd15_ckpt)
+    def old_apply_own_negative(pos: Any, neg: Any) -> Any:
+        neg = ControlNetApply().run(run_env, conditioning=neg, control_net=other, image=_image(), strength=0.5)[0]
+        return old_apply(pos, neg)[0], neg
+
     both = _generate(run_env, tiny_sd15_ckpt, _advanced(run_env, "cn_a.safetensors", _image(), 1.0))
-    positive = _generate(run_env, tiny_sd15_ckpt, positive_only)
-    assert (positive - plain).abs().max() > 1e-3 and (positive - both).abs().max() > 1e-3
+    assert torch.equal(_generate(run_env, tiny_sd15_ckpt, old_apply), both)
+    own = _generate(run_env, tiny_sd15_ckpt, old_apply_own_negative)
+    assert (own - both).abs().max() > 1e-3  # the negative kept its own control
+
+
+def test_controls_to_uncond_follows_comfyuis_rule() -> None:
+    from nodes.controlnet import controls_to_uncond
+
+    c1, c2 = object(), object()
+    e = torch.zeros(1, 77, 32)
+    pos = (CondEntry(e, extras={"control": c1, "control_apply_to_uncond": True}),
+           CondEntry(e, extras={"control": c2, "control_apply_to_uncond": True}),
+           CondEntry(e, area=(2, 2, 0, 0), extras={"control": object(), "control_apply_to_uncond": True}))
+    neg = (CondEntry(e), CondEntry(e, area=(2, 2, 0, 0)))
+    out = dict(controls_to_uncond((("positive", pos), ("negative", neg))))
+    assert out["positive"] == pos and out["negative"][0].extras["control"] is c2  # the later control replaces
+    assert "control" not in out["negative"][1].extras  # area entries take none
+    unmarked = tuple(CondEntry(e, extras={"control": c1}) for _ in range(2))
+    assert dict(controls_to_uncond((("positive", unmarked), ("negative", neg))))["negative"] == neg

@@ -60,7 +60,8 @@ def run(executor: Any, prompt: dict, **extra: Any) -> Any:
     return executor.run(RunRequest(prompt=prompt, **extra))
 
 
-@pytest.mark.parametrize("name", ["txt2img", "img2img", "lora", "inpaint", "sdxl", "controlnet", "controlnet_stacked"])
+@pytest.mark.parametrize("name", ["txt2img", "img2img", "lora", "inpaint", "sdxl", "controlnet", "controlnet_stacked",
+                                  "t2i_adapter", "controlnet_diff", "controlnet_union_sdxl"])
 def test_example_workflow_runs(name: str, demo_models: Path, tmp_path: Path) -> None:
     prompt = json.loads((WORKFLOWS / f"{name}.api.json").read_text())
     result = run(make_executor(demo_models, tmp_path), prompt, extra_pnginfo={"workflow": {"nodes": []}})

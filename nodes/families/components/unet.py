@@ -48,7 +48,8 @@ def bind_controls(entries: Sequence[CondEntry], batch: int) -> Any:
     if "control_modules" not in first:
         raise ConditioningError("this sampler did not make the conditioning's ControlNets resident")
     chains = tuple(tuple(e.extras["control"].chain()) for e in entries)
-    return BoundControl(chains, first["control_modules"], first["percent_to_sigma"], batch)
+    contexts = tuple(e.extras.get("cross_attn_controlnet") for e in entries)
+    return BoundControl(chains, first["control_modules"], first["percent_to_sigma"], batch, contexts=contexts)
 
 
 def size_ids(extras: Mapping[str, Any], size: tuple[int, int]) -> list[float]:
@@ -163,10 +164,7 @@ class UNetDenoiser:
         concat = kwargs.pop("concat", None)
         control = kwargs.pop("control", None)
         if control is not None:
-            down, mid = control.residuals(x_in, timestep, kwargs)
-            if down is not None:
-                kwargs["down_block_additional_residuals"] = down
-                kwargs["mid_block_additional_residual"] = mid
+            kwargs |= control.residuals(x_in, timestep, kwargs).unet_kwargs()
         extra = module.config.in_channels - x_in.shape[1]
         if extra > 0:
             if concat is None:  # an inpainting UNet sampled without inpainting inputs (ComfyUI's blank)

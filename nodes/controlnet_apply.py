@@ -1,0 +1,96 @@
+"""The other ControlNet apply nodes of ComfyUI: ``ControlNetInpaintingAliMamaApply``,
+``ControlNetApplySD3`` ("Apply Controlnet with VAE") and ``CLIPTextEncodeControlnet``.
+
+In ComfyUI the first two are ``ControlNetApplyAdvanced`` with a VAE; the AliMama node, for a
+ControlNet that takes the inpainting mask (``concat_mask``: AliMama's Flux inpainting ControlNet),
+first blacks out the masked part of the image and hands the inverted mask along. The ControlNets
+Loom loads (SD1.x/SD2.x/SDXL, union, T2I-Adapter) take pixels and no mask, so for them both nodes
+apply exactly as ``ControlNetApplyAdvanced``; the DiT ControlNets these nodes were made for (SD3,
+Flux, AliMama inpainting) are refused by the loader with a message saying so.
+
+``CLIPTextEncodeControlnet`` gives the ControlNets of a conditioning their own prompt: the
+ControlNet's cross-attention reads these embeddings instead of the conditioning's (ComfyUI's
+``cross_attn_controlnet``; ``pooled_output_controlnet`` is kept for the families that read it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from engine.context import NodeContext
+from engine.node import Node
+from engine.schema import CLIP, CONDITIONING, FLOAT, IMAGE, MASK, STRING, VAE, Input, NodeSchema, Output
+from nodes.control_base import CONTROL_NET
+from nodes.controlnet import ControlNetApplyAdvanced
+
+_RANGE = (Input("strength", FLOAT, "Scale of the ControlNet's residuals.", default=1.0, min=0.0, max=10.0, step=0.01),
+          Input("start_percent", FLOAT, "Where in the schedule it starts.", default=0.0, min=0.0, max=1.0, step=0.001),
+          Input("end_percent", FLOAT, "Where in the schedule it stops.", default=1.0, min=0.0, max=1.0, step=0.001))
+_BRANCHES = (Output("positive", CONDITIONING, "Positive conditioning with the control."),
+             Output("negative", CONDITIONING, "Negative conditioning with the control."))
+
+
+def _apply(ctx: NodeContext, positive: Any, negative: Any, control_net: Any, image: Any, strength: float, start: float,
+           end: float, vae: Any) -> tuple[Any, Any]:
+    return ControlNetApplyAdvanced().run(ctx, positive=positive, negative=negative, control_net=control_net,
+                                         image=image, strength=strength, start_percent=start, end_percent=end, vae=vae)
+
+
+class ControlNetInpaintingAliMamaApply(Node):
+    SCHEMA = NodeSchema(
+        node_id="ControlNetInpaintingAliMamaApply", display_name="ControlNetInpaintingAliMamaApply",
+        category="conditioning/controlnet",
+        description="Applies an inpainting ControlNet with the image and the mask of the area to repaint.",
+        inputs=(Input("positive", CONDITIONING, "Positive conditioning."),
+                Input("negative", CONDITIONING, "Negative conditioning."),
+                Input("control_net", CONTROL_NET, "The ControlNet."),
+                Input("vae", VAE, "The VAE (for ControlNets working in latent space)."),
+                Input("image", IMAGE, "The image to inpaint."),
+                Input("mask", MASK, "Where to repaint (1) and keep (0)."),
+                *_RANGE),
+        outputs=_BRANCHES,
+    )
+
+    def run(self, ctx: NodeContext, *, positive: Any, negative: Any, control_net: Any, vae: Any, image: Any, mask: Any,
+            strength: float, start_percent: float, end_percent: float) -> tuple[Any, Any]:
+        if getattr(control_net, "concat_mask", False):  # no loadable ControlNet takes the mask yet
+            raise ValueError(f"{control_net.path.name!r} takes an inpainting mask, which Loom cannot pass to it yet")
+        return _apply(ctx, positive, negative, control_net, image, strength, start_percent, end_percent, vae)
+
+
+class ControlNetApplySD3(Node):
+    SCHEMA = NodeSchema(
+        node_id="ControlNetApplySD3", display_name="Apply Controlnet with VAE", category="conditioning/controlnet",
+        description="Apply ControlNet with a VAE (deprecated in ComfyUI; the same as Apply ControlNet).",
+        inputs=(Input("positive", CONDITIONING, "Positive conditioning."),
+                Input("negative", CONDITIONING, "Negative conditioning."),
+                Input("control_net", CONTROL_NET, "The ControlNet."),
+                Input("vae", VAE, "The VAE (for ControlNets working in latent space)."),
+                Input("image", IMAGE, "The control image."),
+                *_RANGE),
+        outputs=_BRANCHES,
+    )
+
+    def run(self, ctx: NodeContext, *, positive: Any, negative: Any, control_net: Any, vae: Any, image: Any,
+            strength: float, start_percent: float, end_percent: float) -> tuple[Any, Any]:
+        return _apply(ctx, positive, negative, control_net, image, strength, start_percent, end_percent, vae)
+
+
+class CLIPTextEncodeControlnet(Node):
+    SCHEMA = NodeSchema(
+        node_id="CLIPTextEncodeControlnet", display_name="CLIP Text Encode (Controlnet)", category="model/conditioning",
+        description="Gives the ControlNets of a conditioning their own prompt (the model keeps the conditioning's).",
+        inputs=(Input("clip", CLIP, "The text encoder(s)."),
+                Input("conditioning", CONDITIONING, "The conditioning whose ControlNets get the prompt."),
+                Input("text", STRING, "The ControlNets' prompt.", multiline=True)),
+        outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the ControlNets' prompt."),),
+    )
+
+    def run(self, ctx: NodeContext, *, clip: Any, conditioning: Any, text: str) -> tuple[Any]:
+        from nodes.conditioning import encode_prompt, text_encoders
+
+        with text_encoders(ctx, clip) as encoders:
+            encoded = encode_prompt(text, clip, encoders)
+        extra = {"cross_attn_controlnet": encoded.embeds, "pooled_output_controlnet": encoded.pooled}
+        return ([replace(e, extras={**e.extras, **extra}) for e in conditioning],)

@@ -1,0 +1,105 @@
+"""Demo control models beside the demo ControlNet (random weights, in the layouts users download):
+
+- ``controlnet/loom_demo_t2iadapter_sd15.safetensors``: a T2I-Adapter for the SD1.5 demo in
+  TencentARC's original layout (``conv_in``, ``body.{k}.block1`` …, fp16)
+- ``controlnet/loom_demo_t2iadapter_sdxl/diffusion_pytorch_model.safetensors`` (+ ``config.json``):
+  an SDXL T2I-Adapter as diffusers saves it, sized for the SDXL demo
+- ``controlnet/loom_demo_controlnet_sd15_diff.safetensors``: a "diff" ControlNet for the SD1.5 demo
+  (original ``control_model.*`` layout holding ControlNet minus UNet, with the ``difference`` tensor)
+- ``controlnet/loom_demo_controlnet_union_sdxl/diffusion_pytorch_model.safetensors`` (+ ``config.json``):
+  a ProMax-style union ControlNet (8 control types) for the SDXL demo, as xinsir publishes it
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+DEMO_ADAPTER = "loom_demo_t2iadapter_sd15.safetensors"
+DEMO_ADAPTER_XL = "loom_demo_t2iadapter_sdxl"
+DEMO_DIFF = "loom_demo_controlnet_sd15_diff.safetensors"
+DEMO_UNION = "loom_demo_controlnet_union_sdxl"
+
+
+def demo_adapter(channels: tuple[int, ...], kind: str = "full_adapter", in_channels: int = 3, seed: int = 7) -> Any:
+    """A T2I-Adapter with random weights (``kind``: full_adapter, full_adapter_xl, light_adapter)."""
+    import torch
+    from diffusers import T2IAdapter
+
+    torch.manual_seed(seed)
+    factor = 16 if kind == "full_adapter_xl" else 8
+    blocks = 4 if kind == "light_adapter" else 2
+    module: Any = T2IAdapter(in_channels=in_channels, channels=list(channels), num_res_blocks=blocks,
+                             downscale_factor=factor, adapter_type=kind)
+    return module.eval()
+
+
+def adapter_to_original(sd: dict[str, Any]) -> dict[str, Any]:
+    """diffusers' T2IAdapter names → TencentARC's (full adapters: two resnet blocks per level)."""
+    out: dict[str, Any] = {}
+    for key, value in sd.items():
+        parts = key.removeprefix("adapter.").split(".")
+        if parts[0] == "conv_in":
+            out[".".join(parts)] = value
+        elif parts[2] == "in_conv":
+            out[f"body.{2 * int(parts[1])}.in_conv.{parts[-1]}"] = value
+        else:  # body.{i}.resnets.{j}.blockN
+            out[f"body.{2 * int(parts[1]) + int(parts[3])}.{'.'.join(parts[4:])}"] = value
+    return out
+
+
+def demo_union(unet: Any, seed: int = 9, types: int = 8) -> Any:
+    """A union ControlNet (ProMax: ``types`` 8) whose encoder is copied from ``unet``."""
+    import torch
+    from diffusers import ControlNetUnionModel
+
+    width = unet.config.block_out_channels[0]
+    module: Any = ControlNetUnionModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 16, 16))
+    config = {**module.config, "num_control_type": types, "num_trans_channel": width, "num_proj_channel": width,
+              "num_trans_head": 8}
+    union: Any = ControlNetUnionModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+    torch.manual_seed(seed)
+    own = union.state_dict()  # the UNet's copied encoder; the union parts stay freshly initialised
+    union.load_state_dict({k: v for k, v in module.state_dict().items() if own[k].shape == v.shape}, strict=False)
+    with torch.no_grad():
+        for name, p in union.named_parameters():
+            if name.startswith(("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out",
+                                "spatial_ch_projs")):
+                p.normal_(0, 0.1)
+    return union.eval()
+
+
+def diff_controlnet(controlnet: Any, unet: Any) -> dict[str, Any]:
+    """A diff ControlNet file's tensors: ``controlnet`` minus ``unet`` where the UNet has the tensor,
+    in the original layout, with the ``difference`` marker."""
+    import torch
+
+    from nodes.families.control import diffusers_controlnet_to_ldm
+
+    base = unet.state_dict()
+    sd = {k: v - base[k] if k in base and base[k].shape == v.shape else v for k, v in controlnet.state_dict().items()}
+    ldm = diffusers_controlnet_to_ldm(sd, controlnet.config)
+    return {**{"control_model." + k: v for k, v in ldm.items()}, "difference": torch.tensor([1.0])}
+
+
+def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
+    """Write the demo control models (kept if present); ``write(path, tensors)`` saves a file."""
+    import torch
+
+    from nodes.demo import demo_controlnet, demo_modules, demo_sdxl_modules
+
+    folder = Path(models_dir) / "controlnet"
+    adapter, adapter_xl = folder / DEMO_ADAPTER, folder / DEMO_ADAPTER_XL / "diffusion_pytorch_model.safetensors"
+    diff, union = folder / DEMO_DIFF, folder / DEMO_UNION / "diffusion_pytorch_model.safetensors"
+    half = torch.float16
+    if not adapter.is_file():
+        sd = adapter_to_original(demo_adapter((32, 64)).state_dict())
+        write(adapter, {k: v.to(half).contiguous() for k, v in sd.items()})
+    if not adapter_xl.is_file():
+        demo_adapter((32, 64), "full_adapter_xl").save_pretrained(adapter_xl.parent)
+    if not diff.is_file():
+        unet = demo_modules()["unet"]
+        write(diff, {k: v.to(half).contiguous() for k, v in diff_controlnet(demo_controlnet(unet, 5), unet).items()})
+    if not union.is_file():
+        demo_union(demo_sdxl_modules()["unet"]).save_pretrained(union.parent)
+    return [adapter, adapter_xl, diff, union]
