@@ -45,12 +45,14 @@ OC_CONV = "conv1.weight"
 
 
 # --- files --------------------------------------------------------------------------------------
-def detect_layout(index: TensorIndex) -> tuple[str, str]:
-    """(``"transformers"`` | ``"open_clip"``, key prefix) of a CLIP vision file, or a teaching error."""
-    for key in index.tensors:
+def detect_layout(index: TensorIndex, under: str | None = None) -> tuple[str, str]:
+    """(``"transformers"`` | ``"open_clip"``, key prefix) of a CLIP vision file (only its tensors
+    under ``under`` if given), or a teaching error."""
+    keys = [k for k in index.tensors if under is None or k.startswith(under)]
+    for key in keys:
         if key.endswith(HF_PATCH):
             return "transformers", key[: -len(HF_PATCH)]
-    for key in index.tensors:
+    for key in keys:
         if key.endswith(OC_CONV) and index.has(key[: -len(OC_CONV)] + "transformer.resblocks.0.ln_1.weight"):
             return "open_clip", key[: -len(OC_CONV)]
     if any(".to_k_ip." in k or k.startswith(("image_proj.", "ip_adapter.")) for k in index.tensors):
@@ -154,9 +156,10 @@ class ClipVisionHandle(WeightsHandle):
         return int(self.config["image_size"])
 
     @classmethod
-    def from_file(cls, path: Path, *, allow_pickle: bool = False) -> ClipVisionHandle:
+    def from_file(cls, path: Path, *, allow_pickle: bool = False, prefix: str | None = None) -> ClipVisionHandle:
+        """The image tower of ``path``; ``prefix``: only the tensors under it (a checkpoint's tower)."""
         index = read_index(path, allow_pickle=allow_pickle)
-        layout, prefix = detect_layout(index)
+        layout, prefix = detect_layout(index, prefix)
         config = sidecar_config(path) if layout == "transformers" else None
         config = config or infer_config(index, layout, prefix)
         return cls(source=WeightsSource(Path(path), fingerprint(path), allow_pickle=allow_pickle), layout=layout,
