@@ -39,6 +39,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.sampling import SAMPLING_NODES
     from nodes.sampling_custom import CUSTOM_SAMPLING_NODES
     from nodes.sigmas import SIGMA_NODES
+    from nodes.style_model import STYLE_MODEL_NODES
     from nodes.unclip import UNCLIP_NODES
     from nodes.upscale_model import UPSCALE_NODES
     from nodes.utility import UTILITY_NODES
@@ -48,7 +49,8 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
               CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES, CONTROLNET_NODES,
               PREPROCESSOR_NODES, CONDITIONING_OPS_NODES, MERGE_NODES, SAVE_NODES, COMPONENT_LOADER_NODES,
-              UNCLIP_NODES, IP2P_NODES, LORA_EXTRACT_NODES, family_nodes())
+              UNCLIP_NODES, IP2P_NODES, LORA_EXTRACT_NODES, STYLE_MODEL_NODES,
+              family_nodes())
     for group in groups:
         registry.register_all(group, origin="core")
     register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py

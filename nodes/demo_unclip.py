@@ -6,6 +6,10 @@
   projection 32, 224 px) under ``embedder.model.visual.``
 - ``checkpoints/loom_demo_ip2p_sd15.safetensors``: the SD1.5 demo with an 8-channel UNet input
   (InstructPix2Pix: the noisy latent and the source image's latent)
+- ``clip_vision/loom_demo_siglip.safetensors``: a SigLIP vision tower in transformers' layout
+  (width 48, 64 px, patch 16, no pooling head), like ``sigclip_vision_patch14_384.safetensors``
+- ``style_models/loom_demo_flux_redux.safetensors``: the Redux image embedder layout
+  (``redux_up`` / ``redux_down``) from the demo SigLIP's width to the Flux demo's T5 width (32)
 
 The builders are reused by tests.
 """
@@ -17,6 +21,8 @@ from typing import Any
 
 DEMO_UNCLIP = "loom_demo_sd21_unclip.safetensors"
 DEMO_IP2P = "loom_demo_ip2p_sd15.safetensors"
+DEMO_SIGLIP = "loom_demo_siglip.safetensors"
+DEMO_REDUX = "loom_demo_flux_redux.safetensors"
 UNCLIP_VISION_PREFIX = "embedder.model.visual."
 
 
@@ -106,8 +112,30 @@ def ip2p_modules(seed: int = 0) -> dict[str, Any]:
     return {**base, "unet": unet.eval()}
 
 
+def tiny_siglip(seed: int = 0, width: int = 48, image_size: int = 64, patch: int = 16) -> Any:
+    """A transformers ``SiglipVisionModel`` without the pooling head (as ComfyUI's SigLIP files)."""
+    import torch
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    torch.manual_seed(seed)
+    cfg = SiglipVisionConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                             num_attention_heads=1, image_size=image_size, patch_size=patch, vision_use_head=False)
+    return SiglipVisionModel(cfg).eval()
+
+
+def redux_state_dict(redux_dim: int = 48, text_dim: int = 32, seed: int = 0) -> dict[str, Any]:
+    """Random weights in the Redux image embedder layout."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {"redux_up.weight": torch.randn(3 * text_dim, redux_dim, generator=g) * redux_dim ** -0.5,
+            "redux_up.bias": torch.zeros(3 * text_dim),
+            "redux_down.weight": torch.randn(text_dim, 3 * text_dim, generator=g) * (3 * text_dim) ** -0.5,
+            "redux_down.bias": torch.zeros(text_dim)}
+
+
 def make_unclip_demo_models(models_dir: Path) -> list[Path]:
-    """Write the demo unCLIP and InstructPix2Pix checkpoints (kept if present)."""
+    """Write the demo unCLIP and InstructPix2Pix checkpoints, SigLIP and Redux (kept if present)."""
     import torch
 
     from nodes.demo import _write
@@ -121,4 +149,11 @@ def make_unclip_demo_models(models_dir: Path) -> list[Path]:
     if not ip2p_path.is_file():
         sd = ldm_state_dict(SD15(), ip2p_modules())
         _write(ip2p_path, {k: v.to(torch.float16).contiguous() for k, v in sd.items()})
-    return [unclip_path, ip2p_path]
+    siglip_path = Path(models_dir) / "clip_vision" / DEMO_SIGLIP
+    redux_path = Path(models_dir) / "style_models" / DEMO_REDUX
+    if not siglip_path.is_file():
+        tower = tiny_siglip().state_dict()  # ComfyUI's SigLIP files name the tower vision_model.*
+        _write(siglip_path, {"vision_model." + k.removeprefix("vision_model."): v.contiguous() for k, v in tower.items()})
+    if not redux_path.is_file():
+        _write(redux_path, redux_state_dict())
+    return [unclip_path, ip2p_path, siglip_path, redux_path]

@@ -225,6 +225,9 @@ class UNetDenoiser:
                         f"{name} conditioning: unCLIPConditioning's CLIP vision embeds are {width} wide but this model "
                         f"takes {wanted}; use the CLIP vision model that belongs to it (unCLIPCheckpointLoader's "
                         "CLIP_VISION, or CLIP-G vision for SDXL)")
+            if e.extras.get("attention_mask") is not None:
+                raise ConditioningError(f"{name} conditioning has an attention mask (StyleModelApply's attn_bias) but "
+                                        "this UNet cannot take one; use strength_type multiply")
             if e.extras.get("ip2p") and concat_kind(config.in_channels, config.out_channels) != "ip2p":
                 raise ConditioningError(
                     f"{name} conditioning comes from InstructPixToPixConditioning but this model has "
