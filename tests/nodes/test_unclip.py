@@ -190,3 +190,18 @@ def test_sdxl_takes_the_noisy_image_embeds_as_its_pooled_input(tiny_sdxl_ckpt: P
     pooled = kwargs["added_cond_kwargs"]["text_embeds"]
     assert torch.equal(pooled[0], text_pooled[0])
     assert torch.equal(pooled[1:], unclip.unclip_adm([UnclipInput(x, 1.0, 0.1)], 5, 0.0)[:, :32])
+
+
+def test_stacked_jobs_each_augment_with_their_own_seed(ctx: Any, handles: tuple[Any, ...]) -> None:
+    from nodes.guiders import GuidedRun, Guider
+
+    unet = handles[0]
+    entry = CondEntry(torch.zeros(1, 77, 32), extras={"unclip_conditioning": (UnclipInput(_embeds(), 1.0, 0.5),)})
+    guider = Guider(unet, (("positive", (entry,)), ("negative", (entry,))), cfg=2.0)
+    with ctx.models.use(unet) as module:
+        run = GuidedRun([guider, guider], module, 1, (8, 8), model_inputs={"seeds": (11, 12)})
+    seen = [job.branches["positive"][0].entry.extras["seed"] for job in run.jobs]
+    assert seen == [11, 12]
+    labels = [unet.denoiser.conditioning([job.branches["positive"][0].entry], 1, (64, 64))["class_labels"]
+              for job in run.jobs]
+    assert not torch.equal(labels[0], labels[1])
