@@ -76,6 +76,26 @@ def test_one_image_is_noised_at_round_999_times_the_augmentation_with_seed_minus
     assert torch.allclose(adm, expected, atol=1e-6)
 
 
+def test_the_augmentation_equals_diffusers_stable_unclip_noising() -> None:
+    """diffusers' StableUnCLIPImg2ImgPipeline noises image embeds the same way (normaliser at mean 0,
+    std 1, as ComfyUI runs it), given the same noise."""
+    from types import SimpleNamespace
+
+    from diffusers import DDPMScheduler, StableUnCLIPImg2ImgPipeline
+    from diffusers.pipelines.stable_diffusion.stable_unclip_image_normalizer import StableUnCLIPImageNormalizer
+
+    x = _embeds()
+    pipe = SimpleNamespace(image_normalizer=StableUnCLIPImageNormalizer(embedding_dim=32),
+                           image_noising_scheduler=DDPMScheduler(num_train_timesteps=1000,
+                                                                 beta_schedule="squaredcos_cap_v2"))
+    noise = torch.randn(1, 32, generator=torch.Generator().manual_seed(100 - unclip.SEED_OFFSET))
+    for augmentation in (0.0, 0.25, 0.9):
+        level = round(999 * augmentation)
+        theirs = StableUnCLIPImg2ImgPipeline.noise_image_embeddings(pipe, x, level, noise=noise)  # type: ignore[arg-type]
+        ours = unclip.unclip_adm([UnclipInput(x, 1.0, augmentation)], seed=100, merge_level=0.05)
+        assert torch.allclose(ours, theirs.detach(), atol=1e-5), augmentation
+
+
 def test_no_augmentation_keeps_the_embeds_almost_exactly() -> None:
     x = _embeds()
     adm = unclip.unclip_adm([UnclipInput(x, 1.0, 0.0)], seed=0, merge_level=0.05)
