@@ -82,7 +82,9 @@ def test_the_augmentation_equals_diffusers_stable_unclip_noising() -> None:
     from types import SimpleNamespace
 
     from diffusers import DDPMScheduler, StableUnCLIPImg2ImgPipeline
-    from diffusers.pipelines.stable_diffusion.stable_unclip_image_normalizer import StableUnCLIPImageNormalizer
+    from diffusers.pipelines.stable_diffusion.stable_unclip_image_normalizer import (
+        StableUnCLIPImageNormalizer,
+    )
 
     x = _embeds()
     pipe = SimpleNamespace(image_normalizer=StableUnCLIPImageNormalizer(embedding_dim=32),
