@@ -113,3 +113,36 @@ def test_no_input_saves_nothing(ctx: Any) -> None:
     out = LoraSave().run(ctx, filename_prefix="loras/none", rank=8, lora_type="standard", bias_diff=True)
     assert out.ui == {}
     assert not (Path(ctx.folders.output_dir) / "loras").exists()
+
+
+def test_a_flux_difference_round_trips_through_its_fused_layout(ctx: Any, tmp_path: Path) -> None:
+    """Flux's original names fuse q, k, v (``img_attn.qkv``): the full difference saved under them is
+    split back into the module's weights (and biases) by the loader. The RMSNorm scales (original
+    ``*.scale``, neither weight nor bias) are not saved, as in ComfyUI."""
+    from safetensors.torch import save_file
+
+    from nodes.demo_flux import DEMO_FLUX_DEV, demo_flux_modules, flux_files
+    from nodes.handles import open_diffusion_model
+
+    paths = []
+    for seed in (0, 1):
+        tensors = flux_files(demo_flux_modules(seed=seed, guidance=True))[DEMO_FLUX_DEV]
+        paths.append(tmp_path / f"flux_{seed}.safetensors")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(paths[-1]))
+    a, b = (open_diffusion_model(p) for p in paths)
+    (diff,) = ModelMergeSubtract().run(ctx, model1=a, model2=b, multiplier=1.0)
+    out = LoraSave().run(ctx, filename_prefix="loras/flux", rank=4, lora_type="full_diff", bias_diff=True,
+                         model_diff=diff)
+    path = _saved(ctx, out)
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        assert "diffusion_model.double_blocks.0.img_attn.qkv.diff" in f.keys()
+        assert "diffusion_model.double_blocks.0.img_attn.qkv.diff_b" in f.keys()
+    with ctx.models.use(a) as module:
+        want = {k: v.clone() for k, v in module.state_dict().items()}
+    with ctx.models.use(_patched(b, path, "unet")) as module:
+        scales = ("norm_q.", "norm_k.", "norm_added_q.", "norm_added_k.")
+        for k, v in module.state_dict().items():
+            if v.is_floating_point() and not any(s in k for s in scales):
+                assert torch.allclose(v, want[k], atol=2e-3), k
