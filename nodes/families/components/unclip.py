@@ -77,9 +77,10 @@ def augment(embeds: Tensor, level: int, seed: int) -> tuple[Tensor, Tensor]:
     import torch
 
     x = embeds.float().reshape(1, -1).cpu()
-    ac = torch.tensor(alphas_cumprod(), dtype=torch.float32)[level]  # float32, like ComfyUI's buffers
+    ac = alphas_cumprod()[level]  # square roots in float64, kept as float32 (ComfyUI's buffers)
+    keep, add = (torch.tensor(math.sqrt(v), dtype=torch.float32) for v in (ac, 1 - ac))
     noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(int(seed)))
-    return ac.sqrt() * x + (1 - ac).sqrt() * noise, level_embedding(level, x.shape[1])
+    return keep * x + add * noise, level_embedding(level, x.shape[1])
 
 
 def unclip_adm(inputs: Sequence[UnclipInput], seed: int, merge_level: float) -> Tensor:
