@@ -228,3 +228,23 @@ def test_stacked_jobs_each_augment_with_their_own_seed(ctx: Any, handles: tuple[
     labels = [unet.denoiser.conditioning([job.branches["positive"][0].entry], 1, (64, 64))["class_labels"]
               for job in run.jobs]
     assert not torch.equal(labels[0], labels[1])
+
+
+def test_an_sdxl_revision_workflow_samples_with_the_image(ctx: Any, tiny_sdxl_ckpt: Path) -> None:
+    from nodes.demo_vision import tiny_clip_vision
+
+    ck = open_checkpoint(tiny_sdxl_ckpt)
+    pos = CLIPTextEncode().run(ctx, text="a cat", clip=ck.clip)[0]
+    vision = tiny_clip_vision(3, projection=32)
+    image = torch.rand(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = vision(pixel_values=image, output_hidden_states=True)
+    vis = ClipVisionOutput(out.image_embeds, out.last_hidden_state, out.hidden_states[-2])
+    (revision,) = unCLIPConditioning().run(ctx, conditioning=pos, clip_vision_output=vis, strength=1.0,
+                                           noise_augmentation=0.0)
+    latent = {"samples": torch.zeros(1, 4, 8, 8)}
+    results = [KSampler().run(ctx, model=ck.unet, seed=4, steps=2, cfg=3.0, sampler_name="euler", scheduler="normal",
+                              positive=cond, negative=pos, latent_image=latent, denoise=1.0)[0]["samples"]
+               for cond in (pos, revision)]
+    assert torch.isfinite(results[1]).all()
+    assert (results[0] - results[1]).abs().max() > 1e-4  # the image replaced the pooled text
