@@ -379,14 +379,16 @@ def cmd_make_demo_model(args: argparse.Namespace) -> int:
 
 
 def write_demo_models(models_dir: Path) -> list[Path]:
-    """Every demo file core nodes load: checkpoints, VAE, LoRA, CLIP vision, IP-Adapter, safety, upscaler."""
+    """Every demo file core nodes load: checkpoints, VAE, LoRA, CLIP vision, IP-Adapter, safety, upscaler,
+    unCLIP, InstructPix2Pix, style models."""
     from nodes.demo import make_demo_models
+    from nodes.demo_unclip import make_unclip_demo_models
     from nodes.demo_upscale import make_demo_upscale_models
     from nodes.demo_vision import make_demo_vision_models
     from nodes.preview import make_demo_taesd
 
     return [*make_demo_models(models_dir), *make_demo_vision_models(models_dir), *make_demo_taesd(models_dir),
-            *make_demo_upscale_models(models_dir)]
+            *make_demo_upscale_models(models_dir), *make_unclip_demo_models(models_dir)]
 
 
 # --- serve --------------------------------------------------------------------------------------

@@ -21,11 +21,13 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.families import family_nodes
     from nodes.image import IMAGE_NODES, register_image_options
     from nodes.image_nodes import register_everyday_image
+    from nodes.ip2p import IP2P_NODES
     from nodes.ipadapter import IPADAPTER_NODES
     from nodes.latent import LATENT_NODES
     from nodes.latent_batch import register_everyday
     from nodes.loaders import LOADER_NODES, register_model_options
     from nodes.loaders_components import COMPONENT_LOADER_NODES
+    from nodes.lora_extract import LORA_EXTRACT_NODES
     from nodes.model_merge import MERGE_NODES
     from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
     from nodes.model_save import SAVE_NODES
@@ -37,6 +39,8 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.sampling import SAMPLING_NODES
     from nodes.sampling_custom import CUSTOM_SAMPLING_NODES
     from nodes.sigmas import SIGMA_NODES
+    from nodes.style_model import STYLE_MODEL_NODES
+    from nodes.unclip import UNCLIP_NODES
     from nodes.upscale_model import UPSCALE_NODES
     from nodes.utility import UTILITY_NODES
 
@@ -45,6 +49,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
               CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES, CONTROLNET_NODES,
               PREPROCESSOR_NODES, CONDITIONING_OPS_NODES, MERGE_NODES, SAVE_NODES, COMPONENT_LOADER_NODES,
+              UNCLIP_NODES, IP2P_NODES, LORA_EXTRACT_NODES, STYLE_MODEL_NODES,
               family_nodes())
     for group in groups:
         registry.register_all(group, origin="core")

@@ -9,6 +9,11 @@ Files in ``models/clip_vision/`` in the layouts users download:
   from the tensor shapes.
 - OpenCLIP image towers (``visual.conv1.weight``, ``visual.transformer.resblocks.*``, ``visual.proj``),
   e.g. the ViT-H/14 and ViT-bigG/14 encoders, as single files; keys are converted to transformers'.
+- SigLIP vision towers in transformers' ``SiglipVisionModel`` layout (``vision_model.*`` without a
+  class embedding, e.g. ``sigclip_vision_patch14_384.safetensors`` for Redux): no pre-norm, every
+  token post-normed, inputs normalised with mean = std = 0.5. ``last_hidden_state`` is what style
+  models read; ``image_embeds`` is the attention-pooling head's output, or the tokens' mean for a
+  file without the head.
 
 Preprocessing is our own torch code equal to transformers' ``CLIPImageProcessor`` with the shipped
 ``models/configs/clip_vision/preprocessor_config.json`` (shortest side to the model's image size,
@@ -40,17 +45,22 @@ CLIP_VISION_OUTPUT = "CLIP_VISION_OUTPUT"
 PROCESSOR_CONFIG = CONFIGS_DIR / "clip_vision" / "preprocessor_config.json"
 # OpenCLIP / OpenAI towers by width: heads (not readable from shapes) and activation.
 KNOWN_WIDTHS = {768: (12, "quick_gelu"), 1024: (16, "quick_gelu"), 1280: (16, "gelu"), 1664: (16, "gelu")}
+SIGLIP_HEADS = {1152: 16, 768: 12}  # so400m and base towers; others: 64-channel heads
 HF_PATCH = "vision_model.embeddings.patch_embedding.weight"
 OC_CONV = "conv1.weight"
 
 
 # --- files --------------------------------------------------------------------------------------
-def detect_layout(index: TensorIndex) -> tuple[str, str]:
-    """(``"transformers"`` | ``"open_clip"``, key prefix) of a CLIP vision file, or a teaching error."""
-    for key in index.tensors:
+def detect_layout(index: TensorIndex, under: str | None = None) -> tuple[str, str]:
+    """(``"transformers"`` | ``"open_clip"``, key prefix) of a CLIP vision file (only its tensors
+    under ``under`` if given), or a teaching error."""
+    keys = [k for k in index.tensors if under is None or k.startswith(under)]
+    for key in keys:
         if key.endswith(HF_PATCH):
-            return "transformers", key[: -len(HF_PATCH)]
-    for key in index.tensors:
+            prefix = key[: -len(HF_PATCH)]
+            siglip = not index.has(prefix + "vision_model.embeddings.class_embedding")
+            return ("siglip" if siglip else "transformers"), prefix
+    for key in keys:
         if key.endswith(OC_CONV) and index.has(key[: -len(OC_CONV)] + "transformer.resblocks.0.ln_1.weight"):
             return "open_clip", key[: -len(OC_CONV)]
     if any(".to_k_ip." in k or k.startswith(("image_proj.", "ip_adapter.")) for k in index.tensors):
@@ -64,7 +74,9 @@ def detect_layout(index: TensorIndex) -> tuple[str, str]:
 
 
 def infer_config(index: TensorIndex, layout: str, prefix: str) -> dict[str, Any]:
-    """A ``CLIPVisionConfig`` dict read from the tensor shapes."""
+    """A ``CLIPVisionConfig`` (``SiglipVisionConfig`` for SigLIP) dict read from the tensor shapes."""
+    if layout == "siglip":
+        return siglip_config(index, prefix)
     if layout == "transformers":
         p = prefix + "vision_model."
         hidden, _, patch, _ = index.shape(p + "embeddings.patch_embedding.weight")
@@ -84,6 +96,18 @@ def infer_config(index: TensorIndex, layout: str, prefix: str) -> dict[str, Any]
     return {"hidden_size": hidden, "intermediate_size": inner, "num_hidden_layers": layers,
             "num_attention_heads": heads, "image_size": side * patch, "patch_size": patch,
             "projection_dim": projection, "hidden_act": act, "layer_norm_eps": 1e-5, "num_channels": 3}
+
+
+def siglip_config(index: TensorIndex, prefix: str) -> dict[str, Any]:
+    p = prefix + "vision_model."
+    hidden, _, patch, _ = index.shape(p + "embeddings.patch_embedding.weight")
+    positions = index.shape(p + "embeddings.position_embedding.weight")[0]
+    return {"hidden_size": hidden, "intermediate_size": index.shape(p + "encoder.layers.0.mlp.fc1.weight")[0],
+            "num_hidden_layers": index.count(p + "encoder.layers."),
+            "num_attention_heads": SIGLIP_HEADS.get(hidden, max(1, hidden // 64)),
+            "image_size": math.isqrt(positions) * patch, "patch_size": patch, "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-6, "num_channels": 3, "vision_use_head": index.any_with(p + "head."),
+            "projection_dim": hidden}
 
 
 def sidecar_config(path: Path) -> dict[str, Any] | None:
@@ -141,6 +165,11 @@ class ClipVisionHandle(WeightsHandle):
         return dict(json.loads(self.config_json))
 
     @property
+    def processor(self) -> ProcessorConfig:
+        """The input normalisation: CLIP's mean/std, or SigLIP's 0.5."""
+        return ProcessorConfig((0.5,) * 3, (0.5,) * 3) if self.layout == "siglip" else ProcessorConfig.shipped()
+
+    @property
     def embed_dim(self) -> int:
         """Size of ``image_embeds`` (the projection)."""
         return int(self.config["projection_dim"])
@@ -154,9 +183,10 @@ class ClipVisionHandle(WeightsHandle):
         return int(self.config["image_size"])
 
     @classmethod
-    def from_file(cls, path: Path, *, allow_pickle: bool = False) -> ClipVisionHandle:
+    def from_file(cls, path: Path, *, allow_pickle: bool = False, prefix: str | None = None) -> ClipVisionHandle:
+        """The image tower of ``path``; ``prefix``: only the tensors under it (a checkpoint's tower)."""
         index = read_index(path, allow_pickle=allow_pickle)
-        layout, prefix = detect_layout(index)
+        layout, prefix = detect_layout(index, prefix)
         config = sidecar_config(path) if layout == "transformers" else None
         config = config or infer_config(index, layout, prefix)
         return cls(source=WeightsSource(Path(path), fingerprint(path), allow_pickle=allow_pickle), layout=layout,
@@ -167,6 +197,14 @@ class ClipVisionHandle(WeightsHandle):
 
         index = read_index(self.path, allow_pickle=self.source.allow_pickle)
         sd = load_tensors(index, self.prefix)
+        if self.layout == "siglip":
+            from transformers import SiglipVisionConfig, SiglipVisionModel
+
+            cfg = {k: v for k, v in self.config.items() if k != "projection_dim"}
+            # the file's names are ``vision_model.*``; transformers 5's SiglipVisionModel has the tower at its root
+            weights = {k.removeprefix("vision_model."): v.float() for k, v in sd.items() if k.startswith("vision_model.")}
+            return module_with_weights(lambda: SiglipVisionModel(SiglipVisionConfig(**cfg)), weights,
+                                       f"{self.path}: SigLIP vision weights read from the file")
         if self.layout == "open_clip":
             sd = open_clip_to_transformers(sd)
         sd = {k: v.float() for k, v in sd.items() if k.startswith(("vision_model.", "visual_projection."))}
@@ -254,14 +292,17 @@ def encode_pixels(model: Any, pixels: torch.Tensor) -> ClipVisionOutput:
     param = next(model.parameters())
     with torch.inference_mode():
         out = model(pixel_values=pixels.to(param.device, param.dtype), output_hidden_states=True)
-    return ClipVisionOutput(out.image_embeds.float().cpu(), out.last_hidden_state.float().cpu(),
+    embeds = getattr(out, "image_embeds", None)
+    if embeds is None:  # SigLIP: the pooling head's output, or the tokens' mean without the head
+        embeds = out.pooler_output if out.pooler_output is not None else out.last_hidden_state.mean(1)
+    return ClipVisionOutput(embeds.float().cpu(), out.last_hidden_state.float().cpu(),
                             out.hidden_states[-2].float().cpu())
 
 
 def encode_images(ctx: NodeContext, clip_vision: ClipVisionHandle, images: Any, crop: str = "center") -> ClipVisionOutput:
     if not isinstance(clip_vision, ClipVisionHandle):
         raise TypeError(f"input 'clip_vision' must come from CLIPVisionLoader; got {type(clip_vision).__name__}")
-    pixels = preprocess(images, clip_vision.image_size, crop)
+    pixels = preprocess(images, clip_vision.image_size, crop, clip_vision.processor)
     with ctx.models.use(clip_vision) as model:
         return encode_pixels(model, pixels)
 

@@ -143,11 +143,13 @@ class GuidedRun:
         self.dtype = next(module.parameters()).dtype
         # what ComfyUI hands every cond's extra_conds (the sampled latent, its noise mask): defaults
         # under each entry's own extras, read by the denoisers that need them (inpainting UNets)
+        # ``seeds`` (one per job) become each entry's ``seed`` (unCLIP's noise augmentation reads it)
         self.model_inputs = dict(model_inputs or {})
-        self._with_inputs_cache: dict[int, tuple[CondEntry, CondEntry]] = {}
+        self._seeds = tuple(self.model_inputs.pop("seeds", ()))
+        self._with_inputs_cache: dict[tuple[int, int], tuple[CondEntry, CondEntry]] = {}
         self.jobs = []
         for j, g in enumerate(guiders):
-            prepared = {name: cb.prepare(self._with_inputs(entries), latent_size, self.model_sampling.percent_to_sigma)
+            prepared = {name: cb.prepare(self._with_inputs(entries, j), latent_size, self.model_sampling.percent_to_sigma)
                         for name, entries in controls_to_uncond(g.branches)}
             cb.add_same_area_counterparts(prepared)
             self.jobs.append(cb.Job(slice(j * rows, (j + 1) * rows), prepared))
@@ -233,17 +235,21 @@ class GuidedRun:
                          "branches": (cond_name, uncond_name), **extra})
         return result
 
-    def _with_inputs(self, entries: Sequence[CondEntry]) -> list[CondEntry]:
-        """``entries`` with the model inputs under their extras; one copy per entry for the run (the
-        forward's kwargs are cached by entry identity, so a copy must live as long as the run)."""
-        if not self.model_inputs:
+    def _with_inputs(self, entries: Sequence[CondEntry], job: int = 0) -> list[CondEntry]:
+        """``entries`` with the model inputs (and job ``job``'s seed) under their extras; one copy per
+        entry and job for the run (the forward's kwargs are cached by entry identity, so a copy must
+        live as long as the run)."""
+        inputs = dict(self.model_inputs)
+        if self._seeds:
+            inputs["seed"] = self._seeds[min(job, len(self._seeds) - 1)]
+        if not inputs:
             return list(entries)
         out = []
         for e in entries:
-            kept = self._with_inputs_cache.get(id(e))
+            kept = self._with_inputs_cache.get((id(e), job))
             if kept is None or kept[0] is not e:
-                kept = (e, replace(e, extras={**self.model_inputs, **e.extras}))
-                self._with_inputs_cache[id(e)] = kept
+                kept = (e, replace(e, extras={**inputs, **e.extras}))
+                self._with_inputs_cache[(id(e), job)] = kept
             out.append(kept[1])
         return out
 

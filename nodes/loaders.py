@@ -40,7 +40,8 @@ from nodes.lora import LoraPatch, inspect_lora
 from nodes.weights import ModelLoadError, fingerprint
 
 OPTION_KINDS = ("checkpoints", "diffusers", "vae", "loras", "clip_vision", "ipadapter", "safety", "vae_approx",
-                "embeddings", "upscale_models", "configs", "diffusion_models", "text_encoders", "controlnet")
+                "embeddings", "upscale_models", "configs", "diffusion_models", "text_encoders", "controlnet",
+                "style_models")
 
 _MODEL_OUT = Output("MODEL", MODEL, "The denoising model (UNet) and its family.")
 _CLIP_OUT = Output("CLIP", CLIP, "The text encoder(s) that turn prompts into conditioning.")

@@ -6,9 +6,13 @@ Formats read (key shapes ``down`` [r, in, ...], ``up`` [out, r, ...], optional `
   ``.alpha``; text encoders ``lora_te_`` or SDXL's ``lora_te1_`` / ``lora_te2_``; UNet names in
   diffusers or original (``input_blocks_1_1_...``) spelling),
 - diffusers / PEFT (``unet.down_blocks.0....to_q.lora_A.weight`` / ``lora_B``, ``text_encoder.``,
-  ``text_encoder_2.``; older ``.lora.down.weight`` / ``.lora.up.weight``).
+  ``text_encoder_2.``; older ``.lora.down.weight`` / ``.lora.up.weight``),
+- ComfyUI's LoraSave (``diffusion_model.<LDM name>.lora_up.weight``; text encoders as
+  ``text_encoders.<clip_l|clip_g|...>.transformer.<name>``; full differences ``.diff`` and bias
+  differences ``.diff_b``).
 
-W' = W + strength · (alpha / rank) · up @ down   (scale 1 without alpha), computed in fp32.
+W' = W + strength · (alpha / rank) · up @ down   (scale 1 without alpha), computed in fp32;
+W' = W + strength · diff for a ``.diff``; b' = b + strength · diff_b for a ``.diff_b``.
 Strength 0 is no patch at all (the loader returns the input handle unchanged).
 """
 
@@ -31,6 +35,7 @@ log = logging.getLogger("loom.lora")
 _SUFFIXES = (
     (".lora_down.weight", "down"), (".lora_up.weight", "up"), (".lora_A.weight", "down"),
     (".lora_B.weight", "up"), (".lora.down.weight", "down"), (".lora.up.weight", "up"), (".alpha", "alpha"),
+    (".diff", "diff"), (".diff_b", "diff_b"),
 )
 # (key prefix, target, text encoder position or -1 for the UNet)
 _PREFIXES = (
@@ -44,11 +49,17 @@ _PREFIXES = (
 @dataclass(frozen=True)
 class LoraLayer:
     target: str  # unet | clip
-    encoder: int  # text encoder position (-1 for the UNet)
+    encoder: int | str  # text encoder position (-1 for the UNet) or name (``clip_l``)
     name: str  # flattened module name (``down_blocks_0_..._to_q``)
     down: Any
     up: Any
     alpha: float | None
+    diff: Any = None  # a full weight difference (``.diff``) instead of up/down
+    diff_b: Any = None  # a bias difference (``.diff_b``)
+
+    @property
+    def low_rank(self) -> bool:
+        return self.down is not None and self.up is not None
 
 
 def _split(key: str) -> tuple[str, str] | None:
@@ -58,11 +69,15 @@ def _split(key: str) -> tuple[str, str] | None:
     return None
 
 
-def _route(name: str) -> tuple[str, int, str] | None:
-    for prefix, target, encoder in _PREFIXES:
+def _route(name: str) -> tuple[str, int | str, str] | None:
+    if name.startswith("text_encoders."):  # ComfyUI's LoraSave: text_encoders.<encoder>.transformer.<module>
+        named, _, rest = name.removeprefix("text_encoders.").partition(".")
+        flat = rest.removeprefix("transformer.").replace(".", "_")
+        return "clip", named, flat.removeprefix("text_model_")
+    for prefix, target, position in _PREFIXES:
         if name.startswith(prefix):
             flat = name[len(prefix):].replace(".", "_")
-            return target, encoder, flat.removeprefix("text_model_")
+            return target, position, flat.removeprefix("text_model_")
     return None
 
 
@@ -85,12 +100,15 @@ def read_lora(index: TensorIndex) -> list[LoraLayer]:
     layers: list[LoraLayer] = []
     for name, parts in groups.items():
         route = _route(name)
-        if route is None or "down" not in parts or "up" not in parts:
+        usable = ("down" in parts and "up" in parts) or "diff" in parts or "diff_b" in parts
+        if route is None or not usable:
             log.warning("%s: skipping LoRA entry %r (unknown prefix or missing up/down)", index.path.name, name)
             continue
         alpha = parts.get("alpha")
-        layers.append(LoraLayer(route[0], route[1], route[2], parts["down"], parts["up"],
-                                None if alpha is None else float(alpha)))
+        low_rank = "down" in parts and "up" in parts
+        layers.append(LoraLayer(route[0], route[1], route[2], parts["down"] if low_rank else None,
+                                parts["up"] if low_rank else None, None if alpha is None else float(alpha),
+                                parts.get("diff"), parts.get("diff_b")))
     return layers
 
 
@@ -133,7 +151,15 @@ def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength:
     import torch
 
     modules = dict(unet.named_modules())
+    if layer.diff_b is not None:
+        bias_key = fused.key.removesuffix(".weight") + ".bias"
+        for name, piece in part.kind.to_diffusers({bias_key: layer.diff_b.float() * strength}, part.config).items():
+            bias = modules[name.removesuffix(".bias")].bias
+            with torch.no_grad():
+                bias.copy_((bias.to(torch.float32) + piece).to(bias.dtype))
     delta = _delta(layer)
+    if delta is None:
+        return
     if delta.numel() != math.prod(fused.shape):
         raise ModelLoadError(f"LoRA layer {layer.name!r} makes a {tuple(delta.shape)} change but the model's "
                              f"{fused.key} is {fused.shape}; the LoRA is for another model family or size")
@@ -147,6 +173,8 @@ def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength:
 def _delta(layer: LoraLayer) -> Any:
     import torch
 
+    if not layer.low_rank:
+        return layer.diff.to(torch.float32) if layer.diff is not None else None
     down = layer.down.to(torch.float32).flatten(1)  # [r, in·k·k]
     up = layer.up.to(torch.float32).flatten(1)  # [out, r]
     scale = (layer.alpha / down.shape[0]) if layer.alpha is not None else 1.0
@@ -161,10 +189,20 @@ def _clip_lookup(encoder: Any) -> dict[str, Any]:
 def merge(module: Any, delta_source: LoraLayer, strength: float) -> None:
     import torch
 
-    weight = module.weight
-    delta = _delta(delta_source).reshape(weight.shape)
+    weight, bias = module.weight, getattr(module, "bias", None)
+    delta = _delta(delta_source)
     with torch.no_grad():
-        weight.copy_((weight.to(torch.float32) + strength * delta).to(weight.dtype))
+        if delta is not None:
+            weight.copy_((weight.to(torch.float32) + strength * delta.reshape(weight.shape)).to(weight.dtype))
+        if delta_source.diff_b is not None and bias is not None:
+            bias.copy_((bias.to(torch.float32) + strength * delta_source.diff_b.float().reshape(bias.shape)).to(bias.dtype))
+
+
+def _change_size(layer: LoraLayer) -> int:
+    """How many weights the layer changes (0: only a bias)."""
+    if layer.low_rank:
+        return int(layer.up.shape[0] * layer.down[0].numel())
+    return int(layer.diff.numel()) if layer.diff is not None else 0
 
 
 @dataclass(frozen=True)
@@ -186,10 +224,11 @@ class LoraPatch:
         fused: dict[str, Fused] = {}
         if self.target == "unet":
             unet_lookup, fused = _unet_lookup(module, handle.part("unet"))
-            lookups = {-1: unet_lookup}
+            lookups: dict[int | str, dict[str, Any]] = {-1: unet_lookup}
         else:
             names = [s.name for s in handle.family.text_encoders]
             lookups = {i: _clip_lookup(module[n]) for i, n in enumerate(names) if n in module}
+            lookups.update({n: lookups[i] for i, n in enumerate(names) if i in lookups})
         matched = 0
         for layer in layers:
             target = lookups.get(layer.encoder, {}).get(layer.name)
@@ -199,9 +238,9 @@ class LoraPatch:
                 continue
             if target is None:
                 continue
-            if layer.up.shape[0] * layer.down[0].numel() != target.weight.numel():
+            if _change_size(layer) not in (0, target.weight.numel()):
                 raise ModelLoadError(
-                    f"{self.path}: LoRA layer {layer.name!r} makes a {layer.up.shape[0]}×{layer.down[0].numel()} change "
+                    f"{self.path}: LoRA layer {layer.name!r} changes {_change_size(layer)} weights "
                     f"but this {handle.family.title} model's layer is {tuple(target.weight.shape)}; "
                     "the LoRA is for another model family or size"
                 )

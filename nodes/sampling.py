@@ -150,7 +150,7 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     with ctx.models.use(model) as module, resident_controls(ctx, model, entries) as controls:
         _check(module, model, jobs)
         device = next(module.parameters()).device
-        inputs = {"latent_image": model_in, "denoise_mask": mask}
+        inputs = {"latent_image": model_in, "denoise_mask": mask, "seeds": tuple(job.seed for job in jobs)}
         if controls:
             inputs |= {"control_modules": controls, "percent_to_sigma": model.model_sampling.percent_to_sigma}
         run = GuidedRun([job.guider for job in jobs], module, rows, tuple(samples.shape[-2:]),

@@ -10,17 +10,17 @@ from typing import Any
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
 from nodes.families.flux import Chroma, Flux
 from nodes.families.keys import looks_like_diffusers_vae
-from nodes.families.sd2 import SD2
+from nodes.families.sd2 import SD2, SD2Unclip
 from nodes.families.sd3 import SD3
 from nodes.families.sd15 import SD15
 from nodes.families.sdxl import SDXL
 from nodes.families.zimage import ZImage
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, ZImage, SD3, SDXL, SD2, SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, ZImage, SD3, SD2Unclip, SDXL, SD2, SD15)  # most specific first
 
-__all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux",
-           "ModelLoadError", "Part", "SD3", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
+__all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SD2Unclip", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter",
+           "Flux", "ModelLoadError", "Part", "SD3", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
            "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
            "standalone_text_encoder", "standalone_vae", "ZImage"]
 

@@ -61,10 +61,11 @@ def unet_pairs(config: Mapping[str, Any]) -> Pairs:
     attn_up = [t.startswith("CrossAttn") for t in config["up_block_types"]]
     pairs: Pairs = [
         ("time_embed.0.", "time_embedding.linear_1."), ("time_embed.2.", "time_embedding.linear_2."),
-        ("label_emb.0.0.", "add_embedding.linear_1."), ("label_emb.0.2.", "add_embedding.linear_2."),
         ("input_blocks.0.0.", "conv_in."), ("out.0.", "conv_norm_out."), ("out.2.", "conv_out."),
         ("middle_block.1.", "mid_block.attentions.0."),
     ]
+    label = "class_embedding" if config.get("class_embed_type") == "projection" else "add_embedding"  # unCLIP: class
+    pairs += [("label_emb.0.0.", f"{label}.linear_1."), ("label_emb.0.2.", f"{label}.linear_2.")]
     pairs += _resnet("middle_block.0.", "mid_block.resnets.0.") + _resnet("middle_block.2.", "mid_block.resnets.1.")
     for i in range(levels):
         for j in range(lpb):

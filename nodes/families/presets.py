@@ -92,6 +92,7 @@ SHIPPED: tuple[Preset, ...] = (
     _p("sd2", "Stable Diffusion 2.x (512, epsilon)", "sd2", 20, 7.0, "euler", "normal", 512, prediction="epsilon"),
     _p("sd2_v", "Stable Diffusion 2.x (768, v-prediction)", "sd2", 20, 7.0, "euler", "normal", 768,
        prediction="v_prediction"),
+    _p("sd2_unclip", "Stable Diffusion 2.1 unCLIP", "sd2_unclip", 20, 7.0, "euler", "normal", 768),
     _p("sdxl", "Stable Diffusion XL", "sdxl", 25, 7.0, "dpmpp_2m", "karras", 1024),
     _p("sdxl_turbo", "SDXL Turbo", "sdxl", 1, 1.0, "euler_ancestral", "simple", 512, negative=False,
        match=("turbo",), notes="1-4 steps; 512x512 is its trained size"),

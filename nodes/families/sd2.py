@@ -9,8 +9,10 @@ from typing import Any, ClassVar
 
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
+from nodes.families.components import UNetDenoiser
+from nodes.families.latent_format import SD15_LATENT
 from nodes.families.sampling import AYS_SD1, DiscreteSampling
-from nodes.weights import TensorIndex
+from nodes.weights import ModelLoadError, TensorIndex
 
 # ComfyUI's rule for SD2 files without a marker: v-prediction models have a wide norm bias here.
 _V_PROBE = "model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias"
@@ -61,4 +63,36 @@ class SD2(FamilyAdapter):
     def denoiser_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
         cfg = super().denoiser_config(index, prediction)
         cfg["upcast_attention"] = prediction == "v_prediction"  # SD2.1-v overflows in fp16 otherwise
+        return cfg
+
+
+@dataclass(frozen=True)
+class SD2Unclip(SD2):
+    """SD2.1 unCLIP (ComfyUI's SD21UnclipL/H): an SD2.x checkpoint whose UNet has a class embedding
+    (``label_emb``) fed with noise-augmented CLIP vision image embeds and their noise-level embedding
+    (twice the image-embed width: 1536 for the ViT-L variant, 2048 for ViT-H), and its OpenCLIP image
+    tower under ``embedder.model.visual.`` (unCLIPCheckpointLoader's CLIP_VISION)."""
+
+    name: ClassVar[str] = "sd2_unclip"
+    title: ClassVar[str] = "SD2.x unCLIP"
+    pipeline_class: ClassVar[str] = "StableUnCLIPImg2ImgPipeline"
+    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(latent_format=SD15_LATENT, image_embeds="class_labels")
+    clip_vision_prefix: ClassVar[str] = "embedder.model.visual."
+
+    @classmethod
+    def detect(cls, index: TensorIndex) -> bool:
+        return (index.has(f"{cls.denoiser_prefix}label_emb.0.0.weight") and index.any_with("cond_stage_model.model.")
+                and not index.any_with("conditioner.embedders."))
+
+    @classmethod
+    def detect_diffusers(cls, model_index: dict, unet: dict) -> bool:  # type: ignore[override]
+        return model_index.get("_class_name") == cls.pipeline_class
+
+    def denoiser_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
+        cfg = super().denoiser_config(index, prediction)
+        cfg.pop("addition_embed_type", None)
+        cfg["class_embed_type"] = "projection"
+        if cfg["projection_class_embeddings_input_dim"] % 2:
+            raise ModelLoadError(f"{index.path}: an unCLIP class embedding takes an even width (image embeds + "
+                                 f"noise-level embedding); found {cfg['projection_class_embeddings_input_dim']}")
         return cfg

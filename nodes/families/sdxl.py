@@ -23,7 +23,7 @@ class SDXL(FamilyAdapter):
     latent_format: ClassVar[LatentFormat] = SDXL_LATENT
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=(
         14.615, 6.315, 3.771, 2.181, 1.342, 0.862, 0.555, 0.380, 0.234, 0.113, 0.029))
-    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(size_ids=True, latent_format=SDXL_LATENT)
+    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(size_ids=True, latent_format=SDXL_LATENT, image_embeds="pooled")
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
         TextEncoderSpec("clip_l", "conditioner.embedders.0.transformer.text_model.", "hf_clip", "text_encoder",

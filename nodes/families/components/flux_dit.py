@@ -21,6 +21,7 @@ serves tiny test models and the real 3072-wide ones alike. Facts it follows:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,12 +199,16 @@ class FluxTransformer:
         embeds = lcm_repeat([e.embeds for e in entries])  # ComfyUI's rule for mixed lengths, as for UNets
         length = embeds[0].shape[1]
         hidden = torch.cat([e.expand(batch, -1, -1) for e in embeds])
+        kwargs: dict[str, Any] = {"encoder_hidden_states": to(hidden), "txt_ids": to(torch.zeros(length, 3))}
+        if any(e.extras.get("attention_mask") is not None for e in entries):
+            grid = (math.ceil(size[0] / 16), math.ceil(size[1] / 16))  # 8 px per latent cell, 2x2 patches
+            mask = torch.cat([attention_mask(e, batch, length, grid) for e in entries]).unsqueeze(1)
+            kwargs["joint_attention_kwargs"] = {"attention_mask": to(mask)}
         if self.approximator:
-            return {"encoder_hidden_states": to(hidden), "txt_ids": to(torch.zeros(length, 3))}
+            return kwargs
         pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
         values = [e.extras.get("guidance", DEFAULT_GUIDANCE) for e in entries for _ in range(batch)]
-        out = {"encoder_hidden_states": to(hidden), "pooled_projections": to(pooled),
-               "txt_ids": to(torch.zeros(length, 3)),
+        out = {**kwargs, "pooled_projections": to(pooled),
                "guidance": to(torch.tensor([0.0 if v is None else float(v) for v in values]))}
         if any(v is None for v in values):
             out["guidance_off"] = torch.tensor([v is None for v in values])
@@ -294,6 +299,49 @@ class FluxTransformer:
                 raise ConditioningError(
                     f"{name} conditioning has no {module.config.pooled_projection_dim}-wide pooled CLIP-L "
                     "vector, which Flux needs; encode with the CLIP of DualCLIPLoader (clip_l + t5xxl, type flux)")
+
+
+def attention_mask(entry: CondEntry, batch: int, length: int, grid: tuple[int, int]) -> Tensor:
+    """An entry's additive attention mask over [text, image] tokens for an image of ``grid`` patches:
+    its ``attention_mask`` (made for ``attention_mask_img_shape``) resized as ComfyUI's
+    ``upscale_dit_mask`` does, or zeros; ``batch`` rows."""
+    import torch
+
+    mask = entry.extras.get("attention_mask")
+    if mask is None:
+        side = length + grid[0] * grid[1]
+        return torch.zeros(batch, side, side)
+    ref = tuple(entry.extras.get("attention_mask_img_shape", (1, 1)))
+    mask = mask.float().reshape(-1, *mask.shape[-2:])
+    if mask.shape[-1] - ref[0] * ref[1] != length:
+        raise ConditioningError(f"a conditioning's attention mask covers {mask.shape[-1] - ref[0] * ref[1]} text tokens "
+                                f"but it has {length} (prompts of different lengths combined with a masked one); "
+                                "give the prompts equal lengths or apply the style model to each")
+    mask = upscale_dit_mask(mask, ref, grid)
+    return mask.expand(batch, -1, -1) if mask.shape[0] == 1 else mask
+
+
+def upscale_dit_mask(mask: Tensor, size_in: tuple[int, ...], size_out: tuple[int, int]) -> Tensor:
+    """ComfyUI's ``upscale_dit_mask``: a (B, T + hi·wi, same) mask → (B, T + ho·wo, same), each
+    quadrant touching image tokens resized bilinearly over the image grid (both sides for image-image)."""
+    import torch.nn.functional as F
+
+    (hi, wi), (ho, wo) = (int(size_in[0]), int(size_in[1])), size_out
+    if (hi, wi) == (ho, wo):
+        return mask
+    b, t = mask.shape[0], mask.shape[1] - hi * wi
+
+    def grid(x: Tensor) -> Tensor:  # (b, n, hi*wi) -> (b, n, ho*wo)
+        n = x.shape[1]
+        return F.interpolate(x.reshape(b, n, hi, wi), size=(ho, wo), mode="bilinear").reshape(b, n, ho * wo)
+
+    txt_txt, txt_img = mask[:, :t, :t], grid(mask[:, :t, t:])
+    img_txt = grid(mask[:, t:, :t].transpose(1, 2)).transpose(1, 2)
+    img_img = grid(mask[:, t:, t:])  # keys resized; then queries
+    img_img = grid(img_img.transpose(1, 2)).transpose(1, 2)
+    import torch
+
+    return torch.cat([torch.cat([txt_txt, txt_img], 2), torch.cat([img_txt, img_img], 2)], 1)
 
 
 def pack(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -18,6 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from nodes.families import arch, keys
+from nodes.families.components import unclip
+from nodes.families.components.unet_inputs import (
+    BLANK_INPAINT_LATENT,
+    ConcatSource,
+    concat_kind,
+    inpaint_concat,
+)
 from nodes.families.components.unet_patching import PATCH_POINTS
 from nodes.hooks import ConditioningError
 from nodes.weights import TensorIndex
@@ -35,8 +42,7 @@ def lcm_repeat(embeds: Sequence[Tensor]) -> list[Tensor]:
     return [e.repeat(1, target // e.shape[1], 1) for e in embeds]
 
 
-# ComfyUI's "zero image" in SD latent space: the masked image of an inpainting UNet given no image
-BLANK_INPAINT_LATENT = (0.8223, -0.6876, 0.6364, 0.1380)
+__all__ = ["BLANK_INPAINT_LATENT", "UNetDenoiser", "lcm_repeat", "size_ids"]
 
 
 def bind_controls(entries: Sequence[CondEntry], batch: int) -> Any:
@@ -65,13 +71,16 @@ def size_ids(extras: Mapping[str, Any], size: tuple[int, int]) -> list[float]:
 
 @dataclass(frozen=True)
 class UNetDenoiser:
-    """A diffusers UNet; ``size_ids``: it takes SDXL's pooled embedding and size/crop ids."""
+    """A diffusers UNet; ``size_ids``: it takes SDXL's pooled embedding and size/crop ids;
+    ``image_embeds``: where unCLIP conditioning goes (``"class_labels"``: an SD2.1 unCLIP UNet's class
+    embedding, ``"pooled"``: SDXL's pooled input, ``""``: the UNet takes none)."""
 
     size_ids: bool = False
     id: str = "unet"
     # the patch points ``forward`` runs (MODEL patch nodes check this before patching)
     patch_points: ClassVar[frozenset[str]] = PATCH_POINTS
     latent_format: LatentFormat | None = None  # an inpainting UNet's concat image is brought into model space
+    image_embeds: str = ""
 
     # --- reading and building -----------------------------------------------------------------
     def config_from_tensors(self, index: TensorIndex, prefix: str, heads: arch.HeadsRule,
@@ -111,78 +120,83 @@ class UNetDenoiser:
         hidden = to(torch.cat([e.expand(batch, -1, -1) for e in embeds]))  # (k*B, T, D)
         kwargs: dict[str, Any] = {"encoder_hidden_states": hidden}
         if self.size_ids and entries[0].pooled is not None:
-            pooled = to(torch.cat([e.pooled.expand(batch, -1) for e in entries if e.pooled is not None]))
+            pooled = to(torch.cat([self.pooled(e).expand(batch, -1) for e in entries]))
             ids = torch.tensor([size_ids(e.extras, size) for e in entries], dtype=pooled.dtype, device=pooled.device)
             kwargs["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": ids.repeat_interleave(batch, 0)}
+        if self.image_embeds == "class_labels":
+            labels = self.class_labels(entries)
+            if labels is not None:
+                kwargs["class_labels"] = to(torch.cat([t.expand(batch, -1) for t in labels]))
         if any(e.extras.get("concat_latent_image") is not None or e.extras.get("denoise_mask") is not None
                for e in entries):
-            latent = (size[0] // 8, size[1] // 8)
-            kwargs["concat"] = to(torch.cat([self.inpaint_concat(e.extras, batch, latent) for e in entries]))
+            kwargs["concat"] = ConcatSource(tuple(e.extras for e in entries), batch, (size[0] // 8, size[1] // 8),
+                                            self.latent_format)
         if any(e.extras.get("control") is not None for e in entries):
             kwargs["control"] = bind_controls(entries, batch)
         return kwargs
 
-    def inpaint_concat(self, extras: Mapping[str, Any], batch: int, latent: tuple[int, int]) -> Tensor:
-        """An inpainting UNet's extra input channels (ComfyUI's ``c_concat``): the mask, then the masked
-        image in model space. From InpaintModelConditioning (``concat_mask``/``concat_latent_image``),
-        else from the sampled latent and its noise mask (``denoise_mask``/``latent_image``), else an
-        all-ones mask and a blank image."""
+    def pooled(self, entry: CondEntry) -> Tensor:
+        """SDXL's pooled input: the text's, or with unCLIP conditioning ("revision") the noisy image
+        embeds (ComfyUI's ``sdxl_pooled``)."""
+        inputs = unclip.unclip_inputs(entry.extras)
+        if self.image_embeds != "pooled" or not inputs:
+            assert entry.pooled is not None
+            return entry.pooled
+        adm = unclip.unclip_adm(inputs, unclip.entry_seed(entry.extras), 0.0)
+        return adm[:, : adm.shape[1] // 2]
+
+    def class_labels(self, entries: Sequence[CondEntry]) -> list[Tensor] | None:
+        """An unCLIP UNet's class-label input per entry (zeros for an entry without unCLIP
+        conditioning); None when no entry has any (the forward then gives zeros of its width)."""
         import torch
-        import torch.nn.functional as F
 
-        image = extras.get("concat_latent_image")
-        if image is not None and self.latent_format is not None:
-            image = self.latent_format.process_in(image.float())
-        elif image is None:
-            image = extras.get("latent_image")
-        mask = extras.get("concat_mask", extras.get("denoise_mask"))
-
-        def fit(t: Tensor) -> Tensor:
-            t = t.float()
-            if tuple(t.shape[-2:]) != latent:
-                t = F.interpolate(t, size=latent, mode="bilinear", align_corners=False)
-            if t.shape[0] != batch and batch % t.shape[0]:
-                raise ConditioningError(f"the inpainting image or mask has a batch of {t.shape[0]} but the "
-                                        f"latent has {batch}; give one image or one per latent")
-            return t.repeat(batch // t.shape[0], 1, 1, 1) if t.shape[0] != batch else t
-
-        if image is None or mask is None:  # no noise mask: ComfyUI's full mask and blank image
-            mask_t = torch.ones(batch, 1, *latent)
-            image_t = torch.tensor(BLANK_INPAINT_LATENT).reshape(1, -1, 1, 1).expand(batch, -1, *latent)
-        else:
-            mask_t = fit(mask.reshape(-1, 1, *mask.shape[-2:])[:, :1]).round()
-            image_t = fit(image)
-        return torch.cat([mask_t, image_t], dim=1)
+        adms = [unclip.unclip_adm(inputs, unclip.entry_seed(e.extras), unclip.MERGE_LEVEL_SD21)
+                if (inputs := unclip.unclip_inputs(e.extras)) else None for e in entries]
+        width = next((a.shape[1] for a in adms if a is not None), None)
+        if width is None:
+            return None
+        return [a if a is not None else torch.zeros(1, width) for a in adms]
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
-        """The raw model output for ``x_in`` at the UNet's ``timestep`` (an inpainting UNet gets its
-        extra channels appended: ``cond_kwargs["concat"]``, or a blank image and full mask)."""
+        """The raw model output for ``x_in`` at the UNet's ``timestep``. A UNet with extra input
+        channels gets them appended: an inpainting UNet (latent channels + 1) the mask and masked
+        image, an InstructPix2Pix UNet (2 × latent channels) the source image's latent."""
         import torch
 
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         concat = kwargs.pop("concat", None)
         control = kwargs.pop("control", None)
+        if self.image_embeds == "class_labels" and "class_labels" not in kwargs:  # ComfyUI's zero adm
+            width = module.config.projection_class_embeddings_input_dim
+            kwargs["class_labels"] = torch.zeros(x_in.shape[0], width, device=x_in.device, dtype=x_in.dtype)
         if control is not None:
             kwargs |= control.residuals(x_in, timestep, kwargs).unet_kwargs()
         extra = module.config.in_channels - x_in.shape[1]
         if extra > 0:
-            if concat is None:  # an inpainting UNet sampled without inpainting inputs (ComfyUI's blank)
-                concat = self.inpaint_concat({}, x_in.shape[0], (x_in.shape[-2], x_in.shape[-1]))
-            if tuple(concat.shape[-2:]) != tuple(x_in.shape[-2:]):
-                raise ConditioningError("an inpainting model cannot run an area-limited conditioning "
+            kind = concat_kind(module.config.in_channels, x_in.shape[1])
+            if concat is None:  # sampled without inputs: ComfyUI's blank image (and full mask)
+                concat = ConcatSource((), x_in.shape[0], (x_in.shape[-2], x_in.shape[-1]), self.latent_format)
+            tensor = concat.build(kind)
+            if tuple(tensor.shape[-2:]) != tuple(x_in.shape[-2:]):
+                raise ConditioningError("a model with image input channels cannot run an area-limited conditioning "
                                         "(ConditioningSetArea/mask bounds); remove the area node")
-            x_in = torch.cat([x_in, concat.to(x_in)], dim=1)
+            x_in = torch.cat([x_in, tensor.to(x_in)], dim=1)
         if options and (options.get("patches") or options.get("patches_replace")):
             from nodes.families.components.unet_patching import run_patched
 
             return run_patched(module, x_in, timestep, kwargs, options)  # FreeU, PAG, HyperTile, ...
         return module(x_in, timestep, return_dict=False, **kwargs)[0]
 
+    def inpaint_concat(self, extras: Mapping[str, Any], batch: int, latent: tuple[int, int]) -> Tensor:
+        """An inpainting UNet's extra input channels (see ``unet_inputs.inpaint_concat``)."""
+        return inpaint_concat(extras, batch, latent, self.latent_format)
+
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         """Raise ConditioningError if ``entries`` cannot condition ``module``."""
         if not entries:
             raise ConditioningError(f"{name} conditioning is empty; connect a CLIPTextEncode output")
+        self._check_image_inputs(module, entries, name)
         width = module.config.cross_attention_dim
         needs_pooled = getattr(module.config, "addition_embed_type", None) == "text_time"
         for e in entries:
@@ -193,3 +207,31 @@ class UNetDenoiser:
             if needs_pooled and e.pooled is None:
                 raise ConditioningError(f"{name} conditioning has no pooled output, which this model needs; "
                                         "encode the prompt with the CLIP output of the same checkpoint")
+
+    def _check_image_inputs(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
+        """unCLIP conditioning only on a UNet that takes image embeds, of its width; an
+        InstructPix2Pix image only on an InstructPix2Pix UNet."""
+        config = module.config
+        for e in entries:
+            inputs = unclip.unclip_inputs(e.extras)
+            if inputs and not self.image_embeds:
+                raise ConditioningError(
+                    f"{name} conditioning has unCLIPConditioning but this model takes no image embeddings; "
+                    "load an unCLIP checkpoint with unCLIPCheckpointLoader (or use an SDXL model), or remove the node")
+            for item in inputs:
+                width = int(item.image_embeds.shape[-1])
+                wanted = (int(config.projection_class_embeddings_input_dim) // 2 if self.image_embeds == "class_labels"
+                          else int(e.pooled.shape[-1]) if e.pooled is not None else width)
+                if width != wanted:
+                    raise ConditioningError(
+                        f"{name} conditioning: unCLIPConditioning's CLIP vision embeds are {width} wide but this model "
+                        f"takes {wanted}; use the CLIP vision model that belongs to it (unCLIPCheckpointLoader's "
+                        "CLIP_VISION, or CLIP-G vision for SDXL)")
+            if e.extras.get("attention_mask") is not None:
+                raise ConditioningError(f"{name} conditioning has an attention mask (StyleModelApply's attn_bias) but "
+                                        "this UNet cannot take one; use strength_type multiply")
+            if e.extras.get("ip2p") and concat_kind(config.in_channels, config.out_channels) != "ip2p":
+                raise ConditioningError(
+                    f"{name} conditioning comes from InstructPixToPixConditioning but this model has "
+                    f"{config.in_channels} input channels, not the {2 * config.out_channels} of an InstructPix2Pix "
+                    "model; load an InstructPix2Pix checkpoint")
