@@ -10,16 +10,17 @@ from typing import Any
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
 from nodes.families.flux import Chroma, Flux
 from nodes.families.keys import looks_like_diffusers_vae
+from nodes.families.qwen_image import QwenImage, wan_vae_prefix
 from nodes.families.sd2 import SD2
 from nodes.families.sd15 import SD15
 from nodes.families.sdxl import SDXL
 from nodes.families.zimage import ZImage
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, ZImage, SDXL, SD2, SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, ZImage, QwenImage, SDXL, SD2, SD15)  # most specific first
 
 __all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux",
-           "ModelLoadError", "Part", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
+           "ModelLoadError", "Part", "QwenImage", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
            "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
            "standalone_text_encoder", "standalone_vae", "ZImage"]
 
@@ -49,7 +50,12 @@ def diffusers_family(folder: Path, model_index: dict[str, Any], unet: dict[str, 
 def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
     """The family whose VAE architecture a standalone VAE file has, and its part. The KL VAE of
     SD1.x, SD2.x and SDXL is one architecture; the latent scale belongs to the MODEL, so the
-    first family's is used for the config (VAE nodes never scale)."""
+    first family's is used for the config (VAE nodes never scale). The Wan 2.1 VAE (Qwen-Image's) is
+    its own architecture and belongs to Qwen-Image."""
+    wan = wan_vae_prefix(index)
+    if wan is not None:
+        qwen = QwenImage()
+        return qwen, qwen.vae_part(index, wan)
     family = SD15()
     prefix = family.vae_prefix if index.any_with(family.vae_prefix) else ""
     diffusers_keys = looks_like_diffusers_vae(list(index.tensors))
@@ -67,11 +73,12 @@ TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that 
     ("clip_l", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight"),
     ("clip_l", "", "encoder.layers.0.self_attn.q_proj.weight"),
     ("qwen3_4b", "model.", "model.layers.0.self_attn.q_norm.weight"),  # ComfyUI's qwen_3_4b.safetensors
+    ("qwen25_7b", "model.", "model.layers.0.self_attn.k_proj.bias"),  # ComfyUI's qwen_2.5_vl_7b.safetensors
 )
 
 
 def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
-    """The text encoder a standalone text-encoder file holds (``t5xxl`` | ``clip_l`` | ``qwen3_4b``) and the
+    """The text encoder a standalone text-encoder file holds (``t5xxl`` | ``clip_l`` | ``qwen3_4b`` | ``qwen25_7b``) and the
     prefix of its tensors; a teaching error for anything else."""
     for name, prefix, marker in TEXT_ENCODER_FILES:
         if index.has(marker):
@@ -79,14 +86,19 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     if Flux.detect(index) or Chroma.detect(index):
         raise ModelLoadError(f"{index.path}: this is a Flux transformer, not a text encoder; put it in "
                              "models/diffusion_models and load it with UNETLoader")
-    if ZImage.detect(index):
-        raise ModelLoadError(f"{index.path}: this is a Z-Image transformer, not a text encoder; put it in "
-                             "models/diffusion_models and load it with UNETLoader")
-    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, T5-XXL or Qwen3): "
+    for family in (ZImage, QwenImage):
+        if family.detect(index):
+            raise ModelLoadError(f"{index.path}: this is a {family.title} transformer, not a text encoder; put it in "
+                                 "models/diffusion_models and load it with UNETLoader")
+    if wan_vae_prefix(index) is not None:
+        raise ModelLoadError(f"{index.path}: this is a VAE (the Wan/Qwen-Image VAE), not a text encoder; put it in "
+                             "models/vae and load it with VAELoader")
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, T5-XXL, Qwen3 or Qwen2.5-VL): "
                          f"{describe_unknown(index)}")
 
 
-CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "lumina2": ZImage}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "lumina2": ZImage,
+                                              "qwen_image": QwenImage}  # ComfyUI's CLIPLoader/DualCLIPLoader types
 # DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
 # CLIPLoader's ``type`` options, as ComfyUI lists them
 SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
@@ -99,9 +111,10 @@ DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_i
 def family_nodes() -> list[Any]:
     """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance, ModelSamplingAuraFlow...), for the registry."""
     from nodes.families.flux_nodes import FLUX_NODES
+    from nodes.families.qwen_image_nodes import QWEN_IMAGE_NODES
     from nodes.families.zimage_nodes import ZIMAGE_NODES
 
-    return [*FLUX_NODES, *ZIMAGE_NODES]
+    return [*FLUX_NODES, *ZIMAGE_NODES, *QWEN_IMAGE_NODES]
 
 
 def family_for_clip_type(clip_type: str) -> FamilyAdapter:
