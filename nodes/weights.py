@@ -124,10 +124,14 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
         head = f.read(8)
         if len(head) < 8:
             raise ModelLoadError(f"{path}: file is truncated ({size} bytes): not a safetensors file; download it again")
-        if head[:2] == b"PK" or head[:1] == b"\x80":
+        (n,) = struct.unpack("<Q", head)
+        looks_safetensors = 0 < n <= MAX_HEADER and 8 + n <= size and f.read(1) == b"{"
+        f.seek(8)
+        # a pickle starts with 0x80 (protocol), a zip-packed torch file with "PK"; a safetensors
+        # header length may start with byte 0x80 too, so its "{" decides first
+        if not looks_safetensors and (head[:2] == b"PK" or head[:1] == b"\x80"):
             raise ModelLoadError(f"{path}: this is a pickled PyTorch file named .safetensors; rename it to .ckpt "
                                  "(it will be refused unless pickles are allowed) or get the real .safetensors")
-        (n,) = struct.unpack("<Q", head)
         if n == 0 or n > MAX_HEADER or 8 + n > size:
             raise ModelLoadError(f"{path}: corrupt or truncated safetensors header (says {n} bytes, file has {size}); "
                                  "download the file again")
