@@ -31,9 +31,10 @@ def tiny_transformer() -> Any:
     from diffusers import QwenImageTransformer2DModel
 
     torch.manual_seed(0)
-    return QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,
+    model: Any = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,
                                        attention_head_dim=32, num_attention_heads=2, joint_attention_dim=24,
-                                       axes_dims_rope=tuple(rope_axes(32))).eval()
+                                       axes_dims_rope=tuple(rope_axes(32)))
+    return model.eval()
 
 
 @pytest.mark.parametrize("prefix", ["", "model.diffusion_model."])
@@ -66,7 +67,8 @@ def test_loaded_transformer_equals_diffusers_single_file_loader(tmp_path: Path) 
     file = {f"model.diffusion_model.{k}": v.contiguous() for k, v in model.state_dict().items()}
     save_file(file, str(tmp_path / "qwen.safetensors"))
     loaded = open_diffusion_model(tmp_path / "qwen.safetensors").load()
-    converter = SINGLE_FILE_LOADABLE_CLASSES["QwenImageTransformer2DModel"]["checkpoint_mapping_fn"]
+    entry: Any = SINGLE_FILE_LOADABLE_CLASSES["QwenImageTransformer2DModel"]
+    converter = entry["checkpoint_mapping_fn"]
     theirs = converter({k.removeprefix("model.diffusion_model."): v for k, v in file.items()})
     assert loaded.state_dict().keys() == theirs.keys()
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in theirs.items())
@@ -160,7 +162,7 @@ def test_wan_vae_table_both_ways_equals_diffusers_converter() -> None:
 def test_wan_vae_of_another_latent_width_is_refused() -> None:
     from diffusers import AutoencoderKLQwenImage
 
-    wide = AutoencoderKLQwenImage(base_dim=8, z_dim=48, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+    wide: Any = AutoencoderKLQwenImage(base_dim=8, z_dim=48, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
     original = WanVae().to_original(wide.state_dict(), wide.config)
     with pytest.raises(ModelLoadError, match="48-channel"):
         standalone_vae(index_of(original))
@@ -176,6 +178,8 @@ def test_full_size_key_tables_on_meta_device() -> None:
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
     from transformers import Qwen2Config, Qwen2Model
 
+    dit: Any
+    vae: Any
     with init_empty_weights():
         dit = QwenImageTransformer2DModel()
         vae = AutoencoderKLQwenImage()

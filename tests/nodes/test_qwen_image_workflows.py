@@ -68,7 +68,7 @@ NAMES = ["transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.add_v_proj
 def _write_lora(path: Path, heads: dict[str, tuple[Any, Any]], kohya: bool) -> None:
     from safetensors.torch import save_file
 
-    tensors = {}
+    tensors: dict[str, Any] = {}
     for head, (down, up) in heads.items():
         a, b = (".lora_down.weight", ".lora_up.weight") if kohya else (".lora_A.weight", ".lora_B.weight")
         tensors |= {head + a: down, head + b: up, f"{head}.alpha": torch.tensor(ALPHA)}
