@@ -54,7 +54,7 @@ def qwen_image_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
     generator = torch.Generator().manual_seed(1)
     text = {f"model.{k}": v for k, v in modules["qwen25_7b"].state_dict().items()}
-    text["lm_head.weight"] = torch.randn(QWEN25_VOCAB, TEXT_WIDTH, generator=generator) * 0.02
+    text["lm_head.weight"] = (torch.randn(QWEN25_VOCAB, TEXT_WIDTH, generator=generator) * 0.02).to(torch.bfloat16)
     text["visual.patch_embed.proj.weight"] = torch.randn(16, 3, 2, 14, 14, generator=generator) * 0.02
     text["visual.merger.mlp.0.weight"] = torch.randn(16, 64, generator=generator) * 0.02
     vae = modules["vae"]

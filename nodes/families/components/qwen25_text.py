@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from nodes.families.components.qwen_text import load_qwen_tokenizer
+from nodes.families.components.qwen_text import QwenText
 from nodes.weights import ModelLoadError, TensorIndex
 
 TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
@@ -55,8 +55,9 @@ def template_end(ids: list[int]) -> int:
 
 
 @dataclass(frozen=True)
-class Qwen25VLText:
-    """Qwen2.5-VL's language model used as a text encoder (see the module docstring)."""
+class Qwen25VLText(QwenText):
+    """Qwen2.5-VL's language model used as a text encoder (see the module docstring). It shares the
+    Qwen3 kind's identity key table and tokenizer; config, build and prompts are its own."""
 
     template: str = TEMPLATE
     id: str = "qwen25vl_text"
@@ -88,15 +89,6 @@ class Qwen25VLText:
             **QWEN25_CONSTANTS,
         }
 
-    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in sd.items() if k.startswith(("embed_tokens.", "layers.", "norm."))}
-
-    def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(sd)
-
-    def module_keys(self, sd: dict[str, Any]) -> dict[str, Any]:
-        return sd
-
     def empty(self, config: Mapping[str, Any]) -> Any:
         from transformers import Qwen2Config, Qwen2Model
 
@@ -108,9 +100,6 @@ class Qwen25VLText:
         return Qwen2Model.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
     # --- prompts ------------------------------------------------------------------------------
-    def load_tokenizer(self, name: str) -> Any:
-        return load_qwen_tokenizer()
-
     def token_ids(self, tokenizer: Any, text: str, template: str | None = None) -> list[int]:
         """ComfyUI's tokens of ``text``: in ``template`` (default: the kind's) unless it starts with
         ``<|im_start|>``, tokenized whole."""
