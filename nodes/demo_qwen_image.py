@@ -70,10 +70,16 @@ FOLDERS = {DEMO_QWEN_IMAGE: "diffusion_models", DEMO_QWEN25: "text_encoders", DE
 
 def make_qwen_image_demo(models_dir: Path) -> list[Path]:
     """Write the Qwen-Image demo files under ``models_dir``; return their paths."""
+    return write_qwen_image_files(models_dir, demo_qwen_image_modules())
+
+
+def write_qwen_image_files(models_dir: Path, modules: dict[str, Any]) -> list[Path]:
+    """Write ``modules`` (as :func:`demo_qwen_image_modules` makes them) as the three files, each in
+    its ``models_dir`` folder."""
     from safetensors.torch import save_file
 
     written = []
-    for name, tensors in qwen_image_files(demo_qwen_image_modules()).items():
+    for name, tensors in qwen_image_files(modules).items():
         path = Path(models_dir) / FOLDERS[name] / name
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),

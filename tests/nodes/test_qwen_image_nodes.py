@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nodes.conditioning import CLIPTextEncode, CondEntry
-from nodes.demo_qwen_image import DEMO_QWEN25, DEMO_QWEN_IMAGE, FOLDERS
+from nodes.demo_qwen_image import DEMO_QWEN25, DEMO_QWEN_IMAGE
 from nodes.families.components.flux_dit import pack
 from nodes.families.components.qwen25_text import template_end
 from nodes.families.components.qwen_text import load_qwen_tokenizer
@@ -32,16 +32,12 @@ from nodes.handles import open_diffusion_model, open_text_encoders
 
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from safetensors.torch import save_file
-
-    from nodes.demo_qwen_image import demo_qwen_image_modules, qwen_image_files
+    from nodes.demo_qwen_image import demo_qwen_image_modules, write_qwen_image_files
 
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("qwen_nodes")
+    root = tmp_path_factory.mktemp("qwen_image")
     modules = demo_qwen_image_modules()
-    for name, tensors in qwen_image_files(modules).items():
-        (root / FOLDERS[name]).mkdir(exist_ok=True)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / FOLDERS[name] / name))
+    write_qwen_image_files(root, modules)
     return root, modules
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from nodes.conditioning import CLIPTextEncode
-from nodes.demo_qwen_image import DEMO_QWEN25, DEMO_QWEN_IMAGE, DEMO_QWEN_VAE, FOLDERS
+from nodes.demo_qwen_image import DEMO_QWEN25, DEMO_QWEN_IMAGE, DEMO_QWEN_VAE
 from nodes.diffusion.noise import prepare_noise
 from nodes.families.components.flux_dit import pack, unpack
 from nodes.families.components.qwen_text import load_qwen_tokenizer
@@ -31,16 +31,12 @@ PROMPT, NEGATIVE, SIZE, STEPS, SEED, SHIFT = "a photo of a cat", "blurry", 64, 4
 
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from safetensors.torch import save_file
-
-    from nodes.demo_qwen_image import demo_qwen_image_modules, qwen_image_files
+    from nodes.demo_qwen_image import demo_qwen_image_modules, write_qwen_image_files
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("qwen_image")
     modules = demo_qwen_image_modules()
-    for name, tensors in qwen_image_files(modules).items():
-        (root / FOLDERS[name]).mkdir(exist_ok=True)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / FOLDERS[name] / name))
+    write_qwen_image_files(root, modules)
     return root, modules
 
 

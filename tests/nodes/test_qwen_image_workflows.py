@@ -22,9 +22,9 @@ from nodes.handles import open_diffusion_model, open_text_encoders
 from nodes.lora import LoraPatch
 from nodes.weights import ModelLoadError, fingerprint
 from tests.nodes.test_generation_e2e import make_executor, run
+from tests.nodes.test_zimage_workflows import ALPHA, RANK, STRENGTH, _write_lora
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
-RANK, ALPHA, STRENGTH = 2, 1.0, 0.7
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +63,6 @@ def test_loom_format_workflow_holds_the_same_prompt() -> None:
 # --- LoRA ------------------------------------------------------------------------------------------
 NAMES = ["transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.add_v_proj", "transformer_blocks.0.img_mlp.net.2",
          "transformer_blocks.1.txt_mod.1", "img_in", "proj_out"]
-
-
-def _write_lora(path: Path, heads: dict[str, tuple[Any, Any]], kohya: bool) -> None:
-    from safetensors.torch import save_file
-
-    tensors: dict[str, Any] = {}
-    for head, (down, up) in heads.items():
-        a, b = (".lora_down.weight", ".lora_up.weight") if kohya else (".lora_A.weight", ".lora_B.weight")
-        tensors |= {head + a: down, head + b: up, f"{head}.alpha": torch.tensor(ALPHA)}
-    save_file(tensors, str(path))
 
 
 @pytest.mark.parametrize("prefix", ["diffusion_model.", "transformer.", "lora_unet_"],
