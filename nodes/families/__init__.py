@@ -120,9 +120,12 @@ def family_nodes() -> list[Any]:
 def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> FamilyAdapter:
     """The family whose text encoders ComfyUI's loader ``type`` names. As in ComfyUI, some encoder
     files decide by themselves: a Qwen3-4B file is Z-Image's for every type but Flux's (ComfyUI routes
-    it to Flux.2 Klein there)."""
+    it to Flux.2 Klein there), and a Qwen2.5-VL-7B file is Qwen-Image's for every type but
+    HunyuanImage's."""
     if "qwen3_4b" in encoders and clip_type not in ("flux", "flux2"):
         return ZImage()
+    if "qwen25_7b" in encoders and clip_type != "hunyuan_image":
+        return QwenImage()
     if clip_type not in CLIP_TYPES:
         raise ModelLoadError(f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}")
     return CLIP_TYPES[clip_type]()
