@@ -201,3 +201,48 @@ def test_full_size_key_tables_on_meta_device() -> None:
     assert (vconfig["base_dim"], vconfig["dim_mult"], vconfig["num_res_blocks"]) == (96, [1, 2, 4, 4], 2)
     assert vconfig["temperal_downsample"] == [False, True, True]
     assert convert_wan_vae_to_diffusers(dict(vae_original)).keys() == vae.state_dict().keys()
+
+
+@pytest.mark.parametrize(("prefix", "dtype"), [("", torch.bfloat16), ("model.diffusion_model.", torch.float8_e4m3fn)],
+                         ids=["bf16", "fp8_prefixed"])
+def test_stored_precision_transformer_files_load(prefix: str, dtype: torch.dtype, tmp_path: Path) -> None:
+    """qwen_image_bf16.safetensors / qwen_image_fp8_e4m3fn.safetensors: built as stored, then the device
+    move upcasts to the compute precision."""
+    from safetensors.torch import save_file
+
+    from nodes.handles import open_diffusion_model
+
+    original = KIND.to_original(tiny_transformer().state_dict(), {})
+    save_file({prefix + k: v.to(dtype).contiguous() for k, v in original.items()}, str(tmp_path / "q.safetensors"))
+    handle = open_diffusion_model(tmp_path / "q.safetensors")
+    module = handle.to_device(handle.load(), "cpu", "float32")
+    assert {p.dtype for p in module.parameters()} == {torch.float32}
+    key = "transformer_blocks.1.attn.to_k.weight"
+    assert torch.equal(module.state_dict()[key], original[key].to(dtype).float())
+
+
+def test_fp8_scaled_text_encoder_is_dequantised(tmp_path: Path) -> None:
+    """ComfyUI's qwen_2.5_vl_7b_fp8_scaled.safetensors: fp8 layer weights with a scale_weight each (and
+    scale_input, and the root scaled_fp8 marker); the built encoder holds weight · scale."""
+    from safetensors.torch import save_file
+
+    from nodes.handles import open_text_encoders
+
+    model = tiny_qwen25()
+    file: dict[str, Any] = {"scaled_fp8": torch.zeros(0, dtype=torch.float8_e4m3fn)}
+    expected = {}
+    for name, tensor in model.state_dict().items():
+        if name.startswith("layers.") and name.endswith("proj.weight"):
+            scale = tensor.abs().max() / 448.0
+            quantised = (tensor / scale).to(torch.float8_e4m3fn)
+            file |= {f"model.{name}": quantised, f"model.{name.removesuffix('.weight')}.scale_weight": scale.reshape(()),
+                     f"model.{name.removesuffix('.weight')}.scale_input": torch.ones(())}
+            expected[name] = quantised.float() * scale
+        else:
+            file[f"model.{name}"] = tensor
+    save_file({k: v.contiguous() for k, v in file.items()}, str(tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors"))
+    handle = open_text_encoders([tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors"], "qwen_image")
+    loaded = handle.load()["qwen25_7b"].state_dict()
+    assert loaded.keys() == model.state_dict().keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(loaded[name].float(), value, msg=name)

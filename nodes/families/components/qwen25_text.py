@@ -3,10 +3,12 @@ as transformers' ``Qwen2Model`` (for text alone Qwen2.5-VL's multimodal rotary p
 same on all three axes, so the text path is exactly Qwen2's decoder with the same config). Config
 from the tensors, the key table, the build, the shipped tokenizer and how a prompt goes through it.
 
-Files: ComfyUI's ``qwen_2.5_vl_7b.safetensors`` (and its fp8 variant) holds the language model under
+Files: ComfyUI's ``qwen_2.5_vl_7b.safetensors`` holds the language model under
 ``model.`` with transformers' names (``model.embed_tokens.weight``, ``model.layers.N.self_attn.q_proj``
 with biases on q/k/v, ``model.norm.weight``), an ``lm_head.weight`` and the vision tower under
 ``visual.``. The part's prefix is ``model.``, so the LM head and the vision tower are never read.
+Its ``qwen_2.5_vl_7b_fp8_scaled.safetensors`` stores the layers' weights in fp8 with a
+``scale_weight`` each, multiplied out on load (:mod:`nodes.families.components.scaled_fp8`).
 What the shapes cannot tell are the constants: RMS-norm eps 1e-6, rope theta 1e6, 128,000 positions,
 and the head width: 128 for every released Qwen2.5-VL (3B to 72B); models narrower than 128 (Loom's
 test models) use 16-wide heads.
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 
 from nodes.families.components.qwen_text import QwenText
+from nodes.families.components.scaled_fp8 import dequantize
 from nodes.weights import ModelLoadError, TensorIndex
 
 TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
@@ -88,6 +91,9 @@ class Qwen25VLText(QwenText):
             "use_sliding_window": False,
             **QWEN25_CONSTANTS,
         }
+
+    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        return super().to_diffusers(dequantize(sd), config)
 
     def empty(self, config: Mapping[str, Any]) -> Any:
         from transformers import Qwen2Config, Qwen2Model

@@ -4,7 +4,8 @@ the sampler calls it.
 
 Layout: Qwen's and ComfyUI's ``diffusion_models`` files already use diffusers' names
 (``transformer_blocks.N.attn.to_q``, ``img_in``, ``txt_norm``, ``norm_out.linear``...), bare or under
-``model.diffusion_model.``; the table is the identity (the prefix is the part's).
+``model.diffusion_model.``; the table is the identity (the prefix is the part's); fp8 files load
+as they are, "fp8 scaled" ones are dequantised (:mod:`nodes.families.components.scaled_fp8`).
 
 Shape facts: 2×2 patches of a 16-channel latent (``img_in`` takes 64), heads as wide as the q norm,
 rotary axes (16, 56, 56) for 128-wide heads (the same proportions for narrower test models), no
@@ -140,7 +141,9 @@ class QwenImageTransformer:
         }
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(sd)
+        from nodes.families.components.scaled_fp8 import dequantize
+
+        return dequantize(sd)
 
     def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         return dict(sd)
