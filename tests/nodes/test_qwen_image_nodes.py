@@ -110,6 +110,9 @@ def test_reference_latents_reach_the_transformer_as_comfyui_places_them(qwen_dir
     torch.testing.assert_close(pack(mine[:1])[0], theirs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pack(mine[1:])[0], plain, atol=1e-5, rtol=1e-5)
     assert (theirs - plain).abs().max() > 1e-3  # the reference changed the prediction
+    video = replace(cond, extras={"reference_latents": [raw_ref.unsqueeze(2)]})  # (B, C, 1, h, w), as ComfyUI's VAE
+    with torch.no_grad():
+        torch.testing.assert_close(kind.forward(module, x[:1], sigma, kind.conditioning([video], 1, (64, 64))), mine[:1])
 
 
 def test_a_reference_from_another_latent_space_is_refused(qwen_dir: Any) -> None:

@@ -171,7 +171,7 @@ class QwenImageTransformer:
         texts, refs, methods = [], [], []
         for e in entries:
             tokens = e.embeds[0] if like is None else e.embeds[0].to(like)
-            latents = tuple(self.latent_format.process_in(r if like is None else r.to(like))
+            latents = tuple(self.latent_format.process_in(_image_latent(r) if like is None else _image_latent(r).to(like))
                             for r in e.extras.get("reference_latents") or ())
             texts += [tokens] * batch
             refs += [latents] * batch
@@ -240,10 +240,16 @@ class QwenImageTransformer:
                     f"expects {width} (Qwen2.5-VL's hidden states); encode the prompt with the CLIP of CLIPLoader "
                     "(qwen_2.5_vl_7b.safetensors, type qwen_image)")
             for ref in e.extras.get("reference_latents") or ():
+                ref = _image_latent(ref)
                 if ref.ndim != 4 or ref.shape[1] != self.latent_format.channels:
                     raise ConditioningError(
                         f"{name} conditioning has a reference latent of shape {tuple(ref.shape)}; Qwen-Image needs "
                         f"{self.latent_format.channels}-channel latents from its own VAE (qwen_image_vae.safetensors)")
+
+
+def _image_latent(latent: Tensor) -> Tensor:
+    """A one-frame video latent (B, C, 1, h, w), as ComfyUI's Wan VAE encodes images, as (B, C, h, w)."""
+    return latent.squeeze(2) if latent.ndim == 5 and latent.shape[2] == 1 else latent
 
 
 def _reference_segment(done: list[Segment], ref: Tensor, i: int, method: str) -> Segment:
