@@ -246,3 +246,20 @@ def test_fp8_scaled_text_encoder_is_dequantised(tmp_path: Path) -> None:
     assert loaded.keys() == model.state_dict().keys()
     for name, value in expected.items():
         torch.testing.assert_close(loaded[name].float(), value, msg=name)
+
+
+def test_channels_last_policy_leaves_3d_convolutions_alone() -> None:
+    """The CPU policy keeps VAEs channels-last; the Wan VAE's 5-D (3-D convolution) weights have no such
+    layout, so only its 4-D ones change and the module still decodes the same."""
+    from engine.memory import channels_last
+
+    vae = tiny_vae()
+    z = torch.randn(1, 16, 2, 2)
+    with torch.no_grad():
+        before = vae.decode(z).sample
+        vae = channels_last(vae)
+        after = vae.decode(z).sample
+    four_d = [p for p in vae.parameters() if p.dim() == 4]
+    assert four_d and all(p.is_contiguous(memory_format=torch.channels_last) for p in four_d)
+    assert any(p.dim() == 5 for p in vae.parameters())
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
