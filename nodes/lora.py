@@ -6,7 +6,8 @@ Formats read (key shapes ``down`` [r, in, ...], ``up`` [out, r, ...], optional `
   ``.alpha``; text encoders ``lora_te_`` or SDXL's ``lora_te1_`` / ``lora_te2_``; UNet names in
   diffusers or original (``input_blocks_1_1_...``) spelling),
 - diffusers / PEFT (``unet.down_blocks.0....to_q.lora_A.weight`` / ``lora_B``, ``text_encoder.``,
-  ``text_encoder_2.``; older ``.lora.down.weight`` / ``.lora.up.weight``).
+  ``text_encoder_2.``; older ``.lora.down.weight`` / ``.lora.up.weight``),
+- denoiser names with ``lycoris_`` (underscored) or bare ``transformer_blocks.N...`` (Qwen-Image-Lightning's).
 
 W' = W + strength · (alpha / rank) · up @ down   (scale 1 without alpha), computed in fp32.
 Strength 0 is no patch at all (the loader returns the input handle unchanged).
@@ -35,7 +36,7 @@ _SUFFIXES = (
 # (key prefix, target, text encoder position or -1 for the UNet)
 _PREFIXES = (
     ("lora_unet_", "unet", -1), ("lora_te1_", "clip", 0), ("lora_te2_", "clip", 1), ("lora_te_", "clip", 0),
-    ("unet.", "unet", -1), ("transformer.", "unet", -1), ("diffusion_model.", "unet", -1),
+    ("unet.", "unet", -1), ("transformer.", "unet", -1), ("diffusion_model.", "unet", -1), ("lycoris_", "unet", -1),
     ("text_encoder_2.", "clip", 1),
     ("text_encoder.", "clip", 0),
 )
@@ -58,11 +59,17 @@ def _split(key: str) -> tuple[str, str] | None:
     return None
 
 
+# module names that only a denoiser has, found bare (no prefix) in some LoRAs (Qwen-Image-Lightning's)
+_BARE_DENOISER = ("transformer_blocks.",)
+
+
 def _route(name: str) -> tuple[str, int, str] | None:
     for prefix, target, encoder in _PREFIXES:
         if name.startswith(prefix):
             flat = name[len(prefix):].replace(".", "_")
             return target, encoder, flat.removeprefix("text_model_")
+    if name.startswith(_BARE_DENOISER):
+        return "unet", -1, name.replace(".", "_")
     return None
 
 

@@ -2,8 +2,8 @@
 CLIPLoader(qwen_image) + VAELoader, ModelSamplingAuraFlow 3.1, KSampler 20 steps euler / simple at
 cfg 2.5 with a negative prompt, EmptySD3LatentImage) runs offline on the demo files; Qwen-Image LoRAs in
 the layouts users have (ComfyUI/ai-toolkit ``diffusion_model.``, diffusers/PEFT ``transformer.``,
-kohya ``lora_unet_``; all on diffusers' module names, which are the file's) change exactly the weights
-they name; wrong files fail with errors that say what to do; nothing opens a network connection."""
+kohya ``lora_unet_``, LyCORIS ``lycoris_``, Qwen-Image-Lightning's bare ``transformer_blocks.``; all on
+diffusers' module names, which are the file's) change exactly the weights they name; wrong files fail with errors that say what to do; nothing opens a network connection."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ NAMES = ["transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.add_v_proj
          "transformer_blocks.1.txt_mod.1", "img_in", "proj_out"]
 
 
-@pytest.mark.parametrize("prefix", ["diffusion_model.", "transformer.", "lora_unet_"],
-                         ids=["comfyui_ai_toolkit", "diffusers_peft", "kohya"])
+@pytest.mark.parametrize("prefix", ["diffusion_model.", "transformer.", "lora_unet_", "lycoris_", ""],
+                         ids=["comfyui_ai_toolkit", "diffusers_peft", "kohya", "lycoris", "bare_lightning"])
 def test_lora_layouts_change_exactly_the_named_weights(prefix: str, demo_models: Path, tmp_path: Path) -> None:
     model_file = demo_models / "diffusion_models" / DEMO_QWEN_IMAGE
     handle = open_diffusion_model(model_file)
@@ -74,13 +74,15 @@ def test_lora_layouts_change_exactly_the_named_weights(prefix: str, demo_models:
     torch.manual_seed(3)
     pairs = {n: (torch.randn(RANK, base[f"{n}.weight"].shape[1]), torch.randn(base[f"{n}.weight"].shape[0], RANK))
              for n in NAMES}
-    kohya = prefix == "lora_unet_"
+    kohya = prefix in ("lora_unet_", "lycoris_")
+    names = NAMES if prefix else [n for n in NAMES if n.startswith("transformer_blocks.")]
+    pairs = {n: pairs[n] for n in names}
     _write_lora(tmp_path / "lora.safetensors",
                 {prefix + (n.replace(".", "_") if kohya else n): p for n, p in pairs.items()}, kohya=kohya)
     lora = tmp_path / "lora.safetensors"
     patched = handle.with_patch(LoraPatch(lora, fingerprint(lora), STRENGTH, "unet")).load().state_dict()
     changed = {k for k in base if not torch.equal(base[k], patched[k])}
-    assert changed == {f"{n}.weight" for n in NAMES}
+    assert changed == {f"{n}.weight" for n in names}
     for name, (down, up) in pairs.items():
         expected = base[f"{name}.weight"] + STRENGTH * (ALPHA / RANK) * (up @ down)
         torch.testing.assert_close(patched[f"{name}.weight"], expected, atol=1e-5, rtol=1e-5, msg=name)
