@@ -127,6 +127,16 @@ def test_qwen_encoder_files_choose_their_family_as_in_comfyui(demo_models: Path)
         open_text_encoders([demo_models / "text_encoders" / DEMO_QWEN25], "hunyuan_image")
 
 
+@pytest.mark.parametrize(("folder", "name", "advice"), [
+    ("text_encoders", DEMO_QWEN25, "Qwen2.5-VL text encoder.*CLIPLoader \\(type qwen_image\\)"),
+    ("vae", "loom_demo_qwen_image_vae.safetensors", "Wan / Qwen-Image VAE.*VAELoader"),
+])
+def test_other_files_given_to_unet_loader_say_which_loader(folder: str, name: str, advice: str,
+                                                           demo_models: Path) -> None:
+    with pytest.raises(ModelLoadError, match=advice):
+        open_diffusion_model(demo_models / folder / name)
+
+
 def test_vae_file_given_to_clip_loader_says_use_vae_loader(demo_models: Path) -> None:
     from nodes.demo_qwen_image import DEMO_QWEN_VAE
 
