@@ -134,7 +134,7 @@ def test_text_encoding_matches_qwen2_on_comfyui_template(qwen_dir: Any, make_ctx
 def test_vae_round_trip_and_latent_statistics(qwen_dir: Any, make_ctx: Any) -> None:
     """VAEEncode/VAEDecode go through the 3-D VAE as one frame; the latent space is ComfyUI's Wan21."""
     from nodes.families.qwen_image import WAN21_LATENT
-    from nodes.latent import VAEDecode, VAEEncode
+    from nodes.latent import VAEDecode, VAEDecodeTiled, VAEEncode
 
     root, modules = qwen_dir
     ctx = make_ctx()
@@ -146,7 +146,10 @@ def test_vae_round_trip_and_latent_statistics(qwen_dir: Any, make_ctx: Any) -> N
     with torch.no_grad():
         ref = modules["vae"].encode(image.permute(0, 3, 1, 2)[:, :, None] * 2 - 1).latent_dist.mode()[:, :, 0]
     torch.testing.assert_close(latent["samples"], ref, atol=1e-5, rtol=1e-5)
-    assert VAEDecode().run(ctx, samples=latent, vae=vae)[0].shape == (1, 32, 48, 3)
+    decoded = VAEDecode().run(ctx, samples=latent, vae=vae)[0]
+    assert decoded.shape == (1, 32, 48, 3)
+    tiled = VAEDecodeTiled().run(ctx, samples=latent, vae=vae, tile_size=64, overlap=0)[0]  # one tile: the same
+    torch.testing.assert_close(tiled, decoded)
     raw = torch.randn(1, 16, 2, 2)
     mean, std = torch.tensor(WAN21_LATENT.mean).view(1, 16, 1, 1), torch.tensor(WAN21_LATENT.std).view(1, 16, 1, 1)
     torch.testing.assert_close(WAN21_LATENT.process_in(raw), (raw - mean) / std)
