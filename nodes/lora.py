@@ -10,6 +10,7 @@ Formats read (key shapes ``down`` [r, in, ...], ``up`` [out, r, ...], optional `
 - ComfyUI's LoraSave (``diffusion_model.<LDM name>.lora_up.weight``; text encoders as
   ``text_encoders.<clip_l|clip_g|...>.transformer.<name>``; full differences ``.diff`` and bias
   differences ``.diff_b``).
+- denoiser names with ``lycoris_`` (underscored) or bare ``transformer_blocks.N...`` (Qwen-Image-Lightning's).
 
 W' = W + strength · (alpha / rank) · up @ down   (scale 1 without alpha), computed in fp32;
 W' = W + strength · diff for a ``.diff``; b' = b + strength · diff_b for a ``.diff_b``.
@@ -40,7 +41,7 @@ _SUFFIXES = (
 # (key prefix, target, text encoder position or -1 for the UNet)
 _PREFIXES = (
     ("lora_unet_", "unet", -1), ("lora_te1_", "clip", 0), ("lora_te2_", "clip", 1), ("lora_te_", "clip", 0),
-    ("unet.", "unet", -1), ("transformer.", "unet", -1), ("diffusion_model.", "unet", -1),
+    ("unet.", "unet", -1), ("transformer.", "unet", -1), ("diffusion_model.", "unet", -1), ("lycoris_", "unet", -1),
     ("text_encoder_2.", "clip", 1),
     ("text_encoder.", "clip", 0),
 )
@@ -69,6 +70,10 @@ def _split(key: str) -> tuple[str, str] | None:
     return None
 
 
+# module names that only a denoiser has, found bare (no prefix) in some LoRAs (Qwen-Image-Lightning's)
+_BARE_DENOISER = ("transformer_blocks.",)
+
+
 def _route(name: str) -> tuple[str, int | str, str] | None:
     if name.startswith("text_encoders."):  # ComfyUI's LoraSave: text_encoders.<encoder>.transformer.<module>
         named, _, rest = name.removeprefix("text_encoders.").partition(".")
@@ -78,6 +83,8 @@ def _route(name: str) -> tuple[str, int | str, str] | None:
         if name.startswith(prefix):
             flat = name[len(prefix):].replace(".", "_")
             return target, position, flat.removeprefix("text_model_")
+    if name.startswith(_BARE_DENOISER):
+        return "unet", -1, name.replace(".", "_")
     return None
 
 

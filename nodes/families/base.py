@@ -186,6 +186,10 @@ def describe_unknown(index: TensorIndex) -> str:
         (("encoder.down.0.block.", "encoder.down_blocks.0."), "this looks like a VAE; put it in models/vae and use VAELoader"),
         (("model.layers.0.self_attn.q_norm.",), "this looks like a Qwen3 text encoder (an LLM); put it in "
          "models/text_encoders and load it with CLIPLoader (type lumina2 for Z-Image)"),
+        (("model.layers.0.self_attn.k_proj.bias",), "this looks like a Qwen2.5-VL text encoder (an LLM); put it in "
+         "models/text_encoders and load it with CLIPLoader (type qwen_image)"),
+        (("decoder.middle.0.residual.", "decoder.up_blocks.0.upsamplers.0.time_conv."),
+         "this looks like the Wan / Qwen-Image VAE; put it in models/vae and use VAELoader"),
     ]
     for needles, hint in hints:
         if any(any(n in k for n in needles) for k in keys):

@@ -1,0 +1,126 @@
+"""The Qwen2.5-VL text encoder kind, as Qwen-Image uses Qwen2.5-VL-7B: only its language model, built
+as transformers' ``Qwen2Model`` (for text alone Qwen2.5-VL's multimodal rotary positions are the
+same on all three axes, so the text path is exactly Qwen2's decoder with the same config). Config
+from the tensors, the key table, the build, the shipped tokenizer and how a prompt goes through it.
+
+Files: ComfyUI's ``qwen_2.5_vl_7b.safetensors`` holds the language model under
+``model.`` with transformers' names (``model.embed_tokens.weight``, ``model.layers.N.self_attn.q_proj``
+with biases on q/k/v, ``model.norm.weight``), an ``lm_head.weight`` and the vision tower under
+``visual.``. The part's prefix is ``model.``, so the LM head and the vision tower are never read.
+Its ``qwen_2.5_vl_7b_fp8_scaled.safetensors`` stores the layers' weights in fp8 with a
+``scale_weight`` each, multiplied out on load (:mod:`nodes.families.components.scaled_fp8`).
+What the shapes cannot tell are the constants: RMS-norm eps 1e-6, rope theta 1e6, 128,000 positions,
+and the head width: 128 for every released Qwen2.5-VL (3B to 72B); models narrower than 128 (Loom's
+test models) use 16-wide heads.
+
+Prompts follow ComfyUI's Qwen-Image text encoding (``comfy/text_encoders/qwen_image.py``): the prompt
+goes into the system-prompted chat template below (a prompt that already starts with
+``<|im_start|>`` is used as it is), is tokenized whole (no weighting, no padding), the conditioning
+is the last layer's hidden state after the final norm, and the template's head is dropped: every
+token up to the second ``<|im_start|>`` and, when they follow it, its ``user`` and newline tokens
+(34 tokens for this template, as diffusers' pipeline drops). The tail
+``<|im_end|>\\n<|im_start|>assistant\\n`` stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nodes.families.components.qwen_text import QwenText
+from nodes.families.components.scaled_fp8 import dequantize
+from nodes.weights import ModelLoadError, TensorIndex
+
+TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+            "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+IM_START, USER, NEWLINE = 151644, 872, 198  # token ids of <|im_start|>, "user", "\n"
+QWEN25_CONSTANTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 128000}
+HEAD_DIM = 128
+TEST_HEAD_DIM = 16
+
+
+def head_dim_for(hidden: int) -> int:
+    return HEAD_DIM if hidden % HEAD_DIM == 0 else TEST_HEAD_DIM
+
+
+def template_end(ids: list[int]) -> int:
+    """How many leading tokens ComfyUI drops (see the module docstring)."""
+    starts = [i for i, t in enumerate(ids) if t == IM_START][:2]
+    end = starts[-1] if starts else 0
+    if len(ids) > end + 3 and ids[end + 1] == USER and ids[end + 2] == NEWLINE:
+        end += 3
+    return end
+
+
+@dataclass(frozen=True)
+class Qwen25VLText(QwenText):
+    """Qwen2.5-VL's language model used as a text encoder (see the module docstring). It shares the
+    Qwen3 kind's identity key table and tokenizer; config, build and prompts are its own."""
+
+    template: str = TEMPLATE
+    id: str = "qwen25vl_text"
+
+    # --- reading and building -----------------------------------------------------------------
+    @staticmethod
+    def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
+        """``Qwen2Config`` kwargs read from the shapes under ``prefix``."""
+        if index.has(f"{prefix}layers.0.self_attn.q_norm.weight"):
+            raise ModelLoadError(f"{index.path}: this is a Qwen3 text encoder (q_norm layers); Qwen-Image needs "
+                                 "Qwen2.5-VL-7B (qwen_2.5_vl_7b.safetensors)")
+        if not index.has(f"{prefix}layers.0.self_attn.k_proj.bias"):
+            raise ModelLoadError(f"{index.path}: no Qwen2.5 layers (layers.0.self_attn.k_proj.bias) under {prefix!r}")
+        vocab, hidden = index.shape(f"{prefix}embed_tokens.weight")
+        head_dim = head_dim_for(hidden)
+        if hidden % head_dim:
+            raise ModelLoadError(f"{index.path}: a Qwen2.5 model {hidden} wide does not split into heads")
+        return {
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "intermediate_size": index.shape(f"{prefix}layers.0.mlp.gate_proj.weight")[0],
+            "num_hidden_layers": index.count(f"{prefix}layers."),
+            "num_attention_heads": hidden // head_dim,
+            "num_key_value_heads": index.shape(f"{prefix}layers.0.self_attn.k_proj.weight")[0] // head_dim,
+            "head_dim": head_dim,
+            "tie_word_embeddings": False,
+            "use_cache": False,
+            "use_sliding_window": False,
+            **QWEN25_CONSTANTS,
+        }
+
+    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        return super().to_diffusers(dequantize(sd), config)
+
+    def empty(self, config: Mapping[str, Any]) -> Any:
+        from transformers import Qwen2Config, Qwen2Model
+
+        return Qwen2Model(Qwen2Config(**config))
+
+    def from_pretrained(self, path: Path, safetensors: bool) -> Any:
+        from transformers import Qwen2Model
+
+        return Qwen2Model.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+
+    # --- prompts ------------------------------------------------------------------------------
+    def token_ids(self, tokenizer: Any, text: str, template: str | None = None) -> list[int]:
+        """ComfyUI's tokens of ``text``: in ``template`` (default: the kind's) unless it starts with
+        ``<|im_start|>``, tokenized whole."""
+        text = text.replace("\\)", ")").replace("\\(", "(")
+        full = text if text.startswith("<|im_start|>") else (template or self.template).format(text)
+        return list(tokenizer(full, add_special_tokens=False)["input_ids"])
+
+    @torch.no_grad()
+    def encode(self, module: Any, tokenizer: Any, text: str, layer: int = -1,
+               template: str | None = None) -> torch.Tensor:
+        """The hidden state ``layer`` (-1: the last, after the final norm) of ``text`` without the
+        template's head: (1, T, D)."""
+        device = next(module.parameters()).device
+        ids = self.token_ids(tokenizer, text, template)
+        batch = torch.tensor([ids], device=device)
+        out = module(input_ids=batch, attention_mask=torch.ones_like(batch), output_hidden_states=layer != -1)
+        hidden = out.last_hidden_state if layer == -1 else out.hidden_states[layer]
+        return hidden[:, template_end(ids):]
