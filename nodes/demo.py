@@ -132,6 +132,7 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     import torch
 
     from nodes.demo_flux import DEMO_FLUX_DEV, make_flux_demo
+    from nodes.demo_flux2 import DEMO_KLEIN, make_flux2_demo
     from nodes.demo_zimage import DEMO_ZIMAGE, make_zimage_demo
     from nodes.families import SD15, SDXL
     from nodes.families.build import ldm_state_dict
@@ -141,6 +142,8 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     flux += make_controlnet_demo(models_dir)
     if not (models_dir / "diffusion_models" / DEMO_ZIMAGE).is_file():
         flux += make_zimage_demo(models_dir)
+    if not (models_dir / "diffusion_models" / DEMO_KLEIN).is_file():
+        flux += make_flux2_demo(models_dir)
     paths = [models_dir / "checkpoints" / DEMO_CHECKPOINT, models_dir / "vae" / DEMO_VAE,
              models_dir / "loras" / DEMO_LORA, models_dir / "checkpoints" / DEMO_SDXL]
     if all(p.is_file() for p in paths):

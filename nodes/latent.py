@@ -54,7 +54,8 @@ def check_latent_for(latent: dict, family: Any, input_name: str) -> None:
 @torch.no_grad()
 def decode(vae: Any, samples: torch.Tensor) -> torch.Tensor:
     """Raw latents [B, C, h, w] -> IMAGE [B, H, W, 3] in 0..1 (as diffusers' pipelines post-process)."""
-    expected = getattr(getattr(vae, "config", None), "latent_channels", samples.shape[1])
+    expected = getattr(vae, "loom_latent_channels", None) or getattr(getattr(vae, "config", None), "latent_channels",
+                                                                      samples.shape[1])
     if samples.shape[1] != expected:
         raise LatentError(f"the latents have {samples.shape[1]} channels but this VAE decodes {expected}-channel "
                           "latents; use the VAE that belongs to the model that made them (a 16-channel model needs "

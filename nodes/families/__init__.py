@@ -9,6 +9,7 @@ from typing import Any
 
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
 from nodes.families.flux import Chroma, Flux
+from nodes.families.flux2 import Flux2
 from nodes.families.keys import looks_like_diffusers_vae
 from nodes.families.sd2 import SD2
 from nodes.families.sd15 import SD15
@@ -16,9 +17,9 @@ from nodes.families.sdxl import SDXL
 from nodes.families.zimage import ZImage
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, ZImage, SDXL, SD2, SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Flux2, Chroma, Flux, ZImage, SDXL, SD2, SD15)  # most specific first
 
-__all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux",
+__all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter", "Flux", "Flux2",
            "ModelLoadError", "Part", "TensorIndex", "TextEncoderSpec", "describe_context_dim", "detect_family",
            "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
            "standalone_text_encoder", "standalone_vae", "ZImage"]
@@ -50,6 +51,10 @@ def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
     """The family whose VAE architecture a standalone VAE file has, and its part. The KL VAE of
     SD1.x, SD2.x and SDXL is one architecture; the latent scale belongs to the MODEL, so the
     first family's is used for the config (VAE nodes never scale)."""
+    from nodes.families.components.flux2_vae import is_flux2_vae
+
+    if is_flux2_vae(index):  # the 32-channel Flux.2 VAE with BatchNorm statistics
+        return Flux2(), Flux2().vae_part(index, "")
     family = SD15()
     prefix = family.vae_prefix if index.any_with(family.vae_prefix) else ""
     diffusers_keys = looks_like_diffusers_vae(list(index.tensors))
@@ -76,6 +81,9 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     for name, prefix, marker in TEXT_ENCODER_FILES:
         if index.has(marker):
             return name, prefix
+    if Flux2.detect(index):
+        raise ModelLoadError(f"{index.path}: this is a Flux.2 transformer, not a text encoder; put it in "
+                             "models/diffusion_models and load it with UNETLoader")
     if Flux.detect(index) or Chroma.detect(index):
         raise ModelLoadError(f"{index.path}: this is a Flux transformer, not a text encoder; put it in "
                              "models/diffusion_models and load it with UNETLoader")
@@ -86,7 +94,7 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
                          f"{describe_unknown(index)}")
 
 
-CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "lumina2": ZImage}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "lumina2": ZImage, "flux2": Flux2}  # ComfyUI's CLIPLoader/DualCLIPLoader types
 # DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
 # CLIPLoader's ``type`` options, as ComfyUI lists them
 SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
@@ -98,10 +106,11 @@ DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_i
 
 def family_nodes() -> list[Any]:
     """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance, ModelSamplingAuraFlow...), for the registry."""
+    from nodes.families.flux2_nodes import FLUX2_NODES
     from nodes.families.flux_nodes import FLUX_NODES
     from nodes.families.zimage_nodes import ZIMAGE_NODES
 
-    return [*FLUX_NODES, *ZIMAGE_NODES]
+    return [*FLUX_NODES, *ZIMAGE_NODES, *FLUX2_NODES]
 
 
 def family_for_clip_type(clip_type: str) -> FamilyAdapter:
