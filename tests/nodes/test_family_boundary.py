@@ -33,6 +33,7 @@ ALLOWED = {
     "nodes/demo.py": "writes the demo checkpoints of named families (file names, modules per family)",
     "nodes/demo_flux.py": "writes the tiny Flux demo files (file names, the family's modules)",
     "nodes/demo_zimage.py": "writes the tiny Z-Image demo files (it shares the Flux demo's VAE file)",
+    "nodes/demo_flux2.py": "writes the tiny Flux.2 Klein demo files (file names, the family's modules)",
     "nodes/demo_vision.py": "writes the demo IP-Adapter in a named family's layout (file name)",
     "nodes/bench": "benchmarks named families' demo checkpoints against diffusers' pipelines",
     # ComfyUI's published sampling vocabulary, which core nodes must expose with its exact names: the
