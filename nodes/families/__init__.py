@@ -72,6 +72,7 @@ TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that 
     ("clip_l", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight"),
     ("clip_l", "", "encoder.layers.0.self_attn.q_proj.weight"),
     ("qwen3_4b", "model.", "model.layers.0.self_attn.q_norm.weight"),  # ComfyUI's qwen_3_4b.safetensors
+    ("mistral3_24b", "model.", "tekken_model"),  # ComfyUI's Flux.2 Mistral-Small file (tokenizer inside)
 )
 
 
@@ -90,7 +91,7 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     if ZImage.detect(index):
         raise ModelLoadError(f"{index.path}: this is a Z-Image transformer, not a text encoder; put it in "
                              "models/diffusion_models and load it with UNETLoader")
-    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, T5-XXL or Qwen3): "
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, T5-XXL, Qwen3 or Mistral-Small): "
                          f"{describe_unknown(index)}")
 
 

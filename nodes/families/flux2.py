@@ -11,7 +11,8 @@ input (Mistral-Small 3.x, layers 10/20/30); Klein has no guidance embedder and t
 
 Files as users have them: the transformer alone (``flux-2-klein-4b.safetensors`` in
 ``models/diffusion_models``, with or without ``model.diffusion_model.``; UNETLoader), the text encoder
-alone (``qwen_3_4b.safetensors``; CLIPLoader type ``flux2``) and ``flux2-vae.safetensors`` (VAELoader).
+alone (``qwen_3_4b.safetensors`` for Klein, ``mistral_3_small_flux2_bf16.safetensors`` with its tekken
+tokenizer inside for dev; CLIPLoader type ``flux2``) and ``flux2-vae.safetensors`` (VAELoader).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
 from nodes.families.components.flux2_dit import Flux2Transformer
 from nodes.families.components.flux2_vae import Flux2Vae
 from nodes.families.components.klein_text import KleinText
+from nodes.families.components.mistral_text import MistralText
 from nodes.families.latent_format import LatentFormat
 from nodes.weights import ModelLoadError, TensorIndex
 
@@ -79,10 +81,10 @@ class Flux2Prompt:
 
     def encode(self, text: str, encoders: Sequence[ReadyEncoder]) -> tuple[Tensor, Tensor | None]:
         for enc in encoders:
-            if isinstance(enc.kind, KleinText):
+            if isinstance(enc.kind, KleinText | MistralText):
                 return enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer), None
-        raise ModelLoadError("Flux.2 Klein needs its Qwen3 text encoder (qwen_3_4b / qwen_3_8b); load it with "
-                             "CLIPLoader (type flux2). Flux.2 dev's Mistral text encoder is not supported yet")
+        raise ModelLoadError("Flux.2 needs its LLM text encoder (Qwen3 for Klein, Mistral-Small for dev); load it "
+                             "with CLIPLoader (type flux2)")
 
 
 @dataclass(frozen=True)
@@ -133,8 +135,8 @@ class Flux2(FamilyAdapter):
         if spec.layout == "qwen3":
             kind = self.klein_text
             return Part.make(spec.name, kind, prefix, spec.subfolder, kind.config_from_tensors(index, prefix))
-        raise ModelLoadError(f"{index.path}: Flux.2 dev's Mistral-Small text encoder is not supported yet; "
-                             "Flux.2 Klein with its Qwen3 encoder is")
+        mistral = MistralText(file=str(index.path))
+        return Part.make(spec.name, mistral, prefix, spec.subfolder, mistral.config_from_tensors(index, prefix))
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
         raise ModelLoadError(
