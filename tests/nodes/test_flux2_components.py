@@ -139,10 +139,11 @@ def test_forward_uses_the_pipelines_tokens_ids_and_sigma_timestep() -> None:
     cond = kind.conditioning([CondEntry(text)], 2, (3, 5))
     sigma = torch.tensor(0.7)
     ours = kind.forward(model, x, sigma, cond)
-    ref = model(hidden_states=Flux2KleinPipeline._pack_latents(x), encoder_hidden_states=text.expand(2, -1, -1),
+    padded = torch.cat([torch.zeros(1, 505, 24), text], dim=1)  # ComfyUI's Flux.2: zero rows in front up to 512
+    ref = model(hidden_states=Flux2KleinPipeline._pack_latents(x), encoder_hidden_states=padded.expand(2, -1, -1),
                 timestep=sigma.expand(2), img_ids=Flux2KleinPipeline._prepare_latent_ids(x),
-                txt_ids=Flux2KleinPipeline._prepare_text_ids(text), return_dict=False)[0]
-    assert ours.shape == x.shape
+                txt_ids=Flux2KleinPipeline._prepare_text_ids(padded), return_dict=False)[0]
+    assert ours.shape == x.shape and cond["encoder_hidden_states"].shape == (2, 512, 24)
     torch.testing.assert_close(ours, ref.permute(0, 2, 1).reshape(2, 128, 3, 5))
 
 

@@ -3,7 +3,8 @@ encoder file gives tiktoken's ids (the reference implementation of the format) w
 tokens recognised; CLIPLoader(flux2) recognises ComfyUI's Mistral file and CLIPTextEncode gives the
 stacked hidden states 10/20/30 of transformers' MistralModel on ComfyUI's template; the full-size
 Mistral-Small 3.x key table maps onto MistralModel on the meta device; and Loom's txt2img with
-FluxGuidance equals diffusers' Flux2Pipeline (embedded guidance) on the same components."""
+FluxGuidance equals diffusers' Flux2Pipeline (embedded guidance) on the same components, given the text
+as ComfyUI's Flux.2 model takes it (zero rows in front up to 512 tokens)."""
 
 from __future__ import annotations
 
@@ -188,7 +189,9 @@ def test_dev_txt2img_with_flux_guidance_matches_flux2_pipeline(dev_files: Any, m
                               vae=vae.eval(), text_encoder=None, tokenizer=None, transformer=modules["unet"])
     pipe.set_progress_bar_config(disable=True)
     noise = prepare_noise(latent["samples"], 7)
-    ref = pipe(prompt_embeds=pos[0].embeds, height=64, width=64, num_inference_steps=3, guidance_scale=2.5,
+    text = pos[0].embeds
+    padded = torch.cat([torch.zeros(1, 512 - text.shape[1], text.shape[2]), text], dim=1)  # ComfyUI: zeros in front
+    ref = pipe(prompt_embeds=padded, height=64, width=64, num_inference_steps=3, guidance_scale=2.5,
                latents=noise.clone(), output_type="latent").images  # Flux2Pipeline: the packed model latent
     ref_latent = ref.permute(0, 2, 1).reshape(1, 128, 4, 4)
     assert (out["samples"] - ref_latent).abs().max() < 1e-4

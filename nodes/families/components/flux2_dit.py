@@ -16,6 +16,8 @@ Calling convention (ComfyUI's Flux.2 model and diffusers' Flux2 pipelines agree)
 latent (the VAE's 32 channels in 2×2 patches) is flattened to one token per latent pixel, image ids
 are ``(0, row, col, 0)``, text ids ``(0, 0, 0, index)``, the timestep IS sigma (the model multiplies by
 1000 inside), and dev (guidance-distilled, a ``guidance_in`` embedder) takes the guidance value too.
+Text shorter than 512 tokens (Mistral prompts; Klein's are padded to 512 by the encoder) gets zero rows
+in front up to 512, as ComfyUI's ``model_base.Flux2`` does; the text ids count over the padded length.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ if TYPE_CHECKING:
 
     from nodes.conditioning import CondEntry
 
-DEFAULT_GUIDANCE = 4.0  # ComfyUI's Flux.2 dev template value, used when no FluxGuidance is set
+DEFAULT_GUIDANCE = 3.5  # ComfyUI's value for a guidance-distilled Flux model when no FluxGuidance is set
+MIN_TEXT_TOKENS = 512  # ComfyUI's Flux.2 model pads shorter text with zero rows in front
 ROPE_THETA = 2000
 EPS = 1e-6
 ENCODERS_BY_WIDTH = {7680: "Qwen3-4B (Klein 4B)", 12288: "Qwen3-8B (Klein 9B)", 15360: "Mistral-Small 3.x (dev)"}
@@ -181,15 +184,17 @@ class Flux2Transformer:
     # --- sampling -----------------------------------------------------------------------------
     def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
                      like: Tensor | None = None) -> dict[str, Any]:
-        """Text tokens, text ids ``(0, 0, 0, index)`` and the guidance value per row."""
+        """Text tokens (zero rows in front up to 512), text ids ``(0, 0, 0, index)`` and the guidance value per row."""
         import torch
+        import torch.nn.functional as F
 
         from nodes.families.components.unet import lcm_repeat
 
         def to(t: Tensor) -> Tensor:
             return t if like is None else t.to(like)
 
-        embeds = lcm_repeat([e.embeds for e in entries])  # ComfyUI's rule for mixed lengths
+        padded = [F.pad(e.embeds, (0, 0, max(0, MIN_TEXT_TOKENS - e.embeds.shape[1]), 0)) for e in entries]
+        embeds = lcm_repeat(padded)  # ComfyUI's rule for mixed lengths
         length = embeds[0].shape[1]
         hidden = torch.cat([e.expand(batch, -1, -1) for e in embeds])
         txt_ids = torch.zeros(length, 4)
