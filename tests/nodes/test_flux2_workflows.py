@@ -202,3 +202,22 @@ def test_demo_files_have_the_users_layouts(demo_models: Path) -> None:
     assert isinstance(open_diffusion_model(demo_models / "diffusion_models" / DEMO_KLEIN).family, Flux2)
     assert isinstance(open_text_encoders([demo_models / "text_encoders" / DEMO_KLEIN_QWEN3], "flux2").family, Flux2)
     assert isinstance(open_vae(demo_models / "vae" / DEMO_FLUX2_VAE).family, Flux2)
+
+
+def test_tiled_decode_and_encode_work_at_one_sixteenth(demo_models: Path, make_ctx: Any) -> None:
+    """VAEDecodeTiled / VAEEncodeTiled use the Flux.2 VAE's 16 pixels per latent pixel; the tiled decode
+    of a latent smaller than one tile equals the plain decode, and VAEEncode centre-crops to 16."""
+    from nodes.latent import VAEDecode, VAEDecodeTiled, VAEEncode, VAEEncodeTiled
+
+    ctx = make_ctx()
+    vae = open_vae(demo_models / "vae" / DEMO_FLUX2_VAE)
+    torch.manual_seed(0)
+    latent = {"samples": torch.randn(1, 128, 4, 6)}
+    (plain,) = VAEDecode().run(ctx, samples=latent, vae=vae)
+    (tiled,) = VAEDecodeTiled().run(ctx, samples=latent, vae=vae, tile_size=512, overlap=64)
+    assert tiled.shape == plain.shape == (1, 64, 96, 3)
+    torch.testing.assert_close(tiled, plain, atol=1e-5, rtol=1e-5)
+    (encoded,) = VAEEncodeTiled().run(ctx, pixels=torch.rand(1, 70, 100, 3), vae=vae, tile_size=512, overlap=64)
+    assert encoded["samples"].shape == (1, 128, 4, 6)
+    (cropped,) = VAEEncode().run(ctx, pixels=torch.rand(1, 70, 100, 3), vae=vae)
+    assert cropped["samples"].shape == (1, 128, 4, 6)

@@ -48,6 +48,11 @@ class Flux2LatentVAE(AutoencoderKLFlux2):  # type: ignore[misc]
         """The channels of the latents ``decode`` takes (4 × the KL latent channels)."""
         return 4 * int(self.config.latent_channels)
 
+    @property
+    def loom_downscale(self) -> int:
+        """Image pixels per latent pixel and side: the KL VAE's 8, times the 2×2 patches."""
+        return 2 ** (len(self.config.block_out_channels) - 1) * 2
+
     def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean = self.bn.running_mean.view(1, -1, 1, 1).to(like)
         std = torch.sqrt(self.bn.running_var.view(1, -1, 1, 1) + self.config.batch_norm_eps).to(like)
