@@ -53,7 +53,8 @@ def zimage_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def make_zimage_demo(models_dir: Path) -> list[Path]:
-    """Write the Z-Image demo files under ``models_dir`` (the VAE only if the Flux demo has not)."""
+    """Write the Z-Image demo files under ``models_dir`` (the VAE only if the Flux demo has not); return
+    the paths written."""
     from safetensors.torch import save_file
 
     from nodes.demo_flux import DEMO_FLUX_VAE
@@ -68,12 +69,11 @@ def make_zimage_demo(models_dir: Path) -> list[Path]:
     if "vae" in modules:
         vae = modules["vae"]
         files[("vae", DEMO_FLUX_VAE)] = original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae)
-    written = [vae_path]
+    written = []
     for (folder, name), tensors in files.items():
         path = Path(models_dir) / folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
                   metadata={"loom_note": "Loom demo model: random weights, produces noise."})
-        if path != vae_path:
-            written.append(path)
+        written.append(path)
     return written

@@ -335,12 +335,12 @@ def open_text_encoders(paths: list[Path], clip_type: str, *, allow_pickle: bool 
     family of ComfyUI's ``type``; each file's encoder is recognised from its tensors."""
     from nodes.families import family_for_clip_type, standalone_text_encoder
 
-    family = family_for_clip_type(clip_type)
+    indexes = [read_index(path, allow_pickle=allow_pickle) for path in paths]
+    found = [standalone_text_encoder(index) for index in indexes]
+    family = family_for_clip_type(clip_type, tuple(name for name, _ in found))
     parts: list[Part] = []
     nbytes = 0
-    for path in paths:
-        index = read_index(path, allow_pickle=allow_pickle)
-        name, prefix = standalone_text_encoder(index)
+    for path, index, (name, prefix) in zip(paths, indexes, found, strict=True):
         if any(p.name == name for p in parts):
             raise ModelLoadError(f"{path.name} is a second {name} text encoder; {family.title} takes one "
                                  f"of each of {[s.name for s in family.text_encoders]}")

@@ -131,6 +131,11 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     prompts, noise and seeds differ (the caller checks, ``nodes.perf_batch``)."""
     model = jobs[0].guider.model
     check_latent_for(latent, model.family, "latent_image")
+    if latent["samples"].ndim == 4 and latent["samples"].shape[1] != model.latent_format.channels:
+        raise SamplingError(f"latent_image has {latent['samples'].shape[1]} channels but this {model.family.title} model "
+                            f"works on {model.latent_format.channels}-channel latents; make the empty latent with "
+                            f"{'EmptySD3LatentImage' if model.latent_format.channels == 16 else 'EmptyLatentImage'} or "
+                            "encode the image with this model's VAE")
     sigmas = torch.as_tensor(sigmas, dtype=torch.float32).reshape(-1)
     if sigmas.numel() == 0:
         return [Result(dict(latent), dict(latent)) for _ in jobs]

@@ -124,14 +124,15 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
         head = f.read(8)
         if len(head) < 8:
             raise ModelLoadError(f"{path}: file is truncated ({size} bytes): not a safetensors file; download it again")
-        if head[:2] == b"PK" or head[:1] == b"\x80":
+        first = f.read(1)  # a safetensors header is a JSON object; a length may still begin with "PK" or 0x80
+        if (head[:2] == b"PK" or head[:1] == b"\x80") and first != b"{":
             raise ModelLoadError(f"{path}: this is a pickled PyTorch file named .safetensors; rename it to .ckpt "
                                  "(it will be refused unless pickles are allowed) or get the real .safetensors")
         (n,) = struct.unpack("<Q", head)
         if n == 0 or n > MAX_HEADER or 8 + n > size:
             raise ModelLoadError(f"{path}: corrupt or truncated safetensors header (says {n} bytes, file has {size}); "
                                  "download the file again")
-        raw = f.read(n)
+        raw = first + f.read(n - 1)
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -114,8 +114,12 @@ def family_nodes() -> list[Any]:
     return [*FLUX_NODES, *ZIMAGE_NODES, *FLUX2_NODES]
 
 
-def family_for_clip_type(clip_type: str) -> FamilyAdapter:
-    """The family whose text encoders ComfyUI's loader ``type`` names."""
+def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> FamilyAdapter:
+    """The family whose text encoders ComfyUI's loader ``type`` names. As in ComfyUI, some encoder
+    files decide by themselves: a Qwen3-4B file is Z-Image's for every type but Flux's (ComfyUI routes
+    it to Flux.2 Klein there)."""
+    if "qwen3_4b" in encoders and clip_type not in ("flux", "flux2"):
+        return ZImage()
     if clip_type not in CLIP_TYPES:
         raise ModelLoadError(f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}")
     return CLIP_TYPES[clip_type]()

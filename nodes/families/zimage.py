@@ -63,7 +63,7 @@ class ZImagePrompt:
 
 @dataclass(frozen=True)
 class ZImage(FamilyAdapter):
-    name: ClassVar[str] = "zimage"
+    name: ClassVar[str] = "z_image"  # as in the presets table (nodes/presets.py)
     title: ClassVar[str] = "Z-Image"
     pipeline_class: ClassVar[str] = "ZImagePipeline"
     latent_format: ClassVar[LatentFormat] = FLUX_LATENT

@@ -219,3 +219,26 @@ def test_extra_model_paths_yaml(tmp_path: Path, tiny_sd15_ckpt: Path) -> None:
     assert len(folders.folders("loras")) == 3
     with pytest.raises(ModelPathError):
         folders.resolve("checkpoints", "/etc/passwd")
+
+
+@pytest.mark.parametrize("low_bytes", [b"\x80", b"PK"], ids=["0x80", "PK"])
+def test_safetensors_header_length_that_starts_like_a_pickle_still_loads(low_bytes: bytes, tmp_path: Path) -> None:
+    """The header length is little-endian: 1 file in 256 has a length whose first byte is 0x80 (a
+    pickle's first byte), some begin with "PK" (a zip's); the JSON header after it tells them apart."""
+    import struct
+
+    import torch
+    from safetensors.torch import save_file
+
+    from nodes.weights import read_index
+
+    path = tmp_path / "w.safetensors"
+    target = struct.unpack("<H", low_bytes.ljust(2, b"\x01"))[0]  # a header length starting with these bytes
+    save_file({"w": torch.zeros(2)}, str(path), metadata={"pad": ""})
+    base = struct.unpack("<Q", path.read_bytes()[:8])[0]
+    for pad in range(max(0, target - base - 8), target - base + 9):  # the JSON grows by one byte per character
+        save_file({"w": torch.zeros(2)}, str(path), metadata={"pad": "x" * pad})
+        if path.read_bytes()[:len(low_bytes)] == low_bytes:
+            break
+    assert path.read_bytes()[:len(low_bytes)] == low_bytes
+    assert read_index(path).tensors["w"].shape == (2,)

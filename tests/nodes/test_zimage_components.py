@@ -169,6 +169,24 @@ def test_qwen3_encode_is_the_second_to_last_layer_of_the_templated_prompt() -> N
     assert torch.allclose(z, captured["out"], atol=1e-6)  # layer 1 of 3: no final norm
 
 
+def test_clip_set_last_layer_indices_follow_comfyui() -> None:
+    """-1 is the last decoder layer's output before the final norm (ComfyUI's "hidden" -1), an index
+    beyond the depth the final normed output (ComfyUI's "last")."""
+    from nodes.families.components.qwen_text import load_qwen_tokenizer
+
+    model, kind, tokenizer = tiny_qwen3(), QwenText(), load_qwen_tokenizer()
+    ids = torch.tensor([kind.token_ids(tokenizer, "a cat")])
+    captured: list[torch.Tensor] = []
+    hook = model.layers[-1].register_forward_hook(lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o))
+    out = model(input_ids=ids, output_hidden_states=True)
+    hook.remove()
+    last_layer = captured[0]
+    assert torch.allclose(kind.encode(model, tokenizer, "a cat", -1), last_layer, atol=1e-6)
+    assert not torch.allclose(last_layer, out.last_hidden_state, atol=1e-3)
+    assert torch.allclose(kind.encode(model, tokenizer, "a cat", -2), out.hidden_states[-2], atol=1e-6)
+    assert torch.allclose(kind.encode(model, tokenizer, "a cat", -5), out.last_hidden_state, atol=1e-6)
+
+
 def test_full_size_qwen3_4b_key_table_on_meta_device() -> None:
     """Qwen3-4B (2560 wide, 36 layers, 32 query / 8 key-value heads of 128, FFN 9728) read back from
     ComfyUI's file layout; every parameter of transformers' class is covered."""
@@ -185,3 +203,25 @@ def test_full_size_qwen3_4b_key_table_on_meta_device() -> None:
     assert len(file) == 398
     config = QwenText().config_from_tensors(index_of(file, "qwen_3_4b.safetensors"), "model.")
     assert {k: config[k] for k in real} == real
+
+
+@pytest.mark.parametrize(("prefix", "dtype"), [("", torch.bfloat16), ("model.diffusion_model.", torch.bfloat16),
+                                              ("", torch.float8_e4m3fn)], ids=["bf16", "bf16_prefixed", "fp8"])
+def test_stored_precision_files_load_through_unet_loader(prefix: str, dtype: torch.dtype, tmp_path: Path) -> None:
+    """Z-Image files are bf16 (z_image_turbo_bf16.safetensors) or fp8, with or without ComfyUI's prefix:
+    the handle detects the family, builds the module and the device move upcasts it to the compute
+    precision."""
+    from safetensors.torch import save_file
+
+    from nodes.families import ZImage
+    from nodes.handles import open_diffusion_model
+
+    model, kind = tiny_zimage(), ZImageTransformer()
+    original = kind.to_original(model.state_dict(), model.config)
+    save_file({prefix + k: v.to(dtype).contiguous() for k, v in original.items()}, str(tmp_path / "z.safetensors"))
+    handle = open_diffusion_model(tmp_path / "z.safetensors")
+    assert handle.family == ZImage() and handle.parts[0].prefix == prefix and handle.prediction == "flow"
+    module = handle.to_device(handle.load(), "cpu", "float32")
+    assert {p.dtype for p in module.parameters()} == {torch.float32}
+    expected = original["layers.0.attention.qkv.weight"].to(dtype).float().chunk(3)[1]
+    assert torch.equal(module.state_dict()["layers.0.attention.to_k.weight"], expected)

@@ -25,6 +25,7 @@ from nodes.weights import ModelLoadError, fingerprint
 from tests.nodes.test_generation_e2e import make_executor, run
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+COMPAT_WORKFLOWS = Path(__file__).resolve().parents[1] / "compat" / "workflows"
 RANK, ALPHA, STRENGTH = 2, 1.0, 0.7
 
 
@@ -55,9 +56,43 @@ def test_z_image_turbo_workflow_runs(demo_models: Path, tmp_path: Path) -> None:
         assert np.asarray(png).std() > 1.0  # not a flat image
 
 
+def test_template_with_combined_prompts_runs(demo_models: Path, tmp_path: Path) -> None:
+    """ComfyUI's current template combines the prompt with a second one (ConditioningCombine): two
+    captions of different lengths, whose predictions the sampler averages."""
+    prompt = workflow()
+    prompt["14"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "safe for work, fully clothed, appropriate "
+                                                                       "attire, decent, family friendly",
+                                                               "clip": ["11", 0]}}
+    prompt["15"] = {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["6", 0],
+                                                                    "conditioning_2": ["14", 0]}}
+    prompt["3"]["inputs"] |= {"positive": ["15", 0], "steps": 2}
+    result = run(make_executor(demo_models, tmp_path), prompt)
+    assert result.status == "success", (result.node_errors, result.error)
+
+
+def test_ui_format_template_with_a_subgraph_runs(demo_models: Path, tmp_path: Path) -> None:
+    """A UI-format file shaped like ComfyUI's Z-Image Turbo template (the graph inside a subgraph whose
+    prompt, size, steps and model names are promoted to the instance) converts to the example's
+    graph and runs."""
+    from engine.workflow import load_workflow
+
+    ui = json.loads((COMPAT_WORKFLOWS / "z_image_turbo_subgraph.json").read_text())
+    executor = make_executor(demo_models, tmp_path)
+    prompt = load_workflow(ui, executor.registry.object_info()).prompt
+    expected = workflow()
+    assert sorted(n["class_type"] for n in prompt.values()) == sorted(n["class_type"] for n in expected.values())
+    (sampler,) = [n for n in prompt.values() if n["class_type"] == "KSampler"]
+    assert {k: v for k, v in sampler["inputs"].items() if not isinstance(v, list)} == {
+        k: v for k, v in expected["3"]["inputs"].items() if not isinstance(v, list)}
+    result = run(executor, prompt)
+    assert result.status == "success", (result.node_errors, result.error)
+
+
 def test_loom_format_workflow_holds_the_same_prompt() -> None:
-    saved = json.loads((WORKFLOWS / "z_image_turbo.loom.json").read_text())
-    assert saved["format"] == "loom.workflow" and saved["prompt"] == workflow()
+    from engine.workflow import from_saved
+
+    saved = from_saved(json.loads((WORKFLOWS / "z_image_turbo.loom.json").read_text()))
+    assert saved.prompt == workflow() and set(saved.layout["nodes"]) == set(workflow())
 
 
 # --- LoRA ------------------------------------------------------------------------------------------
@@ -153,6 +188,16 @@ def test_lora_loader_node_in_the_workflow(demo_models: Path, tmp_path: Path) -> 
     assert result.status == "success", (result.node_errors, result.error)
 
 
+@pytest.mark.parametrize("clip_type", ["lumina2", "stable_diffusion", "qwen_image"])
+def test_qwen3_4b_file_is_z_images_encoder_for_any_type_but_flux(clip_type: str, demo_models: Path) -> None:
+    """As ComfyUI routes qwen_3_4b.safetensors: the file decides, the type only matters for Flux (Klein)."""
+    from nodes.families import ZImage
+
+    handle = open_text_encoders([demo_models / "text_encoders" / DEMO_QWEN3], clip_type)
+    assert handle.family == ZImage() and [p.name for p in handle.parts] == ["qwen3_4b"]
+    assert handle.hidden_state_index("qwen3_4b") == -2
+
+
 # --- wrong files ----------------------------------------------------------------------------------
 def test_z_image_transformer_given_to_clip_loader_says_use_unet_loader(demo_models: Path) -> None:
     with pytest.raises(ModelLoadError, match="Z-Image transformer, not a text encoder.*UNETLoader"):
@@ -214,6 +259,15 @@ def test_sd_vae_with_z_image_is_refused(demo_models: Path, tmp_path: Path) -> No
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status != "success" and result.error["node_id"] == "8"
     assert "4-channel" in result.error["exception_message"] and "ae.safetensors" in result.error["exception_message"]
+
+
+def test_four_channel_latent_is_refused_with_the_node_to_use(demo_models: Path, tmp_path: Path) -> None:
+    prompt = workflow()
+    prompt["5"] = {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
+    result = run(make_executor(demo_models, tmp_path), prompt)
+    assert result.status != "success" and result.error["node_id"] == "3"
+    assert "4 channels but this Z-Image model works on 16-channel latents" in result.error["exception_message"]
+    assert "EmptySD3LatentImage" in result.error["exception_message"]
 
 
 # --- no network -----------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ the identity. What the shapes cannot tell are Qwen3's constants: RMS-norm eps 1e
 Prompts follow ComfyUI's Z-Image text encoding (``comfy/text_encoders/z_image.py``): the prompt is
 put in the chat template ``<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n``,
 tokenized whole (no ``(word:1.2)`` weighting, no start/end token, no padding, no length limit; a
-``\\(`` or ``\\)`` escape becomes the bare parenthesis), and the conditioning is the hidden state
-of the second-to-last layer (no final norm), one row per token.
+``\\(`` or ``\\)`` escape becomes the bare parenthesis), and the conditioning is the output of the
+second-to-last decoder layer (no final norm), one row per token.
 """
 
 from __future__ import annotations
@@ -91,11 +91,21 @@ class QwenText:
 
     @torch.no_grad()
     def encode(self, module: Any, tokenizer: Any, text: str, layer: int) -> torch.Tensor:
-        """Hidden state ``layer`` (-2: the second-to-last layer's output) of ``text``: (1, T, D)."""
+        """The output of decoder layer ``layer`` (-2: the second-to-last; -1: the last, before the
+        final norm, as ComfyUI's CLIPSetLastLayer -1) for ``text``: (1, T, D). An index beyond the
+        depth gives the final, normed output (ComfyUI's "last")."""
         device = next(module.parameters()).device
         ids = torch.tensor([self.token_ids(tokenizer, text)], device=device)
-        out = module(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
-        return out.hidden_states[layer]
+        if not -len(module.layers) <= layer < 0:
+            return module(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        captured: list[torch.Tensor] = []
+        hook = module.layers[layer].register_forward_hook(
+            lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out))
+        try:
+            module(input_ids=ids, attention_mask=torch.ones_like(ids))
+        finally:
+            hook.remove()
+        return captured[0]
 
 
 def load_qwen_tokenizer() -> Any:
