@@ -117,9 +117,11 @@ def family_nodes() -> list[Any]:
 def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> FamilyAdapter:
     """The family whose text encoders ComfyUI's loader ``type`` names. As in ComfyUI, some encoder
     files decide by themselves: a Qwen3-4B file is Z-Image's for every type but Flux's (ComfyUI routes
-    it to Flux.2 Klein there)."""
+    it to Flux.2 Klein there), and a Qwen3 or Mistral-Small file with type flux or flux2 is Flux.2's."""
     if "qwen3_4b" in encoders and clip_type not in ("flux", "flux2"):
         return ZImage()
+    if {"qwen3_4b", "mistral3_24b"} & set(encoders) and clip_type in ("flux", "flux2"):
+        return Flux2()  # Klein's Qwen3 or dev's Mistral-Small, for type flux as for flux2
     if clip_type not in CLIP_TYPES:
         raise ModelLoadError(f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}")
     return CLIP_TYPES[clip_type]()

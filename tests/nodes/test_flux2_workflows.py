@@ -221,3 +221,11 @@ def test_tiled_decode_and_encode_work_at_one_sixteenth(demo_models: Path, make_c
     assert encoded["samples"].shape == (1, 128, 4, 6)
     (cropped,) = VAEEncode().run(ctx, pixels=torch.rand(1, 70, 100, 3), vae=vae)
     assert cropped["samples"].shape == (1, 128, 4, 6)
+
+
+def test_clip_loader_type_flux_with_a_qwen3_file_is_flux2_as_in_comfyui(demo_models: Path) -> None:
+    from nodes.families.flux2 import Flux2
+
+    for clip_type in ("flux", "flux2"):
+        handle = open_text_encoders([demo_models / "text_encoders" / DEMO_KLEIN_QWEN3], clip_type)
+        assert isinstance(handle.family, Flux2)
