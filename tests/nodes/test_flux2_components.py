@@ -273,3 +273,24 @@ def test_flux2_transformer_is_not_a_text_encoder() -> None:
     model = tiny_transformer(False)
     with pytest.raises(ModelLoadError, match="Flux.2 transformer, not a text encoder"):
         standalone_text_encoder(index_of(Flux2Transformer().to_original(model.state_dict(), model.config)))
+
+
+@pytest.mark.parametrize(("prefix", "dtype"), [("", torch.bfloat16), ("model.diffusion_model.", torch.bfloat16),
+                                              ("", torch.float8_e4m3fn)], ids=["bf16", "bf16_prefixed", "fp8"])
+def test_stored_precision_files_load_through_unet_loader(prefix: str, dtype: torch.dtype, tmp_path: Path) -> None:
+    """Flux.2 files as released (bf16) or quantised (fp8), with or without ComfyUI's prefix: the handle
+    detects the family and the device move upcasts the module to the compute precision."""
+    from safetensors.torch import save_file
+
+    from nodes.families.flux2 import Flux2
+    from nodes.handles import open_diffusion_model
+
+    model = tiny_transformer(False)
+    original = Flux2Transformer().to_original(model.state_dict(), model.config)
+    save_file({prefix + k: v.to(dtype).contiguous() for k, v in original.items()}, str(tmp_path / "k.safetensors"))
+    handle = open_diffusion_model(tmp_path / "k.safetensors")
+    assert handle.family == Flux2() and handle.parts[0].prefix == prefix and handle.prediction == "flux"
+    module = handle.to_device(handle.load(), "cpu", "float32")
+    assert {p.dtype for p in module.parameters()} == {torch.float32}
+    expected = original["double_blocks.0.img_attn.qkv.weight"].to(dtype).float().chunk(3)[1]
+    assert torch.equal(module.state_dict()["transformer_blocks.0.attn.to_k.weight"], expected)

@@ -229,3 +229,18 @@ def test_clip_loader_type_flux_with_a_qwen3_file_is_flux2_as_in_comfyui(demo_mod
     for clip_type in ("flux", "flux2"):
         handle = open_text_encoders([demo_models / "text_encoders" / DEMO_KLEIN_QWEN3], clip_type)
         assert isinstance(handle.family, Flux2)
+
+
+def test_default_sampling_is_comfyuis_flux2_shift(demo_models: Path) -> None:
+    """Without Flux2Scheduler (KSampler with a named scheduler) the model samples as ComfyUI's Flux2 config
+    says: ModelSamplingFlux with shift (mu) 2.02, sigma(t) = e^mu / (e^mu + 1/t − 1), timestep = sigma."""
+    import math
+
+    from nodes.diffusion.schedulers import ksampler_sigmas
+
+    model = open_diffusion_model(demo_models / "diffusion_models" / DEMO_KLEIN)
+    mu = 2.02
+    expected = [1.0] + [math.exp(mu) / (math.exp(mu) + 1 / t - 1) for t in (0.75, 0.5, 0.25)] + [0.0]
+    torch.testing.assert_close(ksampler_sigmas(model.model_sampling, "simple", "euler", 4), torch.tensor(expected),
+                               atol=1e-4, rtol=1e-4)
+    assert float(model.model_sampling.timestep(torch.tensor(0.4))) == pytest.approx(0.4)
