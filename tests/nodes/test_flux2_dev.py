@@ -8,8 +8,6 @@ as ComfyUI's Flux.2 model takes it (zero rows in front up to 512 tokens)."""
 
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,49 +15,23 @@ import pytest
 import torch
 
 from nodes.conditioning import CLIPTextEncode
+from nodes.demo_flux2 import (
+    DEMO_FLUX2_DEV,
+    DEMO_MISTRAL,
+    TEKKEN_CORPUS,
+    TEKKEN_N_SPECIAL,
+    TEKKEN_PATTERN,
+    demo_flux2_dev_modules,
+    flux2_dev_files,
+    tekken_json,
+)
+from nodes.demo_flux2 import tekken_ranks as tiny_ranks
 from nodes.families.components.mistral_text import FLUX2_TEMPLATE, MISTRAL_CONSTANTS
 from nodes.families.components.tekken import tekken_tokenizer
 from nodes.handles import open_diffusion_model, open_text_encoders
 from nodes.weights import ModelLoadError, TensorIndex, TensorInfo
 
-PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
-           r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|"
-           r"\s+(?!\S)|\s+")  # tekken v7's pre-tokenizer pattern
-SPECIALS = {0: "<unk>", 1: "<s>", 2: "</s>", 3: "[INST]", 4: "[/INST]", 17: "[SYSTEM_PROMPT]", 18: "[/SYSTEM_PROMPT]"}
-N_SPECIAL = 20
-CORPUS = ["a photo of a cat", "You are an AI that reasons about image descriptions.", "Hello, World! 12345",
-          "ünïcödé 日本語 tests", "  spaces\n\nnewlines\tTabs", "object relationships, object\nattribution"]
-
-
-def tiny_ranks() -> dict[bytes, int]:
-    """Byte tokens plus merges learnt greedily from the corpus (a small but real BPE vocabulary)."""
-    ranks = {bytes([b]): b for b in range(256)}
-    words = [w.encode() for text in CORPUS for w in text.split(" ")]
-    for _ in range(80):
-        counts: dict[bytes, int] = {}
-        for word in words:
-            toks = [bytes([c]) for c in word]
-            while len(toks) > 1:
-                pairs = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(toks, toks[1:], strict=False)) if a + b in ranks]
-                if not pairs:
-                    break
-                _, i = min(pairs)
-                toks[i:i + 2] = [toks[i] + toks[i + 1]]
-            for a, b in zip(toks, toks[1:], strict=False):
-                counts[a + b] = counts.get(a + b, 0) + 1
-        if not counts:
-            break
-        ranks[max(counts, key=lambda k: (counts[k], k))] = len(ranks)
-    return ranks
-
-
-def tekken_json(ranks: dict[bytes, int]) -> bytes:
-    return json.dumps({
-        "config": {"pattern": PATTERN, "num_vocab_tokens": len(ranks), "default_vocab_size": len(ranks) + N_SPECIAL,
-                   "default_num_special_tokens": N_SPECIAL, "version": "v7"},
-        "vocab": [{"rank": r, "token_bytes": base64.b64encode(t).decode(), "token_str": None} for t, r in ranks.items()],
-        "special_tokens": [{"rank": i, "token_str": s, "is_control": True} for i, s in SPECIALS.items()],
-    }).encode()
+PATTERN, N_SPECIAL, CORPUS = TEKKEN_PATTERN, TEKKEN_N_SPECIAL, TEKKEN_CORPUS
 
 
 def test_tekken_tokenizer_equals_tiktoken_and_parses_special_tokens() -> None:
@@ -87,38 +59,22 @@ def tiny_mistral(seed: int = 0) -> Any:
 
 @pytest.fixture(scope="module")
 def dev_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    import numpy as np
     from safetensors.torch import save_file
 
-    from nodes.demo_flux2 import demo_flux2_modules, flux2_files
-    from nodes.families.components.flux2_dit import rope_axes
+    from nodes.demo_flux2 import demo_flux2_modules
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("flux2_dev")
-    mistral = tiny_mistral()
-    blob = torch.from_numpy(np.frombuffer(tekken_json(tiny_ranks()), dtype=np.uint8).copy())
-    save_file({**{f"model.{k}": v for k, v in mistral.state_dict().items()}, "tekken_model": blob},
-              str(root / "mistral.safetensors"))
-    modules = demo_flux2_modules(guidance=True)
-    from diffusers import Flux2Transformer2DModel
-
-    torch.manual_seed(5)
-    dev: Any = Flux2Transformer2DModel(in_channels=128, num_layers=1, num_single_layers=2, attention_head_dim=16,
-                                       num_attention_heads=2, joint_attention_dim=48, timestep_guidance_channels=32,
-                                       axes_dims_rope=rope_axes(16), guidance_embeds=True)
-    with torch.no_grad():
-        for p in dev.parameters():
-            p.copy_(torch.randn_like(p) * 0.05)
-    modules["unet"] = dev.eval()
-    files = flux2_files(modules)
-    save_file({k: v.contiguous() for k, v in files["loom_demo_flux2_klein.safetensors"].items()},
-              str(root / "dev.safetensors"))
-    return root, {"mistral": mistral, "unet": dev, "vae": modules["vae"]}
+    modules = demo_flux2_dev_modules()
+    for name, tensors in flux2_dev_files(modules).items():
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / name))
+    return root, {"mistral": modules["mistral3_24b"], "unet": modules["unet"],
+                  "vae": demo_flux2_modules()["vae"]}
 
 
 def test_clip_loader_reads_the_mistral_file_and_encodes_comfyuis_template(dev_files: Any, make_ctx: Any) -> None:
     root, modules = dev_files
-    clip = open_text_encoders([root / "mistral.safetensors"], "flux2")
+    clip = open_text_encoders([root / DEMO_MISTRAL], "flux2")
     (entry,) = CLIPTextEncode().run(make_ctx(), text="a photo of a cat", clip=clip)[0]
     tokenizer = tekken_tokenizer(tekken_json(tiny_ranks()))
     ids = [1, *tokenizer.encode(FLUX2_TEMPLATE.format("a photo of a cat"), add_special_tokens=False).ids]
@@ -172,8 +128,8 @@ def test_dev_txt2img_with_flux_guidance_matches_flux2_pipeline(dev_files: Any, m
 
     root, modules = dev_files
     ctx = make_ctx()
-    model = open_diffusion_model(root / "dev.safetensors")
-    clip = open_text_encoders([root / "mistral.safetensors"], "flux2")
+    model = open_diffusion_model(root / DEMO_FLUX2_DEV)
+    clip = open_text_encoders([root / DEMO_MISTRAL], "flux2")
     pos = CLIPTextEncode().run(ctx, text="a photo of a cat", clip=clip)[0]
     pos = FluxGuidance().run(ctx, conditioning=pos, guidance=2.5)[0]
     latent = EmptyFlux2LatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
@@ -196,3 +152,26 @@ def test_dev_txt2img_with_flux_guidance_matches_flux2_pipeline(dev_files: Any, m
     ref_latent = ref.permute(0, 2, 1).reshape(1, 128, 4, 4)
     assert (out["samples"] - ref_latent).abs().max() < 1e-4
     assert (out["samples"] - noise).abs().max() > 0.1
+
+
+def test_flux2_dev_workflow_runs_on_the_demo_files(tmp_path: Path) -> None:
+    """web/workflows/flux2_dev.api.json (ComfyUI's dev template shape: CLIPLoader(flux2) with the Mistral
+    file, FluxGuidance 4, BasicGuider, Flux2Scheduler, euler) runs offline on make_flux2_demo's files."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from nodes.demo_flux2 import make_flux2_demo
+    from tests.nodes.test_generation_e2e import make_executor, run
+
+    workflows = Path(__file__).resolve().parents[2] / "web" / "workflows"
+    prompt = json.loads((workflows / "flux2_dev.api.json").read_text())
+    saved = json.loads((workflows / "flux2_dev.loom.json").read_text())
+    assert saved["prompt"] == prompt and set(saved["layout"]["nodes"]) == set(prompt)
+    make_flux2_demo(tmp_path / "models")
+    result = run(make_executor(tmp_path / "models", tmp_path / "work"), prompt)
+    assert result.status == "success", (result.node_errors, result.error)
+    (image,) = result.outputs["9"]["images"]
+    with Image.open(tmp_path / "work" / "output" / image["subfolder"] / image["filename"]) as png:
+        assert png.size == (64, 64) and np.asarray(png).std() > 1.0
