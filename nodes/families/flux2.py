@@ -12,7 +12,9 @@ input (Mistral-Small 3.x, layers 10/20/30); Klein has no guidance embedder and t
 Files as users have them: the transformer alone (``flux-2-klein-4b.safetensors`` in
 ``models/diffusion_models``, with or without ``model.diffusion_model.``; UNETLoader), the text encoder
 alone (``qwen_3_4b.safetensors`` for Klein, ``mistral_3_small_flux2_bf16.safetensors`` with its tekken
-tokenizer inside for dev; CLIPLoader type ``flux2``) and ``flux2-vae.safetensors`` (VAELoader).
+tokenizer inside for dev; CLIPLoader type ``flux2``) and ``flux2-vae.safetensors`` (VAELoader); and
+ComfyUI-saved Klein checkpoints (CheckpointLoaderSimple: ``model.diffusion_model.``,
+``text_encoders.qwen3_4b.transformer.model.``, ``vae.``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
 from nodes.families.components.flux2_dit import Flux2Transformer
-from nodes.families.components.flux2_vae import Flux2Vae
+from nodes.families.components.flux2_vae import Flux2Vae, is_flux2_vae
 from nodes.families.components.klein_text import KleinText
 from nodes.families.components.mistral_text import MistralText
 from nodes.families.latent_format import LatentFormat
@@ -57,6 +59,8 @@ MISTRAL3 = TextEncoderSpec("mistral3_24b", "model.", "mistral3", "text_encoder",
                            default_layer=-1, final_norm=False, pooled=False)
 DIFFUSION_PREFIXES = ("model.diffusion_model.", "")
 SHIFT = 2.02  # ComfyUI's supported_models.Flux2 sampling_settings
+CHECKPOINT_QWEN3 = "text_encoders.qwen3_4b.transformer.model."  # where ComfyUI saves Klein's encoder
+CHECKPOINT_VAE = "vae."
 
 
 def transformer_prefix(index: TensorIndex) -> str | None:
@@ -139,7 +143,16 @@ class Flux2(FamilyAdapter):
         return Part.make(spec.name, mistral, prefix, spec.subfolder, mistral.config_from_tensors(index, prefix))
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
-        raise ModelLoadError(
-            f"{index.path}: this is a Flux.2 transformer file, not an all-in-one checkpoint: put it in "
-            "models/diffusion_models and load it with UNETLoader, the text encoder (qwen_3_4b.safetensors for "
-            "Klein) with CLIPLoader (type flux2) and the VAE (flux2-vae.safetensors) with VAELoader")
+        """The parts of a ComfyUI-saved Flux.2 Klein checkpoint (``model.diffusion_model.``,
+        ``text_encoders.qwen3_4b.transformer.model.``, ``vae.``)."""
+        qwen = f"{CHECKPOINT_QWEN3}layers.0.self_attn.q_norm.weight"
+        has_vae = transformer_prefix(index) == "model.diffusion_model." and is_flux2_vae(index, CHECKPOINT_VAE)
+        if not (has_vae and index.has(qwen)):
+            raise ModelLoadError(
+                f"{index.path}: this is a Flux.2 transformer file, not an all-in-one checkpoint: put it in "
+                "models/diffusion_models and load it with UNETLoader, the text encoder (qwen_3_4b.safetensors for "
+                "Klein, the Mistral-Small file for dev) with CLIPLoader (type flux2) and the VAE "
+                "(flux2-vae.safetensors) with VAELoader")
+        return {"unet": (self.denoiser_part(index),),
+                "clip": (self.text_encoder_part(QWEN3, index, CHECKPOINT_QWEN3),),
+                "vae": (self.vae_part(index, CHECKPOINT_VAE),)}

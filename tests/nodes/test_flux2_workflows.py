@@ -244,3 +244,28 @@ def test_default_sampling_is_comfyuis_flux2_shift(demo_models: Path) -> None:
     torch.testing.assert_close(ksampler_sigmas(model.model_sampling, "simple", "euler", 4), torch.tensor(expected),
                                atol=1e-4, rtol=1e-4)
     assert float(model.model_sampling.timestep(torch.tensor(0.4))) == pytest.approx(0.4)
+
+
+def test_comfyui_saved_klein_checkpoint_loads_with_checkpoint_loader(demo_models: Path, tmp_path: Path,
+                                                                      make_ctx: Any) -> None:
+    """A ComfyUI-saved all-in-one Klein file (model.diffusion_model., text_encoders.qwen3_4b.transformer.model.,
+    vae.) gives the same model, conditioning and VAE as the separate files."""
+    from safetensors.torch import load_file, save_file
+
+    from nodes.conditioning import CLIPTextEncode
+    from nodes.handles import open_checkpoint
+
+    files = {"diffusion_models/" + DEMO_KLEIN: "model.diffusion_model.", "vae/" + DEMO_FLUX2_VAE: "vae.",
+             "text_encoders/" + DEMO_KLEIN_QWEN3: "text_encoders.qwen3_4b.transformer."}
+    merged = {prefix + k: v for name, prefix in files.items() for k, v in load_file(demo_models / name).items()}
+    save_file(merged, str(tmp_path / "klein_aio.safetensors"))
+    ckpt = open_checkpoint(tmp_path / "klein_aio.safetensors")
+    ctx = make_ctx()
+    separate = open_text_encoders([demo_models / "text_encoders" / DEMO_KLEIN_QWEN3], "flux2")
+    (a,) = CLIPTextEncode().run(ctx, text="a cat", clip=ckpt.clip)[0]
+    (b,) = CLIPTextEncode().run(ctx, text="a cat", clip=separate)[0]
+    torch.testing.assert_close(a.embeds, b.embeds)
+    unet = open_diffusion_model(demo_models / "diffusion_models" / DEMO_KLEIN).load().state_dict()
+    assert all(torch.equal(v, unet[k]) for k, v in ckpt.unet.load().state_dict().items())
+    vae = open_vae(demo_models / "vae" / DEMO_FLUX2_VAE).load().state_dict()
+    assert all(torch.equal(v, vae[k]) for k, v in ckpt.vae.load().state_dict().items())
