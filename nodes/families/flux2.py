@@ -52,6 +52,7 @@ FLUX2_LATENT = LatentFormat(
     channels=128, scale_factor=1.0,
     rgb_factors=tuple((r / 4, g / 4, b / 4) for r, g, b in _RGB32 for _ in range(4)),
     rgb_bias=(-0.0329, -0.0718, -0.0851),
+    empty_node="EmptyFlux2LatentImage",
 )
 QWEN3 = TextEncoderSpec("qwen3_4b", "model.", "qwen3", "text_encoder", "qwen_tokenizer",
                         default_layer=-1, final_norm=False, pooled=False)

@@ -269,3 +269,12 @@ def test_comfyui_saved_klein_checkpoint_loads_with_checkpoint_loader(demo_models
     assert all(torch.equal(v, unet[k]) for k, v in ckpt.unet.load().state_dict().items())
     vae = open_vae(demo_models / "vae" / DEMO_FLUX2_VAE).load().state_dict()
     assert all(torch.equal(v, vae[k]) for k, v in ckpt.vae.load().state_dict().items())
+
+
+def test_a_16_channel_latent_names_the_flux2_empty_latent_node(demo_models: Path, tmp_path: Path) -> None:
+    prompt = workflow()
+    prompt["47"] = {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
+    result = run(make_executor(demo_models, tmp_path), prompt)
+    assert result.status != "success" and result.error["node_id"] == "13"
+    message = result.error["exception_message"]
+    assert "16 channels" in message and "128-channel" in message and "EmptyFlux2LatentImage" in message
