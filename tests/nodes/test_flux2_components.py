@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.families.components.flux2_dit import Flux2Transformer, rope_axes
+from nodes.families.components.flux2_dit import Flux2Transformer, image_ids, rope_axes
 from nodes.families.components.flux2_vae import Flux2Vae
 from nodes.weights import ModelLoadError, TensorIndex, TensorInfo
 
@@ -294,3 +294,22 @@ def test_stored_precision_files_load_through_unet_loader(prefix: str, dtype: tor
     assert {p.dtype for p in module.parameters()} == {torch.float32}
     expected = original["double_blocks.0.img_attn.qkv.weight"].to(dtype).float().chunk(3)[1]
     assert torch.equal(module.state_dict()["transformer_blocks.0.attn.to_k.weight"], expected)
+
+
+def test_disabled_guidance_skips_the_guidance_embedder() -> None:
+    """FluxDisableGuidance (guidance None): dev runs without its guidance embedding, as diffusers does
+    when no guidance is passed."""
+    from nodes.conditioning import CondEntry
+
+    model = tiny_transformer(True)
+    kind = Flux2Transformer()
+    x, text = torch.randn(1, 128, 2, 2), torch.randn(1, 3, 24)
+    cond = kind.conditioning([CondEntry(text, extras={"guidance": None})], 1, (2, 2))
+    assert "guidance" not in cond
+    ours = kind.forward(model, x, torch.tensor(0.5), cond)
+    padded = torch.cat([torch.zeros(1, 509, 24), text], dim=1)
+    with torch.no_grad():
+        ref = model(hidden_states=x.reshape(1, 128, 4).permute(0, 2, 1), encoder_hidden_states=padded,
+                    timestep=torch.tensor([0.5]), img_ids=image_ids(2, 2), txt_ids=cond["txt_ids"], guidance=None,
+                    return_dict=False)[0]
+    torch.testing.assert_close(ours, ref.permute(0, 2, 1).reshape(1, 128, 2, 2))

@@ -199,9 +199,11 @@ class Flux2Transformer:
         hidden = torch.cat([e.expand(batch, -1, -1) for e in embeds])
         txt_ids = torch.zeros(length, 4)
         txt_ids[:, 3] = torch.arange(length)
-        guidance = torch.tensor([float(e.extras.get("guidance", DEFAULT_GUIDANCE) or 0.0)
-                                 for e in entries for _ in range(batch)])
-        return {"encoder_hidden_states": to(hidden), "txt_ids": to(txt_ids), "guidance": to(guidance)}
+        values = [e.extras.get("guidance", DEFAULT_GUIDANCE) for e in entries]
+        out = {"encoder_hidden_states": to(hidden), "txt_ids": to(txt_ids)}
+        if all(v is None for v in values):  # FluxDisableGuidance: the guidance embedder is skipped
+            return out
+        return out | {"guidance": to(torch.tensor([float(v or 0.0) for v in values for _ in range(batch)]))}
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Flatten ``x_in`` (B, 128, H, W) to tokens, call the transformer at ``timestep`` (= sigma),
