@@ -313,3 +313,18 @@ def test_disabled_guidance_skips_the_guidance_embedder() -> None:
                     timestep=torch.tensor([0.5]), img_ids=image_ids(2, 2), txt_ids=cond["txt_ids"], guidance=None,
                     return_dict=False)[0]
     torch.testing.assert_close(ours, ref.permute(0, 2, 1).reshape(1, 128, 2, 2))
+
+
+def test_a_vae_file_saved_by_diffusers_loads_through_vae_loader(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from nodes.families.flux2 import Flux2
+    from nodes.handles import open_vae
+
+    vae = tiny_vae()
+    sd = {k: v for k, v in vae.state_dict().items() if k != "bn.num_batches_tracked"}
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "diffusion_pytorch_model.safetensors"))
+    handle = open_vae(tmp_path / "diffusion_pytorch_model.safetensors")
+    assert handle.family == Flux2()
+    loaded = handle.load().state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in sd.items())

@@ -3,7 +3,8 @@ plus BatchNorm running statistics over the 2×2-patchified latent (128 channels 
 diffusers has no single-file converter for it, so the table is Loom's: the LDM names of the KL VAE
 (``keys.vae_pairs``, shared with the Flux.1/SD VAEs), ``encoder.quant_conv`` / ``decoder.post_quant_conv``
 (Black Forest Labs' layout) or top-level ``quant_conv`` / ``post_quant_conv`` (both read; the top-level
-names are written), and ``bn.running_mean`` / ``bn.running_var`` passed through.
+names are written), and ``bn.running_mean`` / ``bn.running_var`` passed through. A VAE file saved by
+diffusers (``vae/diffusion_pytorch_model.safetensors`` of a Flux.2 repository) already has the module's names.
 
 As in ComfyUI, the VAE's latent is the model's: encoding patchifies the posterior's mode 2×2 (channel,
 row, col order) and normalises it with the BatchNorm statistics (eps 1e-4); decoding inverts both.
@@ -40,7 +41,12 @@ class Flux2Vae:
         if not is_flux2_vae(index, prefix):
             raise ModelLoadError(f"{index.path}: not a Flux.2 VAE (no bn.running_mean / decoder.conv_in under "
                                  f"{prefix!r}); Flux.2 needs its own 32-channel VAE (flux2-vae.safetensors)")
-        cfg = arch.vae_config(index, prefix, 1.0, 1024)
+        diffusers_keys = keys.looks_like_diffusers_vae([k.removeprefix(prefix) for k in index.tensors
+                                                         if k.startswith(prefix)])
+        if diffusers_keys and prefix:
+            raise ModelLoadError(f"{index.path}: a Flux.2 VAE in diffusers' names is read as a file of its own only")
+        cfg = arch.vae_config_diffusers_keys(index, 1.0, 1024) if diffusers_keys else arch.vae_config(
+            index, prefix, 1.0, 1024)
         for key in ("_class_name", "scaling_factor"):
             cfg.pop(key, None)
         latent = int(cfg["latent_channels"])
@@ -66,6 +72,8 @@ class Flux2Vae:
             renamed[name] = tensor
         bn = {k: renamed.pop(k) for k in _BN if k in renamed}
         bn.setdefault("bn.num_batches_tracked", torch.tensor(0))
+        if keys.looks_like_diffusers_vae(list(renamed)):  # a VAE file saved by diffusers (vae/ of a Flux.2 repo)
+            return renamed | bn
         return keys.vae_to_diffusers(renamed, config) | bn
 
     def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
