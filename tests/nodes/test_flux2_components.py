@@ -328,3 +328,28 @@ def test_a_vae_file_saved_by_diffusers_loads_through_vae_loader(tmp_path: Path) 
     assert handle.family == Flux2()
     loaded = handle.load().state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in sd.items())
+
+
+@pytest.mark.parametrize(("hidden", "layers", "heads", "mlp", "transformer"),
+                         [(2560, 36, 32, 9728, KLEIN_4B), (4096, 36, 32, 12288, KLEIN_9B)], ids=["qwen3_4b", "qwen3_8b"])
+def test_full_size_qwen3_encoders_give_the_klein_text_width(hidden: int, layers: int, heads: int, mlp: int,
+                                                             transformer: dict[str, Any]) -> None:
+    """Qwen3-4B and Qwen3-8B (ComfyUI's qwen_3_4b / qwen_3_8b files, ``model.`` names) read back on the
+    meta device, and three stacked hidden states are exactly Klein 4B's and Klein 9B's text width."""
+    from accelerate import init_empty_weights
+    from transformers import Qwen3Config, Qwen3Model
+
+    from nodes.families.components.qwen_text import QWEN3_CONSTANTS
+    from nodes.families.flux2 import QWEN3, Flux2
+
+    with init_empty_weights():
+        model = Qwen3Model(Qwen3Config(vocab_size=151936, hidden_size=hidden, intermediate_size=mlp,
+                                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=8,
+                                       head_dim=128, **QWEN3_CONSTANTS))
+    sd = {f"model.{k}": v for k, v in model.state_dict().items()}
+    part = Flux2().text_encoder_part(QWEN3, index_of(sd, "qwen_3.safetensors"), "model.")
+    config = part.config
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (hidden, layers, heads)
+    assert 3 * config["hidden_size"] == transformer["joint_attention_dim"]
+    mapped = part.kind.to_diffusers({k.removeprefix("model."): v for k, v in sd.items()}, config)
+    assert {k: tuple(v.shape) for k, v in mapped.items()} == {k: tuple(v.shape) for k, v in model.state_dict().items()}
