@@ -54,7 +54,8 @@ def check_latent_for(latent: dict, family: Any, input_name: str) -> None:
 @torch.no_grad()
 def decode(vae: Any, samples: torch.Tensor) -> torch.Tensor:
     """Raw latents [B, C, h, w] -> IMAGE [B, H, W, 3] in 0..1 (as diffusers' pipelines post-process)."""
-    expected = getattr(getattr(vae, "config", None), "latent_channels", samples.shape[1])
+    expected = getattr(vae, "loom_latent_channels", None) or getattr(getattr(vae, "config", None), "latent_channels",
+                                                                      samples.shape[1])
     if samples.shape[1] != expected:
         raise LatentError(f"the latents have {samples.shape[1]} channels but this VAE decodes {expected}-channel "
                           "latents; use the VAE that belongs to the model that made them (a 16-channel model needs "
@@ -73,12 +74,18 @@ def encode(vae: Any, image: torch.Tensor) -> torch.Tensor:
     return dist.mode().float().cpu()
 
 
-def crop_to_8(image: torch.Tensor) -> torch.Tensor:
-    """Centre-crop an IMAGE so both sides are multiples of 8 (what the VAE needs)."""
-    h, w = image.shape[1] // 8 * 8, image.shape[2] // 8 * 8
+def downscale(vae: Any) -> int:
+    """How many pixels one latent pixel of ``vae`` covers per side (8; 16 for a VAE whose module says so)."""
+    return int(getattr(vae, "loom_downscale", 8))
+
+
+def crop_to_8(image: torch.Tensor, multiple: int = 8) -> torch.Tensor:
+    """Centre-crop an IMAGE so both sides are multiples of ``multiple`` (what the VAE needs: 8, or 16)."""
+    h, w = image.shape[1] // multiple * multiple, image.shape[2] // multiple * multiple
     if h == 0 or w == 0:
-        raise LatentError(f"image is {image.shape[2]}x{image.shape[1]}; the VAE needs at least 8x8 pixels")
-    y, x = (image.shape[1] % 8) // 2, (image.shape[2] % 8) // 2
+        raise LatentError(f"image is {image.shape[2]}x{image.shape[1]}; the VAE needs at least "
+                          f"{multiple}x{multiple} pixels")
+    y, x = (image.shape[1] % multiple) // 2, (image.shape[2] % multiple) // 2
     return image[:, y : y + h, x : x + w, :]
 
 
@@ -286,7 +293,7 @@ class VAEEncode(Node):
 
     def run(self, ctx: NodeContext, *, pixels: torch.Tensor, vae: Any) -> tuple[dict]:
         with ctx.models.use(vae) as module:
-            return ({"samples": encode(module, crop_to_8(pixels))},)
+            return ({"samples": encode(module, crop_to_8(pixels, downscale(module)))},)
 
 
 _TILE = Input("tile_size", INT, "Tile side in pixels.", default=512, min=64, max=4096, step=32)
@@ -320,7 +327,8 @@ class VAEDecodeTiled(Node):
                 ctx.check_interrupt()
                 return decode(module, z).permute(0, 3, 1, 2)
 
-            image = tiled(samples["samples"], fn, tile_size // 8, overlap // 8, 8.0)
+            ratio = downscale(module)
+            image = tiled(samples["samples"], fn, tile_size // ratio, overlap // ratio, float(ratio))
         return (image.permute(0, 2, 3, 1),)
 
 
@@ -343,8 +351,9 @@ class VAEEncodeTiled(Node):
                 ctx.check_interrupt()
                 return encode(module, x.permute(0, 2, 3, 1))
 
-            image = crop_to_8(pixels).permute(0, 3, 1, 2)
-            samples = tiled(image, fn, tile_size, overlap, 1 / 8)
+            ratio = downscale(module)
+            image = crop_to_8(pixels, ratio).permute(0, 3, 1, 2)
+            samples = tiled(image, fn, tile_size, overlap, 1 / ratio)
         return ({"samples": samples},)
 
 

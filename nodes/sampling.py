@@ -134,7 +134,7 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     if latent["samples"].ndim == 4 and latent["samples"].shape[1] != model.latent_format.channels:
         raise SamplingError(f"latent_image has {latent['samples'].shape[1]} channels but this {model.family.title} model "
                             f"works on {model.latent_format.channels}-channel latents; make the empty latent with "
-                            f"{'EmptySD3LatentImage' if model.latent_format.channels == 16 else 'EmptyLatentImage'} or "
+                            f"{model.latent_format.empty_node} or "
                             "encode the image with this model's VAE")
     sigmas = torch.as_tensor(sigmas, dtype=torch.float32).reshape(-1)
     if sigmas.numel() == 0:

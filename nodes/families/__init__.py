@@ -9,6 +9,7 @@ from typing import Any
 
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
 from nodes.families.flux import Chroma, Flux
+from nodes.families.flux2 import Flux2
 from nodes.families.keys import looks_like_diffusers_vae
 from nodes.families.qwen_image import QwenImage, wan_vae_prefix
 from nodes.families.sd2 import SD2, SD2Unclip
@@ -18,12 +19,12 @@ from nodes.families.sdxl import SDXL
 from nodes.families.zimage import ZImage
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Chroma, Flux, ZImage, QwenImage, SD3, SD2Unclip, SDXL, SD2,
+FAMILIES: tuple[type[FamilyAdapter], ...] = (Flux2, Chroma, Flux, ZImage, QwenImage, SD3, SD2Unclip, SDXL, SD2,
                                              SD15)  # most specific first
 
 __all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SD2Unclip", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter",
-           "Flux", "ModelLoadError", "Part", "QwenImage", "SD3", "TensorIndex", "TextEncoderSpec", "describe_context_dim",
-           "detect_family",
+           "Flux", "Flux2", "ModelLoadError", "Part", "QwenImage", "SD3", "TensorIndex", "TextEncoderSpec",
+           "describe_context_dim", "detect_family",
            "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
            "standalone_text_encoder", "standalone_vae", "ZImage"]
 
@@ -54,11 +55,16 @@ def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
     """The family whose VAE architecture a standalone VAE file has, and its part. The KL VAE of
     SD1.x, SD2.x and SDXL is one architecture; the latent scale belongs to the MODEL, so the
     first family's is used for the config (VAE nodes never scale). The Wan 2.1 VAE (Qwen-Image's) is
-    its own architecture and belongs to Qwen-Image."""
+    its own architecture and belongs to Qwen-Image, the 32-channel one with BatchNorm statistics to
+    Flux.2."""
     wan = wan_vae_prefix(index)
     if wan is not None:
         qwen = QwenImage()
         return qwen, qwen.vae_part(index, wan)
+    from nodes.families.components.flux2_vae import is_flux2_vae
+
+    if is_flux2_vae(index):  # the 32-channel Flux.2 VAE with BatchNorm statistics
+        return Flux2(), Flux2().vae_part(index, "")
     family = SD15()
     prefix = family.vae_prefix if index.any_with(family.vae_prefix) else ""
     diffusers_keys = looks_like_diffusers_vae(list(index.tensors))
@@ -78,6 +84,7 @@ TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that 
     ("clip_l", "", "encoder.layers.0.self_attn.q_proj.weight"),
     ("qwen3_4b", "model.", "model.layers.0.self_attn.q_norm.weight"),  # ComfyUI's qwen_3_4b.safetensors
     ("qwen25_7b", "model.", "model.layers.0.self_attn.k_proj.bias"),  # ComfyUI's qwen_2.5_vl_7b.safetensors
+    ("mistral3_24b", "model.", "tekken_model"),  # ComfyUI's Flux.2 Mistral-Small file (tokenizer inside)
 )
 
 
@@ -87,7 +94,7 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     for name, prefix, marker in TEXT_ENCODER_FILES:
         if index.has(marker):
             return name, prefix
-    for title, family in (("Flux", Flux), ("Flux", Chroma), ("SD3", SD3), ("Z-Image", ZImage),
+    for title, family in (("Flux.2", Flux2), ("Flux", Flux), ("Flux", Chroma), ("SD3", SD3), ("Z-Image", ZImage),
                           ("Qwen-Image", QwenImage)):
         if family.detect(index):
             raise ModelLoadError(f"{index.path}: this is a {title} transformer, not a text encoder; put it in "
@@ -95,12 +102,12 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     if wan_vae_prefix(index) is not None:
         raise ModelLoadError(f"{index.path}: this is a VAE (the Wan/Qwen-Image VAE), not a text encoder; put it in "
                              "models/vae and load it with VAELoader")
-    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, CLIP-G, T5-XXL, Qwen3 or Qwen2.5-VL): "
-                         f"{describe_unknown(index)}")
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, CLIP-G, T5-XXL, Qwen3, Qwen2.5-VL or "
+                         f"Mistral-Small): {describe_unknown(index)}")
 
 
 CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "sd3": SD3, "lumina2": ZImage,
-                                              "qwen_image": QwenImage}  # ComfyUI's CLIPLoader/DualCLIPLoader types
+                                              "qwen_image": QwenImage, "flux2": Flux2}  # ComfyUI's loader types
 # DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
 # CLIPLoader's ``type`` options, as ComfyUI lists them
 SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
@@ -112,23 +119,26 @@ DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_i
 
 def family_nodes() -> list[Any]:
     """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance, ModelSamplingAuraFlow...), for the registry."""
+    from nodes.families.flux2_nodes import FLUX2_NODES
     from nodes.families.flux_nodes import FLUX_NODES
     from nodes.families.qwen_image_nodes import QWEN_IMAGE_NODES
     from nodes.families.sd3_nodes import SD3_NODES
     from nodes.families.zimage_nodes import ZIMAGE_NODES
 
-    return [*FLUX_NODES, *SD3_NODES, *ZIMAGE_NODES, *QWEN_IMAGE_NODES]
+    return [*FLUX_NODES, *SD3_NODES, *ZIMAGE_NODES, *QWEN_IMAGE_NODES, *FLUX2_NODES]
 
 
 def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> FamilyAdapter:
     """The family whose text encoders ComfyUI's loader ``type`` names. As in ComfyUI, some encoder
     files decide by themselves: a Qwen3-4B file is Z-Image's for every type but Flux's (ComfyUI routes
-    it to Flux.2 Klein there), and a Qwen2.5-VL-7B file is Qwen-Image's for every type but
-    HunyuanImage's."""
+    it to Flux.2 Klein there), a Qwen2.5-VL-7B file is Qwen-Image's for every type but HunyuanImage's,
+    and a Qwen3 or Mistral-Small file with type flux or flux2 is Flux.2's."""
     if "qwen3_4b" in encoders and clip_type not in ("flux", "flux2"):
         return ZImage()
     if "qwen25_7b" in encoders and clip_type != "hunyuan_image":
         return QwenImage()
+    if {"qwen3_4b", "mistral3_24b"} & set(encoders) and clip_type in ("flux", "flux2"):
+        return Flux2()  # Klein's Qwen3 or dev's Mistral-Small, for type flux as for flux2
     if clip_type not in CLIP_TYPES:
         raise ModelLoadError(f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}")
     return CLIP_TYPES[clip_type]()

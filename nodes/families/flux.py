@@ -45,6 +45,7 @@ FLUX_LATENT = LatentFormat(
     ),
     rgb_bias=(-0.0329, -0.0718, -0.0851),
     taesd_decoder="taef1_decoder",
+    empty_node="EmptySD3LatentImage",
 )
 
 CLIP_L = TextEncoderSpec("clip_l", "text_encoders.clip_l.transformer.text_model.", "hf_clip", "text_encoder",

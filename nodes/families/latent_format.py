@@ -28,6 +28,7 @@ class LatentFormat:
     rgb_factors: tuple[RGB, ...] = ()
     rgb_bias: RGB = (0.0, 0.0, 0.0)
     taesd_decoder: str | None = None
+    empty_node: str = "EmptyLatentImage"  # ComfyUI's node that makes empty latents of this space
 
     def process_in(self, latent: Tensor) -> Tensor:
         """VAE latent -> model space: ``(latent - shift) * scale_factor``."""

@@ -203,7 +203,7 @@ class QwenImageTransformer:
               method: str) -> Tensor:
         import torch
 
-        from nodes.families.components.flux_dit import pad_to_even, pack, unpack
+        from nodes.families.components.flux_dit import pack, pad_to_even, unpack
 
         height, width = x_in.shape[-2:]
         x = pad_to_even(x_in)
