@@ -169,9 +169,9 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
             return open_adapter(path, shapes, allow_pickle=allow_pickle)
     dit = sorted(k for k in shapes if k.split(".")[0] in DIT_MARKS)
     if dit:
-        raise ModelLoadError(f"{path.name} is a ControlNet for a DiT model (SD3/SD3.5 or Flux: {dit[0]!r} …, e.g. "
+        raise ModelLoadError(f"{path.name} is a ControlNet for a transformer (DiT) model ({dit[0]!r} …, e.g. "
                              "AliMama inpainting, InstantX/Shakker union, XLabs); Loom runs ControlNets and "
-                             "T2I-Adapters for SD1.x, SD2.x and SDXL only so far")
+                             "T2I-Adapters for UNet models only so far")
     diff = DIFF_KEY in shapes
     if diff and base is None:
         raise ModelLoadError(f"{path.name} is a 'diff' ControlNet (it holds only the difference to a UNet); load it "

@@ -64,7 +64,7 @@ def union_forward(module: Any, x: torch.Tensor, timestep: torch.Tensor, hint: to
     emb = emb + module.control_add_embedding(module.control_type_proj(one_hot).to(x.dtype).reshape(1, -1))
     if cfg.addition_embed_type == "text_time":
         if added_cond_kwargs is None:
-            raise ValueError("an SDXL union ControlNet needs the pooled output and size ids of the conditioning")
+            raise ValueError("this union ControlNet (with size embeddings) needs the pooled output and size ids of the conditioning")
         time_ids = module.add_time_proj(added_cond_kwargs["time_ids"].flatten()).reshape(x.shape[0], -1)
         emb = emb + module.add_embedding(torch.cat([added_cond_kwargs["text_embeds"], time_ids], dim=-1).to(emb.dtype))
     sample = module.conv_in(x)

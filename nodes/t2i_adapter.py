@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from nodes.control_base import ControlResiduals, fit_hint
+from nodes.families.control import adapter_families
 from nodes.handles import WeightsHandle, WeightsSource
 from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
 
@@ -112,10 +113,10 @@ class AdapterHandle(WeightsHandle):
 
     @property
     def family(self) -> str:
-        return "sdxl" if self.xl else "sd15/sd2"
+        return "/".join(adapter_families(self.xl))
 
     def fits(self, family: str) -> bool:
-        return family == "sdxl" if self.xl else family in ("sd15", "sd2")
+        return family in adapter_families(self.xl)
 
     @property
     def unshuffle(self) -> int:

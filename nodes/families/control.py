@@ -14,6 +14,12 @@ def family_label(config: Mapping[str, Any]) -> str:
     return "sd2" if int(config.get("cross_attention_dim", 768)) == 1024 else "sd15"
 
 
+def adapter_families(xl: bool) -> tuple[str, ...]:
+    """The families a T2I-Adapter fits: SDXL's (the ``full_adapter_xl`` type), else SD1.x and SD2.x
+    (the same down-block widths)."""
+    return ("sdxl",) if xl else ("sd15", "sd2")
+
+
 def ldm_controlnet_to_diffusers(sd: Mapping[str, Any]) -> dict[str, Any]:
     """The original ControlNet layout (``control_model.`` removed: ``input_blocks.*``,
     ``middle_block.*``, ``input_hint_block.*``, ``zero_convs.*``, ``middle_block_out.*``) renamed to
