@@ -110,7 +110,9 @@ SHIPPED: tuple[Preset, ...] = (
     _p("sd35_large_turbo", "SD3.5 Large Turbo", "sd3", 4, 1.0, "euler", "sgm_uniform", 1024, negative=False,
        match=("turbo",)),
     _p("qwen_image", "Qwen-Image", "qwen_image", 20, 2.5, "euler", "simple", 1328),
-    _p("flux2_klein", "Flux.2 Klein", "flux2", 4, 1.0, "euler", "simple", 1024, negative=False),
+    _p("flux2", "Flux.2 dev", "flux2", 20, 1.0, "euler", "simple", 1024, negative=False, guidance=4.0,
+       notes="guidance-distilled: FluxGuidance sets the strength, cfg stays 1"),
+    Preset("flux2_klein", "Flux.2 Klein", "flux2", steps=4, match=("klein",), notes="step-distilled: cfg 1"),
     Preset("loom_demo", "Loom demo model (random weights)", "*", steps=4, width=64, height=64,
            match=("loom_demo",), notes="the tiny demo models: the family's settings, small and fast"),
 )
