@@ -1,0 +1,181 @@
+"""Dequantisation (stored format → float tensor) and the storage conversions Loom makes itself.
+
+Formats:
+
+- ``fp8_e4m3fn`` / ``fp8_e5m2``: one byte per weight, times an optional scale (ComfyUI's scaled fp8
+  files multiply the stored value by ``scale_weight`` / ``weight_scale``);
+- ``int8``: symmetric int8 with one scale per output row (``w ≈ q · scale[row]``);
+- ``F16`` / ``BF16``: half-precision storage cast at compute time (GGUF's unquantized 2-D weights);
+- GGUF block formats (ggml's layouts, read from the ggml sources' definitions):
+  ``Q8_0`` (32 int8 + f16 scale), ``Q4_0`` / ``Q4_1`` / ``Q5_0`` / ``Q5_1`` (32-element blocks of 4/5-bit
+  values, f16 scale and, for ``_1``, f16 minimum), and the 256-element super-blocks ``Q4_K`` /
+  ``Q5_K`` (8 sub-blocks with 6-bit scales and minimums) and ``Q6_K`` (16 sub-blocks, int8 scales).
+
+All GGUF kernels are vectorised torch code over whole blocks (no per-element Python), computed in
+float32 and cast to the requested dtype once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+# GGUF type name -> (elements per block, bytes per block)
+GGUF_BLOCKS: dict[str, tuple[int, int]] = {
+    "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+    "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+}
+CAST_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "int8", "F16", "BF16")
+SUPPORTED = (*CAST_FORMATS, *GGUF_BLOCKS)
+
+
+def torch_dtype(fmt: str) -> torch.dtype:
+    """The torch dtype a cast format is stored in."""
+    import torch
+
+    return {"fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "int8": torch.int8,
+            "F16": torch.float16, "BF16": torch.bfloat16}[fmt]
+
+
+def dequantize(data: Tensor, fmt: str, shape: tuple[int, ...], scale: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The float tensor of ``shape`` and ``dtype`` that ``data`` stores in ``fmt``."""
+    if fmt in CAST_FORMATS:
+        out = data.to(dtype)
+        if scale is not None:
+            out = out * (scale.to(dtype) if scale.dim() == 0 else scale.to(dtype).reshape(-1, *[1] * (out.dim() - 1)))
+        return out
+    kernel = _KERNELS.get(fmt)
+    if kernel is None:
+        from nodes.quant.packed import QuantError
+
+        raise QuantError(f"weights stored as {fmt} cannot be dequantised; Loom reads {', '.join(SUPPORTED)}")
+    block_elems, block_bytes = GGUF_BLOCKS[fmt]
+    blocks = data.reshape(-1, block_bytes)
+    return kernel(blocks).reshape(shape).to(dtype)
+
+
+def quantize(weight: Tensor, fmt: str) -> tuple[Tensor, Tensor | None]:
+    """``weight`` stored as ``fmt`` (``fp8_e4m3fn``, ``fp8_e5m2``: a plain cast, as ComfyUI's
+    ``weight_dtype`` does, saturated to the format's range; ``int8``: per-row symmetric scale)."""
+    import torch
+
+    if fmt in ("fp8_e4m3fn", "fp8_e5m2"):
+        target = torch_dtype(fmt)
+        limit = torch.finfo(target).max
+        return weight.clamp(-limit, limit).to(target), None
+    if fmt == "int8":
+        w = weight.float().flatten(1)
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).reshape(weight.shape)
+        return q, scale
+    raise ValueError(f"Loom converts weights to fp8_e4m3fn, fp8_e5m2 or int8, not {fmt!r}")
+
+
+# --- GGUF blocks ---------------------------------------------------------------------------------
+def _f16(blocks: Tensor, start: int) -> Tensor:
+    """The float16 at byte ``start`` of every block, as float32 (n, 1)."""
+    import torch
+
+    return blocks[:, start:start + 2].contiguous().view(torch.float16).float()
+
+
+def _q8_0(blocks: Tensor) -> Tensor:
+    import torch
+
+    return _f16(blocks, 0) * blocks[:, 2:].contiguous().view(torch.int8).float()
+
+
+def _nibbles(qs: Tensor) -> Tensor:
+    """32 4-bit values of 16 bytes: low nibbles are elements 0-15, high nibbles 16-31 (int32)."""
+    import torch
+
+    q = qs.to(torch.int32)
+    return torch.cat([q & 0xF, q >> 4], dim=-1)
+
+
+def _fifth_bits(qh: Tensor) -> Tensor:
+    """The 32 high bits of Q5_0/Q5_1 (a little-endian uint32 per block) as (n, 32) int32 0/16."""
+    import torch
+
+    b = qh.to(torch.int64)
+    word = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+    bits = (word[:, None] >> torch.arange(32, device=qh.device)) & 1
+    return (bits << 4).to(torch.int32)
+
+
+def _q4_0(blocks: Tensor) -> Tensor:
+    return _f16(blocks, 0) * (_nibbles(blocks[:, 2:]) - 8).float()
+
+
+def _q4_1(blocks: Tensor) -> Tensor:
+    return _f16(blocks, 0) * _nibbles(blocks[:, 4:]).float() + _f16(blocks, 2)
+
+
+def _q5_0(blocks: Tensor) -> Tensor:
+    q = _nibbles(blocks[:, 6:]) | _fifth_bits(blocks[:, 2:6])
+    return _f16(blocks, 0) * (q - 16).float()
+
+
+def _q5_1(blocks: Tensor) -> Tensor:
+    q = _nibbles(blocks[:, 8:]) | _fifth_bits(blocks[:, 4:8])
+    return _f16(blocks, 0) * q.float() + _f16(blocks, 2)
+
+
+def _k_scales(scales: Tensor) -> tuple[Tensor, Tensor]:
+    """The 8 six-bit scales and minimums packed in the 12 scale bytes of Q4_K / Q5_K (n, 8) each."""
+    import torch
+
+    s = scales.to(torch.int32)
+    sc = torch.cat([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], dim=1)
+    mn = torch.cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], dim=1)
+    return sc.float(), mn.float()
+
+
+def _k_apply(blocks: Tensor, q: Tensor) -> Tensor:
+    """``d·scale·q − dmin·min`` per 32-element sub-block of a Q4_K / Q5_K super-block."""
+    sc, mn = _k_scales(blocks[:, 4:16])
+    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+    values = (d * sc)[:, :, None] * q.reshape(-1, 8, 32).float() - (dmin * mn)[:, :, None]
+    return values.reshape(-1, 256)
+
+
+def _k_nibbles(qs: Tensor) -> Tensor:
+    """128 bytes → 256 values: each 32-byte run gives 32 low nibbles, then 32 high ones (n, 4, 2, 32)."""
+    import torch
+
+    q = qs.to(torch.int32).reshape(-1, 4, 1, 32)
+    return torch.cat([q & 0xF, q >> 4], dim=2)
+
+
+def _q4_k(blocks: Tensor) -> Tensor:
+    return _k_apply(blocks, _k_nibbles(blocks[:, 16:144]))
+
+
+def _q5_k(blocks: Tensor) -> Tensor:
+    import torch
+
+    qh = blocks[:, 16:48].to(torch.int32).reshape(-1, 1, 1, 32)
+    shifts = torch.arange(8, device=blocks.device, dtype=torch.int32).reshape(1, 4, 2, 1)
+    return _k_apply(blocks, _k_nibbles(blocks[:, 48:176]) | (((qh >> shifts) & 1) << 4))
+
+
+def _q6_k(blocks: Tensor) -> Tensor:
+    import torch
+
+    ql = blocks[:, :128].to(torch.int32).reshape(-1, 2, 1, 2, 32)  # half, (low|high nibble), run, element
+    qh = blocks[:, 128:192].to(torch.int32).reshape(-1, 2, 1, 1, 32)
+    nib = torch.cat([ql & 0xF, ql >> 4], dim=2)
+    shifts = torch.tensor([[0, 2], [4, 6]], device=blocks.device, dtype=torch.int32).reshape(1, 1, 2, 2, 1)
+    q = (nib | (((qh >> shifts) & 3) << 4)).reshape(-1, 16, 16) - 32
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
+    return (_f16(blocks, 208)[:, :, None] * scales[:, :, None] * q.float()).reshape(-1, 256)
+
+
+_KERNELS: dict[str, Callable[[Any], Any]] = {
+    "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
+    "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
+}
