@@ -251,10 +251,9 @@ def test_gguf_of_another_architecture_names_node_file_and_loader(models: Path, t
 
 def test_unsupported_gguf_quantization_type_is_named(models: Path) -> None:
     import gguf
+    from safetensors.torch import load_file
 
     from nodes.handles import open_diffusion_model
-
-    from safetensors.torch import load_file
 
     path = models / "diffusion_models" / "iq.gguf"
     sd = load_file(models / "diffusion_models" / DEMO_FLUX_SCHNELL)
