@@ -96,7 +96,10 @@ class QuantLayer(nn.Module):
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        destination[prefix + "weight"] = self.dequantized(self.compute_dtype)
+        weight = self.dequantized(torch.float32)
+        for up, down, scale in self.lowrank:  # the LoRA changes, merged as a plain layer would hold them
+            weight = weight + scale * (up @ down).reshape(weight.shape)
+        destination[prefix + "weight"] = weight.to(self.compute_dtype)
 
     def extra_repr(self) -> str:
         return f"shape={self.qshape}, stored={self.fmt}, compute={self.compute_dtype}, lora={len(self.lowrank)}"
