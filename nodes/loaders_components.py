@@ -16,7 +16,7 @@ from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
 from nodes.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
 from nodes.loaders import _allow_pickle, _file_fingerprint, _models
 from nodes.quant.files import is_gguf, require_gguf_role
-from nodes.quant.storage import weight_dtype_patch
+from nodes.quant.storage import weight_dtype_patch, with_storage
 from nodes.weights import read_index
 
 WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
@@ -30,7 +30,7 @@ def load_diffusion_model(path: Path, node: str, *, allow_pickle: bool, weight_dt
         require_gguf_role(read_index(path), "diffusion", node)
     handle = open_diffusion_model(path, allow_pickle=allow_pickle)
     patch = weight_dtype_patch(weight_dtype)
-    return handle if patch is None else handle.with_patch(patch)
+    return handle if patch is None else with_storage(handle, patch)
 
 
 def load_text_encoders(paths: list[Path], clip_type: str, node: str, *, allow_pickle: bool) -> TextEncodersHandle:

@@ -205,8 +205,8 @@ def _gguf_value(tensor: Any, shape: tuple[int, ...], path: Path, torch: Any) -> 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         raw = torch.from_numpy(tensor.data)
-    if fmt == "F32":
-        return raw.reshape(shape)
+    if fmt == "F32":  # copied out of the read-only map: LoRA may merge into these in place
+        return raw.reshape(shape).clone()
     if fmt in ("F16", "BF16"):
         data = raw.reshape(-1).view(torch.uint8).view(torch.float16 if fmt == "F16" else torch.bfloat16).reshape(shape)
         return PackedWeight(data, fmt, shape) if len(shape) >= 2 else data.float()

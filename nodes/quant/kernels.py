@@ -12,7 +12,7 @@ Formats:
   ``Q5_K`` (8 sub-blocks with 6-bit scales and minimums) and ``Q6_K`` (16 sub-blocks, int8 scales).
 
 All GGUF kernels are vectorised torch code over whole blocks (no per-element Python), computed in
-float32 and cast to the requested dtype once.
+the compute dtype when it is 16-bit (as ComfyUI-GGUF does) and in float32 otherwise.
 """
 
 from __future__ import annotations
@@ -53,9 +53,17 @@ def dequantize(data: Tensor, fmt: str, shape: tuple[int, ...], scale: Tensor | N
         from nodes.quant.packed import QuantError
 
         raise QuantError(f"weights stored as {fmt} cannot be dequantised; Loom reads {', '.join(SUPPORTED)}")
-    block_elems, block_bytes = GGUF_BLOCKS[fmt]
+    _, block_bytes = GGUF_BLOCKS[fmt]
     blocks = data.reshape(-1, block_bytes)
-    return kernel(blocks).reshape(shape).to(dtype)
+    return kernel(blocks, _work_dtype(dtype)).reshape(shape).to(dtype)
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """GGUF blocks are decoded in the compute dtype when it is a 16-bit float (one rounding less
+    is not worth a float32 pass per call), else in float32."""
+    import torch
+
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
 def quantize(weight: Tensor, fmt: str) -> tuple[Tensor, Tensor | None]:
@@ -76,17 +84,17 @@ def quantize(weight: Tensor, fmt: str) -> tuple[Tensor, Tensor | None]:
 
 
 # --- GGUF blocks ---------------------------------------------------------------------------------
-def _f16(blocks: Tensor, start: int) -> Tensor:
-    """The float16 at byte ``start`` of every block, as float32 (n, 1)."""
+def _f16(blocks: Tensor, start: int, dt: torch.dtype) -> Tensor:
+    """The float16 at byte ``start`` of every block, in ``dt`` (n, 1)."""
     import torch
 
-    return blocks[:, start:start + 2].contiguous().view(torch.float16).float()
+    return blocks[:, start:start + 2].contiguous().view(torch.float16).to(dt)
 
 
-def _q8_0(blocks: Tensor) -> Tensor:
+def _q8_0(blocks: Tensor, dt: torch.dtype) -> Tensor:
     import torch
 
-    return _f16(blocks, 0) * blocks[:, 2:].contiguous().view(torch.int8).float()
+    return _f16(blocks, 0, dt) * blocks[:, 2:].contiguous().view(torch.int8).to(dt)
 
 
 def _nibbles(qs: Tensor) -> Tensor:
@@ -107,39 +115,39 @@ def _fifth_bits(qh: Tensor) -> Tensor:
     return (bits << 4).to(torch.int32)
 
 
-def _q4_0(blocks: Tensor) -> Tensor:
-    return _f16(blocks, 0) * (_nibbles(blocks[:, 2:]) - 8).float()
+def _q4_0(blocks: Tensor, dt: torch.dtype) -> Tensor:
+    return _f16(blocks, 0, dt) * (_nibbles(blocks[:, 2:]) - 8).to(dt)
 
 
-def _q4_1(blocks: Tensor) -> Tensor:
-    return _f16(blocks, 0) * _nibbles(blocks[:, 4:]).float() + _f16(blocks, 2)
+def _q4_1(blocks: Tensor, dt: torch.dtype) -> Tensor:
+    return _f16(blocks, 0, dt) * _nibbles(blocks[:, 4:]).to(dt) + _f16(blocks, 2, dt)
 
 
-def _q5_0(blocks: Tensor) -> Tensor:
+def _q5_0(blocks: Tensor, dt: torch.dtype) -> Tensor:
     q = _nibbles(blocks[:, 6:]) | _fifth_bits(blocks[:, 2:6])
-    return _f16(blocks, 0) * (q - 16).float()
+    return _f16(blocks, 0, dt) * (q - 16).to(dt)
 
 
-def _q5_1(blocks: Tensor) -> Tensor:
+def _q5_1(blocks: Tensor, dt: torch.dtype) -> Tensor:
     q = _nibbles(blocks[:, 8:]) | _fifth_bits(blocks[:, 4:8])
-    return _f16(blocks, 0) * q.float() + _f16(blocks, 2)
+    return _f16(blocks, 0, dt) * q.to(dt) + _f16(blocks, 2, dt)
 
 
-def _k_scales(scales: Tensor) -> tuple[Tensor, Tensor]:
+def _k_scales(scales: Tensor, dt: torch.dtype) -> tuple[Tensor, Tensor]:
     """The 8 six-bit scales and minimums packed in the 12 scale bytes of Q4_K / Q5_K (n, 8) each."""
     import torch
 
     s = scales.to(torch.int32)
     sc = torch.cat([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], dim=1)
     mn = torch.cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], dim=1)
-    return sc.float(), mn.float()
+    return sc.to(dt), mn.to(dt)
 
 
-def _k_apply(blocks: Tensor, q: Tensor) -> Tensor:
+def _k_apply(blocks: Tensor, q: Tensor, dt: torch.dtype) -> Tensor:
     """``d·scale·q − dmin·min`` per 32-element sub-block of a Q4_K / Q5_K super-block."""
-    sc, mn = _k_scales(blocks[:, 4:16])
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    values = (d * sc)[:, :, None] * q.reshape(-1, 8, 32).float() - (dmin * mn)[:, :, None]
+    sc, mn = _k_scales(blocks[:, 4:16], dt)
+    d, dmin = _f16(blocks, 0, dt), _f16(blocks, 2, dt)
+    values = (d * sc)[:, :, None] * q.reshape(-1, 8, 32).to(dt) - (dmin * mn)[:, :, None]
     return values.reshape(-1, 256)
 
 
@@ -151,19 +159,19 @@ def _k_nibbles(qs: Tensor) -> Tensor:
     return torch.cat([q & 0xF, q >> 4], dim=2)
 
 
-def _q4_k(blocks: Tensor) -> Tensor:
-    return _k_apply(blocks, _k_nibbles(blocks[:, 16:144]))
+def _q4_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
+    return _k_apply(blocks, _k_nibbles(blocks[:, 16:144]), dt)
 
 
-def _q5_k(blocks: Tensor) -> Tensor:
+def _q5_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
     import torch
 
     qh = blocks[:, 16:48].to(torch.int32).reshape(-1, 1, 1, 32)
     shifts = torch.arange(8, device=blocks.device, dtype=torch.int32).reshape(1, 4, 2, 1)
-    return _k_apply(blocks, _k_nibbles(blocks[:, 48:176]) | (((qh >> shifts) & 1) << 4))
+    return _k_apply(blocks, _k_nibbles(blocks[:, 48:176]) | (((qh >> shifts) & 1) << 4), dt)
 
 
-def _q6_k(blocks: Tensor) -> Tensor:
+def _q6_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
     import torch
 
     ql = blocks[:, :128].to(torch.int32).reshape(-1, 2, 1, 2, 32)  # half, (low|high nibble), run, element
@@ -171,11 +179,11 @@ def _q6_k(blocks: Tensor) -> Tensor:
     nib = torch.cat([ql & 0xF, ql >> 4], dim=2)
     shifts = torch.tensor([[0, 2], [4, 6]], device=blocks.device, dtype=torch.int32).reshape(1, 1, 2, 2, 1)
     q = (nib | (((qh >> shifts) & 3) << 4)).reshape(-1, 16, 16) - 32
-    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
-    return (_f16(blocks, 208)[:, :, None] * scales[:, :, None] * q.float()).reshape(-1, 256)
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).to(dt)
+    return (_f16(blocks, 208, dt)[:, :, None] * scales[:, :, None] * q.to(dt)).reshape(-1, 256)
 
 
-_KERNELS: dict[str, Callable[[Any], Any]] = {
+_KERNELS: dict[str, Callable[[Any, Any], Any]] = {
     "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
     "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
 }

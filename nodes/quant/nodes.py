@@ -14,7 +14,7 @@ from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
 from nodes.handles import DenoiserHandle, TextEncodersHandle
 from nodes.loaders import _allow_pickle, _file_fingerprint, _models
 from nodes.loaders_components import load_diffusion_model, load_text_encoders
-from nodes.quant.storage import STORAGE_FORMATS, StoragePatch
+from nodes.quant.storage import STORAGE_FORMATS, StoragePatch, with_storage
 
 
 class UnetLoaderGGUF(Node):
@@ -90,7 +90,7 @@ class ModelWeightStorage(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: DenoiserHandle, storage: str) -> tuple[DenoiserHandle]:
-        return (model.with_patch(StoragePatch(storage)),)
+        return (with_storage(model, StoragePatch(storage)),)
 
 
 QUANT_NODES: list[type[Node]] = [UnetLoaderGGUF, CLIPLoaderGGUF, DualCLIPLoaderGGUF, ModelWeightStorage]

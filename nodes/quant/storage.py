@@ -37,6 +37,36 @@ class StoragePatch:
                  " (fp8 matmul where the GPU has it)" if self.fast else "")
 
 
+def stored_estimate(index: Any, prefix: str, fmt: str) -> int:
+    """Bytes of the tensors under ``prefix`` once the 2-D and larger float weights are stored as
+    ``fmt`` (one byte per weight; int8 adds a float32 scale per row)."""
+    total = 0
+    for key, info in index.tensors.items():
+        if not key.startswith(prefix):
+            continue
+        if len(info.shape) >= 2 and info.dtype in ("F32", "F16", "BF16"):
+            rows = info.shape[0]
+            total += info.nbytes // {"F32": 4, "F16": 2, "BF16": 2}[info.dtype] + (4 * rows if fmt == "int8" else 0)
+        else:
+            total += info.nbytes
+    return total
+
+
+def with_storage(handle: Any, patch: StoragePatch) -> Any:
+    """``handle`` with ``patch`` appended and its size estimate lowered to the stored size (single
+    files; a diffusers folder keeps its estimate)."""
+    from dataclasses import replace
+
+    from nodes.weights import read_index
+
+    patched = handle.with_patch(patch)
+    if handle.source.format != "single_file" or not hasattr(handle, "parts"):
+        return patched
+    part = handle.parts[0]
+    index = read_index(part.file or handle.path, allow_pickle=handle.source.allow_pickle)
+    return replace(patched, nbytes=min(stored_estimate(index, part.prefix, patch.fmt), handle.nbytes))
+
+
 def weight_dtype_patch(weight_dtype: str) -> StoragePatch | None:
     """The patch for UNETLoader's ``weight_dtype`` (None for ``default``)."""
     if weight_dtype == "default":

@@ -282,3 +282,45 @@ def test_comfy_quant_formats_loom_does_not_read_are_named(models: Path) -> None:
     save_file(sd, str(models / "diffusion_models" / "nvfp4.safetensors"))
     with pytest.raises(ModelLoadError, match=r"nvfp4.safetensors: layer 'img_in' is quantized as 'nvfp4'"):
         open_diffusion_model(models / "diffusion_models" / "nvfp4.safetensors").load()
+
+
+def test_model_weight_storage_int8_samples_close_to_fp32(models: Path, reference: np.ndarray, tmp_path: Path) -> None:
+    prompt = json.loads(WORKFLOW.read_text())
+    prompt["40"] = {"class_type": "ModelWeightStorage", "inputs": {"model": ["12", 0], "storage": "int8"}}
+    prompt["3"]["inputs"]["model"] = ["40", 0]
+    result = run(make_executor(models, tmp_path), prompt)
+    assert result.status == "success", (result.node_errors, result.error)
+    (image,) = result.outputs["9"]["images"]
+    with Image.open(tmp_path / "output" / image["subfolder"] / image["filename"]) as png:
+        diff = np.abs(np.asarray(png).astype(np.float64) - reference).mean()
+    assert 0.0 < diff < 1.0
+
+
+def test_stored_precision_handles_estimate_their_stored_size(models: Path) -> None:
+    from nodes.loaders_components import load_diffusion_model
+
+    path = models / "diffusion_models" / DEMO_FLUX_SCHNELL
+    full = load_diffusion_model(path, "UNETLoader", allow_pickle=False)
+    fp8 = load_diffusion_model(path, "UNETLoader", allow_pickle=False, weight_dtype="fp8_e4m3fn")
+    assert fp8.key != full.key
+    assert full.nbytes / 4 <= fp8.nbytes < full.nbytes / 3  # fp32 file: linear weights at a quarter
+    gguf = load_diffusion_model(models / "diffusion_models" / "schnell-Q8_0.gguf", "UnetLoaderGGUF", allow_pickle=False)
+    assert gguf.nbytes < full.nbytes / 3  # Q8_0: 34 bytes per 32 weights
+
+
+def test_scaled_fp8_t5_loads_through_dual_clip_loader(models: Path, reference: np.ndarray, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    out: dict[str, Any] = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
+    for key, value in load_file(models / "text_encoders" / DEMO_T5XXL).items():
+        if key.endswith(".weight") and value.dim() == 2 and "relative_attention_bias" not in key:
+            scale = value.abs().max() / 448.0
+            out[key] = (value / scale).to(torch.float8_e4m3fn)
+            out[key.removesuffix(".weight") + ".scale_weight"] = scale.reshape(())
+        else:
+            out[key] = value
+    save_file(out, str(models / "text_encoders" / "t5_fp8_scaled.safetensors"))
+    clip = {"class_type": "DualCLIPLoader", "inputs": {"clip_name1": "t5_fp8_scaled.safetensors",
+                                                       "clip_name2": "loom_demo_clip_l.safetensors", "type": "flux"}}
+    image = sample(models, tmp_path, unet(DEMO_FLUX_SCHNELL), clip)
+    assert 0.0 < np.abs(image - reference).mean() < 3.0
