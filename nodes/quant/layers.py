@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nodes.quant.kernels import quantize
 from nodes.quant.packed import PackedWeight, QuantError
 
 if TYPE_CHECKING:
@@ -81,6 +82,27 @@ class QuantLayer(nn.Module):
         """Add a dense change (float) to the weight."""
         delta = delta.float().reshape(self.qshape)
         self.delta = delta if self.delta is None else self.delta + delta
+
+    def set_weight(self, weight: Tensor) -> None:
+        """Store ``weight`` (a full new value, LoRA changes included) in this layer's format: fp8
+        with a per-tensor scale, int8 per row, F16/BF16 as a cast; a GGUF block format is kept
+        as BF16 (Loom does not re-encode GGUF blocks)."""
+        from nodes.quant.kernels import CAST_FORMATS, torch_dtype
+
+        fmt = self.fmt if self.fmt in CAST_FORMATS else "BF16"
+        w = weight.detach().float().reshape(self.qshape)
+        scale: Tensor | None = None
+        if fmt in ("fp8_e4m3fn", "fp8_e5m2"):
+            limit = torch.finfo(torch_dtype(fmt)).max
+            scale = (w.abs().amax() / limit).clamp(min=1e-12)
+            data = (w / scale).clamp(-limit, limit).to(torch_dtype(fmt))
+        elif fmt == "int8":
+            data, scale = quantize(w, "int8")
+        else:
+            data = w.to(torch_dtype(fmt))
+        device = self.qdata.device
+        self.qdata, self.qscale, self.fmt = data.to(device), None if scale is None else scale.to(device), fmt
+        self.lowrank, self.delta = [], None
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         # Stored tensors only move (a uint8 view is never cast); the dtype fn casts to is the compute dtype.
@@ -217,8 +239,6 @@ def convert_module(module: nn.Module, fmt: str, *, fast: bool = False, min_eleme
     """Store the weights of every ``nn.Linear`` (and convolution) of ``module`` as ``fmt``
     (``fp8_e4m3fn``, ``fp8_e5m2``, ``int8``); returns how many layers were converted. Layers
     already in stored precision and weights smaller than ``min_elements`` are left as they are."""
-    from nodes.quant.kernels import quantize
-
     count = 0
     for name, owner in list(module.named_modules()):
         if not isinstance(owner, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) or owner.weight.numel() < min_elements:
@@ -234,6 +254,20 @@ def convert_module(module: nn.Module, fmt: str, *, fast: bool = False, min_eleme
         _replace(module, name, layer)
         count += 1
     return count
+
+
+def store_weight(module: nn.Module, key: str, value: Tensor) -> bool:
+    """Set the weight named ``key`` (``....weight`` in ``module.state_dict()``) to ``value`` when it
+    belongs to a stored-precision layer; False when it does not (an ordinary tensor to write)."""
+    owner_name, _, leaf = key.rpartition(".")
+    try:
+        owner = module.get_submodule(owner_name) if owner_name else module
+    except AttributeError:
+        return False
+    if leaf != "weight" or not isinstance(owner, QuantLayer):
+        return False
+    owner.set_weight(value)
+    return True
 
 
 def quant_layers(module: nn.Module) -> Iterator[tuple[str, QuantLayer]]:

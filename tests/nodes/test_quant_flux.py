@@ -324,3 +324,23 @@ def test_scaled_fp8_t5_loads_through_dual_clip_loader(models: Path, reference: n
                                                        "clip_name2": "loom_demo_clip_l.safetensors", "type": "flux"}}
     image = sample(models, tmp_path, unet(DEMO_FLUX_SCHNELL), clip)
     assert 0.0 < np.abs(image - reference).mean() < 3.0
+
+
+@pytest.mark.parametrize("target", ["gguf", "fp8"])
+def test_merging_into_quantized_weights_restores_them(target: str, models: Path) -> None:
+    from nodes.handles import open_diffusion_model
+    from nodes.model_merge import MergePatch
+    from nodes.quant.storage import StoragePatch
+
+    plain = open_diffusion_model(models / "diffusion_models" / DEMO_FLUX_SCHNELL)
+    handle = (open_diffusion_model(models / "diffusion_models" / "schnell-Q8_0.gguf") if target == "gguf"
+              else plain.with_patch(StoragePatch("fp8_e4m3fn")))
+    before = handle.load().get_submodule("x_embedder").packed.dequantize()
+    other = plain.load().x_embedder.weight
+    # the other model read from a GGUF file (the dequantising reader) or from the plain file
+    merged = handle.with_patch(MergePatch(plain, (0.25, 0.75))).load().get_submodule("x_embedder")
+    assert isinstance(merged, QuantLayer)
+    want = 0.25 * before + 0.75 * other
+    assert (merged.packed.dequantize() - want).abs().max() / want.abs().max() < 0.07
+    reverse = plain.with_patch(MergePatch(handle, (0.5, 0.5))).load().x_embedder.weight
+    assert torch.allclose(reverse, 0.5 * other + 0.5 * before, atol=1e-5)
