@@ -311,12 +311,14 @@ def scaled_mm(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | No
     xq = (flat / x_scale.to(flat.dtype)).clamp(-limit, limit).to(torch.float8_e4m3fn)
     w_scale = torch.ones((), device=x.device) if scale is None else scale.float().reshape(())
     try:
-        y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, bias=bias,
+        y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale,
                              out_dtype=x.dtype if x.dtype != torch.float32 else torch.bfloat16)
     except (RuntimeError, TypeError):  # a GPU or build without this kernel: use the dequantising path
         return None
-    y = y[0] if isinstance(y, tuple) else y
-    return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
+    y = (y[0] if isinstance(y, tuple) else y).to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], out_features)
 
 
 def _moved(fn: Any, t: Tensor) -> Tensor:

@@ -156,6 +156,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for row, _, _ in ROWS:
                 latent, times = sample(modules[row], args.size, args.steps)
+                print(f"  {row}: {statistics.median(times):.3f} s/step", file=sys.stderr, flush=True)
                 kept = results.get(row, (latent, []))[1]
                 results[row] = (latent, kept + times)
     ref_latent = results["fp32"][0]

@@ -175,3 +175,20 @@ def test_fp8_matmul_is_guarded_off_without_a_capable_gpu() -> None:
     x = torch.randn(3, 32)
     assert layer._fast(x, None) is None  # on CPU: the dequantising path
     assert torch.allclose(layer(x), nn.functional.linear(x, layer.packed.dequantize(), layer.bias), atol=1e-5)
+
+
+def test_scaled_mm_call_computes_the_fp8_product() -> None:
+    """The CUDA fast path's ``torch._scaled_mm`` call, run here through torch's CPU kernel (tiny
+    shapes): the input is quantised to e4m3 too, so the error is about that format's."""
+    from nodes.quant.layers import scaled_mm
+
+    torch.manual_seed(0)
+    w = torch.randn(48, 32)
+    scale = w.abs().max() / 448
+    stored = (w / scale).to(torch.float8_e4m3fn)
+    x, bias = torch.randn(2, 5, 32, dtype=torch.bfloat16), torch.randn(48, dtype=torch.bfloat16)
+    y = scaled_mm(x, stored, scale, bias)
+    assert y is not None and y.shape == (2, 5, 48) and y.dtype == torch.bfloat16
+    want = x.float() @ (stored.float() * scale).T + bias.float()
+    assert (y.float() - want).abs().max() / want.abs().max() < 0.1
+    assert scaled_mm(torch.randn(3, 40), stored[:, :8].repeat(1, 5), scale, None) is None  # 40: not a multiple of 16
