@@ -5,9 +5,10 @@
 weights read packed from a file, :func:`convert_module` for a module converted after building, as
 UNETLoader's ``weight_dtype`` does). The rest of the module is untouched.
 
-- The stored tensors are plain attributes, not parameters: ``module.to(dtype)`` (the memory
+- The stored tensors are non-persistent buffers, not parameters: ``module.to(dtype)`` (the memory
   manager's one cast) moves them to the device but never changes their precision; the dtype it
-  asks for becomes the layer's compute dtype (see ``_apply``).
+  asks for becomes the layer's compute dtype (see ``_apply``). Memory accounting that sums
+  parameters and buffers sees their stored size.
 - ``layer.weight`` is a meta tensor with the logical shape and the compute dtype, so code that
   reads a weight's shape or dtype works without dequantising; ``state_dict()`` holds the
   dequantised weight, so saving and merging see an ordinary layer.
@@ -35,15 +36,19 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 INT8_MM_FORMATS = (torch.bfloat16, torch.float16, torch.float32)
+STORAGE = ("qdata", "qscale")  # the buffers holding the stored weight
 
 
 class QuantLayer(nn.Module):
     """Common part of the stored-precision layers (see the module docstring)."""
 
+    qdata: Tensor
+    qscale: Tensor | None
+
     def __init__(self, packed: PackedWeight, bias: nn.Parameter | None, compute_dtype: torch.dtype) -> None:
         super().__init__()
-        self.qdata = packed.data
-        self.qscale = packed.scale
+        self.register_buffer("qdata", packed.data, persistent=False)
+        self.register_buffer("qscale", packed.scale, persistent=False)
         self.fmt = packed.fmt
         self.qshape = tuple(packed.shape)
         self.compute_dtype = compute_dtype
@@ -105,16 +110,21 @@ class QuantLayer(nn.Module):
         self.lowrank, self.delta = [], None
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        # Stored tensors only move (a uint8 view is never cast); the dtype fn casts to is the compute dtype.
+        # Stored tensors only move (fn sees a uint8 view, which it never casts); the dtype fn casts
+        # floats to becomes the compute dtype. They are buffers (so memory accounting sees them),
+        # kept out of nn.Module's own _apply, which would cast them.
         self.compute_dtype = fn(torch.empty(0, dtype=self.compute_dtype)).dtype
-        self.qdata = _moved(fn, self.qdata)
-        if self.qscale is not None:
-            self.qscale = _moved(fn, self.qscale)
+        stored = {name: self._buffers.pop(name) for name in STORAGE}
+        try:
+            super()._apply(fn, recurse)
+            stored = {name: None if t is None else _moved(fn, t) for name, t in stored.items()}
+        finally:
+            self._buffers.update(stored)
         device = self.qdata.device
         self.lowrank = [(up.to(device), down.to(device), s) for up, down, s in self.lowrank]
         if self.delta is not None:
             self.delta = self.delta.to(device)
-        return super()._apply(fn, recurse)
+        return self
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -277,18 +287,9 @@ def quant_layers(module: nn.Module) -> Iterator[tuple[str, QuantLayer]]:
 
 
 def stored_bytes(module: nn.Module) -> int:
-    """Bytes of ``module``'s weights as held: stored-precision layers at their storage size, the
-    rest at their parameters' and buffers' size."""
-    seen: set[int] = set()
-    total = 0
-    for sub in module.modules():
-        if isinstance(sub, QuantLayer):
-            total += sub.stored_bytes
-        for t in [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]:
-            if id(t) not in seen:
-                seen.add(id(t))
-                total += t.numel() * t.element_size()
-    return total
+    """Bytes of ``module``'s tensors as held (parameters and buffers, stored weights included)."""
+    unique = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
 # --- CUDA fp8 matmul --------------------------------------------------------------------------------
