@@ -46,6 +46,15 @@ _T5_NAMES = (  # llama.cpp T5 encoder names -> original names (applied in order)
     (".ffn_down.", ".layer.1.DenseReluDense.wo."), (".ffn_norm.", ".layer.1.layer_norm."),
 )
 
+_LLAMA_LEAVES = {  # llama.cpp block tensor names -> transformers' (Llama, Qwen2/2.5-VL, Qwen3 text models)
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+LLAMA_ARCHS = frozenset({"llama", "qwen2vl", "qwen3", "qwen3vl"})
+
 
 # --- fp8 / scaled fp8 safetensors -----------------------------------------------------------------
 def pack_state_dict(sd: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -135,15 +144,37 @@ def _field(reader: Any, name: str) -> Any:
 
 
 def _names(reader: Any, arch: str | None) -> list[tuple[str, Any]]:
-    """(Loom's name, reader tensor) for every tensor; llama.cpp T5 names mapped back."""
+    """(Loom's name, reader tensor) for every tensor; llama.cpp text-encoder names mapped back to
+    the original (T5) or transformers' (Llama, Qwen) names."""
     out = []
     for tensor in reader.tensors:
         name = str(tensor.name)
         if arch in ("t5", "t5encoder"):
             for old, new in _T5_NAMES:
                 name = name.replace(old, new)
+        elif arch in LLAMA_ARCHS:
+            name = llama_name(name)
         out.append((name, tensor))
     return out
+
+
+def llama_name(name: str) -> str:
+    """A llama.cpp tensor name (``blk.3.attn_q.weight``, ``token_embd.weight``) in transformers' spelling."""
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[0] == "blk" and parts[2] in _LLAMA_LEAVES:
+        return ".".join(["model.layers", parts[1], _LLAMA_LEAVES[parts[2]], *parts[3:]])
+    if len(parts) >= 2 and parts[0] in _LLAMA_TOP:
+        return ".".join([_LLAMA_TOP[parts[0]], *parts[1:]])
+    return name
+
+
+def _unpermute(value: Any, heads: int) -> Any:
+    """Undo llama.cpp's rotary row order of a Llama q/k projection (pairs interleaved per head)."""
+    import torch
+
+    rows = value.shape[0]
+    index = torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+    return value.take_rows(index) if isinstance(value, PackedWeight) else value[index]
 
 
 def _shape(reader: Any, tensor: Any) -> tuple[int, ...]:
@@ -190,13 +221,19 @@ def load_gguf_tensors(index: TensorIndex, prefix: str = "", *, strip: bool = Tru
     import torch
 
     reader = _reader(index.path)
+    arch = gguf_architecture(index) or None
+    heads = {"q_proj": _field(reader, "llama.attention.head_count"),
+             "k_proj": _field(reader, "llama.attention.head_count_kv")} if arch == "llama" else {}
     skip_prefixes = tuple(skip)
     out: dict[str, Any] = {}
-    for name, tensor in _names(reader, gguf_architecture(index) or None):
+    for name, tensor in _names(reader, arch):
         if not name.startswith(prefix) or (skip_prefixes and name.startswith(skip_prefixes)):
             continue
-        shape = _shape(reader, tensor)
-        out[name[len(prefix):] if strip else name] = _gguf_value(tensor, shape, index.path, torch)
+        value = _gguf_value(tensor, _shape(reader, tensor), index.path, torch)
+        projection = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
+        if heads.get(projection):  # Llama files hold q/k in llama.cpp's rotary order
+            value = _unpermute(value, int(heads[projection]))
+        out[name[len(prefix):] if strip else name] = value
     return out
 
 
@@ -221,15 +258,18 @@ def _gguf_value(tensor: Any, shape: tuple[int, ...], path: Path, torch: Any) -> 
 
 # --- writing (tests, benchmarks, conversion) ---------------------------------------------------------
 def write_gguf(path: Path, tensors: Mapping[str, torch.Tensor], arch: str,
-               qtype: Any = None) -> Path:
+               qtype: Any = None, fields: Mapping[str, int] | None = None) -> Path:
     """Write ``tensors`` to a ``.gguf`` file of architecture ``arch``. ``qtype(name, tensor)``
     names the GGUF type of each tensor (``Q8_0``, ``Q4_0``, ``Q5_0``, ``Q5_1``, ``Q4_1``, ``F16``,
-    ``BF16``, ``F32``: the types the gguf package can quantize); default F32."""
+    ``BF16``, ``F32``: the types the gguf package can quantize); default F32. ``fields``: extra
+    integer metadata (``llama.attention.head_count``...)."""
     import gguf
     import numpy as np
     from gguf import quants
 
     writer = gguf.GGUFWriter(str(path), arch)
+    for key, number in (fields or {}).items():
+        writer.add_uint32(key, int(number))
     for name, tensor in tensors.items():
         kind = qtype(name, tensor) if qtype is not None else "F32"
         array = tensor.detach().float().cpu().numpy().astype(np.float32)

@@ -74,6 +74,11 @@ class PackedWeight:
         scale = self.scale if self.scale is None or self.scale.dim() == 0 else self.scale[start:stop]
         return replace(self, data=self.data[start:stop], shape=(stop - start, *self.shape[1:]), scale=scale)
 
+    def take_rows(self, index: torch.Tensor) -> PackedWeight:
+        """The rows at ``index`` (a permutation or selection of output rows), copied."""
+        scale = self.scale if self.scale is None or self.scale.dim() == 0 else self.scale[index]
+        return replace(self, data=self.data[index], shape=(int(index.numel()), *self.shape[1:]), scale=scale)
+
     def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple[Any, ...]:
         if dim != 0:
             return tuple(self.dequantize().split(sizes, dim))  # type: ignore[arg-type]
