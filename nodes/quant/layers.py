@@ -15,7 +15,8 @@ UNETLoader's ``weight_dtype`` does). The rest of the module is untouched.
 - LoRA: :meth:`QuantLayer.add_lowrank` keeps the factors and adds ``scale · x·downᵀ·upᵀ`` beside the
   stored-weight product (no dense delta); :meth:`QuantLayer.add_delta` adds a dense change to the
   dequantised weight (convolutions, or key tables that are not row operations).
-- Fast paths: int8 on CPU uses torch's fused int8 weight-only matmul (no dequantised copy); fp8
+- Fast paths: int8 on CPU with bf16 activations uses torch's fused int8 weight-only matmul (no
+  dequantised copy); fp8
   e4m3fn on a CUDA GPU with fp8 matmuls (compute capability ≥ 8.9) uses ``torch._scaled_mm`` when
   ``fast`` is set (UNETLoader's ``fp8_e4m3fn_fast``), with the per-call dequantise as the fallback.
 """
@@ -35,7 +36,10 @@ from nodes.quant.packed import PackedWeight, QuantError
 if TYPE_CHECKING:
     from torch import Tensor
 
-INT8_MM_FORMATS = (torch.bfloat16, torch.float16, torch.float32)
+# torch's fused int8 weight-only CPU matmul is fast for bf16 activations only (measured: fp32 and fp16
+# take 8-13× longer than dequantising and multiplying), and it needs in_features % 16 == 0 (it
+# crashes the process otherwise)
+INT8_MM_FORMATS = (torch.bfloat16,)
 STORAGE = ("qdata", "qscale")  # the buffers holding the stored weight
 
 
