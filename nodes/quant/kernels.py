@@ -98,25 +98,23 @@ def _q8_0(blocks: Tensor, dt: torch.dtype) -> Tensor:
 
 
 def _nibbles(qs: Tensor) -> Tensor:
-    """32 4-bit values of 16 bytes: low nibbles are elements 0-15, high nibbles 16-31 (int32)."""
+    """32 4-bit values of 16 bytes: low nibbles are elements 0-15, high nibbles 16-31 (uint8)."""
     import torch
 
-    q = qs.to(torch.int32)
-    return torch.cat([q & 0xF, q >> 4], dim=-1)
+    return torch.cat([qs & 0xF, qs >> 4], dim=-1)
 
 
 def _fifth_bits(qh: Tensor) -> Tensor:
-    """The 32 high bits of Q5_0/Q5_1 (a little-endian uint32 per block) as (n, 32) int32 0/16."""
+    """The 32 high bits of Q5_0/Q5_1 (a little-endian uint32 per block) as (n, 32) uint8 0/16."""
     import torch
 
-    b = qh.to(torch.int64)
-    word = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
-    bits = (word[:, None] >> torch.arange(32, device=qh.device)) & 1
-    return (bits << 4).to(torch.int32)
+    shifts = torch.arange(8, device=qh.device, dtype=torch.uint8)
+    bits = (qh.contiguous()[:, :, None] >> shifts) & 1  # byte k, bit b -> element 8k + b
+    return bits.reshape(-1, 32) << 4
 
 
 def _q4_0(blocks: Tensor, dt: torch.dtype) -> Tensor:
-    return _f16(blocks, 0, dt) * (_nibbles(blocks[:, 2:]) - 8).to(dt)
+    return _f16(blocks, 0, dt) * (_nibbles(blocks[:, 2:]).to(dt) - 8)
 
 
 def _q4_1(blocks: Tensor, dt: torch.dtype) -> Tensor:
@@ -125,7 +123,7 @@ def _q4_1(blocks: Tensor, dt: torch.dtype) -> Tensor:
 
 def _q5_0(blocks: Tensor, dt: torch.dtype) -> Tensor:
     q = _nibbles(blocks[:, 6:]) | _fifth_bits(blocks[:, 2:6])
-    return _f16(blocks, 0, dt) * (q - 16).to(dt)
+    return _f16(blocks, 0, dt) * (q.to(dt) - 16)
 
 
 def _q5_1(blocks: Tensor, dt: torch.dtype) -> Tensor:
@@ -152,10 +150,10 @@ def _k_apply(blocks: Tensor, q: Tensor, dt: torch.dtype) -> Tensor:
 
 
 def _k_nibbles(qs: Tensor) -> Tensor:
-    """128 bytes → 256 values: each 32-byte run gives 32 low nibbles, then 32 high ones (n, 4, 2, 32)."""
+    """128 bytes → 256 values: each 32-byte run gives 32 low nibbles, then 32 high ones (n, 4, 2, 32) uint8."""
     import torch
 
-    q = qs.to(torch.int32).reshape(-1, 4, 1, 32)
+    q = qs.reshape(-1, 4, 1, 32)
     return torch.cat([q & 0xF, q >> 4], dim=2)
 
 
@@ -166,21 +164,21 @@ def _q4_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
 def _q5_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
     import torch
 
-    qh = blocks[:, 16:48].to(torch.int32).reshape(-1, 1, 1, 32)
-    shifts = torch.arange(8, device=blocks.device, dtype=torch.int32).reshape(1, 4, 2, 1)
+    qh = blocks[:, 16:48].reshape(-1, 1, 1, 32)
+    shifts = torch.arange(8, device=blocks.device, dtype=torch.uint8).reshape(1, 4, 2, 1)
     return _k_apply(blocks, _k_nibbles(blocks[:, 48:176]) | (((qh >> shifts) & 1) << 4), dt)
 
 
 def _q6_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
     import torch
 
-    ql = blocks[:, :128].to(torch.int32).reshape(-1, 2, 1, 2, 32)  # half, (low|high nibble), run, element
-    qh = blocks[:, 128:192].to(torch.int32).reshape(-1, 2, 1, 1, 32)
+    ql = blocks[:, :128].reshape(-1, 2, 1, 2, 32)  # half, (low|high nibble), run, element
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 1, 32)
     nib = torch.cat([ql & 0xF, ql >> 4], dim=2)
-    shifts = torch.tensor([[0, 2], [4, 6]], device=blocks.device, dtype=torch.int32).reshape(1, 1, 2, 2, 1)
-    q = (nib | (((qh >> shifts) & 3) << 4)).reshape(-1, 16, 16) - 32
+    shifts = torch.tensor([[0, 2], [4, 6]], device=blocks.device, dtype=torch.uint8).reshape(1, 1, 2, 2, 1)
+    q = (nib | (((qh >> shifts) & 3) << 4)).reshape(-1, 16, 16).to(dt) - 32
     scales = blocks[:, 192:208].contiguous().view(torch.int8).to(dt)
-    return (_f16(blocks, 208, dt)[:, :, None] * scales[:, :, None] * q.to(dt)).reshape(-1, 256)
+    return (_f16(blocks, 208, dt)[:, :, None] * scales[:, :, None] * q).reshape(-1, 256)
 
 
 _KERNELS: dict[str, Callable[[Any, Any], Any]] = {
