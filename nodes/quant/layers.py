@@ -15,8 +15,8 @@ UNETLoader's ``weight_dtype`` does). The rest of the module is untouched.
 - LoRA: :meth:`QuantLayer.add_lowrank` keeps the factors and adds ``scale · x·downᵀ·upᵀ`` beside the
   stored-weight product (no dense delta); :meth:`QuantLayer.add_delta` adds a dense change to the
   dequantised weight (convolutions, or key tables that are not row operations).
-- Fast paths: int8 on CPU with bf16 activations uses torch's fused int8 weight-only matmul (no
-  dequantised copy); fp8
+- Fast paths: int8 on CPU with bf16 activations and few rows (text encoders, small latents) uses
+  torch's fused int8 weight-only matmul (no dequantised copy); fp8
   e4m3fn on a CUDA GPU with fp8 matmuls (compute capability ≥ 8.9) uses ``torch._scaled_mm`` when
   ``fast`` is set (UNETLoader's ``fp8_e4m3fn_fast``), with the per-call dequantise as the fallback.
 """
@@ -36,10 +36,12 @@ from nodes.quant.packed import PackedWeight, QuantError
 if TYPE_CHECKING:
     from torch import Tensor
 
-# torch's fused int8 weight-only CPU matmul is fast for bf16 activations only (measured: fp32 and fp16
-# take 8-13× longer than dequantising and multiplying), and it needs in_features % 16 == 0 (it
-# crashes the process otherwise)
+# torch's fused int8 weight-only CPU matmul: fast for bf16 activations only (fp32 and fp16 took 8-13×
+# longer than dequantising and multiplying), and only for few rows (3072×3072, 2 threads: 1 row 1 ms
+# vs 39 ms, 64 rows 8 vs 13 ms, 128 rows 15 vs 13 ms, 320 rows 1.6× slower); it needs
+# in_features % 16 == 0 (it crashes the process otherwise)
 INT8_MM_FORMATS = (torch.bfloat16,)
+INT8_MM_MAX_ROWS = 96
 STORAGE = ("qdata", "qscale")  # the buffers holding the stored weight
 
 
@@ -159,7 +161,7 @@ class QuantLinear(QuantLayer):
 
     def _fast(self, x: Tensor, bias: Tensor | None) -> Tensor | None:
         if self.fmt == "int8" and x.device.type == "cpu" and x.dtype in INT8_MM_FORMATS \
-                and self.in_features % 16 == 0 and self.qscale is not None:
+                and self.in_features % 16 == 0 and self.qscale is not None and x.numel() <= INT8_MM_MAX_ROWS * x.shape[-1]:
             flat = x.reshape(-1, self.in_features).contiguous()
             y = torch.ops.aten._weight_int8pack_mm(flat, self.qdata, self.qscale.to(x.dtype))
             y = y.reshape(*x.shape[:-1], self.out_features)

@@ -94,6 +94,7 @@ def test_int8_uses_the_fused_cpu_matmul_and_matches_dequantising() -> None:
     want = nn.functional.linear(x.float(), layer.packed.dequantize(), layer.bias.float())
     assert (layer(x).float() - want).abs().max() / want.abs().max() < 0.01  # bf16 rounding
     assert layer._fast(x.float(), None) is None  # fp32: dequantise (the fused kernel is slow there)
+    assert layer._fast(torch.randn(200, 64, dtype=torch.bfloat16), None) is None  # many rows: dequantise
     odd = QuantLinear(PackedWeight(*quantize(torch.randn(8, 40), "int8")[:1], "int8", (8, 40),
                                    quantize(torch.randn(8, 40), "int8")[1]), None, torch.float32)
     assert odd._fast(torch.randn(2, 40), None) is None  # the kernel needs a multiple of 16: dequantise instead
