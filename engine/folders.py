@@ -34,7 +34,7 @@ from typing import Any
 
 from engine.folder_scan import Listing, ListingCache, folders_holding, keep_with_extensions
 
-MODEL_EXTENSIONS = frozenset({".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin"})
+MODEL_EXTENSIONS = frozenset({".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin", ".gguf"})
 
 # kind -> its folders under models_dir, in ComfyUI's order (folder_paths.folder_names_and_paths)
 KIND_FOLDERS: Mapping[str, tuple[str, ...]] = {

@@ -34,6 +34,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.patches import patch_nodes
     from nodes.perf_batch import KSamplerAdvancedBatched, KSamplerBatched
     from nodes.preprocessors import PREPROCESSOR_NODES
+    from nodes.quant.nodes import QUANT_NODES
     from nodes.safety import SAFETY_NODES
     from nodes.sampler_nodes import SAMPLER_NODES
     from nodes.sampling import SAMPLING_NODES
@@ -49,7 +50,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
               CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES, CONTROLNET_NODES,
               PREPROCESSOR_NODES, CONDITIONING_OPS_NODES, MERGE_NODES, SAVE_NODES, COMPONENT_LOADER_NODES,
-              UNCLIP_NODES, IP2P_NODES, LORA_EXTRACT_NODES, STYLE_MODEL_NODES,
+              UNCLIP_NODES, IP2P_NODES, LORA_EXTRACT_NODES, STYLE_MODEL_NODES, QUANT_NODES,
               family_nodes())
     for group in groups:
         registry.register_all(group, origin="core")

@@ -52,6 +52,9 @@ def register_model_options(registry: NodeRegistry, model_files: ModelFiles) -> N
     """Combo options for each model kind: the files (or diffusers folders) found for it."""
     for kind in OPTION_KINDS:
         registry.add_options_source(kind, lambda kind=kind: model_files.list(kind))  # type: ignore[misc]
+    # ComfyUI-GGUF's unet_gguf list: the .gguf files among the diffusion models
+    registry.add_options_source("unet_gguf", lambda: [n for n in model_files.list("diffusion_models")
+                                                      if n.lower().endswith(".gguf")])
 
 
 def _models(ctx: NodeContext) -> ModelFiles:

@@ -6,6 +6,7 @@ the other loaders they read file headers only; the family is recognised from the
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from engine.context import Folders, NodeContext
@@ -14,10 +15,30 @@ from engine.schema import CLIP, COMBO, MODEL, DynamicOptions, Input, NodeSchema,
 from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
 from nodes.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
 from nodes.loaders import _allow_pickle, _file_fingerprint, _models
-from nodes.weights import ModelLoadError
+from nodes.quant.files import is_gguf, require_gguf_role
+from nodes.quant.storage import weight_dtype_patch, with_storage
+from nodes.weights import read_index
 
 WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
 DEVICES = ("default", "cpu")
+
+
+def load_diffusion_model(path: Path, node: str, *, allow_pickle: bool, weight_dtype: str = "default") -> DenoiserHandle:
+    """The MODEL handle of a diffusion-model file (safetensors, fp8/scaled fp8, GGUF), its linear
+    weights stored as ``weight_dtype`` asks (UNETLoader's choices)."""
+    if is_gguf(path):
+        require_gguf_role(read_index(path), "diffusion", node)
+    handle = open_diffusion_model(path, allow_pickle=allow_pickle)
+    patch = weight_dtype_patch(weight_dtype)
+    return handle if patch is None else with_storage(handle, patch)
+
+
+def load_text_encoders(paths: list[Path], clip_type: str, node: str, *, allow_pickle: bool) -> TextEncodersHandle:
+    """The CLIP handle of text-encoder files (safetensors, fp8/scaled fp8, GGUF)."""
+    for path in paths:
+        if is_gguf(path):
+            require_gguf_role(read_index(path), "text", node)
+    return open_text_encoders(paths, clip_type, allow_pickle=allow_pickle)
 
 
 class UNETLoader(Node):
@@ -27,17 +48,16 @@ class UNETLoader(Node):
                     "and VAE); the family is read from its tensors. Combine with DualCLIPLoader and VAELoader.",
         inputs=(Input("unet_name", COMBO, "The model file in models/diffusion_models (or models/unet).",
                       options=DynamicOptions("diffusion_models")),
-                Input("weight_dtype", COMBO, "Precision to keep the weights in; default follows the device policy.",
+                Input("weight_dtype", COMBO, "Precision to store the linear weights in (computed in the device's "
+                      "precision): fp8 halves bf16 memory; _fast also multiplies in fp8 on GPUs that can; default "
+                      "keeps the file's precision.",
                       options=WEIGHT_DTYPES, default="default")),
         outputs=(Output("MODEL", MODEL, "The denoising model and its family."),),
     )
 
     def run(self, ctx: NodeContext, *, unet_name: str, weight_dtype: str) -> tuple[DenoiserHandle]:
-        if weight_dtype != "default":
-            raise ModelLoadError(f"weight_dtype {weight_dtype!r} (fp8 weight storage) is not supported yet; "
-                                 "choose 'default' (fp8 files still load, computed in the device's precision)")
         path = _models(ctx).resolve("diffusion_models", unet_name)
-        return (open_diffusion_model(path, allow_pickle=_allow_pickle(ctx)),)
+        return (load_diffusion_model(path, "UNETLoader", allow_pickle=_allow_pickle(ctx), weight_dtype=weight_dtype),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
@@ -58,7 +78,7 @@ class CLIPLoader(Node):
 
     def run(self, ctx: NodeContext, *, clip_name: str, type: str, device: str = "default") -> tuple[TextEncodersHandle]:
         path = _models(ctx).resolve("text_encoders", clip_name)
-        return (open_text_encoders([path], type, allow_pickle=_allow_pickle(ctx)),)
+        return (load_text_encoders([path], type, "CLIPLoader", allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
@@ -83,7 +103,7 @@ class DualCLIPLoader(Node):
             device: str = "default") -> tuple[TextEncodersHandle]:
         models = _models(ctx)
         paths = [models.resolve("text_encoders", clip_name1), models.resolve("text_encoders", clip_name2)]
-        return (open_text_encoders(paths, type, allow_pickle=_allow_pickle(ctx)),)
+        return (load_text_encoders(paths, type, "DualCLIPLoader", allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:

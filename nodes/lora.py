@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.quant.lora import add_fused_to_quant, add_to_quant, is_quant_layer
 from nodes.weights import ModelLoadError, TensorIndex, load_tensors, read_index
 
 if TYPE_CHECKING:
@@ -171,7 +172,11 @@ def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength:
         raise ModelLoadError(f"LoRA layer {layer.name!r} makes a {tuple(delta.shape)} change but the model's "
                              f"{fused.key} is {fused.shape}; the LoRA is for another model family or size")
     delta = delta.reshape(fused.shape) * strength
-    for name, piece in part.kind.to_diffusers({fused.key: delta}, part.config).items():
+    pieces = part.kind.to_diffusers({fused.key: delta}, part.config)
+    if any(is_quant_layer(modules[n.removesuffix(".weight")]) for n in pieces):
+        add_fused_to_quant(modules, part, fused, layer, strength, pieces)
+        return
+    for name, piece in pieces.items():
         weight = modules[name.removesuffix(".weight")].weight
         with torch.no_grad():
             weight.copy_((weight.to(torch.float32) + piece).to(weight.dtype))
@@ -184,8 +189,11 @@ def _delta(layer: LoraLayer) -> Any:
         return layer.diff.to(torch.float32) if layer.diff is not None else None
     down = layer.down.to(torch.float32).flatten(1)  # [r, in·k·k]
     up = layer.up.to(torch.float32).flatten(1)  # [out, r]
-    scale = (layer.alpha / down.shape[0]) if layer.alpha is not None else 1.0
-    return scale * (up @ down)
+    return _scale(layer) * (up @ down)
+
+
+def _scale(layer: LoraLayer) -> float:
+    return (layer.alpha / layer.down.shape[0]) if layer.alpha is not None else 1.0
 
 
 def _clip_lookup(encoder: Any) -> dict[str, Any]:
@@ -197,7 +205,14 @@ def merge(module: Any, delta_source: LoraLayer, strength: float) -> None:
     import torch
 
     weight, bias = module.weight, getattr(module, "bias", None)
-    delta = _delta(delta_source)
+    if is_quant_layer(module):  # stored-precision weight: the change stays beside it (low rank or dense)
+        if delta_source.low_rank:
+            add_to_quant(module, delta_source.up, delta_source.down, strength * _scale(delta_source))
+        elif delta_source.diff is not None:
+            module.add_delta(strength * delta_source.diff.float())
+        delta = None
+    else:
+        delta = _delta(delta_source)
     with torch.no_grad():
         if delta is not None:
             weight.copy_((weight.to(torch.float32) + strength * delta.reshape(weight.shape)).to(weight.dtype))

@@ -28,6 +28,8 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, FLOAT, MODEL, Input, NodeSchema, Output
+from nodes.quant.files import is_gguf, pack_state_dict
+from nodes.quant.layers import store_weight
 from nodes.weights import ModelLoadError, load_tensors, read_index
 
 CLIP_SKIP = (".position_ids", ".logit_scale")  # ComfyUI's CLIP merges leave these alone
@@ -47,7 +49,8 @@ def part_state(handle: Any, name: str) -> dict[str, torch.Tensor]:
     if handle.patches or handle.source.format != "single_file":
         return dict(part_module(handle.load(), handle, name).state_dict())
     index = read_index(handle.source.path, allow_pickle=handle.source.allow_pickle)
-    return dict(part.kind.module_keys(part.kind.to_diffusers(load_tensors(index, part.prefix), part.config)))
+    tensors = pack_state_dict(load_tensors(index, part.prefix), str(index.path))  # scaled fp8: scales applied
+    return dict(part.kind.module_keys(part.kind.to_diffusers(tensors, part.config)))
 
 
 def file_names(handle: Any, name: str) -> dict[str, str] | None:
@@ -57,8 +60,8 @@ def file_names(handle: Any, name: str) -> dict[str, str] | None:
     if handle.patches or handle.source.format != "single_file":
         return None
     index = read_index(handle.source.path, allow_pickle=handle.source.allow_pickle)
-    if index.pickled:
-        return None
+    if index.pickled or is_gguf(index.path) or any(t.dtype.startswith("F8_") for t in index.tensors.values()):
+        return None  # stored precision (GGUF, fp8 with scales): read through the dequantising path
     part = handle.part(name)
     inner = [k[len(part.prefix):] for k in index.tensors if k.startswith(part.prefix)]
     try:  # strings for tensors: a table that only renames keeps them; one that splits them fails
@@ -139,7 +142,9 @@ class MergePatch:
                         continue
                     merged += 1
                     if (a, b) != (1.0, 0.0):
-                        w.copy_((w.float() * a + o.to(w.device).float() * b).to(w.dtype))
+                        value = w.float() * a + o.to(w.device).float() * b
+                        if not store_weight(target, k, value):  # a stored-precision layer re-stores it
+                            w.copy_(value.to(w.dtype))
         if merged == 0:
             raise ModelLoadError(f"nothing to merge: {self.other.source.name} has no weight of the same name and "
                                  f"shape as {handle.source.name}; merge models of the same family")

@@ -37,10 +37,15 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        n = DTYPE_BYTES.get(self.dtype, 4)
+        n = 1
         for d in self.shape:
             n *= d
-        return n
+        from nodes.quant.kernels import GGUF_BLOCKS
+
+        if self.dtype in GGUF_BLOCKS:  # a GGUF block format: bytes per block of elements
+            elements, size = GGUF_BLOCKS[self.dtype]
+            return -(-n // elements) * size
+        return n * DTYPE_BYTES.get(self.dtype, 4)
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,10 @@ def read_index(path: Path, *, allow_pickle: bool = False) -> TensorIndex:
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"{path}: model file not found" + (" (it is a folder)" if path.is_dir() else ""))
+    if path.suffix.lower() == ".gguf":
+        from nodes.quant.files import read_gguf_index
+
+        return read_gguf_index(path)
     if path.suffix.lower() in PICKLE_SUFFIXES:
         if not allow_pickle:
             raise pickle_refusal(path)
@@ -177,6 +186,10 @@ def load_tensors(index: TensorIndex, prefix: str = "", *, strip: bool = True,
     """The tensors whose names start with ``prefix`` (prefix removed when ``strip``)."""
     skip_prefixes = tuple(skip)
     keys = [k for k in index.tensors if k.startswith(prefix) and not (skip_prefixes and k.startswith(skip_prefixes))]
+    if index.path.suffix.lower() == ".gguf":  # quantized weights come as nodes.quant PackedWeight values
+        from nodes.quant.files import load_gguf_tensors
+
+        return load_gguf_tensors(index, prefix, strip=strip, skip=skip_prefixes)
     out: dict[str, Any] = {}
     if index.pickled:
         sd = load_pickle(index.path)

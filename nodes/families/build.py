@@ -47,7 +47,10 @@ def empty_module(part: Part) -> Any:
 
 def build_from_single_file(part: Part, index: TensorIndex) -> Any:
     """Read ``part``'s tensors from a single file in the original layout and build the module."""
-    sd = part.kind.to_diffusers(load_tensors(index, part.prefix), part.config)
+    from nodes.quant.files import pack_state_dict
+
+    tensors = pack_state_dict(load_tensors(index, part.prefix), str(index.path))  # fp8 weights stay fp8
+    sd = part.kind.to_diffusers(tensors, part.config)
     return assign(part, sd, where=f"{index.path} ({part.name}, prefix {part.prefix!r})")
 
 
@@ -70,6 +73,12 @@ def _assign(part: Part, sd: dict[str, Any], where: str) -> Any:
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); "
             "the file is incomplete or of an unsupported variant"
         )
+    from nodes.quant.packed import is_packed
+
+    if any(is_packed(v) for v in sd.values()):  # stored-precision weights: their layers are replaced
+        from nodes.quant.layers import install_packed
+
+        sd = install_packed(module, sd)
     try:
         module.load_state_dict(sd, strict=True, assign=True)
     except RuntimeError as exc:
