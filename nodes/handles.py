@@ -309,7 +309,8 @@ def open_diffusers(folder: Path, *, allow_pickle: bool = False) -> Checkpoint:
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"{folder}: cannot read {sub} ({exc}); is this a diffusers model folder?") from exc
 
-    family = diffusers_family(folder, config("model_index.json"), config("unet/config.json"))
+    unet = config("unet/config.json") if (folder / "unet").is_dir() else {}  # DiT pipelines have transformer/
+    family = diffusers_family(folder, config("model_index.json"), unet)
     sched = config("scheduler/scheduler_config.json") if (folder / "scheduler").is_dir() else {}
     prediction = str(sched.get("prediction_type", "epsilon"))
     source = WeightsSource(folder, fingerprint(folder), "diffusers", allow_pickle)

@@ -51,15 +51,29 @@ def check_latent_for(latent: dict, family: Any, input_name: str) -> None:
         )
 
 
+def vae_latent_channels(vae: Any) -> int | None:
+    """How many channels the latents of the VAE module ``vae`` have (None: it does not say)."""
+    channels = getattr(vae, "loom_latent_channels", None) or getattr(getattr(vae, "config", None), "latent_channels",
+                                                                     None)
+    return None if channels is None else int(channels)
+
+
+def check_latent_for_vae(vae: Any, samples: torch.Tensor, made_by: str | None = None) -> None:
+    """Raise unless the VAE module ``vae`` decodes latents of ``samples``' channel count. VAE nodes
+    check only this, never the latent scale: a VAE works on raw latents, so a separate VAE file of
+    the right width decodes any family's latents (an SD3 VAE file is read as a 16-channel VAE)."""
+    expected = vae_latent_channels(vae)
+    if expected is not None and samples.shape[1] != expected:
+        source = f" (made by a {made_by} model)" if made_by else ""
+        raise LatentError(f"the latents{source} have {samples.shape[1]} channels but this VAE decodes "
+                          f"{expected}-channel latents; use the VAE that belongs to the model that made them "
+                          "(a 16-channel model needs its 16-channel VAE, e.g. ae.safetensors)")
+
+
 @torch.no_grad()
 def decode(vae: Any, samples: torch.Tensor) -> torch.Tensor:
     """Raw latents [B, C, h, w] -> IMAGE [B, H, W, 3] in 0..1 (as diffusers' pipelines post-process)."""
-    expected = getattr(vae, "loom_latent_channels", None) or getattr(getattr(vae, "config", None), "latent_channels",
-                                                                      samples.shape[1])
-    if samples.shape[1] != expected:
-        raise LatentError(f"the latents have {samples.shape[1]} channels but this VAE decodes {expected}-channel "
-                          "latents; use the VAE that belongs to the model that made them (a 16-channel model needs "
-                          "its 16-channel VAE, e.g. ae.safetensors)")
+    check_latent_for_vae(vae, samples)
     param = next(vae.parameters())
     pixels = vae.decode(samples.to(param), return_dict=False)[0]  # (B, 3, H, W) in -1..1
     return (pixels.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).cpu()
@@ -275,6 +289,7 @@ class VAEDecode(Node):
 
     def run(self, ctx: NodeContext, *, samples: dict, vae: Any) -> tuple[torch.Tensor]:
         with ctx.models.use(vae) as module:
+            check_latent_for_vae(module, samples["samples"], samples.get("latent_family"))
             return (decode(module, samples["samples"]),)
 
 
@@ -320,8 +335,8 @@ class VAEDecodeTiled(Node):
     def run(
         self, ctx: NodeContext, *, samples: dict, vae: Any, tile_size: int, overlap: int
     ) -> tuple[torch.Tensor]:
-        check_latent_for(samples, vae.family, "samples")
         with ctx.models.use(vae) as module:
+            check_latent_for_vae(module, samples["samples"], samples.get("latent_family"))
 
             def fn(z: torch.Tensor) -> torch.Tensor:
                 ctx.check_interrupt()

@@ -55,10 +55,11 @@ class TaesdHandle(WeightsHandle):
 
         tensors = _read(self.path, allow_pickle=self.source.allow_pickle)
         tensors = _to_diffusers_layout(tensors)
-        channels = int(tensors["decoder.layers.0.weight"].shape[0])
+        width, latent = (int(n) for n in tensors["decoder.layers.0.weight"].shape[:2])
         blocks = _blocks_per_stage(tensors)
-        model: Any = AutoencoderTiny(decoder_block_out_channels=(channels,) * 4,  # (load holds EMPTY_INIT_LOCK)
-                                     encoder_block_out_channels=(channels,) * 4, num_decoder_blocks=blocks)
+        model: Any = AutoencoderTiny(decoder_block_out_channels=(width,) * 4,  # (load holds EMPTY_INIT_LOCK)
+                                     encoder_block_out_channels=(width,) * 4, num_decoder_blocks=blocks,
+                                     latent_channels=latent)
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         missing = [k for k in missing if k.startswith("decoder.")]
         if missing or unexpected:
@@ -75,8 +76,16 @@ class PreviewDecoder(torch.nn.Module):
         self.taesd = taesd
         self.costs: dict[tuple[int, ...], float] = {}
 
+    @property
+    def latent_channels(self) -> int:
+        """The latent width the file was trained on (its first convolution's input channels)."""
+        return int(self.taesd.config.latent_channels)
+
     def decode(self, x0: torch.Tensor) -> torch.Tensor:
         """Model-space latents -> images in [-1, 1]."""
+        if x0.shape[1] != self.latent_channels:
+            raise ValueError(f"it decodes {self.latent_channels}-channel latents but this model makes "
+                             f"{x0.shape[1]}-channel ones (a decoder of another family under this name?)")
         return self.taesd.decode(x0, return_dict=False)[0]
 
 
@@ -141,26 +150,45 @@ def find_taesd(ctx: NodeContext, stem: str | None) -> TaesdHandle | None:
 
 
 def make_demo_taesd(models_dir: Path) -> list[Path]:
-    """Write small random TAESD decoders (madebyollin layout) to ``models_dir/vae_approx``."""
+    """Write small random TAESD decoders (madebyollin layout) to ``models_dir/vae_approx``, one per
+    decoder name the families use, each as wide in latent channels as its family's latents (a file
+    of another width left by an older demo is rewritten)."""
+    folder = Path(models_dir) / "vae_approx"
+    paths = {stem: folder / f"{stem}.safetensors" for stem in taesd_names()}
+    channels = taesd_channels()
+    for stem, path in paths.items():
+        if _demo_latent_channels(path) != channels[stem]:
+            folder.mkdir(parents=True, exist_ok=True)
+            _write_demo_taesd(path, channels[stem])
+    return list(paths.values())
+
+
+def _demo_latent_channels(path: Path) -> int | None:
+    """The latent width of the TAESD file at ``path`` (madebyollin layout), None if there is none."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return int(f.get_slice("1.weight").get_shape()[1])
+    except Exception:  # damaged or foreign: rewrite it
+        return None
+
+
+def _write_demo_taesd(path: Path, latent_channels: int) -> None:
     from diffusers import AutoencoderTiny
     from safetensors.torch import save_file
 
-    folder = Path(models_dir) / "vae_approx"
-    paths = [folder / f"{stem}.safetensors" for stem in taesd_names()]
-    if all(p.is_file() for p in paths):
-        return paths
     torch.manual_seed(0)
     c = DEMO_TAESD_CHANNELS
-    model: Any = AutoencoderTiny(decoder_block_out_channels=(c,) * 4, encoder_block_out_channels=(c,) * 4)
+    model: Any = AutoencoderTiny(decoder_block_out_channels=(c,) * 4, encoder_block_out_channels=(c,) * 4,
+                                 latent_channels=latent_channels)
     state = {f"{int(k.split('.')[2]) + 1}.{k.split('.', 3)[3]}": v.contiguous()
              for k, v in model.state_dict().items() if k.startswith("decoder.layers.")}
-    folder.mkdir(parents=True, exist_ok=True)
-    for path in paths:
-        if not path.is_file():
-            tmp = path.with_suffix(".tmp")
-            save_file(state, str(tmp), metadata={"loom.note": "Loom demo TAESD: random weights"})
-            tmp.replace(path)
-    return paths
+    tmp = path.with_suffix(".tmp")
+    save_file(state, str(tmp), metadata={"loom.note": "Loom demo TAESD: random weights"})
+    tmp.replace(path)
 
 
 @dataclass
@@ -194,7 +222,7 @@ class PreviewPacer:
 
 
 class PreviewRenderer:
-    """x0 (model space, [B, 4, h, w]) → JPEG: TAESD when available, else the linear approximation."""
+    """x0 (model space, [B, C, h, w]) → JPEG: TAESD when available, else the linear approximation."""
 
     def __init__(self, ctx: NodeContext, latent_format: LatentFormat, method: str = "auto") -> None:
         self.ctx = ctx
@@ -263,6 +291,12 @@ class PreviewRenderer:
 
 def taesd_names() -> list[str]:
     """The TAESD decoder file stems the known families use."""
+
+    return sorted(taesd_channels())
+
+
+def taesd_channels() -> dict[str, int]:
+    """Each TAESD decoder file stem the known families use, with its latents' channel count."""
     from nodes.families import FAMILIES
 
-    return sorted({f.latent_format.taesd_decoder for f in FAMILIES if f.latent_format.taesd_decoder})
+    return {f.latent_format.taesd_decoder: f.latent_format.channels for f in FAMILIES if f.latent_format.taesd_decoder}

@@ -47,8 +47,16 @@ def diffusers_family(folder: Path, model_index: dict[str, Any], unet: dict[str, 
     for cls in FAMILIES:
         if cls.detect_diffusers(model_index, unet):
             return cls()
+    pipeline = model_index.get("_class_name")
+    for cls in FAMILIES:
+        if cls.pipeline_class == pipeline:  # a known family whose diffusers folders Loom does not read (yet)
+            raise ModelLoadError(
+                f"{folder}: a diffusers {pipeline} folder ({cls.title}); Loom reads {cls.title} models from single "
+                "files, not from diffusers folders: put the checkpoint .safetensors in models/checkpoints and load "
+                "it with CheckpointLoaderSimple, or the transformer in models/diffusion_models (UNETLoader) with its "
+                "text encoders in models/text_encoders and its VAE in models/vae")
     known = ", ".join(c.title for c in FAMILIES)
-    raise ModelLoadError(f"{folder}: pipeline {model_index.get('_class_name')!r} is not one Loom knows ({known})")
+    raise ModelLoadError(f"{folder}: pipeline {pipeline!r} is not one Loom knows ({known})")
 
 
 def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:

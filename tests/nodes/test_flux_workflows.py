@@ -97,7 +97,7 @@ def test_sd_vae_with_flux_is_refused(demo_models: Path, tmp_path: Path) -> None:
 
 
 def test_flux_vae_file_belongs_to_the_flux_latent_space(demo_models: Path, tmp_path: Path) -> None:
-    """VAEDecodeTiled checks the latent space: a Flux latent decodes with the 16-channel VAE file."""
+    """VAEDecodeTiled checks the channel count: a Flux latent decodes with the 16-channel VAE file."""
     from nodes.handles import open_vae
 
     assert open_vae(demo_models / "vae" / DEMO_FLUX_VAE).family.latent_format.channels == 16
