@@ -155,8 +155,8 @@ def apply_base_directory(args: argparse.Namespace) -> None:
 
 def _model_manager(args: argparse.Namespace) -> ModelManager:
     budget = None if args.ram_gb is None else int(args.ram_gb * (1 << 30))
-    policy = precision.apply(DevicePolicy.detect(force_cpu=args.cpu), args)
-    log.info("models compute on %s", precision.describe(policy))
+    cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine
+    policy = precision.policy_for(args, DevicePolicy.detect(force_cpu=args.cpu), cache)
     return ModelManager(policy, ram_budget_bytes=budget)
 
 
