@@ -5,7 +5,7 @@ matmuls run 2–5× faster than fp32; on AVX2 CPUs they run several times slower
 So at start-up Loom measures instead of guessing:
 
 1. **Throughput**: one small fixed matmul and one small fixed 3×3 convolution per precision on the
-   compute device (best of a few runs; the whole probe takes well under a second).
+   compute device (best of a few runs, on one thread on a CPU; the probe takes about 0.2 s).
 2. **Image difference**: a tiny fixed, seeded network (convolutions, attention, a tanh "image"
    head, shaped like a denoiser followed by a decoder) run in fp32 and in each half precision; the
    mean absolute difference of the two images, in 0..1 pixel units.
@@ -177,9 +177,16 @@ def measure(device: str) -> tuple[Measurement, ...]:
     """Measure fp32, bf16 and fp16 on ``device`` (small fixed shapes; well under a second)."""
     import torch
 
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    reference = _tiny_image(torch, torch.float32, device)
-    return tuple(_measure_one(torch, name, device, reference, sync) for name in PRECISIONS)
+    cpu = not device.startswith("cuda")
+    sync = (lambda: None) if cpu else torch.cuda.synchronize
+    threads = torch.get_num_threads()
+    if cpu:  # one thread: the ratio between precisions is a property of the core's instruction set, and
+        torch.set_num_threads(1)  # several threads on a busy machine time the scheduler instead
+    try:
+        reference = _tiny_image(torch, torch.float32, device)
+        return tuple(_measure_one(torch, name, device, reference, sync) for name in PRECISIONS)
+    finally:
+        torch.set_num_threads(threads)
 
 
 # --- the cache -----------------------------------------------------------------------------------

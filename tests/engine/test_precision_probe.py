@@ -165,8 +165,9 @@ def test_measured_fp16_never_reaches_the_vae_and_measured_fp32_drops_half_rules(
 def test_the_real_probe_measures_every_precision_on_a_fixed_tiny_network() -> None:
     import torch
 
-    torch.set_num_threads(1)
-    figures = measure("cpu")
+    threads = torch.get_num_threads()
+    figures = measure("cpu")  # timed on one thread, then the process's thread count is back
+    assert torch.get_num_threads() == threads
     assert [m.dtype for m in figures] == ["float32", "bfloat16", "float16"]
     assert figures[0].mean_abs_diff == 0.0  # fp32 against itself
     assert all(m.matmul_gflops > 0 and m.conv_gflops > 0 for m in figures)
