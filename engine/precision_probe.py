@@ -173,12 +173,17 @@ def _measure_one(torch: Any, name: str, device: str, reference: Any, sync: Calla
     return Measurement(name, matmul, conv, diff if diff == diff else float("inf"))  # NaN: unusable
 
 
+def _no_sync() -> None:
+    """A CPU's kernels finish before they return."""
+
+
 def measure(device: str) -> tuple[Measurement, ...]:
     """Measure fp32, bf16 and fp16 on ``device`` (small fixed shapes; well under a second)."""
     import torch
 
-    cpu = not device.startswith("cuda")
-    sync = (lambda: None) if cpu else torch.cuda.synchronize
+    cpu = device == "cpu"
+    syncs = {"cuda": torch.cuda.synchronize, "mps": getattr(getattr(torch, "mps", None), "synchronize", None)}
+    sync: Callable[[], None] = syncs.get(device.split(":")[0]) or _no_sync  # accelerators run asynchronously
     threads = torch.get_num_threads()
     if cpu:  # one thread: the ratio between precisions is a property of the core's instruction set, and
         torch.set_num_threads(1)  # several threads on a busy machine time the scheduler instead
