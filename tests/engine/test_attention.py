@@ -24,9 +24,11 @@ def parse(*flags: str) -> argparse.Namespace:
     return parser.parse_args(list(flags))
 
 
-def qkv(dtype: torch.dtype = torch.bfloat16, tokens: int = 16, head: int = 64) -> list[torch.Tensor]:
+def qkv(dtype: torch.dtype = torch.bfloat16, tokens: int = 16,
+        head: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    return [torch.randn(1, 2, tokens, head, generator=gen).to(dtype) for _ in range(3)]
+    q, k, v = (torch.randn(1, 2, tokens, head, generator=gen).to(dtype) for _ in range(3))
+    return q, k, v
 
 
 class FakeKernel:
