@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import precision
+from engine import attention, precision
 from engine.cache import OutputCache
 from engine.context import Folders, RunSettings
 from engine.distributed.cli import add_ray_arguments
@@ -61,6 +61,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                         "flag); a folder flag given as well (e.g. --output-dir) still wins")
     parser.add_argument("--cpu", action="store_true", help="compute on the CPU even if a GPU exists")
     precision.add_precision_args(parser)  # --force-fp32/--force-fp16, --{fp32,bf16,fp16}-{unet,vae,text-enc}
+    attention.add_attention_args(parser)  # --use-sage-attention, --use-flash-attention, ... (ComfyUI's)
     parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
     parser.add_argument("--ram-gb", type=float, default=None, help="RAM budget of the model tier (GiB)")
     parser.add_argument("--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)")
@@ -92,7 +93,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     models = _model_manager(args)
     bus = EventBus()
     settings = RunSettings(png_metadata=not args.no_png_metadata, allow_pickle=args.allow_pickle, safety=args.safety,
-                           compile=args.compile, tf32=args.tf32,
+                           compile=args.compile, tf32=args.tf32, attention=attention.choose(args, models.policy.device),
                            preview_method=args.preview_method)
     if args.tf32 and models.policy.device != "cuda":
         log.info("--tf32 has no effect here: TF32 applies to CUDA devices only, this process computes on %s",
@@ -155,8 +156,8 @@ def apply_base_directory(args: argparse.Namespace) -> None:
 
 def _model_manager(args: argparse.Namespace) -> ModelManager:
     budget = None if args.ram_gb is None else int(args.ram_gb * (1 << 30))
-    policy = precision.apply(DevicePolicy.detect(force_cpu=args.cpu), args)
-    log.info("models compute on %s", precision.describe(policy))
+    cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine
+    policy = precision.policy_for(args, DevicePolicy.detect(force_cpu=args.cpu), cache)
     return ModelManager(policy, ram_budget_bytes=budget)
 
 

@@ -149,6 +149,7 @@ class RunSettings:
     - ``compile``: torch.compile the denoiser (``--compile``)
     - ``tf32``: TF32 matmuls while sampling on CUDA (``--tf32``)
     - ``preview_method``: how sampler previews are made (``auto`` picks TAESD when its file exists)
+    - ``attention``: the attention back end nodes run under (``engine.attention``; ``sdpa`` default)
     """
 
     png_metadata: bool = True
@@ -157,6 +158,7 @@ class RunSettings:
     compile: bool = False
     tf32: bool = False
     preview_method: PreviewMethod = "auto"
+    attention: str = "sdpa"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine import events as ev
+from engine.attention import attention_scope
 from engine.cache import OutputCache, canonical, is_nonce, make_key, nonce
 from engine.context import (
     Folders,
@@ -394,7 +395,7 @@ class Executor:
             return [[blocker] for _ in range(n_out)], None
         ctx = self._context(request, node_id, plan.kept)
         try:
-            with contained(_who(node_id, node_def)):
+            with contained(_who(node_id, node_def)), attention_scope(self.settings.attention):
                 run = call_mapped(NodeRun(node_def, ctx, inputs))
         except Interrupted:
             raise

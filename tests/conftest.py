@@ -11,6 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DISABLE_TELEMETRY", "1")
+# the start-up precision measurement is timing-dependent: tests keep the fixed device default
+# (tests/engine/test_precision_probe.py checks the measurement with fake figures)
+os.environ.setdefault("LOOM_NO_PRECISION_PROBE", "1")
 
 _LOOPBACK = ("127.", "::1", "localhost", "0.0.0.0")
 _real_connect = socket.socket.connect
