@@ -102,20 +102,10 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings,
         guard=_guard(args, model_files, models),
     )
-    describer = _describer(args)
+    from nodes.presets import ModelDescriber
+
+    describer = ModelDescriber.for_folder(args.models_dir)
     return Runtime(registry, executor, folders, bus, models, report, describer, describer.table_json)
-
-
-def _describer(args: argparse.Namespace) -> Any:
-    """Model presets: the shipped table plus ``models/presets.json`` (a bad file is reported and
-    left out, so the server still starts)."""
-    from nodes.presets import ModelDescriber, PresetError, PresetTable
-
-    try:
-        return ModelDescriber(PresetTable.load(args.models_dir))
-    except PresetError as exc:
-        log.error("model presets: %s (using the shipped presets only)", exc)
-        return ModelDescriber(PresetTable.load(None))
 
 
 def _guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
@@ -269,21 +259,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Path) -> None:
-    """``--preset``: write a model preset into the workflow's sampler, guidance and size widgets
-    (``auto``: the preset of the model the workflow loads). ``--set`` still wins."""
-    from nodes.presets import PresetError, apply_preset
+    """``--preset``: see ``nodes.presets.ModelDescriber.apply_to`` (``--set`` still wins)."""
+    from nodes.presets import PresetError
 
-    describer, files = runtime.describe_model, runtime.folders.models
     try:
-        if name == "auto" and files is not None:
-            preset, model = describer.preset_for_prompt(prompt, files.resolve)
-        else:
-            preset, model = describer.table.by_name(name), None
+        print(f"{path.name}: " + runtime.describe_model.apply_to(prompt, name, runtime.folders.models), file=sys.stderr)
     except PresetError as exc:
         raise UsageError(f"{path}: {exc}") from exc
-    changes = apply_preset(prompt, preset)
-    chosen = f" (for {model})" if model else ""
-    print(f"{path.name}: preset {preset.name}{chosen}: " + ("; ".join(changes) or "nothing to change"), file=sys.stderr)
 
 
 def result_of(record: Any) -> RunResult:

@@ -17,12 +17,15 @@ writes a preset into a workflow's literal widget values (see :func:`apply_preset
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nodes.families.presets import MODEL_INPUTS, PRESET_INPUTS, SHIPPED, Preset, PresetError
+
+log = logging.getLogger("loom.presets")
 
 __all__ = ["MODEL_INPUTS", "PRESET_INPUTS", "SHIPPED", "ModelDescriber", "Preset", "PresetError", "PresetTable",
            "apply_preset", "model_files_in"]
@@ -120,6 +123,28 @@ class ModelDescriber:
     ``GET /api/v1/models/{folder}/{name}`` adds to the file's size and metadata."""
 
     table: PresetTable
+
+    @classmethod
+    def for_folder(cls, models_dir: Path | None) -> ModelDescriber:
+        """The shipped presets plus ``models_dir/presets.json``; a bad file is logged and left out,
+        so the server still starts."""
+        try:
+            return cls(PresetTable.load(models_dir))
+        except PresetError as exc:
+            log.error("model presets: %s (using the shipped presets only)", exc)
+            return cls(PresetTable.load(None))
+
+    def apply_to(self, prompt: dict[str, Any], name: str, files: Any) -> str:
+        """``main.py run --preset NAME``: write the preset (``auto``: the one of the model the
+        workflow loads, found through ``files.resolve``) into ``prompt``; returns a line saying
+        what changed. A PresetError when there is no such preset."""
+        if name == "auto" and files is not None:
+            preset, model = self.preset_for_prompt(prompt, files.resolve)
+        else:
+            preset, model = self.table.by_name(name), None
+        changes = apply_preset(prompt, preset)
+        chosen = f" (for {model})" if model else ""
+        return f"preset {preset.name}{chosen}: " + ("; ".join(changes) or "nothing to change")
 
     def __call__(self, folder: str, path: Path) -> dict[str, Any]:
         from nodes.families import detect_family
