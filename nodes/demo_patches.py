@@ -3,6 +3,9 @@
 - ``hypernetworks/loom_demo_hypernetwork_sd15.safetensors``: a hypernetwork for context widths 32
   and 64 (the demo's text width and block widths), layer structure 1-2-1 with ReLU and layer norm,
   in Loom's flat safetensors form of A1111's file (``nodes.hypernetwork``).
+- ``gligen/loom_demo_gligen_sd15.safetensors``: a GLIGEN file for the SD1.5 demo UNet (one fuser
+  per transformer block under ComfyUI's ``input_blocks.{i}.1.transformer_blocks.{t}.fuser.*`` names,
+  ``position_net.*``), random weights with open gates so the boxes visibly act.
 """
 
 from __future__ import annotations
@@ -11,6 +14,33 @@ from pathlib import Path
 from typing import Any
 
 DEMO_HYPERNETWORK = "loom_demo_hypernetwork_sd15.safetensors"
+DEMO_GLIGEN = "loom_demo_gligen_sd15.safetensors"
+_LDM_PLACE = {"input": "input_blocks.{}.1", "middle": "middle_block.1", "output": "output_blocks.{}.1"}
+
+
+def gligen_tensors(unet: Any, key_dim: int, seed: int = 5, gate: float = 0.5) -> dict[str, Any]:
+    """A GLIGEN state dict for ``unet`` (a diffusers UNet2DConditionModel) with phrase width ``key_dim``."""
+    import torch
+
+    from nodes.families.components.unet_patching import transformer_places
+    from nodes.gligen import Fuser, PositionNet
+
+    torch.manual_seed(seed)
+    out: dict[str, Any] = {}
+    for (kind, ident), transformer in transformer_places(unet):
+        for t, tb in enumerate(transformer.transformer_blocks):
+            fuser = Fuser(int(tb.norm1.normalized_shape[0]), key_dim)
+            with torch.no_grad():
+                fuser.alpha_attn.fill_(gate)
+                fuser.alpha_dense.fill_(gate)
+            prefix = f"{_LDM_PLACE[kind].format(ident)}.transformer_blocks.{t}.fuser."
+            out |= {prefix + k: v for k, v in fuser.state_dict().items()}
+    net = PositionNet(key_dim, key_dim)
+    with torch.no_grad():
+        net.null_positive_feature.normal_()
+        net.null_position_feature.normal_()
+    out |= {f"position_net.{k}": v for k, v in net.state_dict().items()}
+    return {k: v.detach().contiguous() for k, v in out.items()}
 
 
 def hypernetwork_tensors(widths: tuple[int, ...] = (32, 64), *, layer_norm: bool = True, seed: int = 11,
@@ -55,4 +85,13 @@ def make_patch_demo(models_dir: Path) -> list[Path]:
     if not path.is_file():
         write_hypernetwork(path, hypernetwork_tensors(),
                            {"activation_func": "relu", "is_layer_norm": "true", "activate_output": "false"})
-    return [path]
+    gligen = Path(models_dir) / "gligen" / DEMO_GLIGEN
+    if not gligen.is_file():
+        from safetensors.torch import save_file
+
+        from nodes.demo import demo_modules
+
+        modules = demo_modules()
+        gligen.parent.mkdir(parents=True, exist_ok=True)
+        save_file(gligen_tensors(modules["unet"], int(modules["clip_l"].config.hidden_size)), str(gligen))
+    return [path, gligen]

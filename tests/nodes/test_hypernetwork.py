@@ -144,18 +144,26 @@ def test_a_model_without_a_unet_gets_a_teaching_error(env: dict[str, Any]) -> No
         HypernetworkLoader().run(env["ctx"], model=flux, hypernetwork_name=DEMO_HYPERNETWORK, strength=1.0)
 
 
+def sample_and_save(model: list[Any], positive: list[Any], negative: list[Any]) -> dict[str, Any]:
+    """The prompt nodes "4" to "7" of a tiny SD1.5 workflow: empty 64² latent, KSampler, decode, save
+    (the checkpoint loader is "1")."""
+    return {
+        "4": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "5": {"class_type": "KSampler", "inputs": {"model": model, "seed": 1, "steps": 2, "cfg": 5.0,
+                                                   "sampler_name": "euler", "scheduler": "normal", "positive": positive,
+                                                   "negative": negative, "latent_image": ["4", 0], "denoise": 1.0}},
+        "6": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["1", 2]}},
+        "7": {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": "tiny"}},
+    }
+
+
 def test_workflow_runs_end_to_end(env: dict[str, Any], tmp_path: Path) -> None:
     prompt: dict[str, Any] = {
         "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "tiny_sd15.safetensors"}},
         "2": {"class_type": "HypernetworkLoader", "inputs": {"model": ["1", 0], "hypernetwork_name": DEMO_HYPERNETWORK,
                                                              "strength": 1.0}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse", "clip": ["1", 1]}},
-        "4": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "5": {"class_type": "KSampler", "inputs": {"model": ["2", 0], "seed": 1, "steps": 2, "cfg": 5.0,
-                                                   "sampler_name": "euler", "scheduler": "normal", "positive": ["3", 0],
-                                                   "negative": ["3", 0], "latent_image": ["4", 0], "denoise": 1.0}},
-        "6": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["1", 2]}},
-        "7": {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": "hyper"}},
+        **sample_and_save(["2", 0], ["3", 0], ["3", 0]),
     }
     result = run(make_executor(env["models"], tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
