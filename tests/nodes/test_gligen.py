@@ -209,3 +209,18 @@ def test_schemas_are_comfyuis() -> None:
         ("width", "INT", 64, 8, 16384, 8), ("height", "INT", 64, 8, 16384, 8), ("x", "INT", 0, 0, 16384, 8),
         ("y", "INT", 0, 0, 16384, 8)]
     assert schema.category == "conditioning/gligen" and [o.type for o in schema.outputs] == ["CONDITIONING"]
+
+
+def test_flux_refuses_gligen_boxes(env: dict[str, Any], flux_demo: Path) -> None:
+    from nodes.demo_flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL
+    from nodes.handles import open_diffusion_model, open_text_encoders
+
+    clip = open_text_encoders([flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L],
+                              "flux")
+    pos = CLIPTextEncode().run(env["ctx"], text="a cat", clip=clip)[0]
+    boxes = _boxes(env, "open.safetensors")[0].extras["gligen"]
+    boxed = [replace(pos[0], extras={**pos[0].extras, "gligen": boxes})]
+    flux = open_diffusion_model(flux_demo / "diffusion_models" / DEMO_FLUX_DEV)
+    with pytest.raises(ValueError, match="positive conditioning has GLIGEN boxes .*this MODEL is Flux"):
+        KSampler().run(env["ctx"], model=flux, seed=3, steps=1, cfg=1.0, sampler_name="euler", scheduler="normal",
+                       positive=boxed, negative=pos, latent_image={"samples": torch.zeros(1, 16, 8, 8)}, denoise=1.0)
