@@ -146,7 +146,7 @@ def test_tokens_and_fusers_equal_comfyuis_formulas(env: dict[str, Any]) -> None:
 
 
 def test_middle_patch_runs_after_the_self_attention_residual(env: dict[str, Any]) -> None:
-    from nodes.families.components.unet_patching import run_patched
+    from nodes.families.components.unet_patching import run_patched, transformer_places
 
     unet = env["unet"]
     x = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(2))
@@ -162,8 +162,8 @@ def test_middle_patch_runs_after_the_self_attention_residual(env: dict[str, Any]
         same = run_patched(unet, x, torch.tensor([10]), kwargs, {"patches": {"middle_patch": [patch]}})
     assert seen == list(range(len(load_gligen(env["models"] / "gligen" / "open.safetensors").widths)))
     torch.testing.assert_close(same, plain, rtol=0, atol=1e-6)
-    assert all(not tb.norm1._forward_pre_hooks for _, t in __import__(
-        "nodes.families.components.unet_patching", fromlist=["x"]).transformer_places(unet) for tb in t.transformer_blocks)
+    blocks = [tb for _, t in transformer_places(unet) for tb in t.transformer_blocks]
+    assert all(not tb.norm1._forward_pre_hooks and not tb.attn1._forward_hooks for tb in blocks)  # hooks removed
 
 
 def test_sdxl_and_wrong_files_get_teaching_errors(env: dict[str, Any], tiny_sdxl_ckpt: Path) -> None:
