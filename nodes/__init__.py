@@ -19,6 +19,8 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.conditioning_ops import CONDITIONING_OPS_NODES
     from nodes.controlnet import CONTROLNET_NODES
     from nodes.families import family_nodes
+    from nodes.gligen import GLIGEN_NODES
+    from nodes.hypernetwork import HYPERNETWORK_NODES
     from nodes.image import IMAGE_NODES, register_image_options
     from nodes.image_nodes import register_everyday_image
     from nodes.ip2p import IP2P_NODES
@@ -29,6 +31,7 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.loaders_components import COMPONENT_LOADER_NODES
     from nodes.lora_extract import LORA_EXTRACT_NODES
     from nodes.model_merge import MERGE_NODES
+    from nodes.model_patch import MODEL_PATCH_NODES
     from nodes.model_sampling_nodes import MODEL_SAMPLING_NODES
     from nodes.model_save import SAVE_NODES
     from nodes.patches import patch_nodes
@@ -50,7 +53,8 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
               CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
               CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES, CONTROLNET_NODES,
               PREPROCESSOR_NODES, CONDITIONING_OPS_NODES, MERGE_NODES, SAVE_NODES, COMPONENT_LOADER_NODES,
-              UNCLIP_NODES, IP2P_NODES, LORA_EXTRACT_NODES, STYLE_MODEL_NODES, QUANT_NODES,
+              UNCLIP_NODES, IP2P_NODES, LORA_EXTRACT_NODES, STYLE_MODEL_NODES, QUANT_NODES, HYPERNETWORK_NODES,
+              GLIGEN_NODES, MODEL_PATCH_NODES,
               family_nodes())
     for group in groups:
         registry.register_all(group, origin="core")

@@ -184,7 +184,7 @@ def _can_concat(a: _Item, b: _Item) -> bool:
     ea, eb = a.cond.entry, b.cond.entry
     return (a.x.shape == b.x.shape and _embeds_compatible(ea.embeds, eb.embeds)
             and (ea.pooled is None) == (eb.pooled is None) and ea.extras.get("control") is eb.extras.get("control")
-            and _references(ea) == _references(eb))
+            and ea.extras.get("gligen") is eb.extras.get("gligen") and _references(ea) == _references(eb))
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from nodes.weights import ModelLoadError, fingerprint
 
 OPTION_KINDS = ("checkpoints", "diffusers", "vae", "loras", "clip_vision", "ipadapter", "safety", "vae_approx",
                 "embeddings", "upscale_models", "configs", "diffusion_models", "text_encoders", "controlnet",
-                "style_models")
+                "style_models", "hypernetworks", "gligen", "model_patches")
 
 _MODEL_OUT = Output("MODEL", MODEL, "The denoising model (UNet) and its family.")
 _CLIP_OUT = Output("CLIP", CLIP, "The text encoder(s) that turn prompts into conditioning.")

@@ -111,6 +111,11 @@ def _check(module: Any, model: Any, jobs: Sequence[Job]) -> None:
         for name, entries in job.guider.branches:
             if name == "negative" and not entries:
                 continue
+            if (any(e.extras.get("gligen") is not None for e in entries)
+                    and "middle_patch" not in getattr(denoiser, "patch_points", ())):
+                raise SamplingError(f"{name} conditioning has GLIGEN boxes (GLIGENTextBoxApply), which need an SD1.x "
+                                    f"UNet, but this MODEL is {model.family.title}; remove GLIGENTextBoxApply or "
+                                    "sample with an SD1.x checkpoint")
             try:
                 denoiser.check_conditioning(module, entries, name)
             except ValueError as exc:

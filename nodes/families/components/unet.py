@@ -133,6 +133,8 @@ class UNetDenoiser:
                                             self.latent_format)
         if any(e.extras.get("control") is not None for e in entries):
             kwargs["control"] = bind_controls(entries, batch)
+        if entries[0].extras.get("gligen") is not None:  # a group shares its boxes (cond_batch)
+            kwargs["gligen"] = entries[0].extras["gligen"]
         return kwargs
 
     def pooled(self, entry: CondEntry) -> Tensor:
@@ -167,6 +169,11 @@ class UNetDenoiser:
         options = kwargs.pop("transformer_options", None)
         concat = kwargs.pop("concat", None)
         control = kwargs.pop("control", None)
+        gligen = kwargs.pop("gligen", None)
+        if gligen is not None:  # GLIGEN boxes: ComfyUI's middle_patch for this entry group
+            from nodes.gligen import with_middle_patch
+
+            options = with_middle_patch(options, gligen, x_in)
         if self.image_embeds == "class_labels" and "class_labels" not in kwargs:  # ComfyUI's zero adm
             width = module.config.projection_class_embeddings_input_dim
             kwargs["class_labels"] = torch.zeros(x_in.shape[0], width, device=x_in.device, dtype=x_in.dtype)
@@ -197,6 +204,11 @@ class UNetDenoiser:
         if not entries:
             raise ConditioningError(f"{name} conditioning is empty; connect a CLIPTextEncode output")
         self._check_image_inputs(module, entries, name)
+        for e in entries:
+            if e.extras.get("gligen") is not None:
+                from nodes.gligen import check_gligen
+
+                check_gligen(e.extras["gligen"].model, module, name)
         width = module.config.cross_attention_dim
         needs_pooled = getattr(module.config, "addition_embed_type", None) == "text_time"
         for e in entries:

@@ -12,6 +12,11 @@ attention are ``block_index`` 0, 1, ...
   ``attn2_output_patch``, and replace patches for ``attn1`` / ``attn2`` at a place): a
   :class:`PatchedAttention` diffusers attention processor is set on each attention that has a patch,
   for the call, and the previous processor is set back afterwards.
+- ``middle_patch`` (GLIGEN): in each transformer block, ``x = fn(x, extra_options)`` on the
+  image tokens after the self-attention's residual, before the cross-attention. For the call, a
+  forward pre-hook on the block's ``norm1`` sees the block input ``x`` and a forward hook on its
+  ``attn1`` returns ``out + fn(x + out) - (x + out)``, so the block's residual sum is the patched
+  tokens (to rounding); both hooks are removed afterwards.
 - Block points (``input_block_patch``, ``input_block_patch_after_skip``, ``output_block_patch``):
   the forward runs through ``unet_walk.walk``, which calls the UNet's own sub-modules place by
   place and the patches between them.
@@ -35,7 +40,8 @@ if TYPE_CHECKING:
 
 ATTENTION_POINTS = frozenset({"attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch"})
 BLOCK_POINTS = frozenset({"input_block_patch", "input_block_patch_after_skip", "output_block_patch"})
-PATCH_POINTS = ATTENTION_POINTS | BLOCK_POINTS | {"attn1", "attn2"}  # the last two: replace patches
+MIDDLE_POINT = "middle_patch"  # in each transformer block, after the self-attention's residual
+PATCH_POINTS = ATTENTION_POINTS | BLOCK_POINTS | {MIDDLE_POINT, "attn1", "attn2"}  # the last two: replace patches
 
 
 @dataclass(frozen=True)
@@ -177,7 +183,7 @@ def patched_attention(module: Any, options: Mapping[str, Any]) -> Iterator[None]
 
 
 def check_points(options: Mapping[str, Any]) -> None:
-    known = ATTENTION_POINTS | BLOCK_POINTS
+    known = ATTENTION_POINTS | BLOCK_POINTS | {MIDDLE_POINT}
     unknown = sorted(p for p, fns in options.get("patches", {}).items() if fns and p not in known)
     unknown += sorted(f"{w} replace" for w in options.get("patches_replace", {}) if w not in ("attn1", "attn2"))
     if unknown:
@@ -192,7 +198,42 @@ def run_patched(module: Any, x_in: Tensor, timestep: Tensor, kwargs: dict[str, A
 
     check_points(options)
     options = {**options, "original_shape": list(x_in.shape), "transformer_index": 0}
-    with patched_attention(module, options):
+    with patched_attention(module, options), middle_patches(module, options):
         if any(options.get("patches", {}).get(p) for p in BLOCK_POINTS):
             return walk(module, x_in, timestep, kwargs, options)
         return module(x_in, timestep, return_dict=False, **kwargs)[0]
+
+
+@contextmanager
+def middle_patches(module: Any, options: Mapping[str, Any]) -> Iterator[None]:
+    """Run the ``middle_patch`` functions in every transformer block for the call (see the module
+    docstring); nothing is left on the module afterwards (also on error)."""
+    fns = list(options.get("patches", {}).get(MIDDLE_POINT, ()))
+    handles: list[Any] = []
+    try:
+        index = 0
+        for block, transformer in (transformer_places(module) if fns else ()):
+            for t, tb in enumerate(transformer.transformer_blocks):
+                extra = {**options, "block": block, "block_index": t, "transformer_index": index}
+                handles += _hook_block(tb, fns, extra)
+                index += 1
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hook_block(tb: Any, fns: list[Callable[..., Any]], extra: dict[str, Any]) -> list[Any]:
+    seen: list[Tensor] = []
+
+    def before(_norm: Any, args: tuple[Any, ...]) -> None:
+        seen[:] = [args[0]]
+
+    def after(_attn: Any, _args: tuple[Any, ...], out: Tensor) -> Tensor:
+        x = seen.pop() + out
+        patched = x
+        for fn in fns:
+            patched = fn(patched, extra)
+        return out + (patched - x)
+
+    return [tb.norm1.register_forward_pre_hook(before), tb.attn1.register_forward_hook(after)]

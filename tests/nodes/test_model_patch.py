@@ -1,0 +1,43 @@
+"""ModelPatchLoader: ComfyUI's schema; the patch kinds ComfyUI loads are recognised from their tensors
+and refused with a message naming the kind and the missing apply node; other files are told where
+they belong."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from nodes.model_patch import KINDS, ModelPatchLoader
+from nodes.weights import ModelLoadError
+
+
+@pytest.mark.parametrize(("key", "what", "node"), KINDS, ids=[n for _, _, n in KINDS])
+def test_known_patch_kinds_are_named_with_their_apply_node(models_dir: Path, make_ctx: Any, key: str, what: str,
+                                                           node: str) -> None:
+    folder = models_dir / "model_patches"
+    folder.mkdir(exist_ok=True)
+    save_file({key: torch.zeros(2), "other.weight": torch.zeros(2, 2)}, str(folder / "patch.safetensors"))
+    with pytest.raises(ModelLoadError, match=re.escape(f"this is {what}, applied in ComfyUI by {node}, which Loom does not")):
+        ModelPatchLoader().run(make_ctx(), name="patch.safetensors")
+
+
+def test_a_file_of_no_known_kind_is_told_where_it_belongs(models_dir: Path, make_ctx: Any) -> None:
+    folder = models_dir / "model_patches"
+    folder.mkdir(exist_ok=True)
+    save_file({"control_model.input_blocks.0.0.weight": torch.zeros(2)}, str(folder / "cn.safetensors"))
+    with pytest.raises(ModelLoadError, match="not a model patch .*ControlNets go in models/controlnet"):
+        ModelPatchLoader().run(make_ctx(), name="cn.safetensors")
+    (folder / "old.pt").write_bytes(b"\x80\x02}q\x00.")
+    with pytest.raises(ModelLoadError, match="refusing to load a pickled PyTorch file"):
+        ModelPatchLoader().run(make_ctx(), name="old.pt")
+
+
+def test_schema_is_comfyuis() -> None:
+    schema = ModelPatchLoader.SCHEMA
+    assert [(i.name, i.type) for i in schema.inputs] == [("name", "COMBO")]
+    assert [o.type for o in schema.outputs] == ["MODEL_PATCH"] and schema.category == "advanced/loaders"
