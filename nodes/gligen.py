@@ -231,10 +231,10 @@ def check_gligen(model: GligenModel, unet: Any, name: str) -> None:
     widths = tuple(int(tb.norm1.normalized_shape[0]) for _, t in transformer_places(unet) for tb in t.transformer_blocks)
     if widths != model.widths:
         raise ConditioningError(
-            f"{name} conditioning has GLIGEN boxes from {model.name}, made for an SD1.x UNet with "
+            f"{name} conditioning has GLIGEN boxes from {model.name}, made for a UNet with "
             f"{len(model.widths)} transformer blocks of widths {list(model.widths)}, but this MODEL's UNet has "
-            f"{len(widths)} of widths {list(widths)} (text width {unet.config.cross_attention_dim}); use an SD1.x "
-            "checkpoint with this GLIGEN file, or remove GLIGENTextBoxApply")
+            f"{len(widths)} of widths {list(widths)} (text width {unet.config.cross_attention_dim}); use a checkpoint "
+            "of the family this GLIGEN file was made for, or remove GLIGENTextBoxApply")
 
 
 def with_middle_patch(options: dict[str, Any] | None, gligen: GligenBoxes, x_in: torch.Tensor) -> dict[str, Any]:
@@ -249,7 +249,7 @@ def with_middle_patch(options: dict[str, Any] | None, gligen: GligenBoxes, x_in:
 class GLIGENLoader(Node):
     SCHEMA = NodeSchema(
         node_id="GLIGENLoader", display_name="GLIGENLoader", category="loaders",
-        description="Loads a GLIGEN model (box-grounded phrases for SD1.x) from models/gligen.",
+        description="Loads a GLIGEN model (box-grounded phrases) from models/gligen.",
         inputs=(Input("gligen_name", COMBO, "The GLIGEN file in models/gligen.", options=DynamicOptions("gligen")),),
         outputs=(Output("GLIGEN", GLIGEN, "The GLIGEN model, for GLIGENTextBoxApply."),),
     )
@@ -294,8 +294,8 @@ class GLIGENTextBoxApply(Node):
         pooled = phrase_embedding(ctx, clip, text)
         if pooled.shape[-1] != gligen_textbox_model.key_dim:
             raise ValueError(f"GLIGENTextBoxApply: the phrase's pooled CLIP output is {pooled.shape[-1]} wide, "
-                             f"{gligen_textbox_model.name} needs {gligen_textbox_model.key_dim} (SD1.x's CLIP-L); "
-                             "connect the CLIP of an SD1.x checkpoint")
+                             f"{gligen_textbox_model.name} needs {gligen_textbox_model.key_dim}; connect the CLIP of the "
+                             "checkpoint family this GLIGEN file was made for")
         box: Box = (pooled, height // 8, width // 8, y // 8, x // 8)
         out = []
         for entry in conditioning_to:

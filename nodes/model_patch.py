@@ -21,7 +21,7 @@ from nodes.weights import ModelLoadError, read_index
 MODEL_PATCH = "MODEL_PATCH"
 KINDS = (
     ("controlnet_blocks.0.y_rms.weight", "a DiffSynth Qwen-Image block-wise ControlNet", "QwenImageDiffsynthControlnet"),
-    ("feature_embedder.mid_layer_norm.bias", "a USO style projector (Flux)", "USOStyleReference"),
+    ("feature_embedder.mid_layer_norm.bias", "a USO style projector", "USOStyleReference"),
     ("control_all_x_embedder.2-1.weight", "a Z-Image Fun ControlNet", "ZImageFunControlnet"),
     ("audio_proj.proj1.weight", "a MultiTalk audio patch (Wan)", "the MultiTalk nodes"),
 )

@@ -113,9 +113,9 @@ def _check(module: Any, model: Any, jobs: Sequence[Job]) -> None:
                 continue
             if (any(e.extras.get("gligen") is not None for e in entries)
                     and "middle_patch" not in getattr(denoiser, "patch_points", ())):
-                raise SamplingError(f"{name} conditioning has GLIGEN boxes (GLIGENTextBoxApply), which need an SD1.x "
-                                    f"UNet, but this MODEL is {model.family.title}; remove GLIGENTextBoxApply or "
-                                    "sample with an SD1.x checkpoint")
+                raise SamplingError(f"{name} conditioning has GLIGEN boxes (GLIGENTextBoxApply), which need a UNet "
+                                    f"with GLIGEN's patch point, but this MODEL is {model.family.title}; remove "
+                                    "GLIGENTextBoxApply or sample with the checkpoint family the GLIGEN file was made for")
             try:
                 denoiser.check_conditioning(module, entries, name)
             except ValueError as exc:

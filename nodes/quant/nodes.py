@@ -60,7 +60,7 @@ class DualCLIPLoaderGGUF(Node):
     SCHEMA = NodeSchema(
         node_id="DualCLIPLoaderGGUF", display_name="DualCLIPLoader (GGUF)", category="bootleg",
         description="Loads two text encoders (.gguf or ordinary files, in any order) as one CLIP for the model "
-                    "family named by type, e.g. clip_l.safetensors with a quantized t5xxl .gguf for Flux.",
+                    "family named by type, e.g. clip_l.safetensors with a quantized t5xxl .gguf.",
         inputs=(Input("clip_name1", COMBO, "A text encoder in models/text_encoders (or models/clip).",
                       options=DynamicOptions("text_encoders")),
                 Input("clip_name2", COMBO, "The other text encoder.", options=DynamicOptions("text_encoders")),

@@ -37,6 +37,8 @@ ALLOWED = {
     "nodes/demo_qwen_image.py": "writes the tiny Qwen-Image demo files (transformer, Qwen2.5-VL, Wan VAE)",
     "nodes/demo_flux2.py": "writes the tiny Flux.2 Klein demo files (file names, the family's modules)",
     "nodes/demo_control.py": "writes the demo T2I-Adapters, diff and union ControlNets of named families",
+    "nodes/demo_patches.py": "writes the demo hypernetwork and GLIGEN files for a named family's UNet (file names)",
+    "nodes/quant/files.py": "GGUF's general.architecture vocabulary (ComfyUI-GGUF's names), which the GGUF loaders check",
     "nodes/demo_vision.py": "writes the demo IP-Adapter in a named family's layout (file name)",
     "nodes/demo_unclip.py": "writes the demo unCLIP and InstructPix2Pix checkpoints of named families",
     "nodes/bench": "benchmarks named families' demo checkpoints against diffusers' pipelines",
