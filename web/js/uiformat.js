@@ -153,9 +153,17 @@ export function convertUi(ui, info, defs = null) {
 }
 
 // A subgraph instance's promoted widget values: its widget inputs, in order, with widgets_values.
+// With the frontend's `properties.proxyWidgets` ([[inner node id, widget name], ...], "-1" for the
+// subgraph's own inputs) the values follow that list; a proxy of an inner node's widget keeps its
+// value on that node.
 function promotedValues(n) {
   const wv = n.widgets_values;
   if (wv && typeof wv === "object" && !Array.isArray(wv)) return { ...wv };
+  const proxies = n.properties?.proxyWidgets;
+  if (Array.isArray(proxies) && Array.isArray(wv)) {
+    return Object.fromEntries(proxies.map((p, i) => [p, wv[i]])
+      .filter(([p, v]) => Array.isArray(p) && String(p[0]) === "-1" && v !== undefined).map(([p, v]) => [String(p[1]), v]));
+  }
   const names = (n.inputs || []).filter((i) => i.widget?.name).map((i) => i.widget.name);
   return Object.fromEntries(names.map((name, i) => [name, (wv || [])[i]]).filter(([, v]) => v !== undefined));
 }
