@@ -4,7 +4,7 @@
   ``label_emb`` takes [image embeds, noise-level embedding] (2 × 32), an OpenCLIP-layout text
   encoder under ``cond_stage_model.model.``, the demo VAE, and an OpenCLIP image tower (width 32,
   projection 32, 224 px) under ``embedder.model.visual.``
-- ``checkpoints/loom_demo_ip2p_sd15.safetensors``: the SD1.5 demo with an 8-channel UNet input
+- ``checkpoints/loom_demo_sd15_ip2p.safetensors``: the SD1.5 demo with an 8-channel UNet input
   (InstructPix2Pix: the noisy latent and the source image's latent)
 - ``clip_vision/loom_demo_siglip.safetensors``: a SigLIP vision tower in transformers' layout
   (width 48, 64 px, patch 16, no pooling head), like ``sigclip_vision_patch14_384.safetensors``
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 DEMO_UNCLIP = "loom_demo_sd21_unclip.safetensors"
-DEMO_IP2P = "loom_demo_ip2p_sd15.safetensors"
+DEMO_IP2P = "loom_demo_sd15_ip2p.safetensors"
 DEMO_SIGLIP = "loom_demo_siglip.safetensors"
 DEMO_REDUX = "loom_demo_flux_redux.safetensors"
 UNCLIP_VISION_PREFIX = "embedder.model.visual."
