@@ -11,8 +11,9 @@ over a 2048² image's 65,536 latent tokens is minutes of CPU work, and one VAE c
 resolution seconds; so while a node holds a model, large attention and ``conv2d`` calls *made on
 the node's thread* are split (attention along the query axis, where each row's softmax is
 independent; stride-1 convolutions into bands of output rows with their halo) and the flag is
-checked between the pieces. Results are those of the whole call up to float rounding; calls
-below a few tenths of a second of CPU work are never split. The hooks and the
+checked between the pieces. Results are those of the whole call up to float rounding; calls of
+the size a model makes at its native resolution are never split (``SPLIT_ABOVE``), so ordinary
+runs pay nothing for it. The hooks and the
 split are removed when the node lets go of the model. Nothing here knows a model family: any
 ``torch.nn.Module`` (or a bundle of them) works, and every model that calls torch's attention.
 """
@@ -92,21 +93,31 @@ def interrupt_hooks(obj: Any, flag: InterruptFlag, where: str) -> Iterator[int]:
 
 
 # Multiply-adds of one piece of a split attention or convolution call: a few tenths of a second on
-# one CPU core (small and medium images are never split); on accelerators far larger pieces, as
+# one CPU core; on accelerators far larger pieces, as
 # kernel launches cost more there than the interrupt latency.
 # (CPU attention kernels do far fewer multiply-adds per second than convolutions: smaller pieces.)
 PIECE_WORK = {("attention", "cpu"): 1e9, ("conv", "cpu"): 4e9}
 PIECE_WORK_OTHER = 2e11
+# Only calls above this many multiply-adds are split at all: models at their native sizes never are
+# (SD1.5 at 512² does 2.1e10 in its largest attention call and 7.8e9 in a convolution; splitting
+# those into the pieces above made a step 30 % slower). The split is for images many times larger.
+SPLIT_ABOVE = {("attention", "cpu"): 3e10, ("conv", "cpu"): 6e10}
 
 
 def _piece_work(kind: str, device: Any) -> float:
     return PIECE_WORK.get((kind, device.type), PIECE_WORK_OTHER)
 
 
+def _split_above(kind: str, device: Any) -> float:
+    return SPLIT_ABOVE.get((kind, device.type), PIECE_WORK_OTHER)
+
+
 def _pieces(query: Any, key: Any) -> int:
     """How many query-axis pieces an attention call is split into (1: left whole)."""
     rows, keys, dim = query.shape[-2], key.shape[-2], query.shape[-1]
     work = 2.0 * math.prod(query.shape[:-2]) * rows * keys * dim
+    if work <= _split_above("attention", query.device):
+        return 1
     return min(rows, max(1, math.ceil(work / _piece_work("attention", query.device))))
 
 
@@ -119,8 +130,8 @@ def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where
                   is_causal: bool = False, scale: float | None = None, **extra: Any) -> Any:
         pieces = 1
         if threading.get_ident() == owner and not is_causal and not dropout_p:
-            # fast path: at most rows * keys * dim * batch multiply-adds, under the smallest piece
-            small = 2.0 * query.numel() * key.shape[-2] <= PIECE_WORK[("attention", "cpu")]
+            # fast path: at most rows * keys * dim * batch multiply-adds, under the smallest threshold
+            small = 2.0 * query.numel() * key.shape[-2] <= min(SPLIT_ABOVE[("attention", "cpu")], PIECE_WORK_OTHER)
             pieces = 1 if small else _pieces(query, key)
         if pieces == 1:
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
@@ -156,9 +167,10 @@ def splitting_conv2d(original: Callable[..., Any], flag: InterruptFlag, where: s
     def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
                groups: int = 1) -> Any:
         # Fast path first (this wrapper sees every convolution of the model): the multiply-adds of
-        # a call are at most weight.numel() * input.numel(), so a call under the smallest piece
+        # a call are at most weight.numel() * input.numel(), so a call under the smallest threshold
         # can never be split.
-        if threading.get_ident() != owner or weight.numel() * input.numel() <= PIECE_WORK[("conv", "cpu")]:
+        if threading.get_ident() != owner or weight.numel() * input.numel() <= min(SPLIT_ABOVE[("conv", "cpu")],
+                                                                                  PIECE_WORK_OTHER):
             return original(input, weight, bias, stride, padding, dilation, groups)
         simple = (input.dim() == 4 and weight.dim() == 4
                   and not isinstance(padding, str) and _pair(stride) == (1, 1))
@@ -168,6 +180,8 @@ def splitting_conv2d(original: Callable[..., Any], flag: InterruptFlag, where: s
         height, reach = input.shape[2], dh * (weight.shape[2] - 1)
         out_rows = height + 2 * ph - reach
         work = float(input.shape[0]) * weight.numel() * out_rows * (input.shape[3] + 2 * pw)
+        if work <= _split_above("conv", input.device):
+            return original(input, weight, bias, stride, padding, dilation, groups)
         pieces = min(out_rows, math.ceil(work / _piece_work("conv", input.device))) if out_rows > 0 else 1
         if pieces <= 1:
             return original(input, weight, bias, stride, padding, dilation, groups)

@@ -70,6 +70,7 @@ def test_large_attention_is_split_with_the_same_result_and_stops_between_pieces(
     from engine import interrupt_hooks as hooks
 
     monkeypatch.setitem(hooks.PIECE_WORK, ("attention", "cpu"), 4096.0)  # tiny pieces for tiny tensors
+    monkeypatch.setitem(hooks.SPLIT_ABOVE, ("attention", "cpu"), 4096.0)
     flag = InterruptFlag()
     q, k, v = (torch.randn(1, 2, 64, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
     mask = torch.zeros(1, 1, 64, 64)
@@ -100,6 +101,7 @@ def test_large_convolutions_are_split_in_row_bands_with_the_same_result(
     from engine import interrupt_hooks as hooks
 
     monkeypatch.setitem(hooks.PIECE_WORK, ("conv", "cpu"), 2_000.0)
+    monkeypatch.setitem(hooks.SPLIT_ABOVE, ("conv", "cpu"), 2_000.0)
     flag = InterruptFlag()
     x = torch.randn(2, 3, 23, 17, generator=torch.Generator().manual_seed(0))
     conv = torch.nn.Conv2d(3, 4, kernel, padding=padding, dilation=dilation)
