@@ -147,7 +147,11 @@ def test_the_sdpa_scope_changes_nothing() -> None:
         assert F.scaled_dot_product_attention is original
 
 
-def test_the_interrupt_hooks_split_large_calls_into_pieces_that_each_go_through_the_kernel() -> None:
+def test_the_interrupt_hooks_split_large_calls_into_pieces_that_each_go_through_the_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine import interrupt_hooks
+
+    monkeypatch.setitem(interrupt_hooks.SPLIT_ABOVE, ("attention", "cpu"), 1e9)  # split calls of this size
     kernel = FakeKernel()
     q, k, v = qkv(tokens=4096)  # 2 heads × 4096² × 64 × 2: split into pieces on a CPU
     original = F.scaled_dot_product_attention
