@@ -113,6 +113,11 @@ class InfoRoutes:
         return [("GET", "/extensions/{pack}/{path:.+}", self.extension_file)]
 
     async def object_info(self, request: web.Request) -> web.Response:
+        """The whole catalogue. The editor asks for it on load and on its Refresh, so the model listings
+        are walked afresh here (elsewhere they are reused while no folder's time changed)."""
+        refresh = getattr(self.model_files, "refresh", None)
+        if callable(refresh):
+            refresh()
         return await json_response_built(self.registry.object_info)  # plugins' INPUT_TYPES run off the loop
 
     async def object_info_one(self, request: web.Request) -> web.Response:
