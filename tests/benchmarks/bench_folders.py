@@ -36,8 +36,6 @@ def build_library(base: Path, folders: int, per_folder: int) -> Path:
             (target / f"lora_{j:03}.safetensors").touch()
         if i % 2:
             (loras / f"set{i:03}").symlink_to(target, target_is_directory=True)
-    (base / "store" / "set001" / "loop").symlink_to(base / "store" / "set001", target_is_directory=True)  # a cycle
-    date_back(base)
     return base / "models"
 
 
@@ -68,6 +66,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         models_dir = build_library(base, args.folders, args.per_folder)
+        (base / "store" / "set001" / "loop").symlink_to(base / "store" / "set001", target_is_directory=True)  # a cycle
+        date_back(base)
         models = ModelFolders(models_dir)
         count = len(models.list("loras"))
         cold = median_ms(lambda: models.list("loras"), args.repeats, before=models.refresh)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from engine.folders import ModelFolders
+from tests.benchmarks.bench_folders import build_library
 
 FOLDERS, PER_FOLDER = 100, 100  # 10,000 files
 
@@ -49,15 +50,7 @@ def age(root: Path, counter: ScandirCounter) -> None:
 def big_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """models/loras: half the 100 folders are real, half are links to folders in a store outside."""
     base = tmp_path_factory.mktemp("big")
-    loras = base / "models" / "loras"
-    loras.mkdir(parents=True)
-    for i in range(FOLDERS):
-        target = (base / "store" / f"set{i:03}") if i % 2 else (loras / f"set{i:03}")
-        target.mkdir(parents=True)
-        for j in range(PER_FOLDER):
-            (target / f"lora_{j:03}.safetensors").touch()
-        if i % 2:
-            (loras / f"set{i:03}").symlink_to(target, target_is_directory=True)
+    build_library(base, FOLDERS, PER_FOLDER)
     return base
 
 
