@@ -9,7 +9,9 @@ skipped, like dangling links and folders it may not read.
 :class:`ListingCache` keeps one :class:`Listing` per root folder. A listing records every folder it
 walked with that folder's inode and modification time; adding, removing or renaming an entry changes
 the folder's modification time, so a listing is reused while a ``stat`` of each of its folders shows
-the same figures (no folder is read again), and walked again otherwise. A folder modified within
+the same figures (no folder is read again), and walked again otherwise. A link whose target is missing
+(a drive not mounted yet) is remembered too: the listing is walked again once it leads somewhere, since
+its target appearing changes no time of a listed folder. A folder modified within
 :data:`SETTLE_NS` of the walk is not trusted: file systems stamp times coarsely, so a file added in
 the same tick as the walk could leave the time unchanged. ``clear()`` forgets everything.
 """
@@ -42,6 +44,7 @@ class Listing:
     files: tuple[str, ...]
     stamps: dict[str, Stamp]  # folder path as walked (through links) -> its stamp
     settled: bool  # False when a folder was modified too recently to trust its stamp
+    dangling: tuple[str, ...] = ()  # links (as walked) whose target was missing
 
     @property
     def exists(self) -> bool:
@@ -63,6 +66,7 @@ def scan(root: str | Path) -> Listing:
     if not stat.S_ISDIR(top.st_mode):
         return Listing(root, (), {}, settled=True)
     files: list[str] = []
+    dangling: list[str] = []
     stamps: dict[str, Stamp] = {}
     # (folder path, its name relative to root + "/", the (dev, inode) chain down to it, its stat)
     pending: list[tuple[str, str, tuple[tuple[int, int], ...], os.stat_result]] = [
@@ -96,12 +100,14 @@ def scan(root: str | Path) -> Listing:
                                     MAX_DEPTH)
                     else:
                         pending.append((entry.path, f"{prefix}{entry.name}/", (*chain, ident), sub))
-                elif entry.is_file():  # follows a link to a file; a dangling link is neither
+                elif entry.is_file():  # follows a link to a file
                     files.append(prefix + entry.name)
-            except OSError:  # vanished, or no permission: not listed
+                elif entry.is_symlink():  # leads nowhere (yet)
+                    dangling.append(entry.path)
+            except OSError:  # vanished, no permission, or a link to itself: not listed
                 continue
     settled = all(started - mtime >= SETTLE_NS for _, mtime in stamps.values())
-    return Listing(root, tuple(files), stamps, settled)
+    return Listing(root, tuple(files), stamps, settled, tuple(dangling))
 
 
 def is_current(listing: Listing) -> bool:
@@ -116,7 +122,7 @@ def is_current(listing: Listing) -> bool:
                 return False
         except OSError:
             return False
-    return True
+    return not any(os.path.exists(link) for link in listing.dangling)
 
 
 def keep_with_extensions(files: Iterable[str], extensions: frozenset[str]) -> list[str]:

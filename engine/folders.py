@@ -204,7 +204,8 @@ class ModelFolders:
         raise ModelPathError(f"{kind} file {name!r} not found (looked in {where}){hint}")
 
     def refresh(self) -> None:
-        """Forget the cached listings (they are also walked again whenever a folder changes)."""
+        """Forget the cached listings (the server does on each whole ``/object_info``, the editor's
+        Refresh; otherwise they are walked again whenever a folder changes)."""
         self.listings.clear()
         self._names.clear()
         self._merged.clear()

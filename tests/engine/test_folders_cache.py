@@ -122,6 +122,26 @@ def test_a_link_whose_target_was_removed_is_refused(tmp_path: Path, scandirs: Sc
     assert folders.list("checkpoints") == []
 
 
+def test_a_link_whose_target_appears_later_is_listed_without_a_refresh(tmp_path: Path,
+                                                                       scandirs: ScandirCounter) -> None:
+    # A link to a drive not mounted yet: its target appearing changes no listed folder's time.
+    root = tmp_path / "models" / "checkpoints"
+    root.mkdir(parents=True)
+    (root / "nas.safetensors").symlink_to(tmp_path / "nas" / "big.safetensors")
+    (root / "library").symlink_to(tmp_path / "nas" / "library", target_is_directory=True)
+    age(tmp_path, scandirs)
+    folders = ModelFolders(tmp_path / "models")
+    assert folders.list("checkpoints") == []
+    walked = scandirs.calls
+    assert folders.list("checkpoints") == [] and scandirs.calls == walked  # still cached while they dangle
+    (tmp_path / "nas" / "library").mkdir(parents=True)
+    (tmp_path / "nas" / "big.safetensors").touch()
+    (tmp_path / "nas" / "library" / "sdxl.safetensors").touch()
+    age(tmp_path, scandirs)
+    assert folders.list("checkpoints") == ["library/sdxl.safetensors", "nas.safetensors"]
+    assert folders.resolve("checkpoints", "nas.safetensors") == root / "nas.safetensors"
+
+
 def test_a_recently_modified_folder_is_walked_again(tmp_path: Path, scandirs: ScandirCounter) -> None:
     # Within the settle time a folder's stamp may not show a change, so its listing is not reused.
     root = tmp_path / "models" / "vae"
