@@ -141,3 +141,56 @@ def test_base_directory_moves_every_folder_left_at_its_default(tmp_path: Path) -
         base / "models", base / "input", base / "temp", base / "user")
     assert args.output_dir == tmp_path / "mine"  # given explicitly: kept
     assert args.custom_nodes == [base / "custom_nodes"]
+
+
+# --- every loader, through a models/ folder made only of links (ComfyUI's old folder names included) ---
+@pytest.fixture(scope="module")
+def linked_models(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """models/<kind> -> store/<kind> for each folder of the store; ``unet`` and ``clip`` (ComfyUI's old
+    names) link to the store's diffusion models and text encoders."""
+    models = tmp_path_factory.mktemp("linked") / "models"
+    models.mkdir()
+    aliases = {"diffusion_models": "unet", "text_encoders": "clip"}
+    for folder in store.iterdir():
+        if folder.is_dir() and folder.name != "all_vaes":
+            (models / aliases.get(folder.name, folder.name)).symlink_to(folder, target_is_directory=True)
+    return models
+
+
+LOADERS: list[tuple[str, str, dict[str, Any]]] = [
+    ("nodes.loaders", "CheckpointLoaderSimple", {"ckpt_name": "loom_demo_sd15.safetensors"}),
+    ("nodes.loaders", "VAELoader", {"vae_name": "loom_demo_vae.safetensors"}),
+    ("nodes.loaders_components", "UNETLoader", {"unet_name": "loom_demo_flux_schnell.safetensors",
+                                                "weight_dtype": "default"}),
+    ("nodes.loaders_components", "DualCLIPLoader", {"clip_name1": "loom_demo_clip_l.safetensors",
+                                                    "clip_name2": "loom_demo_t5xxl.safetensors", "type": "flux"}),
+    ("nodes.controlnet", "ControlNetLoader", {"control_net_name": "loom_demo_controlnet_sd15.safetensors"}),
+    ("nodes.upscale_model", "UpscaleModelLoader", {"model_name": "loom_demo_esrgan_4x.safetensors"}),
+    ("nodes.clip_vision", "CLIPVisionLoader", {"clip_name": "loom_demo_clip_vision/model.safetensors"}),
+    ("nodes.ipadapter", "IPAdapterModelLoader", {"ipadapter_file": "loom_demo_ip-adapter_sd15.safetensors"}),
+    ("nodes.style_model", "StyleModelLoader", {"style_model_name": "loom_demo_flux_redux.safetensors"}),
+    ("nodes.gligen", "GLIGENLoader", {"gligen_name": "loom_demo_gligen_sd15.safetensors"}),
+]
+
+
+@pytest.mark.parametrize(("module", "node", "inputs"), LOADERS, ids=[n for _, n, _ in LOADERS])
+def test_every_loader_reads_through_linked_folders(linked_models: Path, tmp_path: Path, module: str, node: str,
+                                                   inputs: dict[str, Any]) -> None:
+    import importlib
+
+    import torch
+
+    from engine.context import Folders, NodeContext, RunSettings
+    from engine.folders import ModelFolders
+    from engine.memory import ModelManager
+
+    torch.set_num_threads(1)
+    folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "t", models=ModelFolders(linked_models))
+    folders.ensure()
+    manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
+    try:
+        ctx = NodeContext(node_id="1", prompt_id="links", folders=folders, models=manager, settings=RunSettings())
+        outputs = getattr(importlib.import_module(module), node)().run(ctx, **inputs)
+    finally:
+        manager.close()
+    assert outputs and all(out is not None for out in outputs)
