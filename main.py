@@ -47,8 +47,8 @@ class Runtime:
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models-dir", type=Path, default=ROOT / "models", help="models folder (default: models/)")
-    parser.add_argument("--output-dir", type=Path, default=ROOT / "output", help="where outputs are written")
-    parser.add_argument("--input-dir", type=Path, default=ROOT / "input", help="where input images are read")
+    parser.add_argument("--output-dir", "--output-directory", type=Path, default=ROOT / "output", help="where outputs are written")
+    parser.add_argument("--input-dir", "--input-directory", type=Path, default=ROOT / "input", help="where input images are read")
     parser.add_argument("--temp-dir", type=Path, default=ROOT / "temp", help="previews and temporary files")
     parser.add_argument("--custom-nodes", type=Path, action="append", default=[], metavar="DIR",
                         help="another folder of plugins (repeatable); custom_nodes/ is always searched")
@@ -412,7 +412,7 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-origin", dest="allowed_origin", action="append", default=[], metavar="ORIGIN",
                        help="let web pages of this origin (e.g. http://127.0.0.1:3000, or '*') use the API; "
                             "by default only the server's own pages may (repeatable)")
-    serve.add_argument("--user-dir", type=Path, default=ROOT / "user", help="queue, history, saved workflows")
+    serve.add_argument("--user-dir", "--user-directory", type=Path, default=ROOT / "user", help="queue, history, saved workflows")
     serve.add_argument("--no-demo", action="store_true", help="do not create demo models when none exist")
     add_ray_arguments(serve)
     serve.set_defaults(func=cmd_serve)

@@ -143,6 +143,15 @@ def test_base_directory_moves_every_folder_left_at_its_default(tmp_path: Path) -
     assert args.custom_nodes == [base / "custom_nodes"]
 
 
+
+def test_comfyuis_folder_flag_spellings_are_accepted(tmp_path: Path) -> None:
+    args = main.make_parser().parse_args(["serve", "--output-directory", str(tmp_path / "o"),
+                                          "--input-directory", str(tmp_path / "i"),
+                                          "--user-directory", str(tmp_path / "u"),
+                                          "--extra-model-paths-config", str(tmp_path / "a.yaml")])
+    assert (args.output_dir, args.input_dir, args.user_dir) == (tmp_path / "o", tmp_path / "i", tmp_path / "u")
+    assert args.extra_model_paths == [tmp_path / "a.yaml"]
+
 # --- every loader, through a models/ folder made only of links (ComfyUI's old folder names included) ---
 @pytest.fixture(scope="module")
 def linked_models(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
