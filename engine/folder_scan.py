@@ -3,7 +3,9 @@
 A model library is often a tree of symlinks (one copy of each multi-gigabyte file shared by several
 installations), so :func:`scan` follows links to files and to folders wherever they point. It keeps
 the chain of folders it is inside (by device and inode) and skips a link back into that chain, so a
-link cycle ends the walk of that branch instead of looping. Hidden names (``.git``, ``.cache``) are
+link cycle ends the walk of that branch instead of looping. One folder reached under several link
+names is listed under each, up to :data:`MAX_VISITS` times (folders linked to each other in a mesh
+would otherwise be walked once per path through the mesh). Hidden names (``.git``, ``.cache``) are
 skipped, like dangling links and folders it may not read.
 
 :class:`ListingCache` keeps one :class:`Listing` per root folder. A listing records every folder it
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 SETTLE_NS = 2_000_000_000  # a folder modified this recently (ns) is walked again next time
 MAX_DEPTH = 64  # folders deeper than this (below the root) are not walked
 MAX_FOLDERS = 200_000  # one walk reads at most this many folders (a guard against link mazes)
+MAX_VISITS = 16  # one folder is walked at most this many times in one listing, under different link names
 
 Stamp = tuple[int, int]  # (inode, modification time in ns) of a folder
 
@@ -67,6 +70,7 @@ def scan(root: str | Path) -> Listing:
         return Listing(root, (), {}, settled=True)
     files: list[str] = []
     dangling: list[str] = []
+    visits: dict[tuple[int, int], int] = {}  # (dev, inode) of a folder -> times queued for a walk
     stamps: dict[str, Stamp] = {}
     # (folder path, its name relative to root + "/", the (dev, inode) chain down to it, its stat)
     pending: list[tuple[str, str, tuple[tuple[int, int], ...], os.stat_result]] = [
@@ -98,7 +102,13 @@ def scan(root: str | Path) -> Listing:
                     elif len(chain) > MAX_DEPTH:
                         log.warning("model folder %s is nested deeper than %d folders; not listed", entry.path,
                                     MAX_DEPTH)
+                    elif visits.get(ident, 0) >= MAX_VISITS:
+                        if visits[ident] == MAX_VISITS:  # said once per folder
+                            log.warning("model folder %s is reached through more than %d links; listed under "
+                                        "the first %d only", os.path.realpath(entry.path), MAX_VISITS, MAX_VISITS)
+                        visits[ident] += 1
                     else:
+                        visits[ident] = visits.get(ident, 0) + 1
                         pending.append((entry.path, f"{prefix}{entry.name}/", (*chain, ident), sub))
                 elif entry.is_file():  # follows a link to a file
                     files.append(prefix + entry.name)

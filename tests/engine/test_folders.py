@@ -81,6 +81,30 @@ def test_a_link_cycle_does_not_hang_the_listing(tmp_path: Path) -> None:
     assert folders.list("loras") == ["a/one.safetensors"]
 
 
+def test_a_mesh_of_folders_linked_to_each_other_is_walked_a_bounded_number_of_times(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 folders, each linking to all the others: a walk of every path through the mesh reads 13,700
+    # folders; each folder is walked at most MAX_VISITS times instead.
+    import engine.folder_scan as folder_scan
+
+    mesh = [tmp_path / "mesh" / f"m{i}" for i in range(8)]
+    for i, folder in enumerate(mesh):
+        touch(folder / f"file{i}.safetensors")
+    for folder in mesh:
+        for other in mesh:
+            if other != folder:
+                (folder / other.name).symlink_to(other, target_is_directory=True)
+    loras = tmp_path / "models" / "loras"
+    loras.mkdir(parents=True)
+    (loras / "mesh").symlink_to(mesh[0], target_is_directory=True)
+    monkeypatch.setattr(folder_scan, "MAX_VISITS", 3)
+    listing = folder_scan.scan(loras)
+    assert len(listing.stamps) <= 1 + 3 * len(mesh)
+    found = {name.rsplit("/", 1)[-1] for name in listing.files}
+    assert found == {f"file{i}.safetensors" for i in range(8)}  # every file is still listed
+    assert "mesh/m1/file1.safetensors" in listing.files
+
+
 def test_the_same_folder_linked_twice_is_listed_under_both_names(tmp_path: Path, library: Path) -> None:
     loras = tmp_path / "models" / "loras"
     loras.mkdir(parents=True)
