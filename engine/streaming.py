@@ -92,13 +92,50 @@ def budget_from_flags(*, device: str, device_total: int | None, vram_budget_gb: 
         raise ValueError(f"--reserve-vram must be 0 or more GiB, got {reserve_vram_gb}")
     simulated = device == "cpu"
     total = int(vram_budget_gb * GIB) if vram_budget_gb is not None else device_total
-    if total is None:
-        return None if mode == "normal" else DeviceBudget(None, 0, 0, mode, simulated)
+    if total is None:  # as in ComfyUI, the VRAM modes mean nothing to a CPU run
+        return None
     if reserve_vram_gb is not None:
         reserve = int(reserve_vram_gb * GIB)
     else:  # a budget given explicitly is already what Loom may use; a device's size is not
         reserve = 0 if vram_budget_gb is not None or simulated else DEFAULT_RESERVE_BYTES
     return DeviceBudget(total, reserve, 0, mode, simulated)
+
+
+def add_budget_args(parser: Any) -> None:
+    """ComfyUI's VRAM flags (one of ``--gpu-only --highvram --normalvram --lowvram --novram``),
+    ``--reserve-vram`` and Loom's ``--vram-budget``, on an ``argparse`` parser."""
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--gpu-only", action="store_true", help="keep every model on the device (as --highvram here)")
+    modes.add_argument("--highvram", action="store_true",
+                       help="keep models whole on the device; never split one into streamed blocks")
+    modes.add_argument("--normalvram", action="store_true", help="split a model only when it does not fit (default)")
+    modes.add_argument("--lowvram", action="store_true",
+                       help="split models that do not fit: resident blocks plus blocks streamed in each step")
+    modes.add_argument("--novram", action="store_true",
+                       help="keep no blocks resident: every block streams in each step (when --lowvram is not enough)")
+    parser.add_argument("--reserve-vram", type=float, default=None, metavar="GB",
+                        help="device memory left to the OS and other programs (default: 0.4 GB on a GPU)")
+    parser.add_argument("--vram-budget", type=float, default=None, metavar="GB",
+                        help="device memory Loom's model weights may use, instead of the device's size (with --cpu: "
+                        "a simulated device budget, streamed with plain copies)")
+
+
+def budget_for(args: Any, device: str) -> DeviceBudget | None:
+    """The budget of a parsed command line (see :func:`add_budget_args`) on ``device``."""
+    return budget_from_flags(device=device, device_total=device_total_bytes(device),
+                             vram_budget_gb=getattr(args, "vram_budget", None),
+                             reserve_vram_gb=getattr(args, "reserve_vram", None),
+                             lowvram=bool(getattr(args, "lowvram", False)), novram=bool(getattr(args, "novram", False)),
+                             highvram=bool(getattr(args, "highvram", False) or getattr(args, "gpu_only", False)))
+
+
+def device_total_bytes(device: str) -> int | None:
+    """The memory of a CUDA device in bytes; None for the CPU (and devices torch gives no size for)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch  # lazy: only a CUDA run asks
+
+    return int(torch.cuda.mem_get_info(torch.device(device))[1])
 
 
 @dataclass(frozen=True)
