@@ -188,26 +188,54 @@ def plan_split(block_bytes: Sequence[int], fixed_bytes: int, budget: DeviceBudge
     force = budget is not None and budget.force_streaming
     if not sizes or (limit is None and not force) or (limit is not None and whole <= limit and not force):
         return StreamPlan(sizes, tuple(range(len(sizes))), (), fixed_bytes, 0, limit)
-    largest = max(sizes)
-    if limit is not None and fixed_bytes + largest > limit:
+    if limit is None:  # --novram without a size: stream everything, with prefetch
+        return StreamPlan(sizes, (), tuple(range(len(sizes))), fixed_bytes, 2, None)
+    best: StreamPlan | None = None
+    for slot in sorted(set(sizes)):  # the largest streamed block; larger ones must stay resident
+        for slots in (2, 1):
+            plan = _fill(sizes, fixed_bytes, limit, slot, slots, force)
+            if plan is not None and (best is None or _better(plan, best)):
+                best = plan
+    if best is None:
+        smallest_need = fixed_bytes + max(sizes)
         raise BudgetError(
-            f"the model needs {_mib(fixed_bytes)} for its non-block part plus {_mib(largest)} for its largest "
-            f"block on the device, but the budget for weights is {_mib(limit)}; raise --vram-budget, lower "
-            f"--reserve-vram, or store the weights in fewer bits (fp8 / GGUF)")
-    slots = 2 if limit is None or fixed_bytes + 2 * largest <= limit else 1
-    room = None if limit is None else limit - fixed_bytes - slots * largest
-    resident: list[int] = []
-    if not force and room is not None:
+            f"the model needs {_mib(fixed_bytes)} for its non-block part plus {_mib(max(sizes))} for its largest "
+            f"block on the device ({_mib(smallest_need)} at least), but the budget for weights is {_mib(limit)}; "
+            f"raise --vram-budget, lower --reserve-vram, or store the weights in fewer bits (fp8 / GGUF)")
+    return best
+
+
+def _fill(sizes: tuple[int, ...], fixed: int, limit: int, slot: int, slots: int, force: bool) -> StreamPlan | None:
+    """The plan whose streamed blocks are at most ``slot`` bytes, ``slots`` of them on the device
+    at once: blocks above ``slot`` resident, then others in call order while they fit."""
+    must = [i for i, size in enumerate(sizes) if size > slot]
+    if force and must:
+        return None
+    room = limit - fixed - slots * slot - sum(sizes[i] for i in must)
+    if room < 0:
+        return None
+    resident = set(must)
+    if not force:
         for index, size in enumerate(sizes):
-            if size <= room:
-                resident.append(index)
+            if index not in resident and size <= room:
+                resident.add(index)
                 room -= size
-    streamed = tuple(i for i in range(len(sizes)) if i not in set(resident))
-    return StreamPlan(sizes, tuple(resident), streamed, fixed_bytes, slots, limit)
+    streamed = tuple(i for i in range(len(sizes)) if i not in resident)
+    if not streamed or (slots == 2 and len(streamed) < 2):
+        return None
+    return StreamPlan(sizes, tuple(sorted(resident)), streamed, fixed, slots, limit)
+
+
+def _better(plan: StreamPlan, than: StreamPlan) -> bool:
+    """Prefetch first (a step never waits for a whole copy), then the fewest bytes to stream."""
+    def score(p: StreamPlan) -> tuple[bool, int]:
+        return p.prefetch, -sum(p.block_bytes[i] for i in p.streamed)
+
+    return score(plan) > score(than)
 
 
 def _mib(n: int) -> str:
-    return f"{n / MIB:.1f} MiB"
+    return f"{n / MIB:.2f} MiB"
 
 
 class DeviceAccount:

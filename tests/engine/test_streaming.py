@@ -169,3 +169,12 @@ def test_a_block_run_out_of_the_declared_order_drops_the_wasted_prefetch() -> No
     streamer.before(2)  # 1 was not needed after all
     assert mover.log[-5:] == ["finish 1", "drop 1", "start 2", "finish 2", "start 0"]  # 0: the next call's
     assert account.held == 20
+
+
+def test_large_blocks_stay_resident_when_that_lets_small_ones_stream_with_prefetch() -> None:
+    # Flux-like: two large double blocks, six small single blocks. Reserving two slots of the large
+    # size would leave room for nothing; streaming only the small ones keeps both large ones here.
+    sizes = [40, 40, 10, 10, 10, 10, 10, 10]
+    plan = plan_split(sizes, fixed_bytes=5, budget=budget(5 + 80 + 2 * 10 + 15))
+    assert plan.resident == (0, 1, 2) and plan.streamed == (3, 4, 5, 6, 7) and plan.prefetch
+    assert plan.device_bytes == 5 + 80 + 10 + 20
