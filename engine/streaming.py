@@ -17,10 +17,17 @@ This module holds the three generic pieces; ``nodes/streaming.py`` glues them to
 - :class:`DeviceAccount` (bytes on the device, with a hard limit: the simulated device on CPU is
   exactly this) and :class:`BlockStreamer` (fetch / prefetch / drop order, counted).
 
-ComfyUI's meanings (``comfy/cli_args.py``, ``comfy/model_management.py``): ``--highvram`` keeps
-models whole on the device (never split); ``--lowvram`` splits a model that does not fit into
-parts; ``--novram`` keeps (almost) no weights resident, everything streams; ``--reserve-vram GB``
-leaves that much device memory to the OS and other programs (by default a few hundred MB).
+ComfyUI's meanings (``comfy/cli_args.py``, ``comfy/model_management.py``): ``--highvram`` (and
+``--gpu-only``) keep models whole on the device (never split); ``--lowvram`` splits a model that
+does not fit into resident and streamed parts, which ComfyUI's loader also does in normal mode, so
+the split is the same for both; ``--novram`` keeps no block resident, every block streams;
+``--reserve-vram GB`` leaves that much device memory to the OS and other programs (400 MB by
+default), and ComfyUI's minimum inference memory (0.8 GiB) stays free for activations. On the CPU
+these modes mean nothing (as in ComfyUI) unless ``--vram-budget`` sets a simulated device.
+
+The split is chosen when the manager makes the model resident (``ModelManager._placed``), so once
+per residency: a sampling run, every step of it, uses one plan. Activation memory is a fixed
+reserve (``working_bytes``), not yet estimated from the latent size and batch of the run.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any, Protocol
 MIB = 1024**2
 GIB = 1024**3
 DEFAULT_RESERVE_BYTES = 400 * MIB  # what ComfyUI leaves to the OS by default (600 MB on Windows)
+GPU_WORKING_BYTES = int(0.8 * GIB)  # kept free for activations on a real device (ComfyUI's minimum inference memory)
 VRAM_MODES = ("normal", "lowvram", "novram", "highvram")
 
 
@@ -98,7 +106,7 @@ def budget_from_flags(*, device: str, device_total: int | None, vram_budget_gb: 
         reserve = int(reserve_vram_gb * GIB)
     else:  # a budget given explicitly is already what Loom may use; a device's size is not
         reserve = 0 if vram_budget_gb is not None or simulated else DEFAULT_RESERVE_BYTES
-    return DeviceBudget(total, reserve, 0, mode, simulated)
+    return DeviceBudget(total, reserve, 0 if simulated else GPU_WORKING_BYTES, mode, simulated)
 
 
 def add_budget_args(parser: Any) -> None:
