@@ -309,15 +309,18 @@ class BlockStreamer:
         self._live: set[int] = set()  # blocks computing with device weights
 
     def before(self, index: int) -> None:
+        for other in [i for i in self._live if i != index]:  # a block whose call raised (an interrupt)
+            self.after(other)
         for other in [i for i in self._pending if i != index]:  # a prefetch the call order skipped
             self._discard(other)
-        if index in self._pending:
-            self.stats.prefetch_hits += 1
-            pending = self._pending.pop(index)
-        else:
-            pending = self._start(index)
-        self.mover.finish(index, pending)
-        self._live.add(index)
+        if index not in self._live:
+            if index in self._pending:
+                self.stats.prefetch_hits += 1
+                pending = self._pending.pop(index)
+            else:
+                pending = self._start(index)
+            self.mover.finish(index, pending)
+            self._live.add(index)
         if self.plan.prefetch:
             following = self.plan.next_streamed(index)
             if following is not None and following not in self._live and following not in self._pending:

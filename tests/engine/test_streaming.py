@@ -222,3 +222,16 @@ def test_the_manager_places_models_within_its_budget_and_reports_it() -> None:
     assert stats["device_budget"]["weights_bytes"] == 64 and stats["device_budget"]["simulated"]
     assert stats["streaming"] == []  # this module carries no streaming state
     manager.close()
+
+
+def test_a_block_whose_call_raised_is_dropped_when_the_next_call_starts() -> None:
+    plan = plan_split([10] * 3, fixed_bytes=0, budget=budget(20))
+    mover, account = Recorder(), DeviceAccount(plan.budget_bytes)
+    streamer = BlockStreamer(plan, mover, account)
+    streamer.before(0)
+    streamer.before(1)  # block 0 raised (interrupted): its after() never came
+    streamer.after(1)
+    streamer.before(0)  # the next sampling run starts over
+    assert "drop 0" in mover.log and account.held <= 20
+    streamer.before(0)  # asked again without after(): the copy on the device is reused
+    assert mover.log.count("start 0") == 2

@@ -132,3 +132,28 @@ def test_eviction_moves_a_streamed_model_back_whole(tiny_sd15_ckpt: Path, stream
     assert streaming_of(detached) is None
     blocks = ckpt.unet.stream_blocks(detached)
     assert all(not b._forward_pre_hooks and not b._forward_hooks for b in blocks)
+
+
+def test_a_run_interrupted_inside_a_streamed_block_leaves_the_next_run_exact(
+        tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager) -> None:
+    torch.set_num_threads(1)
+    ckpt = open_checkpoint(tiny_sd15_ckpt)
+    ctx = make_ctx()
+    pos = CLIPTextEncode().run(ctx, text="a red house", clip=ckpt.clip)[0]
+    neg = CLIPTextEncode().run(ctx, text="blurry", clip=ckpt.clip)[0]
+    latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
+    resident = ksample(ctx, ckpt.unet, pos, neg, latent, steps=2)
+    streamed_ctx = with_budget(ctx, streamed_manager, one_block_budget(ckpt.unet))
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt("stopped inside a block")
+
+    with streamed_manager.use(ckpt.unet) as module:
+        hook = ckpt.unet.stream_blocks(module)[1].resnets[0].register_forward_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        ksample(streamed_ctx, ckpt.unet, pos, neg, latent, steps=2)
+    hook.remove()
+
+    assert torch.equal(ksample(streamed_ctx, ckpt.unet, pos, neg, latent, steps=2), resident)
+    state = streaming_of(module)
+    assert state is not None and state.account.peak <= one_block_budget(ckpt.unet).weights_bytes
