@@ -97,6 +97,28 @@ def _device_size(owner: nn.Module, name: str, tensor: torch.Tensor, dtype: torch
     return tensor.numel() * size
 
 
+ALIGN = 64  # bytes: CPU kernels (oneDNN, MKL) vectorise differently at other offsets from this
+
+
+def same_alignment_copy(host: torch.Tensor) -> torch.Tensor:
+    """A copy of CPU tensor ``host`` at the same offset from a 64-byte boundary as ``host``.
+
+    Weights read from a safetensors file by mmap sit wherever the file put them, and CPU matmul
+    kernels round differently depending on that offset: a plain copy (always aligned) of such a
+    weight gives results a few ulp away from the resident module's. Keeping the offset keeps them
+    bit-identical. Tensors that are not dense in memory get a plain copy."""
+    size = host.element_size()
+    dense = host.is_contiguous() or (host.dim() == 4 and host.is_contiguous(memory_format=torch.channels_last))
+    want = host.data_ptr() % ALIGN
+    if not dense or want % size:
+        return host.clone()
+    buffer = torch.empty(host.numel() + ALIGN // size, dtype=host.dtype)
+    offset = ((want - buffer.data_ptr() % ALIGN) % ALIGN) // size
+    copy = torch.as_strided(buffer, host.shape, host.stride(), offset)
+    copy.copy_(host)
+    return copy
+
+
 class TorchMover:
     """``engine.streaming.BlockMover`` for torch blocks: host -> device copies (side stream and
     events on CUDA, plain copies elsewhere) and the cast to the compute dtype."""
@@ -113,9 +135,12 @@ class TorchMover:
         hosts = [_get(o, n, p) for o, n, p, _ in slots]
         context = torch.cuda.stream(self.side) if self.side is not None else nullcontext()
         with context:
-            # copy=True: on a CPU "device" too the block computes with its own fresh copy
-            copies = [h.to(self.device, self.dtype if cast else h.dtype, non_blocking=True, copy=True)
-                      for h, (_, _, _, cast) in zip(hosts, slots, strict=True)]
+            if self.device.type == "cpu":  # a simulated device: fresh copies, laid out as the host's
+                copies = [h.to(self.dtype, copy=True) if cast and h.dtype != self.dtype else same_alignment_copy(h)
+                          for h, (_, _, _, cast) in zip(hosts, slots, strict=True)]
+            else:
+                copies = [h.to(self.device, self.dtype if cast else h.dtype, non_blocking=True, copy=True)
+                          for h, (_, _, _, cast) in zip(hosts, slots, strict=True)]
         event = self.side.record_event() if self.side is not None else None
         return hosts, copies, event
 

@@ -157,3 +157,16 @@ def test_a_run_interrupted_inside_a_streamed_block_leaves_the_next_run_exact(
     assert torch.equal(ksample(streamed_ctx, ckpt.unet, pos, neg, latent, steps=2), resident)
     state = streaming_of(module)
     assert state is not None and state.account.peak <= one_block_budget(ckpt.unet).weights_bytes
+
+
+def test_a_cpu_copy_keeps_the_weights_offset_from_a_64_byte_boundary() -> None:
+    from nodes.streaming import same_alignment_copy
+
+    backing = torch.randn(1000)
+    for start in (0, 1, 10, 33):  # weights mmapped from a file sit at any 4-byte offset
+        host = backing[start:start + 64 * 9].view(64, 9)
+        copy = same_alignment_copy(host)
+        assert copy.data_ptr() % 64 == host.data_ptr() % 64 and copy.data_ptr() != host.data_ptr()
+        assert torch.equal(copy, host) and copy.stride() == host.stride()
+    conv = torch.randn(8, 4, 3, 3).contiguous(memory_format=torch.channels_last)
+    assert same_alignment_copy(conv).stride() == conv.stride()
