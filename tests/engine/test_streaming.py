@@ -235,3 +235,17 @@ def test_a_block_whose_call_raised_is_dropped_when_the_next_call_starts() -> Non
     assert "drop 0" in mover.log and account.held <= 20
     streamer.before(0)  # asked again without after(): the copy on the device is reused
     assert mover.log.count("start 0") == 2
+
+
+@pytest.mark.parametrize("command", [["serve"], ["run", "workflow.json"]])
+def test_serve_and_run_take_the_budget_flags(command: list[str]) -> None:
+    import main
+
+    args = main.make_parser().parse_args([*command, "--cpu", "--vram-budget", "0.5", "--novram"])
+    manager = main._model_manager(args)
+    assert manager.device_budget == DeviceBudget(total_bytes=GIB // 2, mode="novram", simulated=True)
+    assert manager.stats()["device_budget"]["mode"] == "novram"
+    manager.close()
+    plain = main._model_manager(main.make_parser().parse_args([*command, "--cpu", "--lowvram"]))
+    assert plain.device_budget is None  # a VRAM mode alone means nothing on the CPU
+    plain.close()
