@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import attention, precision
+from engine import attention, precision, streaming
 from engine.cache import OutputCache
 from engine.context import Folders, RunSettings
 from engine.distributed.cli import add_ray_arguments
@@ -62,6 +62,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", action="store_true", help="compute on the CPU even if a GPU exists")
     precision.add_precision_args(parser)  # --force-fp32/--force-fp16, --{fp32,bf16,fp16}-{unet,vae,text-enc}
     attention.add_attention_args(parser)  # --use-sage-attention, --use-flash-attention, ... (ComfyUI's)
+    streaming.add_budget_args(parser)  # --lowvram/--novram/--highvram, --reserve-vram (ComfyUI's), --vram-budget
     parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
     parser.add_argument("--ram-gb", type=float, default=None, help="RAM budget of the model tier (GiB)")
     parser.add_argument("--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)")
@@ -148,7 +149,11 @@ def _model_manager(args: argparse.Namespace) -> ModelManager:
     budget = None if args.ram_gb is None else int(args.ram_gb * (1 << 30))
     cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine
     policy = precision.policy_for(args, DevicePolicy.detect(force_cpu=args.cpu), cache)
-    return ModelManager(policy, ram_budget_bytes=budget)
+    manager = ModelManager(policy, ram_budget_bytes=budget)
+    manager.device_budget = streaming.budget_for(args, policy.device)
+    if manager.device_budget is not None:
+        log.info("device budget: %s", manager.device_budget.describe())
+    return manager
 
 
 def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Folders) -> Any:

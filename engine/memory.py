@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from engine.streaming import DeviceBudget
+
 log = logging.getLogger("loom.memory")
 
 GIB = 1024**3
@@ -235,6 +237,7 @@ class ModelManager:
                 "ram_budget_bytes": self.ram_budget_bytes,
                 "device": self.policy.device,
                 "dtypes": {kind: self.policy.dtype_for(kind) for kind in PRECISION_KINDS},
+                **self._streaming_stats(),
             }
 
     def reset_run_stats(self) -> None:
@@ -315,7 +318,7 @@ class ModelManager:
     def _ready(self, handle: ModelHandleLike, module: Any, device: str, dtype: str) -> Any:
         """``module`` cast to ``dtype`` on ``device``, in the memory order the policy wants (a
         module prepared so already passes through unchanged)."""
-        module = handle.to_device(module, device, dtype)
+        module = self._placed(handle, module, device, dtype)
         if handle.kind in self.policy.channels_last:
             module = channels_last(module)
         return module
@@ -413,6 +416,25 @@ class ModelManager:
             self._changed.notify_all()
         if module is not None:
             self._schedule_prefetch()
+
+    # --- device budget and block streaming (engine/streaming.py) --------------------------------
+    # Set by main.py from --vram-budget / --reserve-vram / --lowvram / --novram / --highvram.
+    # None: models move whole (``handle.to_device``); a budget: through ``to_device_within``.
+    device_budget: DeviceBudget | None = None
+
+    def _placed(self, handle: ModelHandleLike, module: Any, device: str, dtype: str) -> Any:
+        within = getattr(handle, "to_device_within", None)
+        if self.device_budget is None or device != self.policy.device or not callable(within):
+            return handle.to_device(module, device, dtype)
+        return within(module, device, dtype, self.device_budget)
+
+    def _streaming_stats(self) -> dict[str, Any]:
+        """The budget, and per resident model its streaming plan and counts (caller holds the lock)."""
+        if self.device_budget is None:
+            return {}
+        streamed = [{"key": e.handle.key, **describe()} for e in self._resident.values()
+                    if callable(describe := getattr(getattr(e.module, "_loom_streaming", None), "describe", None))]
+        return {"device_budget": self.device_budget.describe(), "streaming": streamed}
 
     # --- accounting helpers ---------------------------------------------------------------------
     def _large_resident_count(self) -> int:

@@ -132,12 +132,35 @@ class WeightsHandle:
     def to_device(self, module: Any, device: str, dtype: str) -> Any:
         import torch
 
+        from nodes.streaming import detach
+
+        detach(module)  # a streamed module moves whole from here on
         target_device, target_dtype = torch.device(device), getattr(torch, self.dtype or dtype)
         tensors = [*module.parameters(), *module.buffers()]
         if all(t.device == target_device and (t.dtype == target_dtype or not t.is_floating_point()) for t in tensors):
             return module
         # nn.Module.to, not diffusers' override (it warns on every cast of modules without fp32 parts)
         return torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
+
+    def to_device_within(self, module: Any, device: str, dtype: str, budget: Any) -> Any:
+        """``to_device`` within a device budget (``engine.streaming.DeviceBudget``): the blocks
+        that do not fit stay in host memory as stored and stream in as they run
+        (``nodes.streaming``). A module that is not a torch module moves whole."""
+        import torch
+
+        from nodes.streaming import place_within
+
+        if not isinstance(module, torch.nn.Module):
+            return self.to_device(module, device, dtype)
+        place_within(module, self.stream_blocks(module), device, self.dtype or dtype, budget)
+        return module
+
+    def stream_blocks(self, module: Any) -> list[Any]:
+        """The blocks streaming may keep off the device, in call order (generic: the items of the
+        outermost module lists; a family's declared block stack where it has one)."""
+        from nodes.streaming import stream_blocks
+
+        return stream_blocks(module)
 
     def model_handles(self) -> list[Any]:
         return [self]
@@ -202,6 +225,14 @@ class DenoiserHandle(ComponentHandle):
     def with_model_sampling(self, model_sampling: ModelSampling) -> DenoiserHandle:
         """A new handle sampling with ``model_sampling`` (ModelSamplingDiscrete & co.)."""
         return replace(self, sampling_override=model_sampling)
+
+    def stream_blocks(self, module: Any) -> list[Any]:
+        """The denoiser's declared block stack (the one block-level step caches use) when its
+        family declares one; otherwise the generic block list."""
+        declared = getattr(self.denoiser, "block_stack", None)
+        if callable(declared):
+            return [block for block, _ in declared(module).blocks]
+        return super().stream_blocks(module)
 
     def sampling_hooks(self, module: Any) -> SamplingHooks:
         """The hooks of this handle's patches for the resident ``module``, in patch order."""

@@ -26,9 +26,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-SIZES = {  # FluxTransformer2DModel configs (the tiny one is the demo's; medium ~ 0.2 B parameters)
+SIZES = {  # FluxTransformer2DModel configs (the tiny one is the demo's; small ~6 M, medium ~ 0.2 B parameters)
     "tiny": {"num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
              "joint_attention_dim": 32, "pooled_projection_dim": 32, "latent": 16, "text": 16},
+    # enough blocks to split under a budget (bench_streaming.py): 2 double and 20 single (Flux.1: 19 and 38)
+    "small": {"num_layers": 2, "num_single_layers": 20, "attention_head_dim": 32, "num_attention_heads": 4,
+              "joint_attention_dim": 128, "pooled_projection_dim": 64, "latent": 16, "text": 16},
     "medium": {"num_layers": 4, "num_single_layers": 8, "attention_head_dim": 64, "num_attention_heads": 12,
                "joint_attention_dim": 768, "pooled_projection_dim": 256, "latent": 32, "text": 64},
 }
