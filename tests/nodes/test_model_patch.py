@@ -1,6 +1,6 @@
-"""ModelPatchLoader: ComfyUI's schema; the patch kinds ComfyUI loads are recognised from their tensors
-and refused with a message naming the kind and the missing apply node; other files are told where
-they belong."""
+"""ModelPatchLoader: ComfyUI's schema; the patch kinds ComfyUI loads that Loom cannot apply yet are
+recognised from their tensors and refused with a message naming the kind and the missing apply node;
+other files are told where they belong. (The kinds Loom builds: test_model_patch_control.py.)"""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from safetensors.torch import save_file
 from nodes.model_patch import KINDS, ModelPatchLoader
 from nodes.weights import ModelLoadError
 
+UNBUILT = [k for k in KINDS if k[2] != "QwenImageDiffsynthControlnet"]
 
-@pytest.mark.parametrize(("key", "what", "node"), KINDS, ids=[n for _, _, n in KINDS])
+
+@pytest.mark.parametrize(("key", "what", "node"), UNBUILT, ids=[n for _, _, n in UNBUILT])
 def test_known_patch_kinds_are_named_with_their_apply_node(models_dir: Path, make_ctx: Any, key: str, what: str,
                                                            node: str) -> None:
     folder = models_dir / "model_patches"

@@ -1,0 +1,21 @@
+"""The model patch kinds Loom builds (files of ``models/model_patches``, ``ModelPatchLoader``), each
+recognised by a tensor only its files have. A kind offers ``id``, ``detect`` (that tensor), ``what`` / ``target`` (for
+messages), ``config_from_tensors(index)``, ``build(config, tensors)``, ``fits(denoiser)``,
+``check_model(network, model_module)`` and the sampling side its apply node uses
+(``control_tokens``, ``after_block``: :mod:`nodes.model_patch`)."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from typing import Any
+
+
+def patch_kinds() -> tuple[Any, ...]:
+    from nodes.families.components.blockwise_control import BlockwiseControlKind
+
+    return (BlockwiseControlKind(),)
+
+
+def patch_kind_for(keys: Container[str]) -> Any:
+    """The kind whose files have its ``detect`` tensor among ``keys``, or None."""
+    return next((kind for kind in patch_kinds() if kind.detect in keys), None)
