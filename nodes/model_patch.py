@@ -12,8 +12,8 @@ denoiser and returns the MODEL with a :class:`ControlPatch`: weight-neutral, so 
 stays loaded. While sampling, the patch's network and the VAE are held resident beside the model
 (``resident_handles``); per model call the control image is fitted to the latent size (ComfyUI's
 ``area`` scale, centre crop), VAE-encoded once per size, turned into the kind's control input, and
-the kind's ``after_block`` runs after every block of the denoiser's declared block stack
-(``denoiser.block_stack``), the blocks' forwards wrapped for that call only.
+what the kind's ``block_hook`` gives for the call runs after every block of the denoiser's declared
+block stack (``denoiser.block_stack``), the blocks' forwards wrapped for that call only.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import torch
 
 MODEL_PATCH = "MODEL_PATCH"
+AfterBlock = Callable[[int, "torch.Tensor", tuple[Any, ...], dict[str, Any]], "torch.Tensor"]
 KINDS = (
     ("controlnet_blocks.0.y_rms.weight", "a DiffSynth Qwen-Image block-wise ControlNet", "QwenImageDiffsynthControlnet"),
     ("feature_embedder.mid_layer_norm.bias", "a USO style projector", "USOStyleReference"),
@@ -114,14 +115,15 @@ class ModelPatchLoader(Node):
 
 # --- applying a control patch ------------------------------------------------------------------------
 @contextmanager
-def after_blocks(stack: BlockStack, after: Callable[[int, torch.Tensor], torch.Tensor]) -> Iterator[None]:
+def after_blocks(stack: BlockStack, after: AfterBlock) -> Iterator[None]:
     """While inside, every block of ``stack`` returns its output with the image stream replaced by
-    ``after(block index, image stream)``; the blocks' own forwards come back on leaving."""
+    ``after(block index, image stream, the block's args, its kwargs)``; the blocks' own forwards
+    come back on leaving."""
 
     def wrap(forward: Any, io: BlockIO, index: int) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
             out = forward(*args, **kwargs)
-            return io.with_image(out, after(index, io.image_out(out, 0)))
+            return io.with_image(out, after(index, io.image_out(out, 0), args, kwargs))
         return run
 
     with replaced_forwards([(block, wrap(block.forward, io, i)) for i, (block, io) in enumerate(stack.blocks)]):
@@ -211,14 +213,11 @@ class _ControlRun:
     def model_call(self, inner: Callable[[ModelCall], torch.Tensor], call: ModelCall) -> torch.Tensor:
         import torch
 
-        kind, strength = self.patch.network.patch_kind, self.patch.strength
+        kind = self.patch.network.patch_kind
         with torch.no_grad():
             size = (int(call.x_in.shape[-2]), int(call.x_in.shape[-1]))
             control = _rows(self.control(size), call.x_in.shape[0])
-
-        def after(index: int, image: torch.Tensor) -> torch.Tensor:
-            return kind.after_block(self.network, index, image, control.to(image.device), strength)
-
+        after = kind.block_hook(self.network, control, self.patch.strength, len(self.stack.blocks))
         with after_blocks(self.stack, after):
             return inner(call)
 
@@ -267,4 +266,29 @@ class QwenImageDiffsynthControlnet(Node):
         return (control_patch(model, model_patch, vae, image, strength, mask),)
 
 
-MODEL_PATCH_NODES: list[type[Node]] = [ModelPatchLoader, QwenImageDiffsynthControlnet]
+class ZImageFunControlnet(Node):
+    SCHEMA = NodeSchema(
+        node_id="ZImageFunControlnet", display_name="ZImageFunControlnet", category="advanced/loaders/zimage",
+        description="Applies an alibaba-pai Fun ControlNet (from ModelPatchLoader) to a Z-Image model.",
+        inputs=(
+            Input("model", MODEL, "The Z-Image model."),
+            Input("model_patch", MODEL_PATCH, "The Fun ControlNet from ModelPatchLoader."),
+            Input("vae", VAE, "The model's VAE, to encode the control image."),
+            Input("strength", FLOAT, "How strongly the control steers the image (0: not at all).", default=1.0,
+                  min=-10.0, max=10.0, step=0.01),
+            Input("image", IMAGE, "The control image (canny, depth, pose, HED...).", optional=True),
+            Input("inpaint_image", IMAGE, "The image to inpaint (inpainting Fun ControlNets only).", optional=True),
+            Input("mask", MASK, "The region to inpaint (inpainting Fun ControlNets only).", optional=True),
+        ),
+        outputs=(Output("MODEL", MODEL, "The model with the ControlNet applied."),),
+    )
+
+    def run(self, ctx: NodeContext, *, model: Any, model_patch: Any, vae: Any, strength: float, image: Any = None,
+            inpaint_image: Any = None, mask: Any = None) -> tuple[Any]:
+        if image is None:
+            raise ModelPatchError(f"ZImageFunControlnet (node {ctx.node_id}) got no image; connect the control image "
+                                  "(canny, depth, pose...) to its image input")
+        return (control_patch(model, model_patch, vae, image, strength, mask),)
+
+
+MODEL_PATCH_NODES: list[type[Node]] = [ModelPatchLoader, QwenImageDiffsynthControlnet, ZImageFunControlnet]

@@ -15,6 +15,7 @@ After transformer block ``i`` the image stream's first ``len(c)`` tokens ``h`` b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,12 +122,19 @@ class BlockwiseControlKind:
         param = module.img_in.weight
         return module.img_in(tokens.to(param))
 
-    def after_block(self, module: Any, index: int, image: Tensor, control: Tensor, strength: float) -> Tensor:
-        """The image stream after transformer block ``index`` with the control added (module docstring)."""
+    def block_hook(self, module: Any, control: Tensor, strength: float,
+                   blocks: int) -> Callable[[int, Tensor, tuple[Any, ...], dict[str, Any]], Tensor]:
+        """For one model call: the image stream after transformer block ``index`` with the control
+        added (module docstring); the block's call arguments are not needed."""
         import torch
 
-        n = control.shape[1]
-        head = image[:, :n]
         param = module.img_in.weight
-        delta = module.controlnet_blocks[index](head.to(param), control.to(param)).to(image.dtype)
-        return torch.cat([head + delta * strength, image[:, n:]], dim=1)
+        c = control.to(param)
+        n = control.shape[1]
+
+        def after(index: int, image: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+            head = image[:, :n]
+            delta = module.controlnet_blocks[index](head.to(param), c).to(image.dtype)
+            return torch.cat([head + delta * strength, image[:, n:]], dim=1)
+
+        return after

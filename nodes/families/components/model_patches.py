@@ -2,7 +2,7 @@
 recognised by a tensor only its files have. A kind offers ``id``, ``detect`` (that tensor), ``what`` / ``target`` (for
 messages), ``config_from_tensors(index)``, ``build(config, tensors)``, ``fits(denoiser)``,
 ``check_model(network, model_module)`` and the sampling side its apply node uses
-(``control_tokens``, ``after_block``: :mod:`nodes.model_patch`)."""
+(``control_tokens``, ``block_hook``: :mod:`nodes.model_patch`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 
 def patch_kinds() -> tuple[Any, ...]:
     from nodes.families.components.blockwise_control import BlockwiseControlKind
+    from nodes.families.components.zimage_fun_control import FunControlKind
 
-    return (BlockwiseControlKind(),)
+    return (BlockwiseControlKind(), FunControlKind())
 
 
 def patch_kind_for(keys: Container[str]) -> Any:
