@@ -238,7 +238,7 @@ def control_patch(model: Any, model_patch: ModelPatchHandle, vae: Any, image: to
     for t in (image, mask):
         if t is not None:
             digest.update(str(tuple(t.shape)).encode())
-            digest.update(t.contiguous().numpy().tobytes())
+            digest.update(t.detach().cpu().contiguous().numpy().tobytes())
     patch = ControlPatch(model_patch, vae, model.denoiser, model.latent_format, image, strength, mask,
                          digest.hexdigest()[:16])
     return model.with_patch(patch)
