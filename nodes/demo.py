@@ -136,6 +136,7 @@ def make_demo_models(models_dir: Path) -> list[Path]:
 
     from nodes.demo_flux import DEMO_FLUX_KONTEXT, make_flux_demo
     from nodes.demo_flux2 import DEMO_KLEIN, make_flux2_demo
+    from nodes.demo_model_patch import make_model_patch_demo
     from nodes.demo_patches import make_patch_demo
     from nodes.demo_qwen_image import DEMO_QWEN_IMAGE, make_qwen_image_demo
     from nodes.demo_sd3 import make_sd3_demo
@@ -152,6 +153,7 @@ def make_demo_models(models_dir: Path) -> list[Path]:
         flux += make_zimage_demo(models_dir)
     if not (models_dir / "diffusion_models" / DEMO_QWEN_IMAGE).is_file():
         flux += make_qwen_image_demo(models_dir)
+    flux += make_model_patch_demo(models_dir)
     if not (models_dir / "diffusion_models" / DEMO_KLEIN).is_file():
         flux += make_flux2_demo(models_dir)
     paths = [models_dir / "checkpoints" / DEMO_CHECKPOINT, models_dir / "vae" / DEMO_VAE,

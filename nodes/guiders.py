@@ -124,13 +124,15 @@ class GuidedRun:
     (the CFG++ samplers do, as in ComfyUI)."""
 
     def __init__(self, guiders: Sequence[Guider], module: Any, rows: int, latent_size: tuple[int, int],
-                 forward: Any = None, model_inputs: Mapping[str, Any] | None = None) -> None:
+                 forward: Any = None, model_inputs: Mapping[str, Any] | None = None,
+                 resident: Mapping[str, Any] | None = None) -> None:
         self.guider = guiders[0]
         self.model = self.guider.model
         self.model_sampling = self.model.model_sampling
         self.denoiser = self.model.denoiser
         self.module = module
-        self.hooks = self.model.sampling_hooks(module)
+        # resident: the modules the patches need beside the model (model patches' networks), by handle key
+        self.hooks = self.model.sampling_hooks(module, resident) if resident else self.model.sampling_hooks(module)
         self.size = latent_size
         self.pixels = (latent_size[0] * 8, latent_size[1] * 8)  # SDXL's size ids (the UNet families' factor)
         self._forward = forward if forward is not None else module

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -234,9 +235,19 @@ class DenoiserHandle(ComponentHandle):
             return [block for block, _ in declared(module).blocks]
         return super().stream_blocks(module)
 
-    def sampling_hooks(self, module: Any) -> SamplingHooks:
-        """The hooks of this handle's patches for the resident ``module``, in patch order."""
-        return merge_all([p.sampling_hooks(module) for p in self.patches if isinstance(p, HookedPatch)])
+    def resident_handles(self) -> list[Any]:
+        """The handles this MODEL's patches need resident while it samples (a model patch's network,
+        the VAE that encodes its image): a patch lists them as ``resident_handles``."""
+        return [h for p in self.patches for h in getattr(p, "resident_handles", ())]
+
+    def model_handles(self) -> list[Any]:
+        return [self, *self.resident_handles()]
+
+    def sampling_hooks(self, module: Any, resident: Mapping[str, Any] | None = None) -> SamplingHooks:
+        """The hooks of this handle's patches for the resident ``module``, in patch order; a patch
+        with ``resident_handles`` also gets ``resident`` (those handles' modules by handle key)."""
+        return merge_all([cast(Any, p).sampling_hooks(module, resident=resident) if getattr(p, "resident_handles", ())
+                          else p.sampling_hooks(module) for p in self.patches if isinstance(p, HookedPatch)])
 
     @property
     def default_resolution(self) -> int:

@@ -38,7 +38,11 @@ sampler calls them at ComfyUI's points:
   branch names of the result (a Loom addition to ComfyUI's arguments).
 
 Hooks may keep per-module state: ``sampling_hooks`` receives the resident module (a patch finds
-what it installed there, e.g. IP-Adapter's attention processors). No private ``_loom_*``
+what it installed there, e.g. IP-Adapter's attention processors). A patch that needs other modules
+while sampling (a model patch's network, the VAE that encodes its image) lists their handles as
+``resident_handles``: the sampler locks them resident beside the model
+(``model.resident_handles()``) and calls ``sampling_hooks(module, resident=...)`` with their
+modules by handle key. No private ``_loom_*``
 attributes on torch modules: this dataclass is the whole contract between patches and sampler.
 
 The contract between the model layer and the sampling station (the implemented form of
@@ -70,7 +74,8 @@ The contract between the model layer and the sampling station (the implemented f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -184,6 +189,24 @@ class BlockStack:
     """A transformer denoiser's blocks in call order, each with its :class:`BlockIO`."""
 
     blocks: tuple[tuple[Any, BlockIO], ...]
+
+
+@contextmanager
+def replaced_forwards(replaced: Sequence[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
+    """While inside, each (block, forward) pair's block calls that forward (for one model call:
+    block-level caches and model patches); the blocks' own forwards (or one already set on the
+    instance, by an outer patch) come back on leaving."""
+    own = [(block, block.__dict__.get("forward")) for block, _ in replaced]
+    try:
+        for block, fn in replaced:
+            block.forward = fn
+        yield
+    finally:
+        for block, previous in own:
+            if previous is None:
+                del block.forward
+            else:
+                block.forward = previous
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,23 @@ def load_text_encoders(paths: list[Path], clip_type: str, node: str, *, allow_pi
     return open_text_encoders(paths, clip_type, allow_pickle=allow_pickle)
 
 
+# Schema pieces the loaders of other file formats (nodes.quant's GGUF loaders) share.
+MODEL_OUT = Output("MODEL", MODEL, "The denoising model and its family.")
+CLIP_NAME = Input("clip_name", COMBO, "The text encoder in models/text_encoders (or models/clip).",
+                  options=DynamicOptions("text_encoders"))
+CLIP_TYPE = Input("type", COMBO, "The model family the encoder is for.", options=SINGLE_CLIP_TYPES)
+CLIP_OUT = Output("CLIP", CLIP, "The text encoder that turns prompts into conditioning.")
+CLIP_NAMES = (Input("clip_name1", COMBO, "A text encoder in models/text_encoders (or models/clip).",
+                    options=DynamicOptions("text_encoders")),
+              Input("clip_name2", COMBO, "The other text encoder.", options=DynamicOptions("text_encoders")))
+DUAL_CLIP_TYPE = Input("type", COMBO, "The model family the encoders are for.", options=DUAL_CLIP_TYPES)
+DUAL_CLIP_OUT = Output("CLIP", CLIP, "The text encoders that turn prompts into conditioning.")
+
+
 class UNETLoader(Node):
+    """Subclasses for other file formats (``UnetLoaderGGUF``) keep ``run`` and ``fingerprint``
+    and declare their own SCHEMA (errors name the node by its ``node_id``)."""
+
     SCHEMA = NodeSchema(
         node_id="UNETLoader", display_name="Load Diffusion Model", category="advanced/loaders",
         description="Loads a diffusion model file on its own (a transformer or UNet without text encoders "
@@ -52,12 +68,13 @@ class UNETLoader(Node):
                       "precision): fp8 halves bf16 memory; _fast also multiplies in fp8 on GPUs that can; default "
                       "keeps the file's precision.",
                       options=WEIGHT_DTYPES, default="default")),
-        outputs=(Output("MODEL", MODEL, "The denoising model and its family."),),
+        outputs=(MODEL_OUT,),
     )
 
-    def run(self, ctx: NodeContext, *, unet_name: str, weight_dtype: str) -> tuple[DenoiserHandle]:
+    def run(self, ctx: NodeContext, *, unet_name: str, weight_dtype: str = "default") -> tuple[DenoiserHandle]:
         path = _models(ctx).resolve("diffusion_models", unet_name)
-        return (load_diffusion_model(path, "UNETLoader", allow_pickle=_allow_pickle(ctx), weight_dtype=weight_dtype),)
+        return (load_diffusion_model(path, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx),
+                                     weight_dtype=weight_dtype),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
@@ -68,17 +85,15 @@ class CLIPLoader(Node):
     SCHEMA = NodeSchema(
         node_id="CLIPLoader", display_name="Load CLIP", category="advanced/loaders",
         description="Loads one text-encoder file as the CLIP of the model family named by type.",
-        inputs=(Input("clip_name", COMBO, "The text encoder in models/text_encoders (or models/clip).",
-                      options=DynamicOptions("text_encoders")),
-                Input("type", COMBO, "The model family the encoder is for.", options=SINGLE_CLIP_TYPES),
+        inputs=(CLIP_NAME, CLIP_TYPE,
                 Input("device", COMBO, "Where to run the encoder.", options=DEVICES, default="default",
                       optional=True)),
-        outputs=(Output("CLIP", CLIP, "The text encoder that turns prompts into conditioning."),),
+        outputs=(CLIP_OUT,),
     )
 
     def run(self, ctx: NodeContext, *, clip_name: str, type: str, device: str = "default") -> tuple[TextEncodersHandle]:
         path = _models(ctx).resolve("text_encoders", clip_name)
-        return (load_text_encoders([path], type, "CLIPLoader", allow_pickle=_allow_pickle(ctx)),)
+        return (load_text_encoders([path], type, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
@@ -90,20 +105,17 @@ class DualCLIPLoader(Node):
         node_id="DualCLIPLoader", display_name="DualCLIPLoader", category="advanced/loaders",
         description="Loads two text-encoder files as one CLIP for the model family named by type; "
                     "each file's encoder is recognised from its tensors, so the order does not matter.",
-        inputs=(Input("clip_name1", COMBO, "A text encoder in models/text_encoders (or models/clip).",
-                      options=DynamicOptions("text_encoders")),
-                Input("clip_name2", COMBO, "The other text encoder.", options=DynamicOptions("text_encoders")),
-                Input("type", COMBO, "The model family the encoders are for.", options=DUAL_CLIP_TYPES),
+        inputs=(*CLIP_NAMES, DUAL_CLIP_TYPE,
                 Input("device", COMBO, "Where to run the encoders.", options=DEVICES, default="default",
                       optional=True)),
-        outputs=(Output("CLIP", CLIP, "The text encoders that turn prompts into conditioning."),),
+        outputs=(DUAL_CLIP_OUT,),
     )
 
     def run(self, ctx: NodeContext, *, clip_name1: str, clip_name2: str, type: str,
             device: str = "default") -> tuple[TextEncodersHandle]:
         models = _models(ctx)
         paths = [models.resolve("text_encoders", clip_name1), models.resolve("text_encoders", clip_name2)]
-        return (load_text_encoders(paths, type, "DualCLIPLoader", allow_pickle=_allow_pickle(ctx)),)
+        return (load_text_encoders(paths, type, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:

@@ -1,24 +1,41 @@
-"""``ModelPatchLoader`` (ComfyUI's schema: ``name`` from ``models/model_patches`` → ``MODEL_PATCH``).
+"""``ModelPatchLoader`` and the nodes that apply what it loads (ComfyUI's ``comfy_extras/nodes_model_patch.py``).
 
-ComfyUI loads several kinds of add-on networks from that folder, recognised from their tensors:
-DiffSynth's block-wise Qwen-Image ControlNets (``controlnet_blocks.0.y_rms.weight``), the USO style
-projector (``feature_embedder.mid_layer_norm.bias``), alibaba-pai's Z-Image Fun ControlNets
-(``control_all_x_embedder.2-1.weight``) and MultiTalk audio patches (``audio_proj.proj1.weight``).
-Loom has no node that applies them yet (``QwenImageDiffsynthControlnet``, ``ZImageFunControlnet``,
-``USOStyleReference``), so the loader recognises the file and says so, naming the kind, rather
-than returning a patch nothing could use; a file of no known kind gets its own message.
+ComfyUI loads several kinds of add-on networks from ``models/model_patches``, recognised from their
+tensors (:data:`KINDS`). Loom builds those it has a patch kind for (``nodes.families.components``:
+:func:`nodes.families.components.model_patches.model_patch_kind`), as a :class:`ModelPatchHandle`:
+a model-manager handle like every loaded model (counted, evictable, built on first use). The others
+are recognised and refused with the node that would apply them; a file of no known kind is told
+where it belongs.
+
+An apply node (``QwenImageDiffsynthControlnet``) checks that the patch kind fits the MODEL's
+denoiser and returns the MODEL with a :class:`ControlPatch`: weight-neutral, so the transformer
+stays loaded. While sampling, the patch's network and the VAE are held resident beside the model
+(``resident_handles``); per model call the control image is fitted to the latent size (ComfyUI's
+``area`` scale, centre crop), VAE-encoded once per size, turned into the kind's control input, and
+what the kind's ``block_hook`` gives for the call runs after every block of the denoiser's declared
+block stack (``denoiser.block_stack``), the blocks' forwards wrapped for that call only.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.context import Folders, NodeContext
 from engine.node import Node
-from engine.schema import COMBO, DynamicOptions, Input, NodeSchema, Output
-from nodes.weights import ModelLoadError, read_index
+from engine.schema import COMBO, FLOAT, IMAGE, MASK, MODEL, VAE, DynamicOptions, Input, NodeSchema, Output
+from nodes.handles import WeightsHandle, WeightsSource
+from nodes.hooks import BlockIO, BlockStack, ConditioningError, ModelCall, SamplingHooks, replaced_forwards
+from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
+
+if TYPE_CHECKING:
+    import torch
 
 MODEL_PATCH = "MODEL_PATCH"
+AfterBlock = Callable[[int, "torch.Tensor", tuple[Any, ...], dict[str, Any]], "torch.Tensor"]
 KINDS = (
     ("controlnet_blocks.0.y_rms.weight", "a DiffSynth Qwen-Image block-wise ControlNet", "QwenImageDiffsynthControlnet"),
     ("feature_embedder.mid_layer_norm.bias", "a USO style projector", "USOStyleReference"),
@@ -27,9 +44,52 @@ KINDS = (
 )
 
 
+class ModelPatchError(ValueError):
+    """A model patch applied to a model it was not made for, or without what it needs."""
+
+
 def model_patch_kind(keys: Any) -> tuple[str, str] | None:
     """(what the file is, the node that would apply it) for a model patch's tensor names, or None."""
     return next(((what, node) for key, what, node in KINDS if key in keys), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelPatchHandle(WeightsHandle):
+    """A loaded model patch network: the file, its kind (``nodes.families.components``) and the
+    config read from its shapes (as sorted pairs, so the handle stays hashable)."""
+
+    kind: ClassVar[str] = "unet"
+    patch_kind: Any
+    config: tuple[tuple[str, Any], ...]
+
+    def recipe(self) -> Any:
+        return [self.patch_kind.id, [list(p) for p in self.config]]
+
+    def build(self) -> Any:
+        index = read_index(self.source.path, allow_pickle=self.source.allow_pickle)
+        return self.patch_kind.build(dict(self.config), load_tensors(index))
+
+
+def open_model_patch(path: Any, allow_pickle: bool = False) -> ModelPatchHandle:
+    """The handle of the model patch file at ``path`` (headers only; weights load on first use)."""
+    from nodes.families.components.model_patches import patch_kind_for
+
+    index = read_index(path, allow_pickle=allow_pickle)
+    patch_kind = patch_kind_for(index.tensors)
+    if patch_kind is None:
+        known = model_patch_kind(index.tensors)
+        if known is None:
+            raise ModelLoadError(
+                f"{path}: not a model patch Loom or ComfyUI knows (none of "
+                f"{', '.join(k for k, _, _ in KINDS)} is in the file); ControlNets go in models/controlnet "
+                "(ControlNetLoader), LoRAs in models/loras, style models in models/style_models")
+        what, node = known
+        raise ModelLoadError(
+            f"{path}: this is {what}, applied in ComfyUI by {node}, which Loom does not have yet; remove "
+            "ModelPatchLoader and its apply node from the workflow (or run the workflow in ComfyUI) until it lands")
+    config = patch_kind.config_from_tensors(index)
+    return ModelPatchHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
+                            nbytes=index.nbytes(), patch_kind=patch_kind, config=tuple(sorted(config.items())))
 
 
 class ModelPatchLoader(Node):
@@ -44,18 +104,7 @@ class ModelPatchLoader(Node):
     def run(self, ctx: NodeContext, *, name: str) -> tuple[Any]:
         from nodes.loaders import _models
 
-        path = _models(ctx).resolve("model_patches", name)
-        index = read_index(path, allow_pickle=ctx.settings.allow_pickle)
-        kind = model_patch_kind(index.tensors)
-        if kind is None:
-            raise ModelLoadError(
-                f"{path}: not a model patch Loom or ComfyUI knows (none of "
-                f"{', '.join(k for k, _, _ in KINDS)} is in the file); ControlNets go in models/controlnet "
-                "(ControlNetLoader), LoRAs in models/loras, style models in models/style_models")
-        what, node = kind
-        raise ModelLoadError(
-            f"{path}: this is {what}, applied in ComfyUI by {node}, which Loom does not have yet; remove "
-            "ModelPatchLoader and its apply node from the workflow (or run the workflow in ComfyUI) until it lands")
+        return (open_model_patch(_models(ctx).resolve("model_patches", name), ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
@@ -64,4 +113,182 @@ class ModelPatchLoader(Node):
         return _file_fingerprint(folders, "model_patches", inputs.get("name"))
 
 
-MODEL_PATCH_NODES: list[type[Node]] = [ModelPatchLoader]
+# --- applying a control patch ------------------------------------------------------------------------
+@contextmanager
+def after_blocks(stack: BlockStack, after: AfterBlock) -> Iterator[None]:
+    """While inside, every block of ``stack`` returns its output with the image stream replaced by
+    ``after(block index, image stream, the block's args, its kwargs)``; the blocks' own forwards
+    come back on leaving."""
+
+    def wrap(forward: Any, io: BlockIO, index: int) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = forward(*args, **kwargs)
+            return io.with_image(out, after(index, io.image_out(out, 0), args, kwargs))
+        return run
+
+    with replaced_forwards([(block, wrap(block.forward, io, i)) for i, (block, io) in enumerate(stack.blocks)]):
+        yield
+
+
+def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` cut or tiled to ``rows`` rows (ComfyUI's ``repeat_to_batch_size``)."""
+    if t.shape[0] >= rows:
+        return t[:rows]
+    return t.repeat(-(-rows // t.shape[0]), *([1] * (t.ndim - 1)))[:rows]
+
+
+@dataclass(frozen=True, eq=False)
+class ControlPatch:
+    """A model patch network applied with an image (see the module docstring). ``image`` is the
+    IMAGE (B, H, W, 3); ``mask`` (B, 1, H, W) is 1 where the image is kept (the node's mask inverted,
+    as ComfyUI does), or None."""
+
+    changes_module: ClassVar[bool] = False
+    network: ModelPatchHandle
+    vae: Any
+    denoiser: Any
+    latent_format: Any
+    image: torch.Tensor
+    strength: float
+    mask: torch.Tensor | None = None
+    digest: str = field(default="")
+
+    @property
+    def key(self) -> str:
+        return f"model_patch:{self.network.key}:{self.vae.key}:{self.strength}:{self.digest}"
+
+    @property
+    def resident_handles(self) -> tuple[Any, ...]:
+        return (self.network, self.vae)
+
+    def apply(self, module: Any, handle: Any) -> None:
+        """Weights stay as they are."""
+
+    def sampling_hooks(self, module: Any, resident: Mapping[str, Any] | None = None) -> SamplingHooks:
+        resident = resident or {}
+        if self.network.key not in resident or self.vae.key not in resident:
+            raise ConditioningError(f"model patch {self.network.source.name!r} was not made resident for sampling; "
+                                    "sample this MODEL with KSampler or SamplerCustom")
+        network = resident[self.network.key]
+        problem = self.network.patch_kind.check_model(network, module)
+        if problem:
+            raise ConditioningError(f"model patch {self.network.source.name!r} does not fit this model: {problem}; "
+                                    "load the patch made for this model")
+        run = _ControlRun(self, network, resident[self.vae.key], self.denoiser.block_stack(module))
+        return SamplingHooks(model_wrappers=(run.model_call,))
+
+
+@dataclass
+class _ControlRun:
+    """One sampling run of a :class:`ControlPatch`: the resident modules and the control input per
+    latent size."""
+
+    patch: ControlPatch
+    network: Any
+    vae: Any
+    stack: BlockStack
+    encoded: dict[tuple[int, int], Any] = field(default_factory=dict)
+
+    def control(self, size: tuple[int, int]) -> Any:
+        from nodes.latent import downscale, encode
+        from nodes.resize import resize
+
+        if size not in self.encoded:
+            scale = downscale(self.vae)
+            height, width = size[0] * scale, size[1] * scale
+            pixels = self.patch.image.movedim(-1, 1).float()
+            if pixels.shape[-2:] != (height, width):
+                pixels = resize(pixels, width, height, "area", "center")
+            latent = encode(self.vae, pixels.movedim(1, -1))
+            if latent.shape[1] != self.patch.latent_format.channels:
+                raise ConditioningError(
+                    f"the VAE given with model patch {self.patch.network.source.name!r} makes {latent.shape[1]}-channel "
+                    f"latents but the model works on {self.patch.latent_format.channels}; connect the model's own VAE")
+            device = next(self.network.parameters()).device
+            mask = None if self.patch.mask is None else self.patch.mask.to(device)
+            self.encoded[size] = self.patch.network.patch_kind.control_tokens(
+                self.network, latent.to(device), mask, self.patch.latent_format)
+        return self.encoded[size]
+
+    def model_call(self, inner: Callable[[ModelCall], torch.Tensor], call: ModelCall) -> torch.Tensor:
+        import torch
+
+        kind = self.patch.network.patch_kind
+        with torch.no_grad():
+            size = (int(call.x_in.shape[-2]), int(call.x_in.shape[-1]))
+            control = _rows(self.control(size), call.x_in.shape[0])
+        after = kind.block_hook(self.network, control, self.patch.strength, len(self.stack.blocks))
+        with after_blocks(self.stack, after):
+            return inner(call)
+
+
+def control_patch(model: Any, model_patch: ModelPatchHandle, vae: Any, image: torch.Tensor, strength: float,
+                  mask: torch.Tensor | None) -> Any:
+    """``model`` with ``model_patch`` applied (the apply nodes' shared work; ComfyUI's
+    ``diffsynth_controlnet``): the image's alpha dropped, the mask inverted and given a channel axis."""
+    kind = model_patch.patch_kind
+    if not kind.fits(model.denoiser):
+        raise ModelPatchError(
+            f"model_patch {model_patch.source.name!r} is {kind.what}, made for {kind.target} models, but the model is "
+            f"{model.family.title}; load a {kind.target} model (or a model patch made for {model.family.title})")
+    image = image[..., :3].float()
+    if mask is not None:
+        mask = 1.0 - mask.float().reshape(-1, 1, *mask.shape[-2:])
+    digest = hashlib.sha256()
+    for t in (image, mask):
+        if t is not None:
+            digest.update(str(tuple(t.shape)).encode())
+            digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    patch = ControlPatch(model_patch, vae, model.denoiser, model.latent_format, image, strength, mask,
+                         digest.hexdigest()[:16])
+    return model.with_patch(patch)
+
+
+class QwenImageDiffsynthControlnet(Node):
+    SCHEMA = NodeSchema(
+        node_id="QwenImageDiffsynthControlnet", display_name="QwenImageDiffsynthControlnet",
+        category="advanced/loaders/qwen",
+        description="Applies a DiffSynth block-wise ControlNet (from ModelPatchLoader) to a Qwen-Image model.",
+        inputs=(
+            Input("model", MODEL, "The Qwen-Image model."),
+            Input("model_patch", MODEL_PATCH, "The block-wise ControlNet from ModelPatchLoader."),
+            Input("vae", VAE, "The model's VAE, to encode the control image."),
+            Input("image", IMAGE, "The control image (canny, depth, pose... or the image to inpaint)."),
+            Input("strength", FLOAT, "How strongly the control steers the image (0: not at all).", default=1.0,
+                  min=-10.0, max=10.0, step=0.01),
+            Input("mask", MASK, "The region to inpaint (inpainting ControlNets only).", optional=True),
+        ),
+        outputs=(Output("MODEL", MODEL, "The model with the ControlNet applied."),),
+    )
+
+    def run(self, ctx: NodeContext, *, model: Any, model_patch: Any, vae: Any, image: Any, strength: float,
+            mask: Any = None) -> tuple[Any]:
+        return (control_patch(model, model_patch, vae, image, strength, mask),)
+
+
+class ZImageFunControlnet(Node):
+    SCHEMA = NodeSchema(
+        node_id="ZImageFunControlnet", display_name="ZImageFunControlnet", category="advanced/loaders/zimage",
+        description="Applies an alibaba-pai Fun ControlNet (from ModelPatchLoader) to a Z-Image model.",
+        inputs=(
+            Input("model", MODEL, "The Z-Image model."),
+            Input("model_patch", MODEL_PATCH, "The Fun ControlNet from ModelPatchLoader."),
+            Input("vae", VAE, "The model's VAE, to encode the control image."),
+            Input("strength", FLOAT, "How strongly the control steers the image (0: not at all).", default=1.0,
+                  min=-10.0, max=10.0, step=0.01),
+            Input("image", IMAGE, "The control image (canny, depth, pose, HED...).", optional=True),
+            Input("inpaint_image", IMAGE, "The image to inpaint (inpainting Fun ControlNets only).", optional=True),
+            Input("mask", MASK, "The region to inpaint (inpainting Fun ControlNets only).", optional=True),
+        ),
+        outputs=(Output("MODEL", MODEL, "The model with the ControlNet applied."),),
+    )
+
+    def run(self, ctx: NodeContext, *, model: Any, model_patch: Any, vae: Any, strength: float, image: Any = None,
+            inpaint_image: Any = None, mask: Any = None) -> tuple[Any]:
+        if image is None:
+            raise ModelPatchError(f"ZImageFunControlnet (node {ctx.node_id}) got no image; connect the control image "
+                                  "(canny, depth, pose...) to its image input")
+        return (control_patch(model, model_patch, vae, image, strength, mask),)
+
+
+MODEL_PATCH_NODES: list[type[Node]] = [ModelPatchLoader, QwenImageDiffsynthControlnet, ZImageFunControlnet]

@@ -20,7 +20,8 @@ noise, and ``add_noise = disable`` as zero initial noise (the seed still seeds p
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,14 +153,15 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     noise = torch.cat([job.noise.float() for job in jobs])
     mask = latent.get("noise_mask")
     entries = [e for job in jobs for _, branch in job.guider.branches for e in branch]
-    with ctx.models.use(model) as module, resident_controls(ctx, model, entries) as controls:
+    with (ctx.models.use(model) as module, resident_controls(ctx, model, entries) as controls,
+          _resident_patch_modules(ctx, model) as resident):
         _check(module, model, jobs)
         device = next(module.parameters()).device
         inputs = {"latent_image": model_in, "denoise_mask": mask, "seeds": tuple(job.seed for job in jobs)}
         if controls:
             inputs |= {"control_modules": controls, "percent_to_sigma": model.model_sampling.percent_to_sigma}
         run = GuidedRun([job.guider for job in jobs], module, rows, tuple(samples.shape[-2:]),
-                        compiled_forward(module, ctx.settings), inputs)
+                        compiled_forward(module, ctx.settings), inputs, resident)
         run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1,
                                     run.model_sampling.percent_to_sigma))
         denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
@@ -174,6 +176,18 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     den = reporter.denoised
     dens = fmt.process_out(den.float().cpu()).chunk(len(jobs)) if den is not None else outs
     return [Result(_output(latent, o, model), _output(latent, d, model)) for o, d in zip(outs, dens, strict=True)]
+
+
+@contextmanager
+def _resident_patch_modules(ctx: NodeContext, model: Any) -> Iterator[dict[str, Any]]:
+    """The modules the MODEL's patches need while sampling (``model.resident_handles()``) by handle
+    key, locked resident beside the model while inside."""
+    modules: dict[str, Any] = {}
+    with ExitStack() as stack:
+        for handle in getattr(model, "resident_handles", list)():
+            if handle.key not in modules:
+                modules[handle.key] = stack.enter_context(ctx.models.use(handle))
+        yield modules
 
 
 def window(sigmas: torch.Tensor, start: int | None, last: int | None, force_full_denoise: bool) -> torch.Tensor | None:

@@ -5,77 +5,60 @@ which stores a MODEL's linear weights as fp8 or int8 (weight-only, computed in t
 
 from __future__ import annotations
 
-from typing import Any
-
-from engine.context import Folders, NodeContext
+from engine.context import NodeContext
 from engine.node import Node
-from engine.schema import CLIP, COMBO, MODEL, DynamicOptions, Input, NodeSchema, Output
-from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
-from nodes.handles import DenoiserHandle, TextEncodersHandle
-from nodes.loaders import _allow_pickle, _file_fingerprint, _models
-from nodes.loaders_components import load_diffusion_model, load_text_encoders
+from engine.schema import COMBO, MODEL, DynamicOptions, Input, NodeSchema, Output
+from nodes.handles import DenoiserHandle
+from nodes.loaders_components import (
+    CLIP_NAME,
+    CLIP_NAMES,
+    CLIP_OUT,
+    CLIP_TYPE,
+    DUAL_CLIP_OUT,
+    DUAL_CLIP_TYPE,
+    MODEL_OUT,
+    CLIPLoader,
+    DualCLIPLoader,
+    UNETLoader,
+)
 from nodes.quant.storage import STORAGE_FORMATS, StoragePatch, with_storage
 
 
-class UnetLoaderGGUF(Node):
+class UnetLoaderGGUF(UNETLoader):
+    """UNETLoader's run on a .gguf file (no weight_dtype: the file's quantization is kept)."""
+
     SCHEMA = NodeSchema(
         node_id="UnetLoaderGGUF", display_name="Unet Loader (GGUF)", category="bootleg",
         description="Loads a GGUF-quantized diffusion model (Q8_0, Q5_K, Q4_K, Q4_0, ... or F16/BF16); its weights "
                     "stay quantized and are dequantised layer by layer while sampling.",
         inputs=(Input("unet_name", COMBO, "The .gguf file in models/diffusion_models (or models/unet).",
                       options=DynamicOptions("unet_gguf")),),
-        outputs=(Output("MODEL", MODEL, "The denoising model and its family."),),
+        outputs=(MODEL_OUT,),
     )
 
-    def run(self, ctx: NodeContext, *, unet_name: str) -> tuple[DenoiserHandle]:
-        path = _models(ctx).resolve("diffusion_models", unet_name)
-        return (load_diffusion_model(path, "UnetLoaderGGUF", allow_pickle=_allow_pickle(ctx)),)
 
-    @classmethod
-    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "diffusion_models", inputs.get("unet_name"))
+class CLIPLoaderGGUF(CLIPLoader):
+    """CLIPLoader without the device input."""
 
-
-class CLIPLoaderGGUF(Node):
     SCHEMA = NodeSchema(
         node_id="CLIPLoaderGGUF", display_name="CLIPLoader (GGUF)", category="bootleg",
         description="Loads one text encoder (a .gguf file, e.g. a quantized T5-XXL, or an ordinary file) as the "
                     "CLIP of the model family named by type.",
-        inputs=(Input("clip_name", COMBO, "The text encoder in models/text_encoders (or models/clip).",
-                      options=DynamicOptions("text_encoders")),
-                Input("type", COMBO, "The model family the encoder is for.", options=SINGLE_CLIP_TYPES)),
-        outputs=(Output("CLIP", CLIP, "The text encoder that turns prompts into conditioning."),),
+        inputs=(CLIP_NAME, CLIP_TYPE),
+        outputs=(CLIP_OUT,),
     )
 
-    def run(self, ctx: NodeContext, *, clip_name: str, type: str) -> tuple[TextEncodersHandle]:
-        path = _models(ctx).resolve("text_encoders", clip_name)
-        return (load_text_encoders([path], type, "CLIPLoaderGGUF", allow_pickle=_allow_pickle(ctx)),)
 
-    @classmethod
-    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "text_encoders", inputs.get("clip_name"))
+class DualCLIPLoaderGGUF(DualCLIPLoader):
+    """DualCLIPLoader without the device input."""
 
-
-class DualCLIPLoaderGGUF(Node):
     SCHEMA = NodeSchema(
         node_id="DualCLIPLoaderGGUF", display_name="DualCLIPLoader (GGUF)", category="bootleg",
         description="Loads two text encoders (.gguf or ordinary files, in any order) as one CLIP for the model "
                     "family named by type, e.g. clip_l.safetensors with a quantized t5xxl .gguf.",
-        inputs=(Input("clip_name1", COMBO, "A text encoder in models/text_encoders (or models/clip).",
-                      options=DynamicOptions("text_encoders")),
-                Input("clip_name2", COMBO, "The other text encoder.", options=DynamicOptions("text_encoders")),
-                Input("type", COMBO, "The model family the encoders are for.", options=DUAL_CLIP_TYPES)),
-        outputs=(Output("CLIP", CLIP, "The text encoders that turn prompts into conditioning."),),
+        inputs=(*CLIP_NAMES, DUAL_CLIP_TYPE),
+        outputs=(DUAL_CLIP_OUT,),
     )
-
-    def run(self, ctx: NodeContext, *, clip_name1: str, clip_name2: str, type: str) -> tuple[TextEncodersHandle]:
-        models = _models(ctx)
-        paths = [models.resolve("text_encoders", clip_name1), models.resolve("text_encoders", clip_name2)]
-        return (load_text_encoders(paths, type, "DualCLIPLoaderGGUF", allow_pickle=_allow_pickle(ctx)),)
-
-    @classmethod
-    def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return [_file_fingerprint(folders, "text_encoders", inputs.get(k)) for k in ("clip_name1", "clip_name2")]
 
 
 class ModelWeightStorage(Node):

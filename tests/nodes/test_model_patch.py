@@ -1,6 +1,6 @@
-"""ModelPatchLoader: ComfyUI's schema; the patch kinds ComfyUI loads are recognised from their tensors
-and refused with a message naming the kind and the missing apply node; other files are told where
-they belong."""
+"""ModelPatchLoader: ComfyUI's schema; the patch kinds ComfyUI loads that Loom cannot apply yet are
+recognised from their tensors and refused with a message naming the kind and the missing apply node;
+other files are told where they belong. (The kinds Loom builds: test_model_patch_control.py.)"""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from safetensors.torch import save_file
 from nodes.model_patch import KINDS, ModelPatchLoader
 from nodes.weights import ModelLoadError
 
+UNBUILT = [k for k in KINDS if k[2] not in ("QwenImageDiffsynthControlnet", "ZImageFunControlnet")]
 
-@pytest.mark.parametrize(("key", "what", "node"), KINDS, ids=[n for _, _, n in KINDS])
+
+@pytest.mark.parametrize(("key", "what", "node"), UNBUILT, ids=[n for _, _, n in UNBUILT])
 def test_known_patch_kinds_are_named_with_their_apply_node(models_dir: Path, make_ctx: Any, key: str, what: str,
                                                            node: str) -> None:
     folder = models_dir / "model_patches"
@@ -41,3 +43,15 @@ def test_schema_is_comfyuis() -> None:
     schema = ModelPatchLoader.SCHEMA
     assert [(i.name, i.type) for i in schema.inputs] == [("name", "COMBO")]
     assert [o.type for o in schema.outputs] == ["MODEL_PATCH"] and schema.category == "advanced/loaders"
+
+
+def test_fun_controlnet_2_1_files_are_refused_with_the_layout_loom_reads(models_dir: Path, make_ctx: Any) -> None:
+    folder = models_dir / "model_patches"
+    folder.mkdir(exist_ok=True)
+    tensors = {"control_all_x_embedder.2-1.weight": torch.zeros(8, 132),
+               "control_layers.0.attention.norm_q.weight": torch.zeros(4),
+               "control_layers.2.after_proj.weight": torch.zeros(8, 8),
+               "control_noise_refiner.0.after_proj.weight": torch.zeros(8, 8)}
+    save_file(tensors, str(folder / "fun21.safetensors"))
+    with pytest.raises(ModelLoadError, match="Fun ControlNet 2.1 .*Loom applies the Fun ControlNet Union layout"):
+        ModelPatchLoader().run(make_ctx(), name="fun21.safetensors")

@@ -13,13 +13,13 @@ weighting, no padding for one prompt; the conditioning stacks the hidden states 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from nodes.families.components.decoder_text import DecoderText, decoder_config
 from nodes.weights import ModelLoadError, TensorIndex
 
 SYSTEM = ("You are an AI that reasons about image descriptions. You give structured responses focusing on object "
@@ -34,7 +34,7 @@ TEKKEN_KEY = "tekken_model"
 
 
 @dataclass(frozen=True)
-class MistralText:
+class MistralText(DecoderText):
     """Mistral-Small 3.x as Flux.2 dev's text encoder (see the module docstring). ``file`` is the file
     whose ``tekken_model`` tensor holds the tokenizer."""
 
@@ -42,6 +42,8 @@ class MistralText:
     template: str = FLUX2_TEMPLATE
     layers: tuple[int, ...] = MISTRAL_LAYERS
     id: str = "mistral3_text"
+    config_class: ClassVar[str] = "MistralConfig"
+    model_class: ClassVar[str] = "MistralModel"
 
     @staticmethod
     def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
@@ -50,42 +52,12 @@ class MistralText:
                 f"{prefix}layers.0.self_attn.q_norm.weight"):
             raise ModelLoadError(f"{index.path}: no Mistral layers (layers.N.self_attn without q_norm) under "
                                  f"{prefix!r}; Flux.2 dev needs its Mistral-Small text encoder")
-        vocab, hidden = index.shape(f"{prefix}embed_tokens.weight")
         q_out, k_out = index.shape(f"{prefix}layers.0.self_attn.q_proj.weight")[0], index.shape(
             f"{prefix}layers.0.self_attn.k_proj.weight")[0]
         if q_out % HEAD_DIM or k_out % HEAD_DIM:
             raise ModelLoadError(f"{index.path}: attention widths {q_out}/{k_out} are not whole {HEAD_DIM}-wide heads "
                                  "(Mistral-Small's)")
-        return {
-            "vocab_size": vocab,
-            "hidden_size": hidden,
-            "intermediate_size": index.shape(f"{prefix}layers.0.mlp.gate_proj.weight")[0],
-            "num_hidden_layers": index.count(f"{prefix}layers."),
-            "num_attention_heads": q_out // HEAD_DIM,
-            "num_key_value_heads": k_out // HEAD_DIM,
-            "head_dim": HEAD_DIM,
-            "use_cache": False,
-            **MISTRAL_CONSTANTS,
-        }
-
-    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in sd.items() if k.startswith(("embed_tokens.", "layers.", "norm."))}
-
-    def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(sd)
-
-    def module_keys(self, sd: dict[str, Any]) -> dict[str, Any]:
-        return sd
-
-    def empty(self, config: Mapping[str, Any]) -> Any:
-        from transformers import MistralConfig, MistralModel
-
-        return MistralModel(MistralConfig(**config))
-
-    def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from transformers import MistralModel
-
-        return MistralModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+        return {**decoder_config(index, prefix, HEAD_DIM, q_out // HEAD_DIM), **MISTRAL_CONSTANTS}
 
     # --- prompts ------------------------------------------------------------------------------
     def load_tokenizer(self, name: str) -> Any:

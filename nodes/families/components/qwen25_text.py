@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from nodes.families.components.decoder_text import decoder_config
 from nodes.families.components.qwen_text import QwenText
 from nodes.families.components.scaled_fp8 import dequantize
 from nodes.weights import ModelLoadError, TensorIndex
@@ -64,6 +64,8 @@ class Qwen25VLText(QwenText):
 
     template: str = TEMPLATE
     id: str = "qwen25vl_text"
+    config_class: ClassVar[str] = "Qwen2Config"
+    model_class: ClassVar[str] = "Qwen2Model"
 
     # --- reading and building -----------------------------------------------------------------
     @staticmethod
@@ -74,36 +76,15 @@ class Qwen25VLText(QwenText):
                                  "Qwen2.5-VL-7B (qwen_2.5_vl_7b.safetensors)")
         if not index.has(f"{prefix}layers.0.self_attn.k_proj.bias"):
             raise ModelLoadError(f"{index.path}: no Qwen2.5 layers (layers.0.self_attn.k_proj.bias) under {prefix!r}")
-        vocab, hidden = index.shape(f"{prefix}embed_tokens.weight")
+        hidden = index.shape(f"{prefix}embed_tokens.weight")[1]
         head_dim = head_dim_for(hidden)
         if hidden % head_dim:
             raise ModelLoadError(f"{index.path}: a Qwen2.5 model {hidden} wide does not split into heads")
-        return {
-            "vocab_size": vocab,
-            "hidden_size": hidden,
-            "intermediate_size": index.shape(f"{prefix}layers.0.mlp.gate_proj.weight")[0],
-            "num_hidden_layers": index.count(f"{prefix}layers."),
-            "num_attention_heads": hidden // head_dim,
-            "num_key_value_heads": index.shape(f"{prefix}layers.0.self_attn.k_proj.weight")[0] // head_dim,
-            "head_dim": head_dim,
-            "tie_word_embeddings": False,
-            "use_cache": False,
-            "use_sliding_window": False,
-            **QWEN25_CONSTANTS,
-        }
+        return {**decoder_config(index, prefix, head_dim, hidden // head_dim), "tie_word_embeddings": False,
+                "use_sliding_window": False, **QWEN25_CONSTANTS}
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         return super().to_diffusers(dequantize(sd), config)
-
-    def empty(self, config: Mapping[str, Any]) -> Any:
-        from transformers import Qwen2Config, Qwen2Model
-
-        return Qwen2Model(Qwen2Config(**config))
-
-    def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from transformers import Qwen2Model
-
-        return Qwen2Model.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
     # --- prompts ------------------------------------------------------------------------------
     def token_ids(self, tokenizer: Any, text: str, template: str | None = None) -> list[int]:

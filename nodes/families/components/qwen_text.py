@@ -17,13 +17,13 @@ second-to-last decoder layer (no final norm), one row per token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from nodes.families.components.decoder_text import DecoderText, decoder_config
 from nodes.weights import ModelLoadError, TensorIndex
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
@@ -32,11 +32,13 @@ QWEN3_CONSTANTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000
 
 
 @dataclass(frozen=True)
-class QwenText:
+class QwenText(DecoderText):
     """A Qwen3 decoder used as a text encoder (see the module docstring)."""
 
     template: str = CHAT_TEMPLATE
     id: str = "qwen3_text"
+    config_class: ClassVar[str] = "Qwen3Config"
+    model_class: ClassVar[str] = "Qwen3Model"
 
     # --- reading and building -----------------------------------------------------------------
     @staticmethod
@@ -45,40 +47,11 @@ class QwenText:
         if not index.has(f"{prefix}layers.0.self_attn.q_norm.weight"):
             raise ModelLoadError(f"{index.path}: no Qwen3 layers (layers.0.self_attn.q_norm) under {prefix!r}; "
                                  "a Qwen2/Qwen2.5 file is not the Qwen3 encoder this model needs")
-        vocab, hidden = index.shape(f"{prefix}embed_tokens.weight")
         head_dim = index.shape(f"{prefix}layers.0.self_attn.q_norm.weight")[0]
-        return {
-            "vocab_size": vocab,
-            "hidden_size": hidden,
-            "intermediate_size": index.shape(f"{prefix}layers.0.mlp.gate_proj.weight")[0],
-            "num_hidden_layers": index.count(f"{prefix}layers."),
-            "num_attention_heads": index.shape(f"{prefix}layers.0.self_attn.q_proj.weight")[0] // head_dim,
-            "num_key_value_heads": index.shape(f"{prefix}layers.0.self_attn.k_proj.weight")[0] // head_dim,
-            "head_dim": head_dim,
-            "attention_bias": index.has(f"{prefix}layers.0.self_attn.q_proj.bias"),
-            "tie_word_embeddings": True,
-            "use_cache": False,
-            **QWEN3_CONSTANTS,
-        }
-
-    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in sd.items() if k.startswith(("embed_tokens.", "layers.", "norm."))}
-
-    def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(sd)
-
-    def module_keys(self, sd: dict[str, Any]) -> dict[str, Any]:
-        return sd
-
-    def empty(self, config: Mapping[str, Any]) -> Any:
-        from transformers import Qwen3Config, Qwen3Model
-
-        return Qwen3Model(Qwen3Config(**config))
-
-    def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from transformers import Qwen3Model
-
-        return Qwen3Model.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+        heads = index.shape(f"{prefix}layers.0.self_attn.q_proj.weight")[0] // head_dim
+        return {**decoder_config(index, prefix, head_dim, heads),
+                "attention_bias": index.has(f"{prefix}layers.0.self_attn.q_proj.bias"), "tie_word_embeddings": True,
+                **QWEN3_CONSTANTS}
 
     # --- prompts ------------------------------------------------------------------------------
     def load_tokenizer(self, name: str) -> Any:
