@@ -145,8 +145,6 @@ def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
     folder = Path(models_dir) / "controlnet"
     adapter, adapter_xl = folder / DEMO_ADAPTER, folder / DEMO_ADAPTER_XL / "diffusion_pytorch_model.safetensors"
     diff, union = folder / DEMO_DIFF, folder / DEMO_UNION / "diffusion_pytorch_model.safetensors"
-    sd3 = folder / DEMO_SD3_CONTROLNET / "diffusion_pytorch_model.safetensors"
-    flux, xlabs = folder / DEMO_FLUX_CONTROLNET, folder / DEMO_FLUX_XLABS
     half = torch.float16
     if not adapter.is_file():
         sd = adapter_to_original(demo_adapter((32, 64)).state_dict())
@@ -158,10 +156,18 @@ def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
         write(diff, {k: v.to(half).contiguous() for k, v in diff_controlnet(demo_controlnet(unet, 5), unet).items()})
     if not union.is_file():
         demo_union(demo_sdxl_modules()["unet"]).save_pretrained(union.parent)
+    return [adapter, adapter_xl, diff, union, *make_dit_control_demos(models_dir, write)]
+
+
+def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
+    """Write the SD3 and Flux demo ControlNets (kept if present)."""
+    folder = Path(models_dir) / "controlnet"
+    sd3 = folder / DEMO_SD3_CONTROLNET / "diffusion_pytorch_model.safetensors"
+    flux, xlabs = folder / DEMO_FLUX_CONTROLNET, folder / DEMO_FLUX_XLABS
     if not sd3.is_file():
         demo_sd3_controlnet().save_pretrained(sd3.parent)
     if not flux.is_file():
         write(flux, {k: v.contiguous() for k, v in demo_flux_controlnet().state_dict().items()})
     if not xlabs.is_file():
         write(xlabs, {k: v.contiguous() for k, v in xlabs_file(demo_flux_controlnet(13, xlabs=True)).items()})
-    return [adapter, adapter_xl, diff, union, sd3, flux, xlabs]
+    return [sd3, flux, xlabs]
