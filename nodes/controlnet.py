@@ -1,4 +1,5 @@
-"""ControlNets and T2I-Adapters for the UNet families (SD1.x, SD2.x, SDXL): ``ControlNetLoader``,
+"""ControlNets and T2I-Adapters for the UNet families (SD1.x, SD2.x, SDXL) and ControlNets for SD3
+and Flux (``nodes.families.components.dit_control``): ``ControlNetLoader``,
 ``DiffControlNetLoader``, ``ControlNetApply`` and ``ControlNetApplyAdvanced`` (ComfyUI's names,
 inputs and semantics). The files and their handles: ``nodes.controlnet_models`` (ControlNets,
 diff and union ControlNets) and ``nodes.t2i_adapter``.
@@ -201,7 +202,8 @@ def _load(ctx: NodeContext, name: str, base: Any = None) -> ControlHandle:
 class ControlNetLoader(Node):
     SCHEMA = NodeSchema(
         node_id="ControlNetLoader", display_name="Load ControlNet Model", category="loaders",
-        description="Loads a ControlNet, union ControlNet or T2I-Adapter from models/controlnet (weights are read when sampling).",
+        description="Loads a ControlNet (SD1.x/SD2.x/SDXL, SD3, Flux), union ControlNet or T2I-Adapter from "
+                    "models/controlnet (weights are read when sampling).",
         inputs=(_FILE,),
         outputs=(Output("CONTROL_NET", CONTROL_NET, "The ControlNet."),),
     )

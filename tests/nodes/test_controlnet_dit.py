@@ -326,3 +326,13 @@ def test_unrunnable_dit_controlnet_layouts_are_refused_by_name(tmp_path: Path) -
     for name, (tensors, words) in cases.items():
         with pytest.raises(ModelLoadError, match=words):
             open_controlnet(_save(tmp_path / name, tensors))
+
+
+def test_a_latent_hint_of_another_size_than_the_call_is_refused(sd3: dict[str, Any]) -> None:
+    """Area-limited conditioning calls the model on part of the latent; the VAE-encoded hint was
+    made for the whole latent, so the ControlNet refuses with a message instead of a shape error."""
+    handle = open_controlnet(sd3["cn"])
+    x, hint = torch.zeros(1, 16, 4, 4), torch.zeros(1, 16, 8, 8)
+    extra = {"main_blocks": (3, 0), "encoder_hidden_states": torch.zeros(1, 4, 64), "pooled_projections": torch.zeros(1, 64)}
+    with pytest.raises(ConditioningError, match="area-limited conditioning"):
+        handle.residuals(handle.build(), x, torch.tensor([500.0]), hint, 1, 1.0, extra)

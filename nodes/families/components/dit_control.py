@@ -38,6 +38,7 @@ import torch
 from nodes.control_base import ControlResiduals, file_label, fit_hint
 from nodes.families.latent_format import LatentFormat
 from nodes.handles import WeightsHandle
+from nodes.hooks import ConditioningError
 from nodes.weights import ModelLoadError, load_tensors, read_index
 
 SD3, FLUX_INSTANTX, FLUX_XLABS = "sd3", "flux_instantx", "flux_xlabs"
@@ -237,6 +238,12 @@ class DiTControlNetHandle(WeightsHandle):
         denoiser's keyword inputs and ``main_blocks`` (the model's double and single block counts)."""
         double, single = extra["main_blocks"]
         groups = x_in.shape[0] // rows
+        if self.latent_format is not None and tuple(hint.shape[-2:]) != tuple(x_in.shape[-2:]):
+            raise ConditioningError(
+                f"ControlNet {file_label(self.path)!r} got a {x_in.shape[-1]}x{x_in.shape[-2]} latent call but its control "
+                f"image was encoded for {hint.shape[-1]}x{hint.shape[-2]}: area-limited conditioning (ConditioningSetArea, "
+                "mask bounds) cannot carry a VAE-encoded ControlNet; remove the area node or apply the ControlNet to "
+                "full-image conditioning")
         if self.layout == SD3:
             return self._sd3(module, x_in, timestep, _rows(hint, rows).repeat(groups, 1, 1, 1), strength, extra, double)
         return self._flux(module, x_in, timestep, hint, rows, groups, strength, extra, double, single)
