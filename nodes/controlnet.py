@@ -135,7 +135,13 @@ def encode_hint(ctx: NodeContext, control: Control, fmt: Any, size: tuple[int, i
     with ctx.models.use(control.vae) as vae:
         ratio = downscale(vae)
         pixels = fit_hint(control.image, control.image.shape[0], (size[0] * ratio, size[1] * ratio))
-        return fmt.process_in(encode(vae, pixels.movedim(1, -1)))
+        latent = encode(vae, pixels.movedim(1, -1))
+    if latent.shape[1] != fmt.channels:
+        raise ConditioningError(
+            f"ControlNet {file_label(control.handle.path)!r} ({control.handle.family}) takes {fmt.channels}-channel latents "
+            f"but the VAE given to Apply ControlNet makes {latent.shape[1]}-channel ones; connect the "
+            f"{control.handle.family} model's VAE")
+    return fmt.process_in(latent)
 
 
 @dataclass(frozen=True)

@@ -336,3 +336,33 @@ def test_a_latent_hint_of_another_size_than_the_call_is_refused(sd3: dict[str, A
     extra = {"main_blocks": (3, 0), "encoder_hidden_states": torch.zeros(1, 4, 64), "pooled_projections": torch.zeros(1, 64)}
     with pytest.raises(ConditioningError, match="area-limited conditioning"):
         handle.residuals(handle.build(), x, torch.tensor([500.0]), hint, 1, 1.0, extra)
+
+
+def test_reference_latents_get_no_control_residual(flux: dict[str, Any], make_ctx: Any) -> None:
+    """With Kontext-style reference latents the image stream is longer than the ControlNet's output:
+    only the sampled latent's tokens get the residuals (ComfyUI adds to the first tokens)."""
+    from dataclasses import replace
+
+    ctx = make_ctx()
+    ref = torch.randn(1, 16, SIZE // 8, SIZE // 8, generator=torch.Generator().manual_seed(4))
+
+    def with_ref(pos: Any, neg: Any) -> tuple[Any, Any]:
+        return tuple([replace(e, extras={**e.extras, "reference_latents": [ref]}) for e in c] for c in (pos, neg))
+
+    control = _flux_apply(ctx, flux, "union_file", _image(), 1.0)
+    referenced, _ = _flux_run(ctx, flux, with_ref)
+    both, _ = _flux_run(ctx, flux, lambda p, n: control(*with_ref(p, n)))
+    assert torch.isfinite(both).all() and (both - referenced).abs().max() > 1e-4
+
+
+def test_a_vae_of_another_latent_width_is_refused(flux: dict[str, Any], make_ctx: Any, tiny_sd15_ckpt: Path) -> None:
+    ctx = make_ctx()
+    _, _, sd15_vae = open_checkpoint_parts(tiny_sd15_ckpt)
+    net = open_controlnet(flux["union_file"])
+
+    def apply(pos: Any, neg: Any) -> Any:
+        return ControlNetApplyAdvanced().run(ctx, positive=pos, negative=neg, control_net=net, image=_image(),
+                                             strength=1.0, start_percent=0.0, end_percent=1.0, vae=sd15_vae)
+
+    with pytest.raises(ConditioningError, match=r"takes 16-channel latents .* makes 4-channel ones"):
+        _flux_run(ctx, flux, apply)
