@@ -366,3 +366,16 @@ def test_a_vae_of_another_latent_width_is_refused(flux: dict[str, Any], make_ctx
 
     with pytest.raises(ConditioningError, match=r"takes 16-channel latents .* makes 4-channel ones"):
         _flux_run(ctx, flux, apply)
+
+
+def test_block_outputs_are_spread_over_the_model_blocks_as_comfyui() -> None:
+    from nodes.families.components.dit_control import sd3_spread, stretch
+
+    outs = [torch.full((1,), float(i + 1)) for i in range(3)]
+    # SD3: depth // k blocks per output, the last one block fewer; leftovers get zeros
+    assert [float(t) for t in sd3_spread(outs, 6)] == [1, 1, 2, 2, 3, 0]
+    assert [float(t) for t in sd3_spread(outs, 8)] == [1, 1, 2, 2, 3, 0, 0, 0]
+    # Flux InstantX: block i gets output i // ceil(depth / k); XLabs cycles
+    assert [float(t) for t in stretch(outs, 19) or []] == [1] * 7 + [2] * 7 + [3] * 5
+    assert [float(t) for t in stretch(outs, 5, cycle=True) or []] == [1, 2, 3, 1, 2]
+    assert stretch([], 38) is None
