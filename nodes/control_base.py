@@ -1,13 +1,16 @@
 """What every control model (ControlNet, union ControlNet, T2I-Adapter) gives the UNet for one call,
 and how the control image is fitted to the latent (shared by all of them).
 
-A control handle (``nodes.controlnet_models.ControlNetHandle``, ``nodes.t2i_adapter.AdapterHandle``)
-has ``family`` (a label for messages), ``fits(family_name)`` and
+A control handle (``nodes.controlnet_models.ControlNetHandle``, ``nodes.t2i_adapter.AdapterHandle``,
+``nodes.families.components.dit_control.DiTControlNetHandle``) has ``family`` (a label for messages), ``fits(family_name)`` and
 ``residuals(module, x_in, timestep, image, rows, strength, extra) -> ControlResiduals``; the
 denoiser passes the sum of the active ones to diffusers' UNet as ``down_block_additional_residuals``
 / ``mid_block_additional_residual`` (ControlNets: added to the skip connections and after the
 middle block, ComfyUI's ``output``/``middle`` controls) and ``down_intrablock_additional_residuals``
-(T2I-Adapters: added inside the down path, ComfyUI's ``input`` controls).
+(T2I-Adapters: added inside the down path, ComfyUI's ``input`` controls). DiT ControlNets give
+``blocks`` / ``single`` (one tensor per transformer block of the model), which the transformer
+denoisers add after their blocks. A handle with a ``latent_format`` (not None) takes its control
+image VAE-encoded into that latent space: the sampler encodes it once per run (``hint_key``).
 """
 
 from __future__ import annotations
@@ -41,10 +44,13 @@ class ControlResiduals:
     down: list[torch.Tensor] | None = None
     mid: torch.Tensor | None = None
     intrablock: list[torch.Tensor] | None = None
+    blocks: list[torch.Tensor] | None = None  # DiT: one per joint/double block of the model, added after it
+    single: list[torch.Tensor] | None = None  # DiT: one per single-stream block (Flux), image tokens
 
     def __add__(self, other: ControlResiduals) -> ControlResiduals:
         mid = self.mid if other.mid is None else other.mid if self.mid is None else self.mid + other.mid
-        return ControlResiduals(_add(self.down, other.down), mid, _add(self.intrablock, other.intrablock))
+        return ControlResiduals(_add(self.down, other.down), mid, _add(self.intrablock, other.intrablock),
+                                _add(self.blocks, other.blocks), _add(self.single, other.single))
 
     def unet_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of diffusers' ``UNet2DConditionModel`` for these residuals."""
@@ -55,6 +61,11 @@ class ControlResiduals:
         if self.intrablock is not None:  # the UNet pops from this list: give it a copy
             out["down_intrablock_additional_residuals"] = list(self.intrablock)
         return out
+
+
+def hint_key(control: Any) -> str:
+    """Where the sampler keeps a control's VAE-encoded hint beside the resident modules."""
+    return f"hint:{id(control)}"
 
 
 def fit_hint(image: torch.Tensor, rows: int, size: tuple[int, int]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""ControlNets and T2I-Adapters for the UNet families (SD1.x, SD2.x, SDXL): ``ControlNetLoader``,
+"""ControlNets and T2I-Adapters for the UNet families (SD1.x, SD2.x, SDXL) and ControlNets for SD3
+and Flux (``nodes.families.components.dit_control``): ``ControlNetLoader``,
 ``DiffControlNetLoader``, ``ControlNetApply`` and ``ControlNetApplyAdvanced`` (ComfyUI's names,
 inputs and semantics). The files and their handles: ``nodes.controlnet_models`` (ControlNets,
 diff and union ControlNets) and ``nodes.t2i_adapter``.
@@ -36,7 +37,7 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.control_base import CONTROL_NET, ControlResiduals, file_label, fit_hint
+from nodes.control_base import CONTROL_NET, ControlResiduals, file_label, fit_hint, hint_key
 from nodes.controlnet_models import ControlHandle, ControlNetHandle, open_control_model
 from nodes.hooks import ConditioningError
 
@@ -55,6 +56,7 @@ class Control:
     start_percent: float = 0.0
     end_percent: float = 1.0
     previous: Control | None = None
+    vae: Any = None  # the VAE a latent-space (DiT) ControlNet's image is encoded with
 
     def chain(self) -> list[Control]:
         out: list[Control] = []
@@ -99,9 +101,12 @@ def controls_to_uncond(branches: Sequence[tuple[str, Sequence[Any]]]) -> tuple[t
 
 
 @contextmanager
-def resident_controls(ctx: NodeContext, model: Any, entries: Sequence[Any]) -> Iterator[dict[str, Any]]:
+def resident_controls(ctx: NodeContext, model: Any, entries: Sequence[Any],
+                      size: tuple[int, int] | None = None) -> Iterator[dict[str, Any]]:
     """The modules of the ControlNets of ``entries`` by handle key, locked resident while inside
-    (nested inside the model's own ``use``: a locked module is never evicted, so both stay)."""
+    (nested inside the model's own ``use``: a locked module is never evicted, so both stay), and
+    the VAE-encoded hints of latent-space ControlNets for a latent of ``size`` (h, w) by
+    :func:`hint_key` (ComfyUI encodes them on the first call, the same way)."""
     modules: dict[str, Any] = {}
     with ExitStack() as stack:
         for c in controls_of(entries):
@@ -112,7 +117,31 @@ def resident_controls(ctx: NodeContext, model: Any, entries: Sequence[Any]) -> I
                     f"{model.family.name}; load a {what} made for {model.family.name}")
             if c.handle.key not in modules:
                 modules[c.handle.key] = stack.enter_context(ctx.models.use(c.handle))
+            fmt = getattr(c.handle, "latent_format", None)
+            if fmt is not None and size is not None:
+                modules[hint_key(c)] = encode_hint(ctx, c, fmt, size)
         yield modules
+
+
+def encode_hint(ctx: NodeContext, control: Control, fmt: Any, size: tuple[int, int]) -> torch.Tensor:
+    """The control image in ``fmt``'s model space for a latent of ``size``: center-cropped and
+    resized to the VAE's pixel size (nearest-exact), encoded, ``process_in`` (ComfyUI's order)."""
+    from nodes.latent import downscale, encode
+
+    if control.vae is None:
+        raise ConditioningError(
+            f"ControlNet {file_label(control.handle.path)!r} works on VAE-encoded control images but no VAE was "
+            "given; connect the model's VAE to the vae input of Apply ControlNet")
+    with ctx.models.use(control.vae) as vae:
+        ratio = downscale(vae)
+        pixels = fit_hint(control.image, control.image.shape[0], (size[0] * ratio, size[1] * ratio))
+        latent = encode(vae, pixels.movedim(1, -1))
+    if latent.shape[1] != fmt.channels:
+        raise ConditioningError(
+            f"ControlNet {file_label(control.handle.path)!r} ({control.handle.family}) takes {fmt.channels}-channel latents "
+            f"but the VAE given to Apply ControlNet makes {latent.shape[1]}-channel ones; connect the "
+            f"{control.handle.family} model's VAE")
+    return fmt.process_in(latent)
 
 
 @dataclass(frozen=True)
@@ -131,19 +160,22 @@ class BoundControl:
     def at(self, sigma: torch.Tensor | None) -> BoundControl:
         return replace(self, sigma=sigma)
 
-    def residuals(self, x_in: torch.Tensor, timestep: torch.Tensor, kwargs: Mapping[str, Any]) -> ControlResiduals:
+    def residuals(self, x_in: torch.Tensor, timestep: torch.Tensor, kwargs: Mapping[str, Any],
+                  blocks: tuple[int, int] | None = None) -> ControlResiduals:
         """Summed residuals of every active control for the whole group (empty when none is active).
-        The chains of a group are the same controls (entries only batch together when they are)."""
+        The chains of a group are the same controls (entries only batch together when they are).
+        ``kwargs``: the denoiser's keyword inputs; ``blocks``: a transformer's (double, single)
+        block counts, which DiT ControlNets spread their outputs over."""
         s = float(self.sigma.reshape(-1)[0]) if self.sigma is not None else None
         total = ControlResiduals()
-        extra = {k: kwargs[k] for k in ("encoder_hidden_states", "added_cond_kwargs") if k in kwargs}
+        extra = {**kwargs, **({"main_blocks": blocks} if blocks is not None else {})}
         if any(c is not None for c in self.contexts):
             extra["encoder_hidden_states"] = self._controlnet_context(kwargs["encoder_hidden_states"])
         for c in self.chains[0]:
             if s is not None and (s > self.percent_to_sigma(c.start_percent) or s < self.percent_to_sigma(c.end_percent)):
                 continue
-            module = self.modules[c.handle.key]
-            total = total + c.handle.residuals(module, x_in, timestep, c.image, self.rows, c.strength, extra)
+            module, hint = self.modules[c.handle.key], self.modules.get(hint_key(c), c.image)
+            total = total + c.handle.residuals(module, x_in, timestep, hint, self.rows, c.strength, extra)
         return total
 
 
@@ -176,7 +208,8 @@ def _load(ctx: NodeContext, name: str, base: Any = None) -> ControlHandle:
 class ControlNetLoader(Node):
     SCHEMA = NodeSchema(
         node_id="ControlNetLoader", display_name="Load ControlNet Model", category="loaders",
-        description="Loads a ControlNet, union ControlNet or T2I-Adapter from models/controlnet (weights are read when sampling).",
+        description="Loads a ControlNet (SD1.x/SD2.x/SDXL, SD3, Flux), union ControlNet or T2I-Adapter from "
+                    "models/controlnet (weights are read when sampling).",
         inputs=(_FILE,),
         outputs=(Output("CONTROL_NET", CONTROL_NET, "The ControlNet."),),
     )
@@ -198,15 +231,19 @@ class DiffControlNetLoader(Node):
 
 
 def attach(conditioning: Sequence[Any], control: ControlHandle, image: torch.Tensor, strength: float,
-           start: float, end: float, cache: dict[int, Control], to_uncond: bool = False) -> list[Any]:
+           start: float, end: float, cache: dict[int, Control], to_uncond: bool = False, vae: Any = None) -> list[Any]:
     """New entries whose control is ``control`` stacked on what they had (one Control per previous);
-    ``to_uncond``: the old node's mark (:func:`controls_to_uncond`)."""
+    ``to_uncond``: the old node's mark (:func:`controls_to_uncond`); ``vae``: for latent-space ControlNets."""
+    if getattr(control, "latent_format", None) is not None and vae is None:
+        raise ValueError(f"the ControlNet {file_label(control.path)!r} ({control.family}) works on VAE-encoded control "
+                         "images; connect the model's VAE to the vae input of Apply ControlNet (or use Apply "
+                         "Controlnet with VAE)")
     out = []
     for e in conditioning:
         prev = e.extras.get("control")
         key = id(prev)
         if key not in cache:
-            cache[key] = Control(control, image, strength, start, end, prev)
+            cache[key] = Control(control, image, strength, start, end, prev, vae)
         mark = {"control_apply_to_uncond": True} if to_uncond else {}
         out.append(replace(e, extras={**e.extras, "control": cache[key], **mark}))
     return out
@@ -228,8 +265,8 @@ class ControlNetApplyAdvanced(Node):
                       step=0.001),
                 Input("end_percent", FLOAT, "Where in the schedule it stops.", default=1.0, min=0.0, max=1.0,
                       step=0.001),
-                Input("vae", VAE, "Only ControlNets working in latent space need it (the UNet families' ControlNets take pixels).",
-                      optional=True)),
+                Input("vae", VAE, "For ControlNets working in latent space (SD3 and InstantX/Shakker Flux ControlNets); "
+                      "the UNet families' and XLabs' ControlNets take pixels.", optional=True)),
         outputs=(Output("positive", CONDITIONING, "Positive conditioning with the control."),
                  Output("negative", CONDITIONING, "Negative conditioning with the control.")),
     )
@@ -239,8 +276,8 @@ class ControlNetApplyAdvanced(Node):
         if strength == 0:
             return (positive, negative)
         cache: dict[int, Control] = {}
-        return (attach(positive, control_net, image, strength, start_percent, end_percent, cache),
-                attach(negative, control_net, image, strength, start_percent, end_percent, cache))
+        return (attach(positive, control_net, image, strength, start_percent, end_percent, cache, vae=vae),
+                attach(negative, control_net, image, strength, start_percent, end_percent, cache, vae=vae))
 
 
 class ControlNetApply(Node):

@@ -3,10 +3,11 @@
 
 In ComfyUI the first two are ``ControlNetApplyAdvanced`` with a VAE; the AliMama node, for a
 ControlNet that takes the inpainting mask (``concat_mask``: AliMama's Flux inpainting ControlNet),
-first blacks out the masked part of the image and hands the inverted mask along. The ControlNets
-Loom loads (SD1.x/SD2.x/SDXL, union, T2I-Adapter) take pixels and no mask, so for them both nodes
-apply exactly as ``ControlNetApplyAdvanced``; the DiT ControlNets these nodes were made for (SD3,
-Flux, AliMama inpainting) are refused by the loader with a message saying so.
+first blacks out the masked part of the image and hands the inverted mask along. Both pass the VAE
+on: the SD3 and InstantX/Shakker Flux ControlNets take the control image VAE-encoded
+(``nodes.families.components.dit_control``); the others (SD1.x/SD2.x/SDXL, union, T2I-Adapter,
+XLabs Flux) take pixels. No ControlNet Loom loads takes the mask: the mask-taking inpainting
+ControlNets (AliMama's, SD3 inpainting) are refused by the loader with a message saying so.
 
 ``CLIPTextEncodeControlnet`` gives the ControlNets of a conditioning their own prompt: the
 ControlNet's cross-attention reads these embeddings instead of the conditioning's (ComfyUI's

@@ -8,7 +8,8 @@
   minus the UNet it was trained from; ``DiffControlNetLoader`` adds its model's UNet weights to
   every tensor the UNet also has (ComfyUI's rule), so the handle carries that model (``base``);
 - union / ProMax SDXL ControlNets (``task_embedding``: ``nodes.controlnet_union``);
-- T2I-Adapters (``nodes.t2i_adapter``).
+- T2I-Adapters (``nodes.t2i_adapter``);
+- ControlNets for the transformer families, SD3 and Flux (``nodes.families.components.dit_control``).
 
 As in ComfyUI, a file whose name ends in ``_shuffle`` (or ``_shuffle_fp16``) has its residuals
 averaged over the image (diffusers' ``global_pool_conditions``).
@@ -29,6 +30,7 @@ import torch
 
 from nodes.control_base import ControlResiduals, fit_hint
 from nodes.controlnet_union import union_config, union_forward
+from nodes.families.components.dit_control import DiTControlNetHandle, dit_config, dit_layout
 from nodes.families.control import family_label, ldm_controlnet_to_diffusers
 from nodes.handles import WeightsHandle, WeightsSource
 from nodes.t2i_adapter import AdapterHandle, is_adapter, open_adapter
@@ -37,7 +39,7 @@ from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
 LDM_PREFIX = "control_model."
 DIFF_KEY = "difference"
 SHUFFLE_SUFFIXES = ("_shuffle", "_shuffle_fp16")  # file names whose residuals are averaged over the image
-# top-level tensor names of DiT ControlNets (SD3, Flux: diffusers, InstantX/Shakker, AliMama, XLabs)
+# top-level tensor names of transformer models: a file with them that no DiT layout claims is refused
 DIT_MARKS = frozenset({"controlnet_blocks", "controlnet_single_blocks", "controlnet_x_embedder", "pos_embed_input",
                        "double_blocks", "single_blocks", "transformer_blocks", "single_transformer_blocks"})
 
@@ -148,12 +150,13 @@ class ControlNetHandle(WeightsHandle):
             down, mid = union_forward(module, x_in, timestep, hint, self.control_type, float(strength),
                                       extra["encoder_hidden_states"], extra.get("added_cond_kwargs"))
         else:
+            inputs = {k: extra[k] for k in ("encoder_hidden_states", "added_cond_kwargs") if k in extra}
             down, mid = module(x_in, timestep, controlnet_cond=hint, conditioning_scale=float(strength),
-                               return_dict=False, **extra)
+                               return_dict=False, **inputs)
         return ControlResiduals(down=list(down), mid=mid)
 
 
-ControlHandle = ControlNetHandle | AdapterHandle
+ControlHandle = ControlNetHandle | AdapterHandle | DiTControlNetHandle
 
 
 def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = None) -> ControlHandle:
@@ -167,11 +170,20 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
     if "controlnet_cond_embedding.conv_in.weight" not in shapes and not any(k.startswith(LDM_PREFIX) for k in shapes):
         if is_adapter(shapes):
             return open_adapter(path, shapes, allow_pickle=allow_pickle)
+    layout = dit_layout(shapes, path.name)
+    if layout is not None:
+        try:
+            config = dit_config(shapes, layout)
+        except KeyError as e:
+            raise ModelLoadError(f"{path.name} looks like a {layout} ControlNet but has no {e.args[0]!r} tensor; the file "
+                                 "is incomplete or of another kind") from None
+        return DiTControlNetHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
+                                   nbytes=path.stat().st_size, config=config, layout=layout)
     dit = sorted(k for k in shapes if k.split(".")[0] in DIT_MARKS)
     if dit:
-        raise ModelLoadError(f"{path.name} is a ControlNet for a transformer (DiT) model ({dit[0]!r} …, e.g. "
-                             "AliMama inpainting, InstantX/Shakker union, XLabs); Loom runs ControlNets and "
-                             "T2I-Adapters for UNet models only so far")
+        raise ModelLoadError(f"{path.name} holds transformer (DiT) tensors ({dit[0]!r} …) in no ControlNet layout Loom "
+                             "knows; Loom runs SD3 ControlNets (diffusers layout), Flux ControlNets (InstantX, "
+                             "Shakker-Labs, XLabs) and the UNet families' ControlNets and T2I-Adapters")
     diff = DIFF_KEY in shapes
     if diff and base is None:
         raise ModelLoadError(f"{path.name} is a 'diff' ControlNet (it holds only the difference to a UNet); load it "

@@ -8,6 +8,12 @@
   (original ``control_model.*`` layout holding ControlNet minus UNet, with the ``difference`` tensor)
 - ``controlnet/loom_demo_controlnet_union_sdxl/diffusion_pytorch_model.safetensors`` (+ ``config.json``):
   a ProMax-style union ControlNet (8 control types) for the SDXL demo, as xinsir publishes it
+- ``controlnet/loom_demo_controlnet_sd35_medium/diffusion_pytorch_model.safetensors`` (+ ``config.json``):
+  an SD3 ControlNet (diffusers' ``SD3ControlNetModel``, as InstantX publishes theirs) for the SD3.5 demo
+- ``controlnet/loom_demo_controlnet_flux_union.safetensors``: a Flux union ControlNet in the
+  InstantX / Shakker-Labs single-file layout (diffusers names, ``controlnet_mode_embedder``) for the Flux demo
+- ``controlnet/loom_demo_controlnet_flux_xlabs.safetensors``: a Flux ControlNet in XLabs' layout
+  (Black Forest Labs' names, ``input_hint_block``, pixel hints) for the Flux demo
 """
 
 from __future__ import annotations
@@ -19,6 +25,54 @@ DEMO_ADAPTER = "loom_demo_t2iadapter_sd15.safetensors"
 DEMO_ADAPTER_XL = "loom_demo_t2iadapter_sdxl"
 DEMO_DIFF = "loom_demo_controlnet_sd15_diff.safetensors"
 DEMO_UNION = "loom_demo_controlnet_union_sdxl"
+DEMO_SD3_CONTROLNET = "loom_demo_controlnet_sd35_medium"
+DEMO_FLUX_CONTROLNET = "loom_demo_controlnet_flux_union.safetensors"
+DEMO_FLUX_XLABS = "loom_demo_controlnet_flux_xlabs.safetensors"
+
+
+def _randomize(module: Any, seed: int) -> Any:
+    """Random weights everywhere (diffusers zero-initialises a ControlNet's outputs and hint input)."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.05)
+    return module.eval()
+
+
+def demo_sd3_controlnet(seed: int = 11) -> Any:
+    """A one-block ``SD3ControlNetModel`` sized for the SD3.5 demo transformer (``nodes.demo_sd3``)."""
+    from diffusers import SD3ControlNetModel
+
+    from nodes.demo_sd3 import CLIP_WIDTH, T5_WIDTH
+
+    return _randomize(SD3ControlNetModel(
+        sample_size=16, patch_size=2, in_channels=16, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=T5_WIDTH, caption_projection_dim=32, pooled_projection_dim=2 * CLIP_WIDTH, out_channels=16,
+        pos_embed_max_size=32, qk_norm="rms_norm"), seed)
+
+
+def demo_flux_controlnet(seed: int = 12, *, union: bool = True, xlabs: bool = False, guidance: bool = True) -> Any:
+    """A ``FluxControlNetModel`` sized for the Flux demo transformer (``nodes.demo_flux``): one double
+    and one single block with 10 union modes (InstantX), or ``xlabs``: one double block, no single
+    blocks, the pixel hint encoder."""
+    from diffusers import FluxControlNetModel
+
+    from nodes.families.components.flux_dit import rope_axes
+
+    return _randomize(FluxControlNetModel(
+        patch_size=2 if xlabs else 1, in_channels=64, num_layers=1, num_single_layers=0 if xlabs else 1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=guidance,
+        axes_dims_rope=list(rope_axes(16)), num_mode=10 if union and not xlabs else None,
+        conditioning_embedding_channels=16 if xlabs else None), seed)
+
+
+def xlabs_file(module: Any) -> dict[str, Any]:
+    """A diffusers ``FluxControlNetModel`` with a hint encoder in XLabs' file layout."""
+    from nodes.families.components.dit_control import diffusers_to_xlabs
+
+    return diffusers_to_xlabs(module)
 
 
 def demo_adapter(channels: tuple[int, ...], kind: str = "full_adapter", in_channels: int = 3, seed: int = 7) -> Any:
@@ -102,4 +156,18 @@ def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
         write(diff, {k: v.to(half).contiguous() for k, v in diff_controlnet(demo_controlnet(unet, 5), unet).items()})
     if not union.is_file():
         demo_union(demo_sdxl_modules()["unet"]).save_pretrained(union.parent)
-    return [adapter, adapter_xl, diff, union]
+    return [adapter, adapter_xl, diff, union, *make_dit_control_demos(models_dir, write)]
+
+
+def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
+    """Write the SD3 and Flux demo ControlNets (kept if present)."""
+    folder = Path(models_dir) / "controlnet"
+    sd3 = folder / DEMO_SD3_CONTROLNET / "diffusion_pytorch_model.safetensors"
+    flux, xlabs = folder / DEMO_FLUX_CONTROLNET, folder / DEMO_FLUX_XLABS
+    if not sd3.is_file():
+        demo_sd3_controlnet().save_pretrained(sd3.parent)
+    if not flux.is_file():
+        write(flux, {k: v.contiguous() for k, v in demo_flux_controlnet().state_dict().items()})
+    if not xlabs.is_file():
+        write(xlabs, {k: v.contiguous() for k, v in xlabs_file(demo_flux_controlnet(13, xlabs=True)).items()})
+    return [sd3, flux, xlabs]

@@ -153,7 +153,8 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     noise = torch.cat([job.noise.float() for job in jobs])
     mask = latent.get("noise_mask")
     entries = [e for job in jobs for _, branch in job.guider.branches for e in branch]
-    with (ctx.models.use(model) as module, resident_controls(ctx, model, entries) as controls,
+    with (ctx.models.use(model) as module,
+          resident_controls(ctx, model, entries, (samples.shape[-2], samples.shape[-1])) as controls,
           _resident_patch_modules(ctx, model) as resident):
         _check(module, model, jobs)
         device = next(module.parameters()).device

@@ -257,12 +257,17 @@ def test_shuffle_controlnets_average_their_residuals_over_the_image(nets: dict, 
     assert max(float((r - d.mean(dim=(2, 3), keepdim=True)).abs().max()) for r, d in zip(res.down, down, strict=True)) < 1e-5
 
 
-def test_dit_controlnets_are_refused_saying_what_is_missing(models_dir: Path) -> None:
+def test_dit_files_in_no_known_layout_are_refused_saying_what_is_missing(models_dir: Path) -> None:
+    (models_dir / "controlnet").mkdir(parents=True, exist_ok=True)
     path = models_dir / "controlnet" / "flux_union.safetensors"
-    save_file({"controlnet_blocks.0.weight": torch.zeros(4, 4), "controlnet_x_embedder.weight": torch.zeros(4, 4)},
+    save_file({"controlnet_blocks.0.weight": torch.zeros(4, 4), "controlnet_x_embedder.weight": torch.zeros(4, 64)},
               str(path))
-    with pytest.raises(ModelLoadError, match=r"transformer \(DiT\) model.*UNet models only"):
+    with pytest.raises(ModelLoadError, match=r"flux_instantx ControlNet but has no 'x_embedder.weight'"):
         open_controlnet(path)
+    odd = models_dir / "controlnet" / "odd_dit.safetensors"
+    save_file({"single_blocks.0.linear1.weight": torch.zeros(4, 4)}, str(odd))
+    with pytest.raises(ModelLoadError, match=r"transformer \(DiT\) tensors .* no ControlNet layout Loom knows"):
+        open_controlnet(odd)
     lora = models_dir / "controlnet" / "control_lora.safetensors"
     save_file({"lora_controlnet": torch.zeros(1), "input_hint_block.0.weight": torch.zeros(16, 3, 3, 3)}, str(lora))
     with pytest.raises(ModelLoadError, match="Control-LoRA"):

@@ -212,6 +212,10 @@ class FluxTransformer:
                "guidance": to(torch.tensor([0.0 if v is None else float(v) for v in values]))}
         if any(v is None for v in values):
             out["guidance_off"] = torch.tensor([v is None for v in values])
+        if any(e.extras.get("control") is not None for e in entries):  # ControlNets (dit_control)
+            from nodes.families.components.unet import bind_controls
+
+            out["control"] = bind_controls(entries, batch)
         return out | self._references(entries, batch, to)
 
     def _references(self, entries: Sequence[CondEntry], batch: int, to: Any) -> dict[str, Any]:
@@ -237,6 +241,8 @@ class FluxTransformer:
         """Pack ``x_in`` (B, 16, H, W) into 2×2 patches (then the reference latents' tokens, if
         any), call the transformer at ``timestep`` (= sigma), unpack the image tokens of the output
         to the latent's shape."""
+        import torch.nn.functional as F
+
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         if options and options.get("patches"):
@@ -247,6 +253,10 @@ class FluxTransformer:
                                     "remove the SkipLayerGuidance node from the workflow")
         refs, method = kwargs.pop("ref_latents", None), kwargs.pop("ref_latents_method", "offset")
         guidance_off = kwargs.pop("guidance_off", None)
+        control = kwargs.pop("control", None)
+        if control is not None:
+            blocks = (int(module.config.num_layers), int(module.config.num_single_layers))
+            kwargs |= control_kwargs(control.residuals(x_in, timestep, kwargs, blocks))
         if not getattr(module.config, "guidance_embeds", False):
             kwargs.pop("guidance", None)
             guidance_off = None
@@ -262,6 +272,10 @@ class FluxTransformer:
             ref_tokens, ref_ids = reference_tokens([r.to(x) for r in refs], method, x.shape[-2] // 2, x.shape[-1] // 2)
             tokens, img_ids = torch.cat([tokens, ref_tokens], dim=1), torch.cat([img_ids, ref_ids])
         t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
+        if tokens.shape[1] > image_tokens:  # reference tokens get no control (ComfyUI adds to the first ones)
+            for name in ("controlnet_block_samples", "controlnet_single_block_samples"):
+                if name in kwargs:
+                    kwargs[name] = [F.pad(r, (0, 0, 0, tokens.shape[1] - r.shape[1])) for r in kwargs[name]]
         hook = None
         if guidance_off is not None:  # ComfyUI adds no guidance embedding for these rows
             keep = (~guidance_off.to(x.device)).to(x.dtype)[:, None]
@@ -299,6 +313,17 @@ class FluxTransformer:
                 raise ConditioningError(
                     f"{name} conditioning has no {module.config.pooled_projection_dim}-wide pooled CLIP-L "
                     "vector, which Flux needs; encode with the CLIP of DualCLIPLoader (clip_l + t5xxl, type flux)")
+
+
+def control_kwargs(residuals: Any) -> dict[str, Any]:
+    """``FluxTransformer2DModel``'s inputs for ControlNet residuals given per block (one each, so
+    block ``i`` gets entry ``i``)."""
+    out: dict[str, Any] = {}
+    if residuals.blocks is not None:
+        out["controlnet_block_samples"] = residuals.blocks
+    if residuals.single is not None:
+        out["controlnet_single_block_samples"] = residuals.single
+    return out
 
 
 def attention_mask(entry: CondEntry, batch: int, length: int, grid: tuple[int, int]) -> Tensor:

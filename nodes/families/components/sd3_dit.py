@@ -191,7 +191,12 @@ class SD3Transformer:
         embeds = lcm_repeat([e.embeds for e in entries])  # ComfyUI's rule for mixed lengths
         hidden = torch.cat([e.expand(batch, -1, -1) for e in embeds])
         pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
-        return {"encoder_hidden_states": to(hidden), "pooled_projections": to(pooled)}
+        kwargs: dict[str, Any] = {"encoder_hidden_states": to(hidden), "pooled_projections": to(pooled)}
+        if any(e.extras.get("control") is not None for e in entries):  # ControlNets (dit_control)
+            from nodes.families.components.unet import bind_controls
+
+            kwargs["control"] = bind_controls(entries, batch)
+        return kwargs
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Call the transformer on ``x_in`` (B, 16, H, W) at ``timestep`` (= 1000·sigma); layers
@@ -203,6 +208,11 @@ class SD3Transformer:
         if options.get("patches"):
             raise ConditioningError(f"the SD3 transformer cannot run block patches {sorted(options['patches'])}; "
                                     "remove the patch node from the workflow")
+        control = kwargs.pop("control", None)
+        if control is not None:  # one residual per joint block, added after it (diffusers skips the last)
+            blocks = control.residuals(x_in, timestep, kwargs, (int(module.config.num_layers), 0)).blocks
+            if blocks is not None:
+                kwargs["block_controlnet_hidden_states"] = blocks
         skip: BlockSkip | None = options.get("block_skip")
         patch = module.config.patch_size
         height, width = x_in.shape[-2:]
