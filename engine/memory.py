@@ -181,6 +181,7 @@ class ModelManager:
         self.ram_budget_bytes = default_ram_budget() if ram_budget_bytes is None else ram_budget_bytes
         self.prefetch_enabled = prefetch
         self._lock = threading.RLock()
+        self._streams: dict[str, Any] = {}  # handle key -> its streaming state (nodes.streaming.Streaming)
         self._changed = threading.Condition(self._lock)
         self._resident: dict[str, _Entry] = {}
         self._ram: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
@@ -214,6 +215,7 @@ class ModelManager:
             dropped = [self._resident.pop(k) for k, e in list(self._resident.items()) if e.locks == 0]
             dropped += [self._ram.pop(k) for k in list(self._ram)]
             for entry in dropped:
+                self._stop_streaming(entry.handle.key)
                 self._record_eviction(entry, "disk", "free")
             self._upcoming = []
         if dropped:
@@ -327,6 +329,7 @@ class ModelManager:
         """Move unlocked large residents to the RAM tier (caller holds the lock)."""
         for key in [k for k, e in self._resident.items() if e.locks == 0 and self.policy.is_large(e.handle.kind)]:
             entry = self._resident.pop(key)
+            self._stop_streaming(key)
             start = time.perf_counter()
             if self.policy.device != "cpu":
                 entry.module = entry.handle.to_device(entry.module, "cpu", self.policy.dtype_for(entry.handle.kind))
@@ -419,21 +422,39 @@ class ModelManager:
 
     # --- device budget and block streaming (engine/streaming.py) --------------------------------
     # Set by main.py from --vram-budget / --reserve-vram / --lowvram / --novram / --highvram.
-    # None: models move whole (``handle.to_device``); a budget: through ``to_device_within``.
+    # None: models move whole (``handle.to_device``); a budget: through ``to_device_within``, which
+    # returns the module and its streaming state (None: moved whole), kept in ``_streams``.
     device_budget: DeviceBudget | None = None
 
     def _placed(self, handle: ModelHandleLike, module: Any, device: str, dtype: str) -> Any:
+        self._stop_streaming(handle.key)
         within = getattr(handle, "to_device_within", None)
         if self.device_budget is None or device != self.policy.device or not callable(within):
             return handle.to_device(module, device, dtype)
-        return within(module, device, dtype, self.device_budget)
+        module, state = within(module, device, dtype, self.device_budget)
+        if state is not None:
+            with self._lock:
+                self._streams[handle.key] = state
+        return module
+
+    def _stop_streaming(self, key: str) -> None:
+        """Stop streaming the model ``key`` (its hooks removed, device copies of streamed blocks
+        dropped): before it moves again, leaves the device or is dropped."""
+        with self._lock:
+            state = self._streams.pop(key, None)
+        if state is not None:
+            state.close()
+
+    def streaming_of(self, handle: ModelHandleLike) -> Any:
+        """The streaming state of ``handle``'s resident module (None: resident whole, or not resident)."""
+        with self._lock:
+            return self._streams.get(handle.key)
 
     def _streaming_stats(self) -> dict[str, Any]:
         """The budget, and per resident model its streaming plan and counts (caller holds the lock)."""
         if self.device_budget is None:
             return {}
-        streamed = [{"key": e.handle.key, **describe()} for e in self._resident.values()
-                    if callable(describe := getattr(getattr(e.module, "_loom_streaming", None), "describe", None))]
+        streamed = [{"key": key, **state.describe()} for key, state in self._streams.items() if key in self._resident]
         return {"device_budget": self.device_budget.describe(), "streaming": streamed}
 
     # --- accounting helpers ---------------------------------------------------------------------

@@ -208,7 +208,7 @@ def _load(ctx: NodeContext, name: str, base: Any = None) -> ControlHandle:
 class ControlNetLoader(Node):
     SCHEMA = NodeSchema(
         node_id="ControlNetLoader", display_name="Load ControlNet Model", category="loaders",
-        description="Loads a ControlNet (SD1.x/SD2.x/SDXL, SD3, Flux), union ControlNet or T2I-Adapter from "
+        description="Loads a ControlNet (of any family Loom runs), union ControlNet or T2I-Adapter from "
                     "models/controlnet (weights are read when sampling).",
         inputs=(_FILE,),
         outputs=(Output("CONTROL_NET", CONTROL_NET, "The ControlNet."),),
@@ -265,8 +265,8 @@ class ControlNetApplyAdvanced(Node):
                       step=0.001),
                 Input("end_percent", FLOAT, "Where in the schedule it stops.", default=1.0, min=0.0, max=1.0,
                       step=0.001),
-                Input("vae", VAE, "For ControlNets working in latent space (SD3 and InstantX/Shakker Flux ControlNets); "
-                      "the UNet families' and XLabs' ControlNets take pixels.", optional=True)),
+                Input("vae", VAE, "For ControlNets working in latent space (the transformer families' ControlNets, "
+                      "whose hint is VAE-encoded); ControlNets taking pixels ignore it.", optional=True)),
         outputs=(Output("positive", CONDITIONING, "Positive conditioning with the control."),
                  Output("negative", CONDITIONING, "Negative conditioning with the control.")),
     )

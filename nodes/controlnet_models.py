@@ -31,7 +31,7 @@ import torch
 from nodes.control_base import ControlResiduals, fit_hint
 from nodes.controlnet_union import union_config, union_forward
 from nodes.families.components.dit_control import DiTControlNetHandle, dit_config, dit_layout
-from nodes.families.control import family_label, ldm_controlnet_to_diffusers
+from nodes.families.control import READABLE_CONTROLNET_LAYOUTS, family_label, ldm_controlnet_to_diffusers
 from nodes.handles import WeightsHandle, WeightsSource
 from nodes.t2i_adapter import AdapterHandle, is_adapter, open_adapter
 from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
@@ -182,8 +182,7 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
     dit = sorted(k for k in shapes if k.split(".")[0] in DIT_MARKS)
     if dit:
         raise ModelLoadError(f"{path.name} holds transformer (DiT) tensors ({dit[0]!r} …) in no ControlNet layout Loom "
-                             "knows; Loom runs SD3 ControlNets (diffusers layout), Flux ControlNets (InstantX, "
-                             "Shakker-Labs, XLabs) and the UNet families' ControlNets and T2I-Adapters")
+                             f"knows; Loom runs {READABLE_CONTROLNET_LAYOUTS}")
     diff = DIFF_KEY in shapes
     if diff and base is None:
         raise ModelLoadError(f"{path.name} is a 'diff' ControlNet (it holds only the difference to a UNet); load it "

@@ -133,9 +133,6 @@ class WeightsHandle:
     def to_device(self, module: Any, device: str, dtype: str) -> Any:
         import torch
 
-        from nodes.streaming import detach
-
-        detach(module)  # a streamed module moves whole from here on
         target_device, target_dtype = torch.device(device), getattr(torch, self.dtype or dtype)
         tensors = [*module.parameters(), *module.buffers()]
         if all(t.device == target_device and (t.dtype == target_dtype or not t.is_floating_point()) for t in tensors):
@@ -143,7 +140,7 @@ class WeightsHandle:
         # nn.Module.to, not diffusers' override (it warns on every cast of modules without fp32 parts)
         return torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
 
-    def to_device_within(self, module: Any, device: str, dtype: str, budget: Any) -> Any:
+    def to_device_within(self, module: Any, device: str, dtype: str, budget: Any) -> tuple[Any, Any]:
         """``to_device`` within a device budget (``engine.streaming.DeviceBudget``): the blocks
         that do not fit stay in host memory as stored and stream in as they run
         (``nodes.streaming``). A module that is not a torch module moves whole."""
@@ -152,9 +149,8 @@ class WeightsHandle:
         from nodes.streaming import place_within
 
         if not isinstance(module, torch.nn.Module):
-            return self.to_device(module, device, dtype)
-        place_within(module, self.stream_blocks(module), device, self.dtype or dtype, budget)
-        return module
+            return self.to_device(module, device, dtype), None
+        return module, place_within(module, self.stream_blocks(module), device, self.dtype or dtype, budget)
 
     def stream_blocks(self, module: Any) -> list[Any]:
         """The blocks streaming may keep off the device, in call order (generic: the items of the

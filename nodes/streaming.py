@@ -10,7 +10,8 @@ copy already under way) and cast to the compute dtype exactly as the resident pa
 it runs the block points at its host tensors again. So a streamed run computes with the same
 values in the same order as a resident one: images are bit-identical.
 
-``detach(module)`` undoes it (the handle's ``to_device`` calls it before any other move).
+It returns the ``Streaming`` state, which the memory manager keeps per model and closes (hooks
+removed, device copies dropped) before the module moves again.
 ``stream_blocks(module)`` is the generic block list for modules whose family declares none.
 """
 
@@ -29,7 +30,6 @@ from engine.streaming import BlockStreamer, DeviceAccount, DeviceBudget, StreamP
 
 log = logging.getLogger("loom.nodes.streaming")
 
-ATTR = "_loom_streaming"  # where a streamed module keeps its Streaming (a plain attribute)
 
 
 def stream_blocks(module: nn.Module) -> list[nn.Module]:
@@ -165,7 +165,8 @@ class TorchMover:
 
 @dataclass
 class Streaming:
-    """What a streamed module carries (``getattr(module, ATTR)``)."""
+    """A streamed module's plan, streamer and device account (the memory manager keeps it per model
+    and closes it before the module moves again)."""
 
     plan: StreamPlan
     streamer: BlockStreamer
@@ -183,25 +184,11 @@ class Streaming:
         self.account.release(self.account.held)
 
 
-def streaming_of(module: Any) -> Streaming | None:
-    """The streaming state of ``module`` (None: resident as a whole)."""
-    found = getattr(module, ATTR, None) if isinstance(module, nn.Module) else None
-    return found if isinstance(found, Streaming) else None
-
-
-def detach(module: Any) -> None:
-    """Stop streaming ``module``: device copies dropped, hooks removed, blocks back on the host."""
-    state = streaming_of(module)
-    if state is not None:
-        state.close()
-        module.__dict__.pop(ATTR, None)
-
-
 def place_within(module: nn.Module, blocks: Sequence[nn.Module], device: str, dtype: str,
-                 budget: DeviceBudget) -> StreamPlan:
+                 budget: DeviceBudget) -> Streaming | None:
     """Put ``module`` on ``device`` in ``dtype`` within ``budget``, streaming blocks if it must.
-    Returns the plan (``plan.streaming`` False: the module was moved whole)."""
-    detach(module)
+    Returns the streaming state (None: the module was moved whole); ``close()`` it before the
+    module moves again."""
     target, compute = torch.device(device), getattr(torch, dtype)
     blocks = list(blocks)
     in_blocks = {id(_stored(o, n, p)) for b in blocks for o, n, p in _tensors(b)}
@@ -210,7 +197,7 @@ def place_within(module: nn.Module, blocks: Sequence[nn.Module], device: str, dt
     plan = plan_split([device_bytes(b, compute) for b in blocks], fixed, budget)
     if not plan.streaming:
         nn.Module.to(module, device=target, dtype=compute)
-        return plan
+        return None
     streamed = [blocks[i] for i in plan.streamed]
     for block in streamed:  # the move below must leave these where they are, as stored
         block._apply = _unchanged.__get__(block)  # type: ignore[method-assign]
@@ -227,11 +214,10 @@ def place_within(module: nn.Module, blocks: Sequence[nn.Module], device: str, dt
     for block, index in zip(streamed, plan.streamed, strict=True):
         state.hooks.append(block.register_forward_pre_hook(lambda m, a, i=index: streamer.before(i)))
         state.hooks.append(block.register_forward_hook(lambda m, a, o, i=index: streamer.after(i)))
-    module.__dict__[ATTR] = state
     log.info("streaming %d of %d blocks (%.1f MiB of %.1f MiB on the device at most; budget %.1f MiB)",
              len(plan.streamed), len(blocks), sum(plan.block_bytes[i] for i in plan.streamed) / 2**20,
              plan.device_bytes / 2**20, (budget.weights_bytes or 0) / 2**20)
-    return plan
+    return state
 
 
 def _unchanged(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:

@@ -7,6 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# What ControlNetLoader reads, for its teaching error on a transformer ControlNet of another layout.
+READABLE_CONTROLNET_LAYOUTS = ("SD3 ControlNets (diffusers layout), Flux ControlNets (InstantX, Shakker-Labs, XLabs) "
+                               "and the UNet families' ControlNets and T2I-Adapters")
+
 
 def family_label(config: Mapping[str, Any]) -> str:
     if config.get("addition_embed_type") == "text_time":

@@ -42,7 +42,7 @@ def main() -> None:
     from engine.memory import DevicePolicy, ModelManager
     from engine.streaming import BudgetError, DeviceBudget
     from nodes.handles import open_diffusion_model
-    from nodes.streaming import device_bytes, streaming_of
+    from nodes.streaming import device_bytes
 
     torch.set_num_threads(args.threads)
     dtype = "float32" if args.device == "cpu" else "bfloat16"
@@ -67,7 +67,7 @@ def main() -> None:
                 try:
                     with manager.use(handle) as module:
                         latents[fraction], step_times = sample(module, args.size, args.steps)
-                        state = streaming_of(module)
+                        state = manager.streaming_of(handle)
                         plans[fraction] = state.describe() if state is not None else {}
                 except BudgetError as exc:
                     failed[fraction] = str(exc)

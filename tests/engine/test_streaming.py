@@ -203,7 +203,7 @@ class Handle:
 
     def to_device_within(self, module: Any, device: str, dtype: str, budget: DeviceBudget) -> Any:
         self.placed.append(f"within {budget.weights_bytes}")
-        return module
+        return module, None
 
 
 def test_the_manager_places_models_within_its_budget_and_reports_it() -> None:

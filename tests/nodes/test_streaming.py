@@ -22,7 +22,7 @@ from nodes.families.flux_nodes import EmptySD3LatentImage
 from nodes.handles import open_checkpoint, open_diffusion_model, open_text_encoders
 from nodes.latent import EmptyLatentImage
 from nodes.sampling import KSampler
-from nodes.streaming import device_bytes, streaming_of
+from nodes.streaming import device_bytes
 
 
 def one_block_budget(handle: Any) -> DeviceBudget:
@@ -118,19 +118,20 @@ def test_flux_text_encoders_streamed_give_identical_embeddings(
 def test_a_model_that_fits_is_not_split(tiny_sd15_ckpt: Path, streamed_manager: ModelManager) -> None:
     unet = open_checkpoint(tiny_sd15_ckpt).unet
     streamed_manager.device_budget = DeviceBudget(total_bytes=2**30, simulated=True)
-    with streamed_manager.use(unet) as module:
-        assert streaming_of(module) is None
+    with streamed_manager.use(unet):
+        assert streamed_manager.streaming_of(unet) is None
     assert streamed_manager.stats()["streaming"] == []
 
 
-def test_eviction_moves_a_streamed_model_back_whole(tiny_sd15_ckpt: Path, streamed_manager: ModelManager) -> None:
+def test_dropping_a_streamed_model_stops_its_streaming(tiny_sd15_ckpt: Path, streamed_manager: ModelManager) -> None:
     ckpt = open_checkpoint(tiny_sd15_ckpt)
     streamed_manager.device_budget = one_block_budget(ckpt.unet)
     with streamed_manager.use(ckpt.unet) as module:
-        assert streaming_of(module) is not None
-    detached = ckpt.unet.to_device(module, "cpu", "float32")
-    assert streaming_of(detached) is None
-    blocks = ckpt.unet.stream_blocks(detached)
+        assert streamed_manager.streaming_of(ckpt.unet) is not None
+        blocks = ckpt.unet.stream_blocks(module)
+        assert any(b._forward_pre_hooks for b in blocks)
+    streamed_manager.free()
+    assert streamed_manager.streaming_of(ckpt.unet) is None
     assert all(not b._forward_pre_hooks and not b._forward_hooks for b in blocks)
 
 
@@ -155,7 +156,7 @@ def test_a_run_interrupted_inside_a_streamed_block_leaves_the_next_run_exact(
     hook.remove()
 
     assert torch.equal(ksample(streamed_ctx, ckpt.unet, pos, neg, latent, steps=2), resident)
-    state = streaming_of(module)
+    state = streamed_manager.streaming_of(ckpt.unet)
     limit = one_block_budget(ckpt.unet).weights_bytes
     assert state is not None and limit is not None and state.account.peak <= limit
 

@@ -18,7 +18,7 @@ from nodes.families.flux_nodes import EmptySD3LatentImage
 from nodes.handles import open_diffusion_model, open_text_encoders
 from nodes.quant.layers import QuantLayer
 from nodes.quant.storage import StoragePatch
-from nodes.streaming import device_bytes, streaming_of
+from nodes.streaming import device_bytes
 from tests.nodes.test_streaming import ksample, one_block_budget, streaming_record, with_budget
 
 
@@ -46,7 +46,7 @@ def test_fp8_blocks_stream_as_fp8_and_sample_bit_identically(flux_demo: Path, ma
     assert torch.equal(streamed, resident)
 
     with streamed_manager.use(model) as module:
-        state = streaming_of(module)
+        state = streamed_manager.streaming_of(model)
         assert state is not None
         blocks = model.stream_blocks(module)
         layers = [m for b in blocks for m in b.modules() if isinstance(m, QuantLayer)]

@@ -54,4 +54,5 @@ def test_zimage_and_qwen3_streamed_one_block_at_a_time_are_bit_identical(
     streamed = ksample(with_budget(ctx, streamed_manager, one_block_budget(model)), model, pos, neg, latent)
     assert torch.equal(streamed, resident)
     record = streaming_record(streamed_manager, model)
-    assert record["resident"] == 0 and record["streamed"] == record["blocks"] > 2
+    # Z-Image declares its main layers as the block stack (the refiners stay in the resident part)
+    assert record["resident"] == 0 and record["streamed"] == record["blocks"] >= 2
