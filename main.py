@@ -196,7 +196,7 @@ def apply_sets(prompt: dict[str, Any], sets: Sequence[tuple[str, str, str]], reg
 
 def load_for_run(path: Path, registry: NodeRegistry) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Read a workflow file in any supported format → (API prompt, editor workflow or None)."""
-    from engine.workflow import WorkflowFormatError, load_workflow_file
+    from engine.formats import WorkflowFormatError, load_workflow_file
 
     if not path.exists():
         raise UsageError(f"{path}: no such file")

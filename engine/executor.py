@@ -49,7 +49,6 @@ from engine.schema import (
 )
 from engine.typecheck import output_problems
 from engine.validate import Validation, validate_prompt
-from engine.workflow_export import png_info
 
 log = logging.getLogger("loom.executor")
 
@@ -66,7 +65,7 @@ class RunRequest:
     prompt: dict[str, Any]
     prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     outputs: list[str] | None = None
-    extra_pnginfo: dict[str, Any] | None = None
+    extra_pnginfo: dict[str, Any] | None = None  # as image nodes embed it (engine.formats.png.png_info)
     client_id: str | None = None
     keep_images: bool = False
 
@@ -117,7 +116,6 @@ class _Run:
     cached: list[str] = field(default_factory=list)  # cache hits that ended the walk upstream
     from_cache: list[str] = field(default_factory=list)  # every planned node whose output is cached
     cached_ui: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pnginfo: dict[str, Any] | None = None
     kept: KeptImages | None = None  # RunRequest.keep_images
 
 
@@ -304,9 +302,7 @@ class Executor:
         if HIDDEN_UNIQUE_ID in hidden:
             inputs["unique_id"] = [node_id]
         if HIDDEN_EXTRA_PNGINFO in hidden:
-            if plan.pnginfo is None:
-                plan.pnginfo = png_info(request.extra_pnginfo, self.registry)
-            inputs["extra_pnginfo"] = [plan.pnginfo or None]
+            inputs["extra_pnginfo"] = [request.extra_pnginfo or None]
         if first_only:
             return {k: (v[0] if v else None) for k, v in inputs.items()}
         return inputs

@@ -25,6 +25,7 @@ from engine import events as ev
 from engine.coalesce import Coalescer, NextJobPrefetch
 from engine.events import Listeners
 from engine.executor import Executor, RunRequest, RunResult
+from engine.formats.png import png_info
 from engine.jobstore import JobStore, StorageError
 from engine.jobtypes import (
     FINAL,
@@ -438,12 +439,12 @@ class LocalJobQueue:
     def _run(self, spec: JobSpec) -> JobRecord | None:
         self._notify_remaining()
         started = time.time()
-        request = RunRequest(
-            prompt=spec.prompt, prompt_id=spec.prompt_id, outputs=list(spec.outputs) or None,
-            extra_pnginfo=(spec.extra_data.get("extra_pnginfo") or None), client_id=spec.client_id,
-            keep_images=spec.extra_data.get(RETURN_KEY) in ("bytes", "base64"),
-        )
         try:
+            request = RunRequest(
+                prompt=spec.prompt, prompt_id=spec.prompt_id, outputs=list(spec.outputs) or None,
+                extra_pnginfo=png_info(spec.extra_data.get("extra_pnginfo"), self.executor.registry.object_info) or None,
+                client_id=spec.client_id, keep_images=spec.extra_data.get(RETURN_KEY) in ("bytes", "base64"),
+            )
             result = self.executor.run(request)
         except BaseException as exc:  # noqa: BLE001 - the executor promises not to raise; be safe anyway
             log.exception("job %s: the executor raised", spec.prompt_id)

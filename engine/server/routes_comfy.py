@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.executor import RunRequest
+from engine.formats import MAX_NODES, WorkflowTooLarge
 from engine.jobs import JobQueue, JobRecord, JobSpec, StorageError
 from engine.server.common import (
     ApiError,
@@ -28,7 +29,6 @@ from engine.server.common import (
 )
 from engine.server.presence import OutputPresence
 from engine.validate import Validation
-from engine.workflow import MAX_NODES, WorkflowTooLarge
 
 log = logging.getLogger("loom.server")
 Validator = Callable[[RunRequest], Validation]

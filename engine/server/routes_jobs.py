@@ -27,13 +27,13 @@ from aiohttp import web
 from engine import events as ev
 from engine.compat_check import check_workflow
 from engine.context import KeptImages
+from engine.formats import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
 from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
 from engine.jobtypes import RETURN_KEY, RETURN_MODES
 from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
 from engine.server.presence import OutputPresence
 from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
 from engine.server.security import is_loopback
-from engine.workflow import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
 
 log = logging.getLogger("loom.server.jobs")
 ObjectInfo = Callable[[], Mapping[str, Any]]
