@@ -258,10 +258,8 @@ def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Pat
 
 def result_of(record: Any) -> RunResult:
     """A finished job's record as the CLI reports it (``RunResult``'s JSON shape)."""
-    status = {"succeeded": "success", "cancelled": "interrupted"}.get(record.status, "error")
-    return RunResult(record.spec.prompt_id, status, executed=record.executed, cached=record.cached,  # type: ignore[arg-type]
-                     outputs=record.outputs, node_errors=record.node_errors, error=record.error,
-                     timings=record.timings, memory=record.memory)
+    result: RunResult = record.result
+    return result
 
 
 def _report(result: RunResult, path: Path, as_json: bool, runtime: Runtime) -> None:
