@@ -180,7 +180,7 @@ def parse_set(items: Sequence[str]) -> list[tuple[str, str, str]]:
 
 def apply_sets(prompt: dict[str, Any], sets: Sequence[tuple[str, str, str]], registry: NodeRegistry) -> None:
     """Apply ``--set`` overrides, converting each value to the input's declared type."""
-    from engine.schema import BOOLEAN, COMBO, FLOAT, INT, STRING
+    from engine.validate import value_from_text
 
     for node_id, name, raw in sets:
         node = prompt.get(node_id)
@@ -192,20 +192,8 @@ def apply_sets(prompt: dict[str, Any], sets: Sequence[tuple[str, str, str]], reg
             known = [i.name for i in node_def.schema.inputs] if node_def else []
             raise UsageError(f"--set {node_id}.{name}: node {node_id} ({node.get('class_type')}) has no input "
                              f"{name!r}; its inputs are {known}")
-        value: Any
         try:
-            if spec.type == INT:
-                value = int(raw)
-            elif spec.type == FLOAT:
-                value = float(raw)
-            elif spec.type == BOOLEAN:
-                if raw.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError("expected true or false")
-                value = raw.lower() in ("true", "1")
-            elif spec.type in (STRING, COMBO):
-                value = raw
-            else:
-                raise ValueError(f"{spec.type} inputs come from links, not values")
+            value = value_from_text(spec, raw)
         except ValueError as exc:
             raise UsageError(f"--set {node_id}.{name}={raw!r}: expected {spec.type}: {exc}") from exc
         node.setdefault("inputs", {})[name] = value
@@ -213,7 +201,7 @@ def apply_sets(prompt: dict[str, Any], sets: Sequence[tuple[str, str, str]], reg
 
 def load_for_run(path: Path, registry: NodeRegistry) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Read a workflow file in any supported format → (API prompt, editor workflow or None)."""
-    from engine.workflow import WorkflowFormatError, load_workflow_file
+    from engine.formats import WorkflowFormatError, load_workflow_file
 
     if not path.exists():
         raise UsageError(f"{path}: no such file")
@@ -275,10 +263,8 @@ def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Pat
 
 def result_of(record: Any) -> RunResult:
     """A finished job's record as the CLI reports it (``RunResult``'s JSON shape)."""
-    status = {"succeeded": "success", "cancelled": "interrupted"}.get(record.status, "error")
-    return RunResult(record.spec.prompt_id, status, executed=record.executed, cached=record.cached,  # type: ignore[arg-type]
-                     outputs=record.outputs, node_errors=record.node_errors, error=record.error,
-                     timings=record.timings, memory=record.memory)
+    result: RunResult = record.result
+    return result
 
 
 def _report(result: RunResult, path: Path, as_json: bool, runtime: Runtime) -> None:

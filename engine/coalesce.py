@@ -31,11 +31,12 @@ from typing import Any
 
 from engine import events as ev
 from engine.cache import canonical, is_nonce, make_key
-from engine.executor import Executor, RunRequest, _Plan
+from engine.executor import Executor, RunRequest
 from engine.graph import as_link
 from engine.jobtypes import JobSpec
 from engine.memory import handles_in
 from engine.node import Node
+from engine.plan import Plan, cache_keys
 from engine.registry import NodeRegistry
 from engine.schema import ANY, CLIP, MODEL, STRING, VAE, Input, NodeSchema, Output
 
@@ -66,6 +67,22 @@ class CoalescedValues(Node):
 
     def run(self, ctx: Any, *, values_json: str) -> tuple[list[Any]]:
         return (list(json.loads(values_json)),)
+
+
+@dataclass(frozen=True)
+class KeyedPlan:
+    """A job's plan and the cache key each of its nodes has when the job runs alone."""
+
+    plan: Plan
+    keys: dict[str, str]
+
+
+def plan_job(executor: Executor, prompt: dict[str, Any], outputs: Sequence[str] | None) -> KeyedPlan | None:
+    """Validate the job as the executor will and key its plan; None if it is not valid."""
+    validation = executor.validate(RunRequest(prompt=prompt, outputs=list(outputs) if outputs else None))
+    if validation.plan is None:
+        return None
+    return KeyedPlan(validation.plan, cache_keys(validation.plan, executor.folders))
 
 
 @dataclass
@@ -127,8 +144,7 @@ class Coalescer:
         if plan is None:
             return False
         for node_id, key in plan.keys.items():
-            node_def = self.executor.registry.get(str(plan.prompt[node_id]["class_type"]))
-            batching = node_def.schema.batching if node_def is not None else None
+            batching = plan.plan[node_id].definition.schema.batching
             if batching is not None and batching.variant is not None and (is_nonce(key) or key not in self.executor.cache):
                 return True
         return False
@@ -170,39 +186,36 @@ class Coalescer:
         side = self._side_executor(members, forward)
         request = RunRequest(prompt=merged, prompt_id=f"{group[0].prompt_id}.coalesced", outputs=points)
         validation = side.validate(request)
-        if not validation.ok:
+        if validation.plan is None:
             log.warning("coalesced workflow failed validation: %s", validation.node_errors_json())
             outcome.status = "invalid"
             return outcome
+        merged_keys = cache_keys(validation.plan, side.folders)
         result = side.run(request, validation)
         outcome.status, outcome.batch_points = result.status, points
         if result.status == "success":
-            self._split(side, side._plan({str(k): v for k, v in merged.items()}, points), ready, points)
+            self._split(side, merged_keys, ready, points)
             self.groups_run += 1
             self.jobs_coalesced += len(ready)
         outcome.seconds = time.perf_counter() - started
         log.info("coalesced %d jobs at %s: %s in %.2fs", len(ready), points, result.status, outcome.seconds)
         return outcome
 
-    def _plan(self, spec: JobSpec) -> _Plan | None:
-        request = RunRequest(prompt=spec.prompt, outputs=list(spec.outputs) or None)
-        validation = self.executor.validate(request)
-        if not validation.ok:
-            return None
-        # Engine-internal: the keys each node of this job will have when it runs alone.
-        return self.executor._plan({str(k): v for k, v in spec.prompt.items()}, validation.outputs)
+    def _plan(self, spec: JobSpec) -> KeyedPlan | None:
+        return plan_job(self.executor, spec.prompt, spec.outputs)
 
-    def _merge(self, plans: Sequence[_Plan]) -> tuple[dict[str, Any], list[str]]:
+    def _merge(self, plans: Sequence[KeyedPlan]) -> tuple[dict[str, Any], list[str]]:
         """The merged workflow and its batch points (empty if the jobs share all values)."""
-        base: dict[str, Any] = dict(plans[0].prompt)
+        base: dict[str, Any] = dict(plans[0].plan.prompt)
         merged: dict[str, Any] = copy.deepcopy(base)
         varied: set[str] = set()
         for node_id in base:
             node_def = self.executor.registry.get(str(base[node_id]["class_type"]))
             batching = node_def.schema.batching if node_def is not None else None
             for name in batching.inputs if batching is not None else ():
-                values = [p.constants.get(node_id, {}).get(name) for p in plans]
-                if name not in plans[0].constants.get(node_id, {}) or all(v == values[0] for v in values):
+                values = [_constant(p, node_id, name) for p in plans]
+                if node_id not in plans[0].plan.nodes or name not in plans[0].plan[node_id].constants \
+                        or all(v == values[0] for v in values):
                     continue
                 source = f"loom.coalesce.{node_id}.{name}"
                 merged[source] = {"class_type": VALUES_NODE, "inputs": {"values_json": canonical(values)}}
@@ -237,14 +250,20 @@ class Coalescer:
         return Executor(_overlay(ex.registry), ex.cache, ex.folders, models=ex.models, bus=bus,
                         interrupt=ex.interrupt, settings=ex.settings, guard=ex.guard)
 
-    def _split(self, side: Executor, merged_plan: _Plan, plans: Sequence[_Plan], points: Sequence[str]) -> None:
+    def _split(self, side: Executor, merged_keys: dict[str, str], plans: Sequence[KeyedPlan],
+               points: Sequence[str]) -> None:
         for point in points:
-            entry = side.cache.get(merged_plan.keys[point])
+            entry = side.cache.get(merged_keys[point])
             if entry is None or any(len(slot) != len(plans) for slot in entry.outputs):
                 log.warning("coalesced node %s gave no per-job outputs; the jobs compute it themselves", point)
                 continue
             for j, plan in enumerate(plans):
                 self.executor.cache.put(plan.keys[point], [[slot[j]] for slot in entry.outputs], None)
+
+
+def _constant(keyed: KeyedPlan, node_id: str, name: str) -> Any:
+    planned = keyed.plan.nodes.get(node_id)
+    return planned.constants.get(name) if planned is not None else None
 
 
 def _downstream(prompt: dict[str, Any], roots: set[str]) -> list[str]:
@@ -289,12 +308,10 @@ class NextJobPrefetch:
 
     def handles(self, spec: JobSpec) -> list[Any]:
         ex = self.executor
-        request = RunRequest(prompt=spec.prompt, outputs=list(spec.outputs) or None)
-        validation = ex.validate(request)
-        if not validation.ok:
+        plan = plan_job(ex, spec.prompt, spec.outputs)
+        if plan is None:
             return []
-        plan = ex._plan({str(k): v for k, v in spec.prompt.items()}, validation.outputs)
-        loaders = [n for n in sorted(plan.keys, key=plan.order_index.__getitem__) if self._is_loader(plan, n)]
+        loaders = [n for n in plan.plan.order if self._is_loader(plan, n)]
         if not loaders:
             return []
         missing = [n for n in loaders if plan.keys[n] not in ex.cache]
@@ -308,12 +325,12 @@ class NextJobPrefetch:
                 found.extend(handles_in(item for slot in entry.outputs for item in slot))
         return found
 
-    def _is_loader(self, plan: _Plan, node_id: str) -> bool:
-        node = plan.prompt[node_id]
-        node_def = self.executor.registry.get(str(node["class_type"]))
-        if node_def is None or node_def.schema.output_node or node_def.schema.not_idempotent or is_nonce(plan.keys[node_id]):
+    def _is_loader(self, plan: KeyedPlan, node_id: str) -> bool:
+        planned = plan.plan[node_id]
+        node_def = planned.definition
+        if node_def.schema.output_node or node_def.schema.not_idempotent or is_nonce(plan.keys[node_id]):
             return False
-        if any(as_link(v) is not None for v in (node.get("inputs") or {}).values()):
+        if planned.links:
             return False
         return any(o.type in MODEL_TYPES for o in node_def.schema.outputs)
 

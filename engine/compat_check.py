@@ -17,11 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from engine.workflow import (
-    FORMAT_PNG_PROMPT,
-    FORMAT_PNG_WORKFLOW,
-    FORMAT_SAVED,
-    FORMAT_UI,
+from engine.formats import (
+    ConversionProblem,
     WorkflowFormatError,
     convert_ui_to_api,
     detect_format,
@@ -29,7 +26,7 @@ from engine.workflow import (
     normalize_api,
     read_png_workflow,
 )
-from engine.workflow_widgets import ConversionProblem
+from engine.formats.load import FORMAT_PNG_PROMPT, FORMAT_PNG_WORKFLOW, FORMAT_SAVED, FORMAT_UI
 
 CORE_NODES_FILE = Path(__file__).parent / "data" / "comfyui_core_nodes.json"
 CORE_PACK_IDS = frozenset({"comfy-core"})

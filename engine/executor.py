@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from engine import events as ev
 from engine.attention import attention_scope
-from engine.cache import OutputCache, canonical, is_nonce, make_key, nonce
+from engine.cache import OutputCache
 from engine.context import (
     Folders,
     Interrupted,
@@ -33,23 +33,22 @@ from engine.context import (
     Preview,
     RunSettings,
 )
-from engine.graph import Prompt, as_link, build_graph, sort_key, topological_order
+from engine.graph import sort_key
 from engine.guard import ImageGuard
 from engine.interrupt_hooks import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
 from engine.memory import handles_in
 from engine.node import ExecutionBlocker, NodeDef, contained
+from engine.plan import Plan, cache_keys
 from engine.registry import NodeRegistry
 from engine.schema import (
     HIDDEN_DYNPROMPT,
     HIDDEN_EXTRA_PNGINFO,
     HIDDEN_PROMPT,
     HIDDEN_UNIQUE_ID,
-    WIDGET_TYPES,
 )
 from engine.typecheck import output_problems
 from engine.validate import Validation, validate_prompt
-from engine.workflow_export import png_info
 
 log = logging.getLogger("loom.executor")
 
@@ -66,7 +65,7 @@ class RunRequest:
     prompt: dict[str, Any]
     prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     outputs: list[str] | None = None
-    extra_pnginfo: dict[str, Any] | None = None
+    extra_pnginfo: dict[str, Any] | None = None  # as image nodes embed it (engine.formats.png.png_info)
     client_id: str | None = None
     keep_images: bool = False
 
@@ -105,20 +104,18 @@ class NodeFailed(Exception):
 
 
 @dataclass
-class _Plan:
-    """Per-run state: keys, order, what is done."""
+class _Run:
+    """Per-run state: the plan, its cache keys, what is done."""
 
-    prompt: Prompt
-    order_index: dict[str, int]
+    plan: Plan
     keys: dict[str, str]
-    constants: dict[str, dict[str, Any]]
+    order_index: dict[str, int]
     results: dict[str, list[list[Any]]] = field(default_factory=dict)
     pending: list[tuple[int, str]] = field(default_factory=list)
     queued: set[str] = field(default_factory=set)
     cached: list[str] = field(default_factory=list)  # cache hits that ended the walk upstream
     from_cache: list[str] = field(default_factory=list)  # every planned node whose output is cached
     cached_ui: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pnginfo: dict[str, Any] | None = None
     kept: KeptImages | None = None  # RunRequest.keep_images
 
 
@@ -161,10 +158,11 @@ class Executor:
             return result
         self.interrupt.clear()
         self.models.reset_run_stats()
-        prompt = {str(k): v for k, v in request.prompt.items()}
+        assert validation.plan is not None, "a valid workflow has a plan"
+        prompt = validation.plan.prompt
         self._emit(ev.ExecutionStart(request.prompt_id))
         try:
-            plan = self._plan(prompt, validation.outputs)
+            plan = self._start(validation.plan)
             if request.keep_images:
                 plan.kept = KeptImages(data=result.images)
             self._require(plan, validation.outputs)
@@ -202,82 +200,10 @@ class Executor:
     _current: str | None = None
 
     # --- planning -------------------------------------------------------------------------------
-    def _plan(self, prompt: Prompt, targets: Iterable[str]) -> _Plan:
-        graph = build_graph(prompt)
-        needed: set[str] = set()
-        stack = list(targets)
-        while stack:
-            node_id = stack.pop()
-            if node_id in needed:
-                continue
-            needed.add(node_id)
-            stack.extend(link.source for link in self._links(prompt, node_id).values())
-        order = topological_order(graph, needed)
-        plan = _Plan(prompt, {n: i for i, n in enumerate(order)}, {}, {})
-        for node_id in order:
-            plan.constants[node_id] = self._constants(prompt, node_id)
-            plan.keys[node_id] = self._key(plan, node_id)
-        return plan
+    def _start(self, plan: Plan) -> _Run:
+        return _Run(plan, cache_keys(plan, self.folders), {n: i for i, n in enumerate(plan.order)})
 
-    def _links(self, prompt: Prompt, node_id: str) -> dict[str, Any]:
-        inputs = prompt[node_id].get("inputs") or {}
-        return {name: link for name, value in inputs.items() if (link := as_link(value)) is not None}
-
-    def _def(self, prompt: Prompt, node_id: str) -> NodeDef:
-        node_def = self.registry.get(str(prompt[node_id]["class_type"]))
-        assert node_def is not None, "validated prompts only name registered nodes"
-        return node_def
-
-    def _constants(self, prompt: Prompt, node_id: str) -> dict[str, Any]:
-        from engine.validate import coerce_constant
-
-        node_def = self._def(prompt, node_id)
-        given = prompt[node_id].get("inputs") or {}
-        constants: dict[str, Any] = {}
-        for spec in node_def.schema.inputs:
-            if spec.name in given:
-                value = given[spec.name]
-                if as_link(value) is None:
-                    constants[spec.name] = (
-                        coerce_constant(spec, value)
-                        if spec.type in WIDGET_TYPES and spec.name not in node_def.self_validated
-                        else value
-                    )
-            elif spec.optional and spec.is_widget and spec.default is not None:
-                constants[spec.name] = spec.default
-        return constants
-
-    def _key(self, plan: _Plan, node_id: str) -> str:
-        """The node's cache key from its class, code, constants, fingerprint and producers' keys."""
-        node_def = self._def(plan.prompt, node_id)
-        if node_def.schema.not_idempotent:
-            return nonce()
-        producers: dict[str, list[Any]] = {}
-        for name, link in self._links(plan.prompt, node_id).items():
-            source_key = plan.keys[link.source]
-            if is_nonce(source_key):
-                return nonce()
-            producers[name] = [source_key, link.output_index]
-        constants = plan.constants[node_id]
-        try:
-            with contained(_who(node_id, node_def)):
-                fingerprint = node_def.fingerprint(self.folders, constants)
-            if isinstance(fingerprint, float) and fingerprint != fingerprint:  # NaN: always changed
-                return nonce()
-            parts = {
-                "class": node_def.schema.node_id,
-                "code": node_def.code_version,
-                "constants": constants,
-                "fingerprint": fingerprint,
-                "producers": producers,
-                "unique_id": node_id if HIDDEN_UNIQUE_ID in node_def.schema.hidden else None,
-            }
-            canonical(parts)
-        except Exception:  # unhashable constants or a failing fingerprint hook: never hit
-            return nonce()
-        return make_key(parts)
-
-    def _require(self, plan: _Plan, node_ids: Iterable[str]) -> None:
+    def _require(self, plan: _Run, node_ids: Iterable[str]) -> None:
         """Queue the nodes and, through their eager inputs, everything they need not cached."""
         stack = list(node_ids)
         while stack:
@@ -293,21 +219,21 @@ class Executor:
                 continue
             plan.queued.add(node_id)
             bisect.insort(plan.pending, (plan.order_index[node_id], node_id))
-            node_def = self._def(plan.prompt, node_id)
+            node_def = plan.plan[node_id].definition
             lazy_hook = node_def.has_lazy_status
-            for name, link in self._links(plan.prompt, node_id).items():
+            for name, link in plan.plan[node_id].links.items():
                 spec = node_def.schema.input(name)
                 if spec is not None and spec.lazy and lazy_hook:
                     continue
                 stack.append(link.source)
 
     # --- running --------------------------------------------------------------------------------
-    def _cached_nodes(self, plan: _Plan) -> list[str]:
+    def _cached_nodes(self, plan: _Run) -> list[str]:
         hits = set(plan.cached)
         return [n for n in sorted(plan.order_index, key=plan.order_index.__getitem__)
                 if n in hits or (n not in plan.queued and plan.keys[n] in self.cache)]
 
-    def _loop(self, request: RunRequest, plan: _Plan, result: RunResult) -> None:
+    def _loop(self, request: RunRequest, plan: _Run, result: RunResult) -> None:
         result.cached.extend(plan.from_cache)
         while plan.pending:
             _, node_id = plan.pending.pop(0)
@@ -317,7 +243,7 @@ class Executor:
             self._current = node_id
             if self.interrupt.is_set():
                 raise Interrupted("interrupted between nodes")
-            node_def = self._def(plan.prompt, node_id)
+            node_def = plan.plan[node_id].definition
             if node_def.has_lazy_status and self._pull_lazy(request, plan, node_id, node_def):
                 continue
             self._hint_models(plan)
@@ -335,7 +261,7 @@ class Executor:
         newly = [n for n in plan.cached if n not in result.cached]
         result.cached.extend(newly)
 
-    def _pull_lazy(self, request: RunRequest, plan: _Plan, node_id: str, node_def: NodeDef) -> bool:
+    def _pull_lazy(self, request: RunRequest, plan: _Run, node_id: str, node_def: NodeDef) -> bool:
         """Ask the node which lazy inputs it needs; queue their producers. True if it must wait."""
         inputs = self._gather(request, plan, node_id, node_def, first_only=True)
         ctx = self._context(request, node_id, plan.kept)
@@ -344,7 +270,7 @@ class Executor:
                 wanted = node_def.check_lazy_status(ctx, inputs)
         except Exception as exc:
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
-        links = self._links(plan.prompt, node_id)
+        links = plan.plan[node_id].links
         missing = [links[n].source for n in wanted if n in links and links[n].source not in plan.results]
         if not missing:
             return False
@@ -358,14 +284,14 @@ class Executor:
         return True
 
     def _gather(
-        self, request: RunRequest, plan: _Plan, node_id: str, node_def: NodeDef, *, first_only: bool = False
+        self, request: RunRequest, plan: _Run, node_id: str, node_def: NodeDef, *, first_only: bool = False
     ) -> dict[str, Any]:
         """The node's inputs as lists of items (or first items with ``first_only``)."""
         inputs: dict[str, Any] = {}
-        links = self._links(plan.prompt, node_id)
-        for name, value in plan.constants[node_id].items():
+        planned = plan.plan[node_id]
+        for name, value in planned.constants.items():
             inputs[name] = [value]
-        for name, link in links.items():
+        for name, link in planned.links.items():
             produced = plan.results.get(link.source)
             inputs[name] = [None] if produced is None else produced[link.output_index]
         hidden = node_def.schema.hidden
@@ -376,15 +302,13 @@ class Executor:
         if HIDDEN_UNIQUE_ID in hidden:
             inputs["unique_id"] = [node_id]
         if HIDDEN_EXTRA_PNGINFO in hidden:
-            if plan.pnginfo is None:
-                plan.pnginfo = png_info(request.extra_pnginfo, self.registry)
-            inputs["extra_pnginfo"] = [plan.pnginfo or None]
+            inputs["extra_pnginfo"] = [request.extra_pnginfo or None]
         if first_only:
             return {k: (v[0] if v else None) for k, v in inputs.items()}
         return inputs
 
     def _execute(
-        self, request: RunRequest, plan: _Plan, node_id: str, node_def: NodeDef
+        self, request: RunRequest, plan: _Run, node_id: str, node_def: NodeDef
     ) -> tuple[list[list[Any]], dict[str, Any] | None]:
         inputs = self._gather(request, plan, node_id, node_def)
         n_out = len(node_def.schema.outputs)
@@ -434,17 +358,17 @@ class Executor:
             preview = checked
         self._emit(ev.PreviewFrame(request.prompt_id, node=node_id, format=preview.format, image=preview.data))
 
-    def _hint_models(self, plan: _Plan) -> None:
+    def _hint_models(self, plan: _Run) -> None:
         """Tell the memory manager which values the next nodes will consume (it picks out handles)."""
         upcoming: list[Any] = []
         for _, node_id in plan.pending[:LOOKAHEAD] if plan.pending else []:
-            for link in self._links(plan.prompt, node_id).values():
+            for link in plan.plan[node_id].links.values():
                 produced = plan.results.get(link.source)
                 if produced is not None:
                     upcoming.extend(produced[link.output_index])
         self.models.hint_upcoming(handles_in(upcoming))
 
-    def _send_cached_ui(self, request: RunRequest, plan: _Plan, nodes: Iterable[str], result: RunResult) -> None:
+    def _send_cached_ui(self, request: RunRequest, plan: _Run, nodes: Iterable[str], result: RunResult) -> None:
         """Output nodes served from the cache re-send their UI output, as ComfyUI does."""
         for node_id in sorted(nodes, key=sort_key):
             ui = plan.cached_ui.get(node_id)

@@ -63,15 +63,6 @@ def build_graph(prompt: Prompt) -> nx.DiGraph:
     return graph
 
 
-def ancestors_and_self(graph: nx.DiGraph, targets: Iterable[str]) -> set[str]:
-    needed: set[str] = set()
-    for target in targets:
-        if target in graph and target not in needed:
-            needed.add(target)
-            needed |= nx.ancestors(graph, target)
-    return needed
-
-
 def find_cycle(graph: nx.DiGraph, among: Iterable[str] | None = None) -> list[str]:
     """The nodes of one cycle (in order), or [] if the (sub)graph is acyclic."""
     sub = graph.subgraph(among) if among is not None else graph

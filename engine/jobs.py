@@ -24,12 +24,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engine import events as ev
 from engine.coalesce import Coalescer, NextJobPrefetch
 from engine.events import Listeners
-from engine.executor import Executor, RunRequest, RunResult
+from engine.executor import Executor, RunResult
 from engine.jobstore import JobStore, StorageError
 from engine.jobtypes import (
     FINAL,
     RESTART_MESSAGE,
-    RETURN_KEY,
     STATUS_MESSAGES,
     InterruptState,
     JobEvent,
@@ -275,7 +274,7 @@ class LocalJobQueue:
 
     def kept_images(self, prompt_id: str) -> dict[str, bytes]:
         """The encoded images a finished job kept in memory (``KeptImages.key`` -> bytes); empty
-        unless it was submitted with ``extra_data["loom_return"]`` = "bytes" or "base64"."""
+        unless it was submitted with ``JobSpec.returns`` "bytes" or "base64"."""
         return self.kept.get(prompt_id)
 
     def wait(self, prompt_id: str, timeout: float | None = None) -> JobRecord | None:
@@ -349,7 +348,7 @@ class LocalJobQueue:
         error = {"type": "worker_failure", "message": message, "exception_message": message}
         note = ["execution_error", {"prompt_id": spec.prompt_id, "exception_message": message,
                                     "exception_type": "WorkerFailure", "timestamp": int(time.time() * 1000)}]
-        record = JobRecord(spec, "failed", messages=[note], error=error, started_at=spec.created_at)
+        record = JobRecord.failed(spec, error, note)
         self._save(record)
         self._notify(JobFinished(record))
         self._notify_remaining()
@@ -438,13 +437,8 @@ class LocalJobQueue:
     def _run(self, spec: JobSpec) -> JobRecord | None:
         self._notify_remaining()
         started = time.time()
-        request = RunRequest(
-            prompt=spec.prompt, prompt_id=spec.prompt_id, outputs=list(spec.outputs) or None,
-            extra_pnginfo=(spec.extra_data.get("extra_pnginfo") or None), client_id=spec.client_id,
-            keep_images=spec.extra_data.get(RETURN_KEY) in ("bytes", "base64"),
-        )
         try:
-            result = self.executor.run(request)
+            result = self.executor.run(spec.request(self.executor.registry.object_info))
         except BaseException as exc:  # noqa: BLE001 - the executor promises not to raise; be safe anyway
             log.exception("job %s: the executor raised", spec.prompt_id)
             result = RunResult(spec.prompt_id, "error", error={"type": type(exc).__name__, "message": str(exc)})

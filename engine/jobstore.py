@@ -8,12 +8,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.jobtypes import RESTART_MESSAGE, JobRecord, JobSpec
+
+T = TypeVar("T")
 
 log = logging.getLogger("loom.jobs")
 
@@ -216,7 +218,7 @@ class JobStore:
             error = {"type": "restart", "message": RESTART_MESSAGE, "exception_message": RESTART_MESSAGE}
             message = ["execution_error", {"prompt_id": spec.prompt_id, "exception_message": RESTART_MESSAGE,
                                            "exception_type": "Restart", "timestamp": int(time.time() * 1000)}]
-            record = JobRecord(spec, "failed", messages=[message], error=error, started_at=spec.created_at)
+            record = JobRecord.failed(spec, error, message)
             self.finish(record)
             records.append(record)
         return records
@@ -229,7 +231,7 @@ def _clamp(value: int) -> int:
     return max(0, min(int(value), 2**62))
 
 
-def _decoded(text: Any, what: str, build: Any) -> Any:
+def _decoded(text: Any, what: str, build: Callable[[dict[str, Any]], T]) -> T | None:
     try:
         return build(json.loads(text))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -238,8 +240,8 @@ def _decoded(text: Any, what: str, build: Any) -> Any:
 
 
 def _spec(text: Any) -> JobSpec | None:
-    return _decoded(text, "queue", JobSpec.from_json)  # type: ignore[no-any-return]
+    return _decoded(text, "queue", JobSpec.from_json)
 
 
 def _record(text: Any) -> JobRecord | None:
-    return _decoded(text, "history", JobRecord.from_json)  # type: ignore[no-any-return]
+    return _decoded(text, "history", JobRecord.from_json)

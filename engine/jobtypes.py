@@ -7,27 +7,34 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from engine import events as ev
-from engine.executor import RunResult
+from engine.executor import RunRequest, RunResult, Status
+from engine.formats.png import png_info
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+# A finished job's status from its run's (the one translation; ComfyUI's words are produced only
+# where ComfyUI's shapes are, in JobRecord.comfy_history).
+JOB_STATUS: Mapping[Status, JobStatus] = {
+    "success": "succeeded", "error": "failed", "invalid": "failed", "interrupted": "cancelled",
+}
+_RUN_STATUS: Mapping[str, Status] = {"succeeded": "success", "cancelled": "interrupted"}  # else "error"
 RESTART_MESSAGE = "interrupted by restart"
 # Events ComfyUI keeps in a history entry's status.messages.
 STATUS_MESSAGES = frozenset({"execution_start", "execution_cached", "execution_success",
                              "execution_error", "execution_interrupted"})
-# extra_data key of a job whose client asked for its images as bytes ("bytes" | "base64"; see
-# engine/server/routes_jobs.py): the run keeps them in memory (RunRequest.keep_images).
-RETURN_KEY = "loom_return"
+# How a job's images come back (JobSpec.returns; see engine/server/routes_jobs.py): as files, or
+# kept in memory (RunRequest.keep_images) and served as bytes or embedded as base64.
 RETURN_MODES = ("files", "bytes", "base64")
 
 
 @dataclass
 class JobSpec:
-    """One submitted workflow, exactly as the queue stores it."""
+    """One submitted workflow, exactly as the queue stores it. ``extra_data`` is ComfyUI's (shown
+    in its queue and history); ``returns`` is Loom's own (one of :data:`RETURN_MODES`)."""
 
     prompt: dict[str, Any]
     prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
@@ -37,6 +44,16 @@ class JobSpec:
     client_id: str | None = None
     webhook: str | None = None
     created_at: float = field(default_factory=time.time)
+    returns: str = "files"
+
+    def request(self, object_info: Callable[[], Mapping[str, Mapping[str, Any]]]) -> RunRequest:
+        """The run this job asks for, with the metadata image nodes embed prepared here, once
+        (``object_info`` is read only to convert a saved-format workflow to ComfyUI's UI format)."""
+        return RunRequest(
+            prompt=self.prompt, prompt_id=self.prompt_id, outputs=list(self.outputs) or None,
+            extra_pnginfo=png_info(self.extra_data.get("extra_pnginfo"), object_info) or None,
+            client_id=self.client_id, keep_images=self.returns in ("bytes", "base64"),
+        )
 
     def comfy_tuple(self) -> list[Any]:
         """ComfyUI's queue item: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``."""
@@ -68,20 +85,46 @@ class JobProgress:
 
 @dataclass
 class JobRecord:
-    """A finished job: ComfyUI's history entry plus Loom's own fields."""
+    """A finished job: its request (``spec``), its run's result (without image bytes, which
+    :class:`KeptImageStore` keeps), the events ComfyUI's history lists, and when it ran."""
 
     spec: JobSpec
-    status: JobStatus
-    outputs: dict[str, Any] = field(default_factory=dict)
+    result: RunResult
     messages: list[list[Any]] = field(default_factory=list)
-    error: dict[str, Any] | None = None
-    node_errors: dict[str, Any] = field(default_factory=dict)
-    executed: list[str] = field(default_factory=list)
-    cached: list[str] = field(default_factory=list)
-    timings: dict[str, Any] = field(default_factory=dict)
-    memory: dict[str, Any] = field(default_factory=dict)
     started_at: float | None = None
     finished_at: float = field(default_factory=time.time)
+
+    @property
+    def status(self) -> JobStatus:
+        return JOB_STATUS[self.result.status]
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        return self.result.outputs
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.result.error
+
+    @property
+    def node_errors(self) -> dict[str, Any]:
+        return self.result.node_errors
+
+    @property
+    def executed(self) -> list[str]:
+        return self.result.executed
+
+    @property
+    def cached(self) -> list[str]:
+        return self.result.cached
+
+    @property
+    def timings(self) -> dict[str, Any]:
+        return self.result.timings
+
+    @property
+    def memory(self) -> dict[str, Any]:
+        return self.result.memory
 
     @property
     def ran(self) -> bool:
@@ -105,29 +148,39 @@ class JobRecord:
         }
 
     def to_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        data["spec"] = self.spec.to_json()
+        """Flat, as stored since the first version (``run_status`` added: "invalid" vs "error")."""
+        data = self.result.to_json()
+        del data["prompt_id"]
+        data.update(spec=self.spec.to_json(), status=self.status, run_status=self.result.status,
+                    messages=self.messages, started_at=self.started_at, finished_at=self.finished_at)
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "spec"}
-        return cls(spec=JobSpec.from_json(data["spec"]), **fields)
+        spec = JobSpec.from_json(data["spec"])
+        status = data.get("run_status") or _RUN_STATUS.get(str(data.get("status")), "error")
+        kept = {k: data[k] for k in ("executed", "cached", "outputs", "node_errors", "error", "timings", "memory")
+                if k in data}
+        result = RunResult(spec.prompt_id, status, **kept)
+        return cls(spec, result, **{k: data[k] for k in ("messages", "started_at", "finished_at") if k in data})
+
+    @classmethod
+    def failed(cls, spec: JobSpec, error: dict[str, Any], message: list[Any]) -> JobRecord:
+        """A job whose run could not record itself (a restart, a worker failure)."""
+        return cls(spec, RunResult(spec.prompt_id, "error", error=error, timings={}), messages=[message],
+                   started_at=spec.created_at)
 
     @classmethod
     def cancelled_before_start(cls, spec: JobSpec) -> JobRecord:
         """A queued job removed before it ran (its history messages as ComfyUI records an interrupt)."""
         message = ["execution_interrupted", {"prompt_id": spec.prompt_id, "node_id": None, "node_type": None,
                                              "executed": [], "timestamp": int(time.time() * 1000)}]
-        return cls(spec, "cancelled", messages=[message],
-                   error={"type": "cancelled", "message": "cancelled before it started"})
+        error = {"type": "cancelled", "message": "cancelled before it started"}
+        return cls(spec, RunResult(spec.prompt_id, "interrupted", error=error, timings={}), messages=[message])
 
     @classmethod
     def from_result(cls, spec: JobSpec, result: RunResult, messages: list[list[Any]], started: float) -> JobRecord:
-        status: JobStatus = {"success": "succeeded", "interrupted": "cancelled"}.get(result.status, "failed")  # type: ignore[assignment]
-        return cls(spec, status, outputs=result.outputs, messages=messages, error=result.error,
-                   node_errors=result.node_errors, executed=result.executed, cached=result.cached,
-                   timings=result.timings, memory=result.memory, started_at=started)
+        return cls(spec, replace(result, images={}), messages, started)
 
 
 UNSTOPPABLE_AFTER_S = 2.0  # an interrupt nothing polled for this long: the node cannot be stopped

@@ -15,8 +15,9 @@ from typing import Any
 
 import networkx as nx
 
-from engine.graph import Prompt, as_link, build_graph, find_cycle, sort_key
+from engine.graph import Prompt, as_link, build_graph, find_cycle, links_of, sort_key, topological_order
 from engine.node import contained
+from engine.plan import Plan, PlannedNode, with_defaults
 from engine.registry import NodeRegistry
 from engine.schema import ANY, BOOLEAN, COMBO, FLOAT, INT, STRING, WIDGET_TYPES, Input, resolve_options
 
@@ -49,11 +50,13 @@ class NodeErrors:
 @dataclass
 class Validation:
     """``outputs``: the output nodes that passed and will run. ``error``: the top-level error
-    (ComfyUI's ``error`` field) when nothing can run, else None."""
+    (ComfyUI's ``error`` field) when nothing can run, else None. ``plan``: how those outputs
+    run (None when nothing can)."""
 
     outputs: list[str]
     node_errors: dict[str, NodeErrors]
     error: ValidationIssue | None = None
+    plan: Plan | None = None
 
     @property
     def ok(self) -> bool:
@@ -151,6 +154,20 @@ def coerce_constant(spec: Input, value: Any) -> Any:
             return value.lower() == "true"
         raise ValueError(f"{value!r} is not a BOOLEAN")
     return value
+
+
+def value_from_text(spec: Input, text: str) -> Any:
+    """A value typed on a command line (``--set 3.seed=42``) as the input's declared type; BOOLEAN
+    also takes 1 and 0. Raises ValueError for inputs that only links can feed."""
+    if spec.type in (STRING, COMBO):
+        return text
+    if spec.type == BOOLEAN:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError("expected true or false")
+        return text.lower() in ("true", "1")
+    if spec.type in (INT, FLOAT):
+        return coerce_constant(spec, text)
+    raise ValueError(f"{spec.type} inputs come from links, not values")
 
 
 def check_constant(
@@ -356,8 +373,9 @@ def validate_prompt(
 
     graph = build_graph({k: v for k, v in prompt.items() if isinstance(v, Mapping)})
     per_node: dict[str, list[ValidationIssue]] = {}
+    constants: dict[str, dict[str, Any]] = {}
     for node_id in prompt:
-        per_node[node_id], _ = validate_node(node_id, prompt, registry)
+        per_node[node_id], constants[node_id] = validate_node(node_id, prompt, registry)
 
     cycle = find_cycle(graph)
     for node_id in cycle:
@@ -396,7 +414,7 @@ def validate_prompt(
             "(it is not connected to an output, but ComfyUI refuses such workflows too)",
         ))
     if good:
-        return Validation(good, node_errors)
+        return Validation(good, node_errors, plan=make_plan(prompt, graph, good, constants, registry))
     return Validation(
         [],
         node_errors,
@@ -407,3 +425,23 @@ def validate_prompt(
         ),
     )
 
+
+
+def make_plan(
+    prompt: Prompt, graph: nx.DiGraph, outputs: list[str], constants: Mapping[str, Mapping[str, Any]],
+    registry: NodeRegistry,
+) -> Plan:
+    """The plan of valid ``outputs``: what they need, in order, with ``constants`` (as
+    :func:`validate_node` converted them) completed by the optional widgets' defaults."""
+    needed: set[str] = set()
+    for output_id in outputs:
+        needed |= {output_id} | set(nx.ancestors(graph, output_id))
+    order = topological_order(graph, needed)
+    nodes: dict[str, PlannedNode] = {}
+    for node_id in order:
+        definition = registry.get(str(prompt[node_id]["class_type"]))
+        assert definition is not None, "a valid node names a registered class"
+        nodes[node_id] = PlannedNode(
+            node_id, definition, links_of(prompt[node_id]), with_defaults(definition, constants[node_id])
+        )
+    return Plan(prompt, list(outputs), order, nodes)

@@ -33,7 +33,7 @@ from engine.distributed.outputs import OutputStore
 from engine.distributed.router import Router, Ticket
 from engine.distributed.worker import JobOutcome, JobTask, WorkerEvent, WorkerLost
 from engine.events import Listeners
-from engine.executor import RunResult
+from engine.executor import RunResult, Status
 from engine.jobs import (
     JobEvent,
     JobFinished,
@@ -458,11 +458,11 @@ class RayJobQueue:
                 self._flights.pop(spec.prompt_id, None)
         log.warning("job %s: %s", spec.prompt_id, reason)
         if give_up:
-            status = "interrupted" if flight.cancel else "error"
+            status: Status = "interrupted" if flight.cancel else "error"
             message = ("cancelled; its worker died meanwhile" if flight.cancel else
                        f"its worker died {losses} times while running it (last: {reason}); "
                        "the job may need more memory than a worker has")
-            result = RunResult(spec.prompt_id, status, error={"type": "worker_lost", "message": message})  # type: ignore[arg-type]
+            result = RunResult(spec.prompt_id, status, error={"type": "worker_lost", "message": message})
             self._record(flight, result)
             return
         retry = ExecutionRetry(spec.prompt_id, attempt=flight.attempt + 1, previous_worker=flight.worker_id,

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from engine import events as ev
 from engine.executor import Executor, RunRequest, RunResult
+from engine.formats.png import png_info
 
 log = logging.getLogger("loom.distributed.worker")
 
@@ -239,7 +240,8 @@ class LoomWorker:
         folders.ensure()
         self.executor.folders = folders
         request = RunRequest(prompt=task.prompt, prompt_id=task.prompt_id, outputs=task.outputs,
-                             extra_pnginfo=task.extra_pnginfo, client_id=task.client_id)
+                             extra_pnginfo=png_info(task.extra_pnginfo, self.executor.registry.object_info) or None,
+                             client_id=task.client_id)
         try:
             result = self.executor.run(request)
         finally:

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.executor import RunRequest
+from engine.formats import MAX_NODES, WorkflowTooLarge
 from engine.jobs import JobQueue, JobRecord, JobSpec, StorageError
 from engine.server.common import (
     ApiError,
@@ -28,7 +29,6 @@ from engine.server.common import (
 )
 from engine.server.presence import OutputPresence
 from engine.validate import Validation
-from engine.workflow import MAX_NODES, WorkflowTooLarge
 
 log = logging.getLogger("loom.server")
 Validator = Callable[[RunRequest], Validation]
@@ -89,15 +89,16 @@ class _BadPrompt(Exception):
     pass
 
 
-def submit_prompt(queue: JobQueue, validate: Validator, req: PromptRequest, *, webhook: str | None = None
-                  ) -> tuple[JobSpec | None, Validation]:
-    """Validate and queue; returns (spec or None when invalid, validation)."""
+def submit_prompt(queue: JobQueue, validate: Validator, req: PromptRequest, *, webhook: str | None = None,
+                  returns: str = "files") -> tuple[JobSpec | None, Validation]:
+    """Validate and queue; returns (spec or None when invalid, validation). ``returns``: Loom's
+    :attr:`JobSpec.returns` (how the job's images come back)."""
     validation = validate(RunRequest(req.prompt, req.prompt_id, outputs=req.targets,
                                      extra_pnginfo=req.extra_data.get("extra_pnginfo"), client_id=req.client_id))
     if not validation.ok:
         return None, validation
     spec = JobSpec(req.prompt, req.prompt_id, extra_data=req.extra_data, outputs=list(validation.outputs),
-                   client_id=req.client_id, webhook=webhook)
+                   client_id=req.client_id, webhook=webhook, returns=returns)
     try:
         queue.submit(spec, front=req.front, number=req.number)
     except ValueError as exc:

@@ -27,13 +27,13 @@ from aiohttp import web
 from engine import events as ev
 from engine.compat_check import check_workflow
 from engine.context import KeptImages
+from engine.formats import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
 from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
-from engine.jobtypes import RETURN_KEY, RETURN_MODES
+from engine.jobtypes import RETURN_MODES
 from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
 from engine.server.presence import OutputPresence
 from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
 from engine.server.security import is_loopback
-from engine.workflow import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
 
 log = logging.getLogger("loom.server.jobs")
 ObjectInfo = Callable[[], Mapping[str, Any]]
@@ -153,8 +153,6 @@ class JobRoutes:
             raise ApiError(400, "invalid_request", f"return must be one of {', '.join(RETURN_MODES)} "
                            f"(bytes: images kept in memory, served at /api/v1/jobs/<id>/images/<n>), "
                            f"got {returned!r}")
-        if returned != "files":
-            extra[RETURN_KEY] = returned
         if loaded.workflow is not None:
             extra["extra_pnginfo"] = {"workflow": loaded.workflow}
         fields = {"prompt": loaded.prompt, "extra_data": extra, "client_id": body.get("client_id"),
@@ -165,7 +163,8 @@ class JobRoutes:
         except _BadPrompt as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         try:
-            spec, validation = await asyncio.to_thread(submit_prompt, self.queue, self.validate, req, webhook=webhook)
+            spec, validation = await asyncio.to_thread(submit_prompt, self.queue, self.validate, req, webhook=webhook,
+                                                         returns=returned)
         except ApiError:
             raise
         except Exception as exc:
@@ -226,7 +225,7 @@ class JobRoutes:
         for entry in resource["outputs"]:
             if entry.get("missing") and KeptImages.key(entry) in kept:
                 del entry["missing"]  # served from memory all the same
-        if embed or view.spec.extra_data.get(RETURN_KEY) == "base64":
+        if embed or view.spec.returns == "base64":
             for entry in resource["outputs"]:
                 data = kept.get(KeptImages.key(entry))
                 if data is not None:

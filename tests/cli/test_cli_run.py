@@ -122,7 +122,7 @@ def test_run_accepts_ui_format_saved_format_and_png(tmp_path: Path, capsys: pyte
     from PIL import Image
     from PIL.PngImagePlugin import PngInfo
 
-    from engine.workflow import to_saved
+    from engine.formats import to_saved
 
     ui = {
         "last_node_id": 3, "last_link_id": 2, "version": 0.4, "groups": [], "config": {}, "extra": {},

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.workflow import from_saved, load_workflow_file
+from engine.formats import from_saved, load_workflow_file
 
 WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
 NAMES = sorted(p.name.removesuffix(".api.json") for p in WORKFLOWS.glob("*.api.json"))

@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
+from engine.formats import ConversionProblem, WorkflowFormatError, convert_ui_to_api, load_workflow
 from engine.registry import NodeRegistry
-from engine.workflow import WorkflowFormatError, convert_ui_to_api, load_workflow
-from engine.workflow_widgets import ConversionProblem
 
 HERE = Path(__file__).parent
 WORKFLOWS = HERE / "workflows"

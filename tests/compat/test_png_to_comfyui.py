@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.formats import convert_ui_to_api, from_saved, png_info, saved_to_ui, to_saved
 from engine.registry import NodeRegistry
-from engine.workflow import from_saved, to_saved
-from engine.workflow_export import png_info, saved_to_ui
-from engine.workflow_ui import convert_ui_to_api
 
 COMPAT = Path(__file__).resolve().parent
 WORKFLOWS = COMPAT.parents[1] / "web" / "workflows"
@@ -30,9 +28,9 @@ def test_saved_txt2img_becomes_ui_format_that_converts_back_exactly() -> None:
 def test_png_info_swaps_in_ui_format_and_keeps_loom_format() -> None:
     registry = NodeRegistry()
     saved = to_saved({"1": {"class_type": "Nope", "inputs": {}}}, {"nodes": {"1": {"pos": [1, 2]}}})
-    info = png_info({"workflow": saved}, registry)
+    info = png_info({"workflow": saved}, registry.object_info)
     assert info["loom_workflow"] == saved
     assert info["workflow"]["nodes"][0]["pos"] == [1, 2]
     ui_only = {"nodes": [], "links": []}
-    assert png_info({"workflow": ui_only}, registry) == {"workflow": ui_only}
-    assert png_info(None, registry) == {}
+    assert png_info({"workflow": ui_only}, registry.object_info) == {"workflow": ui_only}
+    assert png_info(None, registry.object_info) == {}

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.workflow import WorkflowFormatError, convert_ui_to_api, detect_format
+from engine.formats import WorkflowFormatError, convert_ui_to_api, detect_format
 
 HERE = Path(__file__).parent
 WORKFLOWS = HERE / "workflows"

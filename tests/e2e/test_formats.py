@@ -1,5 +1,5 @@
 """The editor's own readers agree with the engine's: ComfyUI UI-format workflows converted in the
-browser (web/js/formats.js + graph.js toPrompt) give the same API prompt as engine/workflow_ui.py,
+browser (web/js/formats.js + graph.js toPrompt) give the same API prompt as engine/formats/ui_import.py,
 and PNG text chunks written by Pillow are read back by the browser's PNG reader."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, PngImagePlugin
 
-from engine.workflow import convert_ui_to_api
+from engine.formats import convert_ui_to_api
 from tests.e2e.conftest import Editor
 
 pytestmark = [pytest.mark.browser]
@@ -61,7 +61,7 @@ def test_png_text_chunks_are_read_in_the_browser(editor: Editor) -> None:
 
 
 def test_the_editors_saved_format_is_read_by_the_engine(editor: Editor) -> None:
-    from engine.workflow import from_saved, load_workflow
+    from engine.formats import from_saved, load_workflow
 
     editor.open()
     editor.page.evaluate("loom.editor.groups.addAround(['6', '7']); loom.editor.setMode(['7'], 4); loom.editor.convertWidget('3', 'cfg', true)")

@@ -13,19 +13,17 @@ import pytest
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from engine.workflow import (
-    MIGRATIONS,
-    SAVED_VERSION,
+from engine.formats import (
     WorkflowFormatError,
     detect_format,
     from_saved,
     load_workflow,
     load_workflow_file,
-    migrate_saved,
     normalize_api,
     read_png_workflow,
     to_saved,
 )
+from engine.formats.saved import MIGRATIONS, SAVED_VERSION, migrate_saved
 
 COMPAT = Path(__file__).parent.parent / "compat"
 WORKFLOWS = COMPAT / "workflows"
@@ -329,14 +327,14 @@ def test_engine_workflow_modules_do_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, engine.workflow, engine.workflow_ui; print('torch' in sys.modules)"
+    code = "import sys, engine.formats; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parent.parent.parent)
     assert out.stdout.strip() == "False"
 
 
 def test_saved_format_modes_mute_and_bypass_as_comfyui() -> None:
-    from engine.workflow import load_workflow, to_saved
+    from engine.formats import load_workflow, to_saved
 
     info = {
         "Src": {"input": {"required": {}}, "output": ["IMAGE"]},

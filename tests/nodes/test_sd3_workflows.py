@@ -125,7 +125,7 @@ def test_sd3_checkpoint_detected_by_tensors(demo_models: Path) -> None:
 def test_sd35_ui_format_workflow_converts_to_the_example_and_runs(demo_models: Path, tmp_path: Path) -> None:
     """The SD3.5 example saved in ComfyUI's UI format (litegraph nodes and links, widget values in
     ComfyUI's order, KSampler's control_after_generate included) converts to the API example."""
-    from engine.workflow import convert_ui_to_api
+    from engine.formats import convert_ui_to_api
 
     ui = json.loads((Path(__file__).parent / "comfyui_workflows" / "sd35_ui.json").read_text())
     executor = make_executor(demo_models, tmp_path)

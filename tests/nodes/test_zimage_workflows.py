@@ -74,7 +74,7 @@ def test_ui_format_template_with_a_subgraph_runs(demo_models: Path, tmp_path: Pa
     """A UI-format file shaped like ComfyUI's Z-Image Turbo template (the graph inside a subgraph whose
     prompt, size, steps and model names are promoted to the instance) converts to the example's
     graph and runs."""
-    from engine.workflow import load_workflow
+    from engine.formats import load_workflow
 
     ui = json.loads((COMPAT_WORKFLOWS / "z_image_turbo_subgraph.json").read_text())
     executor = make_executor(demo_models, tmp_path)
@@ -89,7 +89,7 @@ def test_ui_format_template_with_a_subgraph_runs(demo_models: Path, tmp_path: Pa
 
 
 def test_loom_format_workflow_holds_the_same_prompt() -> None:
-    from engine.workflow import from_saved
+    from engine.formats import from_saved
 
     saved = from_saved(json.loads((WORKFLOWS / "z_image_turbo.loom.json").read_text()))
     assert saved.prompt == workflow() and set(saved.layout["nodes"]) == set(workflow())

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
+from engine.formats import MAX_NODES
 from engine.server.app import ServerParts
-from engine.workflow import MAX_NODES
 
 FAILSAFE_S = 60.0
 

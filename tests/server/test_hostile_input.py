@@ -16,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from PIL import Image
 
+from engine.executor import RunResult
 from engine.jobtypes import JobRecord, JobSpec
 from engine.server.app import ServerParts
 from tests.server.stub_nodes import png_bytes, workflow
@@ -70,8 +71,9 @@ async def test_non_finite_float_inputs_are_refused_at_validation(client: TestCli
 
 async def test_responses_are_strict_json_even_with_nan_in_stored_data(client: TestClient, parts: ServerParts) -> None:
     spec = JobSpec(workflow(1), extra_data={"weird": float("nan")})
-    record = JobRecord(spec, "succeeded", outputs={"3": {"score": [float("inf")]}}, timings={"total_s": float("nan")},
-                       started_at=1.0)
+    result = RunResult(spec.prompt_id, "success", outputs={"3": {"score": [float("inf")]}},
+                       timings={"total_s": float("nan")})
+    record = JobRecord(spec, result, started_at=1.0)
     parts.queue.store.finish(record)  # type: ignore[attr-defined]
     settings = parts.user_dir / "default" / "comfy.settings.json"
     settings.write_text('{"Comfy.Bad": NaN, "Comfy.Good": 1}')  # written by something else

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from engine.workflow import to_saved
+from engine.formats import to_saved
 from tests.server.conftest import block_queue
 from tests.server.stub_nodes import workflow
 

@@ -1,5 +1,5 @@
 // The workflow model: nodes (with widget values and input links), groups, and undo/redo history.
-// Serialises to Loom's saved format (engine/workflow.py) and to ComfyUI's API format.
+// Serialises to Loom's saved format (engine/formats/saved.py) and to ComfyUI's API format.
 
 import { parseSchema, defaultValue, typesCompatible } from "./schema.js";
 import { FRONTEND_INFO, isFrontendType, primitiveAccepts, primitiveSpec, primitiveTargets } from "./frontend.js";

@@ -11,7 +11,7 @@ import { FRONTEND_INFO, PRIMITIVE_OUTPUT, primitiveTargets } from "./frontend.js
 const NOTES = new Set(["Note", "MarkdownNote"]);
 const KEPT = new Set(["Reroute", "PrimitiveNode", "SubgraphInput", "SubgraphOutput"]);
 const CONTROL_VALUES = new Set(["fixed", "increment", "decrement", "randomize"]);
-// What files store after a widget with "control after generate" (engine/workflow_widgets.py has the
+// What files store after a widget with "control after generate" (engine/formats/widgets.py has the
 // same rules): a control string, a boolean (2023 files) or null; a COMBO also stores a filter text.
 const looksLikeControl = (v) => v === null || typeof v === "boolean" || CONTROL_VALUES.has(v) || v === "increment-wrap";
 const controlSlots = (input) => (input.opts.control_after_generate || (input.type === "INT" && /^(noise_)?seed$/.test(input.name)))

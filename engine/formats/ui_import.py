@@ -28,11 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.workflow import MAX_NODES, WorkflowFormatError, WorkflowTooLarge
-from engine.workflow_widgets import MISSING, ConversionProblem, Widget, assign, widget_inputs, widgets_of
+from engine.formats.api import MAX_NODES, WorkflowFormatError, WorkflowTooLarge
+from engine.formats.modes import MODE_BYPASSED, MODE_MUTED, inherited_mode, passed_through
+from engine.formats.widgets import MISSING, ConversionProblem, Widget, assign, widget_inputs, widgets_of
 
-MODE_MUTED = 2  # litegraph's NEVER
-MODE_BYPASS = 4
 FRONTEND_ONLY = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
 SUBGRAPH_INPUT_NODE = -10
 SUBGRAPH_OUTPUT_NODE = -20
@@ -254,7 +253,7 @@ def convert_ui_to_api(
     """Convert a ComfyUI UI-format workflow (litegraph ``nodes``/``links``) to API format.
 
     ``object_info`` is ComfyUI's ``/object_info`` mapping; it tells which inputs are widgets and
-    in what order ``widgets_values`` lists them (rules: :mod:`engine.workflow_widgets`). Unknown
+    in what order ``widgets_values`` lists them (rules: :mod:`engine.formats.widgets`). Unknown
     class types are kept as they are (their widget values cannot be mapped; validation reports
     the class later). What had to be guessed or dropped is appended to ``problems`` when given;
     what cannot be converted at all raises :class:`WorkflowFormatError` naming the node.
@@ -272,7 +271,7 @@ def convert_ui_to_api(
 
     prompt: dict[str, Any] = {}
     for node in sorted(flat.values(), key=lambda n: _natural_key(n.id)):
-        if node.aliases is not None or node.type in FRONTEND_ONLY or node.mode in (MODE_MUTED, MODE_BYPASS):
+        if node.aliases is not None or node.type in FRONTEND_ONLY or node.mode in (MODE_MUTED, MODE_BYPASSED):
             continue
         info = object_info.get(node.type)
         inputs: dict[str, Any] = {}
@@ -311,7 +310,7 @@ def _resolve(flat: Mapping[str, _FlatNode], source: _Source | None) -> _Resolved
             return None  # dangling link: ComfyUI leaves the widget value
         if node.mode == MODE_MUTED:
             return _REMOVED
-        if node.mode == MODE_BYPASS:
+        if node.mode == MODE_BYPASSED:
             match = _bypass_input(node, source.slot)
             if match is None:
                 return _REMOVED
@@ -337,18 +336,13 @@ def _resolve(flat: Mapping[str, _FlatNode], source: _Source | None) -> _Resolved
 
 
 def _bypass_input(node: _FlatNode, slot: int) -> _FlatInput | None:
-    """A bypassed node passes through its first input whose type matches the output's type,
-    trying the input at the same index first (as ComfyUI's frontend does)."""
+    """The input a bypassed node hands on for output ``slot`` (rule in :mod:`engine.formats.modes`)."""
     wanted = node.output_types[slot] if slot < len(node.output_types) else ""
-    for index in [slot, *range(len(node.inputs))]:
-        if index < len(node.inputs):
-            candidate = node.inputs[index]
-            if candidate.type == wanted or "*" in (candidate.type, wanted):
-                return candidate
-    return None
+    index = passed_through(wanted, [i.type for i in node.inputs], slot)
+    return None if index is None else node.inputs[index]
 
 
-# --- widgets (rules in engine/workflow_widgets.py) ---------------------------------------------
+# --- widgets (rules in engine/formats/widgets.py) ---------------------------------------------
 def _input_order(info: Mapping[str, Any] | None) -> dict[str, int]:
     if not isinstance(info, Mapping):
         return {}
@@ -436,10 +430,7 @@ def _widget_name(entry: Mapping[str, Any]) -> str | None:
 
 
 def _mode(node: Mapping[str, Any], inherited: int) -> int:
-    """A muted or bypassed container mutes or bypasses everything inside it."""
-    own = node.get("mode", 0)
-    own = own if isinstance(own, int) else 0
-    return inherited if inherited in (MODE_MUTED, MODE_BYPASS) else own
+    return inherited_mode(node.get("mode", 0), inherited)
 
 
 def _group_name(node_type: str) -> str:

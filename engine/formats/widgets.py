@@ -24,9 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.schema import COMBO, WIDGET_TYPES
+
 CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize", "increment-wrap"})
 SEED_NAMES = frozenset({"seed", "noise_seed"})
-WIDGET_SCALARS = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN"})
+WIDGET_SCALARS = WIDGET_TYPES - {COMBO}
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_upload")
 MISSING: Any = object()
 
@@ -61,6 +63,14 @@ class ConversionProblem:
         return f"node {self.node_id} ({self.class_type}): {self.message}"
 
 
+def is_widget_spec(spec: Sequence[Any]) -> bool:
+    """Whether an ``object_info`` input spec (``[kind, options]``) is a widget: a COMBO (a list of
+    choices or ``"COMBO"``) or a scalar widget type, unless the spec forces an input socket."""
+    kind = spec[0] if spec else None
+    opts = spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
+    return (isinstance(kind, list) or kind in WIDGET_TYPES) and not opts.get("forceInput")
+
+
 def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
     """The widgets of an ``object_info`` entry, in the order the frontend creates them."""
     if not isinstance(info, Mapping):
@@ -75,10 +85,10 @@ def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
             spec = specs.get(name)
             if not isinstance(spec, Sequence) or isinstance(spec, str) or not spec:
                 continue
+            if not is_widget_spec(spec):
+                continue
             kind, opts = spec[0], spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
             options = _combo_options(kind, opts)
-            if opts.get("forceInput") or (options is None and kind not in WIDGET_SCALARS):
-                continue
             upload = upload or any(opts.get(flag) for flag in UPLOAD_FLAGS)
             controlled = bool(opts.get("control_after_generate")) or (kind == "INT" and name in SEED_NAMES)
             slots = (2 if options is not None else 1) if controlled else 0

@@ -1,8 +1,9 @@
-"""Loom's saved format → ComfyUI's UI (litegraph) format, for the ``workflow`` chunk of PNGs.
+"""Loom's saved format → ComfyUI's UI (litegraph) format, for the ``workflow`` chunk of PNGs
+(see :func:`engine.formats.png.png_info`).
 
 ComfyUI's editor loads an image's ``workflow`` chunk as a litegraph graph, so Loom writes that
 format there (converted from the editor's saved format) and keeps its own saved format in a
-``loom_workflow`` chunk. Converting the result back with :func:`engine.workflow_ui.convert_ui_to_api`
+``loom_workflow`` chunk. Converting the result back with :func:`engine.formats.ui_import.convert_ui_to_api`
 gives the original API graph (tested), so images move both ways between Loom and ComfyUI.
 """
 
@@ -11,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+from engine.formats.api import is_link
+from engine.formats.widgets import is_widget_spec
+
 SEED_CONTROL = "fixed"  # the frontend's "control after generate" value that follows a seed widget
-
-
-def _is_link(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
 
 
 def _ordered_inputs(info: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
@@ -26,12 +25,6 @@ def _ordered_inputs(info: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
         for name, spec in (declared.get(section) or {}).items():
             specs.append((name, spec if isinstance(spec, list) else [spec, {}]))
     return specs
-
-
-def _is_widget(spec: list[Any]) -> bool:
-    kind = spec[0] if spec else None
-    options = spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
-    return (isinstance(kind, list) or kind in WIDGET_TYPES) and not options.get("forceInput")
 
 
 def _numeric_ids(prompt: Mapping[str, Any]) -> dict[str, int]:
@@ -71,18 +64,18 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
         widgets: list[Any] = []
         for name, spec in _ordered_inputs(info):
             value: Any = given.get(name)
-            widget = _is_widget(spec)
+            widget = is_widget_spec(spec)
             options = spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
             if widget:
-                widgets.append(options.get("default") if value is None or _is_link(value) else value)
+                widgets.append(options.get("default") if value is None or is_link(value) else value)
                 if options.get("control_after_generate") or name in ("seed", "noise_seed"):
                     widgets.append(SEED_CONTROL)
-            if _is_link(value) or not widget:
+            if is_link(value) or not widget:
                 entry: dict[str, Any] = {"name": name, "type": "COMBO" if isinstance(spec[0], list) else spec[0],
                                          "link": None}
                 if widget:
                     entry["widget"] = {"name": name}
-                if _is_link(value) and value[0] in prompt:
+                if is_link(value) and value[0] in prompt:
                     link_id = len(links) + 1
                     source_outputs = outputs_of[value[0]]
                     link_type = source_outputs[value[1]]["type"] if value[1] < len(source_outputs) else "*"
@@ -112,22 +105,3 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
         "groups": groups, "config": {}, "extra": {"loom": {"format": saved.get("format"), "version": saved.get("version")}},
         "version": 0.4,
     }
-
-
-def png_info(extra: dict[str, Any] | None, registry: Any) -> dict[str, Any]:
-    """What image-writing nodes embed: a Loom saved-format ``workflow`` becomes ComfyUI's UI format
-    (so ComfyUI opens Loom's images), the saved format itself kept as ``loom_workflow``."""
-    from engine.workflow import SAVED_FORMAT_NAME, SAVED_VERSION, WorkflowFormatError, from_saved
-
-    if not extra:
-        return {}
-    workflow = extra.get("workflow")
-    if not isinstance(workflow, Mapping) or workflow.get("format") != SAVED_FORMAT_NAME:
-        return dict(extra)
-    try:
-        saved = from_saved(workflow)
-    except WorkflowFormatError:
-        return dict(extra)
-    ui = saved_to_ui({"prompt": saved.prompt, "layout": saved.layout, "format": SAVED_FORMAT_NAME,
-                      "version": SAVED_VERSION}, registry.object_info())
-    return {**extra, "workflow": ui, "loom_workflow": workflow}
