@@ -22,6 +22,7 @@ from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders, ModelPathError, base_directory_layout
 from engine.memory import DevicePolicy, ModelManager
+from engine.ram_budget import RamBudget
 from engine.registry import NodeRegistry
 
 ROOT = Path(__file__).resolve().parent
@@ -63,7 +64,14 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     precision.add_precision_args(parser)  # --force-fp32/--force-fp16, --{fp32,bf16,fp16}-{unet,vae,text-enc}
     attention.add_attention_args(parser)  # --use-sage-attention, --use-flash-attention, ... (ComfyUI's)
     parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
-    parser.add_argument("--ram-gb", type=float, default=None, help="RAM budget of the model tier (GiB)")
+    parser.add_argument("--ram-gb", type=float, default=None,
+                        help="cap on the model RAM tier alone (GiB); the process budget bounds it too")
+    parser.add_argument("--ram-budget", type=float, default=None, metavar="GIB",
+                        help="RAM budget of the whole process (GiB): the model RAM tier holds only what the rest "
+                             "of the process leaves (default: total memory less --reserve-ram)")
+    parser.add_argument("--reserve-ram", type=float, default=None, metavar="GIB",
+                        help="memory left to the rest of the system when --ram-budget is not given "
+                             "(default: 10%% of total memory, at least 1 GiB)")
     parser.add_argument("--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)")
     parser.add_argument("--no-png-metadata", action="store_true", help="do not write workflows into PNGs")
     parser.add_argument("--safety", choices=("off", "node", "enforce"), default="node",
@@ -145,10 +153,15 @@ def apply_base_directory(args: argparse.Namespace) -> None:
 
 
 def _model_manager(args: argparse.Namespace) -> ModelManager:
-    budget = None if args.ram_gb is None else int(args.ram_gb * (1 << 30))
+    def gib(name: str) -> int | None:
+        value = getattr(args, name, None)
+        return None if value is None else int(value * (1 << 30))
+
+    budget = RamBudget.for_machine(gib("ram_budget"), gib("reserve_ram"), tier_cap=gib("ram_gb"))
+    log.info("memory: %s", budget.describe())
     cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine
     policy = precision.policy_for(args, DevicePolicy.detect(force_cpu=args.cpu), cache)
-    return ModelManager(policy, ram_budget_bytes=budget)
+    return ModelManager(policy, budget=budget)
 
 
 def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Folders) -> Any:

@@ -8,7 +8,9 @@ counts everything it does (loads, evictions, prefetch hits, bytes moved, seconds
 Tiers, fastest first::
 
     device  (at most one large model; CPU runs share memory with the RAM tier)
-    RAM     (recently used modules, under ``ram_budget_bytes``; dropped furthest-needed-first)
+    RAM     (recently used modules in their stored precision, under the limit that
+             ``engine.ram_budget.RamBudget`` leaves; dropped furthest-needed-first, models on
+             a local disk before others; text encoders as soon as no upcoming node needs them)
     disk    (the handle's files; safetensors are mmap-read again by ``handle.load()``)
 
 The executor calls ``hint_upcoming(handles)`` before each node with the handles the rest of the
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import sys
 import threading
 import time
@@ -36,9 +37,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from engine.ram_budget import RamBudget, on_local_disk
+
 log = logging.getLogger("loom.memory")
 
 GIB = 1024**3
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 @runtime_checkable
@@ -121,24 +125,13 @@ class DevicePolicy:
             torch.mps.empty_cache()
 
 
-def available_ram_bytes() -> int:
-    """MemAvailable from /proc/meminfo; otherwise total physical memory; otherwise 8 GiB."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 * GIB
+def _no_rss() -> int:
+    return 0
 
 
-def default_ram_budget() -> int:
-    """Half of the RAM available when the manager starts."""
-    return available_ram_bytes() // 2
+def fixed_tier_budget(nbytes: int) -> RamBudget:
+    """A RAM tier limited to ``nbytes`` whatever the rest of the process holds (tests, benches)."""
+    return RamBudget(process_bytes=nbytes, tier_cap=nbytes, rss=_no_rss)
 
 
 @dataclass
@@ -148,6 +141,7 @@ class _Entry:
     nbytes: int
     locks: int = 0
     prefetched: bool = False
+    stored: str | None = None  # the dtype the file stores (uniform floating weights), else None
 
 
 @dataclass
@@ -158,6 +152,10 @@ class _RunStats:
     bytes_moved: int = 0
     seconds: float = 0.0
     max_resident: int = 0
+    max_ram_tier: int = 0
+    # (what, kind, key) in the order it happened: "read" / "read_done" (disk reads, prefetch
+    # included), "use" / "release" (a node's use), "drop" (to disk): order-only, for tests
+    events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 class ModelManager:
@@ -174,9 +172,17 @@ class ModelManager:
         *,
         ram_budget_bytes: int | None = None,
         prefetch: bool = True,
+        budget: RamBudget | None = None,
+        drop_unneeded: frozenset[str] = frozenset({"clip"}),
     ) -> None:
+        """``budget`` bounds the RAM tier by the whole process (default: the machine's memory less
+        a reserve); ``ram_budget_bytes`` alone is a fixed tier limit. Kinds in ``drop_unneeded``
+        go back to disk as soon as the upcoming handles (plan and queue) no longer include them."""
         self.policy = policy or DevicePolicy.cpu()
-        self.ram_budget_bytes = default_ram_budget() if ram_budget_bytes is None else ram_budget_bytes
+        if budget is None:
+            budget = RamBudget.for_machine() if ram_budget_bytes is None else fixed_tier_budget(ram_budget_bytes)
+        self.budget = budget
+        self.drop_unneeded = drop_unneeded
         self.prefetch_enabled = prefetch
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -193,18 +199,28 @@ class ModelManager:
     def use(self, handle: ModelHandleLike) -> Iterator[Any]:
         """Make ``handle``'s model resident on the compute device and lock it while inside."""
         entry = self._acquire(handle)
+        self._event("use", handle)
         try:
             yield entry.module
         finally:
             with self._lock:
                 entry.locks -= 1
+                self._event("release", handle)
                 self._changed.notify_all()
 
     def hint_upcoming(self, handles: Sequence[ModelHandleLike]) -> None:
-        """The handles the rest of the plan will use, next first; starts a prefetch if useful."""
+        """The handles the rest of the plan will use, next first; starts a prefetch if useful.
+        Models of the ``drop_unneeded`` kinds that are not among them go back to disk."""
         with self._lock:
             self._upcoming = list(handles)
+            self._drop_unneeded()
         self._schedule_prefetch()
+
+    @property
+    def ram_budget_bytes(self) -> int:
+        """What the RAM tier may hold now (the process budget less what the process holds outside it)."""
+        with self._lock:
+            return self.budget.tier_limit(self._ram_bytes())
 
     def free(self) -> None:
         """Unload everything not currently locked by a running node (device and RAM tier)."""
@@ -231,8 +247,11 @@ class ModelManager:
                 "max_resident": s.max_resident,
                 "resident": [self._describe(e) for e in self._resident.values()],
                 "ram_tier": [self._describe(e) for e in self._ram.values()],
-                "ram_tier_bytes": sum(e.nbytes for e in self._ram.values()),
-                "ram_budget_bytes": self.ram_budget_bytes,
+                "ram_tier_bytes": self._ram_bytes(),
+                "max_ram_tier_bytes": s.max_ram_tier,
+                "ram_budget_bytes": self.budget.tier_limit(self._ram_bytes()),
+                "process_budget_bytes": self.budget.process_bytes,
+                "events": list(s.events),
                 "device": self.policy.device,
                 "dtypes": {kind: self.policy.dtype_for(kind) for kind in PRECISION_KINDS},
             }
@@ -290,11 +309,14 @@ class ModelManager:
             module, nbytes = from_ram.module, from_ram.nbytes
         else:
             source = "disk"
+            self._event("read", handle)
             module, nbytes = handle.load(), max(0, int(handle.estimate_bytes()))
+            self._event("read_done", handle)
+        stored = from_ram.stored if from_ram is not None else stored_dtype(module)
         module = self._ready(handle, module, device, dtype)
         nbytes = module_bytes(module, nbytes)
         seconds = time.perf_counter() - start
-        entry = _Entry(handle, module, nbytes, locks=1)
+        entry = _Entry(handle, module, nbytes, locks=1, stored=stored)
         with self._lock:
             self._resident[handle.key] = entry
             s = self._stats
@@ -329,38 +351,82 @@ class ModelManager:
                 entry.module = entry.handle.to_device(entry.module, "cpu", self.policy.dtype_for(entry.handle.kind))
                 self._stats.bytes_moved += entry.nbytes
             entry.prefetched = False
+            if entry.handle.kind in self.drop_unneeded and not self._is_upcoming(key):
+                self._record_eviction(entry, "disk", "no longer needed")
+                continue
+            self._to_stored(entry)
             self._stats.seconds += time.perf_counter() - start
-            if entry.nbytes <= self.ram_budget_bytes:
-                self._ram[key] = entry
-                self._record_eviction(entry, "ram", "swap")
-                self._fit_ram_budget()
-            else:
+            if entry.nbytes > self.budget.tier_limit(0):
                 self._record_eviction(entry, "disk", "over RAM budget")
+                continue
+            self._ram[key] = entry  # it may be the one dropped: by next use, file place, recency
+            self._record_eviction(entry, "ram", "swap")
+            self._fit_ram_budget()
+            self._note_ram_tier()
         if self.policy.device != "cpu":
             self.policy.empty_cache()
 
     # --- RAM tier -------------------------------------------------------------------------------
+    def _ram_bytes(self) -> int:
+        return sum(e.nbytes for e in self._ram.values())
+
+    def _fits(self, incoming: int) -> bool:
+        tier = self._ram_bytes()
+        return tier + incoming <= self.budget.tier_limit(tier)
+
     def _fit_ram_budget(self, incoming: int = 0, protect: str | None = None) -> bool:
         """Drop RAM-tier entries, furthest-needed first, until ``incoming`` more bytes fit."""
-        while self._ram and sum(e.nbytes for e in self._ram.values()) + incoming > self.ram_budget_bytes:
+        while self._ram and not self._fits(incoming):
             victim = self._furthest_needed(exclude=protect)
             if victim is None:
                 return False
-            self._record_eviction(self._ram.pop(victim), "disk", "RAM budget")
-        return sum(e.nbytes for e in self._ram.values()) + incoming <= self.ram_budget_bytes
+            self._drop_from_ram(victim, "RAM budget")
+        return self._fits(incoming)
 
     def _furthest_needed(self, exclude: str | None) -> str | None:
         order = {h.key: i for i, h in reversed(list(enumerate(self._upcoming)))}
         never = len(order) + 1
-        best: tuple[int, int] | None = None
+        best: tuple[int, bool, int] | None = None
         victim = None
         for lru_rank, key in enumerate(self._ram):
             if key == exclude:
                 continue
-            score = (order.get(key, never), -lru_rank)  # later use first; then least recent
+            # later use first; then one whose file is on a local disk (cheap to read again); then least recent
+            score = (order.get(key, never), _cheap_to_reload(self._ram[key].handle), -lru_rank)
             if best is None or score > best:
                 best, victim = score, key
         return victim
+
+    def _drop_from_ram(self, key: str, reason: str) -> None:
+        entry = self._ram.pop(key)
+        self._record_eviction(entry, "disk", reason)
+        self._event("drop", entry.handle)
+
+    def _is_upcoming(self, key: str) -> bool:
+        return any(h.key == key for h in self._upcoming)
+
+    def _drop_unneeded(self) -> None:
+        """Drop RAM-tier models of the ``drop_unneeded`` kinds no upcoming node needs (caller
+        holds the lock); unlocked residents of those kinds go too."""
+        for key in [k for k, e in self._ram.items() if e.handle.kind in self.drop_unneeded and not self._is_upcoming(k)]:
+            self._drop_from_ram(key, "no longer needed")
+        for key, entry in list(self._resident.items()):
+            if entry.locks == 0 and entry.handle.kind in self.drop_unneeded and not self._is_upcoming(key):
+                del self._resident[key]
+                self._record_eviction(entry, "disk", "no longer needed")
+                self._event("drop", entry.handle)
+
+    def _to_stored(self, entry: _Entry) -> None:
+        """Cast a module leaving the device back to the precision its file stores (exact: the
+        compute precision is wider), so the RAM tier holds an fp16 file in fp16."""
+        held = stored_dtype(entry.module)
+        if entry.stored is None or held is None or DTYPE_BYTES.get(entry.stored, 4) >= DTYPE_BYTES.get(held, 4):
+            return
+        entry.module = entry.handle.to_device(entry.module, "cpu", entry.stored)
+        entry.nbytes = module_bytes(entry.module, entry.nbytes)
+
+    def _note_ram_tier(self) -> None:
+        self._stats.max_ram_tier = max(self._stats.max_ram_tier, self._ram_bytes())
 
     # --- prefetch -------------------------------------------------------------------------------
     def _schedule_prefetch(self) -> None:
@@ -392,10 +458,15 @@ class ModelManager:
     def _prefetch(self, handle: ModelHandleLike, nbytes: int) -> None:
         key = handle.key
         start = time.perf_counter()
+        stored = None
         try:
-            # built and made ready for computing (cast, memory order) here, off the critical path;
-            # the RAM tier holds CPU modules, the move to a GPU waits for use()
-            module = self._ready(handle, handle.load(), "cpu", self.policy.dtype_for(handle.kind))
+            # built and made ready for computing (cast, memory order) here, off the critical path:
+            # it is the next model the plan uses; the move to a GPU waits for use()
+            self._event("read", handle)
+            module = handle.load()
+            stored = stored_dtype(module)
+            module = self._ready(handle, module, "cpu", self.policy.dtype_for(handle.kind))
+            self._event("read_done", handle)
         except Exception as exc:  # the real use() will raise it again with the node's context
             log.warning("prefetch of %s %s failed: %s", handle.kind, key[:12], exc)
             module = None
@@ -405,10 +476,11 @@ class ModelManager:
             self._pending.pop(key, None)
             if module is not None:
                 nbytes = module_bytes(module, nbytes)
-                self._ram[key] = _Entry(handle, module, nbytes, prefetched=True)
+                self._ram[key] = _Entry(handle, module, nbytes, prefetched=True, stored=stored)
                 self._stats.bytes_moved += nbytes
                 self._stats.seconds += seconds
                 self._fit_ram_budget(protect=key)
+                self._note_ram_tier()
                 log.info("prefetched %s %s: %.1f MiB in %.2fs", handle.kind, key[:12], nbytes / 2**20, seconds)
             self._changed.notify_all()
         if module is not None:
@@ -417,6 +489,10 @@ class ModelManager:
     # --- accounting helpers ---------------------------------------------------------------------
     def _large_resident_count(self) -> int:
         return sum(1 for e in self._resident.values() if self.policy.is_large(e.handle.kind))
+
+    def _event(self, what: str, handle: ModelHandleLike) -> None:
+        with self._lock:
+            self._stats.events.append((what, handle.kind, handle.key))
 
     def _record_eviction(self, entry: _Entry, to: str, reason: str) -> None:
         self._stats.evictions.append(
@@ -457,6 +533,23 @@ def module_bytes(module: Any, fallback: int) -> int:
             seen.add(id(tensor))
             total += int(tensor.numel()) * int(tensor.element_size())
     return total or fallback
+
+
+def stored_dtype(module: Any) -> str | None:
+    """The dtype name (``"float16"``) all floating weights of a torch ``module`` share; None when
+    they differ (mixed files are left as they are) or for objects that are not torch modules."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(module, torch.nn.Module):
+        return None
+    found = {t.dtype for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()}
+    if len(found) != 1:
+        return None
+    return str(found.pop()).removeprefix("torch.")
+
+
+def _cheap_to_reload(handle: ModelHandleLike) -> bool:
+    path = getattr(handle, "path", None)
+    return path is not None and on_local_disk(path)
 
 
 def handles_in(values: Iterable[Any]) -> list[ModelHandleLike]:
