@@ -318,8 +318,10 @@ class NextJobPrefetch:
         return any(o.type in MODEL_TYPES for o in node_def.schema.outputs)
 
     @contextmanager
-    def during(self, next_spec: JobSpec | None) -> Iterator[None]:
-        """While inside, the executor's hints include ``next_spec``'s models."""
+    def during(self, next_spec: JobSpec | None, *, current: JobSpec | None = None,
+               queued: Sequence[JobSpec] = ()) -> Iterator[None]:
+        """While inside, the executor's hints include ``next_spec``'s models. (``current`` and
+        ``queued``, the running job and all waiting ones, are for ``engine.overlap``.)"""
         ex = self.executor
         extra: list[Any] = []
         if next_spec is not None:

@@ -153,8 +153,9 @@ class _RunStats:
     seconds: float = 0.0
     max_resident: int = 0
     max_ram_tier: int = 0
-    # (what, kind, key) in the order it happened: "read" / "read_done" (disk reads, prefetch
-    # included), "use" / "release" (a node's use), "drop" (to disk): order-only, for tests
+    # (what, kind, key) in the order it happened: "prefetch" (a background read scheduled),
+    # "read" / "read_done" (disk reads, prefetch included), "use" / "release" (a node's use),
+    # "drop" (to disk): order only, for tests
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
@@ -183,6 +184,10 @@ class ModelManager:
             budget = RamBudget.for_machine() if ram_budget_bytes is None else fixed_tier_budget(ram_budget_bytes)
         self.budget = budget
         self.drop_unneeded = drop_unneeded
+        self.late_kinds: frozenset[str] = frozenset()  # see defer_late
+        self.late_steps = 0
+        self.event_log: list[tuple[str, str, str]] | None = None  # set to a list: every event, never reset
+        self._progress: tuple[int, int] | None = None  # (done, total) of the model computing now
         self.prefetch_enabled = prefetch
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -206,7 +211,27 @@ class ModelManager:
             with self._lock:
                 entry.locks -= 1
                 self._event("release", handle)
+                if entry.locks == 0 and self.policy.is_large(handle.kind):
+                    self._progress = None
                 self._changed.notify_all()
+            if self.late_kinds:
+                self._schedule_prefetch()  # a late model waited for this one to finish
+
+    def defer_late(self, kinds: frozenset[str], steps: int = 2) -> None:
+        """Prefetch models of ``kinds`` (the VAE) only in the last ``steps`` steps of the model
+        computing (``note_progress``) or once it is done, so they are not held meanwhile."""
+        with self._lock:
+            self.late_kinds, self.late_steps = kinds, steps
+
+    def note_progress(self, done: int, total: int) -> None:
+        """Steps done of the model computing now (the sampler's progress): in its last
+        ``late_steps`` steps the ``late_kinds`` models start reading."""
+        with self._lock:
+            self._progress = (done, total)
+            if self.event_log is not None:
+                self.event_log.append(("progress", "", f"{done}/{total}"))
+        if self.late_kinds and total - done <= self.late_steps:
+            self._schedule_prefetch()
 
     def hint_upcoming(self, handles: Sequence[ModelHandleLike]) -> None:
         """The handles the rest of the plan will use, next first; starts a prefetch if useful.
@@ -444,6 +469,7 @@ class ModelManager:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loom-prefetch")
             key = target.key
+            self._event("prefetch", target)
             self._loading.add(key)
             self._pending[key] = self._pool.submit(self._prefetch, target, nbytes)
 
@@ -452,8 +478,17 @@ class ModelManager:
             key = handle.key
             if key in self._resident or key in self._ram or key in self._loading:
                 continue
+            if handle.kind in self.late_kinds and not self._late_window():
+                continue
             return handle
         return None
+
+    def _late_window(self) -> bool:
+        """Whether a late kind may be prefetched now: only in the last steps of a large model
+        computing (otherwise ``use`` reads it when it is needed)."""
+        if not any(e.locks and self.policy.is_large(e.handle.kind) for e in self._resident.values()):
+            return False
+        return self._progress is not None and self._progress[1] - self._progress[0] <= self.late_steps
 
     def _prefetch(self, handle: ModelHandleLike, nbytes: int) -> None:
         key = handle.key
@@ -493,6 +528,8 @@ class ModelManager:
     def _event(self, what: str, handle: ModelHandleLike) -> None:
         with self._lock:
             self._stats.events.append((what, handle.kind, handle.key))
+            if self.event_log is not None:
+                self.event_log.append((what, handle.kind, handle.key))
 
     def _record_eviction(self, entry: _Entry, to: str, reason: str) -> None:
         self._stats.evictions.append(
