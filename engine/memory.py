@@ -37,12 +37,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from engine.ram_budget import RamBudget, on_local_disk
+from engine.ram_budget import DTYPE_BYTES, RamBudget, cheap_to_reload, fixed_tier_budget, stored_dtype
 
 log = logging.getLogger("loom.memory")
 
 GIB = 1024**3
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 @runtime_checkable
@@ -123,15 +122,6 @@ class DevicePolicy:
             torch.cuda.empty_cache()
         elif self.device == "mps":
             torch.mps.empty_cache()
-
-
-def _no_rss() -> int:
-    return 0
-
-
-def fixed_tier_budget(nbytes: int) -> RamBudget:
-    """A RAM tier limited to ``nbytes`` whatever the rest of the process holds (tests, benches)."""
-    return RamBudget(process_bytes=nbytes, tier_cap=nbytes, rss=_no_rss)
 
 
 @dataclass
@@ -417,7 +407,7 @@ class ModelManager:
             if key == exclude:
                 continue
             # later use first; then one whose file is on a local disk (cheap to read again); then least recent
-            score = (order.get(key, never), _cheap_to_reload(self._ram[key].handle), -lru_rank)
+            score = (order.get(key, never), cheap_to_reload(self._ram[key].handle), -lru_rank)
             if best is None or score > best:
                 best, victim = score, key
         return victim
@@ -570,23 +560,6 @@ def module_bytes(module: Any, fallback: int) -> int:
             seen.add(id(tensor))
             total += int(tensor.numel()) * int(tensor.element_size())
     return total or fallback
-
-
-def stored_dtype(module: Any) -> str | None:
-    """The dtype name (``"float16"``) all floating weights of a torch ``module`` share; None when
-    they differ (mixed files are left as they are) or for objects that are not torch modules."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(module, torch.nn.Module):
-        return None
-    found = {t.dtype for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()}
-    if len(found) != 1:
-        return None
-    return str(found.pop()).removeprefix("torch.")
-
-
-def _cheap_to_reload(handle: ModelHandleLike) -> bool:
-    path = getattr(handle, "path", None)
-    return path is not None and on_local_disk(path)
 
 
 def handles_in(values: Iterable[Any]) -> list[ModelHandleLike]:

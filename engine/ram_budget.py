@@ -20,11 +20,14 @@ network mount. :func:`on_local_disk` decides that from ``/proc/mounts``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 GIB = 1024**3
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MIB = 1024**2
 NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "sshfs", "fuse.sshfs", "9p", "afs",
                                  "ceph", "fuse.rclone", "fuse.s3fs", "fuse.gcsfuse", "glusterfs", "lustre"})
@@ -121,3 +124,30 @@ def on_local_disk(path: str | os.PathLike[str], mounts: list[tuple[str, str]] | 
         if resolved == point or resolved.startswith(point.rstrip("/") + "/"):
             return fs not in NETWORK_FILESYSTEMS
     return True
+
+
+def _no_rss() -> int:
+    return 0
+
+
+def fixed_tier_budget(nbytes: int) -> RamBudget:
+    """A RAM tier limited to ``nbytes`` whatever the rest of the process holds (tests, benches)."""
+    return RamBudget(process_bytes=nbytes, tier_cap=nbytes, rss=_no_rss)
+
+
+def stored_dtype(module: Any) -> str | None:
+    """The dtype name (``"float16"``) all floating weights of a torch ``module`` share; None when
+    they differ (mixed files are left as they are) or for objects that are not torch modules."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(module, torch.nn.Module):
+        return None
+    found = {t.dtype for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()}
+    if len(found) != 1:
+        return None
+    return str(found.pop()).removeprefix("torch.")
+
+
+def cheap_to_reload(handle: Any) -> bool:
+    """Whether a handle's file (its ``path``, if it has one) lies on a local disk."""
+    path = getattr(handle, "path", None)
+    return path is not None and on_local_disk(path)
