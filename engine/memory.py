@@ -225,10 +225,11 @@ class ModelManager:
 
     def hint_upcoming(self, handles: Sequence[ModelHandleLike]) -> None:
         """The handles the rest of the plan will use, next first; starts a prefetch if useful.
-        Models of the ``drop_unneeded`` kinds that are not among them go back to disk."""
+        Models of the ``drop_unneeded`` kinds that neither these nor the previous hint name go
+        back to disk (the executor leaves out the node about to run: the previous hint had it)."""
         with self._lock:
-            self._upcoming = list(handles)
-            self._drop_unneeded()
+            previous, self._upcoming = self._upcoming, list(handles)
+            self._drop_unneeded({h.key for h in previous})
         self._schedule_prefetch()
 
     @property
@@ -420,13 +421,16 @@ class ModelManager:
     def _is_upcoming(self, key: str) -> bool:
         return any(h.key == key for h in self._upcoming)
 
-    def _drop_unneeded(self) -> None:
-        """Drop RAM-tier models of the ``drop_unneeded`` kinds no upcoming node needs (caller
-        holds the lock); unlocked residents of those kinds go too."""
-        for key in [k for k, e in self._ram.items() if e.handle.kind in self.drop_unneeded and not self._is_upcoming(k)]:
+    def _drop_unneeded(self, keep: set[str]) -> None:
+        """Drop RAM-tier models of the ``drop_unneeded`` kinds no upcoming node needs and not in
+        ``keep`` (caller holds the lock); unlocked residents of those kinds go too."""
+        def unneeded(key: str, entry: _Entry) -> bool:
+            return entry.handle.kind in self.drop_unneeded and key not in keep and not self._is_upcoming(key)
+
+        for key in [k for k, e in self._ram.items() if unneeded(k, e)]:
             self._drop_from_ram(key, "no longer needed")
         for key, entry in list(self._resident.items()):
-            if entry.locks == 0 and entry.handle.kind in self.drop_unneeded and not self._is_upcoming(key):
+            if entry.locks == 0 and unneeded(key, entry):
                 del self._resident[key]
                 self._record_eviction(entry, "disk", "no longer needed")
                 self._event("drop", entry.handle)

@@ -68,6 +68,19 @@ def test_text_encoder_dropped_once_no_upcoming_node_needs_it() -> None:
     assert {"key": "fake:clip", "kind": "clip", "to": "disk", "reason": "no longer needed", "bytes": 100} in s["evictions"]
 
 
+def test_text_encoder_kept_for_the_node_about_to_run() -> None:
+    mm = ModelManager(ram_budget_bytes=10_000, prefetch=False)
+    clip, unet = FakeHandle("clip", kind="clip"), FakeHandle("unet")
+    mm.hint_upcoming([clip, unet])  # before the positive prompt: the negative one comes next
+    with mm.use(clip):
+        pass
+    mm.hint_upcoming([unet])  # before the negative prompt (the executor leaves the running node out)
+    with mm.use(clip):
+        pass
+    assert [x["source"] for x in mm.stats()["loads"]] == ["disk"]  # read once, kept for the second
+    assert len(clip.loads) == 1
+
+
 def test_text_encoder_kept_while_a_queued_job_needs_it() -> None:
     mm = ModelManager(ram_budget_bytes=10_000, prefetch=False)
     clip, unet = FakeHandle("clip", kind="clip"), FakeHandle("unet")
