@@ -369,6 +369,7 @@ class ModelManager:
             entry.prefetched = False
             if entry.handle.kind in self.drop_unneeded and not self._is_upcoming(key):
                 self._record_eviction(entry, "disk", "no longer needed")
+                self._event("drop", entry.handle)
                 continue
             self._to_stored(entry)
             self._stats.seconds += time.perf_counter() - start
