@@ -40,6 +40,7 @@ from engine.schema import CLIP, CONDITIONING, IMAGE, LATENT, MASK
 log = logging.getLogger("loom.overlap")
 
 DATA_TYPES = frozenset({LATENT, IMAGE, MASK, CONDITIONING})  # tensors: their producers compute
+ENCODE_AHEAD_JOBS = 16  # how many waiting jobs' prompts are encoded ahead (each costs a validation)
 
 
 class PlanAwarePrefetch(NextJobPrefetch):
@@ -67,7 +68,7 @@ class PlanAwarePrefetch(NextJobPrefetch):
                queued: Sequence[JobSpec] = ()) -> Iterator[None]:
         if current is not None:
             try:
-                self.encode_ahead([current, *queued])
+                self.encode_ahead([current, *queued[:ENCODE_AHEAD_JOBS]])
             except Exception:  # saves work only: each job still encodes its own prompts
                 log.exception("encoding the queued prompts ahead of job %s failed", current.prompt_id)
         with super().during(next_spec):
