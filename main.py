@@ -17,11 +17,13 @@ from typing import Any
 from engine import attention, precision, streaming
 from engine.cache import OutputCache
 from engine.context import Folders, RunSettings
+from engine.device_policy import DevicePolicy
 from engine.distributed.cli import add_ray_arguments
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders, ModelPathError, base_directory_layout
-from engine.memory import DevicePolicy, ModelManager
+from engine.memory import ModelManager
+from engine.ram_budget import RamBudget
 from engine.registry import NodeRegistry
 
 ROOT = Path(__file__).resolve().parent
@@ -64,7 +66,14 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     attention.add_attention_args(parser)  # --use-sage-attention, --use-flash-attention, ... (ComfyUI's)
     streaming.add_budget_args(parser)  # --lowvram/--novram/--highvram, --reserve-vram (ComfyUI's), --vram-budget
     parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
-    parser.add_argument("--ram-gb", type=float, default=None, help="RAM budget of the model tier (GiB)")
+    parser.add_argument("--ram-gb", type=float, default=None,
+                        help="cap on the model RAM tier alone (GiB); the process budget bounds it too")
+    parser.add_argument("--ram-budget", type=float, default=None, metavar="GIB",
+                        help="RAM budget of the whole process (GiB): the model RAM tier holds only what the rest "
+                             "of the process leaves (default: total memory less --reserve-ram)")
+    parser.add_argument("--reserve-ram", type=float, default=None, metavar="GIB",
+                        help="memory left to the rest of the system when --ram-budget is not given "
+                             "(default: 10%% of total memory, at least 1 GiB)")
     parser.add_argument("--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)")
     parser.add_argument("--no-png-metadata", action="store_true", help="do not write workflows into PNGs")
     parser.add_argument("--safety", choices=("off", "node", "enforce"), default="node",
@@ -146,10 +155,15 @@ def apply_base_directory(args: argparse.Namespace) -> None:
 
 
 def _model_manager(args: argparse.Namespace) -> ModelManager:
-    budget = None if args.ram_gb is None else int(args.ram_gb * (1 << 30))
+    def gib(name: str) -> int | None:
+        value = getattr(args, name, None)
+        return None if value is None else int(value * (1 << 30))
+
+    budget = RamBudget.for_machine(gib("ram_budget"), gib("reserve_ram"), tier_cap=gib("ram_gb"))
+    log.info("memory: %s", budget.describe())
     cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine
     policy = precision.policy_for(args, DevicePolicy.detect(force_cpu=args.cpu), cache)
-    manager = ModelManager(policy, ram_budget_bytes=budget)
+    manager = ModelManager(policy, budget=budget)
     manager.device_budget = streaming.budget_for(args, policy.device)
     if manager.device_budget is not None:
         log.info("device budget: %s", manager.device_budget.describe())

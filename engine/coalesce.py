@@ -31,10 +31,10 @@ from typing import Any
 
 from engine import events as ev
 from engine.cache import canonical, is_nonce, make_key
+from engine.device_policy import handles_in
 from engine.executor import Executor, RunRequest
 from engine.graph import as_link
 from engine.jobtypes import JobSpec
-from engine.memory import handles_in
 from engine.node import Node
 from engine.plan import Plan, cache_keys
 from engine.registry import NodeRegistry
@@ -335,8 +335,10 @@ class NextJobPrefetch:
         return any(o.type in MODEL_TYPES for o in node_def.schema.outputs)
 
     @contextmanager
-    def during(self, next_spec: JobSpec | None) -> Iterator[None]:
-        """While inside, the executor's hints include ``next_spec``'s models."""
+    def during(self, next_spec: JobSpec | None, *, current: JobSpec | None = None,
+               queued: Sequence[JobSpec] = ()) -> Iterator[None]:
+        """While inside, the executor's hints include ``next_spec``'s models. (``current`` and
+        ``queued``, the running job and all waiting ones, are for ``engine.overlap``.)"""
         ex = self.executor
         extra: list[Any] = []
         if next_spec is not None:

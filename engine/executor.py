@@ -33,11 +33,11 @@ from engine.context import (
     Preview,
     RunSettings,
 )
+from engine.device_policy import handles_in
 from engine.graph import sort_key
 from engine.guard import ImageGuard
 from engine.interrupt_hooks import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
-from engine.memory import handles_in
 from engine.node import ExecutionBlocker, NodeDef, contained
 from engine.plan import Plan, cache_keys
 from engine.registry import NodeRegistry

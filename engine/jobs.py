@@ -44,6 +44,7 @@ from engine.jobtypes import (
     QueueChanged,
     WorkerHealth,
 )
+from engine.overlap import PlanAwarePrefetch
 
 __all__ = ["FINAL", "RESTART_MESSAGE", "JobEvent", "JobFinished", "JobProgress", "JobQueue", "JobRecord",
            "JobSpec", "JobStatus", "JobStore", "JobView", "LocalJobQueue", "Notice", "NoticeListener",
@@ -419,7 +420,7 @@ class LocalJobQueue:
             return self._run(spec)
         skip = {spec.prompt_id, *(g.prompt_id for g in group)}
         following = next((s for s in self.pending() if s.prompt_id not in skip), None)
-        with self.prefetch.during(following):
+        with self.prefetch.during(following, current=spec, queued=[s for s in self.pending() if s.prompt_id not in skip]):
             return self._run(spec)
 
     def _companions(self, spec: JobSpec, wait: bool) -> list[JobSpec]:
@@ -495,5 +496,5 @@ class LocalJobQueue:
 
 def make_local_queue(executor: Executor, store: JobStore) -> LocalJobQueue:
     """The in-process queue as the server and the CLI run it: coalescing of compatible queued jobs
-    and next-job model prefetch on (both leave every image as it would be alone)."""
-    return LocalJobQueue(executor, store, coalescer=Coalescer(executor), prefetch=NextJobPrefetch(executor))
+    and plan-aware model prefetch on (engine/overlap.py; all leave every image as it would be alone)."""
+    return LocalJobQueue(executor, store, coalescer=Coalescer(executor), prefetch=PlanAwarePrefetch(executor))

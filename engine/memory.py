@@ -8,7 +8,9 @@ counts everything it does (loads, evictions, prefetch hits, bytes moved, seconds
 Tiers, fastest first::
 
     device  (at most one large model; CPU runs share memory with the RAM tier)
-    RAM     (recently used modules, under ``ram_budget_bytes``; dropped furthest-needed-first)
+    RAM     (recently used modules in their stored precision, under the limit that
+             ``engine.ram_budget.RamBudget`` leaves; dropped furthest-needed-first, models on
+             a local disk before others; text encoders as soon as no upcoming node needs them)
     disk    (the handle's files; safetensors are mmap-read again by ``handle.load()``)
 
 The executor calls ``hint_upcoming(handles)`` before each node with the handles the rest of the
@@ -25,141 +27,29 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
-import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from engine.device_policy import (
+    PRECISION_KINDS,
+    DevicePolicy,
+    ModelHandleLike,
+    channels_last,
+    module_bytes,
+)
+from engine.memory_entries import Entry as _Entry
+from engine.memory_entries import RunStats as _RunStats
+from engine.ram_budget import DTYPE_BYTES, RamBudget, cheap_to_reload, fixed_tier_budget, stored_dtype
 from engine.streaming import DeviceBudget
 
 log = logging.getLogger("loom.memory")
 
 GIB = 1024**3
-
-
-@runtime_checkable
-class ModelHandleLike(Protocol):
-    """What the manager needs from a handle (``nodes/handles.py`` has the real ones)."""
-
-    @property
-    def key(self) -> str:
-        """Content identity: files, component and patches. Equal keys mean equal weights."""
-        ...
-
-    @property
-    def kind(self) -> str:
-        """Component kind: ``unet``, ``clip``, ``vae``, ``clip_vision``, ``vae_approx``, ..."""
-        ...
-
-    def estimate_bytes(self) -> int: ...
-
-    def load(self) -> Any:
-        """Build the module in RAM (CPU) from its files, patches applied."""
-        ...
-
-    def to_device(self, module: Any, device: str, dtype: str) -> Any:
-        """Move/cast ``module`` and return it (may be the same object)."""
-        ...
-
-
-# The kinds whose precision a user chooses (precision flags) and the manager reports (stats).
-PRECISION_KINDS = ("unet", "clip", "vae")
-
-
-@dataclass(frozen=True)
-class DevicePolicy:
-    """Where models compute and in which precision. ``detect()`` picks CUDA > MPS > CPU."""
-
-    device: str = "cpu"
-    dtypes: tuple[tuple[str, str], ...] = ()  # (kind, dtype name); missing kinds use default_dtype
-    default_dtype: str = "float32"
-    small_kinds: frozenset[str] = frozenset({"vae_approx"})  # may stay resident beside a large one
-    # kinds whose convolution weights are kept channels-last (NHWC): on CPU oneDNN runs the SD UNet
-    # ~3% and the VAE 10-17% faster that way, equal up to float noise (python main.py bench)
-    channels_last: frozenset[str] = frozenset()
-
-    def dtype_for(self, kind: str) -> str:
-        return dict(self.dtypes).get(kind, self.default_dtype)
-
-    def is_large(self, kind: str) -> bool:
-        return kind not in self.small_kinds
-
-    @classmethod
-    def cpu(cls) -> DevicePolicy:
-        return cls(channels_last=frozenset({"unet", "vae"}))
-
-    @classmethod
-    def detect(cls, force_cpu: bool = False) -> DevicePolicy:
-        """CUDA (fp16, or bf16 where supported; VAE in bf16 or fp32) > MPS (fp16, VAE fp32) > CPU
-        (fp32 everywhere: half precision is slower than fp32 on CPUs; UNet and VAE channels-last)."""
-        if force_cpu:
-            return cls.cpu()
-        import torch  # lazy: the engine imports no torch at import time
-
-        if torch.cuda.is_available():
-            bf16 = torch.cuda.is_bf16_supported()
-            # The SD VAE overflows in fp16 (NaN/black images); bf16 has the range, else fp32.
-            vae = "bfloat16" if bf16 else "float32"
-            return cls(device="cuda", default_dtype="float16", dtypes=(("vae", vae),))
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return cls(device="mps", default_dtype="float16", dtypes=(("vae", "float32"),))
-        return cls.cpu()
-
-    def empty_cache(self) -> None:
-        if self.device == "cpu":
-            return
-        import torch
-
-        if self.device == "cuda":
-            torch.cuda.empty_cache()
-        elif self.device == "mps":
-            torch.mps.empty_cache()
-
-
-def available_ram_bytes() -> int:
-    """MemAvailable from /proc/meminfo; otherwise total physical memory; otherwise 8 GiB."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 * GIB
-
-
-def default_ram_budget() -> int:
-    """Half of the RAM available when the manager starts."""
-    return available_ram_bytes() // 2
-
-
-@dataclass
-class _Entry:
-    handle: ModelHandleLike
-    module: Any
-    nbytes: int
-    locks: int = 0
-    prefetched: bool = False
-
-
-@dataclass
-class _RunStats:
-    loads: list[dict[str, Any]] = field(default_factory=list)
-    evictions: list[dict[str, Any]] = field(default_factory=list)
-    prefetch_hits: int = 0
-    bytes_moved: int = 0
-    seconds: float = 0.0
-    max_resident: int = 0
 
 
 class ModelManager:
@@ -176,9 +66,21 @@ class ModelManager:
         *,
         ram_budget_bytes: int | None = None,
         prefetch: bool = True,
+        budget: RamBudget | None = None,
+        drop_unneeded: frozenset[str] = frozenset({"clip"}),
     ) -> None:
+        """``budget`` bounds the RAM tier by the whole process (default: the machine's memory less
+        a reserve); ``ram_budget_bytes`` alone is a fixed tier limit. Kinds in ``drop_unneeded``
+        go back to disk as soon as the upcoming handles (plan and queue) no longer include them."""
         self.policy = policy or DevicePolicy.cpu()
-        self.ram_budget_bytes = default_ram_budget() if ram_budget_bytes is None else ram_budget_bytes
+        if budget is None:
+            budget = RamBudget.for_machine() if ram_budget_bytes is None else fixed_tier_budget(ram_budget_bytes)
+        self.budget = budget
+        self.drop_unneeded = drop_unneeded
+        self.late_kinds: frozenset[str] = frozenset()  # see defer_late
+        self.late_steps = 0
+        self.event_log: list[tuple[str, str, str]] | None = None  # set to a list: every event, never reset
+        self._progress: tuple[int, int] | None = None  # (done, total) of the model computing now
         self.prefetch_enabled = prefetch
         self._lock = threading.RLock()
         self._streams: dict[str, Any] = {}  # handle key -> its streaming state (nodes.streaming.Streaming)
@@ -196,18 +98,49 @@ class ModelManager:
     def use(self, handle: ModelHandleLike) -> Iterator[Any]:
         """Make ``handle``'s model resident on the compute device and lock it while inside."""
         entry = self._acquire(handle)
+        self._event("use", handle)
         try:
             yield entry.module
         finally:
             with self._lock:
                 entry.locks -= 1
+                self._event("release", handle)
+                if entry.locks == 0 and self.policy.is_large(handle.kind):
+                    self._progress = None
                 self._changed.notify_all()
+            if self.late_kinds:
+                self._schedule_prefetch()  # a late model waited for this one to finish
+
+    def defer_late(self, kinds: frozenset[str], steps: int = 2) -> None:
+        """Prefetch models of ``kinds`` (the VAE) only in the last ``steps`` steps of the model
+        computing (``note_progress``) or once it is done, so they are not held meanwhile."""
+        with self._lock:
+            self.late_kinds, self.late_steps = kinds, steps
+
+    def note_progress(self, done: int, total: int) -> None:
+        """Steps done of the model computing now (the sampler's progress): in its last
+        ``late_steps`` steps the ``late_kinds`` models start reading."""
+        with self._lock:
+            self._progress = (done, total)
+            if self.event_log is not None:
+                self.event_log.append(("progress", "", f"{done}/{total}"))
+        if self.late_kinds and total - done <= self.late_steps:
+            self._schedule_prefetch()
 
     def hint_upcoming(self, handles: Sequence[ModelHandleLike]) -> None:
-        """The handles the rest of the plan will use, next first; starts a prefetch if useful."""
+        """The handles the rest of the plan will use, next first; starts a prefetch if useful.
+        Models of the ``drop_unneeded`` kinds that neither these nor the previous hint name go
+        back to disk (the executor leaves out the node about to run: the previous hint had it)."""
         with self._lock:
-            self._upcoming = list(handles)
+            previous, self._upcoming = self._upcoming, list(handles)
+            self._drop_unneeded({h.key for h in previous})
         self._schedule_prefetch()
+
+    @property
+    def ram_budget_bytes(self) -> int:
+        """What the RAM tier may hold now (the process budget less what the process holds outside it)."""
+        with self._lock:
+            return self.budget.tier_limit(self._ram_bytes())
 
     def free(self) -> None:
         """Unload everything not currently locked by a running node (device and RAM tier)."""
@@ -235,8 +168,11 @@ class ModelManager:
                 "max_resident": s.max_resident,
                 "resident": [self._describe(e) for e in self._resident.values()],
                 "ram_tier": [self._describe(e) for e in self._ram.values()],
-                "ram_tier_bytes": sum(e.nbytes for e in self._ram.values()),
-                "ram_budget_bytes": self.ram_budget_bytes,
+                "ram_tier_bytes": self._ram_bytes(),
+                "max_ram_tier_bytes": s.max_ram_tier,
+                "ram_budget_bytes": self.budget.tier_limit(self._ram_bytes()),
+                "process_budget_bytes": self.budget.process_bytes,
+                "events": list(s.events),
                 "device": self.policy.device,
                 "dtypes": {kind: self.policy.dtype_for(kind) for kind in PRECISION_KINDS},
                 **self._streaming_stats(),
@@ -295,11 +231,14 @@ class ModelManager:
             module, nbytes = from_ram.module, from_ram.nbytes
         else:
             source = "disk"
+            self._event("read", handle)
             module, nbytes = handle.load(), max(0, int(handle.estimate_bytes()))
+            self._event("read_done", handle)
+        stored = from_ram.stored if from_ram is not None else stored_dtype(module)
         module = self._ready(handle, module, device, dtype)
         nbytes = module_bytes(module, nbytes)
         seconds = time.perf_counter() - start
-        entry = _Entry(handle, module, nbytes, locks=1)
+        entry = _Entry(handle, module, nbytes, locks=1, stored=stored)
         with self._lock:
             self._resident[handle.key] = entry
             s = self._stats
@@ -335,38 +274,87 @@ class ModelManager:
                 entry.module = entry.handle.to_device(entry.module, "cpu", self.policy.dtype_for(entry.handle.kind))
                 self._stats.bytes_moved += entry.nbytes
             entry.prefetched = False
+            if entry.handle.kind in self.drop_unneeded and not self._is_upcoming(key):
+                self._record_eviction(entry, "disk", "no longer needed")
+                self._event("drop", entry.handle)
+                continue
+            self._to_stored(entry)
             self._stats.seconds += time.perf_counter() - start
-            if entry.nbytes <= self.ram_budget_bytes:
-                self._ram[key] = entry
-                self._record_eviction(entry, "ram", "swap")
-                self._fit_ram_budget()
-            else:
+            if entry.nbytes > self.budget.tier_limit(0):
                 self._record_eviction(entry, "disk", "over RAM budget")
+                continue
+            self._ram[key] = entry  # it may be the one dropped: by next use, file place, recency
+            self._record_eviction(entry, "ram", "swap")
+            self._fit_ram_budget()
+            self._note_ram_tier()
         if self.policy.device != "cpu":
             self.policy.empty_cache()
 
     # --- RAM tier -------------------------------------------------------------------------------
+    def _ram_bytes(self) -> int:
+        return sum(e.nbytes for e in self._ram.values())
+
+    def _fits(self, incoming: int) -> bool:
+        tier = self._ram_bytes()
+        return tier + incoming <= self.budget.tier_limit(tier)
+
     def _fit_ram_budget(self, incoming: int = 0, protect: str | None = None) -> bool:
         """Drop RAM-tier entries, furthest-needed first, until ``incoming`` more bytes fit."""
-        while self._ram and sum(e.nbytes for e in self._ram.values()) + incoming > self.ram_budget_bytes:
+        while self._ram and not self._fits(incoming):
             victim = self._furthest_needed(exclude=protect)
             if victim is None:
                 return False
-            self._record_eviction(self._ram.pop(victim), "disk", "RAM budget")
-        return sum(e.nbytes for e in self._ram.values()) + incoming <= self.ram_budget_bytes
+            self._drop_from_ram(victim, "RAM budget")
+        return self._fits(incoming)
 
     def _furthest_needed(self, exclude: str | None) -> str | None:
         order = {h.key: i for i, h in reversed(list(enumerate(self._upcoming)))}
         never = len(order) + 1
-        best: tuple[int, int] | None = None
+        best: tuple[int, bool, int] | None = None
         victim = None
         for lru_rank, key in enumerate(self._ram):
             if key == exclude:
                 continue
-            score = (order.get(key, never), -lru_rank)  # later use first; then least recent
+            # later use first; then one whose file is on a local disk (cheap to read again); then least recent
+            score = (order.get(key, never), cheap_to_reload(self._ram[key].handle), -lru_rank)
             if best is None or score > best:
                 best, victim = score, key
         return victim
+
+    def _drop_from_ram(self, key: str, reason: str) -> None:
+        entry = self._ram.pop(key)
+        self._record_eviction(entry, "disk", reason)
+        self._event("drop", entry.handle)
+
+    def _is_upcoming(self, key: str) -> bool:
+        return any(h.key == key for h in self._upcoming)
+
+    def _drop_unneeded(self, keep: set[str]) -> None:
+        """Drop RAM-tier models of the ``drop_unneeded`` kinds no upcoming node needs and not in
+        ``keep`` (caller holds the lock); unlocked residents of those kinds go too."""
+        def unneeded(key: str, entry: _Entry) -> bool:
+            return entry.handle.kind in self.drop_unneeded and key not in keep and not self._is_upcoming(key)
+
+        for key in [k for k, e in self._ram.items() if unneeded(k, e)]:
+            self._drop_from_ram(key, "no longer needed")
+        for key, entry in list(self._resident.items()):
+            if entry.locks == 0 and unneeded(key, entry):
+                del self._resident[key]
+                self._stop_streaming(key)
+                self._record_eviction(entry, "disk", "no longer needed")
+                self._event("drop", entry.handle)
+
+    def _to_stored(self, entry: _Entry) -> None:
+        """Cast a module leaving the device back to the precision its file stores (exact: the
+        compute precision is wider), so the RAM tier holds an fp16 file in fp16."""
+        held = stored_dtype(entry.module)
+        if entry.stored is None or held is None or DTYPE_BYTES.get(entry.stored, 4) >= DTYPE_BYTES.get(held, 4):
+            return
+        entry.module = entry.handle.to_device(entry.module, "cpu", entry.stored)
+        entry.nbytes = module_bytes(entry.module, entry.nbytes)
+
+    def _note_ram_tier(self) -> None:
+        self._stats.max_ram_tier = max(self._stats.max_ram_tier, self._ram_bytes())
 
     # --- prefetch -------------------------------------------------------------------------------
     def _schedule_prefetch(self) -> None:
@@ -384,6 +372,7 @@ class ModelManager:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loom-prefetch")
             key = target.key
+            self._event("prefetch", target)
             self._loading.add(key)
             self._pending[key] = self._pool.submit(self._prefetch, target, nbytes)
 
@@ -392,16 +381,30 @@ class ModelManager:
             key = handle.key
             if key in self._resident or key in self._ram or key in self._loading:
                 continue
+            if handle.kind in self.late_kinds and not self._late_window():
+                continue
             return handle
         return None
+
+    def _late_window(self) -> bool:
+        """Whether a late kind may be prefetched now: only in the last steps of a large model
+        computing (otherwise ``use`` reads it when it is needed)."""
+        if not any(e.locks and self.policy.is_large(e.handle.kind) for e in self._resident.values()):
+            return False
+        return self._progress is not None and self._progress[1] - self._progress[0] <= self.late_steps
 
     def _prefetch(self, handle: ModelHandleLike, nbytes: int) -> None:
         key = handle.key
         start = time.perf_counter()
+        stored = None
         try:
-            # built and made ready for computing (cast, memory order) here, off the critical path;
-            # the RAM tier holds CPU modules, the move to a GPU waits for use()
-            module = self._ready(handle, handle.load(), "cpu", self.policy.dtype_for(handle.kind))
+            # built and made ready for computing (cast, memory order) here, off the critical path:
+            # it is the next model the plan uses; the move to a GPU waits for use()
+            self._event("read", handle)
+            module = handle.load()
+            stored = stored_dtype(module)
+            module = self._ready(handle, module, "cpu", self.policy.dtype_for(handle.kind))
+            self._event("read_done", handle)
         except Exception as exc:  # the real use() will raise it again with the node's context
             log.warning("prefetch of %s %s failed: %s", handle.kind, key[:12], exc)
             module = None
@@ -411,10 +414,11 @@ class ModelManager:
             self._pending.pop(key, None)
             if module is not None:
                 nbytes = module_bytes(module, nbytes)
-                self._ram[key] = _Entry(handle, module, nbytes, prefetched=True)
+                self._ram[key] = _Entry(handle, module, nbytes, prefetched=True, stored=stored)
                 self._stats.bytes_moved += nbytes
                 self._stats.seconds += seconds
                 self._fit_ram_budget(protect=key)
+                self._note_ram_tier()
                 log.info("prefetched %s %s: %.1f MiB in %.2fs", handle.kind, key[:12], nbytes / 2**20, seconds)
             self._changed.notify_all()
         if module is not None:
@@ -461,6 +465,12 @@ class ModelManager:
     def _large_resident_count(self) -> int:
         return sum(1 for e in self._resident.values() if self.policy.is_large(e.handle.kind))
 
+    def _event(self, what: str, handle: ModelHandleLike) -> None:
+        with self._lock:
+            self._stats.events.append((what, handle.kind, handle.key))
+            if self.event_log is not None:
+                self.event_log.append((what, handle.kind, handle.key))
+
     def _record_eviction(self, entry: _Entry, to: str, reason: str) -> None:
         self._stats.evictions.append(
             {"key": entry.handle.key, "kind": entry.handle.kind, "to": to, "reason": reason, "bytes": entry.nbytes}
@@ -470,48 +480,3 @@ class ModelManager:
     @staticmethod
     def _describe(entry: _Entry) -> dict[str, Any]:
         return {"key": entry.handle.key, "kind": entry.handle.kind, "bytes": entry.nbytes}
-
-
-def channels_last(module: Any) -> Any:
-    """``module`` with its 4-D weights in channels-last memory order (a no-op for weights already
-    in it, and for objects that are not torch modules)."""
-    torch = sys.modules.get("torch")  # a torch module means torch is imported already
-    if torch is None or not isinstance(module, torch.nn.Module):
-        return module
-    if any(p.dim() == 5 for p in module.parameters()):  # 3-D convolutions (the Wan VAE): their 4-D weights only
-        for p in module.parameters():
-            if p.dim() == 4:
-                p.data = p.data.contiguous(memory_format=torch.channels_last)
-        return module
-    return torch.nn.Module.to(module, memory_format=torch.channels_last)
-
-
-def module_bytes(module: Any, fallback: int) -> int:
-    """The memory a built module really holds (its parameters and buffers, each tensor once), so
-    the accounting follows the compute dtype (an fp16 file computed in fp32 holds twice its size).
-    Objects that are not torch modules keep the handle's estimate."""
-    parameters, buffers = getattr(module, "parameters", None), getattr(module, "buffers", None)
-    if not callable(parameters) or not callable(buffers):
-        return fallback
-    seen: set[int] = set()
-    total = 0
-    for tensor in [*parameters(), *buffers()]:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            total += int(tensor.numel()) * int(tensor.element_size())
-    return total or fallback
-
-
-def handles_in(values: Iterable[Any]) -> list[ModelHandleLike]:
-    """The model handles among ``values`` (a node's input values), in order, for ``hint_upcoming``.
-
-    A value may also offer ``model_handles()`` returning the handles it stands for.
-    """
-    found: list[ModelHandleLike] = []
-    for value in values:
-        more = getattr(value, "model_handles", None)
-        if callable(more):
-            found.extend(more())
-        elif isinstance(value, ModelHandleLike):
-            found.append(value)
-    return found

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine.memory import PRECISION_KINDS, DevicePolicy
+from engine.device_policy import PRECISION_KINDS, DevicePolicy
 from engine.precision_probe import Probe, choose_for_device
 
 log = logging.getLogger("loom.precision")

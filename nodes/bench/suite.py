@@ -24,10 +24,18 @@ Scenario = Callable[[BenchSetup], list[Row]]
 
 
 def scenarios() -> dict[str, Scenario]:
-    from nodes.bench.scenarios import executor_overhead, fastpaths, generation, prefetch, queue, server
+    from nodes.bench.scenarios import (
+        executor_overhead,
+        fastpaths,
+        generation,
+        overlap,
+        prefetch,
+        queue,
+        server,
+    )
 
     return {"executor": executor_overhead.run, "generation": generation.run, "server": server.run,
-            "queue": queue.run, "prefetch": prefetch.run, "fastpaths": fastpaths.run}
+            "queue": queue.run, "prefetch": prefetch.run, "fastpaths": fastpaths.run, "overlap": overlap.run}
 
 
 def collect(quick: bool, *, only: list[str] | None = None, repeats: int | None = None,

@@ -39,7 +39,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from engine.memory import DevicePolicy, ModelManager
+    from engine.device_policy import DevicePolicy
+    from engine.memory import ModelManager
     from engine.streaming import BudgetError, DeviceBudget
     from nodes.handles import open_diffusion_model
     from nodes.streaming import device_bytes

@@ -1,4 +1,4 @@
-"""Checkpoint swaps through the CLI: one resident model, one eviction per swap, RAM tier on return."""
+"""Checkpoint swaps through the CLI: the queued prompts encoded ahead, text encoders dropped once no job needs them."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def rss_bytes() -> int:
     return 0
 
 
-def test_swap_a_b_a_keeps_one_resident_and_returns_from_ram(
+def test_swap_a_b_a_keeps_one_resident_and_drops_unneeded_encoders(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     models = tmp_path / "models"
@@ -52,22 +52,19 @@ def test_swap_a_b_a_keeps_one_resident_and_returns_from_ram(
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["status"] for r in runs] == ["success"] * 3
     memory = [r["memory"] for r in runs]
-    assert all(m["max_resident"] == 1 for m in memory)
-    assert [[load["source"] for load in m["loads"]] for m in memory] == [["disk"], ["disk"], ["ram"]]
-    assert [len(m["evictions"]) for m in memory] == [0, 1, 1]
-    assert memory[1]["evictions"][0]["to"] == "ram"
-    # The accounting follows the compute dtype: the fp16 file's text encoder is held in fp32 on CPU.
+    # The queue encoded the three jobs' prompts ahead, each checkpoint's text encoder read once and
+    # then dropped (engine/overlap.py): the jobs' own runs find their conditioning in the cache,
+    # read no model, and no text encoder is held.
+    assert [m["loads"] for m in memory] == [[], [], []]
+    assert not [e for m in memory for e in [*m["ram_tier"], *m["resident"]] if e["kind"] == "clip"]
     from safetensors import safe_open
 
     with safe_open(str(ckpts / "loom_demo_sd15.safetensors"), "pt") as f:
         fp16_bytes = 2 * sum(_numel(f.get_slice(k).get_shape()) for k in f.keys()
                              if k.startswith("cond_stage_model.") and f.get_slice(k).get_dtype() == "F16")
-    loaded = memory[0]["loads"][0]["bytes"]
-    assert abs(loaded - 2 * fp16_bytes) / loaded < 0.05, (loaded, fp16_bytes)
-    # The process grew by about what the manager says it holds (two CLIP models), not more.
-    held = memory[2]["ram_tier_bytes"] + sum(r["bytes"] for r in memory[2]["resident"])
-    assert held > 0
-    assert grown < held + 400 * 2**20, f"RSS grew {grown / 2**20:.0f} MiB for {held / 2**20:.1f} MiB of models"
+    # The process grew by about one text encoder in fp32 (twice the fp16 file's) at most, not more.
+    clip_fp32 = 2 * fp16_bytes
+    assert grown < clip_fp32 + 400 * 2**20, f"RSS grew {grown / 2**20:.0f} MiB for {clip_fp32 / 2**20:.1f} MiB of models"
 
 
 def _numel(shape: list[int]) -> int:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from engine.memory import DevicePolicy, ModelHandleLike, ModelManager, handles_in
+from engine.device_policy import DevicePolicy, ModelHandleLike, handles_in
+from engine.memory import ModelManager
 
 
 @dataclass

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from engine import precision
-from engine.memory import DevicePolicy
+from engine.device_policy import DevicePolicy
 
 CUDA = DevicePolicy(device="cuda", default_dtype="float16", dtypes=(("vae", "bfloat16"),))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine import precision
-from engine.memory import DevicePolicy
+from engine.device_policy import DevicePolicy
 from engine.precision_probe import MAX_MEAN_ABS_DIFF, Measurement, Probe, choose, choose_for_device, measure
 
 FP32 = Measurement("float32", 150.0, 120.0, 0.0)

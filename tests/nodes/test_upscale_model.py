@@ -253,7 +253,8 @@ def test_out_of_memory_recognition() -> None:
 
 
 def test_the_handle_is_managed_like_every_model_prefetched_counted_evicted(make_ctx: Callable[..., NodeContext]) -> None:
-    from engine.memory import ModelManager, handles_in
+    from engine.device_policy import handles_in
+    from engine.memory import ModelManager
 
     (handle,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
     assert handles_in([handle]) == [handle]  # the executor hints it to the manager ahead of use

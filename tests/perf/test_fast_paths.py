@@ -132,7 +132,7 @@ def test_half_precision_unet_is_opt_in_and_close_to_fp32(perf_models: Path, tmp_
     import argparse
 
     from engine import precision
-    from engine.memory import DevicePolicy
+    from engine.device_policy import DevicePolicy
 
     plain = BenchRuntime(perf_models, tmp_path / "fp32")
     flags = argparse.Namespace(bf16_unet=True)

@@ -54,7 +54,7 @@ def half_precision(setup: BenchSetup) -> list[Row]:
     import argparse
 
     from engine import precision
-    from engine.memory import DevicePolicy
+    from engine.device_policy import DevicePolicy
 
     bf16 = precision.apply(DevicePolicy.cpu(), argparse.Namespace(bf16_unet=True))
     runtimes = {"fp32": BenchRuntime(setup.models_dir, setup.work / "fp32", settings={"preview_method": "none"}),
