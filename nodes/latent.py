@@ -51,6 +51,18 @@ def check_latent_for(latent: dict, family: Any, input_name: str) -> None:
         )
 
 
+def fit_empty_latent(latent: dict, channels: int) -> dict:
+    """ComfyUI's ``fix_empty_latent_channels``: an all-zero 4-D latent with another channel count
+    than the model's (EmptyLatentImage's 4 channels fed to a 16-channel Flux model, as ComfyUI's
+    own Flux schnell example does) is widened to ``channels`` zeros; any other latent is returned
+    as it is, so a real latent of the wrong width still meets the sampler's channel check."""
+    samples = latent.get("samples") if isinstance(latent, dict) else None
+    if (not isinstance(samples, torch.Tensor) or samples.ndim != 4 or samples.shape[1] == channels
+            or torch.count_nonzero(samples) > 0):
+        return latent
+    return {**latent, "samples": samples.new_zeros((samples.shape[0], channels, *samples.shape[2:]))}
+
+
 def vae_latent_channels(vae: Any) -> int | None:
     """How many channels the latents of the VAE module ``vae`` have (None: it does not say)."""
     channels = getattr(vae, "loom_latent_channels", None) or getattr(getattr(vae, "config", None), "latent_channels",
