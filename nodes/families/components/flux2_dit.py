@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import ConditioningError
+from nodes.hooks import BlockStack, ConditioningError
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -221,6 +221,12 @@ class Flux2Transformer:
         out = module(hidden_states=tokens, timestep=t, img_ids=image_ids(h, w).to(x_in), return_dict=False,
                      **kwargs)[0]
         return out.permute(0, 2, 1).reshape(b, -1, h, w)
+
+    def block_stack(self, module: Any) -> BlockStack:
+        """The double then the single blocks (one text+image sequence), for block-level step caches."""
+        from nodes.families.components.dit_blocks import flux_block_stack
+
+        return flux_block_stack(module, joined_single=True)
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         if not entries:

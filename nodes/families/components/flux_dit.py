@@ -275,7 +275,7 @@ class FluxTransformer:
 
     def block_stack(self, module: Any) -> BlockStack:
         """The double then single blocks, for block-level step caches."""
-        from nodes.families.components.flux_blocks import flux_block_stack
+        from nodes.families.components.dit_blocks import flux_block_stack
 
         return flux_block_stack(module, joined_single=self.approximator)
 

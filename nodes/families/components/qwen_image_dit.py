@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.families.latent_format import LatentFormat
-from nodes.hooks import ConditioningError
+from nodes.hooks import BlockStack, ConditioningError
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -228,6 +228,12 @@ class QwenImageTransformer:
         finally:
             module.pos_embed.segments = []
         return unpack(out[:, : tokens.shape[1]], x.shape[-2], x.shape[-1])[..., :height, :width]
+
+    def block_stack(self, module: Any) -> BlockStack:
+        """The dual-stream blocks, for block-level step caches."""
+        from nodes.families.components.dit_blocks import dual_stream_stack
+
+        return dual_stream_stack(module.transformer_blocks)
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         if not entries:

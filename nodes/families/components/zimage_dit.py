@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import ConditioningError
+from nodes.hooks import BlockStack, ConditioningError
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -178,6 +178,12 @@ class ZImageTransformer:
         t = (1.0 - timestep.to(x.dtype).reshape(-1)).expand(x.shape[0])
         out = module(list(x.unsqueeze(2).unbind(0)), t, kwargs.pop("cap_feats"), return_dict=False, **kwargs)[0]
         return -torch.stack(out).squeeze(2)[..., :height, :width]
+
+    def block_stack(self, module: Any) -> BlockStack:
+        """The main layers (over the unified image and caption sequence), for block-level step caches."""
+        from nodes.families.components.dit_blocks import unified_stack
+
+        return unified_stack(module.layers)
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         if not entries:

@@ -1,9 +1,12 @@
-"""The blocks of diffusers' Flux and Chroma transformers as block-level step caches see them
-(:class:`nodes.hooks.BlockStack`).
+"""The blocks of diffusers' DiT transformers as block-level step caches see them
+(:class:`nodes.hooks.BlockStack`); each family's denoiser kind declares its stack from these.
 
-Flux's double and single blocks (and Chroma's double blocks) take ``hidden_states`` (image) and
-``encoder_hidden_states`` (text) and return ``(encoder_hidden_states, hidden_states)``. Chroma's
-single blocks take one sequence, text tokens then image tokens, and return it.
+Dual-stream blocks (Flux and Flux.2 double blocks, Chroma's double blocks, SD3's joint blocks,
+Qwen-Image's blocks) take ``hidden_states`` (image) and ``encoder_hidden_states`` (text) and
+return ``(encoder_hidden_states, hidden_states)`` (SD3's last block returns ``None`` for the text).
+Chroma's and Flux.2's single blocks take one sequence, text tokens then image tokens, and return it.
+Z-Image's main layers take and return one padded sequence of image and caption tokens per item,
+passed first and positionally: the cache treats the whole sequence as the stream.
 """
 
 from __future__ import annotations
@@ -47,9 +50,27 @@ JOINED = BlockIO(  # one sequence [text, image] in and out
 )
 
 
+UNIFIED = BlockIO(  # one sequence in (first positional argument) and out, all of it the stream
+    image_in=lambda args, kwargs: _arg(args, kwargs, "x", 0),
+    image_out=lambda out, tokens: out,
+    with_image=lambda out, image: image,
+    passthrough=lambda args, kwargs: _arg(args, kwargs, "x", 0),
+)
+
+
+def dual_stream_stack(blocks: Any) -> BlockStack:
+    """Dual-stream blocks only (SD3, Qwen-Image)."""
+    return BlockStack(tuple((b, PAIR) for b in blocks))
+
+
+def unified_stack(blocks: Any) -> BlockStack:
+    """Blocks over one unified sequence (Z-Image's main layers)."""
+    return BlockStack(tuple((b, UNIFIED) for b in blocks))
+
+
 def flux_block_stack(module: Any, joined_single: bool) -> BlockStack:
-    """The double blocks then the single blocks of a Flux (``joined_single`` False) or Chroma
-    transformer."""
+    """The double blocks then the single blocks of a Flux (``joined_single`` False), Chroma or
+    Flux.2 (``joined_single`` True) transformer."""
     single = JOINED if joined_single else PAIR
     return BlockStack(tuple((b, PAIR) for b in module.transformer_blocks)
                       + tuple((b, single) for b in module.single_transformer_blocks))
