@@ -70,7 +70,8 @@ The contract between the model layer and the sampling station (the implemented f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -160,6 +161,24 @@ class BlockSkip:
 
     double: tuple[int, ...] = ()
     single: tuple[int, ...] = ()
+
+
+@contextmanager
+def replaced_forwards(replacements: Sequence[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
+    """While the context runs, each ``(block, fn)``'s ``forward`` is ``fn``, set on the block
+    instance; afterwards a forward the instance had of its own is put back, else the class's
+    applies again (block-level caches and block skipping leave no state on the module)."""
+    own = [(block, block.__dict__.get("forward")) for block, _ in replacements]
+    try:
+        for block, fn in replacements:
+            block.forward = fn
+        yield
+    finally:
+        for block, previous in reversed(own):
+            if previous is None:
+                del block.forward
+            else:
+                block.forward = previous
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import FLOAT, MODEL, Input, NodeSchema, Output
-from nodes.hooks import ApplyFn, BlockIO, BlockStack, ModelCall, RunInfo, SamplingHooks
+from nodes.hooks import ApplyFn, BlockIO, BlockStack, ModelCall, RunInfo, SamplingHooks, replaced_forwards
 
 log = logging.getLogger(__name__)
 
@@ -138,17 +138,8 @@ class FirstBlockCacheRun:
             return out
 
         replaced = [(first, run_first), *((b, middle(b.forward, io)) for b, io in blocks[1:-1]), (last, run_last)]
-        own = [(b, b.__dict__.get("forward")) for b, _ in replaced]  # a forward already set on the instance
-        try:
-            for block, fn in replaced:
-                block.forward = fn
+        with replaced_forwards(replaced):
             yield
-        finally:
-            for block, previous in own:
-                if previous is None:
-                    del block.forward
-                else:
-                    block.forward = previous
 
 
 @dataclass(frozen=True)

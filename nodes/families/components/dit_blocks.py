@@ -11,10 +11,11 @@ passed first and positionally: the cache treats the whole sequence as the stream
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockIO, BlockStack
+from nodes.hooks import BlockIO, BlockSkip, BlockStack, replaced_forwards
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -74,3 +75,24 @@ def flux_block_stack(module: Any, joined_single: bool) -> BlockStack:
     single = JOINED if joined_single else PAIR
     return BlockStack(tuple((b, PAIR) for b in module.transformer_blocks)
                       + tuple((b, single) for b in module.single_transformer_blocks))
+
+
+@contextmanager
+def blocks_skipped(module: Any, skip: BlockSkip | None, joined_single: bool) -> Iterator[None]:
+    """While the context runs, the double blocks ``skip.double`` and single blocks ``skip.single``
+    of a Flux, Chroma or Flux.2 transformer return their inputs unchanged: ComfyUI's skip-layer
+    guidance replaces those blocks with one that hands back its arguments (indices past the last
+    block match nothing, as there). The forwards are set on the block instances and removed after."""
+    if skip is None or not (skip.double or skip.single):
+        yield
+        return
+    doubles, singles = list(module.transformer_blocks), list(module.single_transformer_blocks)
+    single_io = JOINED if joined_single else PAIR
+    chosen = [(doubles[i], PAIR) for i in sorted(set(skip.double)) if i < len(doubles)]
+    chosen += [(singles[i], single_io) for i in sorted(set(skip.single)) if i < len(singles)]
+
+    def passthrough(io: BlockIO) -> Any:
+        return lambda *args, **kwargs: io.passthrough(args, kwargs)
+
+    with replaced_forwards([(block, passthrough(io)) for block, io in chosen]):
+        yield
