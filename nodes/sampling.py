@@ -232,7 +232,7 @@ class KSamplerCall:
 
     def latent(self) -> dict:
         """The starting latent, an empty one widened to the model's channels (``fit_empty_latent``)."""
-        return fit_empty_latent(self.latent_image, self.model.latent_format.channels)
+        return fit_empty_latent(self.latent_image, self.model.latent_format)
 
     def job(self) -> Job:
         return Job(cfg_guider(self.model, self.positive, self.negative, self.cfg),

@@ -62,7 +62,7 @@ _OUTPUTS = (Output("output", LATENT, "The sampled latent."),
 
 def _custom(ctx: NodeContext, noise: Noise, guider: Guider, sampler: Any, sigmas: torch.Tensor,
             latent: dict) -> tuple[dict, dict]:
-    latent = fit_empty_latent(latent, guider.model.latent_format.channels)
+    latent = fit_empty_latent(latent, guider.model.latent_format)
     (result,) = sample(ctx, [Job(guider, noise.generate(latent), noise.seed)], sampler, sigmas, latent)
     return _pair(result)
 

@@ -274,10 +274,14 @@ def test_empty_four_channel_latent_is_widened_as_comfyui_does(demo_models: Path,
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
     empty = {"samples": torch.zeros(2, 4, 8, 8), "batch_index": [0, 1]}
-    widened = fit_empty_latent(empty, 16)
+    from nodes.families.flux2 import FLUX2_LATENT
+    from nodes.families.zimage import ZImage
+
+    widened = fit_empty_latent(empty, ZImage.latent_format)
     assert widened["samples"].shape == (2, 16, 8, 8) and widened["batch_index"] == [0, 1]
+    assert fit_empty_latent(empty, FLUX2_LATENT)["samples"].shape == (2, 128, 4, 4)  # 1/8 -> 1/16 as ComfyUI
     encoded = {"samples": torch.ones(1, 4, 8, 8)}
-    assert fit_empty_latent(encoded, 16) is encoded
+    assert fit_empty_latent(encoded, ZImage.latent_format) is encoded
 
 
 # --- no network -----------------------------------------------------------------------------------
