@@ -167,6 +167,24 @@ class BlockSkip:
     single: tuple[int, ...] = ()
 
 
+@contextmanager
+def replaced_forwards(replacements: Sequence[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
+    """While the context runs, each ``(block, fn)``'s ``forward`` is ``fn``, set on the block
+    instance; afterwards a forward the instance had of its own is put back, else the class's
+    applies again (block-level caches and block skipping leave no state on the module)."""
+    own = [(block, block.__dict__.get("forward")) for block, _ in replacements]
+    try:
+        for block, fn in replacements:
+            block.forward = fn
+        yield
+    finally:
+        for block, previous in reversed(own):
+            if previous is None:
+                del block.forward
+            else:
+                block.forward = previous
+
+
 @dataclass(frozen=True)
 class BlockIO:
     """One kind of transformer block as a block-level step cache sees it (``args``/``kwargs``: the
@@ -189,24 +207,6 @@ class BlockStack:
     """A transformer denoiser's blocks in call order, each with its :class:`BlockIO`."""
 
     blocks: tuple[tuple[Any, BlockIO], ...]
-
-
-@contextmanager
-def replaced_forwards(replaced: Sequence[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
-    """While inside, each (block, forward) pair's block calls that forward (for one model call:
-    block-level caches and model patches); the blocks' own forwards (or one already set on the
-    instance, by an outer patch) come back on leaving."""
-    own = [(block, block.__dict__.get("forward")) for block, _ in replaced]
-    try:
-        for block, fn in replaced:
-            block.forward = fn
-        yield
-    finally:
-        for block, previous in own:
-            if previous is None:
-                del block.forward
-            else:
-                block.forward = previous
 
 
 @dataclass(frozen=True)

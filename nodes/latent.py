@@ -51,6 +51,21 @@ def check_latent_for(latent: dict, family: Any, input_name: str) -> None:
         )
 
 
+def fit_empty_latent(latent: dict, fmt: Any) -> dict:
+    """ComfyUI's ``fix_empty_latent_channels``: an all-zero 4-D latent with another channel count
+    than the model's latent format ``fmt`` (EmptyLatentImage's 4 channels fed to a 16-channel Flux
+    model, as ComfyUI's own Flux schnell example does) becomes zeros of ``fmt.channels``, and, as
+    the empty-latent nodes make 1/8-size latents, is resized to ``fmt.downscale`` (Flux.2: 1/16);
+    any other latent is returned as it is, so a real latent of the wrong width still meets the
+    sampler's channel check."""
+    samples = latent.get("samples") if isinstance(latent, dict) else None
+    if (not isinstance(samples, torch.Tensor) or samples.ndim != 4 or samples.shape[1] == fmt.channels
+            or torch.count_nonzero(samples) > 0):
+        return latent
+    h, w = (round(n * 8 / fmt.downscale) for n in samples.shape[2:])
+    return {**latent, "samples": samples.new_zeros((samples.shape[0], fmt.channels, h, w))}
+
+
 def vae_latent_channels(vae: Any) -> int | None:
     """How many channels the latents of the VAE module ``vae`` have (None: it does not say)."""
     channels = getattr(vae, "loom_latent_channels", None) or getattr(getattr(vae, "config", None), "latent_channels",

@@ -37,7 +37,7 @@ from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
 from nodes.diffusion.noise import SeedGroups
 from nodes.guiders import GuidedRun, Guider
 from nodes.hooks import RunInfo
-from nodes.latent import check_latent_for, tag_latent
+from nodes.latent import check_latent_for, fit_empty_latent, tag_latent
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -245,9 +245,13 @@ class KSamplerCall:
                                self.denoise)
         return window(full, self.start, self.last, self.force_full_denoise)
 
+    def latent(self) -> dict:
+        """The starting latent, an empty one widened to the model's channels (``fit_empty_latent``)."""
+        return fit_empty_latent(self.latent_image, self.model.latent_format)
+
     def job(self) -> Job:
         return Job(cfg_guider(self.model, self.positive, self.negative, self.cfg),
-                   initial_noise(self.latent_image, self.seed, self.add_noise), self.seed)
+                   initial_noise(self.latent(), self.seed, self.add_noise), self.seed)
 
     def batch_key(self) -> tuple[Any, ...]:
         """Calls with equal keys can share one stacked batch (all but seed and prompts equal)."""
@@ -271,7 +275,7 @@ def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall]) -> list[dict]:
             out.extend(dict(c.latent_image) for c in group)
             continue
         results = sample(ctx, [c.job() for c in group], sampler_object(group[0].sampler_name), s,
-                         group[0].latent_image)
+                         group[0].latent())
         out.extend(r.output for r in results)
     return out
 

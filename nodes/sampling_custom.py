@@ -37,6 +37,7 @@ from nodes.guiders import BasicGuider as BasicGuiderValue
 from nodes.guiders import DualCFGGuider as DualCFGGuiderValue
 from nodes.guiders import Guider
 from nodes.guiders import PerpNegGuider as PerpNegGuiderValue
+from nodes.latent import fit_empty_latent
 from nodes.sampling import SEED_MAX, Job, Result, cfg_guider, initial_noise, sample
 
 
@@ -61,6 +62,7 @@ _OUTPUTS = (Output("output", LATENT, "The sampled latent."),
 
 def _custom(ctx: NodeContext, noise: Noise, guider: Guider, sampler: Any, sigmas: torch.Tensor,
             latent: dict) -> tuple[dict, dict]:
+    latent = fit_empty_latent(latent, guider.model.latent_format)
     (result,) = sample(ctx, [Job(guider, noise.generate(latent), noise.seed)], sampler, sigmas, latent)
     return _pair(result)
 

@@ -49,7 +49,7 @@ _RGB32 = (  # ComfyUI's latent->RGB rows for the 32 VAE channels (comfy/latent_f
 # ComfyUI un-patchifies the 128 channels to 32 at twice the size before the map; Loom's linear preview works per
 # latent pixel, so each VAE channel's row serves its 4 patch channels at a quarter weight (the 2x2 average).
 FLUX2_LATENT = LatentFormat(
-    channels=128, scale_factor=1.0,
+    channels=128, scale_factor=1.0, downscale=16,
     rgb_factors=tuple((r / 4, g / 4, b / 4) for r, g, b in _RGB32 for _ in range(4)),
     rgb_bias=(-0.0329, -0.0718, -0.0851),
     empty_node="EmptyFlux2LatentImage",

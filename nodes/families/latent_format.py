@@ -29,6 +29,7 @@ class LatentFormat:
     rgb_bias: RGB = (0.0, 0.0, 0.0)
     taesd_decoder: str | None = None
     empty_node: str = "EmptyLatentImage"  # ComfyUI's node that makes empty latents of this space
+    downscale: int = 8  # image pixels per latent cell (ComfyUI's spacial_downscale_ratio)
 
     def process_in(self, latent: Tensor) -> Tensor:
         """VAE latent -> model space: ``(latent - shift) * scale_factor``."""

@@ -271,10 +271,15 @@ def test_comfyui_saved_klein_checkpoint_loads_with_checkpoint_loader(demo_models
     assert all(torch.equal(v, vae[k]) for k, v in ckpt.vae.load().state_dict().items())
 
 
-def test_a_16_channel_latent_names_the_flux2_empty_latent_node(demo_models: Path, tmp_path: Path) -> None:
+def test_an_empty_sd3_latent_is_widened_and_halved_as_comfyui_does(demo_models: Path, tmp_path: Path) -> None:
+    """ComfyUI turns an all-zero 16-channel 1/8 latent into Flux.2's 128-channel 1/16 one: the image
+    keeps the asked size."""
+    from PIL import Image
+
     prompt = workflow()
     prompt["47"] = {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
     result = run(make_executor(demo_models, tmp_path), prompt)
-    assert result.status != "success" and result.error["node_id"] == "13"
-    message = result.error["exception_message"]
-    assert "16 channels" in message and "128-channel" in message and "EmptyFlux2LatentImage" in message
+    assert result.status == "success", (result.node_errors, result.error)
+    (image,) = result.outputs["9"]["images"]
+    with Image.open(tmp_path / "output" / image["subfolder"] / image["filename"]) as png:
+        assert png.size == (64, 64)

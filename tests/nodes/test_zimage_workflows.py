@@ -261,13 +261,27 @@ def test_sd_vae_with_z_image_is_refused(demo_models: Path, tmp_path: Path) -> No
     assert "4-channel" in result.error["exception_message"] and "ae.safetensors" in result.error["exception_message"]
 
 
-def test_four_channel_latent_is_refused_with_the_node_to_use(demo_models: Path, tmp_path: Path) -> None:
+def test_empty_four_channel_latent_is_widened_as_comfyui_does(demo_models: Path, tmp_path: Path) -> None:
+    """ComfyUI widens an all-zero EmptyLatentImage to the model's 16 channels (its Flux schnell
+    example relies on it); a latent with content and the wrong width is refused, naming the fix."""
+    import torch
+
+    from nodes.latent import fit_empty_latent
+
     prompt = workflow()
     prompt["5"] = {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
+    prompt["3"]["inputs"]["steps"] = 1
     result = run(make_executor(demo_models, tmp_path), prompt)
-    assert result.status != "success" and result.error["node_id"] == "3"
-    assert "4 channels but this Z-Image model works on 16-channel latents" in result.error["exception_message"]
-    assert "EmptySD3LatentImage" in result.error["exception_message"]
+    assert result.status == "success", (result.node_errors, result.error)
+    empty = {"samples": torch.zeros(2, 4, 8, 8), "batch_index": [0, 1]}
+    from nodes.families.flux2 import FLUX2_LATENT
+    from nodes.families.zimage import ZImage
+
+    widened = fit_empty_latent(empty, ZImage.latent_format)
+    assert widened["samples"].shape == (2, 16, 8, 8) and widened["batch_index"] == [0, 1]
+    assert fit_empty_latent(empty, FLUX2_LATENT)["samples"].shape == (2, 128, 4, 4)  # 1/8 -> 1/16 as ComfyUI
+    encoded = {"samples": torch.ones(1, 4, 8, 8)}
+    assert fit_empty_latent(encoded, ZImage.latent_format) is encoded
 
 
 # --- no network -----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.families.components.dit_blocks import blocks_skipped
 from nodes.families.latent_format import LatentFormat
 from nodes.hooks import BlockStack, ConditioningError
 from nodes.weights import ModelLoadError, TensorIndex
@@ -240,7 +241,8 @@ class FluxTransformer:
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Pack ``x_in`` (B, 16, H, W) into 2×2 patches (then the reference latents' tokens, if
         any), call the transformer at ``timestep`` (= sigma), unpack the image tokens of the output
-        to the latent's shape."""
+        to the latent's shape. Blocks named by a :class:`BlockSkip` in ``transformer_options`` pass
+        their inputs through (skip-layer guidance, as ComfyUI's ``dit`` block replace patches)."""
         import torch.nn.functional as F
 
         kwargs = dict(cond_kwargs)
@@ -248,9 +250,6 @@ class FluxTransformer:
         if options and options.get("patches"):
             raise ConditioningError(f"the Flux transformer cannot run block patches {sorted(options['patches'])}; "
                                     "remove the patch node from the workflow")
-        if options and options.get("block_skip"):
-            raise ConditioningError("the Flux transformer cannot skip layers yet (skip-layer guidance); "
-                                    "remove the SkipLayerGuidance node from the workflow")
         refs, method = kwargs.pop("ref_latents", None), kwargs.pop("ref_latents_method", "offset")
         guidance_off = kwargs.pop("guidance_off", None)
         control = kwargs.pop("control", None)
@@ -281,7 +280,9 @@ class FluxTransformer:
             keep = (~guidance_off.to(x.device)).to(x.dtype)[:, None]
             hook = module.time_text_embed.guidance_embedder.register_forward_hook(lambda m, i, o: o * keep)
         try:
-            out = module(hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False, **kwargs)[0]
+            with blocks_skipped(module, (options or {}).get("block_skip"), joined_single=self.approximator):
+                out = module(hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False,
+                             **kwargs)[0]
         finally:
             if hook is not None:
                 hook.remove()
@@ -289,7 +290,7 @@ class FluxTransformer:
 
     def block_stack(self, module: Any) -> BlockStack:
         """The double then single blocks, for block-level step caches."""
-        from nodes.families.components.flux_blocks import flux_block_stack
+        from nodes.families.components.dit_blocks import flux_block_stack
 
         return flux_block_stack(module, joined_single=self.approximator)
 

@@ -230,11 +230,10 @@ class QwenImageTransformer:
         return unpack(out[:, : tokens.shape[1]], x.shape[-2], x.shape[-1])[..., :height, :width]
 
     def block_stack(self, module: Any) -> BlockStack:
-        """The dual-stream blocks: (image, text) in, (text, image) out; the image stream holds the
-        latent's tokens, then the reference latents' tokens."""
-        from nodes.families.components.flux_blocks import PAIR
+        """The dual-stream blocks, for block-level step caches."""
+        from nodes.families.components.dit_blocks import dual_stream_stack
 
-        return BlockStack(tuple((b, PAIR) for b in module.transformer_blocks))
+        return dual_stream_stack(module.transformer_blocks)
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         if not entries:

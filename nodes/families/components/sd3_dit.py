@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockSkip, ConditioningError
+from nodes.hooks import BlockSkip, BlockStack, ConditioningError
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -222,6 +222,12 @@ class SD3Transformer:
         layers = list(skip.double) if skip is not None and skip.double else None
         out = module(hidden_states=x, timestep=t, return_dict=False, skip_layers=layers, **kwargs)[0]
         return out[..., :height, :width]
+
+    def block_stack(self, module: Any) -> BlockStack:
+        """The joint blocks, for block-level step caches."""
+        from nodes.families.components.dit_blocks import dual_stream_stack
+
+        return dual_stream_stack(module.transformer_blocks)
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         if not entries:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockIO, BlockStack, ConditioningError
+from nodes.hooks import BlockStack, ConditioningError
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -47,12 +47,6 @@ _RENAMES = (  # original suffix inside a block -> diffusers suffix
     (".attention.k_norm.weight", ".attention.norm_k.weight"),
 )
 _QKV = (".attention.to_q.weight", ".attention.to_k.weight", ".attention.to_v.weight")
-JOINT = BlockIO(  # block(x, attn_mask, freqs_cis, adaln_input) -> x: the whole sequence is the stream
-    image_in=lambda args, kwargs: kwargs["x"] if "x" in kwargs else args[0],
-    image_out=lambda out, tokens: out,
-    with_image=lambda out, image: image,
-    passthrough=lambda args, kwargs: kwargs["x"] if "x" in kwargs else args[0],
-)
 
 
 def rope_axes(head_dim: int) -> list[int]:
@@ -186,8 +180,10 @@ class ZImageTransformer:
         return -torch.stack(out).squeeze(2)[..., :height, :width]
 
     def block_stack(self, module: Any) -> BlockStack:
-        """The main blocks: one joint sequence (each row's image tokens, then its caption's) in and out."""
-        return BlockStack(tuple((b, JOINT) for b in module.layers))
+        """The main layers (over the unified image and caption sequence), for block-level step caches."""
+        from nodes.families.components.dit_blocks import unified_stack
+
+        return unified_stack(module.layers)
 
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         if not entries:
