@@ -19,12 +19,10 @@ WORKFLOWS = ROOT / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo import make_demo_models
+def demo_models(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Path:
+    from tests.conftest import linked_copy
 
-    root = tmp_path_factory.mktemp("demo_models")
-    make_demo_models(root)
-    return root
+    return linked_copy(demo_models_source, tmp_path_factory.mktemp("demo_models"))
 
 
 def make_executor(models_dir: Path, work: Path, **settings: Any) -> Any:
