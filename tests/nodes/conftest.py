@@ -237,3 +237,12 @@ def flux2_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from nodes.demo_flux2 import make_flux2_demo
 
     return _family_demo(tmp_path_factory, "flux2", make_flux2_demo)
+
+
+@pytest.fixture(scope="session")
+def unclip_demo_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``nodes.demo_unclip.make_unclip_demo_models``' files (unCLIP, InstructPix2Pix, SigLIP, Redux),
+    written once; modules take a ``tests.conftest.linked_copy``."""
+    from nodes.demo_unclip import make_unclip_demo_models
+
+    return _family_demo(tmp_path_factory, "unclip", make_unclip_demo_models)
