@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import socket
@@ -27,6 +28,18 @@ def _guarded_connect(self: socket.socket, address: object) -> object:
     if self.family in (socket.AF_INET, socket.AF_INET6) and not str(host).startswith(_LOOPBACK):
         raise RuntimeError(f"test tried to reach {address!r}: tests must not use the network")
     return _real_connect(self, address)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _freeze_what_exists_before_each_test() -> None:
+    """Collect, then freeze what is alive before each test (modules imported so far, session and
+    module fixtures: ~460k objects once torch, diffusers and transformers are in) out of the garbage
+    collector's sight. ``ModelManager.free()`` runs a full collection after every test that loaded a
+    model; it then scans only what the test made (measured on the shared 2-core machine: 0.7-1.6 s
+    per collection before, under 1 ms after). What tests make is collected as before; frozen objects
+    are still freed by reference counting."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True, scope="session")
