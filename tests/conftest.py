@@ -6,6 +6,7 @@ import gc
 import os
 import shutil
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,15 @@ def _freeze_what_exists_before_each_test() -> None:
     are still freed by reference counting."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _unfreeze_after_each_module() -> Iterator[None]:
+    """After a module (and its fixtures) ends, give the frozen objects back to the collector: the
+    next test's collection then frees what the module's fixtures held in reference cycles (one full
+    collection per module instead of one per model-loading test)."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(autouse=True, scope="session")
