@@ -4,6 +4,8 @@ scenarios ran, images agree, the prefetch read the next job's models)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nodes.bench.report import Row, format_table
@@ -30,13 +32,12 @@ def test_quick_benchmark_runs_and_prints_its_figures(capsys: pytest.CaptureFixtu
     assert any(r.scenario == "in-memory PNG" for r in rows)
 
 
-def test_bench_cli_prints_json_and_markdown(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_cli_prints_json_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``main.py bench`` is reachable from the CLI (a process of its own): one JSON object; or, the
     same command line through ``main.main``, a Markdown table."""
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     import main
 
