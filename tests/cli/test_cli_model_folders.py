@@ -12,15 +12,16 @@ from typing import Any
 import pytest
 
 import main
+from tests.conftest import DemoFiles
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo models in a shared store outside any models/ folder, with a folder of two VAEs."""
-    root = tmp_path_factory.mktemp("store")
-    main.write_demo_models(root)
+def store(tmp_path_factory: pytest.TempPathFactory, all_demo_models_source: DemoFiles) -> Path:
+    """The demo models (``main.write_demo_models``' files) in a shared store outside any models/
+    folder, with a folder of two VAEs."""
+    root = all_demo_models_source.copy_to(tmp_path_factory.mktemp("store")).root
     vaes = root / "all_vaes"
     (vaes / "sd").mkdir(parents=True)
     shutil.copy(root / "vae" / "loom_demo_vae.safetensors", vaes / "first.safetensors")

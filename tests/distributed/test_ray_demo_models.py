@@ -20,8 +20,8 @@ pytest.importorskip("diffusers")
 
 from engine.distributed.cli import worker_config  # noqa: E402
 from engine.distributed.pool import ActorResources, RayWorkerPool  # noqa: E402
-from engine.distributed.ray_queue import QueueSettings, RayJobQueue  # noqa: E402
-from engine.distributed.router import first_model_finder  # noqa: E402
+from engine.distributed.ray_queue import AttemptEvent, QueueSettings, RayJobQueue  # noqa: E402
+from engine.distributed.router import Router, first_model_finder  # noqa: E402
 from engine.executor import RunRequest  # noqa: E402
 from engine.jobs import JobSpec, JobStore  # noqa: E402
 from tests.distributed import demo_runtime  # noqa: E402
@@ -46,13 +46,13 @@ def txt2img(ckpt: str, seed: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def demo(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Iterator[dict[str, Any]]:
     import main
-    from nodes.demo import DEMO_CHECKPOINT, make_demo_models
+    from nodes.demo import DEMO_CHECKPOINT
+    from tests.conftest import linked_copy
 
     root = tmp_path_factory.mktemp("ray-demo")
-    models = root / "models"
-    make_demo_models(models)
+    models = linked_copy(demo_models_source, root / "models")
     shutil.copy(models / "checkpoints" / DEMO_CHECKPOINT, models / "checkpoints" / "demo_b.safetensors")
 
     def args(name: str) -> Any:
@@ -92,15 +92,31 @@ def test_demo_txt2img_on_two_workers_matches_single_process_with_affinity(demo: 
     pool = RayWorkerPool(namespace=f"loom-demo-{uuid.uuid4().hex[:6]}")
     config = worker_config(demo["args"]("worker"), ROOT, "tests.distributed.demo_runtime:build")
     names = pool.spawn(config, ActorResources(num_cpus=1), 2)
+    settings = QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=0.5)
+    router = Router(default_load_s=settings.default_load_s, default_run_s=settings.default_run_s)
     queue = RayJobQueue(JobStore(), pool, server.folders, model_of=first_model_finder(server.registry),
-                        settings=QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=0.5))
-    queue.start()
+                        settings=settings, router=router)
     try:
+        # Both workers join before any job is dispatched, and every job is queued before dispatching
+        # starts: the first plan then sends the first job (checkpoint a) to one empty worker and the
+        # second (checkpoint b, held by no one) to the other, whatever the timing.
+        ready: list[str] = []
         deadline = time.monotonic() + 120
-        while len(queue.router_workers()) < 2:
+        while len(ready) < 2:
             assert time.monotonic() < deadline, "workers did not start"
+            ready += pool.discover()[0]
             time.sleep(0.1)
+        for name in ready:
+            router.add_worker(name)
         ids = [queue.submit(JobSpec(p)).prompt_id for p in prompts]
+        placed: dict[str, str] = {}  # job id -> the worker its first attempt ran on
+
+        def note_worker(notice: Any) -> None:
+            if isinstance(notice, AttemptEvent):
+                placed.setdefault(notice.spec.prompt_id, notice.worker_id)
+
+        queue.subscribe(note_worker)
+        queue.start()
         records = [queue.wait(pid, 180) for pid in ids]
         stats = [pool.call(n, "stats") for n in names]
     finally:
@@ -116,8 +132,10 @@ def test_demo_txt2img_on_two_workers_matches_single_process_with_affinity(demo: 
         assert _pixels(mine) == _pixels(theirs)  # same image...
         assert _text(mine) == _text(theirs)  # ...same embedded workflow
     assert got == expected  # and so the same file
-    # Both workers work; how many each runs depends on timing (a job may wait for the worker that
-    # holds its model when that beats a load), so only the total is exact.
+    # Both workers work: the first two jobs went to different workers (see above). How many each
+    # runs later depends on timing (a job may wait for the worker that holds its model when that
+    # beats a load), so only the total is exact.
+    assert {placed[ids[0]], placed[ids[1]]} == set(names)
     assert sum(st["jobs"] for st in stats) == 6 and all(st["jobs"] >= 1 for st in stats)
     for record in records[2:]:  # after each worker's first job, nothing comes from disk
         assert record is not None

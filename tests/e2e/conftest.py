@@ -86,16 +86,16 @@ SERVER_KIND: list[str] = []
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Server]:
     """The real server when it can run txt2img: ``main.py serve``; else, while register_core does
     not yet register every core node, the same server through tests/e2e/serve_all_nodes.py; the
-    fake server only when asked for (LOOM_E2E_SERVER=fake) or when neither real one can run."""
+    fake server only when asked for (LOOM_E2E_SERVER=fake) or when neither real one can run.
+    Its models folder holds what ``main.py make-demo-model`` writes (the session's copy of it)."""
     mode = os.environ.get("LOOM_E2E_SERVER", "auto")
     data = tmp_path_factory.mktemp("loom-e2e")
     if mode in ("real", "auto"):
         models = data / "models"
-        subprocess.run([sys.executable, "main.py", "make-demo-model", "--models-dir", str(models)], cwd=ROOT, check=True,
-                       capture_output=True, timeout=300)
+        request.getfixturevalue("all_demo_models_source").copy_to(models)
         options = ["--models-dir", str(models), "--output-dir", str(data / "output"), "--input-dir", str(data / "input"),
                    "--temp-dir", str(data / "temp"), "--user-dir", str(data / "user"),
                    # plugin packs of every style, broken ones included: the editor must show the good ones
@@ -126,8 +126,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"e2e server: {SERVER_KIND[0]}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """One Chromium for every browser test (each test gets a fresh context: its own cookies, storage
+    and page); it closes after tests/e2e, before other tests run their own event loops."""
     from playwright.sync_api import sync_playwright
 
     executable = shutil.which("chromium")

@@ -10,6 +10,8 @@ Reusable by every test under tests/nodes/ (torch and diffusers are imported once
 - ``tiny_sd15_ckpt`` / ``tiny_sd2_ckpt`` / ``tiny_sdxl_ckpt``: paths of the fp32 files
 - ``model_folders``, ``manager``, ``make_ctx``: a ModelFolders, a ModelManager, a NodeContext factory
 - ``flux_demo``: a models folder with the Flux/Chroma demo files (``nodes.demo_flux``)
+- ``zimage_demo`` / ``qwen_image_demo`` / ``flux2_demo``: models folders with those families' demo
+  files (``nodes.demo_zimage`` / ``nodes.demo_qwen_image`` / ``nodes.demo_flux2``)
 """
 
 from __future__ import annotations
@@ -205,3 +207,42 @@ def flux_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("flux_demo")
     make_flux_demo(root)
     return root
+
+
+def _family_demo(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Any]) -> Path:
+    import torch
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp(f"{name}_demo")
+    make(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def zimage_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from nodes.demo_zimage import make_zimage_demo
+
+    return _family_demo(tmp_path_factory, "zimage", make_zimage_demo)
+
+
+@pytest.fixture(scope="session")
+def qwen_image_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from nodes.demo_qwen_image import make_qwen_image_demo
+
+    return _family_demo(tmp_path_factory, "qwen_image", make_qwen_image_demo)
+
+
+@pytest.fixture(scope="session")
+def flux2_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from nodes.demo_flux2 import make_flux2_demo
+
+    return _family_demo(tmp_path_factory, "flux2", make_flux2_demo)
+
+
+@pytest.fixture(scope="session")
+def unclip_demo_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``nodes.demo_unclip.make_unclip_demo_models``' files (unCLIP, InstructPix2Pix, SigLIP, Redux),
+    written once; modules take a ``tests.conftest.linked_copy``."""
+    from nodes.demo_unclip import make_unclip_demo_models
+
+    return _family_demo(tmp_path_factory, "unclip", make_unclip_demo_models)

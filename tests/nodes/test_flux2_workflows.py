@@ -7,7 +7,6 @@ errors that say what to do; and loading, encoding and sampling never open a netw
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,8 @@ RANK, ALPHA, STRENGTH = 2, 1.0, 0.7
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo_flux2 import make_flux2_demo
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("flux2_demo")
-    make_flux2_demo(root)
-    return root
+def demo_models(flux2_demo: Path) -> Path:
+    return flux2_demo
 
 
 def workflow() -> dict[str, Any]:
@@ -175,25 +169,7 @@ def test_flux1_vae_with_flux2_is_refused(demo_models: Path, tmp_path: Path) -> N
     assert "128 channels" in result.error["exception_message"]
 
 
-# --- no network -----------------------------------------------------------------------------------
-def test_loading_encoding_and_sampling_never_touch_the_network(demo_models: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    attempts: list[Any] = []
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        attempts.append(args)
-        raise OSError("network access in a Flux.2 load")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    prompt = workflow()
-    prompt["48"]["inputs"]["steps"] = 2
-    result = run(make_executor(demo_models, tmp_path), prompt)
-    assert result.status == "success", (result.node_errors, result.error)
-    assert attempts == []
+# no network: tests/nodes/test_dit_workflows_offline.py, for every DiT family's workflow
 
 
 def test_demo_files_have_the_users_layouts(demo_models: Path) -> None:

@@ -84,12 +84,10 @@ def test_wrong_files_for_dual_clip_loader_teach(demo_models: Path) -> None:
         open_text_encoders([t5], "hidream")
 
 
-def test_sd_vae_with_flux_is_refused(demo_models: Path, tmp_path: Path) -> None:
-    from nodes.demo import make_demo_models
-
-    make_demo_models(tmp_path)  # SD1.5 demo VAE (4 latent channels)
+def test_sd_vae_with_flux_is_refused(demo_models: Path, demo_models_source: Path, tmp_path: Path) -> None:
     prompt = json.loads((WORKFLOWS / "flux_schnell.api.json").read_text())
-    (demo_models / "vae" / "sd_vae.safetensors").write_bytes((tmp_path / "vae" / "loom_demo_vae.safetensors").read_bytes())
+    sd_vae = demo_models_source / "vae" / "loom_demo_vae.safetensors"  # SD1.5 demo VAE (4 latent channels)
+    (demo_models / "vae" / "sd_vae.safetensors").write_bytes(sd_vae.read_bytes())
     prompt["10"]["inputs"]["vae_name"] = "sd_vae.safetensors"
     result = run(make_executor(demo_models, tmp_path / "work"), prompt)
     assert result.status != "success" and result.error["node_id"] == "8"

@@ -19,12 +19,10 @@ WORKFLOWS = ROOT / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo import make_demo_models
+def demo_models(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Path:
+    from tests.conftest import linked_copy
 
-    root = tmp_path_factory.mktemp("demo_models")
-    make_demo_models(root)
-    return root
+    return linked_copy(demo_models_source, tmp_path_factory.mktemp("demo_models"))
 
 
 def make_executor(models_dir: Path, work: Path, **settings: Any) -> Any:
@@ -116,12 +114,17 @@ print(json.dumps(res.outputs["9"]["images"][0]))
 
 @pytest.mark.slow
 def test_same_workflow_same_pixels_in_two_processes(demo_models: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    works = [tmp_path / f"w{i}" for i in range(2)]
+    # two independent processes, started together (each spends most of its time importing)
+    procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT.format(root=str(ROOT), models=str(demo_models), work=str(work),
+                                                                   wf=str(WORKFLOWS / "txt2img.api.json"))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for work in works]
     pixels = []
-    for i in range(2):
-        work = tmp_path / f"w{i}"
-        code = _SCRIPT.format(root=str(ROOT), models=str(demo_models), work=str(work), wf=str(WORKFLOWS / "txt2img.api.json"))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT)
-        image = json.loads(out.stdout.strip().splitlines()[-1])
+    for proc, work in zip(procs, works, strict=True):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        image = json.loads(out.strip().splitlines()[-1])
         pixels.append(np.asarray(Image.open(work / "output" / image["subfolder"] / image["filename"])))
     assert np.array_equal(pixels[0], pixels[1])

@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from nodes.conditioning import CLIPTextEncode
-from nodes.demo_unclip import DEMO_IP2P, make_unclip_demo_models
+from nodes.demo_unclip import DEMO_IP2P
 from nodes.families.components.unet_inputs import concat_kind, resize_to_batch
 from nodes.handles import open_checkpoint
 from nodes.ip2p import InstructPixToPixConditioning
 from nodes.latent import encode
 from nodes.sampling import KSampler, SamplingError
+from tests.conftest import linked_copy
 
 
 @pytest.fixture(scope="module")
-def ip2p(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def ip2p(tmp_path_factory: pytest.TempPathFactory, unclip_demo_source: Path) -> Any:
     torch.set_num_threads(1)
-    folder = tmp_path_factory.mktemp("ip2p_models")
-    make_unclip_demo_models(folder)
+    folder = linked_copy(unclip_demo_source, tmp_path_factory.mktemp("ip2p_models"))  # make_unclip_demo_models' files
     return open_checkpoint(folder / "checkpoints" / DEMO_IP2P)
 
 

@@ -108,13 +108,11 @@ def test_unknown_preset_name_lists_the_known_ones() -> None:
 
 # --- detection from files, the CLI and the API ---------------------------------------------------
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo import make_demo_models
+def demo_models(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Path:
+    from tests.conftest import linked_copy
 
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("preset_models")
-    make_demo_models(root)
-    return root
+    return linked_copy(demo_models_source, tmp_path_factory.mktemp("preset_models"))
 
 
 def test_the_describer_detects_family_prediction_and_preset(demo_models: Path) -> None:

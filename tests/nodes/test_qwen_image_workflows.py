@@ -8,7 +8,6 @@ diffusers' module names, which are the file's) change exactly the weights they n
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,8 @@ WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo_qwen_image import make_qwen_image_demo
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("qwen_image_demo")
-    make_qwen_image_demo(root)
-    return root
+def demo_models(qwen_image_demo: Path) -> Path:
+    return qwen_image_demo
 
 
 def workflow() -> dict[str, Any]:
@@ -184,22 +178,4 @@ def test_sd_vae_with_qwen_image_is_refused(demo_models: Path, tmp_path: Path) ->
     assert "4-channel" in result.error["exception_message"]
 
 
-# --- no network -----------------------------------------------------------------------------------
-def test_loading_encoding_and_sampling_never_touch_the_network(demo_models: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    attempts: list[Any] = []
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        attempts.append(args)
-        raise OSError("network access in a Qwen-Image load")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    prompt = workflow()
-    prompt["3"]["inputs"]["steps"] = 2
-    result = run(make_executor(demo_models, tmp_path), prompt)
-    assert result.status == "success", (result.node_errors, result.error)
-    assert attempts == []
+# no network: tests/nodes/test_dit_workflows_offline.py, for every DiT family's workflow

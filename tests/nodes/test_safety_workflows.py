@@ -20,12 +20,11 @@ WORKFLOWS = ROOT / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo import make_demo_models
+def demo_models(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Path:
     from nodes.demo_vision import make_demo_vision_models, tiny_safety_checker
+    from tests.conftest import linked_copy
 
-    root = tmp_path_factory.mktemp("demo_vision_models")
-    make_demo_models(root)
+    root = linked_copy(demo_models_source, tmp_path_factory.mktemp("demo_vision_models"))
     paths = make_demo_vision_models(root)
     assert all(p.is_file() for p in paths)
     tiny_safety_checker(flag=True).save_pretrained(root / "safety" / "zz_flags_all")

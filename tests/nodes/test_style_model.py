@@ -15,22 +15,22 @@ import torch
 from nodes.clip_vision import CLIPVisionEncode, ClipVisionHandle, ClipVisionOutput
 from nodes.conditioning import CLIPTextEncode, CondEntry
 from nodes.demo_flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL, demo_flux_modules, flux_files
-from nodes.demo_unclip import DEMO_REDUX, DEMO_SIGLIP, make_unclip_demo_models, tiny_siglip
+from nodes.demo_unclip import DEMO_REDUX, DEMO_SIGLIP, tiny_siglip
 from nodes.families.components.flux_dit import upscale_dit_mask
 from nodes.handles import open_diffusion_model, open_text_encoders
 from nodes.hooks import ConditioningError
 from nodes.sampling import KSampler, SamplingError
 from nodes.style_model import StyleAdapter, StyleModelApply, StyleModelHandle
 from nodes.weights import ModelLoadError
+from tests.conftest import linked_copy
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def files(tmp_path_factory: pytest.TempPathFactory, unclip_demo_source: Path) -> Path:
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("style")
-    make_unclip_demo_models(root)
+    root = linked_copy(unclip_demo_source, tmp_path_factory.mktemp("style"))  # make_unclip_demo_models' files
     for name, tensors in flux_files(demo_flux_modules(guidance=True)).items():
         if name in (DEMO_FLUX_DEV, DEMO_CLIP_L, DEMO_T5XXL):
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / name))

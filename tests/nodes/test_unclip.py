@@ -14,7 +14,7 @@ import torch
 from nodes.clip_vision import CLIPVisionEncode, ClipVisionOutput
 from nodes.conditioning import CLIPTextEncode, CondEntry
 from nodes.demo import DEMO_CHECKPOINT, demo_modules
-from nodes.demo_unclip import DEMO_UNCLIP, make_unclip_demo_models
+from nodes.demo_unclip import DEMO_UNCLIP
 from nodes.families import SD2Unclip
 from nodes.families.components import unclip
 from nodes.families.components.unclip import UnclipInput
@@ -22,14 +22,14 @@ from nodes.handles import open_checkpoint
 from nodes.sampling import KSampler, SamplingError
 from nodes.unclip import open_unclip_checkpoint, unCLIPConditioning
 from nodes.weights import ModelLoadError
+from tests.conftest import linked_copy
 from tests.nodes.conftest import TinyModel, write_single_file
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_dir(tmp_path_factory: pytest.TempPathFactory, unclip_demo_source: Path) -> Path:
     torch.set_num_threads(1)
-    folder = tmp_path_factory.mktemp("unclip_models")
-    make_unclip_demo_models(folder)
+    folder = linked_copy(unclip_demo_source, tmp_path_factory.mktemp("unclip_models"))  # make_unclip_demo_models' files
     write_single_file(TinyModel("sd15", demo_modules()), folder / "checkpoints" / DEMO_CHECKPOINT)
     return folder
 

@@ -11,19 +11,19 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from tests.conftest import DemoFiles
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_models(tmp_path_factory: pytest.TempPathFactory, all_demo_models_source: DemoFiles) -> Path:
     import torch
 
-    from main import write_demo_models
-
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("demo_unclip_models")
-    paths = write_demo_models(root)
+    demo = all_demo_models_source.copy_to(tmp_path_factory.mktemp("demo_unclip_models"))
+    root, paths = demo.root, demo.written
     assert (root / "checkpoints" / "loom_demo_sd21_unclip.safetensors") in paths
     assert (root / "style_models" / "loom_demo_flux_redux.safetensors") in paths
     return root

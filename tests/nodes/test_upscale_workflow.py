@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from tests.conftest import DemoFiles
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from main import write_demo_models
-
-    root = tmp_path_factory.mktemp("demo_upscale_models")
-    paths = write_demo_models(root)
+def demo_models(tmp_path_factory: pytest.TempPathFactory, all_demo_models_source: DemoFiles) -> Path:
+    demo = all_demo_models_source.copy_to(tmp_path_factory.mktemp("demo_upscale_models"))
+    root, paths = demo.root, demo.written
     assert (root / "upscale_models" / "loom_demo_esrgan_4x.safetensors") in paths
     return root
 

@@ -7,7 +7,6 @@ and loading, encoding and sampling never open a network connection."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,8 @@ RANK, ALPHA, STRENGTH = 2, 1.0, 0.7
 
 
 @pytest.fixture(scope="module")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo_zimage import make_zimage_demo
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("zimage_demo")
-    make_zimage_demo(root)
-    return root
+def demo_models(zimage_demo: Path) -> Path:
+    return zimage_demo
 
 
 def workflow() -> dict[str, Any]:
@@ -284,22 +278,4 @@ def test_empty_four_channel_latent_is_widened_as_comfyui_does(demo_models: Path,
     assert fit_empty_latent(encoded, ZImage.latent_format) is encoded
 
 
-# --- no network -----------------------------------------------------------------------------------
-def test_loading_encoding_and_sampling_never_touch_the_network(demo_models: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    attempts: list[Any] = []
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        attempts.append(args)
-        raise OSError("network access in a Z-Image load")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    prompt = workflow()
-    prompt["3"]["inputs"]["steps"] = 2
-    result = run(make_executor(demo_models, tmp_path), prompt)
-    assert result.status == "success", (result.node_errors, result.error)
-    assert attempts == []
+# no network: tests/nodes/test_dit_workflows_offline.py, for every DiT family's workflow

@@ -14,12 +14,11 @@ CKPT_B = "loom_demo_sd15_b.safetensors"
 
 
 @pytest.fixture(scope="session")
-def perf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo import make_demo_models
+def perf_models(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Path:
     from nodes.preview import make_demo_taesd
+    from tests.conftest import linked_copy
 
-    root = tmp_path_factory.mktemp("perf_models")
-    make_demo_models(root)
+    root = linked_copy(demo_models_source, tmp_path_factory.mktemp("perf_models"))
     make_demo_taesd(root)
     ckpts = root / "checkpoints"
     try:  # another name is another model for Loom (fingerprints hold the path)

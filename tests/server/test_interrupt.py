@@ -24,6 +24,7 @@ from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
 from nodes.demo import DEMO_CHECKPOINT
+from tests.conftest import linked_copy
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -129,10 +130,9 @@ def test_large_convolutions_are_split_in_row_bands_with_the_same_result(
 
 
 # --- a real server on the demo model ----------------------------------------------------------------
-def demo_parts(root: Path) -> ServerParts:
-    from nodes.demo import make_demo_models
-
-    make_demo_models(root / "models")
+def demo_parts(root: Path, demo_models: Path) -> ServerParts:
+    """A server's parts on a copy of ``demo_models`` (``make_demo_models``' files)."""
+    linked_copy(demo_models, root / "models")
     args = main.make_parser().parse_args([
         "serve", "--models-dir", str(root / "models"), "--output-dir", str(root / "output"),
         "--input-dir", str(root / "input"), "--temp-dir", str(root / "temp"), "--user-dir", str(root / "user"),
@@ -173,9 +173,9 @@ async def until(client: TestClient, job_id: str, done: Any, timeout: float) -> d
 
 
 async def test_interrupt_stops_a_2048px_txt2img_inside_its_step_and_the_next_job_runs(
-        aiohttp_client: Any, tmp_path: Path) -> None:
+        aiohttp_client: Any, tmp_path: Path, demo_models_source: Path) -> None:
     torch.set_num_threads(1)
-    app = create_app(demo_parts(tmp_path), ServerConfig())
+    app = create_app(demo_parts(tmp_path, demo_models_source), ServerConfig())
     client: TestClient = await aiohttp_client(app)
     resp = await client.post("/api/v1/jobs", json={"workflow": txt2img(2048, 20)})
     assert resp.status == 201, await resp.text()
@@ -199,9 +199,10 @@ async def test_interrupt_stops_a_2048px_txt2img_inside_its_step_and_the_next_job
     assert app[ERRORS].count == 0
 
 
-async def test_interrupt_stops_a_2048px_vae_decode_inside_its_convolutions(aiohttp_client: Any, tmp_path: Path) -> None:
+async def test_interrupt_stops_a_2048px_vae_decode_inside_its_convolutions(aiohttp_client: Any, tmp_path: Path,
+                                                                          demo_models_source: Path) -> None:
     torch.set_num_threads(1)
-    app = create_app(demo_parts(tmp_path), ServerConfig())
+    app = create_app(demo_parts(tmp_path, demo_models_source), ServerConfig())
     client: TestClient = await aiohttp_client(app)
     decode_only = txt2img(2048, 1)
     decode_only["6"]["inputs"]["samples"] = ["4", 0]  # an empty 2048² latent straight into the VAE
