@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from engine.workflow import convert_ui_to_api
 from PIL import Image
 
-from engine.workflow import convert_ui_to_api
 from tests.nodes.test_generation_e2e import make_executor, run
 
 WORKFLOWS = Path(__file__).parent / "workflows"
