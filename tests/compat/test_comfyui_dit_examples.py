@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from engine.workflow import convert_ui_to_api
+from engine.formats import convert_ui_to_api
 from PIL import Image
 
 from tests.nodes.test_generation_e2e import make_executor, run
