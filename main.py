@@ -95,7 +95,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     from nodes import register_core
 
     model_files = _model_files(args)
-    folders = Folders(args.input_dir, args.output_dir, args.temp_dir, models=model_files)
+    folders = Folders(args.input_dir, args.output_dir, args.temp_dir, model_files=model_files)
     folders.ensure()
     registry = NodeRegistry()
     register_core(registry, model_files, folders.input_dir, folders.output_dir)
@@ -175,7 +175,7 @@ def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Fol
         return None
     from nodes.compat.shim import load_plugins_with_shim
 
-    configured = folders.models.configured("custom_nodes") if isinstance(folders.models, ModelFolders) else []
+    configured = folders.model_files.configured("custom_nodes") if isinstance(folders.model_files, ModelFolders) else []
     return load_plugins_with_shim(registry, [ROOT / "custom_nodes", *args.custom_nodes, *configured], folders)
 
 
@@ -270,7 +270,7 @@ def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Pat
     from nodes.presets import PresetError
 
     try:
-        print(f"{path.name}: " + runtime.describe_model.apply_to(prompt, name, runtime.folders.models), file=sys.stderr)
+        print(f"{path.name}: " + runtime.describe_model.apply_to(prompt, name, runtime.folders.model_files), file=sys.stderr)
     except PresetError as exc:
         raise UsageError(f"{path}: {exc}") from exc
 

@@ -163,12 +163,12 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class Folders:
-    """The folders nodes may touch. ``models`` resolves model files by kind."""
+    """The folders nodes may touch. ``model_files`` resolves model files by kind."""
 
     input_dir: Path
     output_dir: Path
     temp_dir: Path
-    models: ModelFiles | None = None
+    model_files: ModelFiles | None = None
 
     def ensure(self) -> None:
         for d in (self.input_dir, self.output_dir, self.temp_dir):

@@ -58,9 +58,9 @@ def register_model_options(registry: NodeRegistry, model_files: ModelFiles) -> N
 
 
 def _models(ctx: NodeContext) -> ModelFiles:
-    if ctx.folders.models is None:
+    if ctx.folders.model_files is None:
         raise ModelLoadError("this run has no model folders; start Loom with --models-dir")
-    return ctx.folders.models
+    return ctx.folders.model_files
 
 
 def _allow_pickle(ctx: NodeContext) -> bool:
@@ -68,10 +68,10 @@ def _allow_pickle(ctx: NodeContext) -> bool:
 
 
 def _file_fingerprint(folders: Folders, kind: str, name: Any) -> str | None:
-    if folders.models is None or not isinstance(name, str):
+    if folders.model_files is None or not isinstance(name, str):
         return None
     try:
-        return fingerprint(folders.models.resolve(kind, name))
+        return fingerprint(folders.model_files.resolve(kind, name))
     except (OSError, ValueError):
         return None
 

@@ -211,7 +211,7 @@ class SafetyChecker(Node):
         if ctx.settings.safety == "off":
             verdicts = [{"flagged": False, "action": "none", "checked": False}] * int(images.shape[0])
             return NodeOutput((images,), ui={"safety": verdicts})
-        handle = find_safety_model(ctx.folders.models, safety_model)
+        handle = find_safety_model(ctx.folders.model_files, safety_model)
         guarded = SafetyGuard(handle, ctx.models, action=action, sensitivity=sensitivity).check_images(images)
         return NodeOutput((guarded.images,), ui={"safety": [v.to_json() for v in guarded.verdicts]})
 

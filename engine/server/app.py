@@ -114,7 +114,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
     add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
-    info = InfoRoutes(parts.registry, config, model_files=parts.folders.models, models=parts.models,
+    info = InfoRoutes(parts.registry, config, model_files=parts.folders.model_files, models=parts.models,
                       extensions=parts.extensions, queue=queue, describe_model=parts.describe_model,
                       presets=parts.presets)
     add_routes(app, info.routes())

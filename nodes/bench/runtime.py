@@ -35,7 +35,7 @@ class BenchRuntime:
         from nodes import register_core
 
         self.files = ModelFolders(self.models_dir)
-        self.folders = Folders(self.work / "input", self.work / "output", self.work / "temp", models=self.files)
+        self.folders = Folders(self.work / "input", self.work / "output", self.work / "temp", model_files=self.files)
         self.folders.ensure()
         self.registry = NodeRegistry()
         register_core(self.registry, self.files, self.folders.input_dir)

@@ -268,6 +268,6 @@ def load_plugins_with_shim(
 
     The report's ``environment`` is the shim: the server mounts its routes and feeds its events.
     """
-    model_files = folders.models
+    model_files = folders.model_files
     shim = ComfyShim(folders, model_files, event_sink, models_dir=getattr(model_files, "models_dir", None))
     return load_plugins(registry, dirs, config=config, shim=shim)

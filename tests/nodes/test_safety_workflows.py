@@ -48,7 +48,7 @@ def make_executor(models_dir: Path, work: Path, *, guard_model: str | None = Non
     from nodes.sampling import SAMPLING_NODES
 
     files = ModelFolders(models_dir)
-    folders = Folders(work / "input", work / "output", work / "temp", models=files)
+    folders = Folders(work / "input", work / "output", work / "temp", model_files=files)
     folders.ensure()
     registry = NodeRegistry()
     register_core(registry, files)

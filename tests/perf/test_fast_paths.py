@@ -97,7 +97,7 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
     from nodes.preview import PreviewPacer, PreviewRenderer
 
     files = ModelFolders(perf_models)
-    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, models=files), models=ModelManager())
+    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=files), models=ModelManager())
     ctx.on_preview = lambda node, preview: None
     x0 = torch.randn(1, 4, 8, 8)
     for method, size in (("auto", 64), ("latent2rgb", 8)):
