@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from engine.guard import ImageGuard
+    from engine.image_guard import ImageGuard
 
 
 class Interrupted(Exception):

@@ -35,7 +35,7 @@ from engine.context import (
 )
 from engine.device_policy import handles_in
 from engine.graph import sort_key
-from engine.guard import ImageGuard
+from engine.image_guard import ImageGuard
 from engine.interrupt_hooks import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
 from engine.node import ExecutionBlocker, NodeDef, contained
@@ -141,7 +141,7 @@ class Executor:
         self.bus = bus if bus is not None else ev.EventBus()
         self.interrupt = interrupt if interrupt is not None else InterruptFlag()
         self.settings = settings if settings is not None else RunSettings()
-        self.guard = guard  # engine.guard.ImageGuard under --safety enforce, else None
+        self.guard = guard  # engine.image_guard.ImageGuard under --safety enforce, else None
 
     # --- public ---------------------------------------------------------------------------------
     def validate(self, request: RunRequest) -> Validation:

@@ -22,7 +22,7 @@ import torch
 
 from engine.atomic import write_atomic
 from engine.context import Folders, NodeContext
-from engine.guard import SAFETY_CHUNK
+from engine.image_guard import SAFETY_CHUNK
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import (

@@ -21,7 +21,7 @@ from PIL import Image, UnidentifiedImageError
 
 from engine.atomic import create_exclusive, write_atomic
 from engine.context import Folders
-from engine.guard import ImageGuard, was_checked
+from engine.image_guard import ImageGuard, was_checked
 from engine.server.common import MAX_NAME_BYTES, ApiError, Handler, ServerConfig, json_response
 from engine.server.security import safe_path
 

@@ -111,7 +111,7 @@ def _is_ip(host: str) -> bool:
 class RequestGuard:
     """The HTTP middlewares that guard every request (host, origin, token; errors as JSON), holding
     only the configuration they check against. (Images leaving Loom are guarded by
-    ``engine.guard.ImageGuard``, a different thing.)"""
+    ``engine.image_guard.ImageGuard``, a different thing.)"""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image, ImageSequence
 
-from engine.guard import Guarded, Verdict
+from engine.image_guard import Guarded, Verdict
 from engine.registry import NodeRegistry
 from nodes.image_files import (
     LoadImageMask,

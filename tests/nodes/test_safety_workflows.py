@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.guard import was_checked
+from engine.image_guard import was_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / "web" / "workflows"

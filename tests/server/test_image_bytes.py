@@ -17,7 +17,7 @@ from PIL import Image
 
 from engine.context import KeptImages, Preview
 from engine.executor import RunRequest
-from engine.guard import SAFETY_CHUNK, Guarded, Policy, Verdict
+from engine.image_guard import SAFETY_CHUNK, Guarded, Policy, Verdict
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from nodes.image import EmptyImage, PreviewImage, SaveImage

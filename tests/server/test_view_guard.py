@@ -10,7 +10,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from engine.context import Preview
-from engine.guard import SAFETY_CHUNK, Guarded
+from engine.image_guard import SAFETY_CHUNK, Guarded
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from tests.server.conftest import make_parts
