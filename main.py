@@ -110,7 +110,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
                  models.policy.device)
     executor = Executor(
         registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings,
-        guard=_guard(args, model_files, models),
+        image_guard=_image_guard(args, model_files, models),
     )
     from nodes.presets import ModelDescriber
 
@@ -118,7 +118,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     return Runtime(registry, executor, folders, bus, models, report, describer, describer.table_json)
 
 
-def _guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
+def _image_guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
     """The safety guard for ``--safety enforce`` (None otherwise); refuses to start without a model."""
     from nodes.safety import GuardUnavailable, build_guard
 

@@ -220,7 +220,7 @@ class NodeContext:
     on_progress: ProgressFn | None = None
     on_preview: PreviewFn | None = None
     settings: RunSettings = field(default_factory=RunSettings)
-    guard: ImageGuard | None = None  # set under --safety enforce; image-writing nodes must call it
+    image_guard: ImageGuard | None = None  # set under --safety enforce; image-writing nodes must call it
     kept_images: KeptImages | None = None  # set when the client asked for bytes; image nodes add to it
 
     def check_interrupt(self) -> None:

@@ -126,7 +126,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
                       presets=parts.presets)
     add_routes(app, info.routes())
     add_routes(app, info.static_routes(), comfy=False)
-    add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "guard", None)).routes())
+    add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "image_guard", None)).routes())
     add_routes(app, UserdataRoutes(parts.user_dir).routes())
     add_routes(app, [("GET", "/ws", hub.handle)])
     add_routes(app, jobs.routes(), comfy=False)

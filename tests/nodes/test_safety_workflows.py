@@ -59,7 +59,7 @@ def make_executor(models_dir: Path, work: Path, *, guard_model: str | None = Non
                 registry.register(node)
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     guard = build_guard("enforce", files, manager, model_name=guard_model) if guard_model else None
-    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=RunSettings(**settings), guard=guard)
+    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=RunSettings(**settings), image_guard=guard)
 
 
 def run(executor: Any, prompt: dict) -> Any:

@@ -95,7 +95,7 @@ def test_memory_only_previews_are_not_cached(tmp_path: Path) -> None:
 
 def test_kept_bytes_are_the_guarded_images(tmp_path: Path) -> None:
     parts = with_image_nodes(tmp_path)
-    parts.executor.guard = HalfGuard()
+    parts.executor.image_guard = HalfGuard()
     result = parts.executor.run(RunRequest(image_workflow(), keep_images=True))
     for node in ("2", "3"):
         for entry in result.outputs[node]["images"]:
