@@ -95,7 +95,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     from nodes import register_core
 
     model_files = _model_files(args)
-    folders = Folders(args.input_dir, args.output_dir, args.temp_dir, models=model_files)
+    folders = Folders(args.input_dir, args.output_dir, args.temp_dir, model_files=model_files)
     folders.ensure()
     registry = NodeRegistry()
     register_core(registry, model_files, folders.input_dir, folders.output_dir)
@@ -110,7 +110,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
                  models.policy.device)
     executor = Executor(
         registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings,
-        guard=_guard(args, model_files, models),
+        image_guard=_image_guard(args, model_files, models),
     )
     from nodes.presets import ModelDescriber
 
@@ -118,7 +118,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     return Runtime(registry, executor, folders, bus, models, report, describer, describer.table_json)
 
 
-def _guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
+def _image_guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
     """The safety guard for ``--safety enforce`` (None otherwise); refuses to start without a model."""
     from nodes.safety import GuardUnavailable, build_guard
 
@@ -175,7 +175,7 @@ def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Fol
         return None
     from nodes.compat.shim import load_plugins_with_shim
 
-    configured = folders.models.configured("custom_nodes") if isinstance(folders.models, ModelFolders) else []
+    configured = folders.model_files.configured("custom_nodes") if isinstance(folders.model_files, ModelFolders) else []
     return load_plugins_with_shim(registry, [ROOT / "custom_nodes", *args.custom_nodes, *configured], folders)
 
 
@@ -270,7 +270,7 @@ def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Pat
     from nodes.presets import PresetError
 
     try:
-        print(f"{path.name}: " + runtime.describe_model.apply_to(prompt, name, runtime.folders.models), file=sys.stderr)
+        print(f"{path.name}: " + runtime.describe_model.apply_to(prompt, name, runtime.folders.model_files), file=sys.stderr)
     except PresetError as exc:
         raise UsageError(f"{path}: {exc}") from exc
 

@@ -248,7 +248,7 @@ class Coalescer:
                     forward(ev.PreviewFrame(members[0], node=event.node, format=event.format, image=event.image))
             bus.subscribe(relabel)
         return Executor(_overlay(ex.registry), ex.cache, ex.folders, models=ex.models, bus=bus,
-                        interrupt=ex.interrupt, settings=ex.settings, guard=ex.guard)
+                        interrupt=ex.interrupt, settings=ex.settings, image_guard=ex.image_guard)
 
     def _split(self, side: Executor, merged_keys: dict[str, str], plans: Sequence[KeyedPlan],
                points: Sequence[str]) -> None:

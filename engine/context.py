@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from engine.guard import ImageGuard
+    from engine.image_guard import ImageGuard
 
 
 class Interrupted(Exception):
@@ -163,12 +163,12 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class Folders:
-    """The folders nodes may touch. ``models`` resolves model files by kind."""
+    """The folders nodes may touch. ``model_files`` resolves model files by kind."""
 
     input_dir: Path
     output_dir: Path
     temp_dir: Path
-    models: ModelFiles | None = None
+    model_files: ModelFiles | None = None
 
     def ensure(self) -> None:
         for d in (self.input_dir, self.output_dir, self.temp_dir):
@@ -220,7 +220,7 @@ class NodeContext:
     on_progress: ProgressFn | None = None
     on_preview: PreviewFn | None = None
     settings: RunSettings = field(default_factory=RunSettings)
-    guard: ImageGuard | None = None  # set under --safety enforce; image-writing nodes must call it
+    image_guard: ImageGuard | None = None  # set under --safety enforce; image-writing nodes must call it
     kept_images: KeptImages | None = None  # set when the client asked for bytes; image nodes add to it
 
     def check_interrupt(self) -> None:

@@ -35,7 +35,7 @@ from engine.context import (
 )
 from engine.device_policy import handles_in
 from engine.graph import sort_key
-from engine.guard import ImageGuard
+from engine.image_guard import ImageGuard
 from engine.interrupt_hooks import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
 from engine.node import ExecutionBlocker, NodeDef, contained
@@ -132,7 +132,7 @@ class Executor:
         bus: ev.EventBus | None = None,
         interrupt: InterruptFlag | None = None,
         settings: RunSettings | None = None,
-        guard: ImageGuard | None = None,
+        image_guard: ImageGuard | None = None,
     ) -> None:
         self.registry = registry
         self.cache = cache
@@ -141,7 +141,7 @@ class Executor:
         self.bus = bus if bus is not None else ev.EventBus()
         self.interrupt = interrupt if interrupt is not None else InterruptFlag()
         self.settings = settings if settings is not None else RunSettings()
-        self.guard = guard  # engine.guard.ImageGuard under --safety enforce, else None
+        self.image_guard = image_guard  # engine.image_guard.ImageGuard under --safety enforce, else None
 
     # --- public ---------------------------------------------------------------------------------
     def validate(self, request: RunRequest) -> Validation:
@@ -346,13 +346,13 @@ class Executor:
             ),
             on_preview=lambda nid, preview: self._preview(request, nid, preview),
             settings=self.settings,
-            guard=self.guard,
+            image_guard=self.image_guard,
             kept_images=kept,
         )
 
     def _preview(self, request: RunRequest, node_id: str, preview: Preview) -> None:
-        if self.guard is not None:  # --safety enforce: no unchecked frame leaves the process
-            checked = self.guard.check_preview(preview)
+        if self.image_guard is not None:  # --safety enforce: no unchecked frame leaves the process
+            checked = self.image_guard.check_preview(preview)
             if checked is None:
                 return
             preview = checked

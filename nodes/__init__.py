@@ -1,7 +1,13 @@
-"""Loom's node library. ``register_core`` puts every core node into a registry."""
+"""Loom's node library. ``register_core`` puts every core node into a registry.
+
+Plugins written for ComfyUI ``import nodes`` expecting ComfyUI's module of that name; the names they
+read that Loom's package lacks go to the installed plugin shim (:func:`__getattr__`,
+``nodes/compat/shim.py``)."""
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 
 from engine.context import ModelFiles
@@ -64,3 +70,18 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
         register_model_options(registry, model_files)
     if input_dir is not None:
         register_image_options(registry, input_dir)
+
+
+def __getattr__(name: str) -> types.ModuleType:
+    """A name this package lacks: while a plugin shim is installed it answers (a Loom submodule, or an
+    error explaining that ComfyUI's ``nodes`` module is absent); otherwise ``AttributeError``.
+
+    The installed shim is found on ``sys.meta_path`` (its internal-module blocker has
+    ``answer_nodes_attribute``), so this package keeps no state of its own."""
+    if not name.startswith("__"):
+        for finder in sys.meta_path:
+            answer = getattr(finder, "answer_nodes_attribute", None)
+            if answer is not None:
+                module: types.ModuleType = answer(name)
+                return module
+    raise AttributeError(f"module 'nodes' has no attribute {name!r}")

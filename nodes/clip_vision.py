@@ -318,16 +318,16 @@ class CLIPVisionLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, clip_name: str) -> tuple[ClipVisionHandle]:
-        if ctx.folders.models is None:
+        if ctx.folders.model_files is None:
             raise RuntimeError("this run has no model folders; start Loom with --models-dir")
-        path = ctx.folders.models.resolve("clip_vision", clip_name)
+        path = ctx.folders.model_files.resolve("clip_vision", clip_name)
         return (ClipVisionHandle.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Any, **inputs: Any) -> Any:
-        models = getattr(folders, "models", None)
+        model_files = getattr(folders, "model_files", None)
         try:
-            return fingerprint(models.resolve("clip_vision", inputs["clip_name"])) if models else None
+            return fingerprint(model_files.resolve("clip_vision", inputs["clip_name"])) if model_files else None
         except Exception:
             return None
 

@@ -199,9 +199,9 @@ _FILE = Input("control_net_name", COMBO, "The ControlNet file in models/controln
 
 
 def _load(ctx: NodeContext, name: str, base: Any = None) -> ControlHandle:
-    if ctx.folders.models is None:
+    if ctx.folders.model_files is None:
         raise RuntimeError("this run has no model folders; start Loom with --models-dir")
-    return open_control_model(ctx.folders.models.resolve("controlnet", name), allow_pickle=ctx.settings.allow_pickle,
+    return open_control_model(ctx.folders.model_files.resolve("controlnet", name), allow_pickle=ctx.settings.allow_pickle,
                               base=base)
 
 

@@ -255,9 +255,9 @@ class GLIGENLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, gligen_name: str) -> tuple[GligenModel]:
-        from nodes.loaders import _models
+        from nodes.loaders import _model_files
 
-        path = _models(ctx).resolve("gligen", gligen_name)
+        path = _model_files(ctx).resolve("gligen", gligen_name)
         return (load_gligen(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod

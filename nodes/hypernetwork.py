@@ -35,7 +35,7 @@ from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, MODEL, DynamicOptions, Input, NodeSchema, Output
 from nodes.hooks import BlockPatch, SamplingHooks
-from nodes.loaders import _file_fingerprint, _models
+from nodes.loaders import _file_fingerprint, _model_files
 from nodes.patches.unet_hooks import require_points
 from nodes.weights import PICKLE_SUFFIXES, ModelLoadError, fingerprint, pickle_refusal
 
@@ -207,7 +207,7 @@ class HypernetworkLoader(Node):
 
     def run(self, ctx: NodeContext, *, model: Any, hypernetwork_name: str, strength: float) -> tuple[Any]:
         require_points(model, "HypernetworkLoader", ("attn1_patch", "attn2_patch"))
-        path = _models(ctx).resolve("hypernetworks", hypernetwork_name)
+        path = _model_files(ctx).resolve("hypernetworks", hypernetwork_name)
         net = load_hypernetwork(path, allow_pickle=ctx.settings.allow_pickle)
         if strength == 0:
             return (model,)

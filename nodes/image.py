@@ -22,7 +22,7 @@ import torch
 
 from engine.atomic import write_atomic
 from engine.context import Folders, NodeContext
-from engine.guard import SAFETY_CHUNK
+from engine.image_guard import SAFETY_CHUNK
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import (
@@ -150,12 +150,12 @@ def save_images(
 
 
 def guarded(ctx: NodeContext, images: torch.Tensor, metadata: dict[str, Any]) -> torch.Tensor:
-    """Under ``--safety enforce`` (``ctx.guard`` set) images pass the guard before they are written,
+    """Under ``--safety enforce`` (``ctx.image_guard`` set) images pass the guard before they are written,
     and the PNG gets the ``loom_safety`` chunk so ``/view`` knows they were checked."""
-    if ctx.guard is None:
+    if ctx.image_guard is None:
         return images
-    metadata[SAFETY_CHUNK] = {"checked": True, "policy": ctx.guard.policy}
-    return ctx.guard.check_images(images).images
+    metadata[SAFETY_CHUNK] = {"checked": True, "policy": ctx.image_guard.policy}
+    return ctx.image_guard.check_images(images).images
 
 
 def preview_images(ctx: NodeContext, images: torch.Tensor) -> list[dict[str, str]]:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.context import Folders, NodeContext
-from engine.guard import SAFETY_CHUNK
+from engine.image_guard import SAFETY_CHUNK
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import (

@@ -210,11 +210,11 @@ def apply_adapter(ctx: NodeContext, model: Any, ipadapter: Any, image: Any, clip
 
 def find_clip_vision(ctx: NodeContext, adapter: IPAdapterFile) -> ClipVisionHandle:
     """The first CLIP vision file (by name) that fits ``adapter`` (the simple node's convention)."""
-    models = ctx.folders.models
-    names = models.list("clip_vision") if models is not None else []
+    model_files = ctx.folders.model_files
+    names = model_files.list("clip_vision") if model_files is not None else []
     for name in names:
         try:
-            handle = ClipVisionHandle.from_file(models.resolve("clip_vision", name))  # type: ignore[union-attr]
+            handle = ClipVisionHandle.from_file(model_files.resolve("clip_vision", name))  # type: ignore[union-attr]
             adapter.check_clip_vision(handle)
             return handle
         except (ModelLoadError, ValueError):
@@ -252,9 +252,9 @@ class IPAdapterModelLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, ipadapter_file: str) -> tuple[IPAdapterFile]:
-        if ctx.folders.models is None:
+        if ctx.folders.model_files is None:
             raise RuntimeError("this run has no model folders; start Loom with --models-dir")
-        path = ctx.folders.models.resolve("ipadapter", ipadapter_file)
+        path = ctx.folders.model_files.resolve("ipadapter", ipadapter_file)
         return (IPAdapterFile.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
 

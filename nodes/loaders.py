@@ -57,10 +57,10 @@ def register_model_options(registry: NodeRegistry, model_files: ModelFiles) -> N
                                                       if n.lower().endswith(".gguf")])
 
 
-def _models(ctx: NodeContext) -> ModelFiles:
-    if ctx.folders.models is None:
+def _model_files(ctx: NodeContext) -> ModelFiles:
+    if ctx.folders.model_files is None:
         raise ModelLoadError("this run has no model folders; start Loom with --models-dir")
-    return ctx.folders.models
+    return ctx.folders.model_files
 
 
 def _allow_pickle(ctx: NodeContext) -> bool:
@@ -68,10 +68,10 @@ def _allow_pickle(ctx: NodeContext) -> bool:
 
 
 def _file_fingerprint(folders: Folders, kind: str, name: Any) -> str | None:
-    if folders.models is None or not isinstance(name, str):
+    if folders.model_files is None or not isinstance(name, str):
         return None
     try:
-        return fingerprint(folders.models.resolve(kind, name))
+        return fingerprint(folders.model_files.resolve(kind, name))
     except (OSError, ValueError):
         return None
 
@@ -92,7 +92,7 @@ class CheckpointLoaderSimple(Node):
     )
 
     def run(self, ctx: NodeContext, *, ckpt_name: str) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle]:
-        ck = open_checkpoint(_models(ctx).resolve("checkpoints", ckpt_name), allow_pickle=_allow_pickle(ctx))
+        ck = open_checkpoint(_model_files(ctx).resolve("checkpoints", ckpt_name), allow_pickle=_allow_pickle(ctx))
         return ck.unet, ck.clip, ck.vae
 
     @classmethod
@@ -109,7 +109,7 @@ class DiffusersLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, model_path: str) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle]:
-        ck = open_diffusers(_models(ctx).resolve("diffusers", model_path), allow_pickle=_allow_pickle(ctx))
+        ck = open_diffusers(_model_files(ctx).resolve("diffusers", model_path), allow_pickle=_allow_pickle(ctx))
         return ck.unet, ck.clip, ck.vae
 
     @classmethod
@@ -126,7 +126,7 @@ class VAELoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, vae_name: str) -> tuple[VaeHandle]:
-        return (open_vae(_models(ctx).resolve("vae", vae_name), allow_pickle=_allow_pickle(ctx)),)
+        return (open_vae(_model_files(ctx).resolve("vae", vae_name), allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
@@ -134,7 +134,7 @@ class VAELoader(Node):
 
 
 def _lora_patch(ctx: NodeContext, lora_name: str, strength: float, target: str) -> LoraPatch:
-    path = _models(ctx).resolve("loras", lora_name)
+    path = _model_files(ctx).resolve("loras", lora_name)
     inspect_lora(path, allow_pickle=_allow_pickle(ctx))
     return LoraPatch(path, fingerprint(path), float(strength), target, _allow_pickle(ctx))
 

@@ -14,7 +14,7 @@ from engine.node import Node
 from engine.schema import CLIP, COMBO, MODEL, DynamicOptions, Input, NodeSchema, Output
 from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
 from nodes.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
-from nodes.loaders import _allow_pickle, _file_fingerprint, _models
+from nodes.loaders import _allow_pickle, _file_fingerprint, _model_files
 from nodes.quant.files import is_gguf, require_gguf_role
 from nodes.quant.storage import weight_dtype_patch, with_storage
 from nodes.weights import read_index
@@ -72,7 +72,7 @@ class UNETLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, unet_name: str, weight_dtype: str = "default") -> tuple[DenoiserHandle]:
-        path = _models(ctx).resolve("diffusion_models", unet_name)
+        path = _model_files(ctx).resolve("diffusion_models", unet_name)
         return (load_diffusion_model(path, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx),
                                      weight_dtype=weight_dtype),)
 
@@ -92,7 +92,7 @@ class CLIPLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, clip_name: str, type: str, device: str = "default") -> tuple[TextEncodersHandle]:
-        path = _models(ctx).resolve("text_encoders", clip_name)
+        path = _model_files(ctx).resolve("text_encoders", clip_name)
         return (load_text_encoders([path], type, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod
@@ -113,8 +113,8 @@ class DualCLIPLoader(Node):
 
     def run(self, ctx: NodeContext, *, clip_name1: str, clip_name2: str, type: str,
             device: str = "default") -> tuple[TextEncodersHandle]:
-        models = _models(ctx)
-        paths = [models.resolve("text_encoders", clip_name1), models.resolve("text_encoders", clip_name2)]
+        files = _model_files(ctx)
+        paths = [files.resolve("text_encoders", clip_name1), files.resolve("text_encoders", clip_name2)]
         return (load_text_encoders(paths, type, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod

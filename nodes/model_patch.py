@@ -102,9 +102,9 @@ class ModelPatchLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, name: str) -> tuple[Any]:
-        from nodes.loaders import _models
+        from nodes.loaders import _model_files
 
-        return (open_model_patch(_models(ctx).resolve("model_patches", name), ctx.settings.allow_pickle),)
+        return (open_model_patch(_model_files(ctx).resolve("model_patches", name), ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:

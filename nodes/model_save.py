@@ -33,7 +33,7 @@ from engine.schema import (
 )
 from nodes.families.build import original_state_dict
 from nodes.handles import open_checkpoint
-from nodes.loaders import _allow_pickle, _file_fingerprint, _models, _next_path
+from nodes.loaders import _allow_pickle, _file_fingerprint, _model_files, _next_path
 from nodes.weights import ModelLoadError
 
 UNET_SAVE_PREFIX = "model.diffusion_model."
@@ -171,8 +171,8 @@ class CheckpointLoader(Node):
     def run(self, ctx: NodeContext, *, config_name: str, ckpt_name: str) -> tuple[Any, Any, Any]:
         from dataclasses import replace
 
-        config = read_config(_models(ctx).resolve("configs", config_name))
-        ck = open_checkpoint(_models(ctx).resolve("checkpoints", ckpt_name), allow_pickle=_allow_pickle(ctx))
+        config = read_config(_model_files(ctx).resolve("configs", config_name))
+        ck = open_checkpoint(_model_files(ctx).resolve("checkpoints", ckpt_name), allow_pickle=_allow_pickle(ctx))
         model, clip = ck.unet, ck.clip
         if config["parameterization"] == "v":
             model = model.with_model_sampling(model.family.model_sampling("v_prediction"))

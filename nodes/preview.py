@@ -132,7 +132,7 @@ def _blocks_per_stage(tensors: dict[str, torch.Tensor]) -> tuple[int, int, int, 
 
 def find_taesd(ctx: NodeContext, stem: str | None) -> TaesdHandle | None:
     """The ``vae_approx`` decoder named ``stem`` (a latent format's ``taesd_decoder``), if the user has one."""
-    files = ctx.folders.models
+    files = ctx.folders.model_files
     if files is None or stem is None:
         return None
     try:

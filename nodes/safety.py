@@ -1,4 +1,4 @@
-"""The safety checker: ``SafetyChecker`` node and ``SafetyGuard`` (``engine.guard.ImageGuard``).
+"""The safety checker: ``SafetyChecker`` node and ``SafetyGuard`` (``engine.image_guard.ImageGuard``).
 
 Model: ``models/safety/<name>/model.safetensors`` + ``config.json``, the layout of diffusers'
 ``StableDiffusionSafetyChecker`` (the ``safety_checker/`` folder of SD repositories). Its
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.context import ModelAccess, ModelFiles, NodeContext, Preview
-from engine.guard import Guarded, GuardUnavailable, Policy, Verdict
+from engine.image_guard import Guarded, GuardUnavailable, Policy, Verdict
 from engine.node import Node, NodeOutput
 from engine.schema import COMBO, FLOAT, IMAGE, DynamicOptions, Input, NodeSchema, Output
 from nodes.clip_vision import ProcessorConfig, check_image, preprocess
@@ -211,7 +211,7 @@ class SafetyChecker(Node):
         if ctx.settings.safety == "off":
             verdicts = [{"flagged": False, "action": "none", "checked": False}] * int(images.shape[0])
             return NodeOutput((images,), ui={"safety": verdicts})
-        handle = find_safety_model(ctx.folders.models, safety_model)
+        handle = find_safety_model(ctx.folders.model_files, safety_model)
         guarded = SafetyGuard(handle, ctx.models, action=action, sensitivity=sensitivity).check_images(images)
         return NodeOutput((guarded.images,), ui={"safety": [v.to_json() for v in guarded.verdicts]})
 

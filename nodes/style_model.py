@@ -37,7 +37,7 @@ from nodes.conditioning import Conditioning
 from nodes.families import describe_context_dim
 from nodes.families.build import module_with_weights
 from nodes.handles import WeightsHandle, WeightsSource
-from nodes.loaders import _file_fingerprint, _models
+from nodes.loaders import _file_fingerprint, _model_files
 from nodes.weights import ModelLoadError, fingerprint, load_tensors, read_index
 
 STYLE_MODEL = "STYLE_MODEL"
@@ -189,7 +189,7 @@ class StyleModelLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, style_model_name: str) -> tuple[StyleModelHandle]:
-        path = _models(ctx).resolve("style_models", style_model_name)
+        path = _model_files(ctx).resolve("style_models", style_model_name)
         return (StyleModelHandle.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod

@@ -32,7 +32,7 @@ from nodes.clip_vision import CLIP_VISION, CLIP_VISION_OUTPUT, ClipVisionHandle,
 from nodes.conditioning import Conditioning
 from nodes.families.components.unclip import UnclipInput
 from nodes.handles import DenoiserHandle, TextEncodersHandle, VaeHandle, open_checkpoint
-from nodes.loaders import _file_fingerprint, _models
+from nodes.loaders import _file_fingerprint, _model_files
 from nodes.weights import ModelLoadError, read_index
 
 
@@ -66,7 +66,7 @@ class unCLIPCheckpointLoader(Node):  # noqa: N801 - ComfyUI's class name
 
     def run(self, ctx: NodeContext, *, ckpt_name: str
             ) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle, ClipVisionHandle]:
-        path = _models(ctx).resolve("checkpoints", ckpt_name)
+        path = _model_files(ctx).resolve("checkpoints", ckpt_name)
         unet, clip, vae, vision = open_unclip_checkpoint(path, allow_pickle=ctx.settings.allow_pickle)
         return unet, clip, vae, vision
 

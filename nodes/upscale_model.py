@@ -305,9 +305,9 @@ class UpscaleModelLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, model_name: str) -> tuple[UpscaleModelHandle]:
-        if ctx.folders.models is None:
+        if ctx.folders.model_files is None:
             raise ModelLoadError("this run has no model folders; start Loom with --models-dir")
-        path = ctx.folders.models.resolve("upscale_models", model_name)
+        path = ctx.folders.model_files.resolve("upscale_models", model_name)
         return (UpscaleModelHandle.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod

@@ -128,7 +128,7 @@ class RayJobQueue:
         self._flights: dict[str, _Flight] = {}
         self._attempts: dict[str, int] = {}  # next attempt number of jobs that lost a worker
         self._started_losses: dict[str, int] = {}
-        self._models: dict[str, str | None] = {}
+        self._model_names: dict[str, str | None] = {}  # prompt id -> the model its workflow loads (routing)
         self._drivers: set[threading.Thread] = set()
         self._thread: threading.Thread | None = None
         self._last_discovery = 0.0
@@ -189,7 +189,7 @@ class RayJobQueue:
             if self.interrupt(prompt_id):
                 return True
             spec = self.store.remove(prompt_id, "pending")
-            self._models.pop(prompt_id, None)
+            self._model_names.pop(prompt_id, None)
             self._attempts.pop(prompt_id, None)
         if spec is None:
             return False
@@ -353,12 +353,12 @@ class RayJobQueue:
             self._notify(QueueChanged(self.remaining()))
 
     def _model(self, spec: JobSpec) -> str | None:
-        if spec.prompt_id not in self._models:
+        if spec.prompt_id not in self._model_names:
             try:
-                self._models[spec.prompt_id] = self.model_of(spec.prompt)
+                self._model_names[spec.prompt_id] = self.model_of(spec.prompt)
             except Exception:  # an odd workflow must not stop routing; the worker will report it
-                self._models[spec.prompt_id] = None
-        return self._models[spec.prompt_id]
+                self._model_names[spec.prompt_id] = None
+        return self._model_names[spec.prompt_id]
 
     # --- one attempt -------------------------------------------------------------------------------
     def _drive(self, flight: _Flight) -> None:
@@ -439,7 +439,7 @@ class RayJobQueue:
             self._flights.pop(spec.prompt_id, None)
             self._attempts.pop(spec.prompt_id, None)
             self._started_losses.pop(spec.prompt_id, None)
-            self._models.pop(spec.prompt_id, None)
+            self._model_names.pop(spec.prompt_id, None)
             self._finished.notify_all()
         self._notify(JobFinished(record))
         self._notify(QueueChanged(self.remaining()))

@@ -33,7 +33,14 @@ from engine.server.routes_files import FileRoutes
 from engine.server.routes_info import InfoRoutes
 from engine.server.routes_jobs import JobRoutes
 from engine.server.routes_plugins import PluginBridge, PluginRoutes
-from engine.server.security import ERRORS, ErrorCounter, Guard, InsecureBindError, check_bind, safe_path
+from engine.server.security import (
+    ERRORS,
+    ErrorCounter,
+    InsecureBindError,
+    RequestGuard,
+    check_bind,
+    safe_path,
+)
 from engine.server.userdata import UserdataRoutes
 from engine.server.ws import WsHub
 
@@ -100,8 +107,8 @@ class StaticRoutes:
 
 
 def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
-    guard = Guard(config)
-    app = web.Application(middlewares=[guard.errors, guard.access], client_max_size=config.max_upload_bytes + (1 << 20))
+    request_guard = RequestGuard(config)
+    app = web.Application(middlewares=[request_guard.errors, request_guard.access], client_max_size=config.max_upload_bytes + (1 << 20))
     app[ERRORS] = ErrorCounter()
     queue = parts.queue
     relay = EventRelay(queue, preview_fps=config.preview_fps)
@@ -114,12 +121,12 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
     add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
-    info = InfoRoutes(parts.registry, config, model_files=parts.folders.models, models=parts.models,
+    info = InfoRoutes(parts.registry, config, model_files=parts.folders.model_files, models=parts.models,
                       extensions=parts.extensions, queue=queue, describe_model=parts.describe_model,
                       presets=parts.presets)
     add_routes(app, info.routes())
     add_routes(app, info.static_routes(), comfy=False)
-    add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "guard", None)).routes())
+    add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "image_guard", None)).routes())
     add_routes(app, UserdataRoutes(parts.user_dir).routes())
     add_routes(app, [("GET", "/ws", hub.handle)])
     add_routes(app, jobs.routes(), comfy=False)

@@ -21,7 +21,7 @@ from PIL import Image, UnidentifiedImageError
 
 from engine.atomic import create_exclusive, write_atomic
 from engine.context import Folders
-from engine.guard import ImageGuard, was_checked
+from engine.image_guard import ImageGuard, was_checked
 from engine.server.common import MAX_NAME_BYTES, ApiError, Handler, ServerConfig, json_response
 from engine.server.security import safe_path
 
@@ -125,10 +125,10 @@ def allocate(target_dir: Path, name: str, data: bytes, *, overwrite: bool) -> Pa
 
 
 class FileRoutes:
-    def __init__(self, folders: Folders, config: ServerConfig, guard: ImageGuard | None = None) -> None:
+    def __init__(self, folders: Folders, config: ServerConfig, image_guard: ImageGuard | None = None) -> None:
         self.folders = folders
         self.max_upload = config.max_upload_bytes
-        self.guard = guard  # --safety enforce: generated files not marked as checked are checked here
+        self.image_guard = image_guard  # --safety enforce: generated files not marked as checked are checked here
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -152,8 +152,8 @@ class FileRoutes:
         if not path.is_file():
             raise ApiError(404, "not_found", f"no file {filename!r} in that folder")
         kind = request.query.get("type", "output")
-        if self.guard is not None and kind in ("output", "temp") and not await asyncio.to_thread(was_checked, path):
-            checked = await asyncio.to_thread(self.guard.check_encoded, await asyncio.to_thread(path.read_bytes))
+        if self.image_guard is not None and kind in ("output", "temp") and not await asyncio.to_thread(was_checked, path):
+            checked = await asyncio.to_thread(self.image_guard.check_encoded, await asyncio.to_thread(path.read_bytes))
             return web.Response(body=checked, content_type=mimetypes.guess_type(path.name)[0] or "image/png")
         preview = request.query.get("preview")
         channel = request.query.get("channel", "rgba")

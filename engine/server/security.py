@@ -108,8 +108,10 @@ def _is_ip(host: str) -> bool:
         return False
 
 
-class Guard:
-    """The middlewares, holding only the configuration they check against."""
+class RequestGuard:
+    """The HTTP middlewares that guard every request (host, origin, token; errors as JSON), holding
+    only the configuration they check against. (Images leaving Loom are guarded by
+    ``engine.image_guard.ImageGuard``, a different thing.)"""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config

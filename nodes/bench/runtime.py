@@ -28,14 +28,14 @@ class BenchRuntime:
     work: Path
     prefetch: bool = False
     ram_gb: float = 8.0
-    settings: dict[str, Any] = field(default_factory=dict)
+    run_settings: dict[str, Any] = field(default_factory=dict)  # RunSettings fields to set (png_metadata: off)
     policy: Any = None  # engine.memory.DevicePolicy; None: the CPU policy (fp32)
 
     def __post_init__(self) -> None:
         from nodes import register_core
 
         self.files = ModelFolders(self.models_dir)
-        self.folders = Folders(self.work / "input", self.work / "output", self.work / "temp", models=self.files)
+        self.folders = Folders(self.work / "input", self.work / "output", self.work / "temp", model_files=self.files)
         self.folders.ensure()
         self.registry = NodeRegistry()
         register_core(self.registry, self.files, self.folders.input_dir)
@@ -43,7 +43,7 @@ class BenchRuntime:
         self.bus = EventBus()
         self.cache = OutputCache(2 << 30)
         self.executor = Executor(self.registry, self.cache, self.folders, models=self.models, bus=self.bus,
-                                 settings=RunSettings(**{"png_metadata": False, **self.settings}))
+                                 settings=RunSettings(**{"png_metadata": False, **self.run_settings}))
 
     def run(self, prompt: dict[str, Any], **request: Any) -> RunResult:
         result = self.executor.run(RunRequest(prompt=copy.deepcopy(prompt), **request))

@@ -4,9 +4,19 @@
 ``server`` stand-ins (this folder) bound to itself. ``with shim.installed(pack):`` puts them into
 ``sys.modules`` as ``folder_paths``, ``server``, ``comfy_api``, ``comfy_execution`` — only while a
 plugin pack loads or one of its nodes runs — and makes imports of ComfyUI's internals
-(``comfy.sd``, ``latent_preview``, ComfyUI's ``nodes``...) fail with a message naming the pack and
-the module. Loom's own package is also called ``nodes``: while installed, ``nodes`` is a proxy that
-serves Loom's submodules and explains that ComfyUI's ``nodes`` (``NODE_CLASS_MAPPINGS``...) is absent.
+(``comfy.sd``, ``latent_preview``...) fail with a message naming the pack and the module.
+
+ComfyUI's own ``nodes`` module has the same name as Loom's node package, and Loom's stays in
+``sys.modules["nodes"]`` at all times: the shim never swaps it. A plugin's ``import nodes`` gets
+Loom's package; when the plugin then reads a name Loom's package lacks (``NODE_CLASS_MAPPINGS``,
+``MAX_RESOLUTION``, ``KSampler``...), the package's module-level ``__getattr__`` (in
+``nodes/__init__.py``) asks the installed shim. The shim is found without any module-level
+variable: while installed, its :class:`_InternalModuleBlocker` is on ``sys.meta_path``, and the
+package asks the first finder there that has ``answer_nodes_attribute``. The shim's answer is
+:meth:`ComfyShim.nodes_attribute`: a Loom submodule by that name (``nodes.api``) is imported and
+returned; any other name raises an ``ImportError`` that names the pack and explains that
+ComfyUI's ``nodes`` module is absent. With no shim installed the package raises the usual
+``AttributeError``.
 
 Everything mutable lives on the shim instance; the bound module copies hold only the shim.
 """
@@ -135,11 +145,7 @@ class ComfyShim:
         return table
 
     def _install(self) -> None:
-        importlib.import_module("nodes.api")  # native packs import it; load it before the proxy
         table = self.module_table()
-        real_nodes = sys.modules.get("nodes")
-        if real_nodes is not None and not isinstance(real_nodes, _LoomNodesProxy):
-            table["nodes"] = _LoomNodesProxy(real_nodes, self)
         self._saved = {name: sys.modules.get(name, _MISSING) for name in table}
         sys.modules.update(table)
         sys.meta_path.append(self._blocker)
@@ -148,9 +154,6 @@ class ComfyShim:
     def _uninstall(self) -> None:
         if self._blocker in sys.meta_path:
             sys.meta_path.remove(self._blocker)
-        proxy = sys.modules.get("nodes")
-        if isinstance(proxy, _LoomNodesProxy):
-            proxy.hand_back_submodules()
         for name, previous in self._saved.items():
             if previous is _MISSING:
                 sys.modules.pop(name, None)
@@ -170,6 +173,18 @@ class ComfyShim:
         module._bind(self)
         return module
 
+    def nodes_attribute(self, name: str) -> types.ModuleType:
+        """What a plugin gets for ``nodes.<name>`` when Loom's package has no such attribute: Loom's
+        submodule of that name, else an ``ImportError`` saying ComfyUI's ``nodes`` is absent."""
+        if importlib.util.find_spec(f"nodes.{name}") is not None:
+            return importlib.import_module(f"nodes.{name}")
+        raise ImportError(
+            f"pack {self.current_pack!r} uses ComfyUI's 'nodes' module (nodes.{name}), which Loom does "
+            "not provide: Loom's own package is also named 'nodes'. ComfyUI's core node classes and "
+            "NODE_CLASS_MAPPINGS cannot be imported by plugins under Loom.",
+            name="nodes",
+        )
+
     def internal_module_error(self, module: str) -> ImportError:
         return ImportError(
             f"pack {self.current_pack!r} imports ComfyUI internal module {module!r}, which Loom does not "
@@ -188,6 +203,10 @@ class _InternalModuleBlocker(importlib.abc.MetaPathFinder):
 
     def __init__(self, shim: ComfyShim) -> None:
         self.shim = shim
+
+    def answer_nodes_attribute(self, name: str) -> types.ModuleType:
+        """Asked by ``nodes.__getattr__`` (Loom's package) while this shim is installed."""
+        return self.shim.nodes_attribute(name)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
@@ -223,39 +242,6 @@ class _InternalStub(types.ModuleType):
         raise self._shim.internal_module_error(f"{self.__name__}.{attr}")
 
 
-class _LoomNodesProxy(types.ModuleType):
-    """``sys.modules["nodes"]`` while the shim is installed: Loom's package, minus ComfyUI's names."""
-
-    def __init__(self, real: types.ModuleType, shim: ComfyShim) -> None:
-        super().__init__("nodes", real.__doc__)
-        self._real = real
-        self._shim = shim
-        self.__path__ = list(getattr(real, "__path__", []))
-        self.__spec__ = real.__spec__
-        self.__package__ = "nodes"
-        self.__file__ = getattr(real, "__file__", None)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if hasattr(self._real, name):
-            return getattr(self._real, name)
-        if importlib.util.find_spec(f"nodes.{name}") is not None:
-            return importlib.import_module(f"nodes.{name}")
-        raise ImportError(
-            f"pack {self._shim.current_pack!r} uses ComfyUI's 'nodes' module (nodes.{name}), which Loom does "
-            "not provide: Loom's own package is also named 'nodes'. ComfyUI's core node classes and "
-            "NODE_CLASS_MAPPINGS cannot be imported by plugins under Loom.",
-            name="nodes",
-        )
-
-    def hand_back_submodules(self) -> None:
-        """Submodules imported through the proxy become attributes of the real package too."""
-        for key, value in list(self.__dict__.items()):
-            if isinstance(value, types.ModuleType) and value.__name__ == f"nodes.{key}":
-                setattr(self._real, key, value)
-
-
 def load_plugins_with_shim(
     registry: NodeRegistry,
     dirs: Sequence[Path],
@@ -268,6 +254,6 @@ def load_plugins_with_shim(
 
     The report's ``environment`` is the shim: the server mounts its routes and feeds its events.
     """
-    model_files = folders.models
+    model_files = folders.model_files
     shim = ComfyShim(folders, model_files, event_sink, models_dir=getattr(model_files, "models_dir", None))
     return load_plugins(registry, dirs, config=config, shim=shim)

@@ -52,10 +52,10 @@ class TripleCLIPLoader(Node):
 
     def run(self, ctx: NodeContext, *, clip_name1: str, clip_name2: str, clip_name3: str) -> tuple[Any]:
         from nodes.handles import open_text_encoders
-        from nodes.loaders import _allow_pickle, _models
+        from nodes.loaders import _allow_pickle, _model_files
 
-        models = _models(ctx)
-        paths = [models.resolve("text_encoders", n) for n in (clip_name1, clip_name2, clip_name3)]
+        files = _model_files(ctx)
+        paths = [files.resolve("text_encoders", n) for n in (clip_name1, clip_name2, clip_name3)]
         return (open_text_encoders(paths, "sd3", allow_pickle=_allow_pickle(ctx)),)
 
     @classmethod

@@ -154,7 +154,7 @@ def run_loom(name: str, path: Path, config: dict[str, Any], size: int, steps: in
 
     spec = FAMILIES[name]
     root = path.parent
-    folders = Folders(root / "input", root / "output", root / "temp", models=ModelFolders(root))
+    folders = Folders(root / "input", root / "output", root / "temp", model_files=ModelFolders(root))
     folders.ensure()
     ctx = NodeContext(node_id="1", prompt_id="bench", folders=folders,
                       models=ModelManager(ram_budget_bytes=120 << 30, prefetch=False), settings=RunSettings())

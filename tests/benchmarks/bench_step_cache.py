@@ -65,7 +65,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_flux_demo(root)
-        folders = Folders(root / "input", root / "output", root / "temp", models=ModelFolders(root))
+        folders = Folders(root / "input", root / "output", root / "temp", model_files=ModelFolders(root))
         folders.ensure()
         ctx = NodeContext(node_id="1", prompt_id="bench", folders=folders,
                           models=ModelManager(ram_budget_bytes=4 << 30, prefetch=False), settings=RunSettings())

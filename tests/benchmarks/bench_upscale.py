@@ -45,7 +45,7 @@ def main() -> None:
         sd = demo_esrgan_state_dict(num_feat=64, num_blocks=23) if args.full else demo_esrgan_state_dict()
         save_file(sd, str(root / "upscale_models" / "bench.safetensors"))
         manager = ModelManager(DevicePolicy.detect(), ram_budget_bytes=2**32, prefetch=False)
-        ctx = NodeContext(node_id="1", prompt_id="bench", folders=Folders(root, root, root, models=ModelFolders(root)),
+        ctx = NodeContext(node_id="1", prompt_id="bench", folders=Folders(root, root, root, model_files=ModelFolders(root)),
                           models=manager)
         (handle,) = UpscaleModelLoader().run(ctx, model_name="bench.safetensors")
         image = torch.rand(1, args.size, args.size, 3, generator=torch.Generator().manual_seed(0))

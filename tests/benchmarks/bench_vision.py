@@ -71,7 +71,7 @@ def bench_demo(repeats: int) -> None:
         make_demo_models(root)
         make_demo_vision_models(root)
         files = ModelFolders(root)
-        folders = Folders(root / "in", root / "out", root / "tmp", models=files)
+        folders = Folders(root / "in", root / "out", root / "tmp", model_files=files)
         manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
         ctx = NodeContext("1", "bench", folders, models=manager)
         image = torch.rand(1, 512, 512, 3)

@@ -195,7 +195,7 @@ def test_every_loader_reads_through_linked_folders(linked_models: Path, tmp_path
     from engine.memory import ModelManager
 
     torch.set_num_threads(1)
-    folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "t", models=ModelFolders(linked_models))
+    folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "t", model_files=ModelFolders(linked_models))
     folders.ensure()
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     try:

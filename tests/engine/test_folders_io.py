@@ -19,7 +19,7 @@ def work(tmp_path: Path) -> tuple[Folders, Path]:
     outside.mkdir()
     (outside / "secret.png").write_bytes(b"\x89PNG not really")
     models = ModelFolders(tmp_path / "models")
-    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", models=models)
+    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=models)
     folders.ensure()
     return folders, outside
 
@@ -63,18 +63,18 @@ def folder_paths(work: tuple[Folders, Path], tmp_path: Path) -> Any:
     from nodes.compat.shim import ComfyShim
 
     folders, outside = work
-    assert isinstance(folders.models, ModelFolders)
+    assert isinstance(folders.model_files, ModelFolders)
     store = tmp_path / "store"
     (store / "unets").mkdir(parents=True)
     (store / "unets" / "flux.safetensors").write_bytes(b"x")
     (store / "one.safetensors").write_bytes(b"x")
-    root = folders.models.models_dir
+    root = folders.model_files.models_dir
     (root / "checkpoints").mkdir(parents=True)
     (root / "checkpoints" / "linked.safetensors").symlink_to(store / "one.safetensors")
     (root / "unet").symlink_to(store / "unets", target_is_directory=True)
     (root / "loras").mkdir()
     (root / "loras" / "loop").symlink_to(root / "loras", target_is_directory=True)
-    shim = ComfyShim(folders, folders.models, models_dir=root)
+    shim = ComfyShim(folders, folders.model_files, models_dir=root)
     return shim.folder_paths
 
 

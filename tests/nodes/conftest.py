@@ -189,7 +189,7 @@ def make_ctx(model_folders: Any, manager: Any, tmp_path: Path) -> Callable[..., 
     from engine.context import Folders, NodeContext, RunSettings
 
     def make(node_id: str = "1", **settings: Any) -> NodeContext:
-        folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", models=model_folders)
+        folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=model_folders)
         folders.ensure()
         return NodeContext(node_id=node_id, prompt_id="test", folders=folders, models=manager,
                            settings=RunSettings(**settings))

@@ -49,7 +49,7 @@ def _folder(root: Path, pipeline: str, transformer: Any) -> str:
 def test_dit_diffusers_folders_say_which_files_to_use(pipeline: str, make: Any, title: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     name = _folder(tmp_path / "models", pipeline, make())
-    ctx = NodeContext("4", "p", Folders(tmp_path, tmp_path, tmp_path, models=ModelFolders(tmp_path / "models")),
+    ctx = NodeContext("4", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(tmp_path / "models")),
                       models=ModelManager(), settings=RunSettings())
     with pytest.raises(ModelLoadError, match=f"diffusers {pipeline} folder .*{title}.*CheckpointLoaderSimple.*"
                                              "UNETLoader"):

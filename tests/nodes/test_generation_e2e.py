@@ -39,7 +39,7 @@ def make_executor(models_dir: Path, work: Path, **settings: Any) -> Any:
     from nodes.sampling import SAMPLING_NODES
 
     files = ModelFolders(models_dir)
-    folders = Folders(work / "input", work / "output", work / "temp", models=files)
+    folders = Folders(work / "input", work / "output", work / "temp", model_files=files)
     folders.ensure()
     registry = NodeRegistry()
     register_core(registry, files)

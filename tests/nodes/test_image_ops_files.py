@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image, ImageSequence
 
-from engine.guard import Guarded, Verdict
+from engine.image_guard import Guarded, Verdict
 from engine.registry import NodeRegistry
 from nodes.image_files import (
     LoadImageMask,
@@ -132,7 +132,7 @@ class _BlackGuard:
 
 
 def test_animated_savers_pass_the_guard(tmp_path: Path) -> None:
-    ctx = dataclasses.replace(image_ctx(tmp_path), guard=_BlackGuard())  # type: ignore[arg-type]
+    ctx = dataclasses.replace(image_ctx(tmp_path), image_guard=_BlackGuard())  # type: ignore[arg-type]
     SaveAnimatedPNG().run(ctx, images=FRAMES, filename_prefix="g", fps=1.0, compress_level=1)
     with Image.open(ctx.folders.output_dir / "g_00001_.png") as png:
         assert "loom_safety" in png.info

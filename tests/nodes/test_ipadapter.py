@@ -138,7 +138,7 @@ def env(tiny_sd15_ckpt: Path, models_dir: Path, vision_dir: Path, tmp_path_facto
     files.add_folder("ipadapter", vision_dir / "ipadapter")
     work = tmp_path_factory.mktemp("ip_work")
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
-    ctx = NodeContext("1", "test", Folders(work / "in", work / "out", work / "tmp", models=files), models=manager)
+    ctx = NodeContext("1", "test", Folders(work / "in", work / "out", work / "tmp", model_files=files), models=manager)
     ck = open_checkpoint(tiny_sd15_ckpt)
     e = Env(ctx, ck, ClipVisionHandle.from_file(vision_dir / "clip_vision" / "enc" / "model.safetensors"),
             vision_dir, np.zeros(0), np.zeros(0))

@@ -116,7 +116,7 @@ def test_merge_is_w_plus_strength_scale_up_down(make_ctx: Any, sd15: Any, lora_f
     model, _ = sd15
     (patched,) = LoraLoaderModelOnly().run(ctx, model=model, lora_name=lora_files["kohya"], strength_model=1.5)
     name = "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k"
-    sd = load_file(str(ctx.folders.models.resolve("loras", lora_files["kohya"])))
+    sd = load_file(str(ctx.folders.model_files.resolve("loras", lora_files["kohya"])))
     key = "lora_unet_" + name.replace(".", "_")
     delta = sd[f"{key}.lora_up.weight"] @ sd[f"{key}.lora_down.weight"]
     expected = tiny_models["sd15"].modules["unet"].state_dict()[f"{name}.weight"] + 1.5 * 0.5 * delta

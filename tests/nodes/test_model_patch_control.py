@@ -54,7 +54,7 @@ def ctx(root: Path, manager: Any, tmp_path: Path) -> Any:
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
 
-    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", models=ModelFolders(root))
+    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=ModelFolders(root))
     folders.ensure()
     return NodeContext(node_id="1", prompt_id="test", folders=folders, models=manager)
 

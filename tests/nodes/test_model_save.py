@@ -115,7 +115,7 @@ V_CONFIG = """model:
 
 def test_checkpoint_loader_takes_v_prediction_and_clip_layer_from_the_config(ctx: Any, models_dir: Path) -> None:
     name = _config(models_dir, "v-inference.yaml", V_CONFIG)
-    assert name in ctx.folders.models.list("configs")
+    assert name in ctx.folders.model_files.list("configs")
     model, clip, vae = CheckpointLoader().run(ctx, config_name=name, ckpt_name="tiny_sd15.safetensors")
     assert model.model_sampling.prediction.kind == model.family.model_sampling("v_prediction").prediction.kind
     assert model.model_sampling.prediction.kind != model.family.model_sampling("epsilon").prediction.kind

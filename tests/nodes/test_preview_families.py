@@ -28,7 +28,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _renderer(models: Path, tmp_path: Path, family: type[FamilyAdapter]) -> PreviewRenderer:
-    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, models=ModelFolders(models)),
+    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
                       models=ModelManager(), settings=RunSettings())
     return PreviewRenderer(ctx, family.latent_format)
 

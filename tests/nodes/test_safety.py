@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.context import Preview
-from engine.guard import GuardUnavailable, ImageGuard
+from engine.image_guard import GuardUnavailable, ImageGuard
 from nodes.demo_vision import set_thresholds, tiny_safety_checker
 from nodes.safety import SafetyChecker, SafetyGuard, SafetyHandle, blur, build_guard, scores
 

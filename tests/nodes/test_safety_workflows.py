@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.guard import was_checked
+from engine.image_guard import was_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / "web" / "workflows"
@@ -48,7 +48,7 @@ def make_executor(models_dir: Path, work: Path, *, guard_model: str | None = Non
     from nodes.sampling import SAMPLING_NODES
 
     files = ModelFolders(models_dir)
-    folders = Folders(work / "input", work / "output", work / "temp", models=files)
+    folders = Folders(work / "input", work / "output", work / "temp", model_files=files)
     folders.ensure()
     registry = NodeRegistry()
     register_core(registry, files)
@@ -59,7 +59,7 @@ def make_executor(models_dir: Path, work: Path, *, guard_model: str | None = Non
                 registry.register(node)
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     guard = build_guard("enforce", files, manager, model_name=guard_model) if guard_model else None
-    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=RunSettings(**settings), guard=guard)
+    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=RunSettings(**settings), image_guard=guard)
 
 
 def run(executor: Any, prompt: dict) -> Any:

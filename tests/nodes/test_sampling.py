@@ -74,7 +74,7 @@ def pair_run(sd15: Any, model_folders_module: Any, tmp_path_factory: pytest.Temp
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("pairs")
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
-    folders = Folders(root / "input", root / "output", root / "temp", models=model_folders_module)
+    folders = Folders(root / "input", root / "output", root / "temp", model_files=model_folders_module)
     folders.ensure()
     ctx = NodeContext(node_id="1", prompt_id="pairs", folders=folders, models=manager, settings=RunSettings())
     conds = {"positive": _encode(ctx, sd15.clip, "a photo of a cat"), "negative": _encode(ctx, sd15.clip, "blurry")}

@@ -143,7 +143,7 @@ def run_env(models_dir: Path, adapters: dict, tmp_path_factory: pytest.TempPathF
 
     work = tmp_path_factory.mktemp("t2i_work")
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
-    yield NodeContext("1", "test", Folders(work / "in", work / "out", work / "tmp", models=ModelFolders(models_dir)),
+    yield NodeContext("1", "test", Folders(work / "in", work / "out", work / "tmp", model_files=ModelFolders(models_dir)),
                       models=manager)
     manager.close()
 

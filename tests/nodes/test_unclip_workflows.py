@@ -39,7 +39,7 @@ def _run(demo_models: Path, tmp_path: Path, prompt: dict[str, Any]) -> Any:
     from nodes import register_core
 
     files = ModelFolders(demo_models)
-    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", models=files)
+    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=files)
     folders.ensure()
     registry = NodeRegistry()
     register_core(registry, files)

@@ -48,7 +48,7 @@ def make_ctx(models_root: Path, tmp_path: Path) -> Iterator[Callable[..., NodeCo
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
 
     def make(on_progress: Any = None, **settings: Any) -> NodeContext:
-        folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "tmp", models=ModelFolders(models_root))
+        folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "tmp", model_files=ModelFolders(models_root))
         return NodeContext(node_id="7", prompt_id="t", folders=folders, models=manager, on_progress=on_progress,
                            settings=RunSettings(**settings))
 

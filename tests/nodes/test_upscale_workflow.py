@@ -33,7 +33,7 @@ def test_hires_upscale_workflow_runs_offline(demo_models: Path, tmp_path: Path) 
     from nodes import register_core
 
     files = ModelFolders(demo_models)
-    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", models=files)
+    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=files)
     folders.ensure()
     registry = NodeRegistry()
     register_core(registry, files)

@@ -35,7 +35,7 @@ def vae_models(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Pa
 
 
 def _ctx(models: Path, tmp_path: Path) -> NodeContext:
-    return NodeContext("8", "p", Folders(tmp_path, tmp_path, tmp_path, models=ModelFolders(models)),
+    return NodeContext("8", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
                        models=ModelManager(), settings=RunSettings())
 
 

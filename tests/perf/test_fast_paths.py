@@ -97,7 +97,7 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
     from nodes.preview import PreviewPacer, PreviewRenderer
 
     files = ModelFolders(perf_models)
-    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, models=files), models=ModelManager())
+    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=files), models=ModelManager())
     ctx.on_preview = lambda node, preview: None
     x0 = torch.randn(1, 4, 8, 8)
     for method, size in (("auto", 64), ("latent2rgb", 8)):
@@ -113,7 +113,7 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
 
 @pytest.mark.parametrize("method", ["auto", "latent2rgb"])
 def test_sampler_previews_with_either_method(perf_models: Path, tmp_path: Path, method: str) -> None:
-    rt = BenchRuntime(perf_models, tmp_path / method, settings={"preview_method": method})
+    rt = BenchRuntime(perf_models, tmp_path / method, run_settings={"preview_method": method})
     frames: list[Any] = []
     rt.bus.subscribe(lambda event: frames.append(event) if event.type == "preview" else None)
     rt.run(txt2img(CKPT, steps=2))

@@ -19,7 +19,7 @@ from nodes.preview import PreviewRenderer, make_demo_taesd
 
 
 def _ctx(models: Path, tmp_path: Path, **settings: object) -> NodeContext:
-    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, models=ModelFolders(models)),
+    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
                       models=ModelManager(), settings=RunSettings(**settings))  # type: ignore[arg-type]
     ctx.on_preview = lambda node, preview: None
     return ctx

@@ -175,7 +175,7 @@ def test_load_plugins_with_shim_binds_the_shim_to_the_folders(tmp_path: Path) ->
     models = ModelFolders(tmp_path / "models")
     (tmp_path / "models" / "checkpoints").mkdir(parents=True)
     (tmp_path / "models" / "checkpoints" / "a.safetensors").write_bytes(b"x")
-    folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "tmp", models=models)
+    folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "tmp", model_files=models)
     registry = NodeRegistry()
     report = load_plugins_with_shim(registry, [PACKS], folders)
     pick = registry.get("FolderTools_PickCheckpoint")

@@ -117,7 +117,7 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     cache = _cache()
     work = tmp_path_factory.mktemp("parity")
     files = ModelFolders(cache / "models")
-    folders = Folders(cache / "input", work / "output", work / "temp", models=files)
+    folders = Folders(cache / "input", work / "output", work / "temp", model_files=files)
     folders.ensure()
     store = _Latents()
     registry = NodeRegistry()

@@ -17,7 +17,7 @@ from PIL import Image
 
 from engine.context import KeptImages, Preview
 from engine.executor import RunRequest
-from engine.guard import SAFETY_CHUNK, Guarded, Policy, Verdict
+from engine.image_guard import SAFETY_CHUNK, Guarded, Policy, Verdict
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from nodes.image import EmptyImage, PreviewImage, SaveImage
@@ -95,7 +95,7 @@ def test_memory_only_previews_are_not_cached(tmp_path: Path) -> None:
 
 def test_kept_bytes_are_the_guarded_images(tmp_path: Path) -> None:
     parts = with_image_nodes(tmp_path)
-    parts.executor.guard = HalfGuard()
+    parts.executor.image_guard = HalfGuard()
     result = parts.executor.run(RunRequest(image_workflow(), keep_images=True))
     for node in ("2", "3"):
         for entry in result.outputs[node]["images"]:

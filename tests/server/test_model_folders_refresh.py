@@ -43,7 +43,7 @@ async def test_object_info_lists_links_and_walks_the_folders_again(aiohttp_clien
 
     model_files = ModelFolders(tmp_path / "models")
     parts = make_parts(tmp_path)
-    parts.folders = dataclasses.replace(parts.folders, models=model_files)
+    parts.folders = dataclasses.replace(parts.folders, model_files=model_files)
     parts.registry.register_all(LOADER_NODES, origin="core")
     register_model_options(parts.registry, model_files)
     client: TestClient = await aiohttp_client(create_app(parts, ServerConfig()))

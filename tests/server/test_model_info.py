@@ -49,7 +49,7 @@ def test_metadata_is_read_from_the_header(tmp_path: Path) -> None:
 
 async def test_model_info_route(aiohttp_client: Any, tmp_path: Path) -> None:
     parts = make_parts(tmp_path)
-    parts.folders = dataclasses.replace(parts.folders, models=ModelFolders(tmp_path / "models"))
+    parts.folders = dataclasses.replace(parts.folders, model_files=ModelFolders(tmp_path / "models"))
     write_safetensors(tmp_path / "models" / "loras" / "a.safetensors", {"ss_base_model_version": "sd_v1", "ss_output_name": "a-style"})
     write_safetensors(tmp_path / "models" / "loras" / "plain.safetensors", None)
     (tmp_path / "models" / "loras" / "broken.safetensors").write_bytes(b"\xff" * 8 + b"{")

@@ -10,7 +10,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from engine.context import Preview
-from engine.guard import SAFETY_CHUNK, Guarded
+from engine.image_guard import SAFETY_CHUNK, Guarded
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from tests.server.conftest import make_parts
@@ -53,7 +53,7 @@ async def test_unchecked_outputs_are_checked_checked_ones_and_inputs_served_as_i
 ) -> None:
     parts = make_parts(tmp_path)
     guard = BlackOutGuard()
-    parts.executor.guard = guard
+    parts.executor.image_guard = guard
     client = await aiohttp_client(create_app(parts, ServerConfig()))
     unchecked = write_png(parts.folders.output_dir / "old.png", checked=False)
     checked = write_png(parts.folders.output_dir / "new.png", checked=True)

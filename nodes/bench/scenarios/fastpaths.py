@@ -33,7 +33,7 @@ def _on_off(rt: BenchRuntime, setup: BenchSetup, size: int, steps: int, **patch:
 
 
 def model_patches(setup: BenchSetup) -> list[Row]:
-    rt = BenchRuntime(setup.models_dir, setup.work / "patches", settings={"preview_method": "none"})
+    rt = BenchRuntime(setup.models_dir, setup.work / "patches", run_settings={"preview_method": "none"})
     big, steps = setup.sizes[-1], setup.steps
     rt.run(txt2img(setup.ckpt_a, size=64, steps=1, tome=0.5))  # load both UNets once
     speed, diff = _on_off(rt, setup, big, steps[0], tome=0.5)
@@ -57,8 +57,8 @@ def half_precision(setup: BenchSetup) -> list[Row]:
     from engine.device_policy import DevicePolicy
 
     bf16 = precision.apply(DevicePolicy.cpu(), argparse.Namespace(bf16_unet=True))
-    runtimes = {"fp32": BenchRuntime(setup.models_dir, setup.work / "fp32", settings={"preview_method": "none"}),
-                "bf16": BenchRuntime(setup.models_dir, setup.work / "bf16", settings={"preview_method": "none"},
+    runtimes = {"fp32": BenchRuntime(setup.models_dir, setup.work / "fp32", run_settings={"preview_method": "none"}),
+                "bf16": BenchRuntime(setup.models_dir, setup.work / "bf16", run_settings={"preview_method": "none"},
                                      policy=bf16)}
     for rt in runtimes.values():
         rt.run(txt2img(setup.ckpt_a, size=64, steps=1))  # load once
@@ -103,7 +103,7 @@ def previews(setup: BenchSetup) -> list[Row]:
     (noisier: it includes the machine's run-to-run spread)."""
     size, steps = setup.sizes[0], setup.steps[-1]  # a percentage of the step: the smaller size suffices
     rows = []
-    runtimes = {m: BenchRuntime(setup.models_dir, setup.work / f"preview_{m}", settings={"preview_method": m})
+    runtimes = {m: BenchRuntime(setup.models_dir, setup.work / f"preview_{m}", run_settings={"preview_method": m})
                 for m in ("none", "latent2rgb", "taesd")}
     for rt in runtimes.values():
         rt.run(txt2img(setup.ckpt_a, size=64, steps=2))

@@ -79,7 +79,7 @@ def _loom_unet(rt: BenchRuntime, ckpt: str) -> Any:
 def loom_vs_diffusers(setup: BenchSetup) -> list[Row]:
     import torch
 
-    rt = BenchRuntime(setup.models_dir, setup.work / "vs", settings={"preview_method": "none"})
+    rt = BenchRuntime(setup.models_dir, setup.work / "vs", run_settings={"preview_method": "none"})
     rt.run(txt2img(setup.ckpt_a, size=64, steps=1))  # loads every model once
     pipe = diffusers_pipeline(rt, setup.ckpt_a)
     clock = StepClock()

@@ -3,13 +3,13 @@
 The engine stays model-free: it only knows this Protocol. ``nodes/safety.py`` implements it
 (``SafetyGuard``, backed by the safety checker model through the memory manager); ``main.py``
 builds one when the safety policy is ``enforce`` and passes it to the ``Executor``, which puts it
-on every ``NodeContext`` (``ctx.guard``) and runs preview frames through it before they are sent.
+on every ``NodeContext`` (``ctx.image_guard``) and runs preview frames through it before they are sent.
 
 Where images leave Loom and who calls the guard under ``--safety enforce``:
 
 ==========================  ===============================================================
 saved / temp files          the image-writing nodes (SaveImage, PreviewImage) call
-                            ``ctx.guard.check_images`` before encoding
+                            ``ctx.image_guard.check_images`` before encoding
 preview frames (websocket)  the executor calls ``guard.check_preview`` on each frame
 ``/view`` of output/temp    served as written (they were checked on write); files found
                             there without Loom's ``loom_safety`` PNG chunk (``was_checked``;
