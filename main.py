@@ -48,45 +48,114 @@ class Runtime:
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models-dir", type=Path, default=ROOT / "models", help="models folder (default: models/)")
-    parser.add_argument("--output-dir", "--output-directory", type=Path, default=ROOT / "output", help="where outputs are written")
-    parser.add_argument("--input-dir", "--input-directory", type=Path, default=ROOT / "input", help="where input images are read")
+    parser.add_argument(
+        "--models-dir", type=Path, default=ROOT / "models", help="models folder (default: models/)"
+    )
+    parser.add_argument(
+        "--output-dir",
+        "--output-directory",
+        type=Path,
+        default=ROOT / "output",
+        help="where outputs are written",
+    )
+    parser.add_argument(
+        "--input-dir",
+        "--input-directory",
+        type=Path,
+        default=ROOT / "input",
+        help="where input images are read",
+    )
     parser.add_argument("--temp-dir", type=Path, default=ROOT / "temp", help="previews and temporary files")
-    parser.add_argument("--custom-nodes", type=Path, action="append", default=[], metavar="DIR",
-                        help="another folder of plugins (repeatable); custom_nodes/ is always searched")
+    parser.add_argument(
+        "--custom-nodes",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another folder of plugins (repeatable); custom_nodes/ is always searched",
+    )
     parser.add_argument("--disable-custom-nodes", action="store_true", help="load no plugins")
-    parser.add_argument("--extra-model-paths", "--extra-model-paths-config", type=Path, action="append", default=[],
-                        metavar="YAML", help="extra model folders (ComfyUI extra_model_paths.yaml format; repeatable; "
-                        "an extra_model_paths.yaml next to main.py is read too, as ComfyUI does)")
-    parser.add_argument("--base-directory", type=Path, default=None, metavar="DIR",
-                        help="one root for models/, input/, output/, temp/, user/ and custom_nodes/ (ComfyUI's "
-                        "flag); a folder flag given as well (e.g. --output-dir) still wins")
+    parser.add_argument(
+        "--extra-model-paths",
+        "--extra-model-paths-config",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="extra model folders (ComfyUI extra_model_paths.yaml format; repeatable; "
+        "an extra_model_paths.yaml next to main.py is read too, as ComfyUI does)",
+    )
+    parser.add_argument(
+        "--base-directory",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="one root for models/, input/, output/, temp/, user/ and custom_nodes/ (ComfyUI's "
+        "flag); a folder flag given as well (e.g. --output-dir) still wins",
+    )
     parser.add_argument("--cpu", action="store_true", help="compute on the CPU even if a GPU exists")
     precision.add_precision_args(parser)  # --force-fp32/--force-fp16, --{fp32,bf16,fp16}-{unet,vae,text-enc}
     attention.add_attention_args(parser)  # --use-sage-attention, --use-flash-attention, ... (ComfyUI's)
-    streaming.add_budget_args(parser)  # --lowvram/--novram/--highvram, --reserve-vram (ComfyUI's), --vram-budget
+    streaming.add_budget_args(
+        parser
+    )  # --lowvram/--novram/--highvram, --reserve-vram (ComfyUI's), --vram-budget
     parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
-    parser.add_argument("--ram-gb", type=float, default=None,
-                        help="cap on the model RAM tier alone (GiB); the process budget bounds it too")
-    parser.add_argument("--ram-budget", type=float, default=None, metavar="GIB",
-                        help="RAM budget of the whole process (GiB): the model RAM tier holds only what the rest "
-                             "of the process leaves (default: total memory less --reserve-ram)")
-    parser.add_argument("--reserve-ram", type=float, default=None, metavar="GIB",
-                        help="memory left to the rest of the system when --ram-budget is not given "
-                             "(default: 10%% of total memory, at least 1 GiB)")
-    parser.add_argument("--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)")
+    parser.add_argument(
+        "--ram-gb",
+        type=float,
+        default=None,
+        help="cap on the model RAM tier alone (GiB); the process budget bounds it too",
+    )
+    parser.add_argument(
+        "--ram-budget",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="RAM budget of the whole process (GiB): the model RAM tier holds only what the rest "
+        "of the process leaves (default: total memory less --reserve-ram)",
+    )
+    parser.add_argument(
+        "--reserve-ram",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="memory left to the rest of the system when --ram-budget is not given "
+        "(default: 10%% of total memory, at least 1 GiB)",
+    )
+    parser.add_argument(
+        "--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)"
+    )
     parser.add_argument("--no-png-metadata", action="store_true", help="do not write workflows into PNGs")
-    parser.add_argument("--safety", choices=("off", "node", "enforce"), default="node",
-                        help="off: never check; node: SafetyChecker nodes check; enforce: every image that "
-                             "leaves Loom is checked (needs a model in models/safety)")
-    parser.add_argument("--safety-action", choices=("blur", "black"), default="black",
-                        help="what enforce does to a flagged image")
-    parser.add_argument("--safety-sensitivity", type=float, default=0.5, help="0..1; 0.5 = the model's thresholds")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the UNet (opt-in; compiled once per loaded model, slow first run)")
-    parser.add_argument("--preview-method", choices=("auto", "taesd", "latent2rgb", "none"), default="auto",
-                        help="sampler previews: TAESD (models/vae_approx) when auto finds it, else latent2rgb")
-    parser.add_argument("--tf32", action="store_true", help="TF32 matmuls/convolutions while sampling (CUDA only)")
+    parser.add_argument(
+        "--safety",
+        choices=("off", "node", "enforce"),
+        default="node",
+        help="off: never check; node: SafetyChecker nodes check; enforce: every image that "
+        "leaves Loom is checked (needs a model in models/safety)",
+    )
+    parser.add_argument(
+        "--safety-action",
+        choices=("blur", "black"),
+        default="black",
+        help="what enforce does to a flagged image",
+    )
+    parser.add_argument(
+        "--safety-sensitivity", type=float, default=0.5, help="0..1; 0.5 = the model's thresholds"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the UNet (opt-in; compiled once per loaded model, slow first run)",
+    )
+    parser.add_argument(
+        "--preview-method",
+        choices=("auto", "taesd", "latent2rgb", "none"),
+        default="auto",
+        help="sampler previews: TAESD (models/vae_approx) when auto finds it, else latent2rgb",
+    )
+    parser.add_argument(
+        "--tf32", action="store_true", help="TF32 matmuls/convolutions while sampling (CUDA only)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -102,14 +171,27 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     report = _load_plugins(registry, args, folders)
     models = _model_manager(args)
     bus = EventBus()
-    settings = RunSettings(png_metadata=not args.no_png_metadata, allow_pickle=args.allow_pickle, safety=args.safety,
-                           compile=args.compile, tf32=args.tf32, attention=attention.choose(args, models.policy.device),
-                           preview_method=args.preview_method)
+    settings = RunSettings(
+        png_metadata=not args.no_png_metadata,
+        allow_pickle=args.allow_pickle,
+        safety=args.safety,
+        compile=args.compile,
+        tf32=args.tf32,
+        attention=attention.choose(args, models.policy.device),
+        preview_method=args.preview_method,
+    )
     if args.tf32 and models.policy.device != "cuda":
-        log.info("--tf32 has no effect here: TF32 applies to CUDA devices only, this process computes on %s",
-                 models.policy.device)
+        log.info(
+            "--tf32 has no effect here: TF32 applies to CUDA devices only, this process computes on %s",
+            models.policy.device,
+        )
     executor = Executor(
-        registry, OutputCache(int(args.cache_gb * (1 << 30))), folders, models=models, bus=bus, settings=settings,
+        registry,
+        OutputCache(int(args.cache_gb * (1 << 30))),
+        folders,
+        models=models,
+        bus=bus,
+        settings=settings,
         image_guard=_image_guard(args, model_files, models),
     )
     from nodes.presets import ModelDescriber
@@ -123,8 +205,9 @@ def _image_guard(args: argparse.Namespace, model_files: ModelFolders, models: Mo
     from nodes.safety import GuardUnavailable, build_guard
 
     try:
-        return build_guard(args.safety, model_files, models, action=args.safety_action,
-                           sensitivity=args.safety_sensitivity)
+        return build_guard(
+            args.safety, model_files, models, action=args.safety_action, sensitivity=args.safety_sensitivity
+        )
     except GuardUnavailable as exc:
         raise UsageError(str(exc)) from exc
 
@@ -146,8 +229,13 @@ def apply_base_directory(args: argparse.Namespace) -> None:
     if getattr(args, "base_directory", None) is None:
         return
     layout = base_directory_layout(args.base_directory)
-    for attr, name in (("models_dir", "models"), ("input_dir", "input"), ("output_dir", "output"),
-                       ("temp_dir", "temp"), ("user_dir", "user")):
+    for attr, name in (
+        ("models_dir", "models"),
+        ("input_dir", "input"),
+        ("output_dir", "output"),
+        ("temp_dir", "temp"),
+        ("user_dir", "user"),
+    ):
         if getattr(args, attr, None) == ROOT / name:
             setattr(args, attr, layout[name])
     if layout["custom_nodes"] != ROOT / "custom_nodes":
@@ -175,7 +263,11 @@ def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Fol
         return None
     from nodes.compat.shim import load_plugins_with_shim
 
-    configured = folders.model_files.configured("custom_nodes") if isinstance(folders.model_files, ModelFolders) else []
+    configured = (
+        folders.model_files.configured("custom_nodes")
+        if isinstance(folders.model_files, ModelFolders)
+        else []
+    )
     return load_plugins_with_shim(registry, [ROOT / "custom_nodes", *args.custom_nodes, *configured], folders)
 
 
@@ -199,13 +291,17 @@ def apply_sets(prompt: dict[str, Any], sets: Sequence[tuple[str, str, str]], reg
     for node_id, name, raw in sets:
         node = prompt.get(node_id)
         if not isinstance(node, dict):
-            raise UsageError(f"--set {node_id}.{name}: the workflow has no node {node_id!r} (it has {sorted(prompt)})")
+            raise UsageError(
+                f"--set {node_id}.{name}: the workflow has no node {node_id!r} (it has {sorted(prompt)})"
+            )
         node_def = registry.get(str(node.get("class_type")))
         spec = node_def.schema.input(name) if node_def else None
         if spec is None:
             known = [i.name for i in node_def.schema.inputs] if node_def else []
-            raise UsageError(f"--set {node_id}.{name}: node {node_id} ({node.get('class_type')}) has no input "
-                             f"{name!r}; its inputs are {known}")
+            raise UsageError(
+                f"--set {node_id}.{name}: node {node_id} ({node.get('class_type')}) has no input "
+                f"{name!r}; its inputs are {known}"
+            )
         try:
             value = value_from_text(spec, raw)
         except ValueError as exc:
@@ -246,8 +342,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         except UsageError as exc:
             print(f"loom: {exc}", file=sys.stderr)
             if args.json:
-                print(json.dumps({"prompt_id": None, "file": str(path), "status": "invalid",
-                                  "error": {"type": "bad_file", "message": str(exc)}}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "prompt_id": None,
+                            "file": str(path),
+                            "status": "invalid",
+                            "error": {"type": "bad_file", "message": str(exc)},
+                        }
+                    ),
+                    flush=True,
+                )
             worst = max(worst, 2)
             continue
         printer.start(path.name, prompt)
@@ -270,7 +375,10 @@ def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Pat
     from nodes.presets import PresetError
 
     try:
-        print(f"{path.name}: " + runtime.describe_model.apply_to(prompt, name, runtime.folders.model_files), file=sys.stderr)
+        print(
+            f"{path.name}: " + runtime.describe_model.apply_to(prompt, name, runtime.folders.model_files),
+            file=sys.stderr,
+        )
     except PresetError as exc:
         raise UsageError(f"{path}: {exc}") from exc
 
@@ -286,19 +394,28 @@ def _report(result: RunResult, path: Path, as_json: bool, runtime: Runtime) -> N
         print(json.dumps(result.to_json(), default=str), flush=True)
         return
     if result.status == "invalid":
-        print(f"loom: {path}: the workflow is invalid: {(result.error or {}).get('message')}", file=sys.stderr)
+        print(
+            f"loom: {path}: the workflow is invalid: {(result.error or {}).get('message')}", file=sys.stderr
+        )
         for node_id, entry in result.node_errors.items():
             for err in entry["errors"]:
-                print(f"  node {node_id} ({entry['class_type']}): {err['message']}: {err['details']}", file=sys.stderr)
+                print(
+                    f"  node {node_id} ({entry['class_type']}): {err['message']}: {err['details']}",
+                    file=sys.stderr,
+                )
         return
     if result.status != "success":
         err = result.error or {}
-        print(f"loom: {path}: {result.status} at node {err.get('node_id')} ({err.get('node_type')}): "
-              f"{err.get('exception_message') or err.get('message')}", file=sys.stderr)
+        print(
+            f"loom: {path}: {result.status} at node {err.get('node_id')} ({err.get('node_type')}): "
+            f"{err.get('exception_message') or err.get('message')}",
+            file=sys.stderr,
+        )
     for node_id, ui in result.outputs.items():
         for image in ui.get("images", []):
             folder = {"output": runtime.folders.output_dir, "temp": runtime.folders.temp_dir}.get(
-                image.get("type", "output"), runtime.folders.output_dir)
+                image.get("type", "output"), runtime.folders.output_dir
+            )
             print(f"node {node_id}: wrote {folder / image.get('subfolder', '') / image['filename']}")
         for text in ui.get("text", []):
             print(f"node {node_id}: {text}")
@@ -313,7 +430,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         return 0
     by_category: dict[str, list[str]] = {}
     for name, entry in info.items():
-        by_category.setdefault(entry["category"], []).append(f"{name}  ({entry['display_name']}): {entry['description']}")
+        by_category.setdefault(entry["category"], []).append(
+            f"{name}  ({entry['display_name']}): {entry['description']}"
+        )
     for category in sorted(by_category):
         print(category)
         for line in sorted(by_category[category]):
@@ -375,8 +494,13 @@ def write_demo_models(models_dir: Path) -> list[Path]:
     from nodes.demo_vision import make_demo_vision_models
     from nodes.preview import make_demo_taesd
 
-    return [*make_demo_models(models_dir), *make_demo_vision_models(models_dir), *make_demo_taesd(models_dir),
-            *make_demo_upscale_models(models_dir), *make_unclip_demo_models(models_dir)]
+    return [
+        *make_demo_models(models_dir),
+        *make_demo_vision_models(models_dir),
+        *make_demo_taesd(models_dir),
+        *make_demo_upscale_models(models_dir),
+        *make_unclip_demo_models(models_dir),
+    ]
 
 
 # --- serve --------------------------------------------------------------------------------------
@@ -384,8 +508,12 @@ def ensure_demo_models(args: argparse.Namespace) -> None:
     """The main job must run out of the box: write the demo models when no checkpoint exists."""
     if args.no_demo or _model_files(args).list("checkpoints"):
         return
-    log.info("no checkpoint in %s: writing the random-weight demo models (their images are noise; "
-             "put real checkpoints in %s)", args.models_dir, args.models_dir / "checkpoints")
+    log.info(
+        "no checkpoint in %s: writing the random-weight demo models (their images are noise; "
+        "put real checkpoints in %s)",
+        args.models_dir,
+        args.models_dir / "checkpoints",
+    )
     write_demo_models(args.models_dir)
 
 
@@ -412,12 +540,30 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8188, help="port (default 8188)")
     serve.add_argument("--token", default=None, help="access token required from clients")
     serve.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without a token")
-    serve.add_argument("--allow-host", dest="allowed_host", action="append", default=[], metavar="NAME",
-                       help="accept this name in the Host header besides loopback and --host (repeatable)")
-    serve.add_argument("--allow-origin", dest="allowed_origin", action="append", default=[], metavar="ORIGIN",
-                       help="let web pages of this origin (e.g. http://127.0.0.1:3000, or '*') use the API; "
-                            "by default only the server's own pages may (repeatable)")
-    serve.add_argument("--user-dir", "--user-directory", type=Path, default=ROOT / "user", help="queue, history, saved workflows")
+    serve.add_argument(
+        "--allow-host",
+        dest="allowed_host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this name in the Host header besides loopback and --host (repeatable)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        dest="allowed_origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages of this origin (e.g. http://127.0.0.1:3000, or '*') use the API; "
+        "by default only the server's own pages may (repeatable)",
+    )
+    serve.add_argument(
+        "--user-dir",
+        "--user-directory",
+        type=Path,
+        default=ROOT / "user",
+        help="queue, history, saved workflows",
+    )
     serve.add_argument("--no-demo", action="store_true", help="do not create demo models when none exist")
     add_ray_arguments(serve)
     serve.set_defaults(func=cmd_serve)
@@ -430,12 +576,21 @@ def make_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run workflows headless")
     add_common(run)
     run.add_argument("workflows", type=Path, nargs="+", help="API, saved, ComfyUI UI-format JSON, or a PNG")
-    run.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
-                     help="override an input (repeatable), e.g. --set 3.seed=42")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NODE_ID.INPUT=VALUE",
+        help="override an input (repeatable), e.g. --set 3.seed=42",
+    )
     run.add_argument("--json", action="store_true", help="one JSON object per workflow on stdout")
-    run.add_argument("--preset", default=None, metavar="NAME",
-                     help="apply a model preset (steps, cfg, sampler, scheduler, size, guidance) before --set: "
-                          "'auto' for the preset of the workflow's model, or a preset's name (GET /api/v1/presets)")
+    run.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help="apply a model preset (steps, cfg, sampler, scheduler, size, guidance) before --set: "
+        "'auto' for the preset of the workflow's model, or a preset's name (GET /api/v1/presets)",
+    )
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
 
@@ -450,13 +605,18 @@ def make_parser() -> argparse.ArgumentParser:
     convert.add_argument("-o", "--output", type=Path, default=None)
     convert.set_defaults(func=cmd_convert)
 
-    check = sub.add_parser("check", help="list the node types a workflow needs that Loom lacks, before running")
+    check = sub.add_parser(
+        "check", help="list the node types a workflow needs that Loom lacks, before running"
+    )
     add_common(check)
     check.add_argument("workflow", type=Path, help="API, saved, ComfyUI UI-format JSON, or a PNG")
     check.add_argument("--json", action="store_true", help="the report as JSON")
     check.set_defaults(func=cmd_check)
-    weights = sub.add_parser("convert-weights", help="convert a pickled weights file (.ckpt/.pt/.pth/.bin) to "
-                             ".safetensors, read with torch's weights-only loader")
+    weights = sub.add_parser(
+        "convert-weights",
+        help="convert a pickled weights file (.ckpt/.pt/.pth/.bin) to "
+        ".safetensors, read with torch's weights-only loader",
+    )
     weights.add_argument("file", type=Path)
     weights.add_argument("-o", "--output", type=Path, default=None, help="default: FILE with .safetensors")
     weights.add_argument("--overwrite", action="store_true", help="replace an existing output file")

@@ -40,8 +40,11 @@ FLAGS = {
 }
 PACKAGES = {"sage": "sageattention", "flash": "flash_attn", "xformers": "xformers"}
 NAMES = {"sdpa": "torch SDPA", "sage": "SageAttention", "flash": "FlashAttention", "xformers": "xformers"}
-HEAD_DIMS = {"sage": frozenset({64, 96, 128}), "flash": frozenset(range(8, 257, 8)),
-             "xformers": frozenset(range(8, 257, 8))}
+HEAD_DIMS = {
+    "sage": frozenset({64, 96, 128}),
+    "flash": frozenset(range(8, 257, 8)),
+    "xformers": frozenset(range(8, 257, 8)),
+}
 
 
 def add_attention_args(parser: argparse.ArgumentParser) -> None:
@@ -68,19 +71,35 @@ def resolve(args: Any, device: str, has_package: Callable[[str], bool] = install
     backend, flag = requested(args)
     if backend == "sdpa":
         if flag in ("--use-split-cross-attention", "--use-quad-cross-attention"):
-            return "sdpa", f"attention: {flag} accepted; Loom uses torch SDPA (memory-efficient, large calls split)"
+            return (
+                "sdpa",
+                f"attention: {flag} accepted; Loom uses torch SDPA (memory-efficient, large calls split)",
+            )
         return "sdpa", "attention: torch SDPA"
     name = NAMES[backend]
     if device != "cuda":
-        return "sdpa", f"attention: {flag} needs a CUDA device, this process computes on {device}; using torch SDPA"
+        return (
+            "sdpa",
+            f"attention: {flag} needs a CUDA device, this process computes on {device}; using torch SDPA",
+        )
     if not has_package(PACKAGES[backend]):
-        return "sdpa", (f"attention: {flag} asks for {name}, but the package {PACKAGES[backend]} is not installed "
-                        f"(pip install {PACKAGES[backend]}); using torch SDPA")
+        return "sdpa", (
+            f"attention: {flag} asks for {name}, but the package {PACKAGES[backend]} is not installed "
+            f"(pip install {PACKAGES[backend]}); using torch SDPA"
+        )
     return backend, f"attention: {name} where the layer's shape and dtype allow it, torch SDPA elsewhere"
 
 
-def fits(backend: str, query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float, extra: dict[str, Any],
-         device_types: tuple[str, ...] = ("cuda",)) -> bool:
+def fits(
+    backend: str,
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any,
+    dropout_p: float,
+    extra: dict[str, Any],
+    device_types: tuple[str, ...] = ("cuda",),
+) -> bool:
     """Whether ``backend``'s kernel computes this call: device, 4-D same-shaped heads, fp16/bf16, no
     mask, no dropout, no other SDPA options, and a head size the kernel supports."""
     import torch
@@ -105,8 +124,13 @@ def _sage(query: Any, key: Any, value: Any, is_causal: bool, scale: float | None
 def _flash(query: Any, key: Any, value: Any, is_causal: bool, scale: float | None) -> Any:
     from flash_attn import flash_attn_func  # (batch, tokens, heads, head_dim)
 
-    out = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                          softmax_scale=scale, causal=is_causal)
+    out = flash_attn_func(
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        softmax_scale=scale,
+        causal=is_causal,
+    )
     return out.transpose(1, 2)
 
 
@@ -114,8 +138,9 @@ def _xformers(query: Any, key: Any, value: Any, is_causal: bool, scale: float | 
     import xformers.ops as xops  # (batch, tokens, heads, head_dim)
 
     bias = xops.LowerTriangularMask() if is_causal else None
-    out = xops.memory_efficient_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                          attn_bias=bias, scale=scale)
+    out = xops.memory_efficient_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_bias=bias, scale=scale
+    )
     return out.transpose(1, 2)
 
 
@@ -124,32 +149,53 @@ def kernel_for(backend: str) -> Callable[..., Any]:
     return {"sage": _sage, "flash": _flash, "xformers": _xformers}[backend]
 
 
-def routed_sdpa(original: Callable[..., Any], backend: str, kernel: Callable[..., Any] | None = None,
-                device_types: tuple[str, ...] = ("cuda",)) -> Callable[..., Any]:
+def routed_sdpa(
+    original: Callable[..., Any],
+    backend: str,
+    kernel: Callable[..., Any] | None = None,
+    device_types: tuple[str, ...] = ("cuda",),
+) -> Callable[..., Any]:
     """``scaled_dot_product_attention`` that sends the calls ``backend`` fits to ``kernel`` (the real
     one unless given) and the rest to ``original``. A kernel error is logged once; from then on every
     call goes to ``original``."""
     run = kernel or kernel_for(backend)
     broken: list[str] = []  # this router's own memory of a failed kernel
 
-    def attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-                  is_causal: bool = False, scale: float | None = None, **extra: Any) -> Any:
+    def attention(
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        **extra: Any,
+    ) -> Any:
         if not broken and fits(backend, query, key, value, attn_mask, dropout_p, extra, device_types):
             try:
                 return run(query, key, value, is_causal, scale)
             except Exception as exc:  # noqa: BLE001 - any kernel failure falls back to SDPA
                 broken.append(repr(exc))
                 log.warning("attention: %s failed (%s); using torch SDPA from now on", NAMES[backend], exc)
-        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                        scale=scale, **extra)
+        return original(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            **extra,
+        )
 
     attention.loom_backend = backend  # type: ignore[attr-defined]
     return attention
 
 
 @contextmanager
-def attention_scope(backend: str, kernel: Callable[..., Any] | None = None,
-                    device_types: tuple[str, ...] = ("cuda",)) -> Iterator[None]:
+def attention_scope(
+    backend: str, kernel: Callable[..., Any] | None = None, device_types: tuple[str, ...] = ("cuda",)
+) -> Iterator[None]:
     """While inside, torch's SDPA is routed to ``backend`` (tests pass a CPU ``kernel`` and
     ``device_types``). ``sdpa`` changes nothing; a scope inside another keeps the outer one."""
     if backend == "sdpa":

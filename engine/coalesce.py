@@ -59,7 +59,9 @@ class CoalescedValues(Node):
     """The per-job values of one batchable input in a merged workflow (a list output)."""
 
     SCHEMA = NodeSchema(
-        node_id=VALUES_NODE, display_name="Coalesced values", category="loom/internal",
+        node_id=VALUES_NODE,
+        display_name="Coalesced values",
+        category="loom/internal",
         description="Internal: one value per coalesced job.",
         inputs=(Input("values_json", STRING, "JSON list, one value per job."),),
         outputs=(Output("values", ANY, "The values, one item per job.", is_list=True),),
@@ -118,7 +120,9 @@ class Coalescer:
         masked: dict[str, Any] = {}
         has_variant = False
         for node_id, node in spec.prompt.items():
-            node_def = self.executor.registry.get(str(node.get("class_type"))) if isinstance(node, dict) else None
+            node_def = (
+                self.executor.registry.get(str(node.get("class_type"))) if isinstance(node, dict) else None
+            )
             if node_def is None:
                 return None
             batching = node_def.schema.batching
@@ -145,7 +149,11 @@ class Coalescer:
             return False
         for node_id, key in plan.keys.items():
             batching = plan.plan[node_id].definition.schema.batching
-            if batching is not None and batching.variant is not None and (is_nonce(key) or key not in self.executor.cache):
+            if (
+                batching is not None
+                and batching.variant is not None
+                and (is_nonce(key) or key not in self.executor.cache)
+            ):
                 return True
         return False
 
@@ -162,7 +170,9 @@ class Coalescer:
         return group
 
     # --- the merged run -------------------------------------------------------------------------
-    def prefill(self, group: Sequence[JobSpec], forward: Callable[[ev.Event], None] | None = None) -> CoalesceOutcome:
+    def prefill(
+        self, group: Sequence[JobSpec], forward: Callable[[ev.Event], None] | None = None
+    ) -> CoalesceOutcome:
         """Run the group's batch points once, store each job's share in the cache."""
         started = time.perf_counter()
         outcome = CoalesceOutcome([s.prompt_id for s in group])
@@ -173,8 +183,11 @@ class Coalescer:
         merged, points = self._merge(ready)
         if not points:
             return outcome
-        todo = [i for i, p in enumerate(ready) if any(not is_nonce(p.keys[b]) and p.keys[b] not in self.executor.cache
-                                                     for b in points)]
+        todo = [
+            i
+            for i, p in enumerate(ready)
+            if any(not is_nonce(p.keys[b]) and p.keys[b] not in self.executor.cache for b in points)
+        ]
         if len(todo) < 2:
             return outcome
         members = [group[i].prompt_id for i in todo]
@@ -214,8 +227,11 @@ class Coalescer:
             batching = node_def.schema.batching if node_def is not None else None
             for name in batching.inputs if batching is not None else ():
                 values = [_constant(p, node_id, name) for p in plans]
-                if node_id not in plans[0].plan.nodes or name not in plans[0].plan[node_id].constants \
-                        or all(v == values[0] for v in values):
+                if (
+                    node_id not in plans[0].plan.nodes
+                    or name not in plans[0].plan[node_id].constants
+                    or all(v == values[0] for v in values)
+                ):
                     continue
                 source = f"loom.coalesce.{node_id}.{name}"
                 merged[source] = {"class_type": VALUES_NODE, "inputs": {"values_json": canonical(values)}}
@@ -240,22 +256,37 @@ class Coalescer:
         ex = self.executor
         bus = ev.EventBus()
         if forward is not None:
+
             def relabel(event: ev.Event) -> None:
                 if isinstance(event, ev.Progress):
                     for prompt_id in members:
                         forward(ev.Progress(prompt_id, node=event.node, value=event.value, max=event.max))
                 elif isinstance(event, ev.PreviewFrame):
-                    forward(ev.PreviewFrame(members[0], node=event.node, format=event.format, image=event.image))
-            bus.subscribe(relabel)
-        return Executor(_overlay(ex.registry), ex.cache, ex.folders, models=ex.models, bus=bus,
-                        interrupt=ex.interrupt, settings=ex.settings, image_guard=ex.image_guard)
+                    forward(
+                        ev.PreviewFrame(members[0], node=event.node, format=event.format, image=event.image)
+                    )
 
-    def _split(self, side: Executor, merged_keys: dict[str, str], plans: Sequence[KeyedPlan],
-               points: Sequence[str]) -> None:
+            bus.subscribe(relabel)
+        return Executor(
+            _overlay(ex.registry),
+            ex.cache,
+            ex.folders,
+            models=ex.models,
+            bus=bus,
+            interrupt=ex.interrupt,
+            settings=ex.settings,
+            image_guard=ex.image_guard,
+        )
+
+    def _split(
+        self, side: Executor, merged_keys: dict[str, str], plans: Sequence[KeyedPlan], points: Sequence[str]
+    ) -> None:
         for point in points:
             entry = side.cache.get(merged_keys[point])
             if entry is None or any(len(slot) != len(plans) for slot in entry.outputs):
-                log.warning("coalesced node %s gave no per-job outputs; the jobs compute it themselves", point)
+                log.warning(
+                    "coalesced node %s gave no per-job outputs; the jobs compute it themselves", point
+                )
                 continue
             for j, plan in enumerate(plans):
                 self.executor.cache.put(plan.keys[point], [[slot[j]] for slot in entry.outputs], None)
@@ -335,8 +366,9 @@ class NextJobPrefetch:
         return any(o.type in MODEL_TYPES for o in node_def.schema.outputs)
 
     @contextmanager
-    def during(self, next_spec: JobSpec | None, *, current: JobSpec | None = None,
-               queued: Sequence[JobSpec] = ()) -> Iterator[None]:
+    def during(
+        self, next_spec: JobSpec | None, *, current: JobSpec | None = None, queued: Sequence[JobSpec] = ()
+    ) -> Iterator[None]:
         """While inside, the executor's hints include ``next_spec``'s models. (``current`` and
         ``queued``, the running job and all waiting ones, are for ``engine.overlap``.)"""
         ex = self.executor

@@ -57,16 +57,25 @@ class MissingNode:
     node_ids: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"class_type": self.class_type, "kind": self.kind, "pack": self.pack,
-                "repository": self.repository, "node_ids": self.node_ids}
+        return {
+            "class_type": self.class_type,
+            "kind": self.kind,
+            "pack": self.pack,
+            "repository": self.repository,
+            "node_ids": self.node_ids,
+        }
 
     def line(self) -> str:
         where = f"node{'s' if len(self.node_ids) > 1 else ''} {', '.join(self.node_ids)}"
         if self.kind == "core":
             return f"{self.class_type} (ComfyUI core node Loom does not have yet; {where})"
         source = self.pack or self.repository
-        pack = f"from the custom node pack {source}" + (
-            f" ({self.repository})" if self.pack and self.repository else "") if source else "custom node, pack unknown"
+        pack = (
+            f"from the custom node pack {source}"
+            + (f" ({self.repository})" if self.pack and self.repository else "")
+            if source
+            else "custom node, pack unknown"
+        )
         return f"{self.class_type} ({pack}; {where})"
 
 
@@ -86,18 +95,27 @@ class CompatReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "ok": self.ok, "source_format": self.source_format, "node_count": self.node_count,
+            "ok": self.ok,
+            "source_format": self.source_format,
+            "node_count": self.node_count,
             "missing": [m.to_json() for m in self.missing],
             "missing_core": sum(m.kind == "core" for m in self.missing),
             "missing_custom": sum(m.kind == "custom" for m in self.missing),
-            "problems": [p.to_json() for p in self.problems], "error": self.error,
+            "problems": [p.to_json() for p in self.problems],
+            "error": self.error,
         }
 
     def lines(self) -> list[str]:
         if self.error is not None:
             return [f"cannot read the workflow: {self.error}"]
-        out = [f"{self.node_count} nodes ({self.source_format} format): "
-               + ("every node type is available" if not self.missing else f"{len(self.missing)} node type(s) missing")]
+        out = [
+            f"{self.node_count} nodes ({self.source_format} format): "
+            + (
+                "every node type is available"
+                if not self.missing
+                else f"{len(self.missing)} node type(s) missing"
+            )
+        ]
         for kind, title in (("core", "missing ComfyUI core nodes:"), ("custom", "missing custom nodes:")):
             entries = [m for m in self.missing if m.kind == kind]
             if entries:
@@ -134,8 +152,11 @@ def _ui_uses(ui: Mapping[str, Any]) -> Iterator[_Use]:
             if type_ in sub_ids or type_.startswith(GROUP_NODE_PREFIXES):
                 continue
             props = node.get("properties")
-            yield _Use(f"{prefix}{node.get('id', node.get('index', '?'))}", type_,
-                       props if isinstance(props, Mapping) else {})
+            yield _Use(
+                f"{prefix}{node.get('id', node.get('index', '?'))}",
+                type_,
+                props if isinstance(props, Mapping) else {},
+            )
 
     yield from walk(ui.get("nodes"), "")
     for sub in subgraphs or []:
@@ -162,7 +183,8 @@ def _missing(uses: list[_Use], object_info: Mapping[str, Any]) -> list[MissingNo
             pack, repo = use.properties.get("cnr_id"), use.properties.get("aux_id")
             is_core = use.class_type in core or pack in CORE_PACK_IDS
             entry = found[use.class_type] = MissingNode(
-                use.class_type, "core" if is_core else "custom",
+                use.class_type,
+                "core" if is_core else "custom",
                 None if is_core or not isinstance(pack, str) else pack,
                 None if is_core or not isinstance(repo, str) else repo,
             )
@@ -171,7 +193,9 @@ def _missing(uses: list[_Use], object_info: Mapping[str, Any]) -> list[MissingNo
 
 
 # --- the report -------------------------------------------------------------------------------
-def check_workflow(obj: Any, object_info: Mapping[str, Any], source_format: str | None = None) -> CompatReport:
+def check_workflow(
+    obj: Any, object_info: Mapping[str, Any], source_format: str | None = None
+) -> CompatReport:
     """The report for an already-parsed workflow (API, Loom saved or ComfyUI UI format)."""
     try:
         kind = detect_format(obj)

@@ -97,7 +97,9 @@ def channels_last(module: Any) -> Any:
     torch = sys.modules.get("torch")  # a torch module means torch is imported already
     if torch is None or not isinstance(module, torch.nn.Module):
         return module
-    if any(p.dim() == 5 for p in module.parameters()):  # 3-D convolutions (the Wan VAE): their 4-D weights only
+    if any(
+        p.dim() == 5 for p in module.parameters()
+    ):  # 3-D convolutions (the Wan VAE): their 4-D weights only
         for p in module.parameters():
             if p.dim() == 4:
                 p.data = p.data.contiguous(memory_format=torch.channels_last)

@@ -51,7 +51,11 @@ class Executing(Event):
     display_node: str | None = None
 
     def data(self) -> dict[str, Any]:
-        return {"node": self.node, "display_node": self.display_node or self.node, "prompt_id": self.prompt_id}
+        return {
+            "node": self.node,
+            "display_node": self.display_node or self.node,
+            "prompt_id": self.prompt_id,
+        }
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,12 @@ class Executed(Event):
     output: dict[str, Any] = field(default_factory=dict)
 
     def data(self) -> dict[str, Any]:
-        return {"node": self.node, "display_node": self.node, "output": self.output, "prompt_id": self.prompt_id}
+        return {
+            "node": self.node,
+            "display_node": self.node,
+            "output": self.output,
+            "prompt_id": self.prompt_id,
+        }
 
 
 @dataclass(frozen=True)

@@ -230,8 +230,11 @@ class Executor:
     # --- running --------------------------------------------------------------------------------
     def _cached_nodes(self, plan: _Run) -> list[str]:
         hits = set(plan.cached)
-        return [n for n in sorted(plan.order_index, key=plan.order_index.__getitem__)
-                if n in hits or (n not in plan.queued and plan.keys[n] in self.cache)]
+        return [
+            n
+            for n in sorted(plan.order_index, key=plan.order_index.__getitem__)
+            if n in hits or (n not in plan.queued and plan.keys[n] in self.cache)
+        ]
 
     def _loop(self, request: RunRequest, plan: _Run, result: RunResult) -> None:
         result.cached.extend(plan.from_cache)
@@ -356,7 +359,9 @@ class Executor:
             if checked is None:
                 return
             preview = checked
-        self._emit(ev.PreviewFrame(request.prompt_id, node=node_id, format=preview.format, image=preview.data))
+        self._emit(
+            ev.PreviewFrame(request.prompt_id, node=node_id, format=preview.format, image=preview.data)
+        )
 
     def _hint_models(self, plan: _Run) -> None:
         """Tell the memory manager which values the next nodes will consume (it picks out handles)."""
@@ -368,7 +373,9 @@ class Executor:
                     upcoming.extend(produced[link.output_index])
         self.models.hint_upcoming(handles_in(upcoming))
 
-    def _send_cached_ui(self, request: RunRequest, plan: _Run, nodes: Iterable[str], result: RunResult) -> None:
+    def _send_cached_ui(
+        self, request: RunRequest, plan: _Run, nodes: Iterable[str], result: RunResult
+    ) -> None:
         """Output nodes served from the cache re-send their UI output, as ComfyUI does."""
         for node_id in sorted(nodes, key=sort_key):
             ui = plan.cached_ui.get(node_id)

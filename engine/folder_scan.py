@@ -79,8 +79,11 @@ def scan(root: str | Path) -> Listing:
     while pending:
         path, prefix, chain, st = pending.pop()
         if len(stamps) >= MAX_FOLDERS:
-            log.warning("stopped listing %s after %d folders (a maze of links?); files past that are not listed",
-                        root, MAX_FOLDERS)
+            log.warning(
+                "stopped listing %s after %d folders (a maze of links?); files past that are not listed",
+                root,
+                MAX_FOLDERS,
+            )
             break
         stamps[path] = _stamp(st)
         try:
@@ -97,15 +100,24 @@ def scan(root: str | Path) -> Listing:
                     sub = entry.stat()
                     ident = (sub.st_dev, sub.st_ino)
                     if ident in chain:
-                        log.info("model folder link %s leads back into %s; not followed again",
-                                 entry.path, path)
+                        log.info(
+                            "model folder link %s leads back into %s; not followed again", entry.path, path
+                        )
                     elif len(chain) > MAX_DEPTH:
-                        log.warning("model folder %s is nested deeper than %d folders; not listed", entry.path,
-                                    MAX_DEPTH)
+                        log.warning(
+                            "model folder %s is nested deeper than %d folders; not listed",
+                            entry.path,
+                            MAX_DEPTH,
+                        )
                     elif visits.get(ident, 0) >= MAX_VISITS:
                         if visits[ident] == MAX_VISITS:  # said once per folder
-                            log.warning("model folder %s is reached through more than %d links; listed under "
-                                        "the first %d only", os.path.realpath(entry.path), MAX_VISITS, MAX_VISITS)
+                            log.warning(
+                                "model folder %s is reached through more than %d links; listed under "
+                                "the first %d only",
+                                os.path.realpath(entry.path),
+                                MAX_VISITS,
+                                MAX_VISITS,
+                            )
                         visits[ident] += 1
                     else:
                         visits[ident] = visits.get(ident, 0) + 1

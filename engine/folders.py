@@ -62,7 +62,11 @@ KIND_FOLDERS: Mapping[str, tuple[str, ...]] = {
     "safety": ("safety",),  # Loom's safety checker
 }
 # Old kind names and the kind they mean (ComfyUI's map_legacy, plus t2i_adapter, which Loom accepted).
-LEGACY_KINDS: Mapping[str, str] = {"unet": "diffusion_models", "clip": "text_encoders", "t2i_adapter": "controlnet"}
+LEGACY_KINDS: Mapping[str, str] = {
+    "unet": "diffusion_models",
+    "clip": "text_encoders",
+    "t2i_adapter": "controlnet",
+}
 # kind -> its other names (for listings of every name a client may ask for)
 KIND_ALIASES: Mapping[str, tuple[str, ...]] = {
     kind: tuple(old for old, new in LEGACY_KINDS.items() if new == kind) for kind in KIND_FOLDERS
@@ -93,9 +97,11 @@ class ModelFolders:
     first: dict[str, list[Path]] = field(default_factory=dict)  # is_default folders: searched before it
     listings: ListingCache = field(default_factory=ListingCache, repr=False, compare=False)
     _names: dict[tuple[str, str], tuple[Listing, Names, frozenset[str]]] = field(
-        default_factory=dict, repr=False, compare=False)  # (root, kind) -> names in that root's listing
+        default_factory=dict, repr=False, compare=False
+    )  # (root, kind) -> names in that root's listing
     _merged: dict[str, tuple[tuple[Listing, ...], Names]] = field(
-        default_factory=dict, repr=False, compare=False)  # kind -> (the listings used, sorted names)
+        default_factory=dict, repr=False, compare=False
+    )  # kind -> (the listings used, sorted names)
 
     def __post_init__(self) -> None:
         self.models_dir = Path(self.models_dir)
@@ -127,13 +133,17 @@ class ModelFolders:
         except (OSError, yaml.YAMLError) as exc:
             raise ModelPathError(f"cannot read model paths config {path}: {exc}") from exc
         if not isinstance(data, dict):
-            raise ModelPathError(f"{path}: expected a mapping of sections (e.g. 'comfyui:'), found {type(data).__name__}")
+            raise ModelPathError(
+                f"{path}: expected a mapping of sections (e.g. 'comfyui:'), found {type(data).__name__}"
+            )
         for section, entries in data.items():
             if entries is None:  # an empty section, as ComfyUI skips it
                 continue
             if not isinstance(entries, dict):
-                raise ModelPathError(f"{path}: section {section!r} must be a mapping of kind: folder(s), "
-                                     f"found {type(entries).__name__}")
+                raise ModelPathError(
+                    f"{path}: section {section!r} must be a mapping of kind: folder(s), "
+                    f"found {type(entries).__name__}"
+                )
             self._add_section(path, str(section), entries)
 
     def _add_section(self, config: Path, section: str, entries: Mapping[str, Any]) -> None:
@@ -177,8 +187,11 @@ class ModelFolders:
         parts = [self._listed(root, kind) for root in self.folders(kind)]
         sources = tuple(part[0] for part in parts)
         merged = self._merged.get(kind)
-        if merged is None or len(merged[0]) != len(sources) or any(
-                a is not b for a, b in zip(merged[0], sources, strict=True)):
+        if (
+            merged is None
+            or len(merged[0]) != len(sources)
+            or any(a is not b for a, b in zip(merged[0], sources, strict=True))
+        ):
             names: set[str] = set()
             for part in parts:
                 names.update(part[1])
@@ -260,13 +273,16 @@ def _folder_lines(config: Path, section: str, kind: str, value: Any) -> list[str
     elif isinstance(value, list) and all(isinstance(v, str) for v in value):
         lines = list(value)
     else:
-        raise ModelPathError(f"{config}: {section}.{kind}: expected a folder or a block of folders (one per line), "
-                             f"found {value!r}")
+        raise ModelPathError(
+            f"{config}: {section}.{kind}: expected a folder or a block of folders (one per line), "
+            f"found {value!r}"
+        )
     return [line.strip() for line in lines if line.strip()]
 
 
-def comfy_folder_table(model_files: Any, models_dir: Path | None, kinds: Iterable[str],
-                       extensions: set[str]) -> dict[str, tuple[list[str], set[str]]]:
+def comfy_folder_table(
+    model_files: Any, models_dir: Path | None, kinds: Iterable[str], extensions: set[str]
+) -> dict[str, tuple[list[str], set[str]]]:
     """ComfyUI's ``folder_paths.folder_names_and_paths`` for ``kinds`` (and every kind ``model_files``
     knows): each kind's folders in search order, and its file extensions. An old name (``unet``,
     ``clip``) shares its kind's entry, so a plugin adding a folder through either name adds it to both."""

@@ -121,21 +121,40 @@ def _pieces(query: Any, key: Any) -> int:
     return min(rows, max(1, math.ceil(work / _piece_work("attention", query.device))))
 
 
-def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where: str,
-                        owner: int) -> Callable[..., Any]:
+def splitting_attention(
+    original: Callable[..., Any], flag: InterruptFlag, where: str, owner: int
+) -> Callable[..., Any]:
     """``scaled_dot_product_attention`` that, on thread ``owner``, computes a large call in query
     pieces and checks ``flag`` between them; other calls go to ``original`` unchanged."""
 
-    def attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-                  is_causal: bool = False, scale: float | None = None, **extra: Any) -> Any:
+    def attention(
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        **extra: Any,
+    ) -> Any:
         pieces = 1
         if threading.get_ident() == owner and not is_causal and not dropout_p:
             # fast path: at most rows * keys * dim * batch multiply-adds, under the smallest threshold
-            small = 2.0 * query.numel() * key.shape[-2] <= min(SPLIT_ABOVE[("attention", "cpu")], PIECE_WORK_OTHER)
+            small = 2.0 * query.numel() * key.shape[-2] <= min(
+                SPLIT_ABOVE[("attention", "cpu")], PIECE_WORK_OTHER
+            )
             pieces = 1 if small else _pieces(query, key)
         if pieces == 1:
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                            scale=scale, **extra)
+            return original(
+                query,
+                key,
+                value,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+                **extra,
+            )
         rows = query.shape[-2]
         step = math.ceil(rows / pieces)
         per_row_mask = attn_mask is not None and attn_mask.dim() >= 2 and attn_mask.shape[-2] == rows
@@ -143,11 +162,13 @@ def splitting_attention(original: Callable[..., Any], flag: InterruptFlag, where
         for start in range(0, rows, step):
             if flag.is_set():
                 raise Interrupted(f"interrupted inside an attention call while running {where}")
-            mask = attn_mask[..., start:start + step, :] if per_row_mask else attn_mask
-            piece = original(query[..., start:start + step, :], key, value, attn_mask=mask, scale=scale, **extra)
+            mask = attn_mask[..., start : start + step, :] if per_row_mask else attn_mask
+            piece = original(
+                query[..., start : start + step, :], key, value, attn_mask=mask, scale=scale, **extra
+            )
             if out is None:
                 out = piece.new_empty((*piece.shape[:-2], rows, piece.shape[-1]))
-            out[..., start:start + step, :] = piece
+            out[..., start : start + step, :] = piece
         return out
 
     attention.loom_original = original  # type: ignore[attr-defined]
@@ -158,22 +179,36 @@ def _pair(value: Any) -> tuple[int, int]:
     return (int(value[0]), int(value[1])) if isinstance(value, list | tuple) else (int(value), int(value))
 
 
-def splitting_conv2d(original: Callable[..., Any], flag: InterruptFlag, where: str, owner: int) -> Callable[..., Any]:
+def splitting_conv2d(
+    original: Callable[..., Any], flag: InterruptFlag, where: str, owner: int
+) -> Callable[..., Any]:
     """``conv2d`` that, on thread ``owner``, computes a large stride-1 convolution in bands of output
     rows (each band reads its rows plus the kernel's halo; rows outside the image are the zero
     padding the call asked for) and checks ``flag`` between bands; other calls go to ``original``."""
     import torch
 
-    def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-               groups: int = 1) -> Any:
+    def conv2d(
+        input: Any,
+        weight: Any,
+        bias: Any = None,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+    ) -> Any:
         # Fast path first (this wrapper sees every convolution of the model): the multiply-adds of
         # a call are at most weight.numel() * input.numel(), so a call under the smallest threshold
         # can never be split.
-        if threading.get_ident() != owner or weight.numel() * input.numel() <= min(SPLIT_ABOVE[("conv", "cpu")],
-                                                                                  PIECE_WORK_OTHER):
+        if threading.get_ident() != owner or weight.numel() * input.numel() <= min(
+            SPLIT_ABOVE[("conv", "cpu")], PIECE_WORK_OTHER
+        ):
             return original(input, weight, bias, stride, padding, dilation, groups)
-        simple = (input.dim() == 4 and weight.dim() == 4
-                  and not isinstance(padding, str) and _pair(stride) == (1, 1))
+        simple = (
+            input.dim() == 4
+            and weight.dim() == 4
+            and not isinstance(padding, str)
+            and _pair(stride) == (1, 1)
+        )
         if not simple:
             return original(input, weight, bias, stride, padding, dilation, groups)
         (ph, pw), (dh, _) = _pair(padding), _pair(dilation)
@@ -191,13 +226,13 @@ def splitting_conv2d(original: Callable[..., Any], flag: InterruptFlag, where: s
             if flag.is_set():
                 raise Interrupted(f"interrupted inside a convolution while running {where}")
             lo, hi = first - ph, min(first + step, out_rows) - ph + reach
-            band = input[:, :, max(lo, 0):min(hi, height)]
+            band = input[:, :, max(lo, 0) : min(hi, height)]
             if lo < 0 or hi > height:
                 band = torch.nn.functional.pad(band, (0, 0, max(0, -lo), max(0, hi - height)))
             result = original(band, weight, bias, 1, (0, pw), dilation, groups)
             if out is None:
                 out = result.new_empty((result.shape[0], result.shape[1], out_rows, result.shape[3]))
-            out[:, :, first:first + result.shape[2]] = result
+            out[:, :, first : first + result.shape[2]] = result
         return out
 
     conv2d.loom_original = original  # type: ignore[attr-defined]

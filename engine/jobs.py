@@ -46,9 +46,25 @@ from engine.jobtypes import (
 )
 from engine.overlap import PlanAwarePrefetch
 
-__all__ = ["FINAL", "RESTART_MESSAGE", "JobEvent", "JobFinished", "JobProgress", "JobQueue", "JobRecord",
-           "JobSpec", "JobStatus", "JobStore", "JobView", "LocalJobQueue", "Notice", "NoticeListener",
-           "QueueChanged", "StorageError", "WorkerHealth"]
+__all__ = [
+    "FINAL",
+    "RESTART_MESSAGE",
+    "JobEvent",
+    "JobFinished",
+    "JobProgress",
+    "JobQueue",
+    "JobRecord",
+    "JobSpec",
+    "JobStatus",
+    "JobStore",
+    "JobView",
+    "LocalJobQueue",
+    "Notice",
+    "NoticeListener",
+    "QueueChanged",
+    "StorageError",
+    "WorkerHealth",
+]
 
 WORKER_DIED_MESSAGE = "the job worker stopped unexpectedly while running this job; it was restarted"
 STORAGE_RETRY_S = 1.0
@@ -88,8 +104,14 @@ class LocalJobQueue:
     ``start()``, :meth:`drain` runs the queued jobs on the caller's thread (the CLI's way).
     """
 
-    def __init__(self, executor: Executor, store: JobStore, *, coalescer: Coalescer | None = None,
-                 prefetch: NextJobPrefetch | None = None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        store: JobStore,
+        *,
+        coalescer: Coalescer | None = None,
+        prefetch: NextJobPrefetch | None = None,
+    ) -> None:
         self.executor = executor
         self.store = store
         self.coalescer = coalescer  # engine/coalesce.py: batch compatible queued jobs (None: off)
@@ -119,8 +141,11 @@ class LocalJobQueue:
             log.error("could not record the jobs interrupted by the last stop: %s", exc)
             self.recovered = []
         for record in self.recovered:
-            log.warning("job %s was running when the process stopped; recorded as failed (%s)",
-                        record.spec.prompt_id, RESTART_MESSAGE)
+            log.warning(
+                "job %s was running when the process stopped; recorded as failed (%s)",
+                record.spec.prompt_id,
+                RESTART_MESSAGE,
+            )
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -342,13 +367,22 @@ class LocalJobQueue:
                 self._run_scheduled(spec)
             except Exception as exc:  # the worker must survive anything a job does
                 log.exception("job %s: unexpected failure in the queue worker", spec.prompt_id)
-                self._record_failure(spec, f"unexpected failure in the queue worker: {type(exc).__name__}: {exc}")
+                self._record_failure(
+                    spec, f"unexpected failure in the queue worker: {type(exc).__name__}: {exc}"
+                )
 
     def _record_failure(self, spec: JobSpec, message: str) -> None:
         """Record ``spec`` as failed with ``message`` (when its run cannot record itself)."""
         error = {"type": "worker_failure", "message": message, "exception_message": message}
-        note = ["execution_error", {"prompt_id": spec.prompt_id, "exception_message": message,
-                                    "exception_type": "WorkerFailure", "timestamp": int(time.time() * 1000)}]
+        note = [
+            "execution_error",
+            {
+                "prompt_id": spec.prompt_id,
+                "exception_message": message,
+                "exception_type": "WorkerFailure",
+                "timestamp": int(time.time() * 1000),
+            },
+        ]
         record = JobRecord.failed(spec, error, note)
         self._save(record)
         self._notify(JobFinished(record))
@@ -420,7 +454,9 @@ class LocalJobQueue:
             return self._run(spec)
         skip = {spec.prompt_id, *(g.prompt_id for g in group)}
         following = next((s for s in self.pending() if s.prompt_id not in skip), None)
-        with self.prefetch.during(following, current=spec, queued=[s for s in self.pending() if s.prompt_id not in skip]):
+        with self.prefetch.during(
+            following, current=spec, queued=[s for s in self.pending() if s.prompt_id not in skip]
+        ):
             return self._run(spec)
 
     def _companions(self, spec: JobSpec, wait: bool) -> list[JobSpec]:
@@ -442,7 +478,9 @@ class LocalJobQueue:
             result = self.executor.run(spec.request(self.executor.registry.object_info))
         except BaseException as exc:  # noqa: BLE001 - the executor promises not to raise; be safe anyway
             log.exception("job %s: the executor raised", spec.prompt_id)
-            result = RunResult(spec.prompt_id, "error", error={"type": type(exc).__name__, "message": str(exc)})
+            result = RunResult(
+                spec.prompt_id, "error", error={"type": type(exc).__name__, "message": str(exc)}
+            )
         with self._lock:
             messages = list(self._messages)
             self._cancel_requested.discard(spec.prompt_id)

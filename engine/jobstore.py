@@ -67,7 +67,9 @@ class JobStore:
             db.executescript(SCHEMA)
             verdict = db.execute("PRAGMA quick_check").fetchone()
             if verdict is None or verdict[0] != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {verdict[0] if verdict else 'no answer'}")
+                raise sqlite3.DatabaseError(
+                    f"integrity check failed: {verdict[0] if verdict else 'no answer'}"
+                )
         except sqlite3.DatabaseError:
             db.close()
             raise
@@ -78,8 +80,13 @@ class JobStore:
         for suffix in ("", "-wal", "-shm"):
             if os.path.exists(self.path + suffix):
                 os.replace(self.path + suffix, str(aside) + suffix)
-        log.error("the job database %s is damaged (%s); moved it aside to %s and started a fresh one "
-                  "(the queue and history it held are in that file)", self.path, exc, aside)
+        log.error(
+            "the job database %s is damaged (%s); moved it aside to %s and started a fresh one "
+            "(the queue and history it held are in that file)",
+            self.path,
+            exc,
+            aside,
+        )
         return aside
 
     @contextmanager
@@ -96,8 +103,10 @@ class JobStore:
                         self._db.execute("ROLLBACK")
                     except sqlite3.Error:
                         pass
-                raise StorageError(f"the job database {self.path} cannot be used: {exc}; if the disk is "
-                                   "full, free some space (the server recovers by itself)") from exc
+                raise StorageError(
+                    f"the job database {self.path} cannot be used: {exc}; if the disk is "
+                    "full, free some space (the server recovers by itself)"
+                ) from exc
 
     def close(self) -> None:
         with self._lock:
@@ -115,16 +124,20 @@ class JobStore:
         """Queue ``spec`` in ComfyUI's order: ``number`` given, else the next counter (negative with
         ``front``, so it runs before the others). A prompt_id already known is refused."""
         if self.knows(spec.prompt_id):
-            raise ValueError(f"prompt_id {spec.prompt_id!r} is already in the queue or the history; "
-                             "leave prompt_id out to get a fresh one")
+            raise ValueError(
+                f"prompt_id {spec.prompt_id!r} is already in the queue or the history; "
+                "leave prompt_id out to get a fresh one"
+            )
         counter = self.next_number()
         spec.number = float(number) if number is not None else float(-counter if front else counter)
         self.add_pending(spec)
 
     def add_pending(self, spec: JobSpec) -> None:
         with self._sql():
-            self._db.execute("INSERT INTO queue (prompt_id, number, state, spec) VALUES (?, ?, 'pending', ?)",
-                             (spec.prompt_id, spec.number, json.dumps(spec.to_json(), default=str)))
+            self._db.execute(
+                "INSERT INTO queue (prompt_id, number, state, spec) VALUES (?, ?, 'pending', ?)",
+                (spec.prompt_id, spec.number, json.dumps(spec.to_json(), default=str)),
+            )
 
     def knows(self, prompt_id: str) -> bool:
         with self._sql():
@@ -146,7 +159,9 @@ class JobStore:
 
     def jobs(self, state: str) -> list[JobSpec]:
         with self._sql():
-            rows = self._db.execute("SELECT spec FROM queue WHERE state=? ORDER BY number, seq", (state,)).fetchall()
+            rows = self._db.execute(
+                "SELECT spec FROM queue WHERE state=? ORDER BY number, seq", (state,)
+            ).fetchall()
         return [spec for r in rows if (spec := _spec(r[0])) is not None]
 
     def pop_next(self) -> JobSpec | None:
@@ -154,7 +169,8 @@ class JobStore:
         with self._sql():
             while True:
                 row = self._db.execute(
-                    "SELECT seq, spec FROM queue WHERE state='pending' ORDER BY number, seq LIMIT 1").fetchone()
+                    "SELECT seq, spec FROM queue WHERE state='pending' ORDER BY number, seq LIMIT 1"
+                ).fetchone()
                 if row is None:
                     return None
                 spec = _spec(row[1])
@@ -180,10 +196,14 @@ class JobStore:
         with self._sql():
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM queue WHERE prompt_id=?", (record.spec.prompt_id,))
-            self._db.execute("INSERT OR REPLACE INTO history (prompt_id, ran, record) VALUES (?, ?, ?)",
-                             (record.spec.prompt_id, int(record.ran), json.dumps(record.to_json(), default=str)))
-            self._db.execute("DELETE FROM history WHERE seq NOT IN "
-                             "(SELECT seq FROM history ORDER BY seq DESC LIMIT ?)", (self.history_size,))
+            self._db.execute(
+                "INSERT OR REPLACE INTO history (prompt_id, ran, record) VALUES (?, ?, ?)",
+                (record.spec.prompt_id, int(record.ran), json.dumps(record.to_json(), default=str)),
+            )
+            self._db.execute(
+                "DELETE FROM history WHERE seq NOT IN (SELECT seq FROM history ORDER BY seq DESC LIMIT ?)",
+                (self.history_size,),
+            )
             self._db.execute("COMMIT")
 
     def record(self, prompt_id: str) -> JobRecord | None:
@@ -200,7 +220,9 @@ class JobStore:
             else:
                 rows = self._db.execute(
                     f"SELECT record FROM (SELECT seq, record FROM history {where} ORDER BY seq DESC "
-                    "LIMIT ? OFFSET ?) ORDER BY seq", (_clamp(max_items), _clamp(offset))).fetchall()
+                    "LIMIT ? OFFSET ?) ORDER BY seq",
+                    (_clamp(max_items), _clamp(offset)),
+                ).fetchall()
         return [record for r in rows if (record := _record(r[0])) is not None]
 
     def delete_history(self, prompt_ids: list[str]) -> None:
@@ -216,14 +238,19 @@ class JobStore:
         records = []
         for spec in self.jobs("running"):
             error = {"type": "restart", "message": RESTART_MESSAGE, "exception_message": RESTART_MESSAGE}
-            message = ["execution_error", {"prompt_id": spec.prompt_id, "exception_message": RESTART_MESSAGE,
-                                           "exception_type": "Restart", "timestamp": int(time.time() * 1000)}]
+            message = [
+                "execution_error",
+                {
+                    "prompt_id": spec.prompt_id,
+                    "exception_message": RESTART_MESSAGE,
+                    "exception_type": "Restart",
+                    "timestamp": int(time.time() * 1000),
+                },
+            ]
             record = JobRecord.failed(spec, error, message)
             self.finish(record)
             records.append(record)
         return records
-
-
 
 
 def _clamp(value: int) -> int:

@@ -19,13 +19,17 @@ FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 # A finished job's status from its run's (the one translation; ComfyUI's words are produced only
 # where ComfyUI's shapes are, in JobRecord.comfy_history).
 JOB_STATUS: Mapping[Status, JobStatus] = {
-    "success": "succeeded", "error": "failed", "invalid": "failed", "interrupted": "cancelled",
+    "success": "succeeded",
+    "error": "failed",
+    "invalid": "failed",
+    "interrupted": "cancelled",
 }
 _RUN_STATUS: Mapping[str, Status] = {"succeeded": "success", "cancelled": "interrupted"}  # else "error"
 RESTART_MESSAGE = "interrupted by restart"
 # Events ComfyUI keeps in a history entry's status.messages.
-STATUS_MESSAGES = frozenset({"execution_start", "execution_cached", "execution_success",
-                             "execution_error", "execution_interrupted"})
+STATUS_MESSAGES = frozenset(
+    {"execution_start", "execution_cached", "execution_success", "execution_error", "execution_interrupted"}
+)
 # How a job's images come back (JobSpec.returns; see engine/server/routes_jobs.py): as files, or
 # kept in memory (RunRequest.keep_images) and served as bytes or embedded as base64.
 RETURN_MODES = ("files", "bytes", "base64")
@@ -50,9 +54,12 @@ class JobSpec:
         """The run this job asks for, with the metadata image nodes embed prepared here, once
         (``object_info`` is read only to convert a saved-format workflow to ComfyUI's UI format)."""
         return RunRequest(
-            prompt=self.prompt, prompt_id=self.prompt_id, outputs=list(self.outputs) or None,
+            prompt=self.prompt,
+            prompt_id=self.prompt_id,
+            outputs=list(self.outputs) or None,
             extra_pnginfo=png_info(self.extra_data.get("extra_pnginfo"), object_info) or None,
-            client_id=self.client_id, keep_images=self.returns in ("bytes", "base64"),
+            client_id=self.client_id,
+            keep_images=self.returns in ("bytes", "base64"),
         )
 
     def comfy_tuple(self) -> list[Any]:
@@ -151,35 +158,62 @@ class JobRecord:
         """Flat, as stored since the first version (``run_status`` added: "invalid" vs "error")."""
         data = self.result.to_json()
         del data["prompt_id"]
-        data.update(spec=self.spec.to_json(), status=self.status, run_status=self.result.status,
-                    messages=self.messages, started_at=self.started_at, finished_at=self.finished_at)
+        data.update(
+            spec=self.spec.to_json(),
+            status=self.status,
+            run_status=self.result.status,
+            messages=self.messages,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+        )
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
         spec = JobSpec.from_json(data["spec"])
         status = data.get("run_status") or _RUN_STATUS.get(str(data.get("status")), "error")
-        kept = {k: data[k] for k in ("executed", "cached", "outputs", "node_errors", "error", "timings", "memory")
-                if k in data}
+        kept = {
+            k: data[k]
+            for k in ("executed", "cached", "outputs", "node_errors", "error", "timings", "memory")
+            if k in data
+        }
         result = RunResult(spec.prompt_id, status, **kept)
-        return cls(spec, result, **{k: data[k] for k in ("messages", "started_at", "finished_at") if k in data})
+        return cls(
+            spec, result, **{k: data[k] for k in ("messages", "started_at", "finished_at") if k in data}
+        )
 
     @classmethod
     def failed(cls, spec: JobSpec, error: dict[str, Any], message: list[Any]) -> JobRecord:
         """A job whose run could not record itself (a restart, a worker failure)."""
-        return cls(spec, RunResult(spec.prompt_id, "error", error=error, timings={}), messages=[message],
-                   started_at=spec.created_at)
+        return cls(
+            spec,
+            RunResult(spec.prompt_id, "error", error=error, timings={}),
+            messages=[message],
+            started_at=spec.created_at,
+        )
 
     @classmethod
     def cancelled_before_start(cls, spec: JobSpec) -> JobRecord:
         """A queued job removed before it ran (its history messages as ComfyUI records an interrupt)."""
-        message = ["execution_interrupted", {"prompt_id": spec.prompt_id, "node_id": None, "node_type": None,
-                                             "executed": [], "timestamp": int(time.time() * 1000)}]
+        message = [
+            "execution_interrupted",
+            {
+                "prompt_id": spec.prompt_id,
+                "node_id": None,
+                "node_type": None,
+                "executed": [],
+                "timestamp": int(time.time() * 1000),
+            },
+        ]
         error = {"type": "cancelled", "message": "cancelled before it started"}
-        return cls(spec, RunResult(spec.prompt_id, "interrupted", error=error, timings={}), messages=[message])
+        return cls(
+            spec, RunResult(spec.prompt_id, "interrupted", error=error, timings={}), messages=[message]
+        )
 
     @classmethod
-    def from_result(cls, spec: JobSpec, result: RunResult, messages: list[list[Any]], started: float) -> JobRecord:
+    def from_result(
+        cls, spec: JobSpec, result: RunResult, messages: list[list[Any]], started: float
+    ) -> JobRecord:
         return cls(spec, replace(result, images={}), messages, started)
 
 
@@ -195,11 +229,19 @@ class InterruptState:
 
     def to_json(self) -> dict[str, Any]:
         stuck = self.unheeded_s is not None and self.unheeded_s >= UNSTOPPABLE_AFTER_S
-        message = (f"the running node has not checked for an interrupt in {self.unheeded_s:.1f} s: it cannot be "
-                   "stopped and the job ends when the node finishes (the node should call "
-                   "ctx.check_interrupt() in its loops)" if stuck else "stopping")
-        return {"requested": True, "stoppable": not stuck,
-                "unheeded_s": None if self.unheeded_s is None else round(self.unheeded_s, 3), "message": message}
+        message = (
+            f"the running node has not checked for an interrupt in {self.unheeded_s:.1f} s: it cannot be "
+            "stopped and the job ends when the node finishes (the node should call "
+            "ctx.check_interrupt() in its loops)"
+            if stuck
+            else "stopping"
+        )
+        return {
+            "requested": True,
+            "stoppable": not stuck,
+            "unheeded_s": None if self.unheeded_s is None else round(self.unheeded_s, 3),
+            "message": message,
+        }
 
 
 @dataclass(frozen=True)
@@ -277,5 +319,3 @@ class JobFinished:
 
 Notice = JobEvent | QueueChanged | JobFinished
 NoticeListener = Callable[[Notice], None]
-
-

@@ -74,7 +74,9 @@ class ModelManager:
         go back to disk as soon as the upcoming handles (plan and queue) no longer include them."""
         self.policy = policy or DevicePolicy.cpu()
         if budget is None:
-            budget = RamBudget.for_machine() if ram_budget_bytes is None else fixed_tier_budget(ram_budget_bytes)
+            budget = (
+                RamBudget.for_machine() if ram_budget_bytes is None else fixed_tier_budget(ram_budget_bytes)
+            )
         self.budget = budget
         self.drop_unneeded = drop_unneeded
         self.late_kinds: frozenset[str] = frozenset()  # see defer_late
@@ -248,12 +250,24 @@ class ModelManager:
             s.bytes_moved += moved
             s.seconds += seconds
             s.loads.append(
-                {"key": handle.key, "kind": handle.kind, "source": source, "bytes": nbytes,
-                 "seconds": round(seconds, 4), "device": device}
+                {
+                    "key": handle.key,
+                    "kind": handle.kind,
+                    "source": source,
+                    "bytes": nbytes,
+                    "seconds": round(seconds, 4),
+                    "device": device,
+                }
             )
             s.max_resident = max(s.max_resident, self._large_resident_count())
-        log.info("load %s %s from %s: %.1f MiB in %.2fs", handle.kind, handle.key[:12], source,
-                 nbytes / 2**20, seconds)
+        log.info(
+            "load %s %s from %s: %.1f MiB in %.2fs",
+            handle.kind,
+            handle.key[:12],
+            source,
+            nbytes / 2**20,
+            seconds,
+        )
         return entry
 
     def _ready(self, handle: ModelHandleLike, module: Any, device: str, dtype: str) -> Any:
@@ -266,12 +280,16 @@ class ModelManager:
 
     def _evict_resident_large(self) -> None:
         """Move unlocked large residents to the RAM tier (caller holds the lock)."""
-        for key in [k for k, e in self._resident.items() if e.locks == 0 and self.policy.is_large(e.handle.kind)]:
+        for key in [
+            k for k, e in self._resident.items() if e.locks == 0 and self.policy.is_large(e.handle.kind)
+        ]:
             entry = self._resident.pop(key)
             self._stop_streaming(key)
             start = time.perf_counter()
             if self.policy.device != "cpu":
-                entry.module = entry.handle.to_device(entry.module, "cpu", self.policy.dtype_for(entry.handle.kind))
+                entry.module = entry.handle.to_device(
+                    entry.module, "cpu", self.policy.dtype_for(entry.handle.kind)
+                )
                 self._stats.bytes_moved += entry.nbytes
             entry.prefetched = False
             if entry.handle.kind in self.drop_unneeded and not self._is_upcoming(key):
@@ -332,6 +350,7 @@ class ModelManager:
     def _drop_unneeded(self, keep: set[str]) -> None:
         """Drop RAM-tier models of the ``drop_unneeded`` kinds no upcoming node needs and not in
         ``keep`` (caller holds the lock); unlocked residents of those kinds go too."""
+
         def unneeded(key: str, entry: _Entry) -> bool:
             return entry.handle.kind in self.drop_unneeded and key not in keep and not self._is_upcoming(key)
 
@@ -348,7 +367,11 @@ class ModelManager:
         """Cast a module leaving the device back to the precision its file stores (exact: the
         compute precision is wider), so the RAM tier holds an fp16 file in fp16."""
         held = stored_dtype(entry.module)
-        if entry.stored is None or held is None or DTYPE_BYTES.get(entry.stored, 4) >= DTYPE_BYTES.get(held, 4):
+        if (
+            entry.stored is None
+            or held is None
+            or DTYPE_BYTES.get(entry.stored, 4) >= DTYPE_BYTES.get(held, 4)
+        ):
             return
         entry.module = entry.handle.to_device(entry.module, "cpu", entry.stored)
         entry.nbytes = module_bytes(entry.module, entry.nbytes)
@@ -419,7 +442,9 @@ class ModelManager:
                 self._stats.seconds += seconds
                 self._fit_ram_budget(protect=key)
                 self._note_ram_tier()
-                log.info("prefetched %s %s: %.1f MiB in %.2fs", handle.kind, key[:12], nbytes / 2**20, seconds)
+                log.info(
+                    "prefetched %s %s: %.1f MiB in %.2fs", handle.kind, key[:12], nbytes / 2**20, seconds
+                )
             self._changed.notify_all()
         if module is not None:
             self._schedule_prefetch()
@@ -458,7 +483,9 @@ class ModelManager:
         """The budget, and per resident model its streaming plan and counts (caller holds the lock)."""
         if self.device_budget is None:
             return {}
-        streamed = [{"key": key, **state.describe()} for key, state in self._streams.items() if key in self._resident]
+        streamed = [
+            {"key": key, **state.describe()} for key, state in self._streams.items() if key in self._resident
+        ]
         return {"device_budget": self.device_budget.describe(), "streaming": streamed}
 
     # --- accounting helpers ---------------------------------------------------------------------
@@ -473,7 +500,13 @@ class ModelManager:
 
     def _record_eviction(self, entry: _Entry, to: str, reason: str) -> None:
         self._stats.evictions.append(
-            {"key": entry.handle.key, "kind": entry.handle.kind, "to": to, "reason": reason, "bytes": entry.nbytes}
+            {
+                "key": entry.handle.key,
+                "kind": entry.handle.kind,
+                "to": to,
+                "reason": reason,
+                "bytes": entry.nbytes,
+            }
         )
         log.info("evict %s %s to %s (%s)", entry.handle.kind, entry.handle.key[:12], to, reason)
 

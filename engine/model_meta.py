@@ -55,8 +55,15 @@ class ModelFileInfo:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size, "title": self.title, "trigger_words": self.trigger_words,
-                "base_model": self.base_model, "metadata": self.metadata, "error": self.error}
+        return {
+            "name": self.name,
+            "size": self.size,
+            "title": self.title,
+            "trigger_words": self.trigger_words,
+            "base_model": self.base_model,
+            "metadata": self.metadata,
+            "error": self.error,
+        }
 
 
 def describe_model_file(name: str, path: Path) -> ModelFileInfo:
@@ -71,7 +78,8 @@ def describe_model_file(name: str, path: Path) -> ModelFileInfo:
     trigger = meta.get("modelspec.trigger_phrase") or meta.get("trigger_words") or ""
     words = [w.strip() for w in trigger.split(",") if w.strip()]
     return ModelFileInfo(
-        name, size,
+        name,
+        size,
         title=meta.get("modelspec.title") or meta.get("ss_output_name") or None,
         trigger_words=words,
         base_model=meta.get("modelspec.architecture") or meta.get("ss_base_model_version") or None,

@@ -180,10 +180,14 @@ class NativeNodeDef(NodeDef):
         name = getattr(self.cls, "__qualname__", repr(self.cls))
         schema = getattr(self.cls, "SCHEMA", None)
         if schema is None:
-            raise SchemaError(f"node class {name!r}: field 'SCHEMA': missing; declare SCHEMA = NodeSchema(...)")
+            raise SchemaError(
+                f"node class {name!r}: field 'SCHEMA': missing; declare SCHEMA = NodeSchema(...)"
+            )
         check_schema(schema, name)
         if not callable(getattr(self.cls, "run", None)):
-            raise SchemaError(f"node class {name!r}: field 'run': missing; implement run(self, ctx, **inputs)")
+            raise SchemaError(
+                f"node class {name!r}: field 'run': missing; implement run(self, ctx, **inputs)"
+            )
         self.schema = schema
         self.code_version = f"{self.cls.VERSION}:{source_hash(self.cls)}"
 

@@ -64,8 +64,9 @@ class PlanAwarePrefetch(NextJobPrefetch):
                 note(event.value, event.max)
 
     @contextmanager
-    def during(self, next_spec: JobSpec | None, *, current: JobSpec | None = None,
-               queued: Sequence[JobSpec] = ()) -> Iterator[None]:
+    def during(
+        self, next_spec: JobSpec | None, *, current: JobSpec | None = None, queued: Sequence[JobSpec] = ()
+    ) -> Iterator[None]:
         if current is not None:
             try:
                 self.encode_ahead([current, *queued[:ENCODE_AHEAD_JOBS]])
@@ -89,9 +90,16 @@ class PlanAwarePrefetch(NextJobPrefetch):
         done: list[str] = []
         for i, (spec, nodes, _) in enumerate(todo):
             still = [h for _, _, encoders in todo[i:] for h in encoders]
-            quiet = Executor(ex.registry, ex.cache, ex.folders, models=_AppendHints(ex.models, [*still, *later]),
-                             settings=ex.settings)
-            result = quiet.run(RunRequest(prompt=spec.prompt, prompt_id=f"{spec.prompt_id}.encode", outputs=nodes))
+            quiet = Executor(
+                ex.registry,
+                ex.cache,
+                ex.folders,
+                models=_AppendHints(ex.models, [*still, *later]),
+                settings=ex.settings,
+            )
+            result = quiet.run(
+                RunRequest(prompt=spec.prompt, prompt_id=f"{spec.prompt_id}.encode", outputs=nodes)
+            )
             if result.status == "success":
                 done.append(spec.prompt_id)
         if todo:
@@ -117,8 +125,11 @@ class PlanAwarePrefetch(NextJobPrefetch):
         plan = plan_job(ex, {str(k): v for k, v in spec.prompt.items()}, list(spec.outputs) or None)
         if plan is None:
             return []
-        return [node_id for node_id in plan.plan.order if node_id in plan.keys
-                and self._is_encode(plan, node_id) and plan.keys[node_id] not in ex.cache]
+        return [
+            node_id
+            for node_id in plan.plan.order
+            if node_id in plan.keys and self._is_encode(plan, node_id) and plan.keys[node_id] not in ex.cache
+        ]
 
     def _is_encode(self, plan: KeyedPlan, node_id: str) -> bool:
         schema = self._schema(plan, node_id)
@@ -135,8 +146,11 @@ class PlanAwarePrefetch(NextJobPrefetch):
             schema = self._schema(plan, current)
             if schema is None or schema.not_idempotent or is_nonce(plan.keys.get(current, "")):
                 return False
-            if current != node_id and (schema.output_node or any(o.type in DATA_TYPES for o in schema.outputs)
-                                       or any(i.type in DATA_TYPES for i in schema.inputs)):
+            if current != node_id and (
+                schema.output_node
+                or any(o.type in DATA_TYPES for o in schema.outputs)
+                or any(i.type in DATA_TYPES for i in schema.inputs)
+            ):
                 return False
             for value in (plan.plan.prompt[current].get("inputs") or {}).values():
                 link = as_link(value)

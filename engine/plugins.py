@@ -212,7 +212,9 @@ class PackSource:
         return self.path if self.is_package else self.path.parent
 
 
-def discover_packs(dirs: Sequence[Path], config: PluginConfig) -> tuple[list[PackSource], list[PackStatus], list[Path]]:
+def discover_packs(
+    dirs: Sequence[Path], config: PluginConfig
+) -> tuple[list[PackSource], list[PackStatus], list[Path]]:
     """Packs to load, packs skipped (with the reason), and plugin folders that do not exist."""
     found: list[PackSource] = []
     skipped: list[PackStatus] = []
@@ -230,7 +232,9 @@ def discover_packs(dirs: Sequence[Path], config: PluginConfig) -> tuple[list[Pac
             if entry.is_dir():
                 if not (entry / "__init__.py").is_file():
                     if any(entry.glob("*.py")):
-                        skipped.append(PackStatus(entry.name, entry, ok=False, skipped="folder has no __init__.py"))
+                        skipped.append(
+                            PackStatus(entry.name, entry, ok=False, skipped="folder has no __init__.py")
+                        )
                     continue
                 source = PackSource(entry.name, entry, is_package=True)
             elif entry.suffix == ".py":
@@ -248,8 +252,12 @@ def discover_packs(dirs: Sequence[Path], config: PluginConfig) -> tuple[list[Pac
 def pack_code_version(source: PackSource) -> str:
     """Hash of the pack's Python sources (relative path and content of each ``.py`` file)."""
     digest = hashlib.sha256()
-    files = [source.path] if not source.is_package else sorted(
-        p for p in source.path.rglob("*.py") if not _SKIPPED_DIRS & set(p.relative_to(source.path).parts)
+    files = (
+        [source.path]
+        if not source.is_package
+        else sorted(
+            p for p in source.path.rglob("*.py") if not _SKIPPED_DIRS & set(p.relative_to(source.path).parts)
+        )
     )
     for path in files:
         digest.update(str(path.relative_to(source.root)).encode() + b"\0")
@@ -258,7 +266,11 @@ def pack_code_version(source: PackSource) -> str:
 
 
 def load_plugins(
-    registry: NodeRegistry, dirs: Sequence[Path], *, config: PluginConfig | None = None, shim: PluginEnvironment
+    registry: NodeRegistry,
+    dirs: Sequence[Path],
+    *,
+    config: PluginConfig | None = None,
+    shim: PluginEnvironment,
 ) -> PluginReport:
     """Discover and load every pack in ``dirs`` into ``registry``; never raises for a pack's fault.
 
@@ -315,7 +327,9 @@ def _register_native(module: types.ModuleType, registrar: PluginRegistrar, statu
     if entry is None:
         return
     if not callable(entry):
-        raise TypeError(f"{NATIVE_ENTRY_POINT} must be a function taking the PluginRegistrar, found {entry!r}")
+        raise TypeError(
+            f"{NATIVE_ENTRY_POINT} must be a function taking the PluginRegistrar, found {entry!r}"
+        )
     status.styles.append("native")
     entry(registrar)
 
@@ -327,7 +341,9 @@ def _register_comfy_v1(
     if mappings is None:
         return
     if not isinstance(mappings, Mapping):
-        raise TypeError(f"NODE_CLASS_MAPPINGS must be a dict of name -> class, found {type(mappings).__name__}")
+        raise TypeError(
+            f"NODE_CLASS_MAPPINGS must be a dict of name -> class, found {type(mappings).__name__}"
+        )
     names = getattr(module, "NODE_DISPLAY_NAME_MAPPINGS", None) or {}
     status.styles.append("comfy_v1")
     for node_id, cls in mappings.items():
@@ -336,8 +352,14 @@ def _register_comfy_v1(
             if is_v3_class(cls):
                 node_def = ComfyV3NodeDef(cls, registrar.pack, registrar.pack_version, env)
             else:
-                node_def = ComfyV1NodeDef(cls, str(node_id), registrar.pack, registrar.pack_version, env,
-                                          display_name=names.get(node_id))
+                node_def = ComfyV1NodeDef(
+                    cls,
+                    str(node_id),
+                    registrar.pack,
+                    registrar.pack_version,
+                    env,
+                    display_name=names.get(node_id),
+                )
         except Exception as exc:
             registrar.rejected[str(node_id)] = _reason(exc)
             continue
@@ -395,7 +417,9 @@ def _web_directory(module: types.ModuleType, source: PackSource, status: PackSta
         return None
     folder = (source.root / str(declared)).resolve()
     if not folder.is_dir():
-        status.warnings.append(f"WEB_DIRECTORY {declared!r} is not a folder ({folder}); no web extension served")
+        status.warnings.append(
+            f"WEB_DIRECTORY {declared!r} is not a folder ({folder}); no web extension served"
+        )
         return None
     return folder
 
@@ -409,7 +433,7 @@ def _failure(exc: BaseException, source: PackSource) -> tuple[str, str]:
     frames = traceback.extract_tb(exc.__traceback__)
     root = str(source.root.resolve())
     own = [i for i, f in enumerate(frames) if str(Path(f.filename).resolve()).startswith(root)]
-    kept = frames[own[0]:] if own else frames
+    kept = frames[own[0] :] if own else frames
     where = ""
     if own:
         last = frames[own[-1]]
@@ -417,7 +441,11 @@ def _failure(exc: BaseException, source: PackSource) -> tuple[str, str]:
     message = f"{type(exc).__name__}: {exc}{where}"
     if type(exc) is ModuleNotFoundError and exc.name:
         requirements = source.root / "requirements.txt"
-        how = f"pip install -r {requirements}" if source.is_package and requirements.is_file() else "pip install it"
+        how = (
+            f"pip install -r {requirements}"
+            if source.is_package and requirements.is_file()
+            else "pip install it"
+        )
         message += f"; the pack needs the Python package providing {exc.name!r}: {how}, or disable the pack"
     text = "".join(traceback.format_list(kept)) + "".join(traceback.format_exception_only(exc))
     return message, text[-4000:]
@@ -425,9 +453,13 @@ def _failure(exc: BaseException, source: PackSource) -> tuple[str, str]:
 
 def _log_status(status: PackStatus) -> None:
     if not status.ok:
-        log.error("plugin pack %r failed to load (%.2f s): %s", status.name, status.import_seconds, status.error)
+        log.error(
+            "plugin pack %r failed to load (%.2f s): %s", status.name, status.import_seconds, status.error
+        )
         return
-    log.info("plugin pack %r loaded in %.2f s: %d nodes", status.name, status.import_seconds, len(status.nodes))
+    log.info(
+        "plugin pack %r loaded in %.2f s: %d nodes", status.name, status.import_seconds, len(status.nodes)
+    )
     for node, reason in status.rejected.items():
         log.warning("plugin pack %r: node %r rejected: %s", status.name, node, reason)
     for warning in status.warnings:

@@ -48,7 +48,17 @@ HIDDEN_KWARGS = {
     HIDDEN_DYNPROMPT: "dynprompt",
 }
 ALWAYS_CHANGED_PREFIX = "loom:always-changed:"
-_OPTION_FIELDS = {"default", "min", "max", "step", "round", "multiline", "lazy", "image_upload", "display_name"}
+_OPTION_FIELDS = {
+    "default",
+    "min",
+    "max",
+    "step",
+    "round",
+    "multiline",
+    "lazy",
+    "image_upload",
+    "display_name",
+}
 
 
 class PluginEnvironment(Protocol):
@@ -122,7 +132,9 @@ def map_input(name: str, entry: Any, *, optional: bool, owner: str, ports: PortM
     elif kind == COMBO:
         options = tuple(opts.pop("options", ()) or ())
     elif not isinstance(kind, str) or not kind:
-        raise SchemaError(f"{where}: the type must be a string such as 'IMAGE' or a list of choices, found {kind!r}")
+        raise SchemaError(
+            f"{where}: the type must be a string such as 'IMAGE' or a list of choices, found {kind!r}"
+        )
     fields: dict[str, Any] = {k: opts.pop(k) for k in list(opts) if k in _OPTION_FIELDS}
     force_input = bool(opts.pop("forceInput", False) or opts.pop("defaultInput", False))
     control = opts.pop("control_after_generate", None)
@@ -158,7 +170,9 @@ def map_hidden(hidden: Mapping[str, Any], owner: str, ports: PortMapping) -> Non
             ports.hidden_keys[str(kind)] = key
         else:
             ports.unsupported_hidden.append(key)
-            ports.warnings.append(f"{owner}: hidden input {key!r} ({kind}) is not provided by Loom; it gets None")
+            ports.warnings.append(
+                f"{owner}: hidden input {key!r} ({kind}) is not provided by Loom; it gets None"
+            )
     for kind in ports.hidden_keys:
         clash = HIDDEN_KWARGS[kind]
         if any(i.name == clash for i in ports.inputs):
@@ -170,20 +184,28 @@ def map_hidden(hidden: Mapping[str, Any], owner: str, ports: PortMapping) -> Non
 
 def map_outputs(types: Any, names: Any, is_list: Any, tooltips: Any, owner: str, ports: PortMapping) -> None:
     if not isinstance(types, tuple | list):
-        raise SchemaError(f"node class {owner!r}: field 'RETURN_TYPES': expected a tuple of type names, found {types!r}")
+        raise SchemaError(
+            f"node class {owner!r}: field 'RETURN_TYPES': expected a tuple of type names, found {types!r}"
+        )
     count = len(types)
     names = list(names) if names is not None else None
     is_list = list(is_list) if is_list is not None else [False] * count
     tooltips = list(tooltips or [])
     if names is not None and len(names) != count:
-        raise SchemaError(f"node class {owner!r}: field 'RETURN_NAMES': {len(names)} names for {count} RETURN_TYPES")
+        raise SchemaError(
+            f"node class {owner!r}: field 'RETURN_NAMES': {len(names)} names for {count} RETURN_TYPES"
+        )
     if len(is_list) != count:
-        raise SchemaError(f"node class {owner!r}: field 'OUTPUT_IS_LIST': {len(is_list)} flags for {count} RETURN_TYPES")
+        raise SchemaError(
+            f"node class {owner!r}: field 'OUTPUT_IS_LIST': {len(is_list)} flags for {count} RETURN_TYPES"
+        )
     seen: dict[str, int] = {}
     for index, kind in enumerate(types):
         kind = COMBO if isinstance(kind, list | tuple) else kind
         if not isinstance(kind, str) or not kind:
-            raise SchemaError(f"node class {owner!r}: field 'RETURN_TYPES[{index}]': expected a type name, found {kind!r}")
+            raise SchemaError(
+                f"node class {owner!r}: field 'RETURN_TYPES[{index}]': expected a type name, found {kind!r}"
+            )
         name = str(names[index]) if names is not None else kind
         seen[name] = seen.get(name, 0) + 1
         if seen[name] > 1:  # ComfyUI allows repeated names (e.g. two INT outputs); Loom's ports are unique
@@ -191,7 +213,9 @@ def map_outputs(types: Any, names: Any, is_list: Any, tooltips: Any, owner: str,
         tooltip = tooltips[index] if index < len(tooltips) and tooltips[index] else None
         if tooltip is None:
             ports.generated.append(f"output {name}")
-        ports.outputs.append(Output(name, kind, tooltip or generated_description(name, kind), bool(is_list[index])))
+        ports.outputs.append(
+            Output(name, kind, tooltip or generated_description(name, kind), bool(is_list[index]))
+        )
 
 
 def normalize_result(result: Any, n_outputs: int, owner: str) -> NodeOutput:
@@ -199,7 +223,9 @@ def normalize_result(result: Any, n_outputs: int, owner: str) -> NodeOutput:
     ui: dict[str, Any] | None = None
     if isinstance(result, dict):
         if "expand" in result:
-            raise NotImplementedError(f"{owner} returned a node expansion ('expand'); Loom does not support it")
+            raise NotImplementedError(
+                f"{owner} returned a node expansion ('expand'); Loom does not support it"
+            )
         ui = ui_dict(result.get("ui"))
         result = result.get("result", ())
     if isinstance(result, ExecutionBlocker):
@@ -257,22 +283,40 @@ class ComfyV1NodeDef(NodeDef):
     def _build(self) -> None:
         cls, owner = self.cls, self.node_id
         if not callable(getattr(cls, "INPUT_TYPES", None)):
-            raise SchemaError(f"node class {owner!r}: field 'INPUT_TYPES': missing; declare a classmethod INPUT_TYPES()")
+            raise SchemaError(
+                f"node class {owner!r}: field 'INPUT_TYPES': missing; declare a classmethod INPUT_TYPES()"
+            )
         function = getattr(cls, "FUNCTION", None)
         if not isinstance(function, str) or not callable(getattr(cls, function, None)):
-            raise SchemaError(f"node class {owner!r}: field 'FUNCTION': {function!r} does not name a method of the class")
-        with contained(f"INPUT_TYPES of {owner!r} from plugin pack {self.origin!r}"), self.env.installed(self.origin):
+            raise SchemaError(
+                f"node class {owner!r}: field 'FUNCTION': {function!r} does not name a method of the class"
+            )
+        with (
+            contained(f"INPUT_TYPES of {owner!r} from plugin pack {self.origin!r}"),
+            self.env.installed(self.origin),
+        ):
             declared = cls.INPUT_TYPES()  # type: ignore[attr-defined]
         if not isinstance(declared, Mapping):
-            raise SchemaError(f"node class {owner!r}: field 'INPUT_TYPES': must return a dict, returned {declared!r}")
+            raise SchemaError(
+                f"node class {owner!r}: field 'INPUT_TYPES': must return a dict, returned {declared!r}"
+            )
         ports = PortMapping()
         for section, optional in (("required", False), ("optional", True)):
             for name, entry in dict(declared.get(section) or {}).items():
                 map_input(str(name), entry, optional=optional, owner=owner, ports=ports)
         map_hidden(dict(declared.get("hidden") or {}), owner, ports)
-        map_outputs(getattr(cls, "RETURN_TYPES", None), getattr(cls, "RETURN_NAMES", None),
-                    getattr(cls, "OUTPUT_IS_LIST", None), getattr(cls, "OUTPUT_TOOLTIPS", None), owner, ports)
-        description = getattr(cls, "DESCRIPTION", "") or f"{owner} (ComfyUI node from pack {self.origin}; no description given)"
+        map_outputs(
+            getattr(cls, "RETURN_TYPES", None),
+            getattr(cls, "RETURN_NAMES", None),
+            getattr(cls, "OUTPUT_IS_LIST", None),
+            getattr(cls, "OUTPUT_TOOLTIPS", None),
+            owner,
+            ports,
+        )
+        description = (
+            getattr(cls, "DESCRIPTION", "")
+            or f"{owner} (ComfyUI node from pack {self.origin}; no description given)"
+        )
         self.schema = NodeSchema(
             node_id=owner,
             display_name=self.display_name or owner,
@@ -294,7 +338,9 @@ class ComfyV1NodeDef(NodeDef):
         raw = inspect.getattr_static(cls, "VALIDATE_INPUTS", None)
         raw = raw.__func__ if isinstance(raw, classmethod | staticmethod) else raw
         # ComfyUI skips its own check of an input that VALIDATE_INPUTS names as a parameter.
-        self.self_validated = frozenset(_parameters(raw) & {i.name for i in ports.inputs}) if raw else frozenset()
+        self.self_validated = (
+            frozenset(_parameters(raw) & {i.name for i in ports.inputs}) if raw else frozenset()
+        )
 
     # --- the pack's keyword arguments ------------------------------------------------------------
     def _kwargs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -313,7 +359,10 @@ class ComfyV1NodeDef(NodeDef):
 
     def _call(self, fn: Callable[..., Any], kwargs: Mapping[str, Any], *, filtered: bool) -> Any:
         try:
-            with contained(f"node class {self.node_id!r} from plugin pack {self.origin!r}"), self.env.installed(self.origin):
+            with (
+                contained(f"node class {self.node_id!r} from plugin pack {self.origin!r}"),
+                self.env.installed(self.origin),
+            ):
                 return run_maybe_async(call_accepting(fn, kwargs) if filtered else fn(**kwargs))
         except Exception as exc:
             note_origin(exc, self.node_id, self.origin)

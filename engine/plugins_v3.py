@@ -60,27 +60,43 @@ class ComfyV3NodeDef(NodeDef):
 
     def _build(self) -> None:
         owner = getattr(self.cls, "__name__", repr(self.cls))
-        with contained(f"define_schema of {owner!r} from plugin pack {self.origin!r}"), self.env.installed(self.origin):
+        with (
+            contained(f"define_schema of {owner!r} from plugin pack {self.origin!r}"),
+            self.env.installed(self.origin),
+        ):
             v3 = self.cls.define_schema()  # type: ignore[attr-defined]
         node_id = getattr(v3, "node_id", None)
         if not isinstance(node_id, str) or not node_id:
-            raise SchemaError(f"node class {owner!r}: field 'define_schema().node_id': must be a non-empty string")
+            raise SchemaError(
+                f"node class {owner!r}: field 'define_schema().node_id': must be a non-empty string"
+            )
         ports = PortMapping()
         for spec in list(getattr(v3, "inputs", None) or []):
             entry = (spec.get_io_type(), spec.as_dict())
-            map_input(spec.id, entry, optional=bool(getattr(spec, "optional", False)), owner=node_id, ports=ports)
+            map_input(
+                spec.id, entry, optional=bool(getattr(spec, "optional", False)), owner=node_id, ports=ports
+            )
         hidden = [getattr(h, "value", h) for h in list(getattr(v3, "hidden", None) or [])]
         if getattr(v3, "is_output_node", False):
             hidden += [k for k in (HIDDEN_PROMPT, HIDDEN_EXTRA_PNGINFO) if k not in hidden]
         map_hidden({HIDDEN_KWARGS.get(k, str(k).lower()): k for k in hidden}, node_id, ports)
         outputs = list(getattr(v3, "outputs", None) or [])
-        map_outputs([o.get_io_type() for o in outputs], [o.display_name or o.get_io_type() for o in outputs],
-                    [bool(o.is_output_list) for o in outputs], [o.tooltip for o in outputs], node_id, ports)
+        map_outputs(
+            [o.get_io_type() for o in outputs],
+            [o.display_name or o.get_io_type() for o in outputs],
+            [bool(o.is_output_list) for o in outputs],
+            [o.tooltip for o in outputs],
+            node_id,
+            ports,
+        )
         self.schema = NodeSchema(
             node_id=node_id,
             display_name=getattr(v3, "display_name", None) or node_id,
             category=str(getattr(v3, "category", "") or "sd"),
-            description=str(getattr(v3, "description", "") or f"{node_id} (ComfyUI node from pack {self.origin}; no description given)"),
+            description=str(
+                getattr(v3, "description", "")
+                or f"{node_id} (ComfyUI node from pack {self.origin}; no description given)"
+            ),
             inputs=tuple(ports.inputs),
             outputs=tuple(ports.outputs),
             hidden=tuple(ports.hidden_keys),
@@ -106,8 +122,10 @@ class ComfyV3NodeDef(NodeDef):
         if hidden is not None:  # a clone per call carries the hidden values, as ComfyUI does
             target = type(self.cls.__name__, (self.cls,), {"hidden": HiddenValues(hidden)})
         try:
-            with contained(f"{name} of {self.schema.node_id!r} from plugin pack {self.origin!r}"), \
-                    self.env.installed(self.origin):
+            with (
+                contained(f"{name} of {self.schema.node_id!r} from plugin pack {self.origin!r}"),
+                self.env.installed(self.origin),
+            ):
                 return run_maybe_async(call_accepting(getattr(target, name), inputs))
         except Exception as exc:
             note_origin(exc, self.schema.node_id, self.origin)
@@ -118,9 +136,15 @@ class ComfyV3NodeDef(NodeDef):
         result = self._run("execute", values, hidden)
         if hasattr(result, "args") and hasattr(result, "ui"):  # io.NodeOutput
             if getattr(result, "expand", None) is not None:
-                raise NotImplementedError(f"{self.schema.node_id} returned a node expansion; Loom does not support it")
+                raise NotImplementedError(
+                    f"{self.schema.node_id} returned a node expansion; Loom does not support it"
+                )
             blocked = getattr(result, "block_execution", None)
-            args = (ExecutionBlocker(blocked),) * len(self.schema.outputs) if blocked is not None else result.args
+            args = (
+                (ExecutionBlocker(blocked),) * len(self.schema.outputs)
+                if blocked is not None
+                else result.args
+            )
             return NodeOutput(tuple(args), ui_dict(result.ui))
         return normalize_result(result, len(self.schema.outputs), self.schema.node_id)
 

@@ -46,18 +46,32 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     """Add the precision flags (one mutually exclusive group per kind, as ComfyUI has them)."""
     forced = parser.add_mutually_exclusive_group()
     forced.add_argument("--force-fp32", action="store_true", help="compute every model in fp32")
-    forced.add_argument("--force-fp16", action="store_true",
-                        help="compute every model in fp16 except the VAE (see --fp16-vae)")
+    forced.add_argument(
+        "--force-fp16",
+        action="store_true",
+        help="compute every model in fp16 except the VAE (see --fp16-vae)",
+    )
     for suffix, kind in KINDS.items():
         group = parser.add_mutually_exclusive_group()
         for short in DTYPES:
-            group.add_argument(f"--{short}-{suffix}", dest=_dest(short, suffix),
-                               action="store_true", help=f"compute the {kind} models in {short}")
+            group.add_argument(
+                f"--{short}-{suffix}",
+                dest=_dest(short, suffix),
+                action="store_true",
+                help=f"compute the {kind} models in {short}",
+            )
     probe = parser.add_mutually_exclusive_group()
-    probe.add_argument("--remeasure-precision", action="store_true",
-                       help="measure fp32/bf16/fp16 speed and image difference again (else cached per machine)")
-    probe.add_argument("--no-precision-probe", action="store_true", default=bool(os.environ.get(ENV_NO_PROBE)),
-                       help=f"do not measure: the device's fixed default precision (env {ENV_NO_PROBE}=1 too)")
+    probe.add_argument(
+        "--remeasure-precision",
+        action="store_true",
+        help="measure fp32/bf16/fp16 speed and image difference again (else cached per machine)",
+    )
+    probe.add_argument(
+        "--no-precision-probe",
+        action="store_true",
+        default=bool(os.environ.get(ENV_NO_PROBE)),
+        help=f"do not measure: the device's fixed default precision (env {ENV_NO_PROBE}=1 too)",
+    )
 
 
 def wants_probe(args: Any) -> bool:
@@ -81,8 +95,11 @@ def apply_measured(policy: DevicePolicy, dtype: str) -> DevicePolicy:
 
 def overrides(args: Any) -> tuple[str | None, dict[str, str]]:
     """(default dtype or None, {kind: dtype}) from parsed flags; absent flags count as off."""
-    default = "float32" if getattr(args, "force_fp32", False) else (
-        "float16" if getattr(args, "force_fp16", False) else None)
+    default = (
+        "float32"
+        if getattr(args, "force_fp32", False)
+        else ("float16" if getattr(args, "force_fp16", False) else None)
+    )
     kinds: dict[str, str] = {}
     for suffix, kind in KINDS.items():
         for short, dtype in DTYPES.items():
@@ -116,7 +133,9 @@ def policy_for(args: Any, base: DevicePolicy, cache_file: Path, probe: Probe | N
     command-line flags. Logs the measured choice and why, and the result."""
     policy = base
     if wants_probe(args):
-        choice = choose_for_device(base.device, cache_file, getattr(args, "remeasure_precision", False), probe)
+        choice = choose_for_device(
+            base.device, cache_file, getattr(args, "remeasure_precision", False), probe
+        )
         log.info(choice.log_line())
         policy = apply_measured(policy, choice.dtype)
     policy = apply(policy, args)

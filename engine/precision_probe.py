@@ -70,8 +70,9 @@ class Choice:
         return f"precision: {self.dtype} for {self.machine} ({source}): {self.reason}"
 
 
-def choose(measurements: tuple[Measurement, ...], bound: float = MAX_MEAN_ABS_DIFF,
-           min_speedup: float = MIN_SPEEDUP) -> tuple[str, str]:
+def choose(
+    measurements: tuple[Measurement, ...], bound: float = MAX_MEAN_ABS_DIFF, min_speedup: float = MIN_SPEEDUP
+) -> tuple[str, str]:
     """(dtype, reason): the fastest precision within ``bound`` and ``min_speedup`` × fp32, else fp32."""
     by_dtype = {m.dtype: m for m in measurements}
     base = by_dtype.get("float32")
@@ -111,14 +112,18 @@ def machine_id(device: str) -> str:
                 if key.strip() == "model name":
                     name = value.strip()
                 elif key.strip() == "flags":
-                    flags = " ".join(sorted(w for w in value.split() if "bf16" in w or "amx" in w or "fp16" in w))
+                    flags = " ".join(
+                        sorted(w for w in value.split() if "bf16" in w or "amx" in w or "fp16" in w)
+                    )
                     break
     except OSError:
         pass
     return f"{device}:{name} [{flags}] torch {torch.__version__}"
 
 
-def _best_seconds(fn: Callable[[], Any], sync: Callable[[], None], runs: int = 3, slow: float = 0.02) -> float:
+def _best_seconds(
+    fn: Callable[[], Any], sync: Callable[[], None], runs: int = 3, slow: float = 0.02
+) -> float:
     """Best of ``runs`` timed calls after a warm-up; a slow kernel (warm-up over ``slow`` seconds: a
     precision with no fast path here) is timed once, which keeps the probe short."""
     start = time.perf_counter()
@@ -144,12 +149,18 @@ def _tiny_image(torch: Any, dtype: Any, device: str) -> Any:
         return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
 
     x = rand(1, 16, 16, 16, scale=1.0)
-    w1, w2, w3 = rand(32, 16, 3, 3, scale=1 / 12), rand(32, 32, 3, 3, scale=1 / 17), rand(3, 32, 3, 3, scale=1 / 17)
+    w1, w2, w3 = (
+        rand(32, 16, 3, 3, scale=1 / 12),
+        rand(32, 32, 3, 3, scale=1 / 17),
+        rand(3, 32, 3, 3, scale=1 / 17),
+    )
     wq, wk, wv = (rand(32, 32, scale=1 / 5.7) for _ in range(3))
     f = torch.nn.functional
     h = f.silu(f.conv2d(x, w1, padding=1))
     tokens = h.flatten(2).transpose(1, 2)  # 1 × 256 × 32
-    attn = f.scaled_dot_product_attention((tokens @ wq)[:, None], (tokens @ wk)[:, None], (tokens @ wv)[:, None])
+    attn = f.scaled_dot_product_attention(
+        (tokens @ wq)[:, None], (tokens @ wk)[:, None], (tokens @ wv)[:, None]
+    )
     h = h + attn[:, 0].transpose(1, 2).reshape(h.shape)
     h = f.silu(f.conv2d(h, w2, padding=1))
     image = torch.tanh(f.conv2d(h, w3, padding=1))
@@ -208,7 +219,11 @@ def _read_cache(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("machines"), dict):
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != CACHE_VERSION
+        or not isinstance(data.get("machines"), dict)
+    ):
         return {}
     return data["machines"]
 
@@ -221,7 +236,9 @@ def _from_cache(machine: str, entry: Any) -> Choice | None:
         return None  # a stale or hand-edited entry: measure again
 
 
-def choose_for_device(device: str, cache_file: Path, remeasure: bool = False, probe: Probe | None = None) -> Choice:
+def choose_for_device(
+    device: str, cache_file: Path, remeasure: bool = False, probe: Probe | None = None
+) -> Choice:
     """The precision for ``device``: from ``cache_file`` when this machine was measured before (unless
     ``remeasure``), else measured now and written there. An unwritable cache is logged, not fatal."""
     probe = probe or Probe()
@@ -239,6 +256,9 @@ def choose_for_device(device: str, cache_file: Path, remeasure: bool = False, pr
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cache_file, payload.encode("utf-8"))
     except OSError as exc:
-        log.warning("precision: could not write the measurement cache %s (%s); it is measured again next start",
-                    cache_file, exc)
+        log.warning(
+            "precision: could not write the measurement cache %s (%s); it is measured again next start",
+            cache_file,
+            exc,
+        )
     return choice

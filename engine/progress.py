@@ -40,7 +40,9 @@ class ProgressPrinter:
             elif isinstance(event, ev.Executing) and event.node is not None:
                 self._done += 1
                 self._node = event.node
-                self._line(f"node {self._done}/{self._total} {self._types.get(event.node, '?')} (#{event.node})")
+                self._line(
+                    f"node {self._done}/{self._total} {self._types.get(event.node, '?')} (#{event.node})"
+                )
             elif isinstance(event, ev.Progress):
                 now = time.monotonic()
                 if event.value < event.max and now - self._last < 0.1:

@@ -29,8 +29,25 @@ from typing import Any
 GIB = 1024**3
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MIB = 1024**2
-NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "sshfs", "fuse.sshfs", "9p", "afs",
-                                 "ceph", "fuse.rclone", "fuse.s3fs", "fuse.gcsfuse", "glusterfs", "lustre"})
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "sshfs",
+        "fuse.sshfs",
+        "9p",
+        "afs",
+        "ceph",
+        "fuse.rclone",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "glusterfs",
+        "lustre",
+    }
+)
 
 
 def total_ram_bytes() -> int:
@@ -80,8 +97,9 @@ class RamBudget:
     rss: Callable[[], int] = field(default=process_rss_bytes, compare=False)
 
     @classmethod
-    def for_machine(cls, process_bytes: int | None = None, reserve_bytes: int | None = None,
-                    tier_cap: int | None = None) -> RamBudget:
+    def for_machine(
+        cls, process_bytes: int | None = None, reserve_bytes: int | None = None, tier_cap: int | None = None
+    ) -> RamBudget:
         """``process_bytes`` if given, else total memory minus ``reserve_bytes`` (default reserve:
         :func:`default_reserve_bytes`)."""
         if process_bytes is None:

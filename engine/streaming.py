@@ -40,7 +40,9 @@ from typing import Any, Protocol
 MIB = 1024**2
 GIB = 1024**3
 DEFAULT_RESERVE_BYTES = 400 * MIB  # what ComfyUI leaves to the OS by default (600 MB on Windows)
-GPU_WORKING_BYTES = int(0.8 * GIB)  # kept free for activations on a real device (ComfyUI's minimum inference memory)
+GPU_WORKING_BYTES = int(
+    0.8 * GIB
+)  # kept free for activations on a real device (ComfyUI's minimum inference memory)
 VRAM_MODES = ("normal", "lowvram", "novram", "highvram")
 
 
@@ -80,14 +82,26 @@ class DeviceBudget:
         return self.mode == "novram"
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": self.mode, "total_bytes": self.total_bytes, "reserve_bytes": self.reserve_bytes,
-                "working_bytes": self.working_bytes, "weights_bytes": self.weights_bytes,
-                "simulated": self.simulated}
+        return {
+            "mode": self.mode,
+            "total_bytes": self.total_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "working_bytes": self.working_bytes,
+            "weights_bytes": self.weights_bytes,
+            "simulated": self.simulated,
+        }
 
 
-def budget_from_flags(*, device: str, device_total: int | None, vram_budget_gb: float | None = None,
-                      reserve_vram_gb: float | None = None, lowvram: bool = False, novram: bool = False,
-                      highvram: bool = False) -> DeviceBudget | None:
+def budget_from_flags(
+    *,
+    device: str,
+    device_total: int | None,
+    vram_budget_gb: float | None = None,
+    reserve_vram_gb: float | None = None,
+    lowvram: bool = False,
+    novram: bool = False,
+    highvram: bool = False,
+) -> DeviceBudget | None:
     """The budget the command-line flags ask for, or None when nothing limits (CPU without
     ``--vram-budget``). ``device_total``: the device's memory in bytes (None on CPU)."""
     chosen = [name for name, on in (("lowvram", lowvram), ("novram", novram), ("highvram", highvram)) if on]
@@ -113,28 +127,55 @@ def add_budget_args(parser: Any) -> None:
     """ComfyUI's VRAM flags (one of ``--gpu-only --highvram --normalvram --lowvram --novram``),
     ``--reserve-vram`` and Loom's ``--vram-budget``, on an ``argparse`` parser."""
     modes = parser.add_mutually_exclusive_group()
-    modes.add_argument("--gpu-only", action="store_true", help="keep every model on the device (as --highvram here)")
-    modes.add_argument("--highvram", action="store_true",
-                       help="keep models whole on the device; never split one into streamed blocks")
-    modes.add_argument("--normalvram", action="store_true", help="split a model only when it does not fit (default)")
-    modes.add_argument("--lowvram", action="store_true",
-                       help="split models that do not fit: resident blocks plus blocks streamed in each step")
-    modes.add_argument("--novram", action="store_true",
-                       help="keep no blocks resident: every block streams in each step (when --lowvram is not enough)")
-    parser.add_argument("--reserve-vram", type=float, default=None, metavar="GB",
-                        help="device memory left to the OS and other programs (default: 0.4 GB on a GPU)")
-    parser.add_argument("--vram-budget", type=float, default=None, metavar="GB",
-                        help="device memory Loom's model weights may use, instead of the device's size (with --cpu: "
-                        "a simulated device budget, streamed with plain copies)")
+    modes.add_argument(
+        "--gpu-only", action="store_true", help="keep every model on the device (as --highvram here)"
+    )
+    modes.add_argument(
+        "--highvram",
+        action="store_true",
+        help="keep models whole on the device; never split one into streamed blocks",
+    )
+    modes.add_argument(
+        "--normalvram", action="store_true", help="split a model only when it does not fit (default)"
+    )
+    modes.add_argument(
+        "--lowvram",
+        action="store_true",
+        help="split models that do not fit: resident blocks plus blocks streamed in each step",
+    )
+    modes.add_argument(
+        "--novram",
+        action="store_true",
+        help="keep no blocks resident: every block streams in each step (when --lowvram is not enough)",
+    )
+    parser.add_argument(
+        "--reserve-vram",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="device memory left to the OS and other programs (default: 0.4 GB on a GPU)",
+    )
+    parser.add_argument(
+        "--vram-budget",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="device memory Loom's model weights may use, instead of the device's size (with --cpu: "
+        "a simulated device budget, streamed with plain copies)",
+    )
 
 
 def budget_for(args: Any, device: str) -> DeviceBudget | None:
     """The budget of a parsed command line (see :func:`add_budget_args`) on ``device``."""
-    return budget_from_flags(device=device, device_total=device_total_bytes(device),
-                             vram_budget_gb=getattr(args, "vram_budget", None),
-                             reserve_vram_gb=getattr(args, "reserve_vram", None),
-                             lowvram=bool(getattr(args, "lowvram", False)), novram=bool(getattr(args, "novram", False)),
-                             highvram=bool(getattr(args, "highvram", False) or getattr(args, "gpu_only", False)))
+    return budget_from_flags(
+        device=device,
+        device_total=device_total_bytes(device),
+        vram_budget_gb=getattr(args, "vram_budget", None),
+        reserve_vram_gb=getattr(args, "reserve_vram", None),
+        lowvram=bool(getattr(args, "lowvram", False)),
+        novram=bool(getattr(args, "novram", False)),
+        highvram=bool(getattr(args, "highvram", False) or getattr(args, "gpu_only", False)),
+    )
 
 
 def device_total_bytes(device: str) -> int | None:
@@ -181,9 +222,15 @@ class StreamPlan:
         return None if first is None or first == index else first
 
     def describe(self) -> dict[str, Any]:
-        return {"blocks": len(self.block_bytes), "resident": len(self.resident), "streamed": len(self.streamed),
-                "prefetch": self.prefetch, "device_bytes": self.device_bytes,
-                "streamed_bytes": sum(self.block_bytes[i] for i in self.streamed), "budget_bytes": self.budget_bytes}
+        return {
+            "blocks": len(self.block_bytes),
+            "resident": len(self.resident),
+            "streamed": len(self.streamed),
+            "prefetch": self.prefetch,
+            "device_bytes": self.device_bytes,
+            "streamed_bytes": sum(self.block_bytes[i] for i in self.streamed),
+            "budget_bytes": self.budget_bytes,
+        }
 
 
 def plan_split(block_bytes: Sequence[int], fixed_bytes: int, budget: DeviceBudget | None) -> StreamPlan:
@@ -209,11 +256,14 @@ def plan_split(block_bytes: Sequence[int], fixed_bytes: int, budget: DeviceBudge
         raise BudgetError(
             f"the model needs {_mib(fixed_bytes)} for its non-block part plus {_mib(max(sizes))} for its largest "
             f"block on the device ({_mib(smallest_need)} at least), but the budget for weights is {_mib(limit)}; "
-            f"raise --vram-budget, lower --reserve-vram, or store the weights in fewer bits (fp8 / GGUF)")
+            f"raise --vram-budget, lower --reserve-vram, or store the weights in fewer bits (fp8 / GGUF)"
+        )
     return best
 
 
-def _fill(sizes: tuple[int, ...], fixed: int, limit: int, slot: int, slots: int, force: bool) -> StreamPlan | None:
+def _fill(
+    sizes: tuple[int, ...], fixed: int, limit: int, slot: int, slots: int, force: bool
+) -> StreamPlan | None:
     """The plan whose streamed blocks are at most ``slot`` bytes, ``slots`` of them on the device
     at once: blocks above ``slot`` resident, then others in call order while they fit."""
     must = [i for i, size in enumerate(sizes) if size > slot]
@@ -236,6 +286,7 @@ def _fill(sizes: tuple[int, ...], fixed: int, limit: int, slot: int, slots: int,
 
 def _better(plan: StreamPlan, than: StreamPlan) -> bool:
     """Prefetch first (a step never waits for a whole copy), then the fewest bytes to stream."""
+
     def score(p: StreamPlan) -> tuple[bool, int]:
         return p.prefetch, -sum(p.block_bytes[i] for i in p.streamed)
 
@@ -258,8 +309,10 @@ class DeviceAccount:
     def charge(self, nbytes: int, what: str) -> None:
         with self._lock:
             if self.limit is not None and self.held + nbytes > self.limit:
-                raise BudgetError(f"putting {what} ({_mib(nbytes)}) on the device would hold "
-                                  f"{_mib(self.held + nbytes)}, over the budget of {_mib(self.limit)}")
+                raise BudgetError(
+                    f"putting {what} ({_mib(nbytes)}) on the device would hold "
+                    f"{_mib(self.held + nbytes)}, over the budget of {_mib(self.limit)}"
+                )
             self.held += nbytes
             self.peak = max(self.peak, self.held)
 
@@ -292,7 +345,11 @@ class StreamStats:
     by_block: dict[int, int] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
-        return {"fetches": self.fetches, "prefetch_hits": self.prefetch_hits, "bytes_streamed": self.bytes_streamed}
+        return {
+            "fetches": self.fetches,
+            "prefetch_hits": self.prefetch_hits,
+            "bytes_streamed": self.bytes_streamed,
+        }
 
 
 class BlockStreamer:

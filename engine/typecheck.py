@@ -48,8 +48,12 @@ def _latent(value: Any) -> str | None:
 
 def _conditioning(value: Any) -> str | None:
     ok = isinstance(value, list) and all(
-        isinstance(item, list | tuple) and len(item) >= 2 and _tensor(item[0]) is not None
-        and isinstance(item[1], dict) for item in value)
+        isinstance(item, list | tuple)
+        and len(item) >= 2
+        and _tensor(item[0]) is not None
+        and isinstance(item[1], dict)
+        for item in value
+    )
     return None if ok else "a list of [tensor, dict] pairs"
 
 
@@ -82,7 +86,9 @@ def output_problems(outputs: Sequence[Output], values: Sequence[list[Any]]) -> l
                 continue
             wanted = check(item)
             if wanted is not None:
-                problems.append(f"output {index} '{port.name}' is declared {port.type} (expected {wanted}) "
-                                f"but the node returned {_shown(item)}")
+                problems.append(
+                    f"output {index} '{port.name}' is declared {port.type} (expected {wanted}) "
+                    f"but the node returned {_shown(item)}"
+                )
                 break
     return problems

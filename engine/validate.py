@@ -30,7 +30,12 @@ class ValidationIssue:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": self.type, "message": self.message, "details": self.details, "extra_info": self.extra_info}
+        return {
+            "type": self.type,
+            "message": self.message,
+            "details": self.details,
+            "extra_info": self.extra_info,
+        }
 
 
 @dataclass
@@ -82,9 +87,7 @@ def check_required_present(spec: Input, inputs: Mapping[str, Any]) -> Validation
     )
 
 
-def check_link(
-    spec: Input, value: Any, prompt: Prompt, registry: NodeRegistry
-) -> ValidationIssue | None:
+def check_link(spec: Input, value: Any, prompt: Prompt, registry: NodeRegistry) -> ValidationIssue | None:
     """A linked input: the source exists, the output index is in range, the types agree."""
     link = as_link(value)
     if link is None:
@@ -250,7 +253,9 @@ def check_node_shape(node: Any) -> ValidationIssue | None:
             f"found {type(node).__name__}: {str(node)[:80]}",
         )
     if not isinstance(node.get("inputs", {}), Mapping):
-        return _issue("invalid_prompt", "Node inputs must be an object", f"found {type(node['inputs']).__name__}")
+        return _issue(
+            "invalid_prompt", "Node inputs must be an object", f"found {type(node['inputs']).__name__}"
+        )
     return None
 
 
@@ -258,7 +263,11 @@ def check_node_type(class_type: str, registry: NodeRegistry) -> ValidationIssue 
     if class_type in registry:
         return None
     suggestions = registry.suggest(class_type)
-    hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else "; is the plugin that provides it installed?"
+    hint = (
+        f"; did you mean {', '.join(suggestions)}?"
+        if suggestions
+        else "; is the plugin that provides it installed?"
+    )
     return _issue(
         "missing_node_type",
         f"Node '{class_type}' not found. The custom node may not be installed.",
@@ -338,7 +347,9 @@ def output_nodes(prompt: Prompt, registry: NodeRegistry) -> list[str]:
     return sorted(found, key=sort_key)
 
 
-def check_targets(prompt: Prompt, targets: Iterable[str] | None, registry: NodeRegistry) -> tuple[list[str], ValidationIssue | None]:
+def check_targets(
+    prompt: Prompt, targets: Iterable[str] | None, registry: NodeRegistry
+) -> tuple[list[str], ValidationIssue | None]:
     if targets is None:
         outputs = output_nodes(prompt, registry)
         if not outputs:
@@ -359,9 +370,7 @@ def check_targets(prompt: Prompt, targets: Iterable[str] | None, registry: NodeR
     return chosen, None
 
 
-def validate_prompt(
-    prompt: Any, registry: NodeRegistry, targets: Iterable[str] | None = None
-) -> Validation:
+def validate_prompt(prompt: Any, registry: NodeRegistry, targets: Iterable[str] | None = None) -> Validation:
     """Validate everything the requested outputs (default: all output nodes) depend on."""
     if not isinstance(prompt, Mapping) or not prompt:
         issue = _issue("invalid_prompt", "Invalid prompt", "the workflow must be a non-empty object of nodes")
@@ -401,18 +410,25 @@ def validate_prompt(
             class_type = str(node.get("class_type")) if isinstance(node, Mapping) else "?"
             entry = node_errors.setdefault(node_id, NodeErrors(class_type, per_node[node_id]))
             entry.dependent_outputs.append(output_id)
-    missing = [n for n, node in prompt.items() if isinstance(node, Mapping) and n not in node_errors
-               and str(node.get("class_type")) not in registry]
+    missing = [
+        n
+        for n, node in prompt.items()
+        if isinstance(node, Mapping) and n not in node_errors and str(node.get("class_type")) not in registry
+    ]
     if missing:  # as ComfyUI: a node that does not exist fails the prompt even when nothing uses it
         for node_id in missing:
             node_errors[node_id] = NodeErrors(str(prompt[node_id].get("class_type")), per_node[node_id])
         first = sorted(missing, key=sort_key)[0]
-        return Validation([], node_errors, _issue(
-            "invalid_prompt",
-            f"Cannot execute because node {prompt[first].get('class_type')} does not exist.",
-            f"Node ID '#{first}'; install the plugin that provides it or delete the node "
-            "(it is not connected to an output, but ComfyUI refuses such workflows too)",
-        ))
+        return Validation(
+            [],
+            node_errors,
+            _issue(
+                "invalid_prompt",
+                f"Cannot execute because node {prompt[first].get('class_type')} does not exist.",
+                f"Node ID '#{first}'; install the plugin that provides it or delete the node "
+                "(it is not connected to an output, but ComfyUI refuses such workflows too)",
+            ),
+        )
     if good:
         return Validation(good, node_errors, plan=make_plan(prompt, graph, good, constants, registry))
     return Validation(
@@ -426,9 +442,11 @@ def validate_prompt(
     )
 
 
-
 def make_plan(
-    prompt: Prompt, graph: nx.DiGraph, outputs: list[str], constants: Mapping[str, Mapping[str, Any]],
+    prompt: Prompt,
+    graph: nx.DiGraph,
+    outputs: list[str],
+    constants: Mapping[str, Mapping[str, Any]],
     registry: NodeRegistry,
 ) -> Plan:
     """The plan of valid ``outputs``: what they need, in order, with ``constants`` (as

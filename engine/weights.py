@@ -58,8 +58,10 @@ def convert_weights(source: Path, target: Path | None = None, *, overwrite: bool
     try:
         loaded = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:  # the weights-only unpickler refuses code; torch raises various kinds
-        raise ConvertError(f"{source}: torch's weights-only loader refused the file ({type(exc).__name__}: "
-                           f"{str(exc)[:300]}); it holds more than weights, and Loom will not run its code") from exc
+        raise ConvertError(
+            f"{source}: torch's weights-only loader refused the file ({type(exc).__name__}: "
+            f"{str(exc)[:300]}); it holds more than weights, and Loom will not run its code"
+        ) from exc
     tensors = state_dict_of(loaded)
     if not tensors:
         raise ConvertError(f"{source}: the file holds no tensors")

@@ -14,8 +14,12 @@ from engine.context import ModelFiles
 from engine.registry import NodeRegistry
 
 
-def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None, input_dir: Path | None = None,
-                  output_dir: Path | None = None) -> None:
+def register_core(
+    registry: NodeRegistry,
+    model_files: ModelFiles | None = None,
+    input_dir: Path | None = None,
+    output_dir: Path | None = None,
+) -> None:
     """Register the core nodes (modules are imported here, not at package import) and the combo
     option sources: users' model files (``model_files``), input images (``input_dir``) and output
     images (``output_dir``, LoadImageOutput)."""
@@ -55,13 +59,40 @@ def register_core(registry: NodeRegistry, model_files: ModelFiles | None = None,
     from nodes.utility import UTILITY_NODES
 
     batched = [KSamplerBatched, KSamplerAdvancedBatched]  # the samplers' batching variants (coalesced jobs)
-    groups = (UTILITY_NODES, LOADER_NODES, CONDITIONING_NODES, SAMPLING_NODES, batched, LATENT_NODES, IMAGE_NODES,
-              CLIP_VISION_NODES, IPADAPTER_NODES, SAFETY_NODES, patch_nodes(), SAMPLER_NODES, SIGMA_NODES,
-              CUSTOM_SAMPLING_NODES, CFG_PATCH_NODES, MODEL_SAMPLING_NODES, UPSCALE_NODES, CONTROLNET_NODES,
-              PREPROCESSOR_NODES, CONDITIONING_OPS_NODES, MERGE_NODES, SAVE_NODES, COMPONENT_LOADER_NODES,
-              UNCLIP_NODES, IP2P_NODES, LORA_EXTRACT_NODES, STYLE_MODEL_NODES, QUANT_NODES, HYPERNETWORK_NODES,
-              GLIGEN_NODES, MODEL_PATCH_NODES,
-              family_nodes())
+    groups = (
+        UTILITY_NODES,
+        LOADER_NODES,
+        CONDITIONING_NODES,
+        SAMPLING_NODES,
+        batched,
+        LATENT_NODES,
+        IMAGE_NODES,
+        CLIP_VISION_NODES,
+        IPADAPTER_NODES,
+        SAFETY_NODES,
+        patch_nodes(),
+        SAMPLER_NODES,
+        SIGMA_NODES,
+        CUSTOM_SAMPLING_NODES,
+        CFG_PATCH_NODES,
+        MODEL_SAMPLING_NODES,
+        UPSCALE_NODES,
+        CONTROLNET_NODES,
+        PREPROCESSOR_NODES,
+        CONDITIONING_OPS_NODES,
+        MERGE_NODES,
+        SAVE_NODES,
+        COMPONENT_LOADER_NODES,
+        UNCLIP_NODES,
+        IP2P_NODES,
+        LORA_EXTRACT_NODES,
+        STYLE_MODEL_NODES,
+        QUANT_NODES,
+        HYPERNETWORK_NODES,
+        GLIGEN_NODES,
+        MODEL_PATCH_NODES,
+        family_nodes(),
+    )
     for group in groups:
         registry.register_all(group, origin="core")
     register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py

@@ -89,7 +89,7 @@ def cfg_zero_star() -> SamplingHooks:
     def post(args: Args) -> torch.Tensor:
         x, cond, uncond = args["input"], args["cond_denoised"], args["uncond_denoised"]
         pos, neg = (x - cond).flatten(1), (x - uncond).flatten(1)
-        alpha = ((pos * neg).sum(dim=1, keepdim=True) / ((neg**2).sum(dim=1, keepdim=True) + 1e-8))
+        alpha = (pos * neg).sum(dim=1, keepdim=True) / ((neg**2).sum(dim=1, keepdim=True) + 1e-8)
         alpha = alpha.reshape([cond.shape[0]] + [1] * (cond.ndim - 1))
         return args["denoised"] + uncond * (alpha - 1.0) + args["cond_scale"] * uncond * (1.0 - alpha)
 
@@ -99,8 +99,10 @@ def cfg_zero_star() -> SamplingHooks:
 def cfg_norm(strength: float) -> SamplingHooks:
     def post(args: Args) -> torch.Tensor:
         result = args["denoised"]
-        scale = (torch.norm(args["cond_denoised"], dim=1, keepdim=True)
-                 / (torch.norm(result, dim=1, keepdim=True) + 1e-8)).clamp(0.0, 1.0)
+        scale = (
+            torch.norm(args["cond_denoised"], dim=1, keepdim=True)
+            / (torch.norm(result, dim=1, keepdim=True) + 1e-8)
+        ).clamp(0.0, 1.0)
         return result * scale * strength
 
     return SamplingHooks(post_cfg=(post,))
@@ -156,7 +158,9 @@ def perp_neg_patch(empty: tuple[Any, ...], neg_scale: float) -> SamplingHooks:
     def cfg(args: Args) -> torch.Tensor:
         run, x = args["model"], args["input"]
         nocond = run.calc_entries(empty, x, args["sigma"])
-        return x - perp_neg(args["cond_denoised"], args["uncond_denoised"], nocond, neg_scale, args["cond_scale"])
+        return x - perp_neg(
+            args["cond_denoised"], args["uncond_denoised"], nocond, neg_scale, args["cond_scale"]
+        )
 
     return SamplingHooks(cfg_function=cfg)
 
@@ -180,7 +184,9 @@ def fourier_filter(x: torch.Tensor, scale_low: float, scale_high: float, freq_cu
     freq = torch.fft.fftshift(torch.fft.fftn(x.float(), dim=(-2, -1)), dim=(-2, -1))
     h, w = freq.shape[-2:]
     mask = torch.full(freq.shape, scale_high, device=x.device)
-    mask[..., h // 2 - freq_cutoff:h // 2 + freq_cutoff, w // 2 - freq_cutoff:w // 2 + freq_cutoff] = scale_low
+    mask[..., h // 2 - freq_cutoff : h // 2 + freq_cutoff, w // 2 - freq_cutoff : w // 2 + freq_cutoff] = (
+        scale_low
+    )
     back = torch.fft.ifftshift(freq * mask, dim=(-2, -1))
     return torch.fft.ifftn(back, dim=(-2, -1)).real.to(x.dtype)
 
@@ -261,10 +267,22 @@ def _patch(model: Any, name: str, make: Callable[..., SamplingHooks], *params: A
 
 class RescaleCFG(Node):
     SCHEMA = NodeSchema(
-        node_id="RescaleCFG", display_name="RescaleCFG", category="advanced/model",
+        node_id="RescaleCFG",
+        display_name="RescaleCFG",
+        category="advanced/model",
         description="Rescale the guided prediction's spread toward the positive one's (for v-prediction models).",
-        inputs=(_model_in(), Input("multiplier", FLOAT, "How much of the rescaled result to use.", default=0.7,
-                                   min=0.0, max=1.0, step=0.01)),
+        inputs=(
+            _model_in(),
+            Input(
+                "multiplier",
+                FLOAT,
+                "How much of the rescaled result to use.",
+                default=0.7,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
+        ),
         outputs=_patched(),
     )
 
@@ -274,9 +292,12 @@ class RescaleCFG(Node):
 
 class CFGZeroStar(Node):
     SCHEMA = NodeSchema(
-        node_id="CFGZeroStar", display_name="CFGZeroStar", category="advanced/guidance",
+        node_id="CFGZeroStar",
+        display_name="CFGZeroStar",
+        category="advanced/guidance",
         description="CFG-Zero*: scale the negative by its optimal projection on the positive.",
-        inputs=(_model_in(),), outputs=(Output("patched_model", MODEL, "The patched model."),),
+        inputs=(_model_in(),),
+        outputs=(Output("patched_model", MODEL, "The patched model."),),
     )
 
     def run(self, ctx: NodeContext, *, model: Any) -> tuple[Any]:
@@ -285,10 +306,16 @@ class CFGZeroStar(Node):
 
 class CFGNorm(Node):
     SCHEMA = NodeSchema(
-        node_id="CFGNorm", display_name="CFGNorm", category="advanced/guidance",
+        node_id="CFGNorm",
+        display_name="CFGNorm",
+        category="advanced/guidance",
         description="Limit the guided prediction's channel norm to the positive one's.",
-        inputs=(_model_in(), Input("strength", FLOAT, "Output scale.", default=1.0, min=0.0, max=100.0, step=0.01)),
-        outputs=(Output("patched_model", MODEL, "The patched model."),), experimental=True,
+        inputs=(
+            _model_in(),
+            Input("strength", FLOAT, "Output scale.", default=1.0, min=0.0, max=100.0, step=0.01),
+        ),
+        outputs=(Output("patched_model", MODEL, "The patched model."),),
+        experimental=True,
     )
 
     def run(self, ctx: NodeContext, *, model: Any, strength: float) -> tuple[Any]:
@@ -297,27 +324,57 @@ class CFGNorm(Node):
 
 class APG(Node):
     SCHEMA = NodeSchema(
-        node_id="APG", display_name="Adaptive Projected Guidance", category="sampling/custom_sampling",
+        node_id="APG",
+        display_name="Adaptive Projected Guidance",
+        category="sampling/custom_sampling",
         description="Adaptive projected guidance: damp the guidance parallel to the positive prediction.",
-        inputs=(_model_in(),
-                Input("eta", FLOAT, "Scale of the parallel guidance (1: plain CFG).", default=1.0, min=-10.0,
-                      max=10.0, step=0.01),
-                Input("norm_threshold", FLOAT, "Clip the guidance norm to this (0: off).", default=5.0, min=0.0,
-                      max=50.0, step=0.1),
-                Input("momentum", FLOAT, "Running average of the guidance (0: off).", default=0.0, min=0.0, max=1.0,
-                      step=0.01)),
+        inputs=(
+            _model_in(),
+            Input(
+                "eta",
+                FLOAT,
+                "Scale of the parallel guidance (1: plain CFG).",
+                default=1.0,
+                min=-10.0,
+                max=10.0,
+                step=0.01,
+            ),
+            Input(
+                "norm_threshold",
+                FLOAT,
+                "Clip the guidance norm to this (0: off).",
+                default=5.0,
+                min=0.0,
+                max=50.0,
+                step=0.1,
+            ),
+            Input(
+                "momentum",
+                FLOAT,
+                "Running average of the guidance (0: off).",
+                default=0.0,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
+        ),
         outputs=_patched(),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, eta: float, norm_threshold: float, momentum: float) -> tuple[Any]:
+    def run(
+        self, ctx: NodeContext, *, model: Any, eta: float, norm_threshold: float, momentum: float
+    ) -> tuple[Any]:
         return _patch(model, "APG", apg, eta, norm_threshold, momentum)
 
 
 class TCFG(Node):
     SCHEMA = NodeSchema(
-        node_id="TCFG", display_name="Tangential Damping CFG", category="advanced/guidance",
+        node_id="TCFG",
+        display_name="Tangential Damping CFG",
+        category="advanced/guidance",
         description="TCFG: align the negative with the positive by dropping its tangential component.",
-        inputs=(_model_in(),), outputs=(Output("patched_model", MODEL, "The patched model."),),
+        inputs=(_model_in(),),
+        outputs=(Output("patched_model", MODEL, "The patched model."),),
     )
 
     def run(self, ctx: NodeContext, *, model: Any) -> tuple[Any]:
@@ -326,12 +383,25 @@ class TCFG(Node):
 
 class PerpNeg(Node):
     SCHEMA = NodeSchema(
-        node_id="PerpNeg", display_name="Perp-Neg (DEPRECATED by PerpNegGuider)", category="_for_testing",
+        node_id="PerpNeg",
+        display_name="Perp-Neg (DEPRECATED by PerpNegGuider)",
+        category="_for_testing",
         description="Perp-Neg as a model patch (one extra model call per step for the empty prompt).",
-        inputs=(_model_in(), Input("empty_conditioning", CONDITIONING, "The empty prompt's conditioning."),
-                Input("neg_scale", FLOAT, "Weight of the perpendicular negative.", default=1.0, min=0.0, max=100.0,
-                      step=0.01)),
-        outputs=_patched(), deprecated=True,
+        inputs=(
+            _model_in(),
+            Input("empty_conditioning", CONDITIONING, "The empty prompt's conditioning."),
+            Input(
+                "neg_scale",
+                FLOAT,
+                "Weight of the perpendicular negative.",
+                default=1.0,
+                min=0.0,
+                max=100.0,
+                step=0.01,
+            ),
+        ),
+        outputs=_patched(),
+        deprecated=True,
     )
 
     def run(self, ctx: NodeContext, *, model: Any, empty_conditioning: list, neg_scale: float) -> tuple[Any]:
@@ -340,10 +410,13 @@ class PerpNeg(Node):
 
 class Mahiro(Node):
     SCHEMA = NodeSchema(
-        node_id="Mahiro", display_name="Mahiro CFG", category="_for_testing",
+        node_id="Mahiro",
+        display_name="Mahiro CFG",
+        category="_for_testing",
         description="Scale guidance along the positive prompt's direction rather than its difference to the "
-                    "negative.",
-        inputs=(_model_in(),), outputs=(Output("patched_model", MODEL, "The patched model."),),
+        "negative.",
+        inputs=(_model_in(),),
+        outputs=(Output("patched_model", MODEL, "The patched model."),),
     )
 
     def run(self, ctx: NodeContext, *, model: Any) -> tuple[Any]:
@@ -352,25 +425,37 @@ class Mahiro(Node):
 
 class FreSca(Node):
     SCHEMA = NodeSchema(
-        node_id="FreSca", display_name="FreSca", category="_for_testing",
+        node_id="FreSca",
+        display_name="FreSca",
+        category="_for_testing",
         description="Frequency-dependent scaling of the guidance.",
-        inputs=(_model_in(),
-                Input("scale_low", FLOAT, "Scale of low frequencies.", default=1.0, min=0.0, max=10.0, step=0.01),
-                Input("scale_high", FLOAT, "Scale of high frequencies.", default=1.25, min=0.0, max=10.0, step=0.01),
-                Input("freq_cutoff", INT, "Half-size of the low-frequency square.", default=20, min=1, max=100)),
+        inputs=(
+            _model_in(),
+            Input("scale_low", FLOAT, "Scale of low frequencies.", default=1.0, min=0.0, max=10.0, step=0.01),
+            Input(
+                "scale_high", FLOAT, "Scale of high frequencies.", default=1.25, min=0.0, max=10.0, step=0.01
+            ),
+            Input("freq_cutoff", INT, "Half-size of the low-frequency square.", default=20, min=1, max=100),
+        ),
         outputs=_patched(),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, scale_low: float, scale_high: float, freq_cutoff: int) -> tuple[Any]:
+    def run(
+        self, ctx: NodeContext, *, model: Any, scale_low: float, scale_high: float, freq_cutoff: int
+    ) -> tuple[Any]:
         return _patch(model, "FreSca", fresca, scale_low, scale_high, freq_cutoff)
 
 
 class EpsilonScaling(Node):
     SCHEMA = NodeSchema(
-        node_id="Epsilon Scaling", display_name="Epsilon Scaling", category="model/patch/unet",
+        node_id="Epsilon Scaling",
+        display_name="Epsilon Scaling",
+        category="model/patch/unet",
         description="Divide the predicted noise by a factor (exposure-bias correction).",
-        inputs=(_model_in(), Input("scaling_factor", FLOAT, "The divisor.", default=1.005, min=0.5, max=1.5,
-                                   step=0.001)),
+        inputs=(
+            _model_in(),
+            Input("scaling_factor", FLOAT, "The divisor.", default=1.005, min=0.5, max=1.5, step=0.001),
+        ),
         outputs=_patched(),
     )
 
@@ -380,13 +465,31 @@ class EpsilonScaling(Node):
 
 class TemporalScoreRescaling(Node):
     SCHEMA = NodeSchema(
-        node_id="TemporalScoreRescaling", display_name="TSR - Temporal Score Rescaling", category="model/patch/unet",
+        node_id="TemporalScoreRescaling",
+        display_name="TSR - Temporal Score Rescaling",
+        category="model/patch/unet",
         description="Rescale the model's score over time to steer sampling diversity.",
-        inputs=(_model_in(),
-                Input("tsr_k", FLOAT, "Rescaling strength (1: off; lower: more detail).", default=0.95, min=0.01,
-                      max=100.0, step=0.001),
-                Input("tsr_sigma", FLOAT, "How early rescaling takes effect.", default=1.0, min=0.01, max=100.0,
-                      step=0.001)),
+        inputs=(
+            _model_in(),
+            Input(
+                "tsr_k",
+                FLOAT,
+                "Rescaling strength (1: off; lower: more detail).",
+                default=0.95,
+                min=0.01,
+                max=100.0,
+                step=0.001,
+            ),
+            Input(
+                "tsr_sigma",
+                FLOAT,
+                "How early rescaling takes effect.",
+                default=1.0,
+                min=0.01,
+                max=100.0,
+                step=0.001,
+            ),
+        ),
         outputs=(Output("patched_model", MODEL, "The patched model."),),
     )
 
@@ -396,10 +499,23 @@ class TemporalScoreRescaling(Node):
 
 class DifferentialDiffusion(Node):
     SCHEMA = NodeSchema(
-        node_id="DifferentialDiffusion", display_name="Differential Diffusion", category="_for_testing",
+        node_id="DifferentialDiffusion",
+        display_name="Differential Diffusion",
+        category="_for_testing",
         description="Inpaint with a soft mask: each region joins once sampling passes its mask value.",
-        inputs=(_model_in(), Input("strength", FLOAT, "Blend of the thresholded and the soft mask (1: thresholded).",
-                                   default=1.0, min=0.0, max=1.0, step=0.01, optional=True)),
+        inputs=(
+            _model_in(),
+            Input(
+                "strength",
+                FLOAT,
+                "Blend of the thresholded and the soft mask (1: thresholded).",
+                default=1.0,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+                optional=True,
+            ),
+        ),
         outputs=_patched(),
     )
 
@@ -409,11 +525,13 @@ class DifferentialDiffusion(Node):
 
 class LatentApplyOperationCFG(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentApplyOperationCFG", display_name="LatentApplyOperationCFG",
+        node_id="LatentApplyOperationCFG",
+        display_name="LatentApplyOperationCFG",
         category="latent/advanced/operations",
         description="Apply a latent operation to the guidance (positive minus negative prediction) every step.",
         inputs=(_model_in(), Input("operation", LATENT_OPERATION, "A LatentOperation* node's operation.")),
-        outputs=_patched(), experimental=True,
+        outputs=_patched(),
+        experimental=True,
     )
 
     def run(self, ctx: NodeContext, *, model: Any, operation: Callable[..., torch.Tensor]) -> tuple[Any]:
@@ -423,6 +541,16 @@ class LatentApplyOperationCFG(Node):
 
 
 CFG_PATCH_NODES: list[type[Node]] = [
-    RescaleCFG, CFGZeroStar, CFGNorm, APG, TCFG, PerpNeg, Mahiro, FreSca, EpsilonScaling, TemporalScoreRescaling,
-    DifferentialDiffusion, LatentApplyOperationCFG,
+    RescaleCFG,
+    CFGZeroStar,
+    CFGNorm,
+    APG,
+    TCFG,
+    PerpNeg,
+    Mahiro,
+    FreSca,
+    EpsilonScaling,
+    TemporalScoreRescaling,
+    DifferentialDiffusion,
+    LatentApplyOperationCFG,
 ]

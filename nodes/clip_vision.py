@@ -69,8 +69,10 @@ def detect_layout(index: TensorIndex, under: str | None = None) -> tuple[str, st
         hint = "this looks like a CLIP *text* encoder; CLIP vision needs the image tower"
     else:
         hint = f"found {len(index.tensors)} tensors like {', '.join(list(index.tensors)[:3]) or 'none'}"
-    raise ModelLoadError(f"{index.path}: not a CLIP vision model (expected transformers 'vision_model.*' "
-                         f"or OpenCLIP 'visual.conv1.weight' tensors): {hint}")
+    raise ModelLoadError(
+        f"{index.path}: not a CLIP vision model (expected transformers 'vision_model.*' "
+        f"or OpenCLIP 'visual.conv1.weight' tensors): {hint}"
+    )
 
 
 def infer_config(index: TensorIndex, layout: str, prefix: str) -> dict[str, Any]:
@@ -93,21 +95,37 @@ def infer_config(index: TensorIndex, layout: str, prefix: str) -> dict[str, Any]
         projection = index.shape(prefix + "proj")[1] if index.has(prefix + "proj") else hidden
     heads, act = KNOWN_WIDTHS.get(hidden, (max(1, hidden // 64), "gelu"))
     side = math.isqrt(positions - 1)
-    return {"hidden_size": hidden, "intermediate_size": inner, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "image_size": side * patch, "patch_size": patch,
-            "projection_dim": projection, "hidden_act": act, "layer_norm_eps": 1e-5, "num_channels": 3}
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": inner,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "image_size": side * patch,
+        "patch_size": patch,
+        "projection_dim": projection,
+        "hidden_act": act,
+        "layer_norm_eps": 1e-5,
+        "num_channels": 3,
+    }
 
 
 def siglip_config(index: TensorIndex, prefix: str) -> dict[str, Any]:
     p = prefix + "vision_model."
     hidden, _, patch, _ = index.shape(p + "embeddings.patch_embedding.weight")
     positions = index.shape(p + "embeddings.position_embedding.weight")[0]
-    return {"hidden_size": hidden, "intermediate_size": index.shape(p + "encoder.layers.0.mlp.fc1.weight")[0],
-            "num_hidden_layers": index.count(p + "encoder.layers."),
-            "num_attention_heads": SIGLIP_HEADS.get(hidden, max(1, hidden // 64)),
-            "image_size": math.isqrt(positions) * patch, "patch_size": patch, "hidden_act": "gelu_pytorch_tanh",
-            "layer_norm_eps": 1e-6, "num_channels": 3, "vision_use_head": index.any_with(p + "head."),
-            "projection_dim": hidden}
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": index.shape(p + "encoder.layers.0.mlp.fc1.weight")[0],
+        "num_hidden_layers": index.count(p + "encoder.layers."),
+        "num_attention_heads": SIGLIP_HEADS.get(hidden, max(1, hidden // 64)),
+        "image_size": math.isqrt(positions) * patch,
+        "patch_size": patch,
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_norm_eps": 1e-6,
+        "num_channels": 3,
+        "vision_use_head": index.any_with(p + "head."),
+        "projection_dim": hidden,
+    }
 
 
 def sidecar_config(path: Path) -> dict[str, Any] | None:
@@ -117,20 +135,40 @@ def sidecar_config(path: Path) -> dict[str, Any] | None:
             cfg = json.loads(candidate.read_text(encoding="utf-8"))
             cfg = cfg.get("vision_config", cfg)
             if "hidden_size" in cfg and cfg.get("model_type", "clip_vision_model") == "clip_vision_model":
-                keep = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                        "image_size", "patch_size", "projection_dim", "hidden_act", "layer_norm_eps", "num_channels"}
+                keep = {
+                    "hidden_size",
+                    "intermediate_size",
+                    "num_hidden_layers",
+                    "num_attention_heads",
+                    "image_size",
+                    "patch_size",
+                    "projection_dim",
+                    "hidden_act",
+                    "layer_norm_eps",
+                    "num_channels",
+                }
                 return {k: v for k, v in cfg.items() if k in keep}
     return None
 
 
 def open_clip_to_transformers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """OpenCLIP visual tower keys (prefix removed) → ``CLIPVisionModelWithProjection`` keys."""
-    simple = {"conv1.weight": "embeddings.patch_embedding.weight", "class_embedding": "embeddings.class_embedding",
-              "positional_embedding": "embeddings.position_embedding.weight", "ln_pre.weight": "pre_layrnorm.weight",
-              "ln_pre.bias": "pre_layrnorm.bias", "ln_post.weight": "post_layernorm.weight",
-              "ln_post.bias": "post_layernorm.bias"}
-    block = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "attn.out_proj": "self_attn.out_proj",
-             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+    simple = {
+        "conv1.weight": "embeddings.patch_embedding.weight",
+        "class_embedding": "embeddings.class_embedding",
+        "positional_embedding": "embeddings.position_embedding.weight",
+        "ln_pre.weight": "pre_layrnorm.weight",
+        "ln_pre.bias": "pre_layrnorm.bias",
+        "ln_post.weight": "post_layernorm.weight",
+        "ln_post.bias": "post_layernorm.bias",
+    }
+    block = {
+        "ln_1": "layer_norm1",
+        "ln_2": "layer_norm2",
+        "attn.out_proj": "self_attn.out_proj",
+        "mlp.c_fc": "mlp.fc1",
+        "mlp.c_proj": "mlp.fc2",
+    }
     out: dict[str, torch.Tensor] = {}
     for key, value in sd.items():
         if key in simple:
@@ -167,7 +205,9 @@ class ClipVisionHandle(WeightsHandle):
     @property
     def processor(self) -> ProcessorConfig:
         """The input normalisation: CLIP's mean/std, or SigLIP's 0.5."""
-        return ProcessorConfig((0.5,) * 3, (0.5,) * 3) if self.layout == "siglip" else ProcessorConfig.shipped()
+        return (
+            ProcessorConfig((0.5,) * 3, (0.5,) * 3) if self.layout == "siglip" else ProcessorConfig.shipped()
+        )
 
     @property
     def embed_dim(self) -> int:
@@ -183,14 +223,21 @@ class ClipVisionHandle(WeightsHandle):
         return int(self.config["image_size"])
 
     @classmethod
-    def from_file(cls, path: Path, *, allow_pickle: bool = False, prefix: str | None = None) -> ClipVisionHandle:
+    def from_file(
+        cls, path: Path, *, allow_pickle: bool = False, prefix: str | None = None
+    ) -> ClipVisionHandle:
         """The image tower of ``path``; ``prefix``: only the tensors under it (a checkpoint's tower)."""
         index = read_index(path, allow_pickle=allow_pickle)
         layout, prefix = detect_layout(index, prefix)
         config = sidecar_config(path) if layout == "transformers" else None
         config = config or infer_config(index, layout, prefix)
-        return cls(source=WeightsSource(Path(path), fingerprint(path), allow_pickle=allow_pickle), layout=layout,
-                   prefix=prefix, config_json=json.dumps(config, sort_keys=True), nbytes=index.nbytes(prefix))
+        return cls(
+            source=WeightsSource(Path(path), fingerprint(path), allow_pickle=allow_pickle),
+            layout=layout,
+            prefix=prefix,
+            config_json=json.dumps(config, sort_keys=True),
+            nbytes=index.nbytes(prefix),
+        )
 
     def build(self) -> Any:
         from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
@@ -202,17 +249,27 @@ class ClipVisionHandle(WeightsHandle):
 
             cfg = {k: v for k, v in self.config.items() if k != "projection_dim"}
             # the file's names are ``vision_model.*``; transformers 5's SiglipVisionModel has the tower at its root
-            weights = {k.removeprefix("vision_model."): v.float() for k, v in sd.items() if k.startswith("vision_model.")}
-            return module_with_weights(lambda: SiglipVisionModel(SiglipVisionConfig(**cfg)), weights,
-                                       f"{self.path}: SigLIP vision weights read from the file")
+            weights = {
+                k.removeprefix("vision_model."): v.float()
+                for k, v in sd.items()
+                if k.startswith("vision_model.")
+            }
+            return module_with_weights(
+                lambda: SiglipVisionModel(SiglipVisionConfig(**cfg)),
+                weights,
+                f"{self.path}: SigLIP vision weights read from the file",
+            )
         if self.layout == "open_clip":
             sd = open_clip_to_transformers(sd)
         sd = {k: v.float() for k, v in sd.items() if k.startswith(("vision_model.", "visual_projection."))}
         if "visual_projection.weight" not in sd:  # a tower without projection: embeds = pooled output
             sd["visual_projection.weight"] = torch.eye(self.hidden_size)
         config = CLIPVisionConfig(**self.config)
-        return module_with_weights(lambda: CLIPVisionModelWithProjection(config), sd,
-                                   f"{self.path}: CLIP vision weights read from the file")
+        return module_with_weights(
+            lambda: CLIPVisionModelWithProjection(config),
+            sd,
+            f"{self.path}: CLIP vision weights read from the file",
+        )
 
 
 # --- preprocessing ------------------------------------------------------------------------------
@@ -230,13 +287,21 @@ class ProcessorConfig:
 def check_image(images: Any, name: str = "image") -> torch.Tensor:
     """An IMAGE batch [B, H, W, C] (C = 3 or 4, float 0..1), or an error naming what came instead."""
     if not isinstance(images, torch.Tensor) or images.ndim != 4 or images.shape[-1] not in (3, 4):
-        got = f"a tensor of shape {tuple(images.shape)}" if isinstance(images, torch.Tensor) else type(images).__name__
-        raise TypeError(f"input {name!r} must be an IMAGE (a [batch, height, width, 3] tensor from LoadImage or "
-                        f"VAEDecode); got {got}. Connect an image output, not a latent or a mask.")
+        got = (
+            f"a tensor of shape {tuple(images.shape)}"
+            if isinstance(images, torch.Tensor)
+            else type(images).__name__
+        )
+        raise TypeError(
+            f"input {name!r} must be an IMAGE (a [batch, height, width, 3] tensor from LoadImage or "
+            f"VAEDecode); got {got}. Connect an image output, not a latent or a mask."
+        )
     return images[..., :3].float()
 
 
-def preprocess(images: torch.Tensor, size: int, crop: str, config: ProcessorConfig | None = None) -> torch.Tensor:
+def preprocess(
+    images: torch.Tensor, size: int, crop: str, config: ProcessorConfig | None = None
+) -> torch.Tensor:
     """IMAGE [B, H, W, C] → normalized pixel values [B, 3, size, size], as ``CLIPImageProcessor``.
 
     Like the processor (which resizes 8-bit PIL images) values are rounded to 8-bit levels
@@ -295,13 +360,18 @@ def encode_pixels(model: Any, pixels: torch.Tensor) -> ClipVisionOutput:
     embeds = getattr(out, "image_embeds", None)
     if embeds is None:  # SigLIP: the pooling head's output, or the tokens' mean without the head
         embeds = out.pooler_output if out.pooler_output is not None else out.last_hidden_state.mean(1)
-    return ClipVisionOutput(embeds.float().cpu(), out.last_hidden_state.float().cpu(),
-                            out.hidden_states[-2].float().cpu())
+    return ClipVisionOutput(
+        embeds.float().cpu(), out.last_hidden_state.float().cpu(), out.hidden_states[-2].float().cpu()
+    )
 
 
-def encode_images(ctx: NodeContext, clip_vision: ClipVisionHandle, images: Any, crop: str = "center") -> ClipVisionOutput:
+def encode_images(
+    ctx: NodeContext, clip_vision: ClipVisionHandle, images: Any, crop: str = "center"
+) -> ClipVisionOutput:
     if not isinstance(clip_vision, ClipVisionHandle):
-        raise TypeError(f"input 'clip_vision' must come from CLIPVisionLoader; got {type(clip_vision).__name__}")
+        raise TypeError(
+            f"input 'clip_vision' must come from CLIPVisionLoader; got {type(clip_vision).__name__}"
+        )
     pixels = preprocess(images, clip_vision.image_size, crop, clip_vision.processor)
     with ctx.models.use(clip_vision) as model:
         return encode_pixels(model, pixels)
@@ -310,10 +380,18 @@ def encode_images(ctx: NodeContext, clip_vision: ClipVisionHandle, images: Any, 
 # --- nodes --------------------------------------------------------------------------------------
 class CLIPVisionLoader(Node):
     SCHEMA = NodeSchema(
-        node_id="CLIPVisionLoader", display_name="Load CLIP Vision", category="loaders",
+        node_id="CLIPVisionLoader",
+        display_name="Load CLIP Vision",
+        category="loaders",
         description="Loads a CLIP image encoder (transformers or OpenCLIP layout) from models/clip_vision.",
-        inputs=(Input("clip_name", COMBO, "The CLIP vision file in models/clip_vision.",
-                      options=DynamicOptions("clip_vision")),),
+        inputs=(
+            Input(
+                "clip_name",
+                COMBO,
+                "The CLIP vision file in models/clip_vision.",
+                options=DynamicOptions("clip_vision"),
+            ),
+        ),
         outputs=(Output("CLIP_VISION", CLIP_VISION, "The CLIP vision model (loaded when first used)."),),
     )
 
@@ -327,26 +405,42 @@ class CLIPVisionLoader(Node):
     def fingerprint(cls, folders: Any, **inputs: Any) -> Any:
         model_files = getattr(folders, "model_files", None)
         try:
-            return fingerprint(model_files.resolve("clip_vision", inputs["clip_name"])) if model_files else None
+            return (
+                fingerprint(model_files.resolve("clip_vision", inputs["clip_name"])) if model_files else None
+            )
         except Exception:
             return None
 
 
 class CLIPVisionEncode(Node):
     SCHEMA = NodeSchema(
-        node_id="CLIPVisionEncode", display_name="CLIP Vision Encode", category="conditioning",
+        node_id="CLIPVisionEncode",
+        display_name="CLIP Vision Encode",
+        category="conditioning",
         description="Encodes images with a CLIP vision model: image embeddings and hidden states.",
         inputs=(
             Input("clip_vision", CLIP_VISION, "The CLIP vision model from CLIPVisionLoader."),
             Input("image", IMAGE, "The images to encode."),
-            Input("crop", COMBO, "center: resize the short side and crop the middle; none: squash to square.",
-                  options=("center", "none"), default="center"),
+            Input(
+                "crop",
+                COMBO,
+                "center: resize the short side and crop the middle; none: squash to square.",
+                options=("center", "none"),
+                default="center",
+            ),
         ),
-        outputs=(Output("CLIP_VISION_OUTPUT", CLIP_VISION_OUTPUT,
-                        "image_embeds, last_hidden_state and penultimate_hidden_states."),),
+        outputs=(
+            Output(
+                "CLIP_VISION_OUTPUT",
+                CLIP_VISION_OUTPUT,
+                "image_embeds, last_hidden_state and penultimate_hidden_states.",
+            ),
+        ),
     )
 
-    def run(self, ctx: NodeContext, *, clip_vision: ClipVisionHandle, image: Any, crop: str) -> tuple[ClipVisionOutput]:
+    def run(
+        self, ctx: NodeContext, *, clip_vision: ClipVisionHandle, image: Any, crop: str
+    ) -> tuple[ClipVisionOutput]:
         return (encode_images(ctx, clip_vision, image, crop),)
 
 

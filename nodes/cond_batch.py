@@ -58,7 +58,9 @@ def _mask_bounds(mask: torch.Tensor) -> Area:
     return (max(8, y1 - y0 + 1), max(8, x1 - x0 + 1), y0, x0)
 
 
-def prepare(entries: Sequence[CondEntry], size: tuple[int, int], percent_to_sigma: Callable[[float], float]) -> list[Cond]:
+def prepare(
+    entries: Sequence[CondEntry], size: tuple[int, int], percent_to_sigma: Callable[[float], float]
+) -> list[Cond]:
     """Entries of one branch resolved for a latent of ``size`` (h, w): masks resized, areas set,
     timestep ranges turned into sigmas."""
     out = []
@@ -66,26 +68,43 @@ def prepare(entries: Sequence[CondEntry], size: tuple[int, int], percent_to_sigm
         area, mask = e.area, None
         if area is None and e.extras.get("area_percentage") is not None:  # ConditioningSetAreaPercentage
             ph, pw, py, px = e.extras["area_percentage"]
-            area = (max(1, round(ph * size[0])), max(1, round(pw * size[1])), round(py * size[0]), round(px * size[1]))
+            area = (
+                max(1, round(ph * size[0])),
+                max(1, round(pw * size[1])),
+                round(py * size[0]),
+                round(px * size[1]),
+            )
         if e.extras.get("mask") is not None:
             m = torch.as_tensor(e.extras["mask"]).float()
             m = m.reshape(-1, *m.shape[-2:])
             if tuple(m.shape[-2:]) != size:
-                m = torch.nn.functional.interpolate(m.unsqueeze(1), size=size, mode="bilinear",
-                                                    align_corners=False).squeeze(1)
+                m = torch.nn.functional.interpolate(
+                    m.unsqueeze(1), size=size, mode="bilinear", align_corners=False
+                ).squeeze(1)
             if e.extras.get("set_area_to_bounds"):
                 area = _mask_bounds(m)
             mask = m * float(e.extras.get("mask_strength", 1.0))
         start, end = e.extras.get("start_percent"), e.extras.get("end_percent")
-        out.append(Cond(e, area, float(e.strength), mask,
-                        percent_to_sigma(float(start)) if start is not None else None,
-                        percent_to_sigma(float(end)) if end is not None else None))
+        out.append(
+            Cond(
+                e,
+                area,
+                float(e.strength),
+                mask,
+                percent_to_sigma(float(start)) if start is not None else None,
+                percent_to_sigma(float(end)) if end is not None else None,
+            )
+        )
     return out
 
 
 def _inside(a: Area, outer: Area) -> bool:
-    return (a[2] >= outer[2] and a[3] >= outer[3]
-            and a[2] + a[0] <= outer[2] + outer[0] and a[3] + a[1] <= outer[3] + outer[1])
+    return (
+        a[2] >= outer[2]
+        and a[3] >= outer[3]
+        and a[2] + a[0] <= outer[2] + outer[0]
+        and a[3] + a[1] <= outer[3] + outer[1]
+    )
 
 
 def add_same_area_counterparts(branches: Mapping[str, list[Cond]]) -> None:
@@ -105,8 +124,11 @@ def add_same_area_counterparts(branches: Mapping[str, list[Cond]]) -> None:
                     if t.area is None:
                         smallest = smallest or t
                     elif _inside(c.area, t.area):
-                        if smallest is None or smallest.area is None or \
-                                math.prod(smallest.area[:2]) > math.prod(t.area[:2]):
+                        if (
+                            smallest is None
+                            or smallest.area is None
+                            or math.prod(smallest.area[:2]) > math.prod(t.area[:2])
+                        ):
                             smallest = t
                 if smallest is None or smallest.area == c.area:
                     continue
@@ -137,11 +159,11 @@ def _area_and_mult(c: Cond, x: torch.Tensor, sigma: float, branch: int, rows: sl
     if area is not None:
         ah, aw = min(h - area[2], area[0]), min(w - area[3], area[1])
         area = (ah, aw, area[2], area[3])
-        crop = x[:, :, area[2]:area[2] + ah, area[3]:area[3] + aw]
+        crop = x[:, :, area[2] : area[2] + ah, area[3] : area[3] + aw]
     if c.mask is not None:
         m = c.mask[: crop.shape[0]]
         if area is not None:
-            m = m[:, area[2]:area[2] + area[0], area[3]:area[3] + area[1]]
+            m = m[:, area[2] : area[2] + area[0], area[3] : area[3] + area[1]]
         m = m.to(crop).unsqueeze(1).repeat(crop.shape[0] // m.shape[0], crop.shape[1], 1, 1)
         mult = m * c.strength
     elif area is None and c.strength == 1.0:
@@ -182,9 +204,14 @@ def _references(e: CondEntry) -> tuple[Any, ...]:
 
 def _can_concat(a: _Item, b: _Item) -> bool:
     ea, eb = a.cond.entry, b.cond.entry
-    return (a.x.shape == b.x.shape and _embeds_compatible(ea.embeds, eb.embeds)
-            and (ea.pooled is None) == (eb.pooled is None) and ea.extras.get("control") is eb.extras.get("control")
-            and ea.extras.get("gligen") is eb.extras.get("gligen") and _references(ea) == _references(eb))
+    return (
+        a.x.shape == b.x.shape
+        and _embeds_compatible(ea.embeds, eb.embeds)
+        and (ea.pooled is None) == (eb.pooled is None)
+        and ea.extras.get("control") is eb.extras.get("control")
+        and ea.extras.get("gligen") is eb.extras.get("gligen")
+        and _references(ea) == _references(eb)
+    )
 
 
 @dataclass(frozen=True)
@@ -199,8 +226,9 @@ class Job:
 BatchCall = Callable[[torch.Tensor, torch.Tensor, Sequence[Cond], int, Sequence[int]], torch.Tensor]
 
 
-def calc_cond_batch(call: BatchCall, jobs: Sequence[Job], names: Sequence[str | None], x: torch.Tensor,
-                    sigma: torch.Tensor) -> list[torch.Tensor]:
+def calc_cond_batch(
+    call: BatchCall, jobs: Sequence[Job], names: Sequence[str | None], x: torch.Tensor, sigma: torch.Tensor
+) -> list[torch.Tensor]:
     """The denoised prediction of each named branch (``None``: skipped, zeros) for the batch ``x``."""
     to_run: list[_Item] = []
     for i, name in enumerate(names):
@@ -223,8 +251,13 @@ def calc_cond_batch(call: BatchCall, jobs: Sequence[Job], names: Sequence[str | 
         picked = [k for k, item in enumerate(to_run) if _can_concat(item, first)]
         group = [to_run.pop(k) for k in reversed(picked)]  # ComfyUI's order: [uncond..., cond...]
         sig = torch.cat([sigma[item.rows] for item in group])
-        output = call(torch.cat([item.x for item in group]), sig, [item.cond for item in group],
-                      first.x.shape[0], [item.branch for item in group]).chunk(len(group))
+        output = call(
+            torch.cat([item.x for item in group]),
+            sig,
+            [item.cond for item in group],
+            first.x.shape[0],
+            [item.branch for item in group],
+        ).chunk(len(group))
         for item, out in zip(group, output, strict=True):
             if direct:
                 outs[item.branch][item.rows] = out
@@ -232,8 +265,8 @@ def calc_cond_batch(call: BatchCall, jobs: Sequence[Job], names: Sequence[str | 
             target, count = outs[item.branch][item.rows], counts[item.branch][item.rows]
             if item.area is not None:
                 h, w, y, x0 = item.area
-                target = target[:, :, y:y + h, x0:x0 + w]
-                count = count[:, :, y:y + h, x0:x0 + w]
+                target = target[:, :, y : y + h, x0 : x0 + w]
+                count = count[:, :, y : y + h, x0 : x0 + w]
             mult = item.mult if item.mult is not None else torch.ones_like(out)
             target += out * mult
             count += mult

@@ -46,9 +46,17 @@ Conditioning = list[CondEntry]
 def text_encoders(ctx: NodeContext, clip: Any) -> Iterator[list[ReadyEncoder]]:
     """The CLIP handle's encoders, resident for the duration of the ``with`` block."""
     with ctx.models.use(clip) as modules:
-        yield [ReadyEncoder(clip.family.spec(part.name), part.kind, modules.tokenizers[part.name],
-                            modules[part.name], clip.hidden_state_index(part.name),
-                            clip.tokenizer_options_for(part.name)) for part in clip.parts]
+        yield [
+            ReadyEncoder(
+                clip.family.spec(part.name),
+                part.kind,
+                modules.tokenizers[part.name],
+                modules[part.name],
+                clip.hidden_state_index(part.name),
+                clip.tokenizer_options_for(part.name),
+            )
+            for part in clip.parts
+        ]
 
 
 @torch.no_grad()

@@ -59,15 +59,30 @@ class ConditioningAverage(Node):
         description="Blend each entry of conditioning_to with the first entry of conditioning_from.",
         inputs=(
             Input("conditioning_to", CONDITIONING, "The conditioning to blend into (its extras are kept)."),
-            Input("conditioning_from", CONDITIONING, "Its first entry is blended in; later entries are ignored."),
-            Input("conditioning_to_strength", FLOAT, "Weight of conditioning_to (1 = only it, 0 = only from).",
-                  default=1.0, min=0.0, max=1.0, step=0.01),
+            Input(
+                "conditioning_from", CONDITIONING, "Its first entry is blended in; later entries are ignored."
+            ),
+            Input(
+                "conditioning_to_strength",
+                FLOAT,
+                "Weight of conditioning_to (1 = only it, 0 = only from).",
+                default=1.0,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
         ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The blended conditioning."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning_to: Conditioning, conditioning_from: Conditioning,
-            conditioning_to_strength: float) -> tuple[Conditioning]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        conditioning_to: Conditioning,
+        conditioning_from: Conditioning,
+        conditioning_to_strength: float,
+    ) -> tuple[Conditioning]:
         src = _first(conditioning_from, "ConditioningAverage")
         w = conditioning_to_strength
         out = []
@@ -97,20 +112,30 @@ class ConditioningConcat(Node):
         outputs=(Output("CONDITIONING", CONDITIONING, "The longer conditioning."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning_to: Conditioning,
-            conditioning_from: Conditioning) -> tuple[Conditioning]:
+    def run(
+        self, ctx: NodeContext, *, conditioning_to: Conditioning, conditioning_from: Conditioning
+    ) -> tuple[Conditioning]:
         src = _first(conditioning_from, "ConditioningConcat")
         out = []
         for e in conditioning_to:
             if e.embeds.shape[-1] != src.embeds.shape[-1]:
-                raise ValueError(f"ConditioningConcat: conditioning_to is {e.embeds.shape[-1]} wide but "
-                                 f"conditioning_from is {src.embeds.shape[-1]}; encode both with the same CLIP")
+                raise ValueError(
+                    f"ConditioningConcat: conditioning_to is {e.embeds.shape[-1]} wide but "
+                    f"conditioning_from is {src.embeds.shape[-1]}; encode both with the same CLIP"
+                )
             out.append(replace(e, embeds=torch.cat([e.embeds, src.embeds.to(e.embeds)], dim=1)))
         return (out,)
 
 
-_STRENGTH = Input("strength", FLOAT, "Weight of this conditioning's prediction where it applies.",
-                  default=1.0, min=0.0, max=10.0, step=0.01)
+_STRENGTH = Input(
+    "strength",
+    FLOAT,
+    "Weight of this conditioning's prediction where it applies.",
+    default=1.0,
+    min=0.0,
+    max=10.0,
+    step=0.01,
+)
 
 
 class ConditioningSetMask(Node):
@@ -123,17 +148,32 @@ class ConditioningSetMask(Node):
             Input("conditioning", CONDITIONING, "The conditioning to place."),
             Input("mask", MASK, "Where it applies, [B, H, W] or [H, W]; resized to the latent."),
             _STRENGTH,
-            Input("set_cond_area", COMBO, "'mask bounds': run the model only on the mask's bounding box.",
-                  default="default", options=("default", "mask bounds")),
+            Input(
+                "set_cond_area",
+                COMBO,
+                "'mask bounds': run the model only on the mask's bounding box.",
+                default="default",
+                options=("default", "mask bounds"),
+            ),
         ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The masked conditioning."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning: Conditioning, mask: torch.Tensor, strength: float,
-            set_cond_area: str) -> tuple[Conditioning]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        conditioning: Conditioning,
+        mask: torch.Tensor,
+        strength: float,
+        set_cond_area: str,
+    ) -> tuple[Conditioning]:
         m = mask if mask.dim() >= 3 else mask.unsqueeze(0)
-        return (with_extras(conditioning, mask=m, set_area_to_bounds=set_cond_area != "default",
-                            mask_strength=strength),)
+        return (
+            with_extras(
+                conditioning, mask=m, set_area_to_bounds=set_cond_area != "default", mask_strength=strength
+            ),
+        )
 
 
 def _fraction(name: str, default: float, what: str) -> Input:
@@ -157,8 +197,17 @@ class ConditioningSetAreaPercentage(Node):
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with its area set."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning: Conditioning, width: float, height: float, x: float,
-            y: float, strength: float) -> tuple[Conditioning]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        conditioning: Conditioning,
+        width: float,
+        height: float,
+        x: float,
+        y: float,
+        strength: float,
+    ) -> tuple[Conditioning]:
         placed = with_extras(conditioning, area_percentage=(height, width, y, x), set_area_to_bounds=False)
         return ([replace(e, area=None, strength=strength) for e in placed],)
 
@@ -185,15 +234,31 @@ class ConditioningSetTimestepRange(Node):
         description="Use a conditioning only between two points of the schedule (0 = first step, 1 = end).",
         inputs=(
             Input("conditioning", CONDITIONING, "The conditioning to limit."),
-            Input("start", FLOAT, "Where it starts applying (fraction of the schedule).",
-                  default=0.0, min=0.0, max=1.0, step=0.001),
-            Input("end", FLOAT, "Where it stops applying (fraction of the schedule).",
-                  default=1.0, min=0.0, max=1.0, step=0.001),
+            Input(
+                "start",
+                FLOAT,
+                "Where it starts applying (fraction of the schedule).",
+                default=0.0,
+                min=0.0,
+                max=1.0,
+                step=0.001,
+            ),
+            Input(
+                "end",
+                FLOAT,
+                "Where it stops applying (fraction of the schedule).",
+                default=1.0,
+                min=0.0,
+                max=1.0,
+                step=0.001,
+            ),
         ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with its range."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning: Conditioning, start: float, end: float) -> tuple[Conditioning]:
+    def run(
+        self, ctx: NodeContext, *, conditioning: Conditioning, start: float, end: float
+    ) -> tuple[Conditioning]:
         return (with_extras(conditioning, start_percent=start, end_percent=end),)
 
 
@@ -222,32 +287,61 @@ class CLIPTextEncodeSDXL(Node):
     )
 
     @torch.no_grad()
-    def run(self, ctx: NodeContext, *, clip: Any, width: int, height: int, crop_w: int, crop_h: int,
-            target_width: int, target_height: int, text_g: str, text_l: str) -> tuple[Conditioning]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        clip: Any,
+        width: int,
+        height: int,
+        crop_w: int,
+        crop_h: int,
+        target_width: int,
+        target_height: int,
+        text_g: str,
+        text_l: str,
+    ) -> tuple[Conditioning]:
         names = [p.name for p in clip.parts]
         if "clip_l" not in names or len(names) < 2:
-            raise ValueError(f"CLIPTextEncodeSDXL needs a CLIP with two text encoders (clip_l and clip_g), but this CLIP has "
-                             f"{names}; use CLIPTextEncode for this model")
+            raise ValueError(
+                f"CLIPTextEncodeSDXL needs a CLIP with two text encoders (clip_l and clip_g), but this CLIP has "
+                f"{names}; use CLIPTextEncode for this model"
+            )
         parts, pooled = [], None
         with text_encoders(ctx, clip) as encoders:
             for enc in encoders:
                 text = text_l if enc.spec.name == "clip_l" else text_g
-                z, p = enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer,
-                                       final_norm=enc.spec.final_norm, pooled=enc.spec.pooled)
+                z, p = enc.kind.encode(
+                    enc.module,
+                    enc.tokenizer,
+                    text,
+                    enc.layer,
+                    final_norm=enc.spec.final_norm,
+                    pooled=enc.spec.pooled,
+                )
                 parts.append((enc, z))
                 pooled = p if p is not None else pooled
             longest = max(z.shape[1] for _, z in parts)
             padded = []
             for enc, z in parts:  # the shorter prompt gets empty-prompt windows (ComfyUI's rule)
                 if z.shape[1] < longest:
-                    empty, _ = enc.kind.encode(enc.module, enc.tokenizer, "", enc.layer,
-                                               final_norm=enc.spec.final_norm, pooled=False)
+                    empty, _ = enc.kind.encode(
+                        enc.module, enc.tokenizer, "", enc.layer, final_norm=enc.spec.final_norm, pooled=False
+                    )
                     z = torch.cat([z, empty.repeat(1, (longest - z.shape[1]) // empty.shape[1], 1)], dim=1)
                 padded.append(z)
-        entry = CondEntry(embeds=torch.cat(padded, dim=-1).float().cpu(),
-                          pooled=None if pooled is None else pooled.float().cpu(),
-                          extras={"width": width, "height": height, "crop_w": crop_w, "crop_h": crop_h,
-                                  "target_width": target_width, "target_height": target_height})
+        entry = CondEntry(
+            embeds=torch.cat(padded, dim=-1).float().cpu(),
+            pooled=None if pooled is None else pooled.float().cpu(),
+            extras={
+                "width": width,
+                "height": height,
+                "crop_w": crop_w,
+                "crop_h": crop_h,
+                "target_width": target_width,
+                "target_height": target_height,
+            },
+        )
         return ([entry],)
 
 
@@ -258,8 +352,15 @@ class CLIPTextEncodeSDXLRefiner(Node):
         category="advanced/conditioning",
         description="Encode a prompt for a refiner model, with its aesthetic score and size conditioning.",
         inputs=(  # ComfyUI's order: clip last
-            Input("ascore", FLOAT, "Aesthetic score the refiner is told about.",
-                  default=6.0, min=0.0, max=1000.0, step=0.01),
+            Input(
+                "ascore",
+                FLOAT,
+                "Aesthetic score the refiner is told about.",
+                default=6.0,
+                min=0.0,
+                max=1000.0,
+                step=0.01,
+            ),
             _size("width", 1024, "Image width the refiner is told about."),
             _size("height", 1024, "Image height the refiner is told about."),
             Input("text", STRING, "The prompt.", multiline=True),
@@ -268,8 +369,9 @@ class CLIPTextEncodeSDXLRefiner(Node):
         outputs=(Output("CONDITIONING", CONDITIONING, "The encoded prompt with the refiner's ids."),),
     )
 
-    def run(self, ctx: NodeContext, *, clip: Any, ascore: float, width: int, height: int,
-            text: str) -> tuple[Conditioning]:
+    def run(
+        self, ctx: NodeContext, *, clip: Any, ascore: float, width: int, height: int, text: str
+    ) -> tuple[Conditioning]:
         with text_encoders(ctx, clip) as encoders:
             entry = encode_prompt(text, clip, encoders)
         return (with_extras([entry], aesthetic_score=ascore, width=width, height=height),)
@@ -287,8 +389,13 @@ class InpaintModelConditioning(Node):
             Input("vae", VAE, "The VAE to encode the image with."),
             Input("pixels", IMAGE, "The image to inpaint."),
             Input("mask", MASK, "Where to repaint (1), [B, H, W]."),
-            Input("noise_mask", BOOLEAN, "Add a noise mask to the latent so sampling only changes the masked "
-                  "area. Might improve results or break them, depending on the model.", default=True),
+            Input(
+                "noise_mask",
+                BOOLEAN,
+                "Add a noise mask to the latent so sampling only changes the masked "
+                "area. Might improve results or break them, depending on the model.",
+                default=True,
+            ),
         ),
         outputs=(
             Output("positive", CONDITIONING, "Positive conditioning with the inpainting inputs."),
@@ -297,14 +404,23 @@ class InpaintModelConditioning(Node):
         ),
     )
 
-    def run(self, ctx: NodeContext, *, positive: Conditioning, negative: Conditioning, vae: Any,
-            pixels: torch.Tensor, mask: torch.Tensor, noise_mask: bool) -> tuple[Conditioning, Conditioning, dict]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        positive: Conditioning,
+        negative: Conditioning,
+        vae: Any,
+        pixels: torch.Tensor,
+        mask: torch.Tensor,
+        noise_mask: bool,
+    ) -> tuple[Conditioning, Conditioning, dict]:
         m = mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float()
         m = F.interpolate(m, size=tuple(pixels.shape[1:3]), mode="bilinear")
         image = crop_to_8(pixels)[..., :3]
         if image.shape[1:3] != pixels.shape[1:3]:  # the same centred crop as the image
             top, left = (pixels.shape[1] % 8) // 2, (pixels.shape[2] % 8) // 2
-            m = m[:, :, top:top + image.shape[1], left:left + image.shape[2]]
+            m = m[:, :, top : top + image.shape[1], left : left + image.shape[2]]
         keep = (1.0 - m.round()).permute(0, 2, 3, 1)
         masked = (image - 0.5) * keep + 0.5
         with ctx.models.use(vae) as module:
@@ -319,21 +435,41 @@ class InpaintModelConditioning(Node):
 
 class ReferenceLatent(Node):
     SCHEMA = NodeSchema(
-        node_id="ReferenceLatent", display_name="ReferenceLatent", category="advanced/conditioning/edit_models",
+        node_id="ReferenceLatent",
+        display_name="ReferenceLatent",
+        category="advanced/conditioning/edit_models",
         description="This node sets the guiding latent for an edit model. If the model supports it you can "
-                    "chain multiple to set multiple reference images.",
-        inputs=(Input("conditioning", CONDITIONING, "The conditioning to add the reference to."),
-                Input("latent", LATENT, "The reference image, encoded with the model's VAE (VAEEncode).",
-                      optional=True)),
+        "chain multiple to set multiple reference images.",
+        inputs=(
+            Input("conditioning", CONDITIONING, "The conditioning to add the reference to."),
+            Input(
+                "latent",
+                LATENT,
+                "The reference image, encoded with the model's VAE (VAEEncode).",
+                optional=True,
+            ),
+        ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the reference appended."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning: Conditioning, latent: dict | None = None) -> tuple[Conditioning]:
+    def run(
+        self, ctx: NodeContext, *, conditioning: Conditioning, latent: dict | None = None
+    ) -> tuple[Conditioning]:
         if latent is None:
             return (conditioning,)
         samples = latent["samples"]
-        return ([replace(e, extras={**e.extras, "reference_latents": [*(e.extras.get("reference_latents") or ()),
-                                                                     samples]}) for e in conditioning],)
+        return (
+            [
+                replace(
+                    e,
+                    extras={
+                        **e.extras,
+                        "reference_latents": [*(e.extras.get("reference_latents") or ()), samples],
+                    },
+                )
+                for e in conditioning
+            ],
+        )
 
 
 CONDITIONING_OPS_NODES: list[type[Node]] = [

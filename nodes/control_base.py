@@ -49,8 +49,13 @@ class ControlResiduals:
 
     def __add__(self, other: ControlResiduals) -> ControlResiduals:
         mid = self.mid if other.mid is None else other.mid if self.mid is None else self.mid + other.mid
-        return ControlResiduals(_add(self.down, other.down), mid, _add(self.intrablock, other.intrablock),
-                                _add(self.blocks, other.blocks), _add(self.single, other.single))
+        return ControlResiduals(
+            _add(self.down, other.down),
+            mid,
+            _add(self.intrablock, other.intrablock),
+            _add(self.blocks, other.blocks),
+            _add(self.single, other.single),
+        )
 
     def unet_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of diffusers' ``UNet2DConditionModel`` for these residuals."""
@@ -79,10 +84,10 @@ def fit_hint(image: torch.Tensor, rows: int, size: tuple[int, int]) -> torch.Ten
         old, new = w / h, target_w / target_h
         if old > new:
             keep = round(w * new / old)
-            x = x[..., :, (w - keep) // 2:(w - keep) // 2 + keep]
+            x = x[..., :, (w - keep) // 2 : (w - keep) // 2 + keep]
         elif old < new:
             keep = round(h * old / new)
-            x = x[..., (h - keep) // 2:(h - keep) // 2 + keep, :]
+            x = x[..., (h - keep) // 2 : (h - keep) // 2 + keep, :]
         x = torch.nn.functional.interpolate(x, size=(target_h, target_w), mode="nearest-exact")
     if x.shape[0] == 1 or x.shape[0] == rows:
         return x.expand(rows, -1, -1, -1) if x.shape[0] == 1 else x

@@ -25,66 +25,128 @@ from engine.schema import CLIP, CONDITIONING, FLOAT, IMAGE, MASK, STRING, VAE, I
 from nodes.control_base import CONTROL_NET
 from nodes.controlnet import ControlNetApplyAdvanced
 
-_RANGE = (Input("strength", FLOAT, "Scale of the ControlNet's residuals.", default=1.0, min=0.0, max=10.0, step=0.01),
-          Input("start_percent", FLOAT, "Where in the schedule it starts.", default=0.0, min=0.0, max=1.0, step=0.001),
-          Input("end_percent", FLOAT, "Where in the schedule it stops.", default=1.0, min=0.0, max=1.0, step=0.001))
-_BRANCHES = (Output("positive", CONDITIONING, "Positive conditioning with the control."),
-             Output("negative", CONDITIONING, "Negative conditioning with the control."))
+_RANGE = (
+    Input(
+        "strength", FLOAT, "Scale of the ControlNet's residuals.", default=1.0, min=0.0, max=10.0, step=0.01
+    ),
+    Input(
+        "start_percent", FLOAT, "Where in the schedule it starts.", default=0.0, min=0.0, max=1.0, step=0.001
+    ),
+    Input("end_percent", FLOAT, "Where in the schedule it stops.", default=1.0, min=0.0, max=1.0, step=0.001),
+)
+_BRANCHES = (
+    Output("positive", CONDITIONING, "Positive conditioning with the control."),
+    Output("negative", CONDITIONING, "Negative conditioning with the control."),
+)
 
 
-def _apply(ctx: NodeContext, positive: Any, negative: Any, control_net: Any, image: Any, strength: float, start: float,
-           end: float, vae: Any) -> tuple[Any, Any]:
-    return ControlNetApplyAdvanced().run(ctx, positive=positive, negative=negative, control_net=control_net,
-                                         image=image, strength=strength, start_percent=start, end_percent=end, vae=vae)
+def _apply(
+    ctx: NodeContext,
+    positive: Any,
+    negative: Any,
+    control_net: Any,
+    image: Any,
+    strength: float,
+    start: float,
+    end: float,
+    vae: Any,
+) -> tuple[Any, Any]:
+    return ControlNetApplyAdvanced().run(
+        ctx,
+        positive=positive,
+        negative=negative,
+        control_net=control_net,
+        image=image,
+        strength=strength,
+        start_percent=start,
+        end_percent=end,
+        vae=vae,
+    )
 
 
 class ControlNetInpaintingAliMamaApply(Node):
     SCHEMA = NodeSchema(
-        node_id="ControlNetInpaintingAliMamaApply", display_name="ControlNetInpaintingAliMamaApply",
+        node_id="ControlNetInpaintingAliMamaApply",
+        display_name="ControlNetInpaintingAliMamaApply",
         category="conditioning/controlnet",
         description="Applies an inpainting ControlNet with the image and the mask of the area to repaint.",
-        inputs=(Input("positive", CONDITIONING, "Positive conditioning."),
-                Input("negative", CONDITIONING, "Negative conditioning."),
-                Input("control_net", CONTROL_NET, "The ControlNet."),
-                Input("vae", VAE, "The VAE (for ControlNets working in latent space)."),
-                Input("image", IMAGE, "The image to inpaint."),
-                Input("mask", MASK, "Where to repaint (1) and keep (0)."),
-                *_RANGE),
+        inputs=(
+            Input("positive", CONDITIONING, "Positive conditioning."),
+            Input("negative", CONDITIONING, "Negative conditioning."),
+            Input("control_net", CONTROL_NET, "The ControlNet."),
+            Input("vae", VAE, "The VAE (for ControlNets working in latent space)."),
+            Input("image", IMAGE, "The image to inpaint."),
+            Input("mask", MASK, "Where to repaint (1) and keep (0)."),
+            *_RANGE,
+        ),
         outputs=_BRANCHES,
     )
 
-    def run(self, ctx: NodeContext, *, positive: Any, negative: Any, control_net: Any, vae: Any, image: Any, mask: Any,
-            strength: float, start_percent: float, end_percent: float) -> tuple[Any, Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        positive: Any,
+        negative: Any,
+        control_net: Any,
+        vae: Any,
+        image: Any,
+        mask: Any,
+        strength: float,
+        start_percent: float,
+        end_percent: float,
+    ) -> tuple[Any, Any]:
         if getattr(control_net, "concat_mask", False):  # no loadable ControlNet takes the mask yet
-            raise ValueError(f"{control_net.path.name!r} takes an inpainting mask, which Loom cannot pass to it yet")
+            raise ValueError(
+                f"{control_net.path.name!r} takes an inpainting mask, which Loom cannot pass to it yet"
+            )
         return _apply(ctx, positive, negative, control_net, image, strength, start_percent, end_percent, vae)
 
 
 class ControlNetApplySD3(Node):
     SCHEMA = NodeSchema(
-        node_id="ControlNetApplySD3", display_name="Apply Controlnet with VAE", category="conditioning/controlnet",
+        node_id="ControlNetApplySD3",
+        display_name="Apply Controlnet with VAE",
+        category="conditioning/controlnet",
         description="Apply ControlNet with a VAE (deprecated in ComfyUI; the same as Apply ControlNet).",
-        inputs=(Input("positive", CONDITIONING, "Positive conditioning."),
-                Input("negative", CONDITIONING, "Negative conditioning."),
-                Input("control_net", CONTROL_NET, "The ControlNet."),
-                Input("vae", VAE, "The VAE (for ControlNets working in latent space)."),
-                Input("image", IMAGE, "The control image."),
-                *_RANGE),
+        inputs=(
+            Input("positive", CONDITIONING, "Positive conditioning."),
+            Input("negative", CONDITIONING, "Negative conditioning."),
+            Input("control_net", CONTROL_NET, "The ControlNet."),
+            Input("vae", VAE, "The VAE (for ControlNets working in latent space)."),
+            Input("image", IMAGE, "The control image."),
+            *_RANGE,
+        ),
         outputs=_BRANCHES,
     )
 
-    def run(self, ctx: NodeContext, *, positive: Any, negative: Any, control_net: Any, vae: Any, image: Any,
-            strength: float, start_percent: float, end_percent: float) -> tuple[Any, Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        positive: Any,
+        negative: Any,
+        control_net: Any,
+        vae: Any,
+        image: Any,
+        strength: float,
+        start_percent: float,
+        end_percent: float,
+    ) -> tuple[Any, Any]:
         return _apply(ctx, positive, negative, control_net, image, strength, start_percent, end_percent, vae)
 
 
 class CLIPTextEncodeControlnet(Node):
     SCHEMA = NodeSchema(
-        node_id="CLIPTextEncodeControlnet", display_name="CLIP Text Encode (Controlnet)", category="model/conditioning",
+        node_id="CLIPTextEncodeControlnet",
+        display_name="CLIP Text Encode (Controlnet)",
+        category="model/conditioning",
         description="Gives the ControlNets of a conditioning their own prompt (the model keeps the conditioning's).",
-        inputs=(Input("clip", CLIP, "The text encoder(s)."),
-                Input("conditioning", CONDITIONING, "The conditioning whose ControlNets get the prompt."),
-                Input("text", STRING, "The ControlNets' prompt.", multiline=True)),
+        inputs=(
+            Input("clip", CLIP, "The text encoder(s)."),
+            Input("conditioning", CONDITIONING, "The conditioning whose ControlNets get the prompt."),
+            Input("text", STRING, "The ControlNets' prompt.", multiline=True),
+        ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the ControlNets' prompt."),),
     )
 

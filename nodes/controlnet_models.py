@@ -40,25 +40,48 @@ LDM_PREFIX = "control_model."
 DIFF_KEY = "difference"
 SHUFFLE_SUFFIXES = ("_shuffle", "_shuffle_fp16")  # file names whose residuals are averaged over the image
 # top-level tensor names of transformer models: a file with them that no DiT layout claims is refused
-DIT_MARKS = frozenset({"controlnet_blocks", "controlnet_single_blocks", "controlnet_x_embedder", "pos_embed_input",
-                       "double_blocks", "single_blocks", "transformer_blocks", "single_transformer_blocks"})
+DIT_MARKS = frozenset(
+    {
+        "controlnet_blocks",
+        "controlnet_single_blocks",
+        "controlnet_x_embedder",
+        "pos_embed_input",
+        "double_blocks",
+        "single_blocks",
+        "transformer_blocks",
+        "single_transformer_blocks",
+    }
+)
 
 
 def config_from_tensors(shapes: Mapping[str, Sequence[int]], name: str) -> dict[str, Any]:
     """A diffusers ``ControlNetModel`` config read from the shapes of its tensors (diffusers names)."""
     if "controlnet_cond_embedding.conv_in.weight" not in shapes or "conv_in.weight" not in shapes:
-        raise ModelLoadError(f"{name}: not a ControlNet (no controlnet_cond_embedding/conv_in tensors); "
-                             "put diffusers ControlNetModel files in models/controlnet")
+        raise ModelLoadError(
+            f"{name}: not a ControlNet (no controlnet_cond_embedding/conv_in tensors); "
+            "put diffusers ControlNetModel files in models/controlnet"
+        )
     levels = 1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("down_blocks."))
     channels = [shapes[f"down_blocks.{i}.resnets.0.conv2.weight"][0] for i in range(levels)]
     attention = [any(k.startswith(f"down_blocks.{i}.attentions.") for k in shapes) for i in range(levels)]
     per_level = 1 + max(int(k.split(".")[3]) for k in shapes if k.startswith("down_blocks.0.resnets."))
-    depth = [1 + max((int(k.split(".")[5]) for k in shapes
-                      if k.startswith(f"down_blocks.{i}.attentions.0.transformer_blocks.")), default=0)
-             for i in range(levels)]
+    depth = [
+        1
+        + max(
+            (
+                int(k.split(".")[5])
+                for k in shapes
+                if k.startswith(f"down_blocks.{i}.attentions.0.transformer_blocks.")
+            ),
+            default=0,
+        )
+        for i in range(levels)
+    ]
     attn_key = next((k for k in shapes if k.endswith("attn2.to_k.weight")), None)
     if attn_key is None:
-        raise ModelLoadError(f"{name}: the ControlNet has no cross-attention layers; not a ControlNet for the UNet families Loom loads")
+        raise ModelLoadError(
+            f"{name}: the ControlNet has no cross-attention layers; not a ControlNet for the UNet families Loom loads"
+        )
     context = int(shapes[attn_key][1])
     proj = next(k for k in shapes if k.endswith("proj_in.weight"))
     emb = [k for k in shapes if k.startswith("controlnet_cond_embedding.blocks.") and k.endswith(".weight")]
@@ -73,8 +96,10 @@ def config_from_tensors(shapes: Mapping[str, Sequence[int]], name: str) -> dict[
         "attention_head_dim": [heads_for(context, int(c)) for c in channels],
         "use_linear_projection": len(shapes[proj]) == 2,
         "transformer_layers_per_block": depth,
-        "conditioning_embedding_out_channels": [int(shapes["controlnet_cond_embedding.conv_in.weight"][0]),
-                                                *[int(c) for c in emb_channels]],
+        "conditioning_embedding_out_channels": [
+            int(shapes["controlnet_cond_embedding.conv_in.weight"][0]),
+            *[int(c) for c in emb_channels],
+        ],
         "norm_num_groups": 32 if all(c % 32 == 0 for c in channels) else int(channels[0]),
     }
     if "add_embedding.linear_1.weight" in shapes:
@@ -130,29 +155,57 @@ class ControlNetHandle(WeightsHandle):
             sd = self._add_base(sd)
         missing, unexpected = module.load_state_dict(sd, strict=False)
         if missing or unexpected:
-            raise ModelLoadError(f"{self.path.name}: ControlNet tensors do not match its config "
-                                 f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+            raise ModelLoadError(
+                f"{self.path.name}: ControlNet tensors do not match its config "
+                f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+            )
         return module.eval()
 
     def _add_base(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A diff ControlNet's weights: each tensor plus the base UNet's tensor of the same name."""
         if self.base is None:
-            raise ModelLoadError(f"{self.path.name} is a 'diff' ControlNet; load it with DiffControlNetLoader "
-                                 "(Load ControlNet Model (diff)) and the model it was made for")
+            raise ModelLoadError(
+                f"{self.path.name} is a 'diff' ControlNet; load it with DiffControlNetLoader "
+                "(Load ControlNet Model (diff)) and the model it was made for"
+            )
         unet = self.base.load().state_dict()
-        return {k: v + unet[k].to(v.dtype) if k in unet and unet[k].shape == v.shape else v for k, v in sd.items()}
+        return {
+            k: v + unet[k].to(v.dtype) if k in unet and unet[k].shape == v.shape else v for k, v in sd.items()
+        }
 
-    def residuals(self, module: Any, x_in: torch.Tensor, timestep: torch.Tensor, image: torch.Tensor, rows: int,
-                  strength: float, extra: Mapping[str, Any]) -> ControlResiduals:
+    def residuals(
+        self,
+        module: Any,
+        x_in: torch.Tensor,
+        timestep: torch.Tensor,
+        image: torch.Tensor,
+        rows: int,
+        strength: float,
+        extra: Mapping[str, Any],
+    ) -> ControlResiduals:
         hint = fit_hint(image, rows, (x_in.shape[-2] * 8, x_in.shape[-1] * 8))
         hint = hint.repeat(x_in.shape[0] // rows, 1, 1, 1).to(x_in)
         if self.union_types is not None:
-            down, mid = union_forward(module, x_in, timestep, hint, self.control_type, float(strength),
-                                      extra["encoder_hidden_states"], extra.get("added_cond_kwargs"))
+            down, mid = union_forward(
+                module,
+                x_in,
+                timestep,
+                hint,
+                self.control_type,
+                float(strength),
+                extra["encoder_hidden_states"],
+                extra.get("added_cond_kwargs"),
+            )
         else:
             inputs = {k: extra[k] for k in ("encoder_hidden_states", "added_cond_kwargs") if k in extra}
-            down, mid = module(x_in, timestep, controlnet_cond=hint, conditioning_scale=float(strength),
-                               return_dict=False, **inputs)
+            down, mid = module(
+                x_in,
+                timestep,
+                controlnet_cond=hint,
+                conditioning_scale=float(strength),
+                return_dict=False,
+                **inputs,
+            )
         return ControlResiduals(down=list(down), mid=mid)
 
 
@@ -165,9 +218,13 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
     index = read_index(path, allow_pickle=allow_pickle)
     shapes: dict[str, Any] = {k: tuple(index.shape(k)) for k in index.tensors}
     if "lora_controlnet" in shapes:
-        raise ModelLoadError(f"{path.name} is a Control-LoRA (a LoRA of a ControlNet over the model's UNet), which "
-                             "Loom cannot load yet; use a full ControlNet file of the same kind")
-    if "controlnet_cond_embedding.conv_in.weight" not in shapes and not any(k.startswith(LDM_PREFIX) for k in shapes):
+        raise ModelLoadError(
+            f"{path.name} is a Control-LoRA (a LoRA of a ControlNet over the model's UNet), which "
+            "Loom cannot load yet; use a full ControlNet file of the same kind"
+        )
+    if "controlnet_cond_embedding.conv_in.weight" not in shapes and not any(
+        k.startswith(LDM_PREFIX) for k in shapes
+    ):
         if is_adapter(shapes):
             return open_adapter(path, shapes, allow_pickle=allow_pickle)
     layout = dit_layout(shapes, path.name)
@@ -175,18 +232,28 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
         try:
             config = dit_config(shapes, layout)
         except KeyError as e:
-            raise ModelLoadError(f"{path.name} looks like a {layout} ControlNet but has no {e.args[0]!r} tensor; the file "
-                                 "is incomplete or of another kind") from None
-        return DiTControlNetHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
-                                   nbytes=path.stat().st_size, config=config, layout=layout)
+            raise ModelLoadError(
+                f"{path.name} looks like a {layout} ControlNet but has no {e.args[0]!r} tensor; the file "
+                "is incomplete or of another kind"
+            ) from None
+        return DiTControlNetHandle(
+            source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
+            nbytes=path.stat().st_size,
+            config=config,
+            layout=layout,
+        )
     dit = sorted(k for k in shapes if k.split(".")[0] in DIT_MARKS)
     if dit:
-        raise ModelLoadError(f"{path.name} holds transformer (DiT) tensors ({dit[0]!r} …) in no ControlNet layout Loom "
-                             f"knows; Loom runs {READABLE_CONTROLNET_LAYOUTS}")
+        raise ModelLoadError(
+            f"{path.name} holds transformer (DiT) tensors ({dit[0]!r} …) in no ControlNet layout Loom "
+            f"knows; Loom runs {READABLE_CONTROLNET_LAYOUTS}"
+        )
     diff = DIFF_KEY in shapes
     if diff and base is None:
-        raise ModelLoadError(f"{path.name} is a 'diff' ControlNet (it holds only the difference to a UNet); load it "
-                             "with DiffControlNetLoader (Load ControlNet Model (diff)) and the model it was made for")
+        raise ModelLoadError(
+            f"{path.name} is a 'diff' ControlNet (it holds only the difference to a UNet); load it "
+            "with DiffControlNetLoader (Load ControlNet Model (diff)) and the model it was made for"
+        )
     shapes.pop(DIFF_KEY, None)
     if any(k.startswith(LDM_PREFIX) for k in shapes):  # the original layout
         shapes = ldm_controlnet_to_diffusers({k.removeprefix(LDM_PREFIX): v for k, v in shapes.items()})
@@ -196,9 +263,15 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
         config = {k: v for k, v in json.loads(beside.read_text()).items() if not k.startswith("_")}
     if path.stem.endswith(SHUFFLE_SUFFIXES):  # ComfyUI's rule for the shuffle ControlNets
         config = {**config, "global_pool_conditions": True}
-    handle = ControlNetHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
-                              nbytes=path.stat().st_size, config=config, base=base if diff else None)
+    handle = ControlNetHandle(
+        source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
+        nbytes=path.stat().st_size,
+        config=config,
+        base=base if diff else None,
+    )
     if diff and not handle.fits(base.family.name):
-        raise ModelLoadError(f"the diff ControlNet {path.name!r} is for {handle.family} but the model is "
-                             f"{base.family.name}; connect the model it was made for")
+        raise ModelLoadError(
+            f"the diff ControlNet {path.name!r} is for {handle.family} but the model is "
+            f"{base.family.name}; connect the model it was made for"
+        )
     return handle

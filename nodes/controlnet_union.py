@@ -27,8 +27,14 @@ from nodes.control_base import CONTROL_NET, file_label
 
 # ComfyUI's UNION_CONTROLNET_TYPES: the task index of each control type (ProMax adds "repaint")
 UNION_TYPES: dict[str, int] = {
-    "openpose": 0, "depth": 1, "hed/pidi/scribble/ted": 2, "canny/lineart/anime_lineart/mlsd": 3,
-    "normal": 4, "segment": 5, "tile": 6, "repaint": 7,
+    "openpose": 0,
+    "depth": 1,
+    "hed/pidi/scribble/ted": 2,
+    "canny/lineart/anime_lineart/mlsd": 3,
+    "normal": 4,
+    "segment": 5,
+    "tile": 6,
+    "repaint": 7,
 }
 
 
@@ -37,8 +43,14 @@ def union_config(shapes: Mapping[str, Sequence[int]]) -> dict[str, Any]:
     types, width = (int(s) for s in shapes["task_embedding"])
     layers = 1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("transformer_layes."))
     embed = int(shapes["control_add_embedding.linear_1.weight"][1]) // types
-    return {"num_control_type": types, "num_trans_channel": width, "num_trans_head": 8, "num_trans_layer": layers,
-            "num_proj_channel": int(shapes["spatial_ch_projs.weight"][0]), "addition_time_embed_dim": embed}
+    return {
+        "num_control_type": types,
+        "num_trans_channel": width,
+        "num_trans_head": 8,
+        "num_trans_layer": layers,
+        "num_proj_channel": int(shapes["spatial_ch_projs.weight"][0]),
+        "addition_time_embed_dim": embed,
+    }
 
 
 def _transformer(module: Any, x: torch.Tensor) -> torch.Tensor:
@@ -50,9 +62,16 @@ def _transformer(module: Any, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def union_forward(module: Any, x: torch.Tensor, timestep: torch.Tensor, hint: torch.Tensor, control_type: Sequence[int],
-                  strength: float, encoder_hidden_states: torch.Tensor,
-                  added_cond_kwargs: Mapping[str, torch.Tensor] | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+def union_forward(
+    module: Any,
+    x: torch.Tensor,
+    timestep: torch.Tensor,
+    hint: torch.Tensor,
+    control_type: Sequence[int],
+    strength: float,
+    encoder_hidden_states: torch.Tensor,
+    added_cond_kwargs: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """(down, mid) residuals of a union ControlNet for one call, ComfyUI's way (module docstring)."""
     cfg = module.config
     t = timestep.reshape(-1).to(x.device)
@@ -64,9 +83,13 @@ def union_forward(module: Any, x: torch.Tensor, timestep: torch.Tensor, hint: to
     emb = emb + module.control_add_embedding(module.control_type_proj(one_hot).to(x.dtype).reshape(1, -1))
     if cfg.addition_embed_type == "text_time":
         if added_cond_kwargs is None:
-            raise ValueError("this union ControlNet (with size embeddings) needs the pooled output and size ids of the conditioning")
+            raise ValueError(
+                "this union ControlNet (with size embeddings) needs the pooled output and size ids of the conditioning"
+            )
         time_ids = module.add_time_proj(added_cond_kwargs["time_ids"].flatten()).reshape(x.shape[0], -1)
-        emb = emb + module.add_embedding(torch.cat([added_cond_kwargs["text_embeds"], time_ids], dim=-1).to(emb.dtype))
+        emb = emb + module.add_embedding(
+            torch.cat([added_cond_kwargs["text_embeds"], time_ids], dim=-1).to(emb.dtype)
+        )
     sample = module.conv_in(x)
     cond = module.controlnet_cond_embedding(hint.to(x.dtype))
     if control_type:
@@ -91,10 +114,20 @@ def union_forward(module: Any, x: torch.Tensor, timestep: torch.Tensor, hint: to
 
 class SetUnionControlNetType(Node):
     SCHEMA = NodeSchema(
-        node_id="SetUnionControlNetType", display_name="SetUnionControlNetType", category="conditioning/controlnet",
+        node_id="SetUnionControlNetType",
+        display_name="SetUnionControlNetType",
+        category="conditioning/controlnet",
         description="Tells a union ControlNet which kind of control image it gets ('auto': none).",
-        inputs=(Input("control_net", CONTROL_NET, "The ControlNet (a union ControlNet uses the type; others ignore it)."),
-                Input("type", COMBO, "The kind of control image.", default="auto", options=("auto", *UNION_TYPES))),
+        inputs=(
+            Input(
+                "control_net",
+                CONTROL_NET,
+                "The ControlNet (a union ControlNet uses the type; others ignore it).",
+            ),
+            Input(
+                "type", COMBO, "The kind of control image.", default="auto", options=("auto", *UNION_TYPES)
+            ),
+        ),
         outputs=(Output("CONTROL_NET", CONTROL_NET, "The ControlNet with the type set."),),
     )
 
@@ -102,8 +135,10 @@ class SetUnionControlNetType(Node):
         index = UNION_TYPES.get(type, -1)
         types = getattr(control_net, "union_types", None)
         if index >= 0 and types is not None and index >= types:
-            raise ValueError(f"the union ControlNet {file_label(control_net.path)!r} knows {types} control types and "
-                             f"{type!r} is number {index}; pick another type (only ProMax files know 'repaint')")
+            raise ValueError(
+                f"the union ControlNet {file_label(control_net.path)!r} knows {types} control types and "
+                f"{type!r} is number {index}; pick another type (only ProMax files know 'repaint')"
+            )
         if not hasattr(control_net, "control_type"):
             return (control_net,)
         from dataclasses import replace

@@ -35,12 +35,20 @@ class Coverage:
 
     def line(self) -> str:
         total = len(self.names)
-        return f"Loom has {self.have} of the {total} node names listed in issue 17 ({100 * self.have // total}%)"
+        return (
+            f"Loom has {self.have} of the {total} node names listed in issue 17 ({100 * self.have // total}%)"
+        )
 
     def to_json(self) -> dict[str, object]:
-        return {"have": self.have, "total": len(self.names), "missing": self.missing(),
-                "groups": {g: {"have": len(ns) - len(self.missing(g)), "total": len(ns), "missing": self.missing(g)}
-                           for g, ns in self.groups.items()}}
+        return {
+            "have": self.have,
+            "total": len(self.names),
+            "missing": self.missing(),
+            "groups": {
+                g: {"have": len(ns) - len(self.missing(g)), "total": len(ns), "missing": self.missing(g)}
+                for g, ns in self.groups.items()
+            },
+        }
 
 
 def coverage() -> Coverage:
@@ -64,7 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(result.line())
     for group, names in result.groups.items():
         missing = result.missing(group)
-        print(f"  {group}: {len(names) - len(missing)}/{len(names)}" + (f"; missing {', '.join(missing)}" if missing else ""))
+        print(
+            f"  {group}: {len(names) - len(missing)}/{len(names)}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+        )
     return 0
 
 

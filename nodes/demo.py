@@ -34,17 +34,40 @@ def demo_modules(seed: int = 0) -> dict[str, Any]:
 
     torch.manual_seed(seed)
     unet: Any = UNet2DConditionModel(
-        sample_size=32, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32,
+        sample_size=32,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=32,
     )
-    text = CLIPTextModel(CLIPTextConfig(
-        vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
-        max_position_embeddings=77, hidden_act="quick_gelu", bos_token_id=49406, eos_token_id=49407, pad_token_id=1,
-    ))
+    text = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=49408,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=1,
+            max_position_embeddings=77,
+            hidden_act="quick_gelu",
+            bos_token_id=49406,
+            eos_token_id=49407,
+            pad_token_id=1,
+        )
+    )
     vae: Any = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 32, 32, 32), layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=32,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(32, 32, 32, 32),
+        layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        norm_num_groups=32,
         sample_size=256,
     )
     return {"unet": unet.eval(), "clip_l": text.eval(), "vae": vae.eval()}
@@ -59,17 +82,37 @@ def demo_sdxl_modules(seed: int = 0) -> dict[str, Any]:
     base = demo_modules(seed)
     torch.manual_seed(seed + 1)
     unet: Any = UNet2DConditionModel(
-        sample_size=32, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=64, attention_head_dim=(1, 1), use_linear_projection=True, norm_num_groups=32,
-        transformer_layers_per_block=(1, 2), addition_embed_type="text_time", addition_time_embed_dim=8,
+        sample_size=32,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=64,
+        attention_head_dim=(1, 1),
+        use_linear_projection=True,
+        norm_num_groups=32,
+        transformer_layers_per_block=(1, 2),
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
         projection_class_embeddings_input_dim=32 + 6 * 8,
     )
-    clip_g = CLIPTextModelWithProjection(CLIPTextConfig(
-        vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=1,
-        max_position_embeddings=77, hidden_act="gelu", bos_token_id=49406, eos_token_id=49407, pad_token_id=1,
-        projection_dim=32,
-    ))
+    clip_g = CLIPTextModelWithProjection(
+        CLIPTextConfig(
+            vocab_size=49408,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=1,
+            max_position_embeddings=77,
+            hidden_act="gelu",
+            bos_token_id=49406,
+            eos_token_id=49407,
+            pad_token_id=1,
+            projection_dim=32,
+        )
+    )
     clip_l: Any = CLIPTextModel(base["clip_l"].config)
     clip_l.load_state_dict(base["clip_l"].state_dict())
     return {"unet": unet.eval(), "clip_l": clip_l.eval(), "clip_g": clip_g.eval(), "vae": base["vae"]}
@@ -81,8 +124,10 @@ def demo_lora(modules: dict[str, Any], rank: int = 4, seed: int = 1) -> dict[str
 
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, Any] = {}
-    targets = [("lora_unet_", modules["unet"], (".to_q", ".to_k", ".to_v", ".to_out.0")),
-               ("lora_te_text_model_", modules["clip_l"], ("q_proj", "k_proj", "v_proj", "out_proj"))]
+    targets = [
+        ("lora_unet_", modules["unet"], (".to_q", ".to_k", ".to_v", ".to_out.0")),
+        ("lora_te_text_model_", modules["clip_l"], ("q_proj", "k_proj", "v_proj", "out_proj")),
+    ]
     for prefix, module, suffixes in targets:
         for name, sub in module.named_modules():
             if isinstance(sub, torch.nn.Linear) and name.endswith(suffixes):
@@ -103,7 +148,9 @@ def demo_controlnet(unet: Any, seed: int = 3) -> Any:
     cn: Any = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 16, 16))
     with torch.no_grad():
         for name, p in cn.named_parameters():
-            if name.startswith(("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out")):
+            if name.startswith(
+                ("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out")
+            ):
                 p.normal_(0, 0.1)
     return cn.eval()
 
@@ -145,7 +192,9 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     from nodes.families.build import ldm_state_dict
 
     models_dir = Path(models_dir)
-    flux = [] if (models_dir / "diffusion_models" / DEMO_FLUX_KONTEXT).is_file() else make_flux_demo(models_dir)
+    flux = (
+        [] if (models_dir / "diffusion_models" / DEMO_FLUX_KONTEXT).is_file() else make_flux_demo(models_dir)
+    )
     flux += make_controlnet_demo(models_dir)
     flux += make_sd3_demo(models_dir)
     flux += make_patch_demo(models_dir)
@@ -156,15 +205,23 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     flux += make_model_patch_demo(models_dir)
     if not (models_dir / "diffusion_models" / DEMO_KLEIN).is_file():
         flux += make_flux2_demo(models_dir)
-    paths = [models_dir / "checkpoints" / DEMO_CHECKPOINT, models_dir / "vae" / DEMO_VAE,
-             models_dir / "loras" / DEMO_LORA, models_dir / "checkpoints" / DEMO_SDXL]
+    paths = [
+        models_dir / "checkpoints" / DEMO_CHECKPOINT,
+        models_dir / "vae" / DEMO_VAE,
+        models_dir / "loras" / DEMO_LORA,
+        models_dir / "checkpoints" / DEMO_SDXL,
+    ]
     if all(p.is_file() for p in paths):
         return paths + flux
     modules = demo_modules()
     full = ldm_state_dict(SD15(), modules)
     half = {k: v.to(torch.float16).contiguous() for k, v in full.items()}
-    vae = {k.removeprefix("first_stage_model."): v for k, v in half.items() if k.startswith("first_stage_model.")}
-    sdxl = {k: v.to(torch.float16).contiguous() for k, v in ldm_state_dict(SDXL(), demo_sdxl_modules()).items()}
+    vae = {
+        k.removeprefix("first_stage_model."): v for k, v in half.items() if k.startswith("first_stage_model.")
+    }
+    sdxl = {
+        k: v.to(torch.float16).contiguous() for k, v in ldm_state_dict(SDXL(), demo_sdxl_modules()).items()
+    }
     for path, tensors in zip(paths, (half, vae, demo_lora(modules), sdxl), strict=True):
         if not path.is_file():
             _write(path, tensors)

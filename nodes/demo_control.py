@@ -47,13 +47,28 @@ def demo_sd3_controlnet(seed: int = 11) -> Any:
 
     from nodes.demo_sd3 import CLIP_WIDTH, T5_WIDTH
 
-    return _randomize(SD3ControlNetModel(
-        sample_size=16, patch_size=2, in_channels=16, num_layers=1, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=T5_WIDTH, caption_projection_dim=32, pooled_projection_dim=2 * CLIP_WIDTH, out_channels=16,
-        pos_embed_max_size=32, qk_norm="rms_norm"), seed)
+    return _randomize(
+        SD3ControlNetModel(
+            sample_size=16,
+            patch_size=2,
+            in_channels=16,
+            num_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=T5_WIDTH,
+            caption_projection_dim=32,
+            pooled_projection_dim=2 * CLIP_WIDTH,
+            out_channels=16,
+            pos_embed_max_size=32,
+            qk_norm="rms_norm",
+        ),
+        seed,
+    )
 
 
-def demo_flux_controlnet(seed: int = 12, *, union: bool = True, xlabs: bool = False, guidance: bool = True) -> Any:
+def demo_flux_controlnet(
+    seed: int = 12, *, union: bool = True, xlabs: bool = False, guidance: bool = True
+) -> Any:
     """A ``FluxControlNetModel`` sized for the Flux demo transformer (``nodes.demo_flux``): one double
     and one single block with 10 union modes (InstantX), or ``xlabs``: one double block, no single
     blocks, the pixel hint encoder."""
@@ -61,11 +76,23 @@ def demo_flux_controlnet(seed: int = 12, *, union: bool = True, xlabs: bool = Fa
 
     from nodes.families.components.flux_dit import rope_axes
 
-    return _randomize(FluxControlNetModel(
-        patch_size=2 if xlabs else 1, in_channels=64, num_layers=1, num_single_layers=0 if xlabs else 1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=guidance,
-        axes_dims_rope=list(rope_axes(16)), num_mode=10 if union and not xlabs else None,
-        conditioning_embedding_channels=16 if xlabs else None), seed)
+    return _randomize(
+        FluxControlNetModel(
+            patch_size=2 if xlabs else 1,
+            in_channels=64,
+            num_layers=1,
+            num_single_layers=0 if xlabs else 1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            guidance_embeds=guidance,
+            axes_dims_rope=list(rope_axes(16)),
+            num_mode=10 if union and not xlabs else None,
+            conditioning_embedding_channels=16 if xlabs else None,
+        ),
+        seed,
+    )
 
 
 def xlabs_file(module: Any) -> dict[str, Any]:
@@ -75,7 +102,9 @@ def xlabs_file(module: Any) -> dict[str, Any]:
     return diffusers_to_xlabs(module)
 
 
-def demo_adapter(channels: tuple[int, ...], kind: str = "full_adapter", in_channels: int = 3, seed: int = 7) -> Any:
+def demo_adapter(
+    channels: tuple[int, ...], kind: str = "full_adapter", in_channels: int = 3, seed: int = 7
+) -> Any:
     """A T2I-Adapter with random weights (``kind``: full_adapter, full_adapter_xl, light_adapter)."""
     import torch
     from diffusers import T2IAdapter
@@ -83,8 +112,13 @@ def demo_adapter(channels: tuple[int, ...], kind: str = "full_adapter", in_chann
     torch.manual_seed(seed)
     factor = 16 if kind == "full_adapter_xl" else 8
     blocks = 4 if kind == "light_adapter" else 2
-    module: Any = T2IAdapter(in_channels=in_channels, channels=list(channels), num_res_blocks=blocks,
-                             downscale_factor=factor, adapter_type=kind)
+    module: Any = T2IAdapter(
+        in_channels=in_channels,
+        channels=list(channels),
+        num_res_blocks=blocks,
+        downscale_factor=factor,
+        adapter_type=kind,
+    )
     return module.eval()
 
 
@@ -109,16 +143,29 @@ def demo_union(unet: Any, seed: int = 9, types: int = 8) -> Any:
 
     width = unet.config.block_out_channels[0]
     module: Any = ControlNetUnionModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 16, 16))
-    config = {**module.config, "num_control_type": types, "num_trans_channel": width, "num_proj_channel": width,
-              "num_trans_head": 8}
+    config = {
+        **module.config,
+        "num_control_type": types,
+        "num_trans_channel": width,
+        "num_proj_channel": width,
+        "num_trans_head": 8,
+    }
     union: Any = ControlNetUnionModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
     torch.manual_seed(seed)
     own = union.state_dict()  # the UNet's copied encoder; the union parts stay freshly initialised
-    union.load_state_dict({k: v for k, v in module.state_dict().items() if own[k].shape == v.shape}, strict=False)
+    union.load_state_dict(
+        {k: v for k, v in module.state_dict().items() if own[k].shape == v.shape}, strict=False
+    )
     with torch.no_grad():
         for name, p in union.named_parameters():
-            if name.startswith(("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out",
-                                "spatial_ch_projs")):
+            if name.startswith(
+                (
+                    "controlnet_down_blocks",
+                    "controlnet_mid_block",
+                    "controlnet_cond_embedding.conv_out",
+                    "spatial_ch_projs",
+                )
+            ):
                 p.normal_(0, 0.1)
     return union.eval()
 
@@ -131,7 +178,10 @@ def diff_controlnet(controlnet: Any, unet: Any) -> dict[str, Any]:
     from nodes.families.control import diffusers_controlnet_to_ldm
 
     base = unet.state_dict()
-    sd = {k: v - base[k] if k in base and base[k].shape == v.shape else v for k, v in controlnet.state_dict().items()}
+    sd = {
+        k: v - base[k] if k in base and base[k].shape == v.shape else v
+        for k, v in controlnet.state_dict().items()
+    }
     ldm = diffusers_controlnet_to_ldm(sd, controlnet.config)
     return {**{"control_model." + k: v for k, v in ldm.items()}, "difference": torch.tensor([1.0])}
 
@@ -143,7 +193,10 @@ def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
     from nodes.demo import demo_controlnet, demo_modules, demo_sdxl_modules
 
     folder = Path(models_dir) / "controlnet"
-    adapter, adapter_xl = folder / DEMO_ADAPTER, folder / DEMO_ADAPTER_XL / "diffusion_pytorch_model.safetensors"
+    adapter, adapter_xl = (
+        folder / DEMO_ADAPTER,
+        folder / DEMO_ADAPTER_XL / "diffusion_pytorch_model.safetensors",
+    )
     diff, union = folder / DEMO_DIFF, folder / DEMO_UNION / "diffusion_pytorch_model.safetensors"
     half = torch.float16
     if not adapter.is_file():
@@ -153,7 +206,10 @@ def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
         demo_adapter((32, 64), "full_adapter_xl").save_pretrained(adapter_xl.parent)
     if not diff.is_file():
         unet = demo_modules()["unet"]
-        write(diff, {k: v.to(half).contiguous() for k, v in diff_controlnet(demo_controlnet(unet, 5), unet).items()})
+        write(
+            diff,
+            {k: v.to(half).contiguous() for k, v in diff_controlnet(demo_controlnet(unet, 5), unet).items()},
+        )
     if not union.is_file():
         demo_union(demo_sdxl_modules()["unet"]).save_pretrained(union.parent)
     return [adapter, adapter_xl, diff, union, *make_dit_control_demos(models_dir, write)]

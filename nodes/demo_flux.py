@@ -27,9 +27,18 @@ def demo_chroma_transformer(seed: int = 2) -> Any:
 
     torch.manual_seed(seed)
     model: Any = ChromaTransformer2DModel(
-        patch_size=1, in_channels=64, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=32, axes_dims_rope=rope_axes(16), approximator_num_channels=16, approximator_hidden_dim=32,
-        approximator_layers=2)
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=rope_axes(16),
+        approximator_num_channels=16,
+        approximator_hidden_dim=32,
+        approximator_layers=2,
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.05)
@@ -46,23 +55,64 @@ def demo_flux_modules(seed: int = 0, guidance: bool = True) -> dict[str, Any]:
 
     torch.manual_seed(seed)
     transformer: Any = FluxTransformer2DModel(
-        patch_size=1, in_channels=64, num_layers=1, num_single_layers=2, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=guidance,
-        axes_dims_rope=rope_axes(16))
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        guidance_embeds=guidance,
+        axes_dims_rope=rope_axes(16),
+    )
     with torch.no_grad():  # diffusers zero-initialises the output layers; random ones make the demo move
         for p in transformer.parameters():
             p.copy_(torch.randn_like(p) * 0.05)
-    clip_l = CLIPTextModel(CLIPTextConfig(
-        vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
-        max_position_embeddings=77, hidden_act="quick_gelu", bos_token_id=49406, eos_token_id=49407, pad_token_id=1))
-    t5 = T5EncoderModel(T5Config(
-        vocab_size=32128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=32,
-        relative_attention_max_distance=128, feed_forward_proj="gated-gelu", is_encoder_decoder=False,
-        use_cache=False))
+    clip_l = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=49408,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=1,
+            max_position_embeddings=77,
+            hidden_act="quick_gelu",
+            bos_token_id=49406,
+            eos_token_id=49407,
+            pad_token_id=1,
+        )
+    )
+    t5 = T5EncoderModel(
+        T5Config(
+            vocab_size=32128,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=32,
+            relative_attention_max_distance=128,
+            feed_forward_proj="gated-gelu",
+            is_encoder_decoder=False,
+            use_cache=False,
+        )
+    )
     vae: Any = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(32, 32, 32, 32), layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=32,
-        sample_size=256, use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159)
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        block_out_channels=(32, 32, 32, 32),
+        layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        norm_num_groups=32,
+        sample_size=256,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=0.3611,
+        shift_factor=0.1159,
+    )
     return {"unet": transformer.eval(), "clip_l": clip_l.eval(), "t5xxl": t5.eval(), "vae": vae.eval()}
 
 
@@ -77,12 +127,18 @@ def flux_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     transformer = modules["unet"]
     name = DEMO_FLUX_DEV if transformer.config.guidance_embeds else DEMO_FLUX_SCHNELL
     return {
-        name: original_state_dict(Part.make("unet", FluxTransformer(), "", "", dict(transformer.config)), transformer),
-        DEMO_CLIP_L: {f"text_model.{k}": v for k, v in modules["clip_l"].state_dict().items()
-                      if not k.endswith("position_ids")},
+        name: original_state_dict(
+            Part.make("unet", FluxTransformer(), "", "", dict(transformer.config)), transformer
+        ),
+        DEMO_CLIP_L: {
+            f"text_model.{k}": v
+            for k, v in modules["clip_l"].state_dict().items()
+            if not k.endswith("position_ids")
+        },
         DEMO_T5XXL: T5Text().to_original(modules["t5xxl"].state_dict(), {}),
-        DEMO_FLUX_VAE: original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(modules["vae"].config)),
-                                           modules["vae"]),
+        DEMO_FLUX_VAE: original_state_dict(
+            Part.make("vae", KLVae(), "", "vae", dict(modules["vae"].config)), modules["vae"]
+        ),
     }
 
 
@@ -96,20 +152,30 @@ def make_flux_demo(models_dir: Path) -> list[Path]:
     from nodes.families.build import original_state_dict
     from nodes.families.components.flux_dit import FluxTransformer
 
-    folders = {DEMO_FLUX_DEV: "diffusion_models", DEMO_FLUX_SCHNELL: "diffusion_models", DEMO_CHROMA: "diffusion_models",
-               DEMO_FLUX_KONTEXT: "diffusion_models", DEMO_CLIP_L: "text_encoders", DEMO_T5XXL: "text_encoders",
-               DEMO_FLUX_VAE: "vae"}
+    folders = {
+        DEMO_FLUX_DEV: "diffusion_models",
+        DEMO_FLUX_SCHNELL: "diffusion_models",
+        DEMO_CHROMA: "diffusion_models",
+        DEMO_FLUX_KONTEXT: "diffusion_models",
+        DEMO_CLIP_L: "text_encoders",
+        DEMO_T5XXL: "text_encoders",
+        DEMO_FLUX_VAE: "vae",
+    }
     files = flux_files(demo_flux_modules(guidance=True))
     files[DEMO_FLUX_SCHNELL] = flux_files(demo_flux_modules(seed=1, guidance=False))[DEMO_FLUX_SCHNELL]
     files[DEMO_FLUX_KONTEXT] = flux_files(demo_flux_modules(seed=3, guidance=True))[DEMO_FLUX_DEV]
     chroma = demo_chroma_transformer()
-    files[DEMO_CHROMA] = original_state_dict(Part.make("unet", FluxTransformer(approximator=True), "", "",
-                                                       dict(chroma.config)), chroma)
+    files[DEMO_CHROMA] = original_state_dict(
+        Part.make("unet", FluxTransformer(approximator=True), "", "", dict(chroma.config)), chroma
+    )
     written = []
     for name, tensors in files.items():
         path = Path(models_dir) / folders[name] / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
-                  metadata={"loom_note": "Loom demo model: random weights, produces noise."})
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            str(path),
+            metadata={"loom_note": "Loom demo model: random weights, produces noise."},
+        )
         written.append(path)
     return written

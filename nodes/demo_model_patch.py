@@ -16,7 +16,9 @@ DEMO_BLOCKWISE_INPAINT = "loom_demo_qwen_image_inpaint_diffsynth_controlnet.safe
 DEMO_FUN_CONTROL = "loom_demo_z_image_fun_controlnet_union.safetensors"
 
 
-def demo_blockwise_tensors(blocks: int = 2, width: int = 64, inpaint: bool = False, seed: int = 0) -> dict[str, Any]:
+def demo_blockwise_tensors(
+    blocks: int = 2, width: int = 64, inpaint: bool = False, seed: int = 0
+) -> dict[str, Any]:
     """The tensors of a tiny block-wise ControlNet, named as in DiffSynth's files."""
     import torch
 
@@ -31,7 +33,9 @@ def demo_blockwise_tensors(blocks: int = 2, width: int = 64, inpaint: bool = Fal
     return {k: v.contiguous() for k, v in network.state_dict().items()}
 
 
-def demo_fun_control_tensors(layers: int = 2, width: int = 64, heads: int = 2, seed: int = 2) -> dict[str, Any]:
+def demo_fun_control_tensors(
+    layers: int = 2, width: int = 64, heads: int = 2, seed: int = 2
+) -> dict[str, Any]:
     """The tensors of a tiny Z-Image Fun ControlNet, named as in alibaba-pai's files."""
     import torch
 
@@ -54,9 +58,14 @@ def make_model_patch_demo(models_dir: Path) -> list[Path]:
     written = []
     for name, inpaint in ((DEMO_BLOCKWISE, False), (DEMO_BLOCKWISE_INPAINT, True)):
         path = folder / name
-        save_file(demo_blockwise_tensors(inpaint=inpaint, seed=int(inpaint)), str(path),
-                  metadata={"loom_note": "Loom demo model: random weights, produces noise."})
+        save_file(
+            demo_blockwise_tensors(inpaint=inpaint, seed=int(inpaint)),
+            str(path),
+            metadata={"loom_note": "Loom demo model: random weights, produces noise."},
+        )
         written.append(path)
     path = folder / DEMO_FUN_CONTROL
-    save_file(demo_fun_control_tensors(), str(path), metadata={"loom_note": "Loom demo model: random weights."})
+    save_file(
+        demo_fun_control_tensors(), str(path), metadata={"loom_note": "Loom demo model: random weights."}
+    )
     return [*written, path]

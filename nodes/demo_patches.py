@@ -43,8 +43,9 @@ def gligen_tensors(unet: Any, key_dim: int, seed: int = 5, gate: float = 0.5) ->
     return {k: v.detach().contiguous() for k, v in out.items()}
 
 
-def hypernetwork_tensors(widths: tuple[int, ...] = (32, 64), *, layer_norm: bool = True, seed: int = 11,
-                         scale: float = 0.2) -> dict[int, list[dict[str, Any]]]:
+def hypernetwork_tensors(
+    widths: tuple[int, ...] = (32, 64), *, layer_norm: bool = True, seed: int = 11, scale: float = 0.2
+) -> dict[int, list[dict[str, Any]]]:
     """A1111's nested form: ``{width: [key MLP, value MLP]}``; each MLP width → 2·width → width,
     A1111's names (``linear.{i}``), a layer norm after each linear when ``layer_norm``."""
     import torch
@@ -72,8 +73,12 @@ def write_hypernetwork(path: Path, nets: dict[int, list[dict[str, Any]]], option
     """``nets`` (A1111's nested form) as Loom's flat safetensors, ``options`` as metadata."""
     from safetensors.torch import save_file
 
-    flat = {f"{w}.{i}.{k}": t.contiguous() for w, pair in nets.items() for i, sd in enumerate(pair)
-            for k, t in sd.items()}
+    flat = {
+        f"{w}.{i}.{k}": t.contiguous()
+        for w, pair in nets.items()
+        for i, sd in enumerate(pair)
+        for k, t in sd.items()
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(flat, str(path), metadata=options)
     return path
@@ -83,8 +88,11 @@ def make_patch_demo(models_dir: Path) -> list[Path]:
     """Write the demo patch files under ``models_dir`` (existing ones are kept)."""
     path = Path(models_dir) / "hypernetworks" / DEMO_HYPERNETWORK
     if not path.is_file():
-        write_hypernetwork(path, hypernetwork_tensors(),
-                           {"activation_func": "relu", "is_layer_norm": "true", "activate_output": "false"})
+        write_hypernetwork(
+            path,
+            hypernetwork_tensors(),
+            {"activation_func": "relu", "is_layer_norm": "true", "activate_output": "false"},
+        )
     gligen = Path(models_dir) / "gligen" / DEMO_GLIGEN
     if not gligen.is_file():
         from safetensors.torch import save_file

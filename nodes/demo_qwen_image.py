@@ -30,16 +30,36 @@ def demo_qwen_image_modules(seed: int = 0) -> dict[str, Any]:
 
     torch.manual_seed(seed)
     transformer: Any = QwenImageTransformer2DModel(
-        patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=32, num_attention_heads=2,
-        joint_attention_dim=TEXT_WIDTH, axes_dims_rope=tuple(rope_axes(32)))
+        patch_size=2,
+        in_channels=64,
+        out_channels=16,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=TEXT_WIDTH,
+        axes_dims_rope=tuple(rope_axes(32)),
+    )
     with torch.no_grad():  # diffusers zero-initialises some layers; random ones make the model move
         for p in transformer.parameters():
             p.copy_(torch.randn_like(p) * 0.05)
-    constants: dict[str, Any] = {"head_dim": TEST_HEAD_DIM, **QWEN25_CONSTANTS}  # heads narrower than width/heads
-    qwen = Qwen2Model(Qwen2Config(
-        vocab_size=QWEN25_VOCAB, hidden_size=TEXT_WIDTH, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=TEXT_WIDTH // TEST_HEAD_DIM, num_key_value_heads=1,
-        tie_word_embeddings=False, use_cache=False, use_sliding_window=False, **constants))
+    constants: dict[str, Any] = {
+        "head_dim": TEST_HEAD_DIM,
+        **QWEN25_CONSTANTS,
+    }  # heads narrower than width/heads
+    qwen = Qwen2Model(
+        Qwen2Config(
+            vocab_size=QWEN25_VOCAB,
+            hidden_size=TEXT_WIDTH,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=TEXT_WIDTH // TEST_HEAD_DIM,
+            num_key_value_heads=1,
+            tie_word_embeddings=False,
+            use_cache=False,
+            use_sliding_window=False,
+            **constants,
+        )
+    )
     vae: Any = QwenImageVae2D(base_dim=8)
     return {"unet": transformer.eval(), "qwen25_7b": qwen.eval(), "vae": vae.eval()}
 
@@ -54,7 +74,9 @@ def qwen_image_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
     generator = torch.Generator().manual_seed(1)
     text = {f"model.{k}": v for k, v in modules["qwen25_7b"].state_dict().items()}
-    text["lm_head.weight"] = (torch.randn(QWEN25_VOCAB, TEXT_WIDTH, generator=generator) * 0.02).to(torch.bfloat16)
+    text["lm_head.weight"] = (torch.randn(QWEN25_VOCAB, TEXT_WIDTH, generator=generator) * 0.02).to(
+        torch.bfloat16
+    )
     text["visual.patch_embed.proj.weight"] = torch.randn(16, 3, 2, 14, 14, generator=generator) * 0.02
     text["visual.merger.mlp.0.weight"] = torch.randn(16, 64, generator=generator) * 0.02
     vae = modules["vae"]
@@ -82,7 +104,10 @@ def write_qwen_image_files(models_dir: Path, modules: dict[str, Any]) -> list[Pa
     for name, tensors in qwen_image_files(modules).items():
         path = Path(models_dir) / FOLDERS[name] / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
-                  metadata={"loom_note": "Loom demo model: random weights, produces noise."})
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            str(path),
+            metadata={"loom_note": "Loom demo model: random weights, produces noise."},
+        )
         written.append(path)
     return written

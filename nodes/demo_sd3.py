@@ -28,10 +28,20 @@ def demo_sd3_transformer(seed: int = 0, *, qk_norm: bool = True, dual: tuple[int
     torch.manual_seed(seed)
     heads, head = (2, 16) if qk_norm else (1, 32)
     model: Any = SD3Transformer2DModel(
-        sample_size=16, patch_size=2, in_channels=16, num_layers=3, attention_head_dim=head,
-        num_attention_heads=heads, joint_attention_dim=T5_WIDTH, caption_projection_dim=32,
-        pooled_projection_dim=2 * CLIP_WIDTH, out_channels=16, pos_embed_max_size=32,
-        dual_attention_layers=dual, qk_norm="rms_norm" if qk_norm else None)
+        sample_size=16,
+        patch_size=2,
+        in_channels=16,
+        num_layers=3,
+        attention_head_dim=head,
+        num_attention_heads=heads,
+        joint_attention_dim=T5_WIDTH,
+        caption_projection_dim=32,
+        pooled_projection_dim=2 * CLIP_WIDTH,
+        out_channels=16,
+        pos_embed_max_size=32,
+        dual_attention_layers=dual,
+        qk_norm="rms_norm" if qk_norm else None,
+    )
     with torch.no_grad():  # diffusers zero-initialises the output layers; random ones make the demo move
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.05)
@@ -52,21 +62,57 @@ def demo_sd3_modules(seed: int = 0) -> dict[str, Any]:
 
     transformer = demo_sd3_transformer(seed)
     torch.manual_seed(seed + 1)
-    common: dict[str, Any] = {"vocab_size": 49408, "hidden_size": CLIP_WIDTH, "intermediate_size": 64, "num_attention_heads": 1,
-              "max_position_embeddings": 77, "bos_token_id": 49406, "eos_token_id": 49407, "pad_token_id": 1}
+    common: dict[str, Any] = {
+        "vocab_size": 49408,
+        "hidden_size": CLIP_WIDTH,
+        "intermediate_size": 64,
+        "num_attention_heads": 1,
+        "max_position_embeddings": 77,
+        "bos_token_id": 49406,
+        "eos_token_id": 49407,
+        "pad_token_id": 1,
+    }
     clip_l = CLIPTextModel(CLIPTextConfig(**common, num_hidden_layers=2, hidden_act="quick_gelu"))
-    clip_g = CLIPTextModelWithProjection(CLIPTextConfig(**common, num_hidden_layers=32, hidden_act="gelu",
-                                                        projection_dim=CLIP_WIDTH))
-    t5 = T5EncoderModel(T5Config(
-        vocab_size=32128, d_model=T5_WIDTH, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
-        relative_attention_num_buckets=32, relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
-        is_encoder_decoder=False, use_cache=False))
+    clip_g = CLIPTextModelWithProjection(
+        CLIPTextConfig(**common, num_hidden_layers=32, hidden_act="gelu", projection_dim=CLIP_WIDTH)
+    )
+    t5 = T5EncoderModel(
+        T5Config(
+            vocab_size=32128,
+            d_model=T5_WIDTH,
+            d_kv=16,
+            d_ff=128,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=32,
+            relative_attention_max_distance=128,
+            feed_forward_proj="gated-gelu",
+            is_encoder_decoder=False,
+            use_cache=False,
+        )
+    )
     vae: Any = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(32, 32, 32, 32), layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=32,
-        sample_size=256, use_quant_conv=False, use_post_quant_conv=False, scaling_factor=1.5305, shift_factor=0.0609)
-    return {"unet": transformer, "clip_l": clip_l.eval(), "clip_g": clip_g.eval(), "t5xxl": t5.eval(),
-            "vae": vae.eval()}
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        block_out_channels=(32, 32, 32, 32),
+        layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        norm_num_groups=32,
+        sample_size=256,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=1.5305,
+        shift_factor=0.0609,
+    )
+    return {
+        "unet": transformer,
+        "clip_l": clip_l.eval(),
+        "clip_g": clip_g.eval(),
+        "t5xxl": t5.eval(),
+        "vae": vae.eval(),
+    }
 
 
 def sd3_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -80,14 +126,19 @@ def sd3_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
     transformer = modules["unet"]
     return {
-        DEMO_SD3_MMDIT: original_state_dict(Part.make("unet", SD3Transformer(), "", "", dict(transformer.config)),
-                                            transformer),
-        DEMO_SD3_CLIP_L: {f"text_model.{k}": v for k, v in modules["clip_l"].state_dict().items()
-                          if not k.endswith("position_ids")},
+        DEMO_SD3_MMDIT: original_state_dict(
+            Part.make("unet", SD3Transformer(), "", "", dict(transformer.config)), transformer
+        ),
+        DEMO_SD3_CLIP_L: {
+            f"text_model.{k}": v
+            for k, v in modules["clip_l"].state_dict().items()
+            if not k.endswith("position_ids")
+        },
         DEMO_SD3_CLIP_G: NestedClipText().to_original(modules["clip_g"].state_dict(), {}),
         DEMO_SD3_T5XXL: T5Text().to_original(modules["t5xxl"].state_dict(), {}),
-        DEMO_SD3_VAE: original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(modules["vae"].config)),
-                                          modules["vae"]),
+        DEMO_SD3_VAE: original_state_dict(
+            Part.make("vae", KLVae(), "", "vae", dict(modules["vae"].config)), modules["vae"]
+        ),
     }
 
 
@@ -97,7 +148,11 @@ def checkpoint_tensors(files: dict[str, dict[str, Any]], *, text_encoders: bool)
     out = {f"model.diffusion_model.{k}": v for k, v in files[DEMO_SD3_MMDIT].items()}
     out |= {f"first_stage_model.{k}": v for k, v in files[DEMO_SD3_VAE].items()}
     if text_encoders:
-        for name, file in (("clip_l", DEMO_SD3_CLIP_L), ("clip_g", DEMO_SD3_CLIP_G), ("t5xxl", DEMO_SD3_T5XXL)):
+        for name, file in (
+            ("clip_l", DEMO_SD3_CLIP_L),
+            ("clip_g", DEMO_SD3_CLIP_G),
+            ("t5xxl", DEMO_SD3_T5XXL),
+        ):
             out |= {f"text_encoders.{name}.transformer.{k}": v for k, v in files[file].items()}
     return out
 
@@ -106,9 +161,15 @@ def make_sd3_demo(models_dir: Path) -> list[Path]:
     """Write the SD3 demo files under ``models_dir`` (kept if present); return their paths."""
     from safetensors.torch import save_file
 
-    folders = {DEMO_SD3_MMDIT: "diffusion_models", DEMO_SD3_CLIP_L: "text_encoders", DEMO_SD3_CLIP_G: "text_encoders",
-               DEMO_SD3_T5XXL: "text_encoders", DEMO_SD3_VAE: "vae", DEMO_SD35: "checkpoints",
-               DEMO_SD35_AIO: "checkpoints"}
+    folders = {
+        DEMO_SD3_MMDIT: "diffusion_models",
+        DEMO_SD3_CLIP_L: "text_encoders",
+        DEMO_SD3_CLIP_G: "text_encoders",
+        DEMO_SD3_T5XXL: "text_encoders",
+        DEMO_SD3_VAE: "vae",
+        DEMO_SD35: "checkpoints",
+        DEMO_SD35_AIO: "checkpoints",
+    }
     paths = [Path(models_dir) / folder / name for name, folder in folders.items()]
     if all(p.is_file() for p in paths):
         return paths
@@ -118,6 +179,9 @@ def make_sd3_demo(models_dir: Path) -> list[Path]:
     for name, folder in folders.items():
         path = Path(models_dir) / folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in files[name].items()}, str(path),
-                  metadata={"loom_note": "Loom demo model: random weights, produces noise."})
+        save_file(
+            {k: v.contiguous() for k, v in files[name].items()},
+            str(path),
+            metadata={"loom_note": "Loom demo model: random weights, produces noise."},
+        )
     return paths

@@ -39,18 +39,37 @@ def unclip_modules(seed: int = 0, embed: int = 32) -> dict[str, Any]:
     base = demo_modules(seed)
     torch.manual_seed(seed + 5)
     unet: Any = UNet2DConditionModel(
-        sample_size=32, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=(1, 1), use_linear_projection=True, norm_num_groups=32,
-        class_embed_type="projection", projection_class_embeddings_input_dim=2 * embed,
+        sample_size=32,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=(1, 1),
+        use_linear_projection=True,
+        norm_num_groups=32,
+        class_embed_type="projection",
+        projection_class_embeddings_input_dim=2 * embed,
     )
     with torch.no_grad():  # a visible class embedding: the image changes the output
         for p in unet.class_embedding.parameters():
             p.normal_(0, 0.5)
-    text = CLIPTextModel(CLIPTextConfig(
-        vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
-        max_position_embeddings=77, hidden_act="gelu", bos_token_id=49406, eos_token_id=49407, pad_token_id=1,
-    ))
+    text = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=49408,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=1,
+            max_position_embeddings=77,
+            hidden_act="gelu",
+            bos_token_id=49406,
+            eos_token_id=49407,
+            pad_token_id=1,
+        )
+    )
     vision = tiny_clip_vision(seed + 6, projection=embed)
     return {"unet": unet.eval(), "clip_h": text.eval(), "vae": base["vae"], "vision": vision}
 
@@ -61,12 +80,22 @@ def vision_to_open_clip(sd: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    simple = {"embeddings.patch_embedding.weight": "conv1.weight", "embeddings.class_embedding": "class_embedding",
-              "embeddings.position_embedding.weight": "positional_embedding", "pre_layrnorm.weight": "ln_pre.weight",
-              "pre_layrnorm.bias": "ln_pre.bias", "post_layernorm.weight": "ln_post.weight",
-              "post_layernorm.bias": "ln_post.bias"}
-    block = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "self_attn.out_proj": "attn.out_proj",
-             "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
+    simple = {
+        "embeddings.patch_embedding.weight": "conv1.weight",
+        "embeddings.class_embedding": "class_embedding",
+        "embeddings.position_embedding.weight": "positional_embedding",
+        "pre_layrnorm.weight": "ln_pre.weight",
+        "pre_layrnorm.bias": "ln_pre.bias",
+        "post_layernorm.weight": "ln_post.weight",
+        "post_layernorm.bias": "ln_post.bias",
+    }
+    block = {
+        "layer_norm1": "ln_1",
+        "layer_norm2": "ln_2",
+        "self_attn.out_proj": "attn.out_proj",
+        "mlp.fc1": "mlp.c_fc",
+        "mlp.fc2": "mlp.c_proj",
+    }
     out: dict[str, Any] = {}
     qkv: dict[tuple[str, str], dict[str, Any]] = {}
     for key, value in sd.items():
@@ -82,7 +111,9 @@ def vision_to_open_clip(sd: dict[str, Any]) -> dict[str, Any]:
             elif inner in block:
                 out[f"transformer.resblocks.{layer}.{block[inner]}.{kind}"] = value
     for (layer, kind), parts in qkv.items():
-        out[f"transformer.resblocks.{layer}.attn.in_proj_{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+        out[f"transformer.resblocks.{layer}.attn.in_proj_{kind}"] = torch.cat(
+            [parts["q"], parts["k"], parts["v"]]
+        )
     return out
 
 
@@ -118,8 +149,15 @@ def tiny_siglip(seed: int = 0, width: int = 48, image_size: int = 64, patch: int
     from transformers import SiglipVisionConfig, SiglipVisionModel
 
     torch.manual_seed(seed)
-    cfg = SiglipVisionConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
-                             num_attention_heads=1, image_size=image_size, patch_size=patch, vision_use_head=False)
+    cfg = SiglipVisionConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        image_size=image_size,
+        patch_size=patch,
+        vision_use_head=False,
+    )
     return SiglipVisionModel(cfg).eval()
 
 
@@ -128,10 +166,12 @@ def redux_state_dict(redux_dim: int = 48, text_dim: int = 32, seed: int = 0) -> 
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    return {"redux_up.weight": torch.randn(3 * text_dim, redux_dim, generator=g) * redux_dim ** -0.5,
-            "redux_up.bias": torch.zeros(3 * text_dim),
-            "redux_down.weight": torch.randn(text_dim, 3 * text_dim, generator=g) * (3 * text_dim) ** -0.5,
-            "redux_down.bias": torch.zeros(text_dim)}
+    return {
+        "redux_up.weight": torch.randn(3 * text_dim, redux_dim, generator=g) * redux_dim**-0.5,
+        "redux_up.bias": torch.zeros(3 * text_dim),
+        "redux_down.weight": torch.randn(text_dim, 3 * text_dim, generator=g) * (3 * text_dim) ** -0.5,
+        "redux_down.bias": torch.zeros(text_dim),
+    }
 
 
 def make_unclip_demo_models(models_dir: Path) -> list[Path]:
@@ -153,7 +193,10 @@ def make_unclip_demo_models(models_dir: Path) -> list[Path]:
     redux_path = Path(models_dir) / "style_models" / DEMO_REDUX
     if not siglip_path.is_file():
         tower = tiny_siglip().state_dict()  # ComfyUI's SigLIP files name the tower vision_model.*
-        _write(siglip_path, {"vision_model." + k.removeprefix("vision_model."): v.contiguous() for k, v in tower.items()})
+        _write(
+            siglip_path,
+            {"vision_model." + k.removeprefix("vision_model."): v.contiguous() for k, v in tower.items()},
+        )
     if not redux_path.is_file():
         _write(redux_path, redux_state_dict())
     return [unclip_path, ip2p_path, siglip_path, redux_path]

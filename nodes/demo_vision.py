@@ -20,15 +20,27 @@ from typing import Any
 DEMO_CLIP_VISION = "loom_demo_clip_vision/model.safetensors"
 DEMO_IPADAPTER = "loom_demo_ip-adapter_sd15.safetensors"
 DEMO_SAFETY = "loom_demo_safety/model.safetensors"
-_NOTE = "Loom demo model: random weights. Put real models in models/clip_vision, models/ipadapter, models/safety."
+_NOTE = (
+    "Loom demo model: random weights. Put real models in models/clip_vision, models/ipadapter, models/safety."
+)
 
 
-def tiny_vision_config(width: int = 32, layers: int = 2, projection: int = 32, image_size: int = 224,
-                       patch: int = 32) -> dict[str, Any]:
+def tiny_vision_config(
+    width: int = 32, layers: int = 2, projection: int = 32, image_size: int = 224, patch: int = 32
+) -> dict[str, Any]:
     """A CLIPVisionConfig dict. One head per 64 channels (at least one), like the inferred configs."""
-    return {"hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": layers,
-            "num_attention_heads": max(1, width // 64), "image_size": image_size, "patch_size": patch,
-            "projection_dim": projection, "hidden_act": "gelu", "layer_norm_eps": 1e-5, "num_channels": 3}
+    return {
+        "hidden_size": width,
+        "intermediate_size": 2 * width,
+        "num_hidden_layers": layers,
+        "num_attention_heads": max(1, width // 64),
+        "image_size": image_size,
+        "patch_size": patch,
+        "projection_dim": projection,
+        "hidden_act": "gelu",
+        "layer_norm_eps": 1e-5,
+        "num_channels": 3,
+    }
 
 
 def tiny_clip_vision(seed: int = 0, **config: Any) -> Any:
@@ -39,8 +51,9 @@ def tiny_clip_vision(seed: int = 0, **config: Any) -> Any:
     return CLIPVisionModelWithProjection(CLIPVisionConfig(**tiny_vision_config(**config))).eval()
 
 
-def ip_adapter_state_dict(unet: Any, clip_embed_dim: int, tokens: int = 4, seed: int = 0,
-                          scale: float = 0.2) -> dict[str, Any]:
+def ip_adapter_state_dict(
+    unet: Any, clip_embed_dim: int, tokens: int = 4, seed: int = 0, scale: float = 0.2
+) -> dict[str, Any]:
     """Random weights in the ip-adapter_sd15 layout for ``unet`` (a diffusers UNet2DConditionModel)."""
     import torch
 
@@ -71,9 +84,16 @@ def tiny_safety_checker(seed: int = 0, width: int = 32, projection: int = 32, fl
     torch.manual_seed(seed)
     vision = tiny_vision_config(width=width, projection=projection)
     vision.pop("projection_dim")
-    cfg = CLIPConfig(vision_config=vision, text_config={"hidden_size": width, "num_hidden_layers": 1,
-                                                        "num_attention_heads": 1, "intermediate_size": width},
-                     projection_dim=projection)
+    cfg = CLIPConfig(
+        vision_config=vision,
+        text_config={
+            "hidden_size": width,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 1,
+            "intermediate_size": width,
+        },
+        projection_dim=projection,
+    )
     checker = StableDiffusionSafetyChecker(cfg).eval()
     set_thresholds(checker, -1.0 if flag else 2.0)
     return checker

@@ -26,14 +26,37 @@ def demo_zimage_modules(seed: int = 0, vae: bool = True) -> dict[str, Any]:
 
     torch.manual_seed(seed)
     transformer: Any = ZImageTransformer2DModel(
-        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=64, n_layers=2, n_refiner_layers=1,
-        n_heads=2, n_kv_heads=2, cap_feat_dim=48, axes_dims=rope_axes(32), axes_lens=[1536, 512, 512])
-    with torch.no_grad():  # diffusers zero-initialises the pad tokens and some layers; random ones make it move
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=16,
+        dim=64,
+        n_layers=2,
+        n_refiner_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        cap_feat_dim=48,
+        axes_dims=rope_axes(32),
+        axes_lens=[1536, 512, 512],
+    )
+    with (
+        torch.no_grad()
+    ):  # diffusers zero-initialises the pad tokens and some layers; random ones make it move
         for p in transformer.parameters():
             p.copy_(torch.randn_like(p) * 0.05)
-    qwen = Qwen3Model(Qwen3Config(
-        vocab_size=QWEN3_VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=6,
-        num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, use_cache=False, **QWEN3_CONSTANTS))
+    qwen = Qwen3Model(
+        Qwen3Config(
+            vocab_size=QWEN3_VOCAB,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=8,
+            tie_word_embeddings=True,
+            use_cache=False,
+            **QWEN3_CONSTANTS,
+        )
+    )
     modules = {"unet": transformer.eval(), "qwen3_4b": qwen.eval()}
     return modules | ({"vae": demo_flux_modules()["vae"]} if vae else {})
 
@@ -46,8 +69,9 @@ def zimage_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
     transformer = modules["unet"]
     return {
-        DEMO_ZIMAGE: original_state_dict(Part.make("unet", ZImageTransformer(), "", "", dict(transformer.config)),
-                                         transformer),
+        DEMO_ZIMAGE: original_state_dict(
+            Part.make("unet", ZImageTransformer(), "", "", dict(transformer.config)), transformer
+        ),
         DEMO_QWEN3: {f"model.{k}": v for k, v in modules["qwen3_4b"].state_dict().items()},
     }
 
@@ -64,16 +88,23 @@ def make_zimage_demo(models_dir: Path) -> list[Path]:
 
     vae_path = Path(models_dir) / "vae" / DEMO_FLUX_VAE
     modules = demo_zimage_modules(vae=not vae_path.is_file())
-    files = {("diffusion_models", name) if name == DEMO_ZIMAGE else ("text_encoders", name): tensors
-             for name, tensors in zimage_files(modules).items()}
+    files = {
+        ("diffusion_models", name) if name == DEMO_ZIMAGE else ("text_encoders", name): tensors
+        for name, tensors in zimage_files(modules).items()
+    }
     if "vae" in modules:
         vae = modules["vae"]
-        files[("vae", DEMO_FLUX_VAE)] = original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae)
+        files[("vae", DEMO_FLUX_VAE)] = original_state_dict(
+            Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae
+        )
     written = []
     for (folder, name), tensors in files.items():
         path = Path(models_dir) / folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
-                  metadata={"loom_note": "Loom demo model: random weights, produces noise."})
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            str(path),
+            metadata={"loom_note": "Loom demo model: random weights, produces noise."},
+        )
         written.append(path)
     return written

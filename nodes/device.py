@@ -28,7 +28,9 @@ def compiled_forward(unet: Any, settings: RunSettings) -> Any:
     """What to call for a denoiser step: the module itself, compiled in place first under
     ``settings.compile`` (once per loaded module)."""
     if settings.compile and not is_compiled(unet):
-        log.info("compiling the denoiser with torch.compile (once per loaded model; the first steps are slow)")
+        log.info(
+            "compiling the denoiser with torch.compile (once per loaded model; the first steps are slow)"
+        )
         unet.compile()
     return unet
 

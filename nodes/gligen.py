@@ -69,7 +69,9 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
-        q, k, v = (f(x).reshape(b, n, self.heads, -1).transpose(1, 2) for f in (self.to_q, self.to_k, self.to_v))
+        q, k, v = (
+            f(x).reshape(b, n, self.heads, -1).transpose(1, 2) for f in (self.to_q, self.to_k, self.to_v)
+        )
         out = F.scaled_dot_product_attention(q, k, v)
         return self.to_out[0](out.transpose(1, 2).reshape(b, n, -1))
 
@@ -98,7 +100,9 @@ class Fuser(nn.Module):
         return x + torch.tanh(self.alpha_dense) * self.ff(self.norm2(x))
 
 
-def fourier_embed(boxes: torch.Tensor, freqs: int = FOURIER_FREQS, temperature: float = 100.0) -> torch.Tensor:
+def fourier_embed(
+    boxes: torch.Tensor, freqs: int = FOURIER_FREQS, temperature: float = 100.0
+) -> torch.Tensor:
     """(…, 4) → (…, 8·freqs): sin and cos of each coordinate at each frequency, frequency-major."""
     bands = temperature ** (torch.arange(freqs) / freqs)
     parts = []
@@ -111,8 +115,9 @@ class PositionNet(nn.Module):
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
         pos = FOURIER_FREQS * 2 * 4
-        self.linears = nn.Sequential(nn.Linear(in_dim + pos, 512), nn.SiLU(), nn.Linear(512, 512), nn.SiLU(),
-                                     nn.Linear(512, out_dim))
+        self.linears = nn.Sequential(
+            nn.Linear(in_dim + pos, 512), nn.SiLU(), nn.Linear(512, 512), nn.SiLU(), nn.Linear(512, out_dim)
+        )
         self.null_positive_feature = nn.Parameter(torch.zeros(in_dim))
         self.null_position_feature = nn.Parameter(torch.zeros(pos))
 
@@ -139,7 +144,9 @@ class GligenModel:
     key_dim: int
     fusers: nn.ModuleList = field(compare=False, hash=False, repr=False)
     position_net: PositionNet = field(compare=False, hash=False, repr=False)
-    placed: dict[tuple[str, str], nn.ModuleList] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    placed: dict[tuple[str, str], nn.ModuleList] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
 
     def fusers_on(self, like: torch.Tensor) -> nn.ModuleList:
         """The fusers in ``like``'s device and dtype (a copy, kept for the next call; the loaded
@@ -182,6 +189,7 @@ class GligenModel:
         def patch(x: torch.Tensor, extra: dict[str, Any]) -> torch.Tensor:
             with torch.no_grad():
                 return fusers[extra["transformer_index"]](x, objs.to(x))
+
         return patch
 
 
@@ -202,9 +210,11 @@ def load_gligen(path: Path, *, allow_pickle: bool = False) -> GligenModel:
         if m:
             groups.setdefault((_ORDER[m.group(1)], int(m.group(2))), {})[m.group(3)] = value.float()
     if not groups or "position_net.null_positive_feature" not in sd:
-        raise ModelLoadError(f"{path}: this is not a GLIGEN model: expected '…fuser.*' tensors in the UNet blocks and "
-                             "'position_net.*' (e.g. gligen_sd14_textbox_pruned.safetensors); put GLIGEN files in "
-                             "models/gligen")
+        raise ModelLoadError(
+            f"{path}: this is not a GLIGEN model: expected '…fuser.*' tensors in the UNet blocks and "
+            "'position_net.*' (e.g. gligen_sd14_textbox_pruned.safetensors); put GLIGEN files in "
+            "models/gligen"
+        )
     fusers = []
     try:
         for place in sorted(groups):
@@ -212,12 +222,21 @@ def load_gligen(path: Path, *, allow_pickle: bool = False) -> GligenModel:
             fuser = Fuser(part["linear.weight"].shape[0], part["linear.weight"].shape[1])
             fuser.load_state_dict(part)
             fusers.append(fuser.eval())
-        net = PositionNet(sd["position_net.null_positive_feature"].shape[0], sd["position_net.linears.4.weight"].shape[0])
-        net.load_state_dict({k.removeprefix("position_net."): v.float() for k, v in sd.items()
-                             if k.startswith("position_net.")})
+        net = PositionNet(
+            sd["position_net.null_positive_feature"].shape[0], sd["position_net.linears.4.weight"].shape[0]
+        )
+        net.load_state_dict(
+            {
+                k.removeprefix("position_net."): v.float()
+                for k, v in sd.items()
+                if k.startswith("position_net.")
+            }
+        )
     except (KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"{path}: a GLIGEN tensor is missing or has another shape ({exc}); the file may be "
-                             "damaged or of another kind") from exc
+        raise ModelLoadError(
+            f"{path}: a GLIGEN tensor is missing or has another shape ({exc}); the file may be "
+            "damaged or of another kind"
+        ) from exc
     key_dim = int(fusers[0].linear.in_features)
     return GligenModel(fingerprint(path), path.name, key_dim, nn.ModuleList(fusers), net.eval())
 
@@ -228,16 +247,21 @@ def check_gligen(model: GligenModel, unet: Any, name: str) -> None:
     from nodes.families.components.unet_patching import transformer_places
     from nodes.hooks import ConditioningError
 
-    widths = tuple(int(tb.norm1.normalized_shape[0]) for _, t in transformer_places(unet) for tb in t.transformer_blocks)
+    widths = tuple(
+        int(tb.norm1.normalized_shape[0]) for _, t in transformer_places(unet) for tb in t.transformer_blocks
+    )
     if widths != model.widths:
         raise ConditioningError(
             f"{name} conditioning has GLIGEN boxes from {model.name}, made for a UNet with "
             f"{len(model.widths)} transformer blocks of widths {list(model.widths)}, but this MODEL's UNet has "
             f"{len(widths)} of widths {list(widths)} (text width {unet.config.cross_attention_dim}); use a checkpoint "
-            "of the family this GLIGEN file was made for, or remove GLIGENTextBoxApply")
+            "of the family this GLIGEN file was made for, or remove GLIGENTextBoxApply"
+        )
 
 
-def with_middle_patch(options: dict[str, Any] | None, gligen: GligenBoxes, x_in: torch.Tensor) -> dict[str, Any]:
+def with_middle_patch(
+    options: dict[str, Any] | None, gligen: GligenBoxes, x_in: torch.Tensor
+) -> dict[str, Any]:
     """``options`` (ComfyUI's ``transformer_options``) with the boxes' ``middle_patch`` added."""
     out = dict(options or {})
     patches = {k: list(v) for k, v in out.get("patches", {}).items()}
@@ -248,9 +272,15 @@ def with_middle_patch(options: dict[str, Any] | None, gligen: GligenBoxes, x_in:
 
 class GLIGENLoader(Node):
     SCHEMA = NodeSchema(
-        node_id="GLIGENLoader", display_name="GLIGENLoader", category="loaders",
+        node_id="GLIGENLoader",
+        display_name="GLIGENLoader",
+        category="loaders",
         description="Loads a GLIGEN model (box-grounded phrases) from models/gligen.",
-        inputs=(Input("gligen_name", COMBO, "The GLIGEN file in models/gligen.", options=DynamicOptions("gligen")),),
+        inputs=(
+            Input(
+                "gligen_name", COMBO, "The GLIGEN file in models/gligen.", options=DynamicOptions("gligen")
+            ),
+        ),
         outputs=(Output("GLIGEN", GLIGEN, "The GLIGEN model, for GLIGENTextBoxApply."),),
     )
 
@@ -273,38 +303,63 @@ def _size(name: str, default: int, low: int, what: str) -> Input:
 
 class GLIGENTextBoxApply(Node):
     SCHEMA = NodeSchema(
-        node_id="GLIGENTextBoxApply", display_name="GLIGENTextBoxApply", category="conditioning/gligen",
+        node_id="GLIGENTextBoxApply",
+        display_name="GLIGENTextBoxApply",
+        category="conditioning/gligen",
         description="Places a phrase in a box of the image (GLIGEN); chain several for several boxes.",
         inputs=(
             Input("conditioning_to", CONDITIONING, "The conditioning to add the box to."),
             Input("clip", CLIP, "The text encoder that encodes the phrase (its pooled output)."),
             Input("gligen_textbox_model", GLIGEN, "The GLIGEN model from GLIGENLoader."),
-            Input("text", STRING, "The phrase to place in the box (best an object named in the prompt).",
-                  multiline=True),
-            _size("width", 64, 8, "Box width in pixels."), _size("height", 64, 8, "Box height in pixels."),
-            _size("x", 0, 0, "Box left edge in pixels."), _size("y", 0, 0, "Box top edge in pixels."),
+            Input(
+                "text",
+                STRING,
+                "The phrase to place in the box (best an object named in the prompt).",
+                multiline=True,
+            ),
+            _size("width", 64, 8, "Box width in pixels."),
+            _size("height", 64, 8, "Box height in pixels."),
+            _size("x", 0, 0, "Box left edge in pixels."),
+            _size("y", 0, 0, "Box top edge in pixels."),
         ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the box added."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning_to: Any, clip: Any, gligen_textbox_model: GligenModel,
-            text: str, width: int, height: int, x: int, y: int) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        conditioning_to: Any,
+        clip: Any,
+        gligen_textbox_model: GligenModel,
+        text: str,
+        width: int,
+        height: int,
+        x: int,
+        y: int,
+    ) -> tuple[Any]:
         from dataclasses import replace
 
         pooled = phrase_embedding(ctx, clip, text)
         if pooled.shape[-1] != gligen_textbox_model.key_dim:
-            raise ValueError(f"GLIGENTextBoxApply: the phrase's pooled CLIP output is {pooled.shape[-1]} wide, "
-                             f"{gligen_textbox_model.name} needs {gligen_textbox_model.key_dim}; connect the CLIP of the "
-                             "checkpoint family this GLIGEN file was made for")
+            raise ValueError(
+                f"GLIGENTextBoxApply: the phrase's pooled CLIP output is {pooled.shape[-1]} wide, "
+                f"{gligen_textbox_model.name} needs {gligen_textbox_model.key_dim}; connect the CLIP of the "
+                "checkpoint family this GLIGEN file was made for"
+            )
         box: Box = (pooled, height // 8, width // 8, y // 8, x // 8)
         out = []
         for entry in conditioning_to:
             prev = entry.extras.get("gligen")
             boxes = (*prev.boxes, box) if isinstance(prev, GligenBoxes) else (box,)
             if len(boxes) > MAX_OBJS:
-                raise ValueError(f"GLIGENTextBoxApply: GLIGEN takes at most {MAX_OBJS} boxes per conditioning, "
-                                 f"this would be {len(boxes)}; remove some GLIGENTextBoxApply nodes")
-            out.append(replace(entry, extras={**entry.extras, "gligen": GligenBoxes(gligen_textbox_model, boxes)}))
+                raise ValueError(
+                    f"GLIGENTextBoxApply: GLIGEN takes at most {MAX_OBJS} boxes per conditioning, "
+                    f"this would be {len(boxes)}; remove some GLIGENTextBoxApply nodes"
+                )
+            out.append(
+                replace(entry, extras={**entry.extras, "gligen": GligenBoxes(gligen_textbox_model, boxes)})
+            )
         return (out,)
 
 
@@ -314,8 +369,9 @@ def phrase_embedding(ctx: NodeContext, clip: Any, text: str) -> torch.Tensor:
 
     with text_encoders(ctx, clip) as encoders, torch.no_grad():
         enc = encoders[0]
-        _, pooled = enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer, final_norm=enc.spec.final_norm,
-                                    pooled=True)
+        _, pooled = enc.kind.encode(
+            enc.module, enc.tokenizer, text, enc.layer, final_norm=enc.spec.final_norm, pooled=True
+        )
     assert pooled is not None
     return pooled.float().cpu()
 

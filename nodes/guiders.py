@@ -88,10 +88,15 @@ class DualCFGGuider(Guider):
             if math.isclose(self.cfg, 1.0):
                 names[1] = None
         out = run.calc(names, x, sigma)
-        return run.cfg_function(out[1], out[0], self.cfg2, x, sigma, names[1], names[0]) + (out[2] - out[1]) * self.cfg
+        return (
+            run.cfg_function(out[1], out[0], self.cfg2, x, sigma, names[1], names[0])
+            + (out[2] - out[1]) * self.cfg
+        )
 
 
-def perp_neg(pos: torch.Tensor, neg: torch.Tensor, empty: torch.Tensor, neg_scale: float, cfg: float) -> torch.Tensor:
+def perp_neg(
+    pos: torch.Tensor, neg: torch.Tensor, empty: torch.Tensor, neg_scale: float, cfg: float
+) -> torch.Tensor:
     """Perp-Neg (Armandpour et al. 2023): CFG against the part of the negative direction that is
     perpendicular to the positive one, both relative to the empty prompt."""
     p, n = pos - empty, neg - empty
@@ -123,16 +128,25 @@ class GuidedRun:
     ``extra_args["model_options"]`` may add post-CFG functions and ``disable_cfg1_optimization``
     (the CFG++ samplers do, as in ComfyUI)."""
 
-    def __init__(self, guiders: Sequence[Guider], module: Any, rows: int, latent_size: tuple[int, int],
-                 forward: Any = None, model_inputs: Mapping[str, Any] | None = None,
-                 resident: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        guiders: Sequence[Guider],
+        module: Any,
+        rows: int,
+        latent_size: tuple[int, int],
+        forward: Any = None,
+        model_inputs: Mapping[str, Any] | None = None,
+        resident: Mapping[str, Any] | None = None,
+    ) -> None:
         self.guider = guiders[0]
         self.model = self.guider.model
         self.model_sampling = self.model.model_sampling
         self.denoiser = self.model.denoiser
         self.module = module
         # resident: the modules the patches need beside the model (model patches' networks), by handle key
-        self.hooks = self.model.sampling_hooks(module, resident) if resident else self.model.sampling_hooks(module)
+        self.hooks = (
+            self.model.sampling_hooks(module, resident) if resident else self.model.sampling_hooks(module)
+        )
         self.size = latent_size
         self.pixels = (latent_size[0] * 8, latent_size[1] * 8)  # SDXL's size ids (the UNet families' factor)
         self._forward = forward if forward is not None else module
@@ -151,8 +165,12 @@ class GuidedRun:
         self._with_inputs_cache: dict[tuple[int, int], tuple[CondEntry, CondEntry]] = {}
         self.jobs = []
         for j, g in enumerate(guiders):
-            prepared = {name: cb.prepare(self._with_inputs(entries, j), latent_size, self.model_sampling.percent_to_sigma)
-                        for name, entries in controls_to_uncond(g.branches)}
+            prepared = {
+                name: cb.prepare(
+                    self._with_inputs(entries, j), latent_size, self.model_sampling.percent_to_sigma
+                )
+                for name, entries in controls_to_uncond(g.branches)
+            }
             cb.add_same_area_counterparts(prepared)
             self.jobs.append(cb.Job(slice(j * rows, (j + 1) * rows), prepared))
 
@@ -170,25 +188,45 @@ class GuidedRun:
     # -- building blocks for guiders and hooks ---------------------------------------------
     @property
     def disable_cfg1_optimization(self) -> bool:
-        return self.hooks.disable_cfg1_optimization or bool(self.model_options.get("disable_cfg1_optimization"))
+        return self.hooks.disable_cfg1_optimization or bool(
+            self.model_options.get("disable_cfg1_optimization")
+        )
 
     def calc(self, names: Sequence[str | None], x: torch.Tensor, sigma: torch.Tensor) -> list[torch.Tensor]:
         """Denoised prediction per named branch (zeros for ``None``), as ComfyUI's calc_cond_batch;
         a ``calc_cond_batch`` hook replaces it (ComfyUI's ``sampler_calc_cond_batch_function``)."""
         if self.hooks.calc_cond_batch is not None:
-            return self.hooks.calc_cond_batch({"conds": list(names), "input": x, "sigma": sigma, "model": self,
-                                               "model_options": self.model_options})
+            return self.hooks.calc_cond_batch(
+                {
+                    "conds": list(names),
+                    "input": x,
+                    "sigma": sigma,
+                    "model": self,
+                    "model_options": self.model_options,
+                }
+            )
         return self.calc_batch(names, x, sigma)
 
-    def calc_batch(self, names: Sequence[str | None], x: torch.Tensor, sigma: torch.Tensor, *,
-                   block_skip: BlockSkip | None = None) -> list[torch.Tensor]:
+    def calc_batch(
+        self,
+        names: Sequence[str | None],
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        *,
+        block_skip: BlockSkip | None = None,
+    ) -> list[torch.Tensor]:
         """:meth:`calc` without the hook; ``block_skip``: transformer blocks these calls skip."""
         self._names = list(names)
         call = self._call if block_skip is None else partial(self._call, block_skip=block_skip)
         return cb.calc_cond_batch(call, self.jobs, names, x, sigma)
 
-    def calc_entries(self, entries: Sequence[CondEntry], x: torch.Tensor, sigma: torch.Tensor,
-                     patches: Sequence[BlockPatch] = ()) -> torch.Tensor:
+    def calc_entries(
+        self,
+        entries: Sequence[CondEntry],
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        patches: Sequence[BlockPatch] = (),
+    ) -> torch.Tensor:
         """Denoised prediction of extra conditioning for every job (PerpNeg's empty prompt; PAG's
         and SAG's extra calls), with ``patches`` added to the block patches for these calls only
         (ComfyUI's ``calc_cond_batch`` with changed ``model_options``)."""
@@ -206,35 +244,88 @@ class GuidedRun:
         """The entries of a branch as hook arguments (``None`` for a skipped branch)."""
         return None if name is None else list(self.guider.entries(name))
 
-    def pre_cfg(self, names: Sequence[str | None], out: list[torch.Tensor], scale: float, x: torch.Tensor,
-                sigma: torch.Tensor) -> list[torch.Tensor]:
+    def pre_cfg(
+        self,
+        names: Sequence[str | None],
+        out: list[torch.Tensor],
+        scale: float,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+    ) -> list[torch.Tensor]:
         for fn in self.hooks.pre_cfg:
-            out = fn({"conds": [self.cond_args(n) for n in names], "conds_out": out, "cond_scale": scale,
-                      "timestep": sigma, "input": x, "sigma": sigma, "model": self,
-                      "model_options": self.model_options})
+            out = fn(
+                {
+                    "conds": [self.cond_args(n) for n in names],
+                    "conds_out": out,
+                    "cond_scale": scale,
+                    "timestep": sigma,
+                    "input": x,
+                    "sigma": sigma,
+                    "model": self,
+                    "model_options": self.model_options,
+                }
+            )
         return out
 
-    def cfg_function(self, cond: torch.Tensor, uncond: torch.Tensor, scale: float, x: torch.Tensor,
-                     sigma: torch.Tensor, cond_name: str | None, uncond_name: str | None) -> torch.Tensor:
+    def cfg_function(
+        self,
+        cond: torch.Tensor,
+        uncond: torch.Tensor,
+        scale: float,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        cond_name: str | None,
+        uncond_name: str | None,
+    ) -> torch.Tensor:
         """ComfyUI's ``cfg_function``: the guidance formula (or the patch's), then post-CFG hooks."""
         if self.hooks.cfg_function is not None:
-            result = x - self.hooks.cfg_function({
-                "cond": x - cond, "uncond": x - uncond, "cond_scale": scale, "timestep": sigma, "input": x,
-                "sigma": sigma, "cond_denoised": cond, "uncond_denoised": uncond, "model": self,
-                "model_options": self.model_options})
+            result = x - self.hooks.cfg_function(
+                {
+                    "cond": x - cond,
+                    "uncond": x - uncond,
+                    "cond_scale": scale,
+                    "timestep": sigma,
+                    "input": x,
+                    "sigma": sigma,
+                    "cond_denoised": cond,
+                    "uncond_denoised": uncond,
+                    "model": self,
+                    "model_options": self.model_options,
+                }
+            )
         else:
             result = uncond + (cond - uncond) * scale
         return self.post_cfg(result, cond, uncond, scale, x, sigma, cond_name, uncond_name, {})
 
-    def post_cfg(self, result: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor, scale: float,
-                 x: torch.Tensor, sigma: torch.Tensor, cond_name: str | None, uncond_name: str | None,
-                 extra: Mapping[str, Any]) -> torch.Tensor:
+    def post_cfg(
+        self,
+        result: torch.Tensor,
+        cond: torch.Tensor,
+        uncond: torch.Tensor,
+        scale: float,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        cond_name: str | None,
+        uncond_name: str | None,
+        extra: Mapping[str, Any],
+    ) -> torch.Tensor:
         for fn in (*self.hooks.post_cfg, *self.model_options.get("sampler_post_cfg_function", ())):
-            result = fn({"denoised": result, "cond": self.cond_args(cond_name),
-                         "uncond": self.cond_args(uncond_name), "cond_scale": scale, "model": self,
-                         "uncond_denoised": uncond, "cond_denoised": cond, "sigma": sigma,
-                         "model_options": self.model_options, "input": x,
-                         "branches": (cond_name, uncond_name), **extra})
+            result = fn(
+                {
+                    "denoised": result,
+                    "cond": self.cond_args(cond_name),
+                    "uncond": self.cond_args(uncond_name),
+                    "cond_scale": scale,
+                    "model": self,
+                    "uncond_denoised": uncond,
+                    "cond_denoised": cond,
+                    "sigma": sigma,
+                    "model_options": self.model_options,
+                    "input": x,
+                    "branches": (cond_name, uncond_name),
+                    **extra,
+                }
+            )
         return result
 
     def _with_inputs(self, entries: Sequence[CondEntry], job: int = 0) -> list[CondEntry]:
@@ -256,25 +347,40 @@ class GuidedRun:
         return out
 
     # -- the model call --------------------------------------------------------------------
-    def _call(self, xs: torch.Tensor, sigma: torch.Tensor, conds: Sequence[cb.Cond], rows: int,
-              branches: Sequence[int], block_skip: BlockSkip | None = None) -> torch.Tensor:
+    def _call(
+        self,
+        xs: torch.Tensor,
+        sigma: torch.Tensor,
+        conds: Sequence[cb.Cond],
+        rows: int,
+        branches: Sequence[int],
+        block_skip: BlockSkip | None = None,
+    ) -> torch.Tensor:
         """One batched model call: the denoised prediction for the concatenated crops ``xs``."""
         ms = self.model_sampling
         x_in = ms.calculate_input(sigma, xs).to(self.dtype)
         timestep = ms.timestep(sigma).float()
         key = cb.model_kwargs_key(conds, rows, self.size)
         if key not in self._kwargs:
-            self._kwargs[key] = self.denoiser.conditioning([c.entry for c in conds], rows, self.pixels, like=x_in)
+            self._kwargs[key] = self.denoiser.conditioning(
+                [c.entry for c in conds], rows, self.pixels, like=x_in
+            )
         kwargs = dict(self._kwargs[key])
         uncond = [self._names[b] in _UNCOND for b in branches]
         if self._transformer_options or block_skip is not None:
             # ComfyUI's per-call entries: 0 = cond, 1 = uncond per chunk; the blocks this call skips
             skip = {} if block_skip is None else {"block_skip": block_skip}
-            kwargs["transformer_options"] = {**self._transformer_options, "sigmas": sigma,
-                                             "cond_or_uncond": [int(u) for u in uncond], **skip}
+            kwargs["transformer_options"] = {
+                **self._transformer_options,
+                "sigmas": sigma,
+                "cond_or_uncond": [int(u) for u in uncond],
+                **skip,
+            }
         kinds: tuple[Row, ...] = tuple("uncond" if u else "cond" for u in uncond for _ in range(rows))
         # one identity per entry, stable for the run (ComfyUI's uuids): its branch, prompt and area
-        chunks = tuple(hash((self._names[b], id(c.entry), c.area)) for c, b in zip(conds, branches, strict=True))
+        chunks = tuple(
+            hash((self._names[b], id(c.entry), c.area)) for c, b in zip(conds, branches, strict=True)
+        )
         call = ModelCall(x_in, timestep, sigma, kwargs, kinds, chunks)
         out = self._apply(call).float()
         return ms.calculate_denoised(sigma, out, xs)

@@ -97,8 +97,13 @@ class WeightsHandle:
     # --- identity -------------------------------------------------------------------------------
     @cached_property
     def key(self) -> str:
-        ident = {"kind": self.kind, "file": self.source.fingerprint, "format": self.source.format,
-                 "recipe": self.recipe(), "patches": [p.key for p in self.patches if changes_module(p)]}
+        ident = {
+            "kind": self.kind,
+            "file": self.source.fingerprint,
+            "format": self.source.format,
+            "recipe": self.recipe(),
+            "patches": [p.key for p in self.patches if changes_module(p)],
+        }
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         return f"{self.kind}:{self.source.name}:{digest}"
 
@@ -135,7 +140,10 @@ class WeightsHandle:
 
         target_device, target_dtype = torch.device(device), getattr(torch, self.dtype or dtype)
         tensors = [*module.parameters(), *module.buffers()]
-        if all(t.device == target_device and (t.dtype == target_dtype or not t.is_floating_point()) for t in tensors):
+        if all(
+            t.device == target_device and (t.dtype == target_dtype or not t.is_floating_point())
+            for t in tensors
+        ):
             return module
         # nn.Module.to, not diffusers' override (it warns on every cast of modules without fp32 parts)
         return torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
@@ -172,7 +180,10 @@ class ComponentHandle(WeightsHandle):
     parts: tuple[Part, ...]
 
     def recipe(self) -> Any:
-        return [[p.name, p.prefix, p.subfolder, p.config_json, *([p.file_id] if p.file else [])] for p in self.parts]
+        return [
+            [p.name, p.prefix, p.subfolder, p.config_json, *([p.file_id] if p.file else [])]
+            for p in self.parts
+        ]
 
     def build(self) -> Any:
         return self._assemble({p.name: self._build(p) for p in self.parts})
@@ -242,8 +253,15 @@ class DenoiserHandle(ComponentHandle):
     def sampling_hooks(self, module: Any, resident: Mapping[str, Any] | None = None) -> SamplingHooks:
         """The hooks of this handle's patches for the resident ``module``, in patch order; a patch
         with ``resident_handles`` also gets ``resident`` (those handles' modules by handle key)."""
-        return merge_all([cast(Any, p).sampling_hooks(module, resident=resident) if getattr(p, "resident_handles", ())
-                          else p.sampling_hooks(module) for p in self.patches if isinstance(p, HookedPatch)])
+        return merge_all(
+            [
+                cast(Any, p).sampling_hooks(module, resident=resident)
+                if getattr(p, "resident_handles", ())
+                else p.sampling_hooks(module)
+                for p in self.patches
+                if isinstance(p, HookedPatch)
+            ]
+        )
 
     @property
     def default_resolution(self) -> int:
@@ -274,15 +292,22 @@ class TextEncodersHandle(ComponentHandle):
 
         # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.
         # Each part's kind loads its own (CLIP BPE, T5 SentencePiece...).
-        return TextEncoders(modules, {p.name: cast(TextEncoderKind, p.kind).load_tokenizer(self.family.spec(p.name).tokenizer)
-                                      for p in self.parts})
+        return TextEncoders(
+            modules,
+            {
+                p.name: cast(TextEncoderKind, p.kind).load_tokenizer(self.family.spec(p.name).tokenizer)
+                for p in self.parts
+            },
+        )
 
     def specs(self) -> tuple[TextEncoderSpec, ...]:
         return self.family.text_encoders
 
     def with_tokenizer_options(self, options: dict[str, int]) -> TextEncodersHandle:
         """A new handle with ``options`` (ComfyUI's flat names) set over the current ones."""
-        return replace(self, tokenizer_options=tuple(sorted({**dict(self.tokenizer_options), **options}.items())))
+        return replace(
+            self, tokenizer_options=tuple(sorted({**dict(self.tokenizer_options), **options}.items()))
+        )
 
     def tokenizer_options_for(self, name: str) -> TokenizerOptions:
         """The tokenizer options of encoder ``name``."""
@@ -327,8 +352,13 @@ def open_checkpoint(path: Path, *, allow_pickle: bool = False) -> Checkpoint:
 
     prediction = family.prediction_type(index)
     return Checkpoint(
-        DenoiserHandle(source=source, family=family, parts=parts["unet"], nbytes=size(parts["unet"]),
-                       prediction=prediction),
+        DenoiserHandle(
+            source=source,
+            family=family,
+            parts=parts["unet"],
+            nbytes=size(parts["unet"]),
+            prediction=prediction,
+        ),
         TextEncodersHandle(source=source, family=family, parts=parts["clip"], nbytes=size(parts["clip"])),
         VaeHandle(source=source, family=family, parts=parts["vae"], nbytes=size(parts["vae"])),
     )
@@ -345,7 +375,9 @@ def open_diffusers(folder: Path, *, allow_pickle: bool = False) -> Checkpoint:
         try:
             return dict(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"{folder}: cannot read {sub} ({exc}); is this a diffusers model folder?") from exc
+            raise ModelLoadError(
+                f"{folder}: cannot read {sub} ({exc}); is this a diffusers model folder?"
+            ) from exc
 
     unet = config("unet/config.json") if (folder / "unet").is_dir() else {}  # DiT pipelines have transformer/
     family = diffusers_family(folder, config("model_index.json"), unet)
@@ -358,10 +390,20 @@ def open_diffusers(folder: Path, *, allow_pickle: bool = False) -> Checkpoint:
         return sum(p.stat().st_size for part in ps for p in (folder / part.subfolder).glob("*.safetensors"))
 
     return Checkpoint(
-        DenoiserHandle(source=source, family=family, parts=parts["unet"], nbytes=size(parts["unet"]),
-                       prediction=prediction),
-        TextEncodersHandle(source=source, family=family, parts=parts["clip"], nbytes=size(parts["clip"]),
-                           dropped_layers=dropped),
+        DenoiserHandle(
+            source=source,
+            family=family,
+            parts=parts["unet"],
+            nbytes=size(parts["unet"]),
+            prediction=prediction,
+        ),
+        TextEncodersHandle(
+            source=source,
+            family=family,
+            parts=parts["clip"],
+            nbytes=size(parts["clip"]),
+            dropped_layers=dropped,
+        ),
         VaeHandle(source=source, family=family, parts=parts["vae"], nbytes=size(parts["vae"])),
     )
 
@@ -376,7 +418,9 @@ def open_vae(path: Path, *, allow_pickle: bool = False) -> VaeHandle:
     return VaeHandle(source=source, family=family, parts=(part,), nbytes=index.nbytes(part.prefix))
 
 
-def open_diffusion_model(path: Path, *, allow_pickle: bool = False, dtype: str | None = None) -> DenoiserHandle:
+def open_diffusion_model(
+    path: Path, *, allow_pickle: bool = False, dtype: str | None = None
+) -> DenoiserHandle:
     """A denoiser-only file (``models/diffusion_models``, UNETLoader): its family reads the part."""
     from nodes.families import detect_family
 
@@ -384,11 +428,19 @@ def open_diffusion_model(path: Path, *, allow_pickle: bool = False, dtype: str |
     family = detect_family(index)
     part = family.denoiser_part(index)
     source = WeightsSource(Path(path), fingerprint(path), "single_file", allow_pickle)
-    return DenoiserHandle(source=source, family=family, parts=(part,), nbytes=index.nbytes(part.prefix),
-                          prediction=family.prediction_type(index), dtype=dtype)
+    return DenoiserHandle(
+        source=source,
+        family=family,
+        parts=(part,),
+        nbytes=index.nbytes(part.prefix),
+        prediction=family.prediction_type(index),
+        dtype=dtype,
+    )
 
 
-def open_text_encoders(paths: list[Path], clip_type: str, *, allow_pickle: bool = False) -> TextEncodersHandle:
+def open_text_encoders(
+    paths: list[Path], clip_type: str, *, allow_pickle: bool = False
+) -> TextEncodersHandle:
     """Standalone text-encoder files (``models/text_encoders``; CLIPLoader, DualCLIPLoader) for the
     family of ComfyUI's ``type``; each file's encoder is recognised from its tensors."""
     from nodes.families import family_for_clip_type, standalone_text_encoder
@@ -400,11 +452,15 @@ def open_text_encoders(paths: list[Path], clip_type: str, *, allow_pickle: bool 
     nbytes = 0
     for path, index, (name, prefix) in zip(paths, indexes, found, strict=True):
         if any(p.name == name for p in parts):
-            raise ModelLoadError(f"{path.name} is a second {name} text encoder; {family.title} takes one "
-                                 f"of each of {[s.name for s in family.text_encoders]}")
+            raise ModelLoadError(
+                f"{path.name} is a second {name} text encoder; {family.title} takes one "
+                f"of each of {[s.name for s in family.text_encoders]}"
+            )
         if name not in [s.name for s in family.text_encoders]:
-            raise ModelLoadError(f"{Path(path).name} is a {name} text encoder; {family.title} uses "
-                                 f"{[s.name for s in family.text_encoders]}")
+            raise ModelLoadError(
+                f"{Path(path).name} is a {name} text encoder; {family.title} uses "
+                f"{[s.name for s in family.text_encoders]}"
+            )
         parts.append(family.text_encoder_part(family.spec(name), index, prefix).in_file(Path(path)))
         nbytes += index.nbytes(prefix)
     source = WeightsSource(Path(paths[0]), fingerprint(paths[0]), "single_file", allow_pickle)

@@ -40,8 +40,15 @@ from nodes.patches.unet_hooks import require_points
 from nodes.weights import PICKLE_SUFFIXES, ModelLoadError, fingerprint, pickle_refusal
 
 ACTIVATIONS: dict[str, Any] = {
-    "linear": None, "relu": F.relu, "leakyrelu": F.leaky_relu, "elu": F.elu, "swish": F.hardswish,
-    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "softsign": F.softsign, "mish": F.mish,
+    "linear": None,
+    "relu": F.relu,
+    "leakyrelu": F.leaky_relu,
+    "elu": F.elu,
+    "swish": F.hardswish,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "softsign": F.softsign,
+    "mish": F.mish,
 }
 OPTIONS = ("activation_func", "is_layer_norm", "use_dropout", "activate_output", "last_layer_dropout")
 Layer = tuple[str, Any, Any]  # ("linear" | "norm", weight, bias) or ("act", name, None)
@@ -73,12 +80,14 @@ class Hypernetwork:
 
     def patch(self, strength: float) -> Any:
         """ComfyUI's attention patch ``(q, k, v, extra_options) -> (q, k, v)``."""
+
         def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: Any) -> tuple[torch.Tensor, ...]:
             pair = self.nets.get(k.shape[-1])
             if pair is not None:
                 k = k + pair[0](k) * strength
                 v = v + pair[1](v) * strength
             return q, k, v
+
         return fn
 
 
@@ -89,7 +98,10 @@ def _flag(value: Any) -> bool:
 def build_mlp(sd: dict[str, torch.Tensor], options: dict[str, Any]) -> Mlp:
     """ComfyUI's construction of one MLP from its state dict (``sd`` in the file's key order)."""
     act = str(options.get("activation_func", "linear"))
-    norm, activate_output = _flag(options.get("is_layer_norm", False)), _flag(options.get("activate_output", False))
+    norm, activate_output = (
+        _flag(options.get("is_layer_norm", False)),
+        _flag(options.get("activate_output", False)),
+    )
     names = [k[: -len(".weight")] for k in sd if k.endswith(".weight")]
     layers: list[Layer] = []
     i = 0
@@ -117,7 +129,9 @@ def _read_safetensors(path: Path) -> dict[Any, Any]:
             meta = dict(f.metadata() or {})
             flat = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
     except (SafetensorError, OSError, RuntimeError) as exc:
-        raise ModelLoadError(f"{path}: cannot read this safetensors file: {exc}; the file may be damaged") from exc
+        raise ModelLoadError(
+            f"{path}: cannot read this safetensors file: {exc}; the file may be damaged"
+        ) from exc
     out: dict[Any, Any] = {k: v for k, v in meta.items() if k in OPTIONS}
     for key in sorted(flat, key=_natural):
         width, index, rest = (key.split(".", 2) + ["", ""])[:3]
@@ -130,9 +144,13 @@ def _read_pickle(path: Path) -> dict[Any, Any]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ModelLoadError(f"{path}: cannot read this pickled file with torch's weights-only loader: {exc}") from exc
+        raise ModelLoadError(
+            f"{path}: cannot read this pickled file with torch's weights-only loader: {exc}"
+        ) from exc
     if not isinstance(obj, dict):
-        raise ModelLoadError(f"{path}: expected a hypernetwork (a dict of widths), found {type(obj).__name__}")
+        raise ModelLoadError(
+            f"{path}: expected a hypernetwork (a dict of widths), found {type(obj).__name__}"
+        )
     return obj
 
 
@@ -149,24 +167,34 @@ def load_hypernetwork(path: Path, *, allow_pickle: bool = False) -> Hypernetwork
         sd = _read_safetensors(path)
     act = str(sd.get("activation_func", "linear"))
     if act not in ACTIVATIONS:
-        raise ModelLoadError(f"{path}: unsupported hypernetwork activation {act!r} (supported: "
-                             f"{', '.join(ACTIVATIONS)}); this file cannot be used")
+        raise ModelLoadError(
+            f"{path}: unsupported hypernetwork activation {act!r} (supported: "
+            f"{', '.join(ACTIVATIONS)}); this file cannot be used"
+        )
     options = {k: sd.get(k) for k in OPTIONS}
     nets: dict[int, tuple[Mlp, Mlp]] = {}
     try:
         for key, pair in sd.items():
-            width = key if isinstance(key, int) else int(key) if isinstance(key, str) and key.isdigit() else None
+            width = (
+                key if isinstance(key, int) else int(key) if isinstance(key, str) and key.isdigit() else None
+            )
             if width is None:
                 continue
-            k_sd, v_sd = ({str(n): t for n, t in pair[i].items() if isinstance(t, torch.Tensor)} for i in (0, 1))
+            k_sd, v_sd = (
+                {str(n): t for n, t in pair[i].items() if isinstance(t, torch.Tensor)} for i in (0, 1)
+            )
             nets[width] = (build_mlp(k_sd, options), build_mlp(v_sd, options))
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise ModelLoadError(f"{path}: a hypernetwork's width entry is malformed ({exc!r}); expected "
-                             "{width: [key MLP state dict, value MLP state dict]}") from exc
+        raise ModelLoadError(
+            f"{path}: a hypernetwork's width entry is malformed ({exc!r}); expected "
+            "{width: [key MLP state dict, value MLP state dict]}"
+        ) from exc
     if not nets:
-        raise ModelLoadError(f"{path}: this is not a hypernetwork: no per-width MLPs found (expected keys like "
-                             "768 → [state dict, state dict] in a .pt, or '768.0.linear.0.weight' in a "
-                             ".safetensors); put hypernetworks in models/hypernetworks and LoRAs in models/loras")
+        raise ModelLoadError(
+            f"{path}: this is not a hypernetwork: no per-width MLPs found (expected keys like "
+            "768 → [state dict, state dict] in a .pt, or '768.0.linear.0.weight' in a "
+            ".safetensors); put hypernetworks in models/hypernetworks and LoRAs in models/loras"
+        )
     return Hypernetwork(nets, act)
 
 
@@ -193,14 +221,27 @@ class HypernetworkPatch:
 
 class HypernetworkLoader(Node):
     SCHEMA = NodeSchema(
-        node_id="HypernetworkLoader", display_name="HypernetworkLoader", category="loaders",
+        node_id="HypernetworkLoader",
+        display_name="HypernetworkLoader",
+        category="loaders",
         description="Applies a hypernetwork (models/hypernetworks) to a UNet model's attention keys and values.",
         inputs=(
             Input("model", MODEL, "The UNet model to patch."),
-            Input("hypernetwork_name", COMBO, "The hypernetwork file in models/hypernetworks.",
-                  options=DynamicOptions("hypernetworks")),
-            Input("strength", FLOAT, "How strongly the hypernetwork acts; 0 leaves the model unchanged.",
-                  default=1.0, min=-10.0, max=10.0, step=0.01),
+            Input(
+                "hypernetwork_name",
+                COMBO,
+                "The hypernetwork file in models/hypernetworks.",
+                options=DynamicOptions("hypernetworks"),
+            ),
+            Input(
+                "strength",
+                FLOAT,
+                "How strongly the hypernetwork acts; 0 leaves the model unchanged.",
+                default=1.0,
+                min=-10.0,
+                max=10.0,
+                step=0.01,
+            ),
         ),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
     )

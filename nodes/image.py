@@ -75,7 +75,9 @@ def _input_path(folders: Folders, name: str, default: str = "input") -> Path:
     kind = default
     if match:
         name, kind = match.group(1), match.group(2)
-    root = {"input": folders.input_dir, "output": folders.output_dir, "temp": folders.temp_dir}[kind].resolve()
+    root = {"input": folders.input_dir, "output": folders.output_dir, "temp": folders.temp_dir}[
+        kind
+    ].resolve()
     path = (root / name).resolve()
     if root not in path.parents:
         raise ImageError(f"image {name!r} points outside the {kind} folder {root}")
@@ -164,11 +166,21 @@ def preview_images(ctx: NodeContext, images: torch.Tensor) -> list[dict[str, str
     prefix = "ComfyUI_temp_" + os.urandom(4).hex()[:5]
     metadata: dict[str, Any] = {}
     images = guarded(ctx, images, metadata)
-    return save_images(ctx, images, ctx.folders.temp_dir, prefix, "temp", metadata or None, 1,
-                       to_disk=ctx.kept_images is None)  # bytes asked for: no disk round trip
+    return save_images(
+        ctx,
+        images,
+        ctx.folders.temp_dir,
+        prefix,
+        "temp",
+        metadata or None,
+        1,
+        to_disk=ctx.kept_images is None,
+    )  # bytes asked for: no disk round trip
 
 
-def load_image_file(folders: Folders, image: str, default: str = "input") -> tuple[torch.Tensor, torch.Tensor]:
+def load_image_file(
+    folders: Folders, image: str, default: str = "input"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """LoadImage's reading of ``image`` (a name in the ``default`` folder, or annotated): the RGB
     image [1, H, W, 3] and the mask [1, H, W] (1 where transparent; zeros without alpha)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
@@ -184,9 +196,7 @@ def load_image_file(folders: Folders, image: str, default: str = "input") -> tup
             img = ImageOps.exif_transpose(opened)
             img.load()
     except (UnidentifiedImageError, OSError) as exc:
-        raise ImageError(
-            f"{image!r} is not an image PIL can read ({exc}); use PNG, JPEG or WebP"
-        ) from exc
+        raise ImageError(f"{image!r} is not an image PIL can read ({exc}); use PNG, JPEG or WebP") from exc
     if img.mode == "I":
         img = img.point(lambda v: v * (1 / 255))
     rgb = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)[None]
@@ -405,7 +415,9 @@ class ImageToMask(Node):
         description="Take one colour channel of an image as a mask.",
         inputs=(
             Input("image", IMAGE, "The images."),
-            Input("channel", COMBO, "Which channel.", options=("red", "green", "blue", "alpha"), default="red"),
+            Input(
+                "channel", COMBO, "Which channel.", options=("red", "green", "blue", "alpha"), default="red"
+            ),
         ),
         outputs=(Output("MASK", MASK, "The channel as a mask [B, H, W]."),),
     )

@@ -78,22 +78,49 @@ class ImageCompositeMasked(Node):
             Input("source", IMAGE, "The images to paste (batch cycled to the destination's)."),
             Input("x", INT, "Left edge of the paste.", default=0, min=0, max=MAX_RESOLUTION, step=1),
             Input("y", INT, "Top edge of the paste.", default=0, min=0, max=MAX_RESOLUTION, step=1),
-            Input("resize_source", BOOLEAN, "Stretch the source to the destination's size first.", default=False),
+            Input(
+                "resize_source", BOOLEAN, "Stretch the source to the destination's size first.", default=False
+            ),
             Input("mask", MASK, "Where the source shows (resized to the source).", optional=True),
         ),
         outputs=(Output("IMAGE", IMAGE, "The composited images."),),
     )
 
-    def run(self, ctx: NodeContext, *, destination: torch.Tensor, source: torch.Tensor, x: int, y: int,
-            resize_source: bool, mask: torch.Tensor | None = None) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        destination: torch.Tensor,
+        source: torch.Tensor,
+        x: int,
+        y: int,
+        resize_source: bool,
+        mask: torch.Tensor | None = None,
+    ) -> tuple:
         source = match_alpha(destination, source)
         out = composite(destination.movedim(-1, 1), source.movedim(-1, 1), x, y, mask, 1, resize_source)
         return (out.movedim(1, -1),)
 
 
 PORTER_DUFF_MODES = (
-    "ADD", "CLEAR", "DARKEN", "DST", "DST_ATOP", "DST_IN", "DST_OUT", "DST_OVER", "LIGHTEN", "MULTIPLY",
-    "OVERLAY", "SCREEN", "SRC", "SRC_ATOP", "SRC_IN", "SRC_OUT", "SRC_OVER", "XOR",
+    "ADD",
+    "CLEAR",
+    "DARKEN",
+    "DST",
+    "DST_ATOP",
+    "DST_IN",
+    "DST_OUT",
+    "DST_OVER",
+    "LIGHTEN",
+    "MULTIPLY",
+    "OVERLAY",
+    "SCREEN",
+    "SRC",
+    "SRC_ATOP",
+    "SRC_IN",
+    "SRC_OUT",
+    "SRC_OVER",
+    "XOR",
 )
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -117,7 +144,9 @@ def _porter_duff_ops() -> dict[str, Callable[[torch.Tensor, torch.Tensor, torch.
         "LIGHTEN": lambda s, sa, d, da: ((1 - da) * s + (1 - sa) * d + torch.maximum(s, d), union(sa, da)),
         "MULTIPLY": lambda s, sa, d, da: (s * d, sa * da),
         "OVERLAY": lambda s, sa, d, da: (
-            torch.where(2 * d < da, 2 * s * d, sa * da - 2 * (da - s) * (sa - d)), union(sa, da)),
+            torch.where(2 * d < da, 2 * s * d, sa * da - 2 * (da - s) * (sa - d)),
+            union(sa, da),
+        ),
         "SCREEN": lambda s, sa, d, da: (s + d - s * d, union(sa, da)),
         "SRC": lambda s, sa, d, da: (s, sa),
         "SRC_ATOP": lambda s, sa, d, da: (da * s + (1 - sa) * d, da),
@@ -128,8 +157,13 @@ def _porter_duff_ops() -> dict[str, Callable[[torch.Tensor, torch.Tensor, torch.
     }
 
 
-def porter_duff(source: torch.Tensor, source_mask: torch.Tensor, destination: torch.Tensor,
-                destination_mask: torch.Tensor, mode: str) -> Pair:
+def porter_duff(
+    source: torch.Tensor,
+    source_mask: torch.Tensor,
+    destination: torch.Tensor,
+    destination_mask: torch.Tensor,
+    mode: str,
+) -> Pair:
     """Porter-Duff compositing of [B, H, W, C] colours with [B, H, W, 1] masks (1 = transparent);
     returns the straight (not premultiplied) colour clamped to 0..1 and the result as a mask."""
     ops = _porter_duff_ops()
@@ -162,8 +196,16 @@ class PorterDuffImageComposite(Node):
         outputs=(Output("IMAGE", IMAGE, "The result's colour."), Output("MASK", MASK, "The result's mask.")),
     )
 
-    def run(self, ctx: NodeContext, *, source: torch.Tensor, source_alpha: torch.Tensor,
-            destination: torch.Tensor, destination_alpha: torch.Tensor, mode: str) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        source: torch.Tensor,
+        source_alpha: torch.Tensor,
+        destination: torch.Tensor,
+        destination_alpha: torch.Tensor,
+        mode: str,
+    ) -> tuple:
         if source.shape[-1] != destination.shape[-1]:
             raise ImageError(
                 f"source has {source.shape[-1]} channels and destination {destination.shape[-1]}; give both RGB "
@@ -185,7 +227,10 @@ class SplitImageWithAlpha(Node):
         category="mask/compositing",
         description="Separate RGB from alpha; the alpha comes out as a mask (1 = transparent).",
         inputs=(Input("image", IMAGE, "RGB or RGBA images."),),
-        outputs=(Output("IMAGE", IMAGE, "The RGB channels."), Output("MASK", MASK, "1 - alpha (zeros without alpha).")),
+        outputs=(
+            Output("IMAGE", IMAGE, "The RGB channels."),
+            Output("MASK", MASK, "1 - alpha (zeros without alpha)."),
+        ),
     )
 
     def run(self, ctx: NodeContext, *, image: torch.Tensor) -> tuple:
@@ -199,7 +244,10 @@ class JoinImageWithAlpha(Node):
         display_name="Join Image with Alpha",
         category="mask/compositing",
         description="Make RGBA images from RGB and a mask (alpha = 1 - mask, mask resized to the image).",
-        inputs=(Input("image", IMAGE, "The RGB images."), Input("alpha", MASK, "The mask (1 = transparent).")),
+        inputs=(
+            Input("image", IMAGE, "The RGB images."),
+            Input("alpha", MASK, "The mask (1 = transparent)."),
+        ),
         outputs=(Output("IMAGE", IMAGE, "RGBA images."),),
     )
 
@@ -212,5 +260,9 @@ class JoinImageWithAlpha(Node):
         return (torch.cat([image[:n, ..., :3], opacity[:n, ..., None]], dim=-1),)
 
 
-COMPOSE_NODES: list[type[Node]] = [ImageCompositeMasked, PorterDuffImageComposite, SplitImageWithAlpha,
-                                   JoinImageWithAlpha]
+COMPOSE_NODES: list[type[Node]] = [
+    ImageCompositeMasked,
+    PorterDuffImageComposite,
+    SplitImageWithAlpha,
+    JoinImageWithAlpha,
+]

@@ -63,10 +63,20 @@ class LoadImageMask(Node):
         category="mask",
         description="Load one channel of an image from the input folder as a mask (alpha: 1 = transparent).",
         inputs=(
-            Input("image", COMBO, "An image file in the input folder (or upload one).",
-                  options=DynamicOptions("input_images"), image_upload=True),
-            Input("channel", COMBO, "Which channel becomes the mask.", options=("alpha", "red", "green", "blue"),
-                  default="alpha"),
+            Input(
+                "image",
+                COMBO,
+                "An image file in the input folder (or upload one).",
+                options=DynamicOptions("input_images"),
+                image_upload=True,
+            ),
+            Input(
+                "channel",
+                COMBO,
+                "Which channel becomes the mask.",
+                options=("alpha", "red", "green", "blue"),
+                default="alpha",
+            ),
         ),
         outputs=(Output("MASK", MASK, "The channel [1, H, W] (for alpha: 1 - alpha; zeros without alpha)."),),
     )
@@ -90,11 +100,21 @@ class LoadImageOutput(Node):
         description="Load an image from the output folder. When the refresh button is clicked, the node will "
         "update the image list and automatically select the first image, allowing for easy iteration.",
         inputs=(
-            Input("image", COMBO, "An image in the output folder (newest first).",
-                  options=DynamicOptions("output_images"), image_upload=True,
-                  extra={"image_folder": "output", "remote": {"route": "/internal/files/output",
-                                                              "refresh_button": True,
-                                                              "control_after_refresh": "first"}}),
+            Input(
+                "image",
+                COMBO,
+                "An image in the output folder (newest first).",
+                options=DynamicOptions("output_images"),
+                image_upload=True,
+                extra={
+                    "image_folder": "output",
+                    "remote": {
+                        "route": "/internal/files/output",
+                        "refresh_button": True,
+                        "control_after_refresh": "first",
+                    },
+                },
+            ),
         ),
         outputs=(
             Output("IMAGE", IMAGE, "The image [1, H, W, 3] in 0..1."),
@@ -158,14 +178,31 @@ class SaveAnimatedWEBP(Node):
             *_SAVE_INPUTS,
             Input("lossless", BOOLEAN, "Lossless compression.", default=True),
             Input("quality", INT, "Quality (lossy) or effort (lossless), 0-100.", default=80, min=0, max=100),
-            Input("method", COMBO, "Encoder speed/size trade-off.", options=tuple(WEBP_METHODS), default="default"),
+            Input(
+                "method",
+                COMBO,
+                "Encoder speed/size trade-off.",
+                options=tuple(WEBP_METHODS),
+                default="default",
+            ),
         ),
         hidden=(HIDDEN_PROMPT, HIDDEN_EXTRA_PNGINFO),
         output_node=True,
     )
 
-    def run(self, ctx: NodeContext, *, images: torch.Tensor, filename_prefix: str, fps: float, lossless: bool,
-            quality: int, method: str, prompt: Any = None, extra_pnginfo: Any = None) -> NodeOutput:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        images: torch.Tensor,
+        filename_prefix: str,
+        fps: float,
+        lossless: bool,
+        quality: int,
+        method: str,
+        prompt: Any = None,
+        extra_pnginfo: Any = None,
+    ) -> NodeOutput:
         metadata = _metadata(ctx, prompt, extra_pnginfo)
         images = guarded(ctx, images, metadata)
         frames = _frames(images)
@@ -178,8 +215,17 @@ class SaveAnimatedWEBP(Node):
                 exif[tag] = f"{key}:{json.dumps(value)}"
                 tag -= 1
         buffer = io.BytesIO()
-        frames[0].save(buffer, format="WEBP", save_all=True, append_images=frames[1:], duration=int(1000.0 / fps),
-                       exif=exif, lossless=lossless, quality=quality, method=WEBP_METHODS[method])
+        frames[0].save(
+            buffer,
+            format="WEBP",
+            save_all=True,
+            append_images=frames[1:],
+            duration=int(1000.0 / fps),
+            exif=exif,
+            lossless=lossless,
+            quality=quality,
+            method=WEBP_METHODS[method],
+        )
         return _write(ctx, filename_prefix, "webp", buffer.getvalue(), len(frames))
 
 
@@ -194,8 +240,17 @@ class SaveAnimatedPNG(Node):
         output_node=True,
     )
 
-    def run(self, ctx: NodeContext, *, images: torch.Tensor, filename_prefix: str, fps: float,
-            compress_level: int, prompt: Any = None, extra_pnginfo: Any = None) -> NodeOutput:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        images: torch.Tensor,
+        filename_prefix: str,
+        fps: float,
+        compress_level: int,
+        prompt: Any = None,
+        extra_pnginfo: Any = None,
+    ) -> NodeOutput:
         from PIL.PngImagePlugin import PngInfo
 
         metadata = _metadata(ctx, prompt, extra_pnginfo)
@@ -205,11 +260,22 @@ class SaveAnimatedPNG(Node):
             if key == SAFETY_CHUNK:  # the guard's mark: a text chunk, as SaveImage writes it
                 info.add_text(key, json.dumps(value))
             else:
-                info.add(b"comf", key.encode("latin-1") + b"\0" + json.dumps(value).encode("latin-1"), after_idat=True)
+                info.add(
+                    b"comf",
+                    key.encode("latin-1") + b"\0" + json.dumps(value).encode("latin-1"),
+                    after_idat=True,
+                )
         frames = _frames(images)
         buffer = io.BytesIO()
-        frames[0].save(buffer, format="PNG", save_all=True, append_images=frames[1:], duration=int(1000.0 / fps),
-                       pnginfo=info, compress_level=compress_level)
+        frames[0].save(
+            buffer,
+            format="PNG",
+            save_all=True,
+            append_images=frames[1:],
+            duration=int(1000.0 / fps),
+            pnginfo=info,
+            compress_level=compress_level,
+        )
         return _write(ctx, filename_prefix, "png", buffer.getvalue(), len(frames))
 
 

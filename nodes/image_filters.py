@@ -78,15 +78,29 @@ class ImageBlend(Node):
         inputs=(
             Input("image1", IMAGE, "The base images."),
             Input("image2", IMAGE, "The images laid over them."),
-            Input("blend_factor", FLOAT, "0 keeps image1, 1 gives the blend.", default=0.5, min=0.0, max=1.0,
-                  step=0.01),
+            Input(
+                "blend_factor",
+                FLOAT,
+                "0 keeps image1, 1 gives the blend.",
+                default=0.5,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
             Input("blend_mode", COMBO, "How the layers combine.", options=BLEND_MODES, default="normal"),
         ),
         outputs=(_image_out("The blended images, clamped to 0..1."),),
     )
 
-    def run(self, ctx: NodeContext, *, image1: torch.Tensor, image2: torch.Tensor, blend_factor: float,
-            blend_mode: str) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        image1: torch.Tensor,
+        image2: torch.Tensor,
+        blend_factor: float,
+        blend_mode: str,
+    ) -> tuple:
         image2 = match_alpha(image1, image2)
         if image1.shape[1:3] != image2.shape[1:3]:
             image2 = resize_image(image2, image1.shape[2], image1.shape[1], "bicubic", "center")
@@ -127,7 +141,9 @@ class ImageBlur(Node):
         inputs=(
             Input("image", IMAGE, "The images."),
             Input("blur_radius", INT, "Kernel radius in pixels.", default=1, min=1, max=31, step=1),
-            Input("sigma", FLOAT, "Spread, relative to the radius.", default=1.0, min=0.1, max=10.0, step=0.1),
+            Input(
+                "sigma", FLOAT, "Spread, relative to the radius.", default=1.0, min=0.1, max=10.0, step=0.1
+            ),
         ),
         outputs=(_image_out("The blurred images."),),
     )
@@ -148,14 +164,17 @@ class ImageSharpen(Node):
         inputs=(
             Input("image", IMAGE, "The images."),
             Input("sharpen_radius", INT, "Kernel radius in pixels.", default=1, min=1, max=31, step=1),
-            Input("sigma", FLOAT, "Spread, relative to the radius.", default=1.0, min=0.1, max=10.0, step=0.01),
+            Input(
+                "sigma", FLOAT, "Spread, relative to the radius.", default=1.0, min=0.1, max=10.0, step=0.01
+            ),
             Input("alpha", FLOAT, "Strength.", default=1.0, min=0.0, max=5.0, step=0.01),
         ),
         outputs=(_image_out("The sharpened images, clamped to 0..1."),),
     )
 
-    def run(self, ctx: NodeContext, *, image: torch.Tensor, sharpen_radius: int, sigma: float,
-            alpha: float) -> tuple:
+    def run(
+        self, ctx: NodeContext, *, image: torch.Tensor, sharpen_radius: int, sigma: float, alpha: float
+    ) -> tuple:
         if sharpen_radius == 0:
             return (image,)
         size = sharpen_radius * 2 + 1
@@ -212,7 +231,9 @@ class ImageQuantize(Node):
     def run(self, ctx: NodeContext, *, image: torch.Tensor, colors: int, dither: str) -> tuple:
         result = image.clone()
         for b in range(image.shape[0]):
-            rgb = (image[b, ..., :3].clamp(0, 1) * 255).to(torch.uint8).cpu().numpy()  # truncating, as ComfyUI
+            rgb = (
+                (image[b, ..., :3].clamp(0, 1) * 255).to(torch.uint8).cpu().numpy()
+            )  # truncating, as ComfyUI
             result[b, ..., :3] = torch.from_numpy(_quantize_one(rgb, colors, dither))
         return (result,)
 
@@ -240,7 +261,9 @@ def morphology(x: torch.Tensor, operation: str, size: int) -> torch.Tensor:
         "bottom_hat": lambda: _erode(_dilate(x, size), size) - x,
     }
     if operation not in ops:
-        raise ImageError(f"unknown operation {operation!r}; expected one of {', '.join(MORPHOLOGY_OPERATIONS)}")
+        raise ImageError(
+            f"unknown operation {operation!r}; expected one of {', '.join(MORPHOLOGY_OPERATIONS)}"
+        )
     return ops[operation]()
 
 
@@ -252,9 +275,22 @@ class Morphology(Node):
         description="Erode, dilate, open, close, gradient or top/bottom hat with a square kernel.",
         inputs=(
             Input("image", IMAGE, "The images."),
-            Input("operation", COMBO, "The morphological operation.", options=MORPHOLOGY_OPERATIONS,
-                  default="erode"),
-            Input("kernel_size", INT, "Side of the square structuring element.", default=3, min=3, max=999, step=1),
+            Input(
+                "operation",
+                COMBO,
+                "The morphological operation.",
+                options=MORPHOLOGY_OPERATIONS,
+                default="erode",
+            ),
+            Input(
+                "kernel_size",
+                INT,
+                "Side of the square structuring element.",
+                default=3,
+                min=3,
+                max=999,
+                step=1,
+            ),
         ),
         outputs=(_image_out("The processed images."),),
     )
@@ -321,5 +357,11 @@ class ImageYUVToRGB(Node):
 
 
 IMAGE_FILTER_NODES: list[type[Node]] = [
-    ImageBlend, ImageBlur, ImageSharpen, ImageQuantize, Morphology, ImageRGBToYUV, ImageYUVToRGB,
+    ImageBlend,
+    ImageBlur,
+    ImageSharpen,
+    ImageQuantize,
+    Morphology,
+    ImageRGBToYUV,
+    ImageYUVToRGB,
 ]

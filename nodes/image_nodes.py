@@ -17,8 +17,14 @@ def everyday_image_nodes() -> list[type[Node]]:
     from nodes.image_resize import IMAGE_RESIZE_NODES
     from nodes.mask import MASK_NODES
 
-    return [*IMAGE_OPS_NODES, *IMAGE_FILTER_NODES, *COMPOSE_NODES, *IMAGE_RESIZE_NODES, *IMAGE_FILE_NODES,
-            *MASK_NODES]
+    return [
+        *IMAGE_OPS_NODES,
+        *IMAGE_FILTER_NODES,
+        *COMPOSE_NODES,
+        *IMAGE_RESIZE_NODES,
+        *IMAGE_FILE_NODES,
+        *MASK_NODES,
+    ]
 
 
 def register_everyday_image(registry: NodeRegistry, output_dir: Path | None = None) -> None:

@@ -55,8 +55,12 @@ class ImageCrop(Node):
             Input("image", IMAGE, "The images."),
             Input("width", INT, "Width of the region.", default=512, min=1, max=MAX_RESOLUTION, step=1),
             Input("height", INT, "Height of the region.", default=512, min=1, max=MAX_RESOLUTION, step=1),
-            Input("x", INT, "Left edge (clamped into the image).", default=0, min=0, max=MAX_RESOLUTION, step=1),
-            Input("y", INT, "Top edge (clamped into the image).", default=0, min=0, max=MAX_RESOLUTION, step=1),
+            Input(
+                "x", INT, "Left edge (clamped into the image).", default=0, min=0, max=MAX_RESOLUTION, step=1
+            ),
+            Input(
+                "y", INT, "Top edge (clamped into the image).", default=0, min=0, max=MAX_RESOLUTION, step=1
+            ),
         ),
         outputs=(_image_out("The cropped images."),),
     )
@@ -79,14 +83,30 @@ class ImagePadForOutpaint(Node):
             Input("top", INT, "Pixels added on top.", default=0, min=0, max=MAX_RESOLUTION, step=8),
             Input("right", INT, "Pixels added on the right.", default=0, min=0, max=MAX_RESOLUTION, step=8),
             Input("bottom", INT, "Pixels added at the bottom.", default=0, min=0, max=MAX_RESOLUTION, step=8),
-            Input("feathering", INT, "Width of the soft edge inside the old image.", default=40, min=0,
-                  max=MAX_RESOLUTION, step=1),
+            Input(
+                "feathering",
+                INT,
+                "Width of the soft edge inside the old image.",
+                default=40,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
         ),
         outputs=(_image_out("The padded images."), Output("MASK", MASK, "1 on the new area, [1, H, W].")),
     )
 
-    def run(self, ctx: NodeContext, *, image: torch.Tensor, left: int, top: int, right: int, bottom: int,
-            feathering: int) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        image: torch.Tensor,
+        left: int,
+        top: int,
+        right: int,
+        bottom: int,
+        feathering: int,
+    ) -> tuple:
         b, h, w, c = image.shape
         padded = torch.full((b, h + top + bottom, w + left + right, c), 0.5, dtype=torch.float32)
         padded[:, top : top + h, left : left + w, :] = image
@@ -130,14 +150,19 @@ class BatchImagesNode(Node):
         category="image",
         description="Join 2 to 50 image batches into one (later ones resized to the first's size).",
         inputs=tuple(
-            Input(f"images.image{i}", IMAGE, f"Images #{i + 1}.", optional=i >= 2) for i in range(AUTOGROW_MAX)
+            Input(f"images.image{i}", IMAGE, f"Images #{i + 1}.", optional=i >= 2)
+            for i in range(AUTOGROW_MAX)
         ),
         outputs=(_image_out("All images in one batch."),),
     )
 
     def run(self, ctx: NodeContext, **images: torch.Tensor) -> tuple:
         # connected slots in slot order; unconnected optional slots do not arrive at all
-        return (batch_images([images[f"images.image{i}"] for i in range(AUTOGROW_MAX) if f"images.image{i}" in images]),)
+        return (
+            batch_images(
+                [images[f"images.image{i}"] for i in range(AUTOGROW_MAX) if f"images.image{i}" in images]
+            ),
+        )
 
 
 class ImageFromBatch(Node):
@@ -213,8 +238,13 @@ class ImageFlip(Node):
         description="Mirror images upside down (x-axis) or left-right (y-axis).",
         inputs=(
             Input("image", IMAGE, "The images."),
-            Input("flip_method", COMBO, "The mirror axis.", options=("x-axis: vertically", "y-axis: horizontally"),
-                  default="x-axis: vertically"),
+            Input(
+                "flip_method",
+                COMBO,
+                "The mirror axis.",
+                options=("x-axis: vertically", "y-axis: horizontally"),
+                default="x-axis: vertically",
+            ),
         ),
         outputs=(_image_out("The flipped images."),),
     )
@@ -231,8 +261,13 @@ class ImageRotate(Node):
         description="Rotate images clockwise by quarter turns.",
         inputs=(
             Input("image", IMAGE, "The images."),
-            Input("rotation", COMBO, "Clockwise angle.", options=("none", "90 degrees", "180 degrees", "270 degrees"),
-                  default="none"),
+            Input(
+                "rotation",
+                COMBO,
+                "Clockwise angle.",
+                options=("none", "90 degrees", "180 degrees", "270 degrees"),
+                default="none",
+            ),
         ),
         outputs=(_image_out("The rotated images."),),
     )
@@ -269,8 +304,15 @@ class ImageAddNoise(Node):
         description="Add seeded Gaussian noise (CPU generator, as ComfyUI) and clamp to 0..1.",
         inputs=(
             Input("image", IMAGE, "The images."),
-            Input("seed", INT, "The random seed used for creating the noise.", default=0, min=0,
-                  max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
+            Input(
+                "seed",
+                INT,
+                "The random seed used for creating the noise.",
+                default=0,
+                min=0,
+                max=0xFFFFFFFFFFFFFFFF,
+                control_after_generate=True,
+            ),
             Input("strength", FLOAT, "Noise standard deviation.", default=0.5, min=0.0, max=1.0, step=0.01),
         ),
         outputs=(_image_out("The noisy images."),),
@@ -283,8 +325,11 @@ class ImageAddNoise(Node):
 
 
 _SPACING_COLORS: dict[str, tuple[float, ...]] = {
-    "white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0),
-    "red": (1.0, 0.0, 0.0), "green": (0.0, 1.0, 0.0), "blue": (0.0, 0.0, 1.0),
+    "white": (1.0, 1.0, 1.0),
+    "black": (0.0, 0.0, 0.0),
+    "red": (1.0, 0.0, 0.0),
+    "green": (0.0, 1.0, 0.0),
+    "blue": (0.0, 0.0, 1.0),
 }
 
 
@@ -313,18 +358,47 @@ class ImageStitch(Node):
         "returns image1 unchanged.\nOptional spacing can be added between images.",
         inputs=(
             Input("image1", IMAGE, "The base images."),
-            Input("direction", COMBO, "Where image2 goes.", options=("right", "down", "left", "up"), default="right"),
-            Input("match_image_size", BOOLEAN, "Resize image2 (lanczos, keeping its aspect) to image1's side.",
-                  default=True),
-            Input("spacing_width", INT, "Gap between the images (made even).", default=0, min=0, max=1024, step=2),
-            Input("spacing_color", COMBO, "Colour of the gap.", options=tuple(_SPACING_COLORS), default="white"),
+            Input(
+                "direction",
+                COMBO,
+                "Where image2 goes.",
+                options=("right", "down", "left", "up"),
+                default="right",
+            ),
+            Input(
+                "match_image_size",
+                BOOLEAN,
+                "Resize image2 (lanczos, keeping its aspect) to image1's side.",
+                default=True,
+            ),
+            Input(
+                "spacing_width",
+                INT,
+                "Gap between the images (made even).",
+                default=0,
+                min=0,
+                max=1024,
+                step=2,
+            ),
+            Input(
+                "spacing_color", COMBO, "Colour of the gap.", options=tuple(_SPACING_COLORS), default="white"
+            ),
             Input("image2", IMAGE, "The images to attach.", optional=True),
         ),
         outputs=(_image_out("The stitched images."),),
     )
 
-    def run(self, ctx: NodeContext, *, image1: torch.Tensor, direction: str, match_image_size: bool,
-            spacing_width: int, spacing_color: str, image2: torch.Tensor | None = None) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        image1: torch.Tensor,
+        direction: str,
+        match_image_size: bool,
+        spacing_width: int,
+        spacing_color: str,
+        image2: torch.Tensor | None = None,
+    ) -> tuple:
         if image2 is None:
             return (image1,)
         batch = max(image1.shape[0], image2.shape[0])
@@ -339,13 +413,20 @@ class ImageStitch(Node):
             pad_value = 1.0 if spacing_color == "white" else 0.0
             dim = 1 if sideways else 2
             side = max(image1.shape[dim], image2.shape[dim])
-            image1, image2 = _pad_centered(image1, dim, side, pad_value), _pad_centered(image2, dim, side, pad_value)
+            image1, image2 = (
+                _pad_centered(image1, dim, side, pad_value),
+                _pad_centered(image2, dim, side, pad_value),
+            )
         channels = max(image1.shape[-1], image2.shape[-1])
         image1, image2 = match_channels(image1, channels), match_channels(image2, channels)
         parts = [image2, image1] if direction in ("left", "up") else [image1, image2]
         if spacing_width > 0:
             gap = spacing_width + spacing_width % 2
-            shape = (batch, image1.shape[1], gap, channels) if sideways else (batch, gap, image1.shape[2], channels)
+            shape = (
+                (batch, image1.shape[1], gap, channels)
+                if sideways
+                else (batch, gap, image1.shape[2], channels)
+            )
             spacing = torch.zeros(shape, dtype=image1.dtype, device=image1.device)
             color = _SPACING_COLORS[spacing_color]
             spacing[..., : min(3, channels)] = torch.tensor(color[: min(3, channels)]).to(image1)
@@ -362,6 +443,16 @@ class ImageStitch(Node):
 
 
 IMAGE_OPS_NODES: list[type[Node]] = [
-    ImageCrop, ImagePadForOutpaint, ImageBatch, BatchImagesNode, ImageFromBatch, RepeatImageBatch, RebatchImages,
-    ImageFlip, ImageRotate, GetImageSize, ImageAddNoise, ImageStitch,
+    ImageCrop,
+    ImagePadForOutpaint,
+    ImageBatch,
+    BatchImagesNode,
+    ImageFromBatch,
+    RepeatImageBatch,
+    RebatchImages,
+    ImageFlip,
+    ImageRotate,
+    GetImageSize,
+    ImageAddNoise,
+    ImageStitch,
 ]

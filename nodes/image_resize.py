@@ -24,8 +24,15 @@ from nodes.resize import CROP_METHODS, resize, size_keeping_aspect, total_pixels
 
 IMAGE_OR_MASK = f"{IMAGE},{MASK}"
 RESIZE_TYPES = (
-    "scale dimensions", "scale by multiplier", "scale longer dimension", "scale shorter dimension", "scale width",
-    "scale height", "scale total pixels", "match size", "scale to multiple",
+    "scale dimensions",
+    "scale by multiplier",
+    "scale longer dimension",
+    "scale shorter dimension",
+    "scale width",
+    "scale height",
+    "scale total pixels",
+    "match size",
+    "scale to multiple",
 )
 
 
@@ -73,15 +80,31 @@ class ImageScaleToTotalPixels(Node):
         inputs=(
             Input("image", IMAGE, "The images."),
             Input("upscale_method", COMBO, "Interpolation.", options=SCALE_METHODS, default="nearest-exact"),
-            Input("megapixels", FLOAT, "Target size in units of 1024x1024.", default=1.0, min=0.01, max=16.0,
-                  step=0.01),
-            Input("resolution_steps", INT, "Round each side to a multiple of this.", default=1, min=1, max=256),
+            Input(
+                "megapixels",
+                FLOAT,
+                "Target size in units of 1024x1024.",
+                default=1.0,
+                min=0.01,
+                max=16.0,
+                step=0.01,
+            ),
+            Input(
+                "resolution_steps", INT, "Round each side to a multiple of this.", default=1, min=1, max=256
+            ),
         ),
         outputs=(Output("IMAGE", IMAGE, "Resized images."),),
     )
 
-    def run(self, ctx: NodeContext, *, image: torch.Tensor, upscale_method: str, megapixels: float,
-            resolution_steps: int = 1) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        image: torch.Tensor,
+        upscale_method: str,
+        megapixels: float,
+        resolution_steps: int = 1,
+    ) -> tuple:
         width, height = total_pixels_size(image.shape[2], image.shape[1], megapixels, resolution_steps)
         return (resize_any(image, width, height, upscale_method),)
 
@@ -95,9 +118,22 @@ class ImageScaleToMaxDimension(Node):
         inputs=(
             Input("image", IMAGE, "The images."),
             # ComfyUI lists "bilinear" twice here; kept so saved workflows and the editor agree
-            Input("upscale_method", COMBO, "Interpolation.",
-                  options=("area", "lanczos", "bilinear", "nearest-exact", "bilinear", "bicubic"), default="area"),
-            Input("largest_size", INT, "Length of the longer side.", default=512, min=0, max=MAX_RESOLUTION, step=1),
+            Input(
+                "upscale_method",
+                COMBO,
+                "Interpolation.",
+                options=("area", "lanczos", "bilinear", "nearest-exact", "bilinear", "bicubic"),
+                default="area",
+            ),
+            Input(
+                "largest_size",
+                INT,
+                "Length of the longer side.",
+                default=512,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
         ),
         outputs=(Output("IMAGE", IMAGE, "Resized images."),),
     )
@@ -117,21 +153,40 @@ class ResizeAndPadImage(Node):
             Input("image", IMAGE, "The images."),
             Input("target_width", INT, "Output width.", default=512, min=1, max=MAX_RESOLUTION, step=1),
             Input("target_height", INT, "Output height.", default=512, min=1, max=MAX_RESOLUTION, step=1),
-            Input("padding_color", COMBO, "Colour of the padding.", options=("white", "black"), default="white"),
-            Input("interpolation", COMBO, "Interpolation.",
-                  options=("area", "bicubic", "nearest-exact", "bilinear", "lanczos"), default="area"),
+            Input(
+                "padding_color", COMBO, "Colour of the padding.", options=("white", "black"), default="white"
+            ),
+            Input(
+                "interpolation",
+                COMBO,
+                "Interpolation.",
+                options=("area", "bicubic", "nearest-exact", "bilinear", "lanczos"),
+                default="area",
+            ),
         ),
         outputs=(Output("IMAGE", IMAGE, "The fitted, padded images."),),
     )
 
-    def run(self, ctx: NodeContext, *, image: torch.Tensor, target_width: int, target_height: int,
-            padding_color: str, interpolation: str) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        image: torch.Tensor,
+        target_width: int,
+        target_height: int,
+        padding_color: str,
+        interpolation: str,
+    ) -> tuple:
         b, h, w, c = image.shape
         scale = min(target_width / w, target_height / h)
         new_w, new_h = int(w * scale), int(h * scale)
         resized = resize_any(image, new_w, new_h, interpolation)
-        out = torch.full((b, target_height, target_width, c), 0.0 if padding_color == "black" else 1.0,
-                         dtype=image.dtype, device=image.device)
+        out = torch.full(
+            (b, target_height, target_width, c),
+            0.0 if padding_color == "black" else 1.0,
+            dtype=image.dtype,
+            device=image.device,
+        )
         y0, x0 = (target_height - new_h) // 2, (target_width - new_w) // 2
         out[:, y0 : y0 + new_h, x0 : x0 + new_w, :] = resized
         return (out,)
@@ -165,31 +220,98 @@ class ResizeImageMaskNode(Node):
         description="Resize an image or mask using various scaling methods.",
         inputs=(
             Input("input", IMAGE_OR_MASK, "The image or mask to resize."),
-            Input("resize_type", COMBO, "Select how to resize: by exact dimensions, scale factor, matching another "
-                  "image, etc.", options=RESIZE_TYPES, default="scale dimensions"),
-            _sub("width", INT, "Target width (0: from the height, keeping the aspect).", default=512, min=0,
-                 max=MAX_RESOLUTION, step=1),
-            _sub("height", INT, "Target height (0: from the width, keeping the aspect).", default=512, min=0,
-                 max=MAX_RESOLUTION, step=1),
-            _sub("crop", COMBO, "How to handle aspect ratio mismatch: 'disabled' stretches to fit, 'center' crops "
-                 "to maintain aspect ratio.", options=CROP_METHODS, default="center"),
+            Input(
+                "resize_type",
+                COMBO,
+                "Select how to resize: by exact dimensions, scale factor, matching another image, etc.",
+                options=RESIZE_TYPES,
+                default="scale dimensions",
+            ),
+            _sub(
+                "width",
+                INT,
+                "Target width (0: from the height, keeping the aspect).",
+                default=512,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+            _sub(
+                "height",
+                INT,
+                "Target height (0: from the width, keeping the aspect).",
+                default=512,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+            _sub(
+                "crop",
+                COMBO,
+                "How to handle aspect ratio mismatch: 'disabled' stretches to fit, 'center' crops "
+                "to maintain aspect ratio.",
+                options=CROP_METHODS,
+                default="center",
+            ),
             _sub("multiplier", FLOAT, "Scale factor.", default=1.0, min=0.01, max=8.0, step=0.01),
-            _sub("longer_size", INT, "The longer edge becomes this.", default=512, min=0, max=MAX_RESOLUTION, step=1),
-            _sub("shorter_size", INT, "The shorter edge becomes this.", default=512, min=0, max=MAX_RESOLUTION,
-                 step=1),
-            _sub("megapixels", FLOAT, "Target megapixels (1.0 = 1024x1024).", default=1.0, min=0.01, max=16.0,
-                 step=0.01),
+            _sub(
+                "longer_size",
+                INT,
+                "The longer edge becomes this.",
+                default=512,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+            _sub(
+                "shorter_size",
+                INT,
+                "The shorter edge becomes this.",
+                default=512,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+            _sub(
+                "megapixels",
+                FLOAT,
+                "Target megapixels (1.0 = 1024x1024).",
+                default=1.0,
+                min=0.01,
+                max=16.0,
+                step=0.01,
+            ),
             _sub("match", IMAGE_OR_MASK, "Resize to the size of this image or mask."),
-            _sub("multiple", INT, "Make both sides divisible by this (scale up to cover, centre crop).", default=8,
-                 min=1, max=MAX_RESOLUTION, step=1),
-            Input("scale_method", COMBO, "Interpolation algorithm. 'area' is best for downscaling, 'lanczos' for "
-                  "upscaling, 'nearest-exact' for pixel art.", options=SCALE_METHODS, default="area"),
+            _sub(
+                "multiple",
+                INT,
+                "Make both sides divisible by this (scale up to cover, centre crop).",
+                default=8,
+                min=1,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+            Input(
+                "scale_method",
+                COMBO,
+                "Interpolation algorithm. 'area' is best for downscaling, 'lanczos' for "
+                "upscaling, 'nearest-exact' for pixel art.",
+                options=SCALE_METHODS,
+                default="area",
+            ),
         ),
         outputs=(Output("resized", IMAGE_OR_MASK, "The resized image or mask (same type as the input)."),),
     )
 
-    def run(self, ctx: NodeContext, *, input: torch.Tensor, resize_type: str, scale_method: str,  # noqa: A002
-            **option: Any) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        input: torch.Tensor,
+        resize_type: str,
+        scale_method: str,  # noqa: A002
+        **option: Any,
+    ) -> tuple:
         def get(name: str) -> Any:
             return option.get(f"resize_type.{name}")
 
@@ -215,7 +337,9 @@ class ResizeImageMaskNode(Node):
         if resize_type == "match size":
             match = get("match")
             if not isinstance(match, torch.Tensor):
-                raise ImageError("resize_type 'match size' needs an image or mask connected to resize_type.match")
+                raise ImageError(
+                    "resize_type 'match size' needs an image or mask connected to resize_type.match"
+                )
             return (resize_any(input, match.shape[2], match.shape[1], scale_method, str(get("crop"))),)
         if resize_type == "scale to multiple":
             return (scale_to_multiple(input, int(get("multiple")), scale_method),)
@@ -223,5 +347,8 @@ class ResizeImageMaskNode(Node):
 
 
 IMAGE_RESIZE_NODES: list[type[Node]] = [
-    ImageScaleToTotalPixels, ImageScaleToMaxDimension, ResizeAndPadImage, ResizeImageMaskNode,
+    ImageScaleToTotalPixels,
+    ImageScaleToMaxDimension,
+    ResizeAndPadImage,
+    ResizeImageMaskNode,
 ]

@@ -23,10 +23,11 @@ from nodes.latent import crop_to_8, encode
 
 class InstructPixToPixConditioning(Node):
     SCHEMA = NodeSchema(
-        node_id="InstructPixToPixConditioning", display_name="InstructPixToPixConditioning",
+        node_id="InstructPixToPixConditioning",
+        display_name="InstructPixToPixConditioning",
         category="conditioning/instructpix2pix",
         description="Gives an InstructPix2Pix model the image to edit: encoded with the VAE and added to both "
-                    "conditionings; the prompt says what to change.",
+        "conditionings; the prompt says what to change.",
         inputs=(
             Input("positive", CONDITIONING, "The edit instruction's conditioning."),
             Input("negative", CONDITIONING, "The negative conditioning."),
@@ -40,16 +41,28 @@ class InstructPixToPixConditioning(Node):
         ),
     )
 
-    def run(self, ctx: NodeContext, *, positive: Conditioning, negative: Conditioning, vae: Any,
-            pixels: torch.Tensor) -> tuple[Conditioning, Conditioning, dict]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        positive: Conditioning,
+        negative: Conditioning,
+        vae: Any,
+        pixels: torch.Tensor,
+    ) -> tuple[Conditioning, Conditioning, dict]:
         if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4:
-            raise TypeError("input 'pixels' must be an IMAGE ([batch, height, width, channels]); connect LoadImage "
-                            "or VAEDecode")
+            raise TypeError(
+                "input 'pixels' must be an IMAGE ([batch, height, width, channels]); connect LoadImage "
+                "or VAEDecode"
+            )
         with ctx.models.use(vae) as module:
             concat = encode(module, crop_to_8(pixels))
         values = {"concat_latent_image": concat, "ip2p": True}
-        return (with_extras(positive, **values), with_extras(negative, **values),
-                {"samples": torch.zeros_like(concat)})
+        return (
+            with_extras(positive, **values),
+            with_extras(negative, **values),
+            {"samples": torch.zeros_like(concat)},
+        )
 
 
 IP2P_NODES = (InstructPixToPixConditioning,)

@@ -53,7 +53,12 @@ def read_adapter_tensors(path: Path, *, allow_pickle: bool) -> dict[str, torch.T
         if not allow_pickle:
             raise pickle_refusal(path)
         raw = torch.load(path, map_location="cpu", weights_only=True)
-        return {f"{section}.{k}": v for section, part in raw.items() if isinstance(part, dict) for k, v in part.items()}
+        return {
+            f"{section}.{k}": v
+            for section, part in raw.items()
+            if isinstance(part, dict)
+            for k, v in part.items()
+        }
     from safetensors.torch import load_file
 
     return load_file(str(path))
@@ -78,11 +83,13 @@ class IPAdapterFile:
     @classmethod
     def from_file(cls, path: Path, *, allow_pickle: bool = False) -> IPAdapterFile:
         sd = read_adapter_tensors(path, allow_pickle=allow_pickle)
-        proj = {k[len("image_proj."):]: v for k, v in sd.items() if k.startswith("image_proj.")}
+        proj = {k[len("image_proj.") :]: v for k, v in sd.items() if k.startswith("image_proj.")}
         attn = [k for k in sd if re.fullmatch(r"ip_adapter\.\d+\.to_k_ip\.weight", k)]
         if not proj or not attn:
-            raise ModelLoadError(f"{path}: not an IP-Adapter file: expected 'image_proj.*' and "
-                                 f"'ip_adapter.N.to_k_ip.weight' tensors, found e.g. {list(sd)[:3]}")
+            raise ModelLoadError(
+                f"{path}: not an IP-Adapter file: expected 'image_proj.*' and "
+                f"'ip_adapter.N.to_k_ip.weight' tensors, found e.g. {list(sd)[:3]}"
+            )
         if "latents" in proj:
             kind, clip_dim = "plus", proj["proj_in.weight"].shape[1]
         elif "proj.3.weight" in proj:
@@ -90,14 +97,16 @@ class IPAdapterFile:
         elif "proj.weight" in proj and "norm.weight" in proj:
             kind, clip_dim = "plain", proj["proj.weight"].shape[1]
         else:
-            raise ModelLoadError(f"{path}: unsupported IP-Adapter variant (FaceID adapters need InsightFace, "
-                                 f"which Loom does not ship); image_proj keys: {sorted(proj)[:5]}")
+            raise ModelLoadError(
+                f"{path}: unsupported IP-Adapter variant (FaceID adapters need InsightFace, "
+                f"which Loom does not ship); image_proj keys: {sorted(proj)[:5]}"
+            )
         cross = int(sd[attn[0]].shape[1])
         return cls(Path(path), fingerprint(path), kind, cross, int(clip_dim), len(attn), allow_pickle)
 
     def tensors(self, section: str) -> dict[str, torch.Tensor]:
         sd = read_adapter_tensors(self.path, allow_pickle=self.allow_pickle)
-        return {k[len(section) + 1:]: v for k, v in sd.items() if k.startswith(section + ".")}
+        return {k[len(section) + 1 :]: v for k, v in sd.items() if k.startswith(section + ".")}
 
     def check_model(self, model: Any) -> None:
         """The adapter was made for this UNet's cross-attention width (names both sides if not)."""
@@ -106,7 +115,8 @@ class IPAdapterFile:
             raise ValueError(
                 f"IP-Adapter {self.path.name!r} is for {describe_context_dim(self.cross_dim)} (cross-attention "
                 f"width {self.cross_dim}) but the MODEL is {model.family.title} (width {width}); use an IP-Adapter "
-                f"made for {model.family.title}")
+                f"made for {model.family.title}"
+            )
 
     def check_clip_vision(self, clip_vision: ClipVisionHandle) -> None:
         got = clip_vision.hidden_size if self.uses_hidden_states else clip_vision.embed_dim
@@ -115,7 +125,8 @@ class IPAdapterFile:
             raise ValueError(
                 f"IP-Adapter {self.path.name!r} takes CLIP vision {what} {self.clip_dim} "
                 f"({CLIP_NAMES.get(self.clip_dim, 'another encoder')}) but CLIP vision {clip_vision.path.name!r} "
-                f"gives {got} ({CLIP_NAMES.get(got, 'another encoder')}); load the matching image encoder")
+                f"gives {got} ({CLIP_NAMES.get(got, 'another encoder')}); load the matching image encoder"
+            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,7 +151,16 @@ class IPAdapterPatch:
 
     def apply(self, module: Any, handle: Any) -> None:
         weights = LayerWeights.from_state_dict(self.adapter.tensors("ip_adapter"))
-        install(module, weights, self.cond, self.uncond, self.weight, self.window, self.mask, self.adapter.path.name)
+        install(
+            module,
+            weights,
+            self.cond,
+            self.uncond,
+            self.weight,
+            self.window,
+            self.mask,
+            self.adapter.path.name,
+        )
 
     def sampling_hooks(self, module: Any) -> SamplingHooks:
         """Tell the installed processors each call's timestep, latent size and negative rows."""
@@ -155,8 +175,13 @@ class IPAdapterPatch:
         return SamplingHooks(model_wrappers=(wrapper,))
 
 
-def image_tokens(ctx: NodeContext, adapter: IPAdapterFile, clip_vision: ClipVisionHandle, image: Any,
-                 image_negative: Any | None) -> tuple[torch.Tensor, torch.Tensor]:
+def image_tokens(
+    ctx: NodeContext,
+    adapter: IPAdapterFile,
+    clip_vision: ClipVisionHandle,
+    image: Any,
+    image_negative: Any | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cond, uncond) image tokens, each (1, images × tokens, cross_dim); several images are concatenated."""
     size = clip_vision.image_size
     pixels = preprocess(image, size, "center")
@@ -178,19 +203,38 @@ def image_tokens(ctx: NodeContext, adapter: IPAdapterFile, clip_vision: ClipVisi
     if len(uncond) == 1 and len(cond) > 1:  # one negative for all reference images
         uncond = uncond.expand(len(cond), -1, -1)
     if len(uncond) != len(cond):
-        raise ValueError(f"image_negative has {len(uncond)} images but image has {len(cond)}; give one negative "
-                         "image or as many as reference images")
+        raise ValueError(
+            f"image_negative has {len(uncond)} images but image has {len(cond)}; give one negative "
+            "image or as many as reference images"
+        )
     return cond.reshape(1, -1, cond.shape[-1]).clone(), uncond.reshape(1, -1, uncond.shape[-1]).clone()
 
 
-def apply_adapter(ctx: NodeContext, model: Any, ipadapter: Any, image: Any, clip_vision: Any, *, weight: float,
-                  start_at: float, end_at: float, image_negative: Any = None, attn_mask: Any = None) -> Any:
+def apply_adapter(
+    ctx: NodeContext,
+    model: Any,
+    ipadapter: Any,
+    image: Any,
+    clip_vision: Any,
+    *,
+    weight: float,
+    start_at: float,
+    end_at: float,
+    image_negative: Any = None,
+    attn_mask: Any = None,
+) -> Any:
     if not isinstance(ipadapter, IPAdapterFile):
-        raise TypeError(f"input 'ipadapter' must come from IPAdapterModelLoader; got {type(ipadapter).__name__}")
+        raise TypeError(
+            f"input 'ipadapter' must come from IPAdapterModelLoader; got {type(ipadapter).__name__}"
+        )
     if not hasattr(model, "with_patch") or not hasattr(model, "part"):
-        raise TypeError(f"input 'model' must be a MODEL (from a checkpoint loader); got {type(model).__name__}")
+        raise TypeError(
+            f"input 'model' must be a MODEL (from a checkpoint loader); got {type(model).__name__}"
+        )
     if not isinstance(clip_vision, ClipVisionHandle):
-        raise TypeError(f"input 'clip_vision' must come from CLIPVisionLoader; got {type(clip_vision).__name__}")
+        raise TypeError(
+            f"input 'clip_vision' must come from CLIPVisionLoader; got {type(clip_vision).__name__}"
+        )
     check_image(image, "image")
     if image_negative is not None:
         check_image(image_negative, "image_negative")
@@ -202,7 +246,9 @@ def apply_adapter(ctx: NodeContext, model: Any, ipadapter: Any, image: Any, clip
     mask = None
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim not in (2, 3):
-            raise TypeError(f"input 'attn_mask' must be a MASK ([batch,] height, width); got {type(attn_mask).__name__}")
+            raise TypeError(
+                f"input 'attn_mask' must be a MASK ([batch,] height, width); got {type(attn_mask).__name__}"
+            )
         mask = attn_mask.float().reshape(-1, 1, *attn_mask.shape[-2:])
     patch = IPAdapterPatch(ipadapter, cond, uncond, float(weight), Window(start_at, end_at), mask)
     return model.with_patch(patch)
@@ -219,9 +265,11 @@ def find_clip_vision(ctx: NodeContext, adapter: IPAdapterFile) -> ClipVisionHand
             return handle
         except (ModelLoadError, ValueError):
             continue
-    raise ValueError(f"IPAdapter: no CLIP vision model in models/clip_vision fits {adapter.path.name!r} (needs size "
-                     f"{adapter.clip_dim}, {CLIP_NAMES.get(adapter.clip_dim, 'another encoder')}); found {names}. "
-                     "Add one, or connect a CLIPVisionLoader to the clip_vision input")
+    raise ValueError(
+        f"IPAdapter: no CLIP vision model in models/clip_vision fits {adapter.path.name!r} (needs size "
+        f"{adapter.clip_dim}, {CLIP_NAMES.get(adapter.clip_dim, 'another encoder')}); found {names}. "
+        "Add one, or connect a CLIPVisionLoader to the clip_vision input"
+    )
 
 
 # --- nodes --------------------------------------------------------------------------------------
@@ -230,24 +278,48 @@ def _common_inputs() -> tuple[Input, ...]:
         Input("model", MODEL, "The model to patch (a new patched model is returned)."),
         Input("ipadapter", IPADAPTER, "The IP-Adapter from IPAdapterModelLoader."),
         Input("image", IMAGE, "The reference image(s); several are concatenated."),
-        Input("weight", FLOAT, "Strength of the image prompt (0 = no effect).", default=1.0, min=-1.0, max=5.0,
-              step=0.05),
+        Input(
+            "weight",
+            FLOAT,
+            "Strength of the image prompt (0 = no effect).",
+            default=1.0,
+            min=-1.0,
+            max=5.0,
+            step=0.05,
+        ),
     )
 
 
 _WINDOW = (
-    Input("start_at", FLOAT, "Fraction of the schedule where the adapter starts acting.", default=0.0, min=0.0,
-          max=1.0, step=0.001),
-    Input("end_at", FLOAT, "Fraction of the schedule where it stops.", default=1.0, min=0.0, max=1.0, step=0.001),
+    Input(
+        "start_at",
+        FLOAT,
+        "Fraction of the schedule where the adapter starts acting.",
+        default=0.0,
+        min=0.0,
+        max=1.0,
+        step=0.001,
+    ),
+    Input(
+        "end_at", FLOAT, "Fraction of the schedule where it stops.", default=1.0, min=0.0, max=1.0, step=0.001
+    ),
 )
 
 
 class IPAdapterModelLoader(Node):
     SCHEMA = NodeSchema(
-        node_id="IPAdapterModelLoader", display_name="IPAdapter Model Loader", category="ipadapter",
+        node_id="IPAdapterModelLoader",
+        display_name="IPAdapter Model Loader",
+        category="ipadapter",
         description="Loads an IP-Adapter file (plain, plus, face and ViT-H variants) from models/ipadapter.",
-        inputs=(Input("ipadapter_file", COMBO, "The IP-Adapter file in models/ipadapter.",
-                      options=DynamicOptions("ipadapter")),),
+        inputs=(
+            Input(
+                "ipadapter_file",
+                COMBO,
+                "The IP-Adapter file in models/ipadapter.",
+                options=DynamicOptions("ipadapter"),
+            ),
+        ),
         outputs=(Output("IPADAPTER", IPADAPTER, "The IP-Adapter (weights are read when applied)."),),
     )
 
@@ -260,43 +332,100 @@ class IPAdapterModelLoader(Node):
 
 class IPAdapterAdvanced(Node):
     SCHEMA = NodeSchema(
-        node_id="IPAdapterAdvanced", display_name="IPAdapter Advanced", category="ipadapter",
+        node_id="IPAdapterAdvanced",
+        display_name="IPAdapter Advanced",
+        category="ipadapter",
         description="Adds an image prompt to a model through an IP-Adapter (decoupled cross-attention).",
-        inputs=(*_common_inputs(),
-                Input("weight_type", COMBO, "How the weight is spread over the layers.", options=WEIGHT_TYPES,
-                      default="linear"),
-                *_WINDOW,
-                Input("clip_vision", CLIP_VISION, "The CLIP vision model matching the adapter."),
-                Input("image_negative", IMAGE, "Optional negative image (default: no image).", optional=True),
-                Input("attn_mask", MASK, "Optional mask: where in the picture the adapter acts.", optional=True)),
+        inputs=(
+            *_common_inputs(),
+            Input(
+                "weight_type",
+                COMBO,
+                "How the weight is spread over the layers.",
+                options=WEIGHT_TYPES,
+                default="linear",
+            ),
+            *_WINDOW,
+            Input("clip_vision", CLIP_VISION, "The CLIP vision model matching the adapter."),
+            Input("image_negative", IMAGE, "Optional negative image (default: no image).", optional=True),
+            Input("attn_mask", MASK, "Optional mask: where in the picture the adapter acts.", optional=True),
+        ),
         outputs=(Output("MODEL", MODEL, "The model with the IP-Adapter applied."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, ipadapter: IPAdapterFile, image: Any, weight: float,
-            weight_type: str, start_at: float, end_at: float, clip_vision: Any, image_negative: Any = None,
-            attn_mask: Any = None) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        ipadapter: IPAdapterFile,
+        image: Any,
+        weight: float,
+        weight_type: str,
+        start_at: float,
+        end_at: float,
+        clip_vision: Any,
+        image_negative: Any = None,
+        attn_mask: Any = None,
+    ) -> tuple[Any]:
         if weight_type not in WEIGHT_TYPES:
-            raise ValueError(f"weight_type {weight_type!r} is not supported yet; choose one of {WEIGHT_TYPES}")
-        return (apply_adapter(ctx, model, ipadapter, image, clip_vision, weight=weight, start_at=start_at,
-                              end_at=end_at, image_negative=image_negative, attn_mask=attn_mask),)
+            raise ValueError(
+                f"weight_type {weight_type!r} is not supported yet; choose one of {WEIGHT_TYPES}"
+            )
+        return (
+            apply_adapter(
+                ctx,
+                model,
+                ipadapter,
+                image,
+                clip_vision,
+                weight=weight,
+                start_at=start_at,
+                end_at=end_at,
+                image_negative=image_negative,
+                attn_mask=attn_mask,
+            ),
+        )
 
 
 class IPAdapter(Node):
     SCHEMA = NodeSchema(
-        node_id="IPAdapter", display_name="IPAdapter", category="ipadapter",
+        node_id="IPAdapter",
+        display_name="IPAdapter",
+        category="ipadapter",
         description="Adds an image prompt to a model; finds a fitting CLIP vision model if none is connected.",
-        inputs=(*_common_inputs(), *_WINDOW,
-                Input("clip_vision", CLIP_VISION, "CLIP vision model (default: the first fitting file).",
-                      optional=True)),
+        inputs=(
+            *_common_inputs(),
+            *_WINDOW,
+            Input(
+                "clip_vision",
+                CLIP_VISION,
+                "CLIP vision model (default: the first fitting file).",
+                optional=True,
+            ),
+        ),
         outputs=(Output("MODEL", MODEL, "The model with the IP-Adapter applied."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, ipadapter: IPAdapterFile, image: Any, weight: float,
-            start_at: float, end_at: float, clip_vision: Any = None) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        ipadapter: IPAdapterFile,
+        image: Any,
+        weight: float,
+        start_at: float,
+        end_at: float,
+        clip_vision: Any = None,
+    ) -> tuple[Any]:
         if clip_vision is None and isinstance(ipadapter, IPAdapterFile):
             clip_vision = find_clip_vision(ctx, ipadapter)
-        return (apply_adapter(ctx, model, ipadapter, image, clip_vision, weight=weight, start_at=start_at,
-                              end_at=end_at),)
+        return (
+            apply_adapter(
+                ctx, model, ipadapter, image, clip_vision, weight=weight, start_at=start_at, end_at=end_at
+            ),
+        )
 
 
 IPADAPTER_NODES = (IPAdapterModelLoader, IPAdapterAdvanced, IPAdapter)

@@ -56,7 +56,9 @@ def clock_of(unet: nn.Module) -> UNetClock | None:
     return next((p.clock for p in processors.values() if isinstance(p, IPAttnProcessor)), None)
 
 
-def set_clock(clock: UNetClock, timestep: torch.Tensor, x_in: torch.Tensor, rows: tuple[str, ...] | None) -> None:
+def set_clock(
+    clock: UNetClock, timestep: torch.Tensor, x_in: torch.Tensor, rows: tuple[str, ...] | None
+) -> None:
     """Before a UNet call: its timestep, latent size and ``"uncond"``/``"cond"`` per row."""
     clock.timestep = float(torch.as_tensor(timestep).flatten()[0])
     clock.latent_hw = (int(x_in.shape[-2]), int(x_in.shape[-1]))
@@ -85,8 +87,16 @@ class IPLayer(nn.Module):
     uncond: torch.Tensor
     mask: torch.Tensor | None
 
-    def __init__(self, to_k: torch.Tensor, to_v: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor,
-                 weight: float, window: Window, mask: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        to_k: torch.Tensor,
+        to_v: torch.Tensor,
+        cond: torch.Tensor,
+        uncond: torch.Tensor,
+        weight: float,
+        window: Window,
+        mask: torch.Tensor | None,
+    ) -> None:
         super().__init__()
         self.to_k = nn.Linear(to_k.shape[1], to_k.shape[0], bias=False)
         self.to_v = nn.Linear(to_v.shape[1], to_v.shape[0], bias=False)
@@ -125,13 +135,26 @@ class IPAttnProcessor(nn.Module):
         self.clock = clock
         self.layers = nn.ModuleList()
 
-    def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                 attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None,
-                 *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        temb: torch.Tensor | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         t = self.clock.timestep
-        active = [lay for lay in self.layers if isinstance(lay, IPLayer) and lay.weight != 0 and lay.window.contains(t)]
+        active = [
+            lay
+            for lay in self.layers
+            if isinstance(lay, IPLayer) and lay.weight != 0 and lay.window.contains(t)
+        ]
         if not active or encoder_hidden_states is None:
-            return self.base(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
+            return self.base(
+                attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs
+            )
         residual = hidden_states
         if attn.spatial_norm is not None:
             hidden_states = attn.spatial_norm(hidden_states, temb)
@@ -141,12 +164,18 @@ class IPAttnProcessor(nn.Module):
             hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)  # (B, HW, C)
         batch, _, _ = hidden_states.shape
         if attention_mask is not None:
-            attention_mask = attn.prepare_attention_mask(attention_mask, encoder_hidden_states.shape[1], batch)
+            attention_mask = attn.prepare_attention_mask(
+                attention_mask, encoder_hidden_states.shape[1], batch
+            )
             attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
         if attn.group_norm is not None:
             hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
         query = attn.to_q(hidden_states)
-        context = attn.norm_encoder_hidden_states(encoder_hidden_states) if attn.norm_cross else encoder_hidden_states
+        context = (
+            attn.norm_encoder_hidden_states(encoder_hidden_states)
+            if attn.norm_cross
+            else encoder_hidden_states
+        )
         heads = attn.heads
         head_dim = query.shape[-1] // heads
 
@@ -157,8 +186,11 @@ class IPAttnProcessor(nn.Module):
             return x.transpose(1, 2).reshape(batch, -1, heads * head_dim).to(query.dtype)
 
         q = split(query)
-        out = merge(F.scaled_dot_product_attention(q, split(attn.to_k(context)), split(attn.to_v(context)),
-                                                   attn_mask=attention_mask))
+        out = merge(
+            F.scaled_dot_product_attention(
+                q, split(attn.to_k(context)), split(attn.to_v(context)), attn_mask=attention_mask
+            )
+        )
         negative = self.clock.is_negative(batch)
         for layer in active:
             ip = layer.tokens(negative).to(query.dtype)
@@ -197,16 +229,26 @@ class LayerWeights:
         return out
 
 
-def install(unet: nn.Module, weights: LayerWeights, cond: torch.Tensor, uncond: torch.Tensor, weight: float,
-            window: Window, mask: torch.Tensor | None, source: str) -> None:
+def install(
+    unet: nn.Module,
+    weights: LayerWeights,
+    cond: torch.Tensor,
+    uncond: torch.Tensor,
+    weight: float,
+    window: Window,
+    mask: torch.Tensor | None,
+    source: str,
+) -> None:
     """Add one adapter to every cross-attention layer (stacking on adapters already there)."""
     clock = clock_of(unet) or UNetClock()
     procs: dict[str, Any] = dict(getattr(unet, "attn_processors"))  # noqa: B009
     names = cross_attention_names(unet)
     ids = sorted(weights.by_id)
     if len(ids) != len(names):
-        raise ValueError(f"{source} has IP-Adapter weights for {len(ids)} cross-attention layers; this UNet has "
-                         f"{len(names)}: the adapter was made for another model architecture")
+        raise ValueError(
+            f"{source} has IP-Adapter weights for {len(ids)} cross-attention layers; this UNet has "
+            f"{len(names)}: the adapter was made for another model architecture"
+        )
     for name, key_id in zip(names, ids, strict=True):
         proc = procs[name]
         if not isinstance(proc, IPAttnProcessor):
@@ -229,21 +271,30 @@ def build_projection(sd: dict[str, torch.Tensor], kind: str) -> nn.Module:
     module: nn.Module
     if kind == "plain":  # Linear to tokens*dim, LayerNorm
         dim = sd["norm.weight"].shape[0]
-        module = ImageProjection(image_embed_dim=sd["proj.weight"].shape[1], cross_attention_dim=dim,
-                                 num_image_text_embeds=sd["proj.weight"].shape[0] // dim)
+        module = ImageProjection(
+            image_embed_dim=sd["proj.weight"].shape[1],
+            cross_attention_dim=dim,
+            num_image_text_embeds=sd["proj.weight"].shape[0] // dim,
+        )
         renamed = {k.replace("proj.", "image_embeds."): v for k, v in sd.items()}
     elif kind == "full":  # MLP, LayerNorm (face models)
-        module = IPAdapterFullImageProjection(cross_attention_dim=sd["proj.3.weight"].shape[0],
-                                              image_embed_dim=sd["proj.0.weight"].shape[0])
+        module = IPAdapterFullImageProjection(
+            cross_attention_dim=sd["proj.3.weight"].shape[0], image_embed_dim=sd["proj.0.weight"].shape[0]
+        )
         names = {"proj.0.": "ff.net.0.proj.", "proj.2.": "ff.net.2.", "proj.3.": "norm."}
         renamed = {_swap_prefix(k, names): v for k, v in sd.items()}
     elif kind == "plus":  # Perceiver resampler
         hidden = sd["latents"].shape[2]
         depth = len({k.split(".")[1] for k in sd if k.startswith("layers.")})
         module = IPAdapterPlusImageProjection(
-            embed_dims=sd["proj_in.weight"].shape[1], output_dims=sd["proj_out.weight"].shape[0], hidden_dims=hidden,
-            depth=depth, dim_head=64, heads=sd["layers.0.0.to_q.weight"].shape[0] // 64,
-            num_queries=sd["latents"].shape[1])
+            embed_dims=sd["proj_in.weight"].shape[1],
+            output_dims=sd["proj_out.weight"].shape[0],
+            hidden_dims=hidden,
+            depth=depth,
+            dim_head=64,
+            heads=sd["layers.0.0.to_q.weight"].shape[0] // 64,
+            num_queries=sd["latents"].shape[1],
+        )
         renamed = resampler_to_diffusers(sd)
     else:
         raise ValueError(f"unknown IP-Adapter projection kind {kind!r}")
@@ -254,7 +305,7 @@ def build_projection(sd: dict[str, torch.Tensor], kind: str) -> nn.Module:
 def _swap_prefix(key: str, names: dict[str, str]) -> str:
     for old, new in names.items():
         if key.startswith(old):
-            return new + key[len(old):]
+            return new + key[len(old) :]
     return key
 
 

@@ -59,8 +59,12 @@ def fit_empty_latent(latent: dict, fmt: Any) -> dict:
     any other latent is returned as it is, so a real latent of the wrong width still meets the
     sampler's channel check."""
     samples = latent.get("samples") if isinstance(latent, dict) else None
-    if (not isinstance(samples, torch.Tensor) or samples.ndim != 4 or samples.shape[1] == fmt.channels
-            or torch.count_nonzero(samples) > 0):
+    if (
+        not isinstance(samples, torch.Tensor)
+        or samples.ndim != 4
+        or samples.shape[1] == fmt.channels
+        or torch.count_nonzero(samples) > 0
+    ):
         return latent
     h, w = (round(n * 8 / fmt.downscale) for n in samples.shape[2:])
     return {**latent, "samples": samples.new_zeros((samples.shape[0], fmt.channels, h, w))}
@@ -68,8 +72,9 @@ def fit_empty_latent(latent: dict, fmt: Any) -> dict:
 
 def vae_latent_channels(vae: Any) -> int | None:
     """How many channels the latents of the VAE module ``vae`` have (None: it does not say)."""
-    channels = getattr(vae, "loom_latent_channels", None) or getattr(getattr(vae, "config", None), "latent_channels",
-                                                                     None)
+    channels = getattr(vae, "loom_latent_channels", None) or getattr(
+        getattr(vae, "config", None), "latent_channels", None
+    )
     return None if channels is None else int(channels)
 
 
@@ -80,9 +85,11 @@ def check_latent_for_vae(vae: Any, samples: torch.Tensor, made_by: str | None = 
     expected = vae_latent_channels(vae)
     if expected is not None and samples.shape[1] != expected:
         source = f" (made by a {made_by} model)" if made_by else ""
-        raise LatentError(f"the latents{source} have {samples.shape[1]} channels but this VAE decodes "
-                          f"{expected}-channel latents; use the VAE that belongs to the model that made them "
-                          "(a 16-channel model needs its 16-channel VAE, e.g. ae.safetensors)")
+        raise LatentError(
+            f"the latents{source} have {samples.shape[1]} channels but this VAE decodes "
+            f"{expected}-channel latents; use the VAE that belongs to the model that made them "
+            "(a 16-channel model needs its 16-channel VAE, e.g. ae.safetensors)"
+        )
 
 
 @torch.no_grad()
@@ -112,8 +119,9 @@ def crop_to_8(image: torch.Tensor, multiple: int = 8) -> torch.Tensor:
     """Centre-crop an IMAGE so both sides are multiples of ``multiple`` (what the VAE needs: 8, or 16)."""
     h, w = image.shape[1] // multiple * multiple, image.shape[2] // multiple * multiple
     if h == 0 or w == 0:
-        raise LatentError(f"image is {image.shape[2]}x{image.shape[1]}; the VAE needs at least "
-                          f"{multiple}x{multiple} pixels")
+        raise LatentError(
+            f"image is {image.shape[2]}x{image.shape[1]}; the VAE needs at least {multiple}x{multiple} pixels"
+        )
     y, x = (image.shape[1] % multiple) // 2, (image.shape[2] % multiple) // 2
     return image[:, y : y + h, x : x + w, :]
 

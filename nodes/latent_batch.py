@@ -58,10 +58,14 @@ def _resolve_dim(name: str, ndim: int) -> int:
 # --- batches ----------------------------------------------------------------------------------
 class LatentBatch(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentBatch", display_name="Batch Latents (DEPRECATED)", category="latent/batch",
+        node_id="LatentBatch",
+        display_name="Batch Latents (DEPRECATED)",
+        category="latent/batch",
         description="Join two latents into one batch (samples2 resized to samples1's size); batch_index lists "
         "both inputs' items.",
-        inputs=(_in("samples1"), _in("samples2")), outputs=_OUT, deprecated=True,
+        inputs=(_in("samples1"), _in("samples2")),
+        outputs=_OUT,
+        deprecated=True,
     )
 
     def run(self, ctx: NodeContext, *, samples1: dict, samples2: dict) -> tuple[dict]:
@@ -69,7 +73,8 @@ class LatentBatch(Node):
         check_same_space(samples1, samples2, "samples2")
         s2 = match_to(s1, samples_of(samples2, "samples2"), "samples2", repeat_batch=False)
         index = list(samples1.get("batch_index", range(s1.shape[0]))) + list(
-            samples2.get("batch_index", range(s2.shape[0])))
+            samples2.get("batch_index", range(s2.shape[0]))
+        )
         return ({**samples1, "samples": torch.cat((s1, s2.to(s1.dtype)), dim=0), "batch_index": index},)
 
 
@@ -91,22 +96,30 @@ def batch_latents(latents: list[dict]) -> dict:
 
 class BatchLatentsNode(Node):
     SCHEMA = NodeSchema(
-        node_id="BatchLatentsNode", display_name="Batch Latents", category="latent",
+        node_id="BatchLatentsNode",
+        display_name="Batch Latents",
+        category="latent",
         description="Join 2 to 50 latents into one batch (later ones resized to the first's size).",
-        inputs=tuple(Input(f"latents.latent{i}", LATENT, f"Latent #{i + 1}.", optional=i >= 2)
-                     for i in range(AUTOGROW_MAX)),
+        inputs=tuple(
+            Input(f"latents.latent{i}", LATENT, f"Latent #{i + 1}.", optional=i >= 2)
+            for i in range(AUTOGROW_MAX)
+        ),
         outputs=_OUT,
     )
 
     def run(self, ctx: NodeContext, **latents: dict) -> tuple[dict]:
         # connected slots in slot order; unconnected optional slots do not arrive at all
-        given = [latents[f"latents.latent{i}"] for i in range(AUTOGROW_MAX) if f"latents.latent{i}" in latents]
+        given = [
+            latents[f"latents.latent{i}"] for i in range(AUTOGROW_MAX) if f"latents.latent{i}" in latents
+        ]
         return (batch_latents(given),)
 
 
 class RepeatLatentBatch(Node):
     SCHEMA = NodeSchema(
-        node_id="RepeatLatentBatch", display_name="Repeat Latent Batch", category="latent/batch",
+        node_id="RepeatLatentBatch",
+        display_name="Repeat Latent Batch",
+        category="latent/batch",
         description="Repeat the whole batch `amount` times (with its noise masks and batch indices).",
         inputs=(_in("samples"), Input("amount", INT, "How many copies.", default=1, min=1, max=64)),
         outputs=_OUT,
@@ -127,13 +140,21 @@ class RepeatLatentBatch(Node):
 
 class LatentFromBatch(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentFromBatch", display_name="Get Latent From Batch", category="latent/batch",
+        node_id="LatentFromBatch",
+        display_name="Get Latent From Batch",
+        category="latent/batch",
         description="Take `length` items starting at batch_index (negative counts from the end; clamped to the "
         "batch).",
         inputs=(
             _in("samples"),
-            Input("batch_index", INT, "First item (0-based; -1 is the last).", default=0, min=-MAX_RESOLUTION,
-                  max=MAX_RESOLUTION),
+            Input(
+                "batch_index",
+                INT,
+                "First item (0-based; -1 is the last).",
+                default=0,
+                min=-MAX_RESOLUTION,
+                max=MAX_RESOLUTION,
+            ),
             Input("length", INT, "How many items.", default=1, min=1, max=64),
         ),
         outputs=_OUT,
@@ -161,11 +182,15 @@ class LatentFromBatch(Node):
 
 class RebatchLatents(Node):
     SCHEMA = NodeSchema(
-        node_id="RebatchLatents", display_name="Rebatch Latents", category="latent/batch",
+        node_id="RebatchLatents",
+        display_name="Rebatch Latents",
+        category="latent/batch",
         description="Regroup a list of latent batches into batches of batch_size (a change of size starts a new "
         "batch); all-ones noise masks are dropped.",
-        inputs=(_in("latents", "Latent batches (a list)."),
-                Input("batch_size", INT, "Items per output batch.", default=1, min=1, max=4096)),
+        inputs=(
+            _in("latents", "Latent batches (a list)."),
+            Input("batch_size", INT, "Items per output batch.", default=1, min=1, max=4096),
+        ),
         outputs=(Output("LATENT", LATENT, "The new batches (a list).", is_list=True),),
         input_is_list=True,
     )
@@ -208,7 +233,10 @@ def _items(latent: dict, name: str, offset: int) -> list[tuple[torch.Tensor, tor
 
 def _join(items: list[tuple[torch.Tensor, torch.Tensor, int]]) -> dict:
     mask = torch.cat([m for _, m, _ in items])
-    out: dict[str, Any] = {"samples": torch.cat([s for s, _, _ in items]), "batch_index": [i for _, _, i in items]}
+    out: dict[str, Any] = {
+        "samples": torch.cat([s for s, _, _ in items]),
+        "batch_index": [i for _, _, i in items],
+    }
     if float(mask.mean()) != 1.0:
         out["noise_mask"] = mask
     return out
@@ -216,11 +244,21 @@ def _join(items: list[tuple[torch.Tensor, torch.Tensor, int]]) -> dict:
 
 class LatentBatchSeedBehavior(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentBatchSeedBehavior", display_name="LatentBatchSeedBehavior", category="latent/advanced",
+        node_id="LatentBatchSeedBehavior",
+        display_name="LatentBatchSeedBehavior",
+        category="latent/advanced",
         description="'fixed': every item gets the first item's noise; 'random': each item its own (batch_index "
         "removed).",
-        inputs=(_in("samples"), Input("seed_behavior", COMBO, "How batch items get their noise.",
-                                      options=("random", "fixed"), default="fixed")),
+        inputs=(
+            _in("samples"),
+            Input(
+                "seed_behavior",
+                COMBO,
+                "How batch items get their noise.",
+                options=("random", "fixed"),
+                default="fixed",
+            ),
+        ),
         outputs=_OUT,
     )
 
@@ -238,10 +276,15 @@ class LatentBatchSeedBehavior(Node):
 # --- slicing and joining along x / y / t -----------------------------------------------------
 class LatentConcat(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentConcat", display_name="LatentConcat", category="latent/advanced",
+        node_id="LatentConcat",
+        display_name="LatentConcat",
+        category="latent/advanced",
         description="Join two latents along x, y or t (time); '-' puts samples2 first.",
-        inputs=(_in("samples1"), _in("samples2"),
-                Input("dim", COMBO, "Axis to join along.", options=("x", "-x", "y", "-y", "t", "-t"))),
+        inputs=(
+            _in("samples1"),
+            _in("samples2"),
+            Input("dim", COMBO, "Axis to join along.", options=("x", "-x", "y", "-y", "t", "-t")),
+        ),
         outputs=_OUT,
     )
 
@@ -251,23 +294,37 @@ class LatentConcat(Node):
         s2 = repeat_to_batch(samples_of(samples2, "samples2"), s1.shape[0])
         axis = _resolve_dim(dim, s1.ndim)
         if axis < 2 or s2.ndim != s1.ndim:
-            raise LatentError(f"dim {dim!r} needs latents with that axis; samples1 has shape {list(s1.shape)}")
+            raise LatentError(
+                f"dim {dim!r} needs latents with that axis; samples1 has shape {list(s1.shape)}"
+            )
         others = [d for d in range(s1.ndim) if d not in (0, axis)]
         if any(s1.shape[d] != s2.shape[d] for d in others):
-            raise LatentError(f"samples2 has shape {list(s2.shape)} and samples1 {list(s1.shape)}: all sizes but "
-                              f"the {dim.lstrip('-')} axis must agree")
+            raise LatentError(
+                f"samples2 has shape {list(s2.shape)} and samples1 {list(s1.shape)}: all sizes but "
+                f"the {dim.lstrip('-')} axis must agree"
+            )
         pair = (s2, s1) if dim.startswith("-") else (s1, s2)
         return (with_samples(samples1, torch.cat(pair, dim=axis)),)
 
 
 class LatentCut(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentCut", display_name="LatentCut", category="latent/advanced",
+        node_id="LatentCut",
+        display_name="LatentCut",
+        category="latent/advanced",
         description="Keep `amount` elements along x, y or t from index (negative counts from the end; clamped).",
         inputs=(
             _in("samples"),
             Input("dim", COMBO, "Axis to cut along.", options=("x", "y", "t")),
-            Input("index", INT, "First element kept.", default=0, min=-MAX_RESOLUTION, max=MAX_RESOLUTION, step=1),
+            Input(
+                "index",
+                INT,
+                "First element kept.",
+                default=0,
+                min=-MAX_RESOLUTION,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
             Input("amount", INT, "How many elements.", default=1, min=1, max=MAX_RESOLUTION, step=1),
         ),
         outputs=_OUT,
@@ -290,7 +347,9 @@ class LatentCut(Node):
 
 class LatentCutToBatch(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentCutToBatch", display_name="LatentCutToBatch", category="latent/advanced",
+        node_id="LatentCutToBatch",
+        display_name="LatentCutToBatch",
+        category="latent/advanced",
         description="Cut the latent into slices of slice_size along t, x or y and stack them as batch items "
         "(a remainder is dropped).",
         inputs=(
@@ -349,8 +408,9 @@ def read_latent_file(path: Path) -> torch.Tensor:
     except (SafetensorError, OSError, ValueError) as exc:
         raise LatentError(f"latent: {path.name} is not a .latent (safetensors) file ({exc})") from exc
     if "latent_tensor" not in data:
-        raise LatentError(f"latent: {path.name} has no 'latent_tensor' (found {sorted(data)}); "
-                          "save it with SaveLatent")
+        raise LatentError(
+            f"latent: {path.name} has no 'latent_tensor' (found {sorted(data)}); save it with SaveLatent"
+        )
     scale = 1.0 if VERSION_MARKER in data else 1.0 / LEGACY_LATENT_FILE_SCALE
     return data["latent_tensor"].float() * scale
 
@@ -363,25 +423,41 @@ def _next_counter(folder: Path, stem: str) -> int:
 
 class SaveLatent(Node):
     SCHEMA = NodeSchema(
-        node_id="SaveLatent", display_name="Save Latent", category="_for_testing",
+        node_id="SaveLatent",
+        display_name="Save Latent",
+        category="_for_testing",
         description="Save a latent as a ComfyUI .latent file in the output folder (with the workflow).",
         inputs=(
             _in("samples", "The latent to save."),
-            Input("filename_prefix", STRING, "File name prefix; may contain sub-folders.", default="latents/ComfyUI"),
+            Input(
+                "filename_prefix",
+                STRING,
+                "File name prefix; may contain sub-folders.",
+                default="latents/ComfyUI",
+            ),
         ),
         hidden=(HIDDEN_PROMPT, HIDDEN_EXTRA_PNGINFO),
         output_node=True,
     )
 
-    def run(self, ctx: NodeContext, *, samples: dict, filename_prefix: str, prompt: Any = None,
-            extra_pnginfo: Any = None) -> NodeOutput:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        samples: dict,
+        filename_prefix: str,
+        prompt: Any = None,
+        extra_pnginfo: Any = None,
+    ) -> NodeOutput:
         s = samples_of(samples, "samples")
         out_root = ctx.folders.output_dir.resolve()
         sub, stem = os.path.split(os.path.normpath(filename_prefix))
         folder = (out_root / sub).resolve()
         if folder != out_root and out_root not in folder.parents:
-            raise LatentError(f"filename_prefix {filename_prefix!r} points outside the output folder; "
-                              "use e.g. 'latents/cat'")
+            raise LatentError(
+                f"filename_prefix {filename_prefix!r} points outside the output folder; "
+                "use e.g. 'latents/cat'"
+            )
         folder.mkdir(parents=True, exist_ok=True)
         metadata: dict[str, str] | None = None
         if ctx.settings.png_metadata:
@@ -396,31 +472,52 @@ class SaveLatent(Node):
 
 class LoadLatent(Node):
     SCHEMA = NodeSchema(
-        node_id="LoadLatent", display_name="Load Latent", category="_for_testing",
+        node_id="LoadLatent",
+        display_name="Load Latent",
+        category="_for_testing",
         description="Load a ComfyUI .latent file from the input folder.",
-        inputs=(Input("latent", COMBO, "A .latent file in the input folder.",
-                      options=DynamicOptions("input_latents")),),
+        inputs=(
+            Input(
+                "latent",
+                COMBO,
+                "A .latent file in the input folder.",
+                options=DynamicOptions("input_latents"),
+            ),
+        ),
         outputs=(Output("LATENT", LATENT, "The stored latent."),),
     )
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
         try:
-            return hashlib.sha256(_input_latent(folders, str(inputs.get("latent", ""))).read_bytes()).hexdigest()
+            return hashlib.sha256(
+                _input_latent(folders, str(inputs.get("latent", ""))).read_bytes()
+            ).hexdigest()
         except (OSError, LatentError):
             return "missing"  # the run reports the problem
 
     def run(self, ctx: NodeContext, *, latent: str) -> tuple[dict]:
         path = _input_latent(ctx.folders, latent)
         if not path.is_file():
-            raise LatentError(f"latent: {latent!r} not found in the input folder {ctx.folders.input_dir}; "
-                              "copy the .latent file there (SaveLatent writes to the output folder)")
+            raise LatentError(
+                f"latent: {latent!r} not found in the input folder {ctx.folders.input_dir}; "
+                "copy the .latent file there (SaveLatent writes to the output folder)"
+            )
         return ({"samples": read_latent_file(path)},)
 
 
 LATENT_BATCH_NODES: list[type[Node]] = [
-    LatentBatch, BatchLatentsNode, RepeatLatentBatch, LatentFromBatch, RebatchLatents, LatentBatchSeedBehavior, LatentConcat,
-    LatentCut, LatentCutToBatch, SaveLatent, LoadLatent,
+    LatentBatch,
+    BatchLatentsNode,
+    RepeatLatentBatch,
+    LatentFromBatch,
+    RebatchLatents,
+    LatentBatchSeedBehavior,
+    LatentConcat,
+    LatentCut,
+    LatentCutToBatch,
+    SaveLatent,
+    LoadLatent,
 ]
 
 

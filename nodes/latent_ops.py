@@ -31,8 +31,10 @@ def samples_of(latent: Any, input_name: str) -> torch.Tensor:
     """The ``samples`` tensor of a LATENT input, or a clear error naming the input."""
     samples = latent.get("samples") if isinstance(latent, dict) else None
     if not isinstance(samples, torch.Tensor) or samples.ndim < 3:
-        raise LatentError(f"{input_name}: expected a LATENT (a dict with a 'samples' tensor [B, C, H, W]); "
-                          f"connect a LATENT output such as EmptyLatentImage or VAEEncode")
+        raise LatentError(
+            f"{input_name}: expected a LATENT (a dict with a 'samples' tensor [B, C, H, W]); "
+            f"connect a LATENT output such as EmptyLatentImage or VAEEncode"
+        )
     return samples
 
 
@@ -60,12 +62,16 @@ def center_crop_resize(x: torch.Tensor, width: int, height: int, mode: str) -> t
     return resize(planes, width, height, mode, "center").reshape(*x.shape[:-2], height, width)
 
 
-def match_to(target: torch.Tensor, other: torch.Tensor, name: str, *, repeat_batch: bool = True) -> torch.Tensor:
+def match_to(
+    target: torch.Tensor, other: torch.Tensor, name: str, *, repeat_batch: bool = True
+) -> torch.Tensor:
     """``other`` resized (bilinear, centre crop) to ``target``'s size and, unless told otherwise,
     repeated or cut to its batch size; channels must already agree."""
     if other.shape[1] != target.shape[1] or other.ndim != target.ndim:
-        raise LatentError(f"{name} has shape {list(other.shape)} but the first latent has {list(target.shape)}: "
-                          "latents of different models (channel counts) cannot be combined")
+        raise LatentError(
+            f"{name} has shape {list(other.shape)} but the first latent has {list(target.shape)}: "
+            "latents of different models (channel counts) cannot be combined"
+        )
     if other.shape[2:] != target.shape[2:]:
         other = center_crop_resize(other, target.shape[-1], target.shape[-2], "bilinear").to(other.dtype)
     return repeat_to_batch(other, target.shape[0]) if repeat_batch else other
@@ -76,9 +82,11 @@ def check_same_space(first: dict, other: dict, name: str) -> None:
     combined: same channel count, different models' scales and meanings."""
     a, b = first.get("latent_space"), other.get("latent_space")
     if a is not None and b is not None and a != b:
-        raise LatentError(f"{name} comes from a {other.get('latent_family', 'different')} model (latent space {b}) "
-                          f"but the first latent from a {first.get('latent_family', 'different')} model ({a}); "
-                          "combine latents of one model family")
+        raise LatentError(
+            f"{name} comes from a {other.get('latent_family', 'different')} model (latent space {b}) "
+            f"but the first latent from a {first.get('latent_family', 'different')} model ({a}); "
+            "combine latents of one model family"
+        )
 
 
 def _two(samples1: dict, samples2: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,9 +106,12 @@ _OUT = (Output("LATENT", LATENT, "The resulting latent."),)
 # --- arithmetic -------------------------------------------------------------------------------
 class LatentAdd(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentAdd", display_name="LatentAdd", category="latent/advanced",
+        node_id="LatentAdd",
+        display_name="LatentAdd",
+        category="latent/advanced",
         description="samples1 + samples2 (samples2 resized and repeated to samples1's shape).",
-        inputs=(_in("samples1"), _in("samples2")), outputs=_OUT,
+        inputs=(_in("samples1"), _in("samples2")),
+        outputs=_OUT,
     )
 
     def run(self, ctx: NodeContext, *, samples1: dict, samples2: dict) -> tuple[dict]:
@@ -110,9 +121,12 @@ class LatentAdd(Node):
 
 class LatentSubtract(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentSubtract", display_name="LatentSubtract", category="latent/advanced",
+        node_id="LatentSubtract",
+        display_name="LatentSubtract",
+        category="latent/advanced",
         description="samples1 - samples2 (samples2 resized and repeated to samples1's shape).",
-        inputs=(_in("samples1"), _in("samples2")), outputs=_OUT,
+        inputs=(_in("samples1"), _in("samples2")),
+        outputs=_OUT,
     )
 
     def run(self, ctx: NodeContext, *, samples1: dict, samples2: dict) -> tuple[dict]:
@@ -122,9 +136,14 @@ class LatentSubtract(Node):
 
 class LatentMultiply(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentMultiply", display_name="LatentMultiply", category="latent/advanced",
+        node_id="LatentMultiply",
+        display_name="LatentMultiply",
+        category="latent/advanced",
         description="Multiply a latent by a constant.",
-        inputs=(_in("samples"), Input("multiplier", FLOAT, "The factor.", default=1.0, min=-10.0, max=10.0, step=0.01)),
+        inputs=(
+            _in("samples"),
+            Input("multiplier", FLOAT, "The factor.", default=1.0, min=-10.0, max=10.0, step=0.01),
+        ),
         outputs=_OUT,
     )
 
@@ -134,11 +153,16 @@ class LatentMultiply(Node):
 
 class LatentInterpolate(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentInterpolate", display_name="LatentInterpolate", category="latent/advanced",
+        node_id="LatentInterpolate",
+        display_name="LatentInterpolate",
+        category="latent/advanced",
         description="Blend two latents direction and magnitude separately (per-pixel vector norms over channels); "
         "ratio 1 gives samples1.",
-        inputs=(_in("samples1"), _in("samples2"),
-                Input("ratio", FLOAT, "Weight of samples1.", default=1.0, min=0.0, max=1.0, step=0.01)),
+        inputs=(
+            _in("samples1"),
+            _in("samples2"),
+            Input("ratio", FLOAT, "Weight of samples1.", default=1.0, min=0.0, max=1.0, step=0.01),
+        ),
         outputs=_OUT,
     )
 
@@ -153,11 +177,16 @@ class LatentInterpolate(Node):
 
 class LatentBlend(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentBlend", display_name="Latent Blend", category="_for_testing",
+        node_id="LatentBlend",
+        display_name="Latent Blend",
+        category="_for_testing",
         description="samples1 * blend_factor + samples2 * (1 - blend_factor); samples2 is resized (bicubic, "
         "centre crop) to samples1's size first.",
-        inputs=(_in("samples1"), _in("samples2"),
-                Input("blend_factor", FLOAT, "Weight of samples1.", default=0.5, min=0, max=1, step=0.01)),
+        inputs=(
+            _in("samples1"),
+            _in("samples2"),
+            Input("blend_factor", FLOAT, "Weight of samples1.", default=0.5, min=0, max=1, step=0.01),
+        ),
         outputs=_OUT,
     )
 
@@ -166,8 +195,10 @@ class LatentBlend(Node):
         check_same_space(samples1, samples2, "samples2")
         if s1.shape != s2.shape:
             if s1.shape[1] != s2.shape[1]:
-                raise LatentError(f"samples2 has {s2.shape[1]} channels but samples1 has {s1.shape[1]}: "
-                                  "latents of different models cannot be blended")
+                raise LatentError(
+                    f"samples2 has {s2.shape[1]} channels but samples1 has {s1.shape[1]}: "
+                    "latents of different models cannot be blended"
+                )
             s2 = center_crop_resize(s2, s1.shape[-1], s1.shape[-2], "bicubic").to(s1.dtype)
         _check_batches(s1, s2, "samples2")
         return (with_samples(samples1, s1 * blend_factor + s2 * (1 - blend_factor)),)
@@ -175,27 +206,56 @@ class LatentBlend(Node):
 
 def _check_batches(first: torch.Tensor, other: torch.Tensor, name: str) -> None:
     if other.shape[0] not in (1, first.shape[0]) and first.shape[0] != 1:
-        raise LatentError(f"{name} has a batch of {other.shape[0]} but the first latent has {first.shape[0]}; "
-                          "use batches of the same size or of 1 (RepeatLatentBatch / LatentFromBatch)")
+        raise LatentError(
+            f"{name} has a batch of {other.shape[0]} but the first latent has {first.shape[0]}; "
+            "use batches of the same size or of 1 (RepeatLatentBatch / LatentFromBatch)"
+        )
 
 
 # --- compositing ------------------------------------------------------------------------------
 class LatentComposite(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentComposite", display_name="Latent Composite", category="latent",
+        node_id="LatentComposite",
+        display_name="Latent Composite",
+        category="latent",
         description="Paste samples_from into samples_to at (x, y) pixels, optionally feathering the pasted edges.",
         inputs=(
             _in("samples_to", "The latent pasted into."),
             _in("samples_from", "The latent pasted."),
-            Input("x", INT, "Left edge in pixels (a multiple of 8).", default=0, min=0, max=MAX_RESOLUTION, step=8),
-            Input("y", INT, "Top edge in pixels (a multiple of 8).", default=0, min=0, max=MAX_RESOLUTION, step=8),
-            Input("feather", INT, "Feather width in pixels (a multiple of 8); inner edges only.", default=0, min=0,
-                  max=MAX_RESOLUTION, step=8),
+            Input(
+                "x",
+                INT,
+                "Left edge in pixels (a multiple of 8).",
+                default=0,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=8,
+            ),
+            Input(
+                "y",
+                INT,
+                "Top edge in pixels (a multiple of 8).",
+                default=0,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=8,
+            ),
+            Input(
+                "feather",
+                INT,
+                "Feather width in pixels (a multiple of 8); inner edges only.",
+                default=0,
+                min=0,
+                max=MAX_RESOLUTION,
+                step=8,
+            ),
         ),
         outputs=_OUT,
     )
 
-    def run(self, ctx: NodeContext, *, samples_to: dict, samples_from: dict, x: int, y: int, feather: int) -> tuple[dict]:
+    def run(
+        self, ctx: NodeContext, *, samples_to: dict, samples_from: dict, x: int, y: int, feather: int
+    ) -> tuple[dict]:
         dest = samples_of(samples_to, "samples_to").clone()
         src = samples_of(samples_from, "samples_from")
         check_same_space(samples_to, samples_from, "samples_from")
@@ -228,14 +288,21 @@ class LatentComposite(Node):
 
 
 def composite(
-    destination: torch.Tensor, source: torch.Tensor, x: int, y: int, mask: torch.Tensor | None,
-    multiplier: int, resize_source: bool,
+    destination: torch.Tensor,
+    source: torch.Tensor,
+    x: int,
+    y: int,
+    mask: torch.Tensor | None,
+    multiplier: int,
+    resize_source: bool,
 ) -> torch.Tensor:
     """Paste ``source`` [B, C, h, w] into a copy of ``destination`` at pixel (x, y) (``multiplier``
     pixels per element), weighted by ``mask`` (resized to the source, 1 = source)."""
     destination = destination.clone()
     if resize_source:
-        source = F.interpolate(source.float(), size=destination.shape[-2:], mode="bilinear").to(destination.dtype)
+        source = F.interpolate(source.float(), size=destination.shape[-2:], mode="bilinear").to(
+            destination.dtype
+        )
     source = repeat_to_batch(source, destination.shape[0])
     x = max(-source.shape[-1] * multiplier, min(x, destination.shape[-1] * multiplier))
     y = max(-source.shape[-2] * multiplier, min(y, destination.shape[-2] * multiplier))
@@ -243,8 +310,11 @@ def composite(
     if mask is None:
         weight = torch.ones_like(source)
     else:
-        weight = F.interpolate(mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float(),
-                               size=source.shape[-2:], mode="bilinear")
+        weight = F.interpolate(
+            mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float(),
+            size=source.shape[-2:],
+            mode="bilinear",
+        )
         weight = repeat_to_batch(weight, source.shape[0]).to(destination.dtype)
     # the part of the source that lands inside the destination
     src_top, src_left = max(0, -top), max(0, -left)
@@ -262,7 +332,9 @@ def composite(
 
 class LatentCompositeMasked(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentCompositeMasked", display_name="Latent Composite Masked", category="latent",
+        node_id="LatentCompositeMasked",
+        display_name="Latent Composite Masked",
+        category="latent",
         description="Paste source into destination at (x, y) pixels where the mask is 1 (the mask is resized to "
         "the source).",
         inputs=(
@@ -270,32 +342,56 @@ class LatentCompositeMasked(Node):
             _in("source", "The latent pasted."),
             Input("x", INT, "Left edge in pixels.", default=0, min=0, max=MAX_RESOLUTION, step=8),
             Input("y", INT, "Top edge in pixels.", default=0, min=0, max=MAX_RESOLUTION, step=8),
-            Input("resize_source", BOOLEAN, "Resize the source to the destination's size first.", default=False),
-            Input("mask", MASK, "Where the source shows (1), [B, H, W]; all of it when absent.", optional=True),
+            Input(
+                "resize_source", BOOLEAN, "Resize the source to the destination's size first.", default=False
+            ),
+            Input(
+                "mask", MASK, "Where the source shows (1), [B, H, W]; all of it when absent.", optional=True
+            ),
         ),
         outputs=_OUT,
     )
 
-    def run(self, ctx: NodeContext, *, destination: dict, source: dict, x: int, y: int, resize_source: bool,
-            mask: torch.Tensor | None = None) -> tuple[dict]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        destination: dict,
+        source: dict,
+        x: int,
+        y: int,
+        resize_source: bool,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[dict]:
         dest = samples_of(destination, "destination")
         src = samples_of(source, "source")
         check_same_space(destination, source, "source")
         if src.shape[1] != dest.shape[1]:
             raise LatentError(f"source has {src.shape[1]} channels but destination has {dest.shape[1]}")
         if mask is not None and (not isinstance(mask, torch.Tensor) or mask.ndim not in (2, 3)):
-            raise LatentError(f"mask: expected a MASK [B, H, W], found shape "
-                              f"{list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+            raise LatentError(
+                f"mask: expected a MASK [B, H, W], found shape "
+                f"{list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}"
+            )
         return (with_samples(destination, composite(dest, src, x, y, mask, 8, resize_source)),)
 
 
 # --- transforms -------------------------------------------------------------------------------
 class LatentRotate(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentRotate", display_name="Rotate Latent", category="latent/transform",
+        node_id="LatentRotate",
+        display_name="Rotate Latent",
+        category="latent/transform",
         description="Rotate a latent clockwise by a multiple of 90 degrees.",
-        inputs=(_in("samples"), Input("rotation", COMBO, "Clockwise rotation.",
-                                      options=("none", "90 degrees", "180 degrees", "270 degrees"))),
+        inputs=(
+            _in("samples"),
+            Input(
+                "rotation",
+                COMBO,
+                "Clockwise rotation.",
+                options=("none", "90 degrees", "180 degrees", "270 degrees"),
+            ),
+        ),
         outputs=_OUT,
     )
 
@@ -306,10 +402,19 @@ class LatentRotate(Node):
 
 class LatentFlip(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentFlip", display_name="Flip Latent", category="latent/transform",
+        node_id="LatentFlip",
+        display_name="Flip Latent",
+        category="latent/transform",
         description="Mirror a latent vertically (x-axis) or horizontally (y-axis).",
-        inputs=(_in("samples"), Input("flip_method", COMBO, "The mirror axis.",
-                                      options=("x-axis: vertically", "y-axis: horizontally"))),
+        inputs=(
+            _in("samples"),
+            Input(
+                "flip_method",
+                COMBO,
+                "The mirror axis.",
+                options=("x-axis: vertically", "y-axis: horizontally"),
+            ),
+        ),
         outputs=_OUT,
     )
 
@@ -324,7 +429,9 @@ class LatentFlip(Node):
 
 class LatentCrop(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentCrop", display_name="Crop Latent", category="latent/transform",
+        node_id="LatentCrop",
+        display_name="Crop Latent",
+        category="latent/transform",
         description="Crop a latent to width x height pixels from (x, y); a start past the edge is moved back so "
         "at least 64 pixels remain.",
         inputs=(
@@ -347,10 +454,13 @@ class LatentCrop(Node):
 # --- latent operations ------------------------------------------------------------------------
 class LatentApplyOperation(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentApplyOperation", display_name="LatentApplyOperation", category="latent/advanced/operations",
+        node_id="LatentApplyOperation",
+        display_name="LatentApplyOperation",
+        category="latent/advanced/operations",
         description="Apply a latent operation (LatentOperationSharpen, LatentOperationTonemapReinhard) to a latent.",
         inputs=(_in("samples"), Input("operation", LATENT_OPERATION, "The operation.")),
-        outputs=_OUT, experimental=True,
+        outputs=_OUT,
+        experimental=True,
     )
 
     def run(self, ctx: NodeContext, *, samples: dict, operation: LatentOperation) -> tuple[dict]:
@@ -361,11 +471,15 @@ class LatentApplyOperation(Node):
 
 class LatentOperationTonemapReinhard(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentOperationTonemapReinhard", display_name="LatentOperationTonemapReinhard",
+        node_id="LatentOperationTonemapReinhard",
+        display_name="LatentOperationTonemapReinhard",
         category="latent/advanced/operations",
         description="Reinhard tone mapping of the per-pixel latent magnitude (mean + 5 std is the white point).",
-        inputs=(Input("multiplier", FLOAT, "Scales the white point.", default=1.0, min=0.0, max=100.0, step=0.01),),
-        outputs=(Output("LATENT_OPERATION", LATENT_OPERATION, "The operation."),), experimental=True,
+        inputs=(
+            Input("multiplier", FLOAT, "Scales the white point.", default=1.0, min=0.0, max=100.0, step=0.01),
+        ),
+        outputs=(Output("LATENT_OPERATION", LATENT_OPERATION, "The operation."),),
+        experimental=True,
     )
 
     def run(self, ctx: NodeContext, *, multiplier: float) -> tuple[LatentOperation]:
@@ -373,8 +487,10 @@ class LatentOperationTonemapReinhard(Node):
             magnitude = (torch.linalg.vector_norm(latent, dim=1) + 1e-10)[:, None]
             direction = latent / magnitude
             dims = list(range(1, magnitude.ndim))
-            white = (torch.std(magnitude, dim=dims, keepdim=True) * 5
-                     + torch.mean(magnitude, dim=dims, keepdim=True)) * multiplier
+            white = (
+                torch.std(magnitude, dim=dims, keepdim=True) * 5
+                + torch.mean(magnitude, dim=dims, keepdim=True)
+            ) * multiplier
             scaled = magnitude / white
             return direction * (scaled / (scaled + 1.0)) * white
 
@@ -391,17 +507,49 @@ def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
 
 class LatentOperationSharpen(Node):
     SCHEMA = NodeSchema(
-        node_id="LatentOperationSharpen", display_name="LatentOperationSharpen", category="latent/advanced/operations",
+        node_id="LatentOperationSharpen",
+        display_name="LatentOperationSharpen",
+        category="latent/advanced/operations",
         description="Unsharp-mask the direction of each latent pixel (its magnitude is kept).",
         inputs=(
-            Input("sharpen_radius", INT, "Kernel radius.", default=9, min=1, max=31, step=1, extra={"advanced": True}),
-            Input("sigma", FLOAT, "Gaussian width.", default=1.0, min=0.1, max=10.0, step=0.1, extra={"advanced": True}),
-            Input("alpha", FLOAT, "Strength.", default=0.1, min=0.0, max=5.0, step=0.01, extra={"advanced": True}),
+            Input(
+                "sharpen_radius",
+                INT,
+                "Kernel radius.",
+                default=9,
+                min=1,
+                max=31,
+                step=1,
+                extra={"advanced": True},
+            ),
+            Input(
+                "sigma",
+                FLOAT,
+                "Gaussian width.",
+                default=1.0,
+                min=0.1,
+                max=10.0,
+                step=0.1,
+                extra={"advanced": True},
+            ),
+            Input(
+                "alpha",
+                FLOAT,
+                "Strength.",
+                default=0.1,
+                min=0.0,
+                max=5.0,
+                step=0.01,
+                extra={"advanced": True},
+            ),
         ),
-        outputs=(Output("LATENT_OPERATION", LATENT_OPERATION, "The operation."),), experimental=True,
+        outputs=(Output("LATENT_OPERATION", LATENT_OPERATION, "The operation."),),
+        experimental=True,
     )
 
-    def run(self, ctx: NodeContext, *, sharpen_radius: int, sigma: float, alpha: float) -> tuple[LatentOperation]:
+    def run(
+        self, ctx: NodeContext, *, sharpen_radius: int, sigma: float, alpha: float
+    ) -> tuple[LatentOperation]:
         r = sharpen_radius
 
         def sharpen(latent: torch.Tensor, **_: Any) -> torch.Tensor:
@@ -420,7 +568,17 @@ class LatentOperationSharpen(Node):
 
 
 LATENT_OPS_NODES: list[type[Node]] = [
-    LatentAdd, LatentSubtract, LatentMultiply, LatentInterpolate, LatentBlend, LatentComposite,
-    LatentCompositeMasked, LatentRotate, LatentFlip, LatentCrop, LatentApplyOperation,
-    LatentOperationTonemapReinhard, LatentOperationSharpen,
+    LatentAdd,
+    LatentSubtract,
+    LatentMultiply,
+    LatentInterpolate,
+    LatentBlend,
+    LatentComposite,
+    LatentCompositeMasked,
+    LatentRotate,
+    LatentFlip,
+    LatentCrop,
+    LatentApplyOperation,
+    LatentOperationTonemapReinhard,
+    LatentOperationSharpen,
 ]

@@ -35,14 +35,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("loom.lora")
 
 _SUFFIXES = (
-    (".lora_down.weight", "down"), (".lora_up.weight", "up"), (".lora_A.weight", "down"),
-    (".lora_B.weight", "up"), (".lora.down.weight", "down"), (".lora.up.weight", "up"), (".alpha", "alpha"),
-    (".diff", "diff"), (".diff_b", "diff_b"),
+    (".lora_down.weight", "down"),
+    (".lora_up.weight", "up"),
+    (".lora_A.weight", "down"),
+    (".lora_B.weight", "up"),
+    (".lora.down.weight", "down"),
+    (".lora.up.weight", "up"),
+    (".alpha", "alpha"),
+    (".diff", "diff"),
+    (".diff_b", "diff_b"),
 )
 # (key prefix, target, text encoder position or -1 for the UNet)
 _PREFIXES = (
-    ("lora_unet_", "unet", -1), ("lora_te1_", "clip", 0), ("lora_te2_", "clip", 1), ("lora_te_", "clip", 0),
-    ("unet.", "unet", -1), ("transformer.", "unet", -1), ("diffusion_model.", "unet", -1), ("lycoris_", "unet", -1),
+    ("lora_unet_", "unet", -1),
+    ("lora_te1_", "clip", 0),
+    ("lora_te2_", "clip", 1),
+    ("lora_te_", "clip", 0),
+    ("unet.", "unet", -1),
+    ("transformer.", "unet", -1),
+    ("diffusion_model.", "unet", -1),
+    ("lycoris_", "unet", -1),
     ("text_encoder_2.", "clip", 1),
     ("text_encoder.", "clip", 0),
 )
@@ -82,7 +94,7 @@ def _route(name: str) -> tuple[str, int | str, str] | None:
         return "clip", named, flat.removeprefix("text_model_")
     for prefix, target, position in _PREFIXES:
         if name.startswith(prefix):
-            flat = name[len(prefix):].replace(".", "_")
+            flat = name[len(prefix) :].replace(".", "_")
             return target, position, flat.removeprefix("text_model_")
     if name.startswith(_BARE_DENOISER):
         return "unet", -1, name.replace(".", "_")
@@ -94,8 +106,10 @@ def inspect_lora(path: Path, *, allow_pickle: bool = False) -> TensorIndex:
     index = read_index(path, allow_pickle=allow_pickle)
     if not any(_split(k) and _split(k)[1] != "alpha" for k in index.tensors):  # type: ignore[index]
         sample = ", ".join(list(index.tensors)[:3])
-        raise ModelLoadError(f"{path}: not a LoRA file: expected keys ending in .lora_down.weight / .lora_up.weight "
-                             f"(kohya) or .lora_A.weight / .lora_B.weight (PEFT), found {sample or 'no tensors'}")
+        raise ModelLoadError(
+            f"{path}: not a LoRA file: expected keys ending in .lora_down.weight / .lora_up.weight "
+            f"(kohya) or .lora_A.weight / .lora_B.weight (PEFT), found {sample or 'no tensors'}"
+        )
     return index
 
 
@@ -110,13 +124,24 @@ def read_lora(index: TensorIndex) -> list[LoraLayer]:
         route = _route(name)
         usable = ("down" in parts and "up" in parts) or "diff" in parts or "diff_b" in parts
         if route is None or not usable:
-            log.warning("%s: skipping LoRA entry %r (unknown prefix or missing up/down)", index.path.name, name)
+            log.warning(
+                "%s: skipping LoRA entry %r (unknown prefix or missing up/down)", index.path.name, name
+            )
             continue
         alpha = parts.get("alpha")
         low_rank = "down" in parts and "up" in parts
-        layers.append(LoraLayer(route[0], route[1], route[2], parts["down"] if low_rank else None,
-                                parts["up"] if low_rank else None, None if alpha is None else float(alpha),
-                                parts.get("diff"), parts.get("diff_b")))
+        layers.append(
+            LoraLayer(
+                route[0],
+                route[1],
+                route[2],
+                parts["down"] if low_rank else None,
+                parts["up"] if low_rank else None,
+                None if alpha is None else float(alpha),
+                parts.get("diff"),
+                parts.get("diff_b"),
+            )
+        )
     return layers
 
 
@@ -161,7 +186,9 @@ def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength:
     modules = dict(unet.named_modules())
     if layer.diff_b is not None:
         bias_key = fused.key.removesuffix(".weight") + ".bias"
-        for name, piece in part.kind.to_diffusers({bias_key: layer.diff_b.float() * strength}, part.config).items():
+        for name, piece in part.kind.to_diffusers(
+            {bias_key: layer.diff_b.float() * strength}, part.config
+        ).items():
             bias = modules[name.removesuffix(".bias")].bias
             with torch.no_grad():
                 bias.copy_((bias.to(torch.float32) + piece).to(bias.dtype))
@@ -169,8 +196,10 @@ def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength:
     if delta is None:
         return
     if delta.numel() != math.prod(fused.shape):
-        raise ModelLoadError(f"LoRA layer {layer.name!r} makes a {tuple(delta.shape)} change but the model's "
-                             f"{fused.key} is {fused.shape}; the LoRA is for another model family or size")
+        raise ModelLoadError(
+            f"LoRA layer {layer.name!r} makes a {tuple(delta.shape)} change but the model's "
+            f"{fused.key} is {fused.shape}; the LoRA is for another model family or size"
+        )
     delta = delta.reshape(fused.shape) * strength
     pieces = part.kind.to_diffusers({fused.key: delta}, part.config)
     if any(is_quant_layer(modules[n.removesuffix(".weight")]) for n in pieces):
@@ -197,8 +226,11 @@ def _scale(layer: LoraLayer) -> float:
 
 
 def _clip_lookup(encoder: Any) -> dict[str, Any]:
-    return {n.removeprefix("text_model.").replace(".", "_"): m for n, m in encoder.named_modules()
-            if hasattr(m, "weight") and m.weight is not None}
+    return {
+        n.removeprefix("text_model.").replace(".", "_"): m
+        for n, m in encoder.named_modules()
+        if hasattr(m, "weight") and m.weight is not None
+    }
 
 
 def merge(module: Any, delta_source: LoraLayer, strength: float) -> None:
@@ -217,7 +249,11 @@ def merge(module: Any, delta_source: LoraLayer, strength: float) -> None:
         if delta is not None:
             weight.copy_((weight.to(torch.float32) + strength * delta.reshape(weight.shape)).to(weight.dtype))
         if delta_source.diff_b is not None and bias is not None:
-            bias.copy_((bias.to(torch.float32) + strength * delta_source.diff_b.float().reshape(bias.shape)).to(bias.dtype))
+            bias.copy_(
+                (bias.to(torch.float32) + strength * delta_source.diff_b.float().reshape(bias.shape)).to(
+                    bias.dtype
+                )
+            )
 
 
 def _change_size(layer: LoraLayer) -> int:
@@ -242,7 +278,11 @@ class LoraPatch:
         return f"lora:{self.fingerprint}:{self.target}:{self.strength!r}"
 
     def apply(self, module: Any, handle: ComponentHandle) -> None:
-        layers = [x for x in read_lora(read_index(self.path, allow_pickle=self.allow_pickle)) if x.target == self.target]
+        layers = [
+            x
+            for x in read_lora(read_index(self.path, allow_pickle=self.allow_pickle))
+            if x.target == self.target
+        ]
         fused: dict[str, Fused] = {}
         if self.target == "unet":
             unet_lookup, fused = _unet_lookup(module, handle.part("unet"))

@@ -62,8 +62,9 @@ def extract_lora(diff: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
     return up, down
 
 
-def lora_tensors(weights: dict[str, torch.Tensor], prefix: str, rank: int, lora_type: str,
-                 bias_diff: bool) -> dict[str, torch.Tensor]:
+def lora_tensors(
+    weights: dict[str, torch.Tensor], prefix: str, rank: int, lora_type: str, bias_diff: bool
+) -> dict[str, torch.Tensor]:
     """LoRA tensors for the difference ``weights`` (module names → tensors), keys under ``prefix``."""
     out: dict[str, torch.Tensor] = {}
     for key, value in weights.items():
@@ -84,49 +85,90 @@ def lora_tensors(weights: dict[str, torch.Tensor], prefix: str, rank: int, lora_
     return out
 
 
-def model_lora(ctx: NodeContext, model: Any, rank: int, lora_type: str, bias_diff: bool) -> dict[str, torch.Tensor]:
+def model_lora(
+    ctx: NodeContext, model: Any, rank: int, lora_type: str, bias_diff: bool
+) -> dict[str, torch.Tensor]:
     with ctx.models.use(model) as module:
         (part,) = model.parts
         weights = original_state_dict(part, module, prefix="")
     return lora_tensors(weights, "diffusion_model.", rank, lora_type, bias_diff)
 
 
-def clip_lora(ctx: NodeContext, clip: Any, rank: int, lora_type: str, bias_diff: bool) -> dict[str, torch.Tensor]:
+def clip_lora(
+    ctx: NodeContext, clip: Any, rank: int, lora_type: str, bias_diff: bool
+) -> dict[str, torch.Tensor]:
     def name(key: str) -> str:  # ComfyUI's CLIP module names: text_model.* for CLIP, as is for T5
         inner = key.removeprefix("text_model.")
-        is_clip = key.startswith("text_model.") or inner.startswith(("embeddings.", "encoder.layers.", "final_layer"))
+        is_clip = key.startswith("text_model.") or inner.startswith(
+            ("embeddings.", "encoder.layers.", "final_layer")
+        )
         return f"text_model.{inner}" if is_clip else key
 
     out: dict[str, torch.Tensor] = {}
     with ctx.models.use(clip) as module:
         for part in clip.parts:
-            weights = {name(k): v for k, v in module[part.name].state_dict().items()
-                       if v.is_floating_point() and not k.endswith("position_ids")}
-            out |= lora_tensors(weights, f"text_encoders.{part.name}.transformer.", rank, lora_type, bias_diff)
+            weights = {
+                name(k): v
+                for k, v in module[part.name].state_dict().items()
+                if v.is_floating_point() and not k.endswith("position_ids")
+            }
+            out |= lora_tensors(
+                weights, f"text_encoders.{part.name}.transformer.", rank, lora_type, bias_diff
+            )
     return out
 
 
 class LoraSave(Node):
     SCHEMA = NodeSchema(
-        node_id="LoraSave", display_name="Extract and Save Lora", category="_for_testing",
+        node_id="LoraSave",
+        display_name="Extract and Save Lora",
+        category="_for_testing",
         description="Extracts a LoRA from a model difference (ModelMergeSubtract / CLIPMergeSubtract) by SVD per "
-                    "layer and saves it to the output folder in ComfyUI's LoRA layout.",
+        "layer and saves it to the output folder in ComfyUI's LoRA layout.",
         inputs=(
-            Input("filename_prefix", STRING, "File name prefix; may start with a subfolder of the output folder.",
-                  default="loras/ComfyUI_extracted_lora"),
-            Input("rank", INT, "The LoRA rank: higher keeps more of the difference and makes a larger file.",
-                  default=8, min=1, max=4096, step=1),
-            Input("lora_type", COMBO, "standard: low-rank factors; full_diff: the whole weight differences.",
-                  options=LORA_TYPES, default="standard"),
+            Input(
+                "filename_prefix",
+                STRING,
+                "File name prefix; may start with a subfolder of the output folder.",
+                default="loras/ComfyUI_extracted_lora",
+            ),
+            Input(
+                "rank",
+                INT,
+                "The LoRA rank: higher keeps more of the difference and makes a larger file.",
+                default=8,
+                min=1,
+                max=4096,
+                step=1,
+            ),
+            Input(
+                "lora_type",
+                COMBO,
+                "standard: low-rank factors; full_diff: the whole weight differences.",
+                options=LORA_TYPES,
+                default="standard",
+            ),
             Input("bias_diff", BOOLEAN, "Also save bias and norm differences (whole).", default=True),
             Input("model_diff", MODEL, "The ModelSubtract output to be converted to a lora.", optional=True),
-            Input("text_encoder_diff", CLIP, "The CLIPSubtract output to be converted to a lora.", optional=True),
+            Input(
+                "text_encoder_diff", CLIP, "The CLIPSubtract output to be converted to a lora.", optional=True
+            ),
         ),
-        outputs=(), output_node=True,
+        outputs=(),
+        output_node=True,
     )
 
-    def run(self, ctx: NodeContext, *, filename_prefix: str, rank: int, lora_type: str, bias_diff: bool,
-            model_diff: Any = None, text_encoder_diff: Any = None) -> NodeOutput:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        filename_prefix: str,
+        rank: int,
+        lora_type: str,
+        bias_diff: bool,
+        model_diff: Any = None,
+        text_encoder_diff: Any = None,
+    ) -> NodeOutput:
         if lora_type not in LORA_TYPES:
             raise ValueError(f"lora_type must be one of {LORA_TYPES}, got {lora_type!r}")
         if model_diff is None and text_encoder_diff is None:

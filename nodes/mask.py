@@ -70,8 +70,16 @@ class ImageColorToMask(Node):
         description="1 where the pixel's 8-bit colour is exactly `color` (0xRRGGBB), else 0.",
         inputs=(
             Input("image", IMAGE, "The images."),
-            Input("color", INT, "The colour as 0xRRGGBB.", default=0, min=0, max=0xFFFFFF, step=1,
-                  extra={"display": "number"}),
+            Input(
+                "color",
+                INT,
+                "The colour as 0xRRGGBB.",
+                default=0,
+                min=0,
+                max=0xFFFFFF,
+                step=1,
+                extra={"display": "number"},
+            ),
         ),
         outputs=(_mask_out("The matching pixels."),),
     )
@@ -151,7 +159,9 @@ def _combine(destination: torch.Tensor, source: torch.Tensor, operation: str) ->
         return destination - source
     logic = {"and": torch.logical_and, "or": torch.logical_or, "xor": torch.logical_xor}
     if operation not in logic:
-        raise ImageError(f"unknown operation {operation!r}; expected one of {', '.join(COMPOSITE_OPERATIONS)}")
+        raise ImageError(
+            f"unknown operation {operation!r}; expected one of {', '.join(COMPOSITE_OPERATIONS)}"
+        )
     return logic[operation](destination.round().bool(), source.round().bool()).float()
 
 
@@ -166,14 +176,27 @@ class MaskComposite(Node):
             Input("source", MASK, "The mask combined into it (one, or one per destination mask)."),
             Input("x", INT, "Left edge of the source.", default=0, min=0, max=MAX_RESOLUTION, step=1),
             Input("y", INT, "Top edge of the source.", default=0, min=0, max=MAX_RESOLUTION, step=1),
-            Input("operation", COMBO, "How the values combine (and/or/xor on values rounded to 0/1).",
-                  options=COMPOSITE_OPERATIONS, default="multiply"),
+            Input(
+                "operation",
+                COMBO,
+                "How the values combine (and/or/xor on values rounded to 0/1).",
+                options=COMPOSITE_OPERATIONS,
+                default="multiply",
+            ),
         ),
         outputs=(_mask_out("The combined mask."),),
     )
 
-    def run(self, ctx: NodeContext, *, destination: torch.Tensor, source: torch.Tensor, x: int, y: int,
-            operation: str) -> tuple:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        destination: torch.Tensor,
+        source: torch.Tensor,
+        x: int,
+        y: int,
+        operation: str,
+    ) -> tuple:
         out = as_batch(destination).clone()
         source = as_batch(source).to(out)
         if source.shape[0] not in (1, out.shape[0]):
@@ -216,7 +239,9 @@ class FeatherMask(Node):
         outputs=(_mask_out("The feathered mask."),),
     )
 
-    def run(self, ctx: NodeContext, *, mask: torch.Tensor, left: int, top: int, right: int, bottom: int) -> tuple:
+    def run(
+        self, ctx: NodeContext, *, mask: torch.Tensor, left: int, top: int, right: int, bottom: int
+    ) -> tuple:
         out = as_batch(mask)
         h, w = out.shape[1:]
         cols = _feather_weights(w, min(left, w), min(right, w))
@@ -253,10 +278,21 @@ class GrowMask(Node):
         description="Grow (positive) or shrink (negative) the mask by `expand` pixels.",
         inputs=(
             Input("mask", MASK, "The mask."),
-            Input("expand", INT, "Pixels to grow (negative: shrink).", default=0, min=-MAX_RESOLUTION,
-                  max=MAX_RESOLUTION, step=1),
-            Input("tapered_corners", BOOLEAN, "Grow by a plus shape (rounder corners) instead of a square.",
-                  default=True),
+            Input(
+                "expand",
+                INT,
+                "Pixels to grow (negative: shrink).",
+                default=0,
+                min=-MAX_RESOLUTION,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+            Input(
+                "tapered_corners",
+                BOOLEAN,
+                "Grow by a plus shape (rounder corners) instead of a square.",
+                default=True,
+            ),
         ),
         outputs=(_mask_out("The grown or shrunk mask."),),
     )
@@ -293,7 +329,9 @@ class MaskPreview(Node):
         output_node=True,
     )
 
-    def run(self, ctx: NodeContext, *, mask: torch.Tensor, prompt: Any = None, extra_pnginfo: Any = None) -> NodeOutput:
+    def run(
+        self, ctx: NodeContext, *, mask: torch.Tensor, prompt: Any = None, extra_pnginfo: Any = None
+    ) -> NodeOutput:
         return NodeOutput(ui={"images": preview_images(ctx, mask_to_image(mask))})
 
 
@@ -303,7 +341,9 @@ class BatchMasksNode(Node):
         display_name="Batch Masks",
         category="mask",
         description="Join 2 to 50 mask batches into one (later ones resized to the first's size, centre crop).",
-        inputs=tuple(Input(f"masks.mask{i}", MASK, f"Masks #{i + 1}.", optional=i >= 2) for i in range(AUTOGROW_MAX)),
+        inputs=tuple(
+            Input(f"masks.mask{i}", MASK, f"Masks #{i + 1}.", optional=i >= 2) for i in range(AUTOGROW_MAX)
+        ),
         outputs=(_mask_out("All masks in one batch."),),
     )
 
@@ -315,6 +355,15 @@ class BatchMasksNode(Node):
 
 
 MASK_NODES: list[type[Node]] = [
-    MaskToImage, ImageColorToMask, SolidMask, InvertMask, CropMask, MaskComposite, FeatherMask, GrowMask,
-    ThresholdMask, MaskPreview, BatchMasksNode,
+    MaskToImage,
+    ImageColorToMask,
+    SolidMask,
+    InvertMask,
+    CropMask,
+    MaskComposite,
+    FeatherMask,
+    GrowMask,
+    ThresholdMask,
+    MaskPreview,
+    BatchMasksNode,
 ]

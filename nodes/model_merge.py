@@ -63,9 +63,11 @@ def file_names(handle: Any, name: str) -> dict[str, str] | None:
     if index.pickled or is_gguf(index.path) or any(t.dtype.startswith("F8_") for t in index.tensors.values()):
         return None  # stored precision (GGUF, fp8 with scales): read through the dequantising path
     part = handle.part(name)
-    inner = [k[len(part.prefix):] for k in index.tensors if k.startswith(part.prefix)]
+    inner = [k[len(part.prefix) :] for k in index.tensors if k.startswith(part.prefix)]
     try:  # strings for tensors: a table that only renames keeps them; one that splits them fails
-        mapped = part.kind.module_keys(part.kind.to_diffusers(dict(zip(inner, inner, strict=True)), part.config))
+        mapped = part.kind.module_keys(
+            part.kind.to_diffusers(dict(zip(inner, inner, strict=True)), part.config)
+        )
     except (AttributeError, TypeError, ValueError, KeyError, IndexError, RuntimeError):
         return None
     values = list(mapped.values())
@@ -96,8 +98,10 @@ def ldm_names(part: Any, names: list[str]) -> dict[str, str]:
         return dict(part.kind.original_names(names, part.config))
     original = list(part.kind.to_original(dict.fromkeys(names), part.config))
     if len(original) != len(names):
-        raise ModelLoadError(f"the {part.name} key table does not map its weights one to one; "
-                             "block-wise merging needs the LDM names")
+        raise ModelLoadError(
+            f"the {part.name} key table does not map its weights one to one; "
+            "block-wise merging needs the LDM names"
+        )
     return dict(zip(names, original, strict=True))
 
 
@@ -146,8 +150,10 @@ class MergePatch:
                         if not store_weight(target, k, value):  # a stored-precision layer re-stores it
                             w.copy_(value.to(w.dtype))
         if merged == 0:
-            raise ModelLoadError(f"nothing to merge: {self.other.source.name} has no weight of the same name and "
-                                 f"shape as {handle.source.name}; merge models of the same family")
+            raise ModelLoadError(
+                f"nothing to merge: {self.other.source.name} has no weight of the same name and "
+                f"shape as {handle.source.name}; merge models of the same family"
+            )
 
 
 def _ratio(name: str, what: str) -> Input:
@@ -155,23 +161,44 @@ def _ratio(name: str, what: str) -> Input:
 
 
 _MULT = Input("multiplier", FLOAT, "Scale of the difference.", default=1.0, min=-10.0, max=10.0, step=0.01)
-_M1, _M2 = Input("model1", MODEL, "The base model (ratio 1 keeps it)."), Input("model2", MODEL, "The other model.")
+_M1, _M2 = (
+    Input("model1", MODEL, "The base model (ratio 1 keeps it)."),
+    Input("model2", MODEL, "The other model."),
+)
 MODEL_MERGE_PAIR = (_M1, _M2)  # the first two inputs of every block-wise merge (family merges reuse them)
 ratio_input = _ratio
-_C1, _C2 = Input("clip1", CLIP, "The base text encoder(s)."), Input("clip2", CLIP, "The other text encoder(s).")
+_C1, _C2 = (
+    Input("clip1", CLIP, "The base text encoder(s)."),
+    Input("clip2", CLIP, "The other text encoder(s)."),
+)
 _MODEL_OUT = (Output("MODEL", MODEL, "The merged model (computed when it is loaded)."),)
 _CLIP_OUT = (Output("CLIP", CLIP, "The merged text encoder(s) (computed when loaded)."),)
 
 
-def _schema(node_id: str, description: str, inputs: tuple[Input, ...], outputs: tuple[Output, ...],
-            category: str = "advanced/model_merging") -> NodeSchema:
-    return NodeSchema(node_id=node_id, display_name=node_id, category=category, description=description,
-                      inputs=inputs, outputs=outputs)
+def _schema(
+    node_id: str,
+    description: str,
+    inputs: tuple[Input, ...],
+    outputs: tuple[Output, ...],
+    category: str = "advanced/model_merging",
+) -> NodeSchema:
+    return NodeSchema(
+        node_id=node_id,
+        display_name=node_id,
+        category=category,
+        description=description,
+        inputs=inputs,
+        outputs=outputs,
+    )
 
 
 class ModelMergeSimple(Node):
-    SCHEMA = _schema("ModelMergeSimple", "model1 * ratio + model2 * (1 - ratio), weight by weight.",
-                     (_M1, _M2, _ratio("ratio", "Share of model1.")), _MODEL_OUT)
+    SCHEMA = _schema(
+        "ModelMergeSimple",
+        "model1 * ratio + model2 * (1 - ratio), weight by weight.",
+        (_M1, _M2, _ratio("ratio", "Share of model1.")),
+        _MODEL_OUT,
+    )
 
     def run(self, ctx: NodeContext, *, model1: Any, model2: Any, ratio: float) -> tuple[Any]:
         return (model1.with_patch(MergePatch(model2, (ratio, 1.0 - ratio))),)
@@ -185,16 +212,24 @@ class ModelMergeAdd(Node):
 
 
 class ModelMergeSubtract(Node):
-    SCHEMA = _schema("ModelMergeSubtract", "(model1 - model2) * multiplier, weight by weight.",
-                     (_M1, _M2, _MULT), _MODEL_OUT)
+    SCHEMA = _schema(
+        "ModelMergeSubtract",
+        "(model1 - model2) * multiplier, weight by weight.",
+        (_M1, _M2, _MULT),
+        _MODEL_OUT,
+    )
 
     def run(self, ctx: NodeContext, *, model1: Any, model2: Any, multiplier: float) -> tuple[Any]:
         return (model1.with_patch(MergePatch(model2, (multiplier, -multiplier))),)
 
 
 class CLIPMergeSimple(Node):
-    SCHEMA = _schema("CLIPMergeSimple", "clip1 * ratio + clip2 * (1 - ratio), weight by weight.",
-                     (_C1, _C2, _ratio("ratio", "Share of clip1.")), _CLIP_OUT)
+    SCHEMA = _schema(
+        "CLIPMergeSimple",
+        "clip1 * ratio + clip2 * (1 - ratio), weight by weight.",
+        (_C1, _C2, _ratio("ratio", "Share of clip1.")),
+        _CLIP_OUT,
+    )
 
     def run(self, ctx: NodeContext, *, clip1: Any, clip2: Any, ratio: float) -> tuple[Any]:
         return (clip1.with_patch(MergePatch(clip2, (ratio, 1.0 - ratio), skip=CLIP_SKIP)),)
@@ -208,8 +243,9 @@ class CLIPMergeAdd(Node):
 
 
 class CLIPMergeSubtract(Node):
-    SCHEMA = _schema("CLIPMergeSubtract", "(clip1 - clip2) * multiplier, weight by weight.",
-                     (_C1, _C2, _MULT), _CLIP_OUT)
+    SCHEMA = _schema(
+        "CLIPMergeSubtract", "(clip1 - clip2) * multiplier, weight by weight.", (_C1, _C2, _MULT), _CLIP_OUT
+    )
 
     def run(self, ctx: NodeContext, *, clip1: Any, clip2: Any, multiplier: float) -> tuple[Any]:
         return (clip1.with_patch(MergePatch(clip2, (multiplier, -multiplier), skip=CLIP_SKIP)),)
@@ -228,15 +264,25 @@ class BlockMerge(Node):
 
 
 class ModelMergeBlocks(BlockMerge):
-    SCHEMA = _schema("ModelMergeBlocks", "Merge with one ratio per UNet part (input, middle and output blocks).",
-                     (_M1, _M2, _ratio("input", "Share of model1 in the input blocks (and unnamed weights)."),
-                      _ratio("middle", "Share of model1 in the middle block."),
-                      _ratio("out", "Share of model1 in the output blocks and the final layers.")), _MODEL_OUT)
+    SCHEMA = _schema(
+        "ModelMergeBlocks",
+        "Merge with one ratio per UNet part (input, middle and output blocks).",
+        (
+            _M1,
+            _M2,
+            _ratio("input", "Share of model1 in the input blocks (and unnamed weights)."),
+            _ratio("middle", "Share of model1 in the middle block."),
+            _ratio("out", "Share of model1 in the output blocks and the final layers."),
+        ),
+        _MODEL_OUT,
+    )
 
 
 def _block_inputs(inputs: int, outputs: int, dot: str) -> tuple[Input, ...]:
     names = ["time_embed.", "label_emb."] + [f"input_blocks.{i}{dot}" for i in range(inputs)]
-    names += [f"middle_block.{i}{dot}" for i in range(3)] + [f"output_blocks.{i}{dot}" for i in range(outputs)]
+    names += [f"middle_block.{i}{dot}" for i in range(3)] + [
+        f"output_blocks.{i}{dot}" for i in range(outputs)
+    ]
     names.append("out.")
     return (_M1, _M2, *(_ratio(n, f"Share of model1 in the weights named {n}*.") for n in names))
 
@@ -245,21 +291,44 @@ _SPECIFIC = "advanced/model_merging/model_specific"
 
 
 class ModelMergeSD1(BlockMerge):
-    SCHEMA = _schema("ModelMergeSD1", "Merge two UNets of 12 input and 12 output blocks, one ratio per block.",
-                     _block_inputs(12, 12, "."), _MODEL_OUT, _SPECIFIC)
+    SCHEMA = _schema(
+        "ModelMergeSD1",
+        "Merge two UNets of 12 input and 12 output blocks, one ratio per block.",
+        _block_inputs(12, 12, "."),
+        _MODEL_OUT,
+        _SPECIFIC,
+    )
 
 
 class ModelMergeSD2(BlockMerge):
-    SCHEMA = _schema("ModelMergeSD2", "Merge two UNets of 12 input and 12 output blocks (v-prediction generation), one ratio per block.",
-                     _block_inputs(12, 12, "."), _MODEL_OUT, _SPECIFIC)
+    SCHEMA = _schema(
+        "ModelMergeSD2",
+        "Merge two UNets of 12 input and 12 output blocks (v-prediction generation), one ratio per block.",
+        _block_inputs(12, 12, "."),
+        _MODEL_OUT,
+        _SPECIFIC,
+    )
 
 
 class ModelMergeSDXL(BlockMerge):
-    SCHEMA = _schema("ModelMergeSDXL", "Merge two UNets of 9 input and 9 output blocks (with label_emb), one ratio per block.",
-                     _block_inputs(9, 9, ""), _MODEL_OUT, _SPECIFIC)
+    SCHEMA = _schema(
+        "ModelMergeSDXL",
+        "Merge two UNets of 9 input and 9 output blocks (with label_emb), one ratio per block.",
+        _block_inputs(9, 9, ""),
+        _MODEL_OUT,
+        _SPECIFIC,
+    )
 
 
 MERGE_NODES: list[type[Node]] = [
-    ModelMergeSimple, ModelMergeBlocks, ModelMergeAdd, ModelMergeSubtract, CLIPMergeSimple, CLIPMergeAdd,
-    CLIPMergeSubtract, ModelMergeSD1, ModelMergeSD2, ModelMergeSDXL,
+    ModelMergeSimple,
+    ModelMergeBlocks,
+    ModelMergeAdd,
+    ModelMergeSubtract,
+    CLIPMergeSimple,
+    CLIPMergeAdd,
+    CLIPMergeSubtract,
+    ModelMergeSD1,
+    ModelMergeSD2,
+    ModelMergeSDXL,
 ]

@@ -37,7 +37,11 @@ if TYPE_CHECKING:
 MODEL_PATCH = "MODEL_PATCH"
 AfterBlock = Callable[[int, "torch.Tensor", tuple[Any, ...], dict[str, Any]], "torch.Tensor"]
 KINDS = (
-    ("controlnet_blocks.0.y_rms.weight", "a DiffSynth Qwen-Image block-wise ControlNet", "QwenImageDiffsynthControlnet"),
+    (
+        "controlnet_blocks.0.y_rms.weight",
+        "a DiffSynth Qwen-Image block-wise ControlNet",
+        "QwenImageDiffsynthControlnet",
+    ),
     ("feature_embedder.mid_layer_norm.bias", "a USO style projector", "USOStyleReference"),
     ("control_all_x_embedder.2-1.weight", "a Z-Image Fun ControlNet", "ZImageFunControlnet"),
     ("audio_proj.proj1.weight", "a MultiTalk audio patch (Wan)", "the MultiTalk nodes"),
@@ -82,29 +86,45 @@ def open_model_patch(path: Any, allow_pickle: bool = False) -> ModelPatchHandle:
             raise ModelLoadError(
                 f"{path}: not a model patch Loom or ComfyUI knows (none of "
                 f"{', '.join(k for k, _, _ in KINDS)} is in the file); ControlNets go in models/controlnet "
-                "(ControlNetLoader), LoRAs in models/loras, style models in models/style_models")
+                "(ControlNetLoader), LoRAs in models/loras, style models in models/style_models"
+            )
         what, node = known
         raise ModelLoadError(
             f"{path}: this is {what}, applied in ComfyUI by {node}, which Loom does not have yet; remove "
-            "ModelPatchLoader and its apply node from the workflow (or run the workflow in ComfyUI) until it lands")
+            "ModelPatchLoader and its apply node from the workflow (or run the workflow in ComfyUI) until it lands"
+        )
     config = patch_kind.config_from_tensors(index)
-    return ModelPatchHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
-                            nbytes=index.nbytes(), patch_kind=patch_kind, config=tuple(sorted(config.items())))
+    return ModelPatchHandle(
+        source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
+        nbytes=index.nbytes(),
+        patch_kind=patch_kind,
+        config=tuple(sorted(config.items())),
+    )
 
 
 class ModelPatchLoader(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelPatchLoader", display_name="ModelPatchLoader", category="advanced/loaders",
+        node_id="ModelPatchLoader",
+        display_name="ModelPatchLoader",
+        category="advanced/loaders",
         description="Loads a model patch (block-wise ControlNets, style projectors) from models/model_patches.",
-        inputs=(Input("name", COMBO, "The model patch file in models/model_patches.",
-                      options=DynamicOptions("model_patches")),),
+        inputs=(
+            Input(
+                "name",
+                COMBO,
+                "The model patch file in models/model_patches.",
+                options=DynamicOptions("model_patches"),
+            ),
+        ),
         outputs=(Output("MODEL_PATCH", MODEL_PATCH, "The model patch, for the node that applies it."),),
     )
 
     def run(self, ctx: NodeContext, *, name: str) -> tuple[Any]:
         from nodes.loaders import _model_files
 
-        return (open_model_patch(_model_files(ctx).resolve("model_patches", name), ctx.settings.allow_pickle),)
+        return (
+            open_model_patch(_model_files(ctx).resolve("model_patches", name), ctx.settings.allow_pickle),
+        )
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
@@ -124,9 +144,12 @@ def after_blocks(stack: BlockStack, after: AfterBlock) -> Iterator[None]:
         def run(*args: Any, **kwargs: Any) -> Any:
             out = forward(*args, **kwargs)
             return io.with_image(out, after(index, io.image_out(out, 0), args, kwargs))
+
         return run
 
-    with replaced_forwards([(block, wrap(block.forward, io, i)) for i, (block, io) in enumerate(stack.blocks)]):
+    with replaced_forwards(
+        [(block, wrap(block.forward, io, i)) for i, (block, io) in enumerate(stack.blocks)]
+    ):
         yield
 
 
@@ -167,13 +190,17 @@ class ControlPatch:
     def sampling_hooks(self, module: Any, resident: Mapping[str, Any] | None = None) -> SamplingHooks:
         resident = resident or {}
         if self.network.key not in resident or self.vae.key not in resident:
-            raise ConditioningError(f"model patch {self.network.source.name!r} was not made resident for sampling; "
-                                    "sample this MODEL with KSampler or SamplerCustom")
+            raise ConditioningError(
+                f"model patch {self.network.source.name!r} was not made resident for sampling; "
+                "sample this MODEL with KSampler or SamplerCustom"
+            )
         network = resident[self.network.key]
         problem = self.network.patch_kind.check_model(network, module)
         if problem:
-            raise ConditioningError(f"model patch {self.network.source.name!r} does not fit this model: {problem}; "
-                                    "load the patch made for this model")
+            raise ConditioningError(
+                f"model patch {self.network.source.name!r} does not fit this model: {problem}; "
+                "load the patch made for this model"
+            )
         run = _ControlRun(self, network, resident[self.vae.key], self.denoiser.block_stack(module))
         return SamplingHooks(model_wrappers=(run.model_call,))
 
@@ -203,11 +230,13 @@ class _ControlRun:
             if latent.shape[1] != self.patch.latent_format.channels:
                 raise ConditioningError(
                     f"the VAE given with model patch {self.patch.network.source.name!r} makes {latent.shape[1]}-channel "
-                    f"latents but the model works on {self.patch.latent_format.channels}; connect the model's own VAE")
+                    f"latents but the model works on {self.patch.latent_format.channels}; connect the model's own VAE"
+                )
             device = next(self.network.parameters()).device
             mask = None if self.patch.mask is None else self.patch.mask.to(device)
             self.encoded[size] = self.patch.network.patch_kind.control_tokens(
-                self.network, latent.to(device), mask, self.patch.latent_format)
+                self.network, latent.to(device), mask, self.patch.latent_format
+            )
         return self.encoded[size]
 
     def model_call(self, inner: Callable[[ModelCall], torch.Tensor], call: ModelCall) -> torch.Tensor:
@@ -222,15 +251,22 @@ class _ControlRun:
             return inner(call)
 
 
-def control_patch(model: Any, model_patch: ModelPatchHandle, vae: Any, image: torch.Tensor, strength: float,
-                  mask: torch.Tensor | None) -> Any:
+def control_patch(
+    model: Any,
+    model_patch: ModelPatchHandle,
+    vae: Any,
+    image: torch.Tensor,
+    strength: float,
+    mask: torch.Tensor | None,
+) -> Any:
     """``model`` with ``model_patch`` applied (the apply nodes' shared work; ComfyUI's
     ``diffsynth_controlnet``): the image's alpha dropped, the mask inverted and given a channel axis."""
     kind = model_patch.patch_kind
     if not kind.fits(model.denoiser):
         raise ModelPatchError(
             f"model_patch {model_patch.source.name!r} is {kind.what}, made for {kind.target} models, but the model is "
-            f"{model.family.title}; load a {kind.target} model (or a model patch made for {model.family.title})")
+            f"{model.family.title}; load a {kind.target} model (or a model patch made for {model.family.title})"
+        )
     image = image[..., :3].float()
     if mask is not None:
         mask = 1.0 - mask.float().reshape(-1, 1, *mask.shape[-2:])
@@ -239,14 +275,16 @@ def control_patch(model: Any, model_patch: ModelPatchHandle, vae: Any, image: to
         if t is not None:
             digest.update(str(tuple(t.shape)).encode())
             digest.update(t.detach().cpu().contiguous().numpy().tobytes())
-    patch = ControlPatch(model_patch, vae, model.denoiser, model.latent_format, image, strength, mask,
-                         digest.hexdigest()[:16])
+    patch = ControlPatch(
+        model_patch, vae, model.denoiser, model.latent_format, image, strength, mask, digest.hexdigest()[:16]
+    )
     return model.with_patch(patch)
 
 
 class QwenImageDiffsynthControlnet(Node):
     SCHEMA = NodeSchema(
-        node_id="QwenImageDiffsynthControlnet", display_name="QwenImageDiffsynthControlnet",
+        node_id="QwenImageDiffsynthControlnet",
+        display_name="QwenImageDiffsynthControlnet",
         category="advanced/loaders/qwen",
         description="Applies a DiffSynth block-wise ControlNet (from ModelPatchLoader) to a Qwen-Image model.",
         inputs=(
@@ -254,40 +292,82 @@ class QwenImageDiffsynthControlnet(Node):
             Input("model_patch", MODEL_PATCH, "The block-wise ControlNet from ModelPatchLoader."),
             Input("vae", VAE, "The model's VAE, to encode the control image."),
             Input("image", IMAGE, "The control image (canny, depth, pose... or the image to inpaint)."),
-            Input("strength", FLOAT, "How strongly the control steers the image (0: not at all).", default=1.0,
-                  min=-10.0, max=10.0, step=0.01),
+            Input(
+                "strength",
+                FLOAT,
+                "How strongly the control steers the image (0: not at all).",
+                default=1.0,
+                min=-10.0,
+                max=10.0,
+                step=0.01,
+            ),
             Input("mask", MASK, "The region to inpaint (inpainting ControlNets only).", optional=True),
         ),
         outputs=(Output("MODEL", MODEL, "The model with the ControlNet applied."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, model_patch: Any, vae: Any, image: Any, strength: float,
-            mask: Any = None) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        model_patch: Any,
+        vae: Any,
+        image: Any,
+        strength: float,
+        mask: Any = None,
+    ) -> tuple[Any]:
         return (control_patch(model, model_patch, vae, image, strength, mask),)
 
 
 class ZImageFunControlnet(Node):
     SCHEMA = NodeSchema(
-        node_id="ZImageFunControlnet", display_name="ZImageFunControlnet", category="advanced/loaders/zimage",
+        node_id="ZImageFunControlnet",
+        display_name="ZImageFunControlnet",
+        category="advanced/loaders/zimage",
         description="Applies an alibaba-pai Fun ControlNet (from ModelPatchLoader) to a Z-Image model.",
         inputs=(
             Input("model", MODEL, "The Z-Image model."),
             Input("model_patch", MODEL_PATCH, "The Fun ControlNet from ModelPatchLoader."),
             Input("vae", VAE, "The model's VAE, to encode the control image."),
-            Input("strength", FLOAT, "How strongly the control steers the image (0: not at all).", default=1.0,
-                  min=-10.0, max=10.0, step=0.01),
+            Input(
+                "strength",
+                FLOAT,
+                "How strongly the control steers the image (0: not at all).",
+                default=1.0,
+                min=-10.0,
+                max=10.0,
+                step=0.01,
+            ),
             Input("image", IMAGE, "The control image (canny, depth, pose, HED...).", optional=True),
-            Input("inpaint_image", IMAGE, "The image to inpaint (inpainting Fun ControlNets only).", optional=True),
+            Input(
+                "inpaint_image",
+                IMAGE,
+                "The image to inpaint (inpainting Fun ControlNets only).",
+                optional=True,
+            ),
             Input("mask", MASK, "The region to inpaint (inpainting Fun ControlNets only).", optional=True),
         ),
         outputs=(Output("MODEL", MODEL, "The model with the ControlNet applied."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, model_patch: Any, vae: Any, strength: float, image: Any = None,
-            inpaint_image: Any = None, mask: Any = None) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        model_patch: Any,
+        vae: Any,
+        strength: float,
+        image: Any = None,
+        inpaint_image: Any = None,
+        mask: Any = None,
+    ) -> tuple[Any]:
         if image is None:
-            raise ModelPatchError(f"ZImageFunControlnet (node {ctx.node_id}) got no image; connect the control image "
-                                  "(canny, depth, pose...) to its image input")
+            raise ModelPatchError(
+                f"ZImageFunControlnet (node {ctx.node_id}) got no image; connect the control image "
+                "(canny, depth, pose...) to its image input"
+            )
         return (control_patch(model, model_patch, vae, image, strength, mask),)
 
 

@@ -33,19 +33,31 @@ def _discrete_base(model: Any) -> dict[str, Any]:
         schedule = schedule.base
     if not isinstance(schedule, DiscreteSchedule):
         return {}
-    return {"beta_schedule": schedule.beta_schedule, "linear_start": schedule.linear_start,
-            "linear_end": schedule.linear_end, "timesteps": schedule.timesteps}
+    return {
+        "beta_schedule": schedule.beta_schedule,
+        "linear_start": schedule.linear_start,
+        "linear_end": schedule.linear_end,
+        "timesteps": schedule.timesteps,
+    }
 
 
 class ModelSamplingDiscrete(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelSamplingDiscrete", display_name="ModelSamplingDiscrete", category="advanced/model",
+        node_id="ModelSamplingDiscrete",
+        display_name="ModelSamplingDiscrete",
+        category="advanced/model",
         description="Sample a discrete-time model as eps, v-prediction, LCM, x0 or img-to-img, optionally with "
-                    "zero terminal SNR.",
-        inputs=(Input("model", MODEL, "The model."),
-                Input("sampling", COMBO, "What the model predicts.",
-                      options=("eps", "v_prediction", "lcm", "x0", "img_to_img")),
-                Input("zsnr", BOOLEAN, "Rescale the schedule to zero terminal SNR.", default=False)),
+        "zero terminal SNR.",
+        inputs=(
+            Input("model", MODEL, "The model."),
+            Input(
+                "sampling",
+                COMBO,
+                "What the model predicts.",
+                options=("eps", "v_prediction", "lcm", "x0", "img_to_img"),
+            ),
+            Input("zsnr", BOOLEAN, "Rescale the schedule to zero terminal SNR.", default=False),
+        ),
         outputs=_OUT,
     )
 
@@ -57,23 +69,34 @@ class ModelSamplingDiscrete(Node):
 
 class ModelSamplingContinuousEDM(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelSamplingContinuousEDM", display_name="ModelSamplingContinuousEDM", category="advanced/model",
+        node_id="ModelSamplingContinuousEDM",
+        display_name="ModelSamplingContinuousEDM",
+        category="advanced/model",
         description="Sample with a continuous EDM noise range (Karras et al. 2022).",
-        inputs=(Input("model", MODEL, "The model."),
-                Input("sampling", COMBO, "What the model predicts.",
-                      options=("v_prediction", "edm", "edm_playground_v2.5", "eps", "cosmos_rflow")),
-                Input("sigma_max", FLOAT, "Highest noise level.", default=120.0, min=0.0, max=1000.0, step=0.001),
-                Input("sigma_min", FLOAT, "Lowest noise level.", default=0.002, min=0.0, max=1000.0, step=0.001)),
+        inputs=(
+            Input("model", MODEL, "The model."),
+            Input(
+                "sampling",
+                COMBO,
+                "What the model predicts.",
+                options=("v_prediction", "edm", "edm_playground_v2.5", "eps", "cosmos_rflow"),
+            ),
+            Input("sigma_max", FLOAT, "Highest noise level.", default=120.0, min=0.0, max=1000.0, step=0.001),
+            Input("sigma_min", FLOAT, "Lowest noise level.", default=0.002, min=0.0, max=1000.0, step=0.001),
+        ),
         outputs=_OUT,
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, sampling: str, sigma_max: float, sigma_min: float) -> tuple[Any]:
+    def run(
+        self, ctx: NodeContext, *, model: Any, sampling: str, sigma_max: float, sigma_min: float
+    ) -> tuple[Any]:
         from nodes.diffusion.model_sampling import continuous_edm
 
         if sampling in ("edm_playground_v2.5", "cosmos_rflow"):
             raise ModelSamplingError(
                 f"ModelSamplingContinuousEDM: sampling {sampling!r} needs a model family Loom does not load yet "
-                "(Playground v2.5's latent format / Cosmos); use v_prediction, edm or eps")
+                "(Playground v2.5's latent format / Cosmos); use v_prediction, edm or eps"
+            )
         sigma_data = 0.5 if sampling == "edm" else 1.0
         ms = continuous_edm(sampling, sigma_min=sigma_min, sigma_max=sigma_max, sigma_data=sigma_data)
         return (model.with_model_sampling(ms),)
@@ -81,16 +104,22 @@ class ModelSamplingContinuousEDM(Node):
 
 class ModelSamplingContinuousV(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelSamplingContinuousV", display_name="ModelSamplingContinuousV", category="advanced/model",
+        node_id="ModelSamplingContinuousV",
+        display_name="ModelSamplingContinuousV",
+        category="advanced/model",
         description="Sample a v-prediction model over a continuous noise range.",
-        inputs=(Input("model", MODEL, "The model."),
-                Input("sampling", COMBO, "What the model predicts.", options=("v_prediction",)),
-                Input("sigma_max", FLOAT, "Highest noise level.", default=500.0, min=0.0, max=1000.0, step=0.001),
-                Input("sigma_min", FLOAT, "Lowest noise level.", default=0.03, min=0.0, max=1000.0, step=0.001)),
+        inputs=(
+            Input("model", MODEL, "The model."),
+            Input("sampling", COMBO, "What the model predicts.", options=("v_prediction",)),
+            Input("sigma_max", FLOAT, "Highest noise level.", default=500.0, min=0.0, max=1000.0, step=0.001),
+            Input("sigma_min", FLOAT, "Lowest noise level.", default=0.03, min=0.0, max=1000.0, step=0.001),
+        ),
         outputs=_OUT,
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, sampling: str, sigma_max: float, sigma_min: float) -> tuple[Any]:
+    def run(
+        self, ctx: NodeContext, *, model: Any, sampling: str, sigma_max: float, sigma_min: float
+    ) -> tuple[Any]:
         from nodes.diffusion.model_sampling import continuous_v
 
         return (model.with_model_sampling(continuous_v(sampling, sigma_min=sigma_min, sigma_max=sigma_max)),)
@@ -115,11 +144,19 @@ class ComputeDtypePatch:
 
 class ModelComputeDtype(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelComputeDtype", display_name="ModelComputeDtype", category="advanced/debug/model",
+        node_id="ModelComputeDtype",
+        display_name="ModelComputeDtype",
+        category="advanced/debug/model",
         description="Run the denoiser in another precision.",
-        inputs=(Input("model", MODEL, "The model."),
-                Input("dtype", COMBO, "Compute precision (default: Loom's choice).",
-                      options=("default", "fp32", "fp16", "bf16"))),
+        inputs=(
+            Input("model", MODEL, "The model."),
+            Input(
+                "dtype",
+                COMBO,
+                "Compute precision (default: Loom's choice).",
+                options=("default", "fp32", "fp16", "bf16"),
+            ),
+        ),
         outputs=(Output("MODEL", MODEL, "The model."),),
     )
 
@@ -128,5 +165,8 @@ class ModelComputeDtype(Node):
 
 
 MODEL_SAMPLING_NODES: list[type[Node]] = [
-    ModelSamplingDiscrete, ModelSamplingContinuousEDM, ModelSamplingContinuousV, ModelComputeDtype,
+    ModelSamplingDiscrete,
+    ModelSamplingContinuousEDM,
+    ModelSamplingContinuousV,
+    ModelComputeDtype,
 ]

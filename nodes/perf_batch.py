@@ -39,9 +39,21 @@ class KSamplerBatched(Node):
     )
 
     def run(self, ctx: NodeContext, **inputs: Any) -> tuple[list[dict]]:
-        calls = [KSamplerCall(c["model"], c["seed"], c["steps"], c["cfg"], c["sampler_name"], c["scheduler"],
-                              c["positive"], c["negative"], c["latent_image"], c["denoise"])
-                 for c in _broadcast(inputs)]
+        calls = [
+            KSamplerCall(
+                c["model"],
+                c["seed"],
+                c["steps"],
+                c["cfg"],
+                c["sampler_name"],
+                c["scheduler"],
+                c["positive"],
+                c["negative"],
+                c["latent_image"],
+                c["denoise"],
+            )
+            for c in _broadcast(inputs)
+        ]
         return (run_calls(ctx, calls),)
 
 
@@ -51,7 +63,7 @@ class KSamplerAdvancedBatched(Node):
         display_name="KSampler (Advanced, batched lists)",
         category="sampling",
         description="KSampler (Advanced) over lists of noise seeds/prompts: one batched model call per step, "
-                    "one latent per item.",
+        "one latent per item.",
         inputs=KSamplerAdvanced.SCHEMA.inputs,
         outputs=(Output("LATENT", LATENT, "One (partly) denoised latent per list item.", is_list=True),),
         input_is_list=True,

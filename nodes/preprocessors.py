@@ -24,8 +24,10 @@ def canny_edges(image: torch.Tensor, low_threshold: float, high_threshold: float
     from kornia.filters import canny
 
     if low_threshold > high_threshold:
-        raise ValueError(f"low_threshold ({low_threshold}) must not be above high_threshold ({high_threshold}); "
-                         "lower it or raise high_threshold")
+        raise ValueError(
+            f"low_threshold ({low_threshold}) must not be above high_threshold ({high_threshold}); "
+            "lower it or raise high_threshold"
+        )
     pixels = image[..., :3] if image.shape[-1] >= 3 else image[..., :1]
     _magnitude, edges = canny(pixels.movedim(-1, 1).float(), low_threshold, high_threshold)
     return edges.repeat(1, 3, 1, 1).movedim(1, -1)
@@ -33,25 +35,51 @@ def canny_edges(image: torch.Tensor, low_threshold: float, high_threshold: float
 
 class Canny(Node):
     SCHEMA = NodeSchema(
-        node_id="Canny", display_name="Canny", category="image/preprocessors",
+        node_id="Canny",
+        display_name="Canny",
+        category="image/preprocessors",
         description="Finds edges (Canny: Gaussian blur, Sobel gradients, non-maximum suppression, hysteresis "
-                    "between the two thresholds); white edges on black, e.g. for a Canny ControlNet.",
+        "between the two thresholds); white edges on black, e.g. for a Canny ControlNet.",
         inputs=(
             Input("image", IMAGE, "The images to find edges in."),
-            Input("low_threshold", FLOAT, "Gradient strength below which nothing is an edge; edges between the "
-                  "thresholds are kept only where they connect to strong ones.",
-                  default=0.4, min=0.01, max=0.99, step=0.01),
-            Input("high_threshold", FLOAT, "Gradient strength above which a pixel is surely an edge.",
-                  default=0.8, min=0.01, max=0.99, step=0.01),
+            Input(
+                "low_threshold",
+                FLOAT,
+                "Gradient strength below which nothing is an edge; edges between the "
+                "thresholds are kept only where they connect to strong ones.",
+                default=0.4,
+                min=0.01,
+                max=0.99,
+                step=0.01,
+            ),
+            Input(
+                "high_threshold",
+                FLOAT,
+                "Gradient strength above which a pixel is surely an edge.",
+                default=0.8,
+                min=0.01,
+                max=0.99,
+                step=0.01,
+            ),
         ),
-        outputs=(Output("IMAGE", IMAGE, "The edge images (1 on edges, 0 elsewhere, in all three channels)."),),
+        outputs=(
+            Output("IMAGE", IMAGE, "The edge images (1 on edges, 0 elsewhere, in all three channels)."),
+        ),
     )
 
-    def run(self, ctx: NodeContext, *, image: Any, low_threshold: float, high_threshold: float) -> tuple[torch.Tensor]:
+    def run(
+        self, ctx: NodeContext, *, image: Any, low_threshold: float, high_threshold: float
+    ) -> tuple[torch.Tensor]:
         if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[-1] not in (1, 3, 4):
-            got = f"a tensor of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
-            raise TypeError(f"input 'image' must be an IMAGE (a [batch, height, width, 3] tensor from LoadImage or "
-                            f"VAEDecode); got {got}")
+            got = (
+                f"a tensor of shape {tuple(image.shape)}"
+                if isinstance(image, torch.Tensor)
+                else type(image).__name__
+            )
+            raise TypeError(
+                f"input 'image' must be an IMAGE (a [batch, height, width, 3] tensor from LoadImage or "
+                f"VAEDecode); got {got}"
+            )
         return (canny_edges(image, float(low_threshold), float(high_threshold)),)
 
 

@@ -27,8 +27,17 @@ from nodes.families.presets import MODEL_INPUTS, PRESET_INPUTS, SHIPPED, Preset,
 
 log = logging.getLogger("loom.presets")
 
-__all__ = ["MODEL_INPUTS", "PRESET_INPUTS", "SHIPPED", "ModelDescriber", "Preset", "PresetError", "PresetTable",
-           "apply_preset", "model_files_in"]
+__all__ = [
+    "MODEL_INPUTS",
+    "PRESET_INPUTS",
+    "SHIPPED",
+    "ModelDescriber",
+    "Preset",
+    "PresetError",
+    "PresetTable",
+    "apply_preset",
+    "model_files_in",
+]
 
 USER_PRESETS_FILE = "presets.json"  # under the models folder
 
@@ -48,11 +57,15 @@ class PresetTable:
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
-                raise PresetError(f"{path}: not readable JSON ({exc}); it should be a list of preset objects") from exc
+                raise PresetError(
+                    f"{path}: not readable JSON ({exc}); it should be a list of preset objects"
+                ) from exc
             if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-                raise PresetError(f"{path}: expected a JSON list of preset objects with the fields of "
-                                  "GET /api/v1/presets (name, family, steps, cfg, sampler_name, scheduler, "
-                                  "width, height, match, ...)")
+                raise PresetError(
+                    f"{path}: expected a JSON list of preset objects with the fields of "
+                    "GET /api/v1/presets (name, family, steps, cfg, sampler_name, scheduler, "
+                    "width, height, match, ...)"
+                )
             user = [Preset.from_json(d, f"{path} entry {i}") for i, d in enumerate(data)]
         names = {p.name for p in user}
         return cls((*user, *(p for p in SHIPPED if p.name not in names)))
@@ -64,8 +77,10 @@ class PresetTable:
         for preset in self.presets:
             if preset.name == name:
                 return preset
-        raise PresetError(f"no preset named {name!r}; known: {', '.join(self.names())} "
-                          f"(or 'auto': the preset of the workflow's model)")
+        raise PresetError(
+            f"no preset named {name!r}; known: {', '.join(self.names())} "
+            f"(or 'auto': the preset of the workflow's model)"
+        )
 
     def for_model(self, family: str, prediction: str | None, file_name: str) -> Preset | None:
         """The preset for a checkpoint: a variant whose word is in the file name first, then the
@@ -160,30 +175,43 @@ class ModelDescriber:
             return {"family": None, "family_error": str(exc)}
         preset = self.table.for_model(family.name, prediction, Path(path).name)
         sized = None if preset is None else preset.sized(family.default_resolution(prediction))
-        return {"family": family.name, "family_title": family.title, "prediction": prediction,
-                "preset": None if sized is None else sized.to_json()}
+        return {
+            "family": family.name,
+            "family_title": family.title,
+            "prediction": prediction,
+            "preset": None if sized is None else sized.to_json(),
+        }
 
     def table_json(self) -> dict[str, Any]:
         """What ``GET /api/v1/presets`` answers: the presets, which widget of which node each field
         goes to, and which loader input names the model (the editor applies presets with these)."""
-        return {"presets": describe_presets(self.table.presets), "inputs": PRESET_INPUTS,
-                "loaders": {k: list(v) for k, v in MODEL_INPUTS.items()}}
+        return {
+            "presets": describe_presets(self.table.presets),
+            "inputs": PRESET_INPUTS,
+            "loaders": {k: list(v) for k, v in MODEL_INPUTS.items()},
+        }
 
     def preset_for_prompt(self, prompt: Mapping[str, Any], resolve: Any) -> tuple[Preset, str]:
         """The preset of the first checkpoint or diffusion model ``prompt`` loads (``resolve(folder,
         name) -> Path``), and the file it was chosen for; a PresetError when there is none."""
         loaders = model_files_in(prompt)
         if not loaders:
-            raise PresetError("--preset auto: the workflow loads no checkpoint or diffusion model "
-                              f"(none of {', '.join(MODEL_INPUTS)}); name a preset instead")
+            raise PresetError(
+                "--preset auto: the workflow loads no checkpoint or diffusion model "
+                f"(none of {', '.join(MODEL_INPUTS)}); name a preset instead"
+            )
         node_id, folder, name = loaders[0]
         try:
             path = Path(resolve(folder, name))
         except (KeyError, ValueError, OSError) as exc:
-            raise PresetError(f"--preset auto: node {node_id}'s model {name!r} is not in models/{folder} ({exc})") from exc
+            raise PresetError(
+                f"--preset auto: node {node_id}'s model {name!r} is not in models/{folder} ({exc})"
+            ) from exc
         described = self(folder, path)
         if described.get("preset") is None:
             why = described.get("family_error") or f"no preset for the {described.get('family')} family"
-            raise PresetError(f"--preset auto: {name} (node {node_id}): {why}; name a preset instead "
-                              f"(known: {', '.join(self.table.names())})")
+            raise PresetError(
+                f"--preset auto: {name} (node {node_id}): {why}; name a preset instead "
+                f"(known: {', '.join(self.table.names())})"
+            )
         return Preset.from_json(described["preset"], name), name

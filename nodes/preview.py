@@ -57,13 +57,18 @@ class TaesdHandle(WeightsHandle):
         tensors = _to_diffusers_layout(tensors)
         width, latent = (int(n) for n in tensors["decoder.layers.0.weight"].shape[:2])
         blocks = _blocks_per_stage(tensors)
-        model: Any = AutoencoderTiny(decoder_block_out_channels=(width,) * 4,  # (load holds EMPTY_INIT_LOCK)
-                                     encoder_block_out_channels=(width,) * 4, num_decoder_blocks=blocks,
-                                     latent_channels=latent)
+        model: Any = AutoencoderTiny(
+            decoder_block_out_channels=(width,) * 4,  # (load holds EMPTY_INIT_LOCK)
+            encoder_block_out_channels=(width,) * 4,
+            num_decoder_blocks=blocks,
+            latent_channels=latent,
+        )
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         missing = [k for k in missing if k.startswith("decoder.")]
         if missing or unexpected:
-            raise ValueError(f"{self.path}: not a TAESD decoder (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise ValueError(
+                f"{self.path}: not a TAESD decoder (missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
         return PreviewDecoder(model.eval())
 
 
@@ -84,8 +89,10 @@ class PreviewDecoder(torch.nn.Module):
     def decode(self, x0: torch.Tensor) -> torch.Tensor:
         """Model-space latents -> images in [-1, 1]."""
         if x0.shape[1] != self.latent_channels:
-            raise ValueError(f"it decodes {self.latent_channels}-channel latents but this model makes "
-                             f"{x0.shape[1]}-channel ones (a decoder of another family under this name?)")
+            raise ValueError(
+                f"it decodes {self.latent_channels}-channel latents but this model makes "
+                f"{x0.shape[1]}-channel ones (a decoder of another family under this name?)"
+            )
         return self.taesd.decode(x0, return_dict=False)[0]
 
 
@@ -182,10 +189,16 @@ def _write_demo_taesd(path: Path, latent_channels: int) -> None:
 
     torch.manual_seed(0)
     c = DEMO_TAESD_CHANNELS
-    model: Any = AutoencoderTiny(decoder_block_out_channels=(c,) * 4, encoder_block_out_channels=(c,) * 4,
-                                 latent_channels=latent_channels)
-    state = {f"{int(k.split('.')[2]) + 1}.{k.split('.', 3)[3]}": v.contiguous()
-             for k, v in model.state_dict().items() if k.startswith("decoder.layers.")}
+    model: Any = AutoencoderTiny(
+        decoder_block_out_channels=(c,) * 4,
+        encoder_block_out_channels=(c,) * 4,
+        latent_channels=latent_channels,
+    )
+    state = {
+        f"{int(k.split('.')[2]) + 1}.{k.split('.', 3)[3]}": v.contiguous()
+        for k, v in model.state_dict().items()
+        if k.startswith("decoder.layers.")
+    }
     tmp = path.with_suffix(".tmp")
     save_file(state, str(tmp), metadata={"loom.note": "Loom demo TAESD: random weights"})
     tmp.replace(path)
@@ -226,7 +239,10 @@ class PreviewRenderer:
 
     def __init__(self, ctx: NodeContext, latent_format: LatentFormat, method: str = "auto") -> None:
         self.ctx = ctx
-        self.factors, self.bias = torch.tensor(latent_format.rgb_factors), torch.tensor(latent_format.rgb_bias)
+        self.factors, self.bias = (
+            torch.tensor(latent_format.rgb_factors),
+            torch.tensor(latent_format.rgb_bias),
+        )
         self.taesd = find_taesd(ctx, latent_format.taesd_decoder) if method in ("auto", "taesd") else None
 
     @cached_property
@@ -271,9 +287,12 @@ class PreviewRenderer:
 
     def _give_up_taesd(self, exc: Exception) -> None:
         assert self.taesd is not None
-        log.warning("preview decoder %s cannot be used (%s); previewing with the latent->RGB approximation "
-                    "instead. Replace the file with a TAESD decoder .safetensors to get TAESD previews.",
-                    self.taesd.source.path, exc)
+        log.warning(
+            "preview decoder %s cannot be used (%s); previewing with the latent->RGB approximation "
+            "instead. Replace the file with a TAESD decoder .safetensors to get TAESD previews.",
+            self.taesd.source.path,
+            exc,
+        )
         self.taesd = None
         self.__dict__.pop("method", None)
 
@@ -299,4 +318,8 @@ def taesd_channels() -> dict[str, int]:
     """Each TAESD decoder file stem the known families use, with its latents' channel count."""
     from nodes.families import FAMILIES
 
-    return {f.latent_format.taesd_decoder: f.latent_format.channels for f in FAMILIES if f.latent_format.taesd_decoder}
+    return {
+        f.latent_format.taesd_decoder: f.latent_format.channels
+        for f in FAMILIES
+        if f.latent_format.taesd_decoder
+    }

@@ -41,7 +41,9 @@ def center_crop(samples: torch.Tensor, width: int, height: int) -> torch.Tensor:
     return samples[..., y : old_h - y, x : old_w - x]
 
 
-def resize(samples: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled") -> torch.Tensor:
+def resize(
+    samples: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled"
+) -> torch.Tensor:
     """Resize ``samples`` [B, C, H, W] to ``height`` x ``width`` with one of :data:`UPSCALE_METHODS`."""
     if samples.ndim != 4:
         raise ValueError(f"resize expects a [B, C, H, W] tensor, found shape {tuple(samples.shape)}")
@@ -64,10 +66,14 @@ def resize(samples: torch.Tensor, width: int, height: int, method: str, crop: st
 # --- bislerp -------------------------------------------------------------------------------------
 
 
-def _linear_taps(n_in: int, n_out: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _linear_taps(
+    n_in: int, n_out: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For each output position along one axis: the two source indices and the blend ratio that
     half-pixel-centred bilinear sampling uses (source = (i + 0.5) * n_in / n_out - 0.5, clamped)."""
-    pos = ((torch.arange(n_out, device=device, dtype=torch.float32) + 0.5) * (n_in / n_out) - 0.5).clamp(0, n_in - 1)
+    pos = ((torch.arange(n_out, device=device, dtype=torch.float32) + 0.5) * (n_in / n_out) - 0.5).clamp(
+        0, n_in - 1
+    )
     first = pos.floor().long()
     second = (first + 1).clamp(max=n_in - 1)
     return first, second, pos - first
@@ -98,7 +104,9 @@ def bislerp(samples: torch.Tensor, width: int, height: int) -> torch.Tensor:
     cols_a, cols_b, col_ratio = _linear_taps(x.shape[-1], width, x.device)
     x = slerp_vectors(x[..., cols_a], x[..., cols_b], col_ratio.view(1, 1, 1, -1))  # (B, C, H, width)
     rows_a, rows_b, row_ratio = _linear_taps(x.shape[-2], height, x.device)
-    x = slerp_vectors(x[..., rows_a, :], x[..., rows_b, :], row_ratio.view(1, 1, -1, 1))  # (B, C, height, width)
+    x = slerp_vectors(
+        x[..., rows_a, :], x[..., rows_b, :], row_ratio.view(1, 1, -1, 1)
+    )  # (B, C, height, width)
     return x.to(dtype)
 
 
@@ -140,12 +148,16 @@ def lanczos(samples: torch.Tensor, width: int, height: int) -> torch.Tensor:
 # --- helpers for the image and mask layouts -------------------------------------------------------
 
 
-def resize_image(image: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled") -> torch.Tensor:
+def resize_image(
+    image: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled"
+) -> torch.Tensor:
     """:func:`resize` for an IMAGE [B, H, W, C]."""
     return resize(image.movedim(-1, 1), width, height, method, crop).movedim(1, -1)
 
 
-def resize_mask(mask: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled") -> torch.Tensor:
+def resize_mask(
+    mask: torch.Tensor, width: int, height: int, method: str, crop: str = "disabled"
+) -> torch.Tensor:
     """:func:`resize` for a MASK [B, H, W] (or [H, W])."""
     batched = mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1])
     return resize(batched, width, height, method, crop)[:, 0]

@@ -59,12 +59,16 @@ class SafetyHandle(WeightsHandle):
     def from_file(cls, path: Path) -> SafetyHandle:
         path = Path(path)
         if not (path.parent / "config.json").is_file():
-            raise ModelLoadError(f"{path}: the safety checker needs its config.json in the same folder "
-                                 "(diffusers' safety_checker/ folder: config.json + model.safetensors)")
+            raise ModelLoadError(
+                f"{path}: the safety checker needs its config.json in the same folder "
+                "(diffusers' safety_checker/ folder: config.json + model.safetensors)"
+            )
         index = read_index(path)
         if not index.has("concept_embeds") or not index.any_with("vision_model."):
-            raise ModelLoadError(f"{path}: not a StableDiffusionSafetyChecker (expected 'concept_embeds' and "
-                                 f"'vision_model.*' tensors; found e.g. {list(index.tensors)[:3]})")
+            raise ModelLoadError(
+                f"{path}: not a StableDiffusionSafetyChecker (expected 'concept_embeds' and "
+                f"'vision_model.*' tensors; found e.g. {list(index.tensors)[:3]})"
+            )
         return cls(source=WeightsSource(path, fingerprint(path)), nbytes=index.nbytes())
 
     def build(self) -> Any:
@@ -73,8 +77,11 @@ class SafetyHandle(WeightsHandle):
 
         config = CLIPConfig(**json.loads((self.path.parent / "config.json").read_text(encoding="utf-8")))
         sd = {k: v.float() for k, v in load_tensors(read_index(self.path)).items()}
-        return module_with_weights(lambda: StableDiffusionSafetyChecker(config), sd,
-                                   f"{self.path}: safety checker weights and config.json")
+        return module_with_weights(
+            lambda: StableDiffusionSafetyChecker(config),
+            sd,
+            f"{self.path}: safety checker weights and config.json",
+        )
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -88,7 +95,9 @@ def scores(checker: Any, pixels: torch.Tensor, sensitivity: float) -> torch.Tens
         pooled = checker.vision_model(pixels.to(param.device, param.dtype))[1]
         embeds = checker.visual_projection(pooled).float()
         shift = (sensitivity - 0.5) * 0.2
-        special = _cosine(embeds, checker.special_care_embeds.float()) - checker.special_care_embeds_weights.float()
+        special = (
+            _cosine(embeds, checker.special_care_embeds.float()) - checker.special_care_embeds_weights.float()
+        )
         bonus = ((special + shift) > 0).any(dim=1, keepdim=True) * SPECIAL_CARE_BONUS
         concept = _cosine(embeds, checker.concept_embeds.float()) - checker.concept_embeds_weights.float()
         return (concept + bonus + shift).amax(dim=1).cpu()
@@ -99,19 +108,30 @@ def blur(images: torch.Tensor) -> torch.Tensor:
     x = images.permute(0, 3, 1, 2)
     h, w = x.shape[-2:]
     small = (max(1, round(16 * h / max(h, w))), max(1, round(16 * w / max(h, w))))
-    x = F.interpolate(F.interpolate(x, size=small, mode="area"), size=(h, w), mode="bilinear", align_corners=False)
+    x = F.interpolate(
+        F.interpolate(x, size=small, mode="area"), size=(h, w), mode="bilinear", align_corners=False
+    )
     return x.permute(0, 2, 3, 1).contiguous()
 
 
 class SafetyGuard:
     """Checks IMAGE batches with the safety model (through the memory manager) and applies an action."""
 
-    def __init__(self, handle: SafetyHandle, models: ModelAccess, *, action: str = "black",
-                 sensitivity: float = 0.5, policy: Policy = "node") -> None:
+    def __init__(
+        self,
+        handle: SafetyHandle,
+        models: ModelAccess,
+        *,
+        action: str = "black",
+        sensitivity: float = 0.5,
+        policy: Policy = "node",
+    ) -> None:
         if action not in ACTIONS:
             raise ValueError(f"action must be one of {ACTIONS}, got {action!r}")
         if policy == "enforce" and action == "mark-only":
-            raise ValueError("--safety enforce needs the action blur or black: mark-only lets flagged images out")
+            raise ValueError(
+                "--safety enforce needs the action blur or black: mark-only lets flagged images out"
+            )
         if not 0.0 <= sensitivity <= 1.0:
             raise ValueError(f"sensitivity must be between 0 and 1, got {sensitivity}")
         self.handle, self.models = handle, models
@@ -130,10 +150,14 @@ class SafetyGuard:
         flagged = found > 0
         out = images
         if bool(flagged.any()) and self.action != "mark-only":
-            replaced = torch.zeros_like(images) if self.action == "black" else blur(images.float()).to(images.dtype)
+            replaced = (
+                torch.zeros_like(images) if self.action == "black" else blur(images.float()).to(images.dtype)
+            )
             out = torch.where(flagged.view(-1, 1, 1, 1).to(images.device), replaced, images)
-        verdicts = tuple(Verdict(bool(f), self.action if f else "none", float(s))
-                         for f, s in zip(flagged.tolist(), found.tolist(), strict=True))
+        verdicts = tuple(
+            Verdict(bool(f), self.action if f else "none", float(s))
+            for f, s in zip(flagged.tolist(), found.tolist(), strict=True)
+        )
         return Guarded(out, verdicts)
 
     def check_encoded(self, data: bytes) -> bytes:
@@ -172,14 +196,22 @@ def find_safety_model(files: ModelFiles | None, name: str | None = None) -> Safe
             raise GuardUnavailable(
                 "no safety checker model in models/safety: put diffusers' safety_checker folder there "
                 "(models/safety/<name>/model.safetensors + config.json), or run "
-                "`python main.py make-demo-model` for a random-weight demo one")
+                "`python main.py make-demo-model` for a random-weight demo one"
+            )
         name = names[0]
     assert files is not None
     return SafetyHandle.from_file(files.resolve("safety", name))
 
 
-def build_guard(policy: Policy, files: ModelFiles | None, models: ModelAccess, *, action: str = "black",
-                sensitivity: float = 0.5, model_name: str | None = None) -> SafetyGuard | None:
+def build_guard(
+    policy: Policy,
+    files: ModelFiles | None,
+    models: ModelAccess,
+    *,
+    action: str = "black",
+    sensitivity: float = 0.5,
+    model_name: str | None = None,
+) -> SafetyGuard | None:
     """The guard for ``--safety``: None unless ``enforce``; raises GuardUnavailable with the fix."""
     if policy != "enforce":
         return None
@@ -192,21 +224,42 @@ def build_guard(policy: Policy, files: ModelFiles | None, models: ModelAccess, *
 
 class SafetyChecker(Node):
     SCHEMA = NodeSchema(
-        node_id="SafetyChecker", display_name="Safety Checker", category="image",
+        node_id="SafetyChecker",
+        display_name="Safety Checker",
+        category="image",
         description="Checks images with the safety checker model; blurs, blacks out or only marks flagged ones.",
         inputs=(
             Input("images", IMAGE, "The images to check."),
-            Input("sensitivity", FLOAT, "0.5 = the model's own thresholds; higher flags more (±0.1 cosine).",
-                  default=0.5, min=0.0, max=1.0, step=0.05),
+            Input(
+                "sensitivity",
+                FLOAT,
+                "0.5 = the model's own thresholds; higher flags more (±0.1 cosine).",
+                default=0.5,
+                min=0.0,
+                max=1.0,
+                step=0.05,
+            ),
             Input("action", COMBO, "What happens to a flagged image.", options=ACTIONS, default="blur"),
-            Input("safety_model", COMBO, "Model in models/safety (default: the first one).",
-                  options=DynamicOptions("safety"), optional=True),
+            Input(
+                "safety_model",
+                COMBO,
+                "Model in models/safety (default: the first one).",
+                options=DynamicOptions("safety"),
+                optional=True,
+            ),
         ),
         outputs=(Output("IMAGE", IMAGE, "The images, flagged ones replaced per the action."),),
     )
 
-    def run(self, ctx: NodeContext, *, images: Any, sensitivity: float, action: str,
-            safety_model: str | None = None) -> NodeOutput:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        images: Any,
+        sensitivity: float,
+        action: str,
+        safety_model: str | None = None,
+    ) -> NodeOutput:
         check_image(images, "images")
         if ctx.settings.safety == "off":
             verdicts = [{"flagged": False, "action": "none", "checked": False}] * int(images.shape[0])

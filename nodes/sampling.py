@@ -112,11 +112,14 @@ def _check(module: Any, model: Any, jobs: Sequence[Job]) -> None:
         for name, entries in job.guider.branches:
             if name == "negative" and not entries:
                 continue
-            if (any(e.extras.get("gligen") is not None for e in entries)
-                    and "middle_patch" not in getattr(denoiser, "patch_points", ())):
-                raise SamplingError(f"{name} conditioning has GLIGEN boxes (GLIGENTextBoxApply), which need a UNet "
-                                    f"with GLIGEN's patch point, but this MODEL is {model.family.title}; remove "
-                                    "GLIGENTextBoxApply or sample with the checkpoint family the GLIGEN file was made for")
+            if any(e.extras.get("gligen") is not None for e in entries) and "middle_patch" not in getattr(
+                denoiser, "patch_points", ()
+            ):
+                raise SamplingError(
+                    f"{name} conditioning has GLIGEN boxes (GLIGENTextBoxApply), which need a UNet "
+                    f"with GLIGEN's patch point, but this MODEL is {model.family.title}; remove "
+                    "GLIGENTextBoxApply or sample with the checkpoint family the GLIGEN file was made for"
+                )
             try:
                 denoiser.check_conditioning(module, entries, name)
             except ValueError as exc:
@@ -130,7 +133,9 @@ def _output(latent: dict, samples: torch.Tensor, model: Any) -> dict:
 
 
 @torch.no_grad()
-def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Tensor, latent: dict) -> list[Result]:
+def sample(
+    ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Tensor, latent: dict
+) -> list[Result]:
     """Run ``sampler`` over ``sigmas`` for every job on the same input latent; one Result per job.
 
     All jobs share the model, the guider kind and its settings (``Guider.combine_key``); only
@@ -138,10 +143,12 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     model = jobs[0].guider.model
     check_latent_for(latent, model.family, "latent_image")
     if latent["samples"].ndim == 4 and latent["samples"].shape[1] != model.latent_format.channels:
-        raise SamplingError(f"latent_image has {latent['samples'].shape[1]} channels but this {model.family.title} model "
-                            f"works on {model.latent_format.channels}-channel latents; make the empty latent with "
-                            f"{model.latent_format.empty_node} or "
-                            "encode the image with this model's VAE")
+        raise SamplingError(
+            f"latent_image has {latent['samples'].shape[1]} channels but this {model.family.title} model "
+            f"works on {model.latent_format.channels}-channel latents; make the empty latent with "
+            f"{model.latent_format.empty_node} or "
+            "encode the image with this model's VAE"
+        )
     sigmas = torch.as_tensor(sigmas, dtype=torch.float32).reshape(-1)
     if sigmas.numel() == 0:
         return [Result(dict(latent), dict(latent)) for _ in jobs]
@@ -153,30 +160,53 @@ def sample(ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Te
     noise = torch.cat([job.noise.float() for job in jobs])
     mask = latent.get("noise_mask")
     entries = [e for job in jobs for _, branch in job.guider.branches for e in branch]
-    with (ctx.models.use(model) as module,
-          resident_controls(ctx, model, entries, (samples.shape[-2], samples.shape[-1])) as controls,
-          _resident_patch_modules(ctx, model) as resident):
+    with (
+        ctx.models.use(model) as module,
+        resident_controls(ctx, model, entries, (samples.shape[-2], samples.shape[-1])) as controls,
+        _resident_patch_modules(ctx, model) as resident,
+    ):
         _check(module, model, jobs)
         device = next(module.parameters()).device
         inputs = {"latent_image": model_in, "denoise_mask": mask, "seeds": tuple(job.seed for job in jobs)}
         if controls:
             inputs |= {"control_modules": controls, "percent_to_sigma": model.model_sampling.percent_to_sigma}
-        run = GuidedRun([job.guider for job in jobs], module, rows, tuple(samples.shape[-2:]),
-                        compiled_forward(module, ctx.settings), inputs, resident)
-        run.hooks.start_run(RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1,
-                                    run.model_sampling.percent_to_sigma))
+        run = GuidedRun(
+            [job.guider for job in jobs],
+            module,
+            rows,
+            tuple(samples.shape[-2:]),
+            compiled_forward(module, ctx.settings),
+            inputs,
+            resident,
+        )
+        run.hooks.start_run(
+            RunInfo(sigmas, noise.shape[0], sigmas.numel() - 1, run.model_sampling.percent_to_sigma)
+        )
         denoise_mask = prepare_mask(mask, noise.shape).to(device) if mask is not None else None
         reporter = _Reporter(ctx, model, tuple(noise.shape), sigmas.numel() - 1)
-        options = {"denoise_mask_function": run.hooks.denoise_mask_function} if run.hooks.denoise_mask_function else {}
+        options = (
+            {"denoise_mask_function": run.hooks.denoise_mask_function}
+            if run.hooks.denoise_mask_function
+            else {}
+        )
         seed: Any = jobs[0].seed if len(jobs) == 1 else SeedGroups(tuple((job.seed, rows) for job in jobs))
         extra_args: dict[str, Any] = {"seed": seed, "model_options": options}
         with tf32_scope(ctx.settings, device):  # --tf32: CUDA only
-            x = sampler.sample(run, sigmas.to(device), extra_args, reporter, noise.to(device),
-                               latent_in.to(device), denoise_mask)
+            x = sampler.sample(
+                run,
+                sigmas.to(device),
+                extra_args,
+                reporter,
+                noise.to(device),
+                latent_in.to(device),
+                denoise_mask,
+            )
     outs = fmt.process_out(x.float().cpu()).chunk(len(jobs))
     den = reporter.denoised
     dens = fmt.process_out(den.float().cpu()).chunk(len(jobs)) if den is not None else outs
-    return [Result(_output(latent, o, model), _output(latent, d, model)) for o, d in zip(outs, dens, strict=True)]
+    return [
+        Result(_output(latent, o, model), _output(latent, d, model)) for o, d in zip(outs, dens, strict=True)
+    ]
 
 
 @contextmanager
@@ -191,7 +221,9 @@ def _resident_patch_modules(ctx: NodeContext, model: Any) -> Iterator[dict[str, 
         yield modules
 
 
-def window(sigmas: torch.Tensor, start: int | None, last: int | None, force_full_denoise: bool) -> torch.Tensor | None:
+def window(
+    sigmas: torch.Tensor, start: int | None, last: int | None, force_full_denoise: bool
+) -> torch.Tensor | None:
     """ComfyUI's ``KSampler.sample`` step window: cut at ``last`` (its sigma set to 0 with
     ``force_full_denoise``), start at ``start``; None when the window is empty."""
     if last is not None and last < sigmas.numel() - 1:
@@ -215,7 +247,9 @@ def initial_noise(latent: dict, seed: int, add_noise: bool = True) -> torch.Tens
     return prepare_noise(samples.float(), seed, latent.get("batch_index"))
 
 
-def cfg_guider(model: Any, positive: Sequence[CondEntry], negative: Sequence[CondEntry], cfg: float) -> Guider:
+def cfg_guider(
+    model: Any, positive: Sequence[CondEntry], negative: Sequence[CondEntry], cfg: float
+) -> Guider:
     return Guider(model, (("positive", tuple(positive)), ("negative", tuple(negative))), cfg)
 
 
@@ -241,8 +275,9 @@ class KSamplerCall:
     def sigmas(self) -> torch.Tensor | None:
         from nodes.diffusion.schedulers import ksampler_sigmas
 
-        full = ksampler_sigmas(self.model.model_sampling, self.scheduler, self.sampler_name, self.steps,
-                               self.denoise)
+        full = ksampler_sigmas(
+            self.model.model_sampling, self.scheduler, self.sampler_name, self.steps, self.denoise
+        )
         return window(full, self.start, self.last, self.force_full_denoise)
 
     def latent(self) -> dict:
@@ -250,13 +285,27 @@ class KSamplerCall:
         return fit_empty_latent(self.latent_image, self.model.latent_format)
 
     def job(self) -> Job:
-        return Job(cfg_guider(self.model, self.positive, self.negative, self.cfg),
-                   initial_noise(self.latent(), self.seed, self.add_noise), self.seed)
+        return Job(
+            cfg_guider(self.model, self.positive, self.negative, self.cfg),
+            initial_noise(self.latent(), self.seed, self.add_noise),
+            self.seed,
+        )
 
     def batch_key(self) -> tuple[Any, ...]:
         """Calls with equal keys can share one stacked batch (all but seed and prompts equal)."""
-        return (id(self.model), id(self.latent_image), self.steps, self.cfg, self.sampler_name, self.scheduler,
-                self.denoise, self.add_noise, self.start, self.last, self.force_full_denoise)
+        return (
+            id(self.model),
+            id(self.latent_image),
+            self.steps,
+            self.cfg,
+            self.sampler_name,
+            self.scheduler,
+            self.denoise,
+            self.add_noise,
+            self.start,
+            self.last,
+            self.force_full_denoise,
+        )
 
 
 def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall]) -> list[dict]:
@@ -274,8 +323,9 @@ def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall]) -> list[dict]:
         if s is None:  # an empty step window: the latent as it came
             out.extend(dict(c.latent_image) for c in group)
             continue
-        results = sample(ctx, [c.job() for c in group], sampler_object(group[0].sampler_name), s,
-                         group[0].latent())
+        results = sample(
+            ctx, [c.job() for c in group], sampler_object(group[0].sampler_name), s, group[0].latent()
+        )
         out.extend(r.output for r in results)
     return out
 
@@ -283,15 +333,35 @@ def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall]) -> list[dict]:
 def _common_inputs() -> tuple[Input, ...]:
     return (
         Input("steps", INT, "Number of denoising steps.", default=20, min=1, max=10000),
-        Input("cfg", FLOAT, "Classifier-free guidance scale; 1.0 skips the negative.", default=8.0, min=0.0,
-              max=100.0, step=0.1, round=0.01),
-        Input("sampler_name", COMBO, "The stepping rule (ComfyUI's names).", options=tuple(SAMPLER_NAMES),
-              default="euler"),
-        Input("scheduler", COMBO, "How noise levels are spaced over the steps.", options=tuple(SCHEDULER_NAMES),
-              default="simple"),
+        Input(
+            "cfg",
+            FLOAT,
+            "Classifier-free guidance scale; 1.0 skips the negative.",
+            default=8.0,
+            min=0.0,
+            max=100.0,
+            step=0.1,
+            round=0.01,
+        ),
+        Input(
+            "sampler_name",
+            COMBO,
+            "The stepping rule (ComfyUI's names).",
+            options=tuple(SAMPLER_NAMES),
+            default="euler",
+        ),
+        Input(
+            "scheduler",
+            COMBO,
+            "How noise levels are spaced over the steps.",
+            options=tuple(SCHEDULER_NAMES),
+            default="simple",
+        ),
         Input("positive", CONDITIONING, "What the image should show."),
         Input("negative", CONDITIONING, "What the image should avoid."),
-        Input("latent_image", LATENT, "Starting latent: EmptyLatentImage for txt2img, VAEEncode for img2img."),
+        Input(
+            "latent_image", LATENT, "Starting latent: EmptyLatentImage for txt2img, VAEEncode for img2img."
+        ),
     )
 
 
@@ -303,20 +373,48 @@ class KSampler(Node):
         description="Denoise a latent with a model, a prompt pair and a sampler.",
         inputs=(
             Input("model", MODEL, "The diffusion model to sample with."),
-            Input("seed", INT, "Noise seed; same seed, same image.", default=0, min=0, max=SEED_MAX,
-                  control_after_generate=True),
+            Input(
+                "seed",
+                INT,
+                "Noise seed; same seed, same image.",
+                default=0,
+                min=0,
+                max=SEED_MAX,
+                control_after_generate=True,
+            ),
             *_common_inputs(),
-            Input("denoise", FLOAT, "Fraction of the schedule to run; < 1 keeps part of latent_image (img2img).",
-                  default=1.0, min=0.0, max=1.0, step=0.01),
+            Input(
+                "denoise",
+                FLOAT,
+                "Fraction of the schedule to run; < 1 keeps part of latent_image (img2img).",
+                default=1.0,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
         ),
         outputs=(Output("LATENT", LATENT, "The denoised latent."),),
         batching=Batching(inputs=("seed",), variant="KSamplerBatched"),  # nodes/perf_batch.py
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, seed: int, steps: int, cfg: float, sampler_name: str,
-            scheduler: str, positive: list, negative: list, latent_image: dict, denoise: float) -> tuple[dict]:
-        call = KSamplerCall(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                            denoise)
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        seed: int,
+        steps: int,
+        cfg: float,
+        sampler_name: str,
+        scheduler: str,
+        positive: list,
+        negative: list,
+        latent_image: dict,
+        denoise: float,
+    ) -> tuple[dict]:
+        call = KSamplerCall(
+            model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image, denoise
+        )
         return (run_calls(ctx, [call])[0],)
 
 
@@ -328,26 +426,64 @@ class KSamplerAdvanced(Node):
         description="KSampler with a step window and control over added and leftover noise.",
         inputs=(
             Input("model", MODEL, "The diffusion model to sample with."),
-            Input("add_noise", COMBO, "Add seeded noise first (disable for an already-noisy latent).",
-                  options=("enable", "disable"), default="enable"),
-            Input("noise_seed", INT, "Noise seed.", default=0, min=0, max=SEED_MAX, control_after_generate=True),
+            Input(
+                "add_noise",
+                COMBO,
+                "Add seeded noise first (disable for an already-noisy latent).",
+                options=("enable", "disable"),
+                default="enable",
+            ),
+            Input(
+                "noise_seed", INT, "Noise seed.", default=0, min=0, max=SEED_MAX, control_after_generate=True
+            ),
             *_common_inputs(),
             Input("start_at_step", INT, "First step of the schedule to run.", default=0, min=0, max=10000),
             Input("end_at_step", INT, "Step to stop at (exclusive).", default=10000, min=0, max=10000),
-            Input("return_with_leftover_noise", COMBO, "Return the latent still noisy when stopping early.",
-                  options=("disable", "enable"), default="disable"),
+            Input(
+                "return_with_leftover_noise",
+                COMBO,
+                "Return the latent still noisy when stopping early.",
+                options=("disable", "enable"),
+                default="disable",
+            ),
         ),
         outputs=(Output("LATENT", LATENT, "The (partly) denoised latent."),),
         batching=Batching(inputs=("noise_seed",), variant="KSamplerAdvancedBatched"),  # nodes/perf_batch.py
     )
 
     @staticmethod
-    def call(*, model: Any, add_noise: str, noise_seed: int, steps: int, cfg: float, sampler_name: str,
-             scheduler: str, positive: list, negative: list, latent_image: dict, start_at_step: int,
-             end_at_step: int, return_with_leftover_noise: str) -> KSamplerCall:
-        return KSamplerCall(model, noise_seed, steps, cfg, sampler_name, scheduler, positive, negative,
-                            latent_image, 1.0, add_noise == "enable", start_at_step, end_at_step,
-                            return_with_leftover_noise != "enable")
+    def call(
+        *,
+        model: Any,
+        add_noise: str,
+        noise_seed: int,
+        steps: int,
+        cfg: float,
+        sampler_name: str,
+        scheduler: str,
+        positive: list,
+        negative: list,
+        latent_image: dict,
+        start_at_step: int,
+        end_at_step: int,
+        return_with_leftover_noise: str,
+    ) -> KSamplerCall:
+        return KSamplerCall(
+            model,
+            noise_seed,
+            steps,
+            cfg,
+            sampler_name,
+            scheduler,
+            positive,
+            negative,
+            latent_image,
+            1.0,
+            add_noise == "enable",
+            start_at_step,
+            end_at_step,
+            return_with_leftover_noise != "enable",
+        )
 
     def run(self, ctx: NodeContext, **inputs: Any) -> tuple[dict]:
         return (run_calls(ctx, [self.call(**inputs)])[0],)

@@ -58,7 +58,9 @@ def import_spandrel() -> Any:
         return sys.modules["spandrel"]
     with _IMPORT_LOCK:
         if importlib.util.find_spec("spandrel") is None:
-            raise ModelLoadError(f"upscale models need the spandrel package, which is not installed; run `{INSTALL_HINT}`")
+            raise ModelLoadError(
+                f"upscale models need the spandrel package, which is not installed; run `{INSTALL_HINT}`"
+            )
         if _torchvision_importable():
             return importlib.import_module("spandrel")
         added = [name for name in _PLACEHOLDERS if name not in sys.modules]
@@ -67,7 +69,9 @@ def import_spandrel() -> Any:
         try:
             return importlib.import_module("spandrel")
         except ImportError as exc:
-            raise ModelLoadError(f"cannot import spandrel ({exc}); reinstall it with `{INSTALL_HINT}`") from exc
+            raise ModelLoadError(
+                f"cannot import spandrel ({exc}); reinstall it with `{INSTALL_HINT}`"
+            ) from exc
         finally:
             for name in added:
                 sys.modules.pop(name, None)

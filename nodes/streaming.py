@@ -31,7 +31,6 @@ from engine.streaming import BlockStreamer, DeviceAccount, DeviceBudget, StreamP
 log = logging.getLogger("loom.nodes.streaming")
 
 
-
 def stream_blocks(module: nn.Module) -> list[nn.Module]:
     """The repeated blocks of ``module`` when its family declares none: the items of every
     ``nn.ModuleList`` not inside another one, in registration order (a UNet's down and up blocks,
@@ -108,7 +107,9 @@ def same_alignment_copy(host: torch.Tensor) -> torch.Tensor:
     weight gives results a few ulp away from the resident module's. Keeping the offset keeps them
     bit-identical. Tensors that are not dense in memory get a plain copy."""
     size = host.element_size()
-    dense = host.is_contiguous() or (host.dim() == 4 and host.is_contiguous(memory_format=torch.channels_last))
+    dense = host.is_contiguous() or (
+        host.dim() == 4 and host.is_contiguous(memory_format=torch.channels_last)
+    )
     want = host.data_ptr() % ALIGN
     if not dense or want % size:
         return host.clone()
@@ -127,7 +128,9 @@ class TorchMover:
         self.blocks = list(blocks)
         self.device, self.dtype = device, dtype
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._slots = [[(o, n, p, _cast(o, n, _get(o, n, p))) for o, n, p in _tensors(b)] for b in self.blocks]
+        self._slots = [
+            [(o, n, p, _cast(o, n, _get(o, n, p))) for o, n, p in _tensors(b)] for b in self.blocks
+        ]
         self._host: dict[int, list[torch.Tensor]] = {}
 
     def start(self, index: int) -> Any:
@@ -136,11 +139,15 @@ class TorchMover:
         context = torch.cuda.stream(self.side) if self.side is not None else nullcontext()
         with context:
             if self.device.type == "cpu":  # a simulated device: fresh copies, laid out as the host's
-                copies = [h.to(self.dtype, copy=True) if cast and h.dtype != self.dtype else same_alignment_copy(h)
-                          for h, (_, _, _, cast) in zip(hosts, slots, strict=True)]
+                copies = [
+                    h.to(self.dtype, copy=True) if cast and h.dtype != self.dtype else same_alignment_copy(h)
+                    for h, (_, _, _, cast) in zip(hosts, slots, strict=True)
+                ]
             else:
-                copies = [h.to(self.device, self.dtype if cast else h.dtype, non_blocking=True, copy=True)
-                          for h, (_, _, _, cast) in zip(hosts, slots, strict=True)]
+                copies = [
+                    h.to(self.device, self.dtype if cast else h.dtype, non_blocking=True, copy=True)
+                    for h, (_, _, _, cast) in zip(hosts, slots, strict=True)
+                ]
         event = self.side.record_event() if self.side is not None else None
         return hosts, copies, event
 
@@ -184,16 +191,20 @@ class Streaming:
         self.account.release(self.account.held)
 
 
-def place_within(module: nn.Module, blocks: Sequence[nn.Module], device: str, dtype: str,
-                 budget: DeviceBudget) -> Streaming | None:
+def place_within(
+    module: nn.Module, blocks: Sequence[nn.Module], device: str, dtype: str, budget: DeviceBudget
+) -> Streaming | None:
     """Put ``module`` on ``device`` in ``dtype`` within ``budget``, streaming blocks if it must.
     Returns the streaming state (None: the module was moved whole); ``close()`` it before the
     module moves again."""
     target, compute = torch.device(device), getattr(torch, dtype)
     blocks = list(blocks)
     in_blocks = {id(_stored(o, n, p)) for b in blocks for o, n, p in _tensors(b)}
-    fixed = sum(_device_size(o, n, _get(o, n, p), compute) for o, n, p in _tensors(module)
-                if id(_stored(o, n, p)) not in in_blocks)
+    fixed = sum(
+        _device_size(o, n, _get(o, n, p), compute)
+        for o, n, p in _tensors(module)
+        if id(_stored(o, n, p)) not in in_blocks
+    )
     plan = plan_split([device_bytes(b, compute) for b in blocks], fixed, budget)
     if not plan.streaming:
         nn.Module.to(module, device=target, dtype=compute)
@@ -209,14 +220,21 @@ def place_within(module: nn.Module, blocks: Sequence[nn.Module], device: str, dt
     _prepare_streamed(streamed, target, compute)
     account = DeviceAccount(budget.weights_bytes)
     account.charge(plan.device_bytes - _slot_bytes(plan), "the resident part of the model")
-    streamer = BlockStreamer(plan, _IndexedMover(TorchMover(streamed, target, compute), plan.streamed), account)
+    streamer = BlockStreamer(
+        plan, _IndexedMover(TorchMover(streamed, target, compute), plan.streamed), account
+    )
     state = Streaming(plan, streamer, account)
     for block, index in zip(streamed, plan.streamed, strict=True):
         state.hooks.append(block.register_forward_pre_hook(lambda m, a, i=index: streamer.before(i)))
         state.hooks.append(block.register_forward_hook(lambda m, a, o, i=index: streamer.after(i)))
-    log.info("streaming %d of %d blocks (%.1f MiB of %.1f MiB on the device at most; budget %.1f MiB)",
-             len(plan.streamed), len(blocks), sum(plan.block_bytes[i] for i in plan.streamed) / 2**20,
-             plan.device_bytes / 2**20, (budget.weights_bytes or 0) / 2**20)
+    log.info(
+        "streaming %d of %d blocks (%.1f MiB of %.1f MiB on the device at most; budget %.1f MiB)",
+        len(plan.streamed),
+        len(blocks),
+        sum(plan.block_bytes[i] for i in plan.streamed) / 2**20,
+        plan.device_bytes / 2**20,
+        (budget.weights_bytes or 0) / 2**20,
+    )
     return state
 
 

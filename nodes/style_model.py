@@ -62,8 +62,9 @@ class _Block(torch.nn.Module):
         super().__init__()
         self.attn = torch.nn.MultiheadAttention(width, heads)
         self.ln_1 = torch.nn.LayerNorm(width)
-        self.mlp = torch.nn.ModuleDict({"c_fc": torch.nn.Linear(width, width * 4),
-                                        "c_proj": torch.nn.Linear(width * 4, width)})
+        self.mlp = torch.nn.ModuleDict(
+            {"c_fc": torch.nn.Linear(width, width * 4), "c_proj": torch.nn.Linear(width * 4, width)}
+        )
         self.ln_2 = torch.nn.LayerNorm(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (L, N, D)
@@ -119,26 +120,48 @@ class StyleModelHandle(WeightsHandle):
         index = read_index(path, allow_pickle=allow_pickle)
         if index.has("redux_down.weight"):
             kind = "redux"
-            cfg = {"input_dim": index.shape("redux_up.weight")[1], "output_dim": index.shape("redux_down.weight")[0]}
+            cfg = {
+                "input_dim": index.shape("redux_up.weight")[1],
+                "output_dim": index.shape("redux_down.weight")[0],
+            }
         elif index.has("style_embedding"):
             kind = "t2i_style"
             _, tokens, width = index.shape("style_embedding")
-            cfg = {"input_dim": width, "output_dim": index.shape("proj")[1], "tokens": tokens,
-                   "layers": index.count("transformer_layes."), "heads": 8 if width % 8 == 0 else 1}
+            cfg = {
+                "input_dim": width,
+                "output_dim": index.shape("proj")[1],
+                "tokens": tokens,
+                "layers": index.count("transformer_layes."),
+                "heads": 8 if width % 8 == 0 else 1,
+            }
         else:
             sample = ", ".join(list(index.tensors)[:3]) or "no tensors"
-            raise ModelLoadError(f"{path}: not a style model Loom knows (expected the Redux image embedder "
-                                 f"'redux_up/redux_down' or a T2I-Adapter style model 'style_embedding'); found {sample}")
-        return cls(source=WeightsSource(Path(path), fingerprint(path), allow_pickle=allow_pickle), model_kind=kind,
-                   config_json=json.dumps(cfg, sort_keys=True), nbytes=index.nbytes(""))
+            raise ModelLoadError(
+                f"{path}: not a style model Loom knows (expected the Redux image embedder "
+                f"'redux_up/redux_down' or a T2I-Adapter style model 'style_embedding'); found {sample}"
+            )
+        return cls(
+            source=WeightsSource(Path(path), fingerprint(path), allow_pickle=allow_pickle),
+            model_kind=kind,
+            config_json=json.dumps(cfg, sort_keys=True),
+            nbytes=index.nbytes(""),
+        )
 
     def build(self) -> Any:
-        sd = {k: v.float() for k, v in load_tensors(read_index(self.path, allow_pickle=self.source.allow_pickle)).items()}
+        sd = {
+            k: v.float()
+            for k, v in load_tensors(read_index(self.path, allow_pickle=self.source.allow_pickle)).items()
+        }
         c = self.config
         if self.model_kind == "redux":
-            return module_with_weights(lambda: ReduxImageEncoder(c["input_dim"], c["output_dim"]), sd, str(self.path))
-        return module_with_weights(lambda: StyleAdapter(c["input_dim"], c["output_dim"], c["heads"], c["layers"],
-                                                        c["tokens"]), sd, str(self.path))
+            return module_with_weights(
+                lambda: ReduxImageEncoder(c["input_dim"], c["output_dim"]), sd, str(self.path)
+            )
+        return module_with_weights(
+            lambda: StyleAdapter(c["input_dim"], c["output_dim"], c["heads"], c["layers"], c["tokens"]),
+            sd,
+            str(self.path),
+        )
 
 
 def style_tokens(ctx: NodeContext, style_model: StyleModelHandle, vision: ClipVisionOutput) -> torch.Tensor:
@@ -147,9 +170,11 @@ def style_tokens(ctx: NodeContext, style_model: StyleModelHandle, vision: ClipVi
     if hidden is None:
         raise TypeError("input 'clip_vision_output' must come from CLIPVisionEncode")
     if hidden.shape[-1] != style_model.input_dim:
-        raise ValueError(f"clip_vision_output has {hidden.shape[-1]}-wide tokens but this style model reads "
-                         f"{style_model.input_dim}-wide ones; encode the image with the vision model it was made for "
-                         "(SigLIP so400m for Redux, CLIP ViT-L for the T2I style model)")
+        raise ValueError(
+            f"clip_vision_output has {hidden.shape[-1]}-wide tokens but this style model reads "
+            f"{style_model.input_dim}-wide ones; encode the image with the vision model it was made for "
+            "(SigLIP so400m for Redux, CLIP ViT-L for the T2I style model)"
+        )
     with ctx.models.use(style_model) as module, torch.inference_mode():
         param = next(module.parameters())
         out = module(hidden.to(param.device, param.dtype))
@@ -170,21 +195,29 @@ def extend_mask(entry_embeds: torch.Tensor, extras: dict[str, Any], n: int, bias
     size = n_txt + n + n_ref
     new = torch.zeros(mask.shape[0], size, size, dtype=torch.float16)
     new[:, :n_txt, :n_txt] = mask[:, :n_txt, :n_txt]
-    new[:, :n_txt, n_txt + n:] = mask[:, :n_txt, n_txt:]
-    new[:, n_txt + n:, :n_txt] = mask[:, n_txt:, :n_txt]
-    new[:, n_txt + n:, n_txt + n:] = mask[:, n_txt:, n_txt:]
-    new[:, :n_txt, n_txt:n_txt + n] = bias
-    new[:, n_txt + n:, n_txt:n_txt + n] = bias
+    new[:, :n_txt, n_txt + n :] = mask[:, :n_txt, n_txt:]
+    new[:, n_txt + n :, :n_txt] = mask[:, n_txt:, :n_txt]
+    new[:, n_txt + n :, n_txt + n :] = mask[:, n_txt:, n_txt:]
+    new[:, :n_txt, n_txt : n_txt + n] = bias
+    new[:, n_txt + n :, n_txt : n_txt + n] = bias
     return {**extras, "attention_mask": new, "attention_mask_img_shape": ref}
 
 
 class StyleModelLoader(Node):
     SCHEMA = NodeSchema(
-        node_id="StyleModelLoader", display_name="Load Style Model", category="loaders",
+        node_id="StyleModelLoader",
+        display_name="Load Style Model",
+        category="loaders",
         description="Loads a style model (the Redux image embedder, or a T2I-Adapter style model) from "
-                    "models/style_models.",
-        inputs=(Input("style_model_name", COMBO, "The style model file in models/style_models.",
-                      options=DynamicOptions("style_models")),),
+        "models/style_models.",
+        inputs=(
+            Input(
+                "style_model_name",
+                COMBO,
+                "The style model file in models/style_models.",
+                options=DynamicOptions("style_models"),
+            ),
+        ),
         outputs=(Output("STYLE_MODEL", STYLE_MODEL, "The style model (loaded when first used)."),),
     )
 
@@ -199,24 +232,48 @@ class StyleModelLoader(Node):
 
 class StyleModelApply(Node):
     SCHEMA = NodeSchema(
-        node_id="StyleModelApply", display_name="Apply Style Model", category="conditioning/style_model",
+        node_id="StyleModelApply",
+        display_name="Apply Style Model",
+        category="conditioning/style_model",
         description="Appends an image's style tokens (from a style model and CLIPVisionEncode) to a conditioning.",
         inputs=(
             Input("conditioning", CONDITIONING, "The conditioning to add the image's tokens to."),
             Input("style_model", STYLE_MODEL, "The style model from StyleModelLoader."),
             Input("clip_vision_output", CLIP_VISION_OUTPUT, "CLIPVisionEncode's output for the image."),
-            Input("strength", FLOAT, "How strongly the image's tokens act.", default=1.0, min=0.0, max=10.0,
-                  step=0.001),
-            Input("strength_type", COMBO, "multiply: scale the tokens; attn_bias: bias the attention towards them "
-                  "by log(strength).", options=("multiply", "attn_bias"), default="multiply"),
+            Input(
+                "strength",
+                FLOAT,
+                "How strongly the image's tokens act.",
+                default=1.0,
+                min=0.0,
+                max=10.0,
+                step=0.001,
+            ),
+            Input(
+                "strength_type",
+                COMBO,
+                "multiply: scale the tokens; attn_bias: bias the attention towards them by log(strength).",
+                options=("multiply", "attn_bias"),
+                default="multiply",
+            ),
         ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the style tokens appended."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning: Conditioning, style_model: StyleModelHandle,
-            clip_vision_output: ClipVisionOutput, strength: float, strength_type: str) -> tuple[Conditioning]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        conditioning: Conditioning,
+        style_model: StyleModelHandle,
+        clip_vision_output: ClipVisionOutput,
+        strength: float,
+        strength_type: str,
+    ) -> tuple[Conditioning]:
         if not isinstance(style_model, StyleModelHandle):
-            raise TypeError(f"input 'style_model' must come from StyleModelLoader; got {type(style_model).__name__}")
+            raise TypeError(
+                f"input 'style_model' must come from StyleModelLoader; got {type(style_model).__name__}"
+            )
         if strength_type not in ("multiply", "attn_bias"):
             raise ValueError(f"strength_type must be 'multiply' or 'attn_bias', got {strength_type!r}")
         for e in conditioning:
@@ -225,7 +282,8 @@ class StyleModelApply(Node):
                     f"this style model makes {style_model.output_dim}-wide tokens (for "
                     f"{describe_context_dim(style_model.output_dim)}) but the conditioning's embeddings are "
                     f"{e.embeds.shape[-1]} wide (for {describe_context_dim(e.embeds.shape[-1])}); use a style model "
-                    "made for the model you sample")
+                    "made for the model you sample"
+                )
         tokens = style_tokens(ctx, style_model, clip_vision_output)
         if strength_type == "multiply":
             tokens = tokens * strength
@@ -234,7 +292,9 @@ class StyleModelApply(Node):
         for e in conditioning:
             extras = dict(e.extras)
             if "attention_mask" in extras or (strength_type == "attn_bias" and strength != 1.0):
-                extras = extend_mask(e.embeds, extras, tokens.shape[1], bias if strength_type == "attn_bias" else 0.0)
+                extras = extend_mask(
+                    e.embeds, extras, tokens.shape[1], bias if strength_type == "attn_bias" else 0.0
+                )
             embeds = torch.cat([e.embeds, tokens.to(e.embeds.dtype).expand(e.embeds.shape[0], -1, -1)], dim=1)
             out.append(replace(e, embeds=embeds, extras=extras))
         return (out,)

@@ -37,13 +37,22 @@ PER_LEVEL = 2  # resnet blocks per level in the original full adapters (ComfyUI'
 
 def is_adapter(shapes: Mapping[str, Sequence[int]]) -> bool:
     """Whether tensors with these names are a T2I-Adapter (either layout, full or light)."""
-    return any(k in shapes for k in ("conv_in.weight", "body.0.in_conv.weight", "adapter.conv_in.weight",
-                                     "adapter.body.0.in_conv.weight"))
+    return any(
+        k in shapes
+        for k in (
+            "conv_in.weight",
+            "body.0.in_conv.weight",
+            "adapter.conv_in.weight",
+            "adapter.body.0.in_conv.weight",
+        )
+    )
 
 
 def _levels(shapes: Mapping[str, Sequence[int]], prefix: str) -> int:
     at = prefix.count(".") + 1
-    return 1 + max(int(k.split(".")[at]) for k in shapes if k.startswith(prefix + ".") and k.split(".")[at].isdigit())
+    return 1 + max(
+        int(k.split(".")[at]) for k in shapes if k.startswith(prefix + ".") and k.split(".")[at].isdigit()
+    )
 
 
 def original_to_diffusers(sd: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,7 +77,8 @@ def original_to_diffusers(sd: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise ModelLoadError(
                 f"the T2I-Adapter has {'.'.join(parts[:3])!r} tensors (a skip or strided-convolution variant) "
-                "that diffusers' T2IAdapter cannot hold; use the diffusers version of this adapter")
+                "that diffusers' T2IAdapter cannot hold; use the diffusers version of this adapter"
+            )
     return out
 
 
@@ -79,21 +89,35 @@ def adapter_config(shapes: Mapping[str, Sequence[int]], name: str) -> dict[str, 
         cin = int(shapes["adapter.body.0.in_conv.weight"][1])
         channels = [int(shapes[f"adapter.body.{i}.out_conv.weight"][0]) for i in range(levels - 1)]
         blocks = 1 + max(int(k.split(".")[4]) for k in shapes if k.startswith("adapter.body.0.resnets."))
-        return {"in_channels": cin // 64, "channels": channels, "num_res_blocks": blocks, "downscale_factor": 8,
-                "adapter_type": "light_adapter"}
+        return {
+            "in_channels": cin // 64,
+            "channels": channels,
+            "num_res_blocks": blocks,
+            "downscale_factor": 8,
+            "adapter_type": "light_adapter",
+        }
     if "adapter.conv_in.weight" not in shapes:
-        raise ModelLoadError(f"{name}: not a ControlNet or T2I-Adapter; put ControlNet/T2I-Adapter files in models/controlnet")
+        raise ModelLoadError(
+            f"{name}: not a ControlNet or T2I-Adapter; put ControlNet/T2I-Adapter files in models/controlnet"
+        )
     if shapes.get("adapter.body.0.resnets.0.block2.weight", (0, 0, 1))[-1] != 1:
-        raise ModelLoadError(f"{name}: a T2I-Adapter with {shapes['adapter.body.0.resnets.0.block2.weight'][-1]}-wide "
-                             "second convolutions, which diffusers' T2IAdapter cannot hold")
+        raise ModelLoadError(
+            f"{name}: a T2I-Adapter with {shapes['adapter.body.0.resnets.0.block2.weight'][-1]}-wide "
+            "second convolutions, which diffusers' T2IAdapter cannot hold"
+        )
     cin = int(shapes["adapter.conv_in.weight"][1])
     levels = _levels(shapes, "adapter.body")
     channels = [int(shapes[f"adapter.body.{i}.resnets.0.block1.weight"][0]) for i in range(levels)]
     blocks = 1 + max(int(k.split(".")[4]) for k in shapes if k.startswith("adapter.body.0.resnets."))
     xl = cin in (256, 768)  # a 16× unshuffle of 1 or 3 channels (ComfyUI's test)
     factor = 16 if xl else 8
-    return {"in_channels": cin // factor**2, "channels": channels, "num_res_blocks": blocks,
-            "downscale_factor": factor, "adapter_type": "full_adapter_xl" if xl else "full_adapter"}
+    return {
+        "in_channels": cin // factor**2,
+        "channels": channels,
+        "num_res_blocks": blocks,
+        "downscale_factor": factor,
+        "adapter_type": "full_adapter_xl" if xl else "full_adapter",
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,8 +155,10 @@ class AdapterHandle(WeightsHandle):
             sd = original_to_diffusers(sd)
         missing, unexpected = module.load_state_dict(sd, strict=False)
         if missing or unexpected:
-            raise ModelLoadError(f"{self.path.name}: T2I-Adapter tensors do not match its config "
-                                 f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+            raise ModelLoadError(
+                f"{self.path.name}: T2I-Adapter tensors do not match its config "
+                f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+            )
         return module.eval()
 
     def hint(self, image: torch.Tensor, rows: int, latent: tuple[int, int]) -> torch.Tensor:
@@ -144,8 +170,16 @@ class AdapterHandle(WeightsHandle):
             x = x.mean(dim=1, keepdim=True)
         return x
 
-    def residuals(self, module: Any, x_in: torch.Tensor, timestep: torch.Tensor, image: torch.Tensor, rows: int,
-                  strength: float, extra: Mapping[str, Any]) -> ControlResiduals:
+    def residuals(
+        self,
+        module: Any,
+        x_in: torch.Tensor,
+        timestep: torch.Tensor,
+        image: torch.Tensor,
+        rows: int,
+        strength: float,
+        extra: Mapping[str, Any],
+    ) -> ControlResiduals:
         hint = self.hint(image, rows, (x_in.shape[-2], x_in.shape[-1]))
         groups = x_in.shape[0] // rows
         dtype = next(module.parameters()).dtype
@@ -153,7 +187,9 @@ class AdapterHandle(WeightsHandle):
         return ControlResiduals(intrablock=[f.to(x_in.dtype) * strength for f in features])
 
 
-def open_adapter(path: Path, shapes: Mapping[str, Sequence[int]], *, allow_pickle: bool = False) -> AdapterHandle:
+def open_adapter(
+    path: Path, shapes: Mapping[str, Sequence[int]], *, allow_pickle: bool = False
+) -> AdapterHandle:
     """The handle of a T2I-Adapter file whose tensor ``shapes`` were read (either layout)."""
     original = not any(k.startswith("adapter.") for k in shapes)
     named = original_to_diffusers(dict(shapes)) if original else shapes
@@ -161,5 +197,9 @@ def open_adapter(path: Path, shapes: Mapping[str, Sequence[int]], *, allow_pickl
     beside = path.parent / "config.json"
     if path.name.startswith("diffusion_pytorch_model") and beside.is_file():
         config = {k: v for k, v in json.loads(beside.read_text()).items() if not k.startswith("_")}
-    return AdapterHandle(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
-                         nbytes=path.stat().st_size, config=config, original=original)
+    return AdapterHandle(
+        source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
+        nbytes=path.stat().st_size,
+        config=config,
+        original=original,
+    )

@@ -30,8 +30,11 @@ def _flag(name: str, description: str, default: bool, optional: bool = False) ->
 
 
 def _flags(case_insensitive: bool, multiline: bool, dotall: bool) -> int:
-    return (re.IGNORECASE if case_insensitive else 0) | (re.MULTILINE if multiline else 0) | (
-        re.DOTALL if dotall else 0)
+    return (
+        (re.IGNORECASE if case_insensitive else 0)
+        | (re.MULTILINE if multiline else 0)
+        | (re.DOTALL if dotall else 0)
+    )
 
 
 _STRING_OUT = (Output("STRING", STRING, "The resulting text."),)
@@ -44,7 +47,9 @@ _REGEX_FLAGS = (
 
 class StringReplace(Node):
     SCHEMA = NodeSchema(
-        node_id="StringReplace", display_name="Replace Text", category="utils/string",
+        node_id="StringReplace",
+        display_name="Replace Text",
+        category="utils/string",
         description="Replace every occurrence of `find` with `replace`.",
         inputs=(_text("string"), _text("find", "The text to find."), _text("replace", "Its replacement.")),
         outputs=_STRING_OUT,
@@ -56,10 +61,15 @@ class StringReplace(Node):
 
 class StringSubstring(Node):
     SCHEMA = NodeSchema(
-        node_id="StringSubstring", display_name="Substring", category="utils/string",
+        node_id="StringSubstring",
+        display_name="Substring",
+        category="utils/string",
         description="Characters start..end (Python slice: end excluded, negative counts from the end).",
-        inputs=(_text("string"), Input("start", INT, "First character (0-based)."),
-                Input("end", INT, "End (excluded).")),
+        inputs=(
+            _text("string"),
+            Input("start", INT, "First character (0-based)."),
+            Input("end", INT, "End (excluded)."),
+        ),
         outputs=_STRING_OUT,
     )
 
@@ -69,7 +79,9 @@ class StringSubstring(Node):
 
 class StringTrim(Node):
     SCHEMA = NodeSchema(
-        node_id="StringTrim", display_name="Trim Text", category="utils/string",
+        node_id="StringTrim",
+        display_name="Trim Text",
+        category="utils/string",
         description="Remove whitespace at both ends, the left or the right.",
         inputs=(_text("string"), Input("mode", COMBO, "Which ends.", options=("Both", "Left", "Right"))),
         outputs=_STRING_OUT,
@@ -82,9 +94,12 @@ class StringTrim(Node):
 
 class StringLength(Node):
     SCHEMA = NodeSchema(
-        node_id="StringLength", display_name="Text Length", category="utils/string",
+        node_id="StringLength",
+        display_name="Text Length",
+        category="utils/string",
         description="The number of characters.",
-        inputs=(_text("string"),), outputs=(Output("length", INT, "The number of characters."),),
+        inputs=(_text("string"),),
+        outputs=(Output("length", INT, "The number of characters."),),
     )
 
     def run(self, ctx: NodeContext, *, string: str) -> tuple[int]:
@@ -93,10 +108,15 @@ class StringLength(Node):
 
 class StringContains(Node):
     SCHEMA = NodeSchema(
-        node_id="StringContains", display_name="Contains Text", category="utils/string",
+        node_id="StringContains",
+        display_name="Contains Text",
+        category="utils/string",
         description="Whether `substring` occurs in the text.",
-        inputs=(_text("string"), _text("substring", "The text to look for."),
-                _flag("case_sensitive", "Letter case matters.", True)),
+        inputs=(
+            _text("string"),
+            _text("substring", "The text to look for."),
+            _flag("case_sensitive", "Letter case matters.", True),
+        ),
         outputs=(Output("contains", BOOLEAN, "True if found."),),
     )
 
@@ -108,15 +128,22 @@ class StringContains(Node):
 
 class StringCompare(Node):
     SCHEMA = NodeSchema(
-        node_id="StringCompare", display_name="Compare Text", category="utils/string",
+        node_id="StringCompare",
+        display_name="Compare Text",
+        category="utils/string",
         description="Whether string_a starts with, ends with, or equals string_b.",
-        inputs=(_text("string_a", "The first text."), _text("string_b", "The second text."),
-                Input("mode", COMBO, "The comparison.", options=("Starts With", "Ends With", "Equal")),
-                _flag("case_sensitive", "Letter case matters.", True)),
+        inputs=(
+            _text("string_a", "The first text."),
+            _text("string_b", "The second text."),
+            Input("mode", COMBO, "The comparison.", options=("Starts With", "Ends With", "Equal")),
+            _flag("case_sensitive", "Letter case matters.", True),
+        ),
         outputs=(Output("BOOLEAN", BOOLEAN, "The result."),),
     )
 
-    def run(self, ctx: NodeContext, *, string_a: str, string_b: str, mode: str, case_sensitive: bool) -> tuple[bool]:
+    def run(
+        self, ctx: NodeContext, *, string_a: str, string_b: str, mode: str, case_sensitive: bool
+    ) -> tuple[bool]:
         if not case_sensitive:
             string_a, string_b = string_a.lower(), string_b.lower()
         if mode == "Starts With":
@@ -128,51 +155,97 @@ class StringCompare(Node):
 
 class CaseConverter(Node):
     SCHEMA = NodeSchema(
-        node_id="CaseConverter", display_name="Convert Text Case", category="utils/string",
+        node_id="CaseConverter",
+        display_name="Convert Text Case",
+        category="utils/string",
         description="UPPERCASE, lowercase, Capitalize (first letter) or Title Case.",
-        inputs=(_text("string"), Input("mode", COMBO, "The case.",
-                                       options=("UPPERCASE", "lowercase", "Capitalize", "Title Case"))),
+        inputs=(
+            _text("string"),
+            Input("mode", COMBO, "The case.", options=("UPPERCASE", "lowercase", "Capitalize", "Title Case")),
+        ),
         outputs=_STRING_OUT,
     )
 
     def run(self, ctx: NodeContext, *, string: str, mode: str) -> tuple[str]:
-        convert = {"UPPERCASE": str.upper, "lowercase": str.lower, "Capitalize": str.capitalize,
-                   "Title Case": str.title}.get(mode)
+        convert = {
+            "UPPERCASE": str.upper,
+            "lowercase": str.lower,
+            "Capitalize": str.capitalize,
+            "Title Case": str.title,
+        }.get(mode)
         return (convert(string) if convert else string,)
 
 
 class RegexMatch(Node):
     SCHEMA = NodeSchema(
-        node_id="RegexMatch", display_name="Match Text", category="utils/string",
+        node_id="RegexMatch",
+        display_name="Match Text",
+        category="utils/string",
         description="Whether the regular expression matches anywhere (an invalid pattern matches nothing).",
         inputs=(_text("string"), _text("regex_pattern", "A Python regular expression."), *_REGEX_FLAGS),
         outputs=(Output("matches", BOOLEAN, "True if it matches."),),
     )
 
-    def run(self, ctx: NodeContext, *, string: str, regex_pattern: str, case_insensitive: bool, multiline: bool,
-            dotall: bool) -> tuple[bool]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        string: str,
+        regex_pattern: str,
+        case_insensitive: bool,
+        multiline: bool,
+        dotall: bool,
+    ) -> tuple[bool]:
         try:
-            return (re.search(regex_pattern, string, _flags(case_insensitive, multiline, dotall)) is not None,)
+            return (
+                re.search(regex_pattern, string, _flags(case_insensitive, multiline, dotall)) is not None,
+            )
         except re.error:
             return (False,)
 
 
 class RegexExtract(Node):
     SCHEMA = NodeSchema(
-        node_id="RegexExtract", display_name="Extract Text", category="utils/string",
+        node_id="RegexExtract",
+        display_name="Extract Text",
+        category="utils/string",
         description="The first match, all matches, the first match's group, or that group of every match "
         "(one per line); empty when nothing matches or the pattern is invalid.",
-        inputs=(_text("string"), _text("regex_pattern", "A Python regular expression."),
-                Input("mode", COMBO, "What to extract.",
-                      options=("First Match", "All Matches", "First Group", "All Groups")),
-                *_REGEX_FLAGS,
-                Input("group_index", INT, "The group for the group modes.", default=1, min=0, max=100,
-                      extra=_ADVANCED)),
+        inputs=(
+            _text("string"),
+            _text("regex_pattern", "A Python regular expression."),
+            Input(
+                "mode",
+                COMBO,
+                "What to extract.",
+                options=("First Match", "All Matches", "First Group", "All Groups"),
+            ),
+            *_REGEX_FLAGS,
+            Input(
+                "group_index",
+                INT,
+                "The group for the group modes.",
+                default=1,
+                min=0,
+                max=100,
+                extra=_ADVANCED,
+            ),
+        ),
         outputs=_STRING_OUT,
     )
 
-    def run(self, ctx: NodeContext, *, string: str, regex_pattern: str, mode: str, case_insensitive: bool,
-            multiline: bool, dotall: bool, group_index: int) -> tuple[str]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        string: str,
+        regex_pattern: str,
+        mode: str,
+        case_insensitive: bool,
+        multiline: bool,
+        dotall: bool,
+        group_index: int,
+    ) -> tuple[str]:
         flags = _flags(case_insensitive, multiline, dotall)
         try:
             return (_extract(string, regex_pattern, mode, flags, group_index),)
@@ -195,40 +268,67 @@ def _extract(string: str, pattern: str, mode: str, flags: int, group: int) -> st
     if mode == "First Group":
         return group_of(re.search(pattern, string, flags)) or ""
     if mode == "All Groups":
-        parts = [g for m in re.finditer(pattern, string, flags) if m.groups() and (g := group_of(m)) is not None]
+        parts = [
+            g for m in re.finditer(pattern, string, flags) if m.groups() and (g := group_of(m)) is not None
+        ]
         return "\n".join(parts)
     return ""
 
 
 class RegexReplace(Node):
     SCHEMA = NodeSchema(
-        node_id="RegexReplace", display_name="Replace Text (Regex)", category="utils/string",
+        node_id="RegexReplace",
+        display_name="Replace Text (Regex)",
+        category="utils/string",
         description="Find and replace text using regex patterns.",
         inputs=(
-            _text("string"), _text("regex_pattern", "A Python regular expression."),
+            _text("string"),
+            _text("regex_pattern", "A Python regular expression."),
             _text("replace", "The replacement (\\1 or \\g<name> insert groups)."),
             _flag("case_insensitive", "Ignore letter case.", True, optional=True),
             _flag("multiline", "^ and $ match at every line.", False, optional=True),
             _flag("dotall", ". also matches newlines.", False, optional=True),
-            Input("count", INT, "Most replacements; 0 replaces all.", default=0, min=0, max=100, optional=True,
-                  extra=_ADVANCED),
+            Input(
+                "count",
+                INT,
+                "Most replacements; 0 replaces all.",
+                default=0,
+                min=0,
+                max=100,
+                optional=True,
+                extra=_ADVANCED,
+            ),
         ),
         outputs=_STRING_OUT,
     )
 
-    def run(self, ctx: NodeContext, *, string: str, regex_pattern: str, replace: str, case_insensitive: bool = True,
-            multiline: bool = False, dotall: bool = False, count: int = 0) -> tuple[str]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        string: str,
+        regex_pattern: str,
+        replace: str,
+        case_insensitive: bool = True,
+        multiline: bool = False,
+        dotall: bool = False,
+        count: int = 0,
+    ) -> tuple[str]:
         flags = _flags(case_insensitive, multiline, dotall)
         try:
             return (re.sub(regex_pattern, replace, string, count=count, flags=flags),)
         except re.error as exc:
-            raise TextError(f"regex_pattern or replace: invalid regular expression ({exc}); "
-                            f"pattern {regex_pattern!r}, replacement {replace!r}") from exc
+            raise TextError(
+                f"regex_pattern or replace: invalid regular expression ({exc}); "
+                f"pattern {regex_pattern!r}, replacement {replace!r}"
+            ) from exc
 
 
 class ComfySwitchNode(Node):
     SCHEMA = NodeSchema(
-        node_id="ComfySwitchNode", display_name="If/Else Switch", category="utils/logic",
+        node_id="ComfySwitchNode",
+        display_name="If/Else Switch",
+        category="utils/logic",
         description="Pass on_true when switch is true, else on_false; only the chosen branch is computed.",
         inputs=(
             Input("switch", BOOLEAN, "Which branch to pass."),
@@ -249,12 +349,21 @@ class ComfySwitchNode(Node):
 
 class CustomCombo(Node):
     SCHEMA = NodeSchema(
-        node_id="CustomCombo", display_name="Custom Combo", category="utils",
+        node_id="CustomCombo",
+        display_name="Custom Combo",
+        category="utils",
         description="A combo whose options the editor defines; outputs the choice and its index.",
         inputs=(
             Input("choice", COMBO, "The chosen option (options are the editor's, not checked).", options=()),
-            Input("index", INT, "The choice's position (sent by ComfyUI's editor).", default=0, min=0,
-                  optional=True, force_input=True),
+            Input(
+                "index",
+                INT,
+                "The choice's position (sent by ComfyUI's editor).",
+                default=0,
+                min=0,
+                optional=True,
+                force_input=True,
+            ),
         ),
         outputs=(Output("STRING", STRING, "The choice."), Output("INDEX", INT, "Its index.")),
         experimental=True,
@@ -272,8 +381,18 @@ class _FreeChoiceDef(NativeNodeDef):
 
 
 TEXT_NODES: list[type[Node]] = [
-    StringReplace, StringSubstring, StringTrim, StringLength, StringContains, StringCompare, CaseConverter,
-    RegexMatch, RegexExtract, RegexReplace, ComfySwitchNode, CustomCombo,
+    StringReplace,
+    StringSubstring,
+    StringTrim,
+    StringLength,
+    StringContains,
+    StringCompare,
+    CaseConverter,
+    RegexMatch,
+    RegexExtract,
+    RegexReplace,
+    ComfySwitchNode,
+    CustomCombo,
 ]
 
 

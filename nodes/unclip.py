@@ -45,27 +45,41 @@ def open_unclip_checkpoint(path: Any, *, allow_pickle: bool = False) -> tuple[An
     if prefix is None or not index.any_with(prefix):
         raise ModelLoadError(
             f"{path}: this {ck.unet.family.title} checkpoint holds no CLIP vision model, so it is not an unCLIP "
-            "checkpoint; load it with CheckpointLoaderSimple and a CLIP vision model with CLIPVisionLoader")
+            "checkpoint; load it with CheckpointLoaderSimple and a CLIP vision model with CLIPVisionLoader"
+        )
     vision = ClipVisionHandle.from_file(path, allow_pickle=allow_pickle, prefix=prefix)
     return ck.unet, ck.clip, ck.vae, vision
 
 
 class unCLIPCheckpointLoader(Node):  # noqa: N801 - ComfyUI's class name
     SCHEMA = NodeSchema(
-        node_id="unCLIPCheckpointLoader", display_name="unCLIPCheckpointLoader", category="loaders",
+        node_id="unCLIPCheckpointLoader",
+        display_name="unCLIPCheckpointLoader",
+        category="loaders",
         description="Loads an unCLIP checkpoint as MODEL, CLIP, VAE and the CLIP vision model stored in it.",
-        inputs=(Input("ckpt_name", COMBO, "The unCLIP checkpoint file in models/checkpoints.",
-                      options=DynamicOptions("checkpoints")),),
+        inputs=(
+            Input(
+                "ckpt_name",
+                COMBO,
+                "The unCLIP checkpoint file in models/checkpoints.",
+                options=DynamicOptions("checkpoints"),
+            ),
+        ),
         outputs=(
             Output("MODEL", MODEL, "The unCLIP denoising model (its UNet takes image embeddings)."),
             Output("CLIP", CLIP, "The text encoder."),
             Output("VAE", VAE, "The autoencoder."),
-            Output("CLIP_VISION", CLIP_VISION, "The image encoder stored in the checkpoint, for CLIPVisionEncode."),
+            Output(
+                "CLIP_VISION",
+                CLIP_VISION,
+                "The image encoder stored in the checkpoint, for CLIPVisionEncode.",
+            ),
         ),
     )
 
-    def run(self, ctx: NodeContext, *, ckpt_name: str
-            ) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle, ClipVisionHandle]:
+    def run(
+        self, ctx: NodeContext, *, ckpt_name: str
+    ) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle, ClipVisionHandle]:
         path = _model_files(ctx).resolve("checkpoints", ckpt_name)
         unet, clip, vae, vision = open_unclip_checkpoint(path, allow_pickle=ctx.settings.allow_pickle)
         return unet, clip, vae, vision
@@ -86,29 +100,57 @@ def add_unclip(conditioning: Conditioning, item: UnclipInput) -> Conditioning:
 
 class unCLIPConditioning(Node):  # noqa: N801 - ComfyUI's class name
     SCHEMA = NodeSchema(
-        node_id="unCLIPConditioning", display_name="unCLIPConditioning", category="conditioning",
+        node_id="unCLIPConditioning",
+        display_name="unCLIPConditioning",
+        category="conditioning",
         description="Adds an image's CLIP vision embedding to a conditioning, for unCLIP models (and revision "
-                    "workflows); several stack (they are summed).",
+        "workflows); several stack (they are summed).",
         inputs=(
             Input("conditioning", CONDITIONING, "The conditioning to add the image to."),
             Input("clip_vision_output", CLIP_VISION_OUTPUT, "CLIPVisionEncode's output for the image."),
-            Input("strength", FLOAT, "How strongly the image guides; 0 leaves the conditioning unchanged.",
-                  default=1.0, min=-10.0, max=10.0, step=0.01),
-            Input("noise_augmentation", FLOAT, "Noise added to the image embedding: higher values keep less of the "
-                  "image and let the prompt and model vary more.", default=0.0, min=0.0, max=1.0, step=0.01),
+            Input(
+                "strength",
+                FLOAT,
+                "How strongly the image guides; 0 leaves the conditioning unchanged.",
+                default=1.0,
+                min=-10.0,
+                max=10.0,
+                step=0.01,
+            ),
+            Input(
+                "noise_augmentation",
+                FLOAT,
+                "Noise added to the image embedding: higher values keep less of the "
+                "image and let the prompt and model vary more.",
+                default=0.0,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
         ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning with the image embedding added."),),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning: Conditioning, clip_vision_output: ClipVisionOutput,
-            strength: float, noise_augmentation: float) -> tuple[Conditioning]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        conditioning: Conditioning,
+        clip_vision_output: ClipVisionOutput,
+        strength: float,
+        noise_augmentation: float,
+    ) -> tuple[Conditioning]:
         if strength == 0:
             return (conditioning,)
         embeds = getattr(clip_vision_output, "image_embeds", None)
         if embeds is None or embeds.ndim != 2:
-            raise TypeError("input 'clip_vision_output' must come from CLIPVisionEncode (image embeddings of shape "
-                            f"[images, width]); got {type(clip_vision_output).__name__}")
-        return (add_unclip(conditioning, UnclipInput(embeds.float(), float(strength), float(noise_augmentation))),)
+            raise TypeError(
+                "input 'clip_vision_output' must come from CLIPVisionEncode (image embeddings of shape "
+                f"[images, width]); got {type(clip_vision_output).__name__}"
+            )
+        return (
+            add_unclip(conditioning, UnclipInput(embeds.float(), float(strength), float(noise_augmentation))),
+        )
 
 
 UNCLIP_NODES = (unCLIPCheckpointLoader, unCLIPConditioning)

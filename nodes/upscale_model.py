@@ -56,8 +56,10 @@ def read_state_dict(path: Path, *, allow_pickle: bool) -> dict[str, torch.Tensor
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise ModelLoadError(f"{path}: cannot read this pickled file with weights_only=True (it needs a full "
-                                 f"pickle, which Loom never loads): {exc}") from exc
+            raise ModelLoadError(
+                f"{path}: cannot read this pickled file with weights_only=True (it needs a full "
+                f"pickle, which Loom never loads): {exc}"
+            ) from exc
         while isinstance(obj, dict):
             inner = next((obj[k] for k in _WRAPPERS if isinstance(obj.get(k), dict)), None)
             if inner is None:
@@ -98,11 +100,15 @@ def describe(sd: dict[str, torch.Tensor], path: Path) -> Any:
     except (KeyError, ValueError, RuntimeError, IndexError, NotImplementedError) as exc:
         if meta:
             raise _NeedsValues(str(exc)) from exc
-        raise ModelLoadError(f"{path}: the weights look like an upscale model but do not load ({exc!r}); the file "
-                             "may be damaged or an unsupported variant") from exc
+        raise ModelLoadError(
+            f"{path}: the weights look like an upscale model but do not load ({exc!r}); the file "
+            "may be damaged or an unsupported variant"
+        ) from exc
     if not isinstance(descriptor, spandrel.ImageModelDescriptor):
-        raise ModelLoadError(f"{path}: this is a {descriptor.architecture.name} model ({descriptor.purpose}), not a "
-                             "single-image upscale model; ImageUpscaleWithModel needs one image in, one image out")
+        raise ModelLoadError(
+            f"{path}: this is a {descriptor.architecture.name} model ({descriptor.purpose}), not a "
+            "single-image upscale model; ImageUpscaleWithModel needs one image in, one image out"
+        )
     return descriptor.eval()
 
 
@@ -116,8 +122,10 @@ def _detect(path: Path, allow_pickle: bool) -> tuple[Any, int]:
     whose detection needs tensor values, are read."""
     if path.suffix.lower() not in PICKLE_SUFFIXES:
         index = read_index(path)
-        meta = {k: torch.empty(t.shape, dtype=_TORCH_DTYPES.get(t.dtype, torch.float32), device="meta")
-                for k, t in index.tensors.items()}
+        meta = {
+            k: torch.empty(t.shape, dtype=_TORCH_DTYPES.get(t.dtype, torch.float32), device="meta")
+            for k, t in index.tensors.items()
+        }
         try:
             return describe(meta, path), index.nbytes()
         except _NeedsValues:
@@ -156,11 +164,18 @@ class UpscaleModelHandle(WeightsHandle):
     def from_file(cls, path: Path, *, allow_pickle: bool = False) -> UpscaleModelHandle:
         path = Path(path)
         d, nbytes = _detect(path, allow_pickle)
-        halves = tuple(name for name, ok in (("float16", d.supports_half), ("bfloat16", d.supports_bfloat16)) if ok)
-        return cls(source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
-                   nbytes=nbytes, architecture=d.architecture.name,
-                   scale=int(d.scale), input_channels=int(d.input_channels),
-                   output_channels=int(d.output_channels), half_dtypes=halves)
+        halves = tuple(
+            name for name, ok in (("float16", d.supports_half), ("bfloat16", d.supports_bfloat16)) if ok
+        )
+        return cls(
+            source=WeightsSource(path, fingerprint(path), allow_pickle=allow_pickle),
+            nbytes=nbytes,
+            architecture=d.architecture.name,
+            scale=int(d.scale),
+            input_channels=int(d.input_channels),
+            output_channels=int(d.output_channels),
+            half_dtypes=halves,
+        )
 
     def recipe(self) -> Any:
         return [self.architecture, self.scale]
@@ -197,13 +212,21 @@ def _feather(shape: tuple[int, ...], ramp: int) -> torch.Tensor:
         if ramp < n:
             edge = torch.arange(1, ramp + 1, dtype=torch.float32) / ramp
             w[:ramp] *= edge
-            w[n - ramp:] *= edge.flip(0)
+            w[n - ramp :] *= edge.flip(0)
         axes.append(w)
     return (axes[0][:, None] * axes[1][None, :])[None, None]
 
 
-def tiled_scale(images: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], *, tile: int, overlap: int,
-                scale: int, out_channels: int, on_tile: Callable[[], None] | None = None) -> torch.Tensor:
+def tiled_scale(
+    images: torch.Tensor,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    tile: int,
+    overlap: int,
+    scale: int,
+    out_channels: int,
+    on_tile: Callable[[], None] | None = None,
+) -> torch.Tensor:
     """Run ``fn`` (×``scale``) over [B, C, H, W] ``images`` in overlapping tiles, blending each into
     the float32 CPU output with a linear feather over the (scaled) overlap. An image that fits in
     one tile is run whole. ``on_tile`` is called after each tile (progress, interrupt)."""
@@ -221,7 +244,10 @@ def tiled_scale(images: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]
         for y, x in itertools.product(_starts(h, tile, overlap), _starts(w, tile, overlap)):
             piece = fn(image[..., y : y + tile, x : x + tile]).float().cpu()
             mask = _feather(tuple(piece.shape[-2:]), overlap * scale)
-            ys, xs = slice(y * scale, y * scale + piece.shape[-2]), slice(x * scale, x * scale + piece.shape[-1])
+            ys, xs = (
+                slice(y * scale, y * scale + piece.shape[-2]),
+                slice(x * scale, x * scale + piece.shape[-1]),
+            )
             acc[..., ys, xs] += piece * mask
             weight[..., ys, xs] += mask
             if on_tile is not None:
@@ -238,7 +264,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _OOM_WORDS)
 
 
-def _attempt(ctx: NodeContext, module: Any, pixels: torch.Tensor, tile: int, handle: UpscaleModelHandle) -> torch.Tensor:
+def _attempt(
+    ctx: NodeContext, module: Any, pixels: torch.Tensor, tile: int, handle: UpscaleModelHandle
+) -> torch.Tensor:
     """One tiled pass at ``tile``: progress after each tile, the interrupt checked before each."""
     param = next(module.parameters())
     total = pixels.shape[0] * tile_count(pixels.shape[2], pixels.shape[3], tile, OVERLAP)
@@ -254,8 +282,15 @@ def _attempt(ctx: NodeContext, module: Any, pixels: torch.Tensor, tile: int, han
         with torch.inference_mode():
             return module(x.to(param.device, param.dtype))  # type: ignore[no-any-return]
 
-    return tiled_scale(pixels, run, tile=tile, overlap=OVERLAP, scale=handle.scale,
-                       out_channels=handle.output_channels, on_tile=step)
+    return tiled_scale(
+        pixels,
+        run,
+        tile=tile,
+        overlap=OVERLAP,
+        scale=handle.scale,
+        out_channels=handle.output_channels,
+        on_tile=step,
+    )
 
 
 def upscale(ctx: NodeContext, handle: UpscaleModelHandle, image: torch.Tensor) -> torch.Tensor:
@@ -284,23 +319,38 @@ def _empty_cache(device: torch.device) -> None:
 # --- nodes ----------------------------------------------------------------------------------------
 def _check_image(image: Any, handle: UpscaleModelHandle) -> torch.Tensor:
     if not isinstance(image, torch.Tensor) or image.ndim != 4:
-        got = f"a tensor of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
-        raise TypeError(f"input 'image' must be an IMAGE (a [batch, height, width, channels] tensor); got {got}")
+        got = (
+            f"a tensor of shape {tuple(image.shape)}"
+            if isinstance(image, torch.Tensor)
+            else type(image).__name__
+        )
+        raise TypeError(
+            f"input 'image' must be an IMAGE (a [batch, height, width, channels] tensor); got {got}"
+        )
     if image.shape[-1] != handle.input_channels:
         raise ValueError(
             f"input 'image' has {image.shape[-1]} channels but the upscale model {handle.source.name} "
             f"({handle.architecture}) takes {handle.input_channels}; convert the image first "
-            "(e.g. drop the alpha channel)")
+            "(e.g. drop the alpha channel)"
+        )
     return image.float()
 
 
 class UpscaleModelLoader(Node):
     SCHEMA = NodeSchema(
-        node_id="UpscaleModelLoader", display_name="Load Upscale Model", category="loaders",
+        node_id="UpscaleModelLoader",
+        display_name="Load Upscale Model",
+        category="loaders",
         description="Loads an upscale model (ESRGAN, RealESRGAN, SwinIR, HAT, DAT, ...; the architecture is "
-                    "detected from the weights) from models/upscale_models.",
-        inputs=(Input("model_name", COMBO, "The upscale model file in models/upscale_models.",
-                      options=DynamicOptions("upscale_models")),),
+        "detected from the weights) from models/upscale_models.",
+        inputs=(
+            Input(
+                "model_name",
+                COMBO,
+                "The upscale model file in models/upscale_models.",
+                options=DynamicOptions("upscale_models"),
+            ),
+        ),
         outputs=(Output("UPSCALE_MODEL", UPSCALE_MODEL, "The upscale model (loaded when first used)."),),
     )
 
@@ -317,17 +367,23 @@ class UpscaleModelLoader(Node):
 
 class ImageUpscaleWithModel(Node):
     SCHEMA = NodeSchema(
-        node_id="ImageUpscaleWithModel", display_name="Upscale Image (using Model)", category="image/upscaling",
+        node_id="ImageUpscaleWithModel",
+        display_name="Upscale Image (using Model)",
+        category="image/upscaling",
         description="Upscales images with an upscale model, in overlapping tiles (512 px, smaller when memory "
-                    "runs out); the output is clamped to 0..1.",
-        inputs=(Input("upscale_model", UPSCALE_MODEL, "The upscale model from UpscaleModelLoader."),
-                Input("image", IMAGE, "The images to upscale.")),
+        "runs out); the output is clamped to 0..1.",
+        inputs=(
+            Input("upscale_model", UPSCALE_MODEL, "The upscale model from UpscaleModelLoader."),
+            Input("image", IMAGE, "The images to upscale."),
+        ),
         outputs=(Output("IMAGE", IMAGE, "The upscaled images (the model's scale times larger)."),),
     )
 
     def run(self, ctx: NodeContext, *, upscale_model: Any, image: Any) -> tuple[torch.Tensor]:
         if not isinstance(upscale_model, UpscaleModelHandle):
-            raise TypeError(f"input 'upscale_model' must come from UpscaleModelLoader; got {type(upscale_model).__name__}")
+            raise TypeError(
+                f"input 'upscale_model' must come from UpscaleModelLoader; got {type(upscale_model).__name__}"
+            )
         return (upscale(ctx, upscale_model, _check_image(image, upscale_model)),)
 
 

@@ -26,7 +26,9 @@ def _primitive(node_id: str, display: str, type_: str, value: Input) -> NodeSche
 
 class PrimitiveInt(Node):
     SCHEMA = _primitive(
-        "PrimitiveInt", "Int", INT,
+        "PrimitiveInt",
+        "Int",
+        INT,
         Input("value", INT, "the integer", default=0, min=-BIG, max=BIG, control_after_generate=True),
     )
 
@@ -36,7 +38,9 @@ class PrimitiveInt(Node):
 
 class PrimitiveFloat(Node):
     SCHEMA = _primitive(
-        "PrimitiveFloat", "Float", FLOAT,
+        "PrimitiveFloat",
+        "Float",
+        FLOAT,
         Input("value", FLOAT, "the number", default=0.0, min=-float(BIG), max=float(BIG)),
     )
 
@@ -53,7 +57,9 @@ class PrimitiveString(Node):
 
 class PrimitiveStringMultiline(Node):
     SCHEMA = _primitive(
-        "PrimitiveStringMultiline", "String (Multiline)", STRING,
+        "PrimitiveStringMultiline",
+        "String (Multiline)",
+        STRING,
         Input("value", STRING, "the text", default="", multiline=True),
     )
 
@@ -62,7 +68,9 @@ class PrimitiveStringMultiline(Node):
 
 
 class PrimitiveBoolean(Node):
-    SCHEMA = _primitive("PrimitiveBoolean", "Boolean", BOOLEAN, Input("value", BOOLEAN, "true or false", default=False))
+    SCHEMA = _primitive(
+        "PrimitiveBoolean", "Boolean", BOOLEAN, Input("value", BOOLEAN, "true or false", default=False)
+    )
 
     def run(self, ctx: NodeContext, *, value: bool) -> tuple[bool]:
         return (value,)

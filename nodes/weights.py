@@ -21,8 +21,20 @@ if TYPE_CHECKING:
     import torch
 
 PICKLE_SUFFIXES = frozenset({".ckpt", ".pt", ".pth", ".bin"})
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 MAX_HEADER = 100 * 2**20
 
 
@@ -63,7 +75,9 @@ class TensorIndex:
     def shape(self, key: str) -> tuple[int, ...]:
         info = self.tensors.get(key)
         if info is None:
-            raise ModelLoadError(f"{self.path.name}: expected tensor {key!r}, which is missing; the file is incomplete")
+            raise ModelLoadError(
+                f"{self.path.name}: expected tensor {key!r}, which is missing; the file is incomplete"
+            )
         return info.shape
 
     def keys_with(self, prefix: str) -> list[str]:
@@ -74,8 +88,13 @@ class TensorIndex:
 
     def count(self, pattern_prefix: str, index_pos: int = 0) -> int:
         """Number of distinct integers right after ``pattern_prefix`` (``...layers.{i}.``) + 1."""
-        found = {int(part) for k in self.tensors if k.startswith(pattern_prefix)
-                 for part in [k[len(pattern_prefix):].split(".")[index_pos]] if part.isdigit()}
+        found = {
+            int(part)
+            for k in self.tensors
+            if k.startswith(pattern_prefix)
+            for part in [k[len(pattern_prefix) :].split(".")[index_pos]]
+            if part.isdigit()
+        }
         return max(found) + 1 if found else 0
 
     def nbytes(self, prefix: str = "") -> int:
@@ -132,16 +151,22 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
     with path.open("rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise ModelLoadError(f"{path}: file is truncated ({size} bytes): not a safetensors file; download it again")
+            raise ModelLoadError(
+                f"{path}: file is truncated ({size} bytes): not a safetensors file; download it again"
+            )
         (n,) = struct.unpack("<Q", head)
         implausible = n == 0 or n > MAX_HEADER or 8 + n > size
         # a pickle starts with b"\x80" + protocol, a zip with b"PK"; a real header length may too
         if (head[:2] == b"PK" or head[:1] == b"\x80") and implausible:
-            raise ModelLoadError(f"{path}: this is a pickled PyTorch file named .safetensors; rename it to .ckpt "
-                                 "(it will be refused unless pickles are allowed) or get the real .safetensors")
+            raise ModelLoadError(
+                f"{path}: this is a pickled PyTorch file named .safetensors; rename it to .ckpt "
+                "(it will be refused unless pickles are allowed) or get the real .safetensors"
+            )
         if n == 0 or n > MAX_HEADER or 8 + n > size:
-            raise ModelLoadError(f"{path}: corrupt or truncated safetensors header (says {n} bytes, file has {size}); "
-                                 "download the file again")
+            raise ModelLoadError(
+                f"{path}: corrupt or truncated safetensors header (says {n} bytes, file has {size}); "
+                "download the file again"
+            )
         raw = f.read(n)
     try:
         header = json.loads(raw)
@@ -157,7 +182,9 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
             tensors[name] = TensorInfo(str(spec["dtype"]), tuple(int(d) for d in spec["shape"]))
             end = max(end, int(spec["data_offsets"][1]))
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise ModelLoadError(f"{path}: corrupt safetensors header entry ({exc!r}); download the file again") from exc
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header entry ({exc!r}); download the file again"
+        ) from exc
     if 8 + n + end > size:
         raise ModelLoadError(
             f"{path}: file is truncated: its header describes {8 + n + end} bytes, the file has {size} "
@@ -181,11 +208,16 @@ def load_pickle(path: Path) -> dict[str, torch.Tensor]:
     return {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
 
 
-def load_tensors(index: TensorIndex, prefix: str = "", *, strip: bool = True,
-                 skip: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+def load_tensors(
+    index: TensorIndex, prefix: str = "", *, strip: bool = True, skip: Iterable[str] = ()
+) -> dict[str, torch.Tensor]:
     """The tensors whose names start with ``prefix`` (prefix removed when ``strip``)."""
     skip_prefixes = tuple(skip)
-    keys = [k for k in index.tensors if k.startswith(prefix) and not (skip_prefixes and k.startswith(skip_prefixes))]
+    keys = [
+        k
+        for k in index.tensors
+        if k.startswith(prefix) and not (skip_prefixes and k.startswith(skip_prefixes))
+    ]
     if index.path.suffix.lower() == ".gguf":  # quantized weights come as nodes.quant PackedWeight values
         from nodes.quant.files import load_gguf_tensors
 
@@ -194,14 +226,14 @@ def load_tensors(index: TensorIndex, prefix: str = "", *, strip: bool = True,
     if index.pickled:
         sd = load_pickle(index.path)
         for k in keys:
-            out[k[len(prefix):] if strip else k] = sd[k]
+            out[k[len(prefix) :] if strip else k] = sd[k]
         return out
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(index.path), framework="pt", device="cpu") as f:
             for k in keys:
-                out[k[len(prefix):] if strip else k] = f.get_tensor(k)
+                out[k[len(prefix) :] if strip else k] = f.get_tensor(k)
     except (SafetensorError, OSError, RuntimeError) as exc:
         raise ModelLoadError(f"{index.path}: cannot read tensors: {exc}; the file may be damaged") from exc
     return out

@@ -99,7 +99,9 @@ class DemoFiles:
 
     def copy_to(self, dest: Path) -> DemoFiles:
         """A :func:`linked_copy` at ``dest``, with ``written`` moved there."""
-        return DemoFiles(linked_copy(self.root, dest), tuple(dest / p.relative_to(self.root) for p in self.written))
+        return DemoFiles(
+            linked_copy(self.root, dest), tuple(dest / p.relative_to(self.root) for p in self.written)
+        )
 
 
 @pytest.fixture(scope="session")

@@ -37,23 +37,53 @@ _NOT_FOR_WORKERS = ("func",)
 
 def add_ray_arguments(parser: argparse.ArgumentParser, *, worker: bool = False) -> None:
     """The Ray flags: ``--ray`` (required for ``worker``) and how many workers of what size."""
-    group = parser.add_argument_group("scale-out on Ray (pip install 'loom[ray]'; see engine/distributed/README.md)")
+    group = parser.add_argument_group(
+        "scale-out on Ray (pip install 'loom[ray]'; see engine/distributed/README.md)"
+    )
     if worker:
-        group.add_argument("--ray", required=True, metavar="ADDRESS",
-                           help="the cluster to join: the head's host:port (or 'auto' on the head machine)")
+        group.add_argument(
+            "--ray",
+            required=True,
+            metavar="ADDRESS",
+            help="the cluster to join: the head's host:port (or 'auto' on the head machine)",
+        )
     else:
-        group.add_argument("--ray", default=None, metavar="ADDRESS|auto",
-                           help="run jobs on a Ray cluster: 'auto' joins the cluster on this machine or "
-                                "starts a private one; host:port joins that cluster")
-    group.add_argument("--ray-workers", type=int, default=None, metavar="N",
-                       help="worker actors to start on this machine (default: one per GPU, at least one; "
-                            "for 'serve' joining an existing cluster: none)")
-    group.add_argument("--ray-gpus-per-worker", type=float, default=None, metavar="G",
-                       help="GPUs each worker reserves (default: 1 on GPU machines, 0 with --cpu)")
-    group.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="C",
-                       help="CPUs each worker reserves (default 1)")
-    group.add_argument("--ray-max-attempts", type=int, default=3, metavar="K",
-                       help="attempts whose worker died before a job is recorded as failed (default 3)")
+        group.add_argument(
+            "--ray",
+            default=None,
+            metavar="ADDRESS|auto",
+            help="run jobs on a Ray cluster: 'auto' joins the cluster on this machine or "
+            "starts a private one; host:port joins that cluster",
+        )
+    group.add_argument(
+        "--ray-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker actors to start on this machine (default: one per GPU, at least one; "
+        "for 'serve' joining an existing cluster: none)",
+    )
+    group.add_argument(
+        "--ray-gpus-per-worker",
+        type=float,
+        default=None,
+        metavar="G",
+        help="GPUs each worker reserves (default: 1 on GPU machines, 0 with --cpu)",
+    )
+    group.add_argument(
+        "--ray-cpus-per-worker",
+        type=float,
+        default=1.0,
+        metavar="C",
+        help="CPUs each worker reserves (default 1)",
+    )
+    group.add_argument(
+        "--ray-max-attempts",
+        type=int,
+        default=3,
+        metavar="K",
+        help="attempts whose worker died before a job is recorded as failed (default 3)",
+    )
     group.add_argument("--ray-namespace", default="loom", help=argparse.SUPPRESS)
 
 
@@ -88,7 +118,9 @@ def local_gpus() -> float:
 
 def worker_config(args: argparse.Namespace, root: Path, runtime_factory: str) -> WorkerConfig:
     """This process's flags, minus the Ray ones, for the workers' runtime factory."""
-    runtime_args = {k: v for k, v in vars(args).items() if k not in _NOT_FOR_WORKERS and not k.startswith("ray")}
+    runtime_args = {
+        k: v for k, v in vars(args).items() if k not in _NOT_FOR_WORKERS and not k.startswith("ray")
+    }
     return WorkerConfig(runtime_factory, runtime_args, python_path=(str(root),))
 
 
@@ -101,8 +133,14 @@ def _resources(args: argparse.Namespace, *, pin: bool) -> tuple[Any, int]:
     return ActorResources(num_cpus=args.ray_cpus_per_worker, num_gpus=per_worker, pin_to_this_node=pin), count
 
 
-def make_ray_queue(args: argparse.Namespace, runtime: Any, store: JobStore, *, root: Path,
-                   runtime_factory: str = "main:build_runtime") -> RayJobQueue:
+def make_ray_queue(
+    args: argparse.Namespace,
+    runtime: Any,
+    store: JobStore,
+    *,
+    root: Path,
+    runtime_factory: str = "main:build_runtime",
+) -> RayJobQueue:
     """The server's queue on Ray. ``runtime``: the server's own (its registry routes, its folders
     receive the outputs). Workers this call starts are stopped with the queue."""
     from engine.distributed.pool import RayWorkerPool
@@ -117,8 +155,14 @@ def make_ray_queue(args: argparse.Namespace, runtime: Any, store: JobStore, *, r
     elif not started:
         log.info("joined the Ray cluster; waiting for workers (python main.py worker --ray %s)", args.ray)
     settings = QueueSettings(max_attempts=args.ray_max_attempts)
-    return RayJobQueue(store, pool, runtime.folders, model_of=first_model_finder(runtime.registry),
-                       settings=settings, on_stop=pool.shutdown)
+    return RayJobQueue(
+        store,
+        pool,
+        runtime.folders,
+        model_of=first_model_finder(runtime.registry),
+        settings=settings,
+        on_stop=pool.shutdown,
+    )
 
 
 def worker_main(args: argparse.Namespace, *, root: Path, runtime_factory: str = "main:build_runtime") -> int:
@@ -130,8 +174,13 @@ def worker_main(args: argparse.Namespace, *, root: Path, runtime_factory: str = 
     resources, per_machine = _resources(args, pin=True)
     count = args.ray_workers if args.ray_workers is not None else per_machine
     config = worker_config(args, root, runtime_factory)
-    config = WorkerConfig(config.runtime_factory, config.runtime_args, f"{WORKER_PREFIX}{socket.gethostname()}",
-                          config.scratch_dir, config.python_path)
+    config = WorkerConfig(
+        config.runtime_factory,
+        config.runtime_args,
+        f"{WORKER_PREFIX}{socket.gethostname()}",
+        config.scratch_dir,
+        config.python_path,
+    )
     names = pool.spawn(config, resources, count)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -143,16 +192,21 @@ def worker_main(args: argparse.Namespace, *, root: Path, runtime_factory: str = 
             ready, _ = pool.discover()
             waiting -= set(ready)
             if waiting - _listed(args.ray_namespace):
-                print(f"loom: worker(s) {sorted(waiting - _listed(args.ray_namespace))} failed to start; "
-                      "the error is in the log above and in the Ray logs", flush=True)
+                print(
+                    f"loom: worker(s) {sorted(waiting - _listed(args.ray_namespace))} failed to start; "
+                    "the error is in the log above and in the Ray logs",
+                    flush=True,
+                )
                 return 1
             if time.monotonic() > deadline:
                 print(f"loom: workers {sorted(waiting)} did not start in 10 minutes; see the Ray logs")
                 return 1
             stop.wait(0.5)
         if not stop.is_set():
-            print(f"loom: {len(names)} worker(s) serving jobs for the cluster at {args.ray}: {', '.join(names)}",
-                  flush=True)
+            print(
+                f"loom: {len(names)} worker(s) serving jobs for the cluster at {args.ray}: {', '.join(names)}",
+                flush=True,
+            )
         while not stop.wait(2.0):
             _, gone = pool.discover()
             for name in set(gone) & set(names):
@@ -165,4 +219,6 @@ def worker_main(args: argparse.Namespace, *, root: Path, runtime_factory: str = 
 def _listed(namespace: str) -> set[str]:
     import ray
 
-    return {e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e.get("namespace") == namespace}
+    return {
+        e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e.get("namespace") == namespace
+    }

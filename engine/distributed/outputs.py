@@ -41,8 +41,9 @@ class OutputStore:
         with self._lock:
             return self._committed.get(prompt_id)
 
-    def commit(self, prompt_id: str, attempt: int, files: Iterable[OutputFile],
-               outputs: dict[str, Any]) -> dict[str, Any] | None:
+    def commit(
+        self, prompt_id: str, attempt: int, files: Iterable[OutputFile], outputs: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """Store the attempt's files; return ``outputs`` with final names, or None if the job
         already has committed outputs (this attempt's files are dropped)."""
         with self._lock:
@@ -65,7 +66,9 @@ class OutputStore:
         for item in files:
             rel = _safe_relative(item.path)
             if item.folder not in self.roots:
-                raise ValueError(f"worker sent a file for folder {item.folder!r}; expected one of {sorted(self.roots)}")
+                raise ValueError(
+                    f"worker sent a file for folder {item.folder!r}; expected one of {sorted(self.roots)}"
+                )
             path = staging / item.folder / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(item.data)

@@ -48,12 +48,17 @@ class ActorResources:
     pin_to_this_node: bool = False  # ``main.py worker``: the actor runs on the machine that asked
 
 
-def actor_options(name: str, resources: ActorResources, python_path: tuple[str, ...],
-                  namespace: str = NAMESPACE) -> dict[str, Any]:
+def actor_options(
+    name: str, resources: ActorResources, python_path: tuple[str, ...], namespace: str = NAMESPACE
+) -> dict[str, Any]:
     options: dict[str, Any] = {
-        "name": name, "namespace": namespace, "max_concurrency": ACTOR_CONCURRENCY,
-        "num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
-        "max_restarts": resources.max_restarts, "max_task_retries": 0,
+        "name": name,
+        "namespace": namespace,
+        "max_concurrency": ACTOR_CONCURRENCY,
+        "num_cpus": resources.num_cpus,
+        "num_gpus": resources.num_gpus,
+        "max_restarts": resources.max_restarts,
+        "max_task_retries": 0,
     }
     if python_path:
         joined = os.pathsep.join([*python_path, os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
@@ -69,7 +74,9 @@ def spawn_worker(config: WorkerConfig, resources: ActorResources, namespace: str
     name = config.name or f"{WORKER_PREFIX}{uuid.uuid4().hex[:8]}"
     if not name.startswith(WORKER_PREFIX):
         raise ValueError(f"worker name {name!r} must start with {WORKER_PREFIX!r} for the server to find it")
-    config = WorkerConfig(config.runtime_factory, config.runtime_args, name, config.scratch_dir, config.python_path)
+    config = WorkerConfig(
+        config.runtime_factory, config.runtime_args, name, config.scratch_dir, config.python_path
+    )
     actor_class = ray.remote(LoomWorker)
     return actor_class.options(**actor_options(name, resources, config.python_path, namespace)).remote(config)
 
@@ -89,8 +96,13 @@ class RayWorkerPool:
         names = []
         for _ in range(count):
             name = f"{config.name or WORKER_PREFIX + 'local'}-{uuid.uuid4().hex[:6]}"
-            handle = spawn_worker(WorkerConfig(config.runtime_factory, config.runtime_args, name,
-                                               config.scratch_dir, config.python_path), resources, self.namespace)
+            handle = spawn_worker(
+                WorkerConfig(
+                    config.runtime_factory, config.runtime_args, name, config.scratch_dir, config.python_path
+                ),
+                resources,
+                self.namespace,
+            )
             with self._lock:
                 self._owned[name] = handle
             names.append(name)
@@ -98,8 +110,11 @@ class RayWorkerPool:
 
     def discover(self) -> tuple[list[str], list[str]]:
         """(workers ready since the last call, known workers whose actor is gone)."""
-        listed = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-                  if entry.get("namespace") == self.namespace and entry["name"].startswith(WORKER_PREFIX)}
+        listed = {
+            entry["name"]
+            for entry in ray.util.list_named_actors(all_namespaces=True)
+            if entry.get("namespace") == self.namespace and entry["name"].startswith(WORKER_PREFIX)
+        }
         with self._lock:
             gone = [name for name in self._handles if name not in listed]
             for name in gone:
@@ -155,8 +170,10 @@ class RayWorkerPool:
         except RayTaskError as exc:
             raise JobCrashed(f"worker {name} failed to run {task.prompt_id}: {exc}") from exc
         except (RayActorError, WorkerCrashedError, ObjectLostError) as exc:
-            raise WorkerLost(f"worker {name} died while running {task.prompt_id} "
-                             f"(attempt {task.attempt}): {type(exc).__name__}") from exc
+            raise WorkerLost(
+                f"worker {name} died while running {task.prompt_id} "
+                f"(attempt {task.attempt}): {type(exc).__name__}"
+            ) from exc
 
     def call(self, name: str, method: str, *args: Any, timeout: float | None = 10.0) -> Any:
         """A small actor call (``stats``, ``info``, ``free``, ``interrupt``), waited for."""
@@ -188,8 +205,11 @@ class RayWorkerPool:
             self.kill(name)
         deadline = time.monotonic() + wait_s
         while owned and time.monotonic() < deadline:
-            listed = {e["name"] for e in ray.util.list_named_actors(all_namespaces=True)
-                      if e.get("namespace") == self.namespace}
+            listed = {
+                e["name"]
+                for e in ray.util.list_named_actors(all_namespaces=True)
+                if e.get("namespace") == self.namespace
+            }
             if not listed.intersection(owned):
                 return
             time.sleep(0.1)

@@ -49,8 +49,9 @@ from engine.jobs import (
 
 log = logging.getLogger("loom.distributed.queue")
 
-_STATUS_MESSAGES = frozenset({"execution_start", "execution_cached", "execution_success",
-                              "execution_error", "execution_interrupted"})
+_STATUS_MESSAGES = frozenset(
+    {"execution_start", "execution_cached", "execution_success", "execution_error", "execution_interrupted"}
+)
 _CLOSING = (ev.ExecutionSuccess, ev.ExecutionError, ev.ExecutionInterrupted)
 ModelOf = Callable[[dict[str, Any]], str | None]
 
@@ -109,15 +110,24 @@ class QueueSettings:
 class RayJobQueue:
     """Jobs from a :class:`JobStore`, run by a pool of workers with model-affinity routing."""
 
-    def __init__(self, store: JobStore, pool: WorkerPool, folders: Folders, *, model_of: ModelOf | None = None,
-                 settings: QueueSettings | None = None, router: Router | None = None,
-                 on_stop: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        pool: WorkerPool,
+        folders: Folders,
+        *,
+        model_of: ModelOf | None = None,
+        settings: QueueSettings | None = None,
+        router: Router | None = None,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.on_stop = on_stop
         self.pool = pool
         self.settings = settings or QueueSettings()
-        self.router = router or Router(default_load_s=self.settings.default_load_s,
-                                       default_run_s=self.settings.default_run_s)
+        self.router = router or Router(
+            default_load_s=self.settings.default_load_s, default_run_s=self.settings.default_run_s
+        )
         self.model_of: ModelOf = model_of or (lambda prompt: None)
         self.outputs = OutputStore(folders.output_dir, folders.temp_dir)
         self._lock = threading.RLock()
@@ -213,8 +223,11 @@ class RayJobQueue:
     def clear_pending(self) -> int:
         with self._lock:
             flying = set(self._flights)
-            removed = [s for s in self.store.jobs("pending")
-                       if s.prompt_id not in flying and self.store.remove(s.prompt_id, "pending")]
+            removed = [
+                s
+                for s in self.store.jobs("pending")
+                if s.prompt_id not in flying and self.store.remove(s.prompt_id, "pending")
+            ]
         self._notify(QueueChanged(self.remaining()))
         return len(removed)
 
@@ -278,7 +291,9 @@ class RayJobQueue:
             if callable(ask):
                 try:
                     stats = ask(name, "stats", timeout=2.0)
-                    entry.update({k: stats.get(k) for k in ("jobs", "loads", "evictions", "load_s", "device")})
+                    entry.update(
+                        {k: stats.get(k) for k in ("jobs", "loads", "evictions", "load_s", "device")}
+                    )
                 except Exception as exc:  # a busy or dying worker must not break the stats page
                     entry["error"] = f"{type(exc).__name__}: {exc}"
             workers[name] = entry
@@ -342,11 +357,20 @@ class RayJobQueue:
                 flight = _Flight(spec, assignment.worker_id, attempt)
                 self._flights[spec.prompt_id] = flight
                 flights.append(flight)
-                log.info("job %s -> %s (%s, attempt %d)", spec.prompt_id[:8], assignment.worker_id,
-                         assignment.reason, attempt)
+                log.info(
+                    "job %s -> %s (%s, attempt %d)",
+                    spec.prompt_id[:8],
+                    assignment.worker_id,
+                    assignment.reason,
+                    attempt,
+                )
         for flight in flights:
-            driver = threading.Thread(target=self._drive, args=(flight,), daemon=True,
-                                      name=f"loom-ray-job-{flight.spec.prompt_id[:8]}")
+            driver = threading.Thread(
+                target=self._drive,
+                args=(flight,),
+                daemon=True,
+                name=f"loom-ray-job-{flight.spec.prompt_id[:8]}",
+            )
             self._drivers.add(driver)
             driver.start()
         if flights:
@@ -363,8 +387,14 @@ class RayJobQueue:
     # --- one attempt -------------------------------------------------------------------------------
     def _drive(self, flight: _Flight) -> None:
         spec = flight.spec
-        task = JobTask(spec.prompt_id, spec.prompt, flight.attempt, outputs=list(spec.outputs) or None,
-                       extra_pnginfo=spec.extra_data.get("extra_pnginfo") or None, client_id=spec.client_id)
+        task = JobTask(
+            spec.prompt_id,
+            spec.prompt,
+            flight.attempt,
+            outputs=list(spec.outputs) or None,
+            extra_pnginfo=spec.extra_data.get("extra_pnginfo") or None,
+            client_id=spec.client_id,
+        )
         outcome: JobOutcome | None = None
         try:
             for item in self.pool.run(flight.worker_id, task):  # to its end: the worker is idle then
@@ -373,13 +403,17 @@ class RayJobQueue:
                 elif isinstance(item, JobOutcome):
                     outcome = item
             if outcome is None:
-                raise RuntimeError(f"worker {flight.worker_id} ended the stream of {spec.prompt_id} without a result")
+                raise RuntimeError(
+                    f"worker {flight.worker_id} ended the stream of {spec.prompt_id} without a result"
+                )
             self._complete(flight, outcome)
         except WorkerLost as exc:
             self._lost(flight, str(exc))
         except Exception as exc:
             log.exception("job %s: attempt %d failed on %s", spec.prompt_id, flight.attempt, flight.worker_id)
-            result = RunResult(spec.prompt_id, "error", error={"type": type(exc).__name__, "message": str(exc)})
+            result = RunResult(
+                spec.prompt_id, "error", error={"type": type(exc).__name__, "message": str(exc)}
+            )
             with self._lock:
                 self.router.finished(flight.worker_id, run_s=0.0, load_s=0.0)
             self._record(flight, result)
@@ -394,8 +428,11 @@ class RayJobQueue:
             flight.progress = flight.progress.after(event)
             if event.type in _STATUS_MESSAGES:
                 flight.messages.append([event.type, event.data()])
-            hold = bool(flight.held) or isinstance(event, _CLOSING) or (
-                isinstance(event, ev.Executed) and _names_files(event.output))
+            hold = (
+                bool(flight.held)
+                or isinstance(event, _CLOSING)
+                or (isinstance(event, ev.Executed) and _names_files(event.output))
+            )
             if hold or (isinstance(event, ev.Executing) and event.node is None and flight.held):
                 flight.held.append(event)
                 return
@@ -409,8 +446,11 @@ class RayJobQueue:
         result = outcome.result
         outputs = self.outputs.commit(flight.spec.prompt_id, outcome.attempt, outcome.files, result.outputs)
         if outputs is None:
-            log.warning("job %s: attempt %d finished after another attempt's outputs were stored; dropped",
-                        flight.spec.prompt_id, outcome.attempt)
+            log.warning(
+                "job %s: attempt %d finished after another attempt's outputs were stored; dropped",
+                flight.spec.prompt_id,
+                outcome.attempt,
+            )
             with self._lock:
                 if self._flights.get(flight.spec.prompt_id) is flight:
                     self._flights.pop(flight.spec.prompt_id)
@@ -422,9 +462,12 @@ class RayJobQueue:
                 event = ev.Executed(event.prompt_id, node=event.node, output=outputs[event.node])
             self._notify(AttemptEvent(flight.spec, event, flight.attempt, flight.worker_id))
         with self._lock:
-            flight.messages = [[m[0], {**m[1], "output": outputs[m[1]["node"]]}]
-                               if m[0] == "executed" and m[1].get("node") in outputs else m
-                               for m in flight.messages]
+            flight.messages = [
+                [m[0], {**m[1], "output": outputs[m[1]["node"]]}]
+                if m[0] == "executed" and m[1].get("node") in outputs
+                else m
+                for m in flight.messages
+            ]
             self.router.finished(flight.worker_id, run_s=outcome.run_s, load_s=outcome.load_s)
         self._record(flight, result)
 
@@ -459,14 +502,18 @@ class RayJobQueue:
         log.warning("job %s: %s", spec.prompt_id, reason)
         if give_up:
             status: Status = "interrupted" if flight.cancel else "error"
-            message = ("cancelled; its worker died meanwhile" if flight.cancel else
-                       f"its worker died {losses} times while running it (last: {reason}); "
-                       "the job may need more memory than a worker has")
+            message = (
+                "cancelled; its worker died meanwhile"
+                if flight.cancel
+                else f"its worker died {losses} times while running it (last: {reason}); "
+                "the job may need more memory than a worker has"
+            )
             result = RunResult(spec.prompt_id, status, error={"type": "worker_lost", "message": message})
             self._record(flight, result)
             return
-        retry = ExecutionRetry(spec.prompt_id, attempt=flight.attempt + 1, previous_worker=flight.worker_id,
-                               reason=reason)
+        retry = ExecutionRetry(
+            spec.prompt_id, attempt=flight.attempt + 1, previous_worker=flight.worker_id, reason=reason
+        )
         self._notify(AttemptEvent(spec, retry, flight.attempt + 1, ""))
         self._notify(QueueChanged(self.remaining()))
 
@@ -475,5 +522,9 @@ class RayJobQueue:
 
 
 def _names_files(output: dict[str, Any]) -> bool:
-    return any(isinstance(item, dict) and "filename" in item
-               for items in output.values() if isinstance(items, list) for item in items)
+    return any(
+        isinstance(item, dict) and "filename" in item
+        for items in output.values()
+        if isinstance(items, list)
+        for item in items
+    )

@@ -112,7 +112,9 @@ class Router:
     def add_worker(self, worker_id: str, *, resident: str | None = None) -> None:
         if worker_id in self._slots:
             raise ValueError(f"worker {worker_id!r} is already routed to; remove it first")
-        self._slots[worker_id] = WorkerSlot(worker_id, resident=resident, last_used=self.clock() if resident else 0.0)
+        self._slots[worker_id] = WorkerSlot(
+            worker_id, resident=resident, last_used=self.clock() if resident else 0.0
+        )
 
     def remove_worker(self, worker_id: str) -> str | None:
         """Forget a worker (it died or left); returns the job it was running, if any."""
@@ -155,7 +157,12 @@ class Router:
         return assignments
 
     def _choose(
-        self, ticket: Ticket, idle: list[WorkerSlot], waiting: dict[str, int], now: float, wanted_later: set[str]
+        self,
+        ticket: Ticket,
+        idle: list[WorkerSlot],
+        waiting: dict[str, int],
+        now: float,
+        wanted_later: set[str],
     ) -> tuple[WorkerSlot, str] | None:
         model = ticket.model
         if model is None:
@@ -172,7 +179,9 @@ class Router:
         target = _least_valuable(idle, wanted_later)
         return target, ("empty" if target.resident is None else "lru")
 
-    def _best_holder(self, model: str, waiting: dict[str, int], now: float) -> tuple[WorkerSlot, float] | None:
+    def _best_holder(
+        self, model: str, waiting: dict[str, int], now: float
+    ) -> tuple[WorkerSlot, float] | None:
         """The busy worker with ``model`` that frees up first, and how long until it would start a
         job queued behind it now."""
         best: tuple[WorkerSlot, float] | None = None

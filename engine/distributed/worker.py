@@ -137,7 +137,8 @@ class LoomWorker:
         self.config = config
         self.worker_id = config.name or f"{WORKER_PREFIX}{socket.gethostname()}-{os.getpid()}"
         self.runtime: WorkerRuntime = resolve_factory(config.runtime_factory)(
-            argparse.Namespace(**config.runtime_args))
+            argparse.Namespace(**config.runtime_args)
+        )
         self.executor = self.runtime.executor
         self._base_folders = self.executor.folders
         root = Path(config.scratch_dir) if config.scratch_dir else Path(tempfile.gettempdir()) / "loom-worker"
@@ -154,7 +155,12 @@ class LoomWorker:
     def info(self) -> dict[str, Any]:
         models = getattr(self.runtime, "models", None)
         device = getattr(getattr(models, "policy", None), "device", "cpu")
-        return {"worker_id": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(), "device": device}
+        return {
+            "worker_id": self.worker_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "device": device,
+        }
 
     def ping(self) -> str:
         return self.worker_id
@@ -185,22 +191,30 @@ class LoomWorker:
         now = models.stats() if models is not None and hasattr(models, "stats") else {}
         with self._lock:
             totals = {**self._totals, "history": list(self._totals["history"])}
-        return {**totals, "worker_id": self.worker_id, "running": self._current,
-                "resident": now.get("resident", []), "device": now.get("device", "cpu")}
+        return {
+            **totals,
+            "worker_id": self.worker_id,
+            "running": self._current,
+            "resident": now.get("resident", []),
+            "device": now.get("device", "cpu"),
+        }
 
     # --- the job ------------------------------------------------------------------------------------
     def run_job(self, task: JobTask) -> Iterator[WorkerEvent | JobOutcome]:
         """Stream the attempt's events, then one :class:`JobOutcome` (a Ray streaming generator)."""
         with self._idle:
             if not self._idle.wait_for(lambda: self._current is None, timeout=BUSY_WAIT_S):
-                raise WorkerBusy(f"worker {self.worker_id} is running {self._current}; "
-                                 f"{task.prompt_id} must wait for another worker")
+                raise WorkerBusy(
+                    f"worker {self.worker_id} is running {self._current}; "
+                    f"{task.prompt_id} must wait for another worker"
+                )
             self._current = task.prompt_id
         scratch = self.scratch / f"{task.prompt_id}.{task.attempt}"
         items: queue.Queue[WorkerEvent | JobOutcome | BaseException] = queue.Queue()
         unsubscribe = self.executor.bus.subscribe(lambda event: self._on_event(task, event, items))
-        runner = threading.Thread(target=self._run, args=(task, scratch, items), daemon=True,
-                                  name=f"loom-job-{task.prompt_id[:8]}")
+        runner = threading.Thread(
+            target=self._run, args=(task, scratch, items), daemon=True, name=f"loom-job-{task.prompt_id[:8]}"
+        )
         try:
             runner.start()
             while True:
@@ -236,12 +250,18 @@ class LoomWorker:
             items.put(exc)
 
     def _execute(self, task: JobTask, scratch: Path) -> JobOutcome:
-        folders = dataclasses.replace(self._base_folders, output_dir=scratch / "output", temp_dir=scratch / "temp")
+        folders = dataclasses.replace(
+            self._base_folders, output_dir=scratch / "output", temp_dir=scratch / "temp"
+        )
         folders.ensure()
         self.executor.folders = folders
-        request = RunRequest(prompt=task.prompt, prompt_id=task.prompt_id, outputs=task.outputs,
-                             extra_pnginfo=png_info(task.extra_pnginfo, self.executor.registry.object_info) or None,
-                             client_id=task.client_id)
+        request = RunRequest(
+            prompt=task.prompt,
+            prompt_id=task.prompt_id,
+            outputs=task.outputs,
+            extra_pnginfo=png_info(task.extra_pnginfo, self.executor.registry.object_info) or None,
+            client_id=task.client_id,
+        )
         try:
             result = self.executor.run(request)
         finally:
@@ -250,11 +270,25 @@ class LoomWorker:
         evictions = result.memory.get("evictions", []) if isinstance(result.memory, dict) else []
         load_s = float(sum(float(x.get("seconds", 0.0)) for x in loads))
         total_s = float(result.timings.get("total_s", 0.0))
-        resident = [str(r.get("key", r)) if isinstance(r, dict) else str(r)
-                    for r in result.memory.get("resident", [])] if isinstance(result.memory, dict) else []
+        resident = (
+            [
+                str(r.get("key", r)) if isinstance(r, dict) else str(r)
+                for r in result.memory.get("resident", [])
+            ]
+            if isinstance(result.memory, dict)
+            else []
+        )
         self._account(task, loads, evictions, load_s)
-        return JobOutcome(task.prompt_id, task.attempt, self.worker_id, result, collect_files(scratch),
-                          load_s=round(load_s, 6), run_s=round(max(0.0, total_s - load_s), 6), resident=resident)
+        return JobOutcome(
+            task.prompt_id,
+            task.attempt,
+            self.worker_id,
+            result,
+            collect_files(scratch),
+            load_s=round(load_s, 6),
+            run_s=round(max(0.0, total_s - load_s), 6),
+            resident=resident,
+        )
 
     def _account(self, task: JobTask, loads: list[Any], evictions: list[Any], load_s: float) -> None:
         with self._lock:
@@ -263,9 +297,15 @@ class LoomWorker:
             t["loads"] += len(loads)
             t["evictions"] += len(evictions)
             t["load_s"] = round(t["load_s"] + load_s, 6)
-            t["history"].append({"prompt_id": task.prompt_id, "attempt": task.attempt,
-                                 "loads": [x.get("key") for x in loads if isinstance(x, dict)],
-                                 "evictions": len(evictions), "at": time.time()})
+            t["history"].append(
+                {
+                    "prompt_id": task.prompt_id,
+                    "attempt": task.attempt,
+                    "loads": [x.get("key") for x in loads if isinstance(x, dict)],
+                    "evictions": len(evictions),
+                    "at": time.time(),
+                }
+            )
             del t["history"][:-_HISTORY]
 
     def _do_free(self) -> None:

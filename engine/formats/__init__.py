@@ -21,7 +21,21 @@ from engine.formats.ui_import import convert_ui_to_api
 from engine.formats.widgets import ConversionProblem
 
 __all__ = [
-    "MAX_NODES", "ConversionProblem", "LoadedWorkflow", "SavedWorkflow", "WorkflowFormatError", "WorkflowTooLarge",
-    "convert_ui_to_api", "detect_format", "from_saved", "is_link", "load_workflow", "load_workflow_file",
-    "normalize_api", "png_info", "read_png_workflow", "saved_to_ui", "to_saved",
+    "MAX_NODES",
+    "ConversionProblem",
+    "LoadedWorkflow",
+    "SavedWorkflow",
+    "WorkflowFormatError",
+    "WorkflowTooLarge",
+    "convert_ui_to_api",
+    "detect_format",
+    "from_saved",
+    "is_link",
+    "load_workflow",
+    "load_workflow_file",
+    "normalize_api",
+    "png_info",
+    "read_png_workflow",
+    "saved_to_ui",
+    "to_saved",
 ]

@@ -22,8 +22,8 @@ FORMAT_PNG_PROMPT = "png-prompt"
 FORMAT_PNG_WORKFLOW = "png-workflow"
 
 _EXPECTED = (
-    "expected ComfyUI API format ({id: {\"class_type\", \"inputs\"}}), Loom's saved format "
-    "({\"format\": \"loom.workflow\", ...}) or ComfyUI UI format (an object with \"nodes\" and \"links\" lists)"
+    'expected ComfyUI API format ({id: {"class_type", "inputs"}}), Loom\'s saved format '
+    '({"format": "loom.workflow", ...}) or ComfyUI UI format (an object with "nodes" and "links" lists)'
 )
 
 
@@ -45,8 +45,9 @@ def detect_format(obj: Any) -> str:
     if obj.get("format") == SAVED_FORMAT_NAME:
         return FORMAT_SAVED
     if isinstance(obj.get("format"), str):  # never an API node (those are objects)
-        raise WorkflowFormatError(f"unknown workflow format {obj['format']!r}; expected {SAVED_FORMAT_NAME!r} "
-                                  "for a saved workflow")
+        raise WorkflowFormatError(
+            f"unknown workflow format {obj['format']!r}; expected {SAVED_FORMAT_NAME!r} for a saved workflow"
+        )
     if isinstance(obj.get("nodes"), list) and isinstance(obj.get("links"), list):
         return FORMAT_UI
     if not obj:
@@ -56,15 +57,15 @@ def detect_format(obj: Any) -> str:
     if any(isinstance(v, Mapping) and "class_type" in v for v in obj.values()):
         bad = next(k for k, v in obj.items() if not (isinstance(v, Mapping) and "class_type" in v))
         raise WorkflowFormatError(
-            f"API-format workflow: node {bad!r} should be an object with \"class_type\" and \"inputs\", "
+            f'API-format workflow: node {bad!r} should be an object with "class_type" and "inputs", '
             f"found {_json_kind(obj[bad])}"
         )
     if isinstance(obj.get("nodes"), list):
-        raise WorkflowFormatError(f"UI-format workflow without a \"links\" list; {_EXPECTED}")
+        raise WorkflowFormatError(f'UI-format workflow without a "links" list; {_EXPECTED}')
     if isinstance(obj.get("prompt"), Mapping):
         raise WorkflowFormatError(
-            f"{_EXPECTED}; found an object with a \"prompt\" key (a /prompt request body?): "
-            "save only the value of \"prompt\""
+            f'{_EXPECTED}; found an object with a "prompt" key (a /prompt request body?): '
+            'save only the value of "prompt"'
         )
     raise WorkflowFormatError(f"{_EXPECTED}; found an object with keys {_some_keys(obj)}")
 
@@ -76,11 +77,16 @@ def load_workflow(obj: Any, object_info: Mapping[str, Mapping[str, Any]]) -> Loa
         return LoadedWorkflow(normalize_api(obj), None, FORMAT_API)
     if kind == FORMAT_SAVED:
         saved = from_saved(obj)
-        return LoadedWorkflow(saved_runnable(saved, object_info), to_saved(saved.prompt, saved.layout, saved.extra),
-                              FORMAT_SAVED)
+        return LoadedWorkflow(
+            saved_runnable(saved, object_info),
+            to_saved(saved.prompt, saved.layout, saved.extra),
+            FORMAT_SAVED,
+        )
     prompt = convert_ui_to_api(obj, object_info)
     if not prompt:
-        raise WorkflowFormatError("the UI-format workflow has no nodes that run (all are notes, muted or bypassed)")
+        raise WorkflowFormatError(
+            "the UI-format workflow has no nodes that run (all are notes, muted or bypassed)"
+        )
     return LoadedWorkflow(normalize_api(prompt), dict(obj), FORMAT_UI)
 
 
@@ -113,11 +119,11 @@ def _load_png(data: bytes, object_info: Mapping[str, Mapping[str, Any]]) -> Load
         try:
             return LoadedWorkflow(normalize_api(png.prompt), png.workflow, FORMAT_PNG_PROMPT)
         except WorkflowFormatError as exc:
-            problem = f"its \"prompt\" chunk is not a valid API workflow ({exc})"
+            problem = f'its "prompt" chunk is not a valid API workflow ({exc})'
     if png.workflow is not None:
         try:
             loaded = load_workflow(png.workflow, object_info)
         except WorkflowFormatError as exc:
-            raise WorkflowFormatError(f"the PNG's \"workflow\" chunk: {exc}") from exc
+            raise WorkflowFormatError(f'the PNG\'s "workflow" chunk: {exc}') from exc
         return LoadedWorkflow(loaded.prompt, png.workflow, FORMAT_PNG_WORKFLOW)
-    raise WorkflowFormatError(problem or "the PNG carries no workflow (no \"prompt\" or \"workflow\" text chunk)")
+    raise WorkflowFormatError(problem or 'the PNG carries no workflow (no "prompt" or "workflow" text chunk)')

@@ -44,7 +44,9 @@ def apply_modes(
     prompt: Mapping[str, Any], layout: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
     """The API graph that runs from a saved workflow's graph and its layout's node modes."""
-    modes = {str(k): v.get("mode", 0) for k, v in (layout.get("nodes") or {}).items() if isinstance(v, Mapping)}
+    modes = {
+        str(k): v.get("mode", 0) for k, v in (layout.get("nodes") or {}).items() if isinstance(v, Mapping)
+    }
     muted = {n for n, m in modes.items() if m == MODE_MUTED and n in prompt}
     bypassed = {n for n, m in modes.items() if m == MODE_BYPASSED and n in prompt}
     if not muted and not bypassed:
@@ -64,7 +66,10 @@ def apply_modes(
 
 
 def _through_bypass(
-    prompt: Mapping[str, Any], link: list[Any], muted: set[str], bypassed: set[str],
+    prompt: Mapping[str, Any],
+    link: list[Any],
+    muted: set[str],
+    bypassed: set[str],
     object_info: Mapping[str, Mapping[str, Any]],
 ) -> list[Any] | None:
     seen: set[str] = set()
@@ -75,7 +80,10 @@ def _through_bypass(
         info = object_info.get(str(node.get("class_type"))) or {}
         outputs = info.get("output") or []
         wanted = outputs[link[1]] if link[1] < len(outputs) else "*"
-        declared = {**(info.get("input") or {}).get("required", {}), **(info.get("input") or {}).get("optional", {})}
+        declared = {
+            **(info.get("input") or {}).get("required", {}),
+            **(info.get("input") or {}).get("optional", {}),
+        }
         links = [v for n, v in (node.get("inputs") or {}).items() if is_link(v)]
         types = [_type_name(declared.get(n)) for n, v in (node.get("inputs") or {}).items() if is_link(v)]
         index = passed_through(wanted, types, link[1])

@@ -38,7 +38,9 @@ def read_png_workflow(source: str | Path | bytes) -> PngWorkflow:
             chunks = dict(getattr(image, "text", {}) or {})
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise WorkflowFormatError(f"could not read the PNG: {exc}") from exc
-    return PngWorkflow(prompt=_json_object(chunks.get("prompt")), workflow=_json_object(chunks.get("workflow")))
+    return PngWorkflow(
+        prompt=_json_object(chunks.get("prompt")), workflow=_json_object(chunks.get("workflow"))
+    )
 
 
 def _json_object(text: Any) -> dict[str, Any] | None:
@@ -77,6 +79,13 @@ def png_info(
         saved = from_saved(workflow)
     except WorkflowFormatError:
         return dict(extra)
-    ui = saved_to_ui({"prompt": saved.prompt, "layout": saved.layout, "format": SAVED_FORMAT_NAME,
-                      "version": SAVED_VERSION}, object_info())
+    ui = saved_to_ui(
+        {
+            "prompt": saved.prompt,
+            "layout": saved.layout,
+            "format": SAVED_FORMAT_NAME,
+            "version": SAVED_VERSION,
+        },
+        object_info(),
+    )
     return {**extra, "workflow": ui, "loom_workflow": workflow}

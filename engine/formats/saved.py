@@ -57,17 +57,22 @@ assert len(MIGRATIONS) == SAVED_VERSION - 1
 def migrate_saved(obj: Mapping[str, Any]) -> dict[str, Any]:
     """Bring a saved-format object of any known version up to :data:`SAVED_VERSION` (a copy)."""
     if obj.get("format") != SAVED_FORMAT_NAME:
-        raise WorkflowFormatError(f"expected Loom's saved format (\"format\": {SAVED_FORMAT_NAME!r}), "
-                                  f"found \"format\": {obj.get('format')!r}")
+        raise WorkflowFormatError(
+            f'expected Loom\'s saved format ("format": {SAVED_FORMAT_NAME!r}), '
+            f'found "format": {obj.get("format")!r}'
+        )
     version = obj.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise WorkflowFormatError(f"saved format: \"version\" must be an integer from 1 to {SAVED_VERSION}, "
-                                  f"found {version!r}")
+        raise WorkflowFormatError(
+            f'saved format: "version" must be an integer from 1 to {SAVED_VERSION}, found {version!r}'
+        )
     if version > SAVED_VERSION:
-        raise WorkflowFormatError(f"saved format version {version} was written by a newer Loom; "
-                                  f"this one reads versions 1 to {SAVED_VERSION}: upgrade Loom")
+        raise WorkflowFormatError(
+            f"saved format version {version} was written by a newer Loom; "
+            f"this one reads versions 1 to {SAVED_VERSION}: upgrade Loom"
+        )
     current = copy.deepcopy(dict(obj))
-    for migrate in MIGRATIONS[version - 1:]:
+    for migrate in MIGRATIONS[version - 1 :]:
         current = migrate(current)
     return current
 
@@ -95,7 +100,7 @@ def from_saved(obj: Mapping[str, Any]) -> SavedWorkflow:
     current = migrate_saved(obj)
     extra = current.get("extra") or {}
     if not isinstance(extra, Mapping):
-        raise WorkflowFormatError(f"saved format: \"extra\" must be an object, found {_json_kind(extra)}")
+        raise WorkflowFormatError(f'saved format: "extra" must be an object, found {_json_kind(extra)}')
     return SavedWorkflow(
         prompt=normalize_api(current.get("prompt")),
         layout=_check_layout(dict(current.get("layout") or {})),
@@ -108,27 +113,35 @@ def _check_layout(layout: dict[str, Any]) -> dict[str, Any]:
     nodes = layout.setdefault("nodes", {})
     groups = layout.setdefault("groups", [])
     if not isinstance(nodes, Mapping):
-        raise WorkflowFormatError(f"saved format: layout \"nodes\" must be an object, found {_json_kind(nodes)}")
+        raise WorkflowFormatError(
+            f'saved format: layout "nodes" must be an object, found {_json_kind(nodes)}'
+        )
     for node_id, entry in nodes.items():
         if not isinstance(entry, Mapping):
             raise WorkflowFormatError(f"saved format: layout of node {node_id!r} must be an object")
         for key, size in (("pos", 2), ("size", 2)):
             if key in entry and not _numbers(entry[key], size):
-                raise WorkflowFormatError(f"saved format: layout of node {node_id!r}: \"{key}\" must be "
-                                          f"[{size} numbers], found {entry[key]!r:.60}")
+                raise WorkflowFormatError(
+                    f'saved format: layout of node {node_id!r}: "{key}" must be '
+                    f"[{size} numbers], found {entry[key]!r:.60}"
+                )
     layout["nodes"] = {str(k): v for k, v in nodes.items()}
     if not isinstance(groups, list):
-        raise WorkflowFormatError(f"saved format: layout \"groups\" must be a list, found {_json_kind(groups)}")
+        raise WorkflowFormatError(f'saved format: layout "groups" must be a list, found {_json_kind(groups)}')
     for n, group in enumerate(groups):
         if not isinstance(group, Mapping) or not _numbers(group.get("bounding"), 4):
-            raise WorkflowFormatError(f"saved format: group #{n} needs \"bounding\": [x, y, w, h], "
-                                      f"found {group!r:.60}")
+            raise WorkflowFormatError(
+                f'saved format: group #{n} needs "bounding": [x, y, w, h], found {group!r:.60}'
+            )
     return layout
 
 
 def _numbers(value: Any, count: int) -> bool:
-    return (isinstance(value, list) and len(value) == count
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value))
+    return (
+        isinstance(value, list)
+        and len(value) == count
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
 
 
 def saved_runnable(saved: SavedWorkflow, object_info: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -141,9 +154,11 @@ def saved_runnable(saved: SavedWorkflow, object_info: Mapping[str, Mapping[str, 
         return apply_modes(saved.prompt, saved.layout, object_info)
     runnable = saved.layout.get("runnable")
     if not isinstance(runnable, Mapping) or not runnable:
-        raise WorkflowFormatError(f"saved format: nodes {', '.join(instances[:5])} are subgraph instances, but the "
-                                  "file carries no flattened graph (\"layout\": {\"runnable\": ...}); open it in "
-                                  "Loom's editor and save it again, or export it in ComfyUI's format")
+        raise WorkflowFormatError(
+            f"saved format: nodes {', '.join(instances[:5])} are subgraph instances, but the "
+            'file carries no flattened graph ("layout": {"runnable": ...}); open it in '
+            "Loom's editor and save it again, or export it in ComfyUI's format"
+        )
     flat = normalize_api(runnable)
     check_node_count(len(flat))
     return flat

@@ -52,8 +52,13 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
         info = object_info.get(str(node.get("class_type"))) or {}
         outputs_of[node_id] = [
             {"name": name, "type": kind, "links": [], "slot_index": i}
-            for i, (name, kind) in enumerate(zip(info.get("output_name") or info.get("output") or [],
-                                                 info.get("output") or [], strict=False))
+            for i, (name, kind) in enumerate(
+                zip(
+                    info.get("output_name") or info.get("output") or [],
+                    info.get("output") or [],
+                    strict=False,
+                )
+            )
         ]
     for order, (node_id, node) in enumerate(prompt.items()):
         class_type = str(node.get("class_type"))
@@ -71,8 +76,11 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
                 if options.get("control_after_generate") or name in ("seed", "noise_seed"):
                     widgets.append(SEED_CONTROL)
             if is_link(value) or not widget:
-                entry: dict[str, Any] = {"name": name, "type": "COMBO" if isinstance(spec[0], list) else spec[0],
-                                         "link": None}
+                entry: dict[str, Any] = {
+                    "name": name,
+                    "type": "COMBO" if isinstance(spec[0], list) else spec[0],
+                    "link": None,
+                }
                 if widget:
                     entry["widget"] = {"name": name}
                 if is_link(value) and value[0] in prompt:
@@ -86,10 +94,17 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
                 ui_inputs.append(entry)
         title = place.get("title") or (node.get("_meta") or {}).get("title")
         ui_node: dict[str, Any] = {
-            "id": ids[node_id], "type": class_type, "pos": list(place.get("pos") or [order * 280, 0]),
-            "size": list(place.get("size") or [260, 120]), "flags": {"collapsed": bool(place.get("collapsed"))},
-            "order": order, "mode": int(place.get("mode", 0)), "inputs": ui_inputs, "outputs": outputs_of[node_id],
-            "properties": {"Node name for S&R": class_type}, "widgets_values": widgets,
+            "id": ids[node_id],
+            "type": class_type,
+            "pos": list(place.get("pos") or [order * 280, 0]),
+            "size": list(place.get("size") or [260, 120]),
+            "flags": {"collapsed": bool(place.get("collapsed"))},
+            "order": order,
+            "mode": int(place.get("mode", 0)),
+            "inputs": ui_inputs,
+            "outputs": outputs_of[node_id],
+            "properties": {"Node name for S&R": class_type},
+            "widgets_values": widgets,
         }
         if title:
             ui_node["title"] = title
@@ -97,11 +112,21 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
             ui_node["color"] = place["color"]
         nodes.append(ui_node)
     groups = [
-        {"title": g.get("title", "Group"), "bounding": list(g["bounding"]), "color": g.get("color", "#3f789e")}
-        for g in (saved.get("layout") or {}).get("groups") or [] if isinstance(g, Mapping) and "bounding" in g
+        {
+            "title": g.get("title", "Group"),
+            "bounding": list(g["bounding"]),
+            "color": g.get("color", "#3f789e"),
+        }
+        for g in (saved.get("layout") or {}).get("groups") or []
+        if isinstance(g, Mapping) and "bounding" in g
     ]
     return {
-        "last_node_id": max(ids.values(), default=0), "last_link_id": len(links), "nodes": nodes, "links": links,
-        "groups": groups, "config": {}, "extra": {"loom": {"format": saved.get("format"), "version": saved.get("version")}},
+        "last_node_id": max(ids.values(), default=0),
+        "last_link_id": len(links),
+        "nodes": nodes,
+        "links": links,
+        "groups": groups,
+        "config": {},
+        "extra": {"loom": {"format": saved.get("format"), "version": saved.get("version")}},
         "version": 0.4,
     }

@@ -63,6 +63,8 @@ _REMOVED = _Removed()
 
 class _NestingError(WorkflowFormatError):
     """Subgraphs nested too deeply (a cycle): reported once, not wrapped by every level."""
+
+
 _Source = _Ref | _Const
 _Resolved = _Ref | _Const | _Removed | None  # None: no link; the widget value (if any) stays
 
@@ -144,14 +146,24 @@ class _Flattener:
                         f"name), found {type(values).__name__} {values!r:.40}"
                     )
                 self.flat[node_id] = _FlatNode(
-                    node_id, type_, mode, title if isinstance(title, str) else None,
-                    inputs, outputs, node.get("widgets_values"),
+                    node_id,
+                    type_,
+                    mode,
+                    title if isinstance(title, str) else None,
+                    inputs,
+                    outputs,
+                    node.get("widgets_values"),
                 )
 
     # --- subgraph instances ------------------------------------------------------------------
     def subgraph(
-        self, node: Mapping[str, Any], node_id: str, mode: int,
-        inputs: list[_FlatInput], outputs: list[str], depth: int,
+        self,
+        node: Mapping[str, Any],
+        node_id: str,
+        mode: int,
+        inputs: list[_FlatInput],
+        outputs: list[str],
+        depth: int,
     ) -> None:
         definition = self.subgraphs[node["type"]]
         inner = f"{node_id}:"
@@ -173,7 +185,9 @@ class _Flattener:
             else:
                 in_aliases.append(flat_input.source)
         in_id = f"{inner}{SUBGRAPH_INPUT_NODE}"
-        self.flat[in_id] = _FlatNode(in_id, "SubgraphInput", 0, None, [], [t.type for t in inputs], aliases=in_aliases)
+        self.flat[in_id] = _FlatNode(
+            in_id, "SubgraphInput", 0, None, [], [t.type for t in inputs], aliases=in_aliases
+        )
         self.graph(definition, inner, mode, depth + 1)
 
     # --- legacy group nodes (extra.groupNodes) -----------------------------------------------
@@ -192,7 +206,9 @@ class _Flattener:
 
         # Instance input slots, in order: inner socket inputs that no internal link feeds.
         socket_slots = [i for i, e in enumerate(_entries(node.get("inputs"))) if _widget_name(e) is None]
-        widget_inputs = {_widget_name(e): i for i, e in enumerate(_entries(node.get("inputs"))) if _widget_name(e)}
+        widget_inputs = {
+            _widget_name(e): i for i, e in enumerate(_entries(node.get("inputs"))) if _widget_name(e)
+        }
         indexed = [(int(inner.get("index", pos)), inner) for pos, inner in enumerate(inner_nodes)]
         exposed_sockets: list[tuple[int, int]] = []
         exposed_widgets: list[tuple[int, Widget]] = []
@@ -221,7 +237,8 @@ class _Flattener:
 
         slot_source = {
             pair: inputs[socket_slots[n]].source
-            for n, pair in enumerate(exposed_sockets) if n < len(socket_slots)
+            for n, pair in enumerate(exposed_sockets)
+            if n < len(socket_slots)
         }
         for idx, inner in indexed:
             flat_inputs = []
@@ -239,15 +256,20 @@ class _Flattener:
             title = inner.get("title")
             widgets_values = per_node.get(idx) if node.get("widgets_values") else inner.get("widgets_values")
             self.flat[inner_id(idx)] = _FlatNode(
-                inner_id(idx), str(inner.get("type")), _mode(inner, mode),
+                inner_id(idx),
+                str(inner.get("type")),
+                _mode(inner, mode),
                 title if isinstance(title, str) else None,
-                flat_inputs, [str(o.get("type", "")) for o in _entries(inner.get("outputs"))], widgets_values,
+                flat_inputs,
+                [str(o.get("type", "")) for o in _entries(inner.get("outputs"))],
+                widgets_values,
             )
 
 
 # --- public entry point -----------------------------------------------------------------------
 def convert_ui_to_api(
-    ui: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]],
+    ui: Mapping[str, Any],
+    object_info: Mapping[str, Mapping[str, Any]],
     problems: list[ConversionProblem] | None = None,
 ) -> dict[str, Any]:
     """Convert a ComfyUI UI-format workflow (litegraph ``nodes``/``links``) to API format.
@@ -281,8 +303,15 @@ def convert_ui_to_api(
             resolved = _resolve(flat, flat_input.source)
             dangling = isinstance(flat_input.source, _Ref) and flat_input.source.node not in flat
             if dangling and problems is not None:
-                problems.append(ConversionProblem(node.id, node.type, f"input {flat_input.name!r} is linked to a "
-                                                  "node that does not exist; the link is ignored", "note"))
+                problems.append(
+                    ConversionProblem(
+                        node.id,
+                        node.type,
+                        f"input {flat_input.name!r} is linked to a "
+                        "node that does not exist; the link is ignored",
+                        "note",
+                    )
+                )
             if isinstance(resolved, _Removed):
                 inputs.pop(flat_input.name, None)
             elif isinstance(resolved, _Const):
@@ -408,7 +437,11 @@ def _source_of(entry: Mapping[str, Any], links: Mapping[int, _Link], prefix: str
     link_id = entry.get("link")
     if link_id is None:
         return None
-    link = links.get(int(link_id)) if isinstance(link_id, int | str) and str(link_id).lstrip("-").isdigit() else None
+    link = (
+        links.get(int(link_id))
+        if isinstance(link_id, int | str) and str(link_id).lstrip("-").isdigit()
+        else None
+    )
     if link is None:
         return None
     return _Ref(f"{prefix}{link.origin_id}", link.origin_slot)
@@ -436,7 +469,7 @@ def _mode(node: Mapping[str, Any], inherited: int) -> int:
 def _group_name(node_type: str) -> str:
     for prefix in GROUP_NODE_PREFIXES:
         if node_type.startswith(prefix):
-            return node_type[len(prefix):]
+            return node_type[len(prefix) :]
     return node_type
 
 

@@ -57,7 +57,12 @@ class ConversionProblem:
     level: str = "warning"  # "warning": the result may be wrong; "note": a documented fallback was used
 
     def to_json(self) -> dict[str, str]:
-        return {"node_id": self.node_id, "class_type": self.class_type, "message": self.message, "level": self.level}
+        return {
+            "node_id": self.node_id,
+            "class_type": self.class_type,
+            "message": self.message,
+            "level": self.level,
+        }
 
     def __str__(self) -> str:
         return f"node {self.node_id} ({self.class_type}): {self.message}"
@@ -92,8 +97,16 @@ def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
             upload = upload or any(opts.get(flag) for flag in UPLOAD_FLAGS)
             controlled = bool(opts.get("control_after_generate")) or (kind == "INT" and name in SEED_NAMES)
             slots = (2 if options is not None else 1) if controlled else 0
-            widgets.append(Widget(str(name), slots, True, _default(kind, opts, options),
-                                  "COMBO" if options is not None else str(kind), options))
+            widgets.append(
+                Widget(
+                    str(name),
+                    slots,
+                    True,
+                    _default(kind, opts, options),
+                    "COMBO" if options is not None else str(kind),
+                    options,
+                )
+            )
     if upload:
         widgets.append(Widget("upload", 0, False, "image", "BUTTON"))
     return widgets
@@ -149,7 +162,11 @@ def assign(widgets: Sequence[Widget], values: Any) -> tuple[list[Any], int]:
 
 
 def widget_inputs(
-    widgets: Sequence[Widget], values: Any, node_id: str, class_type: str, problems: list[ConversionProblem] | None,
+    widgets: Sequence[Widget],
+    values: Any,
+    node_id: str,
+    class_type: str,
+    problems: list[ConversionProblem] | None,
 ) -> dict[str, Any]:
     """The API-format inputs the frontend sends for these widgets, defaults filled in; what had to
     be guessed goes to ``problems`` (when given)."""
@@ -161,8 +178,14 @@ def widget_inputs(
         if value is MISSING:
             value = widget.default
             if problems is not None and values is not None:
-                problems.append(ConversionProblem(node_id, class_type, f"the file stores no value for widget "
-                                                  f"{widget.name!r}; its default {value!r} is used", "note"))
+                problems.append(
+                    ConversionProblem(
+                        node_id,
+                        class_type,
+                        f"the file stores no value for widget {widget.name!r}; its default {value!r} is used",
+                        "note",
+                    )
+                )
         elif problems is not None:
             mismatch = _type_problem(widget, value)
             if mismatch:
@@ -171,8 +194,14 @@ def widget_inputs(
     if problems is not None and isinstance(values, list) and MISSING not in assigned:
         if used < len(values):
             surplus = values[used:]
-            problems.append(ConversionProblem(node_id, class_type, f"{len(surplus)} surplus widget value(s) "
-                                              f"ignored: {surplus!r:.80}", "note"))
+            problems.append(
+                ConversionProblem(
+                    node_id,
+                    class_type,
+                    f"{len(surplus)} surplus widget value(s) ignored: {surplus!r:.80}",
+                    "note",
+                )
+            )
     return inputs
 
 
@@ -181,8 +210,12 @@ def _type_problem(widget: Widget, value: Any) -> str | None:
     expected = None
     if widget.kind == "INT" and not ((number and float(value).is_integer()) or _numeric_text(value)):
         expected = "an integer"
-    elif widget.kind == "COMBO" and widget.options and value not in widget.options and not isinstance(
-            value, type(widget.options[0])):
+    elif (
+        widget.kind == "COMBO"
+        and widget.options
+        and value not in widget.options
+        and not isinstance(value, type(widget.options[0]))
+    ):
         expected = f"one of {list(widget.options)[:4]!r:.60}"
     elif widget.kind == "FLOAT" and not (number or _numeric_text(value)):
         expected = "a number"
@@ -190,8 +223,10 @@ def _type_problem(widget: Widget, value: Any) -> str | None:
         expected = "true or false"
     if expected is None:
         return None
-    return (f"widget {widget.name!r} expects {expected} but the file has {value!r:.40}; the widget values may "
-            "be shifted (a node saved by another version, or a missing control-after-generate value)")
+    return (
+        f"widget {widget.name!r} expects {expected} but the file has {value!r:.40}; the widget values may "
+        "be shifted (a node saved by another version, or a missing control-after-generate value)"
+    )
 
 
 def _numeric_text(value: Any) -> bool:

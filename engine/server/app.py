@@ -99,8 +99,10 @@ class StaticRoutes:
 
     async def index(self, request: web.Request) -> web.StreamResponse:
         if self.web_dir is None or not (self.web_dir / "index.html").is_file():
-            return web.Response(text="Loom is running; the editor (web/index.html) is not installed. "
-                                     "The API is at /prompt, /ws and /api/v1/openapi.json.\n")
+            return web.Response(
+                text="Loom is running; the editor (web/index.html) is not installed. "
+                "The API is at /prompt, /ws and /api/v1/openapi.json.\n"
+            )
         response = web.FileResponse(self.web_dir / "index.html")
         response.headers["Cache-Control"] = "no-cache"
         return response
@@ -108,7 +110,10 @@ class StaticRoutes:
 
 def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     request_guard = RequestGuard(config)
-    app = web.Application(middlewares=[request_guard.errors, request_guard.access], client_max_size=config.max_upload_bytes + (1 << 20))
+    app = web.Application(
+        middlewares=[request_guard.errors, request_guard.access],
+        client_max_size=config.max_upload_bytes + (1 << 20),
+    )
     app[ERRORS] = ErrorCounter()
     queue = parts.queue
     relay = EventRelay(queue, preview_fps=config.preview_fps)
@@ -121,9 +126,16 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
     add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
-    info = InfoRoutes(parts.registry, config, model_files=parts.folders.model_files, models=parts.models,
-                      extensions=parts.extensions, queue=queue, describe_model=parts.describe_model,
-                      presets=parts.presets)
+    info = InfoRoutes(
+        parts.registry,
+        config,
+        model_files=parts.folders.model_files,
+        models=parts.models,
+        extensions=parts.extensions,
+        queue=queue,
+        describe_model=parts.describe_model,
+        presets=parts.presets,
+    )
     add_routes(app, info.routes())
     add_routes(app, info.static_routes(), comfy=False)
     add_routes(app, FileRoutes(parts.folders, config, getattr(parts.executor, "image_guard", None)).routes())
@@ -158,23 +170,37 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
 
 
 async def _unknown_api(request: web.Request) -> web.Response:
-    raise ApiError(404, "not_found", f"no API route {request.method} {request.path}; see /api/v1/openapi.json")
+    raise ApiError(
+        404, "not_found", f"no API route {request.method} {request.path}; see /api/v1/openapi.json"
+    )
 
 
 def log_memory(models: ModelManagerLike | None) -> None:
     if models is not None:
         figures = models.stats()
-        log.info("memory manager: device %s, RAM budget %.1f GiB, %d resident, RAM tier %.0f MiB",
-                 figures.get("device"), figures.get("ram_budget_bytes", 0) / 2**30,
-                 len(figures.get("resident", [])), figures.get("ram_tier_bytes", 0) / 2**20)
+        log.info(
+            "memory manager: device %s, RAM budget %.1f GiB, %d resident, RAM tier %.0f MiB",
+            figures.get("device"),
+            figures.get("ram_budget_bytes", 0) / 2**30,
+            len(figures.get("resident", [])),
+            figures.get("ram_tier_bytes", 0) / 2**20,
+        )
 
 
-def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Namespace], Any], root: Path) -> int:
+def serve_main(
+    args: argparse.Namespace, build_runtime: Callable[[argparse.Namespace], Any], root: Path
+) -> int:
     """``python main.py serve``: check the bind, build the runtime, open the queue, serve until stopped."""
-    config = ServerConfig(host=args.host, port=args.port, token=args.token, insecure=args.insecure,
-                          version=loom_version(), argv=tuple(sys.argv),
-                          allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()),
-                          allowed_origins=tuple(getattr(args, "allowed_origin", None) or ()))
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        insecure=args.insecure,
+        version=loom_version(),
+        argv=tuple(sys.argv),
+        allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()),
+        allowed_origins=tuple(getattr(args, "allowed_origin", None) or ()),
+    )
     try:
         check_bind(config)
     except InsecureBindError as exc:
@@ -182,7 +208,9 @@ def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Names
         return 2
     runtime = build_runtime(args)
     user_dir = Path(args.user_dir)
-    store = JobStore(user_dir / "loom.sqlite", history_size=int(getattr(args, "history_size", 10_000) or 10_000))
+    store = JobStore(
+        user_dir / "loom.sqlite", history_size=int(getattr(args, "history_size", 10_000) or 10_000)
+    )
     queue: JobQueue
     if getattr(args, "ray", None):
         from engine.distributed.cli import make_ray_queue
@@ -193,16 +221,38 @@ def serve_main(args: argparse.Namespace, build_runtime: Callable[[argparse.Names
     report = getattr(runtime, "plugin_report", None)
     web_dirs = getattr(report, "web_directories", None)
     extensions = web_dirs() if callable(web_dirs) else {}
-    parts = ServerParts(runtime.registry, runtime.executor, queue, runtime.folders, user_dir,
-                        web_dir=root / "web", models=runtime.models, extensions=extensions, plugins=report,
-                        describe_model=getattr(runtime, "describe_model", None), presets=getattr(runtime, "presets", None))
+    parts = ServerParts(
+        runtime.registry,
+        runtime.executor,
+        queue,
+        runtime.folders,
+        user_dir,
+        web_dir=root / "web",
+        models=runtime.models,
+        extensions=extensions,
+        plugins=report,
+        describe_model=getattr(runtime, "describe_model", None),
+        presets=getattr(runtime, "presets", None),
+    )
     pending = len(queue.pending())
     if pending:
         log.info("resuming %d queued job(s) from %s", pending, store.path)
     log_memory(runtime.models)
     shown = f"[{config.host}]" if ":" in config.host else config.host
-    log.info("Loom %s: open http://%s:%d/ (%d node types)", config.version, shown, config.port, len(runtime.registry))
-    web.run_app(create_app(parts, config), host=config.host, port=config.port, print=None,
-                access_log=None, handle_signals=True)
+    log.info(
+        "Loom %s: open http://%s:%d/ (%d node types)",
+        config.version,
+        shown,
+        config.port,
+        len(runtime.registry),
+    )
+    web.run_app(
+        create_app(parts, config),
+        host=config.host,
+        port=config.port,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
     store.close()
     return 0

@@ -44,8 +44,11 @@ class ServerConfig:
     extra_stats: dict[str, Any] = field(default_factory=dict)
 
     def token_matches(self, given: str | None) -> bool:
-        return self.token is not None and given is not None and secrets.compare_digest(
-            given.encode(), self.token.encode())
+        return (
+            self.token is not None
+            and given is not None
+            and secrets.compare_digest(given.encode(), self.token.encode())
+        )
 
 
 class ApiError(Exception):
@@ -104,11 +107,18 @@ def os_error(exc: OSError) -> ApiError | None:
     """A client-facing answer for a file-system failure a request caused or met (None: a real bug)."""
     name = f" ({exc.filename})" if exc.filename else ""
     answers = {
-        errno.ENOSPC: (507, "storage_full", f"the disk is full{name}; nothing was written. Free some space and retry"),
+        errno.ENOSPC: (
+            507,
+            "storage_full",
+            f"the disk is full{name}; nothing was written. Free some space and retry",
+        ),
         errno.EDQUOT: (507, "storage_full", f"the disk quota is exhausted{name}; nothing was written"),
         errno.EROFS: (507, "storage_read_only", f"the folder is on a read-only file system{name}"),
-        errno.ENAMETOOLONG: (400, "name_too_long", f"a file name is too long{name}; names are limited to "
-                             f"{MAX_NAME_BYTES} bytes"),
+        errno.ENAMETOOLONG: (
+            400,
+            "name_too_long",
+            f"a file name is too long{name}; names are limited to {MAX_NAME_BYTES} bytes",
+        ),
         errno.EISDIR: (409, "is_a_folder", f"that name is a folder{name}; give a file name"),
         errno.ENOTDIR: (409, "not_a_folder", f"a part of that path is a file, not a folder{name}"),
         errno.EEXIST: (409, "exists", f"a file or folder of that name is in the way{name}"),
@@ -186,9 +196,13 @@ def query_int(request: web.Request, name: str, default: int | None = None) -> in
     try:
         value = int(raw)
     except ValueError as exc:
-        raise ApiError(400, "invalid_query", f"query parameter {name!r} must be an integer, got {raw[:40]!r}") from exc
+        raise ApiError(
+            400, "invalid_query", f"query parameter {name!r} must be an integer, got {raw[:40]!r}"
+        ) from exc
     if abs(value) > MAX_QUERY_INT:
-        raise ApiError(400, "invalid_query", f"query parameter {name!r} is out of range (at most {MAX_QUERY_INT})")
+        raise ApiError(
+            400, "invalid_query", f"query parameter {name!r} is out of range (at most {MAX_QUERY_INT})"
+        )
     return value
 
 
@@ -199,7 +213,9 @@ def query_bool(request: web.Request, name: str, default: bool = False) -> bool:
     return raw.lower() in ("1", "true", "yes", "on", "")
 
 
-def add_routes(app: web.Application, routes: Iterable[tuple[str, str, Handler]], *, comfy: bool = True) -> None:
+def add_routes(
+    app: web.Application, routes: Iterable[tuple[str, str, Handler]], *, comfy: bool = True
+) -> None:
     """Register ``(method, path, handler)``; ComfyUI routes also under ``/api``."""
     for method, path, handler in routes:
         app.router.add_route(method, path, handler)

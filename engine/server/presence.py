@@ -36,8 +36,10 @@ class OutputPresence:
             if not isinstance(ui, Mapping):
                 marked[node_id] = ui
                 continue
-            marked[node_id] = {key: [self.mark(item) for item in value] if isinstance(value, list) else value
-                               for key, value in ui.items()}
+            marked[node_id] = {
+                key: [self.mark(item) for item in value] if isinstance(value, list) else value
+                for key, value in ui.items()
+            }
         return marked
 
     def mark(self, item: Any) -> Any:

@@ -93,7 +93,9 @@ class ProgressLog:
             bar = "#" * filled + "-" * (self.width - filled)
             node = notice.spec.prompt.get(event.node, {})
             class_type = node.get("class_type", "?") if isinstance(node, dict) else "?"
-            log.info("job %s node %s (%s) [%s] %d/%d", short, event.node, class_type, bar, event.value, event.max)
+            log.info(
+                "job %s node %s (%s) [%s] %d/%d", short, event.node, class_type, bar, event.value, event.max
+            )
 
     def _finished(self, notice: JobFinished) -> None:
         record = notice.record
@@ -102,11 +104,21 @@ class ProgressLog:
         memory = record.memory or {}
         figures = ""
         if memory:
-            figures = (f"; memory: {len(memory.get('loads', []))} loads, {len(memory.get('evictions', []))} "
-                       f"evictions, max resident {memory.get('max_resident', 0)}, "
-                       f"RAM tier {memory.get('ram_tier_bytes', 0) / 2**20:.0f} MiB")
+            figures = (
+                f"; memory: {len(memory.get('loads', []))} loads, {len(memory.get('evictions', []))} "
+                f"evictions, max resident {memory.get('max_resident', 0)}, "
+                f"RAM tier {memory.get('ram_tier_bytes', 0) / 2**20:.0f} MiB"
+            )
         reason = ""
         if record.status != "succeeded" and record.error:
             reason = f" ({record.error.get('exception_message') or record.error.get('message')})"
-        log.info("job %s %s%s in %.2f s: %d executed, %d cached%s", record.spec.prompt_id[:8], record.status,
-                 reason, total, len(record.executed), len(record.cached), figures)
+        log.info(
+            "job %s %s%s in %.2f s: %d executed, %d cached%s",
+            record.spec.prompt_id[:8],
+            record.status,
+            reason,
+            total,
+            len(record.executed),
+            len(record.cached),
+            figures,
+        )

@@ -80,7 +80,9 @@ class PromptRequest:
         if info is not None and not isinstance(info, dict):
             raise _BadPrompt("extra_data.extra_pnginfo must be an object")
         targets = data.get("partial_execution_targets")
-        if targets is not None and (not isinstance(targets, list) or not all(isinstance(t, str | int) for t in targets)):
+        if targets is not None and (
+            not isinstance(targets, list) or not all(isinstance(t, str | int) for t in targets)
+        ):
             raise _BadPrompt("partial_execution_targets must be a list of node ids")
         self.targets: list[str] | None = [str(t) for t in targets] if targets else None
 
@@ -89,16 +91,36 @@ class _BadPrompt(Exception):
     pass
 
 
-def submit_prompt(queue: JobQueue, validate: Validator, req: PromptRequest, *, webhook: str | None = None,
-                  returns: str = "files") -> tuple[JobSpec | None, Validation]:
+def submit_prompt(
+    queue: JobQueue,
+    validate: Validator,
+    req: PromptRequest,
+    *,
+    webhook: str | None = None,
+    returns: str = "files",
+) -> tuple[JobSpec | None, Validation]:
     """Validate and queue; returns (spec or None when invalid, validation). ``returns``: Loom's
     :attr:`JobSpec.returns` (how the job's images come back)."""
-    validation = validate(RunRequest(req.prompt, req.prompt_id, outputs=req.targets,
-                                     extra_pnginfo=req.extra_data.get("extra_pnginfo"), client_id=req.client_id))
+    validation = validate(
+        RunRequest(
+            req.prompt,
+            req.prompt_id,
+            outputs=req.targets,
+            extra_pnginfo=req.extra_data.get("extra_pnginfo"),
+            client_id=req.client_id,
+        )
+    )
     if not validation.ok:
         return None, validation
-    spec = JobSpec(req.prompt, req.prompt_id, extra_data=req.extra_data, outputs=list(validation.outputs),
-                   client_id=req.client_id, webhook=webhook, returns=returns)
+    spec = JobSpec(
+        req.prompt,
+        req.prompt_id,
+        extra_data=req.extra_data,
+        outputs=list(validation.outputs),
+        client_id=req.client_id,
+        webhook=webhook,
+        returns=returns,
+    )
     try:
         queue.submit(spec, front=req.front, number=req.number)
     except ValueError as exc:
@@ -134,8 +156,12 @@ class QueueRoutes:
         if not isinstance(data.get("prompt"), dict) or not data["prompt"]:
             return no_prompt_error()
         if len(data["prompt"]) > MAX_NODES:
-            error = {"type": "workflow_too_large", "message": str(WorkflowTooLarge(len(data["prompt"]))),
-                     "details": f"at most {MAX_NODES} nodes", "extra_info": {}}
+            error = {
+                "type": "workflow_too_large",
+                "message": str(WorkflowTooLarge(len(data["prompt"]))),
+                "details": f"at most {MAX_NODES} nodes",
+                "extra_info": {},
+            }
             return json_response({"error": error, "node_errors": {}}, status=413)
         try:
             req = PromptRequest(data)
@@ -152,17 +178,20 @@ class QueueRoutes:
             error = validation.error.to_json() if validation.error else {}
             return json_response({"error": error, "node_errors": validation.node_errors_json()}, status=400)
         number = int(spec.number) if float(spec.number).is_integer() else spec.number
-        return json_response({"prompt_id": spec.prompt_id, "number": number,
-                                  "node_errors": validation.node_errors_json()})
+        return json_response(
+            {"prompt_id": spec.prompt_id, "number": number, "node_errors": validation.node_errors_json()}
+        )
 
     async def get_prompt(self, request: web.Request) -> web.Response:
         return json_response({"exec_info": {"queue_remaining": self.queue.remaining()}})
 
     async def get_queue(self, request: web.Request) -> web.Response:
-        return json_response({
-            "queue_running": [s.comfy_tuple() for s in self.queue.running()],
-            "queue_pending": [s.comfy_tuple() for s in self.queue.pending()],
-        })
+        return json_response(
+            {
+                "queue_running": [s.comfy_tuple() for s in self.queue.running()],
+                "queue_pending": [s.comfy_tuple() for s in self.queue.pending()],
+            }
+        )
 
     async def post_queue(self, request: web.Request) -> web.Response:
         data = await read_object(request)
@@ -171,7 +200,9 @@ class QueueRoutes:
         delete = _id_list(data, "delete")
         running = {s.prompt_id for s in self.queue.running()}
         for prompt_id in delete:
-            if prompt_id not in running:  # ComfyUI deletes pending items only; /interrupt stops the running one
+            if (
+                prompt_id not in running
+            ):  # ComfyUI deletes pending items only; /interrupt stops the running one
                 self.queue.cancel(prompt_id)  # recorded as cancelled: streams end, webhooks fire
         return web.Response(status=200)
 
@@ -179,7 +210,8 @@ class QueueRoutes:
         max_items = query_int(request, "max_items")
         offset = query_int(request, "offset", 0) or 0
         return await json_response_built(
-            lambda: {r.spec.prompt_id: self._entry(r) for r in self.queue.history(max_items, offset)})
+            lambda: {r.spec.prompt_id: self._entry(r) for r in self.queue.history(max_items, offset)}
+        )
 
     def _entry(self, record: JobRecord) -> dict[str, Any]:
         entry = record.comfy_history()
@@ -213,8 +245,10 @@ class QueueRoutes:
 
     async def post_free(self, request: web.Request) -> web.Response:
         data = await read_object(request, allow_empty=True)
-        self.queue.schedule_free(unload_models=bool(data.get("unload_models", False)),
-                                 free_memory=bool(data.get("free_memory", False)))
+        self.queue.schedule_free(
+            unload_models=bool(data.get("unload_models", False)),
+            free_memory=bool(data.get("free_memory", False)),
+        )
         return web.Response(status=200)
 
 
@@ -225,5 +259,3 @@ def _id_list(data: dict[str, Any], key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ApiError(400, "invalid_request", f"{key!r} must be a list of prompt ids")
     return list(value)
-
-

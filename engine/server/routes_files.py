@@ -26,8 +26,12 @@ from engine.server.common import MAX_NAME_BYTES, ApiError, Handler, ServerConfig
 from engine.server.security import safe_path
 
 MAX_NAME_TRIES = 10_000
-PREVIEW_FORMATS = {"webp": ("WEBP", "image/webp"), "jpeg": ("JPEG", "image/jpeg"), "jpg": ("JPEG", "image/jpeg"),
-                   "png": ("PNG", "image/png")}
+PREVIEW_FORMATS = {
+    "webp": ("WEBP", "image/webp"),
+    "jpeg": ("JPEG", "image/jpeg"),
+    "jpg": ("JPEG", "image/jpeg"),
+    "png": ("PNG", "image/png"),
+}
 
 
 def check_image(data: bytes) -> None:
@@ -52,7 +56,9 @@ def convert_preview(path: Path, spec: str | None, channel: str) -> tuple[bytes, 
         name, _, q = spec.partition(";")
         fmt = name.strip().lower()
         if fmt not in PREVIEW_FORMATS:
-            raise ApiError(400, "invalid_preview", f"preview format {name!r} is not one of {sorted(PREVIEW_FORMATS)}")
+            raise ApiError(
+                400, "invalid_preview", f"preview format {name!r} is not one of {sorted(PREVIEW_FORMATS)}"
+            )
         if q:
             try:
                 quality = max(1, min(100, int(q)))
@@ -73,10 +79,16 @@ def convert_preview(path: Path, spec: str | None, channel: str) -> tuple[bytes, 
             save_format, mime = PREVIEW_FORMATS[fmt]
             img.save(buffer, format=save_format, quality=quality)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ApiError(413, "image_too_large", f"{path.name} is too large to preview ({exc}); "
-                       "fetch it without ?preview= to get the file as it is") from exc
+        raise ApiError(
+            413,
+            "image_too_large",
+            f"{path.name} is too large to preview ({exc}); "
+            "fetch it without ?preview= to get the file as it is",
+        ) from exc
     except (UnidentifiedImageError, OSError) as exc:
-        raise ApiError(400, "not_an_image", f"{path.name} is not an image that can be previewed: {exc}") from exc
+        raise ApiError(
+            400, "not_an_image", f"{path.name} is not an image that can be previewed: {exc}"
+        ) from exc
     return buffer.getvalue(), mime
 
 
@@ -86,11 +98,18 @@ def clean_name(raw: str) -> str:
     name = Path(raw.replace("\\", "/")).name
     name = "".join(ch for ch in name if ch.isprintable() and ch not in '"').strip()
     if not name or name in (".", ".."):
-        raise ApiError(400, "invalid_filename", "the uploaded file needs a plain file name (letters, digits, "
-                       "dots; no path)")
+        raise ApiError(
+            400,
+            "invalid_filename",
+            "the uploaded file needs a plain file name (letters, digits, dots; no path)",
+        )
     if len(name.encode()) > MAX_NAME_BYTES:
-        raise ApiError(400, "name_too_long", f"the file name is longer than {MAX_NAME_BYTES} bytes, which file "
-                       "systems refuse; rename the file before uploading")
+        raise ApiError(
+            400,
+            "name_too_long",
+            f"the file name is longer than {MAX_NAME_BYTES} bytes, which file "
+            "systems refuse; rename the file before uploading",
+        )
     return name
 
 
@@ -108,8 +127,9 @@ def allocate(target_dir: Path, name: str, data: bytes, *, overwrite: bool) -> Pa
     first = target_dir / name
     if overwrite:
         if first.is_dir() or first.is_symlink():
-            raise ApiError(409, "name_taken", f"{name!r} is a folder or a link in that folder; upload under "
-                           "another name")
+            raise ApiError(
+                409, "name_taken", f"{name!r} is a folder or a link in that folder; upload under another name"
+            )
         write_atomic(first, data)
         return first
     stem, suffix = Path(name).stem, Path(name).suffix
@@ -121,14 +141,18 @@ def allocate(target_dir: Path, name: str, data: bytes, *, overwrite: bool) -> Pa
             return path
         if create_exclusive(path, data):
             return path
-    raise ApiError(409, "name_taken", f"{MAX_NAME_TRIES} files named like {name!r} exist; upload under another name")
+    raise ApiError(
+        409, "name_taken", f"{MAX_NAME_TRIES} files named like {name!r} exist; upload under another name"
+    )
 
 
 class FileRoutes:
     def __init__(self, folders: Folders, config: ServerConfig, image_guard: ImageGuard | None = None) -> None:
         self.folders = folders
         self.max_upload = config.max_upload_bytes
-        self.image_guard = image_guard  # --safety enforce: generated files not marked as checked are checked here
+        self.image_guard = (
+            image_guard  # --safety enforce: generated files not marked as checked are checked here
+        )
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -138,7 +162,11 @@ class FileRoutes:
         ]
 
     def folder(self, kind: Any) -> Path:
-        folders = {"input": self.folders.input_dir, "output": self.folders.output_dir, "temp": self.folders.temp_dir}
+        folders = {
+            "input": self.folders.input_dir,
+            "output": self.folders.output_dir,
+            "temp": self.folders.temp_dir,
+        }
         if kind not in folders:
             raise ApiError(400, "invalid_type", f"type must be one of input, output, temp; got {kind!r}")
         return folders[kind]
@@ -152,8 +180,14 @@ class FileRoutes:
         if not path.is_file():
             raise ApiError(404, "not_found", f"no file {filename!r} in that folder")
         kind = request.query.get("type", "output")
-        if self.image_guard is not None and kind in ("output", "temp") and not await asyncio.to_thread(was_checked, path):
-            checked = await asyncio.to_thread(self.image_guard.check_encoded, await asyncio.to_thread(path.read_bytes))
+        if (
+            self.image_guard is not None
+            and kind in ("output", "temp")
+            and not await asyncio.to_thread(was_checked, path)
+        ):
+            checked = await asyncio.to_thread(
+                self.image_guard.check_encoded, await asyncio.to_thread(path.read_bytes)
+            )
             return web.Response(body=checked, content_type=mimetypes.guess_type(path.name)[0] or "image/png")
         preview = request.query.get("preview")
         channel = request.query.get("channel", "rgba")
@@ -170,7 +204,9 @@ class FileRoutes:
         try:
             post = await request.post()
         except (ValueError, UnicodeDecodeError, aiohttp.http_exceptions.HttpProcessingError) as exc:
-            raise ApiError(400, "invalid_form", f"expected a multipart form with an 'image' file: {exc}") from exc
+            raise ApiError(
+                400, "invalid_form", f"expected a multipart form with an 'image' file: {exc}"
+            ) from exc
         image = post.get("image")
         if not isinstance(image, web.FileField):
             raise ApiError(400, "missing_image", "the form needs a file field named 'image'")
@@ -203,10 +239,16 @@ class FileRoutes:
         try:
             ref = json.loads(fields.get("original_ref", ""))
         except ValueError as exc:
-            raise ApiError(400, "invalid_original_ref", "original_ref must be JSON {filename, subfolder, type}") from exc
+            raise ApiError(
+                400, "invalid_original_ref", "original_ref must be JSON {filename, subfolder, type}"
+            ) from exc
         if not isinstance(ref, dict) or not isinstance(ref.get("filename"), str):
-            raise ApiError(400, "invalid_original_ref", "original_ref must name the original image's filename")
-        original = safe_path(self.folder(ref.get("type") or "input"), str(ref.get("subfolder") or ""), ref["filename"])
+            raise ApiError(
+                400, "invalid_original_ref", "original_ref must name the original image's filename"
+            )
+        original = safe_path(
+            self.folder(ref.get("type") or "input"), str(ref.get("subfolder") or ""), ref["filename"]
+        )
         if not original.is_file():
             raise ApiError(404, "not_found", f"the original image {ref['filename']!r} does not exist")
         merged = await asyncio.to_thread(_apply_mask, original, data)

@@ -22,8 +22,20 @@ from engine.server.common import ApiError, Handler, ServerConfig, json_response,
 from engine.server.security import safe_path
 
 # Folder kinds listed by /models when the model-file finder does not say which it knows.
-DEFAULT_MODEL_KINDS = ("checkpoints", "vae", "loras", "embeddings", "clip_vision", "ipadapter", "safety",
-                       "upscale_models", "controlnet", "clip", "unet", "diffusion_models")
+DEFAULT_MODEL_KINDS = (
+    "checkpoints",
+    "vae",
+    "loras",
+    "embeddings",
+    "clip_vision",
+    "ipadapter",
+    "safety",
+    "upscale_models",
+    "controlnet",
+    "clip",
+    "unet",
+    "diffusion_models",
+)
 EMBEDDING_SUFFIXES = (".safetensors", ".pt", ".bin", ".pth", ".ckpt")
 
 
@@ -37,7 +49,9 @@ def ram_figures() -> tuple[int, int]:
     except ImportError:
         pass
     try:
-        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        info = dict(
+            line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line
+        )
         kib = {k: int(v.split()[0]) * 1024 for k, v in info.items()}
         return kib.get("MemTotal", 0), kib.get("MemAvailable", kib.get("MemFree", 0))
     except (OSError, ValueError):
@@ -55,16 +69,31 @@ def device_figures(ram: tuple[int, int]) -> list[dict[str, Any]]:
                     free, total = torch.cuda.mem_get_info(index)
                     reserved = torch.cuda.memory_reserved(index)
                     allocated = torch.cuda.memory_allocated(index)
-                    devices.append({
-                        "name": f"cuda:{index} {torch.cuda.get_device_name(index)}", "type": "cuda",
-                        "index": index, "vram_total": int(total), "vram_free": int(free),
-                        "torch_vram_total": int(reserved), "torch_vram_free": int(reserved - allocated),
-                    })
+                    devices.append(
+                        {
+                            "name": f"cuda:{index} {torch.cuda.get_device_name(index)}",
+                            "type": "cuda",
+                            "index": index,
+                            "vram_total": int(total),
+                            "vram_free": int(free),
+                            "torch_vram_total": int(reserved),
+                            "torch_vram_free": int(reserved - allocated),
+                        }
+                    )
         except Exception:  # a broken driver must not break the stats route
             devices = []
     if not devices:
-        devices.append({"name": "cpu", "type": "cpu", "index": None, "vram_total": ram[0], "vram_free": ram[1],
-                        "torch_vram_total": ram[0], "torch_vram_free": ram[1]})
+        devices.append(
+            {
+                "name": "cpu",
+                "type": "cpu",
+                "index": None,
+                "vram_total": ram[0],
+                "vram_free": ram[1],
+                "torch_vram_total": ram[0],
+                "torch_vram_free": ram[1],
+            }
+        )
     return devices
 
 
@@ -81,10 +110,18 @@ def torch_version() -> str:
 
 
 class InfoRoutes:
-    def __init__(self, registry: NodeRegistry, config: ServerConfig, *, model_files: Any = None,
-                 models: ModelManagerLike | None = None, extensions: Mapping[str, Path] | None = None,
-                 queue: Any = None, describe_model: Callable[[str, Path], dict[str, Any]] | None = None,
-                 presets: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        config: ServerConfig,
+        *,
+        model_files: Any = None,
+        models: ModelManagerLike | None = None,
+        extensions: Mapping[str, Path] | None = None,
+        queue: Any = None,
+        describe_model: Callable[[str, Path], dict[str, Any]] | None = None,
+        presets: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.registry = registry
         self.describe_model = describe_model  # (folder, path) -> family and preset (the node library's)
         self.presets = presets
@@ -192,7 +229,9 @@ class InfoRoutes:
         if folder not in self._kinds():
             raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
         if name not in self._files(folder):
-            raise ApiError(404, "unknown_model", f"no file {name!r} in models/{folder}; GET /models/{folder} lists them")
+            raise ApiError(
+                404, "unknown_model", f"no file {name!r} in models/{folder}; GET /models/{folder} lists them"
+            )
         return web.json_response(await asyncio.to_thread(self._describe_one, folder, name))
 
     def _describe_one(self, folder: str, name: str) -> dict[str, Any]:
@@ -204,7 +243,11 @@ class InfoRoutes:
 
     async def preset_list(self, request: web.Request) -> web.Response:
         """Loom: every model preset (shipped and the user's ``models/presets.json``)."""
-        body = await asyncio.to_thread(self.presets) if self.presets else {"presets": [], "inputs": {}, "loaders": {}}
+        body = (
+            await asyncio.to_thread(self.presets)
+            if self.presets
+            else {"presets": [], "inputs": {}, "loaders": {}}
+        )
         return json_response(body)
 
     def _describe(self, folder: str) -> list[dict[str, Any]]:
@@ -246,6 +289,10 @@ class InfoRoutes:
         return web.FileResponse(path)
 
     async def features(self, request: web.Request) -> web.Response:
-        return json_response({"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes,
-                                  "loom_jobs_api": "/api/v1/jobs"})
-
+        return json_response(
+            {
+                "supports_preview_metadata": False,
+                "max_upload_size": self.config.max_upload_bytes,
+                "loom_jobs_api": "/api/v1/jobs",
+            }
+        )

@@ -53,8 +53,11 @@ def output_files(outputs: Mapping[str, Any]) -> list[dict[str, Any]]:
         for value in ui.values():
             for item in value if isinstance(value, list) else []:
                 if isinstance(item, Mapping) and isinstance(item.get("filename"), str):
-                    query = {"filename": item["filename"], "subfolder": item.get("subfolder", ""),
-                             "type": item.get("type", "output")}
+                    query = {
+                        "filename": item["filename"],
+                        "subfolder": item.get("subfolder", ""),
+                        "type": item.get("type", "output"),
+                    }
                     files.append({"node": node_id, **query, "url": "/api/view?" + urlencode(query)})
     return files
 
@@ -75,10 +78,18 @@ def job_resource(view: JobView, presence: OutputPresence | None = None) -> dict[
         "created_at": _iso(spec.created_at),
         "started_at": _iso(record.started_at) if record else None,
         "finished_at": _iso(record.finished_at) if record else None,
-        "progress": {"value": progress.value, "max": progress.max, "node": progress.node} if progress else None,
-        "outputs": [{**(presence.mark(f) if presence is not None else f),
-                     "image": f"/api/v1/jobs/{spec.prompt_id}/images/{n}"}
-                    for n, f in enumerate(output_files(record.outputs))] if record else [],
+        "progress": {"value": progress.value, "max": progress.max, "node": progress.node}
+        if progress
+        else None,
+        "outputs": [
+            {
+                **(presence.mark(f) if presence is not None else f),
+                "image": f"/api/v1/jobs/{spec.prompt_id}/images/{n}",
+            }
+            for n, f in enumerate(output_files(record.outputs))
+        ]
+        if record
+        else [],
         "errors": errors,
         "node_errors": record.node_errors if record else {},
         "executed": record.executed if record else [],
@@ -86,7 +97,10 @@ def job_resource(view: JobView, presence: OutputPresence | None = None) -> dict[
         "timings": record.timings if record else {},
         "webhook": spec.webhook,
         "interrupt": view.interrupt.to_json() if view.interrupt is not None else None,
-        "links": {"self": f"/api/v1/jobs/{spec.prompt_id}", "events": f"/api/v1/jobs/{spec.prompt_id}/events"},
+        "links": {
+            "self": f"/api/v1/jobs/{spec.prompt_id}",
+            "events": f"/api/v1/jobs/{spec.prompt_id}/events",
+        },
     }
 
 
@@ -115,8 +129,14 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
 
 
 class JobRoutes:
-    def __init__(self, queue: JobQueue, validate: Validator, object_info: ObjectInfo, config: ServerConfig,
-                 presence: OutputPresence | None = None) -> None:
+    def __init__(
+        self,
+        queue: JobQueue,
+        validate: Validator,
+        object_info: ObjectInfo,
+        config: ServerConfig,
+        presence: OutputPresence | None = None,
+    ) -> None:
         self.queue = queue
         self.presence = presence
         self.validate = validate
@@ -143,36 +163,55 @@ class JobRoutes:
         body = await read_object(request)
         source = body.get("workflow", body.get("prompt"))
         if source is None:
-            raise ApiError(400, "missing_workflow", "send {\"workflow\": <API, saved or UI-format workflow>, "
-                           "\"client_id\"?, \"webhook\"?, \"front\"?, \"outputs\"?}")
+            raise ApiError(
+                400,
+                "missing_workflow",
+                'send {"workflow": <API, saved or UI-format workflow>, '
+                '"client_id"?, "webhook"?, "front"?, "outputs"?}',
+            )
         loaded = await asyncio.to_thread(self._convert, source)  # large workflows: off the loop
         webhook = self._check_webhook(body.get("webhook"))
         extra: dict[str, Any] = {}
         returned = body.get("return", "files")
         if returned not in RETURN_MODES:
-            raise ApiError(400, "invalid_request", f"return must be one of {', '.join(RETURN_MODES)} "
-                           f"(bytes: images kept in memory, served at /api/v1/jobs/<id>/images/<n>), "
-                           f"got {returned!r}")
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"return must be one of {', '.join(RETURN_MODES)} "
+                f"(bytes: images kept in memory, served at /api/v1/jobs/<id>/images/<n>), "
+                f"got {returned!r}",
+            )
         if loaded.workflow is not None:
             extra["extra_pnginfo"] = {"workflow": loaded.workflow}
-        fields = {"prompt": loaded.prompt, "extra_data": extra, "client_id": body.get("client_id"),
-                  "front": body.get("front", False), "prompt_id": body.get("id", body.get("prompt_id")),
-                  "partial_execution_targets": body.get("outputs")}
+        fields = {
+            "prompt": loaded.prompt,
+            "extra_data": extra,
+            "client_id": body.get("client_id"),
+            "front": body.get("front", False),
+            "prompt_id": body.get("id", body.get("prompt_id")),
+            "partial_execution_targets": body.get("outputs"),
+        }
         try:
             req = PromptRequest(fields)
         except _BadPrompt as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         try:
-            spec, validation = await asyncio.to_thread(submit_prompt, self.queue, self.validate, req, webhook=webhook,
-                                                         returns=returned)
+            spec, validation = await asyncio.to_thread(
+                submit_prompt, self.queue, self.validate, req, webhook=webhook, returns=returned
+            )
         except ApiError:
             raise
         except Exception as exc:
             raise ApiError(400, "invalid_workflow", f"the workflow could not be read: {exc}") from exc
         if spec is None:
             error = validation.error.to_json() if validation.error else {}
-            raise ApiError(400, "invalid_workflow", error.get("message", "invalid workflow"),
-                           details=error.get("details", ""), node_errors=validation.node_errors_json())
+            raise ApiError(
+                400,
+                "invalid_workflow",
+                error.get("message", "invalid workflow"),
+                details=error.get("details", ""),
+                node_errors=validation.node_errors_json(),
+            )
         view = self.queue.get(spec.prompt_id) or JobView(spec, "queued")
         response = json_response(job_resource(view), status=201)
         response.headers["Location"] = f"/api/v1/jobs/{spec.prompt_id}"
@@ -205,8 +244,11 @@ class JobRoutes:
         try:
             entry = files[int(request.match_info["n"])]
         except (ValueError, IndexError):
-            raise ApiError(404, "image_not_found", f"job {view.spec.prompt_id!r} has {len(files)} output "
-                           f"file(s); n must be 0..{len(files) - 1}") from None
+            raise ApiError(
+                404,
+                "image_not_found",
+                f"job {view.spec.prompt_id!r} has {len(files)} output file(s); n must be 0..{len(files) - 1}",
+            ) from None
         data = self._kept(view.spec.prompt_id).get(KeptImages.key(entry))
         if data is None:
             raise web.HTTPTemporaryRedirect(entry["url"])
@@ -245,7 +287,9 @@ class JobRoutes:
         self._watchers.setdefault(job_id, []).append(inbox)
         try:
             view = self._view(request)
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
             await response.prepare(request)
             await _send(response, "job", self._resource(view))
             if view.status in FINAL:
@@ -281,7 +325,9 @@ class JobRoutes:
         """The compatibility report (engine/compat_check.py) of a bare workflow or ``{"workflow": ...}``."""
         data = await read_json(request)
         inner = data.get("workflow") if isinstance(data, dict) else None
-        if isinstance(inner, dict) and "class_type" not in inner:  # not an API node that happens to be named so
+        if (
+            isinstance(inner, dict) and "class_type" not in inner
+        ):  # not an API node that happens to be named so
             data = inner
         return web.json_response(check_workflow(data, self.object_info()).to_json())
 
@@ -293,7 +339,9 @@ class JobRoutes:
                 inbox.put_nowait(notice)
             if isinstance(notice, JobFinished) and spec.webhook:
                 view = JobView(spec, notice.record.status, record=notice.record)
-                task = asyncio.get_running_loop().create_task(self._post_webhook(spec.webhook, self._resource(view)))
+                task = asyncio.get_running_loop().create_task(
+                    self._post_webhook(spec.webhook, self._resource(view))
+                )
                 self._webhook_tasks.add(task)
                 task.add_done_callback(self._webhook_tasks.discard)
 
@@ -306,16 +354,21 @@ class JobRoutes:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ApiError(400, "invalid_webhook", f"webhook must be an http(s) URL, got {url!r}")
         if not self.config.allow_remote_webhooks and not is_loopback(parts.hostname):
-            raise ApiError(400, "webhook_not_allowed", "webhooks may only call loopback addresses "
-                           "(127.0.0.1, localhost) unless the server allows remote webhooks")
+            raise ApiError(
+                400,
+                "webhook_not_allowed",
+                "webhooks may only call loopback addresses "
+                "(127.0.0.1, localhost) unless the server allows remote webhooks",
+            )
         return url
 
     async def _post_webhook(self, url: str, payload: dict[str, Any]) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         try:
-            async with self._session.post(url, data=dumps(payload),
-                                          headers={"Content-Type": "application/json"}) as response:
+            async with self._session.post(
+                url, data=dumps(payload), headers={"Content-Type": "application/json"}
+            ) as response:
                 if response.status >= 400:
                     log.warning("webhook %s answered %d for job %s", url, response.status, payload["id"])
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -333,4 +386,3 @@ class JobRoutes:
 
 async def _send(response: web.StreamResponse, event: str, data: Any) -> None:
     await response.write(f"event: {event}\ndata: {dumps(data)}\n\n".encode())
-

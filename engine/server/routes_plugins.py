@@ -57,8 +57,12 @@ def contained_route(route: Any) -> Any:
             raise
         except Exception as exc:
             log.exception("plugin pack %r failed on %s %s", pack, request.method, request.path)
-            return json_error(500, "plugin_route_failed", f"the plugin pack {pack!r} failed on this request "
-                              f"({type(exc).__name__}: {exc}); the server is fine, the pack needs fixing")
+            return json_error(
+                500,
+                "plugin_route_failed",
+                f"the plugin pack {pack!r} failed on this request "
+                f"({type(exc).__name__}: {exc}); the server is fine, the pack needs fixing",
+            )
 
     return web.RouteDef(route.method, route.path, guarded, route.kwargs)
 

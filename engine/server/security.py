@@ -83,7 +83,7 @@ def _hostname(value: str) -> str:
         return (urlsplit(value).hostname or "").lower()
     value = value.strip()
     if value.startswith("["):
-        return value[1:value.find("]")].lower() if "]" in value else value.lower()
+        return value[1 : value.find("]")].lower() if "]" in value else value.lower()
     if value.count(":") == 1:
         value = value.split(":", 1)[0]
     return value.lower()
@@ -139,7 +139,9 @@ class RequestGuard:
             return response
         except ApiError as exc:
             return json_response(exc.body(), status=exc.status)
-        except StorageError as exc:  # the job database cannot be written (a full disk): not the client's fault
+        except (
+            StorageError
+        ) as exc:  # the job database cannot be written (a full disk): not the client's fault
             error = storage_error(exc)
             return json_response(error.body(), status=error.status)
         except (asyncio.CancelledError, ConnectionResetError):
@@ -164,8 +166,12 @@ class RequestGuard:
     def _bug(request: web.Request, exc: Exception) -> web.Response:
         request.app[ERRORS].count += 1
         log.exception("unexpected error handling %s %s", request.method, request.path, exc_info=exc)
-        return json_error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
-                          "this is a bug in Loom: the log has the details")
+        return json_error(
+            500,
+            "internal_error",
+            f"the server failed on this request ({type(exc).__name__}); "
+            "this is a bug in Loom: the log has the details",
+        )
 
     @web.middleware
     async def access(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -175,23 +181,41 @@ class RequestGuard:
             token_from_query = self.config.token_matches(given)
             header = request.headers.get("Authorization", "")
             bearer = header[7:].strip() if header.lower().startswith("bearer ") else None
-            if not (token_from_query or self.config.token_matches(bearer)
-                    or self.config.token_matches(request.cookies.get(TOKEN_COOKIE))):
-                raise ApiError(401, "unauthorized", "this server requires an access token: send "
-                               "'Authorization: Bearer TOKEN' or add '?token=TOKEN' to the URL")
+            if not (
+                token_from_query
+                or self.config.token_matches(bearer)
+                or self.config.token_matches(request.cookies.get(TOKEN_COOKIE))
+            ):
+                raise ApiError(
+                    401,
+                    "unauthorized",
+                    "this server requires an access token: send "
+                    "'Authorization: Bearer TOKEN' or add '?token=TOKEN' to the URL",
+                )
         else:
             host = _hostname(request.headers.get("Host", ""))
             if not self.host_allowed(host):
-                raise ApiError(403, "host_not_allowed", f"Host {host!r} is not this server's name; "
-                               f"use http://127.0.0.1, or start the server with --allow-host {host} "
-                               "to accept that name")
+                raise ApiError(
+                    403,
+                    "host_not_allowed",
+                    f"Host {host!r} is not this server's name; "
+                    f"use http://127.0.0.1, or start the server with --allow-host {host} "
+                    "to accept that name",
+                )
         origin = request.headers.get("Origin")
         if origin is not None and not self._origin_allowed(origin, request):
-            raise ApiError(403, "cross_origin", f"requests from the web page at {origin!r} are refused: "
-                           "only pages served by this server may use its API; to allow that page, start the "
-                           f"server with --allow-origin {origin}")
-        if origin is None and request.headers.get("Sec-Fetch-Site") == "cross-site" and request.method not in (
-                "GET", "HEAD"):
+            raise ApiError(
+                403,
+                "cross_origin",
+                f"requests from the web page at {origin!r} are refused: "
+                "only pages served by this server may use its API; to allow that page, start the "
+                f"server with --allow-origin {origin}",
+            )
+        if (
+            origin is None
+            and request.headers.get("Sec-Fetch-Site") == "cross-site"
+            and request.method not in ("GET", "HEAD")
+        ):
             raise ApiError(403, "cross_origin", "cross-site requests are refused")
         response = await handler(request)
         if token_from_query and self.config.token and not response.prepared:
@@ -204,7 +228,9 @@ class RequestGuard:
         if origin == "null" or not _hostname(origin):
             return False
         wanted = origin_key(origin)
-        if "*" in self.config.allowed_origins or wanted in {origin_key(o) for o in self.config.allowed_origins}:
+        if "*" in self.config.allowed_origins or wanted in {
+            origin_key(o) for o in self.config.allowed_origins
+        }:
             return True
         scheme = "https" if request.secure else "http"
         return wanted == origin_key(f"{scheme}://{request.headers.get('Host', '')}")
@@ -219,14 +245,23 @@ def safe_path(base: Path, *parts: str) -> Path:
         if "\x00" in part:
             raise ApiError(400, "invalid_path", "path contains a NUL byte")
         if part.startswith(("/", "\\")) or os.path.isabs(part) or (len(part) > 1 and part[1] == ":"):
-            raise ApiError(400, "invalid_path", f"absolute paths are refused: {part!r}; give a name relative "
-                           "to the folder")
+            raise ApiError(
+                400,
+                "invalid_path",
+                f"absolute paths are refused: {part!r}; give a name relative to the folder",
+            )
         for seg in part.replace("\\", "/").split("/"):
             if seg == "..":
-                raise ApiError(400, "invalid_path", f"'..' is refused in {part!r}: paths stay inside their folder")
+                raise ApiError(
+                    400, "invalid_path", f"'..' is refused in {part!r}: paths stay inside their folder"
+                )
             if len(seg.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-                raise ApiError(400, "name_too_long", f"the name {seg[:40]!r}... is longer than {MAX_NAME_BYTES} "
-                               "bytes, which file systems refuse; give a shorter name")
+                raise ApiError(
+                    400,
+                    "name_too_long",
+                    f"the name {seg[:40]!r}... is longer than {MAX_NAME_BYTES} "
+                    "bytes, which file systems refuse; give a shorter name",
+                )
             if seg not in ("", "."):
                 segments.append(seg)
     candidate = base.joinpath(*segments)

@@ -71,8 +71,11 @@ class UserdataRoutes:
             raise ApiError(404, "not_found", f"no folder {directory!r} in your user data")
         pattern = "**/*" if query_bool(request, "recurse") else "*"
         real_root = os.path.realpath(folder)
-        files = sorted(p for p in folder.glob(pattern) if p.is_file()
-                       and os.path.commonpath([os.path.realpath(p), real_root]) == real_root)
+        files = sorted(
+            p
+            for p in folder.glob(pattern)
+            if p.is_file() and os.path.commonpath([os.path.realpath(p), real_root]) == real_root
+        )
         if query_bool(request, "full_info"):
             return json_response([file_info(p, folder) for p in files])
         names = [p.relative_to(folder).as_posix() for p in files]
@@ -90,8 +93,11 @@ class UserdataRoutes:
         path = self._path(request.match_info["file"])
         overwrite = query_bool(request, "overwrite", True)
         if path.exists() and not overwrite:
-            raise ApiError(409, "file_exists", f"{path.relative_to(self.root).as_posix()!r} exists; "
-                           "add ?overwrite=true to replace it")
+            raise ApiError(
+                409,
+                "file_exists",
+                f"{path.relative_to(self.root).as_posix()!r} exists; add ?overwrite=true to replace it",
+            )
         if path.is_dir():
             raise ApiError(400, "invalid_path", "that name is a folder")
         body = await request.read()

@@ -55,8 +55,14 @@ def event_message(event: ev.Event) -> Message:
 
 
 class WsHub:
-    def __init__(self, queue: JobQueue, *, resume_window: float = 60.0, max_backlog: int = 5000,
-                 max_waiting_previews: int = 1) -> None:
+    def __init__(
+        self,
+        queue: JobQueue,
+        *,
+        resume_window: float = 60.0,
+        max_backlog: int = 5000,
+        max_waiting_previews: int = 1,
+    ) -> None:
         self.queue = queue
         self.resume_window = resume_window
         self.max_backlog = max_backlog
@@ -94,7 +100,9 @@ class WsHub:
         """Unknown messages are ignored; ComfyUI's ``feature_flags`` hello gets our flags back."""
         try:
             data = parse_json(text)
-        except ValueError:  # not JSON, non-finite numbers, nested too deeply: ignored like any unknown message
+        except (
+            ValueError
+        ):  # not JSON, non-finite numbers, nested too deeply: ignored like any unknown message
             return
         if isinstance(data, dict) and data.get("type") == "feature_flags":
             await ws.send_str(dumps({"type": "feature_flags", "data": {"supports_preview_metadata": False}}))
@@ -144,8 +152,11 @@ class WsHub:
         except (ValueError, RecursionError) as exc:  # a plugin's message that JSON cannot carry
             log.warning("dropped the plugin message %r: it cannot be sent as JSON (%s)", event_type, exc)
             return
-        targets = [self._clients[sid]] if sid is not None and sid in self._clients else (
-            [] if sid is not None else [c for c in self._clients.values() if c.ws is not None])
+        targets = (
+            [self._clients[sid]]
+            if sid is not None and sid in self._clients
+            else ([] if sid is not None else [c for c in self._clients.values() if c.ws is not None])
+        )
         for client in targets:
             self._enqueue(client, message)
 
@@ -167,8 +178,11 @@ class WsHub:
 
     def _purge(self) -> None:
         now = time.monotonic()
-        gone = [sid for sid, c in self._clients.items()
-                if c.ws is None and c.detached_at is not None and now - c.detached_at > self.resume_window]
+        gone = [
+            sid
+            for sid, c in self._clients.items()
+            if c.ws is None and c.detached_at is not None and now - c.detached_at > self.resume_window
+        ]
         for sid in gone:
             del self._clients[sid]
 

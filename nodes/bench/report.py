@@ -65,11 +65,18 @@ def machine() -> dict[str, Any]:
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem_gib = float("nan")
-    return {"cpu": cpu, "cpu_isa": torch.backends.cpu.get_cpu_capability(),
-            "cpu_native_bf16": bool(flags & {"avx512_bf16", "amx_bf16"}),
-            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "memory_gib": round(mem_gib, 1), "gpu": gpu, "python": platform.python_version(),
-            "torch": torch.__version__, "load_avg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return {
+        "cpu": cpu,
+        "cpu_isa": torch.backends.cpu.get_cpu_capability(),
+        "cpu_native_bf16": bool(flags & {"avx512_bf16", "amx_bf16"}),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": round(mem_gib, 1),
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_avg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
 
 
 def format_table(rows: list[Row], info: dict[str, Any], title: str) -> str:

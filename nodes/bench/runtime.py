@@ -28,22 +28,34 @@ class BenchRuntime:
     work: Path
     prefetch: bool = False
     ram_gb: float = 8.0
-    run_settings: dict[str, Any] = field(default_factory=dict)  # RunSettings fields to set (png_metadata: off)
+    run_settings: dict[str, Any] = field(
+        default_factory=dict
+    )  # RunSettings fields to set (png_metadata: off)
     policy: Any = None  # engine.memory.DevicePolicy; None: the CPU policy (fp32)
 
     def __post_init__(self) -> None:
         from nodes import register_core
 
         self.files = ModelFolders(self.models_dir)
-        self.folders = Folders(self.work / "input", self.work / "output", self.work / "temp", model_files=self.files)
+        self.folders = Folders(
+            self.work / "input", self.work / "output", self.work / "temp", model_files=self.files
+        )
         self.folders.ensure()
         self.registry = NodeRegistry()
         register_core(self.registry, self.files, self.folders.input_dir)
-        self.models = ModelManager(self.policy, ram_budget_bytes=int(self.ram_gb * (1 << 30)), prefetch=self.prefetch)
+        self.models = ModelManager(
+            self.policy, ram_budget_bytes=int(self.ram_gb * (1 << 30)), prefetch=self.prefetch
+        )
         self.bus = EventBus()
         self.cache = OutputCache(2 << 30)
-        self.executor = Executor(self.registry, self.cache, self.folders, models=self.models, bus=self.bus,
-                                 settings=RunSettings(**{"png_metadata": False, **self.run_settings}))
+        self.executor = Executor(
+            self.registry,
+            self.cache,
+            self.folders,
+            models=self.models,
+            bus=self.bus,
+            settings=RunSettings(**{"png_metadata": False, **self.run_settings}),
+        )
 
     def run(self, prompt: dict[str, Any], **request: Any) -> RunResult:
         result = self.executor.run(RunRequest(prompt=copy.deepcopy(prompt), **request))
@@ -69,9 +81,21 @@ class BenchRuntime:
         self.models.close()
 
 
-def txt2img(ckpt: str, *, size: int = 64, steps: int = 2, seed: int = 0, text: str = "a lighthouse at dusk",
-            negative: str = "blurry", cfg: float = 7.0, sampler: str = "euler", scheduler: str = "normal",
-            tome: float | None = None, deepcache: dict[str, int] | None = None, prefix: str = "bench") -> dict[str, Any]:
+def txt2img(
+    ckpt: str,
+    *,
+    size: int = 64,
+    steps: int = 2,
+    seed: int = 0,
+    text: str = "a lighthouse at dusk",
+    negative: str = "blurry",
+    cfg: float = 7.0,
+    sampler: str = "euler",
+    scheduler: str = "normal",
+    tome: float | None = None,
+    deepcache: dict[str, int] | None = None,
+    prefix: str = "bench",
+) -> dict[str, Any]:
     """The standard txt2img workflow (node ids as ComfyUI's default: 4 loader, 3 sampler, 9 save)."""
     model: list[Any] = ["4", 0]
     prompt: dict[str, Any] = {
@@ -88,9 +112,21 @@ def txt2img(ckpt: str, *, size: int = 64, steps: int = 2, seed: int = 0, text: s
     if deepcache is not None:
         prompt["21"] = {"class_type": "DeepCache", "inputs": {"model": model, **deepcache}}
         model = ["21", 0]
-    prompt["3"] = {"class_type": "KSampler", "inputs": {
-        "model": model, "seed": seed, "steps": steps, "cfg": cfg, "sampler_name": sampler, "scheduler": scheduler,
-        "positive": ["6", 0], "negative": ["7", 0], "latent_image": ["5", 0], "denoise": 1.0}}
+    prompt["3"] = {
+        "class_type": "KSampler",
+        "inputs": {
+            "model": model,
+            "seed": seed,
+            "steps": steps,
+            "cfg": cfg,
+            "sampler_name": sampler,
+            "scheduler": scheduler,
+            "positive": ["6", 0],
+            "negative": ["7", 0],
+            "latent_image": ["5", 0],
+            "denoise": 1.0,
+        },
+    }
     return prompt
 
 

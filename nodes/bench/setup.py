@@ -83,10 +83,13 @@ def write_full_checkpoint(path: Path) -> Path:
 
     print(f"writing full-size random SD1.5 weights to {path} (once) ...", file=sys.stderr, flush=True)
     torch.manual_seed(0)
-    modules = {"unet": UNet2DConditionModel.from_config(config("unet")).eval(),
-               "vae": AutoencoderKL.from_config(config("vae")).eval(),
-               "clip_l": CLIPTextModel(CLIPTextConfig(**{k: v for k, v in config("text_encoder").items()
-                                                          if not k.startswith("_")})).eval()}
+    modules = {
+        "unet": UNet2DConditionModel.from_config(config("unet")).eval(),
+        "vae": AutoencoderKL.from_config(config("vae")).eval(),
+        "clip_l": CLIPTextModel(
+            CLIPTextConfig(**{k: v for k, v in config("text_encoder").items() if not k.startswith("_")})
+        ).eval(),
+    }
     tensors = {k: v.to(torch.float16).contiguous() for k, v in ldm_state_dict(SD15(), modules).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

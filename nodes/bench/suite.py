@@ -34,12 +34,20 @@ def scenarios() -> dict[str, Scenario]:
         server,
     )
 
-    return {"executor": executor_overhead.run, "generation": generation.run, "server": server.run,
-            "queue": queue.run, "prefetch": prefetch.run, "fastpaths": fastpaths.run, "overlap": overlap.run}
+    return {
+        "executor": executor_overhead.run,
+        "generation": generation.run,
+        "server": server.run,
+        "queue": queue.run,
+        "prefetch": prefetch.run,
+        "fastpaths": fastpaths.run,
+        "overlap": overlap.run,
+    }
 
 
-def collect(quick: bool, *, only: list[str] | None = None, repeats: int | None = None,
-            progress: TextIO | None = None) -> dict[str, Any]:
+def collect(
+    quick: bool, *, only: list[str] | None = None, repeats: int | None = None, progress: TextIO | None = None
+) -> dict[str, Any]:
     """Run the scenarios; returns ``{"machine", "mode", "rows", "seconds"}``."""
     import torch
 
@@ -55,19 +63,34 @@ def collect(quick: bool, *, only: list[str] | None = None, repeats: int | None =
             new = scenario(setup)
             rows += new
             if progress is not None:
-                print(f"[bench] {name}: {len(new)} figures in {time.perf_counter() - t0:.1f} s", file=progress,
-                      flush=True)
+                print(
+                    f"[bench] {name}: {len(new)} figures in {time.perf_counter() - t0:.1f} s",
+                    file=progress,
+                    flush=True,
+                )
         rows.append(Row("memory", "peak process RSS", peak_rss_mib(), "MiB", "whole benchmark process"))
     finally:
         shutil.rmtree(setup.work, ignore_errors=True)
         if setup.quick:
             shutil.rmtree(setup.models_dir, ignore_errors=True)
-    return {"machine": machine(), "mode": "quick" if quick else "full", "repeats": setup.repeats,
-            "rows": [r.to_json() for r in rows], "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "machine": machine(),
+        "mode": "quick" if quick else "full",
+        "repeats": setup.repeats,
+        "rows": [r.to_json() for r in rows],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
-def run_bench(quick: bool, as_json: bool, *, only: list[str] | None = None, repeats: int | None = None,
-              out: TextIO | None = None, as_markdown: bool = False) -> int:
+def run_bench(
+    quick: bool,
+    as_json: bool,
+    *,
+    only: list[str] | None = None,
+    repeats: int | None = None,
+    out: TextIO | None = None,
+    as_markdown: bool = False,
+) -> int:
     """Run the benchmark and print a table (or one JSON object, or a Markdown table); 0 on success."""
     out = out or sys.stdout
     report = collect(quick, only=only, repeats=repeats, progress=sys.stderr)
@@ -75,8 +98,10 @@ def run_bench(quick: bool, as_json: bool, *, only: list[str] | None = None, repe
         print(json.dumps(report), file=out, flush=True)
     elif as_markdown:
         info = ", ".join(f"{k}={v}" for k, v in report["machine"].items())
-        print(f"Machine: {info}. Mode {report['mode']}, median of {report['repeats']}, {report['seconds']} s.\n",
-              file=out)
+        print(
+            f"Machine: {info}. Mode {report['mode']}, median of {report['repeats']}, {report['seconds']} s.\n",
+            file=out,
+        )
         print(markdown_table([Row(**r) for r in report["rows"]]), file=out, flush=True)
     else:
         rows = [Row(**r) for r in report["rows"]]

@@ -153,7 +153,9 @@ def filter_files_extensions(files: Any, extensions: Any) -> list[str]:
     return sorted(keep_with_extensions(files, frozenset(e.lower() for e in extensions)))
 
 
-def recursive_search(directory: str, excluded_dir_names: list[str] | None = None) -> tuple[list[str], dict[str, float]]:
+def recursive_search(
+    directory: str, excluded_dir_names: list[str] | None = None
+) -> tuple[list[str], dict[str, float]]:
     """Files under ``directory`` (relative, '/'-separated; links followed, cycles cut) and the
     modification times of the folders walked."""
     listing = scan(directory)
@@ -181,7 +183,9 @@ def get_filename_list(folder_name: str) -> list[str]:
             pass
     paths, extensions = folder_names_and_paths.get(folder_name, ([], set()))
     for directory in paths:
-        names.update(keep_with_extensions(_cache().files(directory), frozenset(e.lower() for e in extensions)))
+        names.update(
+            keep_with_extensions(_cache().files(directory), frozenset(e.lower() for e in extensions))
+        )
     return sorted(names)
 
 
@@ -217,13 +221,15 @@ def get_save_image_path(
 ) -> tuple[str, str, int, str, str]:
     """ComfyUI's ``(full_output_folder, filename, counter, subfolder, filename_prefix)``: the next
     free counter for files named ``{filename}_{counter:05}_.png`` under the prefix's subfolder."""
-    filename_prefix = filename_prefix.replace("%width%", str(image_width)).replace("%height%", str(image_height))
+    filename_prefix = filename_prefix.replace("%width%", str(image_width)).replace(
+        "%height%", str(image_height)
+    )
     subfolder = os.path.dirname(os.path.normpath(filename_prefix))
     filename = os.path.basename(os.path.normpath(filename_prefix))
     full_output_folder = os.path.join(output_dir, subfolder)
-    if os.path.commonpath((os.path.abspath(output_dir), os.path.abspath(full_output_folder))) != os.path.abspath(
-        output_dir
-    ):
+    if os.path.commonpath(
+        (os.path.abspath(output_dir), os.path.abspath(full_output_folder))
+    ) != os.path.abspath(output_dir):
         raise ValueError(
             f"saving image outside the output folder is not allowed: prefix {filename_prefix!r} "
             f"points to {full_output_folder!r}"

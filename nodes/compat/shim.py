@@ -46,16 +46,44 @@ EventSink = Callable[[str, Any, str | None], None]
 
 # Top-level packages and modules of ComfyUI's own code. Blocked only when nothing installed
 # provides them (the blocker is the last finder on sys.meta_path).
-COMFY_INTERNAL_PACKAGES = frozenset({"comfy", "comfy_extras", "comfy_execution", "comfy_config", "app", "api_server"})
-COMFY_INTERNAL_MODULES = frozenset({
-    "latent_preview", "execution", "node_helpers", "comfyui_version", "cuda_malloc", "protocol",
-    "new_updater", "hook_breaker_ac10a0",
-})
+COMFY_INTERNAL_PACKAGES = frozenset(
+    {"comfy", "comfy_extras", "comfy_execution", "comfy_config", "app", "api_server"}
+)
+COMFY_INTERNAL_MODULES = frozenset(
+    {
+        "latent_preview",
+        "execution",
+        "node_helpers",
+        "comfyui_version",
+        "cuda_malloc",
+        "protocol",
+        "new_updater",
+        "hook_breaker_ac10a0",
+    }
+)
 # ComfyUI's usual model folder names (folder_paths.folder_names_and_paths).
 MODEL_KINDS = (
-    "checkpoints", "configs", "loras", "vae", "vae_approx", "text_encoders", "clip", "diffusion_models",
-    "unet", "clip_vision", "style_models", "embeddings", "diffusers", "controlnet", "gligen",
-    "upscale_models", "hypernetworks", "photomaker", "classifiers", "ipadapter", "safety",
+    "checkpoints",
+    "configs",
+    "loras",
+    "vae",
+    "vae_approx",
+    "text_encoders",
+    "clip",
+    "diffusion_models",
+    "unet",
+    "clip_vision",
+    "style_models",
+    "embeddings",
+    "diffusers",
+    "controlnet",
+    "gligen",
+    "upscale_models",
+    "hypernetworks",
+    "photomaker",
+    "classifiers",
+    "ipadapter",
+    "safety",
 )
 _HERE = Path(__file__).resolve().parent
 _MISSING = object()
@@ -87,7 +115,8 @@ class ComfyShim:
         exts = {".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft"}
         # the folders Loom searches per kind (models_dir's, extra_model_paths.yaml's), in its order
         self.model_folders: dict[str, tuple[list[str], set[str]]] = comfy_folder_table(
-            model_files, models_dir, MODEL_KINDS, exts)
+            model_files, models_dir, MODEL_KINDS, exts
+        )
         self.folder_paths = self._bound_copy("folder_paths")
         self.server = self._bound_copy("server")
         self._lock = threading.Lock()

@@ -75,7 +75,9 @@ def sample_euler_cfg_pp(
     disable: bool | None = None,
 ) -> Tensor:
     """Deterministic Euler with CFG++ (the ancestral form with η = 0)."""
-    return sample_euler_ancestral_cfg_pp(model, x, sigmas, extra_args, callback, disable, eta=0.0, s_noise=0.0)
+    return sample_euler_ancestral_cfg_pp(
+        model, x, sigmas, extra_args, callback, disable, eta=0.0, s_noise=0.0
+    )
 
 
 @torch.no_grad()
@@ -110,9 +112,13 @@ def sample_dpmpp_2s_ancestral_cfg_pp(
             t, t_next = sigma.log().neg(), sigma_down.log().neg()  # t = −log σ
             h = t_next - t
             t_mid = t + h / 2
-            x_mid = (t_mid.neg().exp() / t.neg().exp()) * (x + (denoised - uncond.latest())) - (-h / 2).expm1() * denoised
+            x_mid = (t_mid.neg().exp() / t.neg().exp()) * (x + (denoised - uncond.latest())) - (
+                -h / 2
+            ).expm1() * denoised
             denoised_mid = model(x_mid, batch_sigma(x, t_mid.neg().exp()), **args)
-            x = (t_next.neg().exp() / t.neg().exp()) * (x + (denoised - uncond.latest())) - (-h).expm1() * denoised_mid
+            x = (t_next.neg().exp() / t.neg().exp()) * (x + (denoised - uncond.latest())) - (
+                -h
+            ).expm1() * denoised_mid
         if sigma_next > 0:
             x = x + noise(sigma, sigma_next) * s_noise * sigma_up
     return x

@@ -35,9 +35,23 @@ from nodes.diffusion.noise import NoiseSampler
 Callback = StepCallback
 
 __all__ = [
-    "Callback", "NoiseSampler", "NoisyRun", "UncondCapture", "as_args", "batch_sigma", "capture_uncond",
-    "get_ancestral_step", "half_log_snr_to_sigma", "model_sampling_of", "noise_sampler_for", "noise_scale",
-    "noisy_run", "offset_first_sigma_for_snr", "report", "sigma_to_half_log_snr", "to_d",
+    "Callback",
+    "NoiseSampler",
+    "NoisyRun",
+    "UncondCapture",
+    "as_args",
+    "batch_sigma",
+    "capture_uncond",
+    "get_ancestral_step",
+    "half_log_snr_to_sigma",
+    "model_sampling_of",
+    "noise_sampler_for",
+    "noise_scale",
+    "noisy_run",
+    "offset_first_sigma_for_snr",
+    "report",
+    "sigma_to_half_log_snr",
+    "to_d",
 ]
 
 
@@ -111,9 +125,16 @@ class NoisyRun:
     s_noise: float
 
 
-def noisy_run(model: Any, x: Tensor, extra_args: dict[str, Any] | None, noise_sampler: NoiseSampler | None,
-              s_noise: float) -> NoisyRun:
+def noisy_run(
+    model: Any,
+    x: Tensor,
+    extra_args: dict[str, Any] | None,
+    noise_sampler: NoiseSampler | None,
+    s_noise: float,
+) -> NoisyRun:
     """Set up a stochastic sampler (default noise: seed + 1 generator from ``extra_args['seed']``)."""
     args = as_args(extra_args)
     sampling = model_sampling_of(model)
-    return NoisyRun(args, noise_sampler_for(x, args, noise_sampler), sampling, s_noise * noise_scale(sampling))
+    return NoisyRun(
+        args, noise_sampler_for(x, args, noise_sampler), sampling, s_noise * noise_scale(sampling)
+    )

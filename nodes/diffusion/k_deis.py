@@ -100,7 +100,9 @@ def _rhoab_coefficients(sigmas: Tensor, max_order: int) -> list[list[Tensor]]:
             others = np.delete(nodes, j)
             poly = np.polynomial.Polynomial.fromroots(others) / math.prod(nodes[j] - o for o in others)
             antiderivative = poly.integ()
-            row.append(torch.tensor(antiderivative(points[i + 1]) - antiderivative(points[i]), dtype=sigmas.dtype))
+            row.append(
+                torch.tensor(antiderivative(points[i + 1]) - antiderivative(points[i]), dtype=sigmas.dtype)
+            )
         table.append(row)
     return table
 

@@ -33,9 +33,18 @@ def _log_midpoint(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample_dpm_2(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                 callback: StepCallback | None = None, disable: bool | None = None, s_churn: float = 0.0,
-                 s_tmin: float = 0.0, s_tmax: float = INF, s_noise: float = 1.0) -> torch.Tensor:
+def sample_dpm_2(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    s_churn: float = 0.0,
+    s_tmin: float = 0.0,
+    s_tmax: float = INF,
+    s_noise: float = 1.0,
+) -> torch.Tensor:
     """Second-order steps through the log-sigma midpoint; Euler on the last step to 0."""
     extra_args = {} if extra_args is None else extra_args
     s_in = x.new_ones([x.shape[0]])
@@ -54,10 +63,17 @@ def sample_dpm_2(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: 
 
 
 @torch.no_grad()
-def sample_dpm_2_ancestral(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
-                           extra_args: dict[str, Any] | None = None, callback: StepCallback | None = None,
-                           disable: bool | None = None, eta: float = 1.0, s_noise: float = 1.0,
-                           noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+def sample_dpm_2_ancestral(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> torch.Tensor:
     """dpm_2 down to sigma_down, then ancestral noise of std sigma_up (RF form for flow models)."""
     flow = is_flow(model)
     extra_args = {} if extra_args is None else extra_args
@@ -87,8 +103,16 @@ def sample_dpm_2_ancestral(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
 class PIDStepSizeController:
     """PID control of the step size h of an adaptive ODE solver (Söderlind 2003)."""
 
-    def __init__(self, h: float | torch.Tensor, pcoeff: float, icoeff: float, dcoeff: float, order: float = 1,
-                 accept_safety: float = 0.81, eps: float = 1e-8) -> None:
+    def __init__(
+        self,
+        h: float | torch.Tensor,
+        pcoeff: float,
+        icoeff: float,
+        dcoeff: float,
+        order: float = 1,
+        accept_safety: float = 0.81,
+        eps: float = 1e-8,
+    ) -> None:
         self.h = h
         self.b1 = (pcoeff + icoeff + dcoeff) / order
         self.b2 = -(pcoeff + 2 * dcoeff) / order
@@ -118,8 +142,9 @@ class PIDStepSizeController:
 class DPMSolver:
     """DPM-Solver-1/2/3 single steps in t = -log(sigma) on the eps the denoiser implies."""
 
-    def __init__(self, model: Any, extra_args: dict[str, Any] | None = None,
-                 info_callback: StepCallback | None = None) -> None:
+    def __init__(
+        self, model: Any, extra_args: dict[str, Any] | None = None, info_callback: StepCallback | None = None
+    ) -> None:
         self.model = model
         self.extra_args = {} if extra_args is None else extra_args
         self.info_callback = info_callback
@@ -132,22 +157,30 @@ class DPMSolver:
     def sigma(t: torch.Tensor) -> torch.Tensor:
         return t.neg().exp()
 
-    def eps(self, cache: dict[str, torch.Tensor], key: str, x: torch.Tensor,
-            t: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def eps(
+        self, cache: dict[str, torch.Tensor], key: str, x: torch.Tensor, t: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if key in cache:
             return cache[key], cache
         sigma = self.sigma(t) * x.new_ones([x.shape[0]])
         eps = (x - self.model(x, sigma, **self.extra_args)) / self.sigma(t)
         return eps, {key: eps, **cache}
 
-    def step_1(self, x: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor,
-               cache: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def step_1(
+        self, x: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor, cache: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         h = t_next - t
         eps, cache = self.eps(cache, "eps", x, t)
         return x - self.sigma(t_next) * h.expm1() * eps, cache
 
-    def step_2(self, x: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor, cache: dict[str, torch.Tensor],
-               r1: float = 1 / 2) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def step_2(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        t_next: torch.Tensor,
+        cache: dict[str, torch.Tensor],
+        r1: float = 1 / 2,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         h = t_next - t
         eps, cache = self.eps(cache, "eps", x, t)
         s1 = t + r1 * h
@@ -157,22 +190,33 @@ class DPMSolver:
         x_2 = x - sig * h.expm1() * eps - sig / (2 * r1) * h.expm1() * (eps_r1 - eps)
         return x_2, cache
 
-    def step_3(self, x: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor, cache: dict[str, torch.Tensor],
-               r1: float = 1 / 3, r2: float = 2 / 3) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def step_3(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        t_next: torch.Tensor,
+        cache: dict[str, torch.Tensor],
+        r1: float = 1 / 3,
+        r2: float = 2 / 3,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         h = t_next - t
         eps, cache = self.eps(cache, "eps", x, t)
         s1, s2 = t + r1 * h, t + r2 * h
         u1 = x - self.sigma(s1) * (r1 * h).expm1() * eps
         eps_r1, cache = self.eps(cache, "eps_r1", u1, s1)
-        u2 = (x - self.sigma(s2) * (r2 * h).expm1() * eps
-              - self.sigma(s2) * (r2 / r1) * ((r2 * h).expm1() / (r2 * h) - 1) * (eps_r1 - eps))
+        u2 = (
+            x
+            - self.sigma(s2) * (r2 * h).expm1() * eps
+            - self.sigma(s2) * (r2 / r1) * ((r2 * h).expm1() / (r2 * h) - 1) * (eps_r1 - eps)
+        )
         eps_r2, cache = self.eps(cache, "eps_r2", u2, s2)
         sig = self.sigma(t_next)
         x_3 = x - sig * h.expm1() * eps - sig / r2 * (h.expm1() / h - 1) * (eps_r2 - eps)
         return x_3, cache
 
-    def _ancestral(self, s: torch.Tensor, t: torch.Tensor, t_end: torch.Tensor,
-                   eta: float) -> tuple[torch.Tensor, torch.Tensor | float]:
+    def _ancestral(
+        self, s: torch.Tensor, t: torch.Tensor, t_end: torch.Tensor, eta: float
+    ) -> tuple[torch.Tensor, torch.Tensor | float]:
         """The t actually stepped to and the noise std added after it."""
         if not eta:
             return t, 0.0
@@ -184,8 +228,16 @@ class DPMSolver:
         if self.info_callback is not None:
             self.info_callback(payload)
 
-    def fast(self, x: torch.Tensor, t_start: torch.Tensor, t_end: torch.Tensor, nfe: int, eta: float = 0.0,
-             s_noise: float = 1.0, noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+    def fast(
+        self,
+        x: torch.Tensor,
+        t_start: torch.Tensor,
+        t_end: torch.Tensor,
+        nfe: int,
+        eta: float = 0.0,
+        s_noise: float = 1.0,
+        noise_sampler: NoiseSampler | None = None,
+    ) -> torch.Tensor:
         """DPM-Solver-fast: ``nfe`` model evaluations split into 3rd-order steps plus a 2/1 tail."""
         noise = noise_sampler_for(x, self.extra_args, noise_sampler)
         if not t_end > t_start and eta:
@@ -208,10 +260,23 @@ class DPMSolver:
             x = x + su * s_noise * noise(self.sigma(t), self.sigma(t_next))
         return x
 
-    def adaptive(self, x: torch.Tensor, t_start: torch.Tensor, t_end: torch.Tensor, order: int = 3,
-                 rtol: float = 0.05, atol: float = 0.0078, h_init: float = 0.05, pcoeff: float = 0.0,
-                 icoeff: float = 1.0, dcoeff: float = 0.0, accept_safety: float = 0.81, eta: float = 0.0,
-                 s_noise: float = 1.0, noise_sampler: NoiseSampler | None = None) -> tuple[torch.Tensor, dict[str, int]]:
+    def adaptive(
+        self,
+        x: torch.Tensor,
+        t_start: torch.Tensor,
+        t_end: torch.Tensor,
+        order: int = 3,
+        rtol: float = 0.05,
+        atol: float = 0.0078,
+        h_init: float = 0.05,
+        pcoeff: float = 0.0,
+        icoeff: float = 1.0,
+        dcoeff: float = 0.0,
+        accept_safety: float = 0.81,
+        eta: float = 0.0,
+        s_noise: float = 1.0,
+        noise_sampler: NoiseSampler | None = None,
+    ) -> tuple[torch.Tensor, dict[str, int]]:
         """DPM-Solver-12/23 with error control; returns (x, {"steps", "nfe", "n_accept", "n_reject"})."""
         noise = noise_sampler_for(x, self.extra_args, noise_sampler)
         if order not in {2, 3}:
@@ -247,16 +312,28 @@ class DPMSolver:
                 info["n_reject"] += 1
             info["nfe"] += order
             info["steps"] += 1
-            self._info({"x": x, "i": info["steps"] - 1, "t": s, "t_up": s, "denoised": denoised,
-                        "error": error, "h": pid.h, **info})
+            self._info(
+                {
+                    "x": x,
+                    "i": info["steps"] - 1,
+                    "t": s,
+                    "t_up": s,
+                    "denoised": denoised,
+                    "error": error,
+                    "h": pid.h,
+                    **info,
+                }
+            )
         return x, info
 
 
 def _solver(model: Any, extra_args: dict[str, Any] | None, callback: StepCallback | None) -> DPMSolver:
     solver = DPMSolver(model, extra_args)
     if callback is not None:
+
         def info_callback(info: dict[str, Any]) -> None:
             callback({"sigma": solver.sigma(info["t"]), "sigma_hat": solver.sigma(info["t_up"]), **info})
+
         solver.info_callback = info_callback
     return solver
 
@@ -264,15 +341,26 @@ def _solver(model: Any, extra_args: dict[str, Any] | None, callback: StepCallbac
 def _check_range(sigma_min: Any, sigma_max: Any) -> tuple[torch.Tensor, torch.Tensor]:
     lo, hi = torch.as_tensor(sigma_min).float(), torch.as_tensor(sigma_max).float()
     if lo <= 0 or hi <= 0:
-        raise ValueError(f"dpm_fast/dpm_adaptive need positive sigma_min and sigma_max, got {float(lo)} and {float(hi)}")
+        raise ValueError(
+            f"dpm_fast/dpm_adaptive need positive sigma_min and sigma_max, got {float(lo)} and {float(hi)}"
+        )
     return lo, hi
 
 
 @torch.no_grad()
-def sample_dpm_fast(model: Any, x: torch.Tensor, sigma_min: Any, sigma_max: Any, n: int,
-                    extra_args: dict[str, Any] | None = None, callback: StepCallback | None = None,
-                    disable: bool | None = None, eta: float = 0.0, s_noise: float = 1.0,
-                    noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+def sample_dpm_fast(
+    model: Any,
+    x: torch.Tensor,
+    sigma_min: Any,
+    sigma_max: Any,
+    n: int,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 0.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> torch.Tensor:
     """DPM-Solver-fast from sigma_max down to sigma_min with ``n`` model evaluations."""
     lo, hi = _check_range(sigma_min, sigma_max)
     solver = _solver(model, extra_args, callback)
@@ -280,41 +368,92 @@ def sample_dpm_fast(model: Any, x: torch.Tensor, sigma_min: Any, sigma_max: Any,
 
 
 @torch.no_grad()
-def sample_dpm_adaptive(model: Any, x: torch.Tensor, sigma_min: Any, sigma_max: Any,
-                        extra_args: dict[str, Any] | None = None, callback: StepCallback | None = None,
-                        disable: bool | None = None, order: int = 3, rtol: float = 0.05, atol: float = 0.0078,
-                        h_init: float = 0.05, pcoeff: float = 0.0, icoeff: float = 1.0, dcoeff: float = 0.0,
-                        accept_safety: float = 0.81, eta: float = 0.0, s_noise: float = 1.0,
-                        noise_sampler: NoiseSampler | None = None, return_info: bool = False) -> Any:
+def sample_dpm_adaptive(
+    model: Any,
+    x: torch.Tensor,
+    sigma_min: Any,
+    sigma_max: Any,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    order: int = 3,
+    rtol: float = 0.05,
+    atol: float = 0.0078,
+    h_init: float = 0.05,
+    pcoeff: float = 0.0,
+    icoeff: float = 1.0,
+    dcoeff: float = 0.0,
+    accept_safety: float = 0.81,
+    eta: float = 0.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+    return_info: bool = False,
+) -> Any:
     """Adaptive DPM-Solver-12/23 from sigma_max to sigma_min (``return_info`` adds the step counts)."""
     lo, hi = _check_range(sigma_min, sigma_max)
     solver = _solver(model, extra_args, callback)
-    x, info = solver.adaptive(x, solver.t(hi), solver.t(lo), order, rtol, atol, h_init, pcoeff, icoeff, dcoeff,
-                              accept_safety, eta, s_noise, noise_sampler)
+    x, info = solver.adaptive(
+        x,
+        solver.t(hi),
+        solver.t(lo),
+        order,
+        rtol,
+        atol,
+        h_init,
+        pcoeff,
+        icoeff,
+        dcoeff,
+        accept_safety,
+        eta,
+        s_noise,
+        noise_sampler,
+    )
     return (x, info) if return_info else x
 
 
-def dpm_fast_function(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                      callback: StepCallback | None = None, disable: bool | None = None,
-                      **options: Any) -> torch.Tensor:
+def dpm_fast_function(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    **options: Any,
+) -> torch.Tensor:
     """``dpm_fast`` in the common signature: sigma_max = sigmas[0], sigma_min = the last non-zero
     sigma, len(sigmas) - 1 model evaluations (ComfyUI's ``ksampler("dpm_fast")``)."""
     if len(sigmas) <= 1:
         return x
     sigma_min = sigmas[-1] if sigmas[-1] != 0 else sigmas[-2]
-    return sample_dpm_fast(model, x, sigma_min, sigmas[0], len(sigmas) - 1, extra_args=extra_args,
-                           callback=callback, disable=disable, **options)
+    return sample_dpm_fast(
+        model,
+        x,
+        sigma_min,
+        sigmas[0],
+        len(sigmas) - 1,
+        extra_args=extra_args,
+        callback=callback,
+        disable=disable,
+        **options,
+    )
 
 
-def dpm_adaptive_function(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                          callback: StepCallback | None = None, disable: bool | None = None,
-                          **options: Any) -> torch.Tensor:
+def dpm_adaptive_function(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    **options: Any,
+) -> torch.Tensor:
     """``dpm_adaptive`` in the common signature (only the first and last non-zero sigma are used)."""
     if len(sigmas) <= 1:
         return x
     sigma_min = sigmas[-1] if sigmas[-1] != 0 else sigmas[-2]
-    return sample_dpm_adaptive(model, x, sigma_min, sigmas[0], extra_args=extra_args, callback=callback,
-                               disable=disable, **options)
+    return sample_dpm_adaptive(
+        model, x, sigma_min, sigmas[0], extra_args=extra_args, callback=callback, disable=disable, **options
+    )
 
 
 DPM_SAMPLERS = {

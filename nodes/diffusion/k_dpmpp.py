@@ -42,14 +42,22 @@ def _sigma(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample_dpmpp_2s_ancestral(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
-                              extra_args: dict[str, Any] | None = None, callback: StepCallback | None = None,
-                              disable: bool | None = None, eta: float = 1.0, s_noise: float = 1.0,
-                              noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+def sample_dpmpp_2s_ancestral(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> torch.Tensor:
     """Ancestral DPM-Solver++(2S): a single-step second-order update to sigma_down, then noise."""
     if is_flow(model):
-        return sample_dpmpp_2s_ancestral_rf(model, x, sigmas, extra_args, callback, disable, eta, s_noise,
-                                            noise_sampler)
+        return sample_dpmpp_2s_ancestral_rf(
+            model, x, sigmas, extra_args, callback, disable, eta, s_noise, noise_sampler
+        )
     extra_args = {} if extra_args is None else extra_args
     noise = noise_sampler_for(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
@@ -72,10 +80,17 @@ def sample_dpmpp_2s_ancestral(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
 
 
 @torch.no_grad()
-def sample_dpmpp_2s_ancestral_rf(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
-                                 extra_args: dict[str, Any] | None = None, callback: StepCallback | None = None,
-                                 disable: bool | None = None, eta: float = 1.0, s_noise: float = 1.0,
-                                 noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+def sample_dpmpp_2s_ancestral_rf(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> torch.Tensor:
     """dpmpp_2s_ancestral for rectified flow: the midpoint in lambda = log((1 - s) / s)."""
     extra_args = {} if extra_args is None else extra_args
     noise = noise_sampler_for(x, extra_args, noise_sampler)
@@ -102,18 +117,32 @@ def sample_dpmpp_2s_ancestral_rf(model: Any, x: torch.Tensor, sigmas: torch.Tens
     return x
 
 
-def _brownian_or(x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any],
-                 noise_sampler: NoiseSampler | None, cpu: bool) -> NoiseSampler:
+def _brownian_or(
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any],
+    noise_sampler: NoiseSampler | None,
+    cpu: bool,
+) -> NoiseSampler:
     if noise_sampler is not None:
         return noise_sampler
     return brownian_noise_sampler(x, sigmas, extra_args.get("seed"), cpu=cpu)
 
 
 @torch.no_grad()
-def sample_dpmpp_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                     callback: StepCallback | None = None, disable: bool | None = None, eta: float = 1.0,
-                     s_noise: float = 1.0, noise_sampler: NoiseSampler | None = None, r: float = 1 / 2,
-                     cpu_tree: bool = True) -> torch.Tensor:
+def sample_dpmpp_sde(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+    r: float = 1 / 2,
+    cpu_tree: bool = True,
+) -> torch.Tensor:
     """DPM-Solver++ (stochastic, single-step 2nd order): an SDE half step to lambda + r h, then the
     full step with the blended denoised. Brownian noise at (sigma_i, sigma_mid) and (sigma_i, sigma_i+1)."""
     if len(sigmas) <= 1:
@@ -130,7 +159,10 @@ def sample_dpmpp_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_ar
         if sigmas[i + 1] == 0:
             x = denoised
             continue
-        lambda_s, lambda_t = sigma_to_half_log_snr(sigmas[i], sampling), sigma_to_half_log_snr(sigmas[i + 1], sampling)
+        lambda_s, lambda_t = (
+            sigma_to_half_log_snr(sigmas[i], sampling),
+            sigma_to_half_log_snr(sigmas[i + 1], sampling),
+        )
         h = lambda_t - lambda_s
         lambda_s_1 = lambda_s + r * h
         sigma_s_1 = half_log_snr_to_sigma(lambda_s_1, sampling)
@@ -155,8 +187,14 @@ def sample_dpmpp_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_ar
 
 
 @torch.no_grad()
-def sample_dpmpp_2m(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                    callback: StepCallback | None = None, disable: bool | None = None) -> torch.Tensor:
+def sample_dpmpp_2m(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+) -> torch.Tensor:
     """DPM-Solver++(2M): second-order multistep in t = -log(sigma); first order on the first and
     the last (to 0) step."""
     extra_args = {} if extra_args is None else extra_args
@@ -177,8 +215,14 @@ def sample_dpmpp_2m(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_arg
     return x
 
 
-def _sde_setup(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any],
-               noise_sampler: NoiseSampler | None, cpu_tree: bool) -> tuple[NoiseSampler, ModelSampling, torch.Tensor]:
+def _sde_setup(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any],
+    noise_sampler: NoiseSampler | None,
+    cpu_tree: bool,
+) -> tuple[NoiseSampler, ModelSampling, torch.Tensor]:
     """(noise sampler, model sampling, sigmas) of a half-log-SNR SDE sampler: the Brownian tree spans
     the given sigmas; a flow schedule starting at 1 is nudged afterwards."""
     noise = _brownian_or(x, sigmas, extra_args, noise_sampler, cpu_tree)
@@ -186,8 +230,14 @@ def _sde_setup(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: di
     return noise, sampling, offset_first_sigma_for_snr(sigmas, sampling)
 
 
-def _sde_first_order(x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor,
-                     sampling: ModelSampling, eta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sde_first_order(
+    x: torch.Tensor,
+    denoised: torch.Tensor,
+    sigma: torch.Tensor,
+    sigma_next: torch.Tensor,
+    sampling: ModelSampling,
+    eta: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The exponential-integrator SDE step to sigma_next in lambda; returns (x, h, h * (1 + eta), alpha_next)."""
     lambda_s, lambda_t = sigma_to_half_log_snr(sigma, sampling), sigma_to_half_log_snr(sigma_next, sampling)
     h = lambda_t - lambda_s
@@ -197,8 +247,15 @@ def _sde_first_order(x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tenso
     return x, h, h_eta, alpha_t
 
 
-def _sde_noise(x: torch.Tensor, noise: NoiseSampler, sigma: torch.Tensor, sigma_next: torch.Tensor,
-               h: torch.Tensor, eta: float, s_noise: float) -> torch.Tensor:
+def _sde_noise(
+    x: torch.Tensor,
+    noise: NoiseSampler,
+    sigma: torch.Tensor,
+    sigma_next: torch.Tensor,
+    h: torch.Tensor,
+    eta: float,
+    s_noise: float,
+) -> torch.Tensor:
     """Add the step's Brownian noise, std sigma_next * sqrt(1 - e^(-2 h eta))."""
     if eta > 0 and s_noise > 0:
         x = x + noise(sigma, sigma_next) * sigma_next * (-2 * h * eta).expm1().neg().sqrt() * s_noise
@@ -206,10 +263,19 @@ def _sde_noise(x: torch.Tensor, noise: NoiseSampler, sigma: torch.Tensor, sigma_
 
 
 @torch.no_grad()
-def sample_dpmpp_2m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                        callback: StepCallback | None = None, disable: bool | None = None, eta: float = 1.0,
-                        s_noise: float = 1.0, noise_sampler: NoiseSampler | None = None,
-                        solver_type: str = "midpoint", cpu_tree: bool = True) -> torch.Tensor:
+def sample_dpmpp_2m_sde(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+    solver_type: str = "midpoint",
+    cpu_tree: bool = True,
+) -> torch.Tensor:
     """DPM-Solver++(2M) SDE in half-log-SNR, with the ``midpoint`` or ``heun`` second-order correction."""
     if len(sigmas) <= 1:
         return x
@@ -231,7 +297,9 @@ def sample_dpmpp_2m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra
             if old_denoised is not None and h_last is not None:
                 r = h_last / h
                 if solver_type == "heun":
-                    x = x + alpha_t * ((-h_eta).expm1().neg() / (-h_eta) + 1) * (1 / r) * (denoised - old_denoised)
+                    x = x + alpha_t * ((-h_eta).expm1().neg() / (-h_eta) + 1) * (1 / r) * (
+                        denoised - old_denoised
+                    )
                 else:
                     x = x + 0.5 * alpha_t * (-h_eta).expm1().neg() * (1 / r) * (denoised - old_denoised)
             x = _sde_noise(x, noise, sigmas[i], sigmas[i + 1], h, eta, s_noise)
@@ -241,10 +309,18 @@ def sample_dpmpp_2m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra
 
 
 @torch.no_grad()
-def sample_dpmpp_3m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                        callback: StepCallback | None = None, disable: bool | None = None, eta: float = 1.0,
-                        s_noise: float = 1.0, noise_sampler: NoiseSampler | None = None,
-                        cpu_tree: bool = True) -> torch.Tensor:
+def sample_dpmpp_3m_sde(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+    cpu_tree: bool = True,
+) -> torch.Tensor:
     """DPM-Solver++(3M) SDE in half-log-SNR: third order once two previous steps exist."""
     if len(sigmas) <= 1:
         return x
@@ -282,21 +358,45 @@ def sample_dpmpp_3m_sde(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra
 
 def _on_device(fn: Any, **fixed: Any) -> Any:
     """The ``_gpu`` twin of an SDE sampler: its Brownian tree is built on the latent's device."""
-    def sampler(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                callback: StepCallback | None = None, disable: bool | None = None, **options: Any) -> torch.Tensor:
-        return fn(model, x, sigmas, extra_args=extra_args, callback=callback, disable=disable,
-                  **{**fixed, **options, "cpu_tree": False})
+
+    def sampler(
+        model: Any,
+        x: torch.Tensor,
+        sigmas: torch.Tensor,
+        extra_args: dict[str, Any] | None = None,
+        callback: StepCallback | None = None,
+        disable: bool | None = None,
+        **options: Any,
+    ) -> torch.Tensor:
+        return fn(
+            model,
+            x,
+            sigmas,
+            extra_args=extra_args,
+            callback=callback,
+            disable=disable,
+            **{**fixed, **options, "cpu_tree": False},
+        )
+
     sampler.__name__ = f"{fn.__name__}_gpu"
     sampler.__doc__ = f"{fn.__name__} with the Brownian tree on the latent's device."
     return sampler
 
 
-def sample_dpmpp_2m_sde_heun(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                             callback: StepCallback | None = None, disable: bool | None = None,
-                             **options: Any) -> torch.Tensor:
+def sample_dpmpp_2m_sde_heun(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    **options: Any,
+) -> torch.Tensor:
     """dpmpp_2m_sde with the Heun-type correction (``solver_type="heun"``)."""
     options.setdefault("solver_type", "heun")
-    return sample_dpmpp_2m_sde(model, x, sigmas, extra_args=extra_args, callback=callback, disable=disable, **options)
+    return sample_dpmpp_2m_sde(
+        model, x, sigmas, extra_args=extra_args, callback=callback, disable=disable, **options
+    )
 
 
 DPMPP_SAMPLERS = {

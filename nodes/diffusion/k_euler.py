@@ -30,8 +30,14 @@ from nodes.diffusion.noise import NoiseSampler
 INF = float("inf")
 
 
-def report(callback: StepCallback | None, x: torch.Tensor, i: int, sigma: torch.Tensor,
-           sigma_hat: torch.Tensor, denoised: torch.Tensor) -> None:
+def report(
+    callback: StepCallback | None,
+    x: torch.Tensor,
+    i: int,
+    sigma: torch.Tensor,
+    sigma_hat: torch.Tensor,
+    denoised: torch.Tensor,
+) -> None:
     """Send the per-step dict of the package convention to ``callback`` (if any)."""
     if callback is not None:
         callback({"x": x, "i": i, "sigma": sigma, "sigma_hat": sigma_hat, "denoised": denoised})
@@ -53,8 +59,9 @@ class ChurnedModel:
     s_noise: float = 1.0
     noise: NoiseSampler | None = None
 
-    def __call__(self, x: torch.Tensor, sigmas: torch.Tensor,
-                 i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, x: torch.Tensor, sigmas: torch.Tensor, i: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (x after churn, sigma_hat, denoised, d = (x - denoised) / sigma_hat)."""
         sigma = sigma_hat = sigmas[i]
         if self.s_churn > 0:
@@ -73,9 +80,18 @@ class ChurnedModel:
 
 
 @torch.no_grad()
-def sample_euler(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                 callback: StepCallback | None = None, disable: bool | None = None, s_churn: float = 0.0,
-                 s_tmin: float = 0.0, s_tmax: float = INF, s_noise: float = 1.0) -> torch.Tensor:
+def sample_euler(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    s_churn: float = 0.0,
+    s_tmin: float = 0.0,
+    s_tmax: float = INF,
+    s_noise: float = 1.0,
+) -> torch.Tensor:
     """Euler steps on the probability-flow ODE (Karras et al. 2022, algorithm 2 without the Heun part)."""
     extra_args = {} if extra_args is None else extra_args
     evaluate = ChurnedModel(model, extra_args, callback, s_churn, s_tmin, s_tmax, s_noise)
@@ -86,13 +102,22 @@ def sample_euler(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: 
 
 
 @torch.no_grad()
-def sample_euler_ancestral(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
-                           extra_args: dict[str, Any] | None = None, callback: StepCallback | None = None,
-                           disable: bool | None = None, eta: float = 1.0, s_noise: float = 1.0,
-                           noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+def sample_euler_ancestral(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> torch.Tensor:
     """Ancestral Euler: step down to sigma_down, then add fresh noise of std sigma_up."""
     if is_flow(model):
-        return sample_euler_ancestral_rf(model, x, sigmas, extra_args, callback, disable, eta, s_noise, noise_sampler)
+        return sample_euler_ancestral_rf(
+            model, x, sigmas, extra_args, callback, disable, eta, s_noise, noise_sampler
+        )
     extra_args = {} if extra_args is None else extra_args
     noise = noise_sampler_for(x, extra_args, noise_sampler)
     s_in = x.new_ones([x.shape[0]])
@@ -108,8 +133,9 @@ def sample_euler_ancestral(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
     return x
 
 
-def rf_ancestral_split(sigma: torch.Tensor, sigma_next: torch.Tensor,
-                       eta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rf_ancestral_split(
+    sigma: torch.Tensor, sigma_next: torch.Tensor, eta: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rectified-flow ancestral step: (sigma_down, alpha ratio alpha_next / alpha_down, renoise std).
     Step deterministically to sigma_down, rescale by the alpha ratio, add noise of the renoise std."""
     sigma_down = sigma_next * (1 + (sigma_next / sigma - 1) * eta)
@@ -119,10 +145,17 @@ def rf_ancestral_split(sigma: torch.Tensor, sigma_next: torch.Tensor,
 
 
 @torch.no_grad()
-def sample_euler_ancestral_rf(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
-                              extra_args: dict[str, Any] | None = None, callback: StepCallback | None = None,
-                              disable: bool | None = None, eta: float = 1.0, s_noise: float = 1.0,
-                              noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+def sample_euler_ancestral_rf(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> torch.Tensor:
     """Ancestral Euler for rectified-flow models (x_sigma = (1 - sigma) x0 + sigma noise)."""
     extra_args = {} if extra_args is None else extra_args
     noise = noise_sampler_for(x, extra_args, noise_sampler)
@@ -142,9 +175,18 @@ def sample_euler_ancestral_rf(model: Any, x: torch.Tensor, sigmas: torch.Tensor,
 
 
 @torch.no_grad()
-def sample_heun(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                callback: StepCallback | None = None, disable: bool | None = None, s_churn: float = 0.0,
-                s_tmin: float = 0.0, s_tmax: float = INF, s_noise: float = 1.0) -> torch.Tensor:
+def sample_heun(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    s_churn: float = 0.0,
+    s_tmin: float = 0.0,
+    s_tmax: float = INF,
+    s_noise: float = 1.0,
+) -> torch.Tensor:
     """Heun's second-order method (Karras et al. 2022, algorithm 2); Euler on the last step to 0."""
     extra_args = {} if extra_args is None else extra_args
     s_in = x.new_ones([x.shape[0]])
@@ -163,9 +205,18 @@ def sample_heun(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: d
 
 
 @torch.no_grad()
-def sample_heunpp2(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                   callback: StepCallback | None = None, disable: bool | None = None, s_churn: float = 0.0,
-                   s_tmin: float = 0.0, s_tmax: float = INF, s_noise: float = 1.0) -> torch.Tensor:
+def sample_heunpp2(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    s_churn: float = 0.0,
+    s_tmin: float = 0.0,
+    s_tmax: float = INF,
+    s_noise: float = 1.0,
+) -> torch.Tensor:
     """Heun++: a Heun step whose slope also looks one more step ahead, weights proportional to sigma."""
     extra_args = {} if extra_args is None else extra_args
     s_in = x.new_ones([x.shape[0]])
@@ -209,8 +260,15 @@ def linear_multistep_coeff(order: int, t: Any, i: int, j: int) -> float:
 
 
 @torch.no_grad()
-def sample_lms(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-               callback: StepCallback | None = None, disable: bool | None = None, order: int = 4) -> torch.Tensor:
+def sample_lms(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    order: int = 4,
+) -> torch.Tensor:
     """Linear multistep (Adams-Bashforth in sigma) over the last ``order`` derivatives."""
     extra_args = {} if extra_args is None else extra_args
     s_in = x.new_ones([x.shape[0]])
@@ -234,8 +292,9 @@ def sample_lms(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: di
     return x
 
 
-def ddpm_step(x: torch.Tensor, sigma: torch.Tensor, sigma_prev: torch.Tensor, eps: torch.Tensor,
-              noise: NoiseSampler) -> torch.Tensor:
+def ddpm_step(
+    x: torch.Tensor, sigma: torch.Tensor, sigma_prev: torch.Tensor, eps: torch.Tensor, noise: NoiseSampler
+) -> torch.Tensor:
     """One DDPM posterior step in variance-preserving space (x is the VP latent at sigma)."""
     alpha_bar = 1 / (sigma * sigma + 1)
     alpha_bar_prev = 1 / (sigma_prev * sigma_prev + 1)
@@ -247,9 +306,15 @@ def ddpm_step(x: torch.Tensor, sigma: torch.Tensor, sigma_prev: torch.Tensor, ep
 
 
 @torch.no_grad()
-def sample_ddpm(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                callback: StepCallback | None = None, disable: bool | None = None,
-                noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+def sample_ddpm(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    noise_sampler: NoiseSampler | None = None,
+) -> torch.Tensor:
     """Ancestral DDPM sampling (Ho et al. 2020): each step in VP space, then back to sigma space."""
     extra_args = {} if extra_args is None else extra_args
     noise = noise_sampler_for(x, extra_args, noise_sampler)
@@ -265,9 +330,15 @@ def sample_ddpm(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: d
 
 
 @torch.no_grad()
-def sample_lcm(model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-               callback: StepCallback | None = None, disable: bool | None = None,
-               noise_sampler: NoiseSampler | None = None) -> torch.Tensor:
+def sample_lcm(
+    model: Any,
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: StepCallback | None = None,
+    disable: bool | None = None,
+    noise_sampler: NoiseSampler | None = None,
+) -> torch.Tensor:
     """Consistency sampling: jump to the denoised estimate, then re-noise it to the next sigma."""
     extra_args = {} if extra_args is None else extra_args
     noise = noise_sampler_for(x, extra_args, noise_sampler)

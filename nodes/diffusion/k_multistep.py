@@ -55,8 +55,15 @@ StepRule = Callable[[int, Tensor, Tensor, Tensor, list[Tensor]], Tensor]
 """``rule(i, x, denoised, d, history) -> x_next`` with ``history`` the past derivatives, newest first."""
 
 
-def _run_on_derivatives(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None,
-                        callback: Callback | None, max_order: int, rule: StepRule) -> Tensor:
+def _run_on_derivatives(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None,
+    callback: Callback | None,
+    max_order: int,
+    rule: StepRule,
+) -> Tensor:
     """The loop the d-based multistep samplers share: one model call per step, d = (x − D)/σ kept."""
     args = as_args(extra_args)
     history: list[Tensor] = []
@@ -105,9 +112,11 @@ def ipndm_v_weights(steps: Tensor, i: int, order: int) -> list[Tensor]:
     if order == 3:
         return [w1 + k1, w2 - (1 + h1 / h2) * k1, k1 * h1 / h2]
     h3 = steps[i - 2] - steps[i - 3]
-    k2 = ((1 - h0 / (3 * (h0 + h1))) / 2 + (1 - h0 / (2 * (h0 + h1))) * h0 / (6 * (h0 + h1 + h2))) * (
-        h0 * (h0 + h1) * (h0 + h1 + h2)
-    ) / (h1 * (h1 + h2) * (h1 + h2 + h3))
+    k2 = (
+        ((1 - h0 / (3 * (h0 + h1))) / 2 + (1 - h0 / (2 * (h0 + h1))) * h0 / (6 * (h0 + h1 + h2)))
+        * (h0 * (h0 + h1) * (h0 + h1 + h2))
+        / (h1 * (h1 + h2) * (h1 + h2 + h3))
+    )
     ratio = h1 * (h1 + h2) / (h2 * (h2 + h3))
     return [
         w1 + k1 + k2,
@@ -215,37 +224,66 @@ def res_multistep(
     return x
 
 
-def sample_res_multistep(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None = None,
-                         callback: Callback | None = None, disable: bool | None = None, s_noise: float = 1.0,
-                         noise_sampler: NoiseSampler | None = None) -> Tensor:
+def sample_res_multistep(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = None,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> Tensor:
     """Deterministic RES multistep (η = 0)."""
     return res_multistep(model, x, sigmas, extra_args, callback, disable, s_noise, noise_sampler, eta=0.0)
 
 
-def sample_res_multistep_cfg_pp(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None = None,
-                                callback: Callback | None = None, disable: bool | None = None,
-                                s_noise: float = 1.0, noise_sampler: NoiseSampler | None = None) -> Tensor:
+def sample_res_multistep_cfg_pp(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = None,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> Tensor:
     """Deterministic RES multistep with CFG++."""
-    return res_multistep(model, x, sigmas, extra_args, callback, disable, s_noise, noise_sampler, eta=0.0,
-                         cfg_pp=True)
+    return res_multistep(
+        model, x, sigmas, extra_args, callback, disable, s_noise, noise_sampler, eta=0.0, cfg_pp=True
+    )
 
 
-def sample_res_multistep_ancestral(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None = None,
-                                   callback: Callback | None = None, disable: bool | None = None,
-                                   eta: float = 1.0, s_noise: float = 1.0,
-                                   noise_sampler: NoiseSampler | None = None) -> Tensor:
+def sample_res_multistep_ancestral(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> Tensor:
     """Ancestral RES multistep (options ``eta``, ``s_noise``)."""
     return res_multistep(model, x, sigmas, extra_args, callback, disable, s_noise, noise_sampler, eta=eta)
 
 
-def sample_res_multistep_ancestral_cfg_pp(model: Any, x: Tensor, sigmas: Tensor,
-                                          extra_args: dict[str, Any] | None = None,
-                                          callback: Callback | None = None, disable: bool | None = None,
-                                          eta: float = 1.0, s_noise: float = 1.0,
-                                          noise_sampler: NoiseSampler | None = None) -> Tensor:
+def sample_res_multistep_ancestral_cfg_pp(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+) -> Tensor:
     """Ancestral RES multistep with CFG++."""
-    return res_multistep(model, x, sigmas, extra_args, callback, disable, s_noise, noise_sampler, eta=eta,
-                         cfg_pp=True)
+    return res_multistep(
+        model, x, sigmas, extra_args, callback, disable, s_noise, noise_sampler, eta=eta, cfg_pp=True
+    )
 
 
 @torch.no_grad()
@@ -281,8 +319,14 @@ def sample_gradient_estimation(
     return x
 
 
-def sample_gradient_estimation_cfg_pp(model: Any, x: Tensor, sigmas: Tensor,
-                                      extra_args: dict[str, Any] | None = None, callback: Callback | None = None,
-                                      disable: bool | None = None, ge_gamma: float = 2.0) -> Tensor:
+def sample_gradient_estimation_cfg_pp(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = None,
+    ge_gamma: float = 2.0,
+) -> Tensor:
     """Gradient estimation with CFG++."""
     return sample_gradient_estimation(model, x, sigmas, extra_args, callback, disable, ge_gamma, cfg_pp=True)

@@ -33,8 +33,16 @@ class Denoiser(Protocol):
 
 
 class SamplerFunction(Protocol):
-    def __call__(self, model: Any, x: torch.Tensor, sigmas: torch.Tensor, extra_args: dict[str, Any] | None = None,
-                 callback: StepCallback | None = None, disable: bool | None = None, **options: Any) -> torch.Tensor: ...
+    def __call__(
+        self,
+        model: Any,
+        x: torch.Tensor,
+        sigmas: torch.Tensor,
+        extra_args: dict[str, Any] | None = None,
+        callback: StepCallback | None = None,
+        disable: bool | None = None,
+        **options: Any,
+    ) -> torch.Tensor: ...
 
 
 def append_dims(x: torch.Tensor | float, target_dims: int) -> torch.Tensor:
@@ -51,8 +59,9 @@ def to_d(x: torch.Tensor, sigma: torch.Tensor, denoised: torch.Tensor) -> torch.
     return (x - denoised) / append_dims(sigma, x.ndim)
 
 
-def get_ancestral_step(sigma_from: torch.Tensor | float, sigma_to: torch.Tensor | float,
-                       eta: float = 1.0) -> tuple[Any, Any]:
+def get_ancestral_step(
+    sigma_from: torch.Tensor | float, sigma_to: torch.Tensor | float, eta: float = 1.0
+) -> tuple[Any, Any]:
     """Split a step sigma_from -> sigma_to into a deterministic step down to ``sigma_down`` and fresh
     noise of std ``sigma_up`` (sigma_down^2 + sigma_up^2 = sigma_to^2). Returns (sigma_down, sigma_up)."""
     if not eta:
@@ -68,7 +77,8 @@ def model_sampling_of(model: Any) -> ModelSampling:
     if not isinstance(sampling, ModelSampling):
         raise TypeError(
             f"the sampler's model must expose .model_sampling (a ModelSampling), got {type(model).__name__} "
-            f"with model_sampling={sampling!r}; wrap the denoiser with the guider or KSamplerFn")
+            f"with model_sampling={sampling!r}; wrap the denoiser with the guider or KSamplerFn"
+        )
     return sampling
 
 
@@ -93,8 +103,9 @@ def half_log_snr_to_sigma(half_log_snr: torch.Tensor, model_sampling: ModelSampl
     return half_log_snr.neg().exp()
 
 
-def offset_first_sigma_for_snr(sigmas: torch.Tensor, model_sampling: ModelSampling,
-                               percent_offset: float = 1e-4) -> torch.Tensor:
+def offset_first_sigma_for_snr(
+    sigmas: torch.Tensor, model_sampling: ModelSampling, percent_offset: float = 1e-4
+) -> torch.Tensor:
     """For flow models a first sigma of 1 has infinite -lambda: nudge it to percent_to_sigma(1e-4)."""
     if len(sigmas) <= 1:
         return sigmas
@@ -114,8 +125,9 @@ def ei_h_phi_2(h: torch.Tensor) -> torch.Tensor:
     return (torch.expm1(h) - h) / h
 
 
-def with_post_cfg(model_options: Mapping[str, Any] | None, fn: PostCfgFunction,
-                  disable_cfg1_optimization: bool = False) -> dict[str, Any]:
+def with_post_cfg(
+    model_options: Mapping[str, Any] | None, fn: PostCfgFunction, disable_cfg1_optimization: bool = False
+) -> dict[str, Any]:
     """A copy of ``model_options`` with ``fn`` appended to ``sampler_post_cfg_function`` (and, if
     asked, ``disable_cfg1_optimization`` set so the guider evaluates the uncond branch at cfg 1)."""
     options = dict(model_options or {})
@@ -125,7 +137,9 @@ def with_post_cfg(model_options: Mapping[str, Any] | None, fn: PostCfgFunction,
     return options
 
 
-def noise_sampler_for(x: torch.Tensor, extra_args: Mapping[str, Any], noise_sampler: NoiseSampler | None) -> NoiseSampler:
+def noise_sampler_for(
+    x: torch.Tensor, extra_args: Mapping[str, Any], noise_sampler: NoiseSampler | None
+) -> NoiseSampler:
     """``noise_sampler`` if given, else the seeded default one (seed from ``extra_args["seed"]``)."""
     if noise_sampler is not None:
         return noise_sampler
@@ -136,4 +150,3 @@ def step_range(n: int, disable: bool | None = None) -> Iterable[int]:
     """The step indices of a run (``disable`` is accepted for k-diffusion compatibility; Loom reports
     progress through the callback, not a progress bar)."""
     return range(n)
-

@@ -83,8 +83,15 @@ class _SeedsStep:
         return x_r + self.stage_noise * sigma_r * self.run.s_noise
 
 
-def _seeds_loop(model: Any, x: Tensor, sigmas: Tensor, run: NoisyRun, eta: float, callback: Callback | None,
-                step: Callable[[_SeedsStep, Tensor, Tensor], Tensor]) -> Tensor:
+def _seeds_loop(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    run: NoisyRun,
+    eta: float,
+    callback: Callback | None,
+    step: Callable[[_SeedsStep, Tensor, Tensor], Tensor],
+) -> Tensor:
     """The step loop SEEDS-2 and SEEDS-3 share; ``step(state, x, denoised)`` returns x at σ'."""
     sigmas = offset_first_sigma_for_snr(sigmas, run.sampling)
     for i in range(len(sigmas) - 1):
@@ -94,7 +101,10 @@ def _seeds_loop(model: Any, x: Tensor, sigmas: Tensor, run: NoisyRun, eta: float
         if sigma_next == 0:
             x = denoised
             continue
-        lam, lam_next = sigma_to_half_log_snr(sigma, run.sampling), sigma_to_half_log_snr(sigma_next, run.sampling)
+        lam, lam_next = (
+            sigma_to_half_log_snr(sigma, run.sampling),
+            sigma_to_half_log_snr(sigma_next, run.sampling),
+        )
         x = step(_SeedsStep(run, eta, sigma, sigma_next, lam, lam_next), x, denoised)
     return x
 
@@ -127,7 +137,8 @@ def sample_seeds_2(
         alpha_next = sigma_next * state.lam_next.exp()
         if solver_type == "phi_1":
             x = state.decay(sigma_next, 1.0) * x - alpha_next * ei_h_phi_1(-h_eta) * torch.lerp(
-                denoised, denoised_mid, 1 / (2 * r))
+                denoised, denoised_mid, 1 / (2 * r)
+            )
         else:
             b2 = ei_h_phi_2(-h_eta) / r
             b1 = ei_h_phi_1(-h_eta) - b2
@@ -137,21 +148,47 @@ def sample_seeds_2(
     return _seeds_loop(model, x, sigmas, run, eta, callback, step)
 
 
-def sample_exp_heun_2_x0(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None = None,
-                         callback: Callback | None = None, disable: bool | None = None,
-                         solver_type: str = "phi_2") -> Tensor:
+def sample_exp_heun_2_x0(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = None,
+    solver_type: str = "phi_2",
+) -> Tensor:
     """Deterministic exponential Heun (SEEDS-2 with r = 1, η = 0)."""
-    return sample_seeds_2(model, x, sigmas, extra_args, callback, disable, eta=0.0, s_noise=0.0, r=1.0,
-                          solver_type=solver_type)
+    return sample_seeds_2(
+        model, x, sigmas, extra_args, callback, disable, eta=0.0, s_noise=0.0, r=1.0, solver_type=solver_type
+    )
 
 
-def sample_exp_heun_2_x0_sde(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None = None,
-                             callback: Callback | None = None, disable: bool | None = None, eta: float = 1.0,
-                             s_noise: float = 1.0, noise_sampler: NoiseSampler | None = None,
-                             solver_type: str = "phi_2") -> Tensor:
+def sample_exp_heun_2_x0_sde(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = None,
+    eta: float = 1.0,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+    solver_type: str = "phi_2",
+) -> Tensor:
     """Stochastic exponential Heun (SEEDS-2 with r = 1)."""
-    return sample_seeds_2(model, x, sigmas, extra_args, callback, disable, eta=eta, s_noise=s_noise,
-                          noise_sampler=noise_sampler, r=1.0, solver_type=solver_type)
+    return sample_seeds_2(
+        model,
+        x,
+        sigmas,
+        extra_args,
+        callback,
+        disable,
+        eta=eta,
+        s_noise=s_noise,
+        noise_sampler=noise_sampler,
+        r=1.0,
+        solver_type=solver_type,
+    )
 
 
 @torch.no_grad()
@@ -208,8 +245,9 @@ def er_sde_power_noise_scaler(eta: float) -> Callable[[Tensor], Tensor]:
     return scaler
 
 
-def er_sde_options(solver_type: str = "ER-SDE", max_stage: int = 3, eta: float = 1.0,
-                   s_noise: float = 1.0) -> dict[str, Any]:
+def er_sde_options(
+    solver_type: str = "ER-SDE", max_stage: int = 3, eta: float = 1.0, s_noise: float = 1.0
+) -> dict[str, Any]:
     """The ``er_sde`` keyword options for SamplerER_SDE's widgets (ComfyUI's mapping)."""
     if solver_type not in ER_SDE_SOLVER_TYPES:
         raise ValueError(f"er_sde solver_type must be one of {ER_SDE_SOLVER_TYPES}, got {solver_type!r}")

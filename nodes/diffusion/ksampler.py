@@ -51,12 +51,14 @@ def extra_sampler(name: str) -> Callable[..., torch.Tensor]:
             raise
         raise SamplerNotAvailable(
             f"sampler {name!r} is one of ComfyUI's samplers but its implementation "
-            f"(nodes/diffusion/k_extra.py) is not installed in this Loom; choose another sampler") from error
+            f"(nodes/diffusion/k_extra.py) is not installed in this Loom; choose another sampler"
+        ) from error
     samplers: Mapping[str, Callable[..., torch.Tensor]] = getattr(k_extra, "EXTRA_SAMPLERS", {})
     if name not in samplers:
         raise SamplerNotAvailable(
             f"sampler {name!r} is one of ComfyUI's samplers but nodes/diffusion/k_extra.py does not provide it "
-            f"(it has: {', '.join(sorted(samplers)) or 'none'}); choose another sampler")
+            f"(it has: {', '.join(sorted(samplers)) or 'none'}); choose another sampler"
+        )
     return samplers[name]
 
 
@@ -68,22 +70,34 @@ class InpaintDenoiser:
     run's noise, or fresh noise for ``ddim``); after it, the denoised output keeps the known latent
     there. Without a mask it is a plain pass-through."""
 
-    def __init__(self, guider: Any, sigmas: torch.Tensor, latent_image: torch.Tensor, noise: torch.Tensor) -> None:
+    def __init__(
+        self, guider: Any, sigmas: torch.Tensor, latent_image: torch.Tensor, noise: torch.Tensor
+    ) -> None:
         self.guider = guider
         self.sigmas = sigmas
         self.latent_image = latent_image
         self.noise = noise
         self.model_sampling: ModelSampling = model_sampling_of(guider)
 
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, denoise_mask: torch.Tensor | None = None,
-                 model_options: dict[str, Any] | None = None, seed: int | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        denoise_mask: torch.Tensor | None = None,
+        model_options: dict[str, Any] | None = None,
+        seed: int | None = None,
+    ) -> torch.Tensor:
         model_options = {} if model_options is None else model_options
         if denoise_mask is not None:
             mask_fn = model_options.get("denoise_mask_function")
             if mask_fn is not None:
-                denoise_mask = mask_fn(sigma, denoise_mask, extra_options={"model": self.guider, "sigmas": self.sigmas})
+                denoise_mask = mask_fn(
+                    sigma, denoise_mask, extra_options={"model": self.guider, "sigmas": self.sigmas}
+                )
             keep = 1.0 - denoise_mask
-            known = self.model_sampling.noise_scaling(reshape_sigma(sigma, self.noise.ndim), self.noise, self.latent_image)
+            known = self.model_sampling.noise_scaling(
+                reshape_sigma(sigma, self.noise.ndim), self.noise, self.latent_image
+            )
             x = x * denoise_mask + known * keep
         out = self.guider(x, sigma, model_options=model_options, seed=seed)
         if denoise_mask is not None:
@@ -122,9 +136,17 @@ class KSamplerFn:
     inpaint_options: Mapping[str, Any] = field(default_factory=dict)
     name: str = ""
 
-    def sample(self, model_wrap: Any, sigmas: torch.Tensor, extra_args: dict[str, Any],
-               callback: ProgressCallback | None, noise: torch.Tensor, latent_image: torch.Tensor | None = None,
-               denoise_mask: torch.Tensor | None = None, disable_pbar: bool = True) -> torch.Tensor:
+    def sample(
+        self,
+        model_wrap: Any,
+        sigmas: torch.Tensor,
+        extra_args: dict[str, Any],
+        callback: ProgressCallback | None,
+        noise: torch.Tensor,
+        latent_image: torch.Tensor | None = None,
+        denoise_mask: torch.Tensor | None = None,
+        disable_pbar: bool = True,
+    ) -> torch.Tensor:
         """Run the sampler over ``sigmas`` from ``latent_image`` (model space) with unit ``noise``.
 
         ``model_wrap`` is the guider: ``model_wrap(x, sigma, model_options=..., seed=...)`` returns the
@@ -134,7 +156,11 @@ class KSamplerFn:
         if latent_image is None:
             latent_image = torch.zeros_like(noise)
         extra_args = {**extra_args, "denoise_mask": denoise_mask}
-        inpaint_noise = random_inpaint_noise(noise, extra_args.get("seed")) if self.inpaint_options.get("random") else noise
+        inpaint_noise = (
+            random_inpaint_noise(noise, extra_args.get("seed"))
+            if self.inpaint_options.get("random")
+            else noise
+        )
         model_k = InpaintDenoiser(model_wrap, sigmas, latent_image, inpaint_noise)
         x = sampling.noise_scaling(sigmas[0], noise, latent_image, starts_at_max_sigma(sampling, sigmas))
         total_steps = len(sigmas) - 1
@@ -143,13 +169,23 @@ class KSamplerFn:
             if callback is not None:
                 callback(info["i"], info["denoised"], info["x"], total_steps)
 
-        samples = self.sampler_function(model_k, x, sigmas, extra_args=extra_args, callback=k_callback,
-                                        disable=disable_pbar, **dict(self.extra_options))
+        samples = self.sampler_function(
+            model_k,
+            x,
+            sigmas,
+            extra_args=extra_args,
+            callback=k_callback,
+            disable=disable_pbar,
+            **dict(self.extra_options),
+        )
         return sampling.inverse_noise_scaling(sigmas[-1], samples)
 
 
-def ksampler(name: str, extra_options: Mapping[str, Any] | None = None,
-             inpaint_options: Mapping[str, Any] | None = None) -> KSamplerFn:
+def ksampler(
+    name: str,
+    extra_options: Mapping[str, Any] | None = None,
+    inpaint_options: Mapping[str, Any] | None = None,
+) -> KSamplerFn:
     """The SAMPLER for k-sampler ``name`` (a KSAMPLER_NAMES entry, or uni_pc/uni_pc_bh2) with options."""
     core = core_samplers()
     function = core[name] if name in core else extra_sampler(name)

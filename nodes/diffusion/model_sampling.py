@@ -54,12 +54,39 @@ from nodes.diffusion.sigma_schedules import (
 )
 
 __all__ = [
-    "BETA_SCHEDULES", "INFINITE_SIGMA", "PREDICTIONS", "ZSNR_LAST_ALPHA_BAR", "ContinuousEDMSchedule",
-    "ContinuousVSchedule", "DiscreteSchedule", "DistilledSchedule", "EDMPrediction", "FlowPrediction",
-    "FlowSchedule", "FluxSchedule", "ImgToImgPrediction", "LCMPrediction", "ModelSampling", "ModelSamplingError",
-    "Prediction", "SigmaSchedule", "VPrediction", "X0Prediction", "continuous_edm", "continuous_v", "discrete",
-    "discrete_from", "flow", "flux", "flux_mu", "flux_time_shift", "make_betas", "prediction_for",
-    "rescale_zero_terminal_snr", "reshape_sigma", "time_snr_shift",
+    "BETA_SCHEDULES",
+    "INFINITE_SIGMA",
+    "PREDICTIONS",
+    "ZSNR_LAST_ALPHA_BAR",
+    "ContinuousEDMSchedule",
+    "ContinuousVSchedule",
+    "DiscreteSchedule",
+    "DistilledSchedule",
+    "EDMPrediction",
+    "FlowPrediction",
+    "FlowSchedule",
+    "FluxSchedule",
+    "ImgToImgPrediction",
+    "LCMPrediction",
+    "ModelSampling",
+    "ModelSamplingError",
+    "Prediction",
+    "SigmaSchedule",
+    "VPrediction",
+    "X0Prediction",
+    "continuous_edm",
+    "continuous_v",
+    "discrete",
+    "discrete_from",
+    "flow",
+    "flux",
+    "flux_mu",
+    "flux_time_shift",
+    "make_betas",
+    "prediction_for",
+    "rescale_zero_terminal_snr",
+    "reshape_sigma",
+    "time_snr_shift",
 ]
 
 
@@ -111,20 +138,27 @@ class ModelSampling:
     def calculate_input(self, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.prediction.calculate_input(sigma, x, self.sigma_data)
 
-    def calculate_denoised(self, sigma: torch.Tensor, model_output: torch.Tensor,
-                           model_input: torch.Tensor) -> torch.Tensor:
+    def calculate_denoised(
+        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor
+    ) -> torch.Tensor:
         timestep = self.timestep(sigma) if isinstance(self.prediction, LCMPrediction) else None
         return self.prediction.calculate_denoised(sigma, model_output, model_input, self.sigma_data, timestep)
 
-    def noise_scaling(self, sigma: torch.Tensor, noise: torch.Tensor, latent_image: torch.Tensor,
-                      max_denoise: bool = False) -> torch.Tensor:
+    def noise_scaling(
+        self, sigma: torch.Tensor, noise: torch.Tensor, latent_image: torch.Tensor, max_denoise: bool = False
+    ) -> torch.Tensor:
         return self.prediction.noise_scaling(sigma, noise, latent_image, max_denoise)
 
     def inverse_noise_scaling(self, sigma: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         return self.prediction.inverse_noise_scaling(sigma, latent)
 
-    def apply(self, network: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor,
-              sigma: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def apply(
+        self,
+        network: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
         """Denoised prediction of ``network(scaled_input, timestep)`` for ``x`` at ``sigma`` ([B]), in
         ComfyUI's order (``BaseModel._apply_model``): scale the input, cast it to ``dtype`` (the
         network's compute dtype), float32 timestep, float32 output, then ``calculate_denoised``."""
@@ -136,7 +170,11 @@ class ModelSampling:
 
     # -- identity --------------------------------------------------------------------------
     def describe(self) -> str:
-        extra = f",noise_scale={self.prediction.noise_scale!r}" if isinstance(self.prediction, FlowPrediction) else ""
+        extra = (
+            f",noise_scale={self.prediction.noise_scale!r}"
+            if isinstance(self.prediction, FlowPrediction)
+            else ""
+        )
         return f"{self.prediction.kind}{extra}|{self.schedule.describe()}|sigma_data={self.sigma_data!r}"
 
     @property
@@ -149,8 +187,15 @@ class ModelSampling:
 # ---------------------------------------------------------------------------------------------
 
 
-def discrete(kind: str = "eps", *, beta_schedule: str = "linear", linear_start: float = 0.00085,
-             linear_end: float = 0.012, timesteps: int = 1000, zsnr: bool = False) -> ModelSampling:
+def discrete(
+    kind: str = "eps",
+    *,
+    beta_schedule: str = "linear",
+    linear_start: float = 0.00085,
+    linear_end: float = 0.012,
+    timesteps: int = 1000,
+    zsnr: bool = False,
+) -> ModelSampling:
     """ModelSamplingDiscrete: a DDPM table with an eps/v/x0/img_to_img/lcm prediction. ``lcm``
     also switches the table to LCM's distilled 50 steps (as ComfyUI's ModelSamplingDiscrete node)."""
     base = DiscreteSchedule(beta_schedule, linear_start, linear_end, timesteps, zsnr)
@@ -167,24 +212,33 @@ def discrete_from(base: ModelSampling, kind: str, zsnr: bool = False) -> ModelSa
         schedule = schedule.base
     if not isinstance(schedule, DiscreteSchedule):
         schedule = DiscreteSchedule()
-    return discrete(kind, beta_schedule=schedule.beta_schedule, linear_start=schedule.linear_start,
-                    linear_end=schedule.linear_end, timesteps=schedule.timesteps, zsnr=zsnr)
+    return discrete(
+        kind,
+        beta_schedule=schedule.beta_schedule,
+        linear_start=schedule.linear_start,
+        linear_end=schedule.linear_end,
+        timesteps=schedule.timesteps,
+        zsnr=zsnr,
+    )
 
 
-def continuous_edm(kind: str = "v_prediction", *, sigma_min: float = 0.002, sigma_max: float = 120.0,
-                   sigma_data: float = 1.0) -> ModelSampling:
+def continuous_edm(
+    kind: str = "v_prediction", *, sigma_min: float = 0.002, sigma_max: float = 120.0, sigma_data: float = 1.0
+) -> ModelSampling:
     """ModelSamplingContinuousEDM (prediction eps, v_prediction, edm, ...)."""
     return ModelSampling(prediction_for(kind), ContinuousEDMSchedule(sigma_min, sigma_max), sigma_data)
 
 
-def continuous_v(kind: str = "v_prediction", *, sigma_min: float = 0.002, sigma_max: float = 120.0,
-                 sigma_data: float = 1.0) -> ModelSampling:
+def continuous_v(
+    kind: str = "v_prediction", *, sigma_min: float = 0.002, sigma_max: float = 120.0, sigma_data: float = 1.0
+) -> ModelSampling:
     """ModelSamplingContinuousV."""
     return ModelSampling(prediction_for(kind), ContinuousVSchedule(sigma_min, sigma_max), sigma_data)
 
 
-def flow(*, shift: float = 1.0, multiplier: float = 1000.0, timesteps: int = 1000,
-         noise_scale: float = 1.0) -> ModelSampling:
+def flow(
+    *, shift: float = 1.0, multiplier: float = 1000.0, timesteps: int = 1000, noise_scale: float = 1.0
+) -> ModelSampling:
     """ModelSamplingDiscreteFlow (SD3: shift 3, multiplier 1000; AuraFlow: shift 1.73, multiplier 1)."""
     return ModelSampling(FlowPrediction(noise_scale=noise_scale), FlowSchedule(shift, multiplier, timesteps))
 

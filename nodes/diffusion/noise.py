@@ -45,14 +45,23 @@ class SeedGroups:
 
     def check(self, x: torch.Tensor) -> None:
         if x.shape[0] != self.batch_size:
-            raise ValueError(f"seed groups cover {self.batch_size} batch items but the latent has {x.shape[0]}")
+            raise ValueError(
+                f"seed groups cover {self.batch_size} batch items but the latent has {x.shape[0]}"
+            )
 
 
 def grouped_randn(x: torch.Tensor, seeds: SeedGroups, generators: Sequence[torch.Generator]) -> torch.Tensor:
     """One ``randn`` per group (its slice's shape) from that group's generator, concatenated."""
-    parts = [torch.randn([count, *x.shape[1:]], dtype=x.dtype, layout=x.layout, device=generator.device,
-                         generator=generator)
-             for (_, count), generator in zip(seeds.groups, generators, strict=True)]
+    parts = [
+        torch.randn(
+            [count, *x.shape[1:]],
+            dtype=x.dtype,
+            layout=x.layout,
+            device=generator.device,
+            generator=generator,
+        )
+        for (_, count), generator in zip(seeds.groups, generators, strict=True)
+    ]
     return torch.cat(parts).to(x.device)
 
 
@@ -69,7 +78,9 @@ def prepare_noise(latent: torch.Tensor, seed: int, batch_index: Sequence[int] | 
     draws so item k of a split batch gets the noise it had in the full batch."""
     generator = seeded_cpu_generator(seed)
     if batch_index is None:
-        noise = torch.randn(latent.size(), dtype=torch.float32, layout=latent.layout, generator=generator, device="cpu")
+        noise = torch.randn(
+            latent.size(), dtype=torch.float32, layout=latent.layout, generator=generator, device="cpu"
+        )
         return noise.to(dtype=latent.dtype)
     indices = np.asarray(list(batch_index), dtype=np.int64)
     if indices.size == 0 or indices.min() < 0:
@@ -79,7 +90,9 @@ def prepare_noise(latent: torch.Tensor, seed: int, batch_index: Sequence[int] | 
     item_shape = [1, *latent.size()[1:]]
     drawn = []
     for i in range(int(unique[-1]) + 1):
-        sample = torch.randn(item_shape, dtype=torch.float32, layout=latent.layout, generator=generator, device="cpu")
+        sample = torch.randn(
+            item_shape, dtype=torch.float32, layout=latent.layout, generator=generator, device="cpu"
+        )
         if i in wanted:
             drawn.append(sample)
     noise = torch.cat([drawn[int(j)] for j in inverse.reshape(-1)], dim=0)
@@ -109,8 +122,14 @@ class BatchedBrownianTree:
     """One torchsde ``BrownianTree`` (or one per batch item for a list of seeds) over [t0, t1],
     answering increments W(b) - W(a) for any a, b in the interval (sign-correct for a > b)."""
 
-    def __init__(self, x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor,
-                 seed: int | Sequence[int] | SeedGroups | None = None, cpu: bool = True) -> None:
+    def __init__(
+        self,
+        x: torch.Tensor,
+        t0: torch.Tensor,
+        t1: torch.Tensor,
+        seed: int | Sequence[int] | SeedGroups | None = None,
+        cpu: bool = True,
+    ) -> None:
         import torchsde  # imported on use: only the SDE samplers need it
 
         self.cpu_tree = cpu
@@ -122,14 +141,18 @@ class BatchedBrownianTree:
             seed.check(x)
             if self.cpu_tree:
                 t0, t1 = t0.detach().cpu(), t1.detach().cpu()
-            self.trees = tuple(torchsde.BrownianTree(t0, torch.zeros_like(w0[:count]).to(t0.device), t1, entropy=s)
-                               for s, count in seed.groups)
+            self.trees = tuple(
+                torchsde.BrownianTree(t0, torch.zeros_like(w0[:count]).to(t0.device), t1, entropy=s)
+                for s, count in seed.groups
+            )
             return
         if seed is None:
             seeds: tuple[int, ...] = (int(torch.randint(0, 2**63 - 1, ()).item()),)
         elif isinstance(seed, (tuple, list)):
             if len(seed) != x.shape[0]:
-                raise ValueError(f"got {len(seed)} seeds for a batch of {x.shape[0]}; pass one seed or one per item")
+                raise ValueError(
+                    f"got {len(seed)} seeds for a batch of {x.shape[0]}; pass one seed or one per item"
+                )
             seeds = tuple(int(s) for s in seed)
             self.batched = True
             w0 = w0[0]
@@ -163,9 +186,15 @@ class BrownianTreeNoiseSampler:
     to the tree's time (identity, or e.g. half-log-SNR), ``cpu`` builds the tree on the CPU (the
     non-``_gpu`` samplers)."""
 
-    def __init__(self, x: torch.Tensor, sigma_min: float | torch.Tensor, sigma_max: float | torch.Tensor,
-                 seed: int | Sequence[int] | SeedGroups | None = None,
-                 transform: Callable[[torch.Tensor], torch.Tensor] = lambda t: t, cpu: bool = False) -> None:
+    def __init__(
+        self,
+        x: torch.Tensor,
+        sigma_min: float | torch.Tensor,
+        sigma_max: float | torch.Tensor,
+        seed: int | Sequence[int] | SeedGroups | None = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+        cpu: bool = False,
+    ) -> None:
         self.transform = transform
         t0 = self.transform(torch.as_tensor(sigma_min))
         t1 = self.transform(torch.as_tensor(sigma_max))
@@ -177,8 +206,13 @@ class BrownianTreeNoiseSampler:
         return self.tree(t0, t1) / (t1 - t0).abs().sqrt()
 
 
-def brownian_noise_sampler(x: torch.Tensor, sigmas: torch.Tensor, seed: int | SeedGroups | None, cpu: bool = True,
-                           transform: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> BrownianTreeNoiseSampler:
+def brownian_noise_sampler(
+    x: torch.Tensor,
+    sigmas: torch.Tensor,
+    seed: int | SeedGroups | None,
+    cpu: bool = True,
+    transform: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> BrownianTreeNoiseSampler:
     """The Brownian sampler an SDE sampler builds for ``sigmas``: t0 = smallest positive sigma,
     t1 = largest sigma (ComfyUI's ``sigmas[sigmas > 0].min()`` and ``sigmas.max()``)."""
     positive = sigmas[sigmas > 0]

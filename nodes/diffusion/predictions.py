@@ -41,8 +41,12 @@ class Prediction:
         return x / (s**2 + sigma_data**2) ** 0.5
 
     def calculate_denoised(
-        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor,
-        sigma_data: float, timestep: torch.Tensor | None = None,
+        self,
+        sigma: torch.Tensor,
+        model_output: torch.Tensor,
+        model_input: torch.Tensor,
+        sigma_data: float,
+        timestep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         s = reshape_sigma(sigma, model_output.ndim)
         return model_input - model_output * s
@@ -66,12 +70,18 @@ class VPrediction(Prediction):
     output_sign: ClassVar[float] = -1.0
 
     def calculate_denoised(
-        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor,
-        sigma_data: float, timestep: torch.Tensor | None = None,
+        self,
+        sigma: torch.Tensor,
+        model_output: torch.Tensor,
+        model_input: torch.Tensor,
+        sigma_data: float,
+        timestep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         s = reshape_sigma(sigma, model_output.ndim)
         denom = s**2 + sigma_data**2
-        return model_input * sigma_data**2 / denom + self.output_sign * (model_output * s * sigma_data / denom**0.5)
+        return model_input * sigma_data**2 / denom + self.output_sign * (
+            model_output * s * sigma_data / denom**0.5
+        )
 
 
 @dataclass(frozen=True)
@@ -89,8 +99,12 @@ class X0Prediction(Prediction):
     kind: str = field(default="x0", init=False)
 
     def calculate_denoised(
-        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor,
-        sigma_data: float, timestep: torch.Tensor | None = None,
+        self,
+        sigma: torch.Tensor,
+        model_output: torch.Tensor,
+        model_input: torch.Tensor,
+        sigma_data: float,
+        timestep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return model_output
 
@@ -113,11 +127,17 @@ class LCMPrediction(Prediction):
     kind: str = field(default="lcm", init=False)
 
     def calculate_denoised(
-        self, sigma: torch.Tensor, model_output: torch.Tensor, model_input: torch.Tensor,
-        sigma_data: float, timestep: torch.Tensor | None = None,
+        self,
+        sigma: torch.Tensor,
+        model_output: torch.Tensor,
+        model_input: torch.Tensor,
+        sigma_data: float,
+        timestep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if timestep is None:
-            raise ModelSamplingError("LCM prediction needs the timestep of sigma to compute its boundary condition")
+            raise ModelSamplingError(
+                "LCM prediction needs the timestep of sigma to compute its boundary condition"
+            )
         s = reshape_sigma(sigma, model_output.ndim)
         t = reshape_sigma(timestep, model_output.ndim) * 10.0
         x0 = model_input - model_output * s
@@ -163,5 +183,7 @@ PREDICTIONS: dict[str, type[Prediction]] = {
 def prediction_for(kind: str) -> Prediction:
     """The prediction object named ``kind`` (eps, v_prediction, edm, x0, img_to_img, lcm, const)."""
     if kind not in PREDICTIONS:
-        raise ModelSamplingError(f"unknown prediction type {kind!r}; expected one of {', '.join(PREDICTIONS)}")
+        raise ModelSamplingError(
+            f"unknown prediction type {kind!r}; expected one of {', '.join(PREDICTIONS)}"
+        )
     return PREDICTIONS[kind]()

@@ -51,8 +51,9 @@ def exponential_moments(lam_s: Tensor, lam_t: Tensor, order: int, tau: float) ->
     return (log_weight.exp() * sign).tril() @ boundary
 
 
-def _simple_order_2(sigma_next: Tensor, lambdas: Tensor, lam_s: Tensor, lam_t: Tensor, tau: float,
-                    corrector: bool) -> Tensor:
+def _simple_order_2(
+    sigma_next: Tensor, lambdas: Tensor, lam_s: Tensor, lam_t: Tensor, tau: float, corrector: bool
+) -> Tensor:
     """The paper's simplified order-2 weights (Appendix D), for (older, newer) outputs."""
     k = 1 + tau**2
     h = lam_t - lam_s
@@ -65,8 +66,15 @@ def _simple_order_2(sigma_next: Tensor, lambdas: Tensor, lam_s: Tensor, lam_t: T
     return torch.stack([older, total - older])
 
 
-def adams_weights(sigma_next: Tensor, lambdas: Tensor, lam_s: Tensor, lam_t: Tensor, tau: float,
-                  simple_order_2: bool = False, corrector: bool = False) -> Tensor:
+def adams_weights(
+    sigma_next: Tensor,
+    lambdas: Tensor,
+    lam_s: Tensor,
+    lam_t: Tensor,
+    tau: float,
+    simple_order_2: bool = False,
+    corrector: bool = False,
+) -> Tensor:
     """The bᵢ of one predictor or corrector step, one per entry of ``lambdas`` (oldest first)."""
     count = lambdas.shape[0]
     if simple_order_2 and count == 2:
@@ -90,10 +98,17 @@ def tau_interval(start_sigma: float, end_sigma: float, eta: float = 1.0) -> TauF
     return tau
 
 
-def sa_solver_options(model_sampling: Any, eta: float = 1.0, sde_start_percent: float = 0.2,
-                      sde_end_percent: float = 0.8, s_noise: float = 1.0, predictor_order: int = 3,
-                      corrector_order: int = 4, use_pece: bool = False,
-                      simple_order_2: bool = False) -> dict[str, Any]:
+def sa_solver_options(
+    model_sampling: Any,
+    eta: float = 1.0,
+    sde_start_percent: float = 0.2,
+    sde_end_percent: float = 0.8,
+    s_noise: float = 1.0,
+    predictor_order: int = 3,
+    corrector_order: int = 4,
+    use_pece: bool = False,
+    simple_order_2: bool = False,
+) -> dict[str, Any]:
     """The ``sa_solver`` keyword options for SamplerSASolver's widgets (ComfyUI's mapping)."""
     start = float(model_sampling.percent_to_sigma(sde_start_percent))
     end = float(model_sampling.percent_to_sigma(sde_end_percent))
@@ -162,8 +177,15 @@ def sample_sa_solver(
         if c_order == 0:
             x = x_pred
         else:
-            weights = adams_weights(sigmas[i], lambdas[i - c_order + 1 : i + 1], lambdas[i - 1], lambdas[i], tau,
-                                    simple_order_2, corrector=True)
+            weights = adams_weights(
+                sigmas[i],
+                lambdas[i - c_order + 1 : i + 1],
+                lambdas[i - 1],
+                lambdas[i],
+                tau,
+                simple_order_2,
+                corrector=True,
+            )
             x = sigmas[i] / sigmas[i - 1] * (-(tau**2) * h).exp() * x + _combine(outputs[-c_order:], weights)
             if tau > 0 and s_noise > 0:
                 x = x + noise  # the predictor's noise, reused so predictor and corrector share a path
@@ -175,8 +197,15 @@ def sample_sa_solver(
             x_pred = denoised
             continue
         tau = tau_func(sigmas[i + 1])
-        weights = adams_weights(sigmas[i + 1], lambdas[i - p_order + 1 : i + 1], lambdas[i], lambdas[i + 1], tau,
-                                simple_order_2, corrector=False)
+        weights = adams_weights(
+            sigmas[i + 1],
+            lambdas[i - p_order + 1 : i + 1],
+            lambdas[i],
+            lambdas[i + 1],
+            tau,
+            simple_order_2,
+            corrector=False,
+        )
         h = lambdas[i + 1] - lambdas[i]
         x_pred = sigmas[i + 1] / sigmas[i] * (-(tau**2) * h).exp() * x + _combine(outputs[-p_order:], weights)
         if tau > 0 and s_noise > 0:
@@ -186,12 +215,33 @@ def sample_sa_solver(
     return x_pred
 
 
-def sample_sa_solver_pece(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None = None,
-                          callback: Callback | None = None, disable: bool | None = False,
-                          tau_func: TauFunction | None = None, s_noise: float = 1.0,
-                          noise_sampler: NoiseSampler | None = None, predictor_order: int = 3,
-                          corrector_order: int = 4, simple_order_2: bool = False) -> Tensor:
+def sample_sa_solver_pece(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = False,
+    tau_func: TauFunction | None = None,
+    s_noise: float = 1.0,
+    noise_sampler: NoiseSampler | None = None,
+    predictor_order: int = 3,
+    corrector_order: int = 4,
+    simple_order_2: bool = False,
+) -> Tensor:
     """SA-Solver in PECE mode (predict, evaluate, correct, evaluate)."""
-    return sample_sa_solver(model, x, sigmas, extra_args, callback, disable, tau_func, s_noise, noise_sampler,
-                            predictor_order, corrector_order, use_pece=True, simple_order_2=simple_order_2)
-
+    return sample_sa_solver(
+        model,
+        x,
+        sigmas,
+        extra_args,
+        callback,
+        disable,
+        tau_func,
+        s_noise,
+        noise_sampler,
+        predictor_order,
+        corrector_order,
+        use_pece=True,
+        simple_order_2=simple_order_2,
+    )

@@ -140,8 +140,9 @@ def beta(model_sampling: ModelSampling, steps: int, alpha: float = 0.6, beta: fl
     return torch.FloatTensor([*values, 0.0])
 
 
-def linear_quadratic(model_sampling: ModelSampling, steps: int, threshold_noise: float = 0.025,
-                     linear_steps: int | None = None) -> torch.Tensor:
+def linear_quadratic(
+    model_sampling: ModelSampling, steps: int, threshold_noise: float = 0.025, linear_steps: int | None = None
+) -> torch.Tensor:
     """Mochi's schedule: linear to ``threshold_noise`` for half the steps, then quadratic to 1,
     flipped and scaled by sigma_max."""
     if steps == 1:
@@ -162,7 +163,7 @@ def linear_quadratic(model_sampling: ModelSampling, steps: int, threshold_noise:
 def sd_turbo(model_sampling: ModelSampling, steps: int, denoise: float = 1.0) -> torch.Tensor:
     """SDTurboScheduler: timesteps 999, 899, ..., 99 starting at 10 - int(10 * denoise), then 0."""
     start = 10 - int(10 * denoise)
-    timesteps = torch.flip(torch.arange(1, 11) * 100 - 1, (0,))[start:start + steps]
+    timesteps = torch.flip(torch.arange(1, 11) * 100 - 1, (0,))[start : start + steps]
     return append_zero(model_sampling.sigma(timesteps))
 
 
@@ -188,12 +189,15 @@ def calculate_sigmas(model_sampling: ModelSampling, name: str, steps: int) -> to
     if name in _TABLE_SCHEDULERS:
         return _TABLE_SCHEDULERS[name](model_sampling, steps)
     if name in _RANGE_SCHEDULERS:
-        return _RANGE_SCHEDULERS[name](steps, float(model_sampling.sigma_min), float(model_sampling.sigma_max))
+        return _RANGE_SCHEDULERS[name](
+            steps, float(model_sampling.sigma_min), float(model_sampling.sigma_max)
+        )
     raise SchedulerError(f"unknown scheduler {name!r}; expected one of {', '.join(SCHEDULER_NAMES)}")
 
 
-def ksampler_sigmas(model_sampling: ModelSampling, scheduler: str, sampler_name: str, steps: int,
-                    denoise: float | None = 1.0) -> torch.Tensor:
+def ksampler_sigmas(
+    model_sampling: ModelSampling, scheduler: str, sampler_name: str, steps: int, denoise: float | None = 1.0
+) -> torch.Tensor:
     """The sigmas ComfyUI's KSampler uses: for denoise < 1, int(steps / denoise) steps of which the
     last steps + 1 sigmas are kept (denoise <= 0: no sigmas); for dpm_2, dpm_2_ancestral, uni_pc and
     uni_pc_bh2, one extra step whose penultimate sigma is dropped."""
@@ -208,17 +212,19 @@ def ksampler_sigmas(model_sampling: ModelSampling, scheduler: str, sampler_name:
         return full(steps)
     if denoise <= 0.0:
         return torch.FloatTensor([])
-    return full(int(steps / denoise))[-(steps + 1):]
+    return full(int(steps / denoise))[-(steps + 1) :]
 
 
-def basic_scheduler_sigmas(model_sampling: ModelSampling, scheduler: str, steps: int, denoise: float = 1.0) -> torch.Tensor:
+def basic_scheduler_sigmas(
+    model_sampling: ModelSampling, scheduler: str, steps: int, denoise: float = 1.0
+) -> torch.Tensor:
     """BasicScheduler: like KSampler (int(steps / denoise) steps, keep the last steps + 1) but
     without the sampler-specific penultimate drop."""
     if denoise >= 1.0:
         return calculate_sigmas(model_sampling, scheduler, steps)
     if denoise <= 0.0:
         return torch.FloatTensor([])
-    return calculate_sigmas(model_sampling, scheduler, int(steps / denoise))[-(steps + 1):]
+    return calculate_sigmas(model_sampling, scheduler, int(steps / denoise))[-(steps + 1) :]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,21 +241,104 @@ def loglinear_interp(values: Sequence[float], num_steps: int) -> np.ndarray:
 
 
 AYS_NOISE_LEVELS: dict[str, list[float]] = {
-    "SD1": [14.6146412293, 6.4745760956, 3.8636745985, 2.6946151520, 1.8841921177, 1.3943805092,
-            0.9642583904, 0.6523686016, 0.3977456272, 0.1515232662, 0.0291671582],
-    "SDXL": [14.6146412293, 6.3184485287, 3.7681790315, 2.1811480769, 1.3405244945, 0.8620721141,
-             0.5550693289, 0.3798540708, 0.2332364134, 0.1114188177, 0.0291671582],
+    "SD1": [
+        14.6146412293,
+        6.4745760956,
+        3.8636745985,
+        2.6946151520,
+        1.8841921177,
+        1.3943805092,
+        0.9642583904,
+        0.6523686016,
+        0.3977456272,
+        0.1515232662,
+        0.0291671582,
+    ],
+    "SDXL": [
+        14.6146412293,
+        6.3184485287,
+        3.7681790315,
+        2.1811480769,
+        1.3405244945,
+        0.8620721141,
+        0.5550693289,
+        0.3798540708,
+        0.2332364134,
+        0.1114188177,
+        0.0291671582,
+    ],
     "SVD": [700.00, 54.5, 15.886, 7.977, 4.248, 1.789, 0.981, 0.403, 0.173, 0.034, 0.002],
 }
 """Align Your Steps 10-step noise levels (Sabour et al. 2024)."""
 
 OPTIMAL_STEPS_NOISE_LEVELS: dict[str, list[float]] = {
     "FLUX": [0.9968, 0.9886, 0.9819, 0.975, 0.966, 0.9471, 0.9158, 0.8287, 0.5512, 0.2808, 0.001],
-    "Wan": [1.0, 0.997, 0.995, 0.993, 0.991, 0.989, 0.987, 0.985, 0.98, 0.975, 0.973, 0.968, 0.96, 0.946,
-            0.927, 0.902, 0.864, 0.776, 0.539, 0.208, 0.001],
-    "Chroma": [0.992, 0.99, 0.988, 0.985, 0.982, 0.978, 0.973, 0.968, 0.961, 0.953, 0.943, 0.931, 0.917, 0.9,
-               0.881, 0.858, 0.832, 0.802, 0.769, 0.731, 0.69, 0.646, 0.599, 0.55, 0.501, 0.451, 0.402, 0.355,
-               0.311, 0.27, 0.232, 0.199, 0.169, 0.143, 0.12, 0.101, 0.084, 0.07, 0.058, 0.048, 0.001],
+    "Wan": [
+        1.0,
+        0.997,
+        0.995,
+        0.993,
+        0.991,
+        0.989,
+        0.987,
+        0.985,
+        0.98,
+        0.975,
+        0.973,
+        0.968,
+        0.96,
+        0.946,
+        0.927,
+        0.902,
+        0.864,
+        0.776,
+        0.539,
+        0.208,
+        0.001,
+    ],
+    "Chroma": [
+        0.992,
+        0.99,
+        0.988,
+        0.985,
+        0.982,
+        0.978,
+        0.973,
+        0.968,
+        0.961,
+        0.953,
+        0.943,
+        0.931,
+        0.917,
+        0.9,
+        0.881,
+        0.858,
+        0.832,
+        0.802,
+        0.769,
+        0.731,
+        0.69,
+        0.646,
+        0.599,
+        0.55,
+        0.501,
+        0.451,
+        0.402,
+        0.355,
+        0.311,
+        0.27,
+        0.232,
+        0.199,
+        0.169,
+        0.143,
+        0.12,
+        0.101,
+        0.084,
+        0.07,
+        0.058,
+        0.048,
+        0.001,
+    ],
 }
 """Optimal Stepsize noise levels (bebebe666/OptimalSteps) for flow models."""
 
@@ -263,7 +352,7 @@ def _tabulated(levels: Sequence[float], steps: int, denoise: float) -> torch.Ten
             return torch.FloatTensor([])
         total = round(steps * denoise)
     sigmas = list(levels) if steps + 1 == len(levels) else list(loglinear_interp(levels, steps + 1))
-    sigmas = sigmas[-(total + 1):]
+    sigmas = sigmas[-(total + 1) :]
     sigmas[-1] = 0
     return torch.FloatTensor(sigmas)
 
@@ -271,7 +360,9 @@ def _tabulated(levels: Sequence[float], steps: int, denoise: float) -> torch.Ten
 def align_your_steps(model_type: str, steps: int, denoise: float = 1.0) -> torch.Tensor:
     """AlignYourStepsScheduler for ``model_type`` SD1, SDXL or SVD."""
     if model_type not in AYS_NOISE_LEVELS:
-        raise SchedulerError(f"unknown AYS model type {model_type!r}; expected one of {', '.join(AYS_NOISE_LEVELS)}")
+        raise SchedulerError(
+            f"unknown AYS model type {model_type!r}; expected one of {', '.join(AYS_NOISE_LEVELS)}"
+        )
     return _tabulated(AYS_NOISE_LEVELS[model_type], steps, denoise)
 
 
@@ -279,7 +370,8 @@ def optimal_steps(model_type: str, steps: int, denoise: float = 1.0) -> torch.Te
     """OptimalStepsScheduler for ``model_type`` FLUX, Wan or Chroma."""
     if model_type not in OPTIMAL_STEPS_NOISE_LEVELS:
         raise SchedulerError(
-            f"unknown optimal-steps model type {model_type!r}; expected one of {', '.join(OPTIMAL_STEPS_NOISE_LEVELS)}")
+            f"unknown optimal-steps model type {model_type!r}; expected one of {', '.join(OPTIMAL_STEPS_NOISE_LEVELS)}"
+        )
     return _tabulated(OPTIMAL_STEPS_NOISE_LEVELS[model_type], steps, denoise)
 
 

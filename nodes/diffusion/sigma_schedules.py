@@ -37,8 +37,9 @@ class SigmaSchedule(Protocol):
     def describe(self) -> str: ...
 
 
-def make_betas(schedule: str, timesteps: int, linear_start: float, linear_end: float,
-               cosine_s: float = 8e-3) -> torch.Tensor:
+def make_betas(
+    schedule: str, timesteps: int, linear_start: float, linear_end: float, cosine_s: float = 8e-3
+) -> torch.Tensor:
     """Float64 betas of a latent-diffusion beta schedule. Names are ComfyUI's: its ``linear`` is
     linear in sqrt(beta) (diffusers calls that ``scaled_linear``, accepted as a synonym) and
     ``sqrt_linear`` is linear in beta (diffusers' ``linear``)."""
@@ -50,15 +51,22 @@ def make_betas(schedule: str, timesteps: int, linear_start: float, linear_end: f
         alphas_bar = alphas_bar / alphas_bar[0]
         return torch.clamp(1 - alphas_bar[1:] / alphas_bar[:-1], min=0, max=0.999)
     if schedule == "squaredcos_cap_v2":
+
         def alpha_bar(t: float) -> float:
             return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
-        values = [min(1 - alpha_bar((i + 1) / timesteps) / alpha_bar(i / timesteps), 0.999) for i in range(timesteps)]
+
+        values = [
+            min(1 - alpha_bar((i + 1) / timesteps) / alpha_bar(i / timesteps), 0.999)
+            for i in range(timesteps)
+        ]
         return torch.tensor(values, dtype=torch.float64)
     if schedule == "sqrt_linear":
         return torch.linspace(linear_start, linear_end, timesteps, dtype=torch.float64)
     if schedule == "sqrt":
         return torch.linspace(linear_start, linear_end, timesteps, dtype=torch.float64) ** 0.5
-    raise ModelSamplingError(f"unknown beta schedule {schedule!r}; expected one of {', '.join(BETA_SCHEDULES)}")
+    raise ModelSamplingError(
+        f"unknown beta schedule {schedule!r}; expected one of {', '.join(BETA_SCHEDULES)}"
+    )
 
 
 def rescale_zero_terminal_snr(sigmas: torch.Tensor) -> torch.Tensor:
@@ -126,7 +134,8 @@ class DiscreteSchedule(_TableSchedule):
     def __post_init__(self) -> None:
         if self.beta_schedule not in BETA_SCHEDULES:
             raise ModelSamplingError(
-                f"unknown beta schedule {self.beta_schedule!r}; expected one of {', '.join(BETA_SCHEDULES)}")
+                f"unknown beta schedule {self.beta_schedule!r}; expected one of {', '.join(BETA_SCHEDULES)}"
+            )
         if self.timesteps < 2:
             raise ModelSamplingError(f"a discrete schedule needs at least 2 timesteps, got {self.timesteps}")
 
@@ -148,8 +157,10 @@ class DiscreteSchedule(_TableSchedule):
         return _interp_log_sigma(self.log_sigmas, timestep).to(timestep.device)
 
     def describe(self) -> str:
-        return (f"discrete({self.beta_schedule},{self.linear_start!r},{self.linear_end!r},"
-                f"{self.timesteps},zsnr={self.zsnr})")
+        return (
+            f"discrete({self.beta_schedule},{self.linear_start!r},{self.linear_end!r},"
+            f"{self.timesteps},zsnr={self.zsnr})"
+        )
 
 
 @dataclass(frozen=True)
@@ -196,7 +207,8 @@ class ContinuousEDMSchedule:
     def __post_init__(self) -> None:
         if not 0 < self.sigma_min_value < self.sigma_max_value:
             raise ModelSamplingError(
-                f"need 0 < sigma_min < sigma_max, got sigma_min={self.sigma_min_value}, sigma_max={self.sigma_max_value}")
+                f"need 0 < sigma_min < sigma_max, got sigma_min={self.sigma_min_value}, sigma_max={self.sigma_max_value}"
+            )
 
     @cached_property
     def sigmas(self) -> torch.Tensor:

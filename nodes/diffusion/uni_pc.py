@@ -41,7 +41,9 @@ class _VP:
     def of(sigma: Tensor) -> _VP:
         log_alpha = 0.5 * torch.log(1 / (sigma * sigma + 1))
         log_std = 0.5 * torch.log(1.0 - torch.exp(2.0 * log_alpha))
-        return _VP(sigma, torch.exp(log_alpha), torch.sqrt(1.0 - torch.exp(2.0 * log_alpha)), log_alpha - log_std)
+        return _VP(
+            sigma, torch.exp(log_alpha), torch.sqrt(1.0 - torch.exp(2.0 * log_alpha)), log_alpha - log_std
+        )
 
 
 @dataclass
@@ -103,7 +105,9 @@ class _UniPC:
         eps = (x_sigma - self.model(x_sigma, sigma_in, **self.extra_args)) / sigma
         return (x - time.std * eps) / time.alpha
 
-    def step(self, x: Tensor, history: _History, target: _VP, order: int, correct: bool) -> tuple[Tensor, Tensor | None]:
+    def step(
+        self, x: Tensor, history: _History, target: _VP, order: int, correct: bool
+    ) -> tuple[Tensor, Tensor | None]:
         last, out_last = history.times[-1], history.outputs[-1]
         h = target.lam - last.lam
         rks, differences = [], []
@@ -166,10 +170,24 @@ def sample_unipc(
 
 def _report(callback: Callback | None, x_vp: Tensor, i: int, time: _VP, denoised: Tensor) -> None:
     if callback is not None:
-        callback({"x": x_vp / time.alpha, "i": i, "sigma": time.sigma, "sigma_hat": time.sigma, "denoised": denoised})
+        callback(
+            {
+                "x": x_vp / time.alpha,
+                "i": i,
+                "sigma": time.sigma,
+                "sigma_hat": time.sigma,
+                "denoised": denoised,
+            }
+        )
 
 
-def sample_unipc_bh2(model: Any, x: Tensor, sigmas: Tensor, extra_args: dict[str, Any] | None = None,
-                     callback: Callback | None = None, disable: bool | None = None) -> Tensor:
+def sample_unipc_bh2(
+    model: Any,
+    x: Tensor,
+    sigmas: Tensor,
+    extra_args: dict[str, Any] | None = None,
+    callback: Callback | None = None,
+    disable: bool | None = None,
+) -> Tensor:
     """UniPC with B(h) = eʰ − 1 (ComfyUI's ``uni_pc_bh2``)."""
     return sample_unipc(model, x, sigmas, extra_args, callback, disable, variant="bh2")

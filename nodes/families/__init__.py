@@ -19,14 +19,48 @@ from nodes.families.sdxl import SDXL
 from nodes.families.zimage import ZImage
 from nodes.weights import ModelLoadError, TensorIndex, read_index
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (Flux2, Chroma, Flux, ZImage, QwenImage, SD3, SD2Unclip, SDXL, SD2,
-                                             SD15)  # most specific first
+FAMILIES: tuple[type[FamilyAdapter], ...] = (
+    Flux2,
+    Chroma,
+    Flux,
+    ZImage,
+    QwenImage,
+    SD3,
+    SD2Unclip,
+    SDXL,
+    SD2,
+    SD15,
+)  # most specific first
 
-__all__ = ["DUAL_CLIP_TYPES", "FAMILIES", "SD15", "SD2", "SDXL", "SD2Unclip", "SINGLE_CLIP_TYPES", "Chroma", "FamilyAdapter",
-           "Flux", "Flux2", "ModelLoadError", "Part", "QwenImage", "SD3", "TensorIndex", "TextEncoderSpec",
-           "describe_context_dim", "detect_family",
-           "diffusers_family", "family_by_name", "family_for_clip_type", "family_nodes", "read_index",
-           "standalone_text_encoder", "standalone_vae", "ZImage"]
+__all__ = [
+    "DUAL_CLIP_TYPES",
+    "FAMILIES",
+    "SD15",
+    "SD2",
+    "SDXL",
+    "SD2Unclip",
+    "SINGLE_CLIP_TYPES",
+    "Chroma",
+    "FamilyAdapter",
+    "Flux",
+    "Flux2",
+    "ModelLoadError",
+    "Part",
+    "QwenImage",
+    "SD3",
+    "TensorIndex",
+    "TextEncoderSpec",
+    "describe_context_dim",
+    "detect_family",
+    "diffusers_family",
+    "family_by_name",
+    "family_for_clip_type",
+    "family_nodes",
+    "read_index",
+    "standalone_text_encoder",
+    "standalone_vae",
+    "ZImage",
+]
 
 
 def detect_family(index: TensorIndex) -> FamilyAdapter:
@@ -54,7 +88,8 @@ def diffusers_family(folder: Path, model_index: dict[str, Any], unet: dict[str, 
                 f"{folder}: a diffusers {pipeline} folder ({cls.title}); Loom reads {cls.title} models from single "
                 "files, not from diffusers folders: put the checkpoint .safetensors in models/checkpoints and load "
                 "it with CheckpointLoaderSimple, or the transformer in models/diffusion_models (UNETLoader) with its "
-                "text encoders in models/text_encoders and its VAE in models/vae")
+                "text encoders in models/text_encoders and its VAE in models/vae"
+            )
     known = ", ".join(c.title for c in FAMILIES)
     raise ModelLoadError(f"{folder}: pipeline {pipeline!r} is not one Loom knows ({known})")
 
@@ -76,9 +111,12 @@ def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
     family = SD15()
     prefix = family.vae_prefix if index.any_with(family.vae_prefix) else ""
     diffusers_keys = looks_like_diffusers_vae(list(index.tensors))
-    if not diffusers_keys and not (index.has(f"{prefix}encoder.conv_in.weight")
-                                   and index.has(f"{prefix}decoder.conv_out.weight")):
-        raise ModelLoadError(f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
+    if not diffusers_keys and not (
+        index.has(f"{prefix}encoder.conv_in.weight") and index.has(f"{prefix}decoder.conv_out.weight")
+    ):
+        raise ModelLoadError(
+            f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}"
+        )
     cfg = family.vae.config_from_tensors(index, prefix, family.latent_format.scale_factor, 512)
     # the latent space it belongs to, by its latent channels (the 16-channel KL VAE is Flux's ae.safetensors)
     by_channels = [cls() for cls in (SD15, Flux) if cls.latent_format.channels == cfg.get("latent_channels")]
@@ -102,27 +140,74 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
     for name, prefix, marker in TEXT_ENCODER_FILES:
         if index.has(marker):
             return name, prefix
-    for title, family in (("Flux.2", Flux2), ("Flux", Flux), ("Flux", Chroma), ("SD3", SD3), ("Z-Image", ZImage),
-                          ("Qwen-Image", QwenImage)):
+    for title, family in (
+        ("Flux.2", Flux2),
+        ("Flux", Flux),
+        ("Flux", Chroma),
+        ("SD3", SD3),
+        ("Z-Image", ZImage),
+        ("Qwen-Image", QwenImage),
+    ):
         if family.detect(index):
-            raise ModelLoadError(f"{index.path}: this is a {title} transformer, not a text encoder; put it in "
-                                 "models/diffusion_models and load it with UNETLoader")
+            raise ModelLoadError(
+                f"{index.path}: this is a {title} transformer, not a text encoder; put it in "
+                "models/diffusion_models and load it with UNETLoader"
+            )
     if wan_vae_prefix(index) is not None:
-        raise ModelLoadError(f"{index.path}: this is a VAE (the Wan/Qwen-Image VAE), not a text encoder; put it in "
-                             "models/vae and load it with VAELoader")
-    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows (CLIP-L, CLIP-G, T5-XXL, Qwen3, Qwen2.5-VL or "
-                         f"Mistral-Small): {describe_unknown(index)}")
+        raise ModelLoadError(
+            f"{index.path}: this is a VAE (the Wan/Qwen-Image VAE), not a text encoder; put it in "
+            "models/vae and load it with VAELoader"
+        )
+    raise ModelLoadError(
+        f"{index.path}: not a text encoder Loom knows (CLIP-L, CLIP-G, T5-XXL, Qwen3, Qwen2.5-VL or "
+        f"Mistral-Small): {describe_unknown(index)}"
+    )
 
 
-CLIP_TYPES: dict[str, type[FamilyAdapter]] = {"flux": Flux, "chroma": Chroma, "sd3": SD3, "lumina2": ZImage,
-                                              "qwen_image": QwenImage, "flux2": Flux2}  # ComfyUI's loader types
+CLIP_TYPES: dict[str, type[FamilyAdapter]] = {
+    "flux": Flux,
+    "chroma": Chroma,
+    "sd3": SD3,
+    "lumina2": ZImage,
+    "qwen_image": QwenImage,
+    "flux2": Flux2,
+}  # ComfyUI's loader types
 # DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
 # CLIPLoader's ``type`` options, as ComfyUI lists them
-SINGLE_CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
-                     "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image", "flux2",
-                     "ovis")
-DUAL_CLIP_TYPES = ("sdxl", "sd3", "flux", "hunyuan_video", "hidream", "hunyuan_image", "hunyuan_video_15",
-                   "kandinsky5", "kandinsky5_image", "ltxv", "newbie", "ace")
+SINGLE_CLIP_TYPES = (
+    "stable_diffusion",
+    "stable_cascade",
+    "sd3",
+    "stable_audio",
+    "mochi",
+    "ltxv",
+    "pixart",
+    "cosmos",
+    "lumina2",
+    "wan",
+    "hidream",
+    "chroma",
+    "ace",
+    "omnigen2",
+    "qwen_image",
+    "hunyuan_image",
+    "flux2",
+    "ovis",
+)
+DUAL_CLIP_TYPES = (
+    "sdxl",
+    "sd3",
+    "flux",
+    "hunyuan_video",
+    "hidream",
+    "hunyuan_image",
+    "hunyuan_video_15",
+    "kandinsky5",
+    "kandinsky5_image",
+    "ltxv",
+    "newbie",
+    "ace",
+)
 
 
 def family_nodes() -> list[Any]:
@@ -148,7 +233,9 @@ def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> Fami
     if {"qwen3_4b", "mistral3_24b"} & set(encoders) and clip_type in ("flux", "flux2"):
         return Flux2()  # Klein's Qwen3 or dev's Mistral-Small, for type flux as for flux2
     if clip_type not in CLIP_TYPES:
-        raise ModelLoadError(f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}")
+        raise ModelLoadError(
+            f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}"
+        )
     return CLIP_TYPES[clip_type]()
 
 

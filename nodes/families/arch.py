@@ -47,10 +47,16 @@ def unet_config(index: TensorIndex, prefix: str, heads: HeadsRule, sample_size: 
         k += 1
     per_level.append(count)
     if not channels or len(set(per_level)) != 1:
-        raise ModelLoadError(f"{index.path.name}: cannot read the UNet's blocks (layers per level {per_level})")
-    attn_key = next((key for key in index.tensors if key.startswith(p) and key.endswith("attn2.to_k.weight")), None)
+        raise ModelLoadError(
+            f"{index.path.name}: cannot read the UNet's blocks (layers per level {per_level})"
+        )
+    attn_key = next(
+        (key for key in index.tensors if key.startswith(p) and key.endswith("attn2.to_k.weight")), None
+    )
     if attn_key is None:
-        raise ModelLoadError(f"{index.path.name}: the UNet has no cross-attention layers; not an SD1/SD2/SDXL UNet")
+        raise ModelLoadError(
+            f"{index.path.name}: the UNet has no cross-attention layers; not an SD1/SD2/SDXL UNet"
+        )
     context_dim = index.shape(attn_key)[1]
     proj_key = next(k for k in index.tensors if k.startswith(p) and k.endswith("proj_in.weight"))
     time_dim = index.shape(f"{p}time_embed.0.weight")[0]
@@ -133,7 +139,9 @@ def clip_config(index: TensorIndex, prefix: str, layout: str) -> dict[str, Any]:
         positions = index.shape(f"{p}embeddings.position_embedding.weight")[0]
         layers = index.count(f"{p}encoder.layers.")
         inner = index.shape(f"{p}encoder.layers.0.mlp.fc1.weight")[0]
-        projection = index.shape(f"{p}text_projection.weight")[0] if index.has(f"{p}text_projection.weight") else None
+        projection = (
+            index.shape(f"{p}text_projection.weight")[0] if index.has(f"{p}text_projection.weight") else None
+        )
         act = "quick_gelu"  # OpenAI CLIP ViT-L/14
     else:
         vocab, hidden = index.shape(f"{p}token_embedding.weight")
@@ -143,10 +151,17 @@ def clip_config(index: TensorIndex, prefix: str, layout: str) -> dict[str, Any]:
         projection = index.shape(f"{p}text_projection")[1] if index.has(f"{p}text_projection") else None
         act = "gelu"  # OpenCLIP ViT-H / ViT-bigG
     cfg: dict[str, Any] = {
-        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inner,
-        "num_hidden_layers": layers, "num_attention_heads": heads_of_64(hidden),
-        "max_position_embeddings": positions, "hidden_act": act, "layer_norm_eps": 1e-5,
-        "bos_token_id": 49406, "eos_token_id": 49407, "pad_token_id": 1,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inner,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads_of_64(hidden),
+        "max_position_embeddings": positions,
+        "hidden_act": act,
+        "layer_norm_eps": 1e-5,
+        "bos_token_id": 49406,
+        "eos_token_id": 49407,
+        "pad_token_id": 1,
     }
     if projection is not None:
         cfg["projection_dim"] = projection

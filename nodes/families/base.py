@@ -129,9 +129,12 @@ class FamilyAdapter(ABC):
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
         """The parts of each handle (``unet``, ``clip``, ``vae``) of a single-file checkpoint."""
         prediction = self.prediction_type(index)
-        unet = Part.make("unet", self.denoiser, self.denoiser_prefix, "unet", self.denoiser_config(index, prediction))
-        vae_cfg = self.vae.config_from_tensors(index, self.vae_prefix, self.latent_format.scale_factor,
-                                               self.default_resolution(prediction))
+        unet = Part.make(
+            "unet", self.denoiser, self.denoiser_prefix, "unet", self.denoiser_config(index, prediction)
+        )
+        vae_cfg = self.vae.config_from_tensors(
+            index, self.vae_prefix, self.latent_format.scale_factor, self.default_resolution(prediction)
+        )
         vae = Part.make("vae", self.vae, self.vae_prefix, "vae", vae_cfg)
         clips = []
         for spec in self.text_encoders:
@@ -139,8 +142,9 @@ class FamilyAdapter(ABC):
             clips.append(Part.make(spec.name, kind, spec.prefix, spec.subfolder, cfg))
         return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}
 
-    def diffusers_parts(self, config: Callable[[str], dict[str, Any]]
-                        ) -> tuple[dict[str, tuple[Part, ...]], tuple[tuple[str, int], ...]]:
+    def diffusers_parts(
+        self, config: Callable[[str], dict[str, Any]]
+    ) -> tuple[dict[str, tuple[Part, ...]], tuple[tuple[str, int], ...]]:
         """The parts of each handle of a diffusers folder (``config(sub)`` reads ``sub``'s JSON),
         and the text encoders whose folder dropped final layers (name, how many)."""
         unet = Part.make("unet", self.denoiser, self.denoiser_prefix, "unet", config("unet/config.json"))
@@ -148,8 +152,11 @@ class FamilyAdapter(ABC):
         clips, dropped = [], []
         for spec in self.text_encoders:
             cfg = config(f"{spec.subfolder}/config.json")
-            clips.append(Part.make(spec.name, ClipText.from_diffusers(spec.layout, cfg), spec.prefix,
-                                   spec.subfolder, cfg))
+            clips.append(
+                Part.make(
+                    spec.name, ClipText.from_diffusers(spec.layout, cfg), spec.prefix, spec.subfolder, cfg
+                )
+            )
             if drop := self.dropped_layers(spec, cfg):
                 dropped.append((spec.name, drop))
         return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}, tuple(dropped)
@@ -160,8 +167,10 @@ class FamilyAdapter(ABC):
 
     def denoiser_part(self, index: TensorIndex) -> Part:
         """The denoiser part of a file holding only the denoiser (UNETLoader)."""
-        raise ModelLoadError(f"{index.path}: a {self.title} denoiser-only file cannot be loaded by itself; "
-                             "use the full checkpoint with CheckpointLoaderSimple")
+        raise ModelLoadError(
+            f"{index.path}: a {self.title} denoiser-only file cannot be loaded by itself; "
+            "use the full checkpoint with CheckpointLoaderSimple"
+        )
 
     def text_encoder_part(self, spec: TextEncoderSpec, index: TensorIndex, prefix: str) -> Part:
         """The part of text encoder ``spec`` whose tensors start at ``prefix`` in ``index``."""
@@ -172,31 +181,54 @@ class FamilyAdapter(ABC):
         for s in self.text_encoders:
             if s.name == name:
                 return s
-        raise KeyError(f"{self.title} has no text encoder {name!r}; it has {[s.name for s in self.text_encoders]}")
+        raise KeyError(
+            f"{self.title} has no text encoder {name!r}; it has {[s.name for s in self.text_encoders]}"
+        )
 
 
 def describe_unknown(index: TensorIndex) -> str:
     """A teaching message for a file that is not an SD1.x/SD2.x/SDXL checkpoint."""
     keys = list(index.tensors)
     hints = [
-        (("lora_unet_", "lora_te", ".lora_down.", ".lora_A."), "this looks like a LoRA; put it in models/loras and use LoraLoader"),
-        (("double_blocks.", "model.diffusion_model.double_blocks."),
-         "this looks like a Flux-style model (double_blocks) of a variant Loom does not know"),
-        (("joint_blocks.", "model.diffusion_model.joint_blocks."), "this looks like an SD3 model of a variant Loom does not know"),
-        (("encoder.down.0.block.", "encoder.down_blocks.0."), "this looks like a VAE; put it in models/vae and use VAELoader"),
-        (("model.layers.0.self_attn.q_norm.",), "this looks like a Qwen3 text encoder (an LLM); put it in "
-         "models/text_encoders and load it with CLIPLoader (type lumina2 for Z-Image)"),
-        (("model.layers.0.self_attn.k_proj.bias",), "this looks like a Qwen2.5-VL text encoder (an LLM); put it in "
-         "models/text_encoders and load it with CLIPLoader (type qwen_image)"),
-        (("decoder.middle.0.residual.", "decoder.up_blocks.0.upsamplers.0.time_conv."),
-         "this looks like the Wan / Qwen-Image VAE; put it in models/vae and use VAELoader"),
+        (
+            ("lora_unet_", "lora_te", ".lora_down.", ".lora_A."),
+            "this looks like a LoRA; put it in models/loras and use LoraLoader",
+        ),
+        (
+            ("double_blocks.", "model.diffusion_model.double_blocks."),
+            "this looks like a Flux-style model (double_blocks) of a variant Loom does not know",
+        ),
+        (
+            ("joint_blocks.", "model.diffusion_model.joint_blocks."),
+            "this looks like an SD3 model of a variant Loom does not know",
+        ),
+        (
+            ("encoder.down.0.block.", "encoder.down_blocks.0."),
+            "this looks like a VAE; put it in models/vae and use VAELoader",
+        ),
+        (
+            ("model.layers.0.self_attn.q_norm.",),
+            "this looks like a Qwen3 text encoder (an LLM); put it in "
+            "models/text_encoders and load it with CLIPLoader (type lumina2 for Z-Image)",
+        ),
+        (
+            ("model.layers.0.self_attn.k_proj.bias",),
+            "this looks like a Qwen2.5-VL text encoder (an LLM); put it in "
+            "models/text_encoders and load it with CLIPLoader (type qwen_image)",
+        ),
+        (
+            ("decoder.middle.0.residual.", "decoder.up_blocks.0.upsamplers.0.time_conv."),
+            "this looks like the Wan / Qwen-Image VAE; put it in models/vae and use VAELoader",
+        ),
     ]
     for needles, hint in hints:
         if any(any(n in k for n in needles) for k in keys):
             return hint
     sample = ", ".join(keys[:4]) or "no tensors at all"
-    return (f"unknown architecture: expected an SD1.x, SD2.x or SDXL checkpoint with "
-            f"'model.diffusion_model.input_blocks.*' tensors, found {len(keys)} tensors like {sample}")
+    return (
+        f"unknown architecture: expected an SD1.x, SD2.x or SDXL checkpoint with "
+        f"'model.diffusion_model.input_blocks.*' tensors, found {len(keys)} tensors like {sample}"
+    )
 
 
 def require(cond: bool, index: TensorIndex, what: str) -> None:

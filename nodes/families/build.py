@@ -32,8 +32,10 @@ def module_with_weights(factory: Any, state_dict: dict[str, Any], what: str) -> 
         missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
-        raise ModelLoadError(f"{what}: weights do not fit the architecture (missing {missing[:4]}, "
-                             f"unexpected {unexpected[:4]})")
+        raise ModelLoadError(
+            f"{what}: weights do not fit the architecture (missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]})"
+        )
     return model.eval().requires_grad_(False)
 
 
@@ -93,8 +95,10 @@ def build_from_diffusers(part: Part, folder: Path, *, allow_pickle: bool = False
         raise ModelLoadError(f"{folder}: diffusers folder has no {part.subfolder}/ subfolder")
     weights = [p for p in path.iterdir() if p.suffix == ".safetensors"]
     if not weights and not allow_pickle:
-        raise ModelLoadError(f"{path}: no .safetensors weights (only pickled .bin files?); convert them "
-                             "or allow pickles with the allow_pickle setting")
+        raise ModelLoadError(
+            f"{path}: no .safetensors weights (only pickled .bin files?); convert them "
+            "or allow pickles with the allow_pickle setting"
+        )
     try:
         with EMPTY_INIT_LOCK:  # from_pretrained initialises empty too (see EMPTY_INIT_LOCK)
             module = part.kind.from_pretrained(path, bool(weights))
@@ -110,7 +114,9 @@ def original_state_dict(part: Part, module: Any, prefix: str | None = None) -> d
     return {head + k: v.detach().contiguous() for k, v in converted.items()}
 
 
-def ldm_state_dict(family: FamilyAdapter, modules: Mapping[str, Any], prediction: str = "epsilon") -> dict[str, Any]:
+def ldm_state_dict(
+    family: FamilyAdapter, modules: Mapping[str, Any], prediction: str = "epsilon"
+) -> dict[str, Any]:
     """A whole single-file checkpoint from diffusers/transformers modules named ``unet``, ``vae``
     and the family's text encoder names (``clip_l``, ``clip_g``, ``clip_h``)."""
     import torch
@@ -125,8 +131,13 @@ def ldm_state_dict(family: FamilyAdapter, modules: Mapping[str, Any], prediction
             part = Part.make(name, kind, prefix, name, dict(module.config))
         else:
             spec = family.spec(name)
-            part = Part.make(name, ClipText(spec.layout, hasattr(module, "text_projection")), spec.prefix,
-                             spec.subfolder, {})
+            part = Part.make(
+                name,
+                ClipText(spec.layout, hasattr(module, "text_projection")),
+                spec.prefix,
+                spec.subfolder,
+                {},
+            )
         out.update(original_state_dict(part, module))
     if prediction == "v_prediction":
         out["v_pred"] = torch.zeros(0)  # ComfyUI's marker of a v-prediction checkpoint

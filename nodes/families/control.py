@@ -8,8 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 # What ControlNetLoader reads, for its teaching error on a transformer ControlNet of another layout.
-READABLE_CONTROLNET_LAYOUTS = ("SD3 ControlNets (diffusers layout), Flux ControlNets (InstantX, Shakker-Labs, XLabs) "
-                               "and the UNet families' ControlNets and T2I-Adapters")
+READABLE_CONTROLNET_LAYOUTS = (
+    "SD3 ControlNets (diffusers layout), Flux ControlNets (InstantX, Shakker-Labs, XLabs) "
+    "and the UNet families' ControlNets and T2I-Adapters"
+)
 
 
 def family_label(config: Mapping[str, Any]) -> str:
@@ -43,8 +45,12 @@ def ldm_controlnet_to_diffusers(sd: Mapping[str, Any]) -> dict[str, Any]:
         k += 1
     per_level = per_level or count
     kinds = ["CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention]
-    config = {"block_out_channels": attention, "layers_per_block": per_level, "down_block_types": kinds,
-              "up_block_types": [t.replace("Down", "Up") for t in reversed(kinds)]}
+    config = {
+        "block_out_channels": attention,
+        "layers_per_block": per_level,
+        "down_block_types": kinds,
+        "up_block_types": [t.replace("Down", "Up") for t in reversed(kinds)],
+    }
     table = dict(unet_pairs(config))
     hint = sorted({int(key.split(".")[1]) for key in sd if key.startswith("input_hint_block.")})
     for n, i in enumerate(hint):
@@ -62,8 +68,13 @@ def diffusers_controlnet_to_ldm(sd: Mapping[str, Any], config: Mapping[str, Any]
     from nodes.families.keys import rename, unet_pairs
 
     kinds = list(config["down_block_types"])
-    table = {new: old for old, new in unet_pairs({**config, "up_block_types": [t.replace("Down", "Up") for t in reversed(kinds)]})
-             if not new.startswith(("up_blocks.", "conv_norm_out.", "conv_out."))}
+    table = {
+        new: old
+        for old, new in unet_pairs(
+            {**config, "up_block_types": [t.replace("Down", "Up") for t in reversed(kinds)]}
+        )
+        if not new.startswith(("up_blocks.", "conv_norm_out.", "conv_out."))
+    }
     blocks = sorted({int(k.split(".")[2]) for k in sd if k.startswith("controlnet_cond_embedding.blocks.")})
     table["controlnet_cond_embedding.conv_in."] = "input_hint_block.0."
     for n, i in enumerate(blocks):

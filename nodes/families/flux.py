@@ -36,11 +36,21 @@ FLUX_LATENT = LatentFormat(
     scale_factor=0.3611,
     shift=0.1159,
     rgb_factors=(
-        (-0.0346, 0.0244, 0.0681), (0.0034, 0.0210, 0.0687), (0.0275, -0.0668, -0.0433),
-        (-0.0174, 0.0160, 0.0617), (0.0859, 0.0721, 0.0329), (0.0004, 0.0383, 0.0115),
-        (0.0405, 0.0861, 0.0915), (-0.0236, -0.0185, -0.0259), (-0.0245, 0.0250, 0.1180),
-        (0.1008, 0.0755, -0.0421), (-0.0515, 0.0201, 0.0011), (0.0428, -0.0012, -0.0036),
-        (0.0817, 0.0765, 0.0749), (-0.1264, -0.0522, -0.1103), (-0.0280, -0.0881, -0.0499),
+        (-0.0346, 0.0244, 0.0681),
+        (0.0034, 0.0210, 0.0687),
+        (0.0275, -0.0668, -0.0433),
+        (-0.0174, 0.0160, 0.0617),
+        (0.0859, 0.0721, 0.0329),
+        (0.0004, 0.0383, 0.0115),
+        (0.0405, 0.0861, 0.0915),
+        (-0.0236, -0.0185, -0.0259),
+        (-0.0245, 0.0250, 0.1180),
+        (0.1008, 0.0755, -0.0421),
+        (-0.0515, 0.0201, 0.0011),
+        (0.0428, -0.0012, -0.0036),
+        (0.0817, 0.0765, 0.0749),
+        (-0.1264, -0.0522, -0.1103),
+        (-0.0280, -0.0881, -0.0499),
         (-0.1262, -0.0982, -0.0778),
     ),
     rgb_bias=(-0.0329, -0.0718, -0.0851),
@@ -48,10 +58,26 @@ FLUX_LATENT = LatentFormat(
     empty_node="EmptySD3LatentImage",
 )
 
-CLIP_L = TextEncoderSpec("clip_l", "text_encoders.clip_l.transformer.text_model.", "hf_clip", "text_encoder",
-                         "clip_tokenizer", default_layer=-1, final_norm=True, pooled=True)
-T5XXL = TextEncoderSpec("t5xxl", "text_encoders.t5xxl.transformer.", "t5", "text_encoder_2",
-                        "t5_tokenizer", default_layer=-1, final_norm=True, pooled=False)
+CLIP_L = TextEncoderSpec(
+    "clip_l",
+    "text_encoders.clip_l.transformer.text_model.",
+    "hf_clip",
+    "text_encoder",
+    "clip_tokenizer",
+    default_layer=-1,
+    final_norm=True,
+    pooled=True,
+)
+T5XXL = TextEncoderSpec(
+    "t5xxl",
+    "text_encoders.t5xxl.transformer.",
+    "t5",
+    "text_encoder_2",
+    "t5_tokenizer",
+    default_layer=-1,
+    final_norm=True,
+    pooled=False,
+)
 DIFFUSION_PREFIXES = ("model.diffusion_model.", "")
 VAE_PREFIXES = ("first_stage_model.", "vae.")
 
@@ -73,16 +99,22 @@ class FluxPrompt:
     def encode(self, text: str, encoders: Sequence[ReadyEncoder]) -> tuple[Tensor, Tensor | None]:
         return self.encode_pair(text, text, encoders)
 
-    def encode_pair(self, clip_l: str, t5xxl: str, encoders: Sequence[ReadyEncoder]) -> tuple[Tensor, Tensor | None]:
+    def encode_pair(
+        self, clip_l: str, t5xxl: str, encoders: Sequence[ReadyEncoder]
+    ) -> tuple[Tensor, Tensor | None]:
         embeds, pooled = None, None
         for enc in encoders:
             if isinstance(enc.kind, T5Text):
                 embeds = enc.kind.encode(enc.module, enc.tokenizer, t5xxl, enc.options)
             else:
-                _, pooled = enc.kind.encode(enc.module, enc.tokenizer, clip_l, -1, final_norm=True, pooled=True)
+                _, pooled = enc.kind.encode(
+                    enc.module, enc.tokenizer, clip_l, -1, final_norm=True, pooled=True
+                )
         if embeds is None:
-            raise ModelLoadError("this model needs the T5-XXL text encoder; load it with DualCLIPLoader (type flux) "
-                                 "or CLIPLoader (type chroma)")
+            raise ModelLoadError(
+                "this model needs the T5-XXL text encoder; load it with DualCLIPLoader (type flux) "
+                "or CLIPLoader (type chroma)"
+            )
         return embeds, pooled
 
 
@@ -128,20 +160,30 @@ class Flux(FamilyAdapter):
     # --- parts --------------------------------------------------------------------------------
     def denoiser_part(self, index: TensorIndex) -> Part:
         prefix = transformer_prefix(index)
-        require(prefix is not None, index, "no Flux.1 transformer tensors (double_blocks.*, img_in.*) in this file")
+        require(
+            prefix is not None,
+            index,
+            "no Flux.1 transformer tensors (double_blocks.*, img_in.*) in this file",
+        )
         assert prefix is not None
-        return Part.make("unet", self.denoiser, prefix, "transformer", self.denoiser.config_from_tensors(index, prefix))
+        return Part.make(
+            "unet", self.denoiser, prefix, "transformer", self.denoiser.config_from_tensors(index, prefix)
+        )
 
     def vae_part(self, index: TensorIndex, prefix: str) -> Part:
         cfg = self.vae.config_from_tensors(index, prefix, self.latent_format.scale_factor, 1024)
         if cfg.get("latent_channels") != self.latent_format.channels:
-            raise ModelLoadError(f"{index.path}: this VAE makes {cfg.get('latent_channels')}-channel latents; "
-                                 f"Flux needs the 16-channel Flux VAE (ae.safetensors)")
+            raise ModelLoadError(
+                f"{index.path}: this VAE makes {cfg.get('latent_channels')}-channel latents; "
+                f"Flux needs the 16-channel Flux VAE (ae.safetensors)"
+            )
         return Part.make("vae", self.vae, prefix, "vae", cfg)
 
     def text_encoder_part(self, spec: TextEncoderSpec, index: TensorIndex, prefix: str) -> Part:
         if spec.layout == "t5":
-            return Part.make(spec.name, self.t5, prefix, spec.subfolder, self.t5.config_from_tensors(index, prefix))
+            return Part.make(
+                spec.name, self.t5, prefix, spec.subfolder, self.t5.config_from_tensors(index, prefix)
+            )
         return super().text_encoder_part(spec, index, prefix)
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
@@ -153,9 +195,14 @@ class Flux(FamilyAdapter):
             raise ModelLoadError(
                 f"{index.path}: this Flux file has no {what}; it is a transformer-only file: put it in "
                 "models/diffusion_models and load it with UNETLoader, the text encoders with DualCLIPLoader "
-                "(type flux) and the VAE (ae.safetensors) with VAELoader")
+                "(type flux) and the VAE (ae.safetensors) with VAELoader"
+            )
         clips = tuple(self.text_encoder_part(s, index, s.prefix) for s in self.text_encoders)
-        return {"unet": (self.denoiser_part(index),), "clip": clips, "vae": (self.vae_part(index, vae_prefix),)}
+        return {
+            "unet": (self.denoiser_part(index),),
+            "clip": clips,
+            "vae": (self.vae_part(index, vae_prefix),),
+        }
 
 
 @dataclass(frozen=True)

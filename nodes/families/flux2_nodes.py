@@ -38,13 +38,31 @@ def flux2_sigmas(steps: int, width: int, height: int) -> torch.Tensor:
 
 class EmptyFlux2LatentImage(Node):
     SCHEMA = NodeSchema(
-        node_id="EmptyFlux2LatentImage", display_name="Empty Flux 2 Latent", category="latent",
+        node_id="EmptyFlux2LatentImage",
+        display_name="Empty Flux 2 Latent",
+        category="latent",
         description="A batch of empty (zero) Flux.2 latents: 128 channels at 1/16 of the image size.",
-        inputs=(Input("width", INT, "Image width in pixels (multiple of 16).", default=1024, min=16,
-                      max=MAX_RESOLUTION, step=16),
-                Input("height", INT, "Image height in pixels (multiple of 16).", default=1024, min=16,
-                      max=MAX_RESOLUTION, step=16),
-                Input("batch_size", INT, "Number of images.", default=1, min=1, max=4096)),
+        inputs=(
+            Input(
+                "width",
+                INT,
+                "Image width in pixels (multiple of 16).",
+                default=1024,
+                min=16,
+                max=MAX_RESOLUTION,
+                step=16,
+            ),
+            Input(
+                "height",
+                INT,
+                "Image height in pixels (multiple of 16).",
+                default=1024,
+                min=16,
+                max=MAX_RESOLUTION,
+                step=16,
+            ),
+            Input("batch_size", INT, "Number of images.", default=1, min=1, max=4096),
+        ),
         outputs=(Output("LATENT", LATENT, "Zero latents [batch, 128, height/16, width/16]."),),
     )
 
@@ -54,11 +72,15 @@ class EmptyFlux2LatentImage(Node):
 
 class Flux2Scheduler(Node):
     SCHEMA = NodeSchema(
-        node_id="Flux2Scheduler", display_name="Flux2Scheduler", category="sampling/custom_sampling/schedulers",
+        node_id="Flux2Scheduler",
+        display_name="Flux2Scheduler",
+        category="sampling/custom_sampling/schedulers",
         description="Flux.2's sigmas for an image size and step count (the shift grows with the image).",
-        inputs=(Input("steps", INT, "Number of sampling steps.", default=20, min=1, max=4096),
-                Input("width", INT, "Image width in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=1),
-                Input("height", INT, "Image height in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=1)),
+        inputs=(
+            Input("steps", INT, "Number of sampling steps.", default=20, min=1, max=4096),
+            Input("width", INT, "Image width in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=1),
+            Input("height", INT, "Image height in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=1),
+        ),
         outputs=(Output("SIGMAS", SIGMAS, "steps + 1 noise levels from 1 down to 0."),),
     )
 

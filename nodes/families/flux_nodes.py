@@ -33,8 +33,15 @@ from nodes.conditioning import CondEntry, Conditioning, text_encoders
 from nodes.latent import MAX_RESOLUTION
 from nodes.model_merge import BlockMerge
 
-_GUIDANCE = Input("guidance", FLOAT, "The distilled guidance strength of Flux dev (ignored by schnell).",
-                  default=3.5, min=0.0, max=100.0, step=0.1)
+_GUIDANCE = Input(
+    "guidance",
+    FLOAT,
+    "The distilled guidance strength of Flux dev (ignored by schnell).",
+    default=3.5,
+    min=0.0,
+    max=100.0,
+    step=0.1,
+)
 _COND_OUT = Output("CONDITIONING", CONDITIONING, "The conditioning, for a sampler or guider.")
 
 
@@ -44,31 +51,44 @@ class FluxEncodeError(ValueError):
 
 class CLIPTextEncodeFlux(Node):
     SCHEMA = NodeSchema(
-        node_id="CLIPTextEncodeFlux", display_name="CLIPTextEncodeFlux", category="advanced/conditioning/flux",
+        node_id="CLIPTextEncodeFlux",
+        display_name="CLIPTextEncodeFlux",
+        category="advanced/conditioning/flux",
         description="Encode a Flux prompt: clip_l text for the pooled CLIP-L vector, t5xxl text for the T5 tokens, "
-                    "with the distilled guidance value.",
-        inputs=(Input("clip", CLIP, "The Flux text encoders (DualCLIPLoader, type flux)."),
-                Input("clip_l", STRING, "The prompt for CLIP-L.", multiline=True),
-                Input("t5xxl", STRING, "The prompt for T5-XXL.", multiline=True),
-                _GUIDANCE),
+        "with the distilled guidance value.",
+        inputs=(
+            Input("clip", CLIP, "The Flux text encoders (DualCLIPLoader, type flux)."),
+            Input("clip_l", STRING, "The prompt for CLIP-L.", multiline=True),
+            Input("t5xxl", STRING, "The prompt for T5-XXL.", multiline=True),
+            _GUIDANCE,
+        ),
         outputs=(_COND_OUT,),
     )
 
-    def run(self, ctx: NodeContext, *, clip: Any, clip_l: str, t5xxl: str, guidance: float) -> tuple[Conditioning]:
+    def run(
+        self, ctx: NodeContext, *, clip: Any, clip_l: str, t5xxl: str, guidance: float
+    ) -> tuple[Conditioning]:
         encode_pair = getattr(clip.family.prompt, "encode_pair", None)
         if encode_pair is None:
-            raise FluxEncodeError(f"CLIPTextEncodeFlux needs Flux text encoders, got the {clip.family.title} CLIP; "
-                                  "load clip_l and t5xxl with DualCLIPLoader (type flux) or use CLIPTextEncode")
+            raise FluxEncodeError(
+                f"CLIPTextEncodeFlux needs Flux text encoders, got the {clip.family.title} CLIP; "
+                "load clip_l and t5xxl with DualCLIPLoader (type flux) or use CLIPTextEncode"
+            )
         with text_encoders(ctx, clip) as encoders:
             embeds, pooled = encode_pair(clip_l, t5xxl, encoders)
-        entry = CondEntry(embeds=embeds.float().cpu(), pooled=None if pooled is None else pooled.float().cpu(),
-                          extras={"guidance": guidance})
+        entry = CondEntry(
+            embeds=embeds.float().cpu(),
+            pooled=None if pooled is None else pooled.float().cpu(),
+            extras={"guidance": guidance},
+        )
         return ([entry],)
 
 
 class FluxGuidance(Node):
     SCHEMA = NodeSchema(
-        node_id="FluxGuidance", display_name="FluxGuidance", category="advanced/conditioning/flux",
+        node_id="FluxGuidance",
+        display_name="FluxGuidance",
+        category="advanced/conditioning/flux",
         description="Set the distilled guidance value of Flux dev on every entry of a conditioning.",
         inputs=(Input("conditioning", CONDITIONING, "The conditioning to change."), _GUIDANCE),
         outputs=(_COND_OUT,),
@@ -80,7 +100,9 @@ class FluxGuidance(Node):
 
 class FluxDisableGuidance(Node):
     SCHEMA = NodeSchema(
-        node_id="FluxDisableGuidance", display_name="FluxDisableGuidance", category="advanced/conditioning/flux",
+        node_id="FluxDisableGuidance",
+        display_name="FluxDisableGuidance",
+        category="advanced/conditioning/flux",
         description="This node completely disables the guidance embed on Flux and Flux like models",
         inputs=(Input("conditioning", CONDITIONING, "The conditioning to change."),),
         outputs=(_COND_OUT,),
@@ -91,9 +113,25 @@ class FluxDisableGuidance(Node):
 
 
 # (width, height) Flux Kontext was trained at (ComfyUI's PREFERED_KONTEXT_RESOLUTIONS)
-KONTEXT_RESOLUTIONS = ((672, 1568), (688, 1504), (720, 1456), (752, 1392), (800, 1328), (832, 1248), (880, 1184),
-                       (944, 1104), (1024, 1024), (1104, 944), (1184, 880), (1248, 832), (1328, 800), (1392, 752),
-                       (1456, 720), (1504, 688), (1568, 672))
+KONTEXT_RESOLUTIONS = (
+    (672, 1568),
+    (688, 1504),
+    (720, 1456),
+    (752, 1392),
+    (800, 1328),
+    (832, 1248),
+    (880, 1184),
+    (944, 1104),
+    (1024, 1024),
+    (1104, 944),
+    (1184, 880),
+    (1248, 832),
+    (1328, 800),
+    (1392, 752),
+    (1456, 720),
+    (1504, 688),
+    (1568, 672),
+)
 
 
 def kontext_size(width: int, height: int) -> tuple[int, int]:
@@ -104,9 +142,13 @@ def kontext_size(width: int, height: int) -> tuple[int, int]:
 
 class FluxKontextImageScale(Node):
     SCHEMA = NodeSchema(
-        node_id="FluxKontextImageScale", display_name="FluxKontextImageScale", category="advanced/conditioning/flux",
+        node_id="FluxKontextImageScale",
+        display_name="FluxKontextImageScale",
+        category="advanced/conditioning/flux",
         description="This node resizes the image to one that is more optimal for flux kontext.",
-        inputs=(Input("image", IMAGE, "The image to resize (cropped to the new aspect ratio around its centre)."),),
+        inputs=(
+            Input("image", IMAGE, "The image to resize (cropped to the new aspect ratio around its centre)."),
+        ),
         outputs=(Output("IMAGE", IMAGE, "The image at the nearest Kontext resolution (lanczos)."),),
     )
 
@@ -119,30 +161,47 @@ class FluxKontextImageScale(Node):
 
 class FluxKontextMultiReferenceLatentMethod(Node):
     SCHEMA = NodeSchema(
-        node_id="FluxKontextMultiReferenceLatentMethod", display_name="FluxKontextMultiReferenceLatentMethod",
+        node_id="FluxKontextMultiReferenceLatentMethod",
+        display_name="FluxKontextMultiReferenceLatentMethod",
         category="advanced/conditioning/flux",
         description="Choose how several reference latents are placed for the transformer: offset (side by side), "
-                    "index (one position index per reference) or uxo/uno (diagonally past the image).",
-        inputs=(Input("conditioning", CONDITIONING, "The conditioning with reference latents."),
-                Input("reference_latents_method", COMBO, "How the references' position ids are laid out.",
-                      options=("offset", "index", "uxo/uno"))),
+        "index (one position index per reference) or uxo/uno (diagonally past the image).",
+        inputs=(
+            Input("conditioning", CONDITIONING, "The conditioning with reference latents."),
+            Input(
+                "reference_latents_method",
+                COMBO,
+                "How the references' position ids are laid out.",
+                options=("offset", "index", "uxo/uno"),
+            ),
+        ),
         outputs=(_COND_OUT,),
     )
 
-    def run(self, ctx: NodeContext, *, conditioning: Conditioning,
-            reference_latents_method: str) -> tuple[Conditioning]:
-        method = "uxo" if "uxo" in reference_latents_method or "uso" in reference_latents_method \
+    def run(
+        self, ctx: NodeContext, *, conditioning: Conditioning, reference_latents_method: str
+    ) -> tuple[Conditioning]:
+        method = (
+            "uxo"
+            if "uxo" in reference_latents_method or "uso" in reference_latents_method
             else reference_latents_method
+        )
         return ([replace(e, extras={**e.extras, "reference_latents_method": method}) for e in conditioning],)
 
 
 class EmptySD3LatentImage(Node):
     SCHEMA = NodeSchema(
-        node_id="EmptySD3LatentImage", display_name="EmptySD3LatentImage", category="latent/sd3",
+        node_id="EmptySD3LatentImage",
+        display_name="EmptySD3LatentImage",
+        category="latent/sd3",
         description="A batch of empty 16-channel latents (Flux, SD3) of a given image size, for txt2img.",
-        inputs=(Input("width", INT, "Image width in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=16),
-                Input("height", INT, "Image height in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=16),
-                Input("batch_size", INT, "Number of images.", default=1, min=1, max=4096)),
+        inputs=(
+            Input("width", INT, "Image width in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=16),
+            Input(
+                "height", INT, "Image height in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=16
+            ),
+            Input("batch_size", INT, "Number of images.", default=1, min=1, max=4096),
+        ),
         outputs=(Output("LATENT", LATENT, "Zero latents [batch, 16, height/8, width/8]."),),
     )
 
@@ -152,21 +211,40 @@ class EmptySD3LatentImage(Node):
 
 class ModelSamplingFlux(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelSamplingFlux", display_name="ModelSamplingFlux", category="advanced/model",
+        node_id="ModelSamplingFlux",
+        display_name="ModelSamplingFlux",
+        category="advanced/model",
         description="Sample with Flux's time shift, its mu interpolated from base_shift (256 tokens) to max_shift "
-                    "(4096 tokens) by the image size.",
-        inputs=(Input("model", MODEL, "The model."),
-                Input("max_shift", FLOAT, "Shift at 4096 image tokens (1024×1024).", default=1.15, min=0.0,
-                      max=100.0, step=0.01),
-                Input("base_shift", FLOAT, "Shift at 256 image tokens (256×256).", default=0.5, min=0.0,
-                      max=100.0, step=0.01),
-                Input("width", INT, "Image width in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=8),
-                Input("height", INT, "Image height in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=8)),
+        "(4096 tokens) by the image size.",
+        inputs=(
+            Input("model", MODEL, "The model."),
+            Input(
+                "max_shift",
+                FLOAT,
+                "Shift at 4096 image tokens (1024×1024).",
+                default=1.15,
+                min=0.0,
+                max=100.0,
+                step=0.01,
+            ),
+            Input(
+                "base_shift",
+                FLOAT,
+                "Shift at 256 image tokens (256×256).",
+                default=0.5,
+                min=0.0,
+                max=100.0,
+                step=0.01,
+            ),
+            Input("width", INT, "Image width in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=8),
+            Input("height", INT, "Image height in pixels.", default=1024, min=16, max=MAX_RESOLUTION, step=8),
+        ),
         outputs=(Output("MODEL", MODEL, "The model with the new sampling."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, max_shift: float, base_shift: float, width: int,
-            height: int) -> tuple[Any]:
+    def run(
+        self, ctx: NodeContext, *, model: Any, max_shift: float, base_shift: float, width: int, height: int
+    ) -> tuple[Any]:
         from nodes.diffusion.model_sampling import flux, flux_mu
 
         return (model.with_model_sampling(flux(shift=flux_mu(width, height, base_shift, max_shift))),)
@@ -178,19 +256,31 @@ def _flux1_inputs() -> tuple[Input, ...]:
     names = ["img_in.", "time_in.", "guidance_in", "vector_in.", "txt_in."]
     names += [f"double_blocks.{i}." for i in range(19)] + [f"single_blocks.{i}." for i in range(38)]
     names.append("final_layer.")
-    return (*MODEL_MERGE_PAIR, *(ratio_input(n, f"Share of model1 in the weights named {n}*.") for n in names))
+    return (
+        *MODEL_MERGE_PAIR,
+        *(ratio_input(n, f"Share of model1 in the weights named {n}*.") for n in names),
+    )
 
 
 class ModelMergeFlux1(BlockMerge):
     SCHEMA = NodeSchema(
-        node_id="ModelMergeFlux1", display_name="ModelMergeFlux1", category="advanced/model_merging/model_specific",
+        node_id="ModelMergeFlux1",
+        display_name="ModelMergeFlux1",
+        category="advanced/model_merging/model_specific",
         description="Merge two Flux.1 transformers (19 double and 38 single blocks), one ratio per block; weights are "
-                    "named as in Black Forest Labs' files.",
+        "named as in Black Forest Labs' files.",
         inputs=_flux1_inputs(),
         outputs=(Output("MODEL", MODEL, "The merged model (computed when it is loaded)."),),
     )
 
 
-FLUX_NODES: list[type[Node]] = [CLIPTextEncodeFlux, FluxGuidance, FluxDisableGuidance, EmptySD3LatentImage,
-                                 ModelSamplingFlux, FluxKontextImageScale, FluxKontextMultiReferenceLatentMethod,
-                                 ModelMergeFlux1]
+FLUX_NODES: list[type[Node]] = [
+    CLIPTextEncodeFlux,
+    FluxGuidance,
+    FluxDisableGuidance,
+    EmptySD3LatentImage,
+    ModelSamplingFlux,
+    FluxKontextImageScale,
+    FluxKontextMultiReferenceLatentMethod,
+    ModelMergeFlux1,
+]

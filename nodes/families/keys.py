@@ -40,16 +40,22 @@ def rename(sd: Mapping[str, Any], table: Mapping[str, str]) -> dict[str, Any]:
                 break
             head = key[: pos + 1]
             if head in table:
-                new = table[head] + key[pos + 1:]
+                new = table[head] + key[pos + 1 :]
                 break
         out[new] = value
     return out
 
 
 def _resnet(ldm: str, diff: str) -> Pairs:
-    return [(ldm, diff), (ldm + "in_layers.0.", diff + "norm1."), (ldm + "in_layers.2.", diff + "conv1."),
-            (ldm + "emb_layers.1.", diff + "time_emb_proj."), (ldm + "out_layers.0.", diff + "norm2."),
-            (ldm + "out_layers.3.", diff + "conv2."), (ldm + "skip_connection.", diff + "conv_shortcut.")]
+    return [
+        (ldm, diff),
+        (ldm + "in_layers.0.", diff + "norm1."),
+        (ldm + "in_layers.2.", diff + "conv1."),
+        (ldm + "emb_layers.1.", diff + "time_emb_proj."),
+        (ldm + "out_layers.0.", diff + "norm2."),
+        (ldm + "out_layers.3.", diff + "conv2."),
+        (ldm + "skip_connection.", diff + "conv_shortcut."),
+    ]
 
 
 # --- UNet ---------------------------------------------------------------------------------------
@@ -60,13 +66,20 @@ def unet_pairs(config: Mapping[str, Any]) -> Pairs:
     attn_down = [t.startswith("CrossAttn") for t in config["down_block_types"]]
     attn_up = [t.startswith("CrossAttn") for t in config["up_block_types"]]
     pairs: Pairs = [
-        ("time_embed.0.", "time_embedding.linear_1."), ("time_embed.2.", "time_embedding.linear_2."),
-        ("input_blocks.0.0.", "conv_in."), ("out.0.", "conv_norm_out."), ("out.2.", "conv_out."),
+        ("time_embed.0.", "time_embedding.linear_1."),
+        ("time_embed.2.", "time_embedding.linear_2."),
+        ("input_blocks.0.0.", "conv_in."),
+        ("out.0.", "conv_norm_out."),
+        ("out.2.", "conv_out."),
         ("middle_block.1.", "mid_block.attentions.0."),
     ]
-    label = "class_embedding" if config.get("class_embed_type") == "projection" else "add_embedding"  # unCLIP: class
+    label = (
+        "class_embedding" if config.get("class_embed_type") == "projection" else "add_embedding"
+    )  # unCLIP: class
     pairs += [("label_emb.0.0.", f"{label}.linear_1."), ("label_emb.0.2.", f"{label}.linear_2.")]
-    pairs += _resnet("middle_block.0.", "mid_block.resnets.0.") + _resnet("middle_block.2.", "mid_block.resnets.1.")
+    pairs += _resnet("middle_block.0.", "mid_block.resnets.0.") + _resnet(
+        "middle_block.2.", "mid_block.resnets.1."
+    )
     for i in range(levels):
         for j in range(lpb):
             k = 1 + i * (lpb + 1) + j  # input block 0 is conv_in; each level adds lpb blocks + a downsample
@@ -74,7 +87,9 @@ def unet_pairs(config: Mapping[str, Any]) -> Pairs:
             if attn_down[i]:
                 pairs.append((f"input_blocks.{k}.1.", f"down_blocks.{i}.attentions.{j}."))
         if i < levels - 1:
-            pairs.append((f"input_blocks.{1 + i * (lpb + 1) + lpb}.0.op.", f"down_blocks.{i}.downsamplers.0.conv."))
+            pairs.append(
+                (f"input_blocks.{1 + i * (lpb + 1) + lpb}.0.op.", f"down_blocks.{i}.downsamplers.0.conv.")
+            )
     for i in range(levels):
         for j in range(lpb + 1):
             k = i * (lpb + 1) + j
@@ -83,19 +98,30 @@ def unet_pairs(config: Mapping[str, Any]) -> Pairs:
                 pairs.append((f"output_blocks.{k}.1.", f"up_blocks.{i}.attentions.{j}."))
         if i < levels - 1:
             k = i * (lpb + 1) + lpb
-            pairs.append((f"output_blocks.{k}.{2 if attn_up[i] else 1}.conv.", f"up_blocks.{i}.upsamplers.0.conv."))
+            pairs.append(
+                (f"output_blocks.{k}.{2 if attn_up[i] else 1}.conv.", f"up_blocks.{i}.upsamplers.0.conv.")
+            )
     return pairs
 
 
 # --- VAE ----------------------------------------------------------------------------------------
-_VAE_ATTN = (("norm.", "group_norm."), ("q.", "to_q."), ("k.", "to_k."), ("v.", "to_v."), ("proj_out.", "to_out.0."))
+_VAE_ATTN = (
+    ("norm.", "group_norm."),
+    ("q.", "to_q."),
+    ("k.", "to_k."),
+    ("v.", "to_v."),
+    ("proj_out.", "to_out.0."),
+)
 _VAE_ATTN_LINEAR = ("to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight")
 
 
 def vae_pairs(config: Mapping[str, Any]) -> Pairs:
     levels = len(config["block_out_channels"])
     lpb = int(config["layers_per_block"])
-    pairs: Pairs = [("encoder.norm_out.", "encoder.conv_norm_out."), ("decoder.norm_out.", "decoder.conv_norm_out.")]
+    pairs: Pairs = [
+        ("encoder.norm_out.", "encoder.conv_norm_out."),
+        ("decoder.norm_out.", "decoder.conv_norm_out."),
+    ]
 
     def res(ldm: str, diff: str) -> None:
         pairs.extend([(ldm, diff), (ldm + "nin_shortcut.", diff + "conv_shortcut.")])
@@ -109,7 +135,9 @@ def vae_pairs(config: Mapping[str, Any]) -> Pairs:
         for j in range(lpb):
             res(f"encoder.down.{i}.block.{j}.", f"encoder.down_blocks.{i}.resnets.{j}.")
         if i < levels - 1:
-            pairs.append((f"encoder.down.{i}.downsample.conv.", f"encoder.down_blocks.{i}.downsamplers.0.conv."))
+            pairs.append(
+                (f"encoder.down.{i}.downsample.conv.", f"encoder.down_blocks.{i}.downsamplers.0.conv.")
+            )
     for i in range(levels):
         level = levels - 1 - i  # the decoder's up blocks run from the lowest resolution
         for j in range(lpb + 1):
@@ -121,8 +149,14 @@ def vae_pairs(config: Mapping[str, Any]) -> Pairs:
 
 def _vae_reshape(sd: dict[str, Any], to_linear: bool) -> dict[str, Any]:
     for key, value in sd.items():
-        if ".mid_block.attentions.0." in key and key.endswith(_VAE_ATTN_LINEAR) or (
-            not to_linear and ".mid.attn_1." in key and key.endswith(("q.weight", "k.weight", "v.weight", "proj_out.weight"))
+        if (
+            ".mid_block.attentions.0." in key
+            and key.endswith(_VAE_ATTN_LINEAR)
+            or (
+                not to_linear
+                and ".mid.attn_1." in key
+                and key.endswith(("q.weight", "k.weight", "v.weight", "proj_out.weight"))
+            )
         ):
             if to_linear and value.ndim == 4:
                 sd[key] = value[:, :, 0, 0]  # 1×1 conv [C, C, 1, 1] → linear [C, C]
@@ -132,8 +166,13 @@ def _vae_reshape(sd: dict[str, Any], to_linear: bool) -> dict[str, Any]:
 
 
 # --- OpenCLIP text encoder ------------------------------------------------------------------------
-_OPEN_CLIP_LAYER = (("ln_1.", "layer_norm1."), ("ln_2.", "layer_norm2."), ("mlp.c_fc.", "mlp.fc1."),
-                    ("mlp.c_proj.", "mlp.fc2."), ("attn.out_proj.", "self_attn.out_proj."))
+_OPEN_CLIP_LAYER = (
+    ("ln_1.", "layer_norm1."),
+    ("ln_2.", "layer_norm2."),
+    ("mlp.c_fc.", "mlp.fc1."),
+    ("mlp.c_proj.", "mlp.fc2."),
+    ("attn.out_proj.", "self_attn.out_proj."),
+)
 OPEN_CLIP_IGNORED = ("logit_scale", "attn_mask")
 
 
@@ -141,7 +180,9 @@ def open_clip_to_hf(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     layers = {int(k.split(".")[2]) for k in sd if k.startswith("transformer.resblocks.")}
     table = {"token_embedding.": "embeddings.token_embedding.", "ln_final.": "final_layer_norm."}
     for i in layers:
-        table.update({f"transformer.resblocks.{i}.{a}": f"encoder.layers.{i}.{b}" for a, b in _OPEN_CLIP_LAYER})
+        table.update(
+            {f"transformer.resblocks.{i}.{a}": f"encoder.layers.{i}.{b}" for a, b in _OPEN_CLIP_LAYER}
+        )
     out: dict[str, Any] = {}
     for key, value in sd.items():
         if key in OPEN_CLIP_IGNORED:
@@ -165,7 +206,9 @@ def hf_to_open_clip(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     layers = {int(k.split(".")[2]) for k in sd if k.startswith("encoder.layers.")}
     table = {"embeddings.token_embedding.": "token_embedding.", "final_layer_norm.": "ln_final."}
     for i in layers:
-        table.update({f"encoder.layers.{i}.{b}": f"transformer.resblocks.{i}.{a}" for a, b in _OPEN_CLIP_LAYER})
+        table.update(
+            {f"encoder.layers.{i}.{b}": f"transformer.resblocks.{i}.{a}" for a, b in _OPEN_CLIP_LAYER}
+        )
     out: dict[str, Any] = {}
     for key, value in sd.items():
         if key == "embeddings.position_embedding.weight":

@@ -57,8 +57,14 @@ class ConcatPrompt:
 
         parts, pooled = [], None
         for enc in encoders:
-            z, p = enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer,
-                                   final_norm=enc.spec.final_norm, pooled=enc.spec.pooled)
+            z, p = enc.kind.encode(
+                enc.module,
+                enc.tokenizer,
+                text,
+                enc.layer,
+                final_norm=enc.spec.final_norm,
+                pooled=enc.spec.pooled,
+            )
             parts.append(z)
             pooled = p if p is not None else pooled
         return torch.cat(parts, dim=-1), pooled

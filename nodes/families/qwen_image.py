@@ -66,19 +66,37 @@ WAN21_LATENT = ChannelLatentFormat(
     channels=16,
     scale_factor=1.0,
     rgb_factors=(
-        (-0.1299, -0.1692, 0.2932), (0.0671, 0.0406, 0.0442), (0.3568, 0.2548, 0.1747),
-        (0.0372, 0.2344, 0.1420), (0.0313, 0.0189, -0.0328), (0.0296, -0.0956, -0.0665),
-        (-0.3477, -0.4059, -0.2925), (0.0166, 0.1902, 0.1975), (-0.0412, 0.0267, -0.1364),
-        (-0.1293, 0.0740, 0.1636), (0.0680, 0.3019, 0.1128), (0.0032, 0.0581, 0.0639),
-        (-0.1251, 0.0927, 0.1699), (0.0060, -0.0633, 0.0005), (0.3477, 0.2275, 0.2950),
+        (-0.1299, -0.1692, 0.2932),
+        (0.0671, 0.0406, 0.0442),
+        (0.3568, 0.2548, 0.1747),
+        (0.0372, 0.2344, 0.1420),
+        (0.0313, 0.0189, -0.0328),
+        (0.0296, -0.0956, -0.0665),
+        (-0.3477, -0.4059, -0.2925),
+        (0.0166, 0.1902, 0.1975),
+        (-0.0412, 0.0267, -0.1364),
+        (-0.1293, 0.0740, 0.1636),
+        (0.0680, 0.3019, 0.1128),
+        (0.0032, 0.0581, 0.0639),
+        (-0.1251, 0.0927, 0.1699),
+        (0.0060, -0.0633, 0.0005),
+        (0.3477, 0.2275, 0.2950),
         (0.1984, 0.0913, 0.1861),
     ),
     rgb_bias=(-0.1835, -0.0868, -0.3360),
     mean=LATENTS_MEAN,
     std=LATENTS_STD,
 )
-QWEN25_7B = TextEncoderSpec("qwen25_7b", "model.", "qwen25vl", "text_encoder", "qwen_tokenizer",
-                            default_layer=-1, final_norm=True, pooled=False)
+QWEN25_7B = TextEncoderSpec(
+    "qwen25_7b",
+    "model.",
+    "qwen25vl",
+    "text_encoder",
+    "qwen_tokenizer",
+    default_layer=-1,
+    final_norm=True,
+    pooled=False,
+)
 DIFFUSION_PREFIXES = ("model.diffusion_model.", "")
 VAE_PREFIXES = ("", "first_stage_model.", "vae.")
 SHIFT = 1.15
@@ -87,8 +105,10 @@ SHIFT = 1.15
 def transformer_prefix(index: TensorIndex) -> str | None:
     """Where a Qwen-Image transformer's tensors start in ``index`` (None: there is none)."""
     for prefix in DIFFUSION_PREFIXES:
-        if all(index.has(f"{prefix}{k}") for k in ("img_in.weight", "txt_norm.weight",
-                                                    "transformer_blocks.0.img_mod.1.weight")):
+        if all(
+            index.has(f"{prefix}{k}")
+            for k in ("img_in.weight", "txt_norm.weight", "transformer_blocks.0.img_mod.1.weight")
+        ):
             return prefix
     return None
 
@@ -99,13 +119,16 @@ class QwenImagePrompt:
     prompt, the template's head dropped; no pooled vector. ``template`` replaces the default one
     (TextEncodeQwenImageEditPlus)."""
 
-    def encode(self, text: str, encoders: Sequence[ReadyEncoder], template: str | None = None
-               ) -> tuple[Tensor, Tensor | None]:
+    def encode(
+        self, text: str, encoders: Sequence[ReadyEncoder], template: str | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         for enc in encoders:
             if isinstance(enc.kind, Qwen25VLText):
                 return enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer, template), None
-        raise ModelLoadError("Qwen-Image needs the Qwen2.5-VL-7B text encoder; load qwen_2.5_vl_7b.safetensors "
-                             "with CLIPLoader (type qwen_image)")
+        raise ModelLoadError(
+            "Qwen-Image needs the Qwen2.5-VL-7B text encoder; load qwen_2.5_vl_7b.safetensors "
+            "with CLIPLoader (type qwen_image)"
+        )
 
 
 @dataclass(frozen=True)
@@ -144,22 +167,30 @@ class QwenImage(FamilyAdapter):
     # --- parts --------------------------------------------------------------------------------
     def denoiser_part(self, index: TensorIndex) -> Part:
         prefix = transformer_prefix(index)
-        require(prefix is not None, index, "no Qwen-Image transformer tensors (img_in, txt_norm, "
-                                           "transformer_blocks.N.img_mod) in this file")
+        require(
+            prefix is not None,
+            index,
+            "no Qwen-Image transformer tensors (img_in, txt_norm, transformer_blocks.N.img_mod) in this file",
+        )
         assert prefix is not None
-        return Part.make("unet", self.denoiser, prefix, "transformer", self.denoiser.config_from_tensors(index, prefix))
+        return Part.make(
+            "unet", self.denoiser, prefix, "transformer", self.denoiser.config_from_tensors(index, prefix)
+        )
 
     def vae_part(self, index: TensorIndex, prefix: str) -> Part:
         return Part.make("vae", self.vae, prefix, "vae", self.vae.config_from_tensors(index, prefix))
 
     def text_encoder_part(self, spec: TextEncoderSpec, index: TensorIndex, prefix: str) -> Part:
-        return Part.make(spec.name, self.qwen, prefix, spec.subfolder, self.qwen.config_from_tensors(index, prefix))
+        return Part.make(
+            spec.name, self.qwen, prefix, spec.subfolder, self.qwen.config_from_tensors(index, prefix)
+        )
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
         raise ModelLoadError(
             f"{index.path}: this is a Qwen-Image transformer file, not an all-in-one checkpoint: put it in "
             "models/diffusion_models and load it with UNETLoader, the text encoder (qwen_2.5_vl_7b.safetensors) "
-            "with CLIPLoader (type qwen_image) and the VAE (qwen_image_vae.safetensors) with VAELoader")
+            "with CLIPLoader (type qwen_image) and the VAE (qwen_image_vae.safetensors) with VAELoader"
+        )
 
 
 def wan_vae_prefix(index: TensorIndex) -> str | None:

@@ -39,5 +39,10 @@ class DiscreteSampling:
 
         if prediction not in PREDICTIONS:
             raise ValueError(f"unknown prediction type {prediction!r}; expected one of {sorted(PREDICTIONS)}")
-        return discrete(PREDICTIONS[prediction], beta_schedule=self.beta_schedule,
-                        linear_start=self.linear_start, linear_end=self.linear_end, timesteps=self.timesteps)
+        return discrete(
+            PREDICTIONS[prediction],
+            beta_schedule=self.beta_schedule,
+            linear_start=self.linear_start,
+            linear_end=self.linear_end,
+            timesteps=self.timesteps,
+        )

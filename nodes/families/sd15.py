@@ -20,15 +20,26 @@ class SD15(FamilyAdapter):
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.eight_heads)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
-        TextEncoderSpec("clip_l", "cond_stage_model.transformer.text_model.", "hf_clip", "text_encoder",
-                        "clip_tokenizer", default_layer=-1, final_norm=True, pooled=False),
+        TextEncoderSpec(
+            "clip_l",
+            "cond_stage_model.transformer.text_model.",
+            "hf_clip",
+            "text_encoder",
+            "clip_tokenizer",
+            default_layer=-1,
+            final_norm=True,
+            pooled=False,
+        ),
     )
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:
         return index.has(f"{cls.denoiser_prefix}input_blocks.0.0.weight") and index.any_with(
-            "cond_stage_model.transformer.")
+            "cond_stage_model.transformer."
+        )
 
     @classmethod
     def detect_diffusers(cls, model_index: dict, unet: dict) -> bool:  # type: ignore[override]
-        return model_index.get("_class_name") == cls.pipeline_class and not unet.get("use_linear_projection", False)
+        return model_index.get("_class_name") == cls.pipeline_class and not unet.get(
+            "use_linear_projection", False
+        )

@@ -27,24 +27,39 @@ class SD2(FamilyAdapter):
     sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
-        TextEncoderSpec("clip_h", "cond_stage_model.model.", "open_clip", "text_encoder",
-                        "clip_tokenizer_2", default_layer=-2, final_norm=True, pooled=False),
+        TextEncoderSpec(
+            "clip_h",
+            "cond_stage_model.model.",
+            "open_clip",
+            "text_encoder",
+            "clip_tokenizer_2",
+            default_layer=-2,
+            final_norm=True,
+            pooled=False,
+        ),
     )
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:
-        return index.has(f"{cls.denoiser_prefix}input_blocks.0.0.weight") and index.any_with("cond_stage_model.model.")
+        return index.has(f"{cls.denoiser_prefix}input_blocks.0.0.weight") and index.any_with(
+            "cond_stage_model.model."
+        )
 
     @classmethod
     def detect_diffusers(cls, model_index: dict, unet: dict) -> bool:  # type: ignore[override]
-        return model_index.get("_class_name") == cls.pipeline_class and bool(unet.get("use_linear_projection", False))
+        return model_index.get("_class_name") == cls.pipeline_class and bool(
+            unet.get("use_linear_projection", False)
+        )
 
     def prediction_type(self, index: TensorIndex) -> str:
         """``v_pred`` key (ComfyUI's marker) or metadata; else ComfyUI's norm-bias heuristic."""
         if index.has("v_pred"):
             return "v_prediction"
         meta = {k.lower(): str(v).lower() for k, v in index.metadata.items()}
-        if meta.get("modelspec.prediction_type", "").startswith("v") or meta.get("ss_v_parameterization") == "true":
+        if (
+            meta.get("modelspec.prediction_type", "").startswith("v")
+            or meta.get("ss_v_parameterization") == "true"
+        ):
             return "v_prediction"
         if meta.get("modelspec.prediction_type") == "epsilon" or not index.has(_V_PROBE) or index.pickled:
             return "epsilon"
@@ -81,8 +96,11 @@ class SD2Unclip(SD2):
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:
-        return (index.has(f"{cls.denoiser_prefix}label_emb.0.0.weight") and index.any_with("cond_stage_model.model.")
-                and not index.any_with("conditioner.embedders."))
+        return (
+            index.has(f"{cls.denoiser_prefix}label_emb.0.0.weight")
+            and index.any_with("cond_stage_model.model.")
+            and not index.any_with("conditioner.embedders.")
+        )
 
     @classmethod
     def detect_diffusers(cls, model_index: dict, unet: dict) -> bool:  # type: ignore[override]
@@ -93,6 +111,8 @@ class SD2Unclip(SD2):
         cfg.pop("addition_embed_type", None)
         cfg["class_embed_type"] = "projection"
         if cfg["projection_class_embeddings_input_dim"] % 2:
-            raise ModelLoadError(f"{index.path}: an unCLIP class embedding takes an even width (image embeds + "
-                                 f"noise-level embedding); found {cfg['projection_class_embeddings_input_dim']}")
+            raise ModelLoadError(
+                f"{index.path}: an unCLIP class embedding takes an even width (image embeds + "
+                f"noise-level embedding); found {cfg['projection_class_embeddings_input_dim']}"
+            )
         return cfg

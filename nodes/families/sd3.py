@@ -41,23 +41,57 @@ SD3_LATENT = LatentFormat(
     scale_factor=1.5305,
     shift=0.0609,
     rgb_factors=(
-        (-0.0922, -0.0175, 0.0749), (0.0311, 0.0633, 0.0954), (0.1994, 0.0927, 0.0458),
-        (0.0856, 0.0339, 0.0902), (0.0587, 0.0272, -0.0496), (-0.0006, 0.1104, 0.0309),
-        (0.0978, 0.0306, 0.0427), (-0.0042, 0.1038, 0.1358), (-0.0194, 0.0020, 0.0669),
-        (-0.0488, 0.0130, -0.0268), (0.0922, 0.0988, 0.0951), (-0.0278, 0.0524, -0.0542),
-        (0.0332, 0.0456, 0.0895), (-0.0069, -0.0030, -0.0810), (-0.0596, -0.0465, -0.0293),
+        (-0.0922, -0.0175, 0.0749),
+        (0.0311, 0.0633, 0.0954),
+        (0.1994, 0.0927, 0.0458),
+        (0.0856, 0.0339, 0.0902),
+        (0.0587, 0.0272, -0.0496),
+        (-0.0006, 0.1104, 0.0309),
+        (0.0978, 0.0306, 0.0427),
+        (-0.0042, 0.1038, 0.1358),
+        (-0.0194, 0.0020, 0.0669),
+        (-0.0488, 0.0130, -0.0268),
+        (0.0922, 0.0988, 0.0951),
+        (-0.0278, 0.0524, -0.0542),
+        (0.0332, 0.0456, 0.0895),
+        (-0.0069, -0.0030, -0.0810),
+        (-0.0596, -0.0465, -0.0293),
         (-0.1448, -0.1463, -0.1189),
     ),
     rgb_bias=(0.2394, 0.2135, 0.1925),
     taesd_decoder="taesd3_decoder",
 )
 
-CLIP_L = TextEncoderSpec("clip_l", "text_encoders.clip_l.transformer.text_model.", "hf_clip", "text_encoder",
-                         "clip_tokenizer", default_layer=-2, final_norm=False, pooled=True)
-CLIP_G = TextEncoderSpec("clip_g", "text_encoders.clip_g.transformer.", "hf_clip", "text_encoder_2",
-                         "clip_tokenizer_2", default_layer=-2, final_norm=False, pooled=True)
-T5XXL = TextEncoderSpec("t5xxl", "text_encoders.t5xxl.transformer.", "t5", "text_encoder_3",
-                        "t5_tokenizer", default_layer=-1, final_norm=True, pooled=False)
+CLIP_L = TextEncoderSpec(
+    "clip_l",
+    "text_encoders.clip_l.transformer.text_model.",
+    "hf_clip",
+    "text_encoder",
+    "clip_tokenizer",
+    default_layer=-2,
+    final_norm=False,
+    pooled=True,
+)
+CLIP_G = TextEncoderSpec(
+    "clip_g",
+    "text_encoders.clip_g.transformer.",
+    "hf_clip",
+    "text_encoder_2",
+    "clip_tokenizer_2",
+    default_layer=-2,
+    final_norm=False,
+    pooled=True,
+)
+T5XXL = TextEncoderSpec(
+    "t5xxl",
+    "text_encoders.t5xxl.transformer.",
+    "t5",
+    "text_encoder_3",
+    "t5_tokenizer",
+    default_layer=-1,
+    final_norm=True,
+    pooled=False,
+)
 DIFFUSION_PREFIXES = ("model.diffusion_model.", "")
 WIDTHS = {"clip_l": 768, "clip_g": 1280, "t5xxl": 4096}  # of the real encoders: the zeros of a missing one
 CLIP_TOKENS = 77
@@ -66,7 +100,9 @@ CLIP_TOKENS = 77
 def transformer_prefix(index: TensorIndex) -> str | None:
     """Where an SD3 transformer's tensors start in ``index`` (None: there is none)."""
     for prefix in DIFFUSION_PREFIXES:
-        if index.has(f"{prefix}joint_blocks.0.x_block.attn.qkv.weight") and index.has(f"{prefix}x_embedder.proj.weight"):
+        if index.has(f"{prefix}joint_blocks.0.x_block.attn.qkv.weight") and index.has(
+            f"{prefix}x_embedder.proj.weight"
+        ):
             return prefix
     return None
 
@@ -87,15 +123,20 @@ class NestedClipText(ClipText):
         return {k.removeprefix("text_model."): v for k, v in sd.items() if not k.endswith("position_ids")}
 
     def to_original(self, sd: Any, config: Any) -> dict[str, Any]:
-        return {k if k.startswith("text_projection.") else f"text_model.{k.removeprefix('text_model.')}": v
-                for k, v in sd.items() if not k.endswith("position_ids")}
+        return {
+            k if k.startswith("text_projection.") else f"text_model.{k.removeprefix('text_model.')}": v
+            for k, v in sd.items()
+            if not k.endswith("position_ids")
+        }
 
 
 def clip_g_config(index: TensorIndex, prefix: str) -> dict[str, Any]:
     """CLIP-G's ``CLIPTextConfig`` kwargs from an SD3-layout file (OpenCLIP's GELU, the projection)."""
     if not index.has(f"{prefix}text_projection.weight"):
-        raise ModelLoadError(f"{index.path}: the CLIP-G text encoder has no text_projection.weight, which SD3's "
-                             "pooled vector needs; use the clip_g.safetensors of the SD3/SD3.5 release")
+        raise ModelLoadError(
+            f"{index.path}: the CLIP-G text encoder has no text_projection.weight, which SD3's "
+            "pooled vector needs; use the clip_g.safetensors of the SD3/SD3.5 release"
+        )
     cfg = arch.clip_config(index, f"{prefix}text_model.", "hf_clip")
     return cfg | {"hidden_act": "gelu", "projection_dim": index.shape(f"{prefix}text_projection.weight")[0]}
 
@@ -109,14 +150,17 @@ class SD3Prompt:
     def encode(self, text: str, encoders: Sequence[ReadyEncoder]) -> tuple[Tensor, Tensor | None]:
         return self.encode_triple(text, text, text, encoders, drop_empty=False)
 
-    def encode_triple(self, clip_l: str, clip_g: str, t5xxl: str, encoders: Sequence[ReadyEncoder], *,
-                      drop_empty: bool) -> tuple[Tensor, Tensor | None]:
+    def encode_triple(
+        self, clip_l: str, clip_g: str, t5xxl: str, encoders: Sequence[ReadyEncoder], *, drop_empty: bool
+    ) -> tuple[Tensor, Tensor | None]:
         import torch
 
         by_name = {enc.spec.name: enc for enc in encoders}
         if not by_name:
-            raise ModelLoadError("this CLIP holds no text encoder: the SD3 checkpoint it came from has none; load "
-                                 "clip_l, clip_g and t5xxl with TripleCLIPLoader and encode with its CLIP")
+            raise ModelLoadError(
+                "this CLIP holds no text encoder: the SD3 checkpoint it came from has none; load "
+                "clip_l, clip_g and t5xxl with TripleCLIPLoader and encode with its CLIP"
+            )
         t5 = by_name.get("t5xxl")
         width = int(t5.module.config.d_model) if t5 is not None else WIDTHS["t5xxl"]
         texts = {"clip_l": clip_l, "clip_g": clip_g}
@@ -135,7 +179,9 @@ class SD3Prompt:
         return out, pooled
 
 
-def _encode_clips(by_name: dict[str, ReadyEncoder], texts: dict[str, str], width: int) -> tuple[Tensor | None, Tensor]:
+def _encode_clips(
+    by_name: dict[str, ReadyEncoder], texts: dict[str, str], width: int
+) -> tuple[Tensor | None, Tensor]:
     """CLIP-L's and CLIP-G's tokens side by side (CLIP-L's columns zeros without it; no CLIP-G
     columns without it), zero-padded to ``width``; and their pooled vectors, concatenated (zeros of
     the real width for an encoder not loaded)."""
@@ -157,13 +203,16 @@ def _encode_clips(by_name: dict[str, ReadyEncoder], texts: dict[str, str], width
             lg = g.new_zeros(1, g.shape[1], WIDTHS["clip_l"])
         lg = lg if g is None else torch.cat([lg, g], dim=-1)
         out = F.pad(lg, (0, max(0, width - lg.shape[-1])))
-    pooled = [pools[n].float().cpu() if n in pools else torch.zeros(1, WIDTHS[n]) for n in ("clip_l", "clip_g")]
+    pooled = [
+        pools[n].float().cpu() if n in pools else torch.zeros(1, WIDTHS[n]) for n in ("clip_l", "clip_g")
+    ]
     return out, torch.cat(pooled, dim=-1)
 
 
 def _clip(enc: ReadyEncoder, text: str) -> tuple[Tensor, Tensor]:
-    z, pooled = enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer, final_norm=enc.spec.final_norm,
-                                pooled=True)
+    z, pooled = enc.kind.encode(
+        enc.module, enc.tokenizer, text, enc.layer, final_norm=enc.spec.final_norm, pooled=True
+    )
     assert pooled is not None
     return z, pooled
 
@@ -229,22 +278,34 @@ class SD3(FamilyAdapter):
     # --- parts --------------------------------------------------------------------------------
     def denoiser_part(self, index: TensorIndex) -> Part:
         prefix = transformer_prefix(index)
-        require(prefix is not None, index, "no SD3 transformer tensors (joint_blocks.*, x_embedder.*) in this file")
+        require(
+            prefix is not None,
+            index,
+            "no SD3 transformer tensors (joint_blocks.*, x_embedder.*) in this file",
+        )
         assert prefix is not None
-        return Part.make("unet", self.denoiser, prefix, "transformer", self.denoiser.config_from_tensors(index, prefix))
+        return Part.make(
+            "unet", self.denoiser, prefix, "transformer", self.denoiser.config_from_tensors(index, prefix)
+        )
 
     def vae_part(self, index: TensorIndex, prefix: str) -> Part:
         cfg = self.vae.config_from_tensors(index, prefix, self.latent_format.scale_factor, 1024)
         if cfg.get("latent_channels") != self.latent_format.channels:
-            raise ModelLoadError(f"{index.path}: this VAE makes {cfg.get('latent_channels')}-channel latents; "
-                                 "SD3 needs its 16-channel VAE")
+            raise ModelLoadError(
+                f"{index.path}: this VAE makes {cfg.get('latent_channels')}-channel latents; "
+                "SD3 needs its 16-channel VAE"
+            )
         return Part.make("vae", self.vae, prefix, "vae", cfg)
 
     def text_encoder_part(self, spec: TextEncoderSpec, index: TensorIndex, prefix: str) -> Part:
         if spec.layout == "t5":
-            return Part.make(spec.name, self.t5, prefix, spec.subfolder, self.t5.config_from_tensors(index, prefix))
+            return Part.make(
+                spec.name, self.t5, prefix, spec.subfolder, self.t5.config_from_tensors(index, prefix)
+            )
         if spec.name == "clip_g":
-            return Part.make(spec.name, NestedClipText(), prefix, spec.subfolder, clip_g_config(index, prefix))
+            return Part.make(
+                spec.name, NestedClipText(), prefix, spec.subfolder, clip_g_config(index, prefix)
+            )
         return super().text_encoder_part(spec, index, prefix)
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
@@ -255,7 +316,13 @@ class SD3(FamilyAdapter):
             raise ModelLoadError(
                 f"{index.path}: this SD3 file has no VAE; it is a transformer-only file: put it in "
                 "models/diffusion_models and load it with UNETLoader, the text encoders with TripleCLIPLoader "
-                "(clip_l, clip_g, t5xxl) and the VAE with VAELoader")
-        clips = tuple(self.text_encoder_part(s, index, s.prefix) for s in self.text_encoders if index.any_with(s.prefix))
-        return {"unet": (self.denoiser_part(index),), "clip": clips,
-                "vae": (self.vae_part(index, self.vae_prefix),)}
+                "(clip_l, clip_g, t5xxl) and the VAE with VAELoader"
+            )
+        clips = tuple(
+            self.text_encoder_part(s, index, s.prefix) for s in self.text_encoders if index.any_with(s.prefix)
+        )
+        return {
+            "unet": (self.denoiser_part(index),),
+            "clip": clips,
+            "vae": (self.vae_part(index, self.vae_prefix),),
+        }

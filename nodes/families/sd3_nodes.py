@@ -42,11 +42,20 @@ class SD3EncodeError(ValueError):
 
 class TripleCLIPLoader(Node):
     SCHEMA = NodeSchema(
-        node_id="TripleCLIPLoader", display_name="TripleCLIPLoader", category="advanced/loaders",
+        node_id="TripleCLIPLoader",
+        display_name="TripleCLIPLoader",
+        category="advanced/loaders",
         description="[Recipes]\n\nsd3: clip-l, clip-g, t5. Loads three text-encoder files as the SD3 CLIP; each "
-                    "file's encoder is recognised from its tensors, so the order does not matter.",
-        inputs=tuple(Input(f"clip_name{i}", COMBO, f"Text encoder {i} in models/text_encoders (or models/clip).",
-                           options=DynamicOptions("text_encoders")) for i in (1, 2, 3)),
+        "file's encoder is recognised from its tensors, so the order does not matter.",
+        inputs=tuple(
+            Input(
+                f"clip_name{i}",
+                COMBO,
+                f"Text encoder {i} in models/text_encoders (or models/clip).",
+                options=DynamicOptions("text_encoders"),
+            )
+            for i in (1, 2, 3)
+        ),
         outputs=(Output("CLIP", CLIP, "The text encoders that turn prompts into conditioning."),),
     )
 
@@ -67,34 +76,62 @@ class TripleCLIPLoader(Node):
 
 class CLIPTextEncodeSD3(Node):
     SCHEMA = NodeSchema(
-        node_id="CLIPTextEncodeSD3", display_name="CLIPTextEncodeSD3", category="advanced/conditioning",
+        node_id="CLIPTextEncodeSD3",
+        display_name="CLIPTextEncodeSD3",
+        category="advanced/conditioning",
         description="Encode an SD3 prompt with a text per encoder (CLIP-L, CLIP-G, T5-XXL).",
-        inputs=(Input("clip", CLIP, "The SD3 text encoders (TripleCLIPLoader or an SD3 checkpoint)."),
-                Input("clip_l", STRING, "The prompt for CLIP-L.", multiline=True),
-                Input("clip_g", STRING, "The prompt for CLIP-G.", multiline=True),
-                Input("t5xxl", STRING, "The prompt for T5-XXL.", multiline=True),
-                Input("empty_padding", COMBO, "none: an empty prompt is left out (its encoder adds nothing); "
-                      "empty_prompt: an empty prompt is encoded like any other.", options=("none", "empty_prompt"))),
+        inputs=(
+            Input("clip", CLIP, "The SD3 text encoders (TripleCLIPLoader or an SD3 checkpoint)."),
+            Input("clip_l", STRING, "The prompt for CLIP-L.", multiline=True),
+            Input("clip_g", STRING, "The prompt for CLIP-G.", multiline=True),
+            Input("t5xxl", STRING, "The prompt for T5-XXL.", multiline=True),
+            Input(
+                "empty_padding",
+                COMBO,
+                "none: an empty prompt is left out (its encoder adds nothing); "
+                "empty_prompt: an empty prompt is encoded like any other.",
+                options=("none", "empty_prompt"),
+            ),
+        ),
         outputs=(Output("CONDITIONING", CONDITIONING, "The conditioning, for a sampler or guider."),),
     )
 
-    def run(self, ctx: NodeContext, *, clip: Any, clip_l: str, clip_g: str, t5xxl: str,
-            empty_padding: str) -> tuple[Conditioning]:
+    def run(
+        self, ctx: NodeContext, *, clip: Any, clip_l: str, clip_g: str, t5xxl: str, empty_padding: str
+    ) -> tuple[Conditioning]:
         encode_triple = getattr(clip.family.prompt, "encode_triple", None)
         if encode_triple is None:
-            raise SD3EncodeError(f"CLIPTextEncodeSD3 needs SD3 text encoders, got the {clip.family.title} CLIP; "
-                                 "load clip_l, clip_g and t5xxl with TripleCLIPLoader or use CLIPTextEncode")
+            raise SD3EncodeError(
+                f"CLIPTextEncodeSD3 needs SD3 text encoders, got the {clip.family.title} CLIP; "
+                "load clip_l, clip_g and t5xxl with TripleCLIPLoader or use CLIPTextEncode"
+            )
         with text_encoders(ctx, clip) as encoders:
-            embeds, pooled = encode_triple(clip_l, clip_g, t5xxl, encoders, drop_empty=empty_padding == "none")
-        return ([CondEntry(embeds=embeds.float().cpu(), pooled=None if pooled is None else pooled.float().cpu())],)
+            embeds, pooled = encode_triple(
+                clip_l, clip_g, t5xxl, encoders, drop_empty=empty_padding == "none"
+            )
+        return (
+            [CondEntry(embeds=embeds.float().cpu(), pooled=None if pooled is None else pooled.float().cpu())],
+        )
 
 
 class ModelSamplingSD3(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelSamplingSD3", display_name="ModelSamplingSD3", category="advanced/model",
+        node_id="ModelSamplingSD3",
+        display_name="ModelSamplingSD3",
+        category="advanced/model",
         description="Sample with rectified flow (SD3) and the given time shift; the model is called at 1000·sigma.",
-        inputs=(_MODEL_IN, Input("shift", FLOAT, "The time shift (higher spends more steps at high noise).",
-                                 default=3.0, min=0.0, max=100.0, step=0.01)),
+        inputs=(
+            _MODEL_IN,
+            Input(
+                "shift",
+                FLOAT,
+                "The time shift (higher spends more steps at high noise).",
+                default=3.0,
+                min=0.0,
+                max=100.0,
+                step=0.01,
+            ),
+        ),
         outputs=(Output("MODEL", MODEL, "The model with the new sampling."),),
     )
 
@@ -109,8 +146,9 @@ def parse_layers(text: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", text))
 
 
-def slg_hooks(skip: BlockSkip, scale: float, sigma_start: float, sigma_end: float,
-              rescaling_scale: float) -> SamplingHooks:
+def slg_hooks(
+    skip: BlockSkip, scale: float, sigma_start: float, sigma_end: float, rescaling_scale: float
+) -> SamplingHooks:
     """SkipLayerGuidanceDiT: after CFG, add ``scale·(cond − cond with the blocks skipped)`` while
     sigma is within [sigma_end, sigma_start]; optionally rescale towards the cond's spread."""
 
@@ -153,84 +191,168 @@ def _percent(name: str, default: float, what: str) -> Input:
     return Input(name, FLOAT, what, default=default, min=0.0, max=1.0, step=0.001)
 
 
-_SCALE = Input("scale", FLOAT, "Strength of the skip-layer guidance.", default=3.0, min=0.0, max=10.0, step=0.1)
+_SCALE = Input(
+    "scale", FLOAT, "Strength of the skip-layer guidance.", default=3.0, min=0.0, max=10.0, step=0.1
+)
 _START = _percent("start_percent", 0.01, "Where in the sampling (0 = start) the guidance begins.")
 _END = _percent("end_percent", 0.15, "Where in the sampling it ends.")
 
 
-def _skip_guidance(model: Any, double: str, single: str, scale: float, start: float, end: float,
-                   rescaling: float) -> Any:
+def _skip_guidance(
+    model: Any, double: str, single: str, scale: float, start: float, end: float, rescaling: float
+) -> Any:
     skip = BlockSkip(parse_layers(double), parse_layers(single))
     if not skip.double and not skip.single:
         return model
     ms = model.model_sampling
-    params = (skip.double, skip.single, scale, ms.percent_to_sigma(start), ms.percent_to_sigma(end), rescaling)
+    params = (
+        skip.double,
+        skip.single,
+        scale,
+        ms.percent_to_sigma(start),
+        ms.percent_to_sigma(end),
+        rescaling,
+    )
     return model.with_patch(GuidancePatch("SkipLayerGuidanceDiT", params, _make_slg))
 
 
-def _make_slg(double: tuple[int, ...], single: tuple[int, ...], scale: float, sigma_start: float, sigma_end: float,
-              rescaling: float) -> SamplingHooks:
+def _make_slg(
+    double: tuple[int, ...],
+    single: tuple[int, ...],
+    scale: float,
+    sigma_start: float,
+    sigma_end: float,
+    rescaling: float,
+) -> SamplingHooks:
     return slg_hooks(BlockSkip(double, single), scale, sigma_start, sigma_end, rescaling)
 
 
-def _make_slg_simple(double: tuple[int, ...], single: tuple[int, ...], sigma_start: float,
-                     sigma_end: float) -> SamplingHooks:
+def _make_slg_simple(
+    double: tuple[int, ...], single: tuple[int, ...], sigma_start: float, sigma_end: float
+) -> SamplingHooks:
     return slg_simple_hooks(BlockSkip(double, single), sigma_start, sigma_end)
 
 
 class SkipLayerGuidanceDiT(Node):
     SCHEMA = NodeSchema(
-        node_id="SkipLayerGuidanceDiT", display_name="SkipLayerGuidanceDiT", category="advanced/guidance",
+        node_id="SkipLayerGuidanceDiT",
+        display_name="SkipLayerGuidanceDiT",
+        category="advanced/guidance",
         description="Generic version of SkipLayerGuidance node that can be used on every DiT model.",
-        inputs=(_MODEL_IN, _layers_input("double_layers", "double-stream (joint)"),
-                _layers_input("single_layers", "single-stream"), _SCALE, _START, _END,
-                Input("rescaling_scale", FLOAT, "Pull the result's spread towards the positive prediction's.",
-                      default=0.0, min=0.0, max=10.0, step=0.01)),
-        outputs=_MODEL_OUT, experimental=True,
+        inputs=(
+            _MODEL_IN,
+            _layers_input("double_layers", "double-stream (joint)"),
+            _layers_input("single_layers", "single-stream"),
+            _SCALE,
+            _START,
+            _END,
+            Input(
+                "rescaling_scale",
+                FLOAT,
+                "Pull the result's spread towards the positive prediction's.",
+                default=0.0,
+                min=0.0,
+                max=10.0,
+                step=0.01,
+            ),
+        ),
+        outputs=_MODEL_OUT,
+        experimental=True,
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, double_layers: str, single_layers: str, scale: float,
-            start_percent: float, end_percent: float, rescaling_scale: float) -> tuple[Any]:
-        return (_skip_guidance(model, double_layers, single_layers, scale, start_percent, end_percent,
-                               rescaling_scale),)
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        double_layers: str,
+        single_layers: str,
+        scale: float,
+        start_percent: float,
+        end_percent: float,
+        rescaling_scale: float,
+    ) -> tuple[Any]:
+        return (
+            _skip_guidance(
+                model, double_layers, single_layers, scale, start_percent, end_percent, rescaling_scale
+            ),
+        )
 
 
 class SkipLayerGuidanceDiTSimple(Node):
     SCHEMA = NodeSchema(
-        node_id="SkipLayerGuidanceDiTSimple", display_name="SkipLayerGuidanceDiTSimple", category="advanced/guidance",
+        node_id="SkipLayerGuidanceDiTSimple",
+        display_name="SkipLayerGuidanceDiTSimple",
+        category="advanced/guidance",
         description="Simple version of the SkipLayerGuidanceDiT node that only modifies the uncond pass.",
-        inputs=(_MODEL_IN, _layers_input("double_layers", "double-stream (joint)"),
-                _layers_input("single_layers", "single-stream"),
-                _percent("start_percent", 0.0, "Where in the sampling (0 = start) the skipping begins."),
-                _percent("end_percent", 1.0, "Where in the sampling it ends.")),
-        outputs=_MODEL_OUT, experimental=True,
+        inputs=(
+            _MODEL_IN,
+            _layers_input("double_layers", "double-stream (joint)"),
+            _layers_input("single_layers", "single-stream"),
+            _percent("start_percent", 0.0, "Where in the sampling (0 = start) the skipping begins."),
+            _percent("end_percent", 1.0, "Where in the sampling it ends."),
+        ),
+        outputs=_MODEL_OUT,
+        experimental=True,
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, double_layers: str, single_layers: str, start_percent: float,
-            end_percent: float) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        double_layers: str,
+        single_layers: str,
+        start_percent: float,
+        end_percent: float,
+    ) -> tuple[Any]:
         skip = BlockSkip(parse_layers(double_layers), parse_layers(single_layers))
         if not skip.double and not skip.single:
             return (model,)
         ms = model.model_sampling
-        params = (skip.double, skip.single, ms.percent_to_sigma(start_percent), ms.percent_to_sigma(end_percent))
+        params = (
+            skip.double,
+            skip.single,
+            ms.percent_to_sigma(start_percent),
+            ms.percent_to_sigma(end_percent),
+        )
         return (model.with_patch(GuidancePatch("SkipLayerGuidanceDiTSimple", params, _make_slg_simple)),)
 
 
 class SkipLayerGuidanceSD3(Node):
     SCHEMA = NodeSchema(
-        node_id="SkipLayerGuidanceSD3", display_name="SkipLayerGuidanceSD3", category="advanced/guidance",
+        node_id="SkipLayerGuidanceSD3",
+        display_name="SkipLayerGuidanceSD3",
+        category="advanced/guidance",
         description="Generic version of SkipLayerGuidance node that can be used on every DiT model.",
-        inputs=(_MODEL_IN, Input("layers", STRING, _LAYERS_HELP.format("joint"), default="7, 8, 9"),
-                _SCALE, _START, _END),
-        outputs=_MODEL_OUT, experimental=True,
+        inputs=(
+            _MODEL_IN,
+            Input("layers", STRING, _LAYERS_HELP.format("joint"), default="7, 8, 9"),
+            _SCALE,
+            _START,
+            _END,
+        ),
+        outputs=_MODEL_OUT,
+        experimental=True,
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, layers: str, scale: float, start_percent: float,
-            end_percent: float) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        layers: str,
+        scale: float,
+        start_percent: float,
+        end_percent: float,
+    ) -> tuple[Any]:
         return (_skip_guidance(model, layers, "", scale, start_percent, end_percent, 0.0),)
 
 
-_M1, _M2 = Input("model1", MODEL, "The base model (ratio 1 keeps it)."), Input("model2", MODEL, "The other model.")
+_M1, _M2 = (
+    Input("model1", MODEL, "The base model (ratio 1 keeps it)."),
+    Input("model2", MODEL, "The other model."),
+)
 _SPECIFIC = "advanced/model_merging/model_specific"
 
 
@@ -241,16 +363,32 @@ def _sd3_merge_inputs(blocks: int) -> tuple[Input, ...]:
 
 
 class ModelMergeSD3_2B(BlockMerge):  # noqa: N801 (ComfyUI's name)
-    SCHEMA = _schema("ModelMergeSD3_2B", "Merge two SD3 medium (2B) transformers, one ratio per joint block.",
-                     _sd3_merge_inputs(24), (Output("MODEL", MODEL, "The merged model (computed when loaded)."),),
-                     _SPECIFIC)
+    SCHEMA = _schema(
+        "ModelMergeSD3_2B",
+        "Merge two SD3 medium (2B) transformers, one ratio per joint block.",
+        _sd3_merge_inputs(24),
+        (Output("MODEL", MODEL, "The merged model (computed when loaded)."),),
+        _SPECIFIC,
+    )
 
 
 class ModelMergeSD35_Large(BlockMerge):  # noqa: N801 (ComfyUI's name)
-    SCHEMA = _schema("ModelMergeSD35_Large", "Merge two SD3.5 large transformers, one ratio per joint block.",
-                     _sd3_merge_inputs(38), (Output("MODEL", MODEL, "The merged model (computed when loaded)."),),
-                     _SPECIFIC)
+    SCHEMA = _schema(
+        "ModelMergeSD35_Large",
+        "Merge two SD3.5 large transformers, one ratio per joint block.",
+        _sd3_merge_inputs(38),
+        (Output("MODEL", MODEL, "The merged model (computed when loaded)."),),
+        _SPECIFIC,
+    )
 
 
-SD3_NODES: list[type[Node]] = [TripleCLIPLoader, CLIPTextEncodeSD3, ModelSamplingSD3, SkipLayerGuidanceDiT,
-                               SkipLayerGuidanceDiTSimple, SkipLayerGuidanceSD3, ModelMergeSD3_2B, ModelMergeSD35_Large]
+SD3_NODES: list[type[Node]] = [
+    TripleCLIPLoader,
+    CLIPTextEncodeSD3,
+    ModelSamplingSD3,
+    SkipLayerGuidanceDiT,
+    SkipLayerGuidanceDiTSimple,
+    SkipLayerGuidanceSD3,
+    ModelMergeSD3_2B,
+    ModelMergeSD35_Large,
+]

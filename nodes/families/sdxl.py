@@ -21,15 +21,34 @@ class SDXL(FamilyAdapter):
     pipeline_class: ClassVar[str] = "StableDiffusionXLPipeline"
     context_dim: ClassVar[int] = 2048
     latent_format: ClassVar[LatentFormat] = SDXL_LATENT
-    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=(
-        14.615, 6.315, 3.771, 2.181, 1.342, 0.862, 0.555, 0.380, 0.234, 0.113, 0.029))
-    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(size_ids=True, latent_format=SDXL_LATENT, image_embeds="pooled")
+    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(
+        ays_sigmas=(14.615, 6.315, 3.771, 2.181, 1.342, 0.862, 0.555, 0.380, 0.234, 0.113, 0.029)
+    )
+    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(
+        size_ids=True, latent_format=SDXL_LATENT, image_embeds="pooled"
+    )
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
-        TextEncoderSpec("clip_l", "conditioner.embedders.0.transformer.text_model.", "hf_clip", "text_encoder",
-                        "clip_tokenizer", default_layer=-2, final_norm=False, pooled=False),
-        TextEncoderSpec("clip_g", "conditioner.embedders.1.model.", "open_clip", "text_encoder_2",
-                        "clip_tokenizer_2", default_layer=-2, final_norm=False, pooled=True),
+        TextEncoderSpec(
+            "clip_l",
+            "conditioner.embedders.0.transformer.text_model.",
+            "hf_clip",
+            "text_encoder",
+            "clip_tokenizer",
+            default_layer=-2,
+            final_norm=False,
+            pooled=False,
+        ),
+        TextEncoderSpec(
+            "clip_g",
+            "conditioner.embedders.1.model.",
+            "open_clip",
+            "text_encoder_2",
+            "clip_tokenizer_2",
+            default_layer=-2,
+            final_norm=False,
+            pooled=True,
+        ),
     )
 
     @classmethod
@@ -37,8 +56,10 @@ class SDXL(FamilyAdapter):
         if not index.has(f"{cls.denoiser_prefix}label_emb.0.0.weight"):
             return False
         if not index.any_with("conditioner.embedders.1.model."):
-            raise ModelLoadError(f"{index.path}: this looks like the SDXL refiner (one OpenCLIP text encoder), "
-                                 "which Loom does not support yet; use an SDXL base checkpoint")
+            raise ModelLoadError(
+                f"{index.path}: this looks like the SDXL refiner (one OpenCLIP text encoder), "
+                "which Loom does not support yet; use an SDXL base checkpoint"
+            )
         return True
 
     def default_resolution(self, prediction: str) -> int:
@@ -46,10 +67,14 @@ class SDXL(FamilyAdapter):
 
     def denoiser_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
         cfg = super().denoiser_config(index, prediction)
-        pooled = arch.clip_config(index, "conditioner.embedders.1.model.", "open_clip").get("projection_dim", 1280)
+        pooled = arch.clip_config(index, "conditioner.embedders.1.model.", "open_clip").get(
+            "projection_dim", 1280
+        )
         extra = int(cfg["projection_class_embeddings_input_dim"]) - int(pooled)
         if extra <= 0 or extra % 6:
-            raise ModelLoadError(f"{index.path}: SDXL label embedding takes {cfg['projection_class_embeddings_input_dim']} "
-                                 f"inputs; expected the pooled text size {pooled} + 6 size/crop embeddings")
+            raise ModelLoadError(
+                f"{index.path}: SDXL label embedding takes {cfg['projection_class_embeddings_input_dim']} "
+                f"inputs; expected the pooled text size {pooled} + 6 size/crop embeddings"
+            )
         cfg["addition_time_embed_dim"] = extra // 6
         return cfg

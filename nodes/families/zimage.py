@@ -32,8 +32,16 @@ if TYPE_CHECKING:
 
     from nodes.families.prompt import ReadyEncoder
 
-QWEN3_4B = TextEncoderSpec("qwen3_4b", "model.", "qwen3", "text_encoder", "qwen_tokenizer",
-                           default_layer=-2, final_norm=False, pooled=False)
+QWEN3_4B = TextEncoderSpec(
+    "qwen3_4b",
+    "model.",
+    "qwen3",
+    "text_encoder",
+    "qwen_tokenizer",
+    default_layer=-2,
+    final_norm=False,
+    pooled=False,
+)
 DIFFUSION_PREFIXES = ("model.diffusion_model.", "")
 SHIFT = 3.0
 
@@ -42,8 +50,10 @@ def transformer_prefix(index: TensorIndex) -> str | None:
     """Where a Z-Image transformer's tensors start in ``index`` (None: there is none). Z-Image's
     blocks take their modulation from ``adaLN_modulation.0`` (Lumina 2's from ``.1``)."""
     for prefix in DIFFUSION_PREFIXES:
-        if all(index.has(f"{prefix}{k}") for k in ("x_embedder.weight", "cap_embedder.1.weight",
-                                                    "layers.0.adaLN_modulation.0.weight")):
+        if all(
+            index.has(f"{prefix}{k}")
+            for k in ("x_embedder.weight", "cap_embedder.1.weight", "layers.0.adaLN_modulation.0.weight")
+        ):
             return prefix
     return None
 
@@ -57,8 +67,10 @@ class ZImagePrompt:
         for enc in encoders:
             if isinstance(enc.kind, QwenText):
                 return enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer), None
-        raise ModelLoadError("Z-Image needs the Qwen3-4B text encoder; load qwen_3_4b.safetensors with "
-                             "CLIPLoader (type lumina2)")
+        raise ModelLoadError(
+            "Z-Image needs the Qwen3-4B text encoder; load qwen_3_4b.safetensors with "
+            "CLIPLoader (type lumina2)"
+        )
 
 
 @dataclass(frozen=True)
@@ -96,16 +108,24 @@ class ZImage(FamilyAdapter):
     # --- parts --------------------------------------------------------------------------------
     def denoiser_part(self, index: TensorIndex) -> Part:
         prefix = transformer_prefix(index)
-        require(prefix is not None, index, "no Z-Image transformer tensors (x_embedder, cap_embedder, layers.N) "
-                                           "in this file")
+        require(
+            prefix is not None,
+            index,
+            "no Z-Image transformer tensors (x_embedder, cap_embedder, layers.N) in this file",
+        )
         assert prefix is not None
-        return Part.make("unet", self.denoiser, prefix, "transformer", self.denoiser.config_from_tensors(index, prefix))
+        return Part.make(
+            "unet", self.denoiser, prefix, "transformer", self.denoiser.config_from_tensors(index, prefix)
+        )
 
     def text_encoder_part(self, spec: TextEncoderSpec, index: TensorIndex, prefix: str) -> Part:
-        return Part.make(spec.name, self.qwen, prefix, spec.subfolder, self.qwen.config_from_tensors(index, prefix))
+        return Part.make(
+            spec.name, self.qwen, prefix, spec.subfolder, self.qwen.config_from_tensors(index, prefix)
+        )
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
         raise ModelLoadError(
             f"{index.path}: this is a Z-Image transformer file, not an all-in-one checkpoint: put it in "
             "models/diffusion_models and load it with UNETLoader, the text encoder (qwen_3_4b.safetensors) with "
-            "CLIPLoader (type lumina2) and the VAE (ae.safetensors) with VAELoader")
+            "CLIPLoader (type lumina2) and the VAE (ae.safetensors) with VAELoader"
+        )

@@ -14,12 +14,23 @@ from engine.schema import FLOAT, MODEL, Input, NodeSchema, Output
 
 class ModelSamplingAuraFlow(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelSamplingAuraFlow", display_name="ModelSamplingAuraFlow", category="advanced/model",
+        node_id="ModelSamplingAuraFlow",
+        display_name="ModelSamplingAuraFlow",
+        category="advanced/model",
         description="Sample a flow model with discrete flow matching shifted by shift (timestep = sigma, "
-                    "multiplier 1): AuraFlow 1.73, Z-Image 3.",
-        inputs=(Input("model", MODEL, "The model."),
-                Input("shift", FLOAT, "The schedule shift: larger spends more steps at high noise.", default=1.73,
-                      min=0.0, max=100.0, step=0.01)),
+        "multiplier 1): AuraFlow 1.73, Z-Image 3.",
+        inputs=(
+            Input("model", MODEL, "The model."),
+            Input(
+                "shift",
+                FLOAT,
+                "The schedule shift: larger spends more steps at high noise.",
+                default=1.73,
+                min=0.0,
+                max=100.0,
+                step=0.01,
+            ),
+        ),
         outputs=(Output("MODEL", MODEL, "The model with the new sampling."),),
     )
 

@@ -27,7 +27,21 @@ def patch_nodes() -> list[type[Node]]:
     from nodes.patches.hypertile import HyperTile
     from nodes.patches.tome import TomePatchModel
 
-    return [TomePatchModel, DeepCache, FreeU, FreeU_V2, PatchModelAddDownscale, PerturbedAttentionGuidance,
-            SelfAttentionGuidance, HyperTile, UNetSelfAttentionMultiply, UNetCrossAttentionMultiply,
-            UNetTemporalAttentionMultiply, CLIPAttentionMultiply, TorchCompileModel, EasyCache, LazyCache,
-            FirstBlockCache]
+    return [
+        TomePatchModel,
+        DeepCache,
+        FreeU,
+        FreeU_V2,
+        PatchModelAddDownscale,
+        PerturbedAttentionGuidance,
+        SelfAttentionGuidance,
+        HyperTile,
+        UNetSelfAttentionMultiply,
+        UNetCrossAttentionMultiply,
+        UNetTemporalAttentionMultiply,
+        CLIPAttentionMultiply,
+        TorchCompileModel,
+        EasyCache,
+        LazyCache,
+        FirstBlockCache,
+    ]

@@ -33,7 +33,9 @@ from nodes.patches.unet_hooks import unet_patch
 MIDDLE_SELF_ATTENTION = ("middle", 0, 0)  # ComfyUI's place: middle block, first transformer block
 
 
-def identity_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: Any, mask: Any = None) -> torch.Tensor:
+def identity_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: Any, mask: Any = None
+) -> torch.Tensor:
     return v
 
 
@@ -51,12 +53,24 @@ def pag_hooks(module: Any, scale: float) -> SamplingHooks:
 
 class PerturbedAttentionGuidance(Node):
     SCHEMA = NodeSchema(
-        node_id="PerturbedAttentionGuidance", display_name="PerturbedAttentionGuidance", category="model_patches/unet",
+        node_id="PerturbedAttentionGuidance",
+        display_name="PerturbedAttentionGuidance",
+        category="model_patches/unet",
         description="Guide away from a prediction made with the middle block's self-attention turned into the "
-                    "identity (one extra model call per step).",
-        inputs=(Input("model", MODEL, "The UNet model to patch."),
-                Input("scale", FLOAT, "Guidance strength (0 = off).", default=3.0, min=0.0, max=100.0, step=0.01,
-                      round=0.01)),
+        "identity (one extra model call per step).",
+        inputs=(
+            Input("model", MODEL, "The UNet model to patch."),
+            Input(
+                "scale",
+                FLOAT,
+                "Guidance strength (0 = off).",
+                default=3.0,
+                min=0.0,
+                max=100.0,
+                step=0.01,
+                round=0.01,
+            ),
+        ),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
     )
 
@@ -67,11 +81,15 @@ class PerturbedAttentionGuidance(Node):
 
 
 # --- SAG -------------------------------------------------------------------------------------------
-def attention_with_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_scores(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of projected ``q``, ``k``, ``v`` and its softmaxed scores [batch * heads, Tq, Tk]."""
     b, _, inner = q.shape
     head = inner // heads
-    q, k, v = (t.reshape(b, -1, heads, head).permute(0, 2, 1, 3).reshape(b * heads, -1, head) for t in (q, k, v))
+    q, k, v = (
+        t.reshape(b, -1, heads, head).permute(0, 2, 1, 3).reshape(b * heads, -1, head) for t in (q, k, v)
+    )
     scores = (torch.bmm(q, k.transpose(1, 2)) * head**-0.5).softmax(dim=-1)
     out = torch.bmm(scores.to(v.dtype), v)
     return out.reshape(b, heads, -1, head).permute(0, 2, 1, 3).reshape(b, -1, heads * head), scores
@@ -105,14 +123,16 @@ def blur_map(x0: torch.Tensor, scores: torch.Tensor, sigma: float, threshold: fl
 def sag_hooks(module: Any, scale: float, blur_sigma: float) -> SamplingHooks:
     recorded: list[torch.Tensor] = []  # the negative branch's scores of the last call (one run)
 
-    def attend_and_record(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: dict[str, Any]) -> torch.Tensor:
+    def attend_and_record(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: dict[str, Any]
+    ) -> torch.Tensor:
         heads, chunks = extra["n_heads"], extra["cond_or_uncond"]
         if 1 not in chunks:
             return attention(q, k, v, heads)
         out, scores = attention_with_scores(q, k, v, heads)
         per_chunk = heads * (q.shape[0] // len(chunks))
         at = chunks.index(1)
-        recorded[:] = [scores[per_chunk * at:per_chunk * (at + 1)]]
+        recorded[:] = [scores[per_chunk * at : per_chunk * (at + 1)]]
         return out
 
     def post_cfg(args: dict[str, Any]) -> torch.Tensor:
@@ -123,23 +143,39 @@ def sag_hooks(module: Any, scale: float, blur_sigma: float) -> SamplingHooks:
         again = args["model"].calc_entries(args["uncond"], degraded + x - uncond_pred, args["sigma"])
         return result + (degraded - again) * scale
 
-    return SamplingHooks(block_patches=(BlockPatch("attn1", attend_and_record, MIDDLE_SELF_ATTENTION),),
-                         post_cfg=(post_cfg,), disable_cfg1_optimization=True)
+    return SamplingHooks(
+        block_patches=(BlockPatch("attn1", attend_and_record, MIDDLE_SELF_ATTENTION),),
+        post_cfg=(post_cfg,),
+        disable_cfg1_optimization=True,
+    )
 
 
 class SelfAttentionGuidance(Node):
     SCHEMA = NodeSchema(
-        node_id="SelfAttentionGuidance", display_name="Self-Attention Guidance", category="_for_testing",
+        node_id="SelfAttentionGuidance",
+        display_name="Self-Attention Guidance",
+        category="_for_testing",
         description="Guide away from a prediction of the negative branch blurred where the model attends "
-                    "(one extra model call per step).",
-        inputs=(Input("model", MODEL, "The UNet model to patch."),
-                Input("scale", FLOAT, "Guidance strength (0 = off).", default=0.5, min=-2.0, max=5.0, step=0.01),
-                Input("blur_sigma", FLOAT, "Gaussian blur strength of the attended regions.", default=2.0, min=0.0,
-                      max=10.0, step=0.1)),
+        "(one extra model call per step).",
+        inputs=(
+            Input("model", MODEL, "The UNet model to patch."),
+            Input("scale", FLOAT, "Guidance strength (0 = off).", default=0.5, min=-2.0, max=5.0, step=0.01),
+            Input(
+                "blur_sigma",
+                FLOAT,
+                "Gaussian blur strength of the attended regions.",
+                default=2.0,
+                min=0.0,
+                max=10.0,
+                step=0.1,
+            ),
+        ),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
     )
 
     def run(self, ctx: NodeContext, *, model: Any, scale: float, blur_sigma: float) -> tuple[Any]:
         if scale == 0:
             return (model,)
-        return unet_patch(model, "SelfAttentionGuidance", ("attn1",), sag_hooks, float(scale), float(blur_sigma))
+        return unet_patch(
+            model, "SelfAttentionGuidance", ("attn1",), sag_hooks, float(scale), float(blur_sigma)
+        )

@@ -55,15 +55,37 @@ class ScaleWeights:
                     param.copy_((param.to(torch.float32) * value).to(param.dtype))
 
 
-def _rules(prefix: str, names: tuple[str, str, str, str], q: float, k: float, v: float, out: float,
-           ) -> tuple[tuple[str, str, float], ...]:
-    return tuple((f"{prefix}{n}.{kind}", "", float(f)) for n, f in zip(names, (q, k, v, out), strict=True)
-                 for kind in ("weight", "bias"))
+def _rules(
+    prefix: str,
+    names: tuple[str, str, str, str],
+    q: float,
+    k: float,
+    v: float,
+    out: float,
+) -> tuple[tuple[str, str, float], ...]:
+    return tuple(
+        (f"{prefix}{n}.{kind}", "", float(f))
+        for n, f in zip(names, (q, k, v, out), strict=True)
+        for kind in ("weight", "bias")
+    )
 
 
 def _inputs(first: Input) -> tuple[Input, ...]:
-    return (first, *(Input(n, FLOAT, f"Multiplier of the {n} projection's weights.", default=1.0, min=0.0,
-                           max=10.0, step=0.01) for n in ("q", "k", "v", "out")))
+    return (
+        first,
+        *(
+            Input(
+                n,
+                FLOAT,
+                f"Multiplier of the {n} projection's weights.",
+                default=1.0,
+                min=0.0,
+                max=10.0,
+                step=0.01,
+            )
+            for n in ("q", "k", "v", "out")
+        ),
+    )
 
 
 UNET_PROJECTIONS = ("to_q", "to_k", "to_v", "to_out.0")
@@ -71,7 +93,9 @@ UNET_PROJECTIONS = ("to_q", "to_k", "to_v", "to_out.0")
 
 class UNetSelfAttentionMultiply(Node):
     SCHEMA = NodeSchema(
-        node_id="UNetSelfAttentionMultiply", display_name="UNetSelfAttentionMultiply", category=CATEGORY,
+        node_id="UNetSelfAttentionMultiply",
+        display_name="UNetSelfAttentionMultiply",
+        category=CATEGORY,
         description="Scale the UNet's self-attention projections.",
         inputs=_inputs(Input("model", MODEL, "The UNet model to patch.")),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
@@ -88,7 +112,9 @@ class UNetSelfAttentionMultiply(Node):
 
 class UNetCrossAttentionMultiply(UNetSelfAttentionMultiply):
     SCHEMA = NodeSchema(
-        node_id="UNetCrossAttentionMultiply", display_name="UNetCrossAttentionMultiply", category=CATEGORY,
+        node_id="UNetCrossAttentionMultiply",
+        display_name="UNetCrossAttentionMultiply",
+        category=CATEGORY,
         description="Scale the UNet's cross-attention (text) projections.",
         inputs=_inputs(Input("model", MODEL, "The UNet model to patch.")),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
@@ -98,7 +124,9 @@ class UNetCrossAttentionMultiply(UNetSelfAttentionMultiply):
 
 class CLIPAttentionMultiply(Node):
     SCHEMA = NodeSchema(
-        node_id="CLIPAttentionMultiply", display_name="CLIPAttentionMultiply", category=CATEGORY,
+        node_id="CLIPAttentionMultiply",
+        display_name="CLIPAttentionMultiply",
+        category=CATEGORY,
         description="Scale the self-attention projections of the CLIP text encoders.",
         inputs=_inputs(Input("clip", CLIP, "The text encoders to patch.")),
         outputs=(Output("CLIP", CLIP, "The patched text encoders."),),
@@ -113,23 +141,50 @@ class CLIPAttentionMultiply(Node):
 
 class UNetTemporalAttentionMultiply(Node):
     SCHEMA = NodeSchema(
-        node_id="UNetTemporalAttentionMultiply", display_name="UNetTemporalAttentionMultiply", category=CATEGORY,
+        node_id="UNetTemporalAttentionMultiply",
+        display_name="UNetTemporalAttentionMultiply",
+        category=CATEGORY,
         description="Scale the attention outputs of a UNet, spatial (structural) and temporal layers apart.",
-        inputs=(Input("model", MODEL, "The UNet model to patch."),
-                *(Input(n, FLOAT, f"Multiplier of the {n.replace('_', ' ')} attention output.", default=1.0,
-                        min=0.0, max=10.0, step=0.01)
-                  for n in ("self_structural", "self_temporal", "cross_structural", "cross_temporal"))),
+        inputs=(
+            Input("model", MODEL, "The UNet model to patch."),
+            *(
+                Input(
+                    n,
+                    FLOAT,
+                    f"Multiplier of the {n.replace('_', ' ')} attention output.",
+                    default=1.0,
+                    min=0.0,
+                    max=10.0,
+                    step=0.01,
+                )
+                for n in ("self_structural", "self_temporal", "cross_structural", "cross_temporal")
+            ),
+        ),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, self_structural: float, self_temporal: float,
-            cross_structural: float, cross_temporal: float) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        self_structural: float,
+        self_temporal: float,
+        cross_structural: float,
+        cross_temporal: float,
+    ) -> tuple[Any]:
         require_points(model, "UNetTemporalAttentionMultiply", ("attn1", "attn2"))
         if self_structural == self_temporal == cross_structural == cross_temporal == 1.0:
             return (model,)
-        rules = tuple((f"{attn}.to_out.0.{kind}", inside, float(value))
-                      for attn, temporal, structural in (("attn1", self_temporal, self_structural),
-                                                         ("attn2", cross_temporal, cross_structural))
-                      for kind in ("weight", "bias")
-                      for inside, value in ((".time_stack.", temporal), ("", structural)))
-        return (model.with_patch(ScaleWeights("UNetTemporalAttentionMultiply", rules, exclude=".time_stack.")),)
+        rules = tuple(
+            (f"{attn}.to_out.0.{kind}", inside, float(value))
+            for attn, temporal, structural in (
+                ("attn1", self_temporal, self_structural),
+                ("attn2", cross_temporal, cross_structural),
+            )
+            for kind in ("weight", "bias")
+            for inside, value in ((".time_stack.", temporal), ("", structural))
+        )
+        return (
+            model.with_patch(ScaleWeights("UNetTemporalAttentionMultiply", rules, exclude=".time_stack.")),
+        )

@@ -35,10 +35,16 @@ class CompilePatch:
 
 class TorchCompileModel(Node):
     SCHEMA = NodeSchema(
-        node_id="TorchCompileModel", display_name="TorchCompileModel", category="_for_testing",
+        node_id="TorchCompileModel",
+        display_name="TorchCompileModel",
+        category="_for_testing",
         description="Compile the diffusion model with torch.compile (first steps slow, later ones faster).",
-        inputs=(Input("model", MODEL, "The diffusion model to compile."),
-                Input("backend", COMBO, "torch.compile backend (cudagraphs needs a CUDA device).", options=BACKENDS)),
+        inputs=(
+            Input("model", MODEL, "The diffusion model to compile."),
+            Input(
+                "backend", COMBO, "torch.compile backend (cudagraphs needs a CUDA device).", options=BACKENDS
+            ),
+        ),
         outputs=(Output("MODEL", MODEL, "The model, compiled when loaded."),),
     )
 

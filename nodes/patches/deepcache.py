@@ -113,12 +113,18 @@ def deep_blocks(module: Any, depth: int) -> list[tuple[str, Any]]:
     """The blocks DeepCache skips on cached steps (a teaching error for a depth the UNet lacks)."""
     n = len(module.down_blocks)
     if not 0 <= depth < n:
-        raise ValueError(f"DeepCache cache_depth {depth} is out of range: this UNet has {n} down blocks, "
-                         f"so use 0 (shallowest skip branch, fastest) to {n - 1}")
-    blocks = [(f"down{i}", module.down_blocks[i]) for i in range(depth + 1, n)]  # their skips feed skipped up blocks
+        raise ValueError(
+            f"DeepCache cache_depth {depth} is out of range: this UNet has {n} down blocks, "
+            f"so use 0 (shallowest skip branch, fastest) to {n - 1}"
+        )
+    blocks = [
+        (f"down{i}", module.down_blocks[i]) for i in range(depth + 1, n)
+    ]  # their skips feed skipped up blocks
     if module.mid_block is not None:
         blocks.append(("mid", module.mid_block))
-    return blocks + [(f"up{i}", module.up_blocks[i]) for i in range(0, n - 1 - depth)]  # last: the cached feature
+    return blocks + [
+        (f"up{i}", module.up_blocks[i]) for i in range(0, n - 1 - depth)
+    ]  # last: the cached feature
 
 
 @dataclass(frozen=True)
@@ -158,17 +164,35 @@ class DeepCache(Node):
         description="Reuse the UNet's deep features between update steps for speed; trades some quality.",
         inputs=(
             Input("model", MODEL, "The diffusion model to patch."),
-            Input("cache_interval", INT, "A full UNet pass every N steps (1 = off).", default=3, min=1, max=1000),
-            Input("cache_depth", INT, "Skip-branch depth: 0 = shallowest (fastest), larger = closer to the "
-                  "full model.", default=0, min=0, max=12),
-            Input("start_step", INT, "First step that may reuse cached features.", default=0, min=0, max=10000),
+            Input(
+                "cache_interval", INT, "A full UNet pass every N steps (1 = off).", default=3, min=1, max=1000
+            ),
+            Input(
+                "cache_depth",
+                INT,
+                "Skip-branch depth: 0 = shallowest (fastest), larger = closer to the full model.",
+                default=0,
+                min=0,
+                max=12,
+            ),
+            Input(
+                "start_step", INT, "First step that may reuse cached features.", default=0, min=0, max=10000
+            ),
             Input("end_step", INT, "Steps from here on run in full.", default=1000, min=0, max=10000),
         ),
         outputs=(Output("MODEL", MODEL, "The model with step caching applied."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, cache_interval: int, cache_depth: int, start_step: int,
-            end_step: int) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        cache_interval: int,
+        cache_depth: int,
+        start_step: int,
+        end_step: int,
+    ) -> tuple[Any]:
         if cache_interval <= 1 or end_step <= start_step:
             return (model,)
         settings = DeepCacheSettings(cache_interval, cache_depth, start_step, end_step)

@@ -65,8 +65,13 @@ class ChangeTracker:
         if info.percent_to_sigma is not None:
             self.start_sigma = info.percent_to_sigma(self.start_percent)
             self.end_sigma = info.percent_to_sigma(self.end_percent)
-        log.info("%s enabled - threshold: %s, start_percent: %s, end_percent: %s", self.name, self.threshold,
-                 self.start_percent, self.end_percent)
+        log.info(
+            "%s enabled - threshold: %s, start_percent: %s, end_percent: %s",
+            self.name,
+            self.threshold,
+            self.start_percent,
+            self.end_percent,
+        )
 
     def past_end(self, sigma: torch.Tensor | None) -> bool:
         return sigma is None or not float(sigma[0]) > self.end_sigma
@@ -78,7 +83,13 @@ class ChangeTracker:
         """Forget everything when the tensors' shape, dtype or device change."""
         if self.metadata is not None and metadata != self.metadata:
             log.warning("%s - tensor shape, dtype or device changed, resetting state", self.name)
-            self.rate, self.cumulative, self.x_prev, self.out_prev, self.out_norm = None, 0.0, None, None, None
+            self.rate, self.cumulative, self.x_prev, self.out_prev, self.out_norm = (
+                None,
+                0.0,
+                None,
+                None,
+                None,
+            )
         self.metadata = metadata
 
     def input_change(self, x_sub: torch.Tensor) -> float | None:
@@ -92,15 +103,21 @@ class ChangeTracker:
         self.cumulative += self.rate * input_change / self.out_norm
         if self.cumulative < self.threshold and cached:
             if self.verbose:
-                log.info("%s - skipping step; cumulative change %.4f < %s", self.name, self.cumulative, self.threshold)
+                log.info(
+                    "%s - skipping step; cumulative change %.4f < %s",
+                    self.name,
+                    self.cumulative,
+                    self.threshold,
+                )
             return True
         if self.verbose:
             log.info("%s - computing step; cumulative change %.4f", self.name, self.cumulative)
         self.cumulative = 0.0
         return False
 
-    def computed(self, x_sub: torch.Tensor, out_sub: torch.Tensor, out: torch.Tensor,
-                 input_change: float | None) -> None:
+    def computed(
+        self, x_sub: torch.Tensor, out_sub: torch.Tensor, out: torch.Tensor, input_change: float | None
+    ) -> None:
         """Learn the rate from a computed call and remember its subsampled input and output."""
         if self.out_prev is not None and input_change is not None and input_change > 0:
             self.rate = float((out_sub - self.out_prev).abs().mean()) / input_change
@@ -125,13 +142,13 @@ class EasyCacheRun:
         """The first conditioning's rows of ``t``, subsampled."""
         per = t.shape[0] // len(chunks)
         i = chunks.index(self.first)  # type: ignore[arg-type]
-        return _subsample(t[i * per:(i + 1) * per])
+        return _subsample(t[i * per : (i + 1) * per])
 
     def cached(self, x: torch.Tensor, chunks: Sequence[int]) -> torch.Tensor:
         if self.first in chunks:
             self.tracker.skipped += 1
         per = x.shape[0] // len(chunks)
-        return torch.cat([x[i * per:(i + 1) * per] + self.diffs[c].to(x) for i, c in enumerate(chunks)])
+        return torch.cat([x[i * per : (i + 1) * per] + self.diffs[c].to(x) for i, c in enumerate(chunks)])
 
     def model_call(self, apply: ApplyFn, call: ModelCall) -> torch.Tensor:
         t = self.tracker
@@ -139,7 +156,7 @@ class EasyCacheRun:
         if t.past_end(call.sigma):
             return apply(call)
         assert call.sigma is not None
-        x = call.x_in[:, :self.channels]
+        x = call.x_in[:, : self.channels]
         has_first, change = self.first in chunks, None
         if t.active(call.sigma):
             t.check((x.device, x.dtype, tuple(x.shape[1:])))
@@ -154,10 +171,10 @@ class EasyCacheRun:
                     self.skip_step = True
                     return self.cached(x, chunks)
         out = apply(call)
-        y = out[:, :self.channels]
+        y = out[:, : self.channels]
         per = x.shape[0] // len(chunks)
         for i, c in enumerate(chunks):
-            self.diffs[c] = (y[i * per:(i + 1) * per] - x[i * per:(i + 1) * per]).detach()
+            self.diffs[c] = (y[i * per : (i + 1) * per] - x[i * per : (i + 1) * per]).detach()
         if has_first:
             t.computed(self.rows(x, chunks), self.rows(y, chunks), y, change)
         return out
@@ -167,13 +184,18 @@ class EasyCacheRun:
         return predict(x, sigma)
 
 
-def easycache_hooks(threshold: float, start: float, end: float, verbose: bool, channels: int) -> SamplingHooks:
+def easycache_hooks(
+    threshold: float, start: float, end: float, verbose: bool, channels: int
+) -> SamplingHooks:
     run = EasyCacheRun(ChangeTracker("EasyCache", threshold, start, end, verbose), channels)
-    return SamplingHooks(run_start=(run.tracker.start,), predict_wrappers=(run.predict,),
-                         model_wrappers=(run.model_call,))
+    return SamplingHooks(
+        run_start=(run.tracker.start,), predict_wrappers=(run.predict,), model_wrappers=(run.model_call,)
+    )
 
 
-def lazycache_hooks(threshold: float, start: float, end: float, verbose: bool, channels: int) -> SamplingHooks:
+def lazycache_hooks(
+    threshold: float, start: float, end: float, verbose: bool, channels: int
+) -> SamplingHooks:
     tracker = ChangeTracker("LazyCache", threshold, start, end, verbose)
     state: dict[str, torch.Tensor] = {}
 
@@ -199,41 +221,82 @@ def lazycache_hooks(threshold: float, start: float, end: float, verbose: bool, c
 def _inputs(name: str) -> tuple[Input, ...]:
     return (
         Input("model", MODEL, f"The model to add {name} to."),
-        Input("reuse_threshold", FLOAT, "The threshold for reusing cached steps.", default=0.2, min=0.0, max=3.0,
-              step=0.01),
-        Input("start_percent", FLOAT, f"The relative sampling step to begin use of {name}.", default=0.15, min=0.0,
-              max=1.0, step=0.01),
-        Input("end_percent", FLOAT, f"The relative sampling step to end use of {name}.", default=0.95, min=0.0,
-              max=1.0, step=0.01),
+        Input(
+            "reuse_threshold",
+            FLOAT,
+            "The threshold for reusing cached steps.",
+            default=0.2,
+            min=0.0,
+            max=3.0,
+            step=0.01,
+        ),
+        Input(
+            "start_percent",
+            FLOAT,
+            f"The relative sampling step to begin use of {name}.",
+            default=0.15,
+            min=0.0,
+            max=1.0,
+            step=0.01,
+        ),
+        Input(
+            "end_percent",
+            FLOAT,
+            f"The relative sampling step to end use of {name}.",
+            default=0.95,
+            min=0.0,
+            max=1.0,
+            step=0.01,
+        ),
         Input("verbose", BOOLEAN, "Whether to log verbose information.", default=False),
     )
 
 
 class EasyCache(Node):
     SCHEMA = NodeSchema(
-        node_id="EasyCache", display_name="EasyCache", category="advanced/debug",
+        node_id="EasyCache",
+        display_name="EasyCache",
+        category="advanced/debug",
         description="Native EasyCache implementation.",
         inputs=_inputs("EasyCache"),
         outputs=(Output("MODEL", MODEL, "The model with EasyCache."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, reuse_threshold: float, start_percent: float, end_percent: float,
-            verbose: bool) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        reuse_threshold: float,
+        start_percent: float,
+        end_percent: float,
+        verbose: bool,
+    ) -> tuple[Any]:
         params = (reuse_threshold, start_percent, end_percent, verbose, model.latent_format.channels)
         return (model.with_patch(GuidancePatch("easycache", params, easycache_hooks)),)
 
 
 class LazyCache(Node):
     SCHEMA = NodeSchema(
-        node_id="LazyCache", display_name="LazyCache", category="advanced/debug",
+        node_id="LazyCache",
+        display_name="LazyCache",
+        category="advanced/debug",
         description="A homebrew version of EasyCache - even 'easier' version of EasyCache to implement. Overall "
-                    "works worse than EasyCache, but better in some rare cases AND universal compatibility with "
-                    "everything in ComfyUI.",
+        "works worse than EasyCache, but better in some rare cases AND universal compatibility with "
+        "everything in ComfyUI.",
         inputs=_inputs("LazyCache"),
         outputs=(Output("MODEL", MODEL, "The model with LazyCache."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, reuse_threshold: float, start_percent: float, end_percent: float,
-            verbose: bool) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        reuse_threshold: float,
+        start_percent: float,
+        end_percent: float,
+        verbose: bool,
+    ) -> tuple[Any]:
         params = (reuse_threshold, start_percent, end_percent, verbose, model.latent_format.channels)
         return (model.with_patch(GuidancePatch("lazycache", params, lazycache_hooks)),)

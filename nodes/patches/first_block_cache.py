@@ -78,8 +78,13 @@ class FirstBlockCacheRun:
             self.start_sigma = info.percent_to_sigma(self.start_percent)
             self.end_sigma = info.percent_to_sigma(self.end_percent)
         self.entries.clear()
-        log.info("FirstBlockCache enabled - threshold: %s, sigmas %.4g..%.4g, %d blocks", self.threshold,
-                 self.start_sigma, self.end_sigma, len(self.stack.blocks))
+        log.info(
+            "FirstBlockCache enabled - threshold: %s, sigmas %.4g..%.4g, %d blocks",
+            self.threshold,
+            self.start_sigma,
+            self.end_sigma,
+            len(self.stack.blocks),
+        )
 
     def model_call(self, apply: ApplyFn, call: ModelCall) -> torch.Tensor:
         key = (call.chunks, tuple(call.x_in.shape))  # one memory per conditioning batch
@@ -126,18 +131,25 @@ class FirstBlockCacheRun:
         def middle(original: Any, io: BlockIO) -> Any:
             def forward(*args: Any, **kwargs: Any) -> Any:
                 return io.passthrough(args, kwargs) if state.skip else original(*args, **kwargs)
+
             return forward
 
         def run_last(*args: Any, **kwargs: Any) -> Any:
             assert state.first_out is not None and state.entry is not None
             if state.skip:
                 assert state.entry.rest is not None
-                return last_io.with_image(last_io.passthrough(args, kwargs), state.first_out + state.entry.rest)
+                return last_io.with_image(
+                    last_io.passthrough(args, kwargs), state.first_out + state.entry.rest
+                )
             out = last_forward(*args, **kwargs)
             state.entry.rest = (last_io.image_out(out, state.tokens) - state.first_out).detach()
             return out
 
-        replaced = [(first, run_first), *((b, middle(b.forward, io)) for b, io in blocks[1:-1]), (last, run_last)]
+        replaced = [
+            (first, run_first),
+            *((b, middle(b.forward, io)) for b, io in blocks[1:-1]),
+            (last, run_last),
+        ]
         with replaced_forwards(replaced):
             yield
 
@@ -160,34 +172,66 @@ class FirstBlockCachePatch:
         """Weights stay as they are."""
 
     def sampling_hooks(self, module: Any) -> SamplingHooks:
-        run = FirstBlockCacheRun(self.denoiser.block_stack(module), self.threshold, self.start_percent,
-                                 self.end_percent)
+        run = FirstBlockCacheRun(
+            self.denoiser.block_stack(module), self.threshold, self.start_percent, self.end_percent
+        )
         return SamplingHooks(run_start=(run.start,), model_wrappers=(run.model_call,))
 
 
 class FirstBlockCache(Node):
     SCHEMA = NodeSchema(
-        node_id="FirstBlockCache", display_name="First Block Cache (transformers)", category="model_patches",
+        node_id="FirstBlockCache",
+        display_name="First Block Cache (transformers)",
+        category="model_patches",
         description="Skip all but the first transformer block on steps where the first block's change is close to "
-                    "that of the last full step (transformer/DiT models); trades some quality for speed.",
+        "that of the last full step (transformer/DiT models); trades some quality for speed.",
         inputs=(
             Input("model", MODEL, "A transformer (DiT) model."),
-            Input("residual_diff_threshold", FLOAT, "Relative change of the first block's residual under which the "
-                  "other blocks are skipped (0 = never skip; 0.05-0.15 typical).", default=0.1, min=0.0, max=1.0,
-                  step=0.001),
-            Input("start_percent", FLOAT, "The relative sampling step to begin caching.", default=0.0, min=0.0,
-                  max=1.0, step=0.01),
-            Input("end_percent", FLOAT, "The relative sampling step to end caching.", default=1.0, min=0.0, max=1.0,
-                  step=0.01),
+            Input(
+                "residual_diff_threshold",
+                FLOAT,
+                "Relative change of the first block's residual under which the "
+                "other blocks are skipped (0 = never skip; 0.05-0.15 typical).",
+                default=0.1,
+                min=0.0,
+                max=1.0,
+                step=0.001,
+            ),
+            Input(
+                "start_percent",
+                FLOAT,
+                "The relative sampling step to begin caching.",
+                default=0.0,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
+            Input(
+                "end_percent",
+                FLOAT,
+                "The relative sampling step to end caching.",
+                default=1.0,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
         ),
         outputs=(Output("MODEL", MODEL, "The model with the first-block cache."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, residual_diff_threshold: float, start_percent: float,
-            end_percent: float) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        residual_diff_threshold: float,
+        start_percent: float,
+        end_percent: float,
+    ) -> tuple[Any]:
         if not hasattr(model.denoiser, "block_stack"):
             raise FirstBlockCacheError(
                 f"FirstBlockCache needs a transformer (DiT) model; this {model.family.title} model's denoiser has no "
-                "transformer blocks. Use DeepCache for UNet models, or remove the node")
+                "transformer blocks. Use DeepCache for UNet models, or remove the node"
+            )
         patch = FirstBlockCachePatch(model.denoiser, residual_diff_threshold, start_percent, end_percent)
         return (model.with_patch(patch),)

@@ -42,7 +42,7 @@ def fourier_filter(x: torch.Tensor, threshold: int, scale: float) -> torch.Tenso
     b, c, h, w = spectrum.shape
     mask = torch.ones((b, c, h, w), device=x.device)
     mid_h, mid_w = h // 2, w // 2
-    mask[..., mid_h - threshold:mid_h + threshold, mid_w - threshold:mid_w + threshold] = scale
+    mask[..., mid_h - threshold : mid_h + threshold, mid_w - threshold : mid_w + threshold] = scale
     out = torch.fft.ifftn(torch.fft.ifftshift(spectrum * mask, dim=(-2, -1)), dim=(-2, -1)).real
     return out.to(x.dtype)
 
@@ -64,7 +64,9 @@ def freeu_hooks(module: Any, b1: float, b2: float, s1: float, s2: float, v2: boo
     channels = module.config.block_out_channels[0]  # ComfyUI's model_channels
     scales = {channels * 4: (b1, s1), channels * 2: (b2, s2)}
 
-    def output_block_patch(h: torch.Tensor, hsp: torch.Tensor, options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def output_block_patch(
+        h: torch.Tensor, hsp: torch.Tensor, options: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         scale = scales.get(int(h.shape[1]))
         if scale is None:
             return h, hsp
@@ -84,51 +86,106 @@ def freeu_hooks(module: Any, b1: float, b2: float, s1: float, s2: float, v2: boo
 def _freeu_inputs(b1: float, b2: float) -> tuple[Input, ...]:
     return (
         Input("model", MODEL, "The UNet model to patch."),
-        Input("b1", FLOAT, "Backbone scale of the deepest output blocks.", default=b1, min=0.0, max=10.0, step=0.01),
-        Input("b2", FLOAT, "Backbone scale of the second-deepest output blocks.", default=b2, min=0.0, max=10.0,
-              step=0.01),
-        Input("s1", FLOAT, "Skip low-frequency scale of the deepest output blocks.", default=0.9, min=0.0,
-              max=10.0, step=0.01),
-        Input("s2", FLOAT, "Skip low-frequency scale of the second-deepest output blocks.", default=0.2, min=0.0,
-              max=10.0, step=0.01),
+        Input(
+            "b1",
+            FLOAT,
+            "Backbone scale of the deepest output blocks.",
+            default=b1,
+            min=0.0,
+            max=10.0,
+            step=0.01,
+        ),
+        Input(
+            "b2",
+            FLOAT,
+            "Backbone scale of the second-deepest output blocks.",
+            default=b2,
+            min=0.0,
+            max=10.0,
+            step=0.01,
+        ),
+        Input(
+            "s1",
+            FLOAT,
+            "Skip low-frequency scale of the deepest output blocks.",
+            default=0.9,
+            min=0.0,
+            max=10.0,
+            step=0.01,
+        ),
+        Input(
+            "s2",
+            FLOAT,
+            "Skip low-frequency scale of the second-deepest output blocks.",
+            default=0.2,
+            min=0.0,
+            max=10.0,
+            step=0.01,
+        ),
     )
 
 
 class FreeU(Node):
     SCHEMA = NodeSchema(
-        node_id="FreeU", display_name="FreeU", category=CATEGORY,
+        node_id="FreeU",
+        display_name="FreeU",
+        category=CATEGORY,
         description="Strengthen the UNet's backbone features and damp its skip connections' low frequencies.",
-        inputs=_freeu_inputs(1.1, 1.2), outputs=(Output("MODEL", MODEL, "The patched model."),),
+        inputs=_freeu_inputs(1.1, 1.2),
+        outputs=(Output("MODEL", MODEL, "The patched model."),),
     )
     V2 = False
 
     def run(self, ctx: NodeContext, *, model: Any, b1: float, b2: float, s1: float, s2: float) -> tuple[Any]:
         if b1 == b2 == s1 == s2 == 1.0:  # the identity: nothing to patch
             return (model,)
-        return unet_patch(model, self.SCHEMA.node_id, ("output_block_patch",), freeu_hooks,
-                          float(b1), float(b2), float(s1), float(s2), self.V2)
+        return unet_patch(
+            model,
+            self.SCHEMA.node_id,
+            ("output_block_patch",),
+            freeu_hooks,
+            float(b1),
+            float(b2),
+            float(s1),
+            float(s2),
+            self.V2,
+        )
 
 
 class FreeU_V2(FreeU):  # noqa: N801 (ComfyUI's class name)
     SCHEMA = NodeSchema(
-        node_id="FreeU_V2", display_name="FreeU_V2", category=CATEGORY,
+        node_id="FreeU_V2",
+        display_name="FreeU_V2",
+        category=CATEGORY,
         description="FreeU with backbone scaling weighted by each image's normalised feature mean.",
-        inputs=_freeu_inputs(1.3, 1.4), outputs=(Output("MODEL", MODEL, "The patched model."),),
+        inputs=_freeu_inputs(1.3, 1.4),
+        outputs=(Output("MODEL", MODEL, "The patched model."),),
     )
     V2 = True
 
 
-def downscale_hooks(module: Any, block_number: int, factor: float, sigma_start: float, sigma_end: float,
-                    after_skip: bool, down_method: str, up_method: str) -> SamplingHooks:
+def downscale_hooks(
+    module: Any,
+    block_number: int,
+    factor: float,
+    sigma_start: float,
+    sigma_end: float,
+    after_skip: bool,
+    down_method: str,
+    up_method: str,
+) -> SamplingHooks:
     def input_patch(h: torch.Tensor, options: Any) -> torch.Tensor:
         if options["block"][1] != block_number:
             return h
         if options.get("sigmas") is None:
-            raise ConditioningError("PatchModelAddDownscale needs the noise level of each call; this sampler "
-                                    "does not give it")
+            raise ConditioningError(
+                "PatchModelAddDownscale needs the noise level of each call; this sampler does not give it"
+            )
         sigma = options["sigmas"][0].item()
         if sigma_end <= sigma <= sigma_start:
-            h = resize(h, round(h.shape[-1] * (1.0 / factor)), round(h.shape[-2] * (1.0 / factor)), down_method)
+            h = resize(
+                h, round(h.shape[-1] * (1.0 / factor)), round(h.shape[-2] * (1.0 / factor)), down_method
+            )
         return h
 
     def output_patch(h: torch.Tensor, hsp: torch.Tensor, options: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,41 +194,100 @@ def downscale_hooks(module: Any, block_number: int, factor: float, sigma_start: 
         return h, hsp
 
     point = "input_block_patch_after_skip" if after_skip else "input_block_patch"
-    return SamplingHooks(block_patches=(BlockPatch(point, input_patch), BlockPatch("output_block_patch", output_patch)))
+    return SamplingHooks(
+        block_patches=(BlockPatch(point, input_patch), BlockPatch("output_block_patch", output_patch))
+    )
 
 
 class PatchModelAddDownscale(Node):
     SCHEMA = NodeSchema(
-        node_id="PatchModelAddDownscale", display_name="PatchModelAddDownscale (Kohya Deep Shrink)",
+        node_id="PatchModelAddDownscale",
+        display_name="PatchModelAddDownscale (Kohya Deep Shrink)",
         category="model_patches/unet",
         description="Shrink the UNet's features after one input block during the early steps (Kohya Deep "
-                    "Shrink), so large images keep a coherent composition.",
+        "Shrink), so large images keep a coherent composition.",
         inputs=(
             Input("model", MODEL, "The UNet model to patch."),
-            Input("block_number", INT, "The input block after which the features are shrunk.", default=3, min=1,
-                  max=32, step=1),
-            Input("downscale_factor", FLOAT, "How much smaller the features get.", default=2.0, min=0.1, max=9.0,
-                  step=0.001),
-            Input("start_percent", FLOAT, "Where in the schedule shrinking starts.", default=0.0, min=0.0, max=1.0,
-                  step=0.001),
-            Input("end_percent", FLOAT, "Where in the schedule shrinking ends.", default=0.35, min=0.0, max=1.0,
-                  step=0.001),
-            Input("downscale_after_skip", BOOLEAN, "Shrink after the block's skip connection was kept (the skip "
-                  "keeps full size).", default=True),
+            Input(
+                "block_number",
+                INT,
+                "The input block after which the features are shrunk.",
+                default=3,
+                min=1,
+                max=32,
+                step=1,
+            ),
+            Input(
+                "downscale_factor",
+                FLOAT,
+                "How much smaller the features get.",
+                default=2.0,
+                min=0.1,
+                max=9.0,
+                step=0.001,
+            ),
+            Input(
+                "start_percent",
+                FLOAT,
+                "Where in the schedule shrinking starts.",
+                default=0.0,
+                min=0.0,
+                max=1.0,
+                step=0.001,
+            ),
+            Input(
+                "end_percent",
+                FLOAT,
+                "Where in the schedule shrinking ends.",
+                default=0.35,
+                min=0.0,
+                max=1.0,
+                step=0.001,
+            ),
+            Input(
+                "downscale_after_skip",
+                BOOLEAN,
+                "Shrink after the block's skip connection was kept (the skip keeps full size).",
+                default=True,
+            ),
             Input("downscale_method", COMBO, "How the features are shrunk.", options=DOWNSCALE_METHODS),
-            Input("upscale_method", COMBO, "How they are brought back to the skip connections' size.",
-                  options=DOWNSCALE_METHODS),
+            Input(
+                "upscale_method",
+                COMBO,
+                "How they are brought back to the skip connections' size.",
+                options=DOWNSCALE_METHODS,
+            ),
         ),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, block_number: int, downscale_factor: float,
-            start_percent: float, end_percent: float, downscale_after_skip: bool, downscale_method: str,
-            upscale_method: str) -> tuple[Any]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        block_number: int,
+        downscale_factor: float,
+        start_percent: float,
+        end_percent: float,
+        downscale_after_skip: bool,
+        downscale_method: str,
+        upscale_method: str,
+    ) -> tuple[Any]:
         points = ("input_block_patch", "input_block_patch_after_skip", "output_block_patch")
         require_points(model, "PatchModelAddDownscale", points)
         ms = model.model_sampling
         start, end = float(ms.percent_to_sigma(start_percent)), float(ms.percent_to_sigma(end_percent))
-        return unet_patch(model, "PatchModelAddDownscale", points, downscale_hooks, int(block_number),
-                          float(downscale_factor), start, end, bool(downscale_after_skip), downscale_method,
-                          upscale_method)
+        return unet_patch(
+            model,
+            "PatchModelAddDownscale",
+            points,
+            downscale_hooks,
+            int(block_number),
+            float(downscale_factor),
+            start,
+            end,
+            bool(downscale_after_skip),
+            downscale_method,
+            upscale_method,
+        )

@@ -49,7 +49,9 @@ def untiles(x: torch.Tensor, nh: int, nw: int, h: int, w: int) -> torch.Tensor:
     return x.reshape(-1, h * w, c)
 
 
-def hypertile_hooks(module: Any, tile_size: int, swap_size: int, max_depth: int, scale_depth: bool) -> SamplingHooks:
+def hypertile_hooks(
+    module: Any, tile_size: int, swap_size: int, max_depth: int, scale_depth: bool
+) -> SamplingHooks:
     latent_tile = max(32, tile_size) // 8
     generator = torch.Generator()
     pending: list[tuple[int, int, int, int]] = []
@@ -57,7 +59,9 @@ def hypertile_hooks(module: Any, tile_size: int, swap_size: int, max_depth: int,
     def start(info: RunInfo) -> None:
         generator.manual_seed(0)
 
-    def tile_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: dict[str, Any]) -> tuple[Any, Any, Any]:
+    def tile_in(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: dict[str, Any]
+    ) -> tuple[Any, Any, Any]:
         shape = extra["original_shape"]
         sizes = [(shape[-2] / 2**i) * (shape[-1] / 2**i) for i in range(max_depth + 1)]
         tokens = q.shape[-2]
@@ -77,26 +81,54 @@ def hypertile_hooks(module: Any, tile_size: int, swap_size: int, max_depth: int,
             out = untiles(out, *pending.pop())
         return out
 
-    return SamplingHooks(run_start=(start,), block_patches=(BlockPatch("attn1_patch", tile_in),
-                                                            BlockPatch("attn1_output_patch", tile_out)))
+    return SamplingHooks(
+        run_start=(start,),
+        block_patches=(BlockPatch("attn1_patch", tile_in), BlockPatch("attn1_output_patch", tile_out)),
+    )
 
 
 class HyperTile(Node):
     SCHEMA = NodeSchema(
-        node_id="HyperTile", display_name="HyperTile", category="model_patches/unet",
+        node_id="HyperTile",
+        display_name="HyperTile",
+        category="model_patches/unet",
         description="Tile the self-attention queries of the high-resolution UNet blocks (faster at large sizes).",
         inputs=(
             Input("model", MODEL, "The UNet model to patch."),
             Input("tile_size", INT, "Tile size in pixels.", default=256, min=1, max=2048),
-            Input("swap_size", INT, "How many tile counts to choose among at random.", default=2, min=1, max=128),
-            Input("max_depth", INT, "How many resolution levels below the highest are tiled too.", default=0,
-                  min=0, max=10),
+            Input(
+                "swap_size", INT, "How many tile counts to choose among at random.", default=2, min=1, max=128
+            ),
+            Input(
+                "max_depth",
+                INT,
+                "How many resolution levels below the highest are tiled too.",
+                default=0,
+                min=0,
+                max=10,
+            ),
             Input("scale_depth", BOOLEAN, "Larger tiles at deeper levels.", default=False),
         ),
         outputs=(Output("MODEL", MODEL, "The patched model."),),
     )
 
-    def run(self, ctx: NodeContext, *, model: Any, tile_size: int, swap_size: int, max_depth: int,
-            scale_depth: bool) -> tuple[Any]:
-        return unet_patch(model, "HyperTile", ("attn1_patch", "attn1_output_patch"), hypertile_hooks,
-                          int(tile_size), int(swap_size), int(max_depth), bool(scale_depth))
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: Any,
+        tile_size: int,
+        swap_size: int,
+        max_depth: int,
+        scale_depth: bool,
+    ) -> tuple[Any]:
+        return unet_patch(
+            model,
+            "HyperTile",
+            ("attn1_patch", "attn1_output_patch"),
+            hypertile_hooks,
+            int(tile_size),
+            int(swap_size),
+            int(max_depth),
+            bool(scale_depth),
+        )

@@ -35,8 +35,9 @@ def _same(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,
-                    generator: torch.Generator | None) -> tuple[Fn, Fn]:
+def bipartite_merge(
+    metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int, generator: torch.Generator | None
+) -> tuple[Fn, Fn]:
     """``(merge, unmerge)`` for tokens [B, N, C] on an ``h`` x ``w`` grid: one destination per
     ``sy`` x ``sx`` cell (random with ``generator``, else the top-left one), and the ``r`` sources
     most similar to a destination averaged into it."""
@@ -54,7 +55,7 @@ def bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: i
         grid = cells.view(rows, cols, sy, sx).transpose(1, 2).reshape(rows * sy, cols * sx)
         if rows * sy < h or cols * sx < w:  # the cells do not cover the grid: the rest are sources
             full = torch.zeros(h, w, dtype=torch.int64)
-            full[:rows * sy, :cols * sx] = grid
+            full[: rows * sy, : cols * sx] = grid
             grid = full
         order = grid.reshape(1, -1, 1).argsort(dim=1).to(device)  # destinations (-1) first, then sources
         n_dst = rows * cols
@@ -62,7 +63,10 @@ def bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: i
 
         def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             c = x.shape[-1]
-            return (torch.gather(x, 1, src_at.expand(b, n - n_dst, c)), torch.gather(x, 1, dst_at.expand(b, n_dst, c)))
+            return (
+                torch.gather(x, 1, src_at.expand(b, n - n_dst, c)),
+                torch.gather(x, 1, dst_at.expand(b, n_dst, c)),
+            )
 
         a, bb = split(metric / metric.norm(dim=-1, keepdim=True))
         r = min(a.shape[1], r)
@@ -76,7 +80,9 @@ def bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: i
         rows_, t, c = src.shape
         kept = torch.gather(src, -2, kept_idx.expand(rows_, t - r, c))
         moved = torch.gather(src, -2, merged_idx.expand(rows_, r, c))
-        return torch.cat([kept, dst.scatter_reduce(-2, into.expand(rows_, r, c), moved, reduce="mean")], dim=1)
+        return torch.cat(
+            [kept, dst.scatter_reduce(-2, into.expand(rows_, r, c), moved, reduce="mean")], dim=1
+        )
 
     def unmerge(x: torch.Tensor) -> torch.Tensor:
         n_kept = kept_idx.shape[1]
@@ -86,15 +92,19 @@ def bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: i
         src_positions = src_at.expand(b, src_at.shape[1], 1)
         out.scatter_(-2, dst_at.expand(b, n_dst, c), dst)
         out.scatter_(-2, torch.gather(src_positions, 1, kept_idx).expand(b, n_kept, c), kept)
-        out.scatter_(-2, torch.gather(src_positions, 1, merged_idx).expand(b, r, c),
-                     torch.gather(dst, -2, into.expand(b, r, c)))
+        out.scatter_(
+            -2,
+            torch.gather(src_positions, 1, merged_idx).expand(b, r, c),
+            torch.gather(dst, -2, into.expand(b, r, c)),
+        )
         return out
 
     return merge, unmerge
 
 
-def merge_functions(x: torch.Tensor, ratio: float, original_shape: list[int],
-                    generator: torch.Generator | None) -> tuple[Fn, Fn]:
+def merge_functions(
+    x: torch.Tensor, ratio: float, original_shape: list[int], generator: torch.Generator | None
+) -> tuple[Fn, Fn]:
     """ComfyUI's choice: merge only at the full latent resolution, 2x2 cells, ``ratio`` of the tokens."""
     _, _, height, width = original_shape
     downsample = int(math.ceil(math.sqrt((height * width) // x.shape[1])))
@@ -111,15 +121,22 @@ def tome_hooks(module: Any, ratio: float) -> SamplingHooks:
     def start(info: RunInfo) -> None:
         generator.manual_seed(0)
 
-    def merge_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: dict[str, Any]) -> tuple[Any, Any, Any]:
+    def merge_queries(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: dict[str, Any]
+    ) -> tuple[Any, Any, Any]:
         merge, unmerge[0] = merge_functions(q, ratio, extra["original_shape"], generator)
         return merge(q), k, v
 
     def unmerge_output(out: torch.Tensor, extra: dict[str, Any]) -> torch.Tensor:
         return unmerge[0](out)
 
-    return SamplingHooks(run_start=(start,), block_patches=(BlockPatch("attn1_patch", merge_queries),
-                                                            BlockPatch("attn1_output_patch", unmerge_output)))
+    return SamplingHooks(
+        run_start=(start,),
+        block_patches=(
+            BlockPatch("attn1_patch", merge_queries),
+            BlockPatch("attn1_output_patch", unmerge_output),
+        ),
+    )
 
 
 class TomePatchModel(Node):
@@ -130,8 +147,15 @@ class TomePatchModel(Node):
         description="Merge similar self-attention queries (ToMe) for speed; trades a little quality.",
         inputs=(
             Input("model", MODEL, "The UNet model to patch."),
-            Input("ratio", FLOAT, "Fraction of query tokens merged (0 = off; 0.3–0.5 typical).", default=0.3,
-                  min=0.0, max=1.0, step=0.01),
+            Input(
+                "ratio",
+                FLOAT,
+                "Fraction of query tokens merged (0 = off; 0.3–0.5 typical).",
+                default=0.3,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+            ),
         ),
         outputs=(Output("MODEL", MODEL, "The model with token merging applied."),),
     )
@@ -139,5 +163,6 @@ class TomePatchModel(Node):
     def run(self, ctx: NodeContext, *, model: Any, ratio: float) -> tuple[Any]:
         if ratio <= 0:
             return (model,)
-        return unet_patch(model, "TomePatchModel", ("attn1_patch", "attn1_output_patch"), tome_hooks,
-                          round(float(ratio), 4))
+        return unet_patch(
+            model, "TomePatchModel", ("attn1_patch", "attn1_output_patch"), tome_hooks, round(float(ratio), 4)
+        )

@@ -41,13 +41,16 @@ def require_points(model: Any, node: str, points: Iterable[str]) -> None:
     wanted = set(points)
     have: frozenset[str] = getattr(model.denoiser, "patch_points", frozenset())
     if not wanted <= have:
-        raise ValueError(f"{node} patches the blocks of a UNet but this MODEL is "
-                         f"{model.family.title}, whose denoiser has no {', '.join(sorted(wanted - have))} patch "
-                         f"point; remove {node} from the workflow or load a model with a UNet")
+        raise ValueError(
+            f"{node} patches the blocks of a UNet but this MODEL is "
+            f"{model.family.title}, whose denoiser has no {', '.join(sorted(wanted - have))} patch "
+            f"point; remove {node} from the workflow or load a model with a UNet"
+        )
 
 
-def unet_patch(model: Any, node: str, points: Iterable[str], make: Callable[..., SamplingHooks],
-               *params: Any) -> tuple[Any]:
+def unet_patch(
+    model: Any, node: str, points: Iterable[str], make: Callable[..., SamplingHooks], *params: Any
+) -> tuple[Any]:
     """``model`` with a :class:`UNetHookPatch` named after ``node`` (after :func:`require_points`)."""
     require_points(model, node, points)
     return (model.with_patch(UNetHookPatch(node, tuple(params), make)),)

@@ -33,24 +33,53 @@ DROPPED_SUFFIXES = (".scale_input", ".input_scale", ".comfy_quant")
 FP8_NAMES = {"F8_E4M3": "fp8_e4m3fn", "F8_E5M2": "fp8_e5m2"}
 
 # general.architecture values of GGUF files (ComfyUI-GGUF's vocabulary)
-IMAGE_ARCHS = frozenset({"flux", "sd1", "sdxl", "sd3", "aura", "hidream", "cosmos", "ltxv", "hyvid", "wan",
-                         "lumina2", "qwen_image", "chroma", "zimage"})
+IMAGE_ARCHS = frozenset(
+    {
+        "flux",
+        "sd1",
+        "sdxl",
+        "sd3",
+        "aura",
+        "hidream",
+        "cosmos",
+        "ltxv",
+        "hyvid",
+        "wan",
+        "lumina2",
+        "qwen_image",
+        "chroma",
+        "zimage",
+    }
+)
 TEXT_ARCHS = frozenset({"t5", "t5encoder", "llama", "qwen2vl", "qwen3", "qwen3vl"})
 _T5_NAMES = (  # llama.cpp T5 encoder names -> original names (applied in order)
-    ("enc.blk.", "encoder.block."), ("enc.output_norm.", "encoder.final_layer_norm."),
-    ("token_embd.", "shared."), (".attn_q.", ".layer.0.SelfAttention.q."), (".attn_k.", ".layer.0.SelfAttention.k."),
-    (".attn_v.", ".layer.0.SelfAttention.v."), (".attn_o.", ".layer.0.SelfAttention.o."),
+    ("enc.blk.", "encoder.block."),
+    ("enc.output_norm.", "encoder.final_layer_norm."),
+    ("token_embd.", "shared."),
+    (".attn_q.", ".layer.0.SelfAttention.q."),
+    (".attn_k.", ".layer.0.SelfAttention.k."),
+    (".attn_v.", ".layer.0.SelfAttention.v."),
+    (".attn_o.", ".layer.0.SelfAttention.o."),
     (".attn_norm.", ".layer.0.layer_norm."),
     (".attn_rel_b.", ".layer.0.SelfAttention.relative_attention_bias."),
-    (".ffn_gate.", ".layer.1.DenseReluDense.wi_0."), (".ffn_up.", ".layer.1.DenseReluDense.wi_1."),
-    (".ffn_down.", ".layer.1.DenseReluDense.wo."), (".ffn_norm.", ".layer.1.layer_norm."),
+    (".ffn_gate.", ".layer.1.DenseReluDense.wi_0."),
+    (".ffn_up.", ".layer.1.DenseReluDense.wi_1."),
+    (".ffn_down.", ".layer.1.DenseReluDense.wo."),
+    (".ffn_norm.", ".layer.1.layer_norm."),
 )
 
 _LLAMA_LEAVES = {  # llama.cpp block tensor names -> transformers' (Llama, Qwen2/2.5-VL, Qwen3 text models)
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 _LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LLAMA_ARCHS = frozenset({"llama", "qwen2vl", "qwen3", "qwen3vl"})
@@ -79,13 +108,16 @@ def pack_state_dict(sd: Mapping[str, Any], where: str) -> dict[str, Any]:
                 f"{where}: this is a scaled-fp8 file (it has a 'scaled_fp8' marker or per-layer comfy_quant entries) "
                 f"but {key!r} has no scale ({base}.scale_weight or {base}.weight_scale); its values would be wrong "
                 "by an unknown factor. The file is incomplete or was converted wrongly: download it again or use "
-                "the plain fp8/bf16 version of the model")
+                "the plain fp8/bf16 version of the model"
+            )
         scale = None if scale is None else scale.to(torch.float32).reshape(-1)
         if scale is not None and scale.numel() == 1:
             scale = scale.reshape(())
         elif scale is not None and scale.numel() != value.shape[0]:
-            raise ModelLoadError(f"{where}: the scale of {key!r} has {scale.numel()} values; Loom reads one per "
-                                 f"tensor or one per output row ({value.shape[0]}): this scaled-fp8 variant is not supported")
+            raise ModelLoadError(
+                f"{where}: the scale of {key!r} has {scale.numel()} values; Loom reads one per "
+                f"tensor or one per output row ({value.shape[0]}): this scaled-fp8 variant is not supported"
+            )
         packed = PackedWeight(value, fmt, tuple(value.shape), scale)
         out[key] = packed if value.dim() >= 2 else packed.dequantize()
     return out
@@ -97,7 +129,11 @@ def _fp8_format(value: Any) -> str | None:
     if isinstance(value, PackedWeight):
         return None
     dtype = getattr(value, "dtype", None)
-    return None if dtype is None else {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e5m2: "fp8_e5m2"}.get(dtype)
+    return (
+        None
+        if dtype is None
+        else {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e5m2: "fp8_e5m2"}.get(dtype)
+    )
 
 
 def _check_comfy_quant(sd: Mapping[str, Any], where: str) -> None:
@@ -111,9 +147,11 @@ def _check_comfy_quant(sd: Mapping[str, Any], where: str) -> None:
             continue
         fmt = str(spec.get("format", "")) if isinstance(spec, dict) else ""
         if fmt and fmt not in ("float8_e4m3fn", "float8_e5m2"):
-            raise ModelLoadError(f"{where}: layer {key.removesuffix('.comfy_quant')!r} is quantized as {fmt!r}, "
-                                 "which Loom does not read (it reads fp8 e4m3fn/e5m2 with per-tensor scales and "
-                                 "GGUF files); use an fp8, GGUF or bf16 version of the model")
+            raise ModelLoadError(
+                f"{where}: layer {key.removesuffix('.comfy_quant')!r} is quantized as {fmt!r}, "
+                "which Loom does not read (it reads fp8 e4m3fn/e5m2 with per-tensor scales and "
+                "GGUF files); use an fp8, GGUF or bf16 version of the model"
+            )
 
 
 # --- GGUF -------------------------------------------------------------------------------------------
@@ -125,7 +163,9 @@ def _reader(path: Path) -> Any:
     try:
         import gguf
     except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise ModelLoadError(f"{path}: reading .gguf files needs the 'gguf' package (pip install gguf)") from exc
+        raise ModelLoadError(
+            f"{path}: reading .gguf files needs the 'gguf' package (pip install gguf)"
+        ) from exc
     try:
         return gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError, KeyError) as exc:
@@ -138,7 +178,11 @@ def _field(reader: Any, name: str) -> Any:
         return None
     value = field.parts[field.data[-1]]
     try:
-        return bytes(value).decode("utf-8") if value.dtype.kind == "u" and value.dtype.itemsize == 1 else value[0]
+        return (
+            bytes(value).decode("utf-8")
+            if value.dtype.kind == "u" and value.dtype.itemsize == 1
+            else value[0]
+        )
     except (AttributeError, UnicodeDecodeError, IndexError):
         return None
 
@@ -206,24 +250,37 @@ def require_gguf_role(index: TensorIndex, role: str, node: str) -> None:
     wanted, other = (IMAGE_ARCHS, TEXT_ARCHS) if role == "diffusion" else (TEXT_ARCHS, IMAGE_ARCHS)
     if arch in wanted:
         return
-    hint = ("it is a text encoder: load it with CLIPLoaderGGUF / CLIPLoader" if arch in other and role == "diffusion"
-            else "it is a diffusion model: load it with UnetLoaderGGUF / UNETLoader" if arch in other
-            else "Loom does not know this architecture")
-    raise ModelLoadError(f"{node}: {index.path.name} is a GGUF file of architecture {arch!r}, not a "
-                         f"{'diffusion model' if role == 'diffusion' else 'text encoder'} "
-                         f"({', '.join(sorted(wanted))}); {hint}")
+    hint = (
+        "it is a text encoder: load it with CLIPLoaderGGUF / CLIPLoader"
+        if arch in other and role == "diffusion"
+        else "it is a diffusion model: load it with UnetLoaderGGUF / UNETLoader"
+        if arch in other
+        else "Loom does not know this architecture"
+    )
+    raise ModelLoadError(
+        f"{node}: {index.path.name} is a GGUF file of architecture {arch!r}, not a "
+        f"{'diffusion model' if role == 'diffusion' else 'text encoder'} "
+        f"({', '.join(sorted(wanted))}); {hint}"
+    )
 
 
-def load_gguf_tensors(index: TensorIndex, prefix: str = "", *, strip: bool = True,
-                      skip: Iterable[str] = ()) -> dict[str, Any]:
+def load_gguf_tensors(
+    index: TensorIndex, prefix: str = "", *, strip: bool = True, skip: Iterable[str] = ()
+) -> dict[str, Any]:
     """The tensors under ``prefix``: quantized and half-precision weights (2-D and up) as
     :class:`PackedWeight` over the memory-mapped file, the rest as float tensors."""
     import torch
 
     reader = _reader(index.path)
     arch = gguf_architecture(index) or None
-    heads = {"q_proj": _field(reader, "llama.attention.head_count"),
-             "k_proj": _field(reader, "llama.attention.head_count_kv")} if arch == "llama" else {}
+    heads = (
+        {
+            "q_proj": _field(reader, "llama.attention.head_count"),
+            "k_proj": _field(reader, "llama.attention.head_count_kv"),
+        }
+        if arch == "llama"
+        else {}
+    )
     skip_prefixes = tuple(skip)
     out: dict[str, Any] = {}
     for name, tensor in _names(reader, arch):
@@ -233,7 +290,7 @@ def load_gguf_tensors(index: TensorIndex, prefix: str = "", *, strip: bool = Tru
         projection = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
         if heads.get(projection):  # Llama files hold q/k in llama.cpp's rotary order
             value = _unpermute(value, int(heads[projection]))
-        out[name[len(prefix):] if strip else name] = value
+        out[name[len(prefix) :] if strip else name] = value
     return out
 
 
@@ -245,20 +302,32 @@ def _gguf_value(tensor: Any, shape: tuple[int, ...], path: Path, torch: Any) -> 
     if fmt == "F32":  # copied out of the read-only map: LoRA may merge into these in place
         return raw.reshape(shape).clone()
     if fmt in ("F16", "BF16"):
-        data = raw.reshape(-1).view(torch.uint8).view(torch.float16 if fmt == "F16" else torch.bfloat16).reshape(shape)
+        data = (
+            raw.reshape(-1)
+            .view(torch.uint8)
+            .view(torch.float16 if fmt == "F16" else torch.bfloat16)
+            .reshape(shape)
+        )
         return PackedWeight(data, fmt, shape) if len(shape) >= 2 else data.float()
     if fmt not in GGUF_BLOCKS:
         supported = ", ".join(["F32", "F16", "BF16", *GGUF_BLOCKS])
-        raise ModelLoadError(f"{path}: tensor {tensor.name!r} is quantized as {fmt}, which Loom does not read "
-                             f"(it reads {supported}); use a file quantized with one of those types")
+        raise ModelLoadError(
+            f"{path}: tensor {tensor.name!r} is quantized as {fmt}, which Loom does not read "
+            f"(it reads {supported}); use a file quantized with one of those types"
+        )
     rows = shape[0] if len(shape) >= 2 else 1
     packed = PackedWeight(raw.reshape(rows, -1), fmt, shape)
     return packed if len(shape) >= 2 else packed.dequantize()
 
 
 # --- writing (tests, benchmarks, conversion) ---------------------------------------------------------
-def write_gguf(path: Path, tensors: Mapping[str, torch.Tensor], arch: str,
-               qtype: Any = None, fields: Mapping[str, int] | None = None) -> Path:
+def write_gguf(
+    path: Path,
+    tensors: Mapping[str, torch.Tensor],
+    arch: str,
+    qtype: Any = None,
+    fields: Mapping[str, int] | None = None,
+) -> Path:
     """Write ``tensors`` to a ``.gguf`` file of architecture ``arch``. ``qtype(name, tensor)``
     names the GGUF type of each tensor (``Q8_0``, ``Q4_0``, ``Q5_0``, ``Q5_1``, ``Q4_1``, ``F16``,
     ``BF16``, ``F32``: the types the gguf package can quantize); default F32. ``fields``: extra
@@ -286,4 +355,3 @@ def write_gguf(path: Path, tensors: Mapping[str, torch.Tensor], arch: str,
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
-

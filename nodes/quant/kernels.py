@@ -26,8 +26,14 @@ if TYPE_CHECKING:
 
 # GGUF type name -> (elements per block, bytes per block)
 GGUF_BLOCKS: dict[str, tuple[int, int]] = {
-    "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
-    "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    "Q8_0": (32, 34),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
 }
 CAST_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "int8", "F16", "BF16")
 SUPPORTED = (*CAST_FORMATS, *GGUF_BLOCKS)
@@ -37,16 +43,25 @@ def torch_dtype(fmt: str) -> torch.dtype:
     """The torch dtype a cast format is stored in."""
     import torch
 
-    return {"fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "int8": torch.int8,
-            "F16": torch.float16, "BF16": torch.bfloat16}[fmt]
+    return {
+        "fp8_e4m3fn": torch.float8_e4m3fn,
+        "fp8_e5m2": torch.float8_e5m2,
+        "int8": torch.int8,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+    }[fmt]
 
 
-def dequantize(data: Tensor, fmt: str, shape: tuple[int, ...], scale: Tensor | None, dtype: torch.dtype) -> Tensor:
+def dequantize(
+    data: Tensor, fmt: str, shape: tuple[int, ...], scale: Tensor | None, dtype: torch.dtype
+) -> Tensor:
     """The float tensor of ``shape`` and ``dtype`` that ``data`` stores in ``fmt``."""
     if fmt in CAST_FORMATS:
         out = data.to(dtype)
         if scale is not None:
-            out = out * (scale.to(dtype) if scale.dim() == 0 else scale.to(dtype).reshape(-1, *[1] * (out.dim() - 1)))
+            out = out * (
+                scale.to(dtype) if scale.dim() == 0 else scale.to(dtype).reshape(-1, *[1] * (out.dim() - 1))
+            )
         return out
     kernel = _KERNELS.get(fmt)
     if kernel is None:
@@ -88,7 +103,7 @@ def _f16(blocks: Tensor, start: int, dt: torch.dtype) -> Tensor:
     """The float16 at byte ``start`` of every block, in ``dt`` (n, 1)."""
     import torch
 
-    return blocks[:, start:start + 2].contiguous().view(torch.float16).to(dt)
+    return blocks[:, start : start + 2].contiguous().view(torch.float16).to(dt)
 
 
 def _q8_0(blocks: Tensor, dt: torch.dtype) -> Tensor:
@@ -182,6 +197,12 @@ def _q6_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
 
 
 _KERNELS: dict[str, Callable[[Any, Any], Any]] = {
-    "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
-    "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
+    "Q8_0": _q8_0,
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q5_0": _q5_0,
+    "Q5_1": _q5_1,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
 }

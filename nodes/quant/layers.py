@@ -85,9 +85,13 @@ class QuantLayer(nn.Module):
     def add_lowrank(self, up: Tensor, down: Tensor, scale: float) -> None:
         """Add ``scale · up @ down`` to the weight (kept factored; ``down`` flattened to [r, in·k])."""
         if up.shape[0] != self.qshape[0] or down.flatten(1).shape[1] != _prod(self.qshape[1:]):
-            raise QuantError(f"a {tuple(up.shape[:1])}×{tuple(down.shape[1:])} low-rank change does not fit "
-                             f"a weight of shape {self.qshape}")
-        self.lowrank.append((up.float().flatten(1).contiguous(), down.float().flatten(1).contiguous(), float(scale)))
+            raise QuantError(
+                f"a {tuple(up.shape[:1])}×{tuple(down.shape[1:])} low-rank change does not fit "
+                f"a weight of shape {self.qshape}"
+            )
+        self.lowrank.append(
+            (up.float().flatten(1).contiguous(), down.float().flatten(1).contiguous(), float(scale))
+        )
 
     def add_delta(self, delta: Tensor) -> None:
         """Add a dense change (float) to the weight."""
@@ -140,7 +144,9 @@ class QuantLayer(nn.Module):
         destination[prefix + "weight"] = weight.to(self.compute_dtype)
 
     def extra_repr(self) -> str:
-        return f"shape={self.qshape}, stored={self.fmt}, compute={self.compute_dtype}, lora={len(self.lowrank)}"
+        return (
+            f"shape={self.qshape}, stored={self.fmt}, compute={self.compute_dtype}, lora={len(self.lowrank)}"
+        )
 
 
 class QuantLinear(QuantLayer):
@@ -160,13 +166,24 @@ class QuantLinear(QuantLayer):
         return y
 
     def _fast(self, x: Tensor, bias: Tensor | None) -> Tensor | None:
-        if self.fmt == "int8" and x.device.type == "cpu" and x.dtype in INT8_MM_FORMATS \
-                and self.in_features % 16 == 0 and self.qscale is not None and x.numel() <= INT8_MM_MAX_ROWS * x.shape[-1]:
+        if (
+            self.fmt == "int8"
+            and x.device.type == "cpu"
+            and x.dtype in INT8_MM_FORMATS
+            and self.in_features % 16 == 0
+            and self.qscale is not None
+            and x.numel() <= INT8_MM_MAX_ROWS * x.shape[-1]
+        ):
             flat = x.reshape(-1, self.in_features).contiguous()
             y = torch.ops.aten._weight_int8pack_mm(flat, self.qdata, self.qscale.to(x.dtype))
             y = y.reshape(*x.shape[:-1], self.out_features)
             return y if bias is None else y + bias
-        if self.fast and self.fmt == "fp8_e4m3fn" and x.device.type == "cuda" and fp8_matmul_available(x.device):
+        if (
+            self.fast
+            and self.fmt == "fp8_e4m3fn"
+            and x.device.type == "cuda"
+            and fp8_matmul_available(x.device)
+        ):
             return scaled_mm(x, self.qdata, self.qscale, bias)
         return None
 
@@ -182,7 +199,11 @@ class QuantConv(QuantLayer):
         self.dilation: Any = conv.dilation
         self.groups: int = conv.groups
         self.padding_mode: str = conv.padding_mode
-        self.in_channels, self.out_channels, self.kernel_size = conv.in_channels, conv.out_channels, conv.kernel_size
+        self.in_channels, self.out_channels, self.kernel_size = (
+            conv.in_channels,
+            conv.out_channels,
+            conv.kernel_size,
+        )
         self._reversed_padding = getattr(conv, "_reversed_padding_repeated_twice", None)
 
     def add_lowrank(self, up: Tensor, down: Tensor, scale: float) -> None:
@@ -257,7 +278,10 @@ def convert_module(module: nn.Module, fmt: str, *, fast: bool = False, min_eleme
     already in stored precision and weights smaller than ``min_elements`` are left as they are."""
     count = 0
     for name, owner in list(module.named_modules()):
-        if not isinstance(owner, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) or owner.weight.numel() < min_elements:
+        if (
+            not isinstance(owner, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+            or owner.weight.numel() < min_elements
+        ):
             continue
         if fmt == "int8" and not isinstance(owner, nn.Linear):
             continue  # per-row int8 is for matmuls; convolutions keep their precision
@@ -318,8 +342,13 @@ def scaled_mm(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | No
     xq = (flat / x_scale.to(flat.dtype)).clamp(-limit, limit).to(torch.float8_e4m3fn)
     w_scale = torch.ones((), device=x.device) if scale is None else scale.float().reshape(())
     try:
-        y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale,
-                             out_dtype=x.dtype if x.dtype != torch.float32 else torch.bfloat16)
+        y = torch._scaled_mm(
+            xq,
+            weight.t(),
+            scale_a=x_scale,
+            scale_b=w_scale,
+            out_dtype=x.dtype if x.dtype != torch.float32 else torch.bfloat16,
+        )
     except (RuntimeError, TypeError):  # a GPU or build without this kernel: use the dequantising path
         return None
     y = (y[0] if isinstance(y, tuple) else y).to(x.dtype)

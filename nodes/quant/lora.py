@@ -26,8 +26,14 @@ def add_to_quant(module: Any, up: Any, down: Any, scale: float) -> None:
     module.add_lowrank(up, down, scale)
 
 
-def add_fused_to_quant(modules: Mapping[str, Any], part: Part, fused: Fused, layer: LoraLayer, strength: float,
-                       dense: Mapping[str, Any]) -> None:
+def add_fused_to_quant(
+    modules: Mapping[str, Any],
+    part: Part,
+    fused: Fused,
+    layer: LoraLayer,
+    strength: float,
+    dense: Mapping[str, Any],
+) -> None:
     """Add ``layer``'s change of the fused weight ``fused`` to the modules it was split into;
     ``dense`` holds the dense pieces (already times ``strength``) for the fallback."""
     import torch
@@ -42,7 +48,8 @@ def add_fused_to_quant(modules: Mapping[str, Any], part: Part, fused: Fused, lay
     except (ValueError, RuntimeError):
         ups = {}
     factored = set(ups) == set(dense) and all(
-        u.dim() == 2 and u.shape[1] == rank and u.shape[0] == dense[n].shape[0] for n, u in ups.items())
+        u.dim() == 2 and u.shape[1] == rank and u.shape[0] == dense[n].shape[0] for n, u in ups.items()
+    )
     for name, piece in dense.items():
         module = modules[name.removesuffix(".weight")]
         if is_quant_layer(module):

@@ -28,11 +28,19 @@ class UnetLoaderGGUF(UNETLoader):
     """UNETLoader's run on a .gguf file (no weight_dtype: the file's quantization is kept)."""
 
     SCHEMA = NodeSchema(
-        node_id="UnetLoaderGGUF", display_name="Unet Loader (GGUF)", category="bootleg",
+        node_id="UnetLoaderGGUF",
+        display_name="Unet Loader (GGUF)",
+        category="bootleg",
         description="Loads a GGUF-quantized diffusion model (Q8_0, Q5_K, Q4_K, Q4_0, ... or F16/BF16); its weights "
-                    "stay quantized and are dequantised layer by layer while sampling.",
-        inputs=(Input("unet_name", COMBO, "The .gguf file in models/diffusion_models (or models/unet).",
-                      options=DynamicOptions("unet_gguf")),),
+        "stay quantized and are dequantised layer by layer while sampling.",
+        inputs=(
+            Input(
+                "unet_name",
+                COMBO,
+                "The .gguf file in models/diffusion_models (or models/unet).",
+                options=DynamicOptions("unet_gguf"),
+            ),
+        ),
         outputs=(MODEL_OUT,),
     )
 
@@ -41,9 +49,11 @@ class CLIPLoaderGGUF(CLIPLoader):
     """CLIPLoader without the device input."""
 
     SCHEMA = NodeSchema(
-        node_id="CLIPLoaderGGUF", display_name="CLIPLoader (GGUF)", category="bootleg",
+        node_id="CLIPLoaderGGUF",
+        display_name="CLIPLoader (GGUF)",
+        category="bootleg",
         description="Loads one text encoder (a .gguf file, e.g. a quantized T5-XXL, or an ordinary file) as the "
-                    "CLIP of the model family named by type.",
+        "CLIP of the model family named by type.",
         inputs=(CLIP_NAME, CLIP_TYPE),
         outputs=(CLIP_OUT,),
     )
@@ -53,9 +63,11 @@ class DualCLIPLoaderGGUF(DualCLIPLoader):
     """DualCLIPLoader without the device input."""
 
     SCHEMA = NodeSchema(
-        node_id="DualCLIPLoaderGGUF", display_name="DualCLIPLoader (GGUF)", category="bootleg",
+        node_id="DualCLIPLoaderGGUF",
+        display_name="DualCLIPLoader (GGUF)",
+        category="bootleg",
         description="Loads two text encoders (.gguf or ordinary files, in any order) as one CLIP for the model "
-                    "family named by type, e.g. clip_l.safetensors with a quantized t5xxl .gguf.",
+        "family named by type, e.g. clip_l.safetensors with a quantized t5xxl .gguf.",
         inputs=(*CLIP_NAMES, DUAL_CLIP_TYPE),
         outputs=(DUAL_CLIP_OUT,),
     )
@@ -63,12 +75,16 @@ class DualCLIPLoaderGGUF(DualCLIPLoader):
 
 class ModelWeightStorage(Node):
     SCHEMA = NodeSchema(
-        node_id="ModelWeightStorage", display_name="Model Weight Storage (Loom)", category="advanced/loaders",
+        node_id="ModelWeightStorage",
+        display_name="Model Weight Storage (Loom)",
+        category="advanced/loaders",
         description="Stores the model's linear weights in fewer bytes and computes in the device's precision: "
-                    "int8 (weight-only, one scale per output row; about 1 byte per weight, fused int8 matmul on "
-                    "CPU) or fp8. Layers already quantized (GGUF, fp8 files) are left as they are.",
-        inputs=(Input("model", MODEL, "The model whose weights to store."),
-                Input("storage", COMBO, "The stored format.", options=STORAGE_FORMATS, default="int8")),
+        "int8 (weight-only, one scale per output row; about 1 byte per weight, fused int8 matmul on "
+        "CPU) or fp8. Layers already quantized (GGUF, fp8 files) are left as they are.",
+        inputs=(
+            Input("model", MODEL, "The model whose weights to store."),
+            Input("storage", COMBO, "The stored format.", options=STORAGE_FORMATS, default="int8"),
+        ),
         outputs=(Output("MODEL", MODEL, "The model with its weights stored as chosen."),),
     )
 

@@ -83,7 +83,11 @@ class PackedWeight:
         if dim != 0:
             return tuple(self.dequantize().split(sizes, dim))  # type: ignore[arg-type]
         rows = self.shape[0]
-        widths = list(sizes) if not isinstance(sizes, int) else [min(sizes, rows - s) for s in range(0, rows, sizes)]
+        widths = (
+            list(sizes)
+            if not isinstance(sizes, int)
+            else [min(sizes, rows - s) for s in range(0, rows, sizes)]
+        )
         if sum(widths) != rows:
             raise QuantError(f"cannot split {rows} rows into {widths}")
         out, start = [], 0
@@ -116,7 +120,9 @@ class PackedWeight:
         import torch
 
         if func is torch.cat:
-            joined = _cat_rows(args[0] if args else kwargs["tensors"], args[1] if len(args) > 1 else kwargs.get("dim", 0))
+            joined = _cat_rows(
+                args[0] if args else kwargs["tensors"], args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            )
             if joined is not None:
                 return joined
         _note_fallback(getattr(func, "__name__", str(func)))
@@ -149,8 +155,10 @@ def _cat_rows(tensors: Sequence[Any], dim: int) -> PackedWeight | None:
     if dim != 0 or not tensors or not all(isinstance(t, PackedWeight) for t in tensors):
         return None
     first: PackedWeight = tensors[0]
-    if any(t.fmt != first.fmt or t.shape[1:] != first.shape[1:] or t.data.shape[1:] != first.data.shape[1:]
-           for t in tensors):
+    if any(
+        t.fmt != first.fmt or t.shape[1:] != first.shape[1:] or t.data.shape[1:] != first.data.shape[1:]
+        for t in tensors
+    ):
         return None
     data = torch.cat([t.data for t in tensors])
     shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
@@ -158,9 +166,12 @@ def _cat_rows(tensors: Sequence[Any], dim: int) -> PackedWeight | None:
     if all(s is None for s in scales):
         return PackedWeight(data, first.fmt, shape)
     if all(s is not None and s.dim() == 0 for s in scales) and all(
-            bool(torch.equal(s, scales[0])) for s in scales):  # type: ignore[arg-type]
+        bool(torch.equal(s, scales[0])) for s in scales
+    ):  # type: ignore[arg-type]
         return PackedWeight(data, first.fmt, shape, scales[0])
-    per_row = [torch.ones(t.shape[0]) if t.scale is None else t.scale.float().expand(t.shape[0]) for t in tensors]
+    per_row = [
+        torch.ones(t.shape[0]) if t.scale is None else t.scale.float().expand(t.shape[0]) for t in tensors
+    ]
     return PackedWeight(data, first.fmt, shape, torch.cat(per_row).contiguous())
 
 
@@ -173,5 +184,8 @@ def _dequantize_all(value: Any) -> Any:
 
 
 def _note_fallback(what: str) -> None:
-    log.warning("a key table applied %s to a stored-precision weight; that weight is kept dequantised "
-                "(float32) instead of in its stored format", what)
+    log.warning(
+        "a key table applied %s to a stored-precision weight; that weight is kept dequantised "
+        "(float32) instead of in its stored format",
+        what,
+    )

@@ -12,7 +12,9 @@ log = logging.getLogger("loom.quant")
 
 # UNETLoader's weight_dtype -> (stored format, fp8 matmul)
 WEIGHT_DTYPE_STORAGE: dict[str, tuple[str, bool]] = {
-    "fp8_e4m3fn": ("fp8_e4m3fn", False), "fp8_e4m3fn_fast": ("fp8_e4m3fn", True), "fp8_e5m2": ("fp8_e5m2", False),
+    "fp8_e4m3fn": ("fp8_e4m3fn", False),
+    "fp8_e4m3fn_fast": ("fp8_e4m3fn", True),
+    "fp8_e5m2": ("fp8_e5m2", False),
 }
 STORAGE_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "int8")
 
@@ -33,8 +35,13 @@ class StoragePatch:
         from nodes.quant.layers import convert_module
 
         count = convert_module(module, self.fmt, fast=self.fast)
-        log.info("%s: %d layers stored as %s%s", getattr(handle, "path", "model"), count, self.fmt,
-                 " (fp8 matmul where the GPU has it)" if self.fast else "")
+        log.info(
+            "%s: %d layers stored as %s%s",
+            getattr(handle, "path", "model"),
+            count,
+            self.fmt,
+            " (fp8 matmul where the GPU has it)" if self.fast else "",
+        )
 
 
 def stored_estimate(index: Any, prefix: str, fmt: str) -> int:
@@ -46,7 +53,9 @@ def stored_estimate(index: Any, prefix: str, fmt: str) -> int:
             continue
         if len(info.shape) >= 2 and info.dtype in ("F32", "F16", "BF16"):
             rows = info.shape[0]
-            total += info.nbytes // {"F32": 4, "F16": 2, "BF16": 2}[info.dtype] + (4 * rows if fmt == "int8" else 0)
+            total += info.nbytes // {"F32": 4, "F16": 2, "BF16": 2}[info.dtype] + (
+                4 * rows if fmt == "int8" else 0
+            )
         else:
             total += info.nbytes
     return total

@@ -31,7 +31,11 @@ def _modules(device: str) -> dict[str, Any]:
     unet: Any = UNet2DConditionModel(cross_attention_dim=768, attention_head_dim=8)  # SD1.5's architecture
     nets = [ControlNetModel.from_unet(unet) for _ in range(2)]
     adapter = demo_adapter((320, 640, 1280, 1280))
-    return {"unet": unet.eval().to(device), "cn": [n.eval().to(device) for n in nets], "t2i": adapter.to(device)}
+    return {
+        "unet": unet.eval().to(device),
+        "cn": [n.eval().to(device) for n in nets],
+        "t2i": adapter.to(device),
+    }
 
 
 def _bytes(module: Any) -> int:
@@ -47,10 +51,21 @@ def _call(modules: dict[str, Any], handles: list[Any], latent: int, device: str)
     control = None
     for handle in handles:
         control = Control(handle, image, 1.0, previous=control)
-    mods = {h.key: (modules["t2i"] if h.kind == "t2i_adapter" else modules["cn"][i]) for i, h in enumerate(handles)}
-    entries = [CondEntry(embeds=torch.randn(1, 77, 768), extras={
-        "control_modules": mods, "percent_to_sigma": lambda p: 0.0, **({"control": control} if control else {})})
-        for _ in range(2)]
+    mods = {
+        h.key: (modules["t2i"] if h.kind == "t2i_adapter" else modules["cn"][i])
+        for i, h in enumerate(handles)
+    }
+    entries = [
+        CondEntry(
+            embeds=torch.randn(1, 77, 768),
+            extras={
+                "control_modules": mods,
+                "percent_to_sigma": lambda p: 0.0,
+                **({"control": control} if control else {}),
+            },
+        )
+        for _ in range(2)
+    ]
     den = UNetDenoiser()
     kwargs = den.conditioning(entries, 1, (latent * 8, latent * 8))
     kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
@@ -63,6 +78,7 @@ def _call(modules: dict[str, Any], handles: list[Any], latent: int, device: str)
             den.forward(modules["unet"], x, t, kwargs)
         if device == "cuda":
             torch.cuda.synchronize()
+
     return run
 
 
@@ -74,9 +90,12 @@ def _handles(tmp: Path) -> dict[str, Any]:
 
     def src(name: str) -> WeightsSource:
         return WeightsSource(tmp / name, name)
-    return {"cn1": ControlNetHandle(source=src("a"), nbytes=0, config={}),
-            "cn2": ControlNetHandle(source=src("b"), nbytes=0, config={"x": 1}),
-            "t2i": AdapterHandle(source=src("c"), nbytes=0, config={"adapter_type": "full_adapter"})}
+
+    return {
+        "cn1": ControlNetHandle(source=src("a"), nbytes=0, config={}),
+        "cn2": ControlNetHandle(source=src("b"), nbytes=0, config={"x": 1}),
+        "t2i": AdapterHandle(source=src("c"), nbytes=0, config={"adapter_type": "full_adapter"}),
+    }
 
 
 def main() -> None:
@@ -88,10 +107,16 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     modules = _modules(args.device)
     h = _handles(Path("/nonexistent"))
-    print(f"SD1.5 UNet {_bytes(modules['unet']) / 2**20:.0f} MiB, ControlNet {_bytes(modules['cn'][0]) / 2**20:.0f} MiB, "
-          f"T2I-Adapter {_bytes(modules['t2i']) / 2**20:.0f} MiB (fp32)")
-    for label, handles in (("no control", []), ("1 ControlNet", [h["cn1"]]), ("2 ControlNets", [h["cn1"], h["cn2"]]),
-                           ("1 T2I-Adapter", [h["t2i"]])):
+    print(
+        f"SD1.5 UNet {_bytes(modules['unet']) / 2**20:.0f} MiB, ControlNet {_bytes(modules['cn'][0]) / 2**20:.0f} MiB, "
+        f"T2I-Adapter {_bytes(modules['t2i']) / 2**20:.0f} MiB (fp32)"
+    )
+    for label, handles in (
+        ("no control", []),
+        ("1 ControlNet", [h["cn1"]]),
+        ("2 ControlNets", [h["cn1"], h["cn2"]]),
+        ("1 T2I-Adapter", [h["t2i"]]),
+    ):
         run = _call(modules, handles, args.size // 8, args.device)
         run()  # warm-up
         times = []
@@ -99,7 +124,9 @@ def main() -> None:
             start = time.perf_counter()
             run()
             times.append(time.perf_counter() - start)
-        print(f"{label:>14}: {statistics.median(times):.3f} s per step at {args.size}² (batch 2, {args.device})")
+        print(
+            f"{label:>14}: {statistics.median(times):.3f} s per step at {args.size}² (batch 2, {args.device})"
+        )
 
 
 if __name__ == "__main__":

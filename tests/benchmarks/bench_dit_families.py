@@ -75,33 +75,97 @@ def _flux() -> Any:
 
 FAMILIES: dict[str, FamilySpec] = {
     "zimage": FamilySpec(
-        "ZImageTransformer2DModel", _zimage,
+        "ZImageTransformer2DModel",
+        _zimage,
         full={},  # diffusers' defaults are Z-Image Turbo's config (6.15 B)
-        tiny={"dim": 64, "n_layers": 2, "n_refiner_layers": 1, "n_heads": 2, "n_kv_heads": 2, "cap_feat_dim": 32,
-              "axes_dims": [8, 12, 12], "axes_lens": [256, 128, 128]},
-        text=(128, "cap_feat_dim"), pooled=None, cfg=1.0, file_dtype=torch.bfloat16, weight_dtype="default"),
+        tiny={
+            "dim": 64,
+            "n_layers": 2,
+            "n_refiner_layers": 1,
+            "n_heads": 2,
+            "n_kv_heads": 2,
+            "cap_feat_dim": 32,
+            "axes_dims": [8, 12, 12],
+            "axes_lens": [256, 128, 128],
+        },
+        text=(128, "cap_feat_dim"),
+        pooled=None,
+        cfg=1.0,
+        file_dtype=torch.bfloat16,
+        weight_dtype="default",
+    ),
     "sd35_medium": FamilySpec(
-        "SD3Transformer2DModel", _sd3,
-        full={"sample_size": 128, "patch_size": 2, "in_channels": 16, "num_layers": 24, "attention_head_dim": 64,
-              "num_attention_heads": 24, "joint_attention_dim": 4096, "caption_projection_dim": 1536,
-              "pooled_projection_dim": 2048, "out_channels": 16, "pos_embed_max_size": 384,
-              "dual_attention_layers": list(range(13)), "qk_norm": "rms_norm"},
-        tiny={"sample_size": 32, "patch_size": 2, "in_channels": 16, "num_layers": 3, "attention_head_dim": 16,
-              "num_attention_heads": 2, "joint_attention_dim": 32, "caption_projection_dim": 32,
-              "pooled_projection_dim": 32, "out_channels": 16, "pos_embed_max_size": 64,
-              "dual_attention_layers": [0], "qk_norm": "rms_norm"},
-        text=(154, "joint_attention_dim"), pooled="pooled_projection_dim", cfg=4.5, file_dtype=torch.bfloat16,
-        weight_dtype="default"),
+        "SD3Transformer2DModel",
+        _sd3,
+        full={
+            "sample_size": 128,
+            "patch_size": 2,
+            "in_channels": 16,
+            "num_layers": 24,
+            "attention_head_dim": 64,
+            "num_attention_heads": 24,
+            "joint_attention_dim": 4096,
+            "caption_projection_dim": 1536,
+            "pooled_projection_dim": 2048,
+            "out_channels": 16,
+            "pos_embed_max_size": 384,
+            "dual_attention_layers": list(range(13)),
+            "qk_norm": "rms_norm",
+        },
+        tiny={
+            "sample_size": 32,
+            "patch_size": 2,
+            "in_channels": 16,
+            "num_layers": 3,
+            "attention_head_dim": 16,
+            "num_attention_heads": 2,
+            "joint_attention_dim": 32,
+            "caption_projection_dim": 32,
+            "pooled_projection_dim": 32,
+            "out_channels": 16,
+            "pos_embed_max_size": 64,
+            "dual_attention_layers": [0],
+            "qk_norm": "rms_norm",
+        },
+        text=(154, "joint_attention_dim"),
+        pooled="pooled_projection_dim",
+        cfg=4.5,
+        file_dtype=torch.bfloat16,
+        weight_dtype="default",
+    ),
     "flux_schnell": FamilySpec(
-        "FluxTransformer2DModel", _flux,
-        full={"patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38, "attention_head_dim": 128,
-              "num_attention_heads": 24, "joint_attention_dim": 4096, "pooled_projection_dim": 768,
-              "guidance_embeds": False, "axes_dims_rope": [16, 56, 56]},
-        tiny={"patch_size": 1, "in_channels": 64, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16,
-              "num_attention_heads": 2, "joint_attention_dim": 32, "pooled_projection_dim": 32,
-              "guidance_embeds": False, "axes_dims_rope": [4, 6, 6]},
-        text=(256, "joint_attention_dim"), pooled="pooled_projection_dim", cfg=1.0,
-        file_dtype=torch.float8_e4m3fn, weight_dtype="fp8_e4m3fn"),
+        "FluxTransformer2DModel",
+        _flux,
+        full={
+            "patch_size": 1,
+            "in_channels": 64,
+            "num_layers": 19,
+            "num_single_layers": 38,
+            "attention_head_dim": 128,
+            "num_attention_heads": 24,
+            "joint_attention_dim": 4096,
+            "pooled_projection_dim": 768,
+            "guidance_embeds": False,
+            "axes_dims_rope": [16, 56, 56],
+        },
+        tiny={
+            "patch_size": 1,
+            "in_channels": 64,
+            "num_layers": 1,
+            "num_single_layers": 2,
+            "attention_head_dim": 16,
+            "num_attention_heads": 2,
+            "joint_attention_dim": 32,
+            "pooled_projection_dim": 32,
+            "guidance_embeds": False,
+            "axes_dims_rope": [4, 6, 6],
+        },
+        text=(256, "joint_attention_dim"),
+        pooled="pooled_projection_dim",
+        cfg=1.0,
+        file_dtype=torch.float8_e4m3fn,
+        weight_dtype="fp8_e4m3fn",
+    ),
 }
 
 
@@ -137,7 +201,9 @@ def write_weights(name: str, full: bool, folder: Path) -> tuple[Path, Path]:
 
 
 # --- the children -----------------------------------------------------------------------------
-def _conditioning(spec: FamilySpec, config: dict[str, Any], seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _conditioning(
+    spec: FamilySpec, config: dict[str, Any], seed: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     g = torch.Generator().manual_seed(seed)
     embeds = torch.randn(1, spec.text[0], config[spec.text[1]], generator=g)
     pooled = None if spec.pooled is None else torch.randn(1, config[spec.pooled], generator=g)
@@ -156,8 +222,13 @@ def run_loom(name: str, path: Path, config: dict[str, Any], size: int, steps: in
     root = path.parent
     folders = Folders(root / "input", root / "output", root / "temp", model_files=ModelFolders(root))
     folders.ensure()
-    ctx = NodeContext(node_id="1", prompt_id="bench", folders=folders,
-                      models=ModelManager(ram_budget_bytes=120 << 30, prefetch=False), settings=RunSettings())
+    ctx = NodeContext(
+        node_id="1",
+        prompt_id="bench",
+        folders=folders,
+        models=ModelManager(ram_budget_bytes=120 << 30, prefetch=False),
+        settings=RunSettings(),
+    )
     start = time.perf_counter()
     model = load_diffusion_model(path, "UNETLoader", allow_pickle=False, weight_dtype=spec.weight_dtype)
     with ctx.models.use(model):
@@ -167,14 +238,25 @@ def run_loom(name: str, path: Path, config: dict[str, Any], size: int, steps: in
     neg, neg_pooled = _conditioning(spec, config, 2)
     latent = {"samples": torch.zeros(1, spec.latent_channels, size // 8, size // 8)}
     start = time.perf_counter()
-    KSampler().run(ctx, model=model, seed=1, steps=steps, cfg=spec.cfg, sampler_name="euler", scheduler="simple",
-                   positive=[CondEntry(pos, pos_pooled)], negative=[CondEntry(neg, neg_pooled)],
-                   latent_image=latent, denoise=1.0)
+    KSampler().run(
+        ctx,
+        model=model,
+        seed=1,
+        steps=steps,
+        cfg=spec.cfg,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=[CondEntry(pos, pos_pooled)],
+        negative=[CondEntry(neg, neg_pooled)],
+        latent_image=latent,
+        denoise=1.0,
+    )
     return {"load_s": load_s, "s_per_step": (time.perf_counter() - start) / steps}
 
 
-def _diffusers_inputs(name: str, module: Any, config: dict[str, Any], size: int, dtype: torch.dtype
-                      ) -> dict[str, Any]:
+def _diffusers_inputs(
+    name: str, module: Any, config: dict[str, Any], size: int, dtype: torch.dtype
+) -> dict[str, Any]:
     """One call's inputs as the family's diffusers pipeline builds them (batch 1)."""
     spec = FAMILIES[name]
     embeds, pooled = _conditioning(spec, config, 1)
@@ -185,15 +267,26 @@ def _diffusers_inputs(name: str, module: Any, config: dict[str, Any], size: int,
 
         tokens = torch.randn(1, (h // 2) * (w // 2), 64, generator=g).to(dtype)
         img_ids = FluxPipeline._prepare_latent_image_ids(1, h // 2, w // 2, "cpu", dtype)
-        return {"hidden_states": tokens, "encoder_hidden_states": embeds.to(dtype), "pooled_projections":
-                pooled.to(dtype) if pooled is not None else None, "timestep": torch.tensor([1.0], dtype=dtype),
-                "img_ids": img_ids, "txt_ids": torch.zeros(embeds.shape[1], 3, dtype=dtype)}
+        return {
+            "hidden_states": tokens,
+            "encoder_hidden_states": embeds.to(dtype),
+            "pooled_projections": pooled.to(dtype) if pooled is not None else None,
+            "timestep": torch.tensor([1.0], dtype=dtype),
+            "img_ids": img_ids,
+            "txt_ids": torch.zeros(embeds.shape[1], 3, dtype=dtype),
+        }
     if name == "sd35_medium":
-        return {"hidden_states": torch.randn(1, 16, h, w, generator=g).to(dtype),
-                "encoder_hidden_states": embeds.to(dtype), "pooled_projections": pooled.to(dtype)
-                if pooled is not None else None, "timestep": torch.tensor([1000.0], dtype=dtype)}
-    return {"x": [torch.randn(16, 1, h, w, generator=g).to(dtype)], "t": torch.tensor([0.5], dtype=dtype),
-            "cap_feats": [embeds[0].to(dtype)]}
+        return {
+            "hidden_states": torch.randn(1, 16, h, w, generator=g).to(dtype),
+            "encoder_hidden_states": embeds.to(dtype),
+            "pooled_projections": pooled.to(dtype) if pooled is not None else None,
+            "timestep": torch.tensor([1000.0], dtype=dtype),
+        }
+    return {
+        "x": [torch.randn(16, 1, h, w, generator=g).to(dtype)],
+        "t": torch.tensor([0.5], dtype=dtype),
+        "cap_feats": [embeds[0].to(dtype)],
+    }
 
 
 def run_diffusers(name: str, folder: Path, size: int, steps: int) -> dict[str, float]:
@@ -250,27 +343,57 @@ def measure(name: str, full: bool, size: int, steps: int, threads: int, folder: 
     written = time.perf_counter() - start
     results = {}
     for side in ("loom", "diffusers"):
-        cmd = [sys.executable, __file__, "--child", side, "--family", name, "--size", str(size), "--steps", str(steps),
-               "--threads", str(threads), "--single", str(single), "--diffusers-dir", str(diffusers_dir)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            side,
+            "--family",
+            name,
+            "--size",
+            str(size),
+            "--steps",
+            str(steps),
+            "--threads",
+            str(threads),
+            "--single",
+            str(single),
+            "--diffusers-dir",
+            str(diffusers_dir),
+        ]
         if full:
             cmd.append("--full")
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{side} child for {name} failed:\n{done.stderr[-4000:]}")
         results[side] = json.loads(done.stdout.strip().splitlines()[-1])
     loom, ref = results["loom"], results["diffusers"]
     title = f"{name} ({'full' if full else 'tiny'} config, {size}², {steps} steps, {threads} threads)"
-    return [title, f"  weights written in {written:.1f} s ({single.stat().st_size / 2**30:.2f} GiB file)",
-            *(f"  {label:<14} Loom {loom[key]:.4g}  diffusers {ref[key]:.4g}  ratio {loom[key] / ref[key]:.3f}"
-              for label, key in (("load s", "load_s"), ("s/step", "s_per_step"), ("peak RSS GiB", "peak_rss_gib")))]
+    return [
+        title,
+        f"  weights written in {written:.1f} s ({single.stat().st_size / 2**30:.2f} GiB file)",
+        *(
+            f"  {label:<14} Loom {loom[key]:.4g}  diffusers {ref[key]:.4g}  ratio {loom[key] / ref[key]:.3f}"
+            for label, key in (
+                ("load s", "load_s"),
+                ("s/step", "s_per_step"),
+                ("peak RSS GiB", "peak_rss_gib"),
+            )
+        ),
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="all", choices=["all", *FAMILIES])
-    parser.add_argument("--full", action="store_true", default=os.environ.get("LOOM_BENCH_FULL") == "1",
-                        help="the real configs (also LOOM_BENCH_FULL=1)")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        default=os.environ.get("LOOM_BENCH_FULL") == "1",
+        help="the real configs (also LOOM_BENCH_FULL=1)",
+    )
     parser.add_argument("--size", type=int, default=None, help="image side in pixels (1024 full, 64 tiny)")
     parser.add_argument("--steps", type=int, default=None, help="steps (4 full, 2 tiny)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (all cores full, 1 tiny)")
@@ -288,8 +411,10 @@ def main() -> None:
     names = list(FAMILIES) if args.family == "all" else [args.family]
     with tempfile.TemporaryDirectory(prefix="loom_bench_dit_") as tmp:
         for name in names:
-            print("\n".join(measure(name, args.full, args.size, args.steps, args.threads, Path(tmp) / name)),
-                  flush=True)
+            print(
+                "\n".join(measure(name, args.full, args.size, args.steps, args.threads, Path(tmp) / name)),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

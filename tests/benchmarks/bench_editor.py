@@ -30,8 +30,15 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 # Build the graph in the page: repeating txt2img chains laid out on a grid.
 MAKE_GRAPH = """(count) => {
@@ -111,8 +118,12 @@ def browser_cpu_ms() -> float:
         except OSError:
             continue
         name_end = stat.rindex(")")
-        fields = stat[name_end + 2:].split()
-        procs[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]), stat[stat.index("(") + 1:name_end])
+        fields = stat[name_end + 2 :].split()
+        procs[int(entry)] = (
+            int(fields[1]),
+            int(fields[11]) + int(fields[12]),
+            stat[stat.index("(") + 1 : name_end],
+        )
     me, ticks = os.getpid(), 0
     for parent, used, name in procs.values():
         if "python" in name:
@@ -133,8 +144,10 @@ def stats(name: str, deltas: list[float], cpu_ms: float | None = None, skip_firs
     median = deltas[len(deltas) // 2]
     p95 = deltas[min(len(deltas) - 1, int(len(deltas) * 0.95))]
     cpu = "" if cpu_ms is None else f"  cpu/frame={cpu_ms / len(deltas):6.1f} ms"
-    print(f"{name:<34} n={len(deltas):4d}  mean={mean:6.1f} ms  median={median:6.1f} ms  p95={p95:6.1f} ms  "
-          f"max={deltas[-1]:6.1f} ms{cpu}")
+    print(
+        f"{name:<34} n={len(deltas):4d}  mean={mean:6.1f} ms  median={median:6.1f} ms  p95={p95:6.1f} ms  "
+        f"max={deltas[-1]:6.1f} ms{cpu}"
+    )
     result = {"mean": mean, "median": median, "p95": p95, "max": deltas[-1], "frames": len(deltas)}
     if cpu_ms is not None:
         result["cpu_per_frame"] = cpu_ms / len(deltas)
@@ -170,14 +183,20 @@ def mask_stroke(page, data: Path) -> dict:
     frames = page.evaluate(STOP)
     segments = page.evaluate("window.__segments")
     page.evaluate("loom.maskEditor.close()")
-    return {"segment": stats("mask stroke segment (2048²)", segments, skip_first=False),
-            "frames": stats("mask stroke frames", frames, cpu)}
+    return {
+        "segment": stats("mask stroke segment (2048²)", segments, skip_first=False),
+        "frames": stats("mask stroke frames", frames, cpu),
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, default=500)
-    parser.add_argument("--subgraphs", type=int, default=20, help="pairs of prompt nodes turned into subgraph instances")
+    parser.add_argument(
+        "--subgraphs", type=int, default=20, help="pairs of prompt nodes turned into subgraph instances"
+    )
     parser.add_argument("--reroutes", type=int, default=100, help="links given a midpoint reroute")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args()
@@ -187,8 +206,18 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = Path(tempfile.mkdtemp(prefix="loom-bench-"))
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "e2e" / "fake_server.py"), "--port", str(port),
-                               "--data-dir", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "e2e" / "fake_server.py"),
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         for _ in range(100):
@@ -207,8 +236,10 @@ def main() -> int:
             extra = page.evaluate(DECORATE, [args.subgraphs, args.reroutes])
             page.wait_for_timeout(500)
             count = page.locator(".node").count()
-            print(f"{count} nodes ({extra['subgraphs']} subgraph instances), {made['links']} links, {extra['reroutes']} reroutes; "
-                  f"building the view took {made['ms']:.0f} ms (+{extra['ms']:.0f} ms for subgraphs and reroutes)")
+            print(
+                f"{count} nodes ({extra['subgraphs']} subgraph instances), {made['links']} links, {extra['reroutes']} reroutes; "
+                f"building the view took {made['ms']:.0f} ms (+{extra['ms']:.0f} ms for subgraphs and reroutes)"
+            )
             page.evaluate("loom.editor.canvas.setView(0, 0, 0.6)")
             page.wait_for_timeout(300)
             results = {}
@@ -228,13 +259,17 @@ def main() -> int:
             # worst case: the view moves on every single frame
             cpu0 = browser_cpu_ms()
             frames = page.evaluate(SCRIPT_PAN, 180)
-            results["script_pan"] = stats("pan (scripted, every frame) at 0.6", frames, browser_cpu_ms() - cpu0)
+            results["script_pan"] = stats(
+                "pan (scripted, every frame) at 0.6", frames, browser_cpu_ms() - cpu0
+            )
             for zoom in (1.0, 0.35):
                 page.evaluate(f"loom.editor.canvas.setView(0, 0, {zoom})")
                 page.wait_for_timeout(300)
                 cpu0 = browser_cpu_ms()
                 frames = page.evaluate(SCRIPT_PAN, 120)
-                results[f"script_pan_{zoom}"] = stats(f"pan (scripted, every frame) at {zoom}", frames, browser_cpu_ms() - cpu0)
+                results[f"script_pan_{zoom}"] = stats(
+                    f"pan (scripted, every frame) at {zoom}", frames, browser_cpu_ms() - cpu0
+                )
             page.evaluate("loom.editor.canvas.setView(0, 0, 0.6)")
             page.wait_for_timeout(300)
             page.evaluate(RECORD)
@@ -247,12 +282,19 @@ def main() -> int:
             page.screenshot(path=str(ROOT / "artifacts" / "screenshots" / "bench-editor.png"))
             results["mask"] = mask_stroke(page, data)
             browser.close()
-        for key, label in (("mouse_pan", "mouse-drag pan at zoom 0.6"), ("script_pan", "every-frame pan at zoom 0.6")):
+        for key, label in (
+            ("mouse_pan", "mouse-drag pan at zoom 0.6"),
+            ("script_pan", "every-frame pan at zoom 0.6"),
+        ):
             verdict = "OK" if results[key]["mean"] < 33 else "SLOW"
-            print(f"{label}: {results[key]['mean']:.1f} ms per frame, {results[key]['cpu_per_frame']:.1f} ms browser CPU "
-                  f"per frame (target < 33 ms): {verdict}")
+            print(
+                f"{label}: {results[key]['mean']:.1f} ms per frame, {results[key]['cpu_per_frame']:.1f} ms browser CPU "
+                f"per frame (target < 33 ms): {verdict}"
+            )
         segment = results["mask"]["segment"]["mean"]
-        print(f"mask painting on 2048²: {segment:.1f} ms per stroke segment (target < 16 ms): {'OK' if segment < 16 else 'SLOW'}")
+        print(
+            f"mask painting on 2048²: {segment:.1f} ms per stroke segment (target < 16 ms): {'OK' if segment < 16 else 'SLOW'}"
+        )
         if args.json:
             print(json.dumps({"nodes": count, **results}))
     finally:

@@ -27,8 +27,15 @@ from engine.schema import INT, Input, NodeSchema, Output  # noqa: E402
 
 
 def _schema(node_id: str, inputs: tuple[Input, ...], outputs: tuple[Output, ...], **kw: Any) -> NodeSchema:
-    return NodeSchema(node_id=node_id, display_name=node_id, category="bench", description="benchmark node",
-                      inputs=inputs, outputs=outputs, **kw)
+    return NodeSchema(
+        node_id=node_id,
+        display_name=node_id,
+        category="bench",
+        description="benchmark node",
+        inputs=inputs,
+        outputs=outputs,
+        **kw,
+    )
 
 
 class Start(Node):

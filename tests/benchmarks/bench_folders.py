@@ -44,7 +44,9 @@ def date_back(base: Path) -> None:
         os.utime(dirpath, ns=(PAST_NS, PAST_NS))
 
 
-def median_ms(action: Callable[[], object], repeats: int, before: Callable[[], object] = lambda: None) -> float:
+def median_ms(
+    action: Callable[[], object], repeats: int, before: Callable[[], object] = lambda: None
+) -> float:
     times = []
     for _ in range(repeats):
         before()
@@ -66,7 +68,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         models_dir = build_library(base, args.folders, args.per_folder)
-        (base / "store" / "set001" / "loop").symlink_to(base / "store" / "set001", target_is_directory=True)  # a cycle
+        (base / "store" / "set001" / "loop").symlink_to(
+            base / "store" / "set001", target_is_directory=True
+        )  # a cycle
         date_back(base)
         models = ModelFolders(models_dir)
         count = len(models.list("loras"))
@@ -85,7 +89,9 @@ def main() -> None:
         resolve = median_ms(lambda: models.resolve("loras", "set099/lora_099.safetensors"), args.repeats)
         print(f"model folders: {count} files in {args.folders} folders (half symlinked, one link cycle)")
         print(f"  cold listing (refresh, then list)  {cold:8.2f} ms")
-        print(f"  warm listing (cached)              {warm:8.2f} ms   cold / warm {cold / max(warm, 1e-6):.0f}x")
+        print(
+            f"  warm listing (cached)              {warm:8.2f} ms   cold / warm {cold / max(warm, 1e-6):.0f}x"
+        )
         print(f"  listing after one file was added   {changed:8.2f} ms   ({grown} added files listed)")
         print(f"  resolve one name (cached)          {resolve:8.3f} ms")
 

@@ -89,8 +89,10 @@ def main() -> None:
     print(f"UNet: {gib:.2f} GiB in the file (fp16); computes in fp32 on CPU")
 
     cold = drop_page_cache(a_path)
-    print(f"read file (page cache {'dropped' if cold else 'kept'}): {read_file(a_path):.2f}s for "
-          f"{a_path.stat().st_size / 2**30:.2f} GiB; again, warm: {read_file(a_path):.2f}s")
+    print(
+        f"read file (page cache {'dropped' if cold else 'kept'}): {read_file(a_path):.2f}s for "
+        f"{a_path.stat().st_size / 2**30:.2f} GiB; again, warm: {read_file(a_path):.2f}s"
+    )
 
     def timed(mm: ModelManager, handle: object) -> tuple[float, str]:
         t = time.perf_counter()
@@ -108,8 +110,10 @@ def main() -> None:
     print(f"   evictions: {[e['to'] for e in s['evictions']]}, max_resident {s['max_resident']}")
     held = s["ram_tier_bytes"] + sum(r["bytes"] for r in s["resident"])
     grown = rss_bytes() - rss_before
-    print(f"process memory grew {grown / 2**30:.2f} GiB; the manager accounts for {held / 2**30:.2f} GiB "
-          f"(ratio {grown / max(held, 1):.2f})")
+    print(
+        f"process memory grew {grown / 2**30:.2f} GiB; the manager accounts for {held / 2**30:.2f} GiB "
+        f"(ratio {grown / max(held, 1):.2f})"
+    )
     mm.close()
 
     for prefetch in (False, True):
@@ -125,8 +129,10 @@ def main() -> None:
             pass
         total = time.perf_counter() - t
         s = mm.stats()
-        print(f"workflow A({args.compute_s:.0f}s compute)→B, prefetch {'on ' if prefetch else 'off'}: {total:.2f}s "
-              f"(sources {[x['source'] for x in s['loads']]}, prefetch hits {s['prefetch_hits']})")
+        print(
+            f"workflow A({args.compute_s:.0f}s compute)→B, prefetch {'on ' if prefetch else 'off'}: {total:.2f}s "
+            f"(sources {[x['source'] for x in s['loads']]}, prefetch hits {s['prefetch_hits']})"
+        )
         mm.close()
 
 

@@ -27,18 +27,50 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SIZES = {  # FluxTransformer2DModel configs (the tiny one is the demo's; small ~6 M, medium ~ 0.2 B parameters)
-    "tiny": {"num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
-             "joint_attention_dim": 32, "pooled_projection_dim": 32, "latent": 16, "text": 16},
+    "tiny": {
+        "num_layers": 1,
+        "num_single_layers": 2,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "pooled_projection_dim": 32,
+        "latent": 16,
+        "text": 16,
+    },
     # enough blocks to split under a budget (bench_streaming.py): 2 double and 20 single (Flux.1: 19 and 38)
-    "small": {"num_layers": 2, "num_single_layers": 20, "attention_head_dim": 32, "num_attention_heads": 4,
-              "joint_attention_dim": 128, "pooled_projection_dim": 64, "latent": 16, "text": 16},
-    "medium": {"num_layers": 4, "num_single_layers": 8, "attention_head_dim": 64, "num_attention_heads": 12,
-               "joint_attention_dim": 768, "pooled_projection_dim": 256, "latent": 32, "text": 64},
+    "small": {
+        "num_layers": 2,
+        "num_single_layers": 20,
+        "attention_head_dim": 32,
+        "num_attention_heads": 4,
+        "joint_attention_dim": 128,
+        "pooled_projection_dim": 64,
+        "latent": 16,
+        "text": 16,
+    },
+    "medium": {
+        "num_layers": 4,
+        "num_single_layers": 8,
+        "attention_head_dim": 64,
+        "num_attention_heads": 12,
+        "joint_attention_dim": 768,
+        "pooled_projection_dim": 256,
+        "latent": 32,
+        "text": 64,
+    },
 }
 # (row name, stored format source, compute dtype)
-ROWS = (("fp32", "file", "float32"), ("bf16", "file", "bfloat16"), ("fp8_e4m3fn", "weight_dtype", "bfloat16"),
-        ("fp8_e5m2", "weight_dtype", "bfloat16"), ("int8", "storage", "bfloat16"), ("int8 (fp32)", "storage", "float32"),
-        ("GGUF Q8_0", "gguf", "bfloat16"), ("GGUF Q5_0", "gguf", "bfloat16"), ("GGUF Q4_0", "gguf", "bfloat16"))
+ROWS = (
+    ("fp32", "file", "float32"),
+    ("bf16", "file", "bfloat16"),
+    ("fp8_e4m3fn", "weight_dtype", "bfloat16"),
+    ("fp8_e5m2", "weight_dtype", "bfloat16"),
+    ("int8", "storage", "bfloat16"),
+    ("int8 (fp32)", "storage", "float32"),
+    ("GGUF Q8_0", "gguf", "bfloat16"),
+    ("GGUF Q5_0", "gguf", "bfloat16"),
+    ("GGUF Q4_0", "gguf", "bfloat16"),
+)
 
 
 def build(size: str, folder: Path) -> tuple[Path, Any]:
@@ -52,8 +84,13 @@ def build(size: str, folder: Path) -> tuple[Path, Any]:
 
     cfg = {k: v for k, v in SIZES[size].items() if k not in ("latent", "text")}
     torch.manual_seed(0)
-    model: Any = FluxTransformer2DModel(patch_size=1, in_channels=64, guidance_embeds=False,
-                                        axes_dims_rope=rope_axes(cfg["attention_head_dim"]), **cfg)
+    model: Any = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=64,
+        guidance_embeds=False,
+        axes_dims_rope=rope_axes(cfg["attention_head_dim"]),
+        **cfg,
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * (0.5 / max(p.shape[-1], 1) ** 0.5 if p.dim() > 1 else 0.02))
@@ -72,7 +109,9 @@ def load(row: str, source: str, path: Path, sd: dict[str, Any], folder: Path) ->
         kind = row.split()[-1]
         gguf_path = folder / f"{path.stem}-{kind}.gguf"
         if not gguf_path.exists():
-            write_gguf(gguf_path, sd, "flux", lambda n, t: kind if t.dim() >= 2 and t.shape[-1] % 32 == 0 else "F32")
+            write_gguf(
+                gguf_path, sd, "flux", lambda n, t: kind if t.dim() >= 2 and t.shape[-1] % 32 == 0 else "F32"
+            )
         return open_diffusion_model(gguf_path).load()
     handle = open_diffusion_model(path)
     if source == "weight_dtype":
@@ -119,9 +158,15 @@ def sample(module: Any, size: str, steps: int) -> tuple[Any, list[float]]:
         for i in range(steps):
             tokens, ids = pack(x)
             start = time.perf_counter()
-            out = module(hidden_states=tokens.to(dtype), encoder_hidden_states=text.to(dtype),
-                         pooled_projections=pooled.to(dtype), timestep=sigmas[i:i + 1].to(dtype), img_ids=ids,
-                         txt_ids=torch.zeros(spec["text"], 3), return_dict=False)[0]
+            out = module(
+                hidden_states=tokens.to(dtype),
+                encoder_hidden_states=text.to(dtype),
+                pooled_projections=pooled.to(dtype),
+                timestep=sigmas[i : i + 1].to(dtype),
+                img_ids=ids,
+                txt_ids=torch.zeros(spec["text"], 3),
+                return_dict=False,
+            )[0]
             times.append(time.perf_counter() - start)
             x = x + (sigmas[i + 1] - sigmas[i]) * unpack(out.float(), x.shape[-2], x.shape[-1])
     return x, times
@@ -166,17 +211,23 @@ def main() -> None:
     ref_latent = results["fp32"][0]
     ref_image = decode(vae, ref_latent)
     base = min(results["fp32"][1])
-    print(f"Flux transformer '{args.size}': {params / 1e6:.1f} M parameters, {args.steps} steps, "
-          f"{args.threads} threads, {torch.__version__}")
-    print(f"{'format':<14}{'compute':<10}{'B/param':>9}{'s/step min':>11}{'median':>9}{'vs fp32':>9}"
-          f"{'latent Δ':>11}{'image Δ':>9}")
+    print(
+        f"Flux transformer '{args.size}': {params / 1e6:.1f} M parameters, {args.steps} steps, "
+        f"{args.threads} threads, {torch.__version__}"
+    )
+    print(
+        f"{'format':<14}{'compute':<10}{'B/param':>9}{'s/step min':>11}{'median':>9}{'vs fp32':>9}"
+        f"{'latent Δ':>11}{'image Δ':>9}"
+    )
     for row, _, compute in ROWS:
         latent, times = results[row]
         step = min(times)
         rel = float((latent - ref_latent).abs().mean() / ref_latent.abs().mean())
         image = float((decode(vae, latent) - ref_image).abs().mean())
-        print(f"{row:<14}{compute:<10}{linear_bytes_per_param(modules[row]):>9.3f}{step:>11.4f}"
-              f"{statistics.median(times):>9.4f}{base / step:>8.2f}×{rel:>11.2e}{image:>9.2f}")
+        print(
+            f"{row:<14}{compute:<10}{linear_bytes_per_param(modules[row]):>9.3f}{step:>11.4f}"
+            f"{statistics.median(times):>9.4f}{base / step:>8.2f}×{rel:>11.2e}{image:>9.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -61,17 +61,27 @@ class NoAffinityRouter(Router):
 def jobs(n: int, steps: int, burn_s: float) -> list[dict[str, Any]]:
     rng = random.Random(7)
     names = [rng.choice("ABC") + ".safetensors" for _ in range(n)]
-    return [stub_runtime.workflow(name, i, steps=steps, step_s=0.0, burn_s=burn_s) for i, name in enumerate(names)]
+    return [
+        stub_runtime.workflow(name, i, steps=steps, step_s=0.0, burn_s=burn_s) for i, name in enumerate(names)
+    ]
 
 
-def run_cluster(workers: int, prompts: list[dict[str, Any]], load_s: float, tmp: Path, affinity: bool) -> dict[str, Any]:
+def run_cluster(
+    workers: int, prompts: list[dict[str, Any]], load_s: float, tmp: Path, affinity: bool
+) -> dict[str, Any]:
     pool = RayWorkerPool(namespace=f"loom-bench-{uuid.uuid4().hex[:6]}")
-    config = WorkerConfig(FACTORY, {"root": str(tmp / "w"), "load_s": load_s}, scratch_dir=str(tmp / "scratch"))
+    config = WorkerConfig(
+        FACTORY, {"root": str(tmp / "w"), "load_s": load_s}, scratch_dir=str(tmp / "scratch")
+    )
     router = None if affinity else NoAffinityRouter(default_load_s=1.0, default_run_s=1.0)
-    queue = RayJobQueue(JobStore(), pool, Folders(tmp / "in", tmp / f"out-{uuid.uuid4().hex[:6]}", tmp / "temp"),
-                        model_of=first_model_finder(stub_runtime.make_registry()),
-                        settings=QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=1.0),
-                        router=router)
+    queue = RayJobQueue(
+        JobStore(),
+        pool,
+        Folders(tmp / "in", tmp / f"out-{uuid.uuid4().hex[:6]}", tmp / "temp"),
+        model_of=first_model_finder(stub_runtime.make_registry()),
+        settings=QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=1.0),
+        router=router,
+    )
     names = pool.spawn(config, ActorResources(num_cpus=1), workers)
     queue.start()
     while len(queue.router_workers()) < workers:
@@ -84,8 +94,13 @@ def run_cluster(workers: int, prompts: list[dict[str, Any]], load_s: float, tmp:
     queue.stop()
     pool.shutdown()
     assert all(r is not None and r.status == "succeeded" for r in records), "a benchmark job failed"
-    return {"workers": workers, "affinity": affinity, "wall_s": round(wall, 3),
-            "jobs_per_s": round(len(prompts) / wall, 3), "model_loads": loads}
+    return {
+        "workers": workers,
+        "affinity": affinity,
+        "wall_s": round(wall, 3),
+        "jobs_per_s": round(len(prompts) / wall, 3),
+        "model_loads": loads,
+    }
 
 
 def router_overhead_us(jobs_n: int = 24, workers: int = 3, repeats: int = 2000) -> float:
@@ -118,11 +133,18 @@ def trivial_job_overhead_ms(tmp: Path, n: int = 20) -> dict[str, float]:
         times.append(time.perf_counter() - t)
     in_process = statistics.median(times)
     pool = RayWorkerPool(namespace=f"loom-bench-{uuid.uuid4().hex[:6]}")
-    pool.spawn(WorkerConfig(FACTORY, {"root": str(tmp / "w1"), "load_s": 0.0}, scratch_dir=str(tmp / "s1")),
-               ActorResources(num_cpus=1), 1)
-    queue = RayJobQueue(JobStore(), pool, Folders(tmp / "in", tmp / "out-trivial", tmp / "temp"),
-                        model_of=first_model_finder(stub_runtime.make_registry()),
-                        settings=QueueSettings(discover_every_s=0.2))
+    pool.spawn(
+        WorkerConfig(FACTORY, {"root": str(tmp / "w1"), "load_s": 0.0}, scratch_dir=str(tmp / "s1")),
+        ActorResources(num_cpus=1),
+        1,
+    )
+    queue = RayJobQueue(
+        JobStore(),
+        pool,
+        Folders(tmp / "in", tmp / "out-trivial", tmp / "temp"),
+        model_of=first_model_finder(stub_runtime.make_registry()),
+        settings=QueueSettings(discover_every_s=0.2),
+    )
     queue.start()
     while not queue.router_workers():
         time.sleep(0.05)
@@ -136,12 +158,17 @@ def trivial_job_overhead_ms(tmp: Path, n: int = 20) -> dict[str, float]:
     queue.stop()
     pool.shutdown()
     through_ray = statistics.median(ray_times)
-    return {"in_process_ms": round(in_process * 1e3, 2), "through_ray_ms": round(through_ray * 1e3, 2),
-            "overhead_ms": round((through_ray - in_process) * 1e3, 2)}
+    return {
+        "in_process_ms": round(in_process * 1e3, 2),
+        "through_ray_ms": round(through_ray * 1e3, 2),
+        "overhead_ms": round((through_ray - in_process) * 1e3, 2),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=24)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--burn-s", type=float, default=0.04, help="busy CPU seconds per step")
@@ -152,8 +179,13 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="loom-bench-ray-"))
     counts = [int(x) for x in args.workers.split(",")]
-    ray.init(num_cpus=max(counts), include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(
+        num_cpus=max(counts),
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
     try:
         prompts = jobs(args.jobs, args.steps, args.burn_s)
         configs = [(w, a) for w in counts for a in (True, False)]
@@ -172,17 +204,27 @@ def main() -> None:
     route_us = router_overhead_us()
     machine = f"{os.cpu_count()} CPUs; {args.jobs} jobs x {args.steps} steps x {args.burn_s}s CPU, load {args.load_s}s"
     if args.json:
-        print(json.dumps({"machine": machine, "rows": rows, "router_us_per_job": round(route_us, 2), **overhead}))
+        print(
+            json.dumps(
+                {"machine": machine, "rows": rows, "router_us_per_job": round(route_us, 2), **overhead}
+            )
+        )
         return
     print(f"machine: {machine}")
-    print(f"{'workers':>7} {'routing':>12} {'wall s':>8} {'jobs/s':>7} {'loads':>6} {'speed-up':>9} {'efficiency':>11}")
+    print(
+        f"{'workers':>7} {'routing':>12} {'wall s':>8} {'jobs/s':>7} {'loads':>6} {'speed-up':>9} {'efficiency':>11}"
+    )
     for r in rows:
         routing = "affinity" if r["affinity"] else "first idle"
-        print(f"{r['workers']:>7} {routing:>12} {r['wall_s']:>8.2f} {r['jobs_per_s']:>7.2f} {r['model_loads']:>6} "
-              f"{r['speedup']:>9.2f} {r['per_worker_efficiency']:>11.2f}")
+        print(
+            f"{r['workers']:>7} {routing:>12} {r['wall_s']:>8.2f} {r['jobs_per_s']:>7.2f} {r['model_loads']:>6} "
+            f"{r['speedup']:>9.2f} {r['per_worker_efficiency']:>11.2f}"
+        )
     print(f"router decision time: {route_us:.1f} us per job (pure Router.plan)")
-    print(f"trivial job: {overhead['in_process_ms']:.1f} ms in-process, {overhead['through_ray_ms']:.1f} ms through "
-          f"the Ray queue -> {overhead['overhead_ms']:.1f} ms dispatch/stream/commit overhead per job")
+    print(
+        f"trivial job: {overhead['in_process_ms']:.1f} ms in-process, {overhead['through_ray_ms']:.1f} ms through "
+        f"the Ray queue -> {overhead['overhead_ms']:.1f} ms dispatch/stream/commit overhead per job"
+    )
 
 
 if __name__ == "__main__":

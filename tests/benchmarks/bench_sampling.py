@@ -100,8 +100,10 @@ def main() -> None:
     torch.set_grad_enabled(False)
     t0 = time.perf_counter()
     unet = load_unet()
-    print(f"UNet ready in {time.perf_counter() - t0:.1f} s ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f}M params, "
-          f"{torch.get_num_threads()} threads)")
+    print(
+        f"UNet ready in {time.perf_counter() - t0:.1f} s ({sum(p.numel() for p in unet.parameters()) / 1e6:.0f}M params, "
+        f"{torch.get_num_threads()} threads)"
+    )
     model = BenchModel(SD15())
     ms = model.model_sampling
     gen = torch.Generator().manual_seed(1)
@@ -115,10 +117,19 @@ def main() -> None:
     unet.register_forward_hook(lambda *_: unet_s.append(time.perf_counter() - started[-1]))
 
     def pipe_for(steps: int) -> Any:
-        sched = ComfyEulerScheduler.over(model.scheduler_config(), ms, ksampler_sigmas(ms, "normal", "euler", steps))
-        pipe = StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=unet,  # type: ignore[arg-type]
-                                       scheduler=sched, safety_checker=None, feature_extractor=None,
-                                       requires_safety_checker=False)
+        sched = ComfyEulerScheduler.over(
+            model.scheduler_config(), ms, ksampler_sigmas(ms, "normal", "euler", steps)
+        )
+        pipe = StableDiffusionPipeline(
+            vae=None,
+            text_encoder=None,
+            tokenizer=None,
+            unet=unet,  # type: ignore[arg-type]
+            scheduler=sched,
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
         pipe.vae_scale_factor = 8
         pipe.set_progress_bar_config(disable=True)
         return pipe
@@ -129,9 +140,16 @@ def main() -> None:
         sample(ctx, [job], sampler_object("euler"), ksampler_sigmas(ms, "normal", "euler", steps), latent)
 
     def run_diffusers(steps: int, size: int) -> None:
-        pipe_for(steps)(prompt_embeds=pos, negative_prompt_embeds=neg, height=size, width=size,
-                        num_inference_steps=steps, guidance_scale=7.5,
-                        latents=prepare_noise(torch.zeros(1, 4, size // 8, size // 8), 0), output_type="latent")
+        pipe_for(steps)(
+            prompt_embeds=pos,
+            negative_prompt_embeds=neg,
+            height=size,
+            width=size,
+            num_inference_steps=steps,
+            guidance_scale=7.5,
+            latents=prepare_noise(torch.zeros(1, 4, size // 8, size // 8), 0),
+            output_type="latent",
+        )
 
     print(f"{'size':>6} {'loom s/step':>12} {'diffusers s/step':>17} {'ratio':>7} {'loom own ms/step':>17}")
     for size in args.sizes:

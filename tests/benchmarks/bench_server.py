@@ -58,9 +58,11 @@ async def bench(rounds: int, jobs: int) -> None:
                 await wait_done(ws, {await submit({"prompt": prompt, "client_id": "bench"})})
                 samples.append((time.perf_counter() - started) * 1000)
             samples.sort()
-            print(f"cached round-trip (POST /prompt -> 'executing' null on /ws), {rounds} rounds: "
-                  f"median {statistics.median(samples):.2f} ms, p95 {samples[int(0.95 * (len(samples) - 1))]:.2f} ms, "
-                  f"min {samples[0]:.2f} ms")
+            print(
+                f"cached round-trip (POST /prompt -> 'executing' null on /ws), {rounds} rounds: "
+                f"median {statistics.median(samples):.2f} ms, p95 {samples[int(0.95 * (len(samples) - 1))]:.2f} ms, "
+                f"min {samples[0]:.2f} ms"
+            )
 
             started = time.perf_counter()
             ids = set()
@@ -69,11 +71,16 @@ async def bench(rounds: int, jobs: int) -> None:
             queued_at = time.perf_counter()
             await wait_done(ws, ids)
             total = time.perf_counter() - started
-            print(f"throughput, {jobs} queued cached workflows: {jobs / total:.0f} workflows/s "
-                  f"({total * 1000:.0f} ms total, {(queued_at - started) * 1000:.0f} ms to queue them)")
+            print(
+                f"throughput, {jobs} queued cached workflows: {jobs / total:.0f} workflows/s "
+                f"({total * 1000:.0f} ms total, {(queued_at - started) * 1000:.0f} ms to queue them)"
+            )
 
             started = time.perf_counter()
-            ids = {await submit({"prompt": workflow(1000 + i, steps=2), "client_id": "bench"}) for i in range(jobs)}
+            ids = {
+                await submit({"prompt": workflow(1000 + i, steps=2), "client_id": "bench"})
+                for i in range(jobs)
+            }
             await wait_done(ws, ids)
             total = time.perf_counter() - started
             print(f"for comparison, {jobs} uncached 3-node workflows: {jobs / total:.0f} workflows/s")

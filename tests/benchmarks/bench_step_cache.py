@@ -32,9 +32,18 @@ def write_flux(folder: Path, double: int, single: int, width: int) -> Path:
 
     torch.manual_seed(7)
     heads = max(1, width // 64)
-    model: Any = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=double, num_single_layers=single,
-                                   attention_head_dim=width // heads, num_attention_heads=heads, joint_attention_dim=32,
-                                   pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=rope_axes(width // heads))
+    model: Any = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=64,
+        num_layers=double,
+        num_single_layers=single,
+        attention_head_dim=width // heads,
+        num_attention_heads=heads,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        guidance_embeds=True,
+        axes_dims_rope=rope_axes(width // heads),
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.03)
@@ -67,9 +76,16 @@ def main() -> None:
         make_flux_demo(root)
         folders = Folders(root / "input", root / "output", root / "temp", model_files=ModelFolders(root))
         folders.ensure()
-        ctx = NodeContext(node_id="1", prompt_id="bench", folders=folders,
-                          models=ModelManager(ram_budget_bytes=4 << 30, prefetch=False), settings=RunSettings())
-        clip = open_text_encoders([root / "text_encoders" / DEMO_T5XXL, root / "text_encoders" / DEMO_CLIP_L], "flux")
+        ctx = NodeContext(
+            node_id="1",
+            prompt_id="bench",
+            folders=folders,
+            models=ModelManager(ram_budget_bytes=4 << 30, prefetch=False),
+            settings=RunSettings(),
+        )
+        clip = open_text_encoders(
+            [root / "text_encoders" / DEMO_T5XXL, root / "text_encoders" / DEMO_CLIP_L], "flux"
+        )
         pos = CLIPTextEncode().run(ctx, text="a cat on a roof", clip=clip)[0]
         neg = CLIPTextEncode().run(ctx, text="blurry", clip=clip)[0]
         model = open_diffusion_model(write_flux(root, args.double, args.single, args.width))

@@ -75,13 +75,21 @@ def main() -> None:
                     continue
                 times[fraction] += step_times
                 manager.free()  # one model on the device at a time, as the manager keeps it
-                print(f"  {fraction:.0%}: {statistics.median(step_times):.3f} s/step", file=sys.stderr, flush=True)
+                print(
+                    f"  {fraction:.0%}: {statistics.median(step_times):.3f} s/step",
+                    file=sys.stderr,
+                    flush=True,
+                )
         for manager in managers.values():
             manager.close()
-    print(f"Flux transformer '{args.size}': {whole / 2**20:.1f} MiB of {dtype} weights, {args.steps} steps, "
-          f"{args.threads} threads, {args.device}, torch {torch.__version__}")
-    print(f"{'budget':>7}{'resident':>9}{'streamed':>9}{'prefetch':>9}{'peak MiB':>10}{'MiB/step':>9}"
-          f"{'s/step min':>11}{'median':>9}{'vs 100%':>9}{'identical':>10}")
+    print(
+        f"Flux transformer '{args.size}': {whole / 2**20:.1f} MiB of {dtype} weights, {args.steps} steps, "
+        f"{args.threads} threads, {args.device}, torch {torch.__version__}"
+    )
+    print(
+        f"{'budget':>7}{'resident':>9}{'streamed':>9}{'prefetch':>9}{'peak MiB':>10}{'MiB/step':>9}"
+        f"{'s/step min':>11}{'median':>9}{'vs 100%':>9}{'identical':>10}"
+    )
     base = min(times[1.0]) if times[1.0] else float("nan")
     for fraction in FRACTIONS:
         if fraction in failed:
@@ -91,9 +99,11 @@ def main() -> None:
         resident = plan.get("resident", "all")
         per_step = plan.get("bytes_streamed", 0) / args.steps / 2**20  # the last repeat's residency
         same = bool(torch.equal(latents[fraction], latents[1.0]))
-        print(f"{fraction:>7.0%}{resident:>9}{plan.get('streamed', 0):>9}{str(plan.get('prefetch', '-')):>9}"
-              f"{plan.get('peak_bytes', whole) / 2**20:>10.1f}{per_step:>9.1f}{step:>11.4f}"
-              f"{statistics.median(times[fraction]):>9.4f}{base / step:>8.2f}×{str(same):>10}")
+        print(
+            f"{fraction:>7.0%}{resident:>9}{plan.get('streamed', 0):>9}{str(plan.get('prefetch', '-')):>9}"
+            f"{plan.get('peak_bytes', whole) / 2**20:>10.1f}{per_step:>9.1f}{step:>11.4f}"
+            f"{statistics.median(times[fraction]):>9.4f}{base / step:>8.2f}×{str(same):>10}"
+        )
 
 
 if __name__ == "__main__":

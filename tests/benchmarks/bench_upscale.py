@@ -45,8 +45,12 @@ def main() -> None:
         sd = demo_esrgan_state_dict(num_feat=64, num_blocks=23) if args.full else demo_esrgan_state_dict()
         save_file(sd, str(root / "upscale_models" / "bench.safetensors"))
         manager = ModelManager(DevicePolicy.detect(), ram_budget_bytes=2**32, prefetch=False)
-        ctx = NodeContext(node_id="1", prompt_id="bench", folders=Folders(root, root, root, model_files=ModelFolders(root)),
-                          models=manager)
+        ctx = NodeContext(
+            node_id="1",
+            prompt_id="bench",
+            folders=Folders(root, root, root, model_files=ModelFolders(root)),
+            models=manager,
+        )
         (handle,) = UpscaleModelLoader().run(ctx, model_name="bench.safetensors")
         image = torch.rand(1, args.size, args.size, 3, generator=torch.Generator().manual_seed(0))
         node = ImageUpscaleWithModel()
@@ -61,10 +65,14 @@ def main() -> None:
         manager.close()
     megapixels = out.shape[1] * out.shape[2] / 1e6
     label = "RealESRGAN_x4plus (random)" if args.full else "demo ESRGAN"
-    print(f"{label}: {args.size}² → {out.shape[2]}×{out.shape[1]} on {manager.policy.device}, "
-          f"threads {torch.get_num_threads()}")
-    print(f"  first run (load + upscale) {first:.2f}s; upscale {statistics.median(times):.2f}s "
-          f"= {statistics.median(times) / megapixels:.2f} s per output megapixel")
+    print(
+        f"{label}: {args.size}² → {out.shape[2]}×{out.shape[1]} on {manager.policy.device}, "
+        f"threads {torch.get_num_threads()}"
+    )
+    print(
+        f"  first run (load + upscale) {first:.2f}s; upscale {statistics.median(times):.2f}s "
+        f"= {statistics.median(times) / megapixels:.2f} s per output megapixel"
+    )
 
 
 if __name__ == "__main__":

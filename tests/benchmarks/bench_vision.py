@@ -81,12 +81,16 @@ def bench_demo(repeats: int) -> None:
             return SafetyChecker().run(ctx, images=image, sensitivity=0.5, action="blur", safety_model=safety)
 
         first, warm = _timed(check, repeats)
-        print(f"demo  safety check, 1 image 512 px:        {warm:7.3f} s/image  (first call incl. load {first:.3f} s)")
+        print(
+            f"demo  safety check, 1 image 512 px:        {warm:7.3f} s/image  (first call incl. load {first:.3f} s)"
+        )
         adapter = IPAdapterFile.from_file(root / "ipadapter" / DEMO_IPADAPTER)
         cv = ClipVisionHandle.from_file(root / "clip_vision" / DEMO_CLIP_VISION)
         open_checkpoint(root / "checkpoints" / "loom_demo_sd15.safetensors")
         first, warm = _timed(lambda: image_tokens(ctx, adapter, cv, image, None), repeats)
-        print(f"demo  IP-Adapter encode + projection:      {warm:7.3f} s/run    (first call incl. load {first:.3f} s)")
+        print(
+            f"demo  IP-Adapter encode + projection:      {warm:7.3f} s/run    (first call incl. load {first:.3f} s)"
+        )
         manager.close()
 
 
@@ -99,8 +103,15 @@ def bench_full(repeats: int) -> None:
     from nodes.safety import scores
 
     image = torch.rand(1, 512, 512, 3)
-    vit_l = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
-             "image_size": 224, "patch_size": 14, "hidden_act": "quick_gelu"}
+    vit_l = {
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "image_size": 224,
+        "patch_size": 14,
+        "hidden_act": "quick_gelu",
+    }
     start = time.perf_counter()
     with torch.device("meta"):
         checker = StableDiffusionSafetyChecker(CLIPConfig(vision_config=vit_l, projection_dim=768))
@@ -109,8 +120,16 @@ def bench_full(repeats: int) -> None:
     first, warm = _timed(lambda: scores(model, preprocess(image, 224, "center"), 0.5), repeats)
     print(f"full  safety check, 1 image 512 px:        {warm:7.3f} s/image  (first {first:.3f} s)")
     model.to_empty(device="meta")  # free it before the next one
-    vit_h = CLIPVisionConfig(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
-                             image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu")
+    vit_h = CLIPVisionConfig(
+        hidden_size=1280,
+        intermediate_size=5120,
+        num_hidden_layers=32,
+        num_attention_heads=16,
+        image_size=224,
+        patch_size=14,
+        projection_dim=1024,
+        hidden_act="gelu",
+    )
     start = time.perf_counter()
     with torch.device("meta"):
         encoder = CLIPVisionModelWithProjection(vit_h)
@@ -129,7 +148,9 @@ def bench_full(repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--full", action="store_true", help="also full-size random weights (~3.5 GB RAM)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

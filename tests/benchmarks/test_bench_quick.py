@@ -19,7 +19,10 @@ def test_quick_benchmark_runs_and_prints_its_figures(capsys: pytest.CaptureFixtu
     report = collect(True, only=["executor", "generation", "server", "queue", "prefetch"], repeats=1)
     rows = [Row(**r) for r in report["rows"]]
     with capsys.disabled():  # the figures belong in CI's log, passed or not
-        print("\n" + format_table(rows, report["machine"], "Loom quick benchmark (regression guard)"), flush=True)
+        print(
+            "\n" + format_table(rows, report["machine"], "Loom quick benchmark (regression guard)"),
+            flush=True,
+        )
     value = {(r.scenario, r.metric): r.value for r in rows}
     assert any(r.metric == "Loom / diffusers per step" for r in rows)
     assert ("cache", "identical resubmit / cold") in value
@@ -43,8 +46,14 @@ def test_bench_cli_prints_json_and_markdown(tmp_path: Path, capsys: pytest.Captu
 
     root = Path(__file__).resolve().parents[2]
     args = ["bench", "--quick", "--only", "executor", "--repeats", "1"]
-    out = subprocess.run([sys.executable, str(root / "main.py"), *args, "--json"], capture_output=True, text=True,
-                         check=True, timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(root / "main.py"), *args, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     report = json.loads(out.stdout)
     assert report["mode"] == "quick" and report["machine"]["cores"] >= 1
     metrics = {(r["scenario"], r["metric"]) for r in report["rows"]}

@@ -23,14 +23,16 @@ from tests.engine.conftest import Harness
 from tests.engine.stub_nodes import STUBS, StubSettings, record, schema
 
 
-def test_a_kernel_flag_on_the_cpu_falls_back_to_sdpa_with_one_line(tmp_path: Path,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_a_kernel_flag_on_the_cpu_falls_back_to_sdpa_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     args = main.make_parser().parse_args(["run", "wf.json", "--cpu", "--use-sage-attention", *dirs(tmp_path)])
     with caplog.at_level(logging.INFO, logger="loom"):
         settings = main.build_runtime(args).executor.settings
     assert settings.attention == "sdpa"
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention:")] == [
-        "attention: --use-sage-attention needs a CUDA device, this process computes on cpu; using torch SDPA"]
+        "attention: --use-sage-attention needs a CUDA device, this process computes on cpu; using torch SDPA"
+    ]
 
 
 class SeeAttention(Node):
@@ -55,15 +57,26 @@ def test_every_node_runs_under_the_settings_attention_back_end(tmp_path: Path) -
 
 
 def test_the_start_up_measurement_is_cached_in_the_user_folder_and_sets_the_policy(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delenv("LOOM_NO_PRECISION_PROBE", raising=False)
     figures = (Measurement("float32", 150.0, 120.0, 0.0), Measurement("bfloat16", 650.0, 300.0, 0.0007))
-    monkeypatch.setattr(probe_module, "Probe", lambda: Probe(measure=lambda device: figures,
-                                                             machine=lambda device: "cpu:Test CPU"))
-    args = main.make_parser().parse_args(["serve", "--cpu", "--user-dir", str(tmp_path / "user"), *dirs(tmp_path)])
+    monkeypatch.setattr(
+        probe_module,
+        "Probe",
+        lambda: Probe(measure=lambda device: figures, machine=lambda device: "cpu:Test CPU"),
+    )
+    args = main.make_parser().parse_args(
+        ["serve", "--cpu", "--user-dir", str(tmp_path / "user"), *dirs(tmp_path)]
+    )
     with caplog.at_level(logging.INFO, logger="loom"):
         policy = main.build_runtime(args).models.policy
     assert policy.dtype_for("unet") == "bfloat16"
-    assert json.loads((tmp_path / "user" / "precision.json").read_text())["machines"]["cpu:Test CPU"]["dtype"] == \
-        "bfloat16"
-    assert any(r.getMessage().startswith("precision: bfloat16 for cpu:Test CPU (measured now)") for r in caplog.records)
+    assert (
+        json.loads((tmp_path / "user" / "precision.json").read_text())["machines"]["cpu:Test CPU"]["dtype"]
+        == "bfloat16"
+    )
+    assert any(
+        r.getMessage().startswith("precision: bfloat16 for cpu:Test CPU (measured now)")
+        for r in caplog.records
+    )

@@ -34,6 +34,9 @@ def test_precision_flags_reach_the_model_manager(tmp_path: Path, caplog: pytest.
     assert _runtime(tmp_path).models.policy.dtype_for("unet") == "float32"  # fp32 on a CPU by default
     with caplog.at_level(logging.INFO, logger="loom"):
         policy = _runtime(tmp_path, "--bf16-unet", "--fp32-vae").models.policy
-    assert (policy.dtype_for("unet"), policy.dtype_for("vae"), policy.dtype_for("clip")) == \
-        ("bfloat16", "float32", "float32")
+    assert (policy.dtype_for("unet"), policy.dtype_for("vae"), policy.dtype_for("clip")) == (
+        "bfloat16",
+        "float32",
+        "float32",
+    )
     assert any("unet bfloat16" in r.getMessage() for r in caplog.records)

@@ -32,23 +32,43 @@ def store(tmp_path_factory: pytest.TempPathFactory, all_demo_models_source: Demo
 def generate(ckpt: str, lora: str, vae: str) -> dict[str, Any]:
     return {
         "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt}},
-        "2": {"class_type": "LoraLoader", "inputs": {"model": ["1", 0], "clip": ["1", 1], "lora_name": lora,
-                                                      "strength_model": 0.8, "strength_clip": 0.8}},
+        "2": {
+            "class_type": "LoraLoader",
+            "inputs": {
+                "model": ["1", 0],
+                "clip": ["1", 1],
+                "lora_name": lora,
+                "strength_model": 0.8,
+                "strength_clip": 0.8,
+            },
+        },
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse", "clip": ["2", 1]}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["2", 1]}},
         "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "6": {"class_type": "KSampler", "inputs": {"model": ["2", 0], "seed": 1, "steps": 2, "cfg": 7.0,
-                                                    "sampler_name": "euler", "scheduler": "normal",
-                                                    "positive": ["3", 0], "negative": ["4", 0],
-                                                    "latent_image": ["5", 0], "denoise": 1.0}},
+        "6": {
+            "class_type": "KSampler",
+            "inputs": {
+                "model": ["2", 0],
+                "seed": 1,
+                "steps": 2,
+                "cfg": 7.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "positive": ["3", 0],
+                "negative": ["4", 0],
+                "latent_image": ["5", 0],
+                "denoise": 1.0,
+            },
+        },
         "7": {"class_type": "VAELoader", "inputs": {"vae_name": vae}},
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
         "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "linked"}},
     }
 
 
-def run_cli(tmp_path: Path, workflows: list[dict[str, Any]], *flags: str,
-            capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict[str, Any]], str]:
+def run_cli(
+    tmp_path: Path, workflows: list[dict[str, Any]], *flags: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, list[dict[str, Any]], str]:
     files = []
     for i, prompt in enumerate(workflows):
         path = tmp_path / f"wf{i}.json"
@@ -61,17 +81,27 @@ def run_cli(tmp_path: Path, workflows: list[dict[str, Any]], *flags: str,
 
 
 def test_symlinked_checkpoint_lora_and_vae_folder_run_under_base_directory(
-        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = tmp_path / "comfy_root"
     models = base / "models"
     (models / "checkpoints").mkdir(parents=True)
     (models / "loras").mkdir()
-    (models / "checkpoints" / "shared_sd15.safetensors").symlink_to(store / "checkpoints" / "loom_demo_sd15.safetensors")
+    (models / "checkpoints" / "shared_sd15.safetensors").symlink_to(
+        store / "checkpoints" / "loom_demo_sd15.safetensors"
+    )
     (models / "loras" / "ink.safetensors").symlink_to(store / "loras" / "loom_demo_lora.safetensors")
     (models / "vae").symlink_to(store / "all_vaes", target_is_directory=True)  # the whole folder
-    code, runs, _ = run_cli(tmp_path, [generate("shared_sd15.safetensors", "ink.safetensors", "first.safetensors"),
-                                    generate("shared_sd15.safetensors", "ink.safetensors", "sd/second.safetensors")],
-                         "--base-directory", str(base), capsys=capsys)
+    code, runs, _ = run_cli(
+        tmp_path,
+        [
+            generate("shared_sd15.safetensors", "ink.safetensors", "first.safetensors"),
+            generate("shared_sd15.safetensors", "ink.safetensors", "sd/second.safetensors"),
+        ],
+        "--base-directory",
+        str(base),
+        capsys=capsys,
+    )
     assert code == 0, runs
     assert [r["status"] for r in runs] == ["success", "success"]
     for run in runs:
@@ -80,15 +110,31 @@ def test_symlinked_checkpoint_lora_and_vae_folder_run_under_base_directory(
     assert (base / "input").is_dir() and (base / "temp").is_dir()
 
 
-@pytest.mark.parametrize("name", ["../checkpoints/loom_demo_sd15.safetensors", "/etc/passwd", "unlisted.safetensors"])
+@pytest.mark.parametrize(
+    "name", ["../checkpoints/loom_demo_sd15.safetensors", "/etc/passwd", "unlisted.safetensors"]
+)
 def test_request_names_leading_out_or_unlisted_are_refused(
-        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
     models = tmp_path / "models"
     (models / "checkpoints").mkdir(parents=True)
-    (models / "checkpoints" / "shared.safetensors").symlink_to(store / "checkpoints" / "loom_demo_sd15.safetensors")
+    (models / "checkpoints" / "shared.safetensors").symlink_to(
+        store / "checkpoints" / "loom_demo_sd15.safetensors"
+    )
     prompt = generate(name, "x.safetensors", "y.safetensors")
-    code, (run,), _ = run_cli(tmp_path, [prompt], "--models-dir", str(models), "--output-dir", str(tmp_path / "out"),
-                           "--input-dir", str(tmp_path / "in"), "--temp-dir", str(tmp_path / "t"), capsys=capsys)
+    code, (run,), _ = run_cli(
+        tmp_path,
+        [prompt],
+        "--models-dir",
+        str(models),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--input-dir",
+        str(tmp_path / "in"),
+        "--temp-dir",
+        str(tmp_path / "t"),
+        capsys=capsys,
+    )
     assert code == 2 and run["status"] == "invalid"
     assert "ckpt_name" in json.dumps(run["node_errors"]["1"])
 
@@ -111,47 +157,88 @@ comfyui:
 """
 
 
-def test_extra_model_paths_yaml_in_comfyuis_format(store: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_extra_model_paths_yaml_in_comfyuis_format(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "extra_model_paths.yaml"
     config.write_text(COMFY_YAML.format(store=store))
     code, (run,), _ = run_cli(
-        tmp_path, [generate("loom_demo_sd15.safetensors", "loom_demo_lora.safetensors", "sd/second.safetensors")],
-        "--extra-model-paths", str(config), "--models-dir", str(tmp_path / "empty_models"),
-        "--output-dir", str(tmp_path / "out"), "--input-dir", str(tmp_path / "in"), "--temp-dir", str(tmp_path / "t"),
-        capsys=capsys)
+        tmp_path,
+        [generate("loom_demo_sd15.safetensors", "loom_demo_lora.safetensors", "sd/second.safetensors")],
+        "--extra-model-paths",
+        str(config),
+        "--models-dir",
+        str(tmp_path / "empty_models"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--input-dir",
+        str(tmp_path / "in"),
+        "--temp-dir",
+        str(tmp_path / "t"),
+        capsys=capsys,
+    )
     assert code == 0 and run["status"] == "success", run
 
 
 def test_a_broken_yaml_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "extra_model_paths.yaml"
     config.write_text("a111:\n  loras: 3\n")
-    code, _, err = run_cli(tmp_path, [{}], "--extra-model-paths", str(config), "--models-dir", str(tmp_path / "m"),
-                           "--output-dir", str(tmp_path / "out"), "--input-dir", str(tmp_path / "in"),
-                           "--temp-dir", str(tmp_path / "t"), capsys=capsys)
+    code, _, err = run_cli(
+        tmp_path,
+        [{}],
+        "--extra-model-paths",
+        str(config),
+        "--models-dir",
+        str(tmp_path / "m"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--input-dir",
+        str(tmp_path / "in"),
+        "--temp-dir",
+        str(tmp_path / "t"),
+        capsys=capsys,
+    )
     assert code == 2
     assert "a111.loras: expected a folder or a block of folders" in err
 
 
 def test_base_directory_moves_every_folder_left_at_its_default(tmp_path: Path) -> None:
-    args = main.make_parser().parse_args(["serve", "--base-directory", str(tmp_path / "b"),
-                                          "--output-dir", str(tmp_path / "mine")])
+    args = main.make_parser().parse_args(
+        ["serve", "--base-directory", str(tmp_path / "b"), "--output-dir", str(tmp_path / "mine")]
+    )
     main.apply_base_directory(args)
     base = tmp_path / "b"
     assert (args.models_dir, args.input_dir, args.temp_dir, args.user_dir) == (
-        base / "models", base / "input", base / "temp", base / "user")
+        base / "models",
+        base / "input",
+        base / "temp",
+        base / "user",
+    )
     assert args.output_dir == tmp_path / "mine"  # given explicitly: kept
     assert args.custom_nodes == [base / "custom_nodes"]
 
 
-
 def test_comfyuis_folder_flag_spellings_are_accepted(tmp_path: Path) -> None:
-    args = main.make_parser().parse_args(["serve", "--output-directory", str(tmp_path / "o"),
-                                          "--input-directory", str(tmp_path / "i"),
-                                          "--user-directory", str(tmp_path / "u"),
-                                          "--extra-model-paths-config", str(tmp_path / "a.yaml")])
-    assert (args.output_dir, args.input_dir, args.user_dir) == (tmp_path / "o", tmp_path / "i", tmp_path / "u")
+    args = main.make_parser().parse_args(
+        [
+            "serve",
+            "--output-directory",
+            str(tmp_path / "o"),
+            "--input-directory",
+            str(tmp_path / "i"),
+            "--user-directory",
+            str(tmp_path / "u"),
+            "--extra-model-paths-config",
+            str(tmp_path / "a.yaml"),
+        ]
+    )
+    assert (args.output_dir, args.input_dir, args.user_dir) == (
+        tmp_path / "o",
+        tmp_path / "i",
+        tmp_path / "u",
+    )
     assert args.extra_model_paths == [tmp_path / "a.yaml"]
+
 
 # --- every loader, through a models/ folder made only of links (ComfyUI's old folder names included) ---
 @pytest.fixture(scope="module")
@@ -170,10 +257,20 @@ def linked_models(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 LOADERS: list[tuple[str, str, dict[str, Any]]] = [
     ("nodes.loaders", "CheckpointLoaderSimple", {"ckpt_name": "loom_demo_sd15.safetensors"}),
     ("nodes.loaders", "VAELoader", {"vae_name": "loom_demo_vae.safetensors"}),
-    ("nodes.loaders_components", "UNETLoader", {"unet_name": "loom_demo_flux_schnell.safetensors",
-                                                "weight_dtype": "default"}),
-    ("nodes.loaders_components", "DualCLIPLoader", {"clip_name1": "loom_demo_clip_l.safetensors",
-                                                    "clip_name2": "loom_demo_t5xxl.safetensors", "type": "flux"}),
+    (
+        "nodes.loaders_components",
+        "UNETLoader",
+        {"unet_name": "loom_demo_flux_schnell.safetensors", "weight_dtype": "default"},
+    ),
+    (
+        "nodes.loaders_components",
+        "DualCLIPLoader",
+        {
+            "clip_name1": "loom_demo_clip_l.safetensors",
+            "clip_name2": "loom_demo_t5xxl.safetensors",
+            "type": "flux",
+        },
+    ),
     ("nodes.controlnet", "ControlNetLoader", {"control_net_name": "loom_demo_controlnet_sd15.safetensors"}),
     ("nodes.upscale_model", "UpscaleModelLoader", {"model_name": "loom_demo_esrgan_4x.safetensors"}),
     ("nodes.clip_vision", "CLIPVisionLoader", {"clip_name": "loom_demo_clip_vision/model.safetensors"}),
@@ -184,8 +281,9 @@ LOADERS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 @pytest.mark.parametrize(("module", "node", "inputs"), LOADERS, ids=[n for _, n, _ in LOADERS])
-def test_every_loader_reads_through_linked_folders(linked_models: Path, tmp_path: Path, module: str, node: str,
-                                                   inputs: dict[str, Any]) -> None:
+def test_every_loader_reads_through_linked_folders(
+    linked_models: Path, tmp_path: Path, module: str, node: str, inputs: dict[str, Any]
+) -> None:
     import importlib
 
     import torch
@@ -195,11 +293,15 @@ def test_every_loader_reads_through_linked_folders(linked_models: Path, tmp_path
     from engine.memory import ModelManager
 
     torch.set_num_threads(1)
-    folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "t", model_files=ModelFolders(linked_models))
+    folders = Folders(
+        tmp_path / "in", tmp_path / "out", tmp_path / "t", model_files=ModelFolders(linked_models)
+    )
     folders.ensure()
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     try:
-        ctx = NodeContext(node_id="1", prompt_id="links", folders=folders, models=manager, settings=RunSettings())
+        ctx = NodeContext(
+            node_id="1", prompt_id="links", folders=folders, models=manager, settings=RunSettings()
+        )
         outputs = getattr(importlib.import_module(module), node)().run(ctx, **inputs)
     finally:
         manager.close()

@@ -38,15 +38,34 @@ def test_swap_a_b_a_keeps_one_resident_and_drops_unneeded_encoders(
     shutil.copy(ckpts / "loom_demo_sd15.safetensors", ckpts / "other_b.safetensors")
     capsys.readouterr()
     files = []
-    for i, (ckpt, text) in enumerate([("loom_demo_sd15.safetensors", "a"), ("other_b.safetensors", "b"),
-                                       ("loom_demo_sd15.safetensors", "c")]):
+    for i, (ckpt, text) in enumerate(
+        [
+            ("loom_demo_sd15.safetensors", "a"),
+            ("other_b.safetensors", "b"),
+            ("loom_demo_sd15.safetensors", "c"),
+        ]
+    ):
         path = tmp_path / f"wf{i}.json"
         path.write_text(json.dumps(encode_workflow(ckpt, text)))
         files.append(str(path))
     before = rss_bytes()
-    code = main.main(["run", *files, "--json", "-q", "--models-dir", str(models), "--output-dir",
-                      str(tmp_path / "out"), "--input-dir", str(tmp_path / "in"), "--temp-dir", str(tmp_path / "t"),
-                      "--disable-custom-nodes"])
+    code = main.main(
+        [
+            "run",
+            *files,
+            "--json",
+            "-q",
+            "--models-dir",
+            str(models),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--input-dir",
+            str(tmp_path / "in"),
+            "--temp-dir",
+            str(tmp_path / "t"),
+            "--disable-custom-nodes",
+        ]
+    )
     grown = rss_bytes() - before
     assert code == 0
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -60,11 +79,16 @@ def test_swap_a_b_a_keeps_one_resident_and_drops_unneeded_encoders(
     from safetensors import safe_open
 
     with safe_open(str(ckpts / "loom_demo_sd15.safetensors"), "pt") as f:
-        fp16_bytes = 2 * sum(_numel(f.get_slice(k).get_shape()) for k in f.keys()
-                             if k.startswith("cond_stage_model.") and f.get_slice(k).get_dtype() == "F16")
+        fp16_bytes = 2 * sum(
+            _numel(f.get_slice(k).get_shape())
+            for k in f.keys()
+            if k.startswith("cond_stage_model.") and f.get_slice(k).get_dtype() == "F16"
+        )
     # The process grew by about one text encoder in fp32 (twice the fp16 file's) at most, not more.
     clip_fp32 = 2 * fp16_bytes
-    assert grown < clip_fp32 + 400 * 2**20, f"RSS grew {grown / 2**20:.0f} MiB for {clip_fp32 / 2**20:.1f} MiB of models"
+    assert grown < clip_fp32 + 400 * 2**20, (
+        f"RSS grew {grown / 2**20:.0f} MiB for {clip_fp32 / 2**20:.1f} MiB of models"
+    )
 
 
 def _numel(shape: list[int]) -> int:

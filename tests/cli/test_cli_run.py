@@ -18,17 +18,31 @@ ROOT = Path(__file__).resolve().parents[2]
 def text_workflow(a: str = "hello", b: str = "world") -> dict[str, Any]:
     return {
         "1": {"class_type": "PrimitiveString", "inputs": {"value": a}},
-        "2": {"class_type": "StringConcatenate", "inputs": {"string_a": ["1", 0], "string_b": b, "delimiter": " "}},
+        "2": {
+            "class_type": "StringConcatenate",
+            "inputs": {"string_a": ["1", 0], "string_b": b, "delimiter": " "},
+        },
         "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}},
     }
 
 
 def dirs(tmp: Path) -> list[str]:
-    return ["--output-dir", str(tmp / "out"), "--input-dir", str(tmp / "in"), "--temp-dir", str(tmp / "temp"),
-            "--models-dir", str(tmp / "models"), "--disable-custom-nodes"]
+    return [
+        "--output-dir",
+        str(tmp / "out"),
+        "--input-dir",
+        str(tmp / "in"),
+        "--temp-dir",
+        str(tmp / "temp"),
+        "--models-dir",
+        str(tmp / "models"),
+        "--disable-custom-nodes",
+    ]
 
 
-def run_cli(tmp: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[dict[str, Any]], str]:
+def run_cli(
+    tmp: Path, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, list[dict[str, Any]], str]:
     code = main.main(["run", *args, "--json", *dirs(tmp)])
     out, err = capsys.readouterr()
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
@@ -49,8 +63,17 @@ def test_run_prints_one_json_line_per_workflow_and_later_ones_hit_the_cache(
     assert code == 0
     assert len(lines) == 2
     first, second = lines
-    assert set(first) >= {"prompt_id", "status", "executed", "cached", "outputs", "node_errors", "error",
-                          "timings", "memory"}
+    assert set(first) >= {
+        "prompt_id",
+        "status",
+        "executed",
+        "cached",
+        "outputs",
+        "node_errors",
+        "error",
+        "timings",
+        "memory",
+    }
     assert first["status"] == "success" and sorted(first["executed"]) == ["1", "2", "3"]
     assert first["outputs"] == {"3": {"text": ["hello world"]}}
     assert second["executed"] == [] and second["cached"] == ["1", "2", "3"]  # every node taken from the cache
@@ -69,7 +92,9 @@ def test_set_overrides_are_type_checked(tmp_path: Path, capsys: pytest.CaptureFi
     assert main.main(["run", str(wf), "--set", "garbage", *dirs(tmp_path)]) == 2
 
 
-def test_invalid_workflow_exits_2_with_node_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_invalid_workflow_exits_2_with_node_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     wf = text_workflow()
     wf["2"]["class_type"] = "StringConcatenat"
     code, lines, _ = run_cli(tmp_path, capsys, str(write(tmp_path, "bad.json", wf)))
@@ -92,7 +117,9 @@ def test_bad_files_get_one_clear_line_and_exit_2(
     assert needle in err and str(path) in err
 
 
-def test_missing_file_and_later_workflows_still_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_file_and_later_workflows_still_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = write(tmp_path, "good.json", text_workflow())
     code, lines, err = run_cli(tmp_path, capsys, str(tmp_path / "nope.json"), str(good))
     assert code == 2
@@ -102,8 +129,12 @@ def test_missing_file_and_later_workflows_still_run(tmp_path: Path, capsys: pyte
 
 def test_subprocess_bad_file_never_shows_a_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, "bad.json", "{oops")
-    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "run", str(path), *dirs(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "run", str(path), *dirs(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("loom: ")
@@ -118,26 +149,61 @@ def test_nodes_catalogue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert info["PreviewAny"]["output_node"] is True
 
 
-def test_run_accepts_ui_format_saved_format_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_accepts_ui_format_saved_format_and_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from PIL import Image
     from PIL.PngImagePlugin import PngInfo
 
     from engine.formats import to_saved
 
     ui = {
-        "last_node_id": 3, "last_link_id": 2, "version": 0.4, "groups": [], "config": {}, "extra": {},
+        "last_node_id": 3,
+        "last_link_id": 2,
+        "version": 0.4,
+        "groups": [],
+        "config": {},
+        "extra": {},
         "nodes": [
-            {"id": 1, "type": "PrimitiveString", "pos": [0, 0], "size": [200, 60], "flags": {}, "order": 0,
-             "mode": 0, "inputs": [], "outputs": [{"name": "STRING", "type": "STRING", "links": [1]}],
-             "properties": {}, "widgets_values": ["from ui"]},
-            {"id": 2, "type": "StringConcatenate", "pos": [250, 0], "size": [200, 100], "flags": {}, "order": 1,
-             "mode": 0,
-             "inputs": [{"name": "string_a", "type": "STRING", "link": 1, "widget": {"name": "string_a"}}],
-             "outputs": [{"name": "STRING", "type": "STRING", "links": [2]}],
-             "properties": {}, "widgets_values": ["", "!", "+"]},
-            {"id": 3, "type": "PreviewAny", "pos": [500, 0], "size": [200, 60], "flags": {}, "order": 2,
-             "mode": 0, "inputs": [{"name": "source", "type": "*", "link": 2}], "outputs": [],
-             "properties": {}, "widgets_values": []},
+            {
+                "id": 1,
+                "type": "PrimitiveString",
+                "pos": [0, 0],
+                "size": [200, 60],
+                "flags": {},
+                "order": 0,
+                "mode": 0,
+                "inputs": [],
+                "outputs": [{"name": "STRING", "type": "STRING", "links": [1]}],
+                "properties": {},
+                "widgets_values": ["from ui"],
+            },
+            {
+                "id": 2,
+                "type": "StringConcatenate",
+                "pos": [250, 0],
+                "size": [200, 100],
+                "flags": {},
+                "order": 1,
+                "mode": 0,
+                "inputs": [{"name": "string_a", "type": "STRING", "link": 1, "widget": {"name": "string_a"}}],
+                "outputs": [{"name": "STRING", "type": "STRING", "links": [2]}],
+                "properties": {},
+                "widgets_values": ["", "!", "+"],
+            },
+            {
+                "id": 3,
+                "type": "PreviewAny",
+                "pos": [500, 0],
+                "size": [200, 60],
+                "flags": {},
+                "order": 2,
+                "mode": 0,
+                "inputs": [{"name": "source", "type": "*", "link": 2}],
+                "outputs": [],
+                "properties": {},
+                "widgets_values": [],
+            },
         ],
         "links": [[1, 1, 0, 2, 0, "STRING"], [2, 2, 0, 3, 0, "STRING"]],
     }
@@ -152,7 +218,7 @@ def test_run_accepts_ui_format_saved_format_and_png(tmp_path: Path, capsys: pyte
     assert [line["outputs"]["3"]["text"][0] for line in lines] == ["from ui+!", "saved world", "png world"]
 
 
-FAILING_PACK = '''
+FAILING_PACK = """
 from nodes.api import Input, Node, NodeSchema, Output, STRING
 
 
@@ -167,7 +233,7 @@ class AlwaysFails(Node):
 
 def loom_register(plugin):
     plugin.add_node(AlwaysFails)
-'''
+"""
 
 
 def test_a_workflow_failing_while_running_exits_1_and_names_node_and_pack(
@@ -176,10 +242,14 @@ def test_a_workflow_failing_while_running_exits_1_and_names_node_and_pack(
     packs = tmp_path / "packs"
     packs.mkdir()
     (packs / "fire_pack.py").write_text(FAILING_PACK)
-    wf = write(tmp_path, "fail.json", {
-        "1": {"class_type": "Test_AlwaysFails", "inputs": {"text": "x"}},
-        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
-    })
+    wf = write(
+        tmp_path,
+        "fail.json",
+        {
+            "1": {"class_type": "Test_AlwaysFails", "inputs": {"text": "x"}},
+            "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+        },
+    )
     good = write(tmp_path, "good.json", text_workflow())
     args = [a for a in dirs(tmp_path) if a != "--disable-custom-nodes"]
     code = main.main(["run", str(wf), str(good), "--json", "--custom-nodes", str(packs), *args])
@@ -192,7 +262,9 @@ def test_a_workflow_failing_while_running_exits_1_and_names_node_and_pack(
     assert lines[1]["status"] == "success"
 
 
-def test_safety_enforce_without_a_model_refuses_to_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_safety_enforce_without_a_model_refuses_to_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     wf = write(tmp_path, "a.json", text_workflow())
     assert main.main(["run", str(wf), "--safety", "enforce", *dirs(tmp_path)]) == 2
     err = capsys.readouterr().err

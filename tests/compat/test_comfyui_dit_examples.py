@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from engine.formats import convert_ui_to_api
 from PIL import Image
 
+from engine.formats import convert_ui_to_api
 from tests.nodes.test_generation_e2e import make_executor, run
 
 WORKFLOWS = Path(__file__).parent / "workflows"
@@ -44,22 +44,30 @@ def graph(prompt: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_example_converts_to_the_prompt_comfyuis_frontend_sends(name: str, demo_models: Path,
-                                                                 tmp_path: Path) -> None:
+def test_example_converts_to_the_prompt_comfyuis_frontend_sends(
+    name: str, demo_models: Path, tmp_path: Path
+) -> None:
     executor = make_executor(demo_models, tmp_path)
     assert graph(convert_ui_to_api(load(f"{name}.json"), executor.registry.object_info())) == graph(
-        load(f"{name}.api.json"))
+        load(f"{name}.api.json")
+    )
 
 
-def test_virtual_nodes_are_dissolved_and_shared_primitives_reach_both_targets(demo_models: Path,
-                                                                              tmp_path: Path) -> None:
+def test_virtual_nodes_are_dissolved_and_shared_primitives_reach_both_targets(
+    demo_models: Path, tmp_path: Path
+) -> None:
     """Flux dev's width/height PrimitiveNodes feed EmptySD3LatentImage and ModelSamplingFlux; the
     Notes and the PrimitiveNodes themselves are not in the prompt."""
     executor = make_executor(demo_models, tmp_path)
     ui = load("flux_dev_example.json")
-    ui["nodes"] = [n if n["type"] != "PrimitiveNode" else {**n, "widgets_values": [48, "fixed"]} for n in ui["nodes"]]
+    ui["nodes"] = [
+        n if n["type"] != "PrimitiveNode" else {**n, "widgets_values": [48, "fixed"]} for n in ui["nodes"]
+    ]
     prompt = convert_ui_to_api(ui, executor.registry.object_info())
-    assert {k: v for k, v in prompt["27"]["inputs"].items() if k != "batch_size"} == {"width": 48, "height": 48}
+    assert {k: v for k, v in prompt["27"]["inputs"].items() if k != "batch_size"} == {
+        "width": 48,
+        "height": 48,
+    }
     assert (prompt["30"]["inputs"]["width"], prompt["30"]["inputs"]["height"]) == (48, 48)
     assert not {"28", "34", "35", "37"} & set(prompt)
 
@@ -76,8 +84,9 @@ def test_example_runs_unchanged_on_the_demo_models(name: str, demo_models: Path,
         assert np.asarray(png).std() > 1.0  # not a flat image
 
 
-def test_unconnected_text_encoder_loaders_of_the_sd35_example_are_not_run(demo_models: Path,
-                                                                           tmp_path: Path) -> None:
+def test_unconnected_text_encoder_loaders_of_the_sd35_example_are_not_run(
+    demo_models: Path, tmp_path: Path
+) -> None:
     """The SD3.5 example's group shows CLIPLoader and DualCLIPLoader with nothing attached: ComfyUI
     sends them but runs only what an output needs, so a missing file there is no error."""
     executor = make_executor(demo_models, tmp_path)

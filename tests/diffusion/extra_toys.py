@@ -31,13 +31,16 @@ def data_std_at(sampling: ms.ModelSampling, sigma: float, scale: float) -> float
     return math.sqrt(a * a * scale * scale + sigma * sigma)
 
 
-def exact_ode(sampling: ms.ModelSampling, x_start: torch.Tensor, sigma_start: float, sigma_end: float,
-              scale: float) -> torch.Tensor:
+def exact_ode(
+    sampling: ms.ModelSampling, x_start: torch.Tensor, sigma_start: float, sigma_end: float, scale: float
+) -> torch.Tensor:
     """The probability-flow ODE's solution from σ_start to σ_end for N(0, scale²) data."""
     return x_start * (data_std_at(sampling, sigma_end, scale) / data_std_at(sampling, sigma_start, scale))
 
 
-def gaussian_denoised(sampling: ms.ModelSampling, x: torch.Tensor, sigma: torch.Tensor, scale: float) -> torch.Tensor:
+def gaussian_denoised(
+    sampling: ms.ModelSampling, x: torch.Tensor, sigma: torch.Tensor, scale: float
+) -> torch.Tensor:
     sigma = sigma.view(-1, *([1] * (x.ndim - 1)))
     a = alpha(sampling, sigma)
     return x * (a * scale**2 / (a * a * scale**2 + sigma**2))
@@ -73,8 +76,17 @@ class GuidedToy:
         uncond = gaussian_denoised(self.model_sampling, x, sigma, self.s_uncond)
         denoised = uncond + (cond - uncond) * self.cfg
         for fn in options.get("sampler_post_cfg_function", []):
-            denoised = fn({"denoised": denoised, "cond_denoised": cond, "uncond_denoised": uncond, "sigma": sigma,
-                           "input": x, "cond_scale": self.cfg, "model_options": options})
+            denoised = fn(
+                {
+                    "denoised": denoised,
+                    "cond_denoised": cond,
+                    "uncond_denoised": uncond,
+                    "sigma": sigma,
+                    "input": x,
+                    "cond_scale": self.cfg,
+                    "model_options": options,
+                }
+            )
         return denoised
 
 
@@ -94,7 +106,9 @@ class CountingNoise:
         return torch.randn(self.shape, generator=self.generator)
 
 
-def karras(n: int, sigma_min: float = 0.0291675, sigma_max: float = 14.614642, rho: float = 7.0) -> torch.Tensor:
+def karras(
+    n: int, sigma_min: float = 0.0291675, sigma_max: float = 14.614642, rho: float = 7.0
+) -> torch.Tensor:
     """Karras sigmas (n values, then 0), float32."""
     ramp = torch.linspace(0, 1, n)
     lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
@@ -113,8 +127,13 @@ def flow_sigmas(n: int, last: float = 0.0) -> torch.Tensor:
     return torch.cat([shifted, torch.full((1,), last)])
 
 
-def start_noise(sampling: ms.ModelSampling, sigma0: float, shape: tuple[int, ...] = (2, 4, 32, 32),
-                seed: int = 7, scale: float = 0.5) -> torch.Tensor:
+def start_noise(
+    sampling: ms.ModelSampling,
+    sigma0: float,
+    shape: tuple[int, ...] = (2, 4, 32, 32),
+    seed: int = 7,
+    scale: float = 0.5,
+) -> torch.Tensor:
     """x at σ₀ distributed as the toy's marginal: std(σ₀)·N(0, 1)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g) * data_std_at(sampling, sigma0, scale)

@@ -48,8 +48,20 @@ def test_seed_groups_must_cover_the_batch() -> None:
         SeedGroups(((1, 0),))
 
 
-@pytest.mark.parametrize("name", ["euler_ancestral", "dpm_2_ancestral", "dpmpp_2s_ancestral", "dpmpp_sde",
-                                  "dpmpp_2m_sde", "dpmpp_3m_sde_gpu", "lcm", "ddpm", "ddim"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "euler_ancestral",
+        "dpm_2_ancestral",
+        "dpmpp_2s_ancestral",
+        "dpmpp_sde",
+        "dpmpp_2m_sde",
+        "dpmpp_3m_sde_gpu",
+        "lcm",
+        "ddpm",
+        "ddim",
+    ],
+)
 def test_coalesced_batch_reproduces_separate_runs(name: str) -> None:
     sampling = ms.discrete()
     sigmas = sch.ksampler_sigmas(sampling, "karras", name, 5)
@@ -59,8 +71,17 @@ def test_coalesced_batch_reproduces_separate_runs(name: str) -> None:
         mask[..., :2] = 0.0  # keep two columns: exercises the inpaint noise (fresh noise for ddim)
     noises = [prepare_noise(latent, seed) for latent, (seed, _) in zip(latents, JOBS, strict=True)]
     sampler = sampler_object(name)
-    alone = [sampler.sample(ToyDenoiser(sampling), sigmas, {"seed": seed}, None, noise, latent, mask)
-             for (seed, _), noise, latent, mask in zip(JOBS, noises, latents, masks, strict=True)]
-    together = sampler.sample(ToyDenoiser(sampling), sigmas, {"seed": SeedGroups(JOBS)}, None,
-                              torch.cat(noises), torch.cat(latents), torch.cat(masks))
+    alone = [
+        sampler.sample(ToyDenoiser(sampling), sigmas, {"seed": seed}, None, noise, latent, mask)
+        for (seed, _), noise, latent, mask in zip(JOBS, noises, latents, masks, strict=True)
+    ]
+    together = sampler.sample(
+        ToyDenoiser(sampling),
+        sigmas,
+        {"seed": SeedGroups(JOBS)},
+        None,
+        torch.cat(noises),
+        torch.cat(latents),
+        torch.cat(masks),
+    )
     assert torch.allclose(together, torch.cat(alone), rtol=1e-6, atol=1e-6)

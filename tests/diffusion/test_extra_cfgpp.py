@@ -36,8 +36,13 @@ def test_cfgpp_hook_goes_last_and_switches_off_the_cfg1_shortcut(name: str) -> N
     extra_args = {"seed": 1, "model_options": options}
     seen: list[torch.Tensor] = []
     sigmas = karras(4)
-    EXTRA_SAMPLERS[name](model, start_noise(EPS, float(sigmas[0]), (1, 4, 8, 8)), sigmas, extra_args,
-                         callback=lambda step: seen.append(step["denoised"]))
+    EXTRA_SAMPLERS[name](
+        model,
+        start_noise(EPS, float(sigmas[0]), (1, 4, 8, 8)),
+        sigmas,
+        extra_args,
+        callback=lambda step: seen.append(step["denoised"]),
+    )
     for used in model.seen_options:
         hooks = used["sampler_post_cfg_function"]
         assert hooks[0] is marker and len(hooks) == 2 and hooks[1] is not marker
@@ -83,10 +88,15 @@ def test_dpmpp_2s_ancestral_cfg_pp_step_follows_comfyuis_618b803d_update() -> No
     model = GuidedToy(EPS, cfg=2.0)
     sigma, sigma_next = 3.0, 1.0
     x = start_noise(EPS, sigma, (1, 4, 8, 8))
-    out = EXTRA_SAMPLERS["dpmpp_2s_ancestral_cfg_pp"](model, x, torch.tensor([sigma, sigma_next]), {}, eta=0.0)
+    out = EXTRA_SAMPLERS["dpmpp_2s_ancestral_cfg_pp"](
+        model, x, torch.tensor([sigma, sigma_next]), {}, eta=0.0
+    )
 
     def branches(z: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
-        c, u = gaussian_denoised(EPS, z, torch.tensor([s]), 0.8), gaussian_denoised(EPS, z, torch.tensor([s]), 0.4)
+        c, u = (
+            gaussian_denoised(EPS, z, torch.tensor([s]), 0.8),
+            gaussian_denoised(EPS, z, torch.tensor([s]), 0.4),
+        )
         return u + 2.0 * (c - u), u
 
     guided, uncond = branches(x, sigma)
@@ -114,7 +124,9 @@ def test_cfgpp_equals_its_base_sampler_when_both_branches_agree(cfgpp: str, base
     x = start_noise(EPS, float(sigmas[0]), (1, 4, 16, 16))
     base_fn = EXTRA_SAMPLERS.get(base) or core_samplers()[base]
     expected = base_fn(GaussianToy(EPS, scale=0.6), x.clone(), sigmas, {"seed": 9})
-    out = EXTRA_SAMPLERS[cfgpp](GuidedToy(EPS, cfg=3.0, s_cond=0.6, s_uncond=0.6), x.clone(), sigmas, {"seed": 9})
+    out = EXTRA_SAMPLERS[cfgpp](
+        GuidedToy(EPS, cfg=3.0, s_cond=0.6, s_uncond=0.6), x.clone(), sigmas, {"seed": 9}
+    )
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 

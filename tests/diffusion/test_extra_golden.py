@@ -46,7 +46,9 @@ def test_deis_rhoab_is_adams_bashforth_in_sigma() -> None:
         nodes = [float(GRID[i - j]) for j in range(len(row))]
         for degree in range(len(row)):  # exact for polynomials below the order
             exact = (s_next ** (degree + 1) - s ** (degree + 1)) / (degree + 1)
-            assert sum(float(c) * n**degree for c, n in zip(row, nodes, strict=True)) == pytest.approx(exact, rel=1e-9)
+            assert sum(float(c) * n**degree for c, n in zip(row, nodes, strict=True)) == pytest.approx(
+                exact, rel=1e-9
+            )
 
 
 def test_deis_rejects_unknown_modes_and_orders() -> None:
@@ -64,7 +66,9 @@ def test_ipndm_v_weights_reduce_to_adams_bashforth_on_a_uniform_grid() -> None:
         assert [float(w) for w in ipndm_v_weights(uniform, 4, order)] == pytest.approx(expected, rel=1e-12)
     # Order 4 as the reference writes it (zju-pi/diff-sampler via ComfyUI) is not AB4's (55, −59, 37, −9)/24;
     # pinned so that changing it is a deliberate break with ComfyUI.
-    assert [float(w) for w in ipndm_v_weights(uniform, 4, 4)] == pytest.approx([57 / 24, -65 / 24, 43 / 24, -11 / 24])
+    assert [float(w) for w in ipndm_v_weights(uniform, 4, 4)] == pytest.approx(
+        [57 / 24, -65 / 24, 43 / 24, -11 / 24]
+    )
 
 
 def test_ipndm_v_second_order_weights_integrate_lines_on_any_grid() -> None:
@@ -79,7 +83,11 @@ def test_ipndm_v_second_order_weights_integrate_lines_on_any_grid() -> None:
 @pytest.mark.parametrize("tau", [0.0, 0.7])
 def test_sa_solver_moments_and_weights_match_quadrature(tau: float) -> None:
     lambdas = torch.tensor([-2.1, -1.3, -0.8, -0.2], dtype=torch.float64)
-    lam_s, lam_t, sigma_next = lambdas[-1], torch.tensor(0.4, dtype=torch.float64), torch.tensor(0.67, dtype=torch.float64)
+    lam_s, lam_t, sigma_next = (
+        lambdas[-1],
+        torch.tensor(0.4, dtype=torch.float64),
+        torch.tensor(0.67, dtype=torch.float64),
+    )
     k = 1 + tau**2
     grid = np.linspace(float(lam_s), float(lam_t), 400_001)
     kernel = k * np.exp(k * (grid - float(lam_t)))
@@ -91,7 +99,9 @@ def test_sa_solver_moments_and_weights_match_quadrature(tau: float) -> None:
     nodes = lambdas.numpy()
     for i in range(4):
         basis = np.prod([(grid - nodes[j]) / (nodes[i] - nodes[j]) for j in range(4) if j != i], axis=0)
-        assert float(weights[i]) == pytest.approx(alpha_t * np.trapezoid(kernel * basis, grid), rel=1e-7, abs=1e-9)
+        assert float(weights[i]) == pytest.approx(
+            alpha_t * np.trapezoid(kernel * basis, grid), rel=1e-7, abs=1e-9
+        )
 
 
 def test_sa_solver_simple_order_2_weights_sum_to_the_first_order_weight() -> None:
@@ -99,7 +109,9 @@ def test_sa_solver_simple_order_2_weights_sum_to_the_first_order_weight() -> Non
     lam_t, sigma_next = torch.tensor(0.3), torch.tensor(0.74)
     total = float(sigma_next * lam_t.exp() * -torch.expm1(-(lam_t - lambdas[-1]) * 1.25))
     for corrector in (False, True):
-        w = adams_weights(sigma_next, lambdas, lambdas[-1], lam_t, 0.5, simple_order_2=True, corrector=corrector)
+        w = adams_weights(
+            sigma_next, lambdas, lambdas[-1], lam_t, 0.5, simple_order_2=True, corrector=corrector
+        )
         assert float(w.sum()) == pytest.approx(total, rel=1e-6)
 
 
@@ -115,7 +127,9 @@ def test_unipc_two_steps_match_the_hand_derived_update(variant: str) -> None:
     the next step uses (UniPC spends no extra model call on the corrected point)."""
     s0, s1, s2 = 6.0, 1.2, 0.001
     x = start_noise(EPS, s0, (1, 4, 8, 8)).double()
-    out = sample_unipc(GaussianToy(EPS), x, torch.tensor([s0, s1, 0.0], dtype=torch.float64), {}, variant=variant)
+    out = sample_unipc(
+        GaussianToy(EPS), x, torch.tensor([s0, s1, 0.0], dtype=torch.float64), {}, variant=variant
+    )
 
     def predictor(z: torch.Tensor, sa: float, sb: float, denoised: torch.Tensor) -> torch.Tensor:
         return (sb / sa) * z + (1 - math.exp(-math.log(sa / sb))) * denoised

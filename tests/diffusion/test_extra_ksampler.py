@@ -25,9 +25,15 @@ def test_sampler_object_runs_every_extra_sampler_with_an_inpaint_mask(name: str,
     mask = torch.zeros(1, 1, 8, 8)
     mask[..., :, :4] = 1.0  # repaint the left half
     steps: list[int] = []
-    out = sampler_object(name).sample(GuidedToy(sampling, cfg=1.5), sigmas, {"seed": 8, "model_options": {}},
-                                      lambda i, denoised, x, total: steps.append(i), prepare_noise(latent, 8), latent,
-                                      mask)
+    out = sampler_object(name).sample(
+        GuidedToy(sampling, cfg=1.5),
+        sigmas,
+        {"seed": 8, "model_options": {}},
+        lambda i, denoised, x, total: steps.append(i),
+        prepare_noise(latent, 8),
+        latent,
+        mask,
+    )
     assert torch.isfinite(out).all()
     assert steps == list(range(len(sigmas) - 1))
     kept = mask.expand_as(out) == 0
@@ -54,8 +60,10 @@ def test_node_option_helpers_feed_the_samplers() -> None:
         "seeds_2 phi_2": ksampler("seeds_2", {"eta": 0.5, "s_noise": 1.0, "r": 0.4, "solver_type": "phi_2"}),
         "euler_ancestral_cfg_pp": ksampler("euler_ancestral_cfg_pp", {"eta": 0.3, "s_noise": 0.8}),
     }
-    outs = {label: run.sample(GuidedToy(EPS), sigmas, {"seed": 2, "model_options": {}}, None, noise, latent)
-            for label, run in runs.items()}
+    outs = {
+        label: run.sample(GuidedToy(EPS), sigmas, {"seed": 2, "model_options": {}}, None, noise, latent)
+        for label, run in runs.items()
+    }
     assert all(torch.isfinite(o).all() for o in outs.values())
     assert not torch.allclose(outs["er_sde ER-SDE"], outs["er_sde ODE"])
     assert not torch.allclose(outs["er_sde RT-SDE"], outs["er_sde ODE"])
@@ -65,8 +73,9 @@ def test_option_helpers_reject_bad_names() -> None:
     with pytest.raises(ValueError, match="solver_type"):
         er_sde_options("SDE-ER")
     with pytest.raises(ValueError, match="solver_type"):
-        EXTRA_SAMPLERS["seeds_2"](GuidedToy(EPS), torch.zeros(1, 4, 8, 8), torch.tensor([1.0, 0.0]), {},
-                                  solver_type="phi_3")
+        EXTRA_SAMPLERS["seeds_2"](
+            GuidedToy(EPS), torch.zeros(1, 4, 8, 8), torch.tensor([1.0, 0.0]), {}, solver_type="phi_3"
+        )
 
 
 def test_er_sde_ode_option_is_comfyuis_mapping() -> None:

@@ -41,9 +41,18 @@ SIGMAS = karras(5)  # 5 steps, the last one to 0
 STEPS = [(float(SIGMAS[i]), float(SIGMAS[i + 1])) for i in range(4)]  # the steps that end above 0
 
 
-@pytest.mark.parametrize("name", ["euler_ancestral_cfg_pp", "dpmpp_2s_ancestral_cfg_pp", "res_multistep",
-                                  "res_multistep_cfg_pp", "res_multistep_ancestral", "res_multistep_ancestral_cfg_pp",
-                                  "er_sde"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "euler_ancestral_cfg_pp",
+        "dpmpp_2s_ancestral_cfg_pp",
+        "res_multistep",
+        "res_multistep_cfg_pp",
+        "res_multistep_ancestral",
+        "res_multistep_ancestral_cfg_pp",
+        "er_sde",
+    ],
+)
 def test_one_draw_per_step_that_ends_above_zero(name: str) -> None:
     # res_multistep draws even with η = 0 (the noise is scaled by σ_up = 0), as ComfyUI does.
     assert draws(name, SIGMAS) == STEPS
@@ -58,23 +67,43 @@ def test_seeds_draw_once_per_stage_along_the_step(name: str, stages: int) -> Non
     calls = draws(name, SIGMAS)
     assert len(calls) == stages * len(STEPS)
     for k, (sigma, sigma_next) in enumerate(STEPS):
-        segment = calls[k * stages:(k + 1) * stages]
+        segment = calls[k * stages : (k + 1) * stages]
         assert segment[0][0] == pytest.approx(sigma) and segment[-1][1] == pytest.approx(sigma_next)
-        assert all(a[1] == pytest.approx(b[0]) for a, b in zip(segment, segment[1:], strict=False))  # contiguous
+        assert all(
+            a[1] == pytest.approx(b[0]) for a, b in zip(segment, segment[1:], strict=False)
+        )  # contiguous
         assert all(s >= t - 1e-5 for s, t in segment)  # exp_heun (r = 1) ends with a zero-length segment
 
 
-@pytest.mark.parametrize(("name", "options"), [
-    ("seeds_2", {"eta": 0.0}), ("seeds_3", {"s_noise": 0.0}), ("er_sde", er_sde_options("ODE")),
-    ("euler_ancestral_cfg_pp", {"eta": 0.0}),
-    ("sa_solver", {"tau_func": tau_interval(100.0, 50.0)}),  # the SDE window lies above every sigma
-])
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("seeds_2", {"eta": 0.0}),
+        ("seeds_3", {"s_noise": 0.0}),
+        ("er_sde", er_sde_options("ODE")),
+        ("euler_ancestral_cfg_pp", {"eta": 0.0}),
+        ("sa_solver", {"tau_func": tau_interval(100.0, 50.0)}),  # the SDE window lies above every sigma
+    ],
+)
 def test_deterministic_settings_draw_nothing(name: str, options: dict[str, Any]) -> None:
     assert draws(name, SIGMAS, **options) == []
 
 
-@pytest.mark.parametrize("name", ["euler_cfg_pp", "exp_heun_2_x0", "ipndm", "ipndm_v", "deis", "res_multistep",
-                                  "gradient_estimation", "uni_pc", "uni_pc_bh2", "dpmpp_2m_cfg_pp"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "euler_cfg_pp",
+        "exp_heun_2_x0",
+        "ipndm",
+        "ipndm_v",
+        "deis",
+        "res_multistep",
+        "gradient_estimation",
+        "uni_pc",
+        "uni_pc_bh2",
+        "dpmpp_2m_cfg_pp",
+    ],
+)
 def test_deterministic_samplers_ignore_the_seed(name: str) -> None:
     x = start_noise(EPS, float(SIGMAS[0]), SHAPE)
     a = EXTRA_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 1})
@@ -90,9 +119,18 @@ def test_sa_solver_draws_only_inside_its_sde_window() -> None:
     assert 0 < len(calls) < len(STEPS)
 
 
-STOCHASTIC = ["euler_ancestral_cfg_pp", "dpmpp_2s_ancestral_cfg_pp", "res_multistep_ancestral",
-              "res_multistep_ancestral_cfg_pp", "exp_heun_2_x0_sde", "seeds_2", "seeds_3", "er_sde", "sa_solver",
-              "sa_solver_pece"]
+STOCHASTIC = [
+    "euler_ancestral_cfg_pp",
+    "dpmpp_2s_ancestral_cfg_pp",
+    "res_multistep_ancestral",
+    "res_multistep_ancestral_cfg_pp",
+    "exp_heun_2_x0_sde",
+    "seeds_2",
+    "seeds_3",
+    "er_sde",
+    "sa_solver",
+    "sa_solver_pece",
+]
 
 
 @pytest.mark.parametrize("sampling", [EPS, FLOW], ids=["eps", "flow"])
@@ -111,5 +149,7 @@ def test_seeded_runs_reproduce_and_seeds_differ(name: str, sampling: Any) -> Non
 def test_default_noise_is_the_seed_plus_one_generator(name: str) -> None:
     x = start_noise(EPS, float(SIGMAS[0]), SHAPE)
     seeded = EXTRA_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 41})
-    explicit = EXTRA_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 0}, noise_sampler=CountingNoise(SHAPE, seed=42))
+    explicit = EXTRA_SAMPLERS[name](
+        toy(name, EPS), x, SIGMAS, {"seed": 0}, noise_sampler=CountingNoise(SHAPE, seed=42)
+    )
     assert torch.equal(seeded, explicit)

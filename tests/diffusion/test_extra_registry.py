@@ -17,7 +17,9 @@ SAMPLINGS = {"eps": (EPS, karras(6)), "flow": (FLOW, flow_sigmas(6))}
 
 def toy_for(name: str, sampling):  # type: ignore[no-untyped-def]
     """CFG++ samplers get a guider-like toy (cfg 1, same data for both branches), the others the plain one."""
-    return GuidedToy(sampling, cfg=1.0, s_cond=0.5, s_uncond=0.5) if "cfg_pp" in name else GaussianToy(sampling)
+    return (
+        GuidedToy(sampling, cfg=1.0, s_cond=0.5, s_uncond=0.5) if "cfg_pp" in name else GaussianToy(sampling)
+    )
 
 
 def test_extra_samplers_are_comfyuis_remaining_names() -> None:
@@ -33,14 +35,18 @@ def test_every_sampler_runs_with_the_calling_convention(name: str, kind: str) ->
     x = start_noise(sampling, float(sigmas[0]), shape=(2, 4, 8, 8))
     steps: list[dict] = []
     extra_args = {"seed": 11, "model_options": {"transformer_options": {}}}
-    out = EXTRA_SAMPLERS[name](toy_for(name, sampling), x.clone(), sigmas.clone(), extra_args,
-                               callback=steps.append, disable=True)
+    out = EXTRA_SAMPLERS[name](
+        toy_for(name, sampling), x.clone(), sigmas.clone(), extra_args, callback=steps.append, disable=True
+    )
     assert out.shape == x.shape and out.dtype == x.dtype
     assert torch.isfinite(out).all()
     assert 0.2 < float(out.std()) < 0.8  # the toy's data have std 0.5; the start had std ~14.6 or ~1
     assert [s["i"] for s in steps] == list(range(len(sigmas) - 1))
     assert all({"x", "i", "sigma", "sigma_hat", "denoised"} <= s.keys() for s in steps)
-    assert extra_args == {"seed": 11, "model_options": {"transformer_options": {}}}  # caller's dicts untouched
+    assert extra_args == {
+        "seed": 11,
+        "model_options": {"transformer_options": {}},
+    }  # caller's dicts untouched
 
 
 @pytest.mark.parametrize("name", sorted(EXTRA_SAMPLERS))

@@ -34,8 +34,13 @@ class Guider(ToyDenoiser):
         return super().__call__(x, sigma)
 
 
-def first_x(sampler: KSamplerFn, sampling: ms.ModelSampling, sigmas: torch.Tensor, noise: torch.Tensor,
-            latent: torch.Tensor) -> torch.Tensor:
+def first_x(
+    sampler: KSamplerFn,
+    sampling: ms.ModelSampling,
+    sigmas: torch.Tensor,
+    noise: torch.Tensor,
+    latent: torch.Tensor,
+) -> torch.Tensor:
     """The x a sampler function receives from KSamplerFn.sample."""
     seen: list[torch.Tensor] = []
 
@@ -148,7 +153,9 @@ def test_denoise_mask_function_and_model_options_reach_the_guider() -> None:
     latent, noise = torch.zeros(1, 4, 8, 8), start_noise((1, 4, 8, 8))
     extra_args = {"seed": 1, "model_options": options}
     sampler_object("euler").sample(guider, sigmas, extra_args, None, noise, latent, torch.ones(1, 1, 8, 8))
-    assert len(calls) == 2 and guider.options[0]["model_options"] is options and guider.options[0]["seed"] == 1
+    assert (
+        len(calls) == 2 and guider.options[0]["model_options"] is options and guider.options[0]["seed"] == 1
+    )
     assert extra_args == {"seed": 1, "model_options": options}  # the caller's dict is not changed
 
 
@@ -157,8 +164,9 @@ def test_progress_callback_and_extra_options() -> None:
     sigmas = sch.calculate_sigmas(EPS, "karras", 4)
     latent, noise = torch.zeros(1, 4, 8, 8), start_noise((1, 4, 8, 8))
     sampler = ksampler("euler_ancestral", {"eta": 0.0})
-    out = sampler.sample(Guider(EPS), sigmas, {"seed": 2}, lambda i, d, x, total: progress.append((i, total)),
-                         noise, latent)
+    out = sampler.sample(
+        Guider(EPS), sigmas, {"seed": 2}, lambda i, d, x, total: progress.append((i, total)), noise, latent
+    )
     assert progress == [(0, 4), (1, 4), (2, 4), (3, 4)]
     euler = sampler_object("euler").sample(Guider(EPS), sigmas, {"seed": 2}, None, noise, latent)
     assert torch.allclose(out, euler, rtol=1e-5, atol=1e-6)  # eta 0: no ancestral noise

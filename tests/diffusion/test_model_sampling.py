@@ -62,8 +62,9 @@ def test_eps_formulas(sd15: ms.ModelSampling) -> None:
     assert torch.allclose(sd15.calculate_input(SIGMA, X), X / per_item([math.sqrt(5), math.sqrt(1.25)]))
     assert torch.allclose(sd15.calculate_denoised(SIGMA, OUT, X), X - OUT * per_item([2.0, 0.5]))
     noise, latent = OUT, X
-    assert torch.allclose(sd15.noise_scaling(torch.tensor(2.0), noise, latent, max_denoise=True),
-                          latent + noise * math.sqrt(5))
+    assert torch.allclose(
+        sd15.noise_scaling(torch.tensor(2.0), noise, latent, max_denoise=True), latent + noise * math.sqrt(5)
+    )
     assert torch.allclose(sd15.noise_scaling(torch.tensor(2.0), noise, latent), latent + noise * 2)
     assert torch.equal(sd15.inverse_noise_scaling(torch.tensor(0.0), X), X)
 
@@ -176,8 +177,15 @@ def test_apply_runs_a_network_as_comfyui_does(sd15: ms.ModelSampling) -> None:
 
 def test_keys_identify_behaviour() -> None:
     assert ms.discrete().key == ms.discrete().key
-    keys = {ms.discrete().key, ms.discrete("v_prediction").key, ms.discrete(zsnr=True).key,
-            ms.flow(shift=3.0).key, ms.flow(shift=2.0).key, ms.flux().key, ms.continuous_edm().key}
+    keys = {
+        ms.discrete().key,
+        ms.discrete("v_prediction").key,
+        ms.discrete(zsnr=True).key,
+        ms.flow(shift=3.0).key,
+        ms.flow(shift=2.0).key,
+        ms.flux().key,
+        ms.continuous_edm().key,
+    }
     assert len(keys) == 7
 
 

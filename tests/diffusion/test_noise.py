@@ -61,7 +61,9 @@ def test_default_noise_sampler_draws_whole_batches_from_seed_plus_one() -> None:
     for _ in range(3):
         assert torch.equal(sampler(sigma, sigma), torch.randn([2, 4, 8, 8], generator=generator))
     restarted = default_noise_sampler(x, seed=41)  # a new sampler run restarts the sequence
-    assert torch.equal(restarted(sigma, sigma), torch.randn([2, 4, 8, 8], generator=torch.Generator().manual_seed(42)))
+    assert torch.equal(
+        restarted(sigma, sigma), torch.randn([2, 4, 8, 8], generator=torch.Generator().manual_seed(42))
+    )
 
 
 @pytest.fixture(autouse=True)

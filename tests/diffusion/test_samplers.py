@@ -38,8 +38,14 @@ def _quiet_torchsde() -> Iterator[None]:
         yield
 
 
-def run(name: str, sampling: ms.ModelSampling, steps: int, seed: int = 1, scheduler: str = "karras",
-        **options: Any) -> tuple[torch.Tensor, ToyDenoiser, torch.Tensor]:
+def run(
+    name: str,
+    sampling: ms.ModelSampling,
+    steps: int,
+    seed: int = 1,
+    scheduler: str = "karras",
+    **options: Any,
+) -> tuple[torch.Tensor, ToyDenoiser, torch.Tensor]:
     sigmas = sch.ksampler_sigmas(sampling, scheduler, name, steps)
     model = ToyDenoiser(sampling)
     x = start_noise((2, 4, 32, 32), seed=0) * sigmas[0]
@@ -55,16 +61,39 @@ def toy_c(sigma: float, flow: bool = False) -> float:
 
 
 def test_core_sampler_set() -> None:
-    assert sorted(core_samplers()) == sorted([
-        "euler", "euler_ancestral", "heun", "heunpp2", "lms", "ddpm", "lcm", "dpm_2", "dpm_2_ancestral", "dpm_fast",
-        "dpm_adaptive", "dpmpp_2s_ancestral", "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_sde",
-        "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu", "dpmpp_3m_sde", "dpmpp_3m_sde_gpu"])
+    assert sorted(core_samplers()) == sorted(
+        [
+            "euler",
+            "euler_ancestral",
+            "heun",
+            "heunpp2",
+            "lms",
+            "ddpm",
+            "lcm",
+            "dpm_2",
+            "dpm_2_ancestral",
+            "dpm_fast",
+            "dpm_adaptive",
+            "dpmpp_2s_ancestral",
+            "dpmpp_sde",
+            "dpmpp_sde_gpu",
+            "dpmpp_2m",
+            "dpmpp_2m_sde",
+            "dpmpp_2m_sde_gpu",
+            "dpmpp_2m_sde_heun",
+            "dpmpp_2m_sde_heun_gpu",
+            "dpmpp_3m_sde",
+            "dpmpp_3m_sde_gpu",
+        ]
+    )
 
 
 @pytest.mark.parametrize("name", CONVERGING)
 def test_eps_samplers_reach_the_data_distribution(name: str) -> None:
     out, _, _ = run(name, EPS, 40)
-    tolerance = 0.06 if name in ("euler_ancestral", "ddpm") else 0.025  # first-order ancestral converges slowly
+    tolerance = (
+        0.06 if name in ("euler_ancestral", "ddpm") else 0.025
+    )  # first-order ancestral converges slowly
     assert out.shape == (2, 4, 32, 32) and bool(torch.isfinite(out).all())
     assert float(out.std()) == pytest.approx(DATA_STD, abs=tolerance)
 
@@ -151,14 +180,20 @@ class RecordingNoise:
 
 @pytest.mark.parametrize("sampling", [EPS, FLOW], ids=["eps", "flow"])
 @pytest.mark.parametrize("name", ANCESTRAL)
-def test_ancestral_samplers_draw_once_per_noisy_step_from_seed_plus_one(name: str, sampling: ms.ModelSampling) -> None:
+def test_ancestral_samplers_draw_once_per_noisy_step_from_seed_plus_one(
+    name: str, sampling: ms.ModelSampling
+) -> None:
     scheduler = "karras" if sampling is EPS else "simple"
     default, _, sigmas = run(name, sampling, 7, seed=21, scheduler=scheduler)
     x = start_noise((2, 4, 32, 32), seed=0) * sigmas[0]
     recorder = RecordingNoise(x, seed=21)
-    recorded = core_samplers()[name](ToyDenoiser(sampling), x, sigmas, extra_args={"seed": 21}, noise_sampler=recorder)
+    recorded = core_samplers()[name](
+        ToyDenoiser(sampling), x, sigmas, extra_args={"seed": 21}, noise_sampler=recorder
+    )
     assert torch.equal(default, recorded)
-    noisy_steps = [(float(sigmas[i]), float(sigmas[i + 1])) for i in range(len(sigmas) - 1) if sigmas[i + 1] > 0]
+    noisy_steps = [
+        (float(sigmas[i]), float(sigmas[i + 1])) for i in range(len(sigmas) - 1) if sigmas[i + 1] > 0
+    ]
     assert recorder.queries == noisy_steps
     other_seed, _, _ = run(name, sampling, 7, seed=22, scheduler=scheduler)
     assert not torch.allclose(default, other_seed)
@@ -176,8 +211,12 @@ def test_ancestral_with_eta_zero_is_euler() -> None:
 def test_lms_of_order_one_is_euler() -> None:
     sigmas = sch.calculate_sigmas(EPS, "exponential", 6)
     x = start_noise((1, 4, 8, 8)) * sigmas[0]
-    assert torch.allclose(sample_lms(ToyDenoiser(EPS), x, sigmas, order=1), sample_euler(ToyDenoiser(EPS), x, sigmas),
-                          rtol=1e-4, atol=1e-6)
+    assert torch.allclose(
+        sample_lms(ToyDenoiser(EPS), x, sigmas, order=1),
+        sample_euler(ToyDenoiser(EPS), x, sigmas),
+        rtol=1e-4,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("name", BROWNIAN)
@@ -235,6 +274,8 @@ def test_single_sigma_runs_return_the_input() -> None:
 def test_default_noise_sampler_is_what_ancestral_samplers_use() -> None:
     sigmas = sch.calculate_sigmas(EPS, "karras", 4)
     x = start_noise((1, 4, 8, 8)) * sigmas[0]
-    explicit = sample_euler_ancestral(ToyDenoiser(EPS), x, sigmas, noise_sampler=default_noise_sampler(x, seed=8))
+    explicit = sample_euler_ancestral(
+        ToyDenoiser(EPS), x, sigmas, noise_sampler=default_noise_sampler(x, seed=8)
+    )
     implicit = sample_euler_ancestral(ToyDenoiser(EPS), x, sigmas, extra_args={"seed": 8})
     assert torch.equal(explicit, implicit)

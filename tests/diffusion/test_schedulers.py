@@ -18,14 +18,31 @@ from nodes.diffusion.schedulers import SchedulerError
 SD15_8_STEPS = {
     "normal": ("14.6146 6.6780 3.5221 2.0606 1.2768 0.7913 0.4397 0.0292 0", "999 856 714 571 428 285 143 0"),
     "karras": ("14.6146 7.9029 4.0277 1.9104 0.8289 0.3211 0.1072 0.0292 0", "999 890 746 549 299 90 12 0"),
-    "exponential": ("14.6146 6.0130 2.4739 1.0179 0.4188 0.1723 0.0709 0.0292 0", "999 835 622 359 133 31 5 0"),
-    "sgm_uniform": ("14.6146 7.3020 4.0861 2.4960 1.6156 1.0712 0.6952 0.3997 0", "999 874 749 624 500 375 250 125"),
-    "simple": ("14.6146 7.2974 4.0817 2.4925 1.6129 1.0690 0.6932 0.3977 0", "999 874 749 624 499 374 249 124"),
-    "ddim_uniform": ("7.3718 4.1167 2.5109 1.6237 1.0760 0.6984 0.4022 0.0413 0", "876 751 626 501 376 251 126 1"),
+    "exponential": (
+        "14.6146 6.0130 2.4739 1.0179 0.4188 0.1723 0.0709 0.0292 0",
+        "999 835 622 359 133 31 5 0",
+    ),
+    "sgm_uniform": (
+        "14.6146 7.3020 4.0861 2.4960 1.6156 1.0712 0.6952 0.3997 0",
+        "999 874 749 624 500 375 250 125",
+    ),
+    "simple": (
+        "14.6146 7.2974 4.0817 2.4925 1.6129 1.0690 0.6932 0.3977 0",
+        "999 874 749 624 499 374 249 124",
+    ),
+    "ddim_uniform": (
+        "7.3718 4.1167 2.5109 1.6237 1.0760 0.6984 0.4022 0.0413 0",
+        "876 751 626 501 376 251 126 1",
+    ),
     "beta": ("14.6146 10.4835 5.6866 2.9636 1.6183 0.9198 0.5154 0.2433 0", "999 942 823 670 500 329 176 57"),
-    "linear_quadratic": ("14.6146 14.5233 14.4320 14.3406 14.2493 13.2902 10.5956 6.1656 0",
-                         "999 998 997 996 995 983 944 840"),
-    "kl_optimal": ("14.6146 3.4935 1.8781 1.1879 0.7770 0.4832 0.2443 0.0292 0", "999 712 544 406 280 162 57 0"),
+    "linear_quadratic": (
+        "14.6146 14.5233 14.4320 14.3406 14.2493 13.2902 10.5956 6.1656 0",
+        "999 998 997 996 995 983 944 840",
+    ),
+    "kl_optimal": (
+        "14.6146 3.4935 1.8781 1.1879 0.7770 0.4832 0.2443 0.0292 0",
+        "999 712 544 406 280 162 57 0",
+    ),
 }
 
 
@@ -35,8 +52,17 @@ def sd15() -> ms.ModelSampling:
 
 
 def test_scheduler_names_in_comfyui_order() -> None:
-    assert sch.SCHEDULER_NAMES == ["simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta",
-                                   "normal", "linear_quadratic", "kl_optimal"]
+    assert sch.SCHEDULER_NAMES == [
+        "simple",
+        "sgm_uniform",
+        "karras",
+        "exponential",
+        "ddim_uniform",
+        "beta",
+        "normal",
+        "linear_quadratic",
+        "kl_optimal",
+    ]
 
 
 @pytest.mark.parametrize("name", list(SD15_8_STEPS))
@@ -66,7 +92,9 @@ def test_ksampler_drops_the_penultimate_sigma_for_dpm2_and_unipc(sd15: ms.ModelS
     for sampler in ("dpm_2", "dpm_2_ancestral", "uni_pc", "uni_pc_bh2"):
         sigmas = sch.ksampler_sigmas(sd15, "karras", sampler, 8)
         assert torch.equal(sigmas, torch.cat([nine[:-2], nine[-1:]])), sampler
-    assert torch.equal(sch.ksampler_sigmas(sd15, "karras", "euler", 8), sch.calculate_sigmas(sd15, "karras", 8))
+    assert torch.equal(
+        sch.ksampler_sigmas(sd15, "karras", "euler", 8), sch.calculate_sigmas(sd15, "karras", 8)
+    )
     assert sch.DISCARD_PENULTIMATE_SIGMA_SAMPLERS == {"dpm_2", "dpm_2_ancestral", "uni_pc", "uni_pc_bh2"}
 
 
@@ -74,7 +102,9 @@ def test_ksampler_denoise_keeps_the_tail_of_a_longer_schedule(sd15: ms.ModelSamp
     thirteen = sch.calculate_sigmas(sd15, "karras", 13)  # int(8 / 0.6) = 13
     assert torch.equal(sch.ksampler_sigmas(sd15, "karras", "dpmpp_2m", 8, 0.6), thirteen[-9:])
     assert sch.ksampler_sigmas(sd15, "karras", "euler", 8, 0.0).numel() == 0
-    assert torch.equal(sch.ksampler_sigmas(sd15, "normal", "euler", 8, 0.99995), sch.calculate_sigmas(sd15, "normal", 8))
+    assert torch.equal(
+        sch.ksampler_sigmas(sd15, "normal", "euler", 8, 0.99995), sch.calculate_sigmas(sd15, "normal", 8)
+    )
     assert torch.equal(sch.basic_scheduler_sigmas(sd15, "karras", 8, 0.6), thirteen[-9:])
 
 
@@ -89,9 +119,13 @@ def test_karras_and_exponential_formulas() -> None:
 
 def test_node_schedules() -> None:
     vp = sch.vp(3, beta_d=19.9, beta_min=0.1, eps_s=1e-3)
-    assert float(vp[0]) == pytest.approx(math.sqrt(math.expm1(19.9 / 2 + 0.1)), rel=1e-5) and float(vp[-1]) == 0
+    assert (
+        float(vp[0]) == pytest.approx(math.sqrt(math.expm1(19.9 / 2 + 0.1)), rel=1e-5) and float(vp[-1]) == 0
+    )
     laplace = sch.laplace(5, 0.03, 14.6)
-    assert laplace.tolist() == pytest.approx([14.6, math.sqrt(2), 1.0, math.sqrt(0.5), 0.03], rel=1e-4)  # clamped, no 0
+    assert laplace.tolist() == pytest.approx(
+        [14.6, math.sqrt(2), 1.0, math.sqrt(0.5), 0.03], rel=1e-4
+    )  # clamped, no 0
     kl = sch.kl_optimal(3, 0.03, 14.6)
     assert float(kl[1]) == pytest.approx(math.tan((math.atan(0.03) + math.atan(14.6)) / 2), rel=1e-5)
     assert sch.kl_optimal(1, 0.03, 14.6).tolist() == pytest.approx([14.6, 0.0])
@@ -109,7 +143,9 @@ def test_align_your_steps_uses_the_ten_decimal_table() -> None:
     assert float(sigmas[-1]) == 0 and len(sigmas) == 11
     interpolated = sch.align_your_steps("SDXL", 20)
     assert len(interpolated) == 21 and float(interpolated[0]) == pytest.approx(14.6146412293, rel=1e-7)
-    assert float(interpolated[2]) == pytest.approx(6.3184485287, rel=1e-6)  # every other point is a table point
+    assert float(interpolated[2]) == pytest.approx(
+        6.3184485287, rel=1e-6
+    )  # every other point is a table point
     # denoise: the last round(steps * denoise) + 1 values, last set to 0
     assert torch.equal(sch.align_your_steps("SD1", 10, denoise=0.55), sigmas[-7:])  # round(5.5) = 6
     assert sch.align_your_steps("SVD", 10, denoise=0.0).numel() == 0

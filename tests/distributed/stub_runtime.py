@@ -30,8 +30,15 @@ CHECKPOINTS = ["A.safetensors", "B.safetensors", "C.safetensors"]
 
 
 def _schema(node_id: str, inputs: tuple[Input, ...], outputs: tuple[Output, ...], **kw: Any) -> NodeSchema:
-    return NodeSchema(node_id=node_id, display_name=node_id, category="test", description=f"stub {node_id}",
-                      inputs=inputs, outputs=outputs, **kw)
+    return NodeSchema(
+        node_id=node_id,
+        display_name=node_id,
+        category="test",
+        description=f"stub {node_id}",
+        inputs=inputs,
+        outputs=outputs,
+        **kw,
+    )
 
 
 @dataclass(frozen=True)
@@ -61,9 +68,11 @@ class FakeCheckpoint:
 
 
 class FakeCheckpointLoader(Node):
-    SCHEMA = _schema("FakeCheckpointLoader",
-                     (Input("ckpt_name", COMBO, "checkpoint file", options=DynamicOptions("checkpoints")),),
-                     (Output("MODEL", "MODEL", "the model handle"),))
+    SCHEMA = _schema(
+        "FakeCheckpointLoader",
+        (Input("ckpt_name", COMBO, "checkpoint file", options=DynamicOptions("checkpoints")),),
+        (Output("MODEL", "MODEL", "the model handle"),),
+    )
 
     def run(self, ctx: NodeContext, *, ckpt_name: str) -> tuple[FakeCheckpoint]:
         return (FakeCheckpoint(ckpt_name, float(scratch(ctx).get("load_s", 0.3))),)
@@ -72,16 +81,34 @@ class FakeCheckpointLoader(Node):
 class FakeSampler(Node):
     SCHEMA = _schema(
         "FakeSampler",
-        (Input("model", "MODEL", "model"), Input("seed", INT, "seed", default=0, min=0, max=2**31),
-         Input("steps", INT, "steps", default=4, min=1, max=10_000),
-         Input("step_s", FLOAT, "seconds per step (sleeping)", default=0.01, min=0.0, max=10.0),
-         Input("burn_s", FLOAT, "seconds per step (busy CPU, for benchmarks)", default=0.0, min=0.0, max=10.0,
-               optional=True)),
+        (
+            Input("model", "MODEL", "model"),
+            Input("seed", INT, "seed", default=0, min=0, max=2**31),
+            Input("steps", INT, "steps", default=4, min=1, max=10_000),
+            Input("step_s", FLOAT, "seconds per step (sleeping)", default=0.01, min=0.0, max=10.0),
+            Input(
+                "burn_s",
+                FLOAT,
+                "seconds per step (busy CPU, for benchmarks)",
+                default=0.0,
+                min=0.0,
+                max=10.0,
+                optional=True,
+            ),
+        ),
         (Output("IMAGE", "IMAGE", "fake image bytes"),),
     )
 
-    def run(self, ctx: NodeContext, *, model: FakeCheckpoint, seed: int, steps: int, step_s: float,
-            burn_s: float = 0.0) -> tuple[bytes]:
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        model: FakeCheckpoint,
+        seed: int,
+        steps: int,
+        step_s: float,
+        burn_s: float = 0.0,
+    ) -> tuple[bytes]:
         with ctx.models.use(model) as weights:
             digest = hashlib.sha256(f"{weights['weights']}:{seed}".encode())
             for i in range(steps):
@@ -102,9 +129,12 @@ def _burn(seconds: float) -> None:
 
 
 class FakeSaveImage(Node):
-    SCHEMA = _schema("FakeSaveImage",
-                     (Input("images", "IMAGE", "image bytes"), Input("filename_prefix", STRING, "prefix", default="Loom")),
-                     (), output_node=True)
+    SCHEMA = _schema(
+        "FakeSaveImage",
+        (Input("images", "IMAGE", "image bytes"), Input("filename_prefix", STRING, "prefix", default="Loom")),
+        (),
+        output_node=True,
+    )
 
     def run(self, ctx: NodeContext, *, images: bytes, filename_prefix: str) -> NodeOutput:
         out = ctx.folders.output_dir
@@ -132,12 +162,15 @@ def build(args: argparse.Namespace) -> SimpleNamespace:
     models = ModelManager(DevicePolicy.cpu(), ram_budget_bytes=0, prefetch=False)
     registry = make_registry()
     settings = StubSettings(record={"load_s": float(getattr(args, "load_s", 0.3))})
-    executor = Executor(registry, OutputCache(64 << 20), folders, models=models, bus=EventBus(), settings=settings)
+    executor = Executor(
+        registry, OutputCache(64 << 20), folders, models=models, bus=EventBus(), settings=settings
+    )
     return SimpleNamespace(registry=registry, executor=executor, models=models, folders=folders)
 
 
-def workflow(ckpt: str, seed: int, *, steps: int = 4, step_s: float = 0.01, prefix: str = "Loom",
-             burn_s: float = 0.0) -> dict[str, Any]:
+def workflow(
+    ckpt: str, seed: int, *, steps: int = 4, step_s: float = 0.01, prefix: str = "Loom", burn_s: float = 0.0
+) -> dict[str, Any]:
     sampler: dict[str, Any] = {"model": ["1", 0], "seed": seed, "steps": steps, "step_s": step_s}
     if burn_s:
         sampler["burn_s"] = burn_s

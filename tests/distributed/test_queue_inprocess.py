@@ -31,8 +31,14 @@ from tests.distributed.stub_runtime import make_registry, workflow
 
 
 def make_worker(tmp: Path, name: str, load_s: float = 0.05) -> LoomWorker:
-    return LoomWorker(WorkerConfig("tests.distributed.stub_runtime:build", {"root": str(tmp / name), "load_s": load_s},
-                                   name=f"loom-worker-{name}", scratch_dir=str(tmp / "scratch")))
+    return LoomWorker(
+        WorkerConfig(
+            "tests.distributed.stub_runtime:build",
+            {"root": str(tmp / name), "load_s": load_s},
+            name=f"loom-worker-{name}",
+            scratch_dir=str(tmp / "scratch"),
+        )
+    )
 
 
 class InProcessPool:
@@ -76,10 +82,17 @@ class InProcessPool:
         self.workers.pop(name, None)
 
 
-def make_queue(tmp: Path, pool: InProcessPool, store: JobStore | None = None) -> tuple[RayJobQueue, list[Notice]]:
+def make_queue(
+    tmp: Path, pool: InProcessPool, store: JobStore | None = None
+) -> tuple[RayJobQueue, list[Notice]]:
     folders = Folders(tmp / "server-in", tmp / "server-out", tmp / "server-temp")
-    queue = RayJobQueue(store or JobStore(), pool, folders, model_of=first_model_finder(make_registry()),
-                        settings=QueueSettings(discover_every_s=0.05, default_load_s=1.0, default_run_s=0.2))
+    queue = RayJobQueue(
+        store or JobStore(),
+        pool,
+        folders,
+        model_of=first_model_finder(make_registry()),
+        settings=QueueSettings(discover_every_s=0.05, default_load_s=1.0, default_run_s=0.2),
+    )
     notices: list[Notice] = []
     queue.subscribe(notices.append)
     protocol: JobQueue = queue  # mypy checks the Ray queue against the server's protocol
@@ -175,8 +188,11 @@ def test_executed_events_name_the_files_the_server_stored(tmp_path: Path) -> Non
         queue.stop()
     names = [r.outputs["3"]["images"][0]["filename"] for r in records if r is not None]
     assert sorted(names) == ["Loom_00001_.png", "Loom_00002_.png", "Loom_00003_.png"]
-    executed = {n.spec.prompt_id: n.event.output["images"][0]["filename"]  # type: ignore[attr-defined]
-                for n in notices if isinstance(n, AttemptEvent) and isinstance(n.event, ev.Executed)}
+    executed = {
+        n.spec.prompt_id: n.event.output["images"][0]["filename"]  # type: ignore[attr-defined]
+        for n in notices
+        if isinstance(n, AttemptEvent) and isinstance(n.event, ev.Executed)
+    }
     assert executed == {pid: name for pid, name in zip(ids, names, strict=True)}
     for pid in ids:  # closing events stay in ComfyUI's order: executed, success, executing(None)
         types = [n.event.type for n in notices if isinstance(n, AttemptEvent) and n.spec.prompt_id == pid]
@@ -186,7 +202,9 @@ def test_executed_events_name_the_files_the_server_stored(tmp_path: Path) -> Non
 def test_a_job_that_kills_every_worker_fails_after_max_attempts(tmp_path: Path) -> None:
     pool = InProcessPool([make_worker(tmp_path, "a")])
     queue, _ = make_queue(tmp_path, pool)
-    queue.settings = QueueSettings(max_attempts=2, discover_every_s=0.05, default_load_s=1.0, default_run_s=0.2)
+    queue.settings = QueueSettings(
+        max_attempts=2, discover_every_s=0.05, default_load_s=1.0, default_run_s=0.2
+    )
     queue.start()
     try:
         spec = queue.submit(JobSpec(workflow("A.safetensors", 1, steps=200, step_s=0.01)))

@@ -34,8 +34,14 @@ FACTORY = "tests.distributed.stub_runtime:build"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    ray.init(address="local", num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(
+        address="local",
+        num_cpus=3,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
     yield
     ray.shutdown()
 
@@ -46,12 +52,17 @@ class Setup:
     def __init__(self, tmp: Path, load_s: float) -> None:
         self.tmp = tmp
         self.pool = RayWorkerPool(namespace=f"loom-test-{uuid.uuid4().hex[:8]}")
-        self.config = WorkerConfig(FACTORY, {"root": str(tmp / "workers"), "load_s": load_s},
-                                   scratch_dir=str(tmp / "scratch"))
+        self.config = WorkerConfig(
+            FACTORY, {"root": str(tmp / "workers"), "load_s": load_s}, scratch_dir=str(tmp / "scratch")
+        )
         self.out = tmp / "server-out"
-        self.queue = RayJobQueue(JobStore(), self.pool, Folders(tmp / "in", self.out, tmp / "temp"),
-                                 model_of=first_model_finder(make_registry()),
-                                 settings=QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=0.2))
+        self.queue = RayJobQueue(
+            JobStore(),
+            self.pool,
+            Folders(tmp / "in", self.out, tmp / "temp"),
+            model_of=first_model_finder(make_registry()),
+            settings=QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=0.2),
+        )
         self.notices: list[Notice] = []
         self.queue.subscribe(self.notices.append)
 
@@ -65,7 +76,9 @@ class Setup:
         return names
 
     def events(self, prompt_id: str) -> list[AttemptEvent]:
-        return [n for n in list(self.notices) if isinstance(n, AttemptEvent) and n.spec.prompt_id == prompt_id]
+        return [
+            n for n in list(self.notices) if isinstance(n, AttemptEvent) and n.spec.prompt_id == prompt_id
+        ]
 
     def wait_for_progress(self, prompt_id: str) -> str:
         deadline = time.monotonic() + 30
@@ -114,7 +127,9 @@ def test_alternating_models_on_two_workers_cause_no_swaps_after_warm_up(setup: A
     assert sum(len(r.memory.get("loads", [])) for r in records) == 2
     cluster = s.queue.cluster()
     assert sorted(w["resident_model"] for w in cluster["workers"].values()) == [
-        "checkpoints/A.safetensors", "checkpoints/B.safetensors"]
+        "checkpoints/A.safetensors",
+        "checkpoints/B.safetensors",
+    ]
     assert [w["loads"] for w in cluster["workers"].values()] == [1, 1]
     assert cluster["load_s"]["checkpoints/A.safetensors"] >= 0.5  # measured by the workers' memory managers
 
@@ -156,8 +171,10 @@ def test_cancel_interrupts_the_job_on_its_worker_which_then_runs_the_next(setup:
 
 
 def test_fifty_jobs_on_three_workers_match_single_process_outputs(setup: Any, tmp_path: Path) -> None:
-    prompts = [workflow("ABC"[i % 3] + ".safetensors", 1000 + i, steps=2, step_s=0.002, prefix=f"job{i}")
-               for i in range(50)]
+    prompts = [
+        workflow("ABC"[i % 3] + ".safetensors", 1000 + i, steps=2, step_s=0.002, prefix=f"job{i}")
+        for i in range(50)
+    ]
     local = stub_runtime.build(_ns(root=str(tmp_path / "single"), load_s=0.01))
     expected = []
     for prompt in prompts:

@@ -36,10 +36,21 @@ def txt2img(ckpt: str, seed: int) -> dict[str, Any]:
         "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dusk", "clip": ["4", 1]}},
         "7": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["4", 1]}},
         "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "3": {"class_type": "KSampler", "inputs": {"model": ["4", 0], "seed": seed, "steps": 2, "cfg": 7.0,
-                                                    "sampler_name": "euler", "scheduler": "normal",
-                                                    "positive": ["6", 0], "negative": ["7", 0],
-                                                    "latent_image": ["5", 0], "denoise": 1.0}},
+        "3": {
+            "class_type": "KSampler",
+            "inputs": {
+                "model": ["4", 0],
+                "seed": seed,
+                "steps": 2,
+                "cfg": 7.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "positive": ["6", 0],
+                "negative": ["7", 0],
+                "latent_image": ["5", 0],
+                "denoise": 1.0,
+            },
+        },
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
         "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "ray"}},
     }
@@ -57,15 +68,37 @@ def demo(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> 
 
     def args(name: str) -> Any:
         return main.make_parser().parse_args(
-            ["nodes", "--models-dir", str(models), "--output-dir", str(root / name / "output"),
-             "--input-dir", str(root / name / "input"), "--temp-dir", str(root / name / "temp"),
-             "--cpu", "--disable-custom-nodes"])
+            [
+                "nodes",
+                "--models-dir",
+                str(models),
+                "--output-dir",
+                str(root / name / "output"),
+                "--input-dir",
+                str(root / name / "input"),
+                "--temp-dir",
+                str(root / name / "temp"),
+                "--cpu",
+                "--disable-custom-nodes",
+            ]
+        )
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-                                       "TRANSFORMERS_OFFLINE": "1"}})
-    yield {"root": root, "args": args, "checkpoints": [DEMO_CHECKPOINT, "demo_b.safetensors"],
-           "build": demo_runtime.build}
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        },
+    )
+    yield {
+        "root": root,
+        "args": args,
+        "checkpoints": [DEMO_CHECKPOINT, "demo_b.safetensors"],
+        "build": demo_runtime.build,
+    }
     ray.shutdown()
 
 
@@ -84,7 +117,9 @@ def test_demo_txt2img_on_two_workers_matches_single_process_with_affinity(demo: 
             result = local.executor.run(RunRequest(prompt=prompt))
             assert result.status == "success", result.error
             image = result.outputs["9"]["images"][0]
-            expected.append((local.folders.output_dir / image.get("subfolder", "") / image["filename"]).read_bytes())
+            expected.append(
+                (local.folders.output_dir / image.get("subfolder", "") / image["filename"]).read_bytes()
+            )
     finally:
         torch.set_num_threads(threads)
 
@@ -94,8 +129,14 @@ def test_demo_txt2img_on_two_workers_matches_single_process_with_affinity(demo: 
     names = pool.spawn(config, ActorResources(num_cpus=1), 2)
     settings = QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=0.5)
     router = Router(default_load_s=settings.default_load_s, default_run_s=settings.default_run_s)
-    queue = RayJobQueue(JobStore(), pool, server.folders, model_of=first_model_finder(server.registry),
-                        settings=settings, router=router)
+    queue = RayJobQueue(
+        JobStore(),
+        pool,
+        server.folders,
+        model_of=first_model_finder(server.registry),
+        settings=settings,
+        router=router,
+    )
     try:
         # Both workers join before any job is dispatched, and every job is queued before dispatching
         # starts: the first plan then sends the first job (checkpoint a) to one empty worker and the

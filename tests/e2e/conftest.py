@@ -25,9 +25,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "artifacts" / "screenshots"
-TXT2IMG = {"CheckpointLoaderSimple", "CLIPTextEncode", "KSampler", "EmptyLatentImage", "VAEDecode", "SaveImage"}
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+TXT2IMG = {
+    "CheckpointLoaderSimple",
+    "CLIPTextEncode",
+    "KSampler",
+    "EmptyLatentImage",
+    "VAEDecode",
+    "SaveImage",
+}
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @dataclass
@@ -69,7 +83,9 @@ def _start(cmd: list[str], data: Path, name: str) -> tuple[subprocess.Popen, str
     port = _free_port()
     log = data / f"{name}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port)], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env
+    )
     url = f"http://127.0.0.1:{port}"
     return proc, url, _wait_ready(url, proc, log)
 
@@ -96,13 +112,28 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
     if mode in ("real", "auto"):
         models = data / "models"
         request.getfixturevalue("all_demo_models_source").copy_to(models)
-        options = ["--models-dir", str(models), "--output-dir", str(data / "output"), "--input-dir", str(data / "input"),
-                   "--temp-dir", str(data / "temp"), "--user-dir", str(data / "user"),
-                   # plugin packs of every style, broken ones included: the editor must show the good ones
-                   "--custom-nodes", str(ROOT / "tests" / "plugins" / "packs")]
-        launchers = [("real: main.py serve", [sys.executable, "main.py", "serve", *options]),
-                     ("real: main.py serve + serve_all_nodes.py registration shim",
-                      [sys.executable, str(Path(__file__).with_name("serve_all_nodes.py")), *options])]
+        options = [
+            "--models-dir",
+            str(models),
+            "--output-dir",
+            str(data / "output"),
+            "--input-dir",
+            str(data / "input"),
+            "--temp-dir",
+            str(data / "temp"),
+            "--user-dir",
+            str(data / "user"),
+            # plugin packs of every style, broken ones included: the editor must show the good ones
+            "--custom-nodes",
+            str(ROOT / "tests" / "plugins" / "packs"),
+        ]
+        launchers = [
+            ("real: main.py serve", [sys.executable, "main.py", "serve", *options]),
+            (
+                "real: main.py serve + serve_all_nodes.py registration shim",
+                [sys.executable, str(Path(__file__).with_name("serve_all_nodes.py")), *options],
+            ),
+        ]
         for kind, cmd in launchers:
             proc, url, info = _start(cmd, data, "real")
             missing = TXT2IMG - set(info)
@@ -116,7 +147,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
         if mode == "real":
             pytest.fail("no real server could run txt2img")
     SERVER_KIND.append("fake: tests/e2e/fake_server.py")
-    proc, url, _ = _start([sys.executable, str(Path(__file__).with_name("fake_server.py")), "--data-dir", str(data)], data, "fake")
+    proc, url, _ = _start(
+        [sys.executable, str(Path(__file__).with_name("fake_server.py")), "--data-dir", str(data)],
+        data,
+        "fake",
+    )
     yield Server(url, "fake", proc, data)
     _stop(proc)
 
@@ -200,7 +235,9 @@ class Editor:
         img.first.wait_for(state="visible", timeout=timeout)
         self.page.wait_for_function(
             "() => [...document.querySelectorAll('.node[data-node-type=SaveImage] .node-outputs img.node-image')]"
-            ".some(i => i.complete && i.naturalWidth > 0)", timeout=timeout)
+            ".some(i => i.complete && i.naturalWidth > 0)",
+            timeout=timeout,
+        )
         del before
         return img.first
 

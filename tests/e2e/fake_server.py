@@ -25,8 +25,17 @@ def validate(prompt: dict[str, Any]) -> dict[str, Any]:
     errors: dict[str, Any] = {}
 
     def add(node_id: str, kind: str, message: str, details: str, name: str | None = None) -> None:
-        entry = errors.setdefault(node_id, {"errors": [], "dependent_outputs": [], "class_type": prompt[node_id]["class_type"]})
-        entry["errors"].append({"type": kind, "message": message, "details": details, "extra_info": {"input_name": name} if name else {}})
+        entry = errors.setdefault(
+            node_id, {"errors": [], "dependent_outputs": [], "class_type": prompt[node_id]["class_type"]}
+        )
+        entry["errors"].append(
+            {
+                "type": kind,
+                "message": message,
+                "details": details,
+                "extra_info": {"input_name": name} if name else {},
+            }
+        )
 
     for node_id, node in prompt.items():
         info = INFO.get(node["class_type"])
@@ -45,12 +54,30 @@ def validate(prompt: dict[str, Any]) -> dict[str, Any]:
                     continue
                 kind, opts = spec[0], (spec[1] if len(spec) > 1 else {})
                 if isinstance(kind, list) and value not in kind:
-                    add(node_id, "value_not_in_list", "Value not in list", f"{name}: '{value}' not in {kind}", name)
+                    add(
+                        node_id,
+                        "value_not_in_list",
+                        "Value not in list",
+                        f"{name}: '{value}' not in {kind}",
+                        name,
+                    )
                 elif kind in ("INT", "FLOAT"):
                     if "min" in opts and value < opts["min"]:
-                        add(node_id, "value_smaller_than_min", f"Value {value} smaller than min of {opts['min']}", name, name)
+                        add(
+                            node_id,
+                            "value_smaller_than_min",
+                            f"Value {value} smaller than min of {opts['min']}",
+                            name,
+                            name,
+                        )
                     if "max" in opts and value > opts["max"]:
-                        add(node_id, "value_bigger_than_max", f"Value {value} bigger than max of {opts['max']}", name, name)
+                        add(
+                            node_id,
+                            "value_bigger_than_max",
+                            f"Value {value} bigger than max of {opts['max']}",
+                            name,
+                            name,
+                        )
     return errors
 
 
@@ -112,7 +139,9 @@ class Fake:
                     if self.interrupted:
                         await self.send("execution_interrupted", {"prompt_id": prompt_id, "node_id": node_id})
                         return
-                    await self.send("progress", {"value": step, "max": 3, "node": node_id, "prompt_id": prompt_id})
+                    await self.send(
+                        "progress", {"value": step, "max": 3, "node": node_id, "prompt_id": prompt_id}
+                    )
                     buf = io.BytesIO()
                     Image.new("RGB", (32, 32), (40 * step, 90, 160)).save(buf, "JPEG")
                     for ws in list(self.sockets):
@@ -127,7 +156,11 @@ class Fake:
                 out = {"images": [{"filename": name, "subfolder": "", "type": "output"}]}
                 outputs[node_id] = out
                 await self.send("executed", {"node": node_id, "output": out, "prompt_id": prompt_id})
-        self.history[prompt_id] = {"prompt": item, "outputs": outputs, "status": {"status_str": "success", "completed": True}}
+        self.history[prompt_id] = {
+            "prompt": item,
+            "outputs": outputs,
+            "status": {"status_str": "success", "completed": True},
+        }
         await self.send("execution_success", {"prompt_id": prompt_id})
         await self.send("executing", {"node": None, "prompt_id": prompt_id})
 
@@ -137,9 +170,25 @@ class Fake:
         prompt = body.get("prompt") or {}
         errors = validate(prompt)
         if not prompt or not any(INFO.get(n["class_type"], {}).get("output_node") for n in prompt.values()):
-            return web.json_response({"error": {"type": "prompt_no_outputs", "message": "Prompt has no outputs", "details": ""}, "node_errors": {}}, status=400)
+            return web.json_response(
+                {
+                    "error": {"type": "prompt_no_outputs", "message": "Prompt has no outputs", "details": ""},
+                    "node_errors": {},
+                },
+                status=400,
+            )
         if errors:
-            return web.json_response({"error": {"type": "prompt_outputs_failed_validation", "message": "Prompt outputs failed validation", "details": ""}, "node_errors": errors}, status=400)
+            return web.json_response(
+                {
+                    "error": {
+                        "type": "prompt_outputs_failed_validation",
+                        "message": "Prompt outputs failed validation",
+                        "details": "",
+                    },
+                    "node_errors": errors,
+                },
+                status=400,
+            )
         self.number += 1
         prompt_id = str(uuid.uuid4())
         item = [self.number, prompt_id, prompt, body.get("extra_data", {}), []]
@@ -151,7 +200,17 @@ class Fake:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         self.sockets.add(ws)
-        await ws.send_str(json.dumps({"type": "status", "data": {"status": {"exec_info": {"queue_remaining": len(self.pending)}}, "sid": request.query.get("clientId")}}))
+        await ws.send_str(
+            json.dumps(
+                {
+                    "type": "status",
+                    "data": {
+                        "status": {"exec_info": {"queue_remaining": len(self.pending)}},
+                        "sid": request.query.get("clientId"),
+                    },
+                }
+            )
+        )
         async for msg in ws:
             if msg.type == WSMsgType.ERROR:
                 break
@@ -203,7 +262,11 @@ class Fake:
         if request.method == "DELETE":
             path.unlink(missing_ok=True)
             return web.Response(status=204)
-        return web.FileResponse(path) if path.is_file() else web.json_response({"error": "not found"}, status=404)
+        return (
+            web.FileResponse(path)
+            if path.is_file()
+            else web.json_response({"error": "not found"}, status=404)
+        )
 
     def app(self) -> web.Application:
         app = web.Application()

@@ -36,12 +36,16 @@ def test_comfyui_extension_with_custom_widget_and_executed(editor: Editor) -> No
     echo = editor.add_node("WebPack_Echo", 80, 300, query="WebPack_Echo")
     echo.locator('[data-widget="text"]').fill("hello")
     editor.drag(editor.port(echo, "STRING", "out"), editor.port(editor.node(nid), "text", "in"))
-    assert page.evaluate(f"loom.tabs.current.graph.nodes.get('{nid}').properties.lastConnection") == "1:0:true"
+    assert (
+        page.evaluate(f"loom.tabs.current.graph.nodes.get('{nid}').properties.lastConnection") == "1:0:true"
+    )
     # executed → onExecuted fills the text widget; api.addEventListener saw it too
     page.click('[data-action="queue"]')
     page.wait_for_function("window.__webpackExecuted >= 1", timeout=60_000)
     shown = editor.node(nid).locator('[data-ext-widget-row="shown"] input')
-    page.wait_for_function(f"document.querySelector('.node[data-node-id=\"{nid}\"] [data-ext-widget-row=shown] input').value !== ''")
+    page.wait_for_function(
+        f"document.querySelector('.node[data-node-id=\"{nid}\"] [data-ext-widget-row=shown] input').value !== ''"
+    )
     assert shown.input_value() == "hello in #00ff00"
     assert editor.saved()["layout"]["nodes"][nid]["properties"]["runs"] == 1
     assert editor.saved()["layout"]["nodes"][nid]["ext_widgets"]["shown"] == "hello in #00ff00"

@@ -14,14 +14,29 @@ pytestmark = [pytest.mark.browser]
 
 def ui_with_missing_nodes() -> dict:
     def node(id: int, type_: str, **props: str) -> dict:
-        return {"id": id, "type": type_, "pos": [100 * id, 100], "size": [200, 80], "flags": {}, "order": id,
-                "mode": 0, "inputs": [], "outputs": [], "properties": props, "widgets_values": []}
+        return {
+            "id": id,
+            "type": type_,
+            "pos": [100 * id, 100],
+            "size": [200, 80],
+            "flags": {},
+            "order": id,
+            "mode": 0,
+            "inputs": [],
+            "outputs": [],
+            "properties": props,
+            "widgets_values": [],
+        }
 
-    return {"version": 0.4, "links": [], "nodes": [
-        node(1, "StableZero123_Conditioning", cnr_id="comfy-core"),
-        node(2, "FaceDetailer", cnr_id="comfyui-impact-pack", aux_id="ltdrdata/ComfyUI-Impact-Pack"),
-        node(3, "Note"),
-    ]}
+    return {
+        "version": 0.4,
+        "links": [],
+        "nodes": [
+            node(1, "StableZero123_Conditioning", cnr_id="comfy-core"),
+            node(2, "FaceDetailer", cnr_id="comfyui-impact-pack", aux_id="ltdrdata/ComfyUI-Impact-Pack"),
+            node(3, "Note"),
+        ],
+    }
 
 
 def test_missing_node_types_are_reported_on_load(editor: Editor) -> None:
@@ -32,7 +47,10 @@ def test_missing_node_types_are_reported_on_load(editor: Editor) -> None:
     core = panel.locator('[data-missing-node="StableZero123_Conditioning"]')
     assert core.get_attribute("data-kind") == "core"
     custom = panel.locator('[data-missing-node="FaceDetailer"]')
-    assert custom.get_attribute("data-kind") == "custom" and custom.get_attribute("data-pack") == "comfyui-impact-pack"
+    assert (
+        custom.get_attribute("data-kind") == "custom"
+        and custom.get_attribute("data-pack") == "comfyui-impact-pack"
+    )
     assert panel.locator("[data-missing-node]").count() == 2  # the Note is frontend-only
     editor.shot("compat-report")
     panel.locator('[data-action="close-report"]').click()
@@ -41,9 +59,13 @@ def test_missing_node_types_are_reported_on_load(editor: Editor) -> None:
 
 def test_only_unknown_types_trigger_the_report(editor: Editor) -> None:
     editor.open()
-    api = {"1": {"class_type": "PrimitiveString", "inputs": {"value": "x"}},
-           "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
+    api = {
+        "1": {"class_type": "PrimitiveString", "inputs": {"value": "x"}},
+        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+    }
     unknown = editor.page.evaluate(
         "async (wfs) => { const c = await import('./js/compat.js');"
-        " return wfs.map((w) => c.unknownTypes(w, window.loom.info)); }", [api, ui_with_missing_nodes()])
+        " return wfs.map((w) => c.unknownTypes(w, window.loom.info)); }",
+        [api, ui_with_missing_nodes()],
+    )
     assert unknown == [[], ["StableZero123_Conditioning", "FaceDetailer"]]

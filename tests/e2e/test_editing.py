@@ -54,7 +54,9 @@ def test_bypass_mute_collapse_rename_convert(editor: Editor) -> None:
     assert editor.saved()["layout"]["nodes"]["9"]["title"] == "Final picture"
     # resize: the grip widens the node, and the width is saved
     width = editor.node("9").bounding_box()["width"]
-    editor.drag(editor.node("9").locator(".node-resize"), (editor.node("9").bounding_box()["x"] + width + 80, 300))
+    editor.drag(
+        editor.node("9").locator(".node-resize"), (editor.node("9").bounding_box()["x"] + width + 80, 300)
+    )
     assert editor.node("9").bounding_box()["width"] > width + 40
     assert editor.saved()["layout"]["nodes"]["9"]["size"][0] > width + 40
     # widget -> input: steps becomes a port fed by a primitive, then back to a widget
@@ -108,23 +110,30 @@ def test_groups_box_select_copy_paste_between_tabs(editor: Editor) -> None:
 def test_queue_panel_batch_and_cancel(editor: Editor) -> None:
     editor.open()
     page = editor.page
-    page.wait_for_selector('[data-panel="gallery"] .panel-body[data-loaded="true"]', state="attached")  # read /history
+    page.wait_for_selector(
+        '[data-panel="gallery"] .panel-body[data-loaded="true"]', state="attached"
+    )  # read /history
     thumbs = page.locator(".gallery-thumb").count()
     page.fill('[data-role="batch"]', "3")
     seeds = [editor.saved()["prompt"]["3"]["inputs"]["seed"]]
     page.click('[data-show-panel="queue"]')
     page.keyboard.press("Control+Enter")
     # cancel the first pending job as soon as the panel lists one (in the page: the panel redraws often)
-    cancelled = page.wait_for_function("""() => {
+    cancelled = page.wait_for_function(
+        """() => {
         const button = document.querySelector('.queue-item.pending [data-action="cancel"]');
         if (!button) return false;
         button.click();
         return button.dataset.promptId;
-    }""", timeout=30_000).json_value()
+    }""",
+        timeout=30_000,
+    ).json_value()
     page.wait_for_function("() => loom.runner.promptTabs.size === 3")
     seeds.append(editor.saved()["prompt"]["3"]["inputs"]["seed"])
     assert seeds[0] != seeds[1]  # randomize after each queued run
-    page.wait_for_function(f"() => document.querySelectorAll('.gallery-thumb').length >= {thumbs + 2}", timeout=120_000)
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.gallery-thumb').length >= {thumbs + 2}", timeout=120_000
+    )
     page.wait_for_function("() => document.querySelectorAll('.queue-item').length === 0", timeout=120_000)
     assert editor.server.get(f"/history/{cancelled}") == {}
     editor.shot("queue-batch")
@@ -141,7 +150,10 @@ export function register(loom) {
 def test_web_extension_adds_a_menu_item_and_hears_events(editor: Editor) -> None:
     page = editor.page
     page.route("**/extensions", lambda route: route.fulfill(json=["/extensions/test_pack/ext.js"]))
-    page.route("**/extensions/test_pack/ext.js", lambda route: route.fulfill(body=EXTENSION, content_type="text/javascript"))
+    page.route(
+        "**/extensions/test_pack/ext.js",
+        lambda route: route.fulfill(body=EXTENSION, content_type="text/javascript"),
+    )
     editor.open()
     page.locator(".menu-extra button", has_text="Count nodes").click()
     page.locator('[data-role="toast"]', has_text="graph has 7 nodes").wait_for()
@@ -157,7 +169,9 @@ def test_link_dropped_on_empty_canvas_opens_a_filtered_search(editor: Editor) ->
     search.wait_for(state="visible")
     assert "LATENT" in search.locator(".search-hint").inner_text()
     offered = page.eval_on_selector_all(".search-item", "els => els.map(e => e.dataset.type)")
-    assert "VAEDecode" in offered and "CLIPTextEncode" not in offered and "CheckpointLoaderSimple" not in offered
+    assert (
+        "VAEDecode" in offered and "CLIPTextEncode" not in offered and "CheckpointLoaderSimple" not in offered
+    )
     page.locator('[data-role="search-input"]').fill("vae dec")
     page.keyboard.press("Enter")
     new_id = page.evaluate("[...loom.editor.selection][0]")
@@ -180,8 +194,19 @@ def test_execution_error_and_progress_are_shown_on_the_node(editor: Editor) -> N
     width = editor.node("3").locator(".node-progress .bar").evaluate("e => e.style.width")
     assert width == "50%"
     editor.shot("executing-progress")
-    page.evaluate(fire, ["execution_error", {"node_id": "3", "node_type": "KSampler", "exception_type": "RuntimeError",
-                                             "exception_message": "the sampler fell over", "prompt_id": None}])
+    page.evaluate(
+        fire,
+        [
+            "execution_error",
+            {
+                "node_id": "3",
+                "node_type": "KSampler",
+                "exception_type": "RuntimeError",
+                "exception_message": "the sampler fell over",
+                "prompt_id": None,
+            },
+        ],
+    )
     assert "exec-error" in editor.node("3").get_attribute("class")
     assert "the sampler fell over" in editor.node("3").locator(".node-error").inner_text()
     assert "executing" not in editor.node("3").get_attribute("class")
@@ -202,7 +227,8 @@ def test_image_upload_widget_shows_a_thumbnail(editor: Editor, tmp_path) -> None
         node.locator('[data-action="upload"]').click()
     chooser.value.set_files(str(picture))
     editor.page.wait_for_function(
-        "() => { const i = document.querySelector('.node[data-node-type=LoadImage] .w-thumb'); return i && !i.hidden && i.complete && i.naturalWidth === 48; }")
+        "() => { const i = document.querySelector('.node[data-node-type=LoadImage] .w-thumb'); return i && !i.hidden && i.complete && i.naturalWidth === 48; }"
+    )
     node_id = node.get_attribute("data-node-id")
     assert editor.prompt()[node_id]["inputs"]["image"].endswith("upload_me.png")
     editor.shot("image-upload")

@@ -16,7 +16,10 @@ COMPAT = Path(__file__).resolve().parents[1] / "compat" / "workflows"
 
 
 def layout_positions(saved: dict) -> dict:
-    return {nid: (entry["pos"], entry.get("title"), entry.get("mode")) for nid, entry in saved["layout"]["nodes"].items()}
+    return {
+        nid: (entry["pos"], entry.get("title"), entry.get("mode"))
+        for nid, entry in saved["layout"]["nodes"].items()
+    }
 
 
 def demo_checkpoint(editor: Editor) -> str:
@@ -27,8 +30,17 @@ def demo_checkpoint(editor: Editor) -> str:
 def test_default_workflow_runs_and_lands_in_gallery(editor: Editor) -> None:
     editor.open()
     types = sorted(editor.page.eval_on_selector_all(".node", "els => els.map(e => e.dataset.nodeType)"))
-    assert types == sorted(["CheckpointLoaderSimple", "CLIPTextEncode", "CLIPTextEncode", "EmptyLatentImage", "KSampler",
-                            "VAEDecode", "SaveImage"])
+    assert types == sorted(
+        [
+            "CheckpointLoaderSimple",
+            "CLIPTextEncode",
+            "CLIPTextEncode",
+            "EmptyLatentImage",
+            "KSampler",
+            "VAEDecode",
+            "SaveImage",
+        ]
+    )
     ckpt = editor.node_of_type("CheckpointLoaderSimple").locator('[data-widget="ckpt_name"]')
     assert "demo" in ckpt.input_value()
     seed_before = editor.saved()["prompt"]["3"]["inputs"]["seed"]
@@ -36,17 +48,25 @@ def test_default_workflow_runs_and_lands_in_gallery(editor: Editor) -> None:
         loom.api.events.addEventListener('preview', () => { window.__previews++;
             window.__previewOnSampler = !!document.querySelector('.node[data-node-id="3"] img.node-preview'); }); }""")
     editor.queue_and_wait_image()
-    if editor.page.evaluate("window.__previews"):  # live previews (when the server sends them) land on the sampler
-        editor.page.wait_for_function("() => !!document.querySelector('.node[data-node-id=\"3\"] img.node-preview')")
+    if editor.page.evaluate(
+        "window.__previews"
+    ):  # live previews (when the server sends them) land on the sampler
+        editor.page.wait_for_function(
+            "() => !!document.querySelector('.node[data-node-id=\"3\"] img.node-preview')"
+        )
     editor.shot("default-workflow-result")
     # control after generate (randomize) changed the seed after queueing
     assert editor.saved()["prompt"]["3"]["inputs"]["seed"] != seed_before
     editor.page.click('[data-show-panel="gallery"]')
     thumb = editor.page.locator(".gallery-thumb").first
     thumb.wait_for(state="visible")
-    editor.page.wait_for_function("() => { const i = document.querySelector('.gallery-thumb'); return i && i.complete && i.naturalWidth > 0; }")
+    editor.page.wait_for_function(
+        "() => { const i = document.querySelector('.gallery-thumb'); return i && i.complete && i.naturalWidth > 0; }"
+    )
     thumb.click()
-    editor.page.locator('[data-role="viewer"]').wait_for(state="visible")  # the full-size viewer (web/js/viewer.js)
+    editor.page.locator('[data-role="viewer"]').wait_for(
+        state="visible"
+    )  # the full-size viewer (web/js/viewer.js)
     editor.shot("gallery-lightbox")
     tabs_before = editor.page.locator(".tab").count()
     editor.page.click('[data-action="viewer-load-workflow"]')
@@ -122,7 +142,11 @@ def test_wrong_type_link_is_refused(editor: Editor) -> None:
 
 def test_invalid_values_show_the_servers_errors_on_their_widgets(editor: Editor) -> None:
     editor.open()
-    api = json.loads((COMPAT / "api_txt2img.json").read_text()) if (COMPAT / "api_txt2img.json").exists() else None
+    api = (
+        json.loads((COMPAT / "api_txt2img.json").read_text())
+        if (COMPAT / "api_txt2img.json").exists()
+        else None
+    )
     assert api, "tests/compat/workflows/api_txt2img.json is needed"
     sampler = next(k for k, v in api.items() if v["class_type"] == "KSampler")
     loader = next(k for k, v in api.items() if v["class_type"] == "CheckpointLoaderSimple")
@@ -133,7 +157,10 @@ def test_invalid_values_show_the_servers_errors_on_their_widgets(editor: Editor)
     editor.page.click('[data-action="queue"]')
     ckpt_row = editor.node(loader).locator('[data-widget-row="ckpt_name"]')
     ckpt_row.locator(".w-error").wait_for(state="visible")
-    assert "no_such_model" in ckpt_row.locator(".w-error").inner_text() or "list" in ckpt_row.locator(".w-error").inner_text().lower()
+    assert (
+        "no_such_model" in ckpt_row.locator(".w-error").inner_text()
+        or "list" in ckpt_row.locator(".w-error").inner_text().lower()
+    )
     steps_row = editor.node(sampler).locator('[data-widget-row="steps"]')
     steps_row.locator(".w-error").wait_for(state="visible")
     assert "min" in steps_row.locator(".w-error").inner_text().lower()
@@ -228,16 +255,30 @@ def test_drop_png_and_comfyui_ui_json(editor: Editor) -> None:
     editor.drop_file("made-by-loom.png", png, "image/png")
     page.wait_for_function("() => loom.tabs.current.name === 'made-by-loom'")
     loaded = editor.prompt()
-    assert {k: v["class_type"] for k, v in loaded.items()} == {k: v["class_type"] for k, v in expected.items()}
+    assert {k: v["class_type"] for k, v in loaded.items()} == {
+        k: v["class_type"] for k, v in expected.items()
+    }
     assert loaded["6"]["inputs"]["text"] == expected["6"]["inputs"]["text"]
     editor.shot("dropped-png")
     ui = (COMPAT / "txt2img.json").read_bytes()
     editor.drop_file("comfy-ui.json", ui, "application/json")
     page.wait_for_function("() => loom.tabs.current.name === 'comfy-ui'")
     types = sorted(v["class_type"] for v in editor.prompt().values())
-    assert types == sorted(["KSampler", "CheckpointLoaderSimple", "EmptyLatentImage", "CLIPTextEncode", "CLIPTextEncode",
-                            "VAEDecode", "SaveImage"])
-    assert editor.prompt()["3"]["inputs"]["steps"] == 20 and editor.prompt()["3"]["inputs"]["model"] == ["4", 0]
+    assert types == sorted(
+        [
+            "KSampler",
+            "CheckpointLoaderSimple",
+            "EmptyLatentImage",
+            "CLIPTextEncode",
+            "CLIPTextEncode",
+            "VAEDecode",
+            "SaveImage",
+        ]
+    )
+    assert editor.prompt()["3"]["inputs"]["steps"] == 20 and editor.prompt()["3"]["inputs"]["model"] == [
+        "4",
+        0,
+    ]
     assert editor.page.locator('.node[data-node-id="3"]').count() == 1
     editor.shot("dropped-ui-json")
     # a PNG as ComfyUI writes it: the UI-format workflow in a tEXt chunk (preferred: it has the layout)
@@ -256,7 +297,9 @@ def test_drop_png_and_comfyui_ui_json(editor: Editor) -> None:
 def test_download_export_api_and_open_file(editor: Editor, tmp_path: Path) -> None:
     editor.open()
     page = editor.page
-    page.evaluate("loom.editor.setMode(['7'], 2)")  # a muted node: kept in the file, left out of the API prompt
+    page.evaluate(
+        "loom.editor.setMode(['7'], 2)"
+    )  # a muted node: kept in the file, left out of the API prompt
     before = editor.saved()
     with page.expect_download() as download:
         page.click('[data-action="download"]')

@@ -17,9 +17,13 @@ from tests.e2e.conftest import Editor
 pytestmark = [pytest.mark.browser]
 COMPAT = Path(__file__).resolve().parents[1] / "compat"
 INFO = json.loads((COMPAT / "object_info_core.json").read_text())
-UI_FILES = sorted(p.name for p in (COMPAT / "workflows").glob("*.json")
-                  if isinstance(json.loads(p.read_text()), dict) and "links" in json.loads(p.read_text())
-                  and p.stem != "group_node")
+UI_FILES = sorted(
+    p.name
+    for p in (COMPAT / "workflows").glob("*.json")
+    if isinstance(json.loads(p.read_text()), dict)
+    and "links" in json.loads(p.read_text())
+    and p.stem != "group_node"
+)
 
 CONVERT_IN_PAGE = """async ([ui, info]) => {
   const formats = await import('./js/formats.js');
@@ -54,7 +58,9 @@ def test_png_text_chunks_are_read_in_the_browser(editor: Editor) -> None:
     buf = io.BytesIO()
     Image.new("RGB", (4, 4)).save(buf, "PNG", pnginfo=meta)
     chunks = editor.page.evaluate(
-        """async (bytes) => (await import('./js/formats.js')).readPngText(new Uint8Array(bytes).buffer)""", list(buf.getvalue()))
+        """async (bytes) => (await import('./js/formats.js')).readPngText(new Uint8Array(bytes).buffer)""",
+        list(buf.getvalue()),
+    )
     assert json.loads(chunks["prompt"]) == {"1": {"class_type": "X", "inputs": {"é": "ü"}}}
     assert json.loads(chunks["workflow"])["note"] == "日本"
     assert chunks["plain"] == "latin-1 text"
@@ -64,10 +70,15 @@ def test_the_editors_saved_format_is_read_by_the_engine(editor: Editor) -> None:
     from engine.formats import from_saved, load_workflow
 
     editor.open()
-    editor.page.evaluate("loom.editor.groups.addAround(['6', '7']); loom.editor.setMode(['7'], 4); loom.editor.convertWidget('3', 'cfg', true)")
+    editor.page.evaluate(
+        "loom.editor.groups.addAround(['6', '7']); loom.editor.setMode(['7'], 4); loom.editor.convertWidget('3', 'cfg', true)"
+    )
     saved = editor.saved()
     parsed = from_saved(saved)
     assert parsed.loaded_version == 2
     assert parsed.prompt == {k: {**v, "inputs": v["inputs"]} for k, v in saved["prompt"].items()}
-    assert parsed.layout["nodes"]["7"]["mode"] == 4 and parsed.layout["groups"][0]["bounding"] == saved["layout"]["groups"][0]["bounding"]
+    assert (
+        parsed.layout["nodes"]["7"]["mode"] == 4
+        and parsed.layout["groups"][0]["bounding"] == saved["layout"]["groups"][0]["bounding"]
+    )
     assert load_workflow(saved, INFO).source_format == "loom"

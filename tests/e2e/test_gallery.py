@@ -30,7 +30,7 @@ def test_viewer_metadata_load_compare_delete_and_progress(editor: Editor, server
     editor.queue_and_wait_image()
     page.wait_for_function("document.title === 'Loom'")
     titles = page.evaluate("window.__titles")
-    percents = [int(t[1:t.index("%")]) for t in titles if t.startswith("[")]
+    percents = [int(t[1 : t.index("%")]) for t in titles if t.startswith("[")]
     assert percents and max(percents) >= 50 and percents == sorted(percents)
     assert "3" in page.evaluate("[...window.__progressNodes]")  # the sampler showed its step progress
     # a second image with another seed
@@ -90,5 +90,7 @@ def test_viewer_metadata_load_compare_delete_and_progress(editor: Editor, server
     count = thumbs.count()
     thumbs.first.click()
     viewer.locator('[data-action="viewer-delete"]').click()
-    page.wait_for_function(f"document.querySelectorAll('[data-panel=gallery] .gallery-thumb').length === {count - 1}")
+    page.wait_for_function(
+        f"document.querySelectorAll('[data-panel=gallery] .gallery-thumb').length === {count - 1}"
+    )
     assert len(server.get("/history")) == len(history) - 1

@@ -22,9 +22,14 @@ def lora_with_metadata(server: Server) -> Iterator[str]:
     """A LoRA-folder file whose safetensors header carries ModelSpec metadata (removed afterwards)."""
     name = "zz_library_test.safetensors"
     path = Path(server.data) / "models" / "loras" / name
-    header = {"__metadata__": {"modelspec.title": "Test Watercolour", "modelspec.trigger_phrase": "wtrclr, soft",
-                               "modelspec.architecture": "stable-diffusion-v1/lora"},
-              "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    header = {
+        "__metadata__": {
+            "modelspec.title": "Test Watercolour",
+            "modelspec.trigger_phrase": "wtrclr, soft",
+            "modelspec.architecture": "stable-diffusion-v1/lora",
+        },
+        "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+    }
     raw = json.dumps(header).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
@@ -52,7 +57,9 @@ def test_node_and_model_libraries(editor: Editor, server: Server, lora_with_meta
     # search and drag onto the canvas
     panel.locator('[data-role="node-library-search"]').fill("empty latent")
     count = page.locator('.node[data-node-type="EmptyLatentImage"]').count()
-    panel.locator('.lib-node[data-type="EmptyLatentImage"]').drag_to(canvas, target_position={"x": 900, "y": 700})
+    panel.locator('.lib-node[data-type="EmptyLatentImage"]').drag_to(
+        canvas, target_position={"x": 900, "y": 700}
+    )
     assert page.locator('.node[data-node-type="EmptyLatentImage"]').count() == count + 1
     editor.shot("node-library")
 
@@ -62,7 +69,10 @@ def test_node_and_model_libraries(editor: Editor, server: Server, lora_with_meta
     models.locator('details[data-folder="checkpoints"] > summary').click()
     ckpt = models.locator('.lib-model[data-model="loom_demo_sd15.safetensors"]')
     ckpt.wait_for()
-    assert "MB" in ckpt.locator(".lib-model-meta").inner_text() or "KB" in ckpt.locator(".lib-model-meta").inner_text()
+    assert (
+        "MB" in ckpt.locator(".lib-model-meta").inner_text()
+        or "KB" in ckpt.locator(".lib-model-meta").inner_text()
+    )
     ckpt.drag_to(canvas, target_position={"x": 300, "y": 760})
     loader = page.locator('.node[data-node-type="CheckpointLoaderSimple"]').last
     assert loader.locator('[data-widget="ckpt_name"]').input_value() == "loom_demo_sd15.safetensors"
@@ -115,8 +125,16 @@ def test_choosing_a_checkpoint_offers_its_family_preset(editor: Editor) -> None:
     after = editor.prompt()
     sampler = next(v["inputs"] for v in after.values() if v["class_type"] == "KSampler")
     latent = next(v["inputs"] for v in after.values() if v["class_type"] == "EmptyLatentImage")
-    assert (sampler["steps"], sampler["cfg"], sampler["sampler_name"], sampler["scheduler"]) == (4, 7.0, "dpmpp_2m", "karras")
+    assert (sampler["steps"], sampler["cfg"], sampler["sampler_name"], sampler["scheduler"]) == (
+        4,
+        7.0,
+        "dpmpp_2m",
+        "karras",
+    )
     assert (latent["width"], latent["height"]) == (64, 64)
-    assert sampler["model"] == next(v["inputs"] for v in before.values() if v["class_type"] == "KSampler")["model"]
+    assert (
+        sampler["model"]
+        == next(v["inputs"] for v in before.values() if v["class_type"] == "KSampler")["model"]
+    )
     page.keyboard.press("Control+z")
     assert editor.prompt() == before

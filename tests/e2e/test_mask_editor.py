@@ -41,10 +41,25 @@ def inpaint_prompt(image: str) -> dict:
         "2": {"class_type": "LoadImage", "inputs": {"image": image}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red flower", "clip": ["1", 1]}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["1", 1]}},
-        "5": {"class_type": "VAEEncodeForInpaint", "inputs": {"pixels": ["2", 0], "vae": ["1", 2], "mask": ["2", 1], "grow_mask_by": 0}},
-        "6": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "seed": 7, "steps": 4, "cfg": 7.0, "sampler_name": "euler",
-                                                   "scheduler": "normal", "denoise": 1.0, "positive": ["3", 0], "negative": ["4", 0],
-                                                   "latent_image": ["5", 0]}},
+        "5": {
+            "class_type": "VAEEncodeForInpaint",
+            "inputs": {"pixels": ["2", 0], "vae": ["1", 2], "mask": ["2", 1], "grow_mask_by": 0},
+        },
+        "6": {
+            "class_type": "KSampler",
+            "inputs": {
+                "model": ["1", 0],
+                "seed": 7,
+                "steps": 4,
+                "cfg": 7.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "denoise": 1.0,
+                "positive": ["3", 0],
+                "negative": ["4", 0],
+                "latent_image": ["5", 0],
+            },
+        },
         "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["1", 2]}},
         "8": {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": "masktest"}},
     }
@@ -55,7 +70,9 @@ def run_and_fetch(editor: Editor, server: Server, before: str | None = None) -> 
     if before:
         editor.page.wait_for_function(
             "(old) => [...document.querySelectorAll('.node[data-node-type=SaveImage] img.node-image')].some(i => i.getAttribute('src') !== old && i.complete && i.naturalWidth)",
-            arg=before, timeout=120_000)
+            arg=before,
+            timeout=120_000,
+        )
     src = img.get_attribute("src")
     data = server.get_bytes("/" + src.split("/", 3)[-1] if src.startswith("http") else "/" + src.lstrip("/"))
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(np.float32), src
@@ -119,7 +136,9 @@ def test_paint_save_and_inpaint(editor: Editor, server: Server) -> None:
     # the node now loads the clipspace copy; its alpha is the mask (painted = transparent)
     value = editor.prompt()["2"]["inputs"]["image"]
     assert value.startswith("clipspace/clipspace-mask-") and value.endswith(".png")
-    stored = Image.open(io.BytesIO(server.get_bytes(f"/view?type=input&subfolder=clipspace&filename={value.split('/')[1]}")))
+    stored = Image.open(
+        io.BytesIO(server.get_bytes(f"/view?type=input&subfolder=clipspace&filename={value.split('/')[1]}"))
+    )
     rgba = np.asarray(stored.convert("RGBA"))
     assert rgba[77, 100, 3] == 0 and rgba[77, 128, 3] == 0  # inside the band (y = 0.3 · 256)
     assert rgba[200, 128, 3] == 255 and rgba[10, 10, 3] == 255  # outside

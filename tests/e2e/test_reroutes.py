@@ -55,7 +55,10 @@ def test_reroutes_added_moved_deleted_and_round_tripped(editor: Editor, server) 
     # the link is drawn through its reroutes: the path passes the moved dot
     d = page.locator('path.link[data-dst="3"][data-input="model"]').get_attribute("d")
     xs = [float(v.split(",")[0]) for v in d.replace("M", " ").replace("C", " ").split() if "," in v]
-    assert any(abs(x - moved[chain[0]][0]) <= 1.0 for x in xs), (moved[chain[0]], d)  # saved positions are rounded
+    assert any(abs(x - moved[chain[0]][0]) <= 1.0 for x in xs), (
+        moved[chain[0]],
+        d,
+    )  # saved positions are rounded
     editor.shot("reroutes-on-links")
     # delete the second one: click it, press Delete; the chain closes up
     dot(editor, chain[1]).click()
@@ -84,15 +87,20 @@ def test_reroutes_added_moved_deleted_and_round_tripped(editor: Editor, server) 
     # ComfyUI's UI format out: native reroutes and the Reroute node
     ui = page.evaluate("(async () => (await import('./js/uiformat.js')).toUi(loom.tabs.current.graph))()")
     assert ui["version"] == 0.4
-    assert {r["id"] for r in ui["extra"]["reroutes"]} == {r["id"] for r in editor.saved()["layout"]["reroutes"]}
+    assert {r["id"] for r in ui["extra"]["reroutes"]} == {
+        r["id"] for r in editor.saved()["layout"]["reroutes"]
+    }
     ext = ui["extra"]["linkExtensions"]
     assert ext and all(any(link[0] == e["id"] for link in ui["links"]) for e in ext)
     assert any(n["type"] == "Reroute" for n in ui["nodes"])
     ks = next(n for n in ui["nodes"] if n["id"] == 3)
     assert {"name": "seed", "type": "INT", "link": None, "widget": {"name": "seed"}} in ks["inputs"]
     # the server reads the exported file to the prompt the editor sends
-    req = urllib.request.Request(server.url + "/api/v1/workflows/convert", data=json.dumps(ui).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.url + "/api/v1/workflows/convert",
+        data=json.dumps(ui).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as res:
         converted = json.loads(res.read())
     converted = converted.get("prompt", converted)

@@ -14,8 +14,14 @@ import pytest
 from tests.e2e.conftest import Editor, Server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-IDS = ["Comfy.LinkRenderMode", "pysssss.SnapToGrid", "Comfy.SnapToGrid.GridSize", "Comfy.Execution.PreviewMethod",
-       "Comfy.ConfirmClear", "Comfy.Keybinding.NewBindings"]
+IDS = [
+    "Comfy.LinkRenderMode",
+    "pysssss.SnapToGrid",
+    "Comfy.SnapToGrid.GridSize",
+    "Comfy.Execution.PreviewMethod",
+    "Comfy.ConfirmClear",
+    "Comfy.Keybinding.NewBindings",
+]
 
 
 @pytest.fixture
@@ -23,7 +29,9 @@ def clean_settings(server: Server) -> Iterator[None]:
     """The server's settings file is shared by the session's tests: put the defaults back."""
     yield
     body = json.dumps({key: None for key in IDS}).encode()
-    req = urllib.request.Request(server.url + "/settings", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.url + "/settings", data=body, headers={"Content-Type": "application/json"}
+    )
     urllib.request.urlopen(req, timeout=30).close()
 
 
@@ -44,12 +52,15 @@ def test_settings_persist_and_apply(editor: Editor, server: Server, clean_settin
     page.keyboard.press("Alt+u")
     assert row.locator(".keys").inner_text() == "Alt+U"
     editor.shot("settings-dialog")
-    page.wait_for_function("fetch('settings').then(r => r.json()).then(s => s['Comfy.Keybinding.NewBindings']?.length === 1)")
+    page.wait_for_function(
+        "fetch('settings').then(r => r.json()).then(s => s['Comfy.Keybinding.NewBindings']?.length === 1)"
+    )
     stored = server.get("/settings")
     assert stored["Comfy.LinkRenderMode"] == 0 and stored["pysssss.SnapToGrid"] is True
     assert stored["Comfy.SnapToGrid.GridSize"] == 50 and stored["Comfy.Execution.PreviewMethod"] == "none"
     assert stored["Comfy.Keybinding.NewBindings"] == [
-        {"commandId": "Comfy.Undo", "combo": {"key": "u", "ctrl": False, "alt": True, "shift": False}}]
+        {"commandId": "Comfy.Undo", "combo": {"key": "u", "ctrl": False, "alt": True, "shift": False}}
+    ]
     dialog.locator('[data-action="close-settings"]').click()
 
     # a reload keeps all of it
@@ -70,12 +81,20 @@ def test_settings_persist_and_apply(editor: Editor, server: Server, clean_settin
     page.click('[data-action="help"]')
     help_row = page.locator('[data-role="keybinding-help"] tr[data-command="Comfy.Undo"]')
     assert help_row.locator(".keys").inner_text() == "Alt+U"
-    assert page.locator('[data-role="keybinding-help"] tr[data-command="Comfy.Redo"] .keys').inner_text() == "Ctrl+Y, Ctrl+Shift+Z"
+    assert (
+        page.locator('[data-role="keybinding-help"] tr[data-command="Comfy.Redo"] .keys').inner_text()
+        == "Ctrl+Y, Ctrl+Shift+Z"
+    )
     editor.shot("keybinding-help")
     page.keyboard.press("Escape")
     # the preview method goes with the prompt
     sent: list[dict] = []
-    page.on("request", lambda r: sent.append(json.loads(r.post_data)) if r.url.endswith("/prompt") and r.method == "POST" else None)
+    page.on(
+        "request",
+        lambda r: (
+            sent.append(json.loads(r.post_data)) if r.url.endswith("/prompt") and r.method == "POST" else None
+        ),
+    )
     editor.queue_and_wait_image()
     assert sent and sent[0]["extra_data"]["preview_method"] == "none"
     # clearing asks first (the default), and Cancel keeps the graph

@@ -26,14 +26,21 @@ def image_after(editor: Editor, server: Server, before: str | None) -> tuple[np.
     editor.page.click('[data-action="queue"]')
     editor.page.wait_for_function(
         "(old) => [...document.querySelectorAll('.node[data-node-type=SaveImage] img.node-image')].some(i => i.getAttribute('src') !== old && i.complete && i.naturalWidth)",
-        arg=before or "", timeout=120_000)
+        arg=before or "",
+        timeout=120_000,
+    )
     src = editor.page.locator(".node[data-node-type=SaveImage] img.node-image").first.get_attribute("src")
-    return np.asarray(Image.open(io.BytesIO(server.get_bytes(src if src.startswith("/") else "/" + src)))), src
+    return np.asarray(
+        Image.open(io.BytesIO(server.get_bytes(src if src.startswith("/") else "/" + src)))
+    ), src
 
 
 def server_convert(server: Server, ui: dict) -> dict:
-    req = urllib.request.Request(server.url + "/api/v1/workflows/convert", data=json.dumps(ui).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.url + "/api/v1/workflows/convert",
+        data=json.dumps(ui).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as res:
         body = json.loads(res.read())
     return body.get("prompt", body)
@@ -56,15 +63,22 @@ def test_convert_open_edit_instances_round_trip_unpack(editor: Editor, server: S
     rename = {"6": f"{inst}:6", "7": f"{inst}:7"}
     expected = {}
     for k, v in flat.items():
-        inputs = {n: ([rename.get(x[0], x[0]), x[1]] if isinstance(x, list) else x) for n, x in v["inputs"].items()}
+        inputs = {
+            n: ([rename.get(x[0], x[0]), x[1]] if isinstance(x, list) else x) for n, x in v["inputs"].items()
+        }
         expected[rename.get(k, k)] = {"class_type": v["class_type"], "inputs": inputs}
     assert strip(editor.prompt()) == expected
     ui = page.evaluate("(async () => (await import('./js/uiformat.js')).toUi(loom.tabs.current.graph))()")
-    assert len(ui["definitions"]["subgraphs"]) == 1 and ui["definitions"]["subgraphs"][0]["inputs"][0]["type"] == "CLIP"
+    assert (
+        len(ui["definitions"]["subgraphs"]) == 1
+        and ui["definitions"]["subgraphs"][0]["inputs"][0]["type"] == "CLIP"
+    )
     assert strip(server_convert(server, ui)) == expected  # the server's flattening agrees
     assert strip(server_convert(server, editor.saved())) == expected  # Loom's saved file runs as queued
     prefix = editor.node("9").locator('[data-widget="filename_prefix"]')
-    prefix.fill("subgraph")  # a new file (the rest may come from the server's cache: same inputs, same result)
+    prefix.fill(
+        "subgraph"
+    )  # a new file (the rest may come from the server's cache: same inputs, same result)
     prefix.press("Tab")
     sub_image, src = image_after(editor, server, src)
     assert np.array_equal(sub_image, flat_image)
@@ -74,7 +88,9 @@ def test_convert_open_edit_instances_round_trip_unpack(editor: Editor, server: S
     instance.locator('[data-action="open-subgraph"]').click()
     crumbs = page.locator('[data-role="breadcrumb"] .crumb')
     assert crumbs.count() == 2
-    assert editor.node("6").count() == 1 and editor.node("-10").count() == 1 and editor.node("-20").count() == 1
+    assert (
+        editor.node("6").count() == 1 and editor.node("-10").count() == 1 and editor.node("-20").count() == 1
+    )
     text = editor.node("6").locator('[data-widget="text"]')
     text.fill("a red fox in the snow")
     text.press("Tab")
@@ -119,10 +135,14 @@ def test_convert_open_edit_instances_round_trip_unpack(editor: Editor, server: S
     assert page.locator(".node.subgraph-instance").count() == 1
     assert page.locator('.node[data-node-type="CLIPTextEncode"]').count() == 2
     after = strip(editor.prompt())
-    texts = sorted(v["inputs"]["text"] for k, v in after.items() if v["class_type"] == "CLIPTextEncode" and ":" not in k)
+    texts = sorted(
+        v["inputs"]["text"] for k, v in after.items() if v["class_type"] == "CLIPTextEncode" and ":" not in k
+    )
     assert texts == sorted(["a red fox in the snow", flat["7"]["inputs"]["text"]])
     ks = after["3"]["inputs"]
-    assert ":" not in ks["positive"][0] and after[ks["positive"][0]]["inputs"]["text"] == "a red fox in the snow"
+    assert (
+        ":" not in ks["positive"][0] and after[ks["positive"][0]]["inputs"]["text"] == "a red fox in the snow"
+    )
 
     # inside, link the input node's "+" slot to a widget: the instance gets that widget, with its value
     editor.node(second).locator('[data-action="open-subgraph"]').click()

@@ -57,8 +57,11 @@ def test_primitive_drives_two_seeds_and_unlinking_restores_values(editor: Editor
     assert pnode["widgets_values"] == [1234, "fixed"] and len(pnode["outputs"][0]["links"]) == 2
     seed_in = next(i for i in next(n for n in ui["nodes"] if n["id"] == 3)["inputs"] if i["name"] == "seed")
     assert seed_in["widget"] == {"name": "seed"} and seed_in["link"] in pnode["outputs"][0]["links"]
-    req = urllib.request.Request(server.url + "/api/v1/workflows/convert", data=json.dumps(ui).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.url + "/api/v1/workflows/convert",
+        data=json.dumps(ui).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as res:
         converted = json.loads(res.read())
     converted = converted.get("prompt", converted)

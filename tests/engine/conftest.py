@@ -16,7 +16,9 @@ from tests.engine.stub_nodes import STUBS, StubSettings
 class Harness:
     """An executor over the stub nodes, recording events and node calls."""
 
-    def __init__(self, tmp: Path, cache: OutputCache | None = None, registry: NodeRegistry | None = None) -> None:
+    def __init__(
+        self, tmp: Path, cache: OutputCache | None = None, registry: NodeRegistry | None = None
+    ) -> None:
         if registry is None:
             registry = NodeRegistry()
             registry.register_all(STUBS)

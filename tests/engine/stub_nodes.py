@@ -12,9 +12,18 @@ from engine.node import ExecutionBlocker, Node, NodeOutput
 from engine.schema import ANY, BOOLEAN, COMBO, FLOAT, INT, STRING, Input, NodeSchema, Output
 
 
-def schema(node_id: str, inputs: tuple[Input, ...] = (), outputs: tuple[Output, ...] = (), **kw: Any) -> NodeSchema:
-    return NodeSchema(node_id=node_id, display_name=node_id, category="test", description=f"stub {node_id}",
-                      inputs=inputs, outputs=outputs, **kw)
+def schema(
+    node_id: str, inputs: tuple[Input, ...] = (), outputs: tuple[Output, ...] = (), **kw: Any
+) -> NodeSchema:
+    return NodeSchema(
+        node_id=node_id,
+        display_name=node_id,
+        category="test",
+        description=f"stub {node_id}",
+        inputs=inputs,
+        outputs=outputs,
+        **kw,
+    )
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,11 @@ class Const(Node):
 
 
 class Add(Node):
-    SCHEMA = schema("Add", (Input("a", INT, "left", force_input=True), Input("b", INT, "right", force_input=True)), INT_OUT)
+    SCHEMA = schema(
+        "Add",
+        (Input("a", INT, "left", force_input=True), Input("b", INT, "right", force_input=True)),
+        INT_OUT,
+    )
 
     def run(self, ctx: NodeContext, *, a: int, b: int) -> tuple[int]:
         record(ctx, "Add")
@@ -71,8 +84,11 @@ class Random(Node):
 
 
 class ReadFile(Node):
-    SCHEMA = schema("ReadFile", (Input("name", STRING, "file in the input folder", default="a.txt"),),
-                    (Output("STRING", STRING, "its text"),))
+    SCHEMA = schema(
+        "ReadFile",
+        (Input("name", STRING, "file in the input folder", default="a.txt"),),
+        (Output("STRING", STRING, "its text"),),
+    )
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
@@ -108,8 +124,11 @@ class Slow(Node):
 
 
 class MakeList(Node):
-    SCHEMA = schema("MakeList", (Input("n", INT, "how many", default=3, min=0, max=100),),
-                    (Output("INT", INT, "0..n-1 as a list", is_list=True),))
+    SCHEMA = schema(
+        "MakeList",
+        (Input("n", INT, "how many", default=3, min=0, max=100),),
+        (Output("INT", INT, "0..n-1 as a list", is_list=True),),
+    )
 
     def run(self, ctx: NodeContext, *, n: int) -> tuple[list[int]]:
         record(ctx, "MakeList")
@@ -125,7 +144,9 @@ class Double(Node):
 
 
 class SumList(Node):
-    SCHEMA = schema("SumList", (Input("values", INT, "numbers", force_input=True),), INT_OUT, input_is_list=True)
+    SCHEMA = schema(
+        "SumList", (Input("values", INT, "numbers", force_input=True),), INT_OUT, input_is_list=True
+    )
 
     def run(self, ctx: NodeContext, *, values: list[int]) -> tuple[int]:
         record(ctx, "SumList")
@@ -153,8 +174,15 @@ class Switch(Node):
 
 
 class Gate(Node):
-    SCHEMA = schema("Gate", (Input("value", INT, "x", force_input=True), Input("open", BOOLEAN, "pass?", default=True),
-                             Input("message", STRING, "error when closed", default="")), INT_OUT)
+    SCHEMA = schema(
+        "Gate",
+        (
+            Input("value", INT, "x", force_input=True),
+            Input("open", BOOLEAN, "pass?", default=True),
+            Input("message", STRING, "error when closed", default=""),
+        ),
+        INT_OUT,
+    )
 
     def run(self, ctx: NodeContext, *, value: int, open: bool, message: str) -> tuple[Any]:
         record(ctx, "Gate")
@@ -162,16 +190,22 @@ class Gate(Node):
 
 
 class Pick(Node):
-    SCHEMA = schema("Pick", (Input("choice", COMBO, "a letter", options=("a", "b"), default="a"),),
-                    (Output("STRING", STRING, "the letter"),))
+    SCHEMA = schema(
+        "Pick",
+        (Input("choice", COMBO, "a letter", options=("a", "b"), default="a"),),
+        (Output("STRING", STRING, "the letter"),),
+    )
 
     def run(self, ctx: NodeContext, *, choice: str) -> tuple[str]:
         return (choice,)
 
 
 class Ratio(Node):
-    SCHEMA = schema("Ratio", (Input("x", FLOAT, "between 0 and 1", default=0.5, min=0.0, max=1.0),),
-                    (Output("FLOAT", FLOAT, "x"),))
+    SCHEMA = schema(
+        "Ratio",
+        (Input("x", FLOAT, "between 0 and 1", default=0.5, min=0.0, max=1.0),),
+        (Output("FLOAT", FLOAT, "x"),),
+    )
 
     def run(self, ctx: NodeContext, *, x: float) -> tuple[float]:
         return (x,)
@@ -189,14 +223,32 @@ class Even(Node):
 
 
 class UseThing(Node):
-    SCHEMA = schema("UseThing", (Input("thing", "THING", "a custom type that only links can carry"),), INT_OUT)
+    SCHEMA = schema(
+        "UseThing", (Input("thing", "THING", "a custom type that only links can carry"),), INT_OUT
+    )
 
     def run(self, ctx: NodeContext, *, thing: Any) -> tuple[int]:
         return (1,)
 
 
-STUBS: list[type[Node]] = [Const, Add, Show, Random, ReadFile, Fail, Slow, MakeList, Double, SumList, Switch,
-                           Gate, Pick, Ratio, Even, UseThing]
+STUBS: list[type[Node]] = [
+    Const,
+    Add,
+    Show,
+    Random,
+    ReadFile,
+    Fail,
+    Slow,
+    MakeList,
+    Double,
+    SumList,
+    Switch,
+    Gate,
+    Pick,
+    Ratio,
+    Even,
+    UseThing,
+]
 
 
 class G:

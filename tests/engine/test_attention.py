@@ -24,8 +24,9 @@ def parse(*flags: str) -> argparse.Namespace:
     return parser.parse_args(list(flags))
 
 
-def qkv(dtype: torch.dtype = torch.bfloat16, tokens: int = 16,
-        head: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv(
+    dtype: torch.dtype = torch.bfloat16, tokens: int = 16, head: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, tokens, head, generator=gen).to(dtype) for _ in range(3))
     return q, k, v
@@ -59,13 +60,17 @@ def test_comfyuis_split_and_quad_flags_are_accepted_and_mean_sdpa(flag: str) -> 
     assert backend == "sdpa" and flag in line and "torch SDPA" in line
 
 
-@pytest.mark.parametrize(("flag", "backend"), [("--use-sage-attention", "sage"), ("--use-flash-attention", "flash"),
-                                               ("--use-xformers", "xformers")])
+@pytest.mark.parametrize(
+    ("flag", "backend"),
+    [("--use-sage-attention", "sage"), ("--use-flash-attention", "flash"), ("--use-xformers", "xformers")],
+)
 def test_a_kernel_flag_picks_its_kernel_on_cuda_when_installed(flag: str, backend: str) -> None:
     assert resolve(parse(flag), "cuda", has_package=lambda name: True)[0] == backend
 
 
-def test_a_missing_package_falls_back_to_sdpa_saying_what_to_install(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_missing_package_falls_back_to_sdpa_saying_what_to_install(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level(logging.INFO, logger="loom"):
         assert choose(parse("--use-sage-attention"), "cuda", has_package=lambda name: False) == "sdpa"
     (line,) = [r.getMessage() for r in caplog.records]
@@ -120,7 +125,8 @@ def test_a_failing_kernel_is_logged_once_and_sdpa_takes_over(caplog: pytest.LogC
     assert torch.equal(first, F.scaled_dot_product_attention(q, k, v)) and torch.equal(first, second)
     assert [r.getMessage() for r in caplog.records] == [
         "attention: FlashAttention failed (no kernel image is available for execution on the device); "
-        "using torch SDPA from now on"]
+        "using torch SDPA from now on"
+    ]
 
 
 def test_the_scope_routes_a_diffusers_attention_layer_and_restores_torch() -> None:
@@ -148,7 +154,8 @@ def test_the_sdpa_scope_changes_nothing() -> None:
 
 
 def test_the_interrupt_hooks_split_large_calls_into_pieces_that_each_go_through_the_kernel(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from engine import interrupt_hooks
 
     monkeypatch.setitem(interrupt_hooks.SPLIT_ABOVE, ("attention", "cpu"), 1e9)  # split calls of this size

@@ -84,7 +84,9 @@ def test_interrupt_stops_a_long_node_and_the_next_run_works(harness: Harness) ->
     s = g.add("Slow", steps=2000)
     g.add("Show", value=g.out(s))
     results = []
-    worker = threading.Thread(target=lambda: results.append(harness.executor.run(RunRequest(prompt=g.prompt))))
+    worker = threading.Thread(
+        target=lambda: results.append(harness.executor.run(RunRequest(prompt=g.prompt)))
+    )
     worker.start()
     assert started.wait(30)
     harness.executor.interrupt.set()

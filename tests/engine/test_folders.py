@@ -53,7 +53,10 @@ def test_links_to_files_and_folders_are_listed(models: ModelFolders) -> None:
 def test_listed_names_resolve_through_links(models: ModelFolders, library: Path) -> None:
     path = models.resolve("loras", "shared/style/ink.safetensors")
     assert path.read_bytes() == b"x" and path.resolve() == library / "loras" / "style" / "ink.safetensors"
-    assert models.resolve("vae", "nested/b.safetensors").resolve() == library / "vaes" / "nested" / "b.safetensors"
+    assert (
+        models.resolve("vae", "nested/b.safetensors").resolve()
+        == library / "vaes" / "nested" / "b.safetensors"
+    )
     assert models.resolve("checkpoints", "linked.safetensors").resolve() == library / "sd15.safetensors"
 
 
@@ -82,7 +85,8 @@ def test_a_link_cycle_does_not_hang_the_listing(tmp_path: Path) -> None:
 
 
 def test_a_mesh_of_folders_linked_to_each_other_is_walked_a_bounded_number_of_times(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 8 folders, each linking to all the others: a walk of every path through the mesh reads 13,700
     # folders; each folder is walked at most MAX_VISITS times instead.
     import engine.folder_scan as folder_scan
@@ -114,8 +118,9 @@ def test_the_same_folder_linked_twice_is_listed_under_both_names(tmp_path: Path,
 
 
 # --- names from requests ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["../secret.safetensors", "shared/../../secret.safetensors",
-                                  "shared\\..\\secret.safetensors"])
+@pytest.mark.parametrize(
+    "name", ["../secret.safetensors", "shared/../../secret.safetensors", "shared\\..\\secret.safetensors"]
+)
 def test_dotdot_names_are_refused(models: ModelFolders, name: str) -> None:
     with pytest.raises(ModelPathError, match=r"must be a path relative to the loras folder, without '\.\.'"):
         models.resolve("loras", name)
@@ -134,8 +139,11 @@ def test_unlisted_names_are_refused_even_when_the_file_exists(models: ModelFolde
     touch(root / "notes.txt")
     touch(root / ".hidden.safetensors")
     for name in ("notes.txt", ".hidden.safetensors", "nope.safetensors"):
-        with pytest.raises(ModelPathError, match=rf"checkpoints file '{name}' not found \(looked in .*\); "
-                                                 r"available: \['hub"):
+        with pytest.raises(
+            ModelPathError,
+            match=rf"checkpoints file '{name}' not found \(looked in .*\); "
+            r"available: \['hub",
+        ):
             models.resolve("checkpoints", name)
 
 
@@ -167,7 +175,11 @@ def test_comfyui_folder_names_and_old_kind_names(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", sorted(KIND_FOLDERS))
 def test_every_kind_follows_a_linked_folder(tmp_path: Path, kind: str) -> None:
     outside = tmp_path / "elsewhere" / kind
-    name = "pipe/model_index.json" if kind == "diffusers" else ("c.yaml" if kind == "configs" else "m.safetensors")
+    name = (
+        "pipe/model_index.json"
+        if kind == "diffusers"
+        else ("c.yaml" if kind == "configs" else "m.safetensors")
+    )
     touch(outside / name)
     root = tmp_path / "models"
     root.mkdir()
@@ -260,17 +272,22 @@ def test_yaml_sections_base_path_and_multiline_paths(yaml_setup: tuple[ModelFold
 def test_yaml_is_default_folders_come_first(yaml_setup: tuple[ModelFolders, Path, Path]) -> None:
     folders, webui, comfy = yaml_setup
     assert folders.folders("checkpoints")[0] == comfy / "models" / "checkpoints"
-    assert folders.resolve("checkpoints", "x.safetensors") == comfy / "models" / "checkpoints" / "x.safetensors"
+    assert (
+        folders.resolve("checkpoints", "x.safetensors") == comfy / "models" / "checkpoints" / "x.safetensors"
+    )
     assert folders.list("checkpoints") == ["sub/x.safetensors", "x.safetensors"]
     assert folders.resolve("checkpoints", "sub/x.safetensors").parent.parent == webui / "Stable-diffusion"
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("a: [1, 2]\n", "section 'a' must be a mapping"),
-    ("a:\n  loras: 3\n", r"a\.loras: expected a folder or a block of folders"),
-    ("- x\n", "expected a mapping of sections"),
-    ("a: {b: [\n", "cannot read model paths config"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a: [1, 2]\n", "section 'a' must be a mapping"),
+        ("a:\n  loras: 3\n", r"a\.loras: expected a folder or a block of folders"),
+        ("- x\n", "expected a mapping of sections"),
+        ("a: {b: [\n", "cannot read model paths config"),
+    ],
+)
 def test_bad_yaml_says_what_is_wrong(tmp_path: Path, text: str, expected: str) -> None:
     cfg = tmp_path / "extra_model_paths.yaml"
     cfg.write_text(text)
@@ -291,8 +308,10 @@ def test_add_folder_twice_keeps_one_entry(tmp_path: Path) -> None:
 
 def test_base_directory_layout_is_comfyuis(tmp_path: Path) -> None:
     layout = base_directory_layout(tmp_path / "base")
-    assert layout == {name: tmp_path / "base" / name
-                      for name in ("models", "input", "output", "temp", "user", "custom_nodes")}
+    assert layout == {
+        name: tmp_path / "base" / name
+        for name in ("models", "input", "output", "temp", "user", "custom_nodes")
+    }
 
 
 def test_scan_of_a_missing_or_file_root_lists_nothing(tmp_path: Path) -> None:

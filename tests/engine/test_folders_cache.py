@@ -54,8 +54,9 @@ def big_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
-def test_second_listing_of_10000_files_reads_no_folder(big_library: Path, scandirs: ScandirCounter,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_second_listing_of_10000_files_reads_no_folder(
+    big_library: Path, scandirs: ScandirCounter, capsys: pytest.CaptureFixture[str]
+) -> None:
     age(big_library, scandirs)
     folders = ModelFolders(big_library / "models")
     t0 = time.perf_counter()
@@ -70,9 +71,11 @@ def test_second_listing_of_10000_files_reads_no_folder(big_library: Path, scandi
     assert folders.resolve("loras", "set099/lora_099.safetensors").is_file()
     assert scandirs.calls == walked  # nor did resolving a name
     with capsys.disabled():
-        print(f"\n[model folders] {len(first)} files in {FOLDERS} folders (half symlinked): first listing "
-              f"{(t1 - t0) * 1e3:.1f} ms ({walked} folders read), cached listing {(t2 - t1) * 1e3:.1f} ms "
-              f"(0 folders read)")
+        print(
+            f"\n[model folders] {len(first)} files in {FOLDERS} folders (half symlinked): first listing "
+            f"{(t1 - t0) * 1e3:.1f} ms ({walked} folders read), cached listing {(t2 - t1) * 1e3:.1f} ms "
+            f"(0 folders read)"
+        )
 
 
 def test_a_new_file_in_a_linked_folder_is_listed_at_once(big_library: Path, scandirs: ScandirCounter) -> None:
@@ -87,7 +90,8 @@ def test_a_new_file_in_a_linked_folder_is_listed_at_once(big_library: Path, scan
         assert sorted(set(after) - set(before)) == ["set001/fresh.safetensors"]
         assert scandirs.calls > walked  # the changed folder made it walk again
         assert folders.resolve("loras", "set001/fresh.safetensors") == (
-            big_library / "models" / "loras" / "set001" / "fresh.safetensors")
+            big_library / "models" / "loras" / "set001" / "fresh.safetensors"
+        )
     finally:
         new.unlink()
 
@@ -122,8 +126,9 @@ def test_a_link_whose_target_was_removed_is_refused(tmp_path: Path, scandirs: Sc
     assert folders.list("checkpoints") == []
 
 
-def test_a_link_whose_target_appears_later_is_listed_without_a_refresh(tmp_path: Path,
-                                                                       scandirs: ScandirCounter) -> None:
+def test_a_link_whose_target_appears_later_is_listed_without_a_refresh(
+    tmp_path: Path, scandirs: ScandirCounter
+) -> None:
     # A link to a drive not mounted yet: its target appearing changes no listed folder's time.
     root = tmp_path / "models" / "checkpoints"
     root.mkdir(parents=True)
@@ -172,4 +177,3 @@ def test_a_folder_that_appears_later_is_listed(tmp_path: Path) -> None:
     (tmp_path / "models" / "upscale_models").mkdir(parents=True)
     (tmp_path / "models" / "upscale_models" / "4x.pth").touch()
     assert folders.list("upscale_models") == ["4x.pth"]
-

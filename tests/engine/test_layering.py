@@ -34,10 +34,14 @@ def too_long(paths: list[Path]) -> dict[str, int]:
 
 def test_engine_modules_import_no_node_module() -> None:
     offenders = {
-        str(path.relative_to(ROOT)): sorted(n for n in imported_modules(path) if n == "nodes" or n.startswith("nodes."))
+        str(path.relative_to(ROOT)): sorted(
+            n for n in imported_modules(path) if n == "nodes" or n.startswith("nodes.")
+        )
         for path in engine_modules()
     }
-    assert {k: v for k, v in offenders.items() if v} == {}, "engine/ must not import nodes/: move the code or invert it"
+    assert {k: v for k, v in offenders.items() if v} == {}, (
+        "engine/ must not import nodes/: move the code or invert it"
+    )
 
 
 def test_the_import_check_sees_a_node_import(tmp_path: Path) -> None:

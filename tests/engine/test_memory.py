@@ -123,7 +123,10 @@ def test_prefetch_reads_next_in_background_and_counts_a_hit() -> None:
         time.sleep(0.2)  # the node computes; b is read meanwhile
     with mm.use(b):
         pass
-    assert sources(mm) == [("a", "disk"), ("b", "prefetch")] or sources(mm) == [("a", "prefetch"), ("b", "prefetch")]
+    assert sources(mm) == [("a", "disk"), ("b", "prefetch")] or sources(mm) == [
+        ("a", "prefetch"),
+        ("b", "prefetch"),
+    ]
     assert mm.stats()["prefetch_hits"] >= 1
     assert b.loads and b.loads[0].startswith("loom-prefetch")
     mm.close()
@@ -143,7 +146,9 @@ def test_prefetch_casts_in_the_background_so_use_finds_the_module_ready() -> Non
     assert [(x["key"], x["source"]) for x in mm.stats()["loads"]][-1] == ("fake:b", "prefetch")
     assert [c[0].startswith("loom-prefetch") for c in b.casts] == [True]
     mm.close()
-    cuda = ModelManager(DevicePolicy(device="cuda", default_dtype="float16"), ram_budget_bytes=1000, prefetch=True)
+    cuda = ModelManager(
+        DevicePolicy(device="cuda", default_dtype="float16"), ram_budget_bytes=1000, prefetch=True
+    )
     c, d = FakeHandle("c"), FakeHandle("d")
     cuda.hint_upcoming([c, d])
     with cuda.use(c):

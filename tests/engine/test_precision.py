@@ -19,8 +19,12 @@ def parse(*flags: str) -> argparse.Namespace:
 
 
 def dtypes(policy: DevicePolicy) -> tuple[str, str, str, str]:
-    return (policy.dtype_for("unet"), policy.dtype_for("clip"), policy.dtype_for("vae"),
-            policy.dtype_for("clip_vision"))
+    return (
+        policy.dtype_for("unet"),
+        policy.dtype_for("clip"),
+        policy.dtype_for("vae"),
+        policy.dtype_for("clip_vision"),
+    )
 
 
 def test_no_flag_leaves_the_policy_alone() -> None:
@@ -38,23 +42,33 @@ def test_per_kind_flags() -> None:
 def test_force_fp32_covers_every_model_and_force_fp16_keeps_the_vae_rule() -> None:
     assert dtypes(precision.apply(CUDA, parse("--force-fp32"))) == ("float32",) * 4
     # the SD VAE overflows in fp16: --force-fp16 keeps its rule (bf16 here, fp32 on a CPU) ...
-    assert dtypes(precision.apply(CUDA, parse("--force-fp16"))) == ("float16", "float16", "bfloat16", "float16")
+    assert dtypes(precision.apply(CUDA, parse("--force-fp16"))) == (
+        "float16",
+        "float16",
+        "bfloat16",
+        "float16",
+    )
     assert precision.apply(DevicePolicy.cpu(), parse("--force-fp16")).dtype_for("vae") == "float32"
     # ... unless asked for by name
     assert precision.apply(CUDA, parse("--force-fp16", "--fp16-vae")).dtype_for("vae") == "float16"
 
 
-@pytest.mark.parametrize("flags", [("--fp16-unet", "--bf16-unet"), ("--force-fp32", "--force-fp16"),
-                                   ("--fp32-vae", "--fp16-vae")])
-def test_two_precisions_for_one_kind_are_refused(flags: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "flags", [("--fp16-unet", "--bf16-unet"), ("--force-fp32", "--force-fp16"), ("--fp32-vae", "--fp16-vae")]
+)
+def test_two_precisions_for_one_kind_are_refused(
+    flags: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         parse(*flags)
     assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
 def test_describe_names_device_and_dtypes() -> None:
-    assert precision.describe(precision.apply(DevicePolicy.cpu(), parse("--bf16-unet"))) == \
-        "cpu: unet bfloat16, clip float32, vae float32"
+    assert (
+        precision.describe(precision.apply(DevicePolicy.cpu(), parse("--bf16-unet")))
+        == "cpu: unet bfloat16, clip float32, vae float32"
+    )
 
 
 def test_the_manager_reports_its_precision() -> None:

@@ -38,7 +38,9 @@ def parse(*flags: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     precision.add_precision_args(parser)
     args = parser.parse_args(list(flags))
-    args.no_precision_probe = "--no-precision-probe" in flags  # the suite's env default is not under test here
+    args.no_precision_probe = (
+        "--no-precision-probe" in flags
+    )  # the suite's env default is not under test here
     return args
 
 
@@ -116,13 +118,18 @@ def test_a_corrupt_cache_is_measured_again(tmp_path: Path) -> None:
 
 # --- the policy, the flags and the log ------------------------------------------------------------
 def test_the_measured_precision_becomes_the_default_and_is_logged_with_its_reason(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="loom"):
-        policy = precision.policy_for(parse(), DevicePolicy.cpu(), tmp_path / "p.json", FakeProbe((FP32, AMX_BF16)))
+        policy = precision.policy_for(
+            parse(), DevicePolicy.cpu(), tmp_path / "p.json", FakeProbe((FP32, AMX_BF16))
+        )
     assert [policy.dtype_for(k) for k in ("unet", "clip", "vae")] == ["bfloat16"] * 3
     lines = [r.getMessage() for r in caplog.records]
-    assert any(line.startswith("precision: bfloat16 for cpu:Test CPU [amx_bf16] (measured now): bfloat16 is fastest")
-               for line in lines)
+    assert any(
+        line.startswith("precision: bfloat16 for cpu:Test CPU [amx_bf16] (measured now): bfloat16 is fastest")
+        for line in lines
+    )
 
 
 def test_force_fp32_skips_the_measurement(tmp_path: Path) -> None:
@@ -134,15 +141,21 @@ def test_force_fp32_skips_the_measurement(tmp_path: Path) -> None:
 
 def test_no_precision_probe_keeps_the_device_default(tmp_path: Path) -> None:
     probe = FakeProbe((FP32, AMX_BF16))
-    policy = precision.policy_for(parse("--no-precision-probe"), DevicePolicy.cpu(), tmp_path / "p.json", probe)
+    policy = precision.policy_for(
+        parse("--no-precision-probe"), DevicePolicy.cpu(), tmp_path / "p.json", probe
+    )
     assert policy.dtype_for("unet") == "float32" and probe.calls == 0
 
 
 def test_per_kind_flags_override_the_measured_choice_for_their_kind_only(tmp_path: Path) -> None:
-    policy = precision.policy_for(parse("--fp32-vae"), DevicePolicy.cpu(), tmp_path / "p.json",
-                                  FakeProbe((FP32, AMX_BF16)))
-    assert (policy.dtype_for("unet"), policy.dtype_for("clip"), policy.dtype_for("vae")) == \
-        ("bfloat16", "bfloat16", "float32")
+    policy = precision.policy_for(
+        parse("--fp32-vae"), DevicePolicy.cpu(), tmp_path / "p.json", FakeProbe((FP32, AMX_BF16))
+    )
+    assert (policy.dtype_for("unet"), policy.dtype_for("clip"), policy.dtype_for("vae")) == (
+        "bfloat16",
+        "bfloat16",
+        "float32",
+    )
 
 
 def test_remeasure_flag_measures_again(tmp_path: Path) -> None:

@@ -65,7 +65,13 @@ def test_text_encoder_dropped_once_no_upcoming_node_needs_it() -> None:
     s = mm.stats()
     assert [e["key"] for e in s["ram_tier"]] == []
     assert "fake:clip" not in [e["key"] for e in s["resident"]]
-    assert {"key": "fake:clip", "kind": "clip", "to": "disk", "reason": "no longer needed", "bytes": 100} in s["evictions"]
+    assert {
+        "key": "fake:clip",
+        "kind": "clip",
+        "to": "disk",
+        "reason": "no longer needed",
+        "bytes": 100,
+    } in s["evictions"]
 
 
 def test_text_encoder_kept_for_the_node_about_to_run() -> None:

@@ -39,7 +39,9 @@ def test_vram_budget_on_cpu_is_a_simulated_device_with_nothing_reserved() -> Non
 def test_a_gpu_keeps_comfyuis_default_reserve_unless_reserve_vram_says_otherwise() -> None:
     default = budget_from_flags(device="cuda", device_total=8 * GIB)
     assert default is not None and not default.simulated
-    assert default.weights_bytes == 8 * GIB - DEFAULT_RESERVE_BYTES - GPU_WORKING_BYTES  # activations need room
+    assert (
+        default.weights_bytes == 8 * GIB - DEFAULT_RESERVE_BYTES - GPU_WORKING_BYTES
+    )  # activations need room
     reserved = budget_from_flags(device="cuda", device_total=8 * GIB, reserve_vram_gb=1.5)
     assert reserved is not None and reserved.weights_bytes == int(6.5 * GIB) - GPU_WORKING_BYTES
 
@@ -51,11 +53,14 @@ def test_highvram_never_limits_and_novram_forces_streaming() -> None:
     assert no is not None and no.force_streaming
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    ({"lowvram": True, "novram": True}, "contradict"),
-    ({"vram_budget_gb": 0.0}, "positive"),
-    ({"reserve_vram_gb": -1.0}, "0 or more"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"lowvram": True, "novram": True}, "contradict"),
+        ({"vram_budget_gb": 0.0}, "positive"),
+        ({"reserve_vram_gb": -1.0}, "0 or more"),
+    ],
+)
 def test_bad_flags_are_explained(flags: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         budget_from_flags(device="cpu", device_total=None, **flags)
@@ -143,8 +148,18 @@ def test_block_k_plus_1_is_on_its_way_while_block_k_runs() -> None:
     account.charge(10, "resident")
     streamer = BlockStreamer(plan, mover, account)
     run_call(streamer, range(4))
-    assert mover.log == ["start 1", "finish 1", "start 2", "drop 1", "finish 2", "start 3", "drop 2",
-                         "finish 3", "start 1", "drop 3"]  # the next call's first block is fetched early
+    assert mover.log == [
+        "start 1",
+        "finish 1",
+        "start 2",
+        "drop 1",
+        "finish 2",
+        "start 3",
+        "drop 2",
+        "finish 3",
+        "start 1",
+        "drop 3",
+    ]  # the next call's first block is fetched early
     run_call(streamer, range(4))
     assert streamer.stats.prefetch_hits == 5 and streamer.stats.fetches == 7
     assert account.peak == 30  # the resident block and two streamed ones, never more
@@ -157,8 +172,17 @@ def test_without_room_for_prefetch_each_block_is_fetched_when_it_runs() -> None:
     mover, account = Recorder(), DeviceAccount(plan.budget_bytes)
     streamer = BlockStreamer(plan, mover, account)
     run_call(streamer, range(3))
-    assert mover.log == ["start 0", "finish 0", "drop 0", "start 1", "finish 1", "drop 1",
-                         "start 2", "finish 2", "drop 2"]
+    assert mover.log == [
+        "start 0",
+        "finish 0",
+        "drop 0",
+        "start 1",
+        "finish 1",
+        "drop 1",
+        "start 2",
+        "finish 2",
+        "drop 2",
+    ]
     assert account.peak == 10 and account.held == 0
 
 

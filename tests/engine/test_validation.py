@@ -153,8 +153,10 @@ def test_non_finite_floats_are_refused(harness: Harness, value: Any) -> None:
     g.add("Show", value=g.out(r))
     result = run_invalid(harness, g.prompt)
     assert errors_of(result, "1") == ["invalid_input_type"]
-    assert "finite" in result.node_errors["1"]["errors"][0]["details"] or "too large" in \
-        result.node_errors["1"]["errors"][0]["details"]
+    assert (
+        "finite" in result.node_errors["1"]["errors"][0]["details"]
+        or "too large" in result.node_errors["1"]["errors"][0]["details"]
+    )
 
 
 def test_a_missing_node_type_fails_the_prompt_even_when_unconnected(harness: Harness) -> None:

@@ -13,8 +13,9 @@ import main
 from nodes.weights import pickle_refusal
 
 
-def test_the_pickle_refusal_names_a_command_that_converts_the_file(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_pickle_refusal_names_a_command_that_converts_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = tmp_path / "model.ckpt"
     weight = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     torch.save({"state_dict": {"layer.weight": weight, "layer.bias": weight[0]}, "epoch": 3}, source)

@@ -60,16 +60,19 @@ def test_detect_format(api: dict[str, Any]) -> None:
     assert detect_format(json.loads((WORKFLOWS / "saved_v2.json").read_text())) == "loom"
 
 
-@pytest.mark.parametrize("obj, phrase", [
-    ([1, 2], "found a list"),
-    ("KSampler", "found a string"),
-    ({}, "empty object"),
-    ({"name": "x", "steps": 3}, "found an object with keys 'name', 'steps'"),
-    ({"1": {"class_type": "A", "inputs": {}}, "2": 7}, "node '2' should be an object"),
-    ({"format": "other"}, "unknown workflow format 'other'"),
-    ({"prompt": {"1": {"class_type": "A", "inputs": {}}}}, "a /prompt request body"),
-    ({"nodes": []}, "without a \"links\" list"),
-])
+@pytest.mark.parametrize(
+    "obj, phrase",
+    [
+        ([1, 2], "found a list"),
+        ("KSampler", "found a string"),
+        ({}, "empty object"),
+        ({"name": "x", "steps": 3}, "found an object with keys 'name', 'steps'"),
+        ({"1": {"class_type": "A", "inputs": {}}, "2": 7}, "node '2' should be an object"),
+        ({"format": "other"}, "unknown workflow format 'other'"),
+        ({"prompt": {"1": {"class_type": "A", "inputs": {}}}}, "a /prompt request body"),
+        ({"nodes": []}, 'without a "links" list'),
+    ],
+)
 def test_detect_format_errors_say_what_was_expected_and_found(obj: Any, phrase: str) -> None:
     with pytest.raises(WorkflowFormatError) as info:
         detect_format(obj)
@@ -78,9 +81,11 @@ def test_detect_format_errors_say_what_was_expected_and_found(obj: Any, phrase: 
 
 
 def test_normalize_api_links_and_ids(api: dict[str, Any]) -> None:
-    raw = {3: {"class_type": "KSampler", "inputs": {"model": [4, 0], "size": [512, 512], "seed": 1}},
-           4: {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "a.safetensors"}},
-           5: {"class_type": "Note"}}
+    raw = {
+        3: {"class_type": "KSampler", "inputs": {"model": [4, 0], "size": [512, 512], "seed": 1}},
+        4: {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "a.safetensors"}},
+        5: {"class_type": "Note"},
+    }
     before = copy.deepcopy(raw)
     out = normalize_api(raw)
     assert out == {
@@ -92,13 +97,16 @@ def test_normalize_api_links_and_ids(api: dict[str, Any]) -> None:
     assert normalize_api(api) == api
 
 
-@pytest.mark.parametrize("obj, phrase", [
-    ({}, "an empty object"),
-    ({"1": {"inputs": {}}}, "node '1': \"class_type\" must be a non-empty string"),
-    ({"1": {"class_type": "A", "inputs": 3}}, "node '1' (A): \"inputs\" must be an object"),
-    ({"1": {"class_type": "A", "inputs": {}, "_meta": "t"}}, "\"_meta\" must be an object"),
-    ({"1": []}, "node '1': expected an object"),
-])
+@pytest.mark.parametrize(
+    "obj, phrase",
+    [
+        ({}, "an empty object"),
+        ({"1": {"inputs": {}}}, "node '1': \"class_type\" must be a non-empty string"),
+        ({"1": {"class_type": "A", "inputs": 3}}, "node '1' (A): \"inputs\" must be an object"),
+        ({"1": {"class_type": "A", "inputs": {}, "_meta": "t"}}, '"_meta" must be an object'),
+        ({"1": []}, "node '1': expected an object"),
+    ],
+)
 def test_normalize_api_errors(obj: Any, phrase: str) -> None:
     with pytest.raises(WorkflowFormatError, match=None) as info:
         normalize_api(obj)
@@ -107,10 +115,20 @@ def test_normalize_api_errors(obj: Any, phrase: str) -> None:
 
 # --- Loom's saved format ----------------------------------------------------------------------
 def test_saved_round_trip(api: dict[str, Any]) -> None:
-    layout = {"nodes": {3: {"pos": [863, 186], "size": [315, 262], "title": "Sampler", "color": "#223",
-                            "collapsed": False, "mode": 0}},
-              "groups": [{"title": "Prompts", "bounding": [400, 110, 460, 490], "color": "#3f789e"}],
-              "links": {"1": {"color": "#fff"}}}
+    layout = {
+        "nodes": {
+            3: {
+                "pos": [863, 186],
+                "size": [315, 262],
+                "title": "Sampler",
+                "color": "#223",
+                "collapsed": False,
+                "mode": 0,
+            }
+        },
+        "groups": [{"title": "Prompts", "bounding": [400, 110, 460, 490], "color": "#3f789e"}],
+        "links": {"1": {"color": "#fff"}},
+    }
     saved = to_saved(api, layout, {"ds": {"scale": 1.2}})
     assert saved["format"] == "loom.workflow" and saved["version"] == SAVED_VERSION
     text = json.dumps(saved)
@@ -172,15 +190,29 @@ def saved_with_instance(api: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     flat = copy.deepcopy(api)
     flat["10:6"], flat["10:7"] = flat.pop("6"), flat.pop("7")
     flat["3"]["inputs"].update(positive=["10:6", 0], negative=["10:7", 0])
-    layout = {"nodes": {}, "groups": [], "runnable": flat,
-              "subgraphs": [{"id": "sg-1", "name": "prompts", "inputs": [{"name": "clip", "type": "CLIP"}],
-                             "outputs": [{"name": "positive", "type": "CONDITIONING"},
-                                         {"name": "negative", "type": "CONDITIONING"}], "saved": {}}]}
+    layout = {
+        "nodes": {},
+        "groups": [],
+        "runnable": flat,
+        "subgraphs": [
+            {
+                "id": "sg-1",
+                "name": "prompts",
+                "inputs": [{"name": "clip", "type": "CLIP"}],
+                "outputs": [
+                    {"name": "positive", "type": "CONDITIONING"},
+                    {"name": "negative", "type": "CONDITIONING"},
+                ],
+                "saved": {},
+            }
+        ],
+    }
     return to_saved(outer, layout), flat
 
 
 def test_a_saved_graph_with_subgraph_instances_runs_the_flattened_graph(
-        api: dict[str, Any], object_info: dict[str, Any]) -> None:
+    api: dict[str, Any], object_info: dict[str, Any]
+) -> None:
     saved, flat = saved_with_instance(api)
     loaded = load_workflow(saved, object_info)
     assert loaded.prompt == flat
@@ -188,7 +220,8 @@ def test_a_saved_graph_with_subgraph_instances_runs_the_flattened_graph(
 
 
 def test_a_saved_graph_with_instances_but_no_flattened_graph_says_how_to_fix(
-        api: dict[str, Any], object_info: dict[str, Any]) -> None:
+    api: dict[str, Any], object_info: dict[str, Any]
+) -> None:
     saved, _ = saved_with_instance(api)
     del saved["layout"]["runnable"]
     with pytest.raises(WorkflowFormatError, match="10 are subgraph instances.*save it again"):
@@ -246,15 +279,22 @@ def test_png_without_workflow_names_the_file(tmp_path: Path, object_info: dict[s
 def test_png_with_broken_prompt_and_no_workflow(tmp_path: Path, object_info: dict[str, Any]) -> None:
     path = tmp_path / "odd.png"
     path.write_bytes(png_bytes(prompt=json.dumps({"1": {"inputs": {}}})))
-    with pytest.raises(WorkflowFormatError, match="\"prompt\" chunk is not a valid API workflow"):
+    with pytest.raises(WorkflowFormatError, match='"prompt" chunk is not a valid API workflow'):
         load_workflow_file(path, object_info)
 
 
 # --- loading files of every kind --------------------------------------------------------------
-@pytest.mark.parametrize("name, kind", [
-    ("api_txt2img.json", "api"), ("saved_v1.json", "loom"), ("saved_v2.json", "loom"), ("txt2img.json", "ui"),
-    ("subgraph.json", "ui"), ("group_node.json", "ui"),
-])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("api_txt2img.json", "api"),
+        ("saved_v1.json", "loom"),
+        ("saved_v2.json", "loom"),
+        ("txt2img.json", "ui"),
+        ("subgraph.json", "ui"),
+        ("group_node.json", "ui"),
+    ],
+)
 def test_load_workflow_file(name: str, kind: str, object_info: dict[str, Any], api: dict[str, Any]) -> None:
     loaded = load_workflow_file(WORKFLOWS / name, object_info)
     assert loaded.source_format == kind
@@ -280,16 +320,16 @@ BAD_FILES = {
     "empty_object.json": "empty object",
     "api_node_not_object.json": "node '4' should be an object with \"class_type\"",
     "api_inputs_not_object.json": "node '3' (KSampler): \"inputs\" must be an object, found a list",
-    "api_empty_class_type.json": "\"class_type\" must be a non-empty string",
+    "api_empty_class_type.json": '"class_type" must be a non-empty string',
     "ui_bad_link.json": "expected links as [id, from_node, from_slot, to_node, to_slot, type]",
     "ui_node_without_type.json": "node #0 of the 'nodes' list",
-    "ui_without_links.json": "UI-format workflow without a \"links\" list",
+    "ui_without_links.json": 'UI-format workflow without a "links" list',
     "ui_all_muted.json": "no nodes that run",
     "saved_future_version.json": "version 99 was written by a newer Loom",
     "saved_bad_layout.json": "layout of node '5': \"pos\" must be [2 numbers]",
     "saved_unknown_format.json": "unknown workflow format 'comfy.workflow'",
-    "saved_version_missing.json": "\"version\" must be an integer from 1 to 2",
-    "prompt_request_body.json": "save only the value of \"prompt\"",
+    "saved_version_missing.json": '"version" must be an integer from 1 to 2',
+    "prompt_request_body.json": 'save only the value of "prompt"',
 }
 
 
@@ -320,7 +360,7 @@ def test_png_with_bad_workflow_chunk_says_which_chunk(tmp_path: Path, object_inf
     path.write_bytes(png_bytes(workflow=json.dumps({"nodes": [{"id": 1}], "links": []})))
     with pytest.raises(WorkflowFormatError) as info:
         load_workflow_file(path, object_info)
-    assert str(info.value).startswith(f"{path}: the PNG's \"workflow\" chunk: node #0")
+    assert str(info.value).startswith(f'{path}: the PNG\'s "workflow" chunk: node #0')
 
 
 def test_engine_workflow_modules_do_not_import_torch() -> None:
@@ -328,8 +368,13 @@ def test_engine_workflow_modules_do_not_import_torch() -> None:
     import sys
 
     code = "import sys, engine.formats; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parent.parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent.parent,
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -338,7 +383,10 @@ def test_saved_format_modes_mute_and_bypass_as_comfyui() -> None:
 
     info = {
         "Src": {"input": {"required": {}}, "output": ["IMAGE"]},
-        "Blur": {"input": {"required": {"image": ["IMAGE", {}], "amount": ["FLOAT", {}]}}, "output": ["IMAGE"]},
+        "Blur": {
+            "input": {"required": {"image": ["IMAGE", {}], "amount": ["FLOAT", {}]}},
+            "output": ["IMAGE"],
+        },
         "Save": {"input": {"required": {"images": ["IMAGE", {}]}}, "output": []},
         "Note": {"input": {"required": {"images": ["IMAGE", {}]}}, "output": []},
     }
@@ -349,11 +397,18 @@ def test_saved_format_modes_mute_and_bypass_as_comfyui() -> None:
         "4": {"class_type": "Save", "inputs": {"images": ["3", 0]}},
         "5": {"class_type": "Note", "inputs": {"images": ["1", 0]}},
     }
-    layout = {"nodes": {"2": {"pos": [0, 0], "mode": 4}, "3": {"pos": [0, 0], "mode": 4},
-                        "5": {"pos": [0, 0], "mode": 2}}}
+    layout = {
+        "nodes": {
+            "2": {"pos": [0, 0], "mode": 4},
+            "3": {"pos": [0, 0], "mode": 4},
+            "5": {"pos": [0, 0], "mode": 2},
+        }
+    }
     loaded = load_workflow(to_saved(prompt, layout), info)
     assert loaded.prompt == {
         "1": {"class_type": "Src", "inputs": {}},
         "4": {"class_type": "Save", "inputs": {"images": ["1", 0]}},
     }
-    assert loaded.workflow is not None and set(loaded.workflow["prompt"]) == set(prompt)  # the editor keeps all
+    assert loaded.workflow is not None and set(loaded.workflow["prompt"]) == set(
+        prompt
+    )  # the editor keeps all

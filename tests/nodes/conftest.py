@@ -37,9 +37,15 @@ def _unet(**kw: Any) -> Any:
     from diffusers import UNet2DConditionModel
 
     cfg: dict[str, Any] = dict(
-        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=2,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32, norm_num_groups=32,
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=2,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        norm_num_groups=32,
     )
     cfg.update(kw)
     return UNet2DConditionModel(**cfg).eval()
@@ -49,19 +55,35 @@ def tiny_vae() -> Any:
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64, 64, 64), layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=32,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(32, 64, 64, 64),
+        layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        norm_num_groups=32,
         sample_size=64,
     ).eval()
 
 
-def tiny_clip(hidden: int = 32, layers: int = 2, act: str = "quick_gelu", projection: int | None = None) -> Any:
+def tiny_clip(
+    hidden: int = 32, layers: int = 2, act: str = "quick_gelu", projection: int | None = None
+) -> Any:
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     cfg = CLIPTextConfig(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=37, num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64), max_position_embeddings=77, hidden_act=act,
-        layer_norm_eps=1e-5, bos_token_id=49406, eos_token_id=49407, pad_token_id=1,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=37,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        max_position_embeddings=77,
+        hidden_act=act,
+        layer_norm_eps=1e-5,
+        bos_token_id=49406,
+        eos_token_id=49407,
+        pad_token_id=1,
         projection_dim=projection or hidden,
     )
     return (CLIPTextModelWithProjection(cfg) if projection else CLIPTextModel(cfg)).eval()
@@ -75,18 +97,31 @@ def build_tiny(family: str, seed: int = 0) -> TinyModel:
         mods = {"unet": _unet(attention_head_dim=8), "clip_l": tiny_clip(), "vae": tiny_vae()}
         return TinyModel("sd15", mods)
     if family == "sd2":
-        mods = {"unet": _unet(attention_head_dim=(1, 1), use_linear_projection=True, upcast_attention=True),
-                "clip_h": tiny_clip(layers=3, act="gelu", projection=32), "vae": tiny_vae()}
+        mods = {
+            "unet": _unet(attention_head_dim=(1, 1), use_linear_projection=True, upcast_attention=True),
+            "clip_h": tiny_clip(layers=3, act="gelu", projection=32),
+            "vae": tiny_vae(),
+        }
         return TinyModel("sd2", mods, "v_prediction")
     if family == "sdxl":
         unet = _unet(
-            layers_per_block=1, cross_attention_dim=64, attention_head_dim=(1, 1), use_linear_projection=True,
-            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-            transformer_layers_per_block=(1, 2), addition_embed_type="text_time", addition_time_embed_dim=8,
+            layers_per_block=1,
+            cross_attention_dim=64,
+            attention_head_dim=(1, 1),
+            use_linear_projection=True,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            transformer_layers_per_block=(1, 2),
+            addition_embed_type="text_time",
+            addition_time_embed_dim=8,
             projection_class_embeddings_input_dim=32 + 6 * 8,
         )
-        mods = {"unet": unet, "clip_l": tiny_clip(), "clip_g": tiny_clip(layers=3, act="gelu", projection=32),
-                "vae": tiny_vae()}
+        mods = {
+            "unet": unet,
+            "clip_l": tiny_clip(),
+            "clip_g": tiny_clip(layers=3, act="gelu", projection=32),
+            "vae": tiny_vae(),
+        }
         return TinyModel("sdxl", mods)
     raise ValueError(family)
 
@@ -99,7 +134,9 @@ def write_single_file(model: TinyModel, path: Path, dtype: str = "float32") -> P
     from nodes.families.build import ldm_state_dict
 
     sd = ldm_state_dict(family_by_name(model.family), model.modules, model.prediction)
-    sd = {k: (v.to(getattr(torch, dtype)) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
+    sd = {
+        k: (v.to(getattr(torch, dtype)) if v.is_floating_point() else v).contiguous() for k, v in sd.items()
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path), metadata={"format": "pt"})
     return path
@@ -148,7 +185,10 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, 
         write_diffusers_folder(model, root / "diffusers" / f"tiny_{name}")
     vae_sd = ldm_state_dict(SD15(), {"vae": tiny_models["sd15"].modules["vae"]})
     (root / "vae").mkdir()
-    save_file({k.removeprefix("first_stage_model."): v for k, v in vae_sd.items()}, str(root / "vae" / "tiny_vae.safetensors"))
+    save_file(
+        {k.removeprefix("first_stage_model."): v for k, v in vae_sd.items()},
+        str(root / "vae" / "tiny_vae.safetensors"),
+    )
     (root / "loras").mkdir()
     return root
 
@@ -189,10 +229,17 @@ def make_ctx(model_folders: Any, manager: Any, tmp_path: Path) -> Callable[..., 
     from engine.context import Folders, NodeContext, RunSettings
 
     def make(node_id: str = "1", **settings: Any) -> NodeContext:
-        folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=model_folders)
+        folders = Folders(
+            tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=model_folders
+        )
         folders.ensure()
-        return NodeContext(node_id=node_id, prompt_id="test", folders=folders, models=manager,
-                           settings=RunSettings(**settings))
+        return NodeContext(
+            node_id=node_id,
+            prompt_id="test",
+            folders=folders,
+            models=manager,
+            settings=RunSettings(**settings),
+        )
 
     return make
 

@@ -11,5 +11,10 @@ from engine.context import Folders, KeptImages, NodeContext, RunSettings
 def image_ctx(tmp_path: Path, *, keep: bool = False, **settings: Any) -> NodeContext:
     folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp")
     folders.ensure()
-    return NodeContext(node_id="7", prompt_id="test", folders=folders, settings=RunSettings(**settings),
-                       kept_images=KeptImages() if keep else None)
+    return NodeContext(
+        node_id="7",
+        prompt_id="test",
+        folders=folders,
+        settings=RunSettings(**settings),
+        kept_images=KeptImages() if keep else None,
+    )

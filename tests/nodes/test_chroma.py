@@ -55,8 +55,19 @@ def test_chroma_ksampler_equals_euler_cfg_loop_over_diffusers_model(demo: Path, 
     pos = CLIPTextEncode().run(ctx, text="a harbour at sunrise", clip=clip)[0]
     neg = CLIPTextEncode().run(ctx, text="blurry", clip=clip)[0]
     latent = EmptySD3LatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
-    out = KSampler().run(ctx, model=model, seed=7, steps=3, cfg=4.0, sampler_name="euler", scheduler="simple",
-                         positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]
+    out = KSampler().run(
+        ctx,
+        model=model,
+        seed=7,
+        steps=3,
+        cfg=4.0,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]
 
     net = demo_chroma_transformer()
     sigmas = ksampler_sigmas(model.model_sampling, "simple", "euler", 3)
@@ -64,8 +75,14 @@ def test_chroma_ksampler_equals_euler_cfg_loop_over_diffusers_model(demo: Path, 
     tokens, img_ids = pack(x)
 
     def velocity(embeds: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        return net(hidden_states=tokens_now, encoder_hidden_states=embeds, timestep=sigma.reshape(1), img_ids=img_ids,
-                   txt_ids=torch.zeros(embeds.shape[1], 3), return_dict=False)[0]
+        return net(
+            hidden_states=tokens_now,
+            encoder_hidden_states=embeds,
+            timestep=sigma.reshape(1),
+            img_ids=img_ids,
+            txt_ids=torch.zeros(embeds.shape[1], 3),
+            return_dict=False,
+        )[0]
 
     # ComfyUI batches cond and uncond of different lengths (within an lcm factor of 4) by repeating
     # each to the lcm length; Loom's guider does the same

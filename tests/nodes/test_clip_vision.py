@@ -22,12 +22,22 @@ LEVEL = 1 / 255 / 0.2613  # one 8-bit level after normalisation (smallest CLIP s
 def _to_open_clip(sd: dict[str, torch.Tensor], prefix: str = "visual.") -> dict[str, torch.Tensor]:
     """transformers CLIPVisionModelWithProjection keys → OpenCLIP's visual tower (the inverse map)."""
     out: dict[str, torch.Tensor] = {}
-    top = {"embeddings.patch_embedding.weight": "conv1.weight", "embeddings.class_embedding": "class_embedding",
-           "embeddings.position_embedding.weight": "positional_embedding", "pre_layrnorm.weight": "ln_pre.weight",
-           "pre_layrnorm.bias": "ln_pre.bias", "post_layernorm.weight": "ln_post.weight",
-           "post_layernorm.bias": "ln_post.bias"}
-    names = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "self_attn.out_proj": "attn.out_proj",
-             "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
+    top = {
+        "embeddings.patch_embedding.weight": "conv1.weight",
+        "embeddings.class_embedding": "class_embedding",
+        "embeddings.position_embedding.weight": "positional_embedding",
+        "pre_layrnorm.weight": "ln_pre.weight",
+        "pre_layrnorm.bias": "ln_pre.bias",
+        "post_layernorm.weight": "ln_post.weight",
+        "post_layernorm.bias": "ln_post.bias",
+    }
+    names = {
+        "layer_norm1": "ln_1",
+        "layer_norm2": "ln_2",
+        "self_attn.out_proj": "attn.out_proj",
+        "mlp.fc1": "mlp.c_fc",
+        "mlp.fc2": "mlp.c_proj",
+    }
     layers = {int(k.split(".")[3]) for k in sd if k.startswith("vision_model.encoder.layers.")}
     for k, v in sd.items():
         short = k.removeprefix("vision_model.")
@@ -87,8 +97,9 @@ def vision_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 
 
 @pytest.mark.parametrize("name", ["hf/model.safetensors", "bare.safetensors", "open_clip_vit.safetensors"])
-def test_layouts_load_to_the_same_model(vision_files: tuple[Any, Path], name: str, make_ctx: Any,
-                                        model_folders: Any) -> None:
+def test_layouts_load_to_the_same_model(
+    vision_files: tuple[Any, Path], name: str, make_ctx: Any, model_folders: Any
+) -> None:
     model, root = vision_files
     model_folders.add_folder("clip_vision", root)
     ctx = make_ctx()

@@ -40,9 +40,13 @@ def nets(tiny_models: dict, models_dir: Path) -> dict[str, Any]:
     out = {}
     for name, family, seed in (("cn_a", "sd15", 1), ("cn_b", "sd15", 2), ("cn_xl", "sdxl", 3)):
         cn = demo_controlnet(tiny_models[family].modules["unet"], seed)
-        save_file({k: v.contiguous() for k, v in cn.state_dict().items()}, str(folder / f"{name}.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in cn.state_dict().items()}, str(folder / f"{name}.safetensors")
+        )
         out[name] = cn
-    out["cn_xl"].save_pretrained(folder / "cn_xl_folder")  # a diffusers folder: config.json beside the weights
+    out["cn_xl"].save_pretrained(
+        folder / "cn_xl_folder"
+    )  # a diffusers folder: config.json beside the weights
     return out
 
 
@@ -52,7 +56,10 @@ def _image(batch: int = 1, seed: int = 5) -> torch.Tensor:
 
 
 def _entry(embeds: torch.Tensor, control: Control | None, modules: dict[str, Any]) -> CondEntry:
-    extras: dict[str, Any] = {"control_modules": modules, "percent_to_sigma": lambda p: 1e9 if p <= 0 else 0.0}
+    extras: dict[str, Any] = {
+        "control_modules": modules,
+        "percent_to_sigma": lambda p: 1e9 if p <= 0 else 0.0,
+    }
     if control is not None:
         extras["control"] = control
     return CondEntry(embeds=embeds, extras=extras)
@@ -66,7 +73,9 @@ def test_config_from_file_builds_the_same_controlnet(nets: dict, models_dir: Pat
         assert k == k2 and torch.equal(a, b)
 
 
-def test_one_call_matches_diffusers_controlnet_pipeline_feeding(tiny_models: dict, nets: dict, models_dir: Path) -> None:
+def test_one_call_matches_diffusers_controlnet_pipeline_feeding(
+    tiny_models: dict, nets: dict, models_dir: Path
+) -> None:
     unet = tiny_models["sd15"].modules["unet"]
     handle = open_controlnet(models_dir / "controlnet" / "cn_a.safetensors")
     modules = {handle.key: handle.load()}
@@ -82,10 +91,21 @@ def test_one_call_matches_diffusers_controlnet_pipeline_feeding(tiny_models: dic
         ours = den.forward(unet, x, t, kwargs)
         hidden = embeds.expand(batch, -1, -1)
         hint = image.movedim(-1, 1).expand(batch, -1, -1, -1)
-        down, mid = nets["cn_a"](x, t, encoder_hidden_states=hidden, controlnet_cond=hint, conditioning_scale=0.7,
-                                 return_dict=False)
-        ref = unet(x, t, encoder_hidden_states=hidden, down_block_additional_residuals=down,
-                   mid_block_additional_residual=mid).sample
+        down, mid = nets["cn_a"](
+            x,
+            t,
+            encoder_hidden_states=hidden,
+            controlnet_cond=hint,
+            conditioning_scale=0.7,
+            return_dict=False,
+        )
+        ref = unet(
+            x,
+            t,
+            encoder_hidden_states=hidden,
+            down_block_additional_residuals=down,
+            mid_block_additional_residual=mid,
+        ).sample
         plain = unet(x, t, encoder_hidden_states=hidden).sample
     assert (ours - ref).abs().max() < 1e-4
     assert (ours - plain).abs().max() > 1e-3  # the control does change the prediction
@@ -106,11 +126,24 @@ def test_stacked_controlnets_add_their_residuals(tiny_models: dict, nets: dict, 
     kwargs["control"] = kwargs["control"].at(None)
     with torch.no_grad():
         ours = den.forward(unet, x, t, kwargs)
-        da, ma = nets["cn_a"](x, t, encoder_hidden_states=embeds, controlnet_cond=ia.movedim(-1, 1), return_dict=False)
-        db, mb = nets["cn_b"](x, t, encoder_hidden_states=embeds, controlnet_cond=ib.movedim(-1, 1),
-                              conditioning_scale=0.5, return_dict=False)
-        ref = unet(x, t, encoder_hidden_states=embeds, down_block_additional_residuals=[a + b for a, b in zip(da, db, strict=True)],
-                   mid_block_additional_residual=ma + mb).sample
+        da, ma = nets["cn_a"](
+            x, t, encoder_hidden_states=embeds, controlnet_cond=ia.movedim(-1, 1), return_dict=False
+        )
+        db, mb = nets["cn_b"](
+            x,
+            t,
+            encoder_hidden_states=embeds,
+            controlnet_cond=ib.movedim(-1, 1),
+            conditioning_scale=0.5,
+            return_dict=False,
+        )
+        ref = unet(
+            x,
+            t,
+            encoder_hidden_states=embeds,
+            down_block_additional_residuals=[a + b for a, b in zip(da, db, strict=True)],
+            mid_block_additional_residual=ma + mb,
+        ).sample
     assert (ours - ref).abs().max() < 1e-4
 
 
@@ -134,8 +167,12 @@ def run_env(models_dir: Path, nets: dict, tmp_path_factory: pytest.TempPathFacto
 
     work = tmp_path_factory.mktemp("cn_work")
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
-    ctx = NodeContext("1", "test", Folders(work / "in", work / "out", work / "tmp", model_files=ModelFolders(models_dir)),
-                      models=manager)
+    ctx = NodeContext(
+        "1",
+        "test",
+        Folders(work / "in", work / "out", work / "tmp", model_files=ModelFolders(models_dir)),
+        models=manager,
+    )
     yield ctx
     manager.close()
 
@@ -147,24 +184,48 @@ def _generate(ctx: Any, ckpt: Path, apply: Any = None, batch: int = 1) -> torch.
     if apply is not None:
         pos, neg = apply(pos, neg)
     latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=batch)[0]
-    out = KSampler().run(ctx, model=ck.unet, seed=3, steps=3, cfg=5.0, sampler_name="euler", scheduler="normal",
-                         denoise=1.0, positive=pos, negative=neg, latent_image=latent)[0]
+    out = KSampler().run(
+        ctx,
+        model=ck.unet,
+        seed=3,
+        steps=3,
+        cfg=5.0,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=1.0,
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+    )[0]
     return out["samples"]
 
 
-def _advanced(ctx: Any, name: str, image: torch.Tensor, strength: float, start: float = 0.0, end: float = 1.0) -> Any:
+def _advanced(
+    ctx: Any, name: str, image: torch.Tensor, strength: float, start: float = 0.0, end: float = 1.0
+) -> Any:
     cn = ControlNetLoader().run(ctx, control_net_name=name)[0]
 
     def apply(pos: Any, neg: Any) -> Any:
-        return ControlNetApplyAdvanced().run(ctx, positive=pos, negative=neg, control_net=cn, image=image,
-                                             strength=strength, start_percent=start, end_percent=end)
+        return ControlNetApplyAdvanced().run(
+            ctx,
+            positive=pos,
+            negative=neg,
+            control_net=cn,
+            image=image,
+            strength=strength,
+            start_percent=start,
+            end_percent=end,
+        )
+
     return apply
 
 
 def test_strength_zero_and_an_empty_range_equal_no_controlnet(run_env: Any, tiny_sd15_ckpt: Path) -> None:
     plain = _generate(run_env, tiny_sd15_ckpt)
     zero = _generate(run_env, tiny_sd15_ckpt, _advanced(run_env, "cn_a.safetensors", _image(), 0.0))
-    never = _generate(run_env, tiny_sd15_ckpt, _advanced(run_env, "cn_a.safetensors", _image(), 1.0, 1.0, 1.0))
+    never = _generate(
+        run_env, tiny_sd15_ckpt, _advanced(run_env, "cn_a.safetensors", _image(), 1.0, 1.0, 1.0)
+    )
     full = _generate(run_env, tiny_sd15_ckpt, _advanced(run_env, "cn_a.safetensors", _image(), 1.0))
     assert torch.equal(zero, plain) and torch.equal(never, plain)
     assert (full - plain).abs().max() > 1e-3
@@ -176,9 +237,16 @@ def test_apply_makes_new_entries_on_both_branches(run_env: Any, tiny_sd15_ckpt: 
     before = dict(pos[0].extras)
     new_pos, new_neg = _advanced(run_env, "cn_a.safetensors", _image(), 0.8)(pos, pos)
     assert pos[0].extras == before and "control" not in pos[0].extras
-    assert new_pos[0].extras["control"] is new_neg[0].extras["control"]  # shared: both branches batch together
-    stacked = ControlNetApply().run(run_env, conditioning=new_pos, control_net=new_pos[0].extras["control"].handle,
-                                    image=_image(), strength=0.5)[0]
+    assert (
+        new_pos[0].extras["control"] is new_neg[0].extras["control"]
+    )  # shared: both branches batch together
+    stacked = ControlNetApply().run(
+        run_env,
+        conditioning=new_pos,
+        control_net=new_pos[0].extras["control"].handle,
+        image=_image(),
+        strength=0.5,
+    )[0]
     assert stacked[0].extras["control"].previous is new_pos[0].extras["control"]
 
 
@@ -187,7 +255,9 @@ def test_controlnet_of_another_family_is_refused_naming_both(run_env: Any, tiny_
         _generate(run_env, tiny_sdxl_ckpt, _advanced(run_env, "cn_a.safetensors", _image(), 1.0))
 
 
-def test_control_image_batch_is_repeated_or_cut_to_the_latent_batch(run_env: Any, tiny_sd15_ckpt: Path) -> None:
+def test_control_image_batch_is_repeated_or_cut_to_the_latent_batch(
+    run_env: Any, tiny_sd15_ckpt: Path
+) -> None:
     images = _image(3)
     assert torch.equal(fit_hint(images, 2, (SIZE, SIZE)), images[:2].movedim(-1, 1))
     assert torch.equal(fit_hint(images[:2], 4, (SIZE, SIZE)), images[[0, 1, 0, 1]].movedim(-1, 1))
@@ -203,7 +273,9 @@ def test_hint_is_center_cropped_and_resized_nearest_exact() -> None:
     assert hint.shape == (1, 3, 16, 16) and bool((hint == 1.0).all())
 
 
-def test_original_ldm_layout_loads_the_same_controlnet(nets: dict, models_dir: Path, tiny_sd15_ckpt: Path) -> None:
+def test_original_ldm_layout_loads_the_same_controlnet(
+    nets: dict, models_dir: Path, tiny_sd15_ckpt: Path
+) -> None:
     """An original-layout file (``control_model.*``): the encoder half as the checkpoint writes the
     UNet's, the hint encoder and zero convolutions by position."""
     from safetensors.torch import load_file
@@ -211,16 +283,25 @@ def test_original_ldm_layout_loads_the_same_controlnet(nets: dict, models_dir: P
     cn = nets["cn_a"]
     ckpt = load_file(str(tiny_sd15_ckpt))
     unet_prefix = "model.diffusion_model."
-    ldm = {"control_model." + k.removeprefix(unet_prefix): v for k, v in ckpt.items()
-           if k.startswith(unet_prefix) and k.removeprefix(unet_prefix).split(".")[0]
-           in ("input_blocks", "middle_block", "time_embed")}
+    ldm = {
+        "control_model." + k.removeprefix(unet_prefix): v
+        for k, v in ckpt.items()
+        if k.startswith(unet_prefix)
+        and k.removeprefix(unet_prefix).split(".")[0] in ("input_blocks", "middle_block", "time_embed")
+    }
     sd = cn.state_dict()
     n_blocks = len(cn.controlnet_cond_embedding.blocks)
     for key, value in sd.items():
         parts = key.split(".")
         if key.startswith("controlnet_cond_embedding."):
             name = parts[1]
-            index = 0 if name == "conv_in" else 2 * (n_blocks + 1) if name == "conv_out" else 2 * (int(parts[2]) + 1)
+            index = (
+                0
+                if name == "conv_in"
+                else 2 * (n_blocks + 1)
+                if name == "conv_out"
+                else 2 * (int(parts[2]) + 1)
+            )
             ldm[f"control_model.input_hint_block.{index}.{parts[-1]}"] = value
         elif key.startswith("controlnet_down_blocks."):
             ldm[f"control_model.zero_convs.{parts[1]}.0.{parts[-1]}"] = value
@@ -234,9 +315,13 @@ def test_original_ldm_layout_loads_the_same_controlnet(nets: dict, models_dir: P
     assert all(torch.equal(ours[k], sd[k]) for k in sd)
 
 
-def test_sdxl_call_matches_diffusers_with_pooled_and_size_ids(tiny_models: dict, nets: dict, models_dir: Path) -> None:
+def test_sdxl_call_matches_diffusers_with_pooled_and_size_ids(
+    tiny_models: dict, nets: dict, models_dir: Path
+) -> None:
     unet = tiny_models["sdxl"].modules["unet"]
-    handle = open_controlnet(models_dir / "controlnet" / "cn_xl_folder" / "diffusion_pytorch_model.safetensors")
+    handle = open_controlnet(
+        models_dir / "controlnet" / "cn_xl_folder" / "diffusion_pytorch_model.safetensors"
+    )
     assert handle.family == "sdxl"
     modules = {handle.key: handle.load()}
     image = _image()
@@ -247,13 +332,29 @@ def test_sdxl_call_matches_diffusers_with_pooled_and_size_ids(tiny_models: dict,
     den = UNetDenoiser(size_ids=True)
     kwargs = den.conditioning([entry], 1, (SIZE, SIZE))
     kwargs["control"] = kwargs["control"].at(None)
-    added = {"text_embeds": pooled, "time_ids": torch.tensor([[SIZE, SIZE, 0, 0, SIZE, SIZE]], dtype=torch.float32)}
+    added = {
+        "text_embeds": pooled,
+        "time_ids": torch.tensor([[SIZE, SIZE, 0, 0, SIZE, SIZE]], dtype=torch.float32),
+    }
     with torch.no_grad():
         ours = den.forward(unet, x, t, kwargs)
-        down, mid = nets["cn_xl"](x, t, encoder_hidden_states=embeds, controlnet_cond=image.movedim(-1, 1),
-                                  conditioning_scale=0.8, added_cond_kwargs=added, return_dict=False)
-        ref = unet(x, t, encoder_hidden_states=embeds, added_cond_kwargs=added, down_block_additional_residuals=down,
-                   mid_block_additional_residual=mid).sample
+        down, mid = nets["cn_xl"](
+            x,
+            t,
+            encoder_hidden_states=embeds,
+            controlnet_cond=image.movedim(-1, 1),
+            conditioning_scale=0.8,
+            added_cond_kwargs=added,
+            return_dict=False,
+        )
+        ref = unet(
+            x,
+            t,
+            encoder_hidden_states=embeds,
+            added_cond_kwargs=added,
+            down_block_additional_residuals=down,
+            mid_block_additional_residual=mid,
+        ).sample
     assert (ours - ref).abs().max() < 1e-4
 
 
@@ -264,23 +365,31 @@ def test_files_that_are_not_full_controlnets_are_refused(models_dir: Path) -> No
     save_file({"body.0.weight": torch.zeros(4, 4)}, str(folder / "not_a_controlnet.safetensors"))
     with pytest.raises(ModelLoadError, match="not a ControlNet"):
         open_controlnet(folder / "not_a_controlnet.safetensors")
-    save_file({"difference": torch.zeros(1), "control_model.zero_convs.0.0.weight": torch.zeros(4, 4, 1, 1)},
-              str(folder / "diff_cn.safetensors"))
+    save_file(
+        {"difference": torch.zeros(1), "control_model.zero_convs.0.0.weight": torch.zeros(4, 4, 1, 1)},
+        str(folder / "diff_cn.safetensors"),
+    )
     with pytest.raises(ModelLoadError, match="diff"):
         open_controlnet(folder / "diff_cn.safetensors")
 
 
-def test_old_apply_goes_to_the_negative_too_when_it_has_no_control(run_env: Any, tiny_sd15_ckpt: Path) -> None:
+def test_old_apply_goes_to_the_negative_too_when_it_has_no_control(
+    run_env: Any, tiny_sd15_ckpt: Path
+) -> None:
     """ComfyUI's ControlNetApply marks its entries ``control_apply_to_uncond``: at sampling the
     control is copied onto the negative's entries unless the negative has a control of its own."""
     cn = ControlNetLoader().run(run_env, control_net_name="cn_a.safetensors")[0]
     other = ControlNetLoader().run(run_env, control_net_name="cn_b.safetensors")[0]
 
     def old_apply(pos: Any, neg: Any) -> Any:
-        return ControlNetApply().run(run_env, conditioning=pos, control_net=cn, image=_image(), strength=1.0)[0], neg
+        return ControlNetApply().run(run_env, conditioning=pos, control_net=cn, image=_image(), strength=1.0)[
+            0
+        ], neg
 
     def old_apply_own_negative(pos: Any, neg: Any) -> Any:
-        neg = ControlNetApply().run(run_env, conditioning=neg, control_net=other, image=_image(), strength=0.5)[0]
+        neg = ControlNetApply().run(
+            run_env, conditioning=neg, control_net=other, image=_image(), strength=0.5
+        )[0]
         return old_apply(pos, neg)[0], neg
 
     both = _generate(run_env, tiny_sd15_ckpt, _advanced(run_env, "cn_a.safetensors", _image(), 1.0))
@@ -294,9 +403,11 @@ def test_controls_to_uncond_follows_comfyuis_rule() -> None:
 
     c1, c2 = object(), object()
     e = torch.zeros(1, 77, 32)
-    pos = (CondEntry(e, extras={"control": c1, "control_apply_to_uncond": True}),
-           CondEntry(e, extras={"control": c2, "control_apply_to_uncond": True}),
-           CondEntry(e, area=(2, 2, 0, 0), extras={"control": object(), "control_apply_to_uncond": True}))
+    pos = (
+        CondEntry(e, extras={"control": c1, "control_apply_to_uncond": True}),
+        CondEntry(e, extras={"control": c2, "control_apply_to_uncond": True}),
+        CondEntry(e, area=(2, 2, 0, 0), extras={"control": object(), "control_apply_to_uncond": True}),
+    )
     neg = (CondEntry(e), CondEntry(e, area=(2, 2, 0, 0)))
     out = dict(controls_to_uncond((("positive", pos), ("negative", neg))))
     assert out["positive"] == pos and out["negative"][0].extras["control"] is c2  # the later control replaces

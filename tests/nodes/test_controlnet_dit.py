@@ -36,7 +36,7 @@ SIZE, STEPS, SEED = 64, 4, 42
 
 def _sharp_posterior(vae: Any) -> Any:
     with torch.no_grad():
-        vae.encoder.conv_out.bias[vae.config.latent_channels:] = -100.0
+        vae.encoder.conv_out.bias[vae.config.latent_channels :] = -100.0
     return vae
 
 
@@ -62,8 +62,13 @@ def sd3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     files = {name: _save(root / name, tensors) for name, tensors in sd3_files(modules).items()}
     net = demo_sd3_controlnet()
     net.save_pretrained(root / "cn_sd3")
-    return {"root": root, "modules": modules, "files": files, "net": net,
-            "cn": root / "cn_sd3" / "diffusion_pytorch_model.safetensors"}
+    return {
+        "root": root,
+        "modules": modules,
+        "files": files,
+        "net": net,
+        "cn": root / "cn_sd3" / "diffusion_pytorch_model.safetensors",
+    }
 
 
 def _sd3_run(ctx: Any, sd3: dict[str, Any], apply: Any, latent_batch: int = 1) -> tuple[Any, Any, Any]:
@@ -76,18 +81,39 @@ def _sd3_run(ctx: Any, sd3: dict[str, Any], apply: Any, latent_batch: int = 1) -
     neg = CLIPTextEncode().run(ctx, text="blurry", clip=clip)[0]
     cpos, cneg = apply(pos, neg) if apply is not None else (pos, neg)
     latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=latent_batch)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=4.0, sampler_name="euler", scheduler="normal",
-                         positive=cpos, negative=cneg, latent_image=latent, denoise=1.0)[0]
+    out = KSampler().run(
+        ctx,
+        model=model,
+        seed=SEED,
+        steps=STEPS,
+        cfg=4.0,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=cpos,
+        negative=cneg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]
     return model.latent_format.process_in(out["samples"]), pos, neg
 
 
-def _sd3_apply(ctx: Any, sd3: dict[str, Any], image: torch.Tensor, strength: float, start: float = 0.0) -> Any:
+def _sd3_apply(
+    ctx: Any, sd3: dict[str, Any], image: torch.Tensor, strength: float, start: float = 0.0
+) -> Any:
     from nodes.demo_sd3 import DEMO_SD3_VAE
 
     net, vae = open_controlnet(sd3["cn"]), open_vae(sd3["root"] / DEMO_SD3_VAE)
-    return lambda pos, neg: ControlNetApplySD3().run(ctx, positive=pos, negative=neg, control_net=net, vae=vae,
-                                                     image=image, strength=strength, start_percent=start,
-                                                     end_percent=1.0)
+    return lambda pos, neg: ControlNetApplySD3().run(
+        ctx,
+        positive=pos,
+        negative=neg,
+        control_net=net,
+        vae=vae,
+        image=image,
+        strength=strength,
+        start_percent=start,
+        end_percent=1.0,
+    )
 
 
 def test_sd3_controlnet_file_is_read_as_diffusers_sd3_controlnet(sd3: dict[str, Any]) -> None:
@@ -98,8 +124,9 @@ def test_sd3_controlnet_file_is_read_as_diffusers_sd3_controlnet(sd3: dict[str, 
 
 
 @pytest.mark.parametrize(("strength", "start"), [(0.8, 0.0), (1.3, 0.4)])
-def test_sd3_txt2img_matches_stable_diffusion_3_controlnet_pipeline(sd3: dict[str, Any], make_ctx: Any,
-                                                                    strength: float, start: float) -> None:
+def test_sd3_txt2img_matches_stable_diffusion_3_controlnet_pipeline(
+    sd3: dict[str, Any], make_ctx: Any, strength: float, start: float
+) -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3ControlNetPipeline
 
     from nodes.families.components.clip_text import load_tokenizer
@@ -111,17 +138,35 @@ def test_sd3_txt2img_matches_stable_diffusion_3_controlnet_pipeline(sd3: dict[st
     plain, _, _ = _sd3_run(ctx, sd3, None)
     m = sd3["modules"]
     pipe: Any = StableDiffusion3ControlNetPipeline(
-        transformer=m["unet"], scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=m["vae"],
-        text_encoder=clip_l_with_identity_projection(m["clip_l"]), tokenizer=load_tokenizer("clip_tokenizer"),
-        text_encoder_2=m["clip_g"], tokenizer_2=load_tokenizer("clip_tokenizer_2"), text_encoder_3=m["t5xxl"],
-        tokenizer_3=load_t5_tokenizer(), controlnet=sd3["net"])
+        transformer=m["unet"],
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=m["vae"],
+        text_encoder=clip_l_with_identity_projection(m["clip_l"]),
+        tokenizer=load_tokenizer("clip_tokenizer"),
+        text_encoder_2=m["clip_g"],
+        tokenizer_2=load_tokenizer("clip_tokenizer_2"),
+        text_encoder_3=m["t5xxl"],
+        tokenizer_3=load_t5_tokenizer(),
+        controlnet=sd3["net"],
+    )
     pipe.set_progress_bar_config(disable=True)
     noise = prepare_noise(torch.zeros(1, 16, SIZE // 8, SIZE // 8), SEED)
-    ref = pipe(prompt_embeds=pos[0].embeds, pooled_prompt_embeds=pos[0].pooled, negative_prompt_embeds=neg[0].embeds,
-               negative_pooled_prompt_embeds=neg[0].pooled, height=SIZE, width=SIZE, num_inference_steps=STEPS,
-               guidance_scale=4.0, latents=noise, control_image=image.movedim(-1, 1) * 2 - 1,
-               controlnet_conditioning_scale=strength, control_guidance_start=start, control_guidance_end=1.0,
-               output_type="latent").images
+    ref = pipe(
+        prompt_embeds=pos[0].embeds,
+        pooled_prompt_embeds=pos[0].pooled,
+        negative_prompt_embeds=neg[0].embeds,
+        negative_pooled_prompt_embeds=neg[0].pooled,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=4.0,
+        latents=noise,
+        control_image=image.movedim(-1, 1) * 2 - 1,
+        controlnet_conditioning_scale=strength,
+        control_guidance_start=start,
+        control_guidance_end=1.0,
+        output_type="latent",
+    ).images
     assert (mine - ref).abs().max() < 1e-4
     assert (mine - plain).abs().max() > 1e-3  # the ControlNet changed the result
 
@@ -138,9 +183,14 @@ def flux(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name, tensors in flux_files(modules).items():
         _save(root / name, tensors)
     union, xlabs = demo_flux_controlnet(), demo_flux_controlnet(13, xlabs=True)
-    return {"root": root, "modules": modules, "union": union, "xlabs": xlabs,
-            "union_file": _save(root / "cn" / "flux_union.safetensors", union.state_dict()),
-            "xlabs_file": _save(root / "cn" / "flux_xlabs.safetensors", xlabs_file(xlabs))}
+    return {
+        "root": root,
+        "modules": modules,
+        "union": union,
+        "xlabs": xlabs,
+        "union_file": _save(root / "cn" / "flux_union.safetensors", union.state_dict()),
+        "xlabs_file": _save(root / "cn" / "flux_xlabs.safetensors", xlabs_file(xlabs)),
+    }
 
 
 def _flux_run(ctx: Any, flux: dict[str, Any], apply: Any, latent_batch: int = 1) -> tuple[Any, Any]:
@@ -148,47 +198,108 @@ def _flux_run(ctx: Any, flux: dict[str, Any], apply: Any, latent_batch: int = 1)
 
     root = flux["root"]
     model = open_diffusion_model(root / DEMO_FLUX_DEV)
-    model = ModelSamplingFlux().run(ctx, model=model, max_shift=1.15, base_shift=0.5, width=SIZE, height=SIZE)[0]
+    model = ModelSamplingFlux().run(
+        ctx, model=model, max_shift=1.15, base_shift=0.5, width=SIZE, height=SIZE
+    )[0]
     clip = open_text_encoders([root / DEMO_T5XXL, root / DEMO_CLIP_L], "flux")
-    cond = FluxGuidance().run(ctx, conditioning=CLIPTextEncode().run(ctx, text="a cat", clip=clip)[0], guidance=4.0)[0]
+    cond = FluxGuidance().run(
+        ctx, conditioning=CLIPTextEncode().run(ctx, text="a cat", clip=clip)[0], guidance=4.0
+    )[0]
     pos, neg = apply(cond, cond) if apply is not None else (cond, cond)
     latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=latent_batch)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=1.0, sampler_name="euler", scheduler="simple",
-                         positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]
+    out = KSampler().run(
+        ctx,
+        model=model,
+        seed=SEED,
+        steps=STEPS,
+        cfg=1.0,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]
     return model.latent_format.process_in(out["samples"]), cond
 
 
-def _flux_apply(ctx: Any, flux: dict[str, Any], which: str, image: torch.Tensor, strength: float, start: float = 0.0,
-                union_type: str = "auto") -> Any:
+def _flux_apply(
+    ctx: Any,
+    flux: dict[str, Any],
+    which: str,
+    image: torch.Tensor,
+    strength: float,
+    start: float = 0.0,
+    union_type: str = "auto",
+) -> Any:
     from nodes.demo_flux import DEMO_FLUX_VAE
 
     net = SetUnionControlNetType().run(ctx, control_net=open_controlnet(flux[which]), type=union_type)[0]
     vae = open_vae(flux["root"] / DEMO_FLUX_VAE)
-    return lambda pos, neg: ControlNetApplyAdvanced().run(ctx, positive=pos, negative=neg, control_net=net, image=image,
-                                                          strength=strength, start_percent=start, end_percent=1.0,
-                                                          vae=vae)
+    return lambda pos, neg: ControlNetApplyAdvanced().run(
+        ctx,
+        positive=pos,
+        negative=neg,
+        control_net=net,
+        image=image,
+        strength=strength,
+        start_percent=start,
+        end_percent=1.0,
+        vae=vae,
+    )
 
 
-def _flux_pipeline_latent(flux: dict[str, Any], cond: Any, net: Any, image: torch.Tensor, strength: float,
-                          start: float = 0.0, mode: int | None = None) -> torch.Tensor:
+def _flux_pipeline_latent(
+    flux: dict[str, Any],
+    cond: Any,
+    net: Any,
+    image: torch.Tensor,
+    strength: float,
+    start: float = 0.0,
+    mode: int | None = None,
+) -> torch.Tensor:
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxControlNetPipeline
 
     from nodes.families.components.clip_text import load_tokenizer
     from nodes.families.components.t5_text import load_t5_tokenizer
 
     m = flux["modules"]
-    sched = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                                            base_image_seq_len=256, max_image_seq_len=4096)
-    pipe: Any = FluxControlNetPipeline(scheduler=sched, vae=m["vae"], text_encoder=m["clip_l"],
-                                       tokenizer=load_tokenizer("clip_tokenizer"), text_encoder_2=m["t5xxl"],
-                                       tokenizer_2=load_t5_tokenizer(), transformer=m["unet"], controlnet=net)
+    sched = FlowMatchEulerDiscreteScheduler(
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    pipe: Any = FluxControlNetPipeline(
+        scheduler=sched,
+        vae=m["vae"],
+        text_encoder=m["clip_l"],
+        tokenizer=load_tokenizer("clip_tokenizer"),
+        text_encoder_2=m["t5xxl"],
+        tokenizer_2=load_t5_tokenizer(),
+        transformer=m["unet"],
+        controlnet=net,
+    )
     pipe.set_progress_bar_config(disable=True)
     noise = prepare_noise(torch.zeros(1, 16, SIZE // 8, SIZE // 8), SEED)
     packed = pipe._pack_latents(noise, 1, 16, SIZE // 8, SIZE // 8)
-    ref = pipe(prompt_embeds=cond[0].embeds, pooled_prompt_embeds=cond[0].pooled, height=SIZE, width=SIZE,
-               num_inference_steps=STEPS, guidance_scale=4.0, latents=packed, control_image=image.movedim(-1, 1) * 2 - 1,
-               control_mode=mode, controlnet_conditioning_scale=strength, control_guidance_start=start,
-               control_guidance_end=1.0, output_type="latent").images
+    ref = pipe(
+        prompt_embeds=cond[0].embeds,
+        pooled_prompt_embeds=cond[0].pooled,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=4.0,
+        latents=packed,
+        control_image=image.movedim(-1, 1) * 2 - 1,
+        control_mode=mode,
+        controlnet_conditioning_scale=strength,
+        control_guidance_start=start,
+        control_guidance_end=1.0,
+        output_type="latent",
+    ).images
     return pipe._unpack_latents(ref, SIZE, SIZE, pipe.vae_scale_factor)
 
 
@@ -203,8 +314,9 @@ def test_flux_controlnet_layouts_are_read(flux: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("strength", "start"), [(0.7, 0.0), (1.2, 0.3)])
-def test_flux_union_txt2img_matches_flux_controlnet_pipeline(flux: dict[str, Any], make_ctx: Any, strength: float,
-                                                            start: float) -> None:
+def test_flux_union_txt2img_matches_flux_controlnet_pipeline(
+    flux: dict[str, Any], make_ctx: Any, strength: float, start: float
+) -> None:
     ctx, image = make_ctx(), _image()
     canny = "canny/lineart/anime_lineart/mlsd"  # ComfyUI's index 3 for every union ControlNet
     mine, cond = _flux_run(ctx, flux, _flux_apply(ctx, flux, "union_file", image, strength, start, canny))
@@ -235,14 +347,34 @@ def test_union_auto_runs_without_a_mode_token(flux: dict[str, Any]) -> None:
     g = torch.Generator().manual_seed(3)
     tokens, cond = torch.randn(1, 16, 64, generator=g), torch.randn(1, 16, 64, generator=g)
     text, pooled = torch.randn(1, 5, 32, generator=g), torch.randn(1, 32, generator=g)
-    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(4.0), indexing="ij"), -1)
-    args = {"hidden_states": tokens, "controlnet_cond": cond, "timestep": torch.tensor([0.6]),
-            "encoder_hidden_states": text, "pooled_projections": pooled, "txt_ids": torch.zeros(5, 3),
-            "img_ids": img_ids.reshape(-1, 3), "guidance": torch.tensor([4.0]), "return_dict": False}
+    img_ids = torch.stack(
+        torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(4.0), indexing="ij"), -1
+    )
+    args = {
+        "hidden_states": tokens,
+        "controlnet_cond": cond,
+        "timestep": torch.tensor([0.6]),
+        "encoder_hidden_states": text,
+        "pooled_projections": pooled,
+        "txt_ids": torch.zeros(5, 3),
+        "img_ids": img_ids.reshape(-1, 3),
+        "guidance": torch.tensor([4.0]),
+        "return_dict": False,
+    }
     with torch.no_grad():
         for types, ref_net, mode in (((), plain, None), ((2,), union, torch.tensor([[2]]))):
-            blocks, singles = flux_forward(union, tokens, cond, args["timestep"], text, pooled, args["txt_ids"],
-                                           args["img_ids"], args["guidance"], types)
+            blocks, singles = flux_forward(
+                union,
+                tokens,
+                cond,
+                args["timestep"],
+                text,
+                pooled,
+                args["txt_ids"],
+                args["img_ids"],
+                args["guidance"],
+                types,
+            )
             ref_blocks, ref_singles = ref_net(**args, controlnet_mode=mode)
             for mine, ref in zip([*blocks, *singles], [*ref_blocks, *ref_singles], strict=True):
                 assert (mine - ref).abs().max() < 1e-5
@@ -261,34 +393,65 @@ def test_stacked_dit_controlnets_and_strength_zero(flux: dict[str, Any], make_ct
 
 
 # --- bad input ------------------------------------------------------------------------------------
-def test_flux_controlnet_with_an_sd3_model_names_both_families(flux: dict[str, Any], sd3: dict[str, Any],
-                                                               make_ctx: Any) -> None:
+def test_flux_controlnet_with_an_sd3_model_names_both_families(
+    flux: dict[str, Any], sd3: dict[str, Any], make_ctx: Any
+) -> None:
     from nodes.demo_sd3 import DEMO_SD3_VAE
 
     ctx = make_ctx()
     net, vae = open_controlnet(flux["union_file"]), open_vae(sd3["root"] / DEMO_SD3_VAE)
 
     def apply(pos: Any, neg: Any) -> Any:
-        return ControlNetApplyAdvanced().run(ctx, positive=pos, negative=neg, control_net=net, image=_image(),
-                                             strength=1.0, start_percent=0.0, end_percent=1.0, vae=vae)
+        return ControlNetApplyAdvanced().run(
+            ctx,
+            positive=pos,
+            negative=neg,
+            control_net=net,
+            image=_image(),
+            strength=1.0,
+            start_percent=0.0,
+            end_percent=1.0,
+            vae=vae,
+        )
 
     with pytest.raises(ConditioningError, match=r"is for flux but the model is sd3"):
         _sd3_run(ctx, sd3, apply)
 
 
-def test_flux_controlnet_with_an_sd15_model_names_both_families(flux: dict[str, Any], make_ctx: Any,
-                                                                tiny_sd15_ckpt: Path) -> None:
+def test_flux_controlnet_with_an_sd15_model_names_both_families(
+    flux: dict[str, Any], make_ctx: Any, tiny_sd15_ckpt: Path
+) -> None:
     from nodes.latent import EmptyLatentImage
 
     ctx = make_ctx()
     model, clip, vae = open_checkpoint_parts(tiny_sd15_ckpt)
     cond = CLIPTextEncode().run(ctx, text="a cat", clip=clip)[0]
-    pos, neg = ControlNetApplyAdvanced().run(ctx, positive=cond, negative=cond, control_net=open_controlnet(
-        flux["xlabs_file"]), image=_image(), strength=1.0, start_percent=0.0, end_percent=1.0, vae=vae)
+    pos, neg = ControlNetApplyAdvanced().run(
+        ctx,
+        positive=cond,
+        negative=cond,
+        control_net=open_controlnet(flux["xlabs_file"]),
+        image=_image(),
+        strength=1.0,
+        start_percent=0.0,
+        end_percent=1.0,
+        vae=vae,
+    )
     latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
     with pytest.raises(ConditioningError, match=r"is for flux but the model is sd15"):
-        KSampler().run(ctx, model=model, seed=1, steps=1, cfg=1.0, sampler_name="euler", scheduler="normal",
-                       positive=pos, negative=neg, latent_image=latent, denoise=1.0)
+        KSampler().run(
+            ctx,
+            model=model,
+            seed=1,
+            steps=1,
+            cfg=1.0,
+            sampler_name="euler",
+            scheduler="normal",
+            positive=pos,
+            negative=neg,
+            latent_image=latent,
+            denoise=1.0,
+        )
 
 
 def open_checkpoint_parts(path: Path) -> tuple[Any, Any, Any]:
@@ -301,11 +464,21 @@ def open_checkpoint_parts(path: Path) -> tuple[Any, Any, Any]:
 def test_latent_space_controlnet_without_a_vae_is_refused(flux: dict[str, Any], make_ctx: Any) -> None:
     ctx = make_ctx()
     with pytest.raises(ValueError, match="VAE-encoded control images.*vae input"):
-        ControlNetApplyAdvanced().run(ctx, positive=[], negative=[], control_net=open_controlnet(flux["union_file"]),
-                                      image=_image(), strength=1.0, start_percent=0.0, end_percent=1.0)
+        ControlNetApplyAdvanced().run(
+            ctx,
+            positive=[],
+            negative=[],
+            control_net=open_controlnet(flux["union_file"]),
+            image=_image(),
+            strength=1.0,
+            start_percent=0.0,
+            end_percent=1.0,
+        )
 
 
-def test_control_image_batch_is_cut_to_the_latent_batch_as_comfyui(flux: dict[str, Any], make_ctx: Any) -> None:
+def test_control_image_batch_is_cut_to_the_latent_batch_as_comfyui(
+    flux: dict[str, Any], make_ctx: Any
+) -> None:
     """ComfyUI's broadcast_image_to: a 2-image control batch on a 1-image latent uses its first image."""
     ctx, first = make_ctx(), _image()
     both = torch.cat([first, _image(seed=9)])
@@ -317,11 +490,21 @@ def test_control_image_batch_is_cut_to_the_latent_batch_as_comfyui(flux: dict[st
 def test_unrunnable_dit_controlnet_layouts_are_refused_by_name(tmp_path: Path) -> None:
     cases = {
         "mistoline.safetensors": ({"controlnet_blocks.0.linear.weight": torch.zeros(4, 4)}, "Mistoline"),
-        "sd35_canny.safetensors": ({"controlnet_blocks.0.weight": torch.zeros(4, 4),
-                                    "pos_embed_input.proj.weight": torch.zeros(4, 16, 2, 2),
-                                    "transformer_blocks.0.adaLN_modulation.1.bias": torch.zeros(4)}, "SD3.5"),
-        "alimama_inpaint.safetensors": ({"controlnet_blocks.0.weight": torch.zeros(4, 4),
-                                         "controlnet_x_embedder.weight": torch.zeros(4, 68)}, "inpainting"),
+        "sd35_canny.safetensors": (
+            {
+                "controlnet_blocks.0.weight": torch.zeros(4, 4),
+                "pos_embed_input.proj.weight": torch.zeros(4, 16, 2, 2),
+                "transformer_blocks.0.adaLN_modulation.1.bias": torch.zeros(4),
+            },
+            "SD3.5",
+        ),
+        "alimama_inpaint.safetensors": (
+            {
+                "controlnet_blocks.0.weight": torch.zeros(4, 4),
+                "controlnet_x_embedder.weight": torch.zeros(4, 68),
+            },
+            "inpainting",
+        ),
     }
     for name, (tensors, words) in cases.items():
         with pytest.raises(ModelLoadError, match=words):
@@ -333,7 +516,11 @@ def test_a_latent_hint_of_another_size_than_the_call_is_refused(sd3: dict[str, A
     made for the whole latent, so the ControlNet refuses with a message instead of a shape error."""
     handle = open_controlnet(sd3["cn"])
     x, hint = torch.zeros(1, 16, 4, 4), torch.zeros(1, 16, 8, 8)
-    extra = {"main_blocks": (3, 0), "encoder_hidden_states": torch.zeros(1, 4, 64), "pooled_projections": torch.zeros(1, 64)}
+    extra = {
+        "main_blocks": (3, 0),
+        "encoder_hidden_states": torch.zeros(1, 4, 64),
+        "pooled_projections": torch.zeros(1, 64),
+    }
     with pytest.raises(ConditioningError, match="area-limited conditioning"):
         handle.residuals(handle.build(), x, torch.tensor([500.0]), hint, 1, 1.0, extra)
 
@@ -347,7 +534,9 @@ def test_reference_latents_get_no_control_residual(flux: dict[str, Any], make_ct
     ref = torch.randn(1, 16, SIZE // 8, SIZE // 8, generator=torch.Generator().manual_seed(4))
 
     def with_ref(pos: Any, neg: Any) -> tuple[Any, Any]:
-        return tuple([replace(e, extras={**e.extras, "reference_latents": [ref]}) for e in c] for c in (pos, neg))
+        return tuple(
+            [replace(e, extras={**e.extras, "reference_latents": [ref]}) for e in c] for c in (pos, neg)
+        )
 
     control = _flux_apply(ctx, flux, "union_file", _image(), 1.0)
     referenced, _ = _flux_run(ctx, flux, with_ref)
@@ -355,14 +544,25 @@ def test_reference_latents_get_no_control_residual(flux: dict[str, Any], make_ct
     assert torch.isfinite(both).all() and (both - referenced).abs().max() > 1e-4
 
 
-def test_a_vae_of_another_latent_width_is_refused(flux: dict[str, Any], make_ctx: Any, tiny_sd15_ckpt: Path) -> None:
+def test_a_vae_of_another_latent_width_is_refused(
+    flux: dict[str, Any], make_ctx: Any, tiny_sd15_ckpt: Path
+) -> None:
     ctx = make_ctx()
     _, _, sd15_vae = open_checkpoint_parts(tiny_sd15_ckpt)
     net = open_controlnet(flux["union_file"])
 
     def apply(pos: Any, neg: Any) -> Any:
-        return ControlNetApplyAdvanced().run(ctx, positive=pos, negative=neg, control_net=net, image=_image(),
-                                             strength=1.0, start_percent=0.0, end_percent=1.0, vae=sd15_vae)
+        return ControlNetApplyAdvanced().run(
+            ctx,
+            positive=pos,
+            negative=neg,
+            control_net=net,
+            image=_image(),
+            strength=1.0,
+            start_percent=0.0,
+            end_percent=1.0,
+            vae=sd15_vae,
+        )
 
     with pytest.raises(ConditioningError, match=r"takes 16-channel latents .* makes 4-channel ones"):
         _flux_run(ctx, flux, apply)

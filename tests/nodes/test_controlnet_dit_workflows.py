@@ -62,9 +62,12 @@ def _without_controlnets(prompt: dict, applies: tuple[str, ...]) -> dict:
     return plain
 
 
-@pytest.mark.parametrize(("name", "applies"), [("controlnet_flux", ("16", "18")), ("controlnet_sd3", ("15",))])
-def test_dit_controlnet_workflow_runs_and_the_control_matters(name: str, applies: tuple[str, ...], flux_demo: Path,
-                                                              sd3_demo: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "applies"), [("controlnet_flux", ("16", "18")), ("controlnet_sd3", ("15",))]
+)
+def test_dit_controlnet_workflow_runs_and_the_control_matters(
+    name: str, applies: tuple[str, ...], flux_demo: Path, sd3_demo: Path, tmp_path: Path
+) -> None:
     models = _with_controlnets(flux_demo if name == "controlnet_flux" else sd3_demo)
     prompt = json.loads((WORKFLOWS / f"{name}.api.json").read_text())
     executor = make_executor(models, tmp_path)

@@ -35,8 +35,19 @@ def _sample(ctx: Any, ck: Any, seed: int = 7) -> torch.Tensor:
     pos = CLIPTextEncode().run(ctx, text="a cat", clip=ck.clip)[0]
     neg = CLIPTextEncode().run(ctx, text="blurry", clip=ck.clip)[0]
     latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
-    out = KSampler().run(ctx, model=ck.unet, seed=seed, steps=2, cfg=7.0, sampler_name="euler",
-                         scheduler="normal", positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]
+    out = KSampler().run(
+        ctx,
+        model=ck.unet,
+        seed=seed,
+        steps=2,
+        cfg=7.0,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]
     return out["samples"]
 
 
@@ -89,9 +100,19 @@ def test_coalesced_sampler_uses_the_compiled_unet_too(
     pos = CLIPTextEncode().run(ctx, text="a cat", clip=ck.clip)[0]
     neg = CLIPTextEncode().run(ctx, text="blurry", clip=ck.clip)[0]
     latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
-    stacked = KSamplerBatched().run(ctx, model=[ck.unet], seed=[7, 8], steps=[2], cfg=[7.0], sampler_name=["euler"],
-                                    scheduler=["normal"], positive=[pos], negative=[neg], latent_image=[latent],
-                                    denoise=[1.0])[0]
+    stacked = KSamplerBatched().run(
+        ctx,
+        model=[ck.unet],
+        seed=[7, 8],
+        steps=[2],
+        cfg=[7.0],
+        sampler_name=["euler"],
+        scheduler=["normal"],
+        positive=[pos],
+        negative=[neg],
+        latent_image=[latent],
+        denoise=[1.0],
+    )[0]
     assert len(counter.calls) == 1
     alone = _sample(make_ctx(), ck, seed=7)  # batched convolutions differ from batch 1 by float noise only
     assert torch.allclose(stacked[0]["samples"], alone, rtol=1e-4, atol=1e-3)

@@ -16,14 +16,22 @@ from tests.nodes.test_generation_e2e import make_executor, run
 WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
 
 
-@pytest.mark.parametrize(("demo", "workflow", "steps_node"), [
-    ("zimage_demo", "z_image_turbo.api.json", "3"),
-    ("qwen_image_demo", "qwen_image.api.json", "3"),
-    ("flux2_demo", "flux2_klein.api.json", "48"),
-])
-def test_loading_encoding_and_sampling_never_touch_the_network(demo: str, workflow: str, steps_node: str,
-                                                              request: pytest.FixtureRequest, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("demo", "workflow", "steps_node"),
+    [
+        ("zimage_demo", "z_image_turbo.api.json", "3"),
+        ("qwen_image_demo", "qwen_image.api.json", "3"),
+        ("flux2_demo", "flux2_klein.api.json", "48"),
+    ],
+)
+def test_loading_encoding_and_sampling_never_touch_the_network(
+    demo: str,
+    workflow: str,
+    steps_node: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     demo_models: Path = request.getfixturevalue(demo)
     attempts: list[Any] = []
 

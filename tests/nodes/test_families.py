@@ -17,10 +17,38 @@ from nodes.handles import open_checkpoint
 # Derived once from the shipped BPE files; "a photo of a cat" matches OpenAI's CLIP tokenizer.
 EXPECTED_IDS = {
     "a photo of a cat": [49406, 320, 1125, 539, 320, 2368, 49407],
-    "A Photo of a CAT, 4k, highly detailed!": [49406, 320, 1125, 539, 320, 2368, 267, 275, 330, 267, 5302, 12609,
-                                               256, 49407],
-    "masterpiece, (best quality:1.2), 1girl": [49406, 12066, 267, 263, 949, 3027, 281, 272, 269, 273, 2361, 272,
-                                               1611, 49407],
+    "A Photo of a CAT, 4k, highly detailed!": [
+        49406,
+        320,
+        1125,
+        539,
+        320,
+        2368,
+        267,
+        275,
+        330,
+        267,
+        5302,
+        12609,
+        256,
+        49407,
+    ],
+    "masterpiece, (best quality:1.2), 1girl": [
+        49406,
+        12066,
+        267,
+        263,
+        949,
+        3027,
+        281,
+        272,
+        269,
+        273,
+        2361,
+        272,
+        1611,
+        49407,
+    ],
     "an astronaut riding a horse on mars": [49406, 550, 18376, 6765, 320, 4558, 525, 7496, 49407],
 }
 
@@ -39,13 +67,17 @@ def test_second_tokenizer_pads_with_exclamation_mark() -> None:
     assert two == [49406, 320, 2368, 49407, 0, 0, 0, 0]
 
 
-@pytest.mark.parametrize(("ckpt", "family", "prediction", "resolution", "scale"), [
-    ("tiny_sd15_ckpt", SD15, "epsilon", 512, 0.18215),
-    ("tiny_sd2_ckpt", SD2, "v_prediction", 768, 0.18215),
-    ("tiny_sdxl_ckpt", SDXL, "epsilon", 1024, 0.13025),
-])
-def test_detect_family_and_sampling_facts(request: pytest.FixtureRequest, ckpt: str, family: type,
-                                          prediction: str, resolution: int, scale: float) -> None:
+@pytest.mark.parametrize(
+    ("ckpt", "family", "prediction", "resolution", "scale"),
+    [
+        ("tiny_sd15_ckpt", SD15, "epsilon", 512, 0.18215),
+        ("tiny_sd2_ckpt", SD2, "v_prediction", 768, 0.18215),
+        ("tiny_sdxl_ckpt", SDXL, "epsilon", 1024, 0.13025),
+    ],
+)
+def test_detect_family_and_sampling_facts(
+    request: pytest.FixtureRequest, ckpt: str, family: type, prediction: str, resolution: int, scale: float
+) -> None:
     path = request.getfixturevalue(ckpt)
     index = read_index(path)
     fam = detect_family(index)
@@ -56,18 +88,32 @@ def test_detect_family_and_sampling_facts(request: pytest.FixtureRequest, ckpt: 
     assert fam.scheduler_config(prediction)["prediction_type"] == prediction
 
 
-ARCH_KEYS = ("block_out_channels", "layers_per_block", "cross_attention_dim", "down_block_types", "up_block_types",
-             "use_linear_projection", "in_channels", "out_channels")
+ARCH_KEYS = (
+    "block_out_channels",
+    "layers_per_block",
+    "cross_attention_dim",
+    "down_block_types",
+    "up_block_types",
+    "use_linear_projection",
+    "in_channels",
+    "out_channels",
+)
 
 
 @pytest.mark.parametrize("name", ["sd15", "sd2", "sdxl"])
-def test_architecture_read_from_tensors(request: pytest.FixtureRequest, tiny_models: dict[str, Any], name: str) -> None:
+def test_architecture_read_from_tensors(
+    request: pytest.FixtureRequest, tiny_models: dict[str, Any], name: str
+) -> None:
     path = request.getfixturevalue(f"tiny_{name}_ckpt")
     ck = open_checkpoint(path)
     original = tiny_models[name].modules["unet"].config
     read = ck.unet.part("unet").config
     for key in ARCH_KEYS:
-        assert list(read[key]) == list(original[key]) if isinstance(read[key], list) else read[key] == original[key], key
+        assert (
+            list(read[key]) == list(original[key])
+            if isinstance(read[key], list)
+            else read[key] == original[key]
+        ), key
     assert [p.name for p in ck.clip.parts] == [s.name for s in ck.unet.family.text_encoders]
 
 
@@ -117,7 +163,10 @@ def test_sdxl_denoiser_conditioning_carries_pooled_and_size_ids(tiny_models: dic
     from nodes.conditioning import CondEntry
 
     unet = tiny_models["sdxl"].modules["unet"]
-    entries = [CondEntry(torch.randn(1, 77, 64), torch.randn(1, 32)), CondEntry(torch.randn(1, 77, 64), torch.randn(1, 32))]
+    entries = [
+        CondEntry(torch.randn(1, 77, 64), torch.randn(1, 32)),
+        CondEntry(torch.randn(1, 77, 64), torch.randn(1, 32)),
+    ]
     kwargs = SDXL().denoiser.conditioning(entries, 1, (64, 48))
     assert kwargs["added_cond_kwargs"]["time_ids"].tolist() == [[64, 48, 0, 0, 64, 48]] * 2
     assert kwargs["encoder_hidden_states"].shape == (2, 77, 64)
@@ -133,7 +182,9 @@ def test_denoiser_rejects_conditioning_of_another_width(tiny_models: dict[str, A
 
     unet = tiny_models["sdxl"].modules["unet"]
     with pytest.raises(ConditioningError, match="32-wide embeddings but this model expects 64"):
-        SDXL().denoiser.check_conditioning(unet, [CondEntry(torch.randn(1, 77, 32), torch.randn(1, 32))], "positive")
+        SDXL().denoiser.check_conditioning(
+            unet, [CondEntry(torch.randn(1, 77, 32), torch.randn(1, 32))], "positive"
+        )
     with pytest.raises(ConditioningError, match="no pooled output"):
         SDXL().denoiser.check_conditioning(unet, [CondEntry(torch.randn(1, 77, 64))], "negative")
 
@@ -154,23 +205,32 @@ def test_unknown_architecture_names_file_and_problem(tmp_path: Path) -> None:
 def test_sdxl_refiner_is_refused_clearly(tiny_sdxl_ckpt: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
-    sd = {k: v for k, v in load_file(str(tiny_sdxl_ckpt)).items() if not k.startswith("conditioner.embedders.1.")}
+    sd = {
+        k: v
+        for k, v in load_file(str(tiny_sdxl_ckpt)).items()
+        if not k.startswith("conditioner.embedders.1.")
+    }
     path = tmp_path / "refiner.safetensors"
     save_file(sd, str(path))
     with pytest.raises(ModelLoadError, match="refiner"):
         detect_family(read_index(path))
 
 
-@pytest.mark.parametrize(("ckpt", "kind"), [("tiny_sd15_ckpt", "eps"), ("tiny_sd2_ckpt", "v_prediction"),
-                                            ("tiny_sdxl_ckpt", "eps")])
-def test_model_handle_samples_with_the_family_default_unless_replaced(request: pytest.FixtureRequest, ckpt: str,
-                                                                      kind: str) -> None:
+@pytest.mark.parametrize(
+    ("ckpt", "kind"),
+    [("tiny_sd15_ckpt", "eps"), ("tiny_sd2_ckpt", "v_prediction"), ("tiny_sdxl_ckpt", "eps")],
+)
+def test_model_handle_samples_with_the_family_default_unless_replaced(
+    request: pytest.FixtureRequest, ckpt: str, kind: str
+) -> None:
     from nodes.diffusion.model_sampling import discrete
 
     model = open_checkpoint(request.getfixturevalue(ckpt)).unet
     ms = model.model_sampling
     assert ms.kind == kind
-    assert abs(float(ms.sigma_max) - 14.6146) < 1e-3 and abs(float(ms.sigma_min) - 0.0292) < 1e-3  # SD's table
+    assert (
+        abs(float(ms.sigma_max) - 14.6146) < 1e-3 and abs(float(ms.sigma_min) - 0.0292) < 1e-3
+    )  # SD's table
     other = model.with_model_sampling(discrete("v_prediction", zsnr=True))
     assert other.model_sampling.kind == "v_prediction" and model.model_sampling is ms
     assert other.key == model.key  # same weights: the memory manager shares the module

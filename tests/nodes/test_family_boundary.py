@@ -63,7 +63,11 @@ def _docstrings(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 out.add(id(first.value))
     return out
 
@@ -99,9 +103,16 @@ def _allowed(rel: str) -> bool:
 
 def family_mentions(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    found = [f"{line}: {text!r}" for line, text in _words(tree) if FAMILY.search(text) or LATENT_SCALE_TEXT.search(text)]
-    found += [f"{node.lineno}: {node.value}" for node in ast.walk(tree)
-              if isinstance(node, ast.Constant) and isinstance(node.value, float) and node.value in LATENT_SCALES]
+    found = [
+        f"{line}: {text!r}"
+        for line, text in _words(tree)
+        if FAMILY.search(text) or LATENT_SCALE_TEXT.search(text)
+    ]
+    found += [
+        f"{node.lineno}: {node.value}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, float) and node.value in LATENT_SCALES
+    ]
     return found
 
 
@@ -115,17 +126,21 @@ def test_no_module_outside_the_families_names_a_family_or_a_latent_scale() -> No
             offenders[rel] = found
     assert not offenders, (
         "family knowledge outside nodes/families/ (move it into the family's composition, e.g. its "
-        f"LatentFormat, denoiser kind or prompt recipe): {offenders}")
+        f"LatentFormat, denoiser kind or prompt recipe): {offenders}"
+    )
 
 
 def test_the_rule_catches_what_it_is_meant_to_catch(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text('"""SDXL and 0.13025 in a docstring are fine."""\n'
-                     "# sd15 in a comment is fine\n"
-                     "x = latent * 0.18215\n"
-                     "if family.name == 'sdxl':\n    pass\n"
-                     "def for_sd2(flux_model): ...\n"
-                     "sd2_state = 1\n", encoding="utf-8")
+    probe.write_text(
+        '"""SDXL and 0.13025 in a docstring are fine."""\n'
+        "# sd15 in a comment is fine\n"
+        "x = latent * 0.18215\n"
+        "if family.name == 'sdxl':\n    pass\n"
+        "def for_sd2(flux_model): ...\n"
+        "sd2_state = 1\n",
+        encoding="utf-8",
+    )
     found = family_mentions(probe)
     assert sorted(int(f.split(":")[0]) for f in found) == [3, 4, 6, 6, 7], found
     clean = tmp_path / "clean.py"
@@ -139,9 +154,14 @@ def _loom_private(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr.startswith("_loom_"):
             found.append(f"{node.lineno}: .{node.attr}")
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) > 1
-              and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_loom_")):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and str(node.args[1].value).startswith("_loom_")
+        ):
             found.append(f"{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
     return found
 
@@ -149,4 +169,6 @@ def _loom_private(path: Path) -> list[str]:
 def test_no_private_loom_attributes_on_objects() -> None:
     paths = [*product_modules(), *sorted((ROOT / "tests").rglob("*.py"))]
     offenders = {p.relative_to(ROOT).as_posix(): found for p in paths if (found := _loom_private(p))}
-    assert not offenders, f"use nodes.hooks.SamplingHooks (or a real attribute of your own class): {offenders}"
+    assert not offenders, (
+        f"use nodes.hooks.SamplingHooks (or a real attribute of your own class): {offenders}"
+    )

@@ -38,7 +38,9 @@ class Family:
 
 FAMILIES = {
     "zimage": Family(make_zimage_demo, DEMO_ZIMAGE, (DEMO_QWEN3,), "lumina2", 1.0, 0.8),
-    "sd3": Family(make_sd3_demo, DEMO_SD3_MMDIT, (DEMO_SD3_CLIP_L, DEMO_SD3_CLIP_G, DEMO_SD3_T5XXL), "sd3", 3.0, 0.5),
+    "sd3": Family(
+        make_sd3_demo, DEMO_SD3_MMDIT, (DEMO_SD3_CLIP_L, DEMO_SD3_CLIP_G, DEMO_SD3_T5XXL), "sd3", 3.0, 0.5
+    ),
     "qwen_image": Family(make_qwen_image_demo, DEMO_QWEN_IMAGE, (DEMO_QWEN25,), "qwen_image", 2.5, 0.5),
     "flux2_klein": Family(make_flux2_demo, DEMO_KLEIN, (DEMO_KLEIN_QWEN3,), "flux2", 1.0, 0.8),
 }
@@ -64,20 +66,34 @@ def sample(ctx: Any, model: Any, pos: Any, neg: Any, cfg: float) -> tuple[torch.
 
     with ctx.models.use(model) as module:
         last = model.denoiser.block_stack(module).blocks[-1][0]
-        attention = last.attn if hasattr(last, "attn") else last.attention  # not run when the block is skipped
+        attention = (
+            last.attn if hasattr(last, "attn") else last.attention
+        )  # not run when the block is skipped
         handle = attention.register_forward_hook(count)
     latent = {"samples": torch.zeros(1, model.latent_format.channels, 8, 8)}
     try:
-        out = KSampler().run(ctx, model=model, seed=3, steps=STEPS, cfg=cfg, sampler_name="euler", scheduler="simple",
-                             positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]
+        out = KSampler().run(
+            ctx,
+            model=model,
+            seed=3,
+            steps=STEPS,
+            cfg=cfg,
+            sampler_name="euler",
+            scheduler="simple",
+            positive=pos,
+            negative=neg,
+            latent_image=latent,
+            denoise=1.0,
+        )[0]
     finally:
         handle.remove()
     return out["samples"], runs
 
 
 def cached(ctx: Any, model: Any, threshold: float) -> Any:
-    return FirstBlockCache().run(ctx, model=model, residual_diff_threshold=threshold, start_percent=0.0,
-                                 end_percent=1.0)[0]
+    return FirstBlockCache().run(
+        ctx, model=model, residual_diff_threshold=threshold, start_percent=0.0, end_percent=1.0
+    )[0]
 
 
 def test_first_block_cache_on_the_family(family: tuple[Family, Path], make_ctx: Any) -> None:
@@ -97,6 +113,8 @@ def test_first_block_cache_on_the_family(family: tuple[Family, Path], make_ctx: 
 
     fast, fast_runs = sample(ctx, cached(ctx, model, spec.threshold), pos, neg, spec.cfg)
     diff = (fast - plain).abs()
-    print(f"\n{model.family.title} FirstBlockCache {spec.threshold}: last-block runs {fast_runs}/{plain_runs}, latent "
-          f"difference max {diff.max().item():.4f} (latent std {plain.std().item():.3f})")
+    print(
+        f"\n{model.family.title} FirstBlockCache {spec.threshold}: last-block runs {fast_runs}/{plain_runs}, latent "
+        f"difference max {diff.max().item():.4f} (latent std {plain.std().item():.3f})"
+    )
     assert fast_runs < plain_runs and torch.isfinite(fast).all() and diff.max() > 0

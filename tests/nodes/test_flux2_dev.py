@@ -40,7 +40,9 @@ def test_tekken_tokenizer_equals_tiktoken_and_parses_special_tokens() -> None:
     ours = tekken_tokenizer(tekken_json(ranks))
     reference = tiktoken.Encoding("tekken", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={})
     for text in [*CORPUS, "the cat's photo: 42 cats!", ""]:
-        assert ours.encode(text, add_special_tokens=False).ids == [i + N_SPECIAL for i in reference.encode(text)]
+        assert ours.encode(text, add_special_tokens=False).ids == [
+            i + N_SPECIAL for i in reference.encode(text)
+        ]
     ids = ours.encode("[SYSTEM_PROMPT]x[/SYSTEM_PROMPT][INST]a cat[/INST]", add_special_tokens=False).ids
     assert ids[0] == 17 and 18 in ids and ids[ids.index(18) + 1] == 3 and ids[-1] == 4
     assert ours.decode(ours.encode("ünïcödé 日本語").ids) == "ünïcödé 日本語"
@@ -52,8 +54,17 @@ def tiny_mistral(seed: int = 0) -> Any:
     from transformers import MistralConfig, MistralModel
 
     torch.manual_seed(seed)
-    cfg = MistralConfig(vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=31,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=128, use_cache=False, **MISTRAL_CONSTANTS)
+    cfg = MistralConfig(
+        vocab_size=1000,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=31,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=128,
+        use_cache=False,
+        **MISTRAL_CONSTANTS,
+    )
     return MistralModel(cfg).eval()
 
 
@@ -68,11 +79,16 @@ def dev_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     modules = demo_flux2_dev_modules()
     for name, tensors in flux2_dev_files(modules).items():
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / name))
-    return root, {"mistral": modules["mistral3_24b"], "unet": modules["unet"],
-                  "vae": demo_flux2_modules()["vae"]}
+    return root, {
+        "mistral": modules["mistral3_24b"],
+        "unet": modules["unet"],
+        "vae": demo_flux2_modules()["vae"],
+    }
 
 
-def test_clip_loader_reads_the_mistral_file_and_encodes_comfyuis_template(dev_files: Any, make_ctx: Any) -> None:
+def test_clip_loader_reads_the_mistral_file_and_encodes_comfyuis_template(
+    dev_files: Any, make_ctx: Any
+) -> None:
     root, modules = dev_files
     clip = open_text_encoders([root / DEMO_MISTRAL], "flux2")
     (entry,) = CLIPTextEncode().run(make_ctx(), text="a photo of a cat", clip=clip)[0]
@@ -88,7 +104,9 @@ def test_clip_loader_reads_the_mistral_file_and_encodes_comfyuis_template(dev_fi
 def test_mistral_file_without_tekken_is_not_taken_for_a_text_encoder(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file({f"model.{k}": v for k, v in tiny_mistral().state_dict().items()}, str(tmp_path / "m.safetensors"))
+    save_file(
+        {f"model.{k}": v for k, v in tiny_mistral().state_dict().items()}, str(tmp_path / "m.safetensors")
+    )
     with pytest.raises(ModelLoadError, match="Mistral-Small"):
         open_text_encoders([tmp_path / "m.safetensors"], "flux2")
 
@@ -102,16 +120,34 @@ def test_full_size_mistral_small_key_table_on_meta_device() -> None:
     from nodes.families.components.mistral_text import MistralText
 
     with init_empty_weights():
-        model = MistralModel(MistralConfig(vocab_size=131072, hidden_size=5120, intermediate_size=32768,
-                                           num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
-                                           head_dim=128, **MISTRAL_CONSTANTS))
+        model = MistralModel(
+            MistralConfig(
+                vocab_size=131072,
+                hidden_size=5120,
+                intermediate_size=32768,
+                num_hidden_layers=40,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                head_dim=128,
+                **MISTRAL_CONSTANTS,
+            )
+        )
     sd = {f"model.{k}": v for k, v in model.state_dict().items()}
-    index = TensorIndex(Path("mistral_3_small_flux2_bf16.safetensors"),
-                        {k: TensorInfo("BF16", tuple(v.shape)) for k, v in sd.items()} | {"tekken_model": TensorInfo("U8", (10,))})
+    index = TensorIndex(
+        Path("mistral_3_small_flux2_bf16.safetensors"),
+        {k: TensorInfo("BF16", tuple(v.shape)) for k, v in sd.items()}
+        | {"tekken_model": TensorInfo("U8", (10,))},
+    )
     config = MistralText.config_from_tensors(index, "model.")
-    assert (config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]) == (40, 32, 8)
+    assert (config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]) == (
+        40,
+        32,
+        8,
+    )
     mapped = MistralText().to_diffusers({k.removeprefix("model."): v for k, v in sd.items()}, config)
-    assert {k: tuple(v.shape) for k, v in mapped.items()} == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert {k: tuple(v.shape) for k, v in mapped.items()} == {
+        k: tuple(v.shape) for k, v in model.state_dict().items()
+    }
     from nodes.families import standalone_text_encoder
 
     assert standalone_text_encoder(index) == ("mistral3_24b", "model.")
@@ -134,21 +170,43 @@ def test_dev_txt2img_with_flux_guidance_matches_flux2_pipeline(dev_files: Any, m
     pos = FluxGuidance().run(ctx, conditioning=pos, guidance=2.5)[0]
     latent = EmptyFlux2LatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
     sigmas = Flux2Scheduler().run(ctx, steps=3, width=64, height=64)[0]
-    out = SamplerCustom().run(ctx, model=model, add_noise=True, noise_seed=7, cfg=1.0, positive=pos, negative=pos,
-                              sampler=KSamplerSelect().run(ctx, sampler_name="euler")[0], sigmas=sigmas,
-                              latent_image=latent)[0]
+    out = SamplerCustom().run(
+        ctx,
+        model=model,
+        add_noise=True,
+        noise_seed=7,
+        cfg=1.0,
+        positive=pos,
+        negative=pos,
+        sampler=KSamplerSelect().run(ctx, sampler_name="euler")[0],
+        sigmas=sigmas,
+        latent_image=latent,
+    )[0]
 
     vae = AutoencoderKLFlux2.from_config(modules["vae"].config)
     vae.load_state_dict(modules["vae"].state_dict())
-    pipe: Any = Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True,
-                                                                        time_shift_type="exponential"),
-                              vae=vae.eval(), text_encoder=None, tokenizer=None, transformer=modules["unet"])
+    pipe: Any = Flux2Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential"),
+        vae=vae.eval(),
+        text_encoder=None,
+        tokenizer=None,
+        transformer=modules["unet"],
+    )
     pipe.set_progress_bar_config(disable=True)
     noise = prepare_noise(latent["samples"], 7)
     text = pos[0].embeds
-    padded = torch.cat([torch.zeros(1, 512 - text.shape[1], text.shape[2]), text], dim=1)  # ComfyUI: zeros in front
-    ref = pipe(prompt_embeds=padded, height=64, width=64, num_inference_steps=3, guidance_scale=2.5,
-               latents=noise.clone(), output_type="latent").images  # Flux2Pipeline: the packed model latent
+    padded = torch.cat(
+        [torch.zeros(1, 512 - text.shape[1], text.shape[2]), text], dim=1
+    )  # ComfyUI: zeros in front
+    ref = pipe(
+        prompt_embeds=padded,
+        height=64,
+        width=64,
+        num_inference_steps=3,
+        guidance_scale=2.5,
+        latents=noise.clone(),
+        output_type="latent",
+    ).images  # Flux2Pipeline: the packed model latent
     ref_latent = ref.permute(0, 2, 1).reshape(1, 128, 4, 4)
     assert (out["samples"] - ref_latent).abs().max() < 1e-4
     assert (out["samples"] - noise).abs().max() > 0.1

@@ -24,9 +24,11 @@ from nodes.sampling_custom import SamplerCustom
 
 PROMPT, NEGATIVE, SIZE, STEPS, SEED = "a photo of a cat", "blurry, low quality", 64, 4, 42
 # Qwen3's chat template as far as Klein uses it (one user turn, generation prompt, thinking disabled)
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
-                 "not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+    "not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +46,18 @@ def klein_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 def _pipeline(modules: dict[str, Any]) -> Any:
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
 
-    vae = AutoencoderKLFlux2.from_config(modules["vae"].config)  # diffusers' own class: its latents are 32-channel
+    vae = AutoencoderKLFlux2.from_config(
+        modules["vae"].config
+    )  # diffusers' own class: its latents are 32-channel
     vae.load_state_dict(modules["vae"].state_dict())
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential")
-    pipe: Any = Flux2KleinPipeline(scheduler=scheduler, vae=vae.eval(), text_encoder=modules["qwen3_4b"],
-                                   tokenizer=load_qwen_tokenizer(), transformer=modules["unet"])
+    pipe: Any = Flux2KleinPipeline(
+        scheduler=scheduler,
+        vae=vae.eval(),
+        text_encoder=modules["qwen3_4b"],
+        tokenizer=load_qwen_tokenizer(),
+        transformer=modules["unet"],
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -67,13 +76,30 @@ def test_klein_txt2img_matches_flux2_klein_pipeline(cfg: float, klein_dir: Any, 
     latent = EmptyFlux2LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
     sigmas = Flux2Scheduler().run(ctx, steps=STEPS, width=SIZE, height=SIZE)[0]
     sampler = KSamplerSelect().run(ctx, sampler_name="euler")[0]
-    out = SamplerCustom().run(ctx, model=model, add_noise=True, noise_seed=SEED, cfg=cfg, positive=pos,
-                              negative=neg, sampler=sampler, sigmas=sigmas, latent_image=latent)[0]
+    out = SamplerCustom().run(
+        ctx,
+        model=model,
+        add_noise=True,
+        noise_seed=SEED,
+        cfg=cfg,
+        positive=pos,
+        negative=neg,
+        sampler=sampler,
+        sigmas=sigmas,
+        latent_image=latent,
+    )[0]
 
     pipe = _pipeline(modules)
     noise = prepare_noise(latent["samples"], SEED)
-    kwargs = dict(prompt_embeds=pos[0].embeds, negative_prompt_embeds=neg[0].embeds, height=SIZE, width=SIZE,
-                  num_inference_steps=STEPS, guidance_scale=cfg, latents=noise.clone())
+    kwargs = dict(
+        prompt_embeds=pos[0].embeds,
+        negative_prompt_embeds=neg[0].embeds,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=cfg,
+        latents=noise.clone(),
+    )
     ref = pipe(**kwargs, output_type="latent").images  # (1, 32, 8, 8): un-normalised and un-patchified
     from nodes.families.components.flux2_vae_module import patchify
 

@@ -65,14 +65,24 @@ def test_vae_encode_then_decode_keeps_the_image_size(demo_models: Path, make_ctx
 
 
 # --- LoRA ------------------------------------------------------------------------------------------
-LAYERS = ("double_blocks.0.img_attn.qkv", "double_blocks.0.txt_mlp.0", "single_blocks.1.linear1",
-          "double_stream_modulation_img.lin", "img_in")
+LAYERS = (
+    "double_blocks.0.img_attn.qkv",
+    "double_blocks.0.txt_mlp.0",
+    "single_blocks.1.linear1",
+    "double_stream_modulation_img.lin",
+    "img_in",
+)
 
 
 def _pairs(original: dict[str, Any], names: Any) -> dict[str, tuple[Any, Any]]:
     torch.manual_seed(3)
-    return {n: (torch.randn(RANK, original[f"{n}.weight"].shape[1]), torch.randn(original[f"{n}.weight"].shape[0], RANK))
-            for n in names}
+    return {
+        n: (
+            torch.randn(RANK, original[f"{n}.weight"].shape[1]),
+            torch.randn(original[f"{n}.weight"].shape[0], RANK),
+        )
+        for n in names
+    }
 
 
 def _write_lora(path: Path, heads: dict[str, tuple[Any, Any]], kohya: bool) -> None:
@@ -96,8 +106,15 @@ def test_original_layout_lora_equals_editing_the_file(layout: str, demo_models: 
     heads = {prefix + (n.replace(".", "_") if layout == "kohya" else n): p for n, p in pairs.items()}
     _write_lora(tmp_path / "lora.safetensors", heads, kohya=layout == "kohya")
     handle = open_diffusion_model(model_file)
-    patched = handle.with_patch(LoraPatch(tmp_path / "lora.safetensors", fingerprint(tmp_path / "lora.safetensors"),
-                                          STRENGTH, "unet")).load().state_dict()
+    patched = (
+        handle.with_patch(
+            LoraPatch(
+                tmp_path / "lora.safetensors", fingerprint(tmp_path / "lora.safetensors"), STRENGTH, "unet"
+            )
+        )
+        .load()
+        .state_dict()
+    )
     edited = dict(original)
     for name, (down, up) in pairs.items():
         edited[f"{name}.weight"] = original[f"{name}.weight"] + STRENGTH * (ALPHA / RANK) * (up @ down)
@@ -105,19 +122,26 @@ def test_original_layout_lora_equals_editing_the_file(layout: str, demo_models: 
     assert patched.keys() == expected.keys()
     for key, value in expected.items():
         torch.testing.assert_close(patched[key], value, atol=1e-5, rtol=1e-5, msg=key)
-    assert not torch.equal(patched["transformer_blocks.0.attn.to_v.weight"],
-                           handle.load().state_dict()["transformer_blocks.0.attn.to_v.weight"])
+    assert not torch.equal(
+        patched["transformer_blocks.0.attn.to_v.weight"],
+        handle.load().state_dict()["transformer_blocks.0.attn.to_v.weight"],
+    )
 
 
 def test_diffusers_named_lora_in_the_workflow(demo_models: Path, tmp_path: Path) -> None:
     base = open_diffusion_model(demo_models / "diffusion_models" / DEMO_KLEIN).load().state_dict()
     (demo_models / "loras").mkdir(exist_ok=True)
     names = ["transformer_blocks.0.attn.to_k", "single_transformer_blocks.0.attn.to_qkv_mlp_proj"]
-    _write_lora(demo_models / "loras" / "klein_style.safetensors",
-                {f"transformer.{n}": p for n, p in _pairs(base, names).items()}, kohya=False)
+    _write_lora(
+        demo_models / "loras" / "klein_style.safetensors",
+        {f"transformer.{n}": p for n, p in _pairs(base, names).items()},
+        kohya=False,
+    )
     prompt = workflow()
-    prompt["20"] = {"class_type": "LoraLoaderModelOnly",
-                    "inputs": {"model": ["12", 0], "lora_name": "klein_style.safetensors", "strength_model": 1.0}}
+    prompt["20"] = {
+        "class_type": "LoraLoaderModelOnly",
+        "inputs": {"model": ["12", 0], "lora_name": "klein_style.safetensors", "strength_model": 1.0},
+    }
     prompt["22"]["inputs"]["model"] = ["20", 0]
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
@@ -142,7 +166,10 @@ def test_z_image_qwen3_with_klein_names_the_layers(demo_models: Path, tmp_path: 
 
     from nodes.demo_zimage import DEMO_QWEN3, demo_zimage_modules, zimage_files
 
-    save_file(zimage_files(demo_zimage_modules(vae=False))[DEMO_QWEN3], str(demo_models / "text_encoders" / DEMO_QWEN3))
+    save_file(
+        zimage_files(demo_zimage_modules(vae=False))[DEMO_QWEN3],
+        str(demo_models / "text_encoders" / DEMO_QWEN3),
+    )
     prompt = workflow()
     prompt["11"]["inputs"]["clip_name"] = DEMO_QWEN3
     result = run(make_executor(demo_models, tmp_path), prompt)
@@ -159,8 +186,10 @@ def test_flux1_vae_with_flux2_is_refused(demo_models: Path, tmp_path: Path) -> N
     from nodes.families.components import KLVae
 
     vae = demo_flux_modules()["vae"]
-    save_file(original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae),
-              str(demo_models / "vae" / DEMO_FLUX_VAE))
+    save_file(
+        original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae),
+        str(demo_models / "vae" / DEMO_FLUX_VAE),
+    )
     prompt = workflow()
     prompt["10"]["inputs"]["vae_name"] = DEMO_FLUX_VAE
     prompt["48"]["inputs"]["steps"] = 1
@@ -176,7 +205,9 @@ def test_demo_files_have_the_users_layouts(demo_models: Path) -> None:
     from nodes.families.flux2 import Flux2
 
     assert isinstance(open_diffusion_model(demo_models / "diffusion_models" / DEMO_KLEIN).family, Flux2)
-    assert isinstance(open_text_encoders([demo_models / "text_encoders" / DEMO_KLEIN_QWEN3], "flux2").family, Flux2)
+    assert isinstance(
+        open_text_encoders([demo_models / "text_encoders" / DEMO_KLEIN_QWEN3], "flux2").family, Flux2
+    )
     assert isinstance(open_vae(demo_models / "vae" / DEMO_FLUX2_VAE).family, Flux2)
 
 
@@ -193,7 +224,9 @@ def test_tiled_decode_and_encode_work_at_one_sixteenth(demo_models: Path, make_c
     (tiled,) = VAEDecodeTiled().run(ctx, samples=latent, vae=vae, tile_size=512, overlap=64)
     assert tiled.shape == plain.shape == (1, 64, 96, 3)
     torch.testing.assert_close(tiled, plain, atol=1e-5, rtol=1e-5)
-    (encoded,) = VAEEncodeTiled().run(ctx, pixels=torch.rand(1, 70, 100, 3), vae=vae, tile_size=512, overlap=64)
+    (encoded,) = VAEEncodeTiled().run(
+        ctx, pixels=torch.rand(1, 70, 100, 3), vae=vae, tile_size=512, overlap=64
+    )
     assert encoded["samples"].shape == (1, 128, 4, 6)
     (cropped,) = VAEEncode().run(ctx, pixels=torch.rand(1, 70, 100, 3), vae=vae)
     assert cropped["samples"].shape == (1, 128, 4, 6)
@@ -217,13 +250,18 @@ def test_default_sampling_is_comfyuis_flux2_shift(demo_models: Path) -> None:
     model = open_diffusion_model(demo_models / "diffusion_models" / DEMO_KLEIN)
     mu = 2.02
     expected = [1.0] + [math.exp(mu) / (math.exp(mu) + 1 / t - 1) for t in (0.75, 0.5, 0.25)] + [0.0]
-    torch.testing.assert_close(ksampler_sigmas(model.model_sampling, "simple", "euler", 4), torch.tensor(expected),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        ksampler_sigmas(model.model_sampling, "simple", "euler", 4),
+        torch.tensor(expected),
+        atol=1e-4,
+        rtol=1e-4,
+    )
     assert float(model.model_sampling.timestep(torch.tensor(0.4))) == pytest.approx(0.4)
 
 
-def test_comfyui_saved_klein_checkpoint_loads_with_checkpoint_loader(demo_models: Path, tmp_path: Path,
-                                                                      make_ctx: Any) -> None:
+def test_comfyui_saved_klein_checkpoint_loads_with_checkpoint_loader(
+    demo_models: Path, tmp_path: Path, make_ctx: Any
+) -> None:
     """A ComfyUI-saved all-in-one Klein file (model.diffusion_model., text_encoders.qwen3_4b.transformer.model.,
     vae.) gives the same model, conditioning and VAE as the separate files."""
     from safetensors.torch import load_file, save_file
@@ -231,9 +269,14 @@ def test_comfyui_saved_klein_checkpoint_loads_with_checkpoint_loader(demo_models
     from nodes.conditioning import CLIPTextEncode
     from nodes.handles import open_checkpoint
 
-    files = {"diffusion_models/" + DEMO_KLEIN: "model.diffusion_model.", "vae/" + DEMO_FLUX2_VAE: "vae.",
-             "text_encoders/" + DEMO_KLEIN_QWEN3: "text_encoders.qwen3_4b.transformer."}
-    merged = {prefix + k: v for name, prefix in files.items() for k, v in load_file(demo_models / name).items()}
+    files = {
+        "diffusion_models/" + DEMO_KLEIN: "model.diffusion_model.",
+        "vae/" + DEMO_FLUX2_VAE: "vae.",
+        "text_encoders/" + DEMO_KLEIN_QWEN3: "text_encoders.qwen3_4b.transformer.",
+    }
+    merged = {
+        prefix + k: v for name, prefix in files.items() for k, v in load_file(demo_models / name).items()
+    }
     save_file(merged, str(tmp_path / "klein_aio.safetensors"))
     ckpt = open_checkpoint(tmp_path / "klein_aio.safetensors")
     ctx = make_ctx()
@@ -253,7 +296,10 @@ def test_an_empty_sd3_latent_is_widened_and_halved_as_comfyui_does(demo_models: 
     from PIL import Image
 
     prompt = workflow()
-    prompt["47"] = {"class_type": "EmptySD3LatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
+    prompt["47"] = {
+        "class_type": "EmptySD3LatentImage",
+        "inputs": {"width": 64, "height": 64, "batch_size": 1},
+    }
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
     (image,) = result.outputs["9"]["images"]

@@ -25,10 +25,18 @@ def tiny_flux(guidance: bool = True, seed: int = 0) -> Any:
     from diffusers import FluxTransformer2DModel
 
     torch.manual_seed(seed)
-    model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
-                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
-                                   pooled_projection_dim=20, guidance_embeds=guidance,
-                                   axes_dims_rope=rope_axes(16))
+    model = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=64,
+        num_layers=2,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=24,
+        pooled_projection_dim=20,
+        guidance_embeds=guidance,
+        axes_dims_rope=rope_axes(16),
+    )
     with torch.no_grad():  # diffusers zero-initialises some layers; make every weight count
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.1)
@@ -44,8 +52,16 @@ def test_flux_key_table_round_trips_and_reads_the_config(guidance: bool) -> None
     assert ("guidance_in.in_layer.weight" in original) is guidance
     assert original["single_blocks.0.linear1.weight"].shape == (3 * 32 + 128, 32)
     config = kind.config_from_tensors(index_of(original), "")
-    for key in ("in_channels", "num_layers", "num_single_layers", "attention_head_dim", "num_attention_heads",
-                "joint_attention_dim", "pooled_projection_dim", "guidance_embeds"):
+    for key in (
+        "in_channels",
+        "num_layers",
+        "num_single_layers",
+        "attention_head_dim",
+        "num_attention_heads",
+        "joint_attention_dim",
+        "pooled_projection_dim",
+        "guidance_embeds",
+    ):
         assert config[key] == model.config[key], key
     back = kind.to_diffusers(original, config)
     assert back.keys() == model.state_dict().keys()
@@ -68,15 +84,24 @@ def test_built_module_equals_diffusers_model_from_the_same_tensors() -> None:
     kind = FluxTransformer()
     original = kind.to_original(model.state_dict(), model.config)
     config = kind.config_from_tensors(index_of(original), "")
-    built = assign(Part.make("unet", kind, "", "transformer", config), kind.to_diffusers(original, config), "test")
+    built = assign(
+        Part.make("unet", kind, "", "transformer", config), kind.to_diffusers(original, config), "test"
+    )
     x = torch.randn(1, 16, 8, 6)
     entry = _entry(torch.randn(1, 7, 24), torch.randn(1, 20), guidance=4.0)
     cond = kind.conditioning([entry], 1, (64, 48))
     ours = kind.forward(built, x, torch.tensor([0.7]), cond)
     tokens, img_ids = pack(x)
-    ref = model(hidden_states=tokens, encoder_hidden_states=entry.embeds, pooled_projections=entry.pooled,
-                timestep=torch.tensor([0.7]), img_ids=img_ids, txt_ids=torch.zeros(7, 3),
-                guidance=torch.tensor([4.0]), return_dict=False)[0]
+    ref = model(
+        hidden_states=tokens,
+        encoder_hidden_states=entry.embeds,
+        pooled_projections=entry.pooled,
+        timestep=torch.tensor([0.7]),
+        img_ids=img_ids,
+        txt_ids=torch.zeros(7, 3),
+        guidance=torch.tensor([4.0]),
+        return_dict=False,
+    )[0]
     assert ours.shape == x.shape
     assert torch.allclose(ours, unpack(ref, 8, 6), atol=1e-6)
 
@@ -95,8 +120,16 @@ def test_guidance_defaults_to_comfyui_value_and_schnell_ignores_it() -> None:
     cond = kind.conditioning([_entry(torch.zeros(1, 3, 24), torch.zeros(1, 20))], 2, (64, 64))
     assert cond["guidance"].tolist() == [3.5, 3.5]
     schnell = tiny_flux(guidance=False)
-    out = kind.forward(schnell, torch.randn(1, 16, 4, 4), torch.tensor([1.0]), cond | {
-        "encoder_hidden_states": cond["encoder_hidden_states"][:1], "pooled_projections": cond["pooled_projections"][:1]})
+    out = kind.forward(
+        schnell,
+        torch.randn(1, 16, 4, 4),
+        torch.tensor([1.0]),
+        cond
+        | {
+            "encoder_hidden_states": cond["encoder_hidden_states"][:1],
+            "pooled_projections": cond["pooled_projections"][:1],
+        },
+    )
     assert out.shape == (1, 16, 4, 4)
 
 
@@ -114,7 +147,11 @@ def test_full_size_flux_key_table_on_meta_device(guidance: bool) -> None:
     assert len(original) == (780 if guidance else 776)
     config = kind.config_from_tensors(index_of(original, "flux1.safetensors"), "")
     assert config["axes_dims_rope"] == [16, 56, 56] and config["num_attention_heads"] == 24
-    assert config["num_layers"] == 19 and config["num_single_layers"] == 38 and config["guidance_embeds"] is guidance
+    assert (
+        config["num_layers"] == 19
+        and config["num_single_layers"] == 38
+        and config["guidance_embeds"] is guidance
+    )
     back = kind.to_diffusers(original, config)
     expected = model.state_dict()
     assert back.keys() == expected.keys()
@@ -136,9 +173,19 @@ def tiny_t5(seed: int = 0) -> Any:
     from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
-    cfg = T5Config(vocab_size=32128, d_model=24, d_kv=6, d_ff=40, num_layers=2, num_heads=4,
-                   relative_attention_num_buckets=32, relative_attention_max_distance=128,
-                   feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False)
+    cfg = T5Config(
+        vocab_size=32128,
+        d_model=24,
+        d_kv=6,
+        d_ff=40,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        use_cache=False,
+    )
     return T5EncoderModel(cfg).eval()
 
 
@@ -151,7 +198,13 @@ def test_t5_key_table_and_config_from_a_comfyui_style_file() -> None:
     assert "shared.weight" in original and "encoder.embed_tokens.weight" not in original
     prefixed = {f"text_encoders.t5xxl.transformer.{k}": v for k, v in original.items()}
     config = kind.config_from_tensors(index_of(prefixed), "text_encoders.t5xxl.transformer.")
-    assert (config["d_model"], config["d_kv"], config["d_ff"], config["num_layers"], config["num_heads"]) == (24, 6, 40, 2, 4)
+    assert (config["d_model"], config["d_kv"], config["d_ff"], config["num_layers"], config["num_heads"]) == (
+        24,
+        6,
+        40,
+        2,
+        4,
+    )
     back = kind.to_diffusers(original, config)
     assert back.keys() == model.state_dict().keys()
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
@@ -163,7 +216,11 @@ def test_t5_encode_follows_comfyui_padding_and_weights() -> None:
     model, tokenizer = tiny_t5(), load_t5_tokenizer()
     flux, sd3 = T5Text(min_length=256), T5Text(min_length=77)
     chunk = flux.tokenize(tokenizer, "a photo of a cat")
-    assert chunk.ids[:8] == (3, 9, 1202, 13, 3, 9, 1712, 1) and len(chunk.ids) == 256 and set(chunk.ids[8:]) == {0}
+    assert (
+        chunk.ids[:8] == (3, 9, 1202, 13, 3, 9, 1712, 1)
+        and len(chunk.ids) == 256
+        and set(chunk.ids[8:]) == {0}
+    )
     assert len(sd3.tokenize(tokenizer, "a photo of a cat").ids) == 77
     assert len(flux.tokenize(tokenizer, "word " * 300).ids) == 301  # long prompts are not truncated
     z = flux.encode(model, tokenizer, "a photo of a cat")
@@ -183,17 +240,39 @@ def test_full_size_t5_xxl_key_table_on_meta_device() -> None:
 
     from nodes.families.components.t5_text import T5Text
 
-    cfg = T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
-                   feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False)
+    cfg = T5Config(
+        vocab_size=32128,
+        d_model=4096,
+        d_kv=64,
+        d_ff=10240,
+        num_layers=24,
+        num_heads=64,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        use_cache=False,
+    )
     with init_empty_weights():
         model = T5EncoderModel(cfg)
     kind = T5Text()
-    original = {f"text_encoders.t5xxl.transformer.{k}": v for k, v in kind.to_original(model.state_dict(), {}).items()}
-    config = kind.config_from_tensors(index_of(original, "t5xxl_fp16.safetensors"), "text_encoders.t5xxl.transformer.")
+    original = {
+        f"text_encoders.t5xxl.transformer.{k}": v for k, v in kind.to_original(model.state_dict(), {}).items()
+    }
+    config = kind.config_from_tensors(
+        index_of(original, "t5xxl_fp16.safetensors"), "text_encoders.t5xxl.transformer."
+    )
     assert (config["d_model"], config["d_kv"], config["d_ff"], config["num_layers"], config["num_heads"]) == (
-        4096, 64, 10240, 24, 64)
-    back = kind.to_diffusers({k.removeprefix("text_encoders.t5xxl.transformer."): v for k, v in original.items()}, config)
-    assert {k: tuple(v.shape) for k, v in back.items()} == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        4096,
+        64,
+        10240,
+        24,
+        64,
+    )
+    back = kind.to_diffusers(
+        {k.removeprefix("text_encoders.t5xxl.transformer."): v for k, v in original.items()}, config
+    )
+    assert {k: tuple(v.shape) for k, v in back.items()} == {
+        k: tuple(v.shape) for k, v in model.state_dict().items()
+    }
 
 
 def test_fp8_transformer_file_loads_and_runs_in_float32(tmp_path: Path) -> None:
@@ -205,24 +284,38 @@ def test_fp8_transformer_file_loads_and_runs_in_float32(tmp_path: Path) -> None:
 
     model = tiny_flux()
     original = FluxTransformer().to_original(model.state_dict(), model.config)
-    save_file({k: v.to(torch.float8_e4m3fn).contiguous() for k, v in original.items()}, str(tmp_path / "fp8.safetensors"))
+    save_file(
+        {k: v.to(torch.float8_e4m3fn).contiguous() for k, v in original.items()},
+        str(tmp_path / "fp8.safetensors"),
+    )
     handle = open_diffusion_model(tmp_path / "fp8.safetensors")
     module = handle.to_device(handle.load(), "cpu", "float32")
     assert {p.dtype for p in module.parameters()} == {torch.float32}
     expected = original["double_blocks.0.img_attn.qkv.weight"].to(torch.float8_e4m3fn).float()
     assert torch.equal(module.state_dict()["transformer_blocks.0.attn.to_q.weight"], expected.chunk(3)[0])
     cond = FluxTransformer().conditioning([_entry(torch.randn(1, 3, 24), torch.randn(1, 20))], 1, (32, 32))
-    assert torch.isfinite(FluxTransformer().forward(module, torch.randn(1, 16, 4, 4), torch.tensor([0.5]), cond)).all()
+    assert torch.isfinite(
+        FluxTransformer().forward(module, torch.randn(1, 16, 4, 4), torch.tensor([0.5]), cond)
+    ).all()
 
 
 def tiny_chroma(seed: int = 0) -> Any:
     from diffusers import ChromaTransformer2DModel
 
     torch.manual_seed(seed)
-    model = ChromaTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=2,
-                                     attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
-                                     axes_dims_rope=rope_axes(16), approximator_num_channels=16,
-                                     approximator_hidden_dim=32, approximator_layers=2)
+    model = ChromaTransformer2DModel(
+        patch_size=1,
+        in_channels=64,
+        num_layers=2,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=24,
+        axes_dims_rope=rope_axes(16),
+        approximator_num_channels=16,
+        approximator_hidden_dim=32,
+        approximator_layers=2,
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.1)
@@ -236,20 +329,35 @@ def test_chroma_key_table_round_trips_and_module_equals_diffusers() -> None:
     model, kind = tiny_chroma(), FluxTransformer(approximator=True)
     original = kind.to_original(model.state_dict(), model.config)
     assert "distilled_guidance_layer.layers.1.in_layer.weight" in original
-    assert "distilled_guidance_layer.norms.0.scale" in original and "vector_in.in_layer.weight" not in original
+    assert (
+        "distilled_guidance_layer.norms.0.scale" in original and "vector_in.in_layer.weight" not in original
+    )
     config = kind.config_from_tensors(index_of(original), "")
-    assert (config["approximator_num_channels"], config["approximator_hidden_dim"], config["approximator_layers"]) == (
-        16, 32, 2)
+    assert (
+        config["approximator_num_channels"],
+        config["approximator_hidden_dim"],
+        config["approximator_layers"],
+    ) == (16, 32, 2)
     back = kind.to_diffusers(original, config)
-    assert back.keys() == model.state_dict().keys() and all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    assert back.keys() == model.state_dict().keys() and all(
+        torch.equal(back[k], v) for k, v in model.state_dict().items()
+    )
     built = assign(Part.make("unet", kind, "", "transformer", config), back, "test")
     x, text = torch.randn(1, 16, 6, 4), torch.randn(1, 5, 24)
     from nodes.conditioning import CondEntry
 
-    ours = kind.forward(built, x, torch.tensor([0.4]), kind.conditioning([CondEntry(embeds=text)], 1, (48, 32)))
+    ours = kind.forward(
+        built, x, torch.tensor([0.4]), kind.conditioning([CondEntry(embeds=text)], 1, (48, 32))
+    )
     tokens, img_ids = pack(x)
-    ref = model(hidden_states=tokens, encoder_hidden_states=text, timestep=torch.tensor([0.4]), img_ids=img_ids,
-                txt_ids=torch.zeros(5, 3), return_dict=False)[0]
+    ref = model(
+        hidden_states=tokens,
+        encoder_hidden_states=text,
+        timestep=torch.tensor([0.4]),
+        img_ids=img_ids,
+        txt_ids=torch.zeros(5, 3),
+        return_dict=False,
+    )[0]
     assert torch.allclose(ours, unpack(ref, 6, 4), atol=1e-6)
 
 

@@ -46,8 +46,9 @@ def transformer_inputs(ctx: Any, model: Any) -> Iterator[list[dict[str, Any]]]:
     """Every call's keyword inputs to the resident transformer, while the block runs."""
     seen: list[dict[str, Any]] = []
     with ctx.models.use(model) as module:
-        handle = module.register_forward_pre_hook(lambda m, args, kwargs: seen.append(dict(kwargs)),
-                                                  with_kwargs=True)
+        handle = module.register_forward_pre_hook(
+            lambda m, args, kwargs: seen.append(dict(kwargs)), with_kwargs=True
+        )
     try:
         yield seen
     finally:
@@ -56,8 +57,19 @@ def transformer_inputs(ctx: Any, model: Any) -> Iterator[list[dict[str, Any]]]:
 
 def sample(ctx: Any, model: Any, cond: Any) -> torch.Tensor:
     latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    return KSampler().run(ctx, model=model, seed=3, steps=2, cfg=1.0, sampler_name="euler", scheduler="simple",
-                          positive=cond, negative=cond, latent_image=latent, denoise=1.0)[0]["samples"]
+    return KSampler().run(
+        ctx,
+        model=model,
+        seed=3,
+        steps=2,
+        cfg=1.0,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=cond,
+        negative=cond,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]["samples"]
 
 
 def reference(h: int, w: int, seed: int) -> dict[str, torch.Tensor]:
@@ -65,6 +77,7 @@ def reference(h: int, w: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 # --- ComfyUI's placement of references, by hand ------------------------------------------------
+
 
 def test_offset_method_places_references_side_by_side() -> None:
     # image 4×4 patches; ref A 8×8 latent pixels; ref B 6×10: A at (0, 0); B is not taller than wide
@@ -89,16 +102,23 @@ def test_patch_ids_round_offsets_to_patches() -> None:
 
 # --- through the sampler -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("method", ["offset", "index"])
 def test_transformer_sees_reference_tokens_with_comfyui_ids(method: str, demo: Path, make_ctx: Any) -> None:
     ctx = make_ctx()
     model = open_diffusion_model(demo / "diffusion_models" / DEMO_FLUX_DEV)
-    clip = open_text_encoders([demo / "text_encoders" / DEMO_T5XXL, demo / "text_encoders" / DEMO_CLIP_L], "flux")
+    clip = open_text_encoders(
+        [demo / "text_encoders" / DEMO_T5XXL, demo / "text_encoders" / DEMO_CLIP_L], "flux"
+    )
     text = CLIPTextEncode().run(ctx, text="make it red", clip=clip)[0]
     one = ReferenceLatent().run(ctx, conditioning=text, latent=reference(8, 8, 1))[0]
     two = ReferenceLatent().run(ctx, conditioning=one, latent=reference(6, 10, 2))[0]
-    two = FluxKontextMultiReferenceLatentMethod().run(ctx, conditioning=two, reference_latents_method=method)[0]
-    one = FluxKontextMultiReferenceLatentMethod().run(ctx, conditioning=one, reference_latents_method=method)[0]
+    two = FluxKontextMultiReferenceLatentMethod().run(ctx, conditioning=two, reference_latents_method=method)[
+        0
+    ]
+    one = FluxKontextMultiReferenceLatentMethod().run(ctx, conditioning=one, reference_latents_method=method)[
+        0
+    ]
 
     with transformer_inputs(ctx, model) as seen:
         plain = sample(ctx, model, text)
@@ -123,10 +143,14 @@ def test_transformer_sees_reference_tokens_with_comfyui_ids(method: str, demo: P
     from nodes.families.components.flux_dit import pack
     from nodes.families.flux import FLUX_LATENT
 
-    torch.testing.assert_close(one_in["hidden_states"][:, 16:], pack(FLUX_LATENT.process_in(reference(8, 8, 1)["samples"]))[0])
+    torch.testing.assert_close(
+        one_in["hidden_states"][:, 16:], pack(FLUX_LATENT.process_in(reference(8, 8, 1)["samples"]))[0]
+    )
     diff = (with_one - plain).abs().max().item()
-    print(f"\nreference changes the result by up to {diff:.4f}; a second one by "
-          f"{(with_two - with_one).abs().max().item():.4f}")
+    print(
+        f"\nreference changes the result by up to {diff:.4f}; a second one by "
+        f"{(with_two - with_one).abs().max().item():.4f}"
+    )
     assert diff > 1e-3 and (with_two - with_one).abs().max() > 1e-3
     assert with_one.shape == plain.shape == (1, 16, 8, 8)
 
@@ -150,26 +174,37 @@ def test_kontext_image_scale_picks_the_nearest_training_size(make_ctx: Any) -> N
 def test_guidance_stays_per_reference_chain(demo: Path, make_ctx: Any) -> None:
     """FluxGuidance after ReferenceLatent keeps the references (the template's order)."""
     ctx = make_ctx()
-    clip = open_text_encoders([demo / "text_encoders" / DEMO_T5XXL, demo / "text_encoders" / DEMO_CLIP_L], "flux")
+    clip = open_text_encoders(
+        [demo / "text_encoders" / DEMO_T5XXL, demo / "text_encoders" / DEMO_CLIP_L], "flux"
+    )
     text = CLIPTextEncode().run(ctx, text="x", clip=clip)[0]
-    cond = FluxGuidance().run(ctx, conditioning=ReferenceLatent().run(ctx, conditioning=text,
-                                                                      latent=reference(8, 8, 1))[0], guidance=2.5)[0]
+    cond = FluxGuidance().run(
+        ctx,
+        conditioning=ReferenceLatent().run(ctx, conditioning=text, latent=reference(8, 8, 1))[0],
+        guidance=2.5,
+    )[0]
     assert len(cond[0].extras["reference_latents"]) == 1 and cond[0].extras["guidance"] == 2.5
 
 
 # --- the example workflow ----------------------------------------------------------------------
+
 
 def test_kontext_workflow_runs_offline(demo: Path, tmp_path: Path) -> None:
     """The shipped graph, with one shortcut: the image goes to VAEEncode at its own 64×48 size
     instead of through FluxKontextImageScale (tested above), whose ~1 megapixel output takes the
     tiny models ~30 s on this CPU; everything else runs as shipped."""
     prompt = json.loads((WORKFLOWS / "flux_kontext_edit.api.json").read_text())
-    assert prompt["42"]["inputs"]["pixels"] == ["41", 0] and prompt["41"]["class_type"] == "FluxKontextImageScale"
+    assert (
+        prompt["42"]["inputs"]["pixels"] == ["41", 0]
+        and prompt["41"]["class_type"] == "FluxKontextImageScale"
+    )
     prompt["42"]["inputs"]["pixels"] = ["40", 0]
     del prompt["41"]
     executor = make_executor(demo, tmp_path)
     rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(tmp_path / "input" / "kontext_input.png")
+    Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+        tmp_path / "input" / "kontext_input.png"
+    )
     result = run(executor, prompt)
     assert result.status == "success", (result.node_errors, result.error)
     (image,) = result.outputs["9"]["images"]

@@ -20,7 +20,12 @@ from nodes.weights import ModelLoadError, fingerprint
 
 torch.set_num_threads(1)
 RANK, ALPHA, STRENGTH = 2, 1.0, 0.7
-FUSED = ("double_blocks.0.img_attn.qkv", "single_blocks.1.linear1", "final_layer.adaLN_modulation.1", "img_in")
+FUSED = (
+    "double_blocks.0.img_attn.qkv",
+    "single_blocks.1.linear1",
+    "final_layer.adaLN_modulation.1",
+    "img_in",
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,20 +54,32 @@ def write_lora(path: Path, layout: str, pairs: dict[str, tuple[Any, Any]]) -> No
     for name, (down, up) in pairs.items():
         if layout == "kohya":
             head = "lora_unet_" + name.replace(".", "_")
-            tensors |= {f"{head}.lora_down.weight": down, f"{head}.lora_up.weight": up, f"{head}.alpha": torch.tensor(ALPHA)}
+            tensors |= {
+                f"{head}.lora_down.weight": down,
+                f"{head}.lora_up.weight": up,
+                f"{head}.alpha": torch.tensor(ALPHA),
+            }
         else:
             head = f"diffusion_model.{name}"
-            tensors |= {f"{head}.lora_A.weight": down, f"{head}.lora_B.weight": up, f"{head}.alpha": torch.tensor(ALPHA)}
+            tensors |= {
+                f"{head}.lora_A.weight": down,
+                f"{head}.lora_B.weight": up,
+                f"{head}.alpha": torch.tensor(ALPHA),
+            }
     save_file(tensors, str(path))
 
 
 @pytest.mark.parametrize("layout", ["kohya", "comfyui"])
-def test_flux_lora_on_fused_weights_equals_editing_the_file(layout: str, flux_file: Any, tmp_path: Path) -> None:
+def test_flux_lora_on_fused_weights_equals_editing_the_file(
+    layout: str, flux_file: Any, tmp_path: Path
+) -> None:
     root, original = flux_file
     pairs = lora_pairs(original)
     write_lora(tmp_path / "lora.safetensors", layout, pairs)
     handle = open_diffusion_model(root / DEMO_FLUX_DEV)
-    patch = LoraPatch(tmp_path / "lora.safetensors", fingerprint(tmp_path / "lora.safetensors"), STRENGTH, "unet")
+    patch = LoraPatch(
+        tmp_path / "lora.safetensors", fingerprint(tmp_path / "lora.safetensors"), STRENGTH, "unet"
+    )
     patched = handle.with_patch(patch).load().state_dict()
 
     edited = dict(original)
@@ -83,8 +100,13 @@ def test_diffusers_named_flux_lora_applies(flux_file: Any, tmp_path: Path) -> No
     handle = open_diffusion_model(root / DEMO_FLUX_DEV)
     base = handle.load().state_dict()["transformer_blocks.0.attn.to_k.weight"]
     down, up = torch.randn(RANK, base.shape[1]), torch.randn(base.shape[0], RANK)
-    save_file({"transformer.transformer_blocks.0.attn.to_k.lora_A.weight": down,
-               "transformer.transformer_blocks.0.attn.to_k.lora_B.weight": up}, str(tmp_path / "peft.safetensors"))
+    save_file(
+        {
+            "transformer.transformer_blocks.0.attn.to_k.lora_A.weight": down,
+            "transformer.transformer_blocks.0.attn.to_k.lora_B.weight": up,
+        },
+        str(tmp_path / "peft.safetensors"),
+    )
     patch = LoraPatch(tmp_path / "peft.safetensors", fingerprint(tmp_path / "peft.safetensors"), 1.0, "unet")
     patched = handle.with_patch(patch).load().state_dict()["transformer_blocks.0.attn.to_k.weight"]
     torch.testing.assert_close(patched, base + up @ down, atol=1e-5, rtol=1e-5)
@@ -92,8 +114,11 @@ def test_diffusers_named_flux_lora_applies(flux_file: Any, tmp_path: Path) -> No
 
 def test_flux_lora_of_another_width_is_refused(flux_file: Any, tmp_path: Path) -> None:
     root, original = flux_file
-    write_lora(tmp_path / "wide.safetensors", "kohya", {"double_blocks.0.img_attn.qkv": (torch.randn(RANK, 7),
-                                                                                        torch.randn(5, RANK))})
+    write_lora(
+        tmp_path / "wide.safetensors",
+        "kohya",
+        {"double_blocks.0.img_attn.qkv": (torch.randn(RANK, 7), torch.randn(5, RANK))},
+    )
     handle = open_diffusion_model(root / DEMO_FLUX_DEV)
     patch = LoraPatch(tmp_path / "wide.safetensors", fingerprint(tmp_path / "wide.safetensors"), 1.0, "unet")
     with pytest.raises(ModelLoadError, match="another model family or size"):

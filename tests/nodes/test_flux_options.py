@@ -27,22 +27,38 @@ def demo(flux_demo: Path) -> Path:
 
 
 def flux_clip(demo: Path) -> Any:
-    return open_text_encoders([demo / "text_encoders" / DEMO_T5XXL, demo / "text_encoders" / DEMO_CLIP_L], "flux")
+    return open_text_encoders(
+        [demo / "text_encoders" / DEMO_T5XXL, demo / "text_encoders" / DEMO_CLIP_L], "flux"
+    )
 
 
 def sample(ctx: Any, model: Any, cond: Any) -> torch.Tensor:
     latent = EmptySD3LatentImage().run(ctx, width=32, height=32, batch_size=1)[0]
-    return KSampler().run(ctx, model=model, seed=1, steps=2, cfg=1.0, sampler_name="euler", scheduler="simple",
-                          positive=cond, negative=cond, latent_image=latent, denoise=1.0)[0]["samples"]
+    return KSampler().run(
+        ctx,
+        model=model,
+        seed=1,
+        steps=2,
+        cfg=1.0,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=cond,
+        negative=cond,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]["samples"]
 
 
 # --- FluxDisableGuidance -------------------------------------------------------------------------
+
 
 def test_disabled_guidance_drops_the_guidance_embedding(demo: Path, make_ctx: Any) -> None:
     ctx = make_ctx()
     model = open_diffusion_model(demo / "diffusion_models" / DEMO_FLUX_DEV)
     text = CLIPTextEncode().run(ctx, text="a cat", clip=flux_clip(demo))[0]
-    disabled = FluxDisableGuidance().run(ctx, conditioning=FluxGuidance().run(ctx, conditioning=text, guidance=7.0)[0])[0]
+    disabled = FluxDisableGuidance().run(
+        ctx, conditioning=FluxGuidance().run(ctx, conditioning=text, guidance=7.0)[0]
+    )[0]
     assert disabled[0].extras["guidance"] is None
     off = sample(ctx, model, disabled)
     zero = sample(ctx, model, FluxGuidance().run(ctx, conditioning=text, guidance=0.0)[0])
@@ -63,6 +79,7 @@ def test_disabled_guidance_drops_the_guidance_embedding(demo: Path, make_ctx: An
 
 
 # --- T5TokenizerOptions --------------------------------------------------------------------------
+
 
 def t5_tokens(ctx: Any, clip: Any, text: str) -> int:
     return int(CLIPTextEncode().run(ctx, text=text, clip=clip)[0][0].embeds.shape[1])
@@ -95,6 +112,7 @@ def test_t5_tokenizer_options_reach_chroma(demo: Path, make_ctx: Any) -> None:
 
 # --- ModelMergeFlux1 -----------------------------------------------------------------------------
 
+
 def test_model_merge_flux1_schema_is_comfyuis() -> None:
     names = [i.name for i in ModelMergeFlux1.SCHEMA.inputs]
     assert names[:7] == ["model1", "model2", "img_in.", "time_in.", "guidance_in", "vector_in.", "txt_in."]
@@ -121,14 +139,16 @@ def test_model_merge_flux1_takes_each_blocks_ratio(demo: Path, tmp_path: Path, m
         w2 = {k: v.clone() for k, v in b.state_dict().items()}
     with ctx.models.use(merged) as c:
         w = c.state_dict()
-        for key, ratio in (("transformer_blocks.0.attn.to_q.weight", 0.0),  # fused img_attn.qkv of double block 0
-                           ("transformer_blocks.0.attn.add_v_proj.bias", 0.0),
-                           ("transformer_blocks.0.ff.net.2.weight", 0.0),
-                           ("single_transformer_blocks.1.proj_mlp.weight", 0.25),  # part of linear1
-                           ("single_transformer_blocks.1.attn.to_k.weight", 0.25),
-                           ("single_transformer_blocks.0.attn.to_k.weight", 1.0),
-                           ("x_embedder.weight", 0.5),  # img_in.
-                           ("norm_out.linear.weight", 1.0),
-                           ("time_text_embed.guidance_embedder.linear_1.weight", 0.75)):  # "guidance_in" (no dot)
+        for key, ratio in (
+            ("transformer_blocks.0.attn.to_q.weight", 0.0),  # fused img_attn.qkv of double block 0
+            ("transformer_blocks.0.attn.add_v_proj.bias", 0.0),
+            ("transformer_blocks.0.ff.net.2.weight", 0.0),
+            ("single_transformer_blocks.1.proj_mlp.weight", 0.25),  # part of linear1
+            ("single_transformer_blocks.1.attn.to_k.weight", 0.25),
+            ("single_transformer_blocks.0.attn.to_k.weight", 1.0),
+            ("x_embedder.weight", 0.5),  # img_in.
+            ("norm_out.linear.weight", 1.0),
+            ("time_text_embed.guidance_embedder.linear_1.weight", 0.75),
+        ):  # "guidance_in" (no dot)
             expected = w1[key] * ratio + w2[key] * (1 - ratio)
             assert torch.allclose(w[key], expected, atol=1e-6), key

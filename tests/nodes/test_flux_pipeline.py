@@ -49,11 +49,23 @@ def flux_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 def _pipeline(modules: dict[str, Any]) -> Any:
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
 
-    sched = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                                            base_image_seq_len=256, max_image_seq_len=4096)
-    pipe: Any = FluxPipeline(scheduler=sched, vae=modules["vae"], text_encoder=modules["clip_l"],
-                             tokenizer=load_tokenizer("clip_tokenizer"), text_encoder_2=modules["t5xxl"],
-                             tokenizer_2=load_t5_tokenizer(), transformer=modules["unet"])
+    sched = FlowMatchEulerDiscreteScheduler(
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    pipe: Any = FluxPipeline(
+        scheduler=sched,
+        vae=modules["vae"],
+        text_encoder=modules["clip_l"],
+        tokenizer=load_tokenizer("clip_tokenizer"),
+        text_encoder_2=modules["t5xxl"],
+        tokenizer_2=load_t5_tokenizer(),
+        transformer=modules["unet"],
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -64,17 +76,40 @@ def test_flux_dev_txt2img_matches_flux_pipeline(flux_dir: Any, make_ctx: Any) ->
     ctx = make_ctx()
     model = open_diffusion_model(root / DEMO_FLUX_DEV)
     clip = open_text_encoders([root / DEMO_T5XXL, root / DEMO_CLIP_L], "flux")
-    model = ModelSamplingFlux().run(ctx, model=model, max_shift=1.15, base_shift=0.5, width=SIZE, height=SIZE)[0]
-    cond = FluxGuidance().run(ctx, conditioning=CLIPTextEncode().run(ctx, text=PROMPT, clip=clip)[0], guidance=4.0)[0]
+    model = ModelSamplingFlux().run(
+        ctx, model=model, max_shift=1.15, base_shift=0.5, width=SIZE, height=SIZE
+    )[0]
+    cond = FluxGuidance().run(
+        ctx, conditioning=CLIPTextEncode().run(ctx, text=PROMPT, clip=clip)[0], guidance=4.0
+    )[0]
     latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=1.0, sampler_name="euler", scheduler="simple",
-                         positive=cond, negative=cond, latent_image=latent, denoise=1.0)[0]
+    out = KSampler().run(
+        ctx,
+        model=model,
+        seed=SEED,
+        steps=STEPS,
+        cfg=1.0,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=cond,
+        negative=cond,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]
 
     pipe = _pipeline(modules["dev"])
     noise = prepare_noise(latent["samples"], SEED)
     packed = pipe._pack_latents(noise, 1, 16, SIZE // 8, SIZE // 8)
-    ref = pipe(prompt_embeds=cond[0].embeds, pooled_prompt_embeds=cond[0].pooled, height=SIZE, width=SIZE,
-               num_inference_steps=STEPS, guidance_scale=4.0, latents=packed, output_type="latent").images
+    ref = pipe(
+        prompt_embeds=cond[0].embeds,
+        pooled_prompt_embeds=cond[0].pooled,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=4.0,
+        latents=packed,
+        output_type="latent",
+    ).images
     ref = pipe._unpack_latents(ref, SIZE, SIZE, pipe.vae_scale_factor)
     mine = model.latent_format.process_in(out["samples"])
     assert (mine - ref).abs().max() < 1e-4
@@ -85,8 +120,16 @@ def test_flux_dev_txt2img_matches_flux_pipeline(flux_dir: Any, make_ctx: Any) ->
     from nodes.latent import VAEDecode
 
     image = VAEDecode().run(ctx, samples=out, vae=open_vae(root / DEMO_FLUX_VAE))[0]
-    ref_image = pipe(prompt_embeds=cond[0].embeds, pooled_prompt_embeds=cond[0].pooled, height=SIZE, width=SIZE,
-                     num_inference_steps=STEPS, guidance_scale=4.0, latents=packed, output_type="pt").images
+    ref_image = pipe(
+        prompt_embeds=cond[0].embeds,
+        pooled_prompt_embeds=cond[0].pooled,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=4.0,
+        latents=packed,
+        output_type="pt",
+    ).images
     assert image.shape == (1, SIZE, SIZE, 3)
     assert (image - ref_image.permute(0, 2, 3, 1)).abs().max() < 1e-4
 
@@ -97,9 +140,13 @@ def test_flux_schnell_sigmas_are_plain_flow_and_sampling_runs(flux_dir: Any, mak
     root, _ = flux_dir
     model = open_diffusion_model(root / DEMO_FLUX_SCHNELL)
     sigmas = ksampler_sigmas(model.model_sampling, "simple", "euler", 4)
-    torch.testing.assert_close(sigmas, torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0]))  # ComfyUI's schnell schedule
-    assert model.denoiser.forward is not None and not open_diffusion_model(root / DEMO_FLUX_SCHNELL).parts[0].config[
-        "guidance_embeds"]
+    torch.testing.assert_close(
+        sigmas, torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
+    )  # ComfyUI's schnell schedule
+    assert (
+        model.denoiser.forward is not None
+        and not open_diffusion_model(root / DEMO_FLUX_SCHNELL).parts[0].config["guidance_embeds"]
+    )
 
 
 def test_flux_text_encoding_matches_pipeline_at_comfyui_length(flux_dir: Any, make_ctx: Any) -> None:

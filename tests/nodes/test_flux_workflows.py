@@ -40,11 +40,18 @@ def comfy_checkpoint(models: Path) -> dict[str, Any]:
     """An all-in-one checkpoint as ComfyUI saves Flux: model.diffusion_model., text_encoders.*, VAE."""
     from safetensors.torch import load_file
 
-    out = {f"model.diffusion_model.{k}": v for k, v in load_file(models / "diffusion_models" / DEMO_FLUX_DEV).items()}
-    out |= {f"text_encoders.clip_l.transformer.{k}": v
-            for k, v in load_file(models / "text_encoders" / DEMO_CLIP_L).items()}
-    out |= {f"text_encoders.t5xxl.transformer.{k}": v
-            for k, v in load_file(models / "text_encoders" / DEMO_T5XXL).items()}
+    out = {
+        f"model.diffusion_model.{k}": v
+        for k, v in load_file(models / "diffusion_models" / DEMO_FLUX_DEV).items()
+    }
+    out |= {
+        f"text_encoders.clip_l.transformer.{k}": v
+        for k, v in load_file(models / "text_encoders" / DEMO_CLIP_L).items()
+    }
+    out |= {
+        f"text_encoders.t5xxl.transformer.{k}": v
+        for k, v in load_file(models / "text_encoders" / DEMO_T5XXL).items()
+    }
     out |= {f"first_stage_model.{k}": v for k, v in load_file(models / "vae" / DEMO_FLUX_VAE).items()}
     return out
 
@@ -91,7 +98,10 @@ def test_sd_vae_with_flux_is_refused(demo_models: Path, demo_models_source: Path
     prompt["10"]["inputs"]["vae_name"] = "sd_vae.safetensors"
     result = run(make_executor(demo_models, tmp_path / "work"), prompt)
     assert result.status != "success" and result.error["node_id"] == "8"
-    assert "4-channel" in result.error["exception_message"] and "ae.safetensors" in result.error["exception_message"]
+    assert (
+        "4-channel" in result.error["exception_message"]
+        and "ae.safetensors" in result.error["exception_message"]
+    )
 
 
 def test_flux_vae_file_belongs_to_the_flux_latent_space(demo_models: Path, tmp_path: Path) -> None:
@@ -100,7 +110,9 @@ def test_flux_vae_file_belongs_to_the_flux_latent_space(demo_models: Path, tmp_p
 
     assert open_vae(demo_models / "vae" / DEMO_FLUX_VAE).family.latent_format.channels == 16
     prompt = json.loads((WORKFLOWS / "flux_schnell.api.json").read_text())
-    prompt["8"] = {"class_type": "VAEDecodeTiled", "inputs": {"samples": ["3", 0], "vae": ["10", 0],
-                                                              "tile_size": 512, "overlap": 64}}
+    prompt["8"] = {
+        "class_type": "VAEDecodeTiled",
+        "inputs": {"samples": ["3", 0], "vae": ["10", 0], "tile_size": 512, "overlap": 64},
+    }
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)

@@ -58,8 +58,21 @@ def run(executor: Any, prompt: dict, **extra: Any) -> Any:
     return executor.run(RunRequest(prompt=prompt, **extra))
 
 
-@pytest.mark.parametrize("name", ["txt2img", "img2img", "lora", "inpaint", "sdxl", "controlnet", "controlnet_stacked",
-                                  "t2i_adapter", "controlnet_diff", "controlnet_union_sdxl"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "txt2img",
+        "img2img",
+        "lora",
+        "inpaint",
+        "sdxl",
+        "controlnet",
+        "controlnet_stacked",
+        "t2i_adapter",
+        "controlnet_diff",
+        "controlnet_union_sdxl",
+    ],
+)
 def test_example_workflow_runs(name: str, demo_models: Path, tmp_path: Path) -> None:
     prompt = json.loads((WORKFLOWS / f"{name}.api.json").read_text())
     result = run(make_executor(demo_models, tmp_path), prompt, extra_pnginfo={"workflow": {"nodes": []}})
@@ -117,10 +130,26 @@ def test_same_workflow_same_pixels_in_two_processes(demo_models: Path, tmp_path:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     works = [tmp_path / f"w{i}" for i in range(2)]
     # two independent processes, started together (each spends most of its time importing)
-    procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT.format(root=str(ROOT), models=str(demo_models), work=str(work),
-                                                                   wf=str(WORKFLOWS / "txt2img.api.json"))],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for work in works]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _SCRIPT.format(
+                    root=str(ROOT),
+                    models=str(demo_models),
+                    work=str(work),
+                    wf=str(WORKFLOWS / "txt2img.api.json"),
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        for work in works
+    ]
     pixels = []
     for proc, work in zip(procs, works, strict=True):
         out, err = proc.communicate(timeout=600)

@@ -42,23 +42,44 @@ def env(sd15: Any, make_ctx: Any, models_dir: Path) -> dict[str, Any]:
             save_file(gligen_tensors(unet, width, gate=gate), str(folder / name))
     ctx = make_ctx()
     enc = CLIPTextEncode()
-    return {"ctx": ctx, "ck": sd15, "models": models_dir, "unet": unet,
-            "pos": enc.run(ctx, text="a cat and a dog", clip=sd15.clip)[0],
-            "neg": enc.run(ctx, text="blurry", clip=sd15.clip)[0],
-            "latent": EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]}
+    return {
+        "ctx": ctx,
+        "ck": sd15,
+        "models": models_dir,
+        "unet": unet,
+        "pos": enc.run(ctx, text="a cat and a dog", clip=sd15.clip)[0],
+        "neg": enc.run(ctx, text="blurry", clip=sd15.clip)[0],
+        "latent": EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0],
+    }
 
 
 def _sample(env: dict[str, Any], positive: Any = None, model: Any = None) -> torch.Tensor:
-    return KSampler().run(env["ctx"], model=model or env["ck"].unet, seed=3, steps=2, cfg=6.0, sampler_name="euler",
-                          scheduler="normal", positive=positive or env["pos"], negative=env["neg"],
-                          latent_image=env["latent"], denoise=1.0)[0]["samples"]
+    return KSampler().run(
+        env["ctx"],
+        model=model or env["ck"].unet,
+        seed=3,
+        steps=2,
+        cfg=6.0,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=positive or env["pos"],
+        negative=env["neg"],
+        latent_image=env["latent"],
+        denoise=1.0,
+    )[0]["samples"]
 
 
 def _boxes(env: dict[str, Any], name: str, cond: Any = None, clip: Any = None, **box: int) -> Any:
     gligen = GLIGENLoader().run(env["ctx"], gligen_name=name)[0]
     kw = {"width": 32, "height": 24, "x": 8, "y": 16, **box}
-    return GLIGENTextBoxApply().run(env["ctx"], conditioning_to=cond or env["pos"], clip=clip or env["ck"].clip,
-                                    gligen_textbox_model=gligen, text="a cat", **kw)[0]
+    return GLIGENTextBoxApply().run(
+        env["ctx"],
+        conditioning_to=cond or env["pos"],
+        clip=clip or env["ck"].clip,
+        gligen_textbox_model=gligen,
+        text="a cat",
+        **kw,
+    )[0]
 
 
 def test_closed_gates_give_the_unpatched_result(env: dict[str, Any]) -> None:
@@ -68,9 +89,14 @@ def test_closed_gates_give_the_unpatched_result(env: dict[str, Any]) -> None:
     boxed = _boxes(env, "closed.safetensors")
     x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        plain = denoiser.forward(unet, x, torch.tensor([10, 10]), denoiser.conditioning(env["pos"], 2, (64, 64)))
+        plain = denoiser.forward(
+            unet, x, torch.tensor([10, 10]), denoiser.conditioning(env["pos"], 2, (64, 64))
+        )
         kwargs = denoiser.conditioning(boxed, 2, (64, 64))
-        assert isinstance(kwargs["gligen"], GligenBoxes) and with_middle_patch(None, kwargs["gligen"], x)["patches"]
+        assert (
+            isinstance(kwargs["gligen"], GligenBoxes)
+            and with_middle_patch(None, kwargs["gligen"], x)["patches"]
+        )
         assert torch.equal(denoiser.forward(unet, x, torch.tensor([10, 10]), kwargs), plain)
     # sampled, the boxed positive runs apart from the negative (as in ComfyUI, whose patched conds do
     # not batch with unpatched ones), so only the batch size's rounding differs
@@ -93,11 +119,17 @@ def test_boxes_chain_in_order(env: dict[str, Any]) -> None:
     two = _boxes(env, "open.safetensors", cond=one, width=16, height=16, x=40, y=40)
     boxes = two[0].extras["gligen"].boxes
     assert isinstance(two[0].extras["gligen"], GligenBoxes) and len(boxes) == 2
-    assert [b[1:] for b in boxes] == [(3, 4, 2, 1), (2, 2, 5, 5)]  # (h, w, y, x) in latent cells, as ComfyUI's // 8
+    assert [b[1:] for b in boxes] == [
+        (3, 4, 2, 1),
+        (2, 2, 5, 5),
+    ]  # (h, w, y, x) in latent cells, as ComfyUI's // 8
 
 
-def _comfy_fuser(sd: dict[str, torch.Tensor], x: torch.Tensor, objs: torch.Tensor, heads: int) -> torch.Tensor:
+def _comfy_fuser(
+    sd: dict[str, torch.Tensor], x: torch.Tensor, objs: torch.Tensor, heads: int
+) -> torch.Tensor:
     """ComfyUI's GatedSelfAttentionDense written out on the state dict, as the reference."""
+
     def lin(name: str, t: torch.Tensor, bias: bool = True) -> torch.Tensor:
         return torch.nn.functional.linear(t, sd[f"{name}.weight"], sd[f"{name}.bias"] if bias else None)
 
@@ -130,10 +162,14 @@ def test_tokens_and_fusers_equal_comfyuis_formulas(env: dict[str, Any]) -> None:
     bands = 100 ** (torch.arange(8) / 8)
     xyxy = torch.cat([f(b * box) for b in bands for f in (torch.sin, torch.cos)])
     pos = {k.removeprefix("position_net."): v for k, v in sd.items() if k.startswith("position_net.")}
-    rows = [torch.cat([phrase[0], xyxy])] + [torch.cat([pos["null_positive_feature"], pos["null_position_feature"]])] * 29
+    rows = [torch.cat([phrase[0], xyxy])] + [
+        torch.cat([pos["null_positive_feature"], pos["null_position_feature"]])
+    ] * 29
     h = torch.stack(rows)
     for i in (0, 2):
-        h = torch.nn.functional.silu(torch.nn.functional.linear(h, pos[f"linears.{i}.weight"], pos[f"linears.{i}.bias"]))
+        h = torch.nn.functional.silu(
+            torch.nn.functional.linear(h, pos[f"linears.{i}.weight"], pos[f"linears.{i}.bias"])
+        )
     ref = torch.nn.functional.linear(h, pos["linears.4.weight"], pos["linears.4.bias"])
     assert objs.shape == (2, 30, model.key_dim)
     torch.testing.assert_close(objs[1], ref, rtol=0, atol=1e-5)
@@ -163,22 +199,50 @@ def test_middle_patch_runs_after_the_self_attention_residual(env: dict[str, Any]
     assert seen == list(range(len(load_gligen(env["models"] / "gligen" / "open.safetensors").widths)))
     torch.testing.assert_close(same, plain, rtol=0, atol=1e-6)
     blocks = [tb for _, t in transformer_places(unet) for tb in t.transformer_blocks]
-    assert all(not tb.norm1._forward_pre_hooks and not tb.attn1._forward_hooks for tb in blocks)  # hooks removed
+    assert all(
+        not tb.norm1._forward_pre_hooks and not tb.attn1._forward_hooks for tb in blocks
+    )  # hooks removed
 
 
 def test_sdxl_and_wrong_files_get_teaching_errors(env: dict[str, Any], tiny_sdxl_ckpt: Path) -> None:
     xl = open_checkpoint(tiny_sdxl_ckpt)
     narrow = load_gligen(env["models"] / "gligen" / "open.safetensors")
-    with pytest.raises(ValueError, match="pooled CLIP output is 32 wide.*needs 768.*checkpoint family this GLIGEN file was made for"):
-        GLIGENTextBoxApply().run(env["ctx"], conditioning_to=env["pos"], clip=env["ck"].clip,
-                                 gligen_textbox_model=replace(narrow, key_dim=768), text="a cat", width=8, height=8,
-                                 x=0, y=0)
+    with pytest.raises(
+        ValueError,
+        match="pooled CLIP output is 32 wide.*needs 768.*checkpoint family this GLIGEN file was made for",
+    ):
+        GLIGENTextBoxApply().run(
+            env["ctx"],
+            conditioning_to=env["pos"],
+            clip=env["ck"].clip,
+            gligen_textbox_model=replace(narrow, key_dim=768),
+            text="a cat",
+            width=8,
+            height=8,
+            x=0,
+            y=0,
+        )
     boxed = _boxes(env, "open.safetensors")
-    with pytest.raises(ValueError, match="GLIGEN boxes from open.safetensors, made for a UNet.*of the family this GLIGEN file was made for"):
-        KSampler().run(env["ctx"], model=xl.unet, seed=3, steps=1, cfg=6.0, sampler_name="euler",
-                       scheduler="normal", positive=[boxed[0]], negative=env["neg"], latent_image=env["latent"],
-                       denoise=1.0)
-    save_file({"lora_unet_x.lora_up.weight": torch.zeros(2, 2)}, str(env["models"] / "gligen" / "lora.safetensors"))
+    with pytest.raises(
+        ValueError,
+        match="GLIGEN boxes from open.safetensors, made for a UNet.*of the family this GLIGEN file was made for",
+    ):
+        KSampler().run(
+            env["ctx"],
+            model=xl.unet,
+            seed=3,
+            steps=1,
+            cfg=6.0,
+            sampler_name="euler",
+            scheduler="normal",
+            positive=[boxed[0]],
+            negative=env["neg"],
+            latent_image=env["latent"],
+            denoise=1.0,
+        )
+    save_file(
+        {"lora_unet_x.lora_up.weight": torch.zeros(2, 2)}, str(env["models"] / "gligen" / "lora.safetensors")
+    )
     with pytest.raises(ModelLoadError, match="this is not a GLIGEN model.*models/gligen"):
         GLIGENLoader().run(env["ctx"], gligen_name="lora.safetensors")
 
@@ -188,10 +252,32 @@ def test_workflow_runs_end_to_end(env: dict[str, Any], tmp_path: Path) -> None:
         "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "tiny_sd15.safetensors"}},
         "2": {"class_type": "GLIGENLoader", "inputs": {"gligen_name": "open.safetensors"}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a cat and a dog", "clip": ["1", 1]}},
-        "8": {"class_type": "GLIGENTextBoxApply", "inputs": {"conditioning_to": ["3", 0], "clip": ["1", 1],
-              "gligen_textbox_model": ["2", 0], "text": "a cat", "width": 32, "height": 32, "x": 0, "y": 0}},
-        "9": {"class_type": "GLIGENTextBoxApply", "inputs": {"conditioning_to": ["8", 0], "clip": ["1", 1],
-              "gligen_textbox_model": ["2", 0], "text": "a dog", "width": 32, "height": 32, "x": 32, "y": 32}},
+        "8": {
+            "class_type": "GLIGENTextBoxApply",
+            "inputs": {
+                "conditioning_to": ["3", 0],
+                "clip": ["1", 1],
+                "gligen_textbox_model": ["2", 0],
+                "text": "a cat",
+                "width": 32,
+                "height": 32,
+                "x": 0,
+                "y": 0,
+            },
+        },
+        "9": {
+            "class_type": "GLIGENTextBoxApply",
+            "inputs": {
+                "conditioning_to": ["8", 0],
+                "clip": ["1", 1],
+                "gligen_textbox_model": ["2", 0],
+                "text": "a dog",
+                "width": 32,
+                "height": 32,
+                "x": 32,
+                "y": 32,
+            },
+        },
         **sample_and_save(["1", 0], ["9", 0], ["3", 0]),
     }
     result = run(make_executor(env["models"], tmp_path), prompt)
@@ -204,10 +290,15 @@ def test_schemas_are_comfyuis() -> None:
     assert [o.type for o in GLIGENLoader.SCHEMA.outputs] == ["GLIGEN"]
     schema = GLIGENTextBoxApply.SCHEMA
     assert [(i.name, i.type, i.default, i.min, i.max, i.step) for i in schema.inputs] == [
-        ("conditioning_to", "CONDITIONING", None, None, None, None), ("clip", "CLIP", None, None, None, None),
-        ("gligen_textbox_model", "GLIGEN", None, None, None, None), ("text", "STRING", None, None, None, None),
-        ("width", "INT", 64, 8, 16384, 8), ("height", "INT", 64, 8, 16384, 8), ("x", "INT", 0, 0, 16384, 8),
-        ("y", "INT", 0, 0, 16384, 8)]
+        ("conditioning_to", "CONDITIONING", None, None, None, None),
+        ("clip", "CLIP", None, None, None, None),
+        ("gligen_textbox_model", "GLIGEN", None, None, None, None),
+        ("text", "STRING", None, None, None, None),
+        ("width", "INT", 64, 8, 16384, 8),
+        ("height", "INT", 64, 8, 16384, 8),
+        ("x", "INT", 0, 0, 16384, 8),
+        ("y", "INT", 0, 0, 16384, 8),
+    ]
     assert schema.category == "conditioning/gligen" and [o.type for o in schema.outputs] == ["CONDITIONING"]
 
 
@@ -215,12 +306,24 @@ def test_flux_refuses_gligen_boxes(env: dict[str, Any], flux_demo: Path) -> None
     from nodes.demo_flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL
     from nodes.handles import open_diffusion_model, open_text_encoders
 
-    clip = open_text_encoders([flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L],
-                              "flux")
+    clip = open_text_encoders(
+        [flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L], "flux"
+    )
     pos = CLIPTextEncode().run(env["ctx"], text="a cat", clip=clip)[0]
     boxes = _boxes(env, "open.safetensors")[0].extras["gligen"]
     boxed = [replace(pos[0], extras={**pos[0].extras, "gligen": boxes})]
     flux = open_diffusion_model(flux_demo / "diffusion_models" / DEMO_FLUX_DEV)
     with pytest.raises(ValueError, match="positive conditioning has GLIGEN boxes .*this MODEL is Flux"):
-        KSampler().run(env["ctx"], model=flux, seed=3, steps=1, cfg=1.0, sampler_name="euler", scheduler="normal",
-                       positive=boxed, negative=pos, latent_image={"samples": torch.zeros(1, 16, 8, 8)}, denoise=1.0)
+        KSampler().run(
+            env["ctx"],
+            model=flux,
+            seed=3,
+            steps=1,
+            cfg=1.0,
+            sampler_name="euler",
+            scheduler="normal",
+            positive=boxed,
+            negative=pos,
+            latent_image={"samples": torch.zeros(1, 16, 8, 8)},
+            denoise=1.0,
+        )

@@ -22,14 +22,19 @@ def test_first_patch_wraps_outermost_and_forward_kwargs_reach_the_forward_last()
             out = apply(call.with_kwargs({name: True}))
             seen.append(f"{name} out")
             return out
+
         return wrap
 
     def forward(call: ModelCall) -> torch.Tensor:
         seen.append(f"forward {sorted(call.cond_kwargs)}")
         return call.x_in + 1
 
-    hooks = merge_all([SamplingHooks(model_wrappers=(wrapper("a"),)),
-                       SamplingHooks(model_wrappers=(wrapper("b"),), forward_kwargs=(lambda call: {"extra": 1},))])
+    hooks = merge_all(
+        [
+            SamplingHooks(model_wrappers=(wrapper("a"),)),
+            SamplingHooks(model_wrappers=(wrapper("b"),), forward_kwargs=(lambda call: {"extra": 1},)),
+        ]
+    )
     out = hooks.apply_model(forward)(_call(text=0))
     assert torch.equal(out, torch.ones(2, 1))
     assert seen == ["a in", "b in", "forward ['a', 'b', 'extra', 'text']", "b out", "a out"]
@@ -37,8 +42,12 @@ def test_first_patch_wraps_outermost_and_forward_kwargs_reach_the_forward_last()
 
 def test_merge_concatenates_in_patch_order_last_cfg_function_wins_flags_or() -> None:
     calls: list[int] = []
-    first = SamplingHooks(run_start=(lambda info: calls.append(1),), cfg_function=lambda args: torch.zeros(1),
-                          disable_cfg1_optimization=True, block_patches=(BlockPatch("attn2_patch", print),))
+    first = SamplingHooks(
+        run_start=(lambda info: calls.append(1),),
+        cfg_function=lambda args: torch.zeros(1),
+        disable_cfg1_optimization=True,
+        block_patches=(BlockPatch("attn2_patch", print),),
+    )
     second = SamplingHooks(run_start=(lambda info: calls.append(2),), cfg_function=lambda args: torch.ones(1))
     merged = first.merged(second)
     merged.start_run(RunInfo(None, 1, 4))
@@ -57,10 +66,14 @@ def test_predict_wrappers_wrap_the_guided_step_first_patch_outermost() -> None:
         def wrap(predict: Any, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
             seen.append(name)
             return predict(x * 2, sigma)
+
         return wrap
 
-    hooks = merge_all([SamplingHooks(predict_wrappers=(wrapper("a"),)),
-                       SamplingHooks(predict_wrappers=(wrapper("b"),))])
+    hooks = merge_all(
+        [SamplingHooks(predict_wrappers=(wrapper("a"),)), SamplingHooks(predict_wrappers=(wrapper("b"),))]
+    )
     out = hooks.predict(lambda x, sigma: x + sigma)(torch.ones(1), torch.tensor([0.5]))
     assert seen == ["a", "b"] and torch.equal(out, torch.tensor([4.5]))
-    assert torch.equal(SamplingHooks().predict(lambda x, sigma: x)(torch.ones(1), torch.zeros(1)), torch.ones(1))
+    assert torch.equal(
+        SamplingHooks().predict(lambda x, sigma: x)(torch.ones(1), torch.zeros(1)), torch.ones(1)
+    )

@@ -55,7 +55,9 @@ def test_pad_for_outpaint_grey_canvas_and_feathered_mask(ctx: Any) -> None:
     assert mask[0, 10, 8] == 1.0  # d = 0 at the padded left side: ((5 - 0) / 5)^2
     assert mask[0, 10, 10] == pytest.approx(((5 - 2) / 5) ** 2)
     assert mask[0, 0, 20] == 0  # top is not padded: no feathering there
-    _, no_feather = ImagePadForOutpaint().run(ctx, image=image, left=8, top=0, right=0, bottom=0, feathering=0)
+    _, no_feather = ImagePadForOutpaint().run(
+        ctx, image=image, left=8, top=0, right=0, bottom=0, feathering=0
+    )
     assert torch.all(no_feather[0, :, 8:] == 0)
 
 
@@ -97,7 +99,9 @@ def test_rebatch_images_regroups_a_list(ctx: Any) -> None:
 def test_flip_and_rotate(ctx: Any) -> None:
     image = ramp(1, 3, 5)
     assert torch.equal(ImageFlip().run(ctx, image=image, flip_method="x-axis: vertically")[0], image.flip(1))
-    assert torch.equal(ImageFlip().run(ctx, image=image, flip_method="y-axis: horizontally")[0], image.flip(2))
+    assert torch.equal(
+        ImageFlip().run(ctx, image=image, flip_method="y-axis: horizontally")[0], image.flip(2)
+    )
     quarter = ImageRotate().run(ctx, image=image, rotation="90 degrees")[0]
     assert quarter.shape == (1, 5, 3, 3)
     assert torch.equal(quarter[0, 0, -1], image[0, 0, 0])  # clockwise: top-left goes to top-right
@@ -115,29 +119,46 @@ def test_add_noise_is_seeded_and_clamped(ctx: Any) -> None:
     one = ImageAddNoise().run(ctx, image=image, seed=3, strength=0.5)[0]
     assert torch.equal(one, ImageAddNoise().run(ctx, image=image, seed=3, strength=0.5)[0])
     assert not torch.equal(one, ImageAddNoise().run(ctx, image=image, seed=4, strength=0.5)[0])
-    expected = (image + 0.5 * torch.randn(image.shape, generator=torch.Generator().manual_seed(3))).clamp(0, 1)
+    expected = (image + 0.5 * torch.randn(image.shape, generator=torch.Generator().manual_seed(3))).clamp(
+        0, 1
+    )
     assert torch.equal(one, expected) and one.min() >= 0 and one.max() <= 1
     assert torch.equal(ImageAddNoise().run(ctx, image=image, seed=0xFFFFFFFFFFFFFFFF, strength=0.0)[0], image)
 
 
 def test_stitch_without_image2_is_a_pass_through(ctx: Any) -> None:
     image = ramp()
-    out = ImageStitch().run(ctx, image1=image, direction="right", match_image_size=True, spacing_width=0,
-                            spacing_color="white")[0]
+    out = ImageStitch().run(
+        ctx, image1=image, direction="right", match_image_size=True, spacing_width=0, spacing_color="white"
+    )[0]
     assert out is image
 
 
 @pytest.mark.parametrize(("direction", "shape"), [("right", (1, 4, 14, 3)), ("down", (1, 7, 6, 3))])
 def test_stitch_matches_size_keeping_image2_aspect(ctx: Any, direction: str, shape: tuple[int, ...]) -> None:
-    out = ImageStitch().run(ctx, image1=ramp(1, 4, 6), image2=torch.rand(1, 2, 4, 3), direction=direction,
-                            match_image_size=True, spacing_width=0, spacing_color="white")[0]
+    out = ImageStitch().run(
+        ctx,
+        image1=ramp(1, 4, 6),
+        image2=torch.rand(1, 2, 4, 3),
+        direction=direction,
+        match_image_size=True,
+        spacing_width=0,
+        spacing_color="white",
+    )[0]
     assert out.shape == shape
 
 
 def test_stitch_order_spacing_batch_and_padding(ctx: Any) -> None:
     a, b = torch.zeros(2, 4, 3, 3), torch.ones(1, 2, 2, 4)
-    out = ImageStitch().run(ctx, image1=a, image2=b, direction="left", match_image_size=False, spacing_width=3,
-                            spacing_color="red")[0]
+    out = ImageStitch().run(
+        ctx,
+        image1=a,
+        image2=b,
+        direction="left",
+        match_image_size=False,
+        spacing_width=3,
+        spacing_color="red",
+    )[0]
     # image2 first (left), a 4-pixel red gap (3 made even), then image1; alpha added to image1
     assert out.shape == (2, 4, 2 + 4 + 3, 4)
     assert torch.equal(out[0, 1, 0], torch.ones(4))  # image2, padded to height 4 (1 row above)
@@ -148,8 +169,15 @@ def test_stitch_order_spacing_batch_and_padding(ctx: Any) -> None:
 
 def test_stitch_reports_a_too_thin_match(ctx: Any) -> None:
     with pytest.raises(ValueError, match="at least 1 pixel"):
-        ImageStitch().run(ctx, image1=ramp(1, 1, 6), image2=torch.rand(1, 10, 1, 3), direction="right",
-                          match_image_size=True, spacing_width=0, spacing_color="white")
+        ImageStitch().run(
+            ctx,
+            image1=ramp(1, 1, 6),
+            image2=torch.rand(1, 10, 1, 3),
+            direction="right",
+            match_image_size=True,
+            spacing_width=0,
+            spacing_color="white",
+        )
 
 
 def test_errors_are_image_errors_with_the_fix() -> None:

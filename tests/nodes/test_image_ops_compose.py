@@ -42,10 +42,13 @@ def test_composite_mask_is_resized_to_the_source_and_blends(ctx: Any) -> None:
     src = torch.ones(1, 4, 4, 3)
     mask = torch.zeros(1, 2, 2)
     mask[0, 0, 0] = 1  # top-left quarter, at half resolution
-    out = ImageCompositeMasked().run(ctx, destination=dest, source=src, x=0, y=0, resize_source=False, mask=mask)[0]
+    out = ImageCompositeMasked().run(
+        ctx, destination=dest, source=src, x=0, y=0, resize_source=False, mask=mask
+    )[0]
     assert out[0, 0, 0, 0] == 1 and out[0, 3, 3, 0] == 0
-    half = ImageCompositeMasked().run(ctx, destination=dest, source=src, x=0, y=0, resize_source=False,
-                                      mask=torch.full((4, 4), 0.5))[0]
+    half = ImageCompositeMasked().run(
+        ctx, destination=dest, source=src, x=0, y=0, resize_source=False, mask=torch.full((4, 4), 0.5)
+    )[0]
     assert torch.allclose(half, torch.full_like(half, 0.5))
 
 
@@ -56,8 +59,9 @@ def test_composite_resize_source_and_alpha_matching(ctx: Any) -> None:
     assert out.shape == (1, 6, 6, 4) and torch.all(out == 1)
     rgb_dest = torch.zeros(1, 4, 4, 3)
     rgba_src = torch.ones(1, 4, 4, 4)
-    assert ImageCompositeMasked().run(ctx, destination=rgb_dest, source=rgba_src, x=0, y=0,
-                                      resize_source=False)[0].shape == (1, 4, 4, 3)
+    assert ImageCompositeMasked().run(
+        ctx, destination=rgb_dest, source=rgba_src, x=0, y=0, resize_source=False
+    )[0].shape == (1, 4, 4, 3)
 
 
 def test_composite_latent_multiplier() -> None:
@@ -81,16 +85,26 @@ def test_porter_duff_src_over_and_dst_in() -> None:
 
 def test_porter_duff_node_resizes_and_takes_the_shortest_batch(ctx: Any) -> None:
     image, mask = PorterDuffImageComposite().run(
-        ctx, source=torch.rand(3, 4, 4, 3), source_alpha=torch.zeros(2, 2, 2), destination=torch.rand(2, 8, 8, 3),
-        destination_alpha=torch.ones(2, 8, 8), mode="SRC")
+        ctx,
+        source=torch.rand(3, 4, 4, 3),
+        source_alpha=torch.zeros(2, 2, 2),
+        destination=torch.rand(2, 8, 8, 3),
+        destination_alpha=torch.ones(2, 8, 8),
+        mode="SRC",
+    )
     assert image.shape == (2, 8, 8, 3) and mask.shape == (2, 8, 8) and torch.all(mask == 0)
 
 
 def test_porter_duff_channel_mismatch_is_explained(ctx: Any) -> None:
     with pytest.raises(ValueError, match="source has 4 channels and destination 3"):
-        PorterDuffImageComposite().run(ctx, source=torch.rand(1, 4, 4, 4), source_alpha=torch.zeros(1, 4, 4),
-                                       destination=torch.rand(1, 4, 4, 3), destination_alpha=torch.zeros(1, 4, 4),
-                                       mode="SRC_OVER")
+        PorterDuffImageComposite().run(
+            ctx,
+            source=torch.rand(1, 4, 4, 4),
+            source_alpha=torch.zeros(1, 4, 4),
+            destination=torch.rand(1, 4, 4, 3),
+            destination_alpha=torch.zeros(1, 4, 4),
+            mode="SRC_OVER",
+        )
 
 
 def test_split_and_join_alpha_round_trip(ctx: Any) -> None:

@@ -41,7 +41,9 @@ def _rgba_file(path: Path) -> None:
     Image.fromarray(rgba, "RGBA").save(path)
 
 
-@pytest.mark.parametrize(("channel", "top", "bottom"), [("alpha", 1.0, 0.0), ("red", 1.0, 1.0), ("blue", 0.0, 0.0)])
+@pytest.mark.parametrize(
+    ("channel", "top", "bottom"), [("alpha", 1.0, 0.0), ("red", 1.0, 1.0), ("blue", 0.0, 0.0)]
+)
 def test_load_image_mask_channels(ctx: Any, channel: str, top: float, bottom: float) -> None:
     _rgba_file(ctx.folders.input_dir / "a.png")
     mask = LoadImageMask().run(ctx, image="a.png", channel=channel)[0]
@@ -83,10 +85,21 @@ WORKFLOW: dict[str, list[Any]] = {"nodes": [], "links": []}
 
 
 def test_animated_webp_frames_names_and_exif_metadata(ctx: Any) -> None:
-    out = SaveAnimatedWEBP().run(ctx, images=FRAMES, filename_prefix="anim/clip", fps=10.0, lossless=True,
-                                 quality=80, method="fastest", prompt=PROMPT, extra_pnginfo={"workflow": WORKFLOW})
-    assert out.ui == {"images": [{"filename": "clip_00001_.webp", "subfolder": "anim", "type": "output"}],
-                      "animated": (True,)}
+    out = SaveAnimatedWEBP().run(
+        ctx,
+        images=FRAMES,
+        filename_prefix="anim/clip",
+        fps=10.0,
+        lossless=True,
+        quality=80,
+        method="fastest",
+        prompt=PROMPT,
+        extra_pnginfo={"workflow": WORKFLOW},
+    )
+    assert out.ui == {
+        "images": [{"filename": "clip_00001_.webp", "subfolder": "anim", "type": "output"}],
+        "animated": (True,),
+    }
     path = ctx.folders.output_dir / "anim" / "clip_00001_.webp"
     with Image.open(path) as webp:
         webp.load()
@@ -96,14 +109,28 @@ def test_animated_webp_frames_names_and_exif_metadata(ctx: Any) -> None:
     assert [f[0, 0, 0] for f in frames] == [0, 127, 255]  # lossless, 0.5 truncates to 127 as in ComfyUI
     assert json.loads(exif[0x0110].removeprefix("prompt:")) == PROMPT
     assert json.loads(exif[0x010F].removeprefix("workflow:")) == WORKFLOW
-    again = SaveAnimatedWEBP().run(ctx, images=FRAMES[:1], filename_prefix="anim/clip", fps=6.0, lossless=False,
-                                   quality=50, method="default")
+    again = SaveAnimatedWEBP().run(
+        ctx,
+        images=FRAMES[:1],
+        filename_prefix="anim/clip",
+        fps=6.0,
+        lossless=False,
+        quality=50,
+        method="default",
+    )
     assert again.ui == {"images": [{"filename": "clip_00002_.webp", "subfolder": "anim", "type": "output"}]}
 
 
 def test_animated_png_frames_and_comf_chunks(ctx: Any) -> None:
-    SaveAnimatedPNG().run(ctx, images=FRAMES, filename_prefix="clip", fps=4.0, compress_level=1, prompt=PROMPT,
-                          extra_pnginfo={"workflow": WORKFLOW})
+    SaveAnimatedPNG().run(
+        ctx,
+        images=FRAMES,
+        filename_prefix="clip",
+        fps=4.0,
+        compress_level=1,
+        prompt=PROMPT,
+        extra_pnginfo={"workflow": WORKFLOW},
+    )
     data = (ctx.folders.output_dir / "clip_00001_.png").read_bytes()
     with Image.open(ctx.folders.output_dir / "clip_00001_.png") as png:
         assert getattr(png, "n_frames", 1) == 3 and png.info["duration"] == 250
@@ -116,7 +143,9 @@ def test_animated_png_frames_and_comf_chunks(ctx: Any) -> None:
 
 def test_animated_savers_honour_no_metadata_and_keep_bytes(tmp_path: Path) -> None:
     ctx = image_ctx(tmp_path, keep=True, png_metadata=False)
-    out = SaveAnimatedPNG().run(ctx, images=FRAMES, filename_prefix="c", fps=1.0, compress_level=1, prompt=PROMPT)
+    out = SaveAnimatedPNG().run(
+        ctx, images=FRAMES, filename_prefix="c", fps=1.0, compress_level=1, prompt=PROMPT
+    )
     data = (ctx.folders.output_dir / "c_00001_.png").read_bytes()
     assert b"comf" not in data
     assert ctx.kept_images is not None and ctx.kept_images.data["output//c_00001_.png"] == data
@@ -137,7 +166,8 @@ def test_animated_savers_pass_the_guard(tmp_path: Path) -> None:
     with Image.open(ctx.folders.output_dir / "g_00001_.png") as png:
         assert "loom_safety" in png.info
         assert all(np.asarray(f.convert("RGB")).max() == 0 for f in ImageSequence.Iterator(png))
-    SaveAnimatedWEBP().run(ctx, images=FRAMES, filename_prefix="g", fps=1.0, lossless=True, quality=80,
-                           method="default")
+    SaveAnimatedWEBP().run(
+        ctx, images=FRAMES, filename_prefix="g", fps=1.0, lossless=True, quality=80, method="default"
+    )
     with Image.open(ctx.folders.output_dir / "g_00002_.webp") as webp:
         assert all(np.asarray(f.convert("RGB")).max() == 0 for f in ImageSequence.Iterator(webp))

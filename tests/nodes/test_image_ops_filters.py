@@ -51,8 +51,13 @@ def test_image_blend_factor_resize_and_alpha(ctx: Any) -> None:
 
 def test_image_blend_batch_mismatch_is_explained(ctx: Any) -> None:
     with pytest.raises(ValueError, match="image1 has 2 images and image2 3"):
-        ImageBlend().run(ctx, image1=torch.zeros(2, 4, 4, 3), image2=torch.zeros(3, 4, 4, 3), blend_factor=0.5,
-                         blend_mode="multiply")
+        ImageBlend().run(
+            ctx,
+            image1=torch.zeros(2, 4, 4, 3),
+            image2=torch.zeros(3, 4, 4, 3),
+            blend_factor=0.5,
+            blend_mode="multiply",
+        )
 
 
 def test_blur_keeps_flat_images_and_spreads_a_dot(ctx: Any) -> None:
@@ -73,8 +78,9 @@ def test_blur_radius_larger_than_image_is_explained(ctx: Any) -> None:
 
 def test_sharpen_keeps_flat_areas_and_raises_edge_contrast(ctx: Any) -> None:
     flat = torch.full((1, 6, 6, 3), 0.4)
-    assert torch.allclose(ImageSharpen().run(ctx, image=flat, sharpen_radius=1, sigma=1.0, alpha=1.0)[0], flat,
-                          atol=1e-5)
+    assert torch.allclose(
+        ImageSharpen().run(ctx, image=flat, sharpen_radius=1, sigma=1.0, alpha=1.0)[0], flat, atol=1e-5
+    )
     edge = torch.zeros(1, 6, 6, 1)
     edge[:, :, 3:] = 0.5
     out = ImageSharpen().run(ctx, image=edge, sharpen_radius=1, sigma=1.0, alpha=0.1)[0]

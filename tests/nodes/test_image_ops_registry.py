@@ -34,9 +34,20 @@ COMFYUI_INPUTS: dict[str, list[str]] = {
     "ImageStitch": ["image1", "direction", "match_image_size", "spacing_width", "spacing_color", "image2"],
     "GetImageSize": ["image"],
     "ResizeAndPadImage": ["image", "target_width", "target_height", "padding_color", "interpolation"],
-    "ResizeImageMaskNode": ["input", "resize_type", "resize_type.width", "resize_type.height", "resize_type.crop",
-                            "resize_type.multiplier", "resize_type.longer_size", "resize_type.shorter_size",
-                            "resize_type.megapixels", "resize_type.match", "resize_type.multiple", "scale_method"],
+    "ResizeImageMaskNode": [
+        "input",
+        "resize_type",
+        "resize_type.width",
+        "resize_type.height",
+        "resize_type.crop",
+        "resize_type.multiplier",
+        "resize_type.longer_size",
+        "resize_type.shorter_size",
+        "resize_type.megapixels",
+        "resize_type.match",
+        "resize_type.multiple",
+        "scale_method",
+    ],
     "ImageAddNoise": ["image", "seed", "strength"],
     "Morphology": ["image", "operation", "kernel_size"],
     "ImageRGBToYUV": ["image"],
@@ -92,8 +103,9 @@ def object_info(registry: NodeRegistry) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", sorted(COMFYUI_INPUTS))
-def test_registered_with_comfyui_input_names_and_order(registry: NodeRegistry, object_info: dict[str, Any],
-                                                       name: str) -> None:
+def test_registered_with_comfyui_input_names_and_order(
+    registry: NodeRegistry, object_info: dict[str, Any], name: str
+) -> None:
     node_def = registry.get(name)
     assert node_def is not None and node_def.origin == "core", f"{name} is not registered as a core node"
     assert [i.name for i in node_def.schema.inputs] == COMFYUI_INPUTS[name]
@@ -107,13 +119,26 @@ def test_widget_details_match_comfyui(object_info: dict[str, Any]) -> None:
         inputs = object_info[node]["input"]
         return inputs["required"].get(name) or inputs["optional"][name]
 
-    assert spec("ImageScale", "upscale_method")[0] == ["nearest-exact", "bilinear", "area", "bicubic", "lanczos"]
+    assert spec("ImageScale", "upscale_method")[0] == [
+        "nearest-exact",
+        "bilinear",
+        "area",
+        "bicubic",
+        "lanczos",
+    ]
     left = spec("ImagePadForOutpaint", "left")[1]
     assert (left["default"], left["min"], left["max"], left["step"]) == (0, 0, 16384, 8)
     assert spec("ImageAddNoise", "seed")[1]["control_after_generate"] is True
     assert spec("GrowMask", "expand")[1]["min"] == -16384
-    assert spec("Morphology", "operation")[0] == ["erode", "dilate", "open", "close", "gradient", "bottom_hat",
-                                                  "top_hat"]
+    assert spec("Morphology", "operation")[0] == [
+        "erode",
+        "dilate",
+        "open",
+        "close",
+        "gradient",
+        "bottom_hat",
+        "top_hat",
+    ]
     assert spec("ResizeImageMaskNode", "resize_type.crop")[1]["default"] == "center"
     assert spec("ResizeImageMaskNode", "input")[0] == "IMAGE,MASK"
     assert object_info["ImageStitch"]["input"]["optional"]["image2"][0] == "IMAGE"
@@ -134,14 +159,33 @@ def test_a_mask_workflow_runs_end_to_end(tmp_path: Path) -> None:
         "1": {"class_type": "SolidMask", "inputs": {"value": 1.0, "width": 16, "height": 8}},
         "2": {"class_type": "GrowMask", "inputs": {"mask": ["1", 0], "expand": -2, "tapered_corners": True}},
         "3": {"class_type": "MaskToImage", "inputs": {"mask": ["2", 0]}},
-        "4": {"class_type": "ImageStitch", "inputs": {"image1": ["3", 0], "direction": "down",
-                                                     "match_image_size": True, "spacing_width": 2,
-                                                     "spacing_color": "red"}},
-        "5": {"class_type": "BatchImagesNode", "inputs": {"images.image0": ["4", 0], "images.image1": ["3", 0]}},
-        "6": {"class_type": "ResizeImageMaskNode", "inputs": {"input": ["5", 0], "resize_type": "scale by multiplier",
-                                                             "resize_type.multiplier": 0.5, "scale_method": "area"}},
-        "7": {"class_type": "SaveAnimatedPNG", "inputs": {"images": ["6", 0], "filename_prefix": "t", "fps": 2.0,
-                                                         "compress_level": 1}},
+        "4": {
+            "class_type": "ImageStitch",
+            "inputs": {
+                "image1": ["3", 0],
+                "direction": "down",
+                "match_image_size": True,
+                "spacing_width": 2,
+                "spacing_color": "red",
+            },
+        },
+        "5": {
+            "class_type": "BatchImagesNode",
+            "inputs": {"images.image0": ["4", 0], "images.image1": ["3", 0]},
+        },
+        "6": {
+            "class_type": "ResizeImageMaskNode",
+            "inputs": {
+                "input": ["5", 0],
+                "resize_type": "scale by multiplier",
+                "resize_type.multiplier": 0.5,
+                "scale_method": "area",
+            },
+        },
+        "7": {
+            "class_type": "SaveAnimatedPNG",
+            "inputs": {"images": ["6", 0], "filename_prefix": "t", "fps": 2.0, "compress_level": 1},
+        },
     }
     result = _executor(tmp_path).run(RunRequest(prompt=prompt))
     assert result.status == "success", result.error
@@ -152,7 +196,10 @@ def test_a_mask_workflow_runs_end_to_end(tmp_path: Path) -> None:
 def test_bad_input_fails_on_the_right_node_with_its_message(tmp_path: Path) -> None:
     prompt = {
         "1": {"class_type": "SolidMask", "inputs": {"value": 1.0, "width": 16, "height": 8}},
-        "2": {"class_type": "CropMask", "inputs": {"mask": ["1", 0], "x": 40, "y": 0, "width": 4, "height": 4}},
+        "2": {
+            "class_type": "CropMask",
+            "inputs": {"mask": ["1", 0], "x": 40, "y": 0, "width": 4, "height": 4},
+        },
         "3": {"class_type": "MaskPreview", "inputs": {"mask": ["2", 0]}},
     }
     result = _executor(tmp_path).run(RunRequest(prompt=prompt))

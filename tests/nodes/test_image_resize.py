@@ -40,9 +40,13 @@ def _pil_lanczos(image_u8: np.ndarray, width: int, height: int) -> np.ndarray:
 @pytest.mark.parametrize("size", [(64, 50), (13, 11), (29, 80), (7, 37)])
 def test_lanczos_matches_pillow(size: tuple[int, int]) -> None:
     torch.manual_seed(1)
-    smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 6, 5), size=(37, 29), mode="bicubic").clamp(0, 1)
+    smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 6, 5), size=(37, 29), mode="bicubic").clamp(
+        0, 1
+    )
     u8 = (smooth[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
-    ours = lanczos(torch.from_numpy(u8).permute(2, 0, 1)[None].float() / 255, *size)[0].permute(1, 2, 0).numpy()
+    ours = (
+        lanczos(torch.from_numpy(u8).permute(2, 0, 1)[None].float() / 255, *size)[0].permute(1, 2, 0).numpy()
+    )
     # Pillow rounds to 8 bits between its two passes; we stay in float: within ~1 level of 255
     assert np.abs(ours - _pil_lanczos(u8, *size)).max() <= 1.5 / 255
 
@@ -83,13 +87,17 @@ def _bislerp_reference(x: torch.Tensor, width: int, height: int) -> torch.Tensor
         for y in range(h):
             for i in range(width):
                 p, q, r = _taps(w, width, i)
-                rows[n, :, y, i] = torch.tensor(_slerp_reference(x[n, :, y, p].tolist(), x[n, :, y, q].tolist(), r))
+                rows[n, :, y, i] = torch.tensor(
+                    _slerp_reference(x[n, :, y, p].tolist(), x[n, :, y, q].tolist(), r)
+                )
     out = torch.zeros(b, c, height, width)
     for n in range(b):
         for j in range(height):
             p, q, r = _taps(h, height, j)
             for i in range(width):
-                out[n, :, j, i] = torch.tensor(_slerp_reference(rows[n, :, p, i].tolist(), rows[n, :, q, i].tolist(), r))
+                out[n, :, j, i] = torch.tensor(
+                    _slerp_reference(rows[n, :, p, i].tolist(), rows[n, :, q, i].tolist(), r)
+                )
     return out
 
 

@@ -33,7 +33,9 @@ CONFIGS = Path(__file__).resolve().parents[2] / "models" / "configs"
 def _euler(unet: Any) -> Any:
     """diffusers' Euler over the sigmas KSampler euler/normal uses (same math as Loom)."""
     ms = unet.model_sampling
-    return ComfyEulerScheduler.over(unet.scheduler_config(), ms, ksampler_sigmas(ms, "normal", "euler", STEPS))
+    return ComfyEulerScheduler.over(
+        unet.scheduler_config(), ms, ksampler_sigmas(ms, "normal", "euler", STEPS)
+    )
 
 
 def plus_adapter_state_dict(unet: Any, clip_hidden: int, seed: int = 7) -> dict[str, torch.Tensor]:
@@ -43,10 +45,24 @@ def plus_adapter_state_dict(unet: Any, clip_hidden: int, seed: int = 7) -> dict[
 
     torch.manual_seed(seed)
     cross = unet.config.cross_attention_dim
-    proj = IPAdapterPlusImageProjection(embed_dims=clip_hidden, output_dims=cross, hidden_dims=64, depth=4,
-                                        dim_head=64, heads=1, num_queries=8)
-    back = {"ln0": "0.norm1", "ln1": "0.norm2", "attn.to_q": "0.to_q", "attn.to_out.0": "0.to_out",
-            "ff.0": "1.0", "ff.1.net.0.proj": "1.1", "ff.1.net.2": "1.3"}
+    proj = IPAdapterPlusImageProjection(
+        embed_dims=clip_hidden,
+        output_dims=cross,
+        hidden_dims=64,
+        depth=4,
+        dim_head=64,
+        heads=1,
+        num_queries=8,
+    )
+    back = {
+        "ln0": "0.norm1",
+        "ln1": "0.norm2",
+        "attn.to_q": "0.to_q",
+        "attn.to_out.0": "0.to_out",
+        "ff.0": "1.0",
+        "ff.1.net.0.proj": "1.1",
+        "ff.1.net.2": "1.3",
+    }
     sd: dict[str, torch.Tensor] = {}
     for key, value in proj.state_dict().items():
         parts = key.split(".")
@@ -58,8 +74,13 @@ def plus_adapter_state_dict(unet: Any, clip_hidden: int, seed: int = 7) -> dict[
             sd[f"image_proj.layers.{parts[1]}.{back[inner]}.{parts[-1]}"] = value
         elif not key.startswith("layers."):
             sd[f"image_proj.{key}"] = value
-    sd.update({k: v for k, v in ip_adapter_state_dict(unet, 32, seed=seed, scale=0.5).items()
-               if k.startswith("ip_adapter.")})
+    sd.update(
+        {
+            k: v
+            for k, v in ip_adapter_state_dict(unet, 32, seed=seed, scale=0.5).items()
+            if k.startswith("ip_adapter.")
+        }
+    )
     return sd
 
 
@@ -86,9 +107,14 @@ def vision_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict) -> P
     for name, seed in (("ip_a.safetensors", 0), ("ip_b.safetensors", 5)):
         sd = ip_adapter_state_dict(unet, 32, seed=seed, scale=0.5)
         save_file({k: v.contiguous() for k, v in sd.items()}, str(root / "ipadapter" / name))
-    wide = {"image_proj.proj.weight": torch.zeros(4 * 2048, 32), "image_proj.proj.bias": torch.zeros(4 * 2048),
-            "image_proj.norm.weight": torch.ones(2048), "image_proj.norm.bias": torch.zeros(2048),
-            "ip_adapter.1.to_k_ip.weight": torch.zeros(640, 2048), "ip_adapter.1.to_v_ip.weight": torch.zeros(640, 2048)}
+    wide = {
+        "image_proj.proj.weight": torch.zeros(4 * 2048, 32),
+        "image_proj.proj.bias": torch.zeros(4 * 2048),
+        "image_proj.norm.weight": torch.ones(2048),
+        "image_proj.norm.bias": torch.zeros(2048),
+        "ip_adapter.1.to_k_ip.weight": torch.zeros(640, 2048),
+        "ip_adapter.1.to_v_ip.weight": torch.zeros(640, 2048),
+    }
     save_file(wide, str(root / "ipadapter" / "ip-adapter_sdxl.safetensors"))
     plus = plus_adapter_state_dict(unet, clip_hidden=32)
     save_file({k: v.contiguous() for k, v in plus.items()}, str(root / "ipadapter" / "ip_plus.safetensors"))
@@ -112,22 +138,37 @@ class Env:
         return ClipVisionHandle.from_file(self.vision_dir / "clip_vision" / name / "model.safetensors")
 
     def apply(self, model: Any, adapter: IPAdapterFile, cv: ClipVisionHandle | None = None, **kw: Any) -> Any:
-        args: dict[str, Any] = dict(weight=1.0, weight_type="linear", start_at=0.0, end_at=1.0, image=_ref_image())
+        args: dict[str, Any] = dict(
+            weight=1.0, weight_type="linear", start_at=0.0, end_at=1.0, image=_ref_image()
+        )
         args.update(kw)
-        return IPAdapterAdvanced().run(self.ctx, model=model, ipadapter=adapter, clip_vision=cv or self.cv,
-                                       **args)[0]
+        return IPAdapterAdvanced().run(
+            self.ctx, model=model, ipadapter=adapter, clip_vision=cv or self.cv, **args
+        )[0]
 
     def generate(self, model: Any, cfg: float = 7.5, batch: int = 1) -> np.ndarray:
         ctx, enc = self.ctx, CLIPTextEncode()
         latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=batch)[0]
-        out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=cfg, sampler_name="euler",
-                             scheduler="normal", denoise=1.0, positive=enc.run(ctx, text=PROMPT, clip=self.ck.clip)[0],
-                             negative=enc.run(ctx, text=NEGATIVE, clip=self.ck.clip)[0], latent_image=latent)[0]
+        out = KSampler().run(
+            ctx,
+            model=model,
+            seed=SEED,
+            steps=STEPS,
+            cfg=cfg,
+            sampler_name="euler",
+            scheduler="normal",
+            denoise=1.0,
+            positive=enc.run(ctx, text=PROMPT, clip=self.ck.clip)[0],
+            negative=enc.run(ctx, text=NEGATIVE, clip=self.ck.clip)[0],
+            latent_image=latent,
+        )[0]
         return VAEDecode().run(ctx, samples=out, vae=self.ck.vae)[0].numpy()
 
 
 @pytest.fixture(scope="module")
-def env(tiny_sd15_ckpt: Path, models_dir: Path, vision_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def env(
+    tiny_sd15_ckpt: Path, models_dir: Path, vision_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
     """One context, manager and baseline images for the module (each generation costs a UNet load)."""
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
@@ -138,10 +179,18 @@ def env(tiny_sd15_ckpt: Path, models_dir: Path, vision_dir: Path, tmp_path_facto
     files.add_folder("ipadapter", vision_dir / "ipadapter")
     work = tmp_path_factory.mktemp("ip_work")
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
-    ctx = NodeContext("1", "test", Folders(work / "in", work / "out", work / "tmp", model_files=files), models=manager)
+    ctx = NodeContext(
+        "1", "test", Folders(work / "in", work / "out", work / "tmp", model_files=files), models=manager
+    )
     ck = open_checkpoint(tiny_sd15_ckpt)
-    e = Env(ctx, ck, ClipVisionHandle.from_file(vision_dir / "clip_vision" / "enc" / "model.safetensors"),
-            vision_dir, np.zeros(0), np.zeros(0))
+    e = Env(
+        ctx,
+        ck,
+        ClipVisionHandle.from_file(vision_dir / "clip_vision" / "enc" / "model.safetensors"),
+        vision_dir,
+        np.zeros(0),
+        np.zeros(0),
+    )
     e.plain = e.generate(ck.unet)
     e.full = e.generate(e.apply(ck.unet, e.adapter()))
     yield e
@@ -159,19 +208,35 @@ def test_txt2img_matches_diffusers_load_ip_adapter(tiny_models: dict, env: Env, 
     image = env.full if name == "ip_a.safetensors" else env.generate(env.apply(env.ck.unet, adapter))
     modules = tiny_models["sd15"].modules
     pipe: Any = StableDiffusionPipeline(
-        vae=modules["vae"], text_encoder=modules["clip_l"], tokenizer=load_tokenizer("clip_tokenizer"),
+        vae=modules["vae"],
+        text_encoder=modules["clip_l"],
+        tokenizer=load_tokenizer("clip_tokenizer"),
         unet=copy.deepcopy(modules["unet"]),
         scheduler=_euler(env.ck.unet),
-        safety_checker=None, requires_safety_checker=False,
+        safety_checker=None,
+        requires_safety_checker=False,
         feature_extractor=CLIPImageProcessor.from_pretrained(CONFIGS / "clip_vision"),
         image_encoder=CLIPVisionModelWithProjection.from_pretrained(env.vision_dir / "clip_vision" / "enc"),
     )
-    pipe.load_ip_adapter(str(env.vision_dir / "ipadapter"), subfolder="", weight_name=name,
-                         image_encoder_folder=None, local_files_only=True)
+    pipe.load_ip_adapter(
+        str(env.vision_dir / "ipadapter"),
+        subfolder="",
+        weight_name=name,
+        image_encoder_folder=None,
+        local_files_only=True,
+    )
     pil = Image.fromarray((_ref_image()[0].numpy() * 255).round().astype(np.uint8))
-    ref = pipe(PROMPT, negative_prompt=NEGATIVE, height=SIZE, width=SIZE, num_inference_steps=STEPS,
-               guidance_scale=7.5, latents=prepare_noise(torch.zeros(1, 4, 8, 8), SEED), ip_adapter_image=pil,
-               output_type="np").images
+    ref = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=7.5,
+        latents=prepare_noise(torch.zeros(1, 4, 8, 8), SEED),
+        ip_adapter_image=pil,
+        output_type="np",
+    ).images
     assert np.abs(image - env.plain).max() > 1e-2, "the adapter must change the image"
     assert np.abs(image - ref).max() < 1e-3
 
@@ -220,8 +285,15 @@ def test_encode_goes_through_the_memory_manager_one_resident(env: Env) -> None:
 
 
 def test_simple_node_finds_a_fitting_clip_vision(env: Env) -> None:
-    model = IPAdapter().run(env.ctx, model=env.ck.unet, ipadapter=env.adapter(), image=_ref_image(), weight=1.0,
-                            start_at=0.0, end_at=1.0)[0]
+    model = IPAdapter().run(
+        env.ctx,
+        model=env.ck.unet,
+        ipadapter=env.adapter(),
+        image=_ref_image(),
+        weight=1.0,
+        start_at=0.0,
+        end_at=1.0,
+    )[0]
     (patch,) = model.patches
     assert patch.key == env.apply(env.ck.unet, env.adapter()).patches[0].key  # found "enc", not "small"
 
@@ -255,26 +327,53 @@ def test_sdxl_adapter_matches_diffusers(tiny_models: dict, tiny_sdxl_ckpt: Path,
     model = env.apply(ck.unet, env.adapter("ip_sdxl_tiny.safetensors"))
     ctx, enc = env.ctx, CLIPTextEncode()
     latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=5.0, sampler_name="euler", scheduler="normal",
-                         denoise=1.0, positive=enc.run(ctx, text=PROMPT, clip=ck.clip)[0],
-                         negative=enc.run(ctx, text=NEGATIVE, clip=ck.clip)[0], latent_image=latent)[0]
+    out = KSampler().run(
+        ctx,
+        model=model,
+        seed=SEED,
+        steps=STEPS,
+        cfg=5.0,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=1.0,
+        positive=enc.run(ctx, text=PROMPT, clip=ck.clip)[0],
+        negative=enc.run(ctx, text=NEGATIVE, clip=ck.clip)[0],
+        latent_image=latent,
+    )[0]
     image = VAEDecode().run(ctx, samples=out, vae=ck.vae)[0].numpy()
 
     vae = copy.deepcopy(m["vae"])
     vae.register_to_config(scaling_factor=ck.unet.latent_format.scale_factor)
     pipe: Any = StableDiffusionXLPipeline(
-        vae=vae, text_encoder=m["clip_l"], text_encoder_2=m["clip_g"], tokenizer=load_tokenizer("clip_tokenizer"),
-        tokenizer_2=load_tokenizer("clip_tokenizer_2"), unet=copy.deepcopy(m["unet"]),
+        vae=vae,
+        text_encoder=m["clip_l"],
+        text_encoder_2=m["clip_g"],
+        tokenizer=load_tokenizer("clip_tokenizer"),
+        tokenizer_2=load_tokenizer("clip_tokenizer_2"),
+        unet=copy.deepcopy(m["unet"]),
         scheduler=_euler(ck.unet),
         feature_extractor=CLIPImageProcessor.from_pretrained(CONFIGS / "clip_vision"),
         image_encoder=CLIPVisionModelWithProjection.from_pretrained(env.vision_dir / "clip_vision" / "enc"),
     )
-    pipe.load_ip_adapter(str(folder), subfolder="", weight_name="ip_sdxl_tiny.safetensors",
-                         image_encoder_folder=None, local_files_only=True)
+    pipe.load_ip_adapter(
+        str(folder),
+        subfolder="",
+        weight_name="ip_sdxl_tiny.safetensors",
+        image_encoder_folder=None,
+        local_files_only=True,
+    )
     pil = Image.fromarray((_ref_image()[0].numpy() * 255).round().astype(np.uint8))
-    ref = pipe(PROMPT, negative_prompt=NEGATIVE, height=SIZE, width=SIZE, num_inference_steps=STEPS,
-               guidance_scale=5.0, latents=prepare_noise(torch.zeros(1, 4, 8, 8), SEED), ip_adapter_image=pil,
-               output_type="np").images
+    ref = pipe(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=5.0,
+        latents=prepare_noise(torch.zeros(1, 4, 8, 8), SEED),
+        ip_adapter_image=pil,
+        output_type="np",
+    ).images
     assert np.abs(image - ref).max() < 1e-3
 
 
@@ -297,9 +396,12 @@ def test_coalesced_jobs_with_an_adapter_equal_running_alone(env: Env) -> None:
     pos = [enc.run(ctx, text=t, clip=env.ck.clip)[0] for t in (PROMPT, "a dog")]
     neg = enc.run(ctx, text=NEGATIVE, clip=env.ck.clip)[0]
     latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    common = dict(steps=STEPS, cfg=7.5, sampler_name="euler", scheduler="normal", latent_image=latent, denoise=1.0)
-    stacked = KSamplerBatched().run(ctx, model=[model], seed=[1, 2], positive=pos, negative=[neg],
-                                    **{k: [v] for k, v in common.items()})[0]
+    common = dict(
+        steps=STEPS, cfg=7.5, sampler_name="euler", scheduler="normal", latent_image=latent, denoise=1.0
+    )
+    stacked = KSamplerBatched().run(
+        ctx, model=[model], seed=[1, 2], positive=pos, negative=[neg], **{k: [v] for k, v in common.items()}
+    )[0]
     for out, p, seed in zip(stacked, pos, (1, 2), strict=True):
         alone = KSampler().run(ctx, model=model, seed=seed, positive=p, negative=neg, **common)[0]
         assert torch.allclose(out["samples"], alone["samples"], rtol=1e-4, atol=1e-3)

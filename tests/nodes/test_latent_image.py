@@ -37,7 +37,9 @@ def test_empty_latent_shape_and_multiple_of_8_error(make_ctx: Any) -> None:
 
 def test_latent_upscale_keeps_extras() -> None:
     latent = {"samples": torch.randn(1, 4, 8, 8), "batch_index": [3]}
-    up = LatentUpscale().run(None, samples=latent, upscale_method="bilinear", width=128, height=0, crop="disabled")[0]  # type: ignore[arg-type]
+    up = LatentUpscale().run(
+        None, samples=latent, upscale_method="bilinear", width=128, height=0, crop="disabled"
+    )[0]  # type: ignore[arg-type]
     assert up["samples"].shape == (1, 4, 16, 16) and up["batch_index"] == [3]
     by = LatentUpscaleBy().run(None, samples=latent, upscale_method="nearest-exact", scale_by=1.5)[0]  # type: ignore[arg-type]
     assert by["samples"].shape == (1, 4, 12, 12)
@@ -68,7 +70,9 @@ def test_tile_blending_is_exact_for_a_local_function() -> None:
         return (z * 2 + 1).repeat_interleave(8, -1).repeat_interleave(8, -2)
 
     assert torch.allclose(tiled(x, up8, 8, 4, 8.0), up8(x), atol=1e-5)
-    assert torch.allclose(tiled(up8(x), lambda p: p[..., ::8, ::8], 64, 32, 1 / 8), up8(x)[..., ::8, ::8], atol=1e-5)
+    assert torch.allclose(
+        tiled(up8(x), lambda p: p[..., ::8, ::8], 64, 32, 1 / 8), up8(x)[..., ::8, ::8], atol=1e-5
+    )
 
 
 def test_inpaint_masks(tiny_sd15_ckpt: Any, make_ctx: Any) -> None:
@@ -76,7 +80,9 @@ def test_inpaint_masks(tiny_sd15_ckpt: Any, make_ctx: Any) -> None:
     ctx = make_ctx()
     mask = torch.zeros(1, 64, 64)
     mask[:, 16:48, 16:48] = 1
-    latent = VAEEncodeForInpaint().run(ctx, pixels=gradient_image(64), vae=ck.vae, mask=mask, grow_mask_by=6)[0]
+    latent = VAEEncodeForInpaint().run(ctx, pixels=gradient_image(64), vae=ck.vae, mask=mask, grow_mask_by=6)[
+        0
+    ]
     assert latent["noise_mask"].shape == (1, 1, 64, 64) and latent["noise_mask"][0, 0, 12, 12] == 1
     plain = SetLatentNoiseMask().run(ctx, samples={"samples": torch.zeros(1, 4, 8, 8)}, mask=mask)[0]
     assert plain["noise_mask"].shape == (1, 1, 64, 64)
@@ -92,7 +98,9 @@ def test_load_image_alpha_mask_and_errors(make_ctx: Any) -> None:
     image, mask = LoadImage().run(ctx, image="red.png")
     assert image.shape == (1, 16, 24, 3) and image[0, 0, 0, 0] == 1.0
     assert mask.shape == (1, 16, 24) and mask[0, 0, 0] == 1.0 and mask[0, 15, 0] == 0.0
-    assert LoadImage.fingerprint(ctx.folders, image="red.png") != LoadImage.fingerprint(ctx.folders, image="x.png")
+    assert LoadImage.fingerprint(ctx.folders, image="red.png") != LoadImage.fingerprint(
+        ctx.folders, image="x.png"
+    )
 
     (ctx.folders.input_dir / "notes.png").write_text("not an image")
     with pytest.raises(ValueError, match="'notes.png' is not an image"):
@@ -108,8 +116,9 @@ def test_save_image_counters_subfolders_and_metadata(make_ctx: Any) -> None:
     images = torch.rand(2, 8, 8, 3)
     prompt = {"1": {"class_type": "EmptyImage", "inputs": {}}}
     workflow = {"nodes": [], "links": []}
-    out = SaveImage().run(ctx, images=images, filename_prefix="renders/cat", prompt=prompt,
-                          extra_pnginfo={"workflow": workflow})
+    out = SaveImage().run(
+        ctx, images=images, filename_prefix="renders/cat", prompt=prompt, extra_pnginfo={"workflow": workflow}
+    )
     names = [i["filename"] for i in out.ui["images"]]  # type: ignore[index]
     assert names == ["cat_00001_.png", "cat_00002_.png"]
     assert out.ui["images"][0]["subfolder"] == "renders" and out.ui["images"][0]["type"] == "output"  # type: ignore[index]
@@ -135,8 +144,12 @@ def test_preview_and_image_ops(make_ctx: Any) -> None:
     red = EmptyImage().run(ctx, width=20, height=10, batch_size=2, color=0xFF0000)[0]
     assert red.shape == (2, 10, 20, 3) and red[0, 0, 0].tolist() == [1.0, 0.0, 0.0]
     assert ImageInvert().run(ctx, image=red)[0][0, 0, 0].tolist() == [0.0, 1.0, 1.0]
-    assert ImageScale().run(ctx, image=red, upscale_method="lanczos", width=40, height=0, crop="disabled")[0].shape == (2, 20, 40, 3)
-    assert ImageScale().run(ctx, image=red, upscale_method="bilinear", width=10, height=10, crop="center")[0].shape == (2, 10, 10, 3)
+    assert ImageScale().run(ctx, image=red, upscale_method="lanczos", width=40, height=0, crop="disabled")[
+        0
+    ].shape == (2, 20, 40, 3)
+    assert ImageScale().run(ctx, image=red, upscale_method="bilinear", width=10, height=10, crop="center")[
+        0
+    ].shape == (2, 10, 10, 3)
     assert ImageScaleBy().run(ctx, image=red, upscale_method="area", scale_by=0.5)[0].shape == (2, 5, 10, 3)
     out = PreviewImage().run(ctx, images=red)
     first = out.ui["images"][0]  # type: ignore[index]

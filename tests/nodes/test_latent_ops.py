@@ -25,7 +25,11 @@ def ctx(tmp_path: Path) -> NodeContext:
 
 
 def lat(b: int = 1, c: int = 4, h: int = 8, w: int = 8, fill: float | None = None, **extra: Any) -> dict:
-    samples = torch.full((b, c, h, w), fill) if fill is not None else torch.arange(b * c * h * w).float().reshape(b, c, h, w)
+    samples = (
+        torch.full((b, c, h, w), fill)
+        if fill is not None
+        else torch.arange(b * c * h * w).float().reshape(b, c, h, w)
+    )
     return {"samples": samples, **extra}
 
 
@@ -40,8 +44,12 @@ def test_add_subtract_multiply_keep_extras_and_broadcast_batch(ctx: NodeContext)
     added = run(lo.LatentAdd, ctx, samples1=a, samples2=b)
     assert torch.equal(added["samples"], torch.full((2, 4, 8, 8), 4.0))
     assert added["batch_index"] == [4, 5] and added["latent_space"] == "4x0.18215"
-    assert torch.equal(run(lo.LatentSubtract, ctx, samples1=a, samples2=b)["samples"], torch.full((2, 4, 8, 8), 2.0))
-    assert torch.equal(run(lo.LatentMultiply, ctx, samples=a, multiplier=-0.5)["samples"], torch.full((2, 4, 8, 8), -1.5))
+    assert torch.equal(
+        run(lo.LatentSubtract, ctx, samples1=a, samples2=b)["samples"], torch.full((2, 4, 8, 8), 2.0)
+    )
+    assert torch.equal(
+        run(lo.LatentMultiply, ctx, samples=a, multiplier=-0.5)["samples"], torch.full((2, 4, 8, 8), -1.5)
+    )
     assert a["samples"][0, 0, 0, 0] == 3.0  # inputs untouched
 
 
@@ -60,29 +68,44 @@ def test_channel_mismatch_names_the_input(ctx: NodeContext) -> None:
 def test_latents_of_different_model_families_are_refused(ctx: NodeContext) -> None:
     sd15 = lat(fill=1.0, latent_space="4x0.18215", latent_family="SD1.5")
     sdxl = lat(fill=1.0, latent_space="4x0.13025", latent_family="SDXL")
-    for node, inputs in [(lo.LatentAdd, {"samples1": sd15, "samples2": sdxl}),
-                         (lb.LatentBatch, {"samples1": sd15, "samples2": sdxl}),
-                         (lo.LatentCompositeMasked, {"destination": sd15, "source": sdxl, "x": 0, "y": 0,
-                                                     "resize_source": False})]:
+    for node, inputs in [
+        (lo.LatentAdd, {"samples1": sd15, "samples2": sdxl}),
+        (lb.LatentBatch, {"samples1": sd15, "samples2": sdxl}),
+        (
+            lo.LatentCompositeMasked,
+            {"destination": sd15, "source": sdxl, "x": 0, "y": 0, "resize_source": False},
+        ),
+    ]:
         with pytest.raises(LatentError, match="from a SDXL model .* combine latents of one model family"):
             run(node, ctx, **inputs)
     assert run(lo.LatentAdd, ctx, samples1=sd15, samples2=lat(fill=1.0))["latent_space"] == "4x0.18215"
 
 
 def test_video_latents_resize_per_channel(ctx: NodeContext) -> None:
-    video = {"samples": torch.arange(2 * 3 * 4.0).reshape(1, 2, 3, 2, 2).repeat_interleave(2, -1).repeat_interleave(2, -2)}
+    video = {
+        "samples": torch.arange(2 * 3 * 4.0)
+        .reshape(1, 2, 3, 2, 2)
+        .repeat_interleave(2, -1)
+        .repeat_interleave(2, -2)
+    }
     small = lo.center_crop_resize(video["samples"], 2, 2, "area")
-    assert small.shape == (1, 2, 3, 2, 2) and torch.equal(small, torch.arange(2 * 3 * 4.0).reshape(1, 2, 3, 2, 2))
+    assert small.shape == (1, 2, 3, 2, 2) and torch.equal(
+        small, torch.arange(2 * 3 * 4.0).reshape(1, 2, 3, 2, 2)
+    )
 
 
 def test_interpolate_and_blend(ctx: NodeContext) -> None:
     a, b = lat(fill=2.0), lat(fill=4.0)
-    assert torch.allclose(run(lo.LatentInterpolate, ctx, samples1=a, samples2=b, ratio=1.0)["samples"], a["samples"])
+    assert torch.allclose(
+        run(lo.LatentInterpolate, ctx, samples1=a, samples2=b, ratio=1.0)["samples"], a["samples"]
+    )
     mid = run(lo.LatentInterpolate, ctx, samples1=a, samples2=b, ratio=0.5)["samples"]
     assert torch.allclose(mid, torch.tensor(3.0))  # same direction: magnitudes average
     blended = run(lo.LatentBlend, ctx, samples1=a, samples2=b, blend_factor=0.25)["samples"]
     assert torch.allclose(blended, torch.tensor(0.25 * 2 + 0.75 * 4))
-    resized = run(lo.LatentBlend, ctx, samples1=a, samples2=lat(h=4, w=4, fill=4.0), blend_factor=0.5)["samples"]
+    resized = run(lo.LatentBlend, ctx, samples1=a, samples2=lat(h=4, w=4, fill=4.0), blend_factor=0.5)[
+        "samples"
+    ]
     assert resized.shape == (1, 4, 8, 8) and torch.allclose(resized, torch.tensor(3.0))
     with pytest.raises(LatentError, match="batch of 3"):
         run(lo.LatentBlend, ctx, samples1=lat(2, fill=1.0), samples2=lat(3, fill=1.0), blend_factor=0.5)
@@ -99,8 +122,15 @@ def test_composite_pastes_at_pixel_offsets_and_crops_at_the_edge(ctx: NodeContex
 
 
 def test_composite_feather_ramps_only_inner_edges(ctx: NodeContext) -> None:
-    out = run(lo.LatentComposite, ctx, samples_to=lat(fill=0.0), samples_from=lat(h=4, w=4, fill=1.0),
-              x=16, y=0, feather=16)["samples"][0, 0]
+    out = run(
+        lo.LatentComposite,
+        ctx,
+        samples_to=lat(fill=0.0),
+        samples_from=lat(h=4, w=4, fill=1.0),
+        x=16,
+        y=0,
+        feather=16,
+    )["samples"][0, 0]
     # top edge touches the border (y == 0): not feathered; left and right edges: 1/2 then 1
     assert out[0, 2].item() == pytest.approx(0.5) and out[0, 3].item() == pytest.approx(1.0)
     assert out[3, 3].item() == pytest.approx(0.5)  # bottom edge inside: ramped
@@ -111,15 +141,25 @@ def test_composite_masked_uses_resized_mask_and_offsets(ctx: NodeContext) -> Non
     dest, src = lat(2, fill=0.0, batch_index=[0, 1]), lat(1, h=4, w=4, fill=1.0)
     mask = torch.zeros(1, 32, 32)
     mask[:, :, :16] = 1.0  # left half of the source
-    out = run(lo.LatentCompositeMasked, ctx, destination=dest, source=src, x=8, y=8, resize_source=False, mask=mask)
+    out = run(
+        lo.LatentCompositeMasked, ctx, destination=dest, source=src, x=8, y=8, resize_source=False, mask=mask
+    )
     s = out["samples"]
     assert s.shape == (2, 4, 8, 8) and out["batch_index"] == [0, 1]
     assert s[:, :, 1:5, 1:3].eq(1).all() and s[:, :, 1:5, 3:5].eq(0).all()
     whole = run(lo.LatentCompositeMasked, ctx, destination=dest, source=src, x=0, y=0, resize_source=True)
     assert whole["samples"].eq(1).all()
     with pytest.raises(LatentError, match="mask: expected a MASK"):
-        run(lo.LatentCompositeMasked, ctx, destination=dest, source=src, x=0, y=0, resize_source=False,
-            mask=torch.ones(1, 1, 1, 4, 4))
+        run(
+            lo.LatentCompositeMasked,
+            ctx,
+            destination=dest,
+            source=src,
+            x=0,
+            y=0,
+            resize_source=False,
+            mask=torch.ones(1, 1, 1, 4, 4),
+        )
 
 
 # --- transforms -------------------------------------------------------------------------------
@@ -145,8 +185,9 @@ def test_latent_operations(ctx: NodeContext) -> None:
     assert (after < before).all()  # magnitudes compressed, directions kept
     assert torch.allclose(out / after[:, None], a["samples"] / before[:, None], atol=1e-5)
     sharpen = run(lo.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=0.0)
-    assert torch.allclose(run(lo.LatentApplyOperation, ctx, samples=a, operation=sharpen)["samples"], a["samples"],
-                          atol=1e-5)  # alpha 0 is the identity
+    assert torch.allclose(
+        run(lo.LatentApplyOperation, ctx, samples=a, operation=sharpen)["samples"], a["samples"], atol=1e-5
+    )  # alpha 0 is the identity
     strong = run(lo.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=1.0)
     assert strong(latent=a["samples"]).shape == a["samples"].shape
     with pytest.raises(LatentError, match="operation"):
@@ -155,13 +196,21 @@ def test_latent_operations(ctx: NodeContext) -> None:
 
 # --- batches ----------------------------------------------------------------------------------
 def test_latent_batch_joins_and_lists_indices(ctx: NodeContext) -> None:
-    out = run(lb.LatentBatch, ctx, samples1=lat(2, fill=1.0, batch_index=[3, 4]), samples2=lat(1, h=4, w=4, fill=2.0))
+    out = run(
+        lb.LatentBatch,
+        ctx,
+        samples1=lat(2, fill=1.0, batch_index=[3, 4]),
+        samples2=lat(1, h=4, w=4, fill=2.0),
+    )
     assert out["samples"].shape == (3, 4, 8, 8) and out["batch_index"] == [3, 4, 0]
 
 
 def test_batch_latents_node_joins_connected_slots_in_order(ctx: NodeContext) -> None:
-    inputs = {"latents.latent0": lat(1, fill=1.0, batch_index=[2]), "latents.latent3": lat(2, h=4, w=4, fill=3.0),
-              "latents.latent1": lat(1, fill=2.0)}
+    inputs = {
+        "latents.latent0": lat(1, fill=1.0, batch_index=[2]),
+        "latents.latent3": lat(2, h=4, w=4, fill=3.0),
+        "latents.latent1": lat(1, fill=2.0),
+    }
     out = lb.BatchLatentsNode().run(ctx, **inputs)[0]
     assert out["samples"].shape == (4, 4, 8, 8) and out["batch_index"] == [2, 0, 0, 1]
     assert [float(v) for v in out["samples"][:, 0, 0, 0]] == [1.0, 2.0, 3.0, 3.0]
@@ -174,12 +223,16 @@ def test_latent_upscale_follows_comfyui_sizes_and_methods(ctx: NodeContext) -> N
     from nodes.latent import LatentUpscale, LatentUpscaleBy
 
     a = lat(1, h=8, w=16, fill=1.0, noise_mask=torch.ones(1, 1, 64, 128))
-    keep_aspect = run(LatentUpscale, ctx, samples=a, upscale_method="bislerp", width=0, height=128, crop="disabled")
+    keep_aspect = run(
+        LatentUpscale, ctx, samples=a, upscale_method="bislerp", width=0, height=128, crop="disabled"
+    )
     assert keep_aspect["samples"].shape == (1, 4, 16, 32) and "noise_mask" in keep_aspect
     assert torch.allclose(keep_aspect["samples"], torch.tensor(1.0))
     tiny = run(LatentUpscale, ctx, samples=a, upscale_method="area", width=8, height=8, crop="center")
     assert tiny["samples"].shape == (1, 4, 8, 8)  # each side at least 64 px
-    assert run(LatentUpscale, ctx, samples=a, upscale_method="bilinear", width=0, height=0, crop="disabled") is a
+    assert (
+        run(LatentUpscale, ctx, samples=a, upscale_method="bilinear", width=0, height=0, crop="disabled") is a
+    )
     by = run(LatentUpscaleBy, ctx, samples=a, upscale_method="bicubic", scale_by=1.5)
     assert by["samples"].shape == (1, 4, 12, 24)
     methods = LatentUpscale.SCHEMA.input("upscale_method").options
@@ -197,14 +250,18 @@ def test_latent_from_batch_clamps_and_tracks_indices(ctx: NodeContext) -> None:
     a = lat(4, noise_mask=torch.rand(2, 1, 64, 64))
     out = run(lb.LatentFromBatch, ctx, samples=a, batch_index=-2, length=5)
     assert torch.equal(out["samples"], a["samples"][2:4]) and out["batch_index"] == [2, 3]
-    assert torch.equal(out["noise_mask"], a["noise_mask"])  # the 2 masks repeat over 4 items: items 2, 3 = masks 0, 1
+    assert torch.equal(
+        out["noise_mask"], a["noise_mask"]
+    )  # the 2 masks repeat over 4 items: items 2, 3 = masks 0, 1
     past = run(lb.LatentFromBatch, ctx, samples=lat(4, batch_index=[9, 8, 7, 6]), batch_index=10, length=1)
     assert past["batch_index"] == [6]  # clamped to the last item
 
 
 def test_rebatch_latents_regroups_and_splits_on_size_change(ctx: NodeContext) -> None:
     masked = lat(3, fill=1.0, noise_mask=torch.zeros(1, 1, 64, 64))
-    out = lb.RebatchLatents().run(ctx, latents=[lat(2, fill=0.0), masked, lat(1, h=4, w=4)], batch_size=[2])[0]
+    out = lb.RebatchLatents().run(ctx, latents=[lat(2, fill=0.0), masked, lat(1, h=4, w=4)], batch_size=[2])[
+        0
+    ]
     assert [o["samples"].shape[0] for o in out] == [2, 2, 1, 1]
     assert [o["batch_index"] for o in out] == [[0, 1], [2, 3], [4], [5]]
     # all-ones masks (the items that had none) are dropped; the masked items keep theirs, one per item
@@ -216,8 +273,9 @@ def test_rebatch_latents_regroups_and_splits_on_size_change(ctx: NodeContext) ->
 def test_seed_behavior(ctx: NodeContext) -> None:
     fixed = run(lb.LatentBatchSeedBehavior, ctx, samples=lat(3, batch_index=[5, 6, 7]), seed_behavior="fixed")
     assert fixed["batch_index"] == [5, 5, 5]
-    assert "batch_index" not in run(lb.LatentBatchSeedBehavior, ctx, samples=lat(3, batch_index=[1, 2, 3]),
-                                     seed_behavior="random")
+    assert "batch_index" not in run(
+        lb.LatentBatchSeedBehavior, ctx, samples=lat(3, batch_index=[1, 2, 3]), seed_behavior="random"
+    )
 
 
 def test_concat_cut_and_cut_to_batch(ctx: NodeContext) -> None:
@@ -233,7 +291,9 @@ def test_concat_cut_and_cut_to_batch(ctx: NodeContext) -> None:
     assert sliced.shape == (4, 4, 2, 2, 2)  # the fifth frame is dropped
     assert torch.equal(sliced[1], video["samples"][0, :, 2:4])
     image = lat()
-    assert run(lb.LatentCutToBatch, ctx, samples=image, dim="t", slice_size=1) is image  # no t axis: unchanged
+    assert (
+        run(lb.LatentCutToBatch, ctx, samples=image, dim="t", slice_size=1) is image
+    )  # no t axis: unchanged
 
 
 # --- .latent files ----------------------------------------------------------------------------
@@ -241,8 +301,17 @@ def test_save_and_load_latent_round_trip_in_comfyui_layout(ctx: NodeContext) -> 
     from safetensors import safe_open
 
     a = lat(2)
-    ui = lb.SaveLatent().run(ctx, samples=a, filename_prefix="latents/fox", prompt={"1": {}},
-                             extra_pnginfo={"workflow": {"nodes": []}}).ui
+    ui = (
+        lb.SaveLatent()
+        .run(
+            ctx,
+            samples=a,
+            filename_prefix="latents/fox",
+            prompt={"1": {}},
+            extra_pnginfo={"workflow": {"nodes": []}},
+        )
+        .ui
+    )
     entry = ui["latents"][0]
     assert entry == {"filename": "fox_00001_.latent", "subfolder": "latents", "type": "output"}
     path = ctx.folders.output_dir / "latents" / entry["filename"]

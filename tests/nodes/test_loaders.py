@@ -45,9 +45,13 @@ def check_all(ctx: Any, handles: tuple[Any, Any, Any], tiny: Any, dtype: torch.d
             assert_weights(module[n], tiny.modules[n], dtype)
 
 
-@pytest.mark.parametrize("name,file", [("sd15", "tiny_sd15.safetensors"), ("sd2", "tiny_sd2_v.safetensors"),
-                                       ("sdxl", "tiny_sdxl.safetensors")])
-def test_checkpoint_loader_every_weight(make_ctx: Any, tiny_models: dict[str, Any], name: str, file: str) -> None:
+@pytest.mark.parametrize(
+    "name,file",
+    [("sd15", "tiny_sd15.safetensors"), ("sd2", "tiny_sd2_v.safetensors"), ("sdxl", "tiny_sdxl.safetensors")],
+)
+def test_checkpoint_loader_every_weight(
+    make_ctx: Any, tiny_models: dict[str, Any], name: str, file: str
+) -> None:
     ctx = make_ctx()
     handles = CheckpointLoaderSimple().run(ctx, ckpt_name=file)
     assert handles[0].family.name == name
@@ -64,7 +68,9 @@ def test_diffusers_loader_every_weight(make_ctx: Any, tiny_models: dict[str, Any
 
 
 @pytest.mark.parametrize("suffix,dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
-def test_half_precision_files_load(make_ctx: Any, tiny_models: dict[str, Any], suffix: str, dtype: torch.dtype) -> None:
+def test_half_precision_files_load(
+    make_ctx: Any, tiny_models: dict[str, Any], suffix: str, dtype: torch.dtype
+) -> None:
     ctx = make_ctx()
     handles = CheckpointLoaderSimple().run(ctx, ckpt_name=f"tiny_sd15_{suffix}.safetensors")
     check_all(ctx, handles, tiny_models["sd15"], dtype)
@@ -138,9 +144,14 @@ def test_traversal_is_refused(make_ctx: Any) -> None:
 def test_truncated_and_corrupt_files(make_ctx: Any, models_dir: Path, tiny_sd15_ckpt: Path) -> None:
     data = tiny_sd15_ckpt.read_bytes()
     cut = _write(models_dir / "checkpoints" / "bad_truncated.safetensors", data[: len(data) // 2])
-    with pytest.raises(ModelLoadError, match=r"bad_truncated\.safetensors: file is truncated.*download it again"):
+    with pytest.raises(
+        ModelLoadError, match=r"bad_truncated\.safetensors: file is truncated.*download it again"
+    ):
         CheckpointLoaderSimple().run(make_ctx(), ckpt_name=cut)
-    junk = _write(models_dir / "checkpoints" / "bad_junk.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json!!!!!!}")
+    junk = _write(
+        models_dir / "checkpoints" / "bad_junk.safetensors",
+        b"\x10\x00\x00\x00\x00\x00\x00\x00{not json!!!!!!}",
+    )
     with pytest.raises(ModelLoadError, match=r"bad_junk\.safetensors: corrupt safetensors header"):
         CheckpointLoaderSimple().run(make_ctx(), ckpt_name=junk)
     tiny = _write(models_dir / "checkpoints" / "bad_tiny.safetensors", b"abc")
@@ -160,8 +171,9 @@ def test_unknown_architecture(make_ctx: Any, models_dir: Path) -> None:
         CheckpointLoaderSimple().run(make_ctx(), ckpt_name="bad_arch.safetensors")
 
 
-def test_pickle_refused_by_default_and_allowed_with_weights_only(make_ctx: Any, models_dir: Path,
-                                                                 tiny_sd15_ckpt: Path, tiny_models: Any) -> None:
+def test_pickle_refused_by_default_and_allowed_with_weights_only(
+    make_ctx: Any, models_dir: Path, tiny_sd15_ckpt: Path, tiny_models: Any
+) -> None:
     from safetensors.torch import load_file
 
     path = models_dir / "checkpoints" / "old_style.ckpt"
@@ -197,10 +209,19 @@ def test_options_sources_and_schema(models_dir: Path) -> None:
     info = registry.object_info()
     ckpts = info["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"][0]
     assert "tiny_sd15.safetensors" in ckpts and "tiny_sdxl.safetensors" in ckpts
-    assert info["DiffusersLoader"]["input"]["required"]["model_path"][0] == ["tiny_sd15", "tiny_sd2", "tiny_sdxl"]
+    assert info["DiffusersLoader"]["input"]["required"]["model_path"][0] == [
+        "tiny_sd15",
+        "tiny_sd2",
+        "tiny_sdxl",
+    ]
     assert info["CheckpointLoaderSimple"]["output"] == ["MODEL", "CLIP", "VAE"]
-    assert list(info["LoraLoader"]["input"]["required"]) == ["model", "clip", "lora_name", "strength_model",
-                                                            "strength_clip"]
+    assert list(info["LoraLoader"]["input"]["required"]) == [
+        "model",
+        "clip",
+        "lora_name",
+        "strength_model",
+        "strength_clip",
+    ]
 
 
 def test_extra_model_paths_yaml(tmp_path: Path, tiny_sd15_ckpt: Path) -> None:
@@ -210,8 +231,10 @@ def test_extra_model_paths_yaml(tmp_path: Path, tiny_sd15_ckpt: Path) -> None:
     (a1111 / "sub" / "x.safetensors").write_bytes(tiny_sd15_ckpt.read_bytes())
     (a1111 / "notes.txt").write_text("not a model")
     cfg = tmp_path / "extra_model_paths.yaml"
-    cfg.write_text("a111:\n  base_path: webui\n  checkpoints: models/Stable-diffusion\n  loras: |\n    models/Lora\n"
-                   "    models/LyCORIS\n")
+    cfg.write_text(
+        "a111:\n  base_path: webui\n  checkpoints: models/Stable-diffusion\n  loras: |\n    models/Lora\n"
+        "    models/LyCORIS\n"
+    )
     folders = ModelFolders(tmp_path / "models")
     folders.add_yaml(cfg)
     assert folders.list("checkpoints") == ["sub/x.safetensors"]
@@ -222,7 +245,9 @@ def test_extra_model_paths_yaml(tmp_path: Path, tiny_sd15_ckpt: Path) -> None:
 
 
 @pytest.mark.parametrize("low_bytes", [b"\x80", b"PK"], ids=["0x80", "PK"])
-def test_safetensors_header_length_that_starts_like_a_pickle_still_loads(low_bytes: bytes, tmp_path: Path) -> None:
+def test_safetensors_header_length_that_starts_like_a_pickle_still_loads(
+    low_bytes: bytes, tmp_path: Path
+) -> None:
     """The header length is little-endian: 1 file in 256 has a length whose first byte is 0x80 (a
     pickle's first byte), some begin with "PK" (a zip's); the JSON header after it tells them apart."""
     import struct
@@ -236,9 +261,11 @@ def test_safetensors_header_length_that_starts_like_a_pickle_still_loads(low_byt
     target = struct.unpack("<H", low_bytes.ljust(2, b"\x01"))[0]  # a header length starting with these bytes
     save_file({"w": torch.zeros(2)}, str(path), metadata={"pad": ""})
     base = struct.unpack("<Q", path.read_bytes()[:8])[0]
-    for pad in range(max(0, target - base - 8), target - base + 9):  # the JSON grows by one byte per character
+    for pad in range(
+        max(0, target - base - 8), target - base + 9
+    ):  # the JSON grows by one byte per character
         save_file({"w": torch.zeros(2)}, str(path), metadata={"pad": "x" * pad})
-        if path.read_bytes()[:len(low_bytes)] == low_bytes:
+        if path.read_bytes()[: len(low_bytes)] == low_bytes:
             break
-    assert path.read_bytes()[:len(low_bytes)] == low_bytes
+    assert path.read_bytes()[: len(low_bytes)] == low_bytes
     assert read_index(path).tensors["w"].shape == (2,)

@@ -17,7 +17,9 @@ from nodes.weights import ModelLoadError
 RANK = 4
 
 
-def lora_pairs(module: Any, suffixes: tuple[str, ...], seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def lora_pairs(
+    module: Any, suffixes: tuple[str, ...], seed: int
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for name, sub in module.named_modules():
@@ -42,21 +44,34 @@ def lora_files(models_dir: Path, tiny_models: dict[str, Any]) -> dict[str, str]:
     ldm_names = UNetDenoiser().to_original({f"{n}.weight": None for n in u}, dict(unet.config))
     for (name, (down, up)), ldm in zip(u.items(), ldm_names, strict=True):
         key = "lora_unet_" + name.replace(".", "_")
-        kohya.update({f"{key}.lora_down.weight": down, f"{key}.lora_up.weight": up, f"{key}.alpha": torch.tensor(2.0)})
+        kohya.update(
+            {f"{key}.lora_down.weight": down, f"{key}.lora_up.weight": up, f"{key}.alpha": torch.tensor(2.0)}
+        )
         # alpha 2 / rank 4 = scale 0.5; PEFT has no alpha (scale 1), so it stores half the up matrix
         peft.update({f"unet.{name}.lora_A.weight": down, f"unet.{name}.lora_B.weight": up * 0.5})
         lk = "lora_unet_" + ldm.removesuffix(".weight").replace(".", "_")
-        kohya_ldm.update({f"{lk}.lora_down.weight": down, f"{lk}.lora_up.weight": up, f"{lk}.alpha": torch.tensor(2.0)})
+        kohya_ldm.update(
+            {f"{lk}.lora_down.weight": down, f"{lk}.lora_up.weight": up, f"{lk}.alpha": torch.tensor(2.0)}
+        )
     for name, (down, up) in t.items():
         key = "lora_te_text_model_" + name.replace(".", "_")
         kohya.update({f"{key}.lora_down.weight": down, f"{key}.lora_up.weight": up})
-        peft.update({f"text_encoder.text_model.{name}.lora_A.weight": down, f"text_encoder.text_model.{name}.lora_B.weight": up})
+        peft.update(
+            {
+                f"text_encoder.text_model.{name}.lora_A.weight": down,
+                f"text_encoder.text_model.{name}.lora_B.weight": up,
+            }
+        )
     save_file(kohya, str(loras / "kohya.safetensors"))
     save_file({k: v.half() for k, v in peft.items()}, str(loras / "peft_fp16.safetensors"))
     save_file(peft, str(loras / "peft.safetensors"))
     save_file(kohya_ldm, str(loras / "kohya_ldm_names.safetensors"))
     save_file({"something.weight": torch.zeros(2)}, str(loras / "not_a_lora.safetensors"))
-    return {"kohya": "kohya.safetensors", "peft": "peft.safetensors", "kohya_ldm": "kohya_ldm_names.safetensors"}
+    return {
+        "kohya": "kohya.safetensors",
+        "peft": "peft.safetensors",
+        "kohya_ldm": "kohya_ldm_names.safetensors",
+    }
 
 
 def unet_out(ctx: Any, model: Any) -> torch.Tensor:
@@ -82,11 +97,15 @@ def sd15(make_ctx: Any) -> tuple[Any, Any]:
     return model, clip
 
 
-def test_lora_changes_unet_output_and_strength_zero_does_not(make_ctx: Any, sd15: Any, lora_files: Any) -> None:
+def test_lora_changes_unet_output_and_strength_zero_does_not(
+    make_ctx: Any, sd15: Any, lora_files: Any
+) -> None:
     ctx = make_ctx()
     model, clip = sd15
     base = unet_out(ctx, model)
-    (patched,) = LoraLoaderModelOnly().run(ctx, model=model, lora_name=lora_files["kohya"], strength_model=1.0)
+    (patched,) = LoraLoaderModelOnly().run(
+        ctx, model=model, lora_name=lora_files["kohya"], strength_model=1.0
+    )
     assert patched.key != model.key and model.patches == ()
     assert not torch.allclose(unet_out(ctx, patched), base, atol=1e-4)
     (zero,) = LoraLoaderModelOnly().run(ctx, model=model, lora_name=lora_files["kohya"], strength_model=0.0)
@@ -99,22 +118,30 @@ def test_kohya_peft_and_ldm_names_give_the_same_weights(make_ctx: Any, sd15: Any
     model, clip = sd15
     results = {}
     for fmt in ("kohya", "peft", "kohya_ldm"):
-        (patched,) = LoraLoaderModelOnly().run(ctx, model=model, lora_name=lora_files[fmt], strength_model=0.7)
+        (patched,) = LoraLoaderModelOnly().run(
+            ctx, model=model, lora_name=lora_files[fmt], strength_model=0.7
+        )
         results[fmt] = weights(ctx, patched)
     base = weights(ctx, model)
     changed = [k for k in base if not torch.equal(base[k], results["kohya"][k])]
-    assert len(changed) == len(lora_pairs(model_module(ctx, model), UNET_SUFFIXES, 1)) == 48  # 6 blocks × 2 attn × 4
+    assert (
+        len(changed) == len(lora_pairs(model_module(ctx, model), UNET_SUFFIXES, 1)) == 48
+    )  # 6 blocks × 2 attn × 4
     for fmt in ("peft", "kohya_ldm"):
         for k in base:
             assert torch.allclose(results[fmt][k], results["kohya"][k], atol=1e-6), (fmt, k)
 
 
-def test_merge_is_w_plus_strength_scale_up_down(make_ctx: Any, sd15: Any, lora_files: Any, tiny_models: Any) -> None:
+def test_merge_is_w_plus_strength_scale_up_down(
+    make_ctx: Any, sd15: Any, lora_files: Any, tiny_models: Any
+) -> None:
     from safetensors.torch import load_file
 
     ctx = make_ctx()
     model, _ = sd15
-    (patched,) = LoraLoaderModelOnly().run(ctx, model=model, lora_name=lora_files["kohya"], strength_model=1.5)
+    (patched,) = LoraLoaderModelOnly().run(
+        ctx, model=model, lora_name=lora_files["kohya"], strength_model=1.5
+    )
     name = "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k"
     sd = load_file(str(ctx.folders.model_files.resolve("loras", lora_files["kohya"])))
     key = "lora_unet_" + name.replace(".", "_")
@@ -126,14 +153,16 @@ def test_merge_is_w_plus_strength_scale_up_down(make_ctx: Any, sd15: Any, lora_f
 def test_clip_lora_and_per_strength(make_ctx: Any, sd15: Any, lora_files: Any) -> None:
     ctx = make_ctx()
     model, clip = sd15
-    m1, c1 = LoraLoader().run(ctx, model=model, clip=clip, lora_name=lora_files["peft"], strength_model=0.0,
-                              strength_clip=1.0)
+    m1, c1 = LoraLoader().run(
+        ctx, model=model, clip=clip, lora_name=lora_files["peft"], strength_model=0.0, strength_clip=1.0
+    )
     assert m1 is model and c1.key != clip.key
     base, patched = weights(ctx, clip), weights(ctx, c1)
     changed = [k for k in base if not torch.equal(base[k], patched[k])]
     assert changed and all(("q_proj" in k or "v_proj" in k) and k.endswith("weight") for k in changed)
-    _, c2 = LoraLoader().run(ctx, model=model, clip=clip, lora_name=lora_files["kohya"], strength_model=1.0,
-                             strength_clip=1.0)
+    _, c2 = LoraLoader().run(
+        ctx, model=model, clip=clip, lora_name=lora_files["kohya"], strength_model=1.0, strength_clip=1.0
+    )
     kohya = weights(ctx, c2)
     for k in changed:
         assert torch.allclose(kohya[k], patched[k], atol=1e-6)
@@ -142,7 +171,9 @@ def test_clip_lora_and_per_strength(make_ctx: Any, sd15: Any, lora_files: Any) -
 def test_fp16_lora_file(make_ctx: Any, sd15: Any, lora_files: Any) -> None:
     ctx = make_ctx()
     model, _ = sd15
-    (patched,) = LoraLoaderModelOnly().run(ctx, model=model, lora_name="peft_fp16.safetensors", strength_model=1.0)
+    (patched,) = LoraLoaderModelOnly().run(
+        ctx, model=model, lora_name="peft_fp16.safetensors", strength_model=1.0
+    )
     (ref,) = LoraLoaderModelOnly().run(ctx, model=model, lora_name=lora_files["peft"], strength_model=1.0)
     a, b = unet_out(ctx, patched), unet_out(ctx, ref)
     assert torch.allclose(a, b, atol=1e-2)

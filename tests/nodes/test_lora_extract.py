@@ -52,17 +52,25 @@ def test_the_factors_are_comfyuis_truncated_svd_clamped_at_the_quantile() -> Non
     assert torch.allclose(up, ref_up.clamp(-hi, hi), atol=1e-5)
     assert torch.allclose(down, ref_down.clamp(-hi, hi), atol=1e-5)
     conv_up, conv_down = extract_lora(torch.randn(8, 4, 3, 3, generator=g), 16)
-    assert conv_up.shape == (8, 4, 1, 1) and conv_down.shape == (4, 4, 3, 3)  # rank capped at min(out, in channels)
+    assert conv_up.shape == (8, 4, 1, 1) and conv_down.shape == (
+        4,
+        4,
+        3,
+        3,
+    )  # rank capped at min(out, in channels)
     values = torch.randn(1000, generator=g)
     assert torch.allclose(quantile(values, 0.99), torch.quantile(values, 0.99))
 
 
-def test_a_rank_4_difference_round_trips_through_loraloader(ctx: Any, tiny_sd15_ckpt: Path, lora_file: Path) -> None:
+def test_a_rank_4_difference_round_trips_through_loraloader(
+    ctx: Any, tiny_sd15_ckpt: Path, lora_file: Path
+) -> None:
     ck = open_checkpoint(tiny_sd15_ckpt)
     target = _patched(ck.unet, lora_file, "unet")
     (diff,) = ModelMergeSubtract().run(ctx, model1=target, model2=ck.unet, multiplier=1.0)
-    out = LoraSave().run(ctx, filename_prefix="loras/extracted", rank=8, lora_type="standard", bias_diff=True,
-                         model_diff=diff)
+    out = LoraSave().run(
+        ctx, filename_prefix="loras/extracted", rank=8, lora_type="standard", bias_diff=True, model_diff=diff
+    )
     path = _saved(ctx, out)
     from safetensors import safe_open
 
@@ -88,18 +96,22 @@ def test_a_rank_4_difference_round_trips_through_loraloader(ctx: Any, tiny_sd15_
             assert (got[k] - want[k]).norm() / delta.norm() < 0.3, k
 
 
-def test_full_diff_reproduces_every_weight_of_the_text_encoder(ctx: Any, tiny_sd15_ckpt: Path,
-                                                                lora_file: Path) -> None:
+def test_full_diff_reproduces_every_weight_of_the_text_encoder(
+    ctx: Any, tiny_sd15_ckpt: Path, lora_file: Path
+) -> None:
     ck = open_checkpoint(tiny_sd15_ckpt)
     target = _patched(ck.clip, lora_file, "clip")
     (diff,) = CLIPMergeSubtract().run(ctx, clip1=target, clip2=ck.clip, multiplier=1.0)
-    out = LoraSave().run(ctx, filename_prefix="loras/te", rank=4, lora_type="full_diff", bias_diff=True,
-                         text_encoder_diff=diff)
+    out = LoraSave().run(
+        ctx, filename_prefix="loras/te", rank=4, lora_type="full_diff", bias_diff=True, text_encoder_diff=diff
+    )
     path = _saved(ctx, out)
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
-        assert "text_encoders.clip_l.transformer.text_model.encoder.layers.0.self_attn.q_proj.diff" in f.keys()
+        assert (
+            "text_encoders.clip_l.transformer.text_model.encoder.layers.0.self_attn.q_proj.diff" in f.keys()
+        )
     rebuilt = _patched(ck.clip, path, "clip")
     with ctx.models.use(target) as a:
         want = {k: v.clone() for k, v in a["clip_l"].state_dict().items()}
@@ -131,8 +143,9 @@ def test_a_flux_difference_round_trips_through_its_fused_layout(ctx: Any, tmp_pa
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(paths[-1]))
     a, b = (open_diffusion_model(p) for p in paths)
     (diff,) = ModelMergeSubtract().run(ctx, model1=a, model2=b, multiplier=1.0)
-    out = LoraSave().run(ctx, filename_prefix="loras/flux", rank=4, lora_type="full_diff", bias_diff=True,
-                         model_diff=diff)
+    out = LoraSave().run(
+        ctx, filename_prefix="loras/flux", rank=4, lora_type="full_diff", bias_diff=True, model_diff=diff
+    )
     path = _saved(ctx, out)
     from safetensors import safe_open
 

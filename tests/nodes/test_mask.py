@@ -66,22 +66,26 @@ def test_crop_mask_and_crop_outside(ctx: Any) -> None:
 )
 def test_mask_composite_operations(ctx: Any, operation: str, expected: float) -> None:
     dest = torch.full((1, 4, 4), 0.75)
-    out = MaskComposite().run(ctx, destination=dest, source=torch.full((1, 2, 2), 0.4), x=3, y=1,
-                              operation=operation)[0]
+    out = MaskComposite().run(
+        ctx, destination=dest, source=torch.full((1, 2, 2), 0.4), x=3, y=1, operation=operation
+    )[0]
     # at (3, 1) both overlap (the source is cut at the right edge); logic ops round: 0.75 -> 1, 0.4 -> 0
     assert out[0, 1, 3].item() == pytest.approx(expected)
     assert out[0, 0, 0] == 0.75 and out[0, 3, 3] == 0.75 and out.shape == (1, 4, 4)
 
 
 def test_mask_composite_batches(ctx: Any) -> None:
-    out = MaskComposite().run(ctx, destination=torch.ones(3, 4, 4), source=torch.zeros(1, 4, 4), x=0, y=0,
-                              operation="multiply")[0]
+    out = MaskComposite().run(
+        ctx, destination=torch.ones(3, 4, 4), source=torch.zeros(1, 4, 4), x=0, y=0, operation="multiply"
+    )[0]
     assert out.shape == (3, 4, 4) and out.max() == 0
     with pytest.raises(ValueError, match="source has 2 masks but destination 3"):
-        MaskComposite().run(ctx, destination=torch.ones(3, 4, 4), source=torch.zeros(2, 4, 4), x=0, y=0,
-                            operation="add")
-    untouched = MaskComposite().run(ctx, destination=torch.ones(1, 4, 4), source=torch.zeros(1, 4, 4), x=9, y=0,
-                                    operation="multiply")[0]
+        MaskComposite().run(
+            ctx, destination=torch.ones(3, 4, 4), source=torch.zeros(2, 4, 4), x=0, y=0, operation="add"
+        )
+    untouched = MaskComposite().run(
+        ctx, destination=torch.ones(1, 4, 4), source=torch.zeros(1, 4, 4), x=9, y=0, operation="multiply"
+    )[0]
     assert torch.all(untouched == 1)
 
 
@@ -116,7 +120,9 @@ def test_mask_preview_writes_grey_pngs(ctx: Any) -> None:
 
 
 def test_batch_masks_node(ctx: Any) -> None:
-    out = BatchMasksNode().run(ctx, **{"masks.mask0": torch.zeros(4, 4), "masks.mask1": torch.ones(2, 8, 8)})[0]
+    out = BatchMasksNode().run(ctx, **{"masks.mask0": torch.zeros(4, 4), "masks.mask1": torch.ones(2, 8, 8)})[
+        0
+    ]
     assert out.shape == (3, 4, 4) and out[0].max() == 0 and out[1:].min() == 1
 
 

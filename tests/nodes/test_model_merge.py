@@ -75,9 +75,13 @@ def test_add_and_subtract(ctx: Any, pair: Any) -> None:
 def test_blocks_touch_only_their_blocks(ctx: Any, pair: Any) -> None:
     a, b = pair
     sa, sb = _sd(ctx, a.unet), _sd(ctx, b.unet)
-    merged = _sd(ctx, ModelMergeBlocks().run(ctx, model1=a.unet, model2=b.unet, input=0.0, middle=1.0, out=0.5)[0])
+    merged = _sd(
+        ctx, ModelMergeBlocks().run(ctx, model1=a.unet, model2=b.unet, input=0.0, middle=1.0, out=0.5)[0]
+    )
     for k in sa:
-        if k.startswith(("down_blocks.", "conv_in.", "time_embedding.")):  # input blocks and unnamed (input's ratio)
+        if k.startswith(
+            ("down_blocks.", "conv_in.", "time_embedding.")
+        ):  # input blocks and unnamed (input's ratio)
             assert torch.equal(merged[k], sb[k]), k
         elif k.startswith("mid_block."):
             assert torch.equal(merged[k], sa[k]), k
@@ -126,7 +130,6 @@ def test_a_merge_honours_the_other_models_patches(ctx: Any, pair: Any) -> None:
     assert _equal(_sd(ctx, outer), _sd(ctx, a.unet))
 
 
-
 def test_a_workflow_with_comfyuis_dotted_block_inputs_runs(models_dir: Any, tmp_path: Any) -> None:
     from tests.nodes.test_generation_e2e import make_executor, run
 
@@ -144,12 +147,16 @@ def test_a_workflow_with_comfyuis_dotted_block_inputs_runs(models_dir: Any, tmp_
 
 
 def test_the_other_model_is_read_tensor_by_tensor_where_the_key_table_only_renames(
-        pair: Any, tiny_sdxl_ckpt: Any) -> None:
+    pair: Any, tiny_sdxl_ckpt: Any
+) -> None:
     from nodes.model_merge import file_names
 
     a, b = pair
     unet_names = file_names(b.unet, "unet")
-    assert unet_names is not None and unet_names["conv_in.weight"] == "model.diffusion_model.input_blocks.0.0.weight"
+    assert (
+        unet_names is not None
+        and unet_names["conv_in.weight"] == "model.diffusion_model.input_blocks.0.0.weight"
+    )
     assert file_names(b.clip, "clip_l") is not None
     xl = open_checkpoint(tiny_sdxl_ckpt)
     assert file_names(xl.clip, "clip_g") is None  # open_clip's fused q/k/v: read as a whole part
@@ -157,8 +164,9 @@ def test_the_other_model_is_read_tensor_by_tensor_where_the_key_table_only_renam
     assert file_names(patched, "unet") is None  # a patched model is built, not read
 
 
-def test_clip_merge_of_two_encoder_clips_reads_the_fused_layout_whole(ctx: Any, tmp_path: Any,
-                                                                       tiny_sdxl_ckpt: Any) -> None:
+def test_clip_merge_of_two_encoder_clips_reads_the_fused_layout_whole(
+    ctx: Any, tmp_path: Any, tiny_sdxl_ckpt: Any
+) -> None:
     a = open_checkpoint(tiny_sdxl_ckpt)
     b = open_checkpoint(write_single_file(build_tiny("sdxl", seed=3), tmp_path / "xl_b.safetensors"))
     zero = CLIPMergeSimple().run(ctx, clip1=a.clip, clip2=b.clip, ratio=0.0)[0]

@@ -19,12 +19,15 @@ UNBUILT = [k for k in KINDS if k[2] not in ("QwenImageDiffsynthControlnet", "ZIm
 
 
 @pytest.mark.parametrize(("key", "what", "node"), UNBUILT, ids=[n for _, _, n in UNBUILT])
-def test_known_patch_kinds_are_named_with_their_apply_node(models_dir: Path, make_ctx: Any, key: str, what: str,
-                                                           node: str) -> None:
+def test_known_patch_kinds_are_named_with_their_apply_node(
+    models_dir: Path, make_ctx: Any, key: str, what: str, node: str
+) -> None:
     folder = models_dir / "model_patches"
     folder.mkdir(exist_ok=True)
     save_file({key: torch.zeros(2), "other.weight": torch.zeros(2, 2)}, str(folder / "patch.safetensors"))
-    with pytest.raises(ModelLoadError, match=re.escape(f"this is {what}, applied in ComfyUI by {node}, which Loom does not")):
+    with pytest.raises(
+        ModelLoadError, match=re.escape(f"this is {what}, applied in ComfyUI by {node}, which Loom does not")
+    ):
         ModelPatchLoader().run(make_ctx(), name="patch.safetensors")
 
 
@@ -45,13 +48,19 @@ def test_schema_is_comfyuis() -> None:
     assert [o.type for o in schema.outputs] == ["MODEL_PATCH"] and schema.category == "advanced/loaders"
 
 
-def test_fun_controlnet_2_1_files_are_refused_with_the_layout_loom_reads(models_dir: Path, make_ctx: Any) -> None:
+def test_fun_controlnet_2_1_files_are_refused_with_the_layout_loom_reads(
+    models_dir: Path, make_ctx: Any
+) -> None:
     folder = models_dir / "model_patches"
     folder.mkdir(exist_ok=True)
-    tensors = {"control_all_x_embedder.2-1.weight": torch.zeros(8, 132),
-               "control_layers.0.attention.norm_q.weight": torch.zeros(4),
-               "control_layers.2.after_proj.weight": torch.zeros(8, 8),
-               "control_noise_refiner.0.after_proj.weight": torch.zeros(8, 8)}
+    tensors = {
+        "control_all_x_embedder.2-1.weight": torch.zeros(8, 132),
+        "control_layers.0.attention.norm_q.weight": torch.zeros(4),
+        "control_layers.2.after_proj.weight": torch.zeros(8, 8),
+        "control_noise_refiner.0.after_proj.weight": torch.zeros(8, 8),
+    }
     save_file(tensors, str(folder / "fun21.safetensors"))
-    with pytest.raises(ModelLoadError, match="Fun ControlNet 2.1 .*Loom applies the Fun ControlNet Union layout"):
+    with pytest.raises(
+        ModelLoadError, match="Fun ControlNet 2.1 .*Loom applies the Fun ControlNet Union layout"
+    ):
         ModelPatchLoader().run(make_ctx(), name="fun21.safetensors")

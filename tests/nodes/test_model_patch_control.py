@@ -54,7 +54,9 @@ def ctx(root: Path, manager: Any, tmp_path: Path) -> Any:
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
 
-    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=ModelFolders(root))
+    folders = Folders(
+        tmp_path / "input", tmp_path / "output", tmp_path / "temp", model_files=ModelFolders(root)
+    )
     folders.ensure()
     return NodeContext(node_id="1", prompt_id="test", folders=folders, models=manager)
 
@@ -73,8 +75,19 @@ def _parts(root: Path, ctx: Any) -> tuple[Any, Any, Any, Any]:
 
 def _sample(ctx: Any, model: Any, pos: Any, neg: Any) -> torch.Tensor:
     latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    return KSampler().run(ctx, model=model, seed=7, steps=2, cfg=2.0, sampler_name="euler", scheduler="simple",
-                          positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]["samples"]
+    return KSampler().run(
+        ctx,
+        model=model,
+        seed=7,
+        steps=2,
+        cfg=2.0,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]["samples"]
 
 
 def test_file_tensors_are_the_built_modules(root: Path, ctx: Any) -> None:
@@ -93,8 +106,12 @@ def test_strength_zero_samples_the_unpatched_image_and_nonzero_changes_it(root: 
     neg = CLIPTextEncode().run(ctx, text="", clip=clip)[0]
     patch = ModelPatchLoader().run(ctx, name=DEMO_BLOCKWISE)[0]
     plain = _sample(ctx, model, pos, neg)
-    off = QwenImageDiffsynthControlnet().run(ctx, model=model, model_patch=patch, vae=vae, image=_image(), strength=0.0)[0]
-    on = QwenImageDiffsynthControlnet().run(ctx, model=model, model_patch=patch, vae=vae, image=_image(), strength=1.0)[0]
+    off = QwenImageDiffsynthControlnet().run(
+        ctx, model=model, model_patch=patch, vae=vae, image=_image(), strength=0.0
+    )[0]
+    on = QwenImageDiffsynthControlnet().run(
+        ctx, model=model, model_patch=patch, vae=vae, image=_image(), strength=1.0
+    )[0]
     assert torch.equal(_sample(ctx, off, pos, neg), plain)
     assert (_sample(ctx, on, pos, neg) - plain).abs().max() > 1e-3
 
@@ -109,8 +126,9 @@ def _patched_call(model: Any, vae: Any, patch: Any, patched: Any, pos: Any) -> t
     kwargs = denoiser.conditioning(pos, 2, (SIZE, SIZE))
     with torch.no_grad():
         hooks = patched.sampling_hooks(module, {patch.key: network, vae.key: vae_module})
-        got = hooks.apply_model(lambda call: denoiser.forward(module, call.x_in, call.timestep, dict(call.cond_kwargs)))(
-            ModelCall(x, t, t, kwargs, ("cond", "uncond")))
+        got = hooks.apply_model(
+            lambda call: denoiser.forward(module, call.x_in, call.timestep, dict(call.cond_kwargs))
+        )(ModelCall(x, t, t, kwargs, ("cond", "uncond")))
     return module, vae_module, denoiser, x, t, kwargs, got
 
 
@@ -118,15 +136,23 @@ def _rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
 
 
-def _expected_tokens(tensors: dict[str, torch.Tensor], vae_module: Any, image: torch.Tensor, latent_format: Any,
-                     keep: torch.Tensor | None) -> torch.Tensor:
+def _expected_tokens(
+    tensors: dict[str, torch.Tensor],
+    vae_module: Any,
+    image: torch.Tensor,
+    latent_format: Any,
+    keep: torch.Tensor | None,
+) -> torch.Tensor:
     pixels = image.movedim(-1, 1) * 2 - 1
     latent = vae_module.encode(pixels, return_dict=False)[0].mode()
     latent = latent_format.process_in(latent)
     extra = tensors["img_in.weight"].shape[1] - 64
     if extra:
-        mask = torch.ones_like(latent[:, :1]) if keep is None else F.interpolate(keep, size=latent.shape[-2:],
-                                                                                  mode="bilinear")
+        mask = (
+            torch.ones_like(latent[:, :1])
+            if keep is None
+            else F.interpolate(keep, size=latent.shape[-2:], mode="bilinear")
+        )
         latent = torch.cat([latent, mask], dim=1)
     b, c, h, w = latent.shape
     patches = [latent[:, :, r::2, s::2] for r in range(2) for s in range(2)]  # (row, col) cell offsets
@@ -134,20 +160,28 @@ def _expected_tokens(tensors: dict[str, torch.Tensor], vae_module: Any, image: t
     return F.linear(tokens, tensors["img_in.weight"], tensors["img_in.bias"])
 
 
-@pytest.mark.parametrize(("name", "with_mask"), [(DEMO_BLOCKWISE, False), (DEMO_BLOCKWISE_INPAINT, True),
-                                                 (DEMO_BLOCKWISE_INPAINT, False)])
+@pytest.mark.parametrize(
+    ("name", "with_mask"),
+    [(DEMO_BLOCKWISE, False), (DEMO_BLOCKWISE_INPAINT, True), (DEMO_BLOCKWISE_INPAINT, False)],
+)
 def test_one_model_call_is_the_documented_maths(root: Path, ctx: Any, name: str, with_mask: bool) -> None:
     model, _, vae, pos = _parts(root, ctx)
     patch = ModelPatchLoader().run(ctx, name=name)[0]
     strength = 0.7
     mask = torch.zeros(1, SIZE, SIZE)
-    mask[:, :, SIZE // 2:] = 1.0
-    patched = QwenImageDiffsynthControlnet().run(ctx, model=model, model_patch=patch, vae=vae, image=_image(size=48),
-                                                 strength=strength, mask=mask if with_mask else None)[0]
+    mask[:, :, SIZE // 2 :] = 1.0
+    patched = QwenImageDiffsynthControlnet().run(
+        ctx,
+        model=model,
+        model_patch=patch,
+        vae=vae,
+        image=_image(size=48),
+        strength=strength,
+        mask=mask if with_mask else None,
+    )[0]
     tensors = load_file(str(root / "model_patches" / name))
     module, vae_module, denoiser, x, t, kwargs, got = _patched_call(model, vae, patch, patched, pos)
     with torch.no_grad():
-
         # the image fitted as ComfyUI does ("area" scale, centre crop: square to square is a plain area resize)
         image = F.interpolate(_image(size=48).movedim(-1, 1), size=(SIZE, SIZE), mode="area").movedim(1, -1)
         keep = (1.0 - mask).reshape(1, 1, SIZE, SIZE) if with_mask else None
@@ -158,8 +192,11 @@ def test_one_model_call_is_the_documented_maths(root: Path, ctx: Any, name: str,
             p = f"controlnet_blocks.{i}."
             h = out[1]
             y = _rms(h, tensors[p + "x_rms.weight"]) + _rms(control, tensors[p + "y_rms.weight"])
-            y = F.linear(F.gelu(F.linear(y, tensors[p + "input_proj.weight"], tensors[p + "input_proj.bias"])),
-                         tensors[p + "output_proj.weight"], tensors[p + "output_proj.bias"])
+            y = F.linear(
+                F.gelu(F.linear(y, tensors[p + "input_proj.weight"], tensors[p + "input_proj.bias"])),
+                tensors[p + "output_proj.weight"],
+                tensors[p + "output_proj.bias"],
+            )
             return out[0], h + strength * y
 
         handles = [b.register_forward_hook(after, with_kwargs=True) for b in module.transformer_blocks]
@@ -181,24 +218,36 @@ def test_a_patch_on_another_familys_model_names_both(root: Path, ctx: Any, tiny_
     vae = open_vae(root / "vae" / DEMO_QWEN_VAE)
     zimage = open_diffusion_model(root / "diffusion_models" / DEMO_ZIMAGE)
     with pytest.raises(ModelPatchError, match="made for Qwen-Image models, but the model is Z-Image"):
-        QwenImageDiffsynthControlnet().run(ctx, model=zimage, model_patch=patch, vae=vae, image=_image(), strength=1.0)
+        QwenImageDiffsynthControlnet().run(
+            ctx, model=zimage, model_patch=patch, vae=vae, image=_image(), strength=1.0
+        )
     sd15 = open_checkpoint(tiny_sd15_ckpt).unet
-    with pytest.raises(ModelPatchError, match=f"made for Qwen-Image models, but the model is {sd15.family.title}"):
-        QwenImageDiffsynthControlnet().run(ctx, model=sd15, model_patch=patch, vae=vae, image=_image(), strength=1.0)
+    with pytest.raises(
+        ModelPatchError, match=f"made for Qwen-Image models, but the model is {sd15.family.title}"
+    ):
+        QwenImageDiffsynthControlnet().run(
+            ctx, model=sd15, model_patch=patch, vae=vae, image=_image(), strength=1.0
+        )
 
 
 def test_schema_is_comfyuis() -> None:
     schema = QwenImageDiffsynthControlnet.SCHEMA
     assert [(i.name, i.type, i.optional) for i in schema.inputs] == [
-        ("model", "MODEL", False), ("model_patch", "MODEL_PATCH", False), ("vae", "VAE", False),
-        ("image", "IMAGE", False), ("strength", "FLOAT", False), ("mask", "MASK", True)]
+        ("model", "MODEL", False),
+        ("model_patch", "MODEL_PATCH", False),
+        ("vae", "VAE", False),
+        ("image", "IMAGE", False),
+        ("strength", "FLOAT", False),
+        ("mask", "MASK", True),
+    ]
     strength = schema.inputs[4]
     assert (strength.default, strength.min, strength.max, strength.step) == (1.0, -10.0, 10.0, 0.01)
     assert [o.type for o in schema.outputs] == ["MODEL"] and schema.category == "advanced/loaders/qwen"
 
 
-@pytest.mark.parametrize("name", ["qwen_image_diffsynth_controlnet", "qwen_image_diffsynth_inpaint",
-                                  "zimage_fun_controlnet"])
+@pytest.mark.parametrize(
+    "name", ["qwen_image_diffsynth_controlnet", "qwen_image_diffsynth_inpaint", "zimage_fun_controlnet"]
+)
 def test_example_workflow_runs_offline_on_the_demo_models(root: Path, tmp_path: Path, name: str) -> None:
     import json
 
@@ -244,8 +293,12 @@ def test_fun_controlnet_strength_zero_is_the_unpatched_image(root: Path, ctx: An
     neg = CLIPTextEncode().run(ctx, text="", clip=clip)[0]
     patch = ModelPatchLoader().run(ctx, name=DEMO_FUN_CONTROL)[0]
     plain = _sample(ctx, model, pos, neg)
-    off = ZImageFunControlnet().run(ctx, model=model, model_patch=patch, vae=vae, strength=0.0, image=_image())[0]
-    on = ZImageFunControlnet().run(ctx, model=model, model_patch=patch, vae=vae, strength=1.0, image=_image())[0]
+    off = ZImageFunControlnet().run(
+        ctx, model=model, model_patch=patch, vae=vae, strength=0.0, image=_image()
+    )[0]
+    on = ZImageFunControlnet().run(
+        ctx, model=model, model_patch=patch, vae=vae, strength=1.0, image=_image()
+    )[0]
     assert torch.equal(_sample(ctx, off, pos, neg), plain)
     assert (_sample(ctx, on, pos, neg) - plain).abs().max() > 1e-3
 
@@ -259,16 +312,22 @@ def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any)
     pos = CLIPTextEncode().run(ctx, text="a cat", clip=clip)[0]
     patch = ModelPatchLoader().run(ctx, name=DEMO_FUN_CONTROL)[0]
     strength = 0.8
-    patched = ZImageFunControlnet().run(ctx, model=model, model_patch=patch, vae=vae, strength=strength,
-                                        image=_image())[0]
+    patched = ZImageFunControlnet().run(
+        ctx, model=model, model_patch=patch, vae=vae, strength=strength, image=_image()
+    )[0]
     tensors = load_file(str(root / "model_patches" / DEMO_FUN_CONTROL))
     module, vae_module, denoiser, x, t, kwargs, got = _patched_call(model, vae, patch, patched, pos)
     with torch.no_grad():
 
         def block(prefix: str) -> Any:
             b = ZImageTransformerBlock(0, 64, 2, 2, 1e-5, True, modulation=True)
-            b.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()
-                               if k.startswith(prefix) and "_proj." not in k})
+            b.load_state_dict(
+                {
+                    k[len(prefix) :]: v
+                    for k, v in tensors.items()
+                    if k.startswith(prefix) and "_proj." not in k
+                }
+            )
             return b
 
         def linear(name: str, v: torch.Tensor) -> torch.Tensor:
@@ -327,9 +386,14 @@ def test_fun_controlnet_schema_is_comfyuis() -> None:
 
     schema = ZImageFunControlnet.SCHEMA
     assert [(i.name, i.type, i.optional) for i in schema.inputs] == [
-        ("model", "MODEL", False), ("model_patch", "MODEL_PATCH", False), ("vae", "VAE", False),
-        ("strength", "FLOAT", False), ("image", "IMAGE", True), ("inpaint_image", "IMAGE", True),
-        ("mask", "MASK", True)]
+        ("model", "MODEL", False),
+        ("model_patch", "MODEL_PATCH", False),
+        ("vae", "VAE", False),
+        ("strength", "FLOAT", False),
+        ("image", "IMAGE", True),
+        ("inpaint_image", "IMAGE", True),
+        ("mask", "MASK", True),
+    ]
     strength = schema.inputs[3]
     assert (strength.default, strength.min, strength.max, strength.step) == (1.0, -10.0, 10.0, 0.01)
     assert [o.type for o in schema.outputs] == ["MODEL"] and schema.category == "advanced/loaders/zimage"

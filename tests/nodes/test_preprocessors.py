@@ -26,8 +26,10 @@ def _square(size: int = 64, top: int = 16, left: int = 20, side: int = 24) -> to
 def _outline(size: int, top: int, left: int, side: int, width: int) -> torch.Tensor:
     """Pixels within ``width`` of the square's border."""
     ys, xs = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
-    inside = lambda pad: ((ys >= top - pad) & (ys < top + side + pad) & (xs >= left - pad)  # noqa: E731
-                          & (xs < left + side + pad))
+
+    def inside(pad: int) -> torch.Tensor:
+        return (ys >= top - pad) & (ys < top + side + pad) & (xs >= left - pad) & (xs < left + side + pad)
+
     return inside(width) & ~inside(-width)
 
 
@@ -61,8 +63,12 @@ def test_a_batch_gives_what_each_image_gives_alone(tmp_path: Path) -> None:
     # batched and single convolutions round differently (~1e-7), which breaks such ties either way.
     ctx = _ctx(tmp_path)
     g = torch.Generator().manual_seed(0)
-    textured = torch.nn.functional.avg_pool2d(torch.rand(3, 3, 66, 66, generator=g), 3, stride=1).movedim(1, -1)
-    batch = (textured + 0.5 * torch.cat([_square(), _square(top=8, left=8, side=30), _square(side=4)])).clamp(0, 1)
+    textured = torch.nn.functional.avg_pool2d(torch.rand(3, 3, 66, 66, generator=g), 3, stride=1).movedim(
+        1, -1
+    )
+    batch = (textured + 0.5 * torch.cat([_square(), _square(top=8, left=8, side=30), _square(side=4)])).clamp(
+        0, 1
+    )
     (together,) = Canny().run(ctx, image=batch, low_threshold=0.3, high_threshold=0.6)
     for i in range(3):
         (alone,) = Canny().run(ctx, image=batch[i : i + 1], low_threshold=0.3, high_threshold=0.6)

@@ -45,8 +45,14 @@ def test_flux_dev_and_schnell_are_told_apart_by_prediction_type() -> None:
 def test_a_variant_is_laid_over_its_family_default() -> None:
     turbo = table().for_model("sdxl", "epsilon", "sd_xl_turbo_1.0_fp16.safetensors")
     assert turbo is not None
-    assert (turbo.name, turbo.steps, turbo.cfg, turbo.sampler_name, turbo.width, turbo.negative) == \
-        ("sdxl_turbo", 1, 1.0, "euler_ancestral", 512, False)
+    assert (turbo.name, turbo.steps, turbo.cfg, turbo.sampler_name, turbo.width, turbo.negative) == (
+        "sdxl_turbo",
+        1,
+        1.0,
+        "euler_ancestral",
+        512,
+        False,
+    )
     plain = table().for_model("sdxl", "epsilon", "juggernautXL_v9.safetensors")
     assert plain is not None and (plain.name, plain.steps, plain.width) == ("sdxl", 25, 1024)
     # the demo models keep their family's sampling and only shrink: Flux dev keeps its guidance
@@ -56,27 +62,49 @@ def test_a_variant_is_laid_over_its_family_default() -> None:
 
 
 def test_user_presets_add_and_replace(tmp_path: Path) -> None:
-    (tmp_path / "presets.json").write_text(json.dumps([
-        {"name": "sdxl", "family": "sdxl", "steps": 30, "cfg": 5.5, "sampler_name": "dpmpp_2m_sde",
-         "scheduler": "karras", "width": 896, "height": 1152},
-        {"name": "my_merge", "family": "sdxl", "match": ["mymerge"], "steps": 12},
-    ]))
+    (tmp_path / "presets.json").write_text(
+        json.dumps(
+            [
+                {
+                    "name": "sdxl",
+                    "family": "sdxl",
+                    "steps": 30,
+                    "cfg": 5.5,
+                    "sampler_name": "dpmpp_2m_sde",
+                    "scheduler": "karras",
+                    "width": 896,
+                    "height": 1152,
+                },
+                {"name": "my_merge", "family": "sdxl", "match": ["mymerge"], "steps": 12},
+            ]
+        )
+    )
     user = table(tmp_path)
     sdxl = user.for_model("sdxl", "epsilon", "anything.safetensors")
     assert sdxl is not None and (sdxl.steps, sdxl.cfg, sdxl.height) == (30, 5.5, 1152)
     merge = user.for_model("sdxl", "epsilon", "MyMerge_v2.safetensors")
-    assert merge is not None and (merge.name, merge.steps, merge.cfg, merge.sampler_name) == \
-        ("my_merge", 12, 5.5, "dpmpp_2m_sde")
+    assert merge is not None and (merge.name, merge.steps, merge.cfg, merge.sampler_name) == (
+        "my_merge",
+        12,
+        5.5,
+        "dpmpp_2m_sde",
+    )
     assert user.names().count("sdxl") == 1
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("{not json", "not readable JSON"),
-    ('{"name": "x"}', "expected a JSON list"),
-    ('[{"name": "x", "family": "sdxl"}]', "lacks ['steps', 'cfg', 'sampler_name', 'scheduler']"),
-    ('[{"name": "x", "family": "sdxl", "match": ["x"], "stepz": 3}]', "unknown preset field(s) ['stepz']"),
-    ('[{"name": "x", "family": "sdxl", "match": ["x"], "steps": "many"}]', "expected numbers"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not readable JSON"),
+        ('{"name": "x"}', "expected a JSON list"),
+        ('[{"name": "x", "family": "sdxl"}]', "lacks ['steps', 'cfg', 'sampler_name', 'scheduler']"),
+        (
+            '[{"name": "x", "family": "sdxl", "match": ["x"], "stepz": 3}]',
+            "unknown preset field(s) ['stepz']",
+        ),
+        ('[{"name": "x", "family": "sdxl", "match": ["x"], "steps": "many"}]', "expected numbers"),
+    ],
+)
 def test_a_bad_user_presets_file_names_itself_and_the_fix(tmp_path: Path, content: str, message: str) -> None:
     (tmp_path / "presets.json").write_text(content)
     with pytest.raises(PresetError) as err:
@@ -92,8 +120,10 @@ def test_apply_preset_writes_literal_widgets_and_leaves_links() -> None:
     by_type = {node["class_type"]: node["inputs"] for node in prompt.values()}
     assert by_type["BasicScheduler"]["steps"] == 20 and by_type["BasicScheduler"]["scheduler"] == "simple"
     assert by_type["EmptySD3LatentImage"]["width"] == 1024 and by_type["FluxGuidance"]["guidance"] == 3.5
-    assert by_type["BasicScheduler"]["model"] == next(n for n in before.values()
-                                                      if n["class_type"] == "BasicScheduler")["inputs"]["model"]
+    assert (
+        by_type["BasicScheduler"]["model"]
+        == next(n for n in before.values() if n["class_type"] == "BasicScheduler")["inputs"]["model"]
+    )
     assert any(c.endswith("'steps': 4 -> 20") or ".steps: 4 -> 20" in c for c in changes), changes
     schnell = table().by_name("flux_schnell")
     guided = json.loads((WORKFLOWS / "flux_dev.api.json").read_text())
@@ -127,18 +157,30 @@ def test_the_describer_detects_family_prediction_and_preset(demo_models: Path) -
     junk = demo_models / "checkpoints" / "junk.safetensors"
     junk.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     try:
-        assert describe("checkpoints", junk)["family"] is None and "family_error" in describe("checkpoints", junk)
+        assert describe("checkpoints", junk)["family"] is None and "family_error" in describe(
+            "checkpoints", junk
+        )
     finally:
         junk.unlink()
 
 
 def cli_dirs(tmp: Path, models: Path) -> list[str]:
-    return ["--output-dir", str(tmp / "out"), "--input-dir", str(tmp / "in"), "--temp-dir", str(tmp / "temp"),
-            "--models-dir", str(models), "--disable-custom-nodes"]
+    return [
+        "--output-dir",
+        str(tmp / "out"),
+        "--input-dir",
+        str(tmp / "in"),
+        "--temp-dir",
+        str(tmp / "temp"),
+        "--models-dir",
+        str(models),
+        "--disable-custom-nodes",
+    ]
 
 
-def test_run_preset_auto_uses_the_workflows_model(demo_models: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_preset_auto_uses_the_workflows_model(
+    demo_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     prompt = json.loads((WORKFLOWS / "txt2img.api.json").read_text())
     prompt["3"]["inputs"].update(steps=9, cfg=2.0)
     path = tmp_path / "wf.json"
@@ -150,21 +192,25 @@ def test_run_preset_auto_uses_the_workflows_model(demo_models: Path, tmp_path: P
     assert "3.steps: 9 -> 4" in err and "3.cfg: 2.0 -> 7.0" in err
 
 
-def test_run_preset_errors_are_usage_errors(demo_models: Path, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_preset_errors_are_usage_errors(
+    demo_models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "wf.json"
     path.write_text((WORKFLOWS / "txt2img.api.json").read_text())
     code = main.main(["run", str(path), "--preset", "nope", "-q", *cli_dirs(tmp_path, demo_models)])
     assert code == 2 and "no preset named 'nope'" in capsys.readouterr().err
-    text_only = {"1": {"class_type": "PrimitiveString", "inputs": {"value": "a"}},
-                 "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
+    text_only = {
+        "1": {"class_type": "PrimitiveString", "inputs": {"value": "a"}},
+        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+    }
     path.write_text(json.dumps(text_only))
     code = main.main(["run", str(path), "--preset", "auto", "-q", *cli_dirs(tmp_path, demo_models)])
     assert code == 2 and "loads no checkpoint or diffusion model" in capsys.readouterr().err
 
 
-async def test_the_api_describes_a_model_and_lists_presets(demo_models: Path, tmp_path: Path,
-                                                           aiohttp_client: Any) -> None:
+async def test_the_api_describes_a_model_and_lists_presets(
+    demo_models: Path, tmp_path: Path, aiohttp_client: Any
+) -> None:
     from engine.server.app import ServerParts, create_app
     from engine.server.common import ServerConfig
 
@@ -172,9 +218,15 @@ async def test_the_api_describes_a_model_and_lists_presets(demo_models: Path, tm
     runtime = main.build_runtime(args)
     from engine.jobs import JobStore, make_local_queue
 
-    parts = ServerParts(runtime.registry, runtime.executor, make_local_queue(runtime.executor, JobStore(":memory:")),
-                        runtime.folders, tmp_path / "user", describe_model=runtime.describe_model,
-                        presets=runtime.presets)
+    parts = ServerParts(
+        runtime.registry,
+        runtime.executor,
+        make_local_queue(runtime.executor, JobStore(":memory:")),
+        runtime.folders,
+        tmp_path / "user",
+        describe_model=runtime.describe_model,
+        presets=runtime.presets,
+    )
     client = await aiohttp_client(create_app(parts, ServerConfig()))
     resp = await client.get(f"/api/v1/models/diffusion_models/{DEMO_FLUX_DEV}")
     assert resp.status == 200, await resp.text()

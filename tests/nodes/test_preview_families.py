@@ -28,8 +28,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _renderer(models: Path, tmp_path: Path, family: type[FamilyAdapter]) -> PreviewRenderer:
-    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
-                      models=ModelManager(), settings=RunSettings())
+    ctx = NodeContext(
+        "3",
+        "p",
+        Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
+        models=ModelManager(),
+        settings=RunSettings(),
+    )
     return PreviewRenderer(ctx, family.latent_format)
 
 
@@ -85,7 +90,9 @@ def test_a_decoder_of_the_wrong_width_falls_back_with_a_teaching_warning(
 ) -> None:
     folder = tmp_path / "wrong" / "vae_approx"
     folder.mkdir(parents=True)
-    (folder / "taef1_decoder.safetensors").write_bytes((models / "vae_approx" / "taesd_decoder.safetensors").read_bytes())
+    (folder / "taef1_decoder.safetensors").write_bytes(
+        (models / "vae_approx" / "taesd_decoder.safetensors").read_bytes()
+    )
     renderer = _renderer(tmp_path / "wrong", tmp_path, Flux)
     with caplog.at_level(logging.WARNING, logger="nodes.preview"):
         assert _preview_size(renderer, 16) == (8, 8)

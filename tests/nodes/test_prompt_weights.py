@@ -60,7 +60,9 @@ def sd15_encoder(tiny_models: dict) -> list[ReadyEncoder]:
 
     spec = SD15.text_encoders[0]
     kind = ClipText(spec.layout)
-    return [ReadyEncoder(spec, kind, load_tokenizer(spec.tokenizer), tiny_models["sd15"].modules["clip_l"], -1)]
+    return [
+        ReadyEncoder(spec, kind, load_tokenizer(spec.tokenizer), tiny_models["sd15"].modules["clip_l"], -1)
+    ]
 
 
 def encode_prompt(text: str, encoders: list[ReadyEncoder]) -> Any:

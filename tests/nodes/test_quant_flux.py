@@ -64,7 +64,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def sample(models: Path, tmp_path: Path, loader: dict[str, Any], clip: dict[str, Any] | None = None) -> np.ndarray:
+def sample(
+    models: Path, tmp_path: Path, loader: dict[str, Any], clip: dict[str, Any] | None = None
+) -> np.ndarray:
     prompt = json.loads(WORKFLOW.read_text())
     prompt["12"] = loader
     if clip is not None:
@@ -85,15 +87,27 @@ def reference(models: Path, tmp_path_factory: pytest.TempPathFactory) -> np.ndar
     return sample(models, tmp_path_factory.mktemp("ref"), unet(DEMO_FLUX_SCHNELL))
 
 
-def test_gguf_file_samples_through_unet_loader_and_the_gguf_nodes(models: Path, reference: np.ndarray,
-                                                                  tmp_path: Path) -> None:
+def test_gguf_file_samples_through_unet_loader_and_the_gguf_nodes(
+    models: Path, reference: np.ndarray, tmp_path: Path
+) -> None:
     by_unet_loader = sample(models, tmp_path / "a", unet("schnell-Q8_0.gguf"))
-    by_gguf_node = sample(models, tmp_path / "b", {"class_type": "UnetLoaderGGUF",
-                                                   "inputs": {"unet_name": "schnell-Q8_0.gguf"}})
-    clip = {"class_type": "DualCLIPLoaderGGUF", "inputs": {"clip_name1": "t5-Q8_0.gguf",
-                                                           "clip_name2": "loom_demo_clip_l.safetensors", "type": "flux"}}
-    with_gguf_t5 = sample(models, tmp_path / "c", {"class_type": "UnetLoaderGGUF",
-                                                   "inputs": {"unet_name": "schnell-mixed.gguf"}}, clip)
+    by_gguf_node = sample(
+        models, tmp_path / "b", {"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": "schnell-Q8_0.gguf"}}
+    )
+    clip = {
+        "class_type": "DualCLIPLoaderGGUF",
+        "inputs": {
+            "clip_name1": "t5-Q8_0.gguf",
+            "clip_name2": "loom_demo_clip_l.safetensors",
+            "type": "flux",
+        },
+    }
+    with_gguf_t5 = sample(
+        models,
+        tmp_path / "c",
+        {"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": "schnell-mixed.gguf"}},
+        clip,
+    )
     assert np.array_equal(by_unet_loader, by_gguf_node)
     assert np.abs(by_unet_loader - reference).mean() < 1.0  # Q8_0: under one level of 255 on average
     assert np.abs(with_gguf_t5 - reference).mean() < 8.0  # 4-bit layers included
@@ -110,12 +124,20 @@ def test_gguf_layers_stay_quantized_in_the_built_module(models: Path) -> None:
     # the manager's one cast changes the compute dtype, never the stored data
     module = torch.nn.Module.to(module, dtype=torch.bfloat16)
     assert {layer.compute_dtype for _, layer in quant_layers(module)} == {torch.bfloat16}
-    assert {layer.qdata.dtype for _, layer in quant_layers(module)} <= {torch.uint8, torch.float16, torch.bfloat16}
+    assert {layer.qdata.dtype for _, layer in quant_layers(module)} <= {
+        torch.uint8,
+        torch.float16,
+        torch.bfloat16,
+    }
 
 
-@pytest.mark.parametrize(("weight_dtype", "fmt"), [("fp8_e4m3fn", "fp8_e4m3fn"), ("fp8_e5m2", "fp8_e5m2"),
-                                                   ("fp8_e4m3fn_fast", "fp8_e4m3fn")])
-def test_unet_loader_weight_dtype_stores_linear_weights_in_fp8(weight_dtype: str, fmt: str, models: Path) -> None:
+@pytest.mark.parametrize(
+    ("weight_dtype", "fmt"),
+    [("fp8_e4m3fn", "fp8_e4m3fn"), ("fp8_e5m2", "fp8_e5m2"), ("fp8_e4m3fn_fast", "fp8_e4m3fn")],
+)
+def test_unet_loader_weight_dtype_stores_linear_weights_in_fp8(
+    weight_dtype: str, fmt: str, models: Path
+) -> None:
     from nodes.handles import open_diffusion_model
     from nodes.quant.storage import weight_dtype_patch
 
@@ -132,14 +154,18 @@ def test_unet_loader_weight_dtype_stores_linear_weights_in_fp8(weight_dtype: str
     assert stored_bytes(stored) < stored_bytes(full) / 3
 
 
-def test_fp8_weight_dtype_image_is_close_to_the_fp32_one(models: Path, reference: np.ndarray, tmp_path: Path) -> None:
+def test_fp8_weight_dtype_image_is_close_to_the_fp32_one(
+    models: Path, reference: np.ndarray, tmp_path: Path
+) -> None:
     image = sample(models, tmp_path, unet(DEMO_FLUX_SCHNELL, "fp8_e4m3fn"))
     diff = np.abs(image - reference).mean()
     print(f"fp8_e4m3fn weight_dtype: mean |Δ| {diff:.3f} of 255 against fp32")  # measured 0.40
     assert 0.0 < diff < 2.0
 
 
-def scaled_fp8_file(models: Path, name: str, scale_name: str, *, drop_scale: str | None = None) -> dict[str, Any]:
+def scaled_fp8_file(
+    models: Path, name: str, scale_name: str, *, drop_scale: str | None = None
+) -> dict[str, Any]:
     """The schnell transformer as ComfyUI's scaled fp8: weights / scale stored as e4m3fn, per-tensor scales."""
     from safetensors.torch import load_file, save_file
 
@@ -170,7 +196,9 @@ def test_scaled_fp8_file_loads_with_its_scales(scale_name: str, models: Path) ->
     expected = tensors["img_in.weight"].float() * tensors[f"img_in.{scale_name}"]
     assert torch.equal(layer.packed.dequantize(), expected)
     reference = open_diffusion_model(models / "diffusion_models" / DEMO_FLUX_SCHNELL).load()
-    rel = (layer.packed.dequantize() - reference.x_embedder.weight).abs().max() / reference.x_embedder.weight.abs().max()
+    rel = (
+        layer.packed.dequantize() - reference.x_embedder.weight
+    ).abs().max() / reference.x_embedder.weight.abs().max()
     assert rel < 0.07  # e4m3's 3 mantissa bits
 
 
@@ -198,7 +226,9 @@ def lora_reference(module: Any) -> Any:
 
 
 @pytest.mark.parametrize("source", ["fp8", "gguf"])
-def test_lora_on_quantized_weights_equals_lora_on_the_dequantised_ones(source: str, models: Path, tmp_path: Path) -> None:
+def test_lora_on_quantized_weights_equals_lora_on_the_dequantised_ones(
+    source: str, models: Path, tmp_path: Path
+) -> None:
     from safetensors.torch import save_file
 
     from nodes.handles import open_diffusion_model
@@ -208,24 +238,38 @@ def test_lora_on_quantized_weights_equals_lora_on_the_dequantised_ones(source: s
 
     torch.manual_seed(5)
     lora = {}
-    for name, rows, cols in (("double_blocks.0.img_attn.qkv", 96, 32), ("single_blocks.1.linear1", 224, 32),
-                             ("img_in", 32, 64), ("double_blocks.0.img_mlp.0", 128, 32)):
+    for name, rows, cols in (
+        ("double_blocks.0.img_attn.qkv", 96, 32),
+        ("single_blocks.1.linear1", 224, 32),
+        ("img_in", 32, 64),
+        ("double_blocks.0.img_mlp.0", 128, 32),
+    ):
         lora[f"lora_unet_{name.replace('.', '_')}.lora_down.weight"] = torch.randn(2, cols)
         lora[f"lora_unet_{name.replace('.', '_')}.lora_up.weight"] = torch.randn(rows, 2) * 0.1
         lora[f"lora_unet_{name.replace('.', '_')}.alpha"] = torch.tensor(1.0)
     save_file(lora, str(tmp_path / "lora.safetensors"))
     patch = LoraPatch(tmp_path / "lora.safetensors", fingerprint(tmp_path / "lora.safetensors"), 0.8, "unet")
-    handle = (open_diffusion_model(models / "diffusion_models" / "schnell-mixed.gguf") if source == "gguf" else
-              open_diffusion_model(models / "diffusion_models" / DEMO_FLUX_SCHNELL).with_patch(StoragePatch("fp8_e4m3fn")))
+    handle = (
+        open_diffusion_model(models / "diffusion_models" / "schnell-mixed.gguf")
+        if source == "gguf"
+        else open_diffusion_model(models / "diffusion_models" / DEMO_FLUX_SCHNELL).with_patch(
+            StoragePatch("fp8_e4m3fn")
+        )
+    )
     quantized = handle.load()
     reference = lora_reference(quantized)
     with_lora = handle.with_patch(patch).load()
     patch.apply(reference, handle)
     assert any(layer.lowrank for _, layer in quant_layers(with_lora))
     torch.manual_seed(0)
-    inputs = {"hidden_states": torch.randn(1, 16, 64), "encoder_hidden_states": torch.randn(1, 8, 32),
-              "pooled_projections": torch.randn(1, 32), "timestep": torch.tensor([0.5]),
-              "img_ids": torch.zeros(16, 3), "txt_ids": torch.zeros(8, 3)}
+    inputs = {
+        "hidden_states": torch.randn(1, 16, 64),
+        "encoder_hidden_states": torch.randn(1, 8, 32),
+        "pooled_projections": torch.randn(1, 32),
+        "timestep": torch.tensor([0.5]),
+        "img_ids": torch.zeros(16, 3),
+        "txt_ids": torch.zeros(8, 3),
+    }
     with torch.no_grad():
         got = with_lora(**inputs, return_dict=False)[0]
         want = reference(**inputs, return_dict=False)[0]
@@ -235,7 +279,9 @@ def test_lora_on_quantized_weights_equals_lora_on_the_dequantised_ones(source: s
 
 
 def test_gguf_of_another_architecture_names_node_file_and_loader(models: Path, tmp_path: Path) -> None:
-    write_gguf(models / "diffusion_models" / "llm.gguf", {"blk.0.attn_q.weight": torch.randn(32, 32)}, "llama")
+    write_gguf(
+        models / "diffusion_models" / "llm.gguf", {"blk.0.attn_q.weight": torch.randn(32, 32)}, "llama"
+    )
     prompt = json.loads(WORKFLOW.read_text())
     prompt["12"] = {"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": "llm.gguf"}}
     result = run(make_executor(models, tmp_path), prompt)
@@ -245,7 +291,9 @@ def test_gguf_of_another_architecture_names_node_file_and_loader(models: Path, t
     write_gguf(models / "diffusion_models" / "odd.gguf", {"x.weight": torch.randn(32, 32)}, "mamba")
     from nodes.loaders_components import load_diffusion_model
 
-    with pytest.raises(ModelLoadError, match="UNETLoader: odd.gguf .*'mamba'.*does not know this architecture"):
+    with pytest.raises(
+        ModelLoadError, match="UNETLoader: odd.gguf .*'mamba'.*does not know this architecture"
+    ):
         load_diffusion_model(models / "diffusion_models" / "odd.gguf", "UNETLoader", allow_pickle=False)
 
 
@@ -278,13 +326,17 @@ def test_comfy_quant_formats_loom_does_not_read_are_named(models: Path) -> None:
     from nodes.handles import open_diffusion_model
 
     sd = load_file(models / "diffusion_models" / DEMO_FLUX_SCHNELL)
-    sd["img_in.comfy_quant"] = torch.frombuffer(bytearray(json.dumps({"format": "nvfp4"}).encode()), dtype=torch.uint8)
+    sd["img_in.comfy_quant"] = torch.frombuffer(
+        bytearray(json.dumps({"format": "nvfp4"}).encode()), dtype=torch.uint8
+    )
     save_file(sd, str(models / "diffusion_models" / "nvfp4.safetensors"))
     with pytest.raises(ModelLoadError, match=r"nvfp4.safetensors: layer 'img_in' is quantized as 'nvfp4'"):
         open_diffusion_model(models / "diffusion_models" / "nvfp4.safetensors").load()
 
 
-def test_model_weight_storage_int8_samples_close_to_fp32(models: Path, reference: np.ndarray, tmp_path: Path) -> None:
+def test_model_weight_storage_int8_samples_close_to_fp32(
+    models: Path, reference: np.ndarray, tmp_path: Path
+) -> None:
     prompt = json.loads(WORKFLOW.read_text())
     prompt["40"] = {"class_type": "ModelWeightStorage", "inputs": {"model": ["12", 0], "storage": "int8"}}
     prompt["3"]["inputs"]["model"] = ["40", 0]
@@ -304,11 +356,15 @@ def test_stored_precision_handles_estimate_their_stored_size(models: Path) -> No
     fp8 = load_diffusion_model(path, "UNETLoader", allow_pickle=False, weight_dtype="fp8_e4m3fn")
     assert fp8.key != full.key
     assert full.nbytes / 4 <= fp8.nbytes < full.nbytes / 3  # fp32 file: linear weights at a quarter
-    gguf = load_diffusion_model(models / "diffusion_models" / "schnell-Q8_0.gguf", "UnetLoaderGGUF", allow_pickle=False)
+    gguf = load_diffusion_model(
+        models / "diffusion_models" / "schnell-Q8_0.gguf", "UnetLoaderGGUF", allow_pickle=False
+    )
     assert gguf.nbytes < full.nbytes / 3  # Q8_0: 34 bytes per 32 weights
 
 
-def test_scaled_fp8_t5_loads_through_dual_clip_loader(models: Path, reference: np.ndarray, tmp_path: Path) -> None:
+def test_scaled_fp8_t5_loads_through_dual_clip_loader(
+    models: Path, reference: np.ndarray, tmp_path: Path
+) -> None:
     from safetensors.torch import load_file, save_file
 
     out: dict[str, Any] = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
@@ -320,8 +376,14 @@ def test_scaled_fp8_t5_loads_through_dual_clip_loader(models: Path, reference: n
         else:
             out[key] = value
     save_file(out, str(models / "text_encoders" / "t5_fp8_scaled.safetensors"))
-    clip = {"class_type": "DualCLIPLoader", "inputs": {"clip_name1": "t5_fp8_scaled.safetensors",
-                                                       "clip_name2": "loom_demo_clip_l.safetensors", "type": "flux"}}
+    clip = {
+        "class_type": "DualCLIPLoader",
+        "inputs": {
+            "clip_name1": "t5_fp8_scaled.safetensors",
+            "clip_name2": "loom_demo_clip_l.safetensors",
+            "type": "flux",
+        },
+    }
     image = sample(models, tmp_path, unet(DEMO_FLUX_SCHNELL), clip)
     assert 0.0 < np.abs(image - reference).mean() < 3.0
 
@@ -333,8 +395,11 @@ def test_merging_into_quantized_weights_restores_them(target: str, models: Path)
     from nodes.quant.storage import StoragePatch
 
     plain = open_diffusion_model(models / "diffusion_models" / DEMO_FLUX_SCHNELL)
-    handle = (open_diffusion_model(models / "diffusion_models" / "schnell-Q8_0.gguf") if target == "gguf"
-              else plain.with_patch(StoragePatch("fp8_e4m3fn")))
+    handle = (
+        open_diffusion_model(models / "diffusion_models" / "schnell-Q8_0.gguf")
+        if target == "gguf"
+        else plain.with_patch(StoragePatch("fp8_e4m3fn"))
+    )
     before = handle.load().get_submodule("x_embedder").packed.dequantize()
     other = plain.load().x_embedder.weight
     # the other model read from a GGUF file (the dequantising reader) or from the plain file

@@ -22,15 +22,35 @@ def tiny_qwen3_state() -> dict[str, Any]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=16)
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=16,
+    )
     return {k: v.detach().clone() for k, v in Qwen3ForCausalLM(config).state_dict().items()}
 
 
 def llama_cpp_names(sd: dict[str, Any]) -> dict[str, Any]:
-    back = {llama_name(f"blk.0.{leaf}.weight").split(".", 3)[3].removesuffix(".weight"): leaf for leaf in (
-        "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm",
-        "ffn_gate", "ffn_up", "ffn_down")}
+    back = {
+        llama_name(f"blk.0.{leaf}.weight").split(".", 3)[3].removesuffix(".weight"): leaf
+        for leaf in (
+            "attn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "attn_q_norm",
+            "attn_k_norm",
+            "ffn_norm",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        )
+    }
     out = {}
     for name, tensor in sd.items():
         if name.startswith("model.layers."):

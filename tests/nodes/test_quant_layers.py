@@ -26,8 +26,16 @@ from nodes.quant.layers import (
 from nodes.quant.packed import PackedWeight
 
 torch.set_num_threads(1)
-F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2),
-              "Q5_K": (0, 2), "Q6_K": (208,)}
+F16_FIELDS = {
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q5_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_1": (0, 2),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 
 
 def random_blocks(fmt: str, rows: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
@@ -37,7 +45,7 @@ def random_blocks(fmt: str, rows: int, blocks_per_row: int, seed: int = 0) -> np
     raw = rng.integers(0, 256, size=(rows * blocks_per_row, size), dtype=np.uint8)
     for offset in F16_FIELDS[fmt]:
         scales = rng.uniform(-0.05, 0.05, raw.shape[0]).astype(np.float16)
-        raw[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+        raw[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
     return raw.reshape(rows, blocks_per_row * size)
 
 
@@ -65,7 +73,9 @@ def test_gguf_linear_equals_linear_with_the_dequantised_weight(fmt: str) -> None
 
 
 @pytest.mark.parametrize(("fmt", "bound"), [("fp8_e4m3fn", 0.07), ("fp8_e5m2", 0.13), ("int8", 0.005)])
-def test_converted_linear_equals_its_dequantised_reference_and_is_within_the_format_error(fmt: str, bound: float) -> None:
+def test_converted_linear_equals_its_dequantised_reference_and_is_within_the_format_error(
+    fmt: str, bound: float
+) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 48), nn.GELU(), nn.Linear(48, 32))
     stored = copy.deepcopy(model)
@@ -95,9 +105,19 @@ def test_int8_uses_the_fused_cpu_matmul_and_matches_dequantising() -> None:
     assert (layer(x).float() - want).abs().max() / want.abs().max() < 0.01  # bf16 rounding
     assert layer._fast(x.float(), None) is None  # fp32: dequantise (the fused kernel is slow there)
     assert layer._fast(torch.randn(200, 64, dtype=torch.bfloat16), None) is None  # many rows: dequantise
-    odd = QuantLinear(PackedWeight(*quantize(torch.randn(8, 40), "int8")[:1], "int8", (8, 40),
-                                   quantize(torch.randn(8, 40), "int8")[1]), None, torch.float32)
-    assert odd._fast(torch.randn(2, 40), None) is None  # the kernel needs a multiple of 16: dequantise instead
+    odd = QuantLinear(
+        PackedWeight(
+            *quantize(torch.randn(8, 40), "int8")[:1],
+            "int8",
+            (8, 40),
+            quantize(torch.randn(8, 40), "int8")[1],
+        ),
+        None,
+        torch.float32,
+    )
+    assert (
+        odd._fast(torch.randn(2, 40), None) is None
+    )  # the kernel needs a multiple of 16: dequantise instead
 
 
 def test_module_cast_keeps_stored_precision_and_sets_the_compute_dtype() -> None:
@@ -105,7 +125,9 @@ def test_module_cast_keeps_stored_precision_and_sets_the_compute_dtype() -> None
 
     model = nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32))
     convert_module(model, "fp8_e4m3fn")
-    assert stored_bytes(model) == module_bytes(model, 0) == 32 * 32 + (32 + 32 + 32) * 4  # the manager's accounting
+    assert (
+        stored_bytes(model) == module_bytes(model, 0) == 32 * 32 + (32 + 32 + 32) * 4
+    )  # the manager's accounting
     model = nn.Module.to(model, dtype=torch.bfloat16)
     layer = model[0]
     assert isinstance(layer, QuantLinear)
@@ -142,10 +164,16 @@ def test_conv_and_embedding_layers_equal_their_dequantised_reference() -> None:
     torch.manual_seed(2)
     conv = nn.Conv2d(4, 8, 3, padding=1)
     table = nn.Embedding(50, 32)
-    weights = {"0.weight": PackedWeight(*quantize(conv.weight.detach(), "fp8_e4m3fn")[:1], "fp8_e4m3fn",
-                                        tuple(conv.weight.shape), torch.tensor(1.0)),
-               "1.weight": PackedWeight(torch.from_numpy(random_blocks("Q8_0", 50, 1)), "Q8_0", (50, 32)),
-               "0.bias": conv.bias.detach()}
+    weights = {
+        "0.weight": PackedWeight(
+            *quantize(conv.weight.detach(), "fp8_e4m3fn")[:1],
+            "fp8_e4m3fn",
+            tuple(conv.weight.shape),
+            torch.tensor(1.0),
+        ),
+        "1.weight": PackedWeight(torch.from_numpy(random_blocks("Q8_0", 50, 1)), "Q8_0", (50, 32)),
+        "0.bias": conv.bias.detach(),
+    }
     model = nn.Sequential(conv, table)
     rest = install_packed(model, weights)
     assert set(rest) == {"0.bias"}
@@ -196,4 +224,6 @@ def test_scaled_mm_call_computes_the_fp8_product() -> None:
     assert y is not None and y.shape == (2, 5, 48) and y.dtype == torch.bfloat16
     want = x.float() @ (stored.float() * scale).T + bias.float()
     assert (y.float() - want).abs().max() / want.abs().max() < 0.1
-    assert scaled_mm(torch.randn(3, 40), stored[:, :8].repeat(1, 5), scale, None) is None  # 40: not a multiple of 16
+    assert (
+        scaled_mm(torch.randn(3, 40), stored[:, :8].repeat(1, 5), scale, None) is None
+    )  # 40: not a multiple of 16

@@ -31,9 +31,16 @@ def tiny_transformer() -> Any:
     from diffusers import QwenImageTransformer2DModel
 
     torch.manual_seed(0)
-    model: Any = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,
-                                       attention_head_dim=32, num_attention_heads=2, joint_attention_dim=24,
-                                       axes_dims_rope=tuple(rope_axes(32)))
+    model: Any = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=64,
+        out_channels=16,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=24,
+        axes_dims_rope=tuple(rope_axes(32)),
+    )
     return model.eval()
 
 
@@ -46,9 +53,19 @@ def test_transformer_config_and_keys_from_a_file(prefix: str) -> None:
     assert isinstance(family, QwenImage)
     part = family.denoiser_part(index)
     assert part.prefix == prefix
-    for key in ("in_channels", "out_channels", "num_layers", "attention_head_dim", "num_attention_heads",
-                "joint_attention_dim", "axes_dims_rope", "guidance_embeds"):
-        assert part.config[key] == (list(model.config[key]) if key == "axes_dims_rope" else model.config[key]), key
+    for key in (
+        "in_channels",
+        "out_channels",
+        "num_layers",
+        "attention_head_dim",
+        "num_attention_heads",
+        "joint_attention_dim",
+        "axes_dims_rope",
+        "guidance_embeds",
+    ):
+        assert part.config[key] == (
+            list(model.config[key]) if key == "axes_dims_rope" else model.config[key]
+        ), key
     inner = {k.removeprefix(prefix): v for k, v in original.items()}
     back = KIND.to_diffusers(inner, part.config)
     assert back.keys() == model.state_dict().keys()
@@ -85,7 +102,9 @@ def test_other_families_are_not_qwen_image() -> None:
 
 def test_unknown_variants_are_refused() -> None:
     model = tiny_transformer()
-    original = KIND.to_original(model.state_dict(), model.config) | {"__index_timestep_zero__": torch.zeros(0)}
+    original = KIND.to_original(model.state_dict(), model.config) | {
+        "__index_timestep_zero__": torch.zeros(0)
+    }
     with pytest.raises(ModelLoadError, match="Edit-2511"):
         KIND.config_from_tensors(index_of(original), "")
 
@@ -103,8 +122,14 @@ def test_qwen25_config_and_keys_from_a_comfyui_style_file() -> None:
     index = index_of(file)
     assert standalone_text_encoder(index) == ("qwen25_7b", "model.")
     config = kind.config_from_tensors(index, "model.")
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["num_key_value_heads"], config["head_dim"], config["intermediate_size"]) == (32, 2, 2, 1, 16, 64)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["intermediate_size"],
+    ) == (32, 2, 2, 1, 16, 64)
     inner = {k.removeprefix("model."): v for k, v in file.items() if k.startswith("model.")}
     back = kind.to_diffusers(inner, config)
     assert back.keys() == model.state_dict().keys()
@@ -126,7 +151,9 @@ def test_template_head_rule() -> None:
 
     kind, tokenizer = Qwen25VLText(), load_qwen_tokenizer()
     ids = kind.token_ids(tokenizer, "a cat")
-    assert template_end(ids) == 34 and tokenizer.decode(ids[34:]) == "a cat<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        template_end(ids) == 34 and tokenizer.decode(ids[34:]) == "a cat<|im_end|>\n<|im_start|>assistant\n"
+    )
     own = kind.token_ids(tokenizer, "<|im_start|>user\nhi<|im_end|>")
     assert template_end(own) == 3 and tokenizer.decode(own[3:]) == "hi<|im_end|>"
 
@@ -143,8 +170,15 @@ def test_wan_vae_table_both_ways_equals_diffusers_converter() -> None:
     vae, kind = tiny_vae(), WanVae()
     sd = vae.state_dict()
     original = kind.to_original(sd, vae.config)
-    assert {"encoder.conv1.weight", "decoder.middle.0.residual.0.gamma", "decoder.upsamples.3.resample.1.weight",
-            "decoder.upsamples.4.shortcut.weight", "encoder.head.2.weight", "conv1.weight", "conv2.weight"} <= set(original)
+    assert {
+        "encoder.conv1.weight",
+        "decoder.middle.0.residual.0.gamma",
+        "decoder.upsamples.3.resample.1.weight",
+        "decoder.upsamples.4.shortcut.weight",
+        "encoder.head.2.weight",
+        "conv1.weight",
+        "conv2.weight",
+    } <= set(original)
     theirs = convert_wan_vae_to_diffusers(dict(original))
     assert theirs.keys() == sd.keys()
     assert all(theirs[k] is original[n] for n, k in zip(original, sd, strict=True))
@@ -183,19 +217,46 @@ def test_full_size_key_tables_on_meta_device() -> None:
     with init_empty_weights():
         dit = QwenImageTransformer2DModel()
         vae = AutoencoderKLQwenImage()
-        text = Qwen2Model(Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-                                      num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4))
+        text = Qwen2Model(
+            Qwen2Config(
+                vocab_size=152064,
+                hidden_size=3584,
+                intermediate_size=18944,
+                num_hidden_layers=28,
+                num_attention_heads=28,
+                num_key_value_heads=4,
+            )
+        )
     original = KIND.to_original(dit.state_dict(), dit.config)
-    assert len(original) == 1933 and sum(v.numel() for v in original.values()) == pytest.approx(20.43e9, rel=1e-3)
+    assert len(original) == 1933 and sum(v.numel() for v in original.values()) == pytest.approx(
+        20.43e9, rel=1e-3
+    )
     config = KIND.config_from_tensors(index_of(original, "qwen_image_bf16.safetensors"), "")
-    assert {k: config[k] for k in ("num_layers", "num_attention_heads", "attention_head_dim", "joint_attention_dim",
-                                   "axes_dims_rope")} == {"num_layers": 60, "num_attention_heads": 24,
-                                                          "attention_head_dim": 128, "joint_attention_dim": 3584,
-                                                          "axes_dims_rope": [16, 56, 56]}
+    assert {
+        k: config[k]
+        for k in (
+            "num_layers",
+            "num_attention_heads",
+            "attention_head_dim",
+            "joint_attention_dim",
+            "axes_dims_rope",
+        )
+    } == {
+        "num_layers": 60,
+        "num_attention_heads": 24,
+        "attention_head_dim": 128,
+        "joint_attention_dim": 3584,
+        "axes_dims_rope": [16, 56, 56],
+    }
     file = {f"model.{k}": v for k, v in text.state_dict().items()}
     tconfig = Qwen25VLText().config_from_tensors(index_of(file, "qwen_2.5_vl_7b.safetensors"), "model.")
-    assert (tconfig["num_attention_heads"], tconfig["num_key_value_heads"], tconfig["head_dim"],
-            tconfig["num_hidden_layers"], tconfig["intermediate_size"]) == (28, 4, 128, 28, 18944)
+    assert (
+        tconfig["num_attention_heads"],
+        tconfig["num_key_value_heads"],
+        tconfig["head_dim"],
+        tconfig["num_hidden_layers"],
+        tconfig["intermediate_size"],
+    ) == (28, 4, 128, 28, 18944)
     vae_original = WanVae().to_original(vae.state_dict(), vae.config)
     vconfig = WanVae().config_from_tensors(index_of(vae_original, "qwen_image_vae.safetensors"), "")
     assert (vconfig["base_dim"], vconfig["dim_mult"], vconfig["num_res_blocks"]) == (96, [1, 2, 4, 4], 2)
@@ -203,8 +264,11 @@ def test_full_size_key_tables_on_meta_device() -> None:
     assert convert_wan_vae_to_diffusers(dict(vae_original)).keys() == vae.state_dict().keys()
 
 
-@pytest.mark.parametrize(("prefix", "dtype"), [("", torch.bfloat16), ("model.diffusion_model.", torch.float8_e4m3fn)],
-                         ids=["bf16", "fp8_prefixed"])
+@pytest.mark.parametrize(
+    ("prefix", "dtype"),
+    [("", torch.bfloat16), ("model.diffusion_model.", torch.float8_e4m3fn)],
+    ids=["bf16", "fp8_prefixed"],
+)
 def test_stored_precision_transformer_files_load(prefix: str, dtype: torch.dtype, tmp_path: Path) -> None:
     """qwen_image_bf16.safetensors / qwen_image_fp8_e4m3fn.safetensors: built as stored, then the device
     move upcasts to the compute precision."""
@@ -213,7 +277,9 @@ def test_stored_precision_transformer_files_load(prefix: str, dtype: torch.dtype
     from nodes.handles import open_diffusion_model
 
     original = KIND.to_original(tiny_transformer().state_dict(), {})
-    save_file({prefix + k: v.to(dtype).contiguous() for k, v in original.items()}, str(tmp_path / "q.safetensors"))
+    save_file(
+        {prefix + k: v.to(dtype).contiguous() for k, v in original.items()}, str(tmp_path / "q.safetensors")
+    )
     handle = open_diffusion_model(tmp_path / "q.safetensors")
     module = handle.to_device(handle.load(), "cpu", "float32")
     assert {p.dtype for p in module.parameters()} == {torch.float32}
@@ -235,12 +301,17 @@ def test_fp8_scaled_text_encoder_is_dequantised(tmp_path: Path) -> None:
         if name.startswith("layers.") and name.endswith("proj.weight"):
             scale = tensor.abs().max() / 448.0
             quantised = (tensor / scale).to(torch.float8_e4m3fn)
-            file |= {f"model.{name}": quantised, f"model.{name.removesuffix('.weight')}.scale_weight": scale.reshape(()),
-                     f"model.{name.removesuffix('.weight')}.scale_input": torch.ones(())}
+            file |= {
+                f"model.{name}": quantised,
+                f"model.{name.removesuffix('.weight')}.scale_weight": scale.reshape(()),
+                f"model.{name.removesuffix('.weight')}.scale_input": torch.ones(()),
+            }
             expected[name] = quantised.float() * scale
         else:
             file[f"model.{name}"] = tensor
-    save_file({k: v.contiguous() for k, v in file.items()}, str(tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in file.items()}, str(tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors")
+    )
     handle = open_text_encoders([tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors"], "qwen_image")
     loaded = handle.load()["qwen25_7b"].state_dict()
     assert loaded.keys() == model.state_dict().keys()

@@ -58,18 +58,26 @@ def test_edit_plus_without_images_uses_the_edit_template(qwen_dir: Any, make_ctx
     (entry,) = TextEncodeQwenImageEditPlus().run(make_ctx(), clip=_clip(root), prompt="make it blue")[0]
     ids = load_qwen_tokenizer()(EDIT_TEMPLATE.format("make it blue"))["input_ids"]
     head = template_end(ids)
-    assert load_qwen_tokenizer().decode(ids[head - 3:head]) == "<|im_start|>user\n"
+    assert load_qwen_tokenizer().decode(ids[head - 3 : head]) == "<|im_start|>user\n"
     with torch.no_grad():
         ref = modules["qwen25_7b"](input_ids=torch.tensor([ids])).last_hidden_state[:, head:]
     torch.testing.assert_close(entry.embeds, ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("node,inputs,count", [
-    (TextEncodeQwenImageEdit, {"image": torch.rand(1, 32, 32, 3)}, 1),
-    (TextEncodeQwenImageEditPlus, {"image1": torch.rand(1, 32, 32, 3), "image3": torch.rand(1, 32, 32, 3)}, 2),
-])
-def test_image_inputs_need_the_vision_tower(node: Any, inputs: dict[str, Any], count: int, qwen_dir: Any,
-                                            make_ctx: Any) -> None:
+@pytest.mark.parametrize(
+    "node,inputs,count",
+    [
+        (TextEncodeQwenImageEdit, {"image": torch.rand(1, 32, 32, 3)}, 1),
+        (
+            TextEncodeQwenImageEditPlus,
+            {"image1": torch.rand(1, 32, 32, 3), "image3": torch.rand(1, 32, 32, 3)},
+            2,
+        ),
+    ],
+)
+def test_image_inputs_need_the_vision_tower(
+    node: Any, inputs: dict[str, Any], count: int, qwen_dir: Any, make_ctx: Any
+) -> None:
     root, _ = qwen_dir
     with pytest.raises(QwenEditError, match=f"got {count} input image.*vision tower.*ReferenceLatent"):
         node().run(make_ctx(), clip=_clip(root), prompt="make it blue", **inputs)
@@ -103,16 +111,30 @@ def test_reference_latents_reach_the_transformer_as_comfyui_places_them(qwen_dir
         mine = kind.forward(module, x, sigma, kwargs)
         ref_tokens = pack(handle.latent_format.process_in(raw_ref))[0]
         tokens = torch.cat([pack(x[:1])[0], ref_tokens], dim=1)
-        theirs = modules["unet"](hidden_states=tokens, encoder_hidden_states=cond.embeds, timestep=sigma,
-                                 img_shapes=[[(1, 4, 4), (1, 2, 4)]], return_dict=False)[0][:, :16]
-        plain = modules["unet"](hidden_states=pack(x[1:])[0], encoder_hidden_states=cond.embeds, timestep=sigma,
-                                img_shapes=[[(1, 4, 4)]], return_dict=False)[0]
+        theirs = modules["unet"](
+            hidden_states=tokens,
+            encoder_hidden_states=cond.embeds,
+            timestep=sigma,
+            img_shapes=[[(1, 4, 4), (1, 2, 4)]],
+            return_dict=False,
+        )[0][:, :16]
+        plain = modules["unet"](
+            hidden_states=pack(x[1:])[0],
+            encoder_hidden_states=cond.embeds,
+            timestep=sigma,
+            img_shapes=[[(1, 4, 4)]],
+            return_dict=False,
+        )[0]
     torch.testing.assert_close(pack(mine[:1])[0], theirs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pack(mine[1:])[0], plain, atol=1e-5, rtol=1e-5)
     assert (theirs - plain).abs().max() > 1e-3  # the reference changed the prediction
-    video = replace(cond, extras={"reference_latents": [raw_ref.unsqueeze(2)]})  # (B, C, 1, h, w), as ComfyUI's VAE
+    video = replace(
+        cond, extras={"reference_latents": [raw_ref.unsqueeze(2)]}
+    )  # (B, C, 1, h, w), as ComfyUI's VAE
     with torch.no_grad():
-        torch.testing.assert_close(kind.forward(module, x[:1], sigma, kind.conditioning([video], 1, (64, 64))), mine[:1])
+        torch.testing.assert_close(
+            kind.forward(module, x[:1], sigma, kind.conditioning([video], 1, (64, 64))), mine[:1]
+        )
 
 
 def test_a_reference_from_another_latent_space_is_refused(qwen_dir: Any) -> None:
@@ -138,8 +160,9 @@ def test_model_merge_qwen_image_block_by_block(qwen_dir: Any, make_ctx: Any, tmp
     assert all(i.default == 1.0 for i in ModelMergeQwenImage.SCHEMA.inputs[2:])
     model1 = open_diffusion_model(root / "diffusion_models" / DEMO_QWEN_IMAGE)
     ratios = {n: 1.0 for n in MERGE_PARTS} | {"transformer_blocks.1.": 0.0, "txt_in.": 0.25}
-    merged = ModelMergeQwenImage().run(make_ctx(), model1=model1,
-                                       model2=open_diffusion_model(tmp_path / "other.safetensors"), **ratios)[0]
+    merged = ModelMergeQwenImage().run(
+        make_ctx(), model1=model1, model2=open_diffusion_model(tmp_path / "other.safetensors"), **ratios
+    )[0]
     mine, base = merged.load().state_dict(), model1.load().state_dict()
     for key, value in mine.items():
         if key.startswith("transformer_blocks.1."):

@@ -47,8 +47,19 @@ def _loom(root: Path, ctx: Any, cfg: float) -> tuple[Any, Any, Any, Any]:
     pos = CLIPTextEncode().run(ctx, text=PROMPT, clip=clip)[0]
     neg = CLIPTextEncode().run(ctx, text=NEGATIVE, clip=clip)[0]
     latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=cfg, sampler_name="euler", scheduler="simple",
-                         positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]
+    out = KSampler().run(
+        ctx,
+        model=model,
+        seed=SEED,
+        steps=STEPS,
+        cfg=cfg,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]
     return model, (pos, neg), latent, out
 
 
@@ -66,14 +77,25 @@ def test_qwen_image_txt2img_matches_qwenimage_pipeline(qwen_dir: Any, make_ctx: 
     assert sigmas[0] == 1.0 and sigmas[-1] == 0.0
 
     pipe: Any = QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False), vae=modules["vae"],
-        text_encoder=None, tokenizer=load_qwen_tokenizer(), transformer=modules["unet"])
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False),
+        vae=modules["vae"],
+        text_encoder=None,
+        tokenizer=load_qwen_tokenizer(),
+        transformer=modules["unet"],
+    )
     pipe.set_progress_bar_config(disable=True)
     noise = prepare_noise(latent["samples"], SEED)
     embeds = pos[0].embeds
-    kwargs = dict(prompt_embeds=embeds, prompt_embeds_mask=torch.ones(embeds.shape[:2], dtype=torch.long),
-                  height=SIZE, width=SIZE, num_inference_steps=STEPS, sigmas=sigmas[:-1].tolist(), true_cfg_scale=1.0,
-                  latents=pack(noise)[0])
+    kwargs = dict(
+        prompt_embeds=embeds,
+        prompt_embeds_mask=torch.ones(embeds.shape[:2], dtype=torch.long),
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        sigmas=sigmas[:-1].tolist(),
+        true_cfg_scale=1.0,
+        latents=pack(noise)[0],
+    )
     ref = pipe(**kwargs, output_type="latent").images
     mine = pack(model.latent_format.process_in(out["samples"]))[0]
     assert (mine - ref).abs().max() < 1e-4
@@ -99,8 +121,16 @@ def test_real_cfg_is_plain_cfg_of_separate_calls(qwen_dir: Any, make_ctx: Any) -
     with torch.no_grad():
         for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
             t = sigma.reshape(1)
-            cond, uncond = (transformer(hidden_states=x, encoder_hidden_states=e[0].embeds, timestep=t,
-                                        img_shapes=shapes, return_dict=False)[0] for e in (pos, neg))
+            cond, uncond = (
+                transformer(
+                    hidden_states=x,
+                    encoder_hidden_states=e[0].embeds,
+                    timestep=t,
+                    img_shapes=shapes,
+                    return_dict=False,
+                )[0]
+                for e in (pos, neg)
+            )
             x = x + (following - sigma) * (uncond + 2.5 * (cond - uncond))
     mine = pack(model.latent_format.process_in(out["samples"]))[0]
     assert (mine - x).abs().max() < 1e-4
@@ -148,10 +178,15 @@ def test_vae_round_trip_and_latent_statistics(qwen_dir: Any, make_ctx: Any) -> N
     torch.testing.assert_close(latent["samples"], ref, atol=1e-5, rtol=1e-5)
     decoded = VAEDecode().run(ctx, samples=latent, vae=vae)[0]
     assert decoded.shape == (1, 32, 48, 3)
-    tiled = VAEDecodeTiled().run(ctx, samples=latent, vae=vae, tile_size=64, overlap=0)[0]  # one tile: the same
+    tiled = VAEDecodeTiled().run(ctx, samples=latent, vae=vae, tile_size=64, overlap=0)[
+        0
+    ]  # one tile: the same
     torch.testing.assert_close(tiled, decoded)
     raw = torch.randn(1, 16, 2, 2)
-    mean, std = torch.tensor(WAN21_LATENT.mean).view(1, 16, 1, 1), torch.tensor(WAN21_LATENT.std).view(1, 16, 1, 1)
+    mean, std = (
+        torch.tensor(WAN21_LATENT.mean).view(1, 16, 1, 1),
+        torch.tensor(WAN21_LATENT.std).view(1, 16, 1, 1),
+    )
     torch.testing.assert_close(WAN21_LATENT.process_in(raw), (raw - mean) / std)
     torch.testing.assert_close(WAN21_LATENT.process_out(WAN21_LATENT.process_in(raw)), raw)
 
@@ -167,7 +202,10 @@ def test_rotary_positions_follow_comfyui_on_odd_grids() -> None:
     assert rows[:, 0, 1].tolist() == [-2, -1, 0, 1, 2] and rows[0, :, 2].tolist() == [-2, -1, 0, 1]
     mine, theirs = _rope_module()([4, 14, 14]), QwenEmbedRope(10000, [4, 14, 14], scale_rope=True)
     for h, w, same in ((4, 6, True), (5, 4, False)):
-        (img, txt), (img_ref, txt_ref) = mine([(1, h, w)], max_txt_seq_len=3), theirs([(1, h, w)], max_txt_seq_len=3)
+        (img, txt), (img_ref, txt_ref) = (
+            mine([(1, h, w)], max_txt_seq_len=3),
+            theirs([(1, h, w)], max_txt_seq_len=3),
+        )
         torch.testing.assert_close(txt, txt_ref)
         assert torch.allclose(img, img_ref, atol=1e-6) == same
     unpacked = unpack(pack(torch.arange(64.0).reshape(1, 4, 4, 4))[0], 4, 4)

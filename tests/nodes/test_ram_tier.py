@@ -23,8 +23,10 @@ def _unet_call(module: torch.nn.Module) -> torch.Tensor:
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_small_budget_holds_through_a_b_c_a(models_dir: Path, prefetch: bool) -> None:
     ck = models_dir / "checkpoints"
-    a, b, c = (open_checkpoint(ck / name).unet for name in
-               ("tiny_sd15.safetensors", "tiny_sd2_v.safetensors", "tiny_sdxl.safetensors"))
+    a, b, c = (
+        open_checkpoint(ck / name).unet
+        for name in ("tiny_sd15.safetensors", "tiny_sd2_v.safetensors", "tiny_sdxl.safetensors")
+    )
     sizes = {h.key: h.estimate_bytes() for h in (a, b, c)}
     budget = max(sizes.values()) + min(sizes.values()) // 2  # one model fits, never two
     mm = ModelManager(ram_budget_bytes=budget, prefetch=prefetch)

@@ -10,8 +10,11 @@ import pytest
 from nodes.weights import ModelLoadError, read_index
 
 
-@pytest.mark.parametrize("start", [b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8", b"PK\x03\x04\x00\x00\x00\x00\x08\x00"],
-                         ids=["pickle", "zip"])
+@pytest.mark.parametrize(
+    "start",
+    [b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8", b"PK\x03\x04\x00\x00\x00\x00\x08\x00"],
+    ids=["pickle", "zip"],
+)
 def test_pickles_named_safetensors_are_refused(start: bytes, tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     path.write_bytes(start + b"\x00" * 64)

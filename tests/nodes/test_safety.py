@@ -44,9 +44,12 @@ def ctx(make_ctx: Any, model_folders: Any, safety_dir: Path) -> Any:
     return make_ctx()
 
 
-def _run(ctx: Any, images: torch.Tensor, model: str, action: str, sensitivity: float = 0.5) -> tuple[torch.Tensor, list]:
-    out = SafetyChecker().run(ctx, images=images, sensitivity=sensitivity, action=action,
-                              safety_model=f"{model}/model.safetensors")
+def _run(
+    ctx: Any, images: torch.Tensor, model: str, action: str, sensitivity: float = 0.5
+) -> tuple[torch.Tensor, list]:
+    out = SafetyChecker().run(
+        ctx, images=images, sensitivity=sensitivity, action=action, safety_model=f"{model}/model.safetensors"
+    )
     assert out.ui is not None
     return out.values[0], out.ui["safety"]
 
@@ -129,7 +132,9 @@ def test_enforce_guard_replaces_previews_and_encoded_files(ctx: Any, safety_dir:
     assert any(x["kind"] == "safety" for x in ctx.models.stats()["loads"])
 
 
-def test_enforce_refuses_without_a_model_or_with_mark_only(manager: Any, tmp_path: Path, safety_dir: Path) -> None:
+def test_enforce_refuses_without_a_model_or_with_mark_only(
+    manager: Any, tmp_path: Path, safety_dir: Path
+) -> None:
     from engine.folders import ModelFolders
 
     empty = ModelFolders(tmp_path / "models")

@@ -52,14 +52,28 @@ def make_executor(models_dir: Path, work: Path, *, guard_model: str | None = Non
     folders.ensure()
     registry = NodeRegistry()
     register_core(registry, files)
-    for group in (SAMPLING_NODES, CONDITIONING_NODES, LATENT_NODES, IMAGE_NODES, CLIP_VISION_NODES,
-                  IPADAPTER_NODES, SAFETY_NODES):
+    for group in (
+        SAMPLING_NODES,
+        CONDITIONING_NODES,
+        LATENT_NODES,
+        IMAGE_NODES,
+        CLIP_VISION_NODES,
+        IPADAPTER_NODES,
+        SAFETY_NODES,
+    ):
         for node in group:
             if node.SCHEMA.node_id not in registry:
                 registry.register(node)
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     guard = build_guard("enforce", files, manager, model_name=guard_model) if guard_model else None
-    return Executor(registry, OutputCache(1 << 30), folders, models=manager, settings=RunSettings(**settings), image_guard=guard)
+    return Executor(
+        registry,
+        OutputCache(1 << 30),
+        folders,
+        models=manager,
+        settings=RunSettings(**settings),
+        image_guard=guard,
+    )
 
 
 def run(executor: Any, prompt: dict) -> Any:
@@ -87,7 +101,9 @@ def test_example_workflow_runs(name: str, demo_models: Path, tmp_path: Path) -> 
         assert "clip_vision" in [x["kind"] for x in result.memory["loads"]]
 
 
-def test_enforce_replaces_saved_images_and_previews_without_the_node(demo_models: Path, tmp_path: Path) -> None:
+def test_enforce_replaces_saved_images_and_previews_without_the_node(
+    demo_models: Path, tmp_path: Path
+) -> None:
     from engine import events as ev
 
     prompt = json.loads((WORKFLOWS / "txt2img.api.json").read_text())
@@ -117,7 +133,9 @@ def test_off_and_node_policies_leave_images_alone(demo_models: Path, tmp_path: P
     assert off.outputs["20"]["safety"][0]["checked"] is False and _saved(tmp_path / "off", off).max() > 0
     assert "safety" not in [x["kind"] for x in off.memory["loads"]]
     (image,) = off.outputs["9"]["images"]
-    assert not was_checked(tmp_path / "off" / "output" / image["subfolder"] / image["filename"])  # /view checks it
+    assert not was_checked(
+        tmp_path / "off" / "output" / image["subfolder"] / image["filename"]
+    )  # /view checks it
 
 
 def executor_request() -> Any:

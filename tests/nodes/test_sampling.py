@@ -37,8 +37,14 @@ def _empty(ctx: Any, batch: int = 1, width: int = SIZE) -> dict:
 
 def _ksampler(ctx: Any, ck: Any, latent: dict, **kw: Any) -> dict:
     args: dict[str, Any] = dict(
-        seed=42, steps=3, cfg=7.5, sampler_name="euler", scheduler="normal", denoise=1.0,
-        positive=_encode(ctx, ck.clip, "a photo of a cat"), negative=_encode(ctx, ck.clip, "blurry"),
+        seed=42,
+        steps=3,
+        cfg=7.5,
+        sampler_name="euler",
+        scheduler="normal",
+        denoise=1.0,
+        positive=_encode(ctx, ck.clip, "a photo of a cat"),
+        negative=_encode(ctx, ck.clip, "blurry"),
     )
     args.update(kw)
     return KSampler().run(ctx, model=ck.unet, latent_image=latent, **args)[0]
@@ -46,9 +52,17 @@ def _ksampler(ctx: Any, ck: Any, latent: dict, **kw: Any) -> dict:
 
 def _advanced(ctx: Any, ck: Any, latent: dict, **kw: Any) -> dict:
     args: dict[str, Any] = dict(
-        add_noise="enable", noise_seed=42, steps=4, cfg=7.5, sampler_name="euler", scheduler="normal",
-        positive=_encode(ctx, ck.clip, "a photo of a cat"), negative=_encode(ctx, ck.clip, "blurry"),
-        start_at_step=0, end_at_step=10000, return_with_leftover_noise="disable",
+        add_noise="enable",
+        noise_seed=42,
+        steps=4,
+        cfg=7.5,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=_encode(ctx, ck.clip, "a photo of a cat"),
+        negative=_encode(ctx, ck.clip, "blurry"),
+        start_at_step=0,
+        end_at_step=10000,
+        return_with_leftover_noise="disable",
     )
     args.update(kw)
     return KSamplerAdvanced().run(ctx, model=ck.unet, latent_image=latent, **args)[0]
@@ -56,11 +70,34 @@ def _advanced(ctx: Any, ck: Any, latent: dict, **kw: Any) -> dict:
 
 def test_inputs_are_exactly_comfyuis() -> None:
     names = [i.name for i in KSampler.SCHEMA.inputs]
-    assert names == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
-                     "latent_image", "denoise"]
+    assert names == [
+        "model",
+        "seed",
+        "steps",
+        "cfg",
+        "sampler_name",
+        "scheduler",
+        "positive",
+        "negative",
+        "latent_image",
+        "denoise",
+    ]
     adv = [i.name for i in KSamplerAdvanced.SCHEMA.inputs]
-    assert adv == ["model", "add_noise", "noise_seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
-                   "negative", "latent_image", "start_at_step", "end_at_step", "return_with_leftover_noise"]
+    assert adv == [
+        "model",
+        "add_noise",
+        "noise_seed",
+        "steps",
+        "cfg",
+        "sampler_name",
+        "scheduler",
+        "positive",
+        "negative",
+        "latent_image",
+        "start_at_step",
+        "end_at_step",
+        "return_with_leftover_noise",
+    ]
     sampler = KSampler.SCHEMA.input("sampler_name")
     assert sampler is not None and len(sampler.options or ()) == 44
 
@@ -77,7 +114,10 @@ def pair_run(sd15: Any, model_folders_module: Any, tmp_path_factory: pytest.Temp
     folders = Folders(root / "input", root / "output", root / "temp", model_files=model_folders_module)
     folders.ensure()
     ctx = NodeContext(node_id="1", prompt_id="pairs", folders=folders, models=manager, settings=RunSettings())
-    conds = {"positive": _encode(ctx, sd15.clip, "a photo of a cat"), "negative": _encode(ctx, sd15.clip, "blurry")}
+    conds = {
+        "positive": _encode(ctx, sd15.clip, "a photo of a cat"),
+        "negative": _encode(ctx, sd15.clip, "blurry"),
+    }
     yield ctx, conds
     manager.close()
 
@@ -91,7 +131,9 @@ def model_folders_module(models_dir: Any) -> Any:
 
 @pytest.mark.parametrize("scheduler", SCHEDULER_NAMES)
 @pytest.mark.parametrize("sampler", SAMPLER_NAMES)
-def test_every_sampler_scheduler_pair_gives_an_image(sampler: str, scheduler: str, sd15: Any, pair_run: Any) -> None:
+def test_every_sampler_scheduler_pair_gives_an_image(
+    sampler: str, scheduler: str, sd15: Any, pair_run: Any
+) -> None:
     ctx, conds = pair_run
     out = _ksampler(ctx, sd15, _empty(ctx), sampler_name=sampler, scheduler=scheduler, steps=3, **conds)
     image = VAEDecode().run(ctx, samples=out, vae=sd15.vae)[0]
@@ -119,8 +161,12 @@ def test_batch_items_match_their_batch_index(sd15: Any, ctx: Any) -> None:
 
 def test_cfg_one_skips_the_negative(sd15: Any, ctx: Any) -> None:
     a = _ksampler(ctx, sd15, _empty(ctx), cfg=1.0)
-    b = _ksampler(ctx, sd15, _empty(ctx), cfg=1.0, negative=_encode(ctx, sd15.clip, "something else entirely"))
-    c = _ksampler(ctx, sd15, _empty(ctx), cfg=1.5, negative=_encode(ctx, sd15.clip, "something else entirely"))
+    b = _ksampler(
+        ctx, sd15, _empty(ctx), cfg=1.0, negative=_encode(ctx, sd15.clip, "something else entirely")
+    )
+    c = _ksampler(
+        ctx, sd15, _empty(ctx), cfg=1.5, negative=_encode(ctx, sd15.clip, "something else entirely")
+    )
     assert torch.equal(a["samples"], b["samples"])
     assert not torch.allclose(a["samples"], c["samples"])
 
@@ -145,13 +191,15 @@ def test_denoise_zero_returns_the_latent_and_low_denoise_stays_close(sd15: Any, 
     assert torch.equal(same["samples"], start["samples"])
     light = _ksampler(ctx, sd15, start, denoise=0.2, seed=7)
     heavy = _ksampler(ctx, sd15, start, denoise=1.0, seed=7)
-    assert (light["samples"] - start["samples"]).abs().mean() < (heavy["samples"] - start["samples"]).abs().mean()
+    assert (light["samples"] - start["samples"]).abs().mean() < (
+        heavy["samples"] - start["samples"]
+    ).abs().mean()
 
 
 def test_noise_mask_keeps_the_latent_outside(sd15: Any, ctx: Any) -> None:
     start = _ksampler(ctx, sd15, _empty(ctx))
     mask = torch.zeros(1, SIZE, SIZE)
-    mask[:, :, SIZE // 2:] = 1.0
+    mask[:, :, SIZE // 2 :] = 1.0
     out = _ksampler(ctx, sd15, {**start, "noise_mask": mask}, seed=9)
     left, right = slice(0, SIZE // 16), slice(SIZE // 16 + 1, SIZE // 8)
     torch.testing.assert_close(out["samples"][..., left], start["samples"][..., left], atol=1e-3, rtol=1e-4)
@@ -160,8 +208,9 @@ def test_noise_mask_keeps_the_latent_outside(sd15: Any, ctx: Any) -> None:
 
 def test_area_conditioning_changes_only_near_its_area(sd15: Any, ctx: Any) -> None:
     base = _encode(ctx, sd15.clip, "a photo of a cat")
-    area = ConditioningSetArea().run(ctx, conditioning=_encode(ctx, sd15.clip, "a red ball"), width=32, height=32,
-                                     x=0, y=0, strength=1.0)[0]
+    area = ConditioningSetArea().run(
+        ctx, conditioning=_encode(ctx, sd15.clip, "a red ball"), width=32, height=32, x=0, y=0, strength=1.0
+    )[0]
     plain = _ksampler(ctx, sd15, _empty(ctx), positive=base)
     mixed = _ksampler(ctx, sd15, _empty(ctx), positive=base + area)
     assert not torch.allclose(plain["samples"], mixed["samples"])

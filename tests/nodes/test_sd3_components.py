@@ -33,13 +33,25 @@ def test_key_table_round_trips_and_equals_diffusers_converter(variant: str) -> N
     kind = SD3Transformer()
     original = kind.to_original(model.state_dict(), model.config)
     assert "joint_blocks.2.context_block.attn.qkv.weight" in original
-    assert "joint_blocks.2.context_block.mlp.fc1.weight" not in original  # the last context stream is pre-only
+    assert (
+        "joint_blocks.2.context_block.mlp.fc1.weight" not in original
+    )  # the last context stream is pre-only
     assert ("joint_blocks.0.x_block.attn2.qkv.weight" in original) is bool(VARIANTS[variant]["dual"])
     prefixed = {f"model.diffusion_model.{k}": v for k, v in original.items()}
     config = kind.config_from_tensors(index_of(prefixed), "model.diffusion_model.")
-    for key in ("patch_size", "in_channels", "num_layers", "attention_head_dim", "num_attention_heads",
-                "joint_attention_dim", "caption_projection_dim", "pooled_projection_dim", "pos_embed_max_size",
-                "qk_norm", "out_channels"):
+    for key in (
+        "patch_size",
+        "in_channels",
+        "num_layers",
+        "attention_head_dim",
+        "num_attention_heads",
+        "joint_attention_dim",
+        "caption_projection_dim",
+        "pooled_projection_dim",
+        "pos_embed_max_size",
+        "qk_norm",
+        "out_channels",
+    ):
         assert config[key] == model.config[key], key
     assert tuple(config["dual_attention_layers"]) == tuple(model.config.dual_attention_layers)
     expected = model.state_dict()
@@ -55,15 +67,21 @@ def test_pre_only_and_final_modulations_swap_shift_and_scale() -> None:
     model = demo_sd3_transformer()
     original = SD3Transformer().to_original(model.state_dict(), model.config)
     sd = model.state_dict()
-    for file_key, module_key in (("final_layer.adaLN_modulation.1.weight", "norm_out.linear.weight"),
-                                 ("joint_blocks.2.context_block.adaLN_modulation.1.weight",
-                                  "transformer_blocks.2.norm1_context.linear.weight")):
+    for file_key, module_key in (
+        ("final_layer.adaLN_modulation.1.weight", "norm_out.linear.weight"),
+        (
+            "joint_blocks.2.context_block.adaLN_modulation.1.weight",
+            "transformer_blocks.2.norm1_context.linear.weight",
+        ),
+    ):
         shift, scale = original[file_key].chunk(2)
         d_scale, d_shift = sd[module_key].chunk(2)
         assert torch.equal(shift, d_shift) and torch.equal(scale, d_scale)
     # earlier blocks' context modulation (6 chunks) is stored as is
-    assert torch.equal(original["joint_blocks.1.context_block.adaLN_modulation.1.weight"],
-                       sd["transformer_blocks.1.norm1_context.linear.weight"])
+    assert torch.equal(
+        original["joint_blocks.1.context_block.adaLN_modulation.1.weight"],
+        sd["transformer_blocks.1.norm1_context.linear.weight"],
+    )
 
 
 @pytest.mark.parametrize("size", [(8, 8), (7, 9)], ids=["even", "odd"])
@@ -80,13 +98,22 @@ def test_built_module_equals_diffusers_model(size: tuple[int, int]) -> None:
     kind = SD3Transformer()
     original = kind.to_original(model.state_dict(), model.config)
     config = kind.config_from_tensors(index_of(original), "")
-    built = assign(Part.make("unet", kind, "", "transformer", config), kind.to_diffusers(original, config), "test")
+    built = assign(
+        Part.make("unet", kind, "", "transformer", config), kind.to_diffusers(original, config), "test"
+    )
     x = torch.randn(1, 16, *size)
     entry = CondEntry(embeds=torch.randn(1, 9, 64), pooled=torch.randn(1, 64))
-    ours = kind.forward(built, x, torch.tensor([700.0]), kind.conditioning([entry], 1, (size[0] * 8, size[1] * 8)))
+    ours = kind.forward(
+        built, x, torch.tensor([700.0]), kind.conditioning([entry], 1, (size[0] * 8, size[1] * 8))
+    )
     padded = F.pad(x, (0, size[1] % 2, 0, size[0] % 2), mode="circular")
-    ref = model(hidden_states=padded, encoder_hidden_states=entry.embeds, pooled_projections=entry.pooled,
-                timestep=torch.tensor([700.0]), return_dict=False)[0][..., :size[0], :size[1]]
+    ref = model(
+        hidden_states=padded,
+        encoder_hidden_states=entry.embeds,
+        pooled_projections=entry.pooled,
+        timestep=torch.tensor([700.0]),
+        return_dict=False,
+    )[0][..., : size[0], : size[1]]
     assert ours.shape == x.shape
     assert torch.allclose(ours, ref, atol=1e-6)
 
@@ -98,21 +125,50 @@ def test_block_skip_skips_those_joint_blocks() -> None:
     model = demo_sd3_transformer()
     kind = SD3Transformer()
     x = torch.randn(1, 16, 8, 8)
-    cond = kind.conditioning([CondEntry(embeds=torch.randn(1, 9, 64), pooled=torch.randn(1, 64))], 1, (64, 64))
-    skipped = kind.forward(model, x, torch.tensor([500.0]), cond | {"transformer_options": {"block_skip": BlockSkip((1,))}})
-    ref = model(hidden_states=x, timestep=torch.tensor([500.0]), skip_layers=[1], return_dict=False, **cond)[0]
+    cond = kind.conditioning(
+        [CondEntry(embeds=torch.randn(1, 9, 64), pooled=torch.randn(1, 64))], 1, (64, 64)
+    )
+    skipped = kind.forward(
+        model, x, torch.tensor([500.0]), cond | {"transformer_options": {"block_skip": BlockSkip((1,))}}
+    )
+    ref = model(hidden_states=x, timestep=torch.tensor([500.0]), skip_layers=[1], return_dict=False, **cond)[
+        0
+    ]
     assert torch.allclose(skipped, ref, atol=1e-6)
     assert not torch.allclose(skipped, kind.forward(model, x, torch.tensor([500.0]), cond), atol=1e-4)
 
 
 FULL_SIZE = {  # the released transformers' diffusers configs; (original, diffusers) tensor counts
-    "sd3_medium": ({"num_layers": 24, "num_attention_heads": 24, "caption_projection_dim": 1536,
-                    "pos_embed_max_size": 192}, (491, 683)),
-    "sd35_large": ({"num_layers": 38, "num_attention_heads": 38, "caption_projection_dim": 2432,
-                    "pos_embed_max_size": 192, "qk_norm": "rms_norm"}, (923, 1227)),
-    "sd35_medium": ({"num_layers": 24, "num_attention_heads": 24, "caption_projection_dim": 1536,
-                     "pos_embed_max_size": 384, "qk_norm": "rms_norm", "dual_attention_layers": tuple(range(13))},
-                    (665, 909)),
+    "sd3_medium": (
+        {
+            "num_layers": 24,
+            "num_attention_heads": 24,
+            "caption_projection_dim": 1536,
+            "pos_embed_max_size": 192,
+        },
+        (491, 683),
+    ),
+    "sd35_large": (
+        {
+            "num_layers": 38,
+            "num_attention_heads": 38,
+            "caption_projection_dim": 2432,
+            "pos_embed_max_size": 192,
+            "qk_norm": "rms_norm",
+        },
+        (923, 1227),
+    ),
+    "sd35_medium": (
+        {
+            "num_layers": 24,
+            "num_attention_heads": 24,
+            "caption_projection_dim": 1536,
+            "pos_embed_max_size": 384,
+            "qk_norm": "rms_norm",
+            "dual_attention_layers": tuple(range(13)),
+        },
+        (665, 909),
+    ),
 }
 
 
@@ -124,18 +180,29 @@ def test_full_size_key_table_on_meta_device(variant: str) -> None:
 
     overrides, (n_original, n_diffusers) = FULL_SIZE[variant]
     with init_empty_weights(include_buffers=True):
-        model = SD3Transformer2DModel(sample_size=128, patch_size=2, in_channels=16, attention_head_dim=64,
-                                      joint_attention_dim=4096, pooled_projection_dim=2048, out_channels=16,
-                                      **overrides)
+        model = SD3Transformer2DModel(
+            sample_size=128,
+            patch_size=2,
+            in_channels=16,
+            attention_head_dim=64,
+            joint_attention_dim=4096,
+            pooled_projection_dim=2048,
+            out_channels=16,
+            **overrides,
+        )
     kind = SD3Transformer()
-    original = {f"model.diffusion_model.{k}": v for k, v in kind.to_original(model.state_dict(), model.config).items()}
+    original = {
+        f"model.diffusion_model.{k}": v for k, v in kind.to_original(model.state_dict(), model.config).items()
+    }
     assert (len(original), len(model.state_dict())) == (n_original, n_diffusers)
     config = kind.config_from_tensors(index_of(original, f"{variant}.safetensors"), "model.diffusion_model.")
     for key, value in overrides.items():
         assert config[key] == (list(value) if isinstance(value, tuple) else value), key
     assert config["attention_head_dim"] == 64
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    back = kind.to_diffusers({k.removeprefix("model.diffusion_model."): v for k, v in original.items()}, config)
+    back = kind.to_diffusers(
+        {k.removeprefix("model.diffusion_model."): v for k, v in original.items()}, config
+    )
     assert {k: tuple(v.shape) for k, v in back.items()} == expected
     theirs = convert_sd3_transformer_checkpoint_to_diffusers(dict(original))
     assert {k: tuple(v.shape) for k, v in theirs.items()} == expected
@@ -154,7 +221,10 @@ def test_clip_g_file_is_recognised_and_round_trips(tmp_path: Path) -> None:
     from nodes.weights import read_index
 
     modules = demo_sd3_modules()
-    save_file({k: v.contiguous() for k, v in sd3_files(modules)[DEMO_SD3_CLIP_G].items()}, str(tmp_path / "g.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in sd3_files(modules)[DEMO_SD3_CLIP_G].items()},
+        str(tmp_path / "g.safetensors"),
+    )
     index = read_index(tmp_path / "g.safetensors")
     name, prefix = standalone_text_encoder(index)
     assert (name, prefix) == ("clip_g", "")
@@ -162,15 +232,22 @@ def test_clip_g_file_is_recognised_and_round_trips(tmp_path: Path) -> None:
     assert part.config["hidden_act"] == "gelu" and part.config["projection_dim"] == 32
     built = build_from_single_file(part, index)
     expected = modules["clip_g"].state_dict()
-    assert all(torch.equal(built.state_dict()[k], v) for k, v in expected.items() if not k.endswith("position_ids"))
+    assert all(
+        torch.equal(built.state_dict()[k], v) for k, v in expected.items() if not k.endswith("position_ids")
+    )
 
 
 def test_merge_block_names_follow_the_file_layout() -> None:
     model = demo_sd3_transformer()
     names = SD3Transformer().original_names(list(model.state_dict()), model.config)
-    assert names["transformer_blocks.1.attn.add_k_proj.weight"] == "joint_blocks.1.context_block.attn.qkv.weight"
+    assert (
+        names["transformer_blocks.1.attn.add_k_proj.weight"] == "joint_blocks.1.context_block.attn.qkv.weight"
+    )
     assert names["transformer_blocks.0.attn2.to_q.bias"] == "joint_blocks.0.x_block.attn2.qkv.bias"
-    assert names["pos_embed.proj.weight"] == "x_embedder.proj.weight" and names["pos_embed.pos_embed"] == "pos_embed"
+    assert (
+        names["pos_embed.proj.weight"] == "x_embedder.proj.weight"
+        and names["pos_embed.pos_embed"] == "pos_embed"
+    )
     assert names["norm_out.linear.weight"] == "final_layer.adaLN_modulation.1.weight"
 
 
@@ -180,7 +257,11 @@ def test_wrong_conditioning_teaches_the_sd3_loaders() -> None:
 
     model, kind = demo_sd3_transformer(), SD3Transformer()
     with pytest.raises(ConditioningError, match="expects 64.*TripleCLIPLoader"):
-        kind.check_conditioning(model, [CondEntry(embeds=torch.zeros(1, 77, 768), pooled=torch.zeros(1, 64))], "positive")
+        kind.check_conditioning(
+            model, [CondEntry(embeds=torch.zeros(1, 77, 768), pooled=torch.zeros(1, 64))], "positive"
+        )
     with pytest.raises(ConditioningError, match="pooled vector"):
         kind.check_conditioning(model, [CondEntry(embeds=torch.zeros(1, 77, 64), pooled=None)], "negative")
-    kind.check_conditioning(model, [CondEntry(embeds=torch.zeros(1, 5, 64), pooled=torch.zeros(1, 64))], "positive")
+    kind.check_conditioning(
+        model, [CondEntry(embeds=torch.zeros(1, 5, 64), pooled=torch.zeros(1, 64))], "positive"
+    )

@@ -63,10 +63,16 @@ def _pipeline(modules: dict[str, Any]) -> Any:
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
     pipe: Any = StableDiffusion3Pipeline(
-        transformer=modules["unet"], scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=modules["vae"],
-        text_encoder=clip_l_with_identity_projection(modules["clip_l"]), tokenizer=load_tokenizer("clip_tokenizer"),
-        text_encoder_2=modules["clip_g"], tokenizer_2=load_tokenizer("clip_tokenizer_2"),
-        text_encoder_3=modules["t5xxl"], tokenizer_3=load_t5_tokenizer())
+        transformer=modules["unet"],
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=modules["vae"],
+        text_encoder=clip_l_with_identity_projection(modules["clip_l"]),
+        tokenizer=load_tokenizer("clip_tokenizer"),
+        text_encoder_2=modules["clip_g"],
+        tokenizer_2=load_tokenizer("clip_tokenizer_2"),
+        text_encoder_3=modules["t5xxl"],
+        tokenizer_3=load_t5_tokenizer(),
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -85,22 +91,51 @@ def test_sd3_txt2img_matches_stable_diffusion_3_pipeline(sd3_dir: Any, make_ctx:
     pos = CLIPTextEncode().run(ctx, text=PROMPT, clip=clip)[0]
     neg = CLIPTextEncode().run(ctx, text=NEGATIVE, clip=clip)[0]
     latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=CFG, sampler_name="euler", scheduler="normal",
-                         positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]
+    out = KSampler().run(
+        ctx,
+        model=model,
+        seed=SEED,
+        steps=STEPS,
+        cfg=CFG,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]
 
     pipe = _pipeline(modules)
     noise = prepare_noise(latent["samples"], SEED)
-    embeds = {"prompt_embeds": pos[0].embeds, "pooled_prompt_embeds": pos[0].pooled,
-              "negative_prompt_embeds": neg[0].embeds, "negative_pooled_prompt_embeds": neg[0].pooled}
-    ref = pipe(**embeds, height=SIZE, width=SIZE, num_inference_steps=STEPS, guidance_scale=CFG, latents=noise,
-               output_type="latent").images
+    embeds = {
+        "prompt_embeds": pos[0].embeds,
+        "pooled_prompt_embeds": pos[0].pooled,
+        "negative_prompt_embeds": neg[0].embeds,
+        "negative_pooled_prompt_embeds": neg[0].pooled,
+    }
+    ref = pipe(
+        **embeds,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=CFG,
+        latents=noise,
+        output_type="latent",
+    ).images
     mine = model.latent_format.process_in(out["samples"])
     assert (mine - ref).abs().max() < 1e-4  # measured 1.4e-6
     assert (mine - noise).abs().max() > 0.1  # the model moved the latent
 
     image = VAEDecode().run(ctx, samples=out, vae=open_vae(root / DEMO_SD3_VAE))[0]
-    ref_image = pipe(**embeds, height=SIZE, width=SIZE, num_inference_steps=STEPS, guidance_scale=CFG, latents=noise,
-                     output_type="pt").images
+    ref_image = pipe(
+        **embeds,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        guidance_scale=CFG,
+        latents=noise,
+        output_type="pt",
+    ).images
     assert image.shape == (1, SIZE, SIZE, 3)
     assert (image - ref_image.permute(0, 2, 3, 1)).abs().max() < 1e-4  # measured 3e-6
 
@@ -109,8 +144,9 @@ def test_sd3_text_encoding_matches_pipeline_at_comfyui_length(sd3_dir: Any, make
     root, modules = sd3_dir
     (entry,) = CLIPTextEncode().run(make_ctx(), text=PROMPT, clip=_clip(root))[0]
     pipe = _pipeline(modules)
-    embeds, _, pooled, _ = pipe.encode_prompt(PROMPT, PROMPT, PROMPT, do_classifier_free_guidance=False,
-                                              max_sequence_length=77)
+    embeds, _, pooled, _ = pipe.encode_prompt(
+        PROMPT, PROMPT, PROMPT, do_classifier_free_guidance=False, max_sequence_length=77
+    )
     assert entry.embeds.shape == (1, 77 + 77, 64)  # CLIP tokens, then T5's padded to 77 (diffusers: 256)
     torch.testing.assert_close(entry.embeds, embeds, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entry.pooled, pooled, atol=1e-5, rtol=1e-5)

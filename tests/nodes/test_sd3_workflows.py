@@ -57,7 +57,10 @@ def test_sd35_workflow_runs(name: str, demo_models: Path, tmp_path: Path) -> Non
 
 def _separate_files(prompt: dict, clip_node: dict) -> dict:
     prompt = dict(prompt)
-    prompt["12"] = {"class_type": "UNETLoader", "inputs": {"unet_name": DEMO_SD3_MMDIT, "weight_dtype": "default"}}
+    prompt["12"] = {
+        "class_type": "UNETLoader",
+        "inputs": {"unet_name": DEMO_SD3_MMDIT, "weight_dtype": "default"},
+    }
     prompt["10"] = {"class_type": "VAELoader", "inputs": {"vae_name": DEMO_SD3_VAE}}
     prompt["11"] = clip_node
     del prompt["4"]
@@ -68,8 +71,14 @@ def _separate_files(prompt: dict, clip_node: dict) -> dict:
 
 def test_separate_files_chain_runs(demo_models: Path, tmp_path: Path) -> None:
     prompt = json.loads((WORKFLOWS / "sd35.api.json").read_text())
-    triple = {"class_type": "TripleCLIPLoader", "inputs": {"clip_name1": DEMO_SD3_T5XXL, "clip_name2": DEMO_SD3_CLIP_L,
-                                                            "clip_name3": DEMO_SD3_CLIP_G}}  # any order
+    triple = {
+        "class_type": "TripleCLIPLoader",
+        "inputs": {
+            "clip_name1": DEMO_SD3_T5XXL,
+            "clip_name2": DEMO_SD3_CLIP_L,
+            "clip_name3": DEMO_SD3_CLIP_G,
+        },
+    }  # any order
     _image_ok(run(make_executor(demo_models, tmp_path), _separate_files(prompt, triple)), tmp_path)
 
 
@@ -85,8 +94,9 @@ def test_dual_clip_loader_sd3_without_t5_encodes_the_clips_alone(demo_models: Pa
     assert entry.embeds[..., 64:].abs().max() == 0 and entry.embeds[..., :64].abs().max() > 0
 
 
-def test_comfyui_sd3_checkpoint_without_text_encoders_says_use_triple_clip_loader(demo_models: Path,
-                                                                                   tmp_path: Path) -> None:
+def test_comfyui_sd3_checkpoint_without_text_encoders_says_use_triple_clip_loader(
+    demo_models: Path, tmp_path: Path
+) -> None:
     prompt = json.loads((WORKFLOWS / "sd35.api.json").read_text())
     prompt["16"]["inputs"]["clip"] = ["4", 1]  # the checkpoint's (empty) CLIP instead of TripleCLIPLoader's
     result = run(make_executor(demo_models, tmp_path), prompt)
@@ -132,7 +142,8 @@ def test_sd35_ui_format_workflow_converts_to_the_example_and_runs(demo_models: P
     prompt = convert_ui_to_api(ui, executor.registry.object_info())
     expected = json.loads((WORKFLOWS / "sd35.api.json").read_text())
     assert {k: (v["class_type"], v["inputs"]) for k, v in prompt.items()} == {
-        k: (v["class_type"], v["inputs"]) for k, v in expected.items()}
+        k: (v["class_type"], v["inputs"]) for k, v in expected.items()
+    }
     _image_ok(run(executor, prompt), tmp_path)
 
 
@@ -147,7 +158,9 @@ def test_checkpoint_save_writes_comfyuis_sd3_layout(demo_models: Path, make_ctx:
     ctx = make_ctx()
     source = demo_models / "checkpoints" / DEMO_SD35_AIO
     ck = open_checkpoint(source)
-    out = CheckpointSave().run(ctx, model=ck.unet, clip=ck.clip, vae=ck.vae, filename_prefix="checkpoints/sd3")
+    out = CheckpointSave().run(
+        ctx, model=ck.unet, clip=ck.clip, vae=ck.vae, filename_prefix="checkpoints/sd3"
+    )
     saved = out.ui["checkpoints"][0]
     written = load_file(str(ctx.folders.output_dir / saved["subfolder"] / saved["filename"]))
     original = load_file(str(source))

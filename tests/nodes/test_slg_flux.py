@@ -40,8 +40,19 @@ def flux(flux_demo: Path, make_ctx: Any) -> tuple[Any, Any, Any, Any]:
 
 def one_step(ctx: Any, model: Any, pos: Any, neg: Any, cfg: float) -> torch.Tensor:
     latent = {"samples": torch.zeros(1, 16, 8, 8)}
-    return KSampler().run(ctx, model=model, seed=SEED, steps=1, cfg=cfg, sampler_name="euler", scheduler="simple",
-                          positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]["samples"]
+    return KSampler().run(
+        ctx,
+        model=model,
+        seed=SEED,
+        steps=1,
+        cfg=cfg,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]["samples"]
 
 
 @contextmanager
@@ -50,15 +61,18 @@ def without_blocks(module: Any, double: tuple[int, ...], single: tuple[int, ...]
     to skip them)."""
     doubles, singles = module.transformer_blocks, module.single_transformer_blocks
     module.transformer_blocks = torch.nn.ModuleList(b for i, b in enumerate(doubles) if i not in double)
-    module.single_transformer_blocks = torch.nn.ModuleList(b for i, b in enumerate(singles) if i not in single)
+    module.single_transformer_blocks = torch.nn.ModuleList(
+        b for i, b in enumerate(singles) if i not in single
+    )
     try:
         yield
     finally:
         module.transformer_blocks, module.single_transformer_blocks = doubles, singles
 
 
-def denoised(ctx: Any, model: Any, cond: Any, skipped: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-             ) -> torch.Tensor:
+def denoised(
+    ctx: Any, model: Any, cond: Any, skipped: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+) -> torch.Tensor:
     """The denoised estimate at the first step (sigma 1) for one conditioning, by a direct call."""
     sigma = torch.tensor([1.0])
     x = initial_noise({"samples": torch.zeros(1, 16, 8, 8)}, SEED)  # noise at sigma 1 is the model input
@@ -85,8 +99,16 @@ def test_plain_one_step_equals_the_direct_computation(flux: Any) -> None:
 
 def test_slg_scale_zero_is_plain_sampling(flux: Any) -> None:
     ctx, model, pos, neg = flux
-    slg = SkipLayerGuidanceDiT().run(ctx, model=model, double_layers="0", single_layers="0", scale=0.0,
-                                     start_percent=0.0, end_percent=1.0, rescaling_scale=0.0)[0]
+    slg = SkipLayerGuidanceDiT().run(
+        ctx,
+        model=model,
+        double_layers="0",
+        single_layers="0",
+        scale=0.0,
+        start_percent=0.0,
+        end_percent=1.0,
+        rescaling_scale=0.0,
+    )[0]
     assert torch.equal(one_step(ctx, slg, pos, neg, 1.0), one_step(ctx, model, pos, neg, 1.0))
 
 
@@ -94,8 +116,16 @@ def test_slg_scale_zero_is_plain_sampling(flux: Any) -> None:
 def test_slg_adds_scale_times_the_skipped_difference(double: str, single: str, flux: Any) -> None:
     ctx, model, pos, neg = flux
     scale = 2.0
-    slg = SkipLayerGuidanceDiT().run(ctx, model=model, double_layers=double, single_layers=single, scale=scale,
-                                     start_percent=0.0, end_percent=1.0, rescaling_scale=0.0)[0]
+    slg = SkipLayerGuidanceDiT().run(
+        ctx,
+        model=model,
+        double_layers=double,
+        single_layers=single,
+        scale=scale,
+        start_percent=0.0,
+        end_percent=1.0,
+        rescaling_scale=0.0,
+    )[0]
     skipped = (tuple(int(i) for i in double.split(",") if i), tuple(int(i) for i in single.split(",") if i))
     d_cond = denoised(ctx, model, pos)
     d_skip = denoised(ctx, model, pos, skipped)
@@ -108,8 +138,9 @@ def test_slg_adds_scale_times_the_skipped_difference(double: str, single: str, f
 def test_slg_simple_skips_blocks_in_the_negative_branch_only(flux: Any) -> None:
     ctx, model, pos, neg = flux
     cfg = 3.0
-    simple = SkipLayerGuidanceDiTSimple().run(ctx, model=model, double_layers="0", single_layers="1",
-                                              start_percent=0.0, end_percent=1.0)[0]
+    simple = SkipLayerGuidanceDiTSimple().run(
+        ctx, model=model, double_layers="0", single_layers="1", start_percent=0.0, end_percent=1.0
+    )[0]
     d_cond = denoised(ctx, model, pos)
     d_uncond_skip = denoised(ctx, model, neg, ((0,), (1,)))
     expected = latent_of(model, d_uncond_skip + cfg * (d_cond - d_uncond_skip))

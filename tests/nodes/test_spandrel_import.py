@@ -13,7 +13,9 @@ from nodes.spandrel_import import INSTALL_HINT, import_spandrel
 from nodes.weights import ModelLoadError
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed here")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed here"
+)
 def test_spandrel_imports_without_torchvision_and_leaves_none_behind() -> None:
     spandrel = import_spandrel()
     assert hasattr(spandrel, "ModelLoader")
@@ -28,8 +30,9 @@ def test_spandrel_imports_without_torchvision_and_leaves_none_behind() -> None:
 def test_a_missing_spandrel_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "spandrel", raising=False)
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "spandrel" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "spandrel" else real_find_spec(name, *a)
+    )
     with pytest.raises(ModelLoadError, match="not installed") as missing:
         import_spandrel()
     assert INSTALL_HINT in str(missing.value)

@@ -46,8 +46,19 @@ def with_budget(ctx: Any, manager: ModelManager, budget: DeviceBudget) -> Any:
 
 
 def ksample(ctx: Any, model: Any, pos: Any, neg: Any, latent: Any, steps: int = 3) -> torch.Tensor:
-    return KSampler().run(ctx, model=model, seed=5, steps=steps, cfg=3.0, sampler_name="euler", scheduler="normal",
-                          positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]["samples"]
+    return KSampler().run(
+        ctx,
+        model=model,
+        seed=5,
+        steps=steps,
+        cfg=3.0,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]["samples"]
 
 
 def streaming_record(manager: ModelManager, handle: Any) -> dict[str, Any]:
@@ -56,7 +67,8 @@ def streaming_record(manager: ModelManager, handle: Any) -> dict[str, Any]:
 
 
 def test_sd15_unet_streamed_one_block_at_a_time_is_bit_identical(
-        tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager) -> None:
+    tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager
+) -> None:
     torch.set_num_threads(1)
     ckpt = open_checkpoint(tiny_sd15_ckpt)
     ctx = make_ctx()
@@ -78,11 +90,13 @@ def test_sd15_unet_streamed_one_block_at_a_time_is_bit_identical(
 
 
 def test_flux_transformer_streams_its_declared_block_stack_bit_identically(
-        flux_demo: Path, make_ctx: Any, streamed_manager: ModelManager) -> None:
+    flux_demo: Path, make_ctx: Any, streamed_manager: ModelManager
+) -> None:
     torch.set_num_threads(1)
     ctx = make_ctx()
-    clip = open_text_encoders([flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L],
-                              "flux")
+    clip = open_text_encoders(
+        [flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L], "flux"
+    )
     pos = CLIPTextEncode().run(ctx, text="a cat on a roof", clip=clip)[0]
     neg = CLIPTextEncode().run(ctx, text="blurry", clip=clip)[0]
     model = open_diffusion_model(flux_demo / "diffusion_models" / DEMO_FLUX_DEV)
@@ -99,14 +113,17 @@ def test_flux_transformer_streams_its_declared_block_stack_bit_identically(
 
 
 def test_flux_text_encoders_streamed_give_identical_embeddings(
-        flux_demo: Path, make_ctx: Any, streamed_manager: ModelManager) -> None:
+    flux_demo: Path, make_ctx: Any, streamed_manager: ModelManager
+) -> None:
     torch.set_num_threads(1)
     ctx = make_ctx()
-    clip = open_text_encoders([flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L],
-                              "flux")
+    clip = open_text_encoders(
+        [flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L], "flux"
+    )
     resident = CLIPTextEncode().run(ctx, text="a lighthouse at dusk", clip=clip)[0]
-    streamed = CLIPTextEncode().run(with_budget(ctx, streamed_manager, one_block_budget(clip)),
-                                    text="a lighthouse at dusk", clip=clip)[0]
+    streamed = CLIPTextEncode().run(
+        with_budget(ctx, streamed_manager, one_block_budget(clip)), text="a lighthouse at dusk", clip=clip
+    )[0]
 
     for r, s in zip(resident, streamed, strict=True):
         assert torch.equal(s.embeds, r.embeds)
@@ -123,7 +140,9 @@ def test_a_model_that_fits_is_not_split(tiny_sd15_ckpt: Path, streamed_manager: 
     assert streamed_manager.stats()["streaming"] == []
 
 
-def test_dropping_a_streamed_model_stops_its_streaming(tiny_sd15_ckpt: Path, streamed_manager: ModelManager) -> None:
+def test_dropping_a_streamed_model_stops_its_streaming(
+    tiny_sd15_ckpt: Path, streamed_manager: ModelManager
+) -> None:
     ckpt = open_checkpoint(tiny_sd15_ckpt)
     streamed_manager.device_budget = one_block_budget(ckpt.unet)
     with streamed_manager.use(ckpt.unet) as module:
@@ -136,7 +155,8 @@ def test_dropping_a_streamed_model_stops_its_streaming(tiny_sd15_ckpt: Path, str
 
 
 def test_a_run_interrupted_inside_a_streamed_block_leaves_the_next_run_exact(
-        tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager) -> None:
+    tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager
+) -> None:
     torch.set_num_threads(1)
     ckpt = open_checkpoint(tiny_sd15_ckpt)
     ctx = make_ctx()
@@ -166,7 +186,7 @@ def test_a_cpu_copy_keeps_the_weights_offset_from_a_64_byte_boundary() -> None:
 
     backing = torch.randn(1000)
     for start in (0, 1, 10, 33):  # weights mmapped from a file sit at any 4-byte offset
-        host = backing[start:start + 64 * 9].view(64, 9)
+        host = backing[start : start + 64 * 9].view(64, 9)
         copy = same_alignment_copy(host)
         assert copy.data_ptr() % 64 == host.data_ptr() % 64 and copy.data_ptr() != host.data_ptr()
         assert torch.equal(copy, host) and copy.stride() == host.stride()

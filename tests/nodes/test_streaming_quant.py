@@ -29,15 +29,19 @@ def streamed_manager() -> Iterator[ModelManager]:
     mm.close()
 
 
-def test_fp8_blocks_stream_as_fp8_and_sample_bit_identically(flux_demo: Path, make_ctx: Any,
-                                                             streamed_manager: ModelManager) -> None:
+def test_fp8_blocks_stream_as_fp8_and_sample_bit_identically(
+    flux_demo: Path, make_ctx: Any, streamed_manager: ModelManager
+) -> None:
     torch.set_num_threads(1)
     ctx = make_ctx()
-    clip = open_text_encoders([flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L],
-                              "flux")
+    clip = open_text_encoders(
+        [flux_demo / "text_encoders" / DEMO_T5XXL, flux_demo / "text_encoders" / DEMO_CLIP_L], "flux"
+    )
     pos = CLIPTextEncode().run(ctx, text="a cat on a roof", clip=clip)[0]
     neg = CLIPTextEncode().run(ctx, text="blurry", clip=clip)[0]
-    model = open_diffusion_model(flux_demo / "diffusion_models" / DEMO_FLUX_DEV).with_patch(StoragePatch("fp8_e4m3fn"))
+    model = open_diffusion_model(flux_demo / "diffusion_models" / DEMO_FLUX_DEV).with_patch(
+        StoragePatch("fp8_e4m3fn")
+    )
     latent = EmptySD3LatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
     resident = ksample(ctx, model, pos, neg, latent)
 
@@ -50,7 +54,9 @@ def test_fp8_blocks_stream_as_fp8_and_sample_bit_identically(flux_demo: Path, ma
         assert state is not None
         blocks = model.stream_blocks(module)
         layers = [m for b in blocks for m in b.modules() if isinstance(m, QuantLayer)]
-        assert layers and all(layer.qdata.dtype == torch.float8_e4m3fn for layer in layers)  # host copies, as stored
+        assert layers and all(
+            layer.qdata.dtype == torch.float8_e4m3fn for layer in layers
+        )  # host copies, as stored
         assert all(layer.compute_dtype == torch.float32 for layer in layers)
         moved = sum(device_bytes(b, torch.float32) for b in blocks)  # fp8 weights at 1 byte, the rest fp32
         fp8 = sum(layer.qdata.numel() for layer in layers)

@@ -35,7 +35,8 @@ def streamed_manager() -> Iterator[ModelManager]:
 
 
 def test_zimage_and_qwen3_streamed_one_block_at_a_time_are_bit_identical(
-        zimage_root: Path, make_ctx: Any, streamed_manager: ModelManager) -> None:
+    zimage_root: Path, make_ctx: Any, streamed_manager: ModelManager
+) -> None:
     torch.set_num_threads(1)
     ctx = make_ctx()
     clip = open_text_encoders([zimage_root / "text_encoders" / DEMO_QWEN3], "lumina2")

@@ -54,14 +54,21 @@ def _redux(files: Path) -> StyleModelHandle:
 
 
 def _apply(ctx: Any, cond: list, files: Path, strength: float, kind: str, seed: int = 0) -> list:
-    return StyleModelApply().run(ctx, conditioning=cond, style_model=_redux(files),
-                                 clip_vision_output=_vision(ctx, files, seed), strength=strength,
-                                 strength_type=kind)[0]
+    return StyleModelApply().run(
+        ctx,
+        conditioning=cond,
+        style_model=_redux(files),
+        clip_vision_output=_vision(ctx, files, seed),
+        strength=strength,
+        strength_type=kind,
+    )[0]
 
 
 def _flux(files: Path) -> tuple[Any, Any]:
-    return (open_diffusion_model(files / DEMO_FLUX_DEV),
-            open_text_encoders([files / DEMO_CLIP_L, files / DEMO_T5XXL], "flux"))
+    return (
+        open_diffusion_model(files / DEMO_FLUX_DEV),
+        open_text_encoders([files / DEMO_CLIP_L, files / DEMO_T5XXL], "flux"),
+    )
 
 
 def test_the_siglip_tower_is_read_from_comfyuis_layout(ctx: Any, files: Path) -> None:
@@ -97,15 +104,21 @@ def test_attn_bias_keeps_the_tokens_and_biases_attention_by_log_strength(ctx: An
     n = 16
     assert mask.shape == (1, 77 + n + 1, 77 + n + 1) and entry.extras["attention_mask_img_shape"] == (1, 1)
     bias = torch.tensor(math.log(0.25), dtype=torch.float16).float()
-    assert torch.equal(mask[:, :77, 77:77 + n], bias.expand(1, 77, n))  # text queries -> redux keys
-    assert torch.equal(mask[:, 77 + n:, 77:77 + n], bias.expand(1, 1, n))  # image queries -> redux keys
-    assert torch.count_nonzero(mask[:, 77:77 + n]) == 0  # the redux tokens' own rows are unbiased
-    (twice,) = StyleModelApply().run(ctx, conditioning=[entry], style_model=_redux(files),
-                                     clip_vision_output=_vision(ctx, files), strength=1.0, strength_type="multiply")[0]
+    assert torch.equal(mask[:, :77, 77 : 77 + n], bias.expand(1, 77, n))  # text queries -> redux keys
+    assert torch.equal(mask[:, 77 + n :, 77 : 77 + n], bias.expand(1, 1, n))  # image queries -> redux keys
+    assert torch.count_nonzero(mask[:, 77 : 77 + n]) == 0  # the redux tokens' own rows are unbiased
+    (twice,) = StyleModelApply().run(
+        ctx,
+        conditioning=[entry],
+        style_model=_redux(files),
+        clip_vision_output=_vision(ctx, files),
+        strength=1.0,
+        strength_type="multiply",
+    )[0]
     grown = twice.extras["attention_mask"].float()  # an existing mask grows, new columns at log(1) = 0
     assert grown.shape == (1, 77 + 2 * n + 1, 77 + 2 * n + 1)
-    assert torch.equal(grown[:, :77 + n, :77 + n], mask[:, :77 + n, :77 + n])
-    assert torch.count_nonzero(grown[:, :, 77 + n:77 + 2 * n]) == 0
+    assert torch.equal(grown[:, : 77 + n, : 77 + n], mask[:, : 77 + n, : 77 + n])
+    assert torch.count_nonzero(grown[:, :, 77 + n : 77 + 2 * n]) == 0
 
 
 def test_a_one_cell_mask_spreads_over_the_image_grid() -> None:
@@ -126,8 +139,19 @@ def test_flux_samples_with_redux_tokens_and_the_attention_bias(ctx: Any, files: 
     latent = {"samples": torch.zeros(1, 16, 8, 8)}
 
     def sample(cond: list) -> torch.Tensor:
-        return KSampler().run(ctx, model=model, seed=2, steps=2, cfg=1.0, sampler_name="euler", scheduler="simple",
-                              positive=cond, negative=pos, latent_image=latent, denoise=1.0)[0]["samples"]
+        return KSampler().run(
+            ctx,
+            model=model,
+            seed=2,
+            steps=2,
+            cfg=1.0,
+            sampler_name="euler",
+            scheduler="simple",
+            positive=cond,
+            negative=pos,
+            latent_image=latent,
+            denoise=1.0,
+        )[0]["samples"]
 
     base = sample(_apply(ctx, pos, files, 1.0, "multiply"))
     same = sample(_apply(ctx, pos, files, 1.0, "attn_bias"))
@@ -144,8 +168,19 @@ def test_the_unet_refuses_an_attention_mask(ctx: Any, files: Path, tiny_sd15_ckp
     pos = CLIPTextEncode().run(ctx, text="a cat", clip=ck.clip)[0]  # 32 wide, as the demo Redux
     cond = _apply(ctx, pos, files, 0.5, "attn_bias")
     with pytest.raises(SamplingError, match="attention mask"):
-        KSampler().run(ctx, model=ck.unet, seed=0, steps=1, cfg=1.0, sampler_name="euler", scheduler="normal",
-                       positive=cond, negative=pos, latent_image={"samples": torch.zeros(1, 4, 8, 8)}, denoise=1.0)
+        KSampler().run(
+            ctx,
+            model=ck.unet,
+            seed=0,
+            steps=1,
+            cfg=1.0,
+            sampler_name="euler",
+            scheduler="normal",
+            positive=cond,
+            negative=pos,
+            latent_image={"samples": torch.zeros(1, 4, 8, 8)},
+            denoise=1.0,
+        )
 
 
 def test_a_style_model_for_another_text_width_is_refused(ctx: Any, files: Path) -> None:
@@ -156,8 +191,14 @@ def test_a_style_model_for_another_text_width_is_refused(ctx: Any, files: Path) 
 def test_vision_tokens_of_another_width_are_refused(ctx: Any, files: Path) -> None:
     out = ClipVisionOutput(torch.zeros(1, 32), torch.zeros(1, 50, 32), torch.zeros(1, 50, 32))
     with pytest.raises(ValueError, match="32-wide tokens but this style model reads 48"):
-        StyleModelApply().run(ctx, conditioning=[CondEntry(torch.zeros(1, 77, 32))], style_model=_redux(files),
-                              clip_vision_output=out, strength=1.0, strength_type="multiply")
+        StyleModelApply().run(
+            ctx,
+            conditioning=[CondEntry(torch.zeros(1, 77, 32))],
+            style_model=_redux(files),
+            clip_vision_output=out,
+            strength=1.0,
+            strength_type="multiply",
+        )
 
 
 def test_a_file_that_is_not_a_style_model_is_refused(files: Path) -> None:

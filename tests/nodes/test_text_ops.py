@@ -37,8 +37,12 @@ def test_string_edits(ctx: NodeContext) -> None:
 def test_contains_and_compare_case_rules(ctx: NodeContext) -> None:
     assert run(t.StringContains, ctx, string="Red Fox", substring="fox", case_sensitive=True) == (False,)
     assert run(t.StringContains, ctx, string="Red Fox", substring="fox", case_sensitive=False) == (True,)
-    assert run(t.StringCompare, ctx, string_a="Foxes", string_b="fox", mode="Starts With", case_sensitive=False) == (True,)
-    assert run(t.StringCompare, ctx, string_a="Foxes", string_b="ES", mode="Ends With", case_sensitive=True) == (False,)
+    assert run(
+        t.StringCompare, ctx, string_a="Foxes", string_b="fox", mode="Starts With", case_sensitive=False
+    ) == (True,)
+    assert run(
+        t.StringCompare, ctx, string_a="Foxes", string_b="ES", mode="Ends With", case_sensitive=True
+    ) == (False,)
     assert run(t.StringCompare, ctx, string_a="a", string_b="a", mode="Equal", case_sensitive=True) == (True,)
 
 
@@ -47,21 +51,46 @@ def test_regex_match_and_extract(ctx: NodeContext) -> None:
     assert run(t.RegexMatch, ctx, string="Seed 42", regex_pattern=r"seed \d+", **flags) == (True,)
     assert run(t.RegexMatch, ctx, string="x", regex_pattern="(", **flags) == (False,)  # invalid: no match
     text = "w=512 h=768"
-    assert run(t.RegexExtract, ctx, string=text, regex_pattern=r"(\w)=(\d+)", mode="All Matches", group_index=1,
-               **flags) == ("w\nh",)  # findall with groups keeps each match's first group
-    assert run(t.RegexExtract, ctx, string=text, regex_pattern=r"(\w)=(\d+)", mode="First Group", group_index=2,
-               **flags) == ("512",)
-    assert run(t.RegexExtract, ctx, string=text, regex_pattern=r"(\w)=(\d+)", mode="All Groups", group_index=2,
-               **flags) == ("512\n768",)
-    assert run(t.RegexExtract, ctx, string=text, regex_pattern=r"(\w)=", mode="First Group", group_index=5,
-               **flags) == ("",)
-    assert run(t.RegexExtract, ctx, string=text, regex_pattern=r"\d+", mode="First Match", group_index=1,
-               **flags) == ("512",)
+    assert run(
+        t.RegexExtract,
+        ctx,
+        string=text,
+        regex_pattern=r"(\w)=(\d+)",
+        mode="All Matches",
+        group_index=1,
+        **flags,
+    ) == ("w\nh",)  # findall with groups keeps each match's first group
+    assert run(
+        t.RegexExtract,
+        ctx,
+        string=text,
+        regex_pattern=r"(\w)=(\d+)",
+        mode="First Group",
+        group_index=2,
+        **flags,
+    ) == ("512",)
+    assert run(
+        t.RegexExtract,
+        ctx,
+        string=text,
+        regex_pattern=r"(\w)=(\d+)",
+        mode="All Groups",
+        group_index=2,
+        **flags,
+    ) == ("512\n768",)
+    assert run(
+        t.RegexExtract, ctx, string=text, regex_pattern=r"(\w)=", mode="First Group", group_index=5, **flags
+    ) == ("",)
+    assert run(
+        t.RegexExtract, ctx, string=text, regex_pattern=r"\d+", mode="First Match", group_index=1, **flags
+    ) == ("512",)
 
 
 def test_regex_replace_and_its_error(ctx: NodeContext) -> None:
     assert run(t.RegexReplace, ctx, string="A a a", regex_pattern="a", replace="b", count=2) == ("b b a",)
-    assert run(t.RegexReplace, ctx, string="A a", regex_pattern="a", replace="b", case_insensitive=False) == ("A b",)
+    assert run(t.RegexReplace, ctx, string="A a", regex_pattern="a", replace="b", case_insensitive=False) == (
+        "A b",
+    )
     with pytest.raises(t.TextError, match="regex_pattern or replace: invalid regular expression"):
         run(t.RegexReplace, ctx, string="x", regex_pattern="(", replace="")
 
@@ -82,15 +111,22 @@ def test_custom_combo_accepts_any_choice() -> None:
     prompt = {"1": {"class_type": "CustomCombo", "inputs": {"choice": "my own option", "index": 2}}}
     issues, constants = validate_node("1", prompt, registry)
     assert issues == [] and constants == {"choice": "my own option", "index": 2}
-    assert t.CustomCombo().run(NodeContext("1", "p", Folders(Path("."), Path("."), Path("."))),
-                               choice="my own option", index=2) == ("my own option", 2)
+    assert t.CustomCombo().run(
+        NodeContext("1", "p", Folders(Path("."), Path("."), Path("."))), choice="my own option", index=2
+    ) == ("my own option", 2)
 
 
 def switch_prompt(switch: bool) -> dict[str, Any]:
     return {
         "2": {"class_type": "RegexReplace", "inputs": {"string": "x", "regex_pattern": "(", "replace": ""}},
-        "3": {"class_type": "StringReplace", "inputs": {"string": "a good fox", "find": "good", "replace": "red"}},
-        "4": {"class_type": "ComfySwitchNode", "inputs": {"switch": switch, "on_false": ["2", 0], "on_true": ["3", 0]}},
+        "3": {
+            "class_type": "StringReplace",
+            "inputs": {"string": "a good fox", "find": "good", "replace": "red"},
+        },
+        "4": {
+            "class_type": "ComfySwitchNode",
+            "inputs": {"switch": switch, "on_false": ["2", 0], "on_true": ["3", 0]},
+        },
         "5": {"class_type": "PreviewAny", "inputs": {"source": ["4", 0]}},
     }
 

@@ -29,7 +29,9 @@ from tests.nodes.conftest import TinyModel, write_single_file
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory, unclip_demo_source: Path) -> Path:
     torch.set_num_threads(1)
-    folder = linked_copy(unclip_demo_source, tmp_path_factory.mktemp("unclip_models"))  # make_unclip_demo_models' files
+    folder = linked_copy(
+        unclip_demo_source, tmp_path_factory.mktemp("unclip_models")
+    )  # make_unclip_demo_models' files
     write_single_file(TinyModel("sd15", demo_modules()), folder / "checkpoints" / DEMO_CHECKPOINT)
     return folder
 
@@ -88,9 +90,10 @@ def test_the_augmentation_equals_diffusers_stable_unclip_noising() -> None:
     )
 
     x = _embeds()
-    pipe = SimpleNamespace(image_normalizer=StableUnCLIPImageNormalizer(embedding_dim=32),
-                           image_noising_scheduler=DDPMScheduler(num_train_timesteps=1000,
-                                                                 beta_schedule="squaredcos_cap_v2"))
+    pipe = SimpleNamespace(
+        image_normalizer=StableUnCLIPImageNormalizer(embedding_dim=32),
+        image_noising_scheduler=DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2"),
+    )
     noise = torch.randn(1, 32, generator=torch.Generator().manual_seed(100 - unclip.SEED_OFFSET))
     for augmentation in (0.0, 0.25, 0.9):
         level = round(999 * augmentation)
@@ -110,8 +113,10 @@ def test_several_images_are_summed_then_noised_again_at_the_merge_level() -> Non
     a, b = _embeds(seed=1), _embeds(2, seed=2)
     items = [UnclipInput(a, 1.0, 0.1), UnclipInput(b, 0.5, 0.2)]
     adm = unclip.unclip_adm(items, seed=7, merge_level=0.05)
-    singles = [unclip.unclip_adm([UnclipInput(x[None], s, n)], 7, 0.0)
-               for x, s, n in ((a[0], 1.0, 0.1), (b[0], 0.5, 0.2), (b[1], 0.5, 0.2))]
+    singles = [
+        unclip.unclip_adm([UnclipInput(x[None], s, n)], 7, 0.0)
+        for x, s, n in ((a[0], 1.0, 0.1), (b[0], 0.5, 0.2), (b[1], 0.5, 0.2))
+    ]
     summed = torch.stack(singles).sum(0)[:, :32]
     noisy, emb = unclip.augment(summed, round(999 * 0.05), 7 - unclip.SEED_OFFSET)
     assert torch.allclose(adm, torch.cat([noisy, emb], 1), atol=1e-6)
@@ -121,17 +126,25 @@ def test_several_images_are_summed_then_noised_again_at_the_merge_level() -> Non
 def test_unclip_conditioning_appends_and_strength_zero_is_no_change(ctx: Any) -> None:
     base = [CondEntry(torch.zeros(1, 77, 32))]
     out = ClipVisionOutput(_embeds(), torch.zeros(1, 2, 32), torch.zeros(1, 2, 32))
-    assert unCLIPConditioning().run(ctx, conditioning=base, clip_vision_output=out, strength=0.0,
-                                    noise_augmentation=0.0)[0] is base
-    (once,) = unCLIPConditioning().run(ctx, conditioning=base, clip_vision_output=out, strength=1.0,
-                                       noise_augmentation=0.1)
-    (twice,) = unCLIPConditioning().run(ctx, conditioning=once, clip_vision_output=out, strength=0.5,
-                                        noise_augmentation=0.2)
+    assert (
+        unCLIPConditioning().run(
+            ctx, conditioning=base, clip_vision_output=out, strength=0.0, noise_augmentation=0.0
+        )[0]
+        is base
+    )
+    (once,) = unCLIPConditioning().run(
+        ctx, conditioning=base, clip_vision_output=out, strength=1.0, noise_augmentation=0.1
+    )
+    (twice,) = unCLIPConditioning().run(
+        ctx, conditioning=once, clip_vision_output=out, strength=0.5, noise_augmentation=0.2
+    )
     assert [i.strength for i in twice[0].extras["unclip_conditioning"]] == [1.0, 0.5]
     assert "unclip_conditioning" not in base[0].extras
 
 
-def test_the_unclip_checkpoint_gives_model_clip_vae_and_its_image_tower(ctx: Any, handles: tuple[Any, ...]) -> None:
+def test_the_unclip_checkpoint_gives_model_clip_vae_and_its_image_tower(
+    ctx: Any, handles: tuple[Any, ...]
+) -> None:
     unet, clip, vae, vision = handles
     assert isinstance(unet.family, SD2Unclip)
     assert vision.prefix == "embedder.model.visual." and vision.embed_dim == 32
@@ -143,11 +156,14 @@ def test_the_unclip_checkpoint_gives_model_clip_vae_and_its_image_tower(ctx: Any
     assert out.image_embeds.shape == (1, 32)
 
 
-def test_the_unet_gets_the_augmented_embeds_as_class_labels_and_zeros_without(handles: tuple[Any, ...]) -> None:
+def test_the_unet_gets_the_augmented_embeds_as_class_labels_and_zeros_without(
+    handles: tuple[Any, ...],
+) -> None:
     unet = handles[0]
     x = _embeds()
-    with_image = CondEntry(torch.zeros(1, 77, 32), extras={"unclip_conditioning": (UnclipInput(x, 1.0, 0.2),),
-                                                             "seed": 11})
+    with_image = CondEntry(
+        torch.zeros(1, 77, 32), extras={"unclip_conditioning": (UnclipInput(x, 1.0, 0.2),), "seed": 11}
+    )
     plain = CondEntry(torch.zeros(1, 77, 32))
     kwargs = unet.denoiser.conditioning([plain, with_image], 2, (64, 64))
     expected = unclip.unclip_adm([UnclipInput(x, 1.0, 0.2)], 11, 0.05)
@@ -165,11 +181,24 @@ def test_sampling_an_unclip_model_follows_the_image(ctx: Any, handles: tuple[Any
     for seed in (0, 1):
         image = torch.rand(1, 64, 64, 3, generator=torch.Generator().manual_seed(seed))
         (vis,) = CLIPVisionEncode().run(ctx, clip_vision=vision, image=image, crop="center")
-        (cond,) = unCLIPConditioning().run(ctx, conditioning=pos, clip_vision_output=vis, strength=1.0,
-                                           noise_augmentation=0.0)
-        outs.append(KSampler().run(ctx, model=unet, seed=3, steps=2, cfg=4.0, sampler_name="euler",
-                                   scheduler="normal", positive=cond, negative=neg, latent_image=latent,
-                                   denoise=1.0)[0]["samples"])
+        (cond,) = unCLIPConditioning().run(
+            ctx, conditioning=pos, clip_vision_output=vis, strength=1.0, noise_augmentation=0.0
+        )
+        outs.append(
+            KSampler().run(
+                ctx,
+                model=unet,
+                seed=3,
+                steps=2,
+                cfg=4.0,
+                sampler_name="euler",
+                scheduler="normal",
+                positive=cond,
+                negative=neg,
+                latent_image=latent,
+                denoise=1.0,
+            )[0]["samples"]
+        )
     assert torch.isfinite(outs[0]).all()
     assert (outs[0] - outs[1]).abs().max() > 1e-3  # another image, another result
 
@@ -178,22 +207,46 @@ def test_a_model_without_image_inputs_refuses_unclip_conditioning(ctx: Any, demo
     ck = open_checkpoint(demo_dir / "checkpoints" / DEMO_CHECKPOINT)
     pos = CLIPTextEncode().run(ctx, text="a cat", clip=ck.clip)[0]
     out = ClipVisionOutput(_embeds(), torch.zeros(1, 2, 32), torch.zeros(1, 2, 32))
-    (cond,) = unCLIPConditioning().run(ctx, conditioning=pos, clip_vision_output=out, strength=1.0,
-                                       noise_augmentation=0.0)
+    (cond,) = unCLIPConditioning().run(
+        ctx, conditioning=pos, clip_vision_output=out, strength=1.0, noise_augmentation=0.0
+    )
     with pytest.raises(SamplingError, match="unCLIPCheckpointLoader"):
-        KSampler().run(ctx, model=ck.unet, seed=0, steps=1, cfg=1.0, sampler_name="euler", scheduler="normal",
-                       positive=cond, negative=pos, latent_image={"samples": torch.zeros(1, 4, 8, 8)}, denoise=1.0)
+        KSampler().run(
+            ctx,
+            model=ck.unet,
+            seed=0,
+            steps=1,
+            cfg=1.0,
+            sampler_name="euler",
+            scheduler="normal",
+            positive=cond,
+            negative=pos,
+            latent_image={"samples": torch.zeros(1, 4, 8, 8)},
+            denoise=1.0,
+        )
 
 
 def test_embeds_of_another_width_are_refused(ctx: Any, handles: tuple[Any, ...]) -> None:
     unet, clip = handles[0], handles[1]
     pos = CLIPTextEncode().run(ctx, text="a cat", clip=clip)[0]
     out = ClipVisionOutput(_embeds(width=16), torch.zeros(1, 2, 16), torch.zeros(1, 2, 16))
-    (cond,) = unCLIPConditioning().run(ctx, conditioning=pos, clip_vision_output=out, strength=1.0,
-                                       noise_augmentation=0.0)
+    (cond,) = unCLIPConditioning().run(
+        ctx, conditioning=pos, clip_vision_output=out, strength=1.0, noise_augmentation=0.0
+    )
     with pytest.raises(SamplingError, match="16 wide but this model takes 32"):
-        KSampler().run(ctx, model=unet, seed=0, steps=1, cfg=1.0, sampler_name="euler", scheduler="normal",
-                       positive=cond, negative=pos, latent_image={"samples": torch.zeros(1, 4, 8, 8)}, denoise=1.0)
+        KSampler().run(
+            ctx,
+            model=unet,
+            seed=0,
+            steps=1,
+            cfg=1.0,
+            sampler_name="euler",
+            scheduler="normal",
+            positive=cond,
+            negative=pos,
+            latent_image={"samples": torch.zeros(1, 4, 8, 8)},
+            denoise=1.0,
+        )
 
 
 def test_the_unclip_loader_refuses_a_checkpoint_without_an_image_tower(demo_dir: Path) -> None:
@@ -206,8 +259,11 @@ def test_sdxl_takes_the_noisy_image_embeds_as_its_pooled_input(tiny_sdxl_ckpt: P
     unet = open_checkpoint(tiny_sdxl_ckpt).unet
     x = _embeds()
     text_pooled = torch.ones(1, 32)
-    revision = CondEntry(torch.zeros(1, 77, 64), text_pooled,
-                         extras={"unclip_conditioning": (UnclipInput(x, 1.0, 0.1),), "seed": 5})
+    revision = CondEntry(
+        torch.zeros(1, 77, 64),
+        text_pooled,
+        extras={"unclip_conditioning": (UnclipInput(x, 1.0, 0.1),), "seed": 5},
+    )
     plain = CondEntry(torch.zeros(1, 77, 64), text_pooled)
     kwargs = unet.denoiser.conditioning([plain, revision], 1, (64, 64))
     pooled = kwargs["added_cond_kwargs"]["text_embeds"]
@@ -219,14 +275,18 @@ def test_stacked_jobs_each_augment_with_their_own_seed(ctx: Any, handles: tuple[
     from nodes.guiders import GuidedRun, Guider
 
     unet = handles[0]
-    entry = CondEntry(torch.zeros(1, 77, 32), extras={"unclip_conditioning": (UnclipInput(_embeds(), 1.0, 0.5),)})
+    entry = CondEntry(
+        torch.zeros(1, 77, 32), extras={"unclip_conditioning": (UnclipInput(_embeds(), 1.0, 0.5),)}
+    )
     guider = Guider(unet, (("positive", (entry,)), ("negative", (entry,))), cfg=2.0)
     with ctx.models.use(unet) as module:
         run = GuidedRun([guider, guider], module, 1, (8, 8), model_inputs={"seeds": (11, 12)})
     seen = [job.branches["positive"][0].entry.extras["seed"] for job in run.jobs]
     assert seen == [11, 12]
-    labels = [unet.denoiser.conditioning([job.branches["positive"][0].entry], 1, (64, 64))["class_labels"]
-              for job in run.jobs]
+    labels = [
+        unet.denoiser.conditioning([job.branches["positive"][0].entry], 1, (64, 64))["class_labels"]
+        for job in run.jobs
+    ]
     assert not torch.equal(labels[0], labels[1])
 
 
@@ -240,11 +300,25 @@ def test_an_sdxl_revision_workflow_samples_with_the_image(ctx: Any, tiny_sdxl_ck
     with torch.no_grad():
         out = vision(pixel_values=image, output_hidden_states=True)
     vis = ClipVisionOutput(out.image_embeds, out.last_hidden_state, out.hidden_states[-2])
-    (revision,) = unCLIPConditioning().run(ctx, conditioning=pos, clip_vision_output=vis, strength=1.0,
-                                           noise_augmentation=0.0)
+    (revision,) = unCLIPConditioning().run(
+        ctx, conditioning=pos, clip_vision_output=vis, strength=1.0, noise_augmentation=0.0
+    )
     latent = {"samples": torch.zeros(1, 4, 8, 8)}
-    results = [KSampler().run(ctx, model=ck.unet, seed=4, steps=2, cfg=3.0, sampler_name="euler", scheduler="normal",
-                              positive=cond, negative=pos, latent_image=latent, denoise=1.0)[0]["samples"]
-               for cond in (pos, revision)]
+    results = [
+        KSampler().run(
+            ctx,
+            model=ck.unet,
+            seed=4,
+            steps=2,
+            cfg=3.0,
+            sampler_name="euler",
+            scheduler="normal",
+            positive=cond,
+            negative=pos,
+            latent_image=latent,
+            denoise=1.0,
+        )[0]["samples"]
+        for cond in (pos, revision)
+    ]
     assert torch.isfinite(results[1]).all()
     assert (results[0] - results[1]).abs().max() > 1e-4  # the image replaced the pooled text

@@ -45,7 +45,9 @@ def _run(demo_models: Path, tmp_path: Path, prompt: dict[str, Any]) -> Any:
     register_core(registry, files)
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     try:
-        return Executor(registry, OutputCache(1 << 30), folders, models=manager).run(RunRequest(prompt=prompt))
+        return Executor(registry, OutputCache(1 << 30), folders, models=manager).run(
+            RunRequest(prompt=prompt)
+        )
     finally:
         manager.close()
 
@@ -60,10 +62,14 @@ def test_the_example_workflow_runs_offline(demo_models: Path, tmp_path: Path, na
         assert png.size == (64, 64)
 
 
-def test_an_unclip_conditioning_on_a_plain_checkpoint_fails_with_a_teaching_error(demo_models: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_an_unclip_conditioning_on_a_plain_checkpoint_fails_with_a_teaching_error(
+    demo_models: Path, tmp_path: Path
+) -> None:
     prompt = json.loads((WORKFLOWS / "unclip.api.json").read_text())
-    prompt["1"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "loom_demo_sd15.safetensors"}}
+    prompt["1"] = {
+        "class_type": "CheckpointLoaderSimple",
+        "inputs": {"ckpt_name": "loom_demo_sd15.safetensors"},
+    }
     prompt["3"]["inputs"]["model"] = ["1", 0]
     result = _run(demo_models, tmp_path, prompt)
     assert result.status == "error"
@@ -73,13 +79,30 @@ def test_an_unclip_conditioning_on_a_plain_checkpoint_fails_with_a_teaching_erro
 def test_lorasave_of_a_difference_loads_back_with_loraloader(demo_models: Path, tmp_path: Path) -> None:
     extract = {
         "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "loom_demo_sd15.safetensors"}},
-        "2": {"class_type": "LoraLoader", "inputs": {"model": ["1", 0], "clip": ["1", 1], "lora_name":
-                                                     "loom_demo_lora.safetensors", "strength_model": 1.0,
-                                                     "strength_clip": 1.0}},
-        "3": {"class_type": "ModelMergeSubtract", "inputs": {"model1": ["2", 0], "model2": ["1", 0],
-                                                             "multiplier": 1.0}},
-        "4": {"class_type": "LoraSave", "inputs": {"filename_prefix": "loras/extracted", "rank": 4,
-                                                   "lora_type": "standard", "bias_diff": True, "model_diff": ["3", 0]}},
+        "2": {
+            "class_type": "LoraLoader",
+            "inputs": {
+                "model": ["1", 0],
+                "clip": ["1", 1],
+                "lora_name": "loom_demo_lora.safetensors",
+                "strength_model": 1.0,
+                "strength_clip": 1.0,
+            },
+        },
+        "3": {
+            "class_type": "ModelMergeSubtract",
+            "inputs": {"model1": ["2", 0], "model2": ["1", 0], "multiplier": 1.0},
+        },
+        "4": {
+            "class_type": "LoraSave",
+            "inputs": {
+                "filename_prefix": "loras/extracted",
+                "rank": 4,
+                "lora_type": "standard",
+                "bias_diff": True,
+                "model_diff": ["3", 0],
+            },
+        },
     }
     result = _run(demo_models, tmp_path, extract)
     assert result.status == "success", (result.node_errors, result.error)
@@ -89,8 +112,10 @@ def test_lorasave_of_a_difference_loads_back_with_loraloader(demo_models: Path, 
     target.write_bytes(path.read_bytes())
     use = json.loads((WORKFLOWS / "txt2img.api.json").read_text())
     loader = next(k for k, v in use.items() if v["class_type"] == "CheckpointLoaderSimple")
-    use["90"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": [loader, 0], "lora_name":
-                                                                 "extracted_demo.safetensors", "strength_model": 1.0}}
+    use["90"] = {
+        "class_type": "LoraLoaderModelOnly",
+        "inputs": {"model": [loader, 0], "lora_name": "extracted_demo.safetensors", "strength_model": 1.0},
+    }
     for v in use.values():
         if v["class_type"] == "KSampler":
             v["inputs"]["model"] = ["90", 0]

@@ -32,8 +32,15 @@ from nodes.patches.tome import TomePatchModel
 from nodes.sampling import KSampler
 from tests.nodes.test_generation_e2e import make_executor, run
 
-SHRINK = dict(block_number=3, downscale_factor=2.0, start_percent=0.0, end_percent=0.35,
-              downscale_after_skip=True, downscale_method="bicubic", upscale_method="bicubic")
+SHRINK = dict(
+    block_number=3,
+    downscale_factor=2.0,
+    start_percent=0.0,
+    end_percent=0.35,
+    downscale_after_skip=True,
+    downscale_method="bicubic",
+    upscale_method="bicubic",
+)
 REAL: list[tuple[Any, dict[str, Any]]] = [
     (FreeU, dict(b1=1.1, b2=1.2, s1=0.9, s2=0.2)),
     (FreeU_V2, dict(b1=1.3, b2=1.4, s1=0.9, s2=0.2)),
@@ -44,8 +51,10 @@ REAL: list[tuple[Any, dict[str, Any]]] = [
     (TomePatchModel, dict(ratio=0.5)),
     (UNetSelfAttentionMultiply, dict(q=1.2, k=1.0, v=0.8, out=1.1)),
     (UNetCrossAttentionMultiply, dict(q=1.0, k=1.3, v=1.0, out=0.9)),
-    (UNetTemporalAttentionMultiply, dict(self_structural=1.2, self_temporal=1.0, cross_structural=0.8,
-                                         cross_temporal=1.0)),
+    (
+        UNetTemporalAttentionMultiply,
+        dict(self_structural=1.2, self_temporal=1.0, cross_structural=0.8, cross_temporal=1.0),
+    ),
 ]
 HOOK_ONLY = 7  # the first seven act through hooks only; the multipliers change weights
 NEUTRAL: list[tuple[Any, dict[str, Any]]] = [
@@ -58,8 +67,10 @@ NEUTRAL: list[tuple[Any, dict[str, Any]]] = [
     (TomePatchModel, dict(ratio=0.0)),
     (UNetSelfAttentionMultiply, dict(q=1.0, k=1.0, v=1.0, out=1.0)),
     (UNetCrossAttentionMultiply, dict(q=1.0, k=1.0, v=1.0, out=1.0)),
-    (UNetTemporalAttentionMultiply, dict(self_structural=1.0, self_temporal=1.0, cross_structural=1.0,
-                                         cross_temporal=1.0)),
+    (
+        UNetTemporalAttentionMultiply,
+        dict(self_structural=1.0, self_temporal=1.0, cross_structural=1.0, cross_temporal=1.0),
+    ),
 ]
 
 
@@ -73,15 +84,29 @@ def env(sd15: Any, make_ctx: Any) -> dict[str, Any]:
     torch.set_num_threads(1)
     ctx = make_ctx()
     enc = CLIPTextEncode()
-    return {"ctx": ctx, "ck": sd15, "pos": enc.run(ctx, text="a photo of a cat", clip=sd15.clip)[0],
-            "neg": enc.run(ctx, text="blurry", clip=sd15.clip)[0],
-            "latent": EmptyLatentImage().run(ctx, width=128, height=128, batch_size=1)[0]}
+    return {
+        "ctx": ctx,
+        "ck": sd15,
+        "pos": enc.run(ctx, text="a photo of a cat", clip=sd15.clip)[0],
+        "neg": enc.run(ctx, text="blurry", clip=sd15.clip)[0],
+        "latent": EmptyLatentImage().run(ctx, width=128, height=128, batch_size=1)[0],
+    }
 
 
 def _sample(env: dict[str, Any], model: Any = None, positive: Any = None) -> torch.Tensor:
-    return KSampler().run(env["ctx"], model=model or env["ck"].unet, seed=5, steps=3, cfg=6.0, sampler_name="euler",
-                          scheduler="normal", positive=positive or env["pos"], negative=env["neg"],
-                          latent_image=env["latent"], denoise=1.0)[0]["samples"]
+    return KSampler().run(
+        env["ctx"],
+        model=model or env["ck"].unet,
+        seed=5,
+        steps=3,
+        cfg=6.0,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=positive or env["pos"],
+        negative=env["neg"],
+        latent_image=env["latent"],
+        denoise=1.0,
+    )[0]["samples"]
 
 
 def _patch(env: dict[str, Any], node: Any, kw: dict[str, Any], model: Any = None) -> Any:
@@ -89,13 +114,16 @@ def _patch(env: dict[str, Any], node: Any, kw: dict[str, Any], model: Any = None
 
 
 @pytest.mark.parametrize(("node", "kw"), NEUTRAL, ids=[n.__name__ for n, _ in NEUTRAL])
-def test_neutral_settings_give_the_unpatched_result(env: dict[str, Any], node: Any, kw: dict[str, Any]) -> None:
+def test_neutral_settings_give_the_unpatched_result(
+    env: dict[str, Any], node: Any, kw: dict[str, Any]
+) -> None:
     assert torch.equal(_sample(env, _patch(env, node, kw)), _sample(env))
 
 
 @pytest.mark.parametrize(("node", "kw"), REAL, ids=[n.__name__ for n, _ in REAL])
-def test_real_settings_change_the_result_and_leave_the_unpatched_model_alone(env: dict[str, Any], node: Any,
-                                                                             kw: dict[str, Any]) -> None:
+def test_real_settings_change_the_result_and_leave_the_unpatched_model_alone(
+    env: dict[str, Any], node: Any, kw: dict[str, Any]
+) -> None:
     plain = _sample(env)
     patched = _patch(env, node, kw)
     out = _sample(env, patched)
@@ -115,7 +143,7 @@ def test_hook_only_patches_reuse_the_loaded_unet_weight_patches_do_not(env: dict
 def test_patches_stack(env: dict[str, Any]) -> None:
     model = env["ck"].unet
     results = []
-    for node, kw in REAL[:HOOK_ONLY - 1]:
+    for node, kw in REAL[: HOOK_ONLY - 1]:
         model = _patch(env, node, kw, model)
         results.append(_sample(env, model))
     assert [type(p).__name__ for p in model.patches] == ["UNetHookPatch"] * (HOOK_ONLY - 1)
@@ -138,8 +166,9 @@ def test_attention_multipliers_scale_the_named_weights(env: dict[str, Any]) -> N
         assert torch.allclose(value, base[name] * factor), name
     with ctx.models.use(unet) as plain:  # the unpatched module kept its weights
         assert all(torch.equal(v, base[k]) for k, v in plain.state_dict().items())
-    temporal = UNetTemporalAttentionMultiply().run(ctx, model=unet, self_structural=1.0, self_temporal=3.0,
-                                                   cross_structural=2.0, cross_temporal=3.0)[0]
+    temporal = UNetTemporalAttentionMultiply().run(
+        ctx, model=unet, self_structural=1.0, self_temporal=3.0, cross_structural=2.0, cross_temporal=3.0
+    )[0]
     with ctx.models.use(temporal) as module:
         for name, value in module.state_dict().items():  # no .time_stack. in an SD UNet: structural only
             factor = 2.0 if ".attn2.to_out.0." in name else 1.0
@@ -152,8 +181,10 @@ def test_attention_multipliers_scale_the_named_weights(env: dict[str, Any]) -> N
         assert scaled and all("self_attn.k_proj." in k for k in scaled)
         assert all(torch.allclose(m.state_dict()[k], clip_base[k] * 1.5) for k in scaled)
     enc = CLIPTextEncode()
-    assert not torch.allclose(enc.run(ctx, text="a cat", clip=clip2)[0][0].embeds,
-                              enc.run(ctx, text="a cat", clip=clip)[0][0].embeds)
+    assert not torch.allclose(
+        enc.run(ctx, text="a cat", clip=clip2)[0][0].embeds,
+        enc.run(ctx, text="a cat", clip=clip)[0][0].embeds,
+    )
 
 
 def test_torch_compile_model_compiles_its_own_module(env: dict[str, Any]) -> None:
@@ -170,8 +201,13 @@ def test_torch_compile_model_compiles_its_own_module(env: dict[str, Any]) -> Non
 def test_a_model_without_a_unet_gets_a_teaching_error(env: dict[str, Any]) -> None:
     from nodes.families import family_by_name
 
-    flux = DenoiserHandle(source=WeightsSource(Path("flux.safetensors"), "0"), family=family_by_name("flux"),
-                          parts=(), nbytes=0, prediction="flux")
+    flux = DenoiserHandle(
+        source=WeightsSource(Path("flux.safetensors"), "0"),
+        family=family_by_name("flux"),
+        parts=(),
+        nbytes=0,
+        prediction="flux",
+    )
     for node, kw in REAL:
         with pytest.raises(ValueError, match=rf"^{node.SCHEMA.node_id} patches the blocks of a UNet") as info:
             node().run(env["ctx"], model=flux, **kw)
@@ -184,31 +220,49 @@ def _workflow(patched: bool) -> dict[str, Any]:
         "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse", "clip": ["1", 1]}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["1", 1]}},
         "4": {"class_type": "EmptyLatentImage", "inputs": {"width": 128, "height": 128, "batch_size": 1}},
-        "5": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "seed": 1, "steps": 2, "cfg": 5.0,
-                                                   "sampler_name": "euler", "scheduler": "normal", "positive": ["2", 0],
-                                                   "negative": ["3", 0], "latent_image": ["4", 0], "denoise": 1.0}},
+        "5": {
+            "class_type": "KSampler",
+            "inputs": {
+                "model": ["1", 0],
+                "seed": 1,
+                "steps": 2,
+                "cfg": 5.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "positive": ["2", 0],
+                "negative": ["3", 0],
+                "latent_image": ["4", 0],
+                "denoise": 1.0,
+            },
+        },
         "6": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["1", 2]}},
         "7": {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": "plain"}},
     }
     if not patched:
         return prompt
-    chain = [("FreeU", {"b1": 1.1, "b2": 1.2, "s1": 0.9, "s2": 0.2}),
-             ("FreeU_V2", {"b1": 1.3, "b2": 1.4, "s1": 0.9, "s2": 0.2}),
-             ("PatchModelAddDownscale", SHRINK),
-             ("PerturbedAttentionGuidance", {"scale": 3.0}),
-             ("SelfAttentionGuidance", {"scale": 0.5, "blur_sigma": 2.0}),
-             ("HyperTile", {"tile_size": 32, "swap_size": 2, "max_depth": 0, "scale_depth": False}),
-             ("TomePatchModel", {"ratio": 0.4}),
-             ("UNetSelfAttentionMultiply", {"q": 1.1, "k": 1.0, "v": 1.0, "out": 1.0}),
-             ("UNetCrossAttentionMultiply", {"q": 1.0, "k": 1.0, "v": 0.9, "out": 1.0}),
-             ("UNetTemporalAttentionMultiply", {"self_structural": 1.0, "self_temporal": 1.0,
-                                                "cross_structural": 1.1, "cross_temporal": 1.0})]
+    chain = [
+        ("FreeU", {"b1": 1.1, "b2": 1.2, "s1": 0.9, "s2": 0.2}),
+        ("FreeU_V2", {"b1": 1.3, "b2": 1.4, "s1": 0.9, "s2": 0.2}),
+        ("PatchModelAddDownscale", SHRINK),
+        ("PerturbedAttentionGuidance", {"scale": 3.0}),
+        ("SelfAttentionGuidance", {"scale": 0.5, "blur_sigma": 2.0}),
+        ("HyperTile", {"tile_size": 32, "swap_size": 2, "max_depth": 0, "scale_depth": False}),
+        ("TomePatchModel", {"ratio": 0.4}),
+        ("UNetSelfAttentionMultiply", {"q": 1.1, "k": 1.0, "v": 1.0, "out": 1.0}),
+        ("UNetCrossAttentionMultiply", {"q": 1.0, "k": 1.0, "v": 0.9, "out": 1.0}),
+        (
+            "UNetTemporalAttentionMultiply",
+            {"self_structural": 1.0, "self_temporal": 1.0, "cross_structural": 1.1, "cross_temporal": 1.0},
+        ),
+    ]
     model = ["1", 0]
     for i, (cls, kw) in enumerate(chain):
         prompt[str(20 + i)] = {"class_type": cls, "inputs": {"model": model, **kw}}
         model = [str(20 + i), 0]
-    prompt["40"] = {"class_type": "CLIPAttentionMultiply", "inputs": {"clip": ["1", 1], "q": 1.0, "k": 1.2,
-                                                                      "v": 1.0, "out": 1.0}}
+    prompt["40"] = {
+        "class_type": "CLIPAttentionMultiply",
+        "inputs": {"clip": ["1", 1], "q": 1.0, "k": 1.2, "v": 1.0, "out": 1.0},
+    }
     prompt["41"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse", "clip": ["40", 0]}}
     prompt["42"] = {**prompt["5"], "inputs": {**prompt["5"]["inputs"], "model": model, "positive": ["41", 0]}}
     prompt["43"] = {"class_type": "VAEDecode", "inputs": {"samples": ["42", 0], "vae": ["1", 2]}}
@@ -238,8 +292,9 @@ def test_block_patches_with_deepcache_get_a_teaching_error(env: dict[str, Any]) 
     from nodes.hooks import ConditioningError
     from nodes.patches.deepcache import DeepCache
 
-    cached = DeepCache().run(env["ctx"], model=env["ck"].unet, cache_interval=2, cache_depth=0, start_step=0,
-                             end_step=1000)[0]
+    cached = DeepCache().run(
+        env["ctx"], model=env["ck"].unet, cache_interval=2, cache_depth=0, start_step=0, end_step=1000
+    )[0]
     with pytest.raises(ConditioningError, match="cannot run together with DeepCache"):
         _sample(env, _patch(env, FreeU, REAL[0][1], cached))
     assert torch.isfinite(_sample(env, _patch(env, PerturbedAttentionGuidance, {"scale": 3.0}, cached))).all()
@@ -249,8 +304,9 @@ def test_deepcache_is_hook_only_and_leaves_the_shared_unet_as_it_was(env: dict[s
     from nodes.patches.deepcache import DeepCache
 
     plain = _sample(env)
-    cached = DeepCache().run(env["ctx"], model=env["ck"].unet, cache_interval=2, cache_depth=0, start_step=0,
-                             end_step=1000)[0]
+    cached = DeepCache().run(
+        env["ctx"], model=env["ck"].unet, cache_interval=2, cache_depth=0, start_step=0, end_step=1000
+    )[0]
     assert cached.key == env["ck"].unet.key  # the loaded UNet is reused, not built again
     out = _sample(env, cached)
     assert torch.isfinite(out).all() and not torch.allclose(out, plain, atol=1e-4)
@@ -260,36 +316,70 @@ def test_deepcache_is_hook_only_and_leaves_the_shared_unet_as_it_was(env: dict[s
 
 
 COMFYUI_INPUTS = {  # ComfyUI's inputs, in order: (name, type, default, min, max, step)
-    "FreeU": [("model", "MODEL", None, None, None, None), ("b1", "FLOAT", 1.1, 0.0, 10.0, 0.01),
-              ("b2", "FLOAT", 1.2, 0.0, 10.0, 0.01), ("s1", "FLOAT", 0.9, 0.0, 10.0, 0.01),
-              ("s2", "FLOAT", 0.2, 0.0, 10.0, 0.01)],
-    "FreeU_V2": [("model", "MODEL", None, None, None, None), ("b1", "FLOAT", 1.3, 0.0, 10.0, 0.01),
-                 ("b2", "FLOAT", 1.4, 0.0, 10.0, 0.01), ("s1", "FLOAT", 0.9, 0.0, 10.0, 0.01),
-                 ("s2", "FLOAT", 0.2, 0.0, 10.0, 0.01)],
-    "PatchModelAddDownscale": [("model", "MODEL", None, None, None, None), ("block_number", "INT", 3, 1, 32, 1),
-                               ("downscale_factor", "FLOAT", 2.0, 0.1, 9.0, 0.001),
-                               ("start_percent", "FLOAT", 0.0, 0.0, 1.0, 0.001),
-                               ("end_percent", "FLOAT", 0.35, 0.0, 1.0, 0.001),
-                               ("downscale_after_skip", "BOOLEAN", True, None, None, None),
-                               ("downscale_method", "COMBO", None, None, None, None),
-                               ("upscale_method", "COMBO", None, None, None, None)],
-    "PerturbedAttentionGuidance": [("model", "MODEL", None, None, None, None), ("scale", "FLOAT", 3.0, 0.0, 100.0, 0.01)],
-    "SelfAttentionGuidance": [("model", "MODEL", None, None, None, None), ("scale", "FLOAT", 0.5, -2.0, 5.0, 0.01),
-                              ("blur_sigma", "FLOAT", 2.0, 0.0, 10.0, 0.1)],
-    "HyperTile": [("model", "MODEL", None, None, None, None), ("tile_size", "INT", 256, 1, 2048, None),
-                  ("swap_size", "INT", 2, 1, 128, None), ("max_depth", "INT", 0, 0, 10, None),
-                  ("scale_depth", "BOOLEAN", False, None, None, None)],
+    "FreeU": [
+        ("model", "MODEL", None, None, None, None),
+        ("b1", "FLOAT", 1.1, 0.0, 10.0, 0.01),
+        ("b2", "FLOAT", 1.2, 0.0, 10.0, 0.01),
+        ("s1", "FLOAT", 0.9, 0.0, 10.0, 0.01),
+        ("s2", "FLOAT", 0.2, 0.0, 10.0, 0.01),
+    ],
+    "FreeU_V2": [
+        ("model", "MODEL", None, None, None, None),
+        ("b1", "FLOAT", 1.3, 0.0, 10.0, 0.01),
+        ("b2", "FLOAT", 1.4, 0.0, 10.0, 0.01),
+        ("s1", "FLOAT", 0.9, 0.0, 10.0, 0.01),
+        ("s2", "FLOAT", 0.2, 0.0, 10.0, 0.01),
+    ],
+    "PatchModelAddDownscale": [
+        ("model", "MODEL", None, None, None, None),
+        ("block_number", "INT", 3, 1, 32, 1),
+        ("downscale_factor", "FLOAT", 2.0, 0.1, 9.0, 0.001),
+        ("start_percent", "FLOAT", 0.0, 0.0, 1.0, 0.001),
+        ("end_percent", "FLOAT", 0.35, 0.0, 1.0, 0.001),
+        ("downscale_after_skip", "BOOLEAN", True, None, None, None),
+        ("downscale_method", "COMBO", None, None, None, None),
+        ("upscale_method", "COMBO", None, None, None, None),
+    ],
+    "PerturbedAttentionGuidance": [
+        ("model", "MODEL", None, None, None, None),
+        ("scale", "FLOAT", 3.0, 0.0, 100.0, 0.01),
+    ],
+    "SelfAttentionGuidance": [
+        ("model", "MODEL", None, None, None, None),
+        ("scale", "FLOAT", 0.5, -2.0, 5.0, 0.01),
+        ("blur_sigma", "FLOAT", 2.0, 0.0, 10.0, 0.1),
+    ],
+    "HyperTile": [
+        ("model", "MODEL", None, None, None, None),
+        ("tile_size", "INT", 256, 1, 2048, None),
+        ("swap_size", "INT", 2, 1, 128, None),
+        ("max_depth", "INT", 0, 0, 10, None),
+        ("scale_depth", "BOOLEAN", False, None, None, None),
+    ],
     "TomePatchModel": [("model", "MODEL", None, None, None, None), ("ratio", "FLOAT", 0.3, 0.0, 1.0, 0.01)],
-    "UNetSelfAttentionMultiply": [("model", "MODEL", None, None, None, None),
-                                  *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out"))],
-    "UNetCrossAttentionMultiply": [("model", "MODEL", None, None, None, None),
-                                   *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out"))],
-    "CLIPAttentionMultiply": [("clip", "CLIP", None, None, None, None),
-                              *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out"))],
-    "UNetTemporalAttentionMultiply": [("model", "MODEL", None, None, None, None),
-                                      *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in
-                                        ("self_structural", "self_temporal", "cross_structural", "cross_temporal"))],
-    "TorchCompileModel": [("model", "MODEL", None, None, None, None), ("backend", "COMBO", None, None, None, None)],
+    "UNetSelfAttentionMultiply": [
+        ("model", "MODEL", None, None, None, None),
+        *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out")),
+    ],
+    "UNetCrossAttentionMultiply": [
+        ("model", "MODEL", None, None, None, None),
+        *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out")),
+    ],
+    "CLIPAttentionMultiply": [
+        ("clip", "CLIP", None, None, None, None),
+        *((n, "FLOAT", 1.0, 0.0, 10.0, 0.01) for n in ("q", "k", "v", "out")),
+    ],
+    "UNetTemporalAttentionMultiply": [
+        ("model", "MODEL", None, None, None, None),
+        *(
+            (n, "FLOAT", 1.0, 0.0, 10.0, 0.01)
+            for n in ("self_structural", "self_temporal", "cross_structural", "cross_temporal")
+        ),
+    ],
+    "TorchCompileModel": [
+        ("model", "MODEL", None, None, None, None),
+        ("backend", "COMBO", None, None, None, None),
+    ],
 }
 
 

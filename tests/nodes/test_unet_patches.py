@@ -26,15 +26,21 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _inputs(unet: Any, batch: int = 2, size: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def _inputs(
+    unet: Any, batch: int = 2, size: int = 16, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     g = torch.Generator().manual_seed(seed)
     cfg = unet.config
     x = torch.randn(batch, 4, size, size, generator=g)
-    kw: dict[str, Any] = {"encoder_hidden_states": torch.randn(batch, 7, cfg.cross_attention_dim, generator=g)}
+    kw: dict[str, Any] = {
+        "encoder_hidden_states": torch.randn(batch, 7, cfg.cross_attention_dim, generator=g)
+    }
     if cfg.addition_embed_type == "text_time":
         pooled = unet.add_embedding.linear_1.in_features - 6 * cfg.addition_time_embed_dim
-        kw["added_cond_kwargs"] = {"text_embeds": torch.randn(batch, pooled, generator=g),
-                                   "time_ids": torch.rand(batch, 6, generator=g) * 64}
+        kw["added_cond_kwargs"] = {
+            "text_embeds": torch.randn(batch, pooled, generator=g),
+            "time_ids": torch.rand(batch, 6, generator=g) * 64,
+        }
     return x, torch.full((batch,), 500.0), kw
 
 
@@ -49,7 +55,9 @@ def _plain(unet: Any, x: torch.Tensor, t: torch.Tensor, kw: dict) -> torch.Tenso
 
 
 @pytest.mark.parametrize("family", ["sd15", "sd2", "sdxl"])
-def test_walk_with_noop_patches_is_bit_identical_and_names_comfyui_places(tiny_models: dict, family: str) -> None:
+def test_walk_with_noop_patches_is_bit_identical_and_names_comfyui_places(
+    tiny_models: dict, family: str
+) -> None:
     unet = tiny_models[family].modules["unet"]
     x, t, kw = _inputs(unet)
     seen: list[Any] = []
@@ -58,8 +66,13 @@ def test_walk_with_noop_patches_is_bit_identical_and_names_comfyui_places(tiny_m
         seen.append(args[-1]["block"])
         return args[0] if len(args) == 2 else args[:2]
 
-    options = {"patches": {"input_block_patch": [note], "input_block_patch_after_skip": [note],
-                           "output_block_patch": [note]}}
+    options = {
+        "patches": {
+            "input_block_patch": [note],
+            "input_block_patch_after_skip": [note],
+            "output_block_patch": [note],
+        }
+    }
     with torch.no_grad():
         out = run_patched(unet, x, t, dict(kw), options)
     assert torch.equal(out, _plain(unet, x, t, kw))
@@ -78,13 +91,22 @@ def test_fourier_filter_scales_the_centre_of_the_shifted_spectrum() -> None:
     assert np.allclose(fourier_filter(x, 1, 0.3).numpy(), expected, atol=1e-5)
 
 
-def _freeu_reference(unet: Any, x: torch.Tensor, t: torch.Tensor, kw: dict, b: tuple[float, float],
-                     s: tuple[float, float], v2: bool) -> torch.Tensor:
+def _freeu_reference(
+    unet: Any,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    kw: dict,
+    b: tuple[float, float],
+    s: tuple[float, float],
+    v2: bool,
+) -> torch.Tensor:
     """FreeU written with diffusers' forward pre-hooks: each up resnet's input is [h, skip]; split
     it by the skip's channels (known from the down path), patch, concatenate again."""
     down_channels = [unet.config.block_out_channels[0]]
     for i, block in enumerate(unet.down_blocks):
-        down_channels += [unet.config.block_out_channels[i]] * (len(block.resnets) + (1 if block.downsamplers else 0))
+        down_channels += [unet.config.block_out_channels[i]] * (
+            len(block.resnets) + (1 if block.downsamplers else 0)
+        )
     mc = unet.config.block_out_channels[0]
 
     def pre(module: Any, args: tuple) -> tuple:
@@ -125,6 +147,7 @@ def _deep_shrink_reference(unet: Any, x: torch.Tensor, t: torch.Tensor, kw: dict
     """Deep Shrink after input place 3 (down block 0's downsampler), after the skip, written with
     diffusers' forward hooks: down block 0's output features are halved (its skips stay full size);
     up block 0's second resnet output is brought back to the full-size skip it meets next."""
+
     def shrink(module: Any, args: Any, out: tuple) -> tuple:
         h, skips = out
         return resize(h, round(h.shape[-1] / 2), round(h.shape[-2] / 2), "bicubic"), skips
@@ -132,7 +155,10 @@ def _deep_shrink_reference(unet: Any, x: torch.Tensor, t: torch.Tensor, kw: dict
     def grow(module: Any, args: Any, out: torch.Tensor) -> torch.Tensor:
         return resize(out, 8, 8, "bilinear")
 
-    hooks = [unet.down_blocks[0].register_forward_hook(shrink), unet.up_blocks[0].resnets[1].register_forward_hook(grow)]
+    hooks = [
+        unet.down_blocks[0].register_forward_hook(shrink),
+        unet.up_blocks[0].resnets[1].register_forward_hook(grow),
+    ]
     try:
         return _plain(unet, x, t, kw)
     finally:
@@ -173,7 +199,9 @@ def test_output_block_patch_sees_diffusers_freeu_pairs(tiny_models: dict) -> Non
     factors = dict(b1=1.2, b2=1.4, s1=0.7, s2=0.5)
 
     def patch(h: torch.Tensor, hsp: torch.Tensor, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_freeu(int(np.searchsorted(ends, options["block"][1], side="right")), h.clone(), hsp, **factors)
+        return apply_freeu(
+            int(np.searchsorted(ends, options["block"][1], side="right")), h.clone(), hsp, **factors
+        )
 
     with torch.no_grad():
         out = run_patched(unet, x, t, dict(kw), {"patches": {"output_block_patch": [patch]}})
@@ -240,13 +268,21 @@ def test_pag_guidance_formula() -> None:
     seen: dict[str, Any] = {}
 
     class Run:
-        def calc_entries(self, entries: Any, x: torch.Tensor, sigma: torch.Tensor, patches: Any = ()) -> torch.Tensor:
+        def calc_entries(
+            self, entries: Any, x: torch.Tensor, sigma: torch.Tensor, patches: Any = ()
+        ) -> torch.Tensor:
             seen.update(entries=entries, patches=patches)
             return torch.full_like(x, 0.25)
 
     (post,) = pag_hooks(None, 3.0).post_cfg
-    args = {"model": Run(), "cond": ["c"], "input": torch.zeros(1, 4, 2, 2), "sigma": torch.ones(1),
-            "denoised": torch.ones(1, 4, 2, 2), "cond_denoised": torch.full((1, 4, 2, 2), 0.5)}
+    args = {
+        "model": Run(),
+        "cond": ["c"],
+        "input": torch.zeros(1, 4, 2, 2),
+        "sigma": torch.ones(1),
+        "denoised": torch.ones(1, 4, 2, 2),
+        "cond_denoised": torch.full((1, 4, 2, 2), 0.5),
+    }
     assert torch.allclose(post(args), torch.full((1, 4, 2, 2), 1.0 + (0.5 - 0.25) * 3.0))
     assert seen["entries"] == ["c"] and seen["patches"][0].block == ("middle", 0, 0)
 
@@ -287,8 +323,10 @@ def test_hypertile_tiles_queries_and_views_keys_by_the_tiled_batch(tiny_models: 
         out = tile_out(attention(attn.to_q(q), attn.to_k(k), attn.to_v(v), attn.heads), extra)
         # by hand: tile i's queries attend to the i-th contiguous run of 16 tokens (ComfyUI's view)
         qs, ks, vs = attn.to_q(tiles(n, 4, 4, 16, 16)), attn.to_k(n), attn.to_v(n)
-        parts = [attention(qs[i:i + 1], ks[:, 16 * i:16 * (i + 1)], vs[:, 16 * i:16 * (i + 1)], attn.heads)
-                 for i in range(16)]
+        parts = [
+            attention(qs[i : i + 1], ks[:, 16 * i : 16 * (i + 1)], vs[:, 16 * i : 16 * (i + 1)], attn.heads)
+            for i in range(16)
+        ]
         expected = untiles(torch.cat(parts), 4, 4, 16, 16)
     assert torch.allclose(out, expected, atol=1e-5)
     assert math.isclose(float(out.std()), float(expected.std()), rel_tol=1e-5)
@@ -341,8 +379,14 @@ def test_tome_merges_only_full_resolution_queries(tiny_models: dict) -> None:
     from nodes.hooks import BlockPatch
 
     with torch.no_grad():
-        out = run_patched(unet, x, t, dict(kw), block_options([BlockPatch("attn1_patch", spy), hooks.block_patches[1]]))
-    assert (256, 128, 256) in shapes and (64, 64, 64) in shapes  # 16x16 tokens halved; 8x8 untouched; keys whole
+        out = run_patched(
+            unet, x, t, dict(kw), block_options([BlockPatch("attn1_patch", spy), hooks.block_patches[1]])
+        )
+    assert (256, 128, 256) in shapes and (
+        64,
+        64,
+        64,
+    ) in shapes  # 16x16 tokens halved; 8x8 untouched; keys whole
     assert torch.isfinite(out).all() and not torch.allclose(out, _plain(unet, x, t, kw), atol=1e-4)
 
 
@@ -359,10 +403,16 @@ def test_walk_adds_control_residuals_where_diffusers_does(tiny_models: dict, kin
     def extra() -> dict[str, Any]:
         g.manual_seed(9)
         if kind == "controlnet":
-            return {"down_block_additional_residuals": [torch.randn(s, generator=g) for s in shapes],
-                    "mid_block_additional_residual": torch.randn(2, 64, 8, 8, generator=g)}
-        return {"down_intrablock_additional_residuals": [torch.randn(2, 32, 16, 16, generator=g),
-                                                         torch.randn(2, 64, 8, 8, generator=g)]}
+            return {
+                "down_block_additional_residuals": [torch.randn(s, generator=g) for s in shapes],
+                "mid_block_additional_residual": torch.randn(2, 64, 8, 8, generator=g),
+            }
+        return {
+            "down_intrablock_additional_residuals": [
+                torch.randn(2, 32, 16, 16, generator=g),
+                torch.randn(2, 64, 8, 8, generator=g),
+            ]
+        }
 
     noop = {"patches": {"output_block_patch": [lambda h, hsp, o: (h, hsp)]}}
     with torch.no_grad():

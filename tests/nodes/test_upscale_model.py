@@ -48,9 +48,17 @@ def make_ctx(models_root: Path, tmp_path: Path) -> Iterator[Callable[..., NodeCo
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
 
     def make(on_progress: Any = None, **settings: Any) -> NodeContext:
-        folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "tmp", model_files=ModelFolders(models_root))
-        return NodeContext(node_id="7", prompt_id="t", folders=folders, models=manager, on_progress=on_progress,
-                           settings=RunSettings(**settings))
+        folders = Folders(
+            tmp_path / "in", tmp_path / "out", tmp_path / "tmp", model_files=ModelFolders(models_root)
+        )
+        return NodeContext(
+            node_id="7",
+            prompt_id="t",
+            folders=folders,
+            models=manager,
+            on_progress=on_progress,
+            settings=RunSettings(**settings),
+        )
 
     yield make
     manager.close()
@@ -75,12 +83,18 @@ def _compact_file(folder: Path) -> Path:
 # --- loading --------------------------------------------------------------------------------------
 def test_loader_detects_the_demo_esrgan(make_ctx: Callable[..., NodeContext]) -> None:
     (handle,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
-    assert (handle.architecture, handle.scale, handle.input_channels, handle.output_channels) == ("ESRGAN", 4, 3, 3)
+    assert (handle.architecture, handle.scale, handle.input_channels, handle.output_channels) == (
+        "ESRGAN",
+        4,
+        3,
+        3,
+    )
     assert handle.kind == "upscale_model" and handle.key.startswith("upscale_model:")
 
 
-def test_pth_is_refused_like_checkpoints_unless_pickles_are_allowed(make_ctx: Callable[..., NodeContext],
-                                                                    models_root: Path) -> None:
+def test_pth_is_refused_like_checkpoints_unless_pickles_are_allowed(
+    make_ctx: Callable[..., NodeContext], models_root: Path
+) -> None:
     path = models_root / "upscale_models" / DEMO_UPSCALER_PTH
     with pytest.raises(ModelLoadError) as refused:
         UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER_PTH)
@@ -91,8 +105,9 @@ def test_pth_is_refused_like_checkpoints_unless_pickles_are_allowed(make_ctx: Ca
     assert torch.equal(from_pth.load()(x), from_st.load()(x))  # {"params_ema": sd} unwrapped
 
 
-def test_the_loader_reads_only_the_header_of_a_safetensors_file(make_ctx: Callable[..., NodeContext],
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_loader_reads_only_the_header_of_a_safetensors_file(
+    make_ctx: Callable[..., NodeContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import nodes.upscale_model as upscale_model
 
     def no_weights(*_args: Any, **_kwargs: Any) -> Any:
@@ -104,8 +119,9 @@ def test_the_loader_reads_only_the_header_of_a_safetensors_file(make_ctx: Callab
     assert handle.nbytes == sum(v.numel() * 4 for v in demo_esrgan_state_dict().values())
 
 
-def test_detection_that_needs_tensor_values_falls_back_to_reading_them(make_ctx: Callable[..., NodeContext],
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_detection_that_needs_tensor_values_falls_back_to_reading_them(
+    make_ctx: Callable[..., NodeContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
     spandrel = import_spandrel()
     real_load = spandrel.MAIN_REGISTRY.load
 
@@ -150,17 +166,28 @@ def test_an_image_with_the_wrong_channel_count_is_refused(make_ctx: Callable[...
         ImageUpscaleWithModel().run(ctx, upscale_model="x", image=torch.rand(1, 8, 8, 3))
 
 
-def test_half_precision_falls_back_to_float32_where_the_architecture_has_none(make_ctx: Callable[..., NodeContext]) -> None:
+def test_half_precision_falls_back_to_float32_where_the_architecture_has_none(
+    make_ctx: Callable[..., NodeContext],
+) -> None:
     (handle,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
     module = handle.load()
     assert next(handle.to_device(module, "cpu", "bfloat16").parameters()).dtype == torch.bfloat16
-    no_half = UpscaleModelHandle(source=handle.source, nbytes=handle.nbytes, architecture="X", scale=4,
-                                 input_channels=3, output_channels=3, half_dtypes=())
+    no_half = UpscaleModelHandle(
+        source=handle.source,
+        nbytes=handle.nbytes,
+        architecture="X",
+        scale=4,
+        input_channels=3,
+        output_channels=3,
+        half_dtypes=(),
+    )
     assert next(no_half.to_device(module, "cpu", "float16").parameters()).dtype == torch.float32
 
 
 # --- running --------------------------------------------------------------------------------------
-def test_node_output_is_the_model_output_clamped_and_loaded_by_the_manager(make_ctx: Callable[..., NodeContext]) -> None:
+def test_node_output_is_the_model_output_clamped_and_loaded_by_the_manager(
+    make_ctx: Callable[..., NodeContext],
+) -> None:
     ctx = make_ctx()
     (handle,) = UpscaleModelLoader().run(ctx, model_name=DEMO_UPSCALER)
     image = _image(24, 20, b=2)
@@ -190,7 +217,8 @@ def test_tiled_equals_untiled_within_the_seam_blending() -> None:
 
 
 def test_4x_of_1024_completes_when_the_first_tile_size_runs_out_of_memory(
-        make_ctx: Callable[..., NodeContext], models_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_ctx: Callable[..., NodeContext], models_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.set_num_threads(1)
     path = _compact_file(models_root)
     seen: list[tuple[int, int]] = []
@@ -215,8 +243,9 @@ def test_4x_of_1024_completes_when_the_first_tile_size_runs_out_of_memory(
     assert progress == [(i, total) for i in range(1, total + 1)]
 
 
-def test_out_of_memory_below_the_smallest_tile_is_raised(make_ctx: Callable[..., NodeContext],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_out_of_memory_below_the_smallest_tile_is_raised(
+    make_ctx: Callable[..., NodeContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def always_oom(self: UpscaleModule, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -227,7 +256,9 @@ def test_out_of_memory_below_the_smallest_tile_is_raised(make_ctx: Callable[...,
         ImageUpscaleWithModel().run(ctx, upscale_model=handle, image=_image(600, 600))
 
 
-def test_interrupt_stops_between_tiles(make_ctx: Callable[..., NodeContext], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupt_stops_between_tiles(
+    make_ctx: Callable[..., NodeContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[int] = []
     real_forward = UpscaleModule.forward
 
@@ -237,7 +268,9 @@ def test_interrupt_stops_between_tiles(make_ctx: Callable[..., NodeContext], mon
 
     monkeypatch.setattr(UpscaleModule, "forward", counted)
     made: list[NodeContext] = []
-    ctx = make_ctx(on_progress=lambda *_: made[0].interrupt.set())  # interrupt as soon as the first tile is done
+    ctx = make_ctx(
+        on_progress=lambda *_: made[0].interrupt.set()
+    )  # interrupt as soon as the first tile is done
     made.append(ctx)
     (handle,) = UpscaleModelLoader().run(ctx, model_name=DEMO_UPSCALER)
     with pytest.raises(Interrupted):
@@ -247,12 +280,16 @@ def test_interrupt_stops_between_tiles(make_ctx: Callable[..., NodeContext], mon
 
 def test_out_of_memory_recognition() -> None:
     assert is_out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
-    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1"))
+    assert is_out_of_memory(
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")
+    )
     assert not is_out_of_memory(RuntimeError("size mismatch"))
     assert not is_out_of_memory(Interrupted("interrupted"))
 
 
-def test_the_handle_is_managed_like_every_model_prefetched_counted_evicted(make_ctx: Callable[..., NodeContext]) -> None:
+def test_the_handle_is_managed_like_every_model_prefetched_counted_evicted(
+    make_ctx: Callable[..., NodeContext],
+) -> None:
     from engine.device_policy import handles_in
     from engine.memory import ModelManager
 
@@ -271,8 +308,10 @@ def test_the_handle_is_managed_like_every_model_prefetched_counted_evicted(make_
         mm.close()
 
 
-@pytest.mark.parametrize(("h", "w", "tile", "expected"), [(64, 64, 512, 1), (500, 1000, 512, 3), (1024, 1024, 256, 25),
-                                                           (1000, 1000, 512, 9)])
+@pytest.mark.parametrize(
+    ("h", "w", "tile", "expected"),
+    [(64, 64, 512, 1), (500, 1000, 512, 3), (1024, 1024, 256, 25), (1000, 1000, 512, 9)],
+)
 def test_progress_total_is_the_number_of_tiles_run(h: int, w: int, tile: int, expected: int) -> None:
     calls: list[int] = []
 

@@ -35,8 +35,13 @@ def vae_models(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Pa
 
 
 def _ctx(models: Path, tmp_path: Path) -> NodeContext:
-    return NodeContext("8", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
-                       models=ModelManager(), settings=RunSettings())
+    return NodeContext(
+        "8",
+        "p",
+        Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
+        models=ModelManager(),
+        settings=RunSettings(),
+    )
 
 
 def _vae_file(family: Any) -> str:
@@ -52,7 +57,9 @@ def _sampled_latent(family: Any, side: int) -> dict:
 
 
 @pytest.mark.parametrize("family", [SDXL, SD3])
-def test_sampled_latents_decode_with_a_separate_vae_file(family: Any, vae_models: Path, tmp_path: Path) -> None:
+def test_sampled_latents_decode_with_a_separate_vae_file(
+    family: Any, vae_models: Path, tmp_path: Path
+) -> None:
     ctx = _ctx(vae_models, tmp_path)
     (vae,) = VAELoader().run(ctx, vae_name=_vae_file(family))
     latent = _sampled_latent(family, 16)
@@ -63,8 +70,9 @@ def test_sampled_latents_decode_with_a_separate_vae_file(family: Any, vae_models
 
 
 @pytest.mark.parametrize("family", [SDXL, SD3])
-def test_images_encode_with_a_separate_vae_file_to_the_family_width(family: Any, vae_models: Path,
-                                                                   tmp_path: Path) -> None:
+def test_images_encode_with_a_separate_vae_file_to_the_family_width(
+    family: Any, vae_models: Path, tmp_path: Path
+) -> None:
     ctx = _ctx(vae_models, tmp_path)
     (vae,) = VAELoader().run(ctx, vae_name=_vae_file(family))
     torch.manual_seed(1)
@@ -78,7 +86,9 @@ def test_images_encode_with_a_separate_vae_file_to_the_family_width(family: Any,
 
 
 @pytest.mark.parametrize("node", [VAEDecode, VAEDecodeTiled])
-def test_latents_of_another_width_still_fail_with_a_message(node: Any, vae_models: Path, tmp_path: Path) -> None:
+def test_latents_of_another_width_still_fail_with_a_message(
+    node: Any, vae_models: Path, tmp_path: Path
+) -> None:
     ctx = _ctx(vae_models, tmp_path)
     (vae,) = VAELoader().run(ctx, vae_name=SDXL_VAE)
     inputs = {"tile_size": 64, "overlap": 32} if node is VAEDecodeTiled else {}

@@ -26,9 +26,19 @@ def tiny_zimage(seed: int = 0, dim: int = 64, heads: int = 2) -> Any:
     from diffusers import ZImageTransformer2DModel
 
     torch.manual_seed(seed)
-    model = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=dim, n_layers=2,
-                                     n_refiner_layers=1, n_heads=heads, n_kv_heads=heads, cap_feat_dim=24,
-                                     axes_dims=rope_axes(dim // heads), axes_lens=[1536, 512, 512])
+    model = ZImageTransformer2DModel(
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=16,
+        dim=dim,
+        n_layers=2,
+        n_refiner_layers=1,
+        n_heads=heads,
+        n_kv_heads=heads,
+        cap_feat_dim=24,
+        axes_dims=rope_axes(dim // heads),
+        axes_lens=[1536, 512, 512],
+    )
     with torch.no_grad():  # diffusers zero-initialises the pad tokens; make every weight count
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.1)
@@ -39,9 +49,16 @@ def test_key_table_round_trips_and_reads_the_config() -> None:
     model, kind = tiny_zimage(), ZImageTransformer()
     original = kind.to_original(model.state_dict(), model.config)
     assert original["layers.1.attention.qkv.weight"].shape == (3 * 64, 64)
-    assert {"x_embedder.weight", "final_layer.linear.weight", "final_layer.adaLN_modulation.1.bias",
-            "noise_refiner.0.attention.out.weight", "context_refiner.0.attention.k_norm.weight",
-            "cap_pad_token", "x_pad_token", "t_embedder.mlp.2.weight"} <= original.keys()
+    assert {
+        "x_embedder.weight",
+        "final_layer.linear.weight",
+        "final_layer.adaLN_modulation.1.bias",
+        "noise_refiner.0.attention.out.weight",
+        "context_refiner.0.attention.k_norm.weight",
+        "cap_pad_token",
+        "x_pad_token",
+        "t_embedder.mlp.2.weight",
+    } <= original.keys()
     assert not any(".to_q." in k or "all_" in k for k in original)
     config = kind.config_from_tensors(index_of(original), "")
     for key in ("in_channels", "dim", "n_layers", "n_refiner_layers", "n_heads", "cap_feat_dim", "axes_dims"):
@@ -72,8 +89,9 @@ def test_forward_is_t_one_minus_sigma_and_negated_output() -> None:
     cond = kind.conditioning([CondEntry(embeds=text)], 2, (48, 32))
     assert len(cond["cap_feats"]) == 2 and cond["cap_feats"][0].shape == (5, 24)
     ours = kind.forward(model, x, torch.tensor([0.3]), cond)
-    ref = model([x[i].unsqueeze(1) for i in range(2)], torch.tensor([0.7, 0.7]), [text[0], text[0]],
-                return_dict=False)[0]
+    ref = model(
+        [x[i].unsqueeze(1) for i in range(2)], torch.tensor([0.7, 0.7]), [text[0], text[0]], return_dict=False
+    )[0]
     assert ours.shape == x.shape
     assert torch.allclose(ours, -torch.stack(ref).squeeze(2), atol=1e-6)
 
@@ -86,8 +104,10 @@ def test_rows_with_different_caption_lengths_equal_separate_calls() -> None:
     x = torch.randn(2, 16, 4, 4)
     short, long = CondEntry(embeds=torch.randn(1, 3, 24)), CondEntry(embeds=torch.randn(1, 40, 24))
     both = kind.forward(model, x, torch.tensor([0.5]), kind.conditioning([short, long], 1, (32, 32)))
-    alone = [kind.forward(model, x[i:i + 1], torch.tensor([0.5]), kind.conditioning([e], 1, (32, 32)))
-             for i, e in enumerate((short, long))]
+    alone = [
+        kind.forward(model, x[i : i + 1], torch.tensor([0.5]), kind.conditioning([e], 1, (32, 32)))
+        for i, e in enumerate((short, long))
+    ]
     assert torch.allclose(both, torch.cat(alone), atol=1e-5)
 
 
@@ -95,8 +115,12 @@ def test_odd_latent_sizes_are_padded_and_cropped() -> None:
     from nodes.conditioning import CondEntry
 
     model, kind = tiny_zimage(), ZImageTransformer()
-    out = kind.forward(model, torch.randn(1, 16, 5, 7), torch.tensor([0.5]),
-                       kind.conditioning([CondEntry(embeds=torch.randn(1, 4, 24))], 1, (40, 56)))
+    out = kind.forward(
+        model,
+        torch.randn(1, 16, 5, 7),
+        torch.tensor([0.5]),
+        kind.conditioning([CondEntry(embeds=torch.randn(1, 4, 24))], 1, (40, 56)),
+    )
     assert out.shape == (1, 16, 5, 7) and torch.isfinite(out).all()
 
 
@@ -122,8 +146,13 @@ def test_full_size_z_image_key_table_on_meta_device() -> None:
     original = kind.to_original(model.state_dict(), model.config)
     assert len(original) == 453
     config = kind.config_from_tensors(index_of(original, "z_image_turbo_bf16.safetensors"), "")
-    assert (config["dim"], config["n_heads"], config["n_layers"], config["n_refiner_layers"], config["cap_feat_dim"]) == (
-        3840, 30, 30, 2, 2560)
+    assert (
+        config["dim"],
+        config["n_heads"],
+        config["n_layers"],
+        config["n_refiner_layers"],
+        config["cap_feat_dim"],
+    ) == (3840, 30, 30, 2, 2560)
     assert config["axes_dims"] == [32, 48, 48] and config["axes_lens"] == [1536, 512, 512]
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert {k: tuple(v.shape) for k, v in kind.to_diffusers(original, config).items()} == expected
@@ -137,9 +166,18 @@ def tiny_qwen3(seed: int = 0) -> Any:
     from nodes.families.components.qwen_text import QWEN3_CONSTANTS
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=6, tie_word_embeddings=True,
-                      use_cache=False, **QWEN3_CONSTANTS)
+    cfg = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=24,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=6,
+        tie_word_embeddings=True,
+        use_cache=False,
+        **QWEN3_CONSTANTS,
+    )
     return Qwen3Model(cfg).eval()
 
 
@@ -147,8 +185,14 @@ def test_qwen3_config_and_keys_from_a_comfyui_style_file() -> None:
     model, kind = tiny_qwen3(), QwenText()
     file = {f"model.{k}": v for k, v in model.state_dict().items()} | {"lm_head.weight": torch.zeros(1, 24)}
     config = kind.config_from_tensors(index_of(file), "model.")
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["num_key_value_heads"], config["head_dim"], config["intermediate_size"]) == (24, 3, 4, 2, 6, 40)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["intermediate_size"],
+    ) == (24, 3, 4, 2, 6, 40)
     inner = {k.removeprefix("model."): v for k, v in file.items() if k.startswith("model.")}
     back = kind.to_diffusers(inner, config)
     assert back.keys() == model.state_dict().keys()
@@ -162,7 +206,9 @@ def test_qwen3_encode_is_the_second_to_last_layer_of_the_templated_prompt() -> N
     z = kind.encode(model, tokenizer, "a photo of a cat", -2)
     ids = tokenizer("<|im_start|>user\na photo of a cat<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     captured: dict[str, torch.Tensor] = {}
-    hook = model.layers[1].register_forward_hook(lambda m, i, o: captured.setdefault("out", o[0] if isinstance(o, tuple) else o))
+    hook = model.layers[1].register_forward_hook(
+        lambda m, i, o: captured.setdefault("out", o[0] if isinstance(o, tuple) else o)
+    )
     model(input_ids=torch.tensor([ids]))
     hook.remove()
     assert z.shape == (1, len(ids), 24) == (1, 8 + 5, 24)  # the template costs 8 tokens
@@ -177,7 +223,9 @@ def test_clip_set_last_layer_indices_follow_comfyui() -> None:
     model, kind, tokenizer = tiny_qwen3(), QwenText(), load_qwen_tokenizer()
     ids = torch.tensor([kind.token_ids(tokenizer, "a cat")])
     captured: list[torch.Tensor] = []
-    hook = model.layers[-1].register_forward_hook(lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o))
+    hook = model.layers[-1].register_forward_hook(
+        lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o)
+    )
     out = model(input_ids=ids, output_hidden_states=True)
     hook.remove()
     last_layer = captured[0]
@@ -195,8 +243,15 @@ def test_full_size_qwen3_4b_key_table_on_meta_device() -> None:
 
     from nodes.families.components.qwen_text import QWEN3_CONSTANTS
 
-    real = dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    real = dict(
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+    )
     with init_empty_weights():
         model = Qwen3Model(Qwen3Config(**real, tie_word_embeddings=True, **QWEN3_CONSTANTS))
     file = {f"model.{k}": v for k, v in model.state_dict().items()}
@@ -205,9 +260,14 @@ def test_full_size_qwen3_4b_key_table_on_meta_device() -> None:
     assert {k: config[k] for k in real} == real
 
 
-@pytest.mark.parametrize(("prefix", "dtype"), [("", torch.bfloat16), ("model.diffusion_model.", torch.bfloat16),
-                                              ("", torch.float8_e4m3fn)], ids=["bf16", "bf16_prefixed", "fp8"])
-def test_stored_precision_files_load_through_unet_loader(prefix: str, dtype: torch.dtype, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("prefix", "dtype"),
+    [("", torch.bfloat16), ("model.diffusion_model.", torch.bfloat16), ("", torch.float8_e4m3fn)],
+    ids=["bf16", "bf16_prefixed", "fp8"],
+)
+def test_stored_precision_files_load_through_unet_loader(
+    prefix: str, dtype: torch.dtype, tmp_path: Path
+) -> None:
     """Z-Image files are bf16 (z_image_turbo_bf16.safetensors) or fp8, with or without ComfyUI's prefix:
     the handle detects the family, builds the module and the device move upcasts it to the compute
     precision."""
@@ -218,7 +278,9 @@ def test_stored_precision_files_load_through_unet_loader(prefix: str, dtype: tor
 
     model, kind = tiny_zimage(), ZImageTransformer()
     original = kind.to_original(model.state_dict(), model.config)
-    save_file({prefix + k: v.to(dtype).contiguous() for k, v in original.items()}, str(tmp_path / "z.safetensors"))
+    save_file(
+        {prefix + k: v.to(dtype).contiguous() for k, v in original.items()}, str(tmp_path / "z.safetensors")
+    )
     handle = open_diffusion_model(tmp_path / "z.safetensors")
     assert handle.family == ZImage() and handle.parts[0].prefix == prefix and handle.prediction == "flow"
     module = handle.to_device(handle.load(), "cpu", "float32")

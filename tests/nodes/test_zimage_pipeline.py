@@ -48,9 +48,13 @@ def zimage_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 def _pipeline(modules: dict[str, Any]) -> Any:
     from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline
 
-    pipe: Any = ZImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0), vae=modules["vae"],
-                               text_encoder=modules["qwen3_4b"], tokenizer=load_qwen_tokenizer(),
-                               transformer=modules["unet"])
+    pipe: Any = ZImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+        vae=modules["vae"],
+        text_encoder=modules["qwen3_4b"],
+        tokenizer=load_qwen_tokenizer(),
+        transformer=modules["unet"],
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -62,8 +66,19 @@ def _loom(root: Path, ctx: Any, cfg: float) -> tuple[Any, Any, Any, Any]:
     pos = CLIPTextEncode().run(ctx, text=PROMPT, clip=clip)[0]
     neg = CLIPTextEncode().run(ctx, text=NEGATIVE, clip=clip)[0]
     latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(ctx, model=model, seed=SEED, steps=STEPS, cfg=cfg, sampler_name="euler", scheduler="simple",
-                         positive=pos, negative=neg, latent_image=latent, denoise=1.0)[0]
+    out = KSampler().run(
+        ctx,
+        model=model,
+        seed=SEED,
+        steps=STEPS,
+        cfg=cfg,
+        sampler_name="euler",
+        scheduler="simple",
+        positive=pos,
+        negative=neg,
+        latent_image=latent,
+        denoise=1.0,
+    )[0]
     return model, (pos, neg), latent, out
 
 
@@ -80,9 +95,16 @@ def test_z_image_txt2img_matches_zimage_pipeline(cfg: float, zimage_dir: Any, ma
 
     pipe = _pipeline(modules)
     noise = prepare_noise(latent["samples"], SEED)
-    kwargs = dict(prompt_embeds=[pos[0].embeds[0]], negative_prompt_embeds=[neg[0].embeds[0]], height=SIZE,
-                  width=SIZE, num_inference_steps=STEPS, sigmas=sigmas[:-1].tolist(), guidance_scale=cfg - 1.0,
-                  latents=noise.clone())
+    kwargs = dict(
+        prompt_embeds=[pos[0].embeds[0]],
+        negative_prompt_embeds=[neg[0].embeds[0]],
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        sigmas=sigmas[:-1].tolist(),
+        guidance_scale=cfg - 1.0,
+        latents=noise.clone(),
+    )
     ref = pipe(**kwargs, output_type="latent").images  # diffusers' guidance g is ComfyUI's cfg − 1
     mine = model.latent_format.process_in(out["samples"])
     assert (mine - ref).abs().max() < 1e-4

@@ -40,8 +40,17 @@ def workflow() -> dict[str, Any]:
 def test_z_image_turbo_workflow_runs(demo_models: Path, tmp_path: Path) -> None:
     prompt = workflow()
     assert prompt["3"]["inputs"] | {"model": None} == {
-        "model": None, "seed": 42, "steps": 8, "cfg": 1.0, "sampler_name": "res_multistep", "scheduler": "simple",
-        "positive": ["6", 0], "negative": ["7", 0], "latent_image": ["5", 0], "denoise": 1.0}
+        "model": None,
+        "seed": 42,
+        "steps": 8,
+        "cfg": 1.0,
+        "sampler_name": "res_multistep",
+        "scheduler": "simple",
+        "positive": ["6", 0],
+        "negative": ["7", 0],
+        "latent_image": ["5", 0],
+        "denoise": 1.0,
+    }
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
     (image,) = result.outputs["9"]["images"]
@@ -54,11 +63,17 @@ def test_template_with_combined_prompts_runs(demo_models: Path, tmp_path: Path) 
     """ComfyUI's current template combines the prompt with a second one (ConditioningCombine): two
     captions of different lengths, whose predictions the sampler averages."""
     prompt = workflow()
-    prompt["14"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "safe for work, fully clothed, appropriate "
-                                                                       "attire, decent, family friendly",
-                                                               "clip": ["11", 0]}}
-    prompt["15"] = {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["6", 0],
-                                                                    "conditioning_2": ["14", 0]}}
+    prompt["14"] = {
+        "class_type": "CLIPTextEncode",
+        "inputs": {
+            "text": "safe for work, fully clothed, appropriate attire, decent, family friendly",
+            "clip": ["11", 0],
+        },
+    }
+    prompt["15"] = {
+        "class_type": "ConditioningCombine",
+        "inputs": {"conditioning_1": ["6", 0], "conditioning_2": ["14", 0]},
+    }
     prompt["3"]["inputs"] |= {"positive": ["15", 0], "steps": 2}
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
@@ -74,10 +89,13 @@ def test_ui_format_template_with_a_subgraph_runs(demo_models: Path, tmp_path: Pa
     executor = make_executor(demo_models, tmp_path)
     prompt = load_workflow(ui, executor.registry.object_info()).prompt
     expected = workflow()
-    assert sorted(n["class_type"] for n in prompt.values()) == sorted(n["class_type"] for n in expected.values())
+    assert sorted(n["class_type"] for n in prompt.values()) == sorted(
+        n["class_type"] for n in expected.values()
+    )
     (sampler,) = [n for n in prompt.values() if n["class_type"] == "KSampler"]
     assert {k: v for k, v in sampler["inputs"].items() if not isinstance(v, list)} == {
-        k: v for k, v in expected["3"]["inputs"].items() if not isinstance(v, list)}
+        k: v for k, v in expected["3"]["inputs"].items() if not isinstance(v, list)
+    }
     result = run(executor, prompt)
     assert result.status == "success", (result.node_errors, result.error)
 
@@ -101,8 +119,13 @@ LAYERS = {  # original name -> diffusers module name
 
 def _pairs(original: dict[str, Any], names: Any) -> dict[str, tuple[Any, Any]]:
     torch.manual_seed(3)
-    return {n: (torch.randn(RANK, original[f"{n}.weight"].shape[1]), torch.randn(original[f"{n}.weight"].shape[0], RANK))
-            for n in names}
+    return {
+        n: (
+            torch.randn(RANK, original[f"{n}.weight"].shape[1]),
+            torch.randn(original[f"{n}.weight"].shape[0], RANK),
+        )
+        for n in names
+    }
 
 
 def _write_lora(path: Path, heads: dict[str, tuple[Any, Any]], kohya: bool) -> None:
@@ -139,12 +162,17 @@ def test_original_layout_lora_equals_editing_the_file(layout: str, demo_models: 
     assert patched.keys() == expected.keys()
     for key, value in expected.items():
         torch.testing.assert_close(patched[key], value, atol=1e-5, rtol=1e-5, msg=key)
-    assert not torch.equal(patched["layers.0.attention.to_v.weight"], handle.load().state_dict()[
-        "layers.0.attention.to_v.weight"])
+    assert not torch.equal(
+        patched["layers.0.attention.to_v.weight"],
+        handle.load().state_dict()["layers.0.attention.to_v.weight"],
+    )
 
 
-@pytest.mark.parametrize("prefix", ["diffusion_model.", "transformer.", "lora_unet_"],
-                         ids=["ai_toolkit", "diffusers_peft", "kohya_diffusers_names"])
+@pytest.mark.parametrize(
+    "prefix",
+    ["diffusion_model.", "transformer.", "lora_unet_"],
+    ids=["ai_toolkit", "diffusers_peft", "kohya_diffusers_names"],
+)
 def test_diffusers_named_lora_applies(prefix: str, demo_models: Path, tmp_path: Path) -> None:
     """LoRAs trained on the diffusers module names (ai-toolkit writes them under diffusion_model.)."""
     model_file = demo_models / "diffusion_models" / DEMO_ZIMAGE
@@ -152,8 +180,11 @@ def test_diffusers_named_lora_applies(prefix: str, demo_models: Path, tmp_path: 
     names = ["layers.1.attention.to_k", "layers.0.attention.to_out.0", "context_refiner.0.feed_forward.w2"]
     pairs = _pairs(base, names)
     kohya = prefix == "lora_unet_"
-    _write_lora(tmp_path / "lora.safetensors",
-                {prefix + (n.replace(".", "_") if kohya else n): p for n, p in pairs.items()}, kohya=kohya)
+    _write_lora(
+        tmp_path / "lora.safetensors",
+        {prefix + (n.replace(".", "_") if kohya else n): p for n, p in pairs.items()},
+        kohya=kohya,
+    )
     patched, _ = _patched(model_file, tmp_path / "lora.safetensors")
     for name, (down, up) in pairs.items():
         expected = base[f"{name}.weight"] + STRENGTH * (ALPHA / RANK) * (up @ down)
@@ -161,8 +192,11 @@ def test_diffusers_named_lora_applies(prefix: str, demo_models: Path, tmp_path: 
 
 
 def test_lora_of_another_width_is_refused(demo_models: Path, tmp_path: Path) -> None:
-    _write_lora(tmp_path / "wide.safetensors", {"diffusion_model.layers.0.attention.qkv": (torch.randn(RANK, 7),
-                                                                                           torch.randn(5, RANK))}, False)
+    _write_lora(
+        tmp_path / "wide.safetensors",
+        {"diffusion_model.layers.0.attention.qkv": (torch.randn(RANK, 7), torch.randn(5, RANK))},
+        False,
+    )
     with pytest.raises(ModelLoadError, match="another model family or size"):
         _patched(demo_models / "diffusion_models" / DEMO_ZIMAGE, tmp_path / "wide.safetensors")
 
@@ -172,11 +206,16 @@ def test_lora_loader_node_in_the_workflow(demo_models: Path, tmp_path: Path) -> 
 
     original = load_file(demo_models / "diffusion_models" / DEMO_ZIMAGE)
     (demo_models / "loras").mkdir(exist_ok=True)
-    _write_lora(demo_models / "loras" / "z_style.safetensors",
-                {f"diffusion_model.{n}": p for n, p in _pairs(original, LAYERS).items()}, kohya=False)
+    _write_lora(
+        demo_models / "loras" / "z_style.safetensors",
+        {f"diffusion_model.{n}": p for n, p in _pairs(original, LAYERS).items()},
+        kohya=False,
+    )
     prompt = workflow()
-    prompt["20"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["12", 0], "lora_name": "z_style.safetensors",
-                                                                    "strength_model": 1.0}}
+    prompt["20"] = {
+        "class_type": "LoraLoaderModelOnly",
+        "inputs": {"model": ["12", 0], "lora_name": "z_style.safetensors", "strength_model": 1.0},
+    }
     prompt["13"]["inputs"]["model"] = ["20", 0]
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
@@ -220,7 +259,9 @@ def test_t5_file_for_z_image_names_the_encoder_it_needs(t5_file: Path) -> None:
         open_text_encoders([t5_file], "lumina2")
 
 
-def test_conditioning_of_another_text_encoder_is_refused(demo_models: Path, t5_file: Path, tmp_path: Path) -> None:
+def test_conditioning_of_another_text_encoder_is_refused(
+    demo_models: Path, t5_file: Path, tmp_path: Path
+) -> None:
     prompt = workflow()
     prompt["11"]["inputs"] |= {"clip_name": t5_file.name, "type": "chroma"}
     result = run(make_executor(demo_models, tmp_path), prompt)
@@ -245,14 +286,19 @@ def test_sd_vae_with_z_image_is_refused(demo_models: Path, tmp_path: Path) -> No
     from nodes.families.components import KLVae
 
     vae = demo_modules()["vae"]  # SD1.5 demo VAE (4 latent channels)
-    save_file(original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae),
-              str(demo_models / "vae" / "sd_vae.safetensors"))
+    save_file(
+        original_state_dict(Part.make("vae", KLVae(), "", "vae", dict(vae.config)), vae),
+        str(demo_models / "vae" / "sd_vae.safetensors"),
+    )
     prompt = workflow()
     prompt["10"]["inputs"]["vae_name"] = "sd_vae.safetensors"
     prompt["3"]["inputs"]["steps"] = 1
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status != "success" and result.error["node_id"] == "8"
-    assert "4-channel" in result.error["exception_message"] and "ae.safetensors" in result.error["exception_message"]
+    assert (
+        "4-channel" in result.error["exception_message"]
+        and "ae.safetensors" in result.error["exception_message"]
+    )
 
 
 def test_empty_four_channel_latent_is_widened_as_comfyui_does(demo_models: Path, tmp_path: Path) -> None:

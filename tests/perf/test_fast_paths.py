@@ -12,8 +12,9 @@ from nodes.bench.runtime import BenchRuntime, image_difference, txt2img
 from tests.perf.conftest import CKPT
 
 
-def test_prompt_embeddings_are_reused_when_only_seed_or_sampler_changes(runtime: Any, perf_models: Path,
-                                                                        tmp_path: Path) -> None:
+def test_prompt_embeddings_are_reused_when_only_seed_or_sampler_changes(
+    runtime: Any, perf_models: Path, tmp_path: Path
+) -> None:
     runtime.run(txt2img(CKPT, seed=1))
     for changed in (txt2img(CKPT, seed=2), txt2img(CKPT, seed=2, sampler="euler_ancestral")):
         result = runtime.run(changed)
@@ -35,8 +36,11 @@ class _CountingUNet:
 def test_cfg_batches_both_branches_and_cfg_one_skips_the_negative(runtime: Any) -> None:
     runtime.run(txt2img(CKPT, steps=3))  # loads the UNet
     resident = [e for e in runtime.models._resident.values() if e.handle.kind == "unet"]
-    unet = resident[0].module if resident else next(e.module for e in runtime.models._ram.values()
-                                                    if e.handle.kind == "unet")
+    unet = (
+        resident[0].module
+        if resident
+        else next(e.module for e in runtime.models._ram.values() if e.handle.kind == "unet")
+    )
     counter = _CountingUNet(unet)
     try:
         guided = runtime.run(txt2img(CKPT, steps=3, cfg=7.0, seed=5))
@@ -56,12 +60,28 @@ def test_cfg_batches_both_branches_and_cfg_one_skips_the_negative(runtime: Any) 
 def test_tome_and_deepcache_are_off_unless_in_the_workflow(runtime: Any) -> None:
     plain = runtime.image(runtime.run(txt2img(CKPT, steps=4, size=128)))
     tome_zero = runtime.image(runtime.run(txt2img(CKPT, steps=4, size=128, tome=0.0)))
-    interval_one = runtime.image(runtime.run(txt2img(CKPT, steps=4, size=128, deepcache={
-        "cache_interval": 1, "cache_depth": 0, "start_step": 0, "end_step": 1000})))
+    interval_one = runtime.image(
+        runtime.run(
+            txt2img(
+                CKPT,
+                steps=4,
+                size=128,
+                deepcache={"cache_interval": 1, "cache_depth": 0, "start_step": 0, "end_step": 1000},
+            )
+        )
+    )
     assert image_difference(plain, tome_zero) == 0.0 and image_difference(plain, interval_one) == 0.0
     tome = runtime.image(runtime.run(txt2img(CKPT, steps=4, size=128, tome=0.5)))
-    cached = runtime.image(runtime.run(txt2img(CKPT, steps=4, size=128, deepcache={
-        "cache_interval": 2, "cache_depth": 0, "start_step": 0, "end_step": 1000})))
+    cached = runtime.image(
+        runtime.run(
+            txt2img(
+                CKPT,
+                steps=4,
+                size=128,
+                deepcache={"cache_interval": 2, "cache_depth": 0, "start_step": 0, "end_step": 1000},
+            )
+        )
+    )
     assert 0.0 < image_difference(plain, tome) < 0.1
     assert 0.0 < image_difference(plain, cached) < 0.1
     again = runtime.image(runtime.run(txt2img(CKPT, steps=4, size=128, seed=0, text="x")))
@@ -71,13 +91,21 @@ def test_tome_and_deepcache_are_off_unless_in_the_workflow(runtime: Any) -> None
 
 def test_deepcache_reuses_deep_features_between_update_steps(runtime: Any) -> None:
     runtime.run(txt2img(CKPT, steps=1))  # loads the UNet, which the hook-only DeepCache patch shares
-    unet = next(e.module for e in [*runtime.models._resident.values(), *runtime.models._ram.values()]
-                if e.handle.kind == "unet")
+    unet = next(
+        e.module
+        for e in [*runtime.models._resident.values(), *runtime.models._ram.values()]
+        if e.handle.kind == "unet"
+    )
     calls: list[int] = []
     handle = unet.mid_block.resnets[0].register_forward_hook(lambda *_: calls.append(1))
     try:
-        runtime.run(txt2img(CKPT, steps=6, deepcache={"cache_interval": 3, "cache_depth": 0, "start_step": 0,
-                                                      "end_step": 1000}))
+        runtime.run(
+            txt2img(
+                CKPT,
+                steps=6,
+                deepcache={"cache_interval": 3, "cache_depth": 0, "start_step": 0, "end_step": 1000},
+            )
+        )
     finally:
         handle.remove()
     assert len(calls) == 2  # the deep blocks run at steps 0 and 3 only
@@ -97,7 +125,9 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
     from nodes.preview import PreviewPacer, PreviewRenderer
 
     files = ModelFolders(perf_models)
-    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=files), models=ModelManager())
+    ctx = NodeContext(
+        "3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=files), models=ModelManager()
+    )
     ctx.on_preview = lambda node, preview: None
     x0 = torch.randn(1, 4, 8, 8)
     for method, size in (("auto", 64), ("latent2rgb", 8)):
@@ -122,8 +152,11 @@ def test_sampler_previews_with_either_method(perf_models: Path, tmp_path: Path, 
 
 
 def _unet_dtypes(rt: BenchRuntime) -> set[str]:
-    return {str(next(e.module.parameters()).dtype) for e in [*rt.models._resident.values(), *rt.models._ram.values()]
-            if e.handle.kind == "unet"}
+    return {
+        str(next(e.module.parameters()).dtype)
+        for e in [*rt.models._resident.values(), *rt.models._ram.values()]
+        if e.handle.kind == "unet"
+    }
 
 
 def test_half_precision_unet_is_opt_in_and_close_to_fp32(perf_models: Path, tmp_path: Path) -> None:

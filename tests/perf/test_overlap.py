@@ -18,12 +18,17 @@ from tests.perf.conftest import CKPT, CKPT_B
 JOBS = [(CKPT, "a red door"), (CKPT, "a blue door"), (CKPT_B, "a green door")]
 
 
-def _drain(perf_models: Path, work: Path, overlap: bool) -> tuple[list[Any], BenchRuntime, list[tuple[str, str, str]]]:
+def _drain(
+    perf_models: Path, work: Path, overlap: bool
+) -> tuple[list[Any], BenchRuntime, list[tuple[str, str, str]]]:
     rt = BenchRuntime(perf_models, work, prefetch=True)
     log: list[tuple[str, str, str]] = []
     rt.models.event_log = log
-    queue = LocalJobQueue(rt.executor, JobStore(work / "jobs.sqlite"),
-                          prefetch=PlanAwarePrefetch(rt.executor) if overlap else None)
+    queue = LocalJobQueue(
+        rt.executor,
+        JobStore(work / "jobs.sqlite"),
+        prefetch=PlanAwarePrefetch(rt.executor) if overlap else None,
+    )
     for ckpt, text in JOBS:
         queue.submit(JobSpec(prompt=txt2img(ckpt, steps=4, seed=3, text=text)))
     records = queue.drain()
@@ -37,7 +42,9 @@ def _at(log: list[tuple[str, str, str]], what: str, kind: str, name: str = "", l
     return found[-1] if last else found[0]
 
 
-def test_queue_prompts_encoded_in_one_residency_then_encoders_dropped(perf_models: Path, tmp_path: Path) -> None:
+def test_queue_prompts_encoded_in_one_residency_then_encoders_dropped(
+    perf_models: Path, tmp_path: Path
+) -> None:
     records, rt, log = _drain(perf_models, tmp_path / "on", overlap=True)
     try:
         clip_reads = [key for what, kind, key in log if what == "read" and kind == "clip"]
@@ -52,7 +59,9 @@ def test_queue_prompts_encoded_in_one_residency_then_encoders_dropped(perf_model
         rt.close()
 
 
-def test_denoiser_read_while_encoding_and_vae_read_in_the_last_steps(perf_models: Path, tmp_path: Path) -> None:
+def test_denoiser_read_while_encoding_and_vae_read_in_the_last_steps(
+    perf_models: Path, tmp_path: Path
+) -> None:
     records, rt, log = _drain(perf_models, tmp_path / "on", overlap=True)
     try:
         first_unet = log[_at(log, "use", "unet")][2]

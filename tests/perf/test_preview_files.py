@@ -19,8 +19,13 @@ from nodes.preview import PreviewRenderer, make_demo_taesd
 
 
 def _ctx(models: Path, tmp_path: Path, **settings: object) -> NodeContext:
-    ctx = NodeContext("3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
-                      models=ModelManager(), settings=RunSettings(**settings))  # type: ignore[arg-type]
+    ctx = NodeContext(
+        "3",
+        "p",
+        Folders(tmp_path, tmp_path, tmp_path, model_files=ModelFolders(models)),
+        models=ModelManager(),
+        settings=RunSettings(**settings),
+    )  # type: ignore[arg-type]
     ctx.on_preview = lambda node, preview: None
     return ctx
 
@@ -55,7 +60,9 @@ def test_a_damaged_decoder_falls_back_to_latent_rgb_with_a_warning(
     assert len(warnings) == 1 and "latent->RGB" in warnings[0].getMessage()
 
 
-def test_pickled_decoders_are_read_only_with_allow_pickle(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_pickled_decoders_are_read_only_with_allow_pickle(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from safetensors.torch import load_file
 
     made = make_demo_taesd(tmp_path / "demo")

@@ -29,8 +29,10 @@ def test_coalesced_jobs_equal_running_alone_and_chunk(perf_models: Path, tmp_pat
     rt = BenchRuntime(perf_models, tmp_path / "q")
     coalescer = Coalescer(rt.executor, CoalesceConfig(window_s=0.0, max_batch=3))
     queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"), coalescer=coalescer)
-    jobs = [dict(seed=10 + i, text=f"prompt {i % 2}", sampler="euler_ancestral" if i < 0 else "euler")
-            for i in range(4)]
+    jobs = [
+        dict(seed=10 + i, text=f"prompt {i % 2}", sampler="euler_ancestral" if i < 0 else "euler")
+        for i in range(4)
+    ]
     for job in jobs:
         queue.submit(JobSpec(prompt=txt2img(CKPT, steps=3, **job)))
     records = queue.drain()
@@ -45,7 +47,9 @@ def test_coalesced_jobs_equal_running_alone_and_chunk(perf_models: Path, tmp_pat
     alone.close()
 
 
-def test_coalescing_ancestral_sampler_and_other_settings_do_not_group(perf_models: Path, tmp_path: Path) -> None:
+def test_coalescing_ancestral_sampler_and_other_settings_do_not_group(
+    perf_models: Path, tmp_path: Path
+) -> None:
     rt = BenchRuntime(perf_models, tmp_path / "q")
     coalescer = Coalescer(rt.executor, CoalesceConfig(window_s=0.0))
     queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"), coalescer=coalescer)
@@ -83,8 +87,11 @@ class VirtualClock:
 
 def test_lone_job_waits_at_most_the_window(perf_models: Path, tmp_path: Path, monkeypatch: Any) -> None:
     rt = BenchRuntime(perf_models, tmp_path / "q")
-    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"),
-                          coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.2)))
+    queue = LocalJobQueue(
+        rt.executor,
+        JobStore(tmp_path / "q.sqlite"),
+        coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.2)),
+    )
     spec = JobSpec(prompt=txt2img(CKPT))
     clock = VirtualClock()
     monkeypatch.setattr(jobs_module, "time", clock)
@@ -100,8 +107,11 @@ def test_lone_job_waits_at_most_the_window(perf_models: Path, tmp_path: Path, mo
 def test_cached_job_does_not_wait_for_companions(perf_models: Path, tmp_path: Path, monkeypatch: Any) -> None:
     """An identical resubmit has nothing left to batch: it must not sit out the window."""
     rt = BenchRuntime(perf_models, tmp_path / "q")
-    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"),
-                          coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.5)))
+    queue = LocalJobQueue(
+        rt.executor,
+        JobStore(tmp_path / "q.sqlite"),
+        coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.5)),
+    )
     spec = JobSpec(prompt=txt2img(CKPT, seed=5))
     assert queue.coalescer is not None and queue.coalescer.has_work(spec)
     rt.run(spec.prompt)
@@ -156,14 +166,39 @@ def _advanced(seed: int, text: str) -> dict[str, Any]:
     """txt2img through two KSamplerAdvanced stages (ComfyUI's base → refiner split: 0..2 with
     leftover noise, then 2..4 without adding noise)."""
     prompt = txt2img(CKPT, steps=4, seed=seed, text=text)
-    common = {"model": ["4", 0], "steps": 4, "cfg": 7.0, "sampler_name": "euler", "scheduler": "normal",
-              "positive": ["6", 0], "negative": ["7", 0]}
-    prompt["3"] = {"class_type": "KSamplerAdvanced", "inputs": {
-        **common, "add_noise": "enable", "noise_seed": seed, "latent_image": ["5", 0], "start_at_step": 0,
-        "end_at_step": 2, "return_with_leftover_noise": "enable"}}
-    prompt["10"] = {"class_type": "KSamplerAdvanced", "inputs": {
-        **common, "add_noise": "disable", "noise_seed": 0, "latent_image": ["3", 0], "start_at_step": 2,
-        "end_at_step": 10000, "return_with_leftover_noise": "disable"}}
+    common = {
+        "model": ["4", 0],
+        "steps": 4,
+        "cfg": 7.0,
+        "sampler_name": "euler",
+        "scheduler": "normal",
+        "positive": ["6", 0],
+        "negative": ["7", 0],
+    }
+    prompt["3"] = {
+        "class_type": "KSamplerAdvanced",
+        "inputs": {
+            **common,
+            "add_noise": "enable",
+            "noise_seed": seed,
+            "latent_image": ["5", 0],
+            "start_at_step": 0,
+            "end_at_step": 2,
+            "return_with_leftover_noise": "enable",
+        },
+    }
+    prompt["10"] = {
+        "class_type": "KSamplerAdvanced",
+        "inputs": {
+            **common,
+            "add_noise": "disable",
+            "noise_seed": 0,
+            "latent_image": ["3", 0],
+            "start_at_step": 2,
+            "end_at_step": 10000,
+            "return_with_leftover_noise": "disable",
+        },
+    }
     prompt["8"]["inputs"]["samples"] = ["10", 0]
     return prompt
 
@@ -197,8 +232,11 @@ def test_every_coalesced_job_reports_its_own_sampler_progress(perf_models: Path,
     from engine.jobs import JobEvent
 
     rt = BenchRuntime(perf_models, tmp_path / "q")
-    queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"),
-                          coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.0)))
+    queue = LocalJobQueue(
+        rt.executor,
+        JobStore(tmp_path / "q.sqlite"),
+        coalescer=Coalescer(rt.executor, CoalesceConfig(window_s=0.0)),
+    )
     specs = [queue.submit(JobSpec(prompt=txt2img(CKPT, steps=3, seed=20 + i))) for i in range(3)]
     progress: dict[str, list[int]] = {s.prompt_id: [] for s in specs}
     views: list[Any] = []

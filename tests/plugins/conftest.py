@@ -27,7 +27,10 @@ class CoreConcat(Node):
         display_name="Concatenate",
         category="utils/string",
         description="Joins two strings.",
-        inputs=(Input("string_a", STRING, "first", default=""), Input("string_b", STRING, "second", default="")),
+        inputs=(
+            Input("string_a", STRING, "first", default=""),
+            Input("string_b", STRING, "second", default=""),
+        ),
         outputs=(Output("STRING", STRING, "joined"),),
     )
 
@@ -60,7 +63,9 @@ def make_env(tmp: Path) -> Env:
     registry = NodeRegistry()
     registry.register(CoreConcat)
     events: list[tuple[str, Any, str | None]] = []
-    shim = ComfyShim(folders, None, lambda event, data, sid: events.append((event, data, sid)), models_dir=models)
+    shim = ComfyShim(
+        folders, None, lambda event, data, sid: events.append((event, data, sid)), models_dir=models
+    )
     return Env(registry, shim, folders, models, events)
 
 

@@ -26,7 +26,9 @@ def test_code_version_changes_only_when_the_pack_changes(tmp_path: Path) -> None
     first, same = versions(tmp_path, "a"), versions(tmp_path, "b")
     assert first == same
     init = pack / "__init__.py"
-    init.write_text(init.read_text().replace("separator[0].join(words)", "separator[0].join(reversed(words))"))
+    init.write_text(
+        init.read_text().replace("separator[0].join(words)", "separator[0].join(reversed(words))")
+    )
     edited = versions(tmp_path, "c")
     assert edited["Lists_JoinWords"] != first["Lists_JoinWords"]
     assert edited["StringConcatenate"] == first["StringConcatenate"]
@@ -52,7 +54,9 @@ def test_reloading_runs_the_edited_code(tmp_path: Path) -> None:
     env_a.load(tmp_path / "plugins")
     join_a = env_a.registry.get("Lists_JoinWords")
     init = pack / "__init__.py"
-    init.write_text(init.read_text().replace("separator[0].join(words)", "separator[0].join(reversed(words))"))
+    init.write_text(
+        init.read_text().replace("separator[0].join(words)", "separator[0].join(reversed(words))")
+    )
     env_b = make_env(tmp_path / "b")
     env_b.load(tmp_path / "plugins")
     join_b = env_b.registry.get("Lists_JoinWords")

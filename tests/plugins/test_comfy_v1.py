@@ -25,16 +25,29 @@ def test_object_info_matches_the_comfyui_declaration(loaded: tuple[Env, PluginRe
     assert info["input_order"]["required"] == ["text", "times", "mode"]
     assert required["text"] == ["STRING", {"default": "ab", "multiline": True, "tooltip": "What to repeat."}]
     times = required["times"][1]
-    assert required["times"][0] == "INT" and (times["default"], times["min"], times["max"], times["step"]) == (2, 1, 10, 1)
+    assert required["times"][0] == "INT" and (
+        times["default"],
+        times["min"],
+        times["max"],
+        times["step"],
+    ) == (2, 1, 10, 1)
     assert required["mode"][0] == ["plain", "numbered"] and required["mode"][1]["default"] == "plain"
     assert optional["separator"][1]["placeholder"] == "between copies"
     assert optional["scale"][1]["round"] == 0.01 and optional["scale"][1]["display"] == "slider"
-    assert info["input"]["hidden"] == {"prompt": "PROMPT", "unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO", "dynprompt": "DYNPROMPT"}
+    assert info["input"]["hidden"] == {
+        "prompt": "PROMPT",
+        "unique_id": "UNIQUE_ID",
+        "extra_pnginfo": "EXTRA_PNGINFO",
+        "dynprompt": "DYNPROMPT",
+    }
     assert info["output"] == ["STRING", "INT"] and info["output_name"] == ["text", "length"]
     assert info["output_tooltips"] == ["The repeated text.", "Its length in characters."]
     assert info["output_is_list"] == [False, False]
     assert (info["display_name"], info["category"], info["description"]) == (
-        "Repeat Text", "text_tools/text", "Repeats a text several times.")
+        "Repeat Text",
+        "text_tools/text",
+        "Repeats a text several times.",
+    )
     assert info["experimental"] is True and info["deprecated"] is False and info["output_node"] is False
     assert info["python_module"] == "custom_nodes.comfy_text_tools"
 
@@ -44,7 +57,9 @@ def test_generated_descriptions_are_marked(loaded: tuple[Env, PluginReport]) -> 
     repeat = node(env, "TextTools_Repeat")
     assert isinstance(repeat, ComfyV1NodeDef)
     assert "times" in repeat.ports.generated and "text" not in repeat.ports.generated
-    assert repeat.schema.input("times").description == "times (INT); no description given by the node's author"
+    assert (
+        repeat.schema.input("times").description == "times (INT); no description given by the node's author"
+    )
     upper = node(env, "TextTools_OldUpper")
     assert upper.schema.description.startswith("TextTools_OldUpper (ComfyUI node from pack comfy_text_tools")
 
@@ -52,8 +67,16 @@ def test_generated_descriptions_are_marked(loaded: tuple[Env, PluginReport]) -> 
 def test_execute_passes_hidden_inputs_under_the_pack_names(loaded: tuple[Env, PluginReport]) -> None:
     env, _ = loaded
     repeat = node(env, "TextTools_Repeat")
-    inputs = {"text": "ab", "times": 3, "mode": "numbered", "separator": "-", "prompt": {"1": {}},
-              "unique_id": "7", "extra_pnginfo": {"k": 1}, "dynprompt": None}
+    inputs = {
+        "text": "ab",
+        "times": 3,
+        "mode": "numbered",
+        "separator": "-",
+        "prompt": {"1": {}},
+        "unique_id": "7",
+        "extra_pnginfo": {"k": 1},
+        "dynprompt": None,
+    }
     out = repeat.execute(env.ctx("7"), inputs)
     assert out.values == ("1:ab-2:ab-3:ab", 14) and out.ui is None
     instance = repeat._instances["7"]  # one instance per workflow node, as in ComfyUI
@@ -66,7 +89,10 @@ def test_validate_inputs_hook(loaded: tuple[Env, PluginReport]) -> None:
     env, _ = loaded
     repeat = node(env, "TextTools_Repeat")
     assert repeat.validate_inputs({"text": "x", "times": 2, "mode": "plain"}) is True
-    assert repeat.validate_inputs({"text": "x", "times": 7, "mode": "plain"}) == "7 is an unlucky number of repetitions"
+    assert (
+        repeat.validate_inputs({"text": "x", "times": 7, "mode": "plain"})
+        == "7 is an unlucky number of repetitions"
+    )
     assert repeat.self_validated == frozenset({"times"})
 
 

@@ -15,10 +15,19 @@ def test_v3_nodes_register_with_their_schema(loaded: tuple[Env, PluginReport]) -
     assert status.nodes == ["V3Pack_Multiply", "V3Pack_Show"]
     info = env.registry.object_info("V3Pack_Multiply")["V3Pack_Multiply"]
     a = info["input"]["required"]["a"]
-    assert a[0] == "INT" and (a[1]["default"], a[1]["min"], a[1]["max"], a[1]["tooltip"]) == (3, 0, 100, "First factor.")
+    assert a[0] == "INT" and (a[1]["default"], a[1]["min"], a[1]["max"], a[1]["tooltip"]) == (
+        3,
+        0,
+        100,
+        "First factor.",
+    )
     assert info["input"]["required"]["mode"][0] == ["plain", "negated"]
     assert info["input"]["hidden"] == {"unique_id": "UNIQUE_ID"}
-    assert info["output"] == ["INT"] and info["output_name"] == ["product"] and info["output_tooltips"] == ["a times b"]
+    assert (
+        info["output"] == ["INT"]
+        and info["output_name"] == ["product"]
+        and info["output_tooltips"] == ["a times b"]
+    )
     assert (info["display_name"], info["category"]) == ("Multiply (V3)", "v3_pack/math")
     show = env.registry.get("V3Pack_Show")
     assert isinstance(show, ComfyV3NodeDef)

@@ -13,7 +13,9 @@ from tests.plugins.conftest import PACKS, Env, make_env
 
 
 def run(env: Env, prompt: dict[str, Any], cache: OutputCache | None = None) -> RunResult:
-    executor = Executor(env.registry, cache if cache is not None else OutputCache(), env.folders, bus=EventBus())
+    executor = Executor(
+        env.registry, cache if cache is not None else OutputCache(), env.folders, bus=EventBus()
+    )
     return executor.run(RunRequest(prompt=prompt))
 
 
@@ -68,7 +70,10 @@ def test_v3_workflow_and_lazy_switch(loaded: tuple[Env, Any]) -> None:
         "2": {"class_type": "V3Pack_Show", "inputs": {"value": ["1", 0]}},
         "3": {"class_type": "TextTools_Repeat", "inputs": {"text": "x", "times": 1, "mode": "plain"}},
         "4": {"class_type": "TextTools_Repeat", "inputs": {"text": "never", "times": 2, "mode": "plain"}},
-        "5": {"class_type": "TextTools_LazySwitch", "inputs": {"choose_a": True, "a": ["3", 0], "b": ["4", 0]}},
+        "5": {
+            "class_type": "TextTools_LazySwitch",
+            "inputs": {"choose_a": True, "a": ["3", 0], "b": ["4", 0]},
+        },
         "6": {"class_type": "OutputPack_ShowText", "inputs": {"text": ["5", 0]}},
     }
     result = run(env, prompt)
@@ -80,8 +85,10 @@ def test_v3_workflow_and_lazy_switch(loaded: tuple[Env, Any]) -> None:
 
 def test_validate_inputs_hook_makes_the_workflow_invalid(loaded: tuple[Env, Any]) -> None:
     env, _ = loaded
-    prompt = {**REPEAT_AND_SHOW, "1": {"class_type": "TextTools_Repeat",
-                                       "inputs": {"text": "ab", "times": 7, "mode": "plain"}}}
+    prompt = {
+        **REPEAT_AND_SHOW,
+        "1": {"class_type": "TextTools_Repeat", "inputs": {"text": "ab", "times": 7, "mode": "plain"}},
+    }
     result = run(env, prompt)
     assert result.status == "invalid"
     assert "unlucky" in str(result.node_errors["1"])
@@ -121,7 +128,9 @@ def test_editing_a_plugin_between_two_registries_reexecutes(tmp_path: Path) -> N
     unchanged = fresh_run("b")
     assert unchanged.executed == [] and unchanged.outputs["3"] == {"text": ["a+b"]}
     init = plugins / "comfy_lists" / "__init__.py"
-    init.write_text(init.read_text().replace("separator[0].join(words)", "separator[0].join(reversed(words))"))
+    init.write_text(
+        init.read_text().replace("separator[0].join(words)", "separator[0].join(reversed(words))")
+    )
     edited = fresh_run("c")
     assert edited.outputs["3"] == {"text": ["b+a"]}
     assert set(edited.executed) == {"1", "2", "3"}

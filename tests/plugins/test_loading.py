@@ -11,8 +11,16 @@ from engine.plugins import PluginConfig, PluginReport
 from tests.plugins.conftest import PACKS, Env
 
 GOOD_PACKS = {
-    "comfy_text_tools", "comfy_folder_tools", "comfy_is_changed", "comfy_output_node", "comfy_lists",
-    "comfy_web", "comfy_v3_pack", "native_single", "malformed_classes", "core_collision",
+    "comfy_text_tools",
+    "comfy_folder_tools",
+    "comfy_is_changed",
+    "comfy_output_node",
+    "comfy_lists",
+    "comfy_web",
+    "comfy_v3_pack",
+    "native_single",
+    "malformed_classes",
+    "core_collision",
 }
 FAILING_PACKS = {"broken_import", "needs_comfy_sd", "imports_comfy_nodes", "missing_requirement"}
 
@@ -23,8 +31,17 @@ def test_good_packs_load_and_bad_ones_are_reported(loaded: tuple[Env, PluginRepo
     failed = {p.name for p in report.failed}
     assert ok == GOOD_PACKS
     assert failed == FAILING_PACKS
-    for name in ("TextTools_Repeat", "FolderTools_SaveNote", "IsChanged_Clock", "OutputPack_ShowText",
-                 "Lists_JoinWords", "WebPack_Echo", "V3Pack_Multiply", "NativeSingle_AddOne", "Malformed_Good"):
+    for name in (
+        "TextTools_Repeat",
+        "FolderTools_SaveNote",
+        "IsChanged_Clock",
+        "OutputPack_ShowText",
+        "Lists_JoinWords",
+        "WebPack_Echo",
+        "V3Pack_Multiply",
+        "NativeSingle_AddOne",
+        "Malformed_Good",
+    ):
         assert name in env.registry, name
         assert env.registry.get(name).origin != "core"  # type: ignore[union-attr]
     json.dumps(report.to_json())  # the /api/v1/plugins payload
@@ -44,7 +61,10 @@ def test_internal_comfy_module_import_fails_clearly(loaded: tuple[Env, PluginRep
     _, report = loaded
     status = report.pack("needs_comfy_sd")
     assert status is not None and status.error is not None
-    assert "pack 'needs_comfy_sd' imports ComfyUI internal module 'comfy.sd', which Loom does not provide" in status.error
+    assert (
+        "pack 'needs_comfy_sd' imports ComfyUI internal module 'comfy.sd', which Loom does not provide"
+        in status.error
+    )
     assert "comfy" not in sys.modules
 
 
@@ -69,7 +89,11 @@ def test_malformed_classes_are_rejected_without_losing_the_good_one(loaded: tupl
     assert status is not None and status.ok
     assert status.nodes == ["Malformed_Good"]
     rejected = status.rejected
-    assert set(rejected) == {"Malformed_MissingFunction", "Malformed_BadReturnNames", "Malformed_RaisingInputTypes"}
+    assert set(rejected) == {
+        "Malformed_MissingFunction",
+        "Malformed_BadReturnNames",
+        "Malformed_RaisingInputTypes",
+    }
     assert "field 'FUNCTION'" in rejected["Malformed_MissingFunction"]
     assert "field 'RETURN_NAMES'" in rejected["Malformed_BadReturnNames"]
     assert "missing_config" in rejected["Malformed_RaisingInputTypes"]
@@ -85,8 +109,10 @@ def test_a_pack_cannot_replace_a_core_node(loaded: tuple[Env, PluginReport]) -> 
     assert status.nodes == ["Collision_Own"]
     assert "collides with the one from 'core'" in status.rejected["StringConcatenate"]
     assert env.registry.get("StringConcatenate").origin == "core"  # type: ignore[union-attr]
-    assert any(c.node_id == "StringConcatenate" and c.refused_origin == "core_collision"
-               for c in env.registry.collisions)
+    assert any(
+        c.node_id == "StringConcatenate" and c.refused_origin == "core_collision"
+        for c in env.registry.collisions
+    )
 
 
 def test_disabled_hidden_and_cache_folders_are_skipped(loaded: tuple[Env, PluginReport]) -> None:
@@ -118,8 +144,12 @@ def test_shim_modules_are_installed_only_while_loading(loaded: tuple[Env, Plugin
 
 
 def test_config_deny_allow_and_disable(env: Env) -> None:
-    report = env.load(PACKS, config=PluginConfig(allow=frozenset({"comfy_lists", "broken_import"}),
-                                                  deny=frozenset({"broken_import"})))
+    report = env.load(
+        PACKS,
+        config=PluginConfig(
+            allow=frozenset({"comfy_lists", "broken_import"}), deny=frozenset({"broken_import"})
+        ),
+    )
     assert [p.name for p in report.packs if p.ok] == ["comfy_lists"]
     assert report.pack("broken_import").skipped == "disabled by the deny list"  # type: ignore[union-attr]
     assert report.pack("comfy_web").skipped == "not in the allow list"  # type: ignore[union-attr]

@@ -12,12 +12,17 @@ def test_example_pack_loads_and_runs(env: Env) -> None:
     report = env.load(REPO / "custom_nodes")
     status = report.pack("example_pack")
     assert status is not None and status.ok and status.styles == ["native"], status
-    assert status.nodes == ["ExamplePack_TextTemplate", "ExamplePack_WordCount", "ExamplePack_ImageBrightness"]
+    assert status.nodes == [
+        "ExamplePack_TextTemplate",
+        "ExamplePack_WordCount",
+        "ExamplePack_ImageBrightness",
+    ]
     template = env.registry.get("ExamplePack_TextTemplate")
     assert isinstance(template, NativeNodeDef) and template.origin == "example_pack"
     assert template.code_version.endswith(":" + status.code_version)
-    assert template.execute(env.ctx(), {"template": "{subject} in {style}", "subject": "a fox",
-                                        "style": "snow"}).values == ("a fox in snow",)
+    assert template.execute(
+        env.ctx(), {"template": "{subject} in {style}", "subject": "a fox", "style": "snow"}
+    ).values == ("a fox in snow",)
     count = env.registry.get("ExamplePack_WordCount")
     assert count is not None
     out = count.execute(env.ctx(), {"text": "one two  three"})
@@ -47,7 +52,10 @@ def test_registrar_can_add_options_sources(env: Env, tmp_path) -> None:
         "    plugin.add_node(Pick)\n"
     )
     env.load(pack.parent)
-    assert env.registry.object_info("Opt_Pick")["Opt_Pick"]["input"]["required"]["choice"][0] == ["ink", "oil"]
+    assert env.registry.object_info("Opt_Pick")["Opt_Pick"]["input"]["required"]["choice"][0] == [
+        "ink",
+        "oil",
+    ]
 
 
 def test_pack_defining_nothing_gets_a_warning(env: Env, tmp_path) -> None:

@@ -37,15 +37,19 @@ TIE_SENSITIVE = {"p05_dpm_2_ancestral_normal", "p08_dpmpp_2s_ancestral_sgm_unifo
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (REFERENCE / "public" / "cases.json").is_file(),
-                       reason=f"ComfyUI reference outputs not found at {REFERENCE} (CI puts shared/ beside the clone)"),
+    pytest.mark.skipif(
+        not (REFERENCE / "public" / "cases.json").is_file(),
+        reason=f"ComfyUI reference outputs not found at {REFERENCE} (CI puts shared/ beside the clone)",
+    ),
 ]
 
 
 def _cases() -> list[dict[str, Any]]:
     if not (REFERENCE / "public" / "cases.json").is_file():
         return []
-    return [c for c in json.loads((REFERENCE / "public" / "cases.json").read_text())["cases"] if "error" not in c]
+    return [
+        c for c in json.loads((REFERENCE / "public" / "cases.json").read_text())["cases"] if "error" not in c
+    ]
 
 
 def _sha256(path: Path) -> str:
@@ -63,9 +67,13 @@ def _cache() -> Path:
     stamp = ckpt.with_suffix(".sha256")
     if not (ckpt.is_file() and stamp.is_file() and stamp.read_text().strip() == CHECKPOINT_SHA256):
         ckpt.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, str(REFERENCE / "make_reference_sd15.py"), "--out", str(ckpt)], check=True)
+        subprocess.run(
+            [sys.executable, str(REFERENCE / "make_reference_sd15.py"), "--out", str(ckpt)], check=True
+        )
         found = _sha256(ckpt)
-        assert found == CHECKPOINT_SHA256, f"regenerated checkpoint has sha256 {found}, expected {CHECKPOINT_SHA256}"
+        assert found == CHECKPOINT_SHA256, (
+            f"regenerated checkpoint has sha256 {found}, expected {CHECKPOINT_SHA256}"
+        )
         stamp.write_text(found)
     inputs = root / "input"
     if not (inputs / "ref_mask_64.png").is_file():
@@ -86,10 +94,13 @@ def _capture_node(store: _Latents) -> Any:
 
     class SaveLatent(Node):
         SCHEMA = NodeSchema(
-            node_id="SaveLatent", display_name="Save Latent (test capture)", category="test",
+            node_id="SaveLatent",
+            display_name="Save Latent (test capture)",
+            category="test",
             description="Keeps the latent in memory for the parity test.",
             inputs=(Input("samples", LATENT, "The latent."), Input("filename_prefix", STRING, "Name.")),
-            outputs=(), output_node=True,
+            outputs=(),
+            output_node=True,
         )
 
         def run(self, ctx: Any, *, samples: dict, filename_prefix: str) -> tuple[()]:
@@ -127,8 +138,12 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         registry._defs.pop("SaveLatent")
     registry.register(capture)
     register_image_options(registry, folders.input_dir)
-    executor = Executor(registry, OutputCache(1 << 30), folders, models=ModelManager(ram_budget_bytes=12 << 30,
-                                                                                      prefetch=False))
+    executor = Executor(
+        registry,
+        OutputCache(1 << 30),
+        folders,
+        models=ModelManager(ram_budget_bytes=12 << 30, prefetch=False),
+    )
     yield executor, store, work
     torch.set_num_threads(threads)
 
@@ -175,11 +190,16 @@ def test_same_output_as_comfyui(case: dict[str, Any], reference_run: Any) -> Non
         report.append(f"{name}: latent max {float(d.max()):.2e} mean {float(d.mean()):.2e}")
         within = float(d.max()) <= LATENT_MAX and float(d.mean()) <= LATENT_MEAN
         if not within and case["name"] in TIE_SENSITIVE and not _breaks_ties_like_the_reference_cpu():
-            pytest.xfail(f"{report}: this CPU's float32 log/exp break the t=166.5 timestep tie the other way "
-                         "from the reference CPU (ComfyUI on this CPU differs from its reference just as much)")
+            pytest.xfail(
+                f"{report}: this CPU's float32 log/exp break the t=166.5 timestep tie the other way "
+                "from the reference CPU (ComfyUI on this CPU differs from its reference just as much)"
+            )
         assert float(d.max()) <= LATENT_MAX and float(d.mean()) <= LATENT_MEAN, report
-    images = sorted(str(Path(f.get("subfolder", "")) / f["filename"])
-                    for o in result.outputs.values() for f in o.get("images", []))
+    images = sorted(
+        str(Path(f.get("subfolder", "")) / f["filename"])
+        for o in result.outputs.values()
+        for f in o.get("images", [])
+    )
     refs = [im["file"] for im in case["images"]]
     assert len(images) == len(refs)
     for mine_name, ref_name in zip(images, refs, strict=True):

@@ -36,7 +36,9 @@ def make_parts(root: Path, *, db: Path | None = None, history_size: int = 10_000
     web_dir = root / "web"
     web_dir.mkdir(exist_ok=True)
     (web_dir / "index.html").write_text("<!doctype html><title>Loom</title>")
-    return ServerParts(registry, executor, LocalJobQueue(executor, store), folders, root / "user", web_dir=web_dir)
+    return ServerParts(
+        registry, executor, LocalJobQueue(executor, store), folders, root / "user", web_dir=web_dir
+    )
 
 
 @pytest.fixture
@@ -68,7 +70,9 @@ async def receive_json(ws: ClientWebSocketResponse, timeout: float = 10.0) -> di
             raise AssertionError(f"websocket closed: {msg}")
 
 
-async def wait_done(ws: ClientWebSocketResponse, prompt_id: str, timeout: float = 15.0) -> list[dict[str, Any]]:
+async def wait_done(
+    ws: ClientWebSocketResponse, prompt_id: str, timeout: float = 15.0
+) -> list[dict[str, Any]]:
     """Messages until ``executing`` with node null for ``prompt_id`` (ComfyUI's 'done')."""
     seen = []
     while True:

@@ -28,7 +28,10 @@ def jpeg_bytes(value: int, size: int = 8) -> bytes:
 
 class StubNumber(Node):
     SCHEMA = NodeSchema(
-        node_id="StubNumber", display_name="Number", category="test", description="Outputs its value.",
+        node_id="StubNumber",
+        display_name="Number",
+        category="test",
+        description="Outputs its value.",
         inputs=(Input("value", INT, "the number", default=0, min=-(10**9), max=10**9),),
         outputs=(Output("INT", INT, "the number"),),
     )
@@ -39,7 +42,9 @@ class StubNumber(Node):
 
 class StubSlow(Node):
     SCHEMA = NodeSchema(
-        node_id="StubSlow", display_name="Slow", category="test",
+        node_id="StubSlow",
+        display_name="Slow",
+        category="test",
         description="Adds one after `steps` steps of `delay` seconds, reporting progress (and previews).",
         inputs=(
             Input("value", INT, "input number"),
@@ -55,14 +60,19 @@ class StubSlow(Node):
             time.sleep(delay)
             preview = None
             if previews:
-                preview = Preview("JPEG", jpeg_bytes(step)) if step % 2 == 0 else Preview("PNG", png_bytes(step))
+                preview = (
+                    Preview("JPEG", jpeg_bytes(step)) if step % 2 == 0 else Preview("PNG", png_bytes(step))
+                )
             ctx.progress(step + 1, steps, preview)
         return (value + 1,)
 
 
 class StubSave(Node):
     SCHEMA = NodeSchema(
-        node_id="StubSave", display_name="Save", category="test", output_node=True,
+        node_id="StubSave",
+        display_name="Save",
+        category="test",
+        output_node=True,
         description="Writes a small PNG whose colour depends on the value.",
         inputs=(
             Input("value", INT, "the number to draw"),
@@ -78,7 +88,10 @@ class StubSave(Node):
 
 class StubFail(Node):
     SCHEMA = NodeSchema(
-        node_id="StubFail", display_name="Fail", category="test", description="Always raises.",
+        node_id="StubFail",
+        display_name="Fail",
+        category="test",
+        description="Always raises.",
         inputs=(Input("value", INT, "ignored"),),
         outputs=(Output("INT", INT, "never"),),
     )
@@ -94,12 +107,24 @@ def register_stubs(registry: NodeRegistry) -> None:
     registry.register_all(STUB_NODES, origin="core")
 
 
-def workflow(value: int = 1, *, steps: int = 2, delay: float = 0.0, previews: bool = False,
-             fail: bool = False, prefix: str = "stub") -> dict:
+def workflow(
+    value: int = 1,
+    *,
+    steps: int = 2,
+    delay: float = 0.0,
+    previews: bool = False,
+    fail: bool = False,
+    prefix: str = "stub",
+) -> dict:
     """Number → Slow (or Fail) → Save, in API format."""
-    middle = ({"class_type": "StubFail", "inputs": {"value": ["1", 0]}} if fail else
-              {"class_type": "StubSlow", "inputs": {"value": ["1", 0], "steps": steps, "delay": delay,
-                                                     "previews": previews}})
+    middle = (
+        {"class_type": "StubFail", "inputs": {"value": ["1", 0]}}
+        if fail
+        else {
+            "class_type": "StubSlow",
+            "inputs": {"value": ["1", 0], "steps": steps, "delay": delay, "previews": previews},
+        }
+    )
     return {
         "1": {"class_type": "StubNumber", "inputs": {"value": value}},
         "2": middle,

@@ -35,7 +35,9 @@ class ComfyStyleClient:
         return json.loads(urllib.request.urlopen(req).read())
 
     def get_image(self, filename: str, subfolder: str, folder_type: str) -> bytes:
-        url_values = urllib.parse.urlencode({"filename": filename, "subfolder": subfolder, "type": folder_type})
+        url_values = urllib.parse.urlencode(
+            {"filename": filename, "subfolder": subfolder, "type": folder_type}
+        )
         with urllib.request.urlopen(f"http://{self.server_address}/view?{url_values}") as response:
             return response.read()
 
@@ -58,8 +60,9 @@ class ComfyStyleClient:
         images: dict[str, list[bytes]] = {}
         for node_id, node_output in history["outputs"].items():
             if "images" in node_output:
-                images[node_id] = [self.get_image(i["filename"], i["subfolder"], i["type"])
-                                   for i in node_output["images"]]
+                images[node_id] = [
+                    self.get_image(i["filename"], i["subfolder"], i["type"]) for i in node_output["images"]
+                ]
         return images
 
 

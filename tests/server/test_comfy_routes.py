@@ -29,8 +29,14 @@ async def _block_queue(client: TestClient) -> str:
 
 async def test_post_prompt_shape_and_history(client: TestClient) -> None:
     workflow_json = {"nodes": [], "links": [], "version": 0.4}
-    resp = await client.post("/prompt", json={"prompt": workflow(5), "client_id": "c1",
-                                              "extra_data": {"extra_pnginfo": {"workflow": workflow_json}}})
+    resp = await client.post(
+        "/prompt",
+        json={
+            "prompt": workflow(5),
+            "client_id": "c1",
+            "extra_data": {"extra_pnginfo": {"workflow": workflow_json}},
+        },
+    )
     assert resp.status == 200
     body = await resp.json()
     assert set(body) == {"prompt_id", "number", "node_errors"}
@@ -64,8 +70,15 @@ async def test_prompt_errors(client: TestClient) -> None:
     resp = await client.post("/prompt", json={"client_id": "x"})
     assert resp.status == 400
     body = await resp.json()
-    assert body == {"error": {"type": "no_prompt", "message": "No prompt provided",
-                              "details": "No prompt provided", "extra_info": {}}, "node_errors": {}}
+    assert body == {
+        "error": {
+            "type": "no_prompt",
+            "message": "No prompt provided",
+            "details": "No prompt provided",
+            "extra_info": {},
+        },
+        "node_errors": {},
+    }
     bad = workflow(1)
     bad["2"]["inputs"]["steps"] = "many"
     resp = await client.post("/prompt", json={"prompt": bad})
@@ -88,8 +101,10 @@ async def test_get_prompt_queue_and_front(client: TestClient) -> None:
     blocker = await _block_queue(client)
     ids = []
     for value in (1, 2):
-        ids.append((await (await client.post("/prompt", json={"prompt": workflow(value)})).json())["prompt_id"])
-    front = (await (await client.post("/prompt", json={"prompt": workflow(9), "front": True})).json())
+        ids.append(
+            (await (await client.post("/prompt", json={"prompt": workflow(value)})).json())["prompt_id"]
+        )
+    front = await (await client.post("/prompt", json={"prompt": workflow(9), "front": True})).json()
     assert front["number"] < 0
     assert await (await client.get("/prompt")).json() == {"exec_info": {"queue_remaining": 4}}
     queue = await (await client.get("/queue")).json()
@@ -125,7 +140,9 @@ async def test_explicit_number_orders(client: TestClient) -> None:
 async def test_partial_execution_targets(client: TestClient) -> None:
     prompt = workflow(1)
     prompt["4"] = {"class_type": "StubSave", "inputs": {"value": ["1", 0], "filename_prefix": "other"}}
-    body = await (await client.post("/prompt", json={"prompt": prompt, "partial_execution_targets": ["4"]})).json()
+    body = await (
+        await client.post("/prompt", json={"prompt": prompt, "partial_execution_targets": ["4"]})
+    ).json()
     entry = await wait_history(client, body["prompt_id"])
     assert list(entry["outputs"]) == ["4"] and entry["prompt"][4] == ["4"]
 
@@ -150,7 +167,9 @@ async def test_history_routes(client: TestClient) -> None:
 async def test_failed_run_history(client: TestClient) -> None:
     ws = await client.ws_connect("/ws?clientId=f")
     await receive_json(ws)
-    body = await (await client.post("/prompt", json={"prompt": workflow(1, fail=True), "client_id": "f"})).json()
+    body = await (
+        await client.post("/prompt", json={"prompt": workflow(1, fail=True), "client_id": "f"})
+    ).json()
     msgs = await wait_done(ws, body["prompt_id"])
     error = next(m for m in msgs if m["type"] == "execution_error")["data"]
     assert error["node_id"] == "2" and error["node_type"] == "StubFail"
@@ -167,8 +186,16 @@ async def test_object_info(client: TestClient) -> None:
     assert {"StubNumber", "StubSlow", "StubSave", "StubFail"} <= set(info)
     one = await (await client.get("/api/object_info/StubSlow")).json()
     assert list(one) == ["StubSlow"]
-    assert set(one["StubSlow"]) >= {"input", "output", "output_name", "name", "display_name", "category",
-                                    "output_node", "description"}
+    assert set(one["StubSlow"]) >= {
+        "input",
+        "output",
+        "output_name",
+        "name",
+        "display_name",
+        "category",
+        "output_node",
+        "description",
+    }
     assert await (await client.get("/object_info/Nope")).json() == {}
 
 
@@ -177,12 +204,28 @@ async def test_free_and_system_stats(client: TestClient) -> None:
     assert (await client.post("/free")).status == 200
     stats = await (await client.get("/system_stats")).json()
     system = stats["system"]
-    assert set(system) >= {"os", "ram_total", "ram_free", "python_version", "loom_version", "embedded_python",
-                           "pytorch_version", "argv", "comfyui_version"}
+    assert set(system) >= {
+        "os",
+        "ram_total",
+        "ram_free",
+        "python_version",
+        "loom_version",
+        "embedded_python",
+        "pytorch_version",
+        "argv",
+        "comfyui_version",
+    }
     assert system["ram_total"] > 0
     device = stats["devices"][0]
-    assert set(device) == {"name", "type", "index", "vram_total", "vram_free", "torch_vram_total",
-                           "torch_vram_free"}
+    assert set(device) == {
+        "name",
+        "type",
+        "index",
+        "vram_total",
+        "vram_free",
+        "torch_vram_total",
+        "torch_vram_free",
+    }
     assert "memory_manager" in stats["loom"]
 
 
@@ -204,8 +247,15 @@ class FakeManager:
         self.freed = 0
 
     def stats(self) -> dict:
-        return {"loads": [{"key": "unet"}], "evictions": [], "max_resident": 1, "ram_tier_bytes": 0,
-                "device": "cpu", "resident": [], "ram_budget_bytes": 1 << 30}
+        return {
+            "loads": [{"key": "unet"}],
+            "evictions": [],
+            "max_resident": 1,
+            "ram_tier_bytes": 0,
+            "device": "cpu",
+            "resident": [],
+            "ram_budget_bytes": 1 << 30,
+        }
 
     def free(self) -> None:
         self.freed += 1

@@ -13,8 +13,18 @@ from tests.server.stub_nodes import workflow
 
 CLIENTS = 20
 JOBS_PER_CLIENT = 2
-EXPECTED = ["execution_start", "execution_cached", "executing", "executing", "progress", "progress",
-            "executing", "executed", "execution_success", "executing"]
+EXPECTED = [
+    "execution_start",
+    "execution_cached",
+    "executing",
+    "executing",
+    "progress",
+    "progress",
+    "executing",
+    "executed",
+    "execution_success",
+    "executing",
+]
 
 
 async def one_client(client: TestClient, index: int) -> dict[str, list[dict[str, Any]]]:

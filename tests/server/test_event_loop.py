@@ -27,13 +27,34 @@ def subgraph_bomb(fanout: int = 10, depth: int = 5) -> dict[str, Any]:
     definitions = []
     for level in range(depth):
         kind = f"sg{level + 1}" if level + 1 < depth else "StubNumber"
-        nodes = [{"id": i + 1, "type": kind, "inputs": [], "outputs": [],
-                  **({"widgets_values": [1]} if kind == "StubNumber" else {})} for i in range(fanout)]
-        definitions.append({"id": f"sg{level}", "name": f"level {level}", "nodes": nodes, "links": [],
-                            "inputs": [], "outputs": []})
-    return {"last_node_id": 1, "last_link_id": 0, "version": 0.4, "links": [],
-            "nodes": [{"id": 1, "type": "sg0", "inputs": [], "outputs": []}],
-            "definitions": {"subgraphs": definitions}}
+        nodes = [
+            {
+                "id": i + 1,
+                "type": kind,
+                "inputs": [],
+                "outputs": [],
+                **({"widgets_values": [1]} if kind == "StubNumber" else {}),
+            }
+            for i in range(fanout)
+        ]
+        definitions.append(
+            {
+                "id": f"sg{level}",
+                "name": f"level {level}",
+                "nodes": nodes,
+                "links": [],
+                "inputs": [],
+                "outputs": [],
+            }
+        )
+    return {
+        "last_node_id": 1,
+        "last_link_id": 0,
+        "version": 0.4,
+        "links": [],
+        "nodes": [{"id": 1, "type": "sg0", "inputs": [], "outputs": []}],
+        "definitions": {"subgraphs": definitions},
+    }
 
 
 def big_api_workflow(count: int) -> dict[str, Any]:
@@ -92,10 +113,10 @@ class HeldValidation:
 
 @pytest.mark.parametrize(("route", "key"), [("/prompt", "prompt"), ("/api/v1/jobs", "workflow")])
 async def test_the_loop_answers_others_while_a_large_workflow_is_validated(
-        held_validation: HeldValidation, client: TestClient, route: str, key: str) -> None:
+    held_validation: HeldValidation, client: TestClient, route: str, key: str
+) -> None:
     body = json.dumps({key: big_api_workflow(MAX_NODES)})  # at the limit: accepted, heavy to validate
-    heavy = asyncio.create_task(
-        client.post(route, data=body, headers={"Content-Type": "application/json"}))
+    heavy = asyncio.create_task(client.post(route, data=body, headers={"Content-Type": "application/json"}))
     while not held_validation.entered.is_set():  # parsing and conversion happen first
         assert not heavy.done(), await heavy.result().text()
         await asyncio.sleep(0.01)

@@ -38,7 +38,9 @@ async def test_upload_view_and_dedup(client: TestClient, parts: ServerParts) -> 
     replaced = await (await client.post("/upload/image", data=form(png_bytes(3), overwrite="true"))).json()
     assert replaced["name"] == "pic.png"
     assert (parts.folders.input_dir / "pic.png").read_bytes() == png_bytes(3)
-    sub = await (await client.post("/api/upload/image", data=form(png_bytes(4), subfolder="a/b", type="temp"))).json()
+    sub = await (
+        await client.post("/api/upload/image", data=form(png_bytes(4), subfolder="a/b", type="temp"))
+    ).json()
     assert sub == {"name": "pic.png", "subfolder": "a/b", "type": "temp"}
 
     view = await client.get("/view", params={"filename": "pic.png", "type": "input"})
@@ -54,7 +56,9 @@ async def test_upload_view_and_dedup(client: TestClient, parts: ServerParts) -> 
     assert (await client.get("/view", params={"filename": "nope.png", "type": "input"})).status == 404
     assert (await client.get("/view")).status == 400
     assert (await client.get("/view", params={"filename": "pic.png", "type": "models"})).status == 400
-    bad_preview = await client.get("/view", params={"filename": "pic.png", "type": "input", "preview": "gif;9"})
+    bad_preview = await client.get(
+        "/view", params={"filename": "pic.png", "type": "input", "preview": "gif;9"}
+    )
     assert bad_preview.status == 400
 
 
@@ -65,15 +69,19 @@ async def test_upload_mask(client: TestClient, parts: ServerParts) -> None:
     buffer = io.BytesIO()
     mask.save(buffer, format="PNG")
     ref = json.dumps({"filename": "base.png", "subfolder": "", "type": "input"})
-    resp = await client.post("/upload/mask", data=form(buffer.getvalue(), name="clipspace-mask.png",
-                                                       original_ref=ref, subfolder="clipspace"))
+    resp = await client.post(
+        "/upload/mask",
+        data=form(buffer.getvalue(), name="clipspace-mask.png", original_ref=ref, subfolder="clipspace"),
+    )
     assert resp.status == 200
     body = await resp.json()
     assert body == {"name": "clipspace-mask.png", "subfolder": "clipspace", "type": "input"}
     merged = Image.open(parts.folders.input_dir / "clipspace" / "clipspace-mask.png")
     assert merged.mode == "RGBA" and merged.getpixel((0, 0))[3] == 255 and merged.getpixel((1, 1))[3] == 0
     missing = json.dumps({"filename": "nothing.png"})
-    assert (await client.post("/upload/mask", data=form(buffer.getvalue(), original_ref=missing))).status == 404
+    assert (
+        await client.post("/upload/mask", data=form(buffer.getvalue(), original_ref=missing))
+    ).status == 404
     assert (await client.post("/upload/mask", data=form(buffer.getvalue(), original_ref="{"))).status == 400
     small = io.BytesIO()
     Image.new("RGBA", (4, 4)).save(small, format="PNG")
@@ -92,8 +100,10 @@ async def test_userdata_roundtrip(client: TestClient, parts: ServerParts) -> Non
     got = await client.get("/userdata/workflows%2Ffirst.json")
     assert json.loads(await got.read()) == wf
     assert await (await client.get("/userdata?dir=workflows")).json() == ["first.json"]
-    assert await (await client.get("/userdata?dir=workflows&recurse=true")).json() == ["first.json",
-                                                                                       "sub/second.json"]
+    assert await (await client.get("/userdata?dir=workflows&recurse=true")).json() == [
+        "first.json",
+        "sub/second.json",
+    ]
     split = await (await client.get("/userdata?dir=workflows&recurse=true&split=true")).json()
     assert split == [["first.json", "first.json"], ["sub/second.json", "sub", "second.json"]]
     full = await (await client.get("/userdata?dir=workflows&full_info=true")).json()

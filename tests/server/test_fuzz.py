@@ -27,27 +27,79 @@ from engine.server.security import ERRORS
 from tests.server.conftest import make_parts
 from tests.server.stub_nodes import png_bytes, workflow
 
-scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=12)
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
-class_types = st.sampled_from(["StubNumber", "StubSlow", "StubSave", "StubFail", "Nope", ""]) | st.text(max_size=6)
-input_values = scalars | st.tuples(st.sampled_from(["1", "2", "3", "9", 1]), st.integers(-2, 3)).map(list) | json_values
-nodes = st.fixed_dictionaries({"class_type": class_types},
-                              optional={"inputs": st.dictionaries(st.sampled_from(
-                                  ["value", "steps", "delay", "previews", "filename_prefix", "x"]), input_values,
-                                  max_size=5) | json_values, "_meta": json_values})
-prompts = st.dictionaries(st.sampled_from(["1", "2", "3", "4", "9"]) | st.text(max_size=3), nodes | json_values,
-                          max_size=5)
-bodies = st.fixed_dictionaries({}, optional={
-    "prompt": prompts | json_values, "client_id": scalars, "prompt_id": scalars, "number": scalars,
-    "front": scalars, "extra_data": json_values, "partial_execution_targets": json_values,
-}) | json_values
-job_bodies = st.fixed_dictionaries({}, optional={
-    "workflow": prompts | json_values | st.fixed_dictionaries({"nodes": json_values, "links": json_values}),
-    "webhook": scalars, "client_id": scalars, "outputs": json_values, "front": scalars,
-}) | json_values
-ROUTES = ["/prompt", "/api/prompt", "/api/v1/jobs", "/api/v1/workflows/convert", "/queue", "/history",
-          "/interrupt", "/free"]
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+class_types = st.sampled_from(["StubNumber", "StubSlow", "StubSave", "StubFail", "Nope", ""]) | st.text(
+    max_size=6
+)
+input_values = (
+    scalars | st.tuples(st.sampled_from(["1", "2", "3", "9", 1]), st.integers(-2, 3)).map(list) | json_values
+)
+nodes = st.fixed_dictionaries(
+    {"class_type": class_types},
+    optional={
+        "inputs": st.dictionaries(
+            st.sampled_from(["value", "steps", "delay", "previews", "filename_prefix", "x"]),
+            input_values,
+            max_size=5,
+        )
+        | json_values,
+        "_meta": json_values,
+    },
+)
+prompts = st.dictionaries(
+    st.sampled_from(["1", "2", "3", "4", "9"]) | st.text(max_size=3), nodes | json_values, max_size=5
+)
+bodies = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "prompt": prompts | json_values,
+            "client_id": scalars,
+            "prompt_id": scalars,
+            "number": scalars,
+            "front": scalars,
+            "extra_data": json_values,
+            "partial_execution_targets": json_values,
+        },
+    )
+    | json_values
+)
+job_bodies = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "workflow": prompts
+            | json_values
+            | st.fixed_dictionaries({"nodes": json_values, "links": json_values}),
+            "webhook": scalars,
+            "client_id": scalars,
+            "outputs": json_values,
+            "front": scalars,
+        },
+    )
+    | json_values
+)
+ROUTES = [
+    "/prompt",
+    "/api/prompt",
+    "/api/v1/jobs",
+    "/api/v1/workflows/convert",
+    "/queue",
+    "/history",
+    "/interrupt",
+    "/free",
+]
 
 
 class LiveServer:
@@ -76,17 +128,29 @@ class LiveServer:
     def upload(self, name: str, subfolder: str) -> tuple[int, Any]:
         """A multipart upload with ``name`` sent as RFC 2231 ``filename*`` (any character survives)."""
         boundary = "FuzzBoundary"
-        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename*=UTF-8''"
-                f"{urllib.parse.quote(name, safe='')}\r\nContent-Type: image/png\r\n\r\n").encode() + png_bytes(1)
-        body += (f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"subfolder\"\r\n\r\n"
-                 f"{subfolder}\r\n--{boundary}--\r\n").encode("utf-8", "surrogatepass")
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/upload/image", data=body, method="POST",
-                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        body = (
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename*=UTF-8''"
+            f"{urllib.parse.quote(name, safe='')}\r\nContent-Type: image/png\r\n\r\n"
+        ).encode() + png_bytes(1)
+        body += (
+            f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="subfolder"\r\n\r\n'
+            f"{subfolder}\r\n--{boundary}--\r\n"
+        ).encode("utf-8", "surrogatepass")
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/upload/image",
+            data=body,
+            method="POST",
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
         return self._send(req)
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=body,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
         return self._send(req)
 
     def _send(self, req: urllib.request.Request) -> tuple[int, Any]:
@@ -99,7 +163,9 @@ class LiveServer:
         try:
             return status, json.loads(raw, parse_constant=_not_json) if raw else None
         except ValueError:
-            assert not raw.lstrip().startswith((b"{", b"[")), f"a response that is not strict JSON: {raw[:200]!r}"
+            assert not raw.lstrip().startswith((b"{", b"[")), (
+                f"a response that is not strict JSON: {raw[:200]!r}"
+            )
             return status, raw
 
 
@@ -134,8 +200,11 @@ def test_fuzz_native_and_queue_routes(live: LiveServer, body: Any, route: str) -
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(raw=st.binary(max_size=64), route=st.sampled_from(ROUTES),
-       query=st.text(alphabet="abcdefgh=&%.0/_", max_size=20))
+@given(
+    raw=st.binary(max_size=64),
+    route=st.sampled_from(ROUTES),
+    query=st.text(alphabet="abcdefgh=&%.0/_", max_size=20),
+)
 def test_fuzz_raw_bytes_and_queries(live: LiveServer, raw: bytes, route: str, query: str) -> None:
     _check(*live.request("POST", route, raw))
     for path in ("/history", "/view", "/userdata", "/api/v1/jobs"):
@@ -144,9 +213,13 @@ def test_fuzz_raw_bytes_and_queries(live: LiveServer, raw: bytes, route: str, qu
 
 # --- hostile shapes (issue 19): deep nesting, non-finite numbers, huge integers, control characters,
 # over-long names. Every answer below 500 and, for errors, a JSON error object.
-control_text = st.text(alphabet=st.characters(codec="utf-8", categories=("Cc", "Cf", "Zs", "Ll", "Po")), max_size=40)
+control_text = st.text(
+    alphabet=st.characters(codec="utf-8", categories=("Cc", "Cf", "Zs", "Ll", "Po")), max_size=40
+)
 long_names = st.integers(200, 400).map(lambda n: "x" * n) | st.integers(60, 140).map(lambda n: "é" * n)
-hostile_names = control_text | long_names | st.sampled_from(["..", ".", "a/../b", "/etc/passwd", "a\x00b", "C:x"])
+hostile_names = (
+    control_text | long_names | st.sampled_from(["..", ".", "a/../b", "/etc/passwd", "a\x00b", "C:x"])
+)
 NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"]
 
 
@@ -168,12 +241,31 @@ def hostile_bodies(draw: st.DrawFn) -> bytes:
         inner = json.dumps(draw(control_text))
     else:
         inner = json.dumps({draw(long_names): 1})
-    field = draw(st.sampled_from(["prompt", "workflow", "number", "max_items", "delete", "prompt_id", "client_id",
-                                  "extra_data", "front", "webhook"]))
-    template = draw(st.sampled_from([
-        '{"%s": %s}', '{"prompt": {"1": {"class_type": "StubSlow", "inputs": {"value": 1, "delay": %s}}}, "x": "%s"}',
-        "%s%s",
-    ]))
+    field = draw(
+        st.sampled_from(
+            [
+                "prompt",
+                "workflow",
+                "number",
+                "max_items",
+                "delete",
+                "prompt_id",
+                "client_id",
+                "extra_data",
+                "front",
+                "webhook",
+            ]
+        )
+    )
+    template = draw(
+        st.sampled_from(
+            [
+                '{"%s": %s}',
+                '{"prompt": {"1": {"class_type": "StubSlow", "inputs": {"value": 1, "delay": %s}}}, "x": "%s"}',
+                "%s%s",
+            ]
+        )
+    )
     if template.startswith('{"prompt": {"1"'):
         return (template % (inner, field)).encode("utf-8", "surrogatepass")
     return (template % (field, inner) if template.startswith("{") else inner).encode("utf-8", "surrogatepass")
@@ -190,7 +282,9 @@ def test_fuzz_hostile_bodies(live: LiveServer, body: bytes, route: str) -> None:
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(name=hostile_names, number=st.integers(-(10**40), 10**40) | st.sampled_from(NON_FINITE))
-def test_fuzz_hostile_names_and_numbers_in_paths_and_queries(live: LiveServer, name: str, number: Any) -> None:
+def test_fuzz_hostile_names_and_numbers_in_paths_and_queries(
+    live: LiveServer, name: str, number: Any
+) -> None:
     quoted = urllib.parse.quote(name, safe="")
     for method, path in (
         ("GET", f"/view?filename={quoted}&subfolder={quoted}&type=input"),

@@ -26,8 +26,10 @@ LONG = "n" * 300  # over the 255 bytes a file name may have
 
 def strict(text: str) -> Any:
     """Parse as a browser does: a bare NaN or Infinity is an error."""
+
     def refuse(name: str) -> Any:
         raise AssertionError(f"the response is not strict JSON: it contains {name}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -41,7 +43,9 @@ def upload(data: bytes, name: str, **fields: str) -> aiohttp.FormData:
 
 def noise_png(seed: int, size: int = 250) -> bytes:
     buffer = io.BytesIO()
-    Image.frombytes("RGB", (size, size), random.Random(seed).randbytes(size * size * 3)).save(buffer, format="PNG")
+    Image.frombytes("RGB", (size, size), random.Random(seed).randbytes(size * size * 3)).save(
+        buffer, format="PNG"
+    )
     return buffer.getvalue()
 
 
@@ -55,8 +59,11 @@ async def test_non_finite_numbers_are_refused_in_bodies(client: TestClient, lite
     prompt = json.dumps({"prompt": workflow(1)}).replace('"delay": 0.0', f'"delay": {literal}')
     assert literal in prompt
     for route in ("/prompt", "/api/v1/jobs", "/settings", "/settings/Comfy.X"):
-        resp = await client.post(route, data=prompt if route != "/api/v1/jobs" else prompt.replace('"prompt"', '"workflow"'),
-                                 headers={"Content-Type": "application/json"})
+        resp = await client.post(
+            route,
+            data=prompt if route != "/api/v1/jobs" else prompt.replace('"prompt"', '"workflow"'),
+            headers={"Content-Type": "application/json"},
+        )
         assert resp.status == 400, (route, await resp.text())
         assert "finite" in (await resp.json())["error"]["message"]
 
@@ -69,16 +76,25 @@ async def test_non_finite_float_inputs_are_refused_at_validation(client: TestCli
     assert "finite" in json.dumps(await resp.json())
 
 
-async def test_responses_are_strict_json_even_with_nan_in_stored_data(client: TestClient, parts: ServerParts) -> None:
+async def test_responses_are_strict_json_even_with_nan_in_stored_data(
+    client: TestClient, parts: ServerParts
+) -> None:
     spec = JobSpec(workflow(1), extra_data={"weird": float("nan")})
-    result = RunResult(spec.prompt_id, "success", outputs={"3": {"score": [float("inf")]}},
-                       timings={"total_s": float("nan")})
+    result = RunResult(
+        spec.prompt_id, "success", outputs={"3": {"score": [float("inf")]}}, timings={"total_s": float("nan")}
+    )
     record = JobRecord(spec, result, started_at=1.0)
     parts.queue.store.finish(record)  # type: ignore[attr-defined]
     settings = parts.user_dir / "default" / "comfy.settings.json"
     settings.write_text('{"Comfy.Bad": NaN, "Comfy.Good": 1}')  # written by something else
-    for path in ("/history", f"/history/{spec.prompt_id}", "/api/v1/jobs", f"/api/v1/jobs/{spec.prompt_id}",
-                 "/settings", "/settings/Comfy.Bad"):
+    for path in (
+        "/history",
+        f"/history/{spec.prompt_id}",
+        "/api/v1/jobs",
+        f"/api/v1/jobs/{spec.prompt_id}",
+        "/settings",
+        "/settings/Comfy.Bad",
+    ):
         resp = await client.get(path)
         assert resp.status == 200, path
         strict(await resp.text())
@@ -86,8 +102,18 @@ async def test_responses_are_strict_json_even_with_nan_in_stored_data(client: Te
 
 
 # --- nesting and huge numbers -------------------------------------------------------------------------
-ROUTES = ["/prompt", "/api/v1/jobs", "/api/v1/workflows/convert", "/queue", "/history", "/interrupt", "/free",
-          "/settings", "/settings/x", "/userdata/deep.json"]
+ROUTES = [
+    "/prompt",
+    "/api/v1/jobs",
+    "/api/v1/workflows/convert",
+    "/queue",
+    "/history",
+    "/interrupt",
+    "/free",
+    "/settings",
+    "/settings/x",
+    "/userdata/deep.json",
+]
 
 
 @pytest.mark.parametrize("depth", [100, 100_000])
@@ -124,9 +150,13 @@ async def test_huge_integers_are_a_400(client: TestClient) -> None:
 async def test_over_long_names_are_a_400(client: TestClient) -> None:
     resp = await client.post("/upload/image", data=upload(png_bytes(1), LONG + ".png"))
     assert resp.status == 400 and (await resp.json())["error"]["type"] == "name_too_long"
-    for method, path in (("GET", f"/view?filename={LONG}.png"), ("POST", f"/userdata/{LONG}.json"),
-                         ("GET", f"/userdata/{LONG}.json"), ("GET", f"/userdata?dir={LONG}"),
-                         ("POST", f"/userdata/a.json/move/{LONG}.json")):
+    for method, path in (
+        ("GET", f"/view?filename={LONG}.png"),
+        ("POST", f"/userdata/{LONG}.json"),
+        ("GET", f"/userdata/{LONG}.json"),
+        ("GET", f"/userdata?dir={LONG}"),
+        ("POST", f"/userdata/a.json/move/{LONG}.json"),
+    ):
         resp = await client.request(method, path, data=b"{}")
         assert resp.status in (400, 404), (path, resp.status)
         assert "error" in await resp.json()
@@ -141,8 +171,9 @@ async def test_upload_named_like_a_folder_gets_another_name(client: TestClient, 
     assert forced.status == 409
 
 
-async def test_preview_of_an_oversized_image_is_a_413(client: TestClient, parts: ServerParts,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_preview_of_an_oversized_image_is_a_413(
+    client: TestClient, parts: ServerParts, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (parts.folders.output_dir / "big.png").write_bytes(png_bytes(1, size=64))
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 64x64 is then a "decompression bomb"
     resp = await client.get("/view", params={"filename": "big.png", "preview": "webp;80"})
@@ -151,10 +182,17 @@ async def test_preview_of_an_oversized_image_is_a_413(client: TestClient, parts:
 
 async def test_nul_in_a_multipart_header_is_a_400(client: TestClient) -> None:
     boundary = "XyZ"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a\x00b.png\"\r\n"
-            f"Content-Type: image/png\r\n\r\n").encode() + png_bytes(1) + f"\r\n--{boundary}--\r\n".encode()
-    resp = await client.post("/upload/image", data=body,
-                             headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="a\x00b.png"\r\n'
+            f"Content-Type: image/png\r\n\r\n"
+        ).encode()
+        + png_bytes(1)
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    resp = await client.post(
+        "/upload/image", data=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
     assert resp.status == 400, await resp.text()
     assert (await resp.json())["error"]["type"] == "invalid_form"
 
@@ -163,10 +201,12 @@ async def test_userdata_writes_onto_folders_are_a_4xx(client: TestClient, parts:
     root = parts.user_dir / "default"
     (root / "workflows" / "folder.json").mkdir(parents=True)
     (root / "workflows" / "file.json").write_text("{}")
-    cases = [("POST", "/userdata/workflows%2Ffolder.json"),
-             ("POST", "/userdata/workflows%2Ffile.json%2Finner.json"),
-             ("POST", "/userdata/workflows%2Ffile.json/move/workflows%2Ffolder.json"),
-             ("DELETE", "/userdata/workflows%2Ffolder.json")]
+    cases = [
+        ("POST", "/userdata/workflows%2Ffolder.json"),
+        ("POST", "/userdata/workflows%2Ffile.json%2Finner.json"),
+        ("POST", "/userdata/workflows%2Ffile.json/move/workflows%2Ffolder.json"),
+        ("DELETE", "/userdata/workflows%2Ffolder.json"),
+    ]
     for method, path in cases:
         resp = await client.request(method, path, data=b"{}")
         assert 400 <= resp.status < 500, (path, resp.status, await resp.text())
@@ -174,13 +214,22 @@ async def test_userdata_writes_onto_folders_are_a_4xx(client: TestClient, parts:
     assert (root / "workflows" / "file.json").read_text() == "{}"
 
 
-async def test_upload_names_with_line_breaks_and_quotes_are_cleaned(client: TestClient, parts: ServerParts) -> None:
+async def test_upload_names_with_line_breaks_and_quotes_are_cleaned(
+    client: TestClient, parts: ServerParts
+) -> None:
     boundary = "XyZ"  # RFC 2231 filename*: percent-encoded CR LF and a quote in the name
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; "
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
             "filename*=UTF-8''evil%0D%0AX-Injected%3A%201%22q.png\r\n"
-            "Content-Type: image/png\r\n\r\n").encode() + png_bytes(1) + f"\r\n--{boundary}--\r\n".encode()
-    resp = await client.post("/upload/image", data=body,
-                             headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+            "Content-Type: image/png\r\n\r\n"
+        ).encode()
+        + png_bytes(1)
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    resp = await client.post(
+        "/upload/image", data=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
     assert resp.status == 200, await resp.text()
     name = (await resp.json())["name"]
     assert "\n" not in name and "\r" not in name and '"' not in name
@@ -189,20 +238,26 @@ async def test_upload_names_with_line_breaks_and_quotes_are_cleaned(client: Test
 
 
 async def test_view_of_a_file_with_odd_characters_sends_an_encoded_disposition(
-        client: TestClient, parts: ServerParts) -> None:
+    client: TestClient, parts: ServerParts
+) -> None:
     odd = 'line\nbreak "quoted" ünï.png'
     (parts.folders.output_dir / odd).write_bytes(png_bytes(2))
     view = await client.get("/view", params={"filename": odd})
     assert view.status == 200 and await view.read() == png_bytes(2)
     disposition = view.headers["Content-Disposition"]
-    assert "\n" not in disposition and "filename*=UTF-8''line%0Abreak%20%22quoted%22%20%C3%BCn%C3%AF.png" in disposition
+    assert (
+        "\n" not in disposition
+        and "filename*=UTF-8''line%0Abreak%20%22quoted%22%20%C3%BCn%C3%AF.png" in disposition
+    )
 
 
 # --- item 7: concurrent uploads -------------------------------------------------------------------------
 async def test_concurrent_uploads_of_one_name_keep_every_file(client: TestClient, parts: ServerParts) -> None:
     count = 24
     contents = [noise_png(seed) for seed in range(count)]  # ~190 KB each: writes overlap
-    responses = await asyncio.gather(*(client.post("/upload/image", data=upload(c, "same.png")) for c in contents))
+    responses = await asyncio.gather(
+        *(client.post("/upload/image", data=upload(c, "same.png")) for c in contents)
+    )
     names = []
     for resp, content in zip(responses, contents, strict=True):
         assert resp.status == 200

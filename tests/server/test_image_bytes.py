@@ -29,7 +29,10 @@ RED = 0xCC2211
 def image_workflow(color: int = RED) -> dict[str, Any]:
     """EmptyImage (8x8, two images) -> PreviewImage and SaveImage, in API format."""
     return {
-        "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 2, "color": color}},
+        "1": {
+            "class_type": "EmptyImage",
+            "inputs": {"width": 8, "height": 8, "batch_size": 2, "color": color},
+        },
         "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}},
         "3": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "bytes"}},
     }
@@ -72,7 +75,9 @@ def test_kept_bytes_equal_the_files_and_previews_skip_the_disk(tmp_path: Path) -
     saved = files_in(parts.folders.output_dir)
     assert len(saved) == 2 and len(kept.images) == 4
     for entry in kept.outputs["3"]["images"]:  # SaveImage: memory == the file it wrote
-        assert kept.images[KeptImages.key(entry)] == (parts.folders.output_dir / entry["filename"]).read_bytes()
+        assert (
+            kept.images[KeptImages.key(entry)] == (parts.folders.output_dir / entry["filename"]).read_bytes()
+        )
 
     files = parts.executor.run(RunRequest(image_workflow()))  # the same previews, written this time
     assert files.images == {} and files.cached == ["1", "3"] and files.executed == ["2"]
@@ -90,7 +95,9 @@ def test_memory_only_previews_are_not_cached(tmp_path: Path) -> None:
     again = parts.executor.run(RunRequest(image_workflow(), keep_images=True))
     assert "2" in again.executed and "3" in again.cached  # the preview re-encodes; the saved file is reused
     assert len(again.images) == 2  # the preview's; the cached SaveImage is served from its file
-    assert list(again.images.values()) == [first.images[KeptImages.key(e)] for e in first.outputs["2"]["images"]]
+    assert list(again.images.values()) == [
+        first.images[KeptImages.key(e)] for e in first.outputs["2"]["images"]
+    ]
 
 
 def test_kept_bytes_are_the_guarded_images(tmp_path: Path) -> None:
@@ -130,7 +137,9 @@ async def finished(client: TestClient, job_id: str, query: str = "") -> dict[str
     raise AssertionError(f"job {job_id} did not finish")
 
 
-async def test_job_returning_bytes_serves_them_from_memory(image_client: tuple[TestClient, ServerParts]) -> None:
+async def test_job_returning_bytes_serves_them_from_memory(
+    image_client: tuple[TestClient, ServerParts],
+) -> None:
     client, parts = image_client
     resp = await client.post("/api/v1/jobs", json={"workflow": image_workflow(), "return": "bytes"})
     assert resp.status == 201

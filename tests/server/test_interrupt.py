@@ -36,7 +36,8 @@ class Chain(torch.nn.Module):
     def __init__(self, flag: InterruptFlag) -> None:
         super().__init__()
         self.blocks = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(4))
+            torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(4)
+        )
         self.flag = flag
         self.ran: list[int] = []
 
@@ -65,7 +66,8 @@ def test_hooks_stop_a_forward_at_the_next_block_and_are_removed_afterwards() -> 
 
 
 def test_large_attention_is_split_with_the_same_result_and_stops_between_pieces(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import torch.nn.functional as F
 
     from engine import interrupt_hooks as hooks
@@ -94,9 +96,12 @@ def test_large_attention_is_split_with_the_same_result_and_stops_between_pieces(
     assert F.scaled_dot_product_attention is counting  # put back
 
 
-@pytest.mark.parametrize(("kernel", "padding", "dilation"), [(3, 1, 1), (1, 0, 1), (3, 0, 1), (3, 2, 2), (5, (2, 1), 1)])
+@pytest.mark.parametrize(
+    ("kernel", "padding", "dilation"), [(3, 1, 1), (1, 0, 1), (3, 0, 1), (3, 2, 2), (5, (2, 1), 1)]
+)
 def test_large_convolutions_are_split_in_row_bands_with_the_same_result(
-        monkeypatch: pytest.MonkeyPatch, kernel: int, padding: Any, dilation: int) -> None:
+    monkeypatch: pytest.MonkeyPatch, kernel: int, padding: Any, dilation: int
+) -> None:
     import torch.nn.functional as F
 
     from engine import interrupt_hooks as hooks
@@ -133,13 +138,29 @@ def test_large_convolutions_are_split_in_row_bands_with_the_same_result(
 def demo_parts(root: Path, demo_models: Path) -> ServerParts:
     """A server's parts on a copy of ``demo_models`` (``make_demo_models``' files)."""
     linked_copy(demo_models, root / "models")
-    args = main.make_parser().parse_args([
-        "serve", "--models-dir", str(root / "models"), "--output-dir", str(root / "output"),
-        "--input-dir", str(root / "input"), "--temp-dir", str(root / "temp"), "--user-dir", str(root / "user"),
-        "--disable-custom-nodes", "--safety", "off"])
+    args = main.make_parser().parse_args(
+        [
+            "serve",
+            "--models-dir",
+            str(root / "models"),
+            "--output-dir",
+            str(root / "output"),
+            "--input-dir",
+            str(root / "input"),
+            "--temp-dir",
+            str(root / "temp"),
+            "--user-dir",
+            str(root / "user"),
+            "--disable-custom-nodes",
+            "--safety",
+            "off",
+        ]
+    )
     runtime = main.build_runtime(args)
     queue = LocalJobQueue(runtime.executor, JobStore(root / "user" / "loom.sqlite"))
-    return ServerParts(runtime.registry, runtime.executor, queue, runtime.folders, root / "user", models=runtime.models)
+    return ServerParts(
+        runtime.registry, runtime.executor, queue, runtime.folders, root / "user", models=runtime.models
+    )
 
 
 def txt2img(size: int, steps: int) -> dict[str, Any]:
@@ -148,9 +169,21 @@ def txt2img(size: int, steps: int) -> dict[str, Any]:
         "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse", "clip": ["1", 1]}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["1", 1]}},
         "4": {"class_type": "EmptyLatentImage", "inputs": {"width": size, "height": size, "batch_size": 1}},
-        "5": {"class_type": "KSampler", "inputs": {
-            "model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0], "seed": 1,
-            "steps": steps, "cfg": 7.0, "sampler_name": "euler", "scheduler": "normal", "denoise": 1.0}},
+        "5": {
+            "class_type": "KSampler",
+            "inputs": {
+                "model": ["1", 0],
+                "positive": ["2", 0],
+                "negative": ["3", 0],
+                "latent_image": ["4", 0],
+                "seed": 1,
+                "steps": steps,
+                "cfg": 7.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "denoise": 1.0,
+            },
+        },
         "6": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["1", 2]}},
         "7": {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": "interrupt"}},
     }
@@ -173,24 +206,32 @@ async def until(client: TestClient, job_id: str, done: Any, timeout: float) -> d
 
 
 async def test_interrupt_stops_a_2048px_txt2img_inside_its_step_and_the_next_job_runs(
-        aiohttp_client: Any, tmp_path: Path, demo_models_source: Path) -> None:
+    aiohttp_client: Any, tmp_path: Path, demo_models_source: Path
+) -> None:
     torch.set_num_threads(1)
     app = create_app(demo_parts(tmp_path, demo_models_source), ServerConfig())
     client: TestClient = await aiohttp_client(app)
     resp = await client.post("/api/v1/jobs", json={"workflow": txt2img(2048, 20)})
     assert resp.status == 201, await resp.text()
     job_id = (await resp.json())["id"]
-    await until(client, job_id, lambda j: (j["progress"] or {}).get("node") == "5" or j["status"] in FINAL, 300)
+    await until(
+        client, job_id, lambda j: (j["progress"] or {}).get("node") == "5" or j["status"] in FINAL, 300
+    )
     await asyncio.sleep(1.0)  # well inside the first 2048² step
     asked = time.perf_counter()
     assert (await client.post("/interrupt", json={})).status == 200
     final = await until(client, job_id, lambda j: j["status"] in FINAL, 120)
     latency = time.perf_counter() - asked
-    print(f"\n2048x2048 txt2img on the demo model: ended {latency:.2f} s after /interrupt "
-          f"(status {final['status']}, progress {final['progress']})")
+    print(
+        f"\n2048x2048 txt2img on the demo model: ended {latency:.2f} s after /interrupt "
+        f"(status {final['status']}, progress {final['progress']})"
+    )
     assert final["status"] == "cancelled"
-    interrupted = next(m for m in (await (await client.get(f"/history/{job_id}")).json())[job_id]["status"]["messages"]
-                       if m[0] == "execution_interrupted")
+    interrupted = next(
+        m
+        for m in (await (await client.get(f"/history/{job_id}")).json())[job_id]["status"]["messages"]
+        if m[0] == "execution_interrupted"
+    )
     assert interrupted[1]["node_id"] == "5"
 
     small = await client.post("/api/v1/jobs", json={"workflow": txt2img(64, 2)})
@@ -199,8 +240,9 @@ async def test_interrupt_stops_a_2048px_txt2img_inside_its_step_and_the_next_job
     assert app[ERRORS].count == 0
 
 
-async def test_interrupt_stops_a_2048px_vae_decode_inside_its_convolutions(aiohttp_client: Any, tmp_path: Path,
-                                                                          demo_models_source: Path) -> None:
+async def test_interrupt_stops_a_2048px_vae_decode_inside_its_convolutions(
+    aiohttp_client: Any, tmp_path: Path, demo_models_source: Path
+) -> None:
     torch.set_num_threads(1)
     app = create_app(demo_parts(tmp_path, demo_models_source), ServerConfig())
     client: TestClient = await aiohttp_client(app)
@@ -209,12 +251,16 @@ async def test_interrupt_stops_a_2048px_vae_decode_inside_its_convolutions(aioht
     for node in ("2", "3", "5"):
         del decode_only[node]
     job_id = (await (await client.post("/api/v1/jobs", json={"workflow": decode_only})).json())["id"]
-    await until(client, job_id, lambda j: (j["progress"] or {}).get("node") == "6" or j["status"] in FINAL, 300)
+    await until(
+        client, job_id, lambda j: (j["progress"] or {}).get("node") == "6" or j["status"] in FINAL, 300
+    )
     await asyncio.sleep(1.0)  # inside the decoder's full-resolution convolutions
     asked = time.perf_counter()
     assert (await client.post("/interrupt", json={})).status == 200
     final = await until(client, job_id, lambda j: j["status"] in FINAL, 120)
-    print(f"\n2048x2048 VAE decode on the demo model: ended {time.perf_counter() - asked:.2f} s after /interrupt "
-          f"(status {final['status']})")
+    print(
+        f"\n2048x2048 VAE decode on the demo model: ended {time.perf_counter() - asked:.2f} s after /interrupt "
+        f"(status {final['status']})"
+    )
     assert final["status"] == "cancelled"
     assert app[ERRORS].count == 0

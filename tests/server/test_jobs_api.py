@@ -14,14 +14,34 @@ from tests.server.conftest import block_queue
 from tests.server.stub_nodes import workflow
 
 UI_WORKFLOW: dict[str, Any] = {
-    "last_node_id": 3, "last_link_id": 2, "version": 0.4,
+    "last_node_id": 3,
+    "last_link_id": 2,
+    "version": 0.4,
     "nodes": [
-        {"id": 1, "type": "StubNumber", "mode": 0, "inputs": [],
-         "outputs": [{"name": "INT", "type": "INT", "links": [1]}], "widgets_values": [4]},
-        {"id": 2, "type": "StubSlow", "mode": 0, "inputs": [{"name": "value", "type": "INT", "link": 1}],
-         "outputs": [{"name": "INT", "type": "INT", "links": [2]}], "widgets_values": [0, 2, 0.0, False]},
-        {"id": 3, "type": "StubSave", "mode": 0, "inputs": [{"name": "value", "type": "INT", "link": 2}],
-         "outputs": [], "widgets_values": [0, "ui"]},
+        {
+            "id": 1,
+            "type": "StubNumber",
+            "mode": 0,
+            "inputs": [],
+            "outputs": [{"name": "INT", "type": "INT", "links": [1]}],
+            "widgets_values": [4],
+        },
+        {
+            "id": 2,
+            "type": "StubSlow",
+            "mode": 0,
+            "inputs": [{"name": "value", "type": "INT", "link": 1}],
+            "outputs": [{"name": "INT", "type": "INT", "links": [2]}],
+            "widgets_values": [0, 2, 0.0, False],
+        },
+        {
+            "id": 3,
+            "type": "StubSave",
+            "mode": 0,
+            "inputs": [{"name": "value", "type": "INT", "link": 2}],
+            "outputs": [],
+            "widgets_values": [0, "ui"],
+        },
     ],
     "links": [[1, 1, 0, 2, 0, "INT"], [2, 2, 0, 3, 0, "INT"]],
 }
@@ -67,7 +87,9 @@ async def test_ui_and_saved_formats_are_converted(client: TestClient) -> None:
     assert history[ui_job["id"]]["prompt"][3]["extra_pnginfo"]["workflow"]["nodes"]  # editor JSON kept
 
     saved = to_saved(workflow(6))
-    assert (await (await client.post("/api/v1/workflows/convert", json=saved)).json())["source_format"] == "loom"
+    assert (await (await client.post("/api/v1/workflows/convert", json=saved)).json())[
+        "source_format"
+    ] == "loom"
     saved_job = await (await client.post("/api/v1/jobs", json={"workflow": saved})).json()
     assert (await wait_final(client, saved_job["id"]))["status"] == "succeeded"
     api = await (await client.post("/api/v1/workflows/convert", json={"workflow": workflow(1)})).json()
@@ -144,15 +166,28 @@ async def test_webhook(client: TestClient, aiohttp_server: Any) -> None:
     await asyncio.wait_for(got.wait(), 15)
     assert received[0]["id"] == job["id"] and received[0]["status"] == "succeeded"
     assert received[0]["outputs"][0]["node"] == "3"
-    remote = await client.post("/api/v1/jobs", json={"workflow": workflow(5), "webhook": "http://example.com/x"})
+    remote = await client.post(
+        "/api/v1/jobs", json={"workflow": workflow(5), "webhook": "http://example.com/x"}
+    )
     assert remote.status == 400 and (await remote.json())["error"]["type"] == "webhook_not_allowed"
-    assert (await client.post("/api/v1/jobs", json={"workflow": workflow(5), "webhook": "ftp://x"})).status == 400
+    assert (
+        await client.post("/api/v1/jobs", json={"workflow": workflow(5), "webhook": "ftp://x"})
+    ).status == 400
 
 
 async def test_openapi(client: TestClient) -> None:
     doc = await (await client.get("/api/v1/openapi.json")).json()
     assert doc["openapi"].startswith("3.")
-    for path in ("/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/events",
-                 "/api/v1/workflows/convert", "/prompt", "/queue", "/history", "/view", "/object_info"):
+    for path in (
+        "/api/v1/jobs",
+        "/api/v1/jobs/{job_id}",
+        "/api/v1/jobs/{job_id}/events",
+        "/api/v1/workflows/convert",
+        "/prompt",
+        "/queue",
+        "/history",
+        "/view",
+        "/object_info",
+    ):
         assert path in doc["paths"], path
     assert "Job" in doc["components"]["schemas"]

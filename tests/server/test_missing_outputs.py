@@ -11,8 +11,12 @@ from tests.server.stub_nodes import workflow
 
 
 async def test_deleted_outputs_are_marked_missing(client: TestClient, parts: ServerParts) -> None:
-    kept_id = (await (await client.post("/prompt", json={"prompt": workflow(1, prefix="kept")})).json())["prompt_id"]
-    gone_id = (await (await client.post("/prompt", json={"prompt": workflow(2, prefix="gone")})).json())["prompt_id"]
+    kept_id = (await (await client.post("/prompt", json={"prompt": workflow(1, prefix="kept")})).json())[
+        "prompt_id"
+    ]
+    gone_id = (await (await client.post("/prompt", json={"prompt": workflow(2, prefix="gone")})).json())[
+        "prompt_id"
+    ]
     kept, gone = await wait_history(client, kept_id), await wait_history(client, gone_id)
     assert "missing" not in kept["outputs"]["3"]["images"][0]
     gone_file = gone["outputs"]["3"]["images"][0]
@@ -30,7 +34,9 @@ async def test_deleted_outputs_are_marked_missing(client: TestClient, parts: Ser
     assert listed[gone_id]["outputs"][0]["missing"] is True and "missing" not in listed[kept_id]["outputs"][0]
 
 
-async def test_another_output_dir_marks_every_old_file_missing(client: TestClient, parts: ServerParts) -> None:
+async def test_another_output_dir_marks_every_old_file_missing(
+    client: TestClient, parts: ServerParts
+) -> None:
     prompt_id = (await (await client.post("/prompt", json={"prompt": workflow(3)})).json())["prompt_id"]
     await wait_history(client, prompt_id)
     for path in parts.folders.output_dir.iterdir():  # as if started with another --output-dir

@@ -29,7 +29,9 @@ async def checkpoint_names(client: TestClient) -> list[str]:
     return names
 
 
-async def test_object_info_lists_links_and_walks_the_folders_again(aiohttp_client: Any, tmp_path: Path) -> None:
+async def test_object_info_lists_links_and_walks_the_folders_again(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     (store / "sd").mkdir(parents=True)
     (store / "sd" / "a.safetensors").write_bytes(b"x")
@@ -52,6 +54,16 @@ async def test_object_info_lists_links_and_walks_the_folders_again(aiohttp_clien
     before = os.stat(store / "sd")
     (store / "sd" / "b.safetensors").write_bytes(b"x")
     keep_folder_time(store / "sd", before)
-    assert model_files.list("checkpoints") == ["library/a.safetensors", "linked.safetensors"]  # cached: unseen
-    assert await checkpoint_names(client) == ["library/a.safetensors", "library/b.safetensors", "linked.safetensors"]
-    assert model_files.resolve("checkpoints", "library/b.safetensors") == checkpoints / "library" / "b.safetensors"
+    assert model_files.list("checkpoints") == [
+        "library/a.safetensors",
+        "linked.safetensors",
+    ]  # cached: unseen
+    assert await checkpoint_names(client) == [
+        "library/a.safetensors",
+        "library/b.safetensors",
+        "linked.safetensors",
+    ]
+    assert (
+        model_files.resolve("checkpoints", "library/b.safetensors")
+        == checkpoints / "library" / "b.safetensors"
+    )

@@ -30,8 +30,15 @@ def write_safetensors(path: Path, metadata: dict[str, str] | None) -> None:
 
 def test_metadata_is_read_from_the_header(tmp_path: Path) -> None:
     path = tmp_path / "style.safetensors"
-    write_safetensors(path, {"modelspec.title": "Watercolour", "modelspec.trigger_phrase": "wtrclr, soft wash",
-                             "modelspec.architecture": "stable-diffusion-v1/lora", "ss_tag_frequency": "x" * 1000})
+    write_safetensors(
+        path,
+        {
+            "modelspec.title": "Watercolour",
+            "modelspec.trigger_phrase": "wtrclr, soft wash",
+            "modelspec.architecture": "stable-diffusion-v1/lora",
+            "ss_tag_frequency": "x" * 1000,
+        },
+    )
     info = describe_model_file("style.safetensors", path)
     assert info.title == "Watercolour" and info.trigger_words == ["wtrclr", "soft wash"]
     assert info.base_model == "stable-diffusion-v1/lora" and info.size == path.stat().st_size
@@ -50,7 +57,10 @@ def test_metadata_is_read_from_the_header(tmp_path: Path) -> None:
 async def test_model_info_route(aiohttp_client: Any, tmp_path: Path) -> None:
     parts = make_parts(tmp_path)
     parts.folders = dataclasses.replace(parts.folders, model_files=ModelFolders(tmp_path / "models"))
-    write_safetensors(tmp_path / "models" / "loras" / "a.safetensors", {"ss_base_model_version": "sd_v1", "ss_output_name": "a-style"})
+    write_safetensors(
+        tmp_path / "models" / "loras" / "a.safetensors",
+        {"ss_base_model_version": "sd_v1", "ss_output_name": "a-style"},
+    )
     write_safetensors(tmp_path / "models" / "loras" / "plain.safetensors", None)
     (tmp_path / "models" / "loras" / "broken.safetensors").write_bytes(b"\xff" * 8 + b"{")
     client: TestClient = await aiohttp_client(create_app(parts, ServerConfig()))

@@ -38,7 +38,9 @@ async def test_plugins_listing_routes_messages_and_extensions(aiohttp_client: An
 
     listing = await (await client.get("/api/v1/plugins")).json()
     by_name = {p["name"]: p for p in listing["packs"]}
-    assert by_name["comfy_output_node"]["ok"] and "OutputPack_ShowText" in by_name["comfy_output_node"]["nodes"]
+    assert (
+        by_name["comfy_output_node"]["ok"] and "OutputPack_ShowText" in by_name["comfy_output_node"]["nodes"]
+    )
     assert not by_name["broken_import"]["ok"] and by_name["broken_import"]["error"]
 
     assert (await (await client.get("/output_node_pack/ping")).json()) == {"pong": True}

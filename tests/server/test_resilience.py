@@ -50,7 +50,9 @@ async def post_prompt(client: TestClient, prompt: dict[str, Any]) -> str:
     return str((await resp.json())["prompt_id"])
 
 
-async def job_status(client: TestClient, job_id: str, wanted: tuple[str, ...], timeout: float = 20.0) -> dict[str, Any]:
+async def job_status(
+    client: TestClient, job_id: str, wanted: tuple[str, ...], timeout: float = 20.0
+) -> dict[str, Any]:
     """Poll the job resource until its status is one of ``wanted`` (a 404 fails at once)."""
     for _ in range(int(timeout / 0.02)):
         resp = await client.get(f"/api/v1/jobs/{job_id}")
@@ -67,10 +69,13 @@ async def worker_stats(client: TestClient) -> dict[str, Any]:
 
 
 # --- item 1: BaseException from plugin code ------------------------------------------------------------
-@pytest.mark.parametrize(("class_type", "what"), [("Hostile_ExitInFunction", "sys.exit(3)"),
-                                                  ("Hostile_KeyboardInFunction", "KeyboardInterrupt")])
-async def test_exit_in_a_plugin_node_fails_only_that_job(aiohttp_client: Any, tmp_path: Path,
-                                                         class_type: str, what: str) -> None:
+@pytest.mark.parametrize(
+    ("class_type", "what"),
+    [("Hostile_ExitInFunction", "sys.exit(3)"), ("Hostile_KeyboardInFunction", "KeyboardInterrupt")],
+)
+async def test_exit_in_a_plugin_node_fails_only_that_job(
+    aiohttp_client: Any, tmp_path: Path, class_type: str, what: str
+) -> None:
     client, app = await hostile_client(aiohttp_client, tmp_path)
     poison = await post_prompt(client, {"1": {"class_type": class_type, "inputs": {"value": 1}}})
     entry = await wait_history(client, poison)
@@ -84,10 +89,13 @@ async def test_exit_in_a_plugin_node_fails_only_that_job(aiohttp_client: Any, tm
     assert app[ERRORS].count == 0
 
 
-async def test_exit_in_validate_inputs_is_a_400_and_the_server_lives(aiohttp_client: Any, tmp_path: Path) -> None:
+async def test_exit_in_validate_inputs_is_a_400_and_the_server_lives(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
     client, app = await hostile_client(aiohttp_client, tmp_path)
-    resp = await client.post("/prompt", json={"prompt": {"1": {"class_type": "Hostile_ExitInValidate",
-                                                               "inputs": {"value": 1}}}})
+    resp = await client.post(
+        "/prompt", json={"prompt": {"1": {"class_type": "Hostile_ExitInValidate", "inputs": {"value": 1}}}}
+    )
     assert resp.status == 400
     assert "sys.exit(0)" in await resp.text()
     assert (await client.get("/queue")).status == 200
@@ -96,7 +104,9 @@ async def test_exit_in_validate_inputs_is_a_400_and_the_server_lives(aiohttp_cli
     assert app[ERRORS].count == 0
 
 
-async def test_a_plugin_route_calling_exit_answers_500_naming_the_pack(aiohttp_client: Any, tmp_path: Path) -> None:
+async def test_a_plugin_route_calling_exit_answers_500_naming_the_pack(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
     client, app = await hostile_client(aiohttp_client, tmp_path)
     resp = await client.get("/exit_nodes/exit")
     assert resp.status == 500
@@ -106,7 +116,8 @@ async def test_a_plugin_route_calling_exit_answers_500_naming_the_pack(aiohttp_c
 
 
 async def test_a_dead_worker_is_restarted_its_job_failed_and_stats_say_so(
-        client: TestClient, parts: ServerParts, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: TestClient, parts: ServerParts, monkeypatch: pytest.MonkeyPatch
+) -> None:
     queue = parts.queue
     assert isinstance(queue, LocalJobQueue)
     run_scheduled = queue._run_scheduled
@@ -127,7 +138,9 @@ async def test_a_dead_worker_is_restarted_its_job_failed_and_stats_say_so(
     assert stats["alive"] and stats["restarts"] == 1 and "SystemExit" in stats["last_death"]
 
 
-async def test_a_node_that_ignores_interrupts_is_reported_as_unstoppable(aiohttp_client: Any, tmp_path: Path) -> None:
+async def test_a_node_that_ignores_interrupts_is_reported_as_unstoppable(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
     client, app = await hostile_client(aiohttp_client, tmp_path)
     stubborn = {"class_type": "Hostile_Stubborn", "inputs": {"value": 1}}
     resp = await client.post("/api/v1/jobs", json={"workflow": {"1": stubborn, "2": stubborn}})
@@ -179,7 +192,8 @@ class FullDisk:
 
 
 async def test_a_full_job_database_is_507_keeps_the_running_job_and_recovers(
-        client: TestClient, parts: ServerParts) -> None:
+    client: TestClient, parts: ServerParts
+) -> None:
     queue = parts.queue
     assert isinstance(queue, LocalJobQueue)
     blocker = await post_prompt(client, blocker_workflow(1))
@@ -217,7 +231,9 @@ def test_a_real_full_database_raises_storage_error_and_recovers(tmp_path: Path) 
     store = JobStore(tmp_path / "loom.sqlite")
     pages = store._db.execute("PRAGMA page_count").fetchone()[0]
     store._db.execute(f"PRAGMA max_page_count={pages}")
-    big = JobSpec({"1": {"class_type": "StubNumber", "inputs": {"value": 1}, "_meta": {"title": "x" * 50_000}}})
+    big = JobSpec(
+        {"1": {"class_type": "StubNumber", "inputs": {"value": 1}, "_meta": {"title": "x" * 50_000}}}
+    )
     with pytest.raises(StorageError, match="disk is full"):
         store.enqueue(big)
     store._db.execute("PRAGMA max_page_count=1073741823")
@@ -248,7 +264,9 @@ async def test_damaged_history_rows_are_skipped(client: TestClient, parts: Serve
 
 
 # --- item 3: /queue delete and clear ------------------------------------------------------------------
-async def test_queue_delete_and_clear_cancel_jobs_like_the_jobs_api(client: TestClient, aiohttp_server: Any) -> None:
+async def test_queue_delete_and_clear_cancel_jobs_like_the_jobs_api(
+    client: TestClient, aiohttp_server: Any
+) -> None:
     hooks: list[dict[str, Any]] = []
     both = asyncio.Event()
 
@@ -263,8 +281,12 @@ async def test_queue_delete_and_clear_cancel_jobs_like_the_jobs_api(client: Test
     url = f"http://127.0.0.1:{(await aiohttp_server(receiver, host='127.0.0.1')).port}/hook"
     blocker = await post_prompt(client, blocker_workflow(1))
     await job_status(client, blocker, ("running",))
-    deleted = (await (await client.post("/api/v1/jobs", json={"workflow": workflow(2), "webhook": url})).json())["id"]
-    cleared = (await (await client.post("/api/v1/jobs", json={"workflow": workflow(3), "webhook": url})).json())["id"]
+    deleted = (
+        await (await client.post("/api/v1/jobs", json={"workflow": workflow(2), "webhook": url})).json()
+    )["id"]
+    cleared = (
+        await (await client.post("/api/v1/jobs", json={"workflow": workflow(3), "webhook": url})).json()
+    )["id"]
     stream = await client.get(f"/api/v1/jobs/{deleted}/events")
 
     assert (await client.post("/queue", json={"delete": [deleted]})).status == 200

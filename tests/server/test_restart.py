@@ -21,8 +21,10 @@ async def test_restart_keeps_queue_and_history(tmp_path: Path) -> None:
         done = (await (await client.post("/prompt", json={"prompt": workflow(1)})).json())["prompt_id"]
         await wait_history(client, done)
         slow = await block_queue(client, 2)  # running when the app stops
-        queued = [(await (await client.post("/prompt", json={"prompt": workflow(v)})).json())["prompt_id"]
-                  for v in (3, 4)]
+        queued = [
+            (await (await client.post("/prompt", json={"prompt": workflow(v)})).json())["prompt_id"]
+            for v in (3, 4)
+        ]
     # the app is stopped: its worker was interrupted mid-run
     second = create_app(make_parts(tmp_path / "b", db=db), ServerConfig())
     async with TestClient(TestServer(second)) as client:

@@ -85,8 +85,9 @@ async def test_view_refuses_traversal(client: TestClient, parts: ServerParts, tm
     assert resp.status == 403
 
 
-async def test_upload_refuses_traversal_and_bad_files(client: TestClient, parts: ServerParts,
-                                                      tmp_path: Path) -> None:
+async def test_upload_refuses_traversal_and_bad_files(
+    client: TestClient, parts: ServerParts, tmp_path: Path
+) -> None:
     for fields in ({"subfolder": "../../escape"}, {"subfolder": "/tmp"}, {"type": "models"}):
         resp = await client.post("/upload/image", data=form(png_bytes(1), **fields))
         assert resp.status == 400, fields
@@ -110,7 +111,12 @@ async def test_upload_refuses_traversal_and_bad_files(client: TestClient, parts:
 
 async def test_userdata_refuses_traversal(client: TestClient, parts: ServerParts, tmp_path: Path) -> None:
     (tmp_path / "outside.json").write_text("{}")
-    for name in ("..%2F..%2Foutside.json", "%2Fetc%2Fpasswd", "a%2F..%2F..%2Foutside.json", "%2E%2E%2Foutside.json"):
+    for name in (
+        "..%2F..%2Foutside.json",
+        "%2Fetc%2Fpasswd",
+        "a%2F..%2F..%2Foutside.json",
+        "%2E%2E%2Foutside.json",
+    ):
         assert 400 <= (await client.get(f"/userdata/{name}")).status < 500, name
         assert 400 <= (await client.post(f"/userdata/{name}", data=b"x")).status < 500, name
     assert (await client.get("/userdata?dir=..")).status == 400
@@ -165,7 +171,12 @@ async def test_token_required(aiohttp_client: Any, parts: ServerParts) -> None:
 
 
 async def test_unknown_routes_and_methods_are_json(client: TestClient) -> None:
-    for method, path in (("GET", "/api/nothing"), ("DELETE", "/prompt"), ("PUT", "/queue"), ("GET", "/nothing")):
+    for method, path in (
+        ("GET", "/api/nothing"),
+        ("DELETE", "/prompt"),
+        ("PUT", "/queue"),
+        ("GET", "/nothing"),
+    ):
         resp = await client.request(method, path)
         assert 400 <= resp.status < 500, (method, path)
         assert "error" in await resp.json()
@@ -185,5 +196,7 @@ async def test_host_refusal_names_an_option_that_exists(client: TestClient) -> N
     resp = await client.get("/queue", headers={"Host": "evil.example:8188"})
     message = (await resp.json())["error"]["message"]
     assert "--allow-host evil.example" in message
-    args = main.make_parser().parse_args(["serve", "--allow-host", "evil.example", "--allow-origin", "http://x:1"])
+    args = main.make_parser().parse_args(
+        ["serve", "--allow-host", "evil.example", "--allow-origin", "http://x:1"]
+    )
     assert args.allowed_host == ["evil.example"] and args.allowed_origin == ["http://x:1"]

@@ -24,8 +24,10 @@ from tests.server.stub_nodes import workflow
 
 async def test_status_on_connect_and_queue_change(client: TestClient) -> None:
     ws = await client.ws_connect("/ws?clientId=me")
-    assert await receive_json(ws) == {"type": "status",
-                                      "data": {"status": {"exec_info": {"queue_remaining": 0}}, "sid": "me"}}
+    assert await receive_json(ws) == {
+        "type": "status",
+        "data": {"status": {"exec_info": {"queue_remaining": 0}}, "sid": "me"},
+    }
     await client.post("/prompt", json={"prompt": workflow(1), "client_id": "me"})
     status = await receive_json(ws)
     assert status["type"] == "status" and status["data"]["status"]["exec_info"]["queue_remaining"] == 1
@@ -42,8 +44,18 @@ async def test_event_sequence_and_cached_rerun(client: TestClient) -> None:
     body = await (await client.post("/prompt", json={"prompt": workflow(2), "client_id": "seq"})).json()
     msgs = [m for m in await wait_done(ws, body["prompt_id"]) if m["type"] != "status"]
     kinds = [m["type"] for m in msgs]
-    assert kinds == ["execution_start", "execution_cached", "executing", "executing", "progress", "progress",
-                     "executing", "executed", "execution_success", "executing"]
+    assert kinds == [
+        "execution_start",
+        "execution_cached",
+        "executing",
+        "executing",
+        "progress",
+        "progress",
+        "executing",
+        "executed",
+        "execution_success",
+        "executing",
+    ]
     assert all(m["data"]["prompt_id"] == body["prompt_id"] for m in msgs)
     assert [m["data"]["node"] for m in msgs if m["type"] == "executing"] == ["1", "2", "3", None]
     progress = [m["data"] for m in msgs if m["type"] == "progress"]
@@ -84,8 +96,11 @@ async def test_binary_previews(client: TestClient) -> None:
     client.app[HUB].max_waiting_previews = 100  # no frame dropped for a slow reader: both formats arrive
     ws = await client.ws_connect("/ws?clientId=p")
     await receive_json(ws)
-    body = await (await client.post("/prompt", json={"prompt": workflow(1, steps=4, delay=0.15, previews=True),
-                                                     "client_id": "p"})).json()
+    body = await (
+        await client.post(
+            "/prompt", json={"prompt": workflow(1, steps=4, delay=0.15, previews=True), "client_id": "p"}
+        )
+    ).json()
     frames = []
     while True:
         msg = await ws.receive(timeout=10)
@@ -111,21 +126,30 @@ async def test_binary_previews(client: TestClient) -> None:
 async def test_previews_are_paced(client: TestClient) -> None:
     ws = await client.ws_connect("/ws?clientId=fast")
     await receive_json(ws)
-    body = await (await client.post("/prompt", json={"prompt": workflow(1, steps=200, delay=0.0, previews=True),
-                                                     "client_id": "fast"})).json()
+    body = await (
+        await client.post(
+            "/prompt", json={"prompt": workflow(1, steps=200, delay=0.0, previews=True), "client_id": "fast"}
+        )
+    ).json()
     frames = 0
     while True:
         msg = await ws.receive(timeout=10)
         if msg.type == WSMsgType.BINARY:
             frames += 1
-        elif msg.type == WSMsgType.TEXT and msg.json()["type"] == "executing" and msg.json()["data"]["node"] is None:
+        elif (
+            msg.type == WSMsgType.TEXT
+            and msg.json()["type"] == "executing"
+            and msg.json()["data"]["node"] is None
+        ):
             break
     await wait_history(client, body["prompt_id"])
     job = await (await client.get(f"/api/v1/jobs/{body['prompt_id']}")).json()
     seconds = job["timings"]["total_s"]
     interval = client.app[RELAY].min_preview_interval
     allowed = 1 + seconds / interval  # frames are paced in the job's own time: at most one per interval
-    assert frames <= allowed, f"{frames} frames in {seconds:.2f} s (at most {allowed:.0f}): previews are not paced"
+    assert frames <= allowed, (
+        f"{frames} frames in {seconds:.2f} s (at most {allowed:.0f}): previews are not paced"
+    )
     assert frames < 200
     await ws.close()
 
@@ -163,8 +187,9 @@ async def test_client_messages_ignored(client: TestClient) -> None:
 async def test_interrupted_event(client: TestClient) -> None:
     ws = await client.ws_connect("/ws?clientId=i")
     await receive_json(ws)
-    body = await (await client.post("/prompt", json={"prompt": workflow(1, steps=2000, delay=0.005),
-                                                     "client_id": "i"})).json()
+    body = await (
+        await client.post("/prompt", json={"prompt": workflow(1, steps=2000, delay=0.005), "client_id": "i"})
+    ).json()
     while (await receive_json(ws))["type"] != "progress":
         pass
     await client.post("/api/interrupt", json={"prompt_id": body["prompt_id"]})

@@ -12,11 +12,17 @@ CHAIN = 100
 
 
 def chain(tag: str) -> dict[str, Any]:
-    prompt: dict[str, Any] = {"0": {"class_type": "StringConcatenate",
-                                    "inputs": {"string_a": tag, "string_b": "x", "delimiter": ""}}}
+    prompt: dict[str, Any] = {
+        "0": {
+            "class_type": "StringConcatenate",
+            "inputs": {"string_a": tag, "string_b": "x", "delimiter": ""},
+        }
+    }
     for i in range(1, CHAIN):
-        prompt[str(i)] = {"class_type": "StringConcatenate",
-                          "inputs": {"string_a": [str(i - 1), 0], "string_b": "x", "delimiter": ""}}
+        prompt[str(i)] = {
+            "class_type": "StringConcatenate",
+            "inputs": {"string_a": [str(i - 1), 0], "string_b": "x", "delimiter": ""},
+        }
     prompt["out"] = {"class_type": "PreviewAny", "inputs": {"source": [str(CHAIN - 1), 0]}}
     return prompt
 
@@ -30,5 +36,7 @@ def run(setup: BenchSetup) -> list[Row]:
         warm.append(rt.run(prompt).timings["total_s"])
     rt.close()
     n = CHAIN + 1
-    return [Row("executor overhead", "per node, uncached", median(cold) / n * 1e3, "ms", f"{n}-node chain"),
-            Row("executor overhead", "per node, cached", median(warm) / n * 1e3, "ms", "identical resubmit")]
+    return [
+        Row("executor overhead", "per node, uncached", median(cold) / n * 1e3, "ms", f"{n}-node chain"),
+        Row("executor overhead", "per node, cached", median(warm) / n * 1e3, "ms", "identical resubmit"),
+    ]

@@ -37,13 +37,22 @@ def model_patches(setup: BenchSetup) -> list[Row]:
     big, steps = setup.sizes[-1], setup.steps
     rt.run(txt2img(setup.ckpt_a, size=64, steps=1, tome=0.5))  # load both UNets once
     speed, diff = _on_off(rt, setup, big, steps[0], tome=0.5)
-    rows = [Row("ToMe (TomePatchModel 0.5)", f"sampler speed-up at {big}²", speed, "x", "off by default"),
-            Row("ToMe (TomePatchModel 0.5)", "image difference", diff, "mean |Δ|", "trades quality")]
+    rows = [
+        Row("ToMe (TomePatchModel 0.5)", f"sampler speed-up at {big}²", speed, "x", "off by default"),
+        Row("ToMe (TomePatchModel 0.5)", "image difference", diff, "mean |Δ|", "trades quality"),
+    ]
     dc = {"cache_interval": 3, "cache_depth": 0, "start_step": 0, "end_step": 1000}
     speed, diff = _on_off(rt, setup, setup.sizes[0], steps[-1], deepcache=dc)
-    rows += [Row("DeepCache (interval 3, depth 0)", f"sampler speed-up, {setup.sizes[0]}² {steps[-1]} steps", speed,
-                 "x", "off by default"),
-             Row("DeepCache (interval 3, depth 0)", "image difference", diff, "mean |Δ|", "trades quality")]
+    rows += [
+        Row(
+            "DeepCache (interval 3, depth 0)",
+            f"sampler speed-up, {setup.sizes[0]}² {steps[-1]} steps",
+            speed,
+            "x",
+            "off by default",
+        ),
+        Row("DeepCache (interval 3, depth 0)", "image difference", diff, "mean |Δ|", "trades quality"),
+    ]
     rt.close()
     return rows
 
@@ -57,9 +66,12 @@ def half_precision(setup: BenchSetup) -> list[Row]:
     from engine.device_policy import DevicePolicy
 
     bf16 = precision.apply(DevicePolicy.cpu(), argparse.Namespace(bf16_unet=True))
-    runtimes = {"fp32": BenchRuntime(setup.models_dir, setup.work / "fp32", run_settings={"preview_method": "none"}),
-                "bf16": BenchRuntime(setup.models_dir, setup.work / "bf16", run_settings={"preview_method": "none"},
-                                     policy=bf16)}
+    runtimes = {
+        "fp32": BenchRuntime(setup.models_dir, setup.work / "fp32", run_settings={"preview_method": "none"}),
+        "bf16": BenchRuntime(
+            setup.models_dir, setup.work / "bf16", run_settings={"preview_method": "none"}, policy=bf16
+        ),
+    }
     for rt in runtimes.values():
         rt.run(txt2img(setup.ckpt_a, size=64, steps=1))  # load once
     size, steps = setup.sizes[-1], setup.steps[0]
@@ -67,15 +79,22 @@ def half_precision(setup: BenchSetup) -> list[Row]:
     diffs = []
     for seed in range(setup.repeats):
         images = {}
-        for name, rt in (runtimes.items() if seed % 2 == 0 else reversed(runtimes.items())):
+        for name, rt in runtimes.items() if seed % 2 == 0 else reversed(runtimes.items()):
             seconds, images[name] = _sampler_s(rt, txt2img(setup.ckpt_a, size=size, steps=steps, seed=seed))
             times[name].append(seconds)
         diffs.append(image_difference(images["fp32"], images["bf16"]))
     for rt in runtimes.values():
         rt.close()
-    return [Row("--bf16-unet", f"sampler speed-up at {size}², {steps} steps", median(times["fp32"]) / median(times["bf16"]),
-                "x", "opt-in flag (fp32 on CPU by default)"),
-            Row("--bf16-unet", "image difference", median(diffs), "mean |Δ|", "trades quality")]
+    return [
+        Row(
+            "--bf16-unet",
+            f"sampler speed-up at {size}², {steps} steps",
+            median(times["fp32"]) / median(times["bf16"]),
+            "x",
+            "opt-in flag (fp32 on CPU by default)",
+        ),
+        Row("--bf16-unet", "image difference", median(diffs), "mean |Δ|", "trades quality"),
+    ]
 
 
 @contextmanager
@@ -103,8 +122,10 @@ def previews(setup: BenchSetup) -> list[Row]:
     (noisier: it includes the machine's run-to-run spread)."""
     size, steps = setup.sizes[0], setup.steps[-1]  # a percentage of the step: the smaller size suffices
     rows = []
-    runtimes = {m: BenchRuntime(setup.models_dir, setup.work / f"preview_{m}", run_settings={"preview_method": m})
-                for m in ("none", "latent2rgb", "taesd")}
+    runtimes = {
+        m: BenchRuntime(setup.models_dir, setup.work / f"preview_{m}", run_settings={"preview_method": m})
+        for m in ("none", "latent2rgb", "taesd")
+    }
     for rt in runtimes.values():
         rt.run(txt2img(setup.ckpt_a, size=64, steps=2))
     times: dict[str, list[float]] = {m: [] for m in runtimes}
@@ -114,7 +135,9 @@ def previews(setup: BenchSetup) -> list[Row]:
         for method, rt in runtimes.items():
             frames: list[float] = []
             with _preview_clock(frames):
-                seconds = rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=seed)).timings["nodes"]["3"]
+                seconds = rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=seed)).timings["nodes"][
+                    "3"
+                ]
             if seed:
                 times[method].append(seconds)
                 spent[method].append(sum(frames) / seconds * 100)
@@ -122,9 +145,16 @@ def previews(setup: BenchSetup) -> list[Row]:
     base = median(times["none"])
     for method in ("latent2rgb", "taesd"):
         slow = (median(times[method]) - base) / base * 100
-        rows.append(Row("previews", f"{method}: time rendering previews, {size}² {steps} steps", median(spent[method]),
-                        "% sampling", f"{median([float(n) for n in shown[method]]):.0f} previews per run, paced to "
-                        f"<= 5%; sampler vs no previews {slow:+.1f}% (run-to-run noise)"))
+        rows.append(
+            Row(
+                "previews",
+                f"{method}: time rendering previews, {size}² {steps} steps",
+                median(spent[method]),
+                "% sampling",
+                f"{median([float(n) for n in shown[method]]):.0f} previews per run, paced to "
+                f"<= 5%; sampler vs no previews {slow:+.1f}% (run-to-run noise)",
+            )
+        )
     for rt in runtimes.values():
         rt.close()
     return rows
@@ -153,11 +183,16 @@ def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
             return module.decode(z, return_dict=False)[0]
 
     diff = float((decode(plain) - decode(last)).abs().max())
-    timing = interleaved({"contiguous": partial(decode, plain), "channels_last": partial(decode, last)},
-                         setup.repeats)
-    return Row("device: channels-last", f"VAE decode speed-up at {setup.sizes[-1]}²",
-               timing["contiguous"] / timing["channels_last"], "x",
-               f"max |Δ| {diff:.2e} (pixels in -1..1); on by default on CPU")
+    timing = interleaved(
+        {"contiguous": partial(decode, plain), "channels_last": partial(decode, last)}, setup.repeats
+    )
+    return Row(
+        "device: channels-last",
+        f"VAE decode speed-up at {setup.sizes[-1]}²",
+        timing["contiguous"] / timing["channels_last"],
+        "x",
+        f"max |Δ| {diff:.2e} (pixels in -1..1); on by default on CPU",
+    )
 
 
 def device_level(setup: BenchSetup) -> list[Row]:
@@ -171,8 +206,15 @@ def device_level(setup: BenchSetup) -> list[Row]:
     hidden = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
     t = torch.tensor(500)
     processors = {type(p).__name__ for p in unet.attn_processors.values()}
-    rows = [Row("device: SDPA attention", "processors", float("AttnProcessor2_0" in processors), "bool",
-                f"{sorted(processors)} (torch scaled_dot_product_attention)")]
+    rows = [
+        Row(
+            "device: SDPA attention",
+            "processors",
+            float("AttnProcessor2_0" in processors),
+            "bool",
+            f"{sorted(processors)} (torch scaled_dot_product_attention)",
+        )
+    ]
 
     def step(module: Any, sample: Any, states: Any) -> Any:
         with torch.no_grad():
@@ -182,31 +224,74 @@ def device_level(setup: BenchSetup) -> list[Row]:
     # with contiguous copies, the memory order diffusers loads them in
     last, plain = unet, contiguous_copy(unet)
     ref, alt = step(plain, x, hidden), step(last, x, hidden)
-    timing = interleaved({"contiguous": partial(step, plain, x, hidden),
-                          "channels_last": partial(step, last, x, hidden)}, setup.repeats)
-    rows.append(Row("device: channels-last", f"UNet call speed-up at {setup.sizes[-1]}² (CFG batch)",
-                    timing["contiguous"] / timing["channels_last"], "x",
-                    f"max |Δ| {float((ref - alt).abs().max()):.2e}; on by default on CPU"))
+    timing = interleaved(
+        {"contiguous": partial(step, plain, x, hidden), "channels_last": partial(step, last, x, hidden)},
+        setup.repeats,
+    )
+    rows.append(
+        Row(
+            "device: channels-last",
+            f"UNet call speed-up at {setup.sizes[-1]}² (CFG batch)",
+            timing["contiguous"] / timing["channels_last"],
+            "x",
+            f"max |Δ| {float((ref - alt).abs().max()):.2e}; on by default on CPU",
+        )
+    )
     del plain
     rows.append(_vae_channels_last(rt, setup))
     bf16 = torch.nn.Module.to(copy.deepcopy(unet), torch.bfloat16)
-    timing = interleaved({"fp32": partial(step, unet, x, hidden),
-                          "bf16": partial(step, bf16, x.bfloat16(), hidden.bfloat16())}, max(1, setup.repeats - 1))
-    rows.append(Row("device: bf16 vs fp32", "UNet call speed-up", timing["fp32"] / timing["bf16"], "x",
-                    "policy: fp32 on CPU, fp16/bf16 on CUDA (DevicePolicy.detect); flags override"))
+    timing = interleaved(
+        {
+            "fp32": partial(step, unet, x, hidden),
+            "bf16": partial(step, bf16, x.bfloat16(), hidden.bfloat16()),
+        },
+        max(1, setup.repeats - 1),
+    )
+    rows.append(
+        Row(
+            "device: bf16 vs fp32",
+            "UNet call speed-up",
+            timing["fp32"] / timing["bf16"],
+            "x",
+            "policy: fp32 on CPU, fp16/bf16 on CUDA (DevicePolicy.detect); flags override",
+        )
+    )
     del bf16
-    rows.append(Row("device: TF32", "enabled", float(torch.backends.cuda.matmul.allow_tf32), "bool",
-                    "--tf32: CUDA only, set around sampling; nothing to switch on a CPU"))
+    rows.append(
+        Row(
+            "device: TF32",
+            "enabled",
+            float(torch.backends.cuda.matmul.allow_tf32),
+            "bool",
+            "--tf32: CUDA only, set around sampling; nothing to switch on a CPU",
+        )
+    )
     if os.environ.get("LOOM_BENCH_COMPILE") == "1":
         compiled = torch.compile(unet)
         first = interleaved({"compile+first": lambda: step(compiled, x, hidden)}, 1)["compile+first"]
-        timing = interleaved({"eager": lambda: step(unet, x, hidden), "compiled": lambda: step(compiled, x, hidden)},
-                             setup.repeats)
-        rows.append(Row("device: torch.compile", "UNet call speed-up", timing["eager"] / timing["compiled"], "x",
-                        f"first call (compile) {first:.0f} s; opt-in only"))
+        timing = interleaved(
+            {"eager": lambda: step(unet, x, hidden), "compiled": lambda: step(compiled, x, hidden)},
+            setup.repeats,
+        )
+        rows.append(
+            Row(
+                "device: torch.compile",
+                "UNet call speed-up",
+                timing["eager"] / timing["compiled"],
+                "x",
+                f"first call (compile) {first:.0f} s; opt-in only",
+            )
+        )
     else:
-        rows.append(Row("device: torch.compile", "UNet call speed-up", float("nan"), "x",
-                        "not run (LOOM_BENCH_COMPILE=1 measures it; ~64 s compile per shape on this CPU)"))
+        rows.append(
+            Row(
+                "device: torch.compile",
+                "UNet call speed-up",
+                float("nan"),
+                "x",
+                "not run (LOOM_BENCH_COMPILE=1 measures it; ~64 s compile per shape on this CPU)",
+            )
+        )
     rt.close()
     return rows
 

@@ -62,9 +62,15 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
     with rt.models.use(handles.vae) as loom_vae, rt.models.use(handles.unet) as loom_unet:
         vae, unet = contiguous_copy(loom_vae), contiguous_copy(loom_unet)
         pipe = StableDiffusionPipeline(
-            vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+            vae=vae,
+            text_encoder=text_encoder,
+            tokenizer=tokenizer,
+            unet=unet,
             scheduler=EulerDiscreteScheduler.from_config(SD15().scheduler_config("epsilon")),
-            safety_checker=None, feature_extractor=None, requires_safety_checker=False)  # type: ignore[arg-type]
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )  # type: ignore[arg-type]
     pipe.set_progress_bar_config(disable=True)  # type: ignore[attr-defined]
     return pipe
 
@@ -100,11 +106,18 @@ def loom_vs_diffusers(setup: BenchSetup) -> list[Row]:
                 sides = {
                     "loom": partial(rt.run, prompt),
                     "diffusers": partial(
-                        pipe, prompt=text, negative_prompt="blurry", height=size, width=size,
-                        num_inference_steps=steps, guidance_scale=CFG,
-                        generator=torch.Generator().manual_seed(counter), callback_on_step_end=clock.pipeline_callback),
+                        pipe,
+                        prompt=text,
+                        negative_prompt="blurry",
+                        height=size,
+                        width=size,
+                        num_inference_steps=steps,
+                        guidance_scale=CFG,
+                        generator=torch.Generator().manual_seed(counter),
+                        callback_on_step_end=clock.pipeline_callback,
+                    ),
                 }
-                for side in (("loom", "diffusers") if rep % 2 == 0 else ("diffusers", "loom")):
+                for side in ("loom", "diffusers") if rep % 2 == 0 else ("diffusers", "loom"):
                     clock.clear()
                     seconds, _ = timed(sides[side])
                     e2e[side].append(seconds)
@@ -113,14 +126,27 @@ def loom_vs_diffusers(setup: BenchSetup) -> list[Row]:
             where = f"{size}² {steps} steps"
             lo, re = median(e2e["loom"]), median(e2e["diffusers"])
             ls, rs = median(step["loom"]), median(step["diffusers"])
-            rows += [Row(f"txt2img {where}", "Loom end to end", lo, "s"),
-                     Row(f"txt2img {where}", "diffusers end to end", re, "s"),
-                     Row(f"txt2img {where}", "Loom / diffusers end to end", lo / re, "ratio", "target <= 1.0"),
-                     Row(f"txt2img {where}", "Loom s/step", ls, "s", f"median of {len(step['loom'])} steps"),
-                     Row(f"txt2img {where}", "diffusers s/step", rs, "s", f"median of {len(step['diffusers'])} steps"),
-                     Row(f"txt2img {where}", "Loom / diffusers per step", ls / rs, "ratio", "target <= 1.0"),
-                     Row(f"txt2img {where}", "per step outside the UNet, Loom", median(own["loom"]) * 1e3, "ms",
-                         f"diffusers {median(own['diffusers']) * 1e3:.2f} ms (sampler, CFG, callbacks)")]
+            rows += [
+                Row(f"txt2img {where}", "Loom end to end", lo, "s"),
+                Row(f"txt2img {where}", "diffusers end to end", re, "s"),
+                Row(f"txt2img {where}", "Loom / diffusers end to end", lo / re, "ratio", "target <= 1.0"),
+                Row(f"txt2img {where}", "Loom s/step", ls, "s", f"median of {len(step['loom'])} steps"),
+                Row(
+                    f"txt2img {where}",
+                    "diffusers s/step",
+                    rs,
+                    "s",
+                    f"median of {len(step['diffusers'])} steps",
+                ),
+                Row(f"txt2img {where}", "Loom / diffusers per step", ls / rs, "ratio", "target <= 1.0"),
+                Row(
+                    f"txt2img {where}",
+                    "per step outside the UNet, Loom",
+                    median(own["loom"]) * 1e3,
+                    "ms",
+                    f"diffusers {median(own['diffusers']) * 1e3:.2f} ms (sampler, CFG, callbacks)",
+                ),
+            ]
     rt.close()
     return rows
 
@@ -130,9 +156,13 @@ def cache_paths(setup: BenchSetup) -> list[Row]:
     rt = BenchRuntime(setup.models_dir, setup.work / "cache")
     cold = rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=1))
     same = [rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=1)) for _ in range(setup.repeats)]
-    seeds = [rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=100 + i)) for i in range(setup.repeats)]
-    prompts = [rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=100, text=f"other {i}"))
-               for i in range(setup.repeats)]
+    seeds = [
+        rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=100 + i)) for i in range(setup.repeats)
+    ]
+    prompts = [
+        rt.run(txt2img(setup.ckpt_a, size=size, steps=steps, seed=100, text=f"other {i}"))
+        for i in range(setup.repeats)
+    ]
     rt.close()
     cold_s = cold.timings["total_s"]
     resubmit = median([r.timings["total_s"] for r in same])
@@ -141,27 +171,43 @@ def cache_paths(setup: BenchSetup) -> list[Row]:
     ran = ",".join(seeds[-1].executed)
     return [
         Row("cache", "cold run (load + encode + sample + decode)", cold_s, "s", f"{size}², {steps} steps"),
-        Row("cache", "identical resubmit", resubmit * 1e3, "ms", f"executed: {same[-1].executed or 'nothing'}"),
+        Row(
+            "cache", "identical resubmit", resubmit * 1e3, "ms", f"executed: {same[-1].executed or 'nothing'}"
+        ),
         Row("cache", "identical resubmit / cold", resubmit / cold_s, "ratio", "target < 0.02"),
         Row("cache", "seed-only change", seed_s, "s", f"ran nodes {ran}; {disk} disk loads"),
         Row("cache", "seed-only / cold", seed_s / cold_s, "ratio", "no load, no encode"),
-        Row("cache", "prompt-only change", median([r.timings["total_s"] for r in prompts]), "s",
-            f"ran nodes {','.join(prompts[-1].executed)}"),
+        Row(
+            "cache",
+            "prompt-only change",
+            median([r.timings["total_s"] for r in prompts]),
+            "s",
+            f"ran nodes {','.join(prompts[-1].executed)}",
+        ),
     ]
 
 
 def swap(setup: BenchSetup) -> list[Row]:
     size, steps = setup.sizes[0], setup.steps[0]
     rt = BenchRuntime(setup.models_dir, setup.work / "swap")
-    results = [rt.run(txt2img(ckpt, size=size, steps=steps, seed=seed))
-               for seed, ckpt in enumerate((setup.ckpt_a, setup.ckpt_b, setup.ckpt_a))]
+    results = [
+        rt.run(txt2img(ckpt, size=size, steps=steps, seed=seed))
+        for seed, ckpt in enumerate((setup.ckpt_a, setup.ckpt_b, setup.ckpt_a))
+    ]
     rt.close()
     rows = []
     for label, result in zip(("A", "B", "A again"), results, strict=True):
         sources = sorted({load["source"] for load in result.memory.get("loads", [])})
         load_s = sum(load["seconds"] for load in result.memory.get("loads", []))
-        rows.append(Row("checkpoint swap A→B→A", f"{label}: run", result.timings["total_s"], "s",
-                        f"loads from {'/'.join(sources) or '-'}, {load_s:.3f} s loading"))
+        rows.append(
+            Row(
+                "checkpoint swap A→B→A",
+                f"{label}: run",
+                result.timings["total_s"],
+                "s",
+                f"loads from {'/'.join(sources) or '-'}, {load_s:.3f} s loading",
+            )
+        )
     return rows
 
 

@@ -59,12 +59,17 @@ def _queue(rt: BenchRuntime, setup: BenchSetup, tag: str, overlap: bool) -> Any:
     from engine.jobstore import JobStore
     from engine.overlap import PlanAwarePrefetch
 
-    return LocalJobQueue(rt.executor, JobStore(setup.work / f"overlap_{tag}.sqlite"),
-                         prefetch=PlanAwarePrefetch(rt.executor) if overlap else None)
+    return LocalJobQueue(
+        rt.executor,
+        JobStore(setup.work / f"overlap_{tag}.sqlite"),
+        prefetch=PlanAwarePrefetch(rt.executor) if overlap else None,
+    )
 
 
 def _read_seconds(record: Any, source: str | None = None) -> float:
-    return sum(x["seconds"] for x in record.memory.get("loads", []) if source is None or x["source"] == source)
+    return sum(
+        x["seconds"] for x in record.memory.get("loads", []) if source is None or x["source"] == source
+    )
 
 
 def _swap(setup: BenchSetup, rep: int) -> dict[str, Any]:
@@ -80,10 +85,13 @@ def _swap(setup: BenchSetup, rep: int) -> dict[str, Any]:
         records = queue.drain()
     if len(records) != 3 or any(r.status != "succeeded" for r in records):
         raise RuntimeError(f"A→B→A benchmark jobs failed: {[r.status for r in records]}")
-    out = {"peak_mib": (rss["peak"] - rss["start"]) / 2**20, "jobs": [r.timings["total_s"] for r in records],
-           "reads": [_read_seconds(r) for r in records],
-           "back_sources": sorted({x["source"] for x in records[2].memory.get("loads", [])}),
-           "tier_mib": max(r.memory.get("max_ram_tier_bytes", 0) for r in records) / 2**20}
+    out = {
+        "peak_mib": (rss["peak"] - rss["start"]) / 2**20,
+        "jobs": [r.timings["total_s"] for r in records],
+        "reads": [_read_seconds(r) for r in records],
+        "back_sources": sorted({x["source"] for x in records[2].memory.get("loads", [])}),
+        "tier_mib": max(r.memory.get("max_ram_tier_bytes", 0) for r in records) / 2**20,
+    }
     rt.close()
     return out
 
@@ -107,26 +115,53 @@ def run(setup: BenchSetup) -> list[Row]:
     cold: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     _cold(setup, False, "warmup")  # first-use costs (tokenizer files, kernels) are nobody's figure
     for rep in range(setup.repeats):  # interleaved; each side goes first every other time
-        for on in ((False, True) if rep % 2 == 0 else (True, False)):
+        for on in (False, True) if rep % 2 == 0 else (True, False):
             cold[on].append(_cold(setup, on, f"{'on' if on else 'off'}{rep}"))
     where = f"{setup.queue_size}², {setup.steps[0]} steps, demo checkpoints A, B, A in one queue"
     job = [median([s["jobs"][i] for s in swaps]) for i in range(3)]
     read = [median([s["reads"][i] for s in swaps]) for i in range(3)]
     off_s, on_s = median([c["seconds"] for c in cold[False]]), median([c["seconds"] for c in cold[True]])
     return [
-        Row("memory budget", "A→B→A peak RSS above start", median([s["peak_mib"] for s in swaps]), "MiB", where),
-        Row("memory budget", "A→B→A largest RAM tier", median([s["tier_mib"] for s in swaps]), "MiB",
-            "text encoders dropped once the queue's prompts are encoded"),
+        Row(
+            "memory budget",
+            "A→B→A peak RSS above start",
+            median([s["peak_mib"] for s in swaps]),
+            "MiB",
+            where,
+        ),
+        Row(
+            "memory budget",
+            "A→B→A largest RAM tier",
+            median([s["tier_mib"] for s in swaps]),
+            "MiB",
+            "text encoders dropped once the queue's prompts are encoded",
+        ),
         Row("memory budget", "job A (cold)", job[0], "s", f"model reads {read[0]:.3f} s"),
         Row("memory budget", "job B (swap)", job[1], "s", f"model reads {read[1]:.3f} s"),
-        Row("memory budget", "job A again", job[2], "s",
-            f"model reads {read[2]:.3f} s from {'/'.join(swaps[-1]['back_sources']) or 'nothing: all resident'}"),
-        Row("memory budget", "going back to A vs A's cold read", read[2] / read[0] if read[0] else float("nan"), "x",
-            "below 1: the way back is cheaper than a full reload"),
+        Row(
+            "memory budget",
+            "job A again",
+            job[2],
+            "s",
+            f"model reads {read[2]:.3f} s from {'/'.join(swaps[-1]['back_sources']) or 'nothing: all resident'}",
+        ),
+        Row(
+            "memory budget",
+            "going back to A vs A's cold read",
+            read[2] / read[0] if read[0] else float("nan"),
+            "x",
+            "below 1: the way back is cheaper than a full reload",
+        ),
         Row("plan-aware overlap", "cold first image, reads one after the other", off_s, "s", "no prefetch"),
         Row("plan-aware overlap", "cold first image, overlapped", on_s, "s", "denoiser read while encoding"),
         Row("plan-aware overlap", "cold first image speed-up", off_s / on_s, "x", ""),
-        Row("plan-aware overlap", "image difference on vs off",
-            max(image_difference(a["image"], b["image"]) for a, b in zip(cold[False], cold[True], strict=True)),
-            "mean |Δ|", "must be 0: overlap only moves reads earlier"),
+        Row(
+            "plan-aware overlap",
+            "image difference on vs off",
+            max(
+                image_difference(a["image"], b["image"]) for a, b in zip(cold[False], cold[True], strict=True)
+            ),
+            "mean |Δ|",
+            "must be 0: overlap only moves reads earlier",
+        ),
     ]

@@ -18,8 +18,11 @@ def _two_jobs(setup: BenchSetup, prefetch: bool, tag: str) -> dict[str, Any]:
 
     size, steps = setup.queue_size, setup.steps[0]
     rt = BenchRuntime(setup.models_dir, setup.work / f"prefetch_{tag}", prefetch=True)
-    queue = LocalJobQueue(rt.executor, JobStore(setup.work / f"prefetch_{tag}.sqlite"),
-                          prefetch=NextJobPrefetch(rt.executor) if prefetch else None)
+    queue = LocalJobQueue(
+        rt.executor,
+        JobStore(setup.work / f"prefetch_{tag}.sqlite"),
+        prefetch=NextJobPrefetch(rt.executor) if prefetch else None,
+    )
     held_after_a: list[set[str]] = []
 
     def on_notice(notice: Any) -> None:
@@ -34,9 +37,13 @@ def _two_jobs(setup: BenchSetup, prefetch: bool, tag: str) -> dict[str, Any]:
     if len(records) != 2 or any(r.status != "succeeded" for r in records):
         raise RuntimeError(f"prefetch benchmark jobs failed: {[r.status for r in records]}")
     b_models = {load["key"] for load in records[1].memory.get("loads", [])}
-    out = {"seconds": seconds, "b_s": records[1].timings["total_s"],
-           "b_ready": len(b_models & held_after_a[0]), "b_models": len(b_models),
-           "image": rt.image_of(records[1])}
+    out = {
+        "seconds": seconds,
+        "b_s": records[1].timings["total_s"],
+        "b_ready": len(b_models & held_after_a[0]),
+        "b_models": len(b_models),
+        "image": rt.image_of(records[1]),
+    }
     rt.close()
     return out
 
@@ -44,7 +51,7 @@ def _two_jobs(setup: BenchSetup, prefetch: bool, tag: str) -> dict[str, Any]:
 def run(setup: BenchSetup) -> list[Row]:
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     for rep in range(setup.repeats):  # interleaved; each side goes first every other time
-        for on in ((False, True) if rep % 2 == 0 else (True, False)):
+        for on in (False, True) if rep % 2 == 0 else (True, False):
             runs[on].append(_two_jobs(setup, on, f"{'on' if on else 'off'}{rep}"))
     off_s, on_s = median([r["seconds"] for r in runs[False]]), median([r["seconds"] for r in runs[True]])
     off_b, on_b = median([r["b_s"] for r in runs[False]]), median([r["b_s"] for r in runs[True]])
@@ -56,9 +63,20 @@ def run(setup: BenchSetup) -> list[Row]:
         Row("next-job prefetch", "queue speed-up", off_s / on_s, "x", ""),
         Row("next-job prefetch", "job B, off", off_b, "s", "its models read from disk while it runs"),
         Row("next-job prefetch", "job B, on", on_b, "s", "its models read while job A ran"),
-        Row("next-job prefetch", "job B's models in RAM when job A finished, on", on_last["b_ready"], "models",
-            f"of {on_last['b_models']} (off: {off_last['b_ready']})"),
-        Row("next-job prefetch", "image difference on vs off",
-            max(image_difference(a["image"], b["image"]) for a, b in zip(runs[False], runs[True], strict=True)),
-            "mean |Δ|", "must be 0: prefetch only moves a read earlier"),
+        Row(
+            "next-job prefetch",
+            "job B's models in RAM when job A finished, on",
+            on_last["b_ready"],
+            "models",
+            f"of {on_last['b_models']} (off: {off_last['b_ready']})",
+        ),
+        Row(
+            "next-job prefetch",
+            "image difference on vs off",
+            max(
+                image_difference(a["image"], b["image"]) for a, b in zip(runs[False], runs[True], strict=True)
+            ),
+            "mean |Δ|",
+            "must be 0: prefetch only moves a read earlier",
+        ),
     ]

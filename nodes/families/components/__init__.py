@@ -48,8 +48,7 @@ class ModuleKind(Protocol):
 class TextEncoderKind(ModuleKind, Protocol):
     """A text encoder kind also loads its tokenizer from the shipped files (``models/configs``)."""
 
-    def load_tokenizer(self, name: str) -> Any:
-        ...
+    def load_tokenizer(self, name: str) -> Any: ...
 
 
 __all__ = ["KLVae", "ModuleKind", "TextEncoderKind", "UNetDenoiser"]

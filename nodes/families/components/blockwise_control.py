@@ -77,9 +77,11 @@ class BlockwiseControlKind:
         dim, inputs = index.shape("img_in.weight")
         extra = inputs - LATENT_INPUTS
         if extra < 0 or extra % 4:
-            raise ModelLoadError(f"{index.path}: a block-wise ControlNet whose img_in takes {inputs} inputs per patch; "
-                                 f"Loom reads those that take {LATENT_INPUTS} (control) or {LATENT_INPUTS} plus a "
-                                 "multiple of 4 (inpainting)")
+            raise ModelLoadError(
+                f"{index.path}: a block-wise ControlNet whose img_in takes {inputs} inputs per patch; "
+                f"Loom reads those that take {LATENT_INPUTS} (control) or {LATENT_INPUTS} plus a "
+                "multiple of 4 (inpainting)"
+            )
         return {"blocks": index.count("controlnet_blocks."), "inputs": inputs, "dim": dim}
 
     def build(self, config: dict[str, int], tensors: dict[str, Any]) -> Any:
@@ -96,12 +98,16 @@ class BlockwiseControlKind:
         width = model_module.config.num_attention_heads * model_module.config.attention_head_dim
         blocks = len(module.controlnet_blocks)
         if dim != width or blocks < len(model_module.transformer_blocks):
-            return (f"it has {blocks} control blocks of width {dim} but the model has "
-                    f"{len(model_module.transformer_blocks)} blocks of width {width}")
+            return (
+                f"it has {blocks} control blocks of width {dim} but the model has "
+                f"{len(model_module.transformer_blocks)} blocks of width {width}"
+            )
         return None
 
     # --- sampling -----------------------------------------------------------------------------
-    def control_tokens(self, module: Any, latent: Tensor, mask: Tensor | None, latent_format: LatentFormat) -> Tensor:
+    def control_tokens(
+        self, module: Any, latent: Tensor, mask: Tensor | None, latent_format: LatentFormat
+    ) -> Tensor:
         """The control tokens (B, h/2·w/2, width) of raw VAE latents ``latent`` (B, 16, h, w);
         ``mask`` (B, 1, H, W), 1 where the image is kept (ComfyUI inverts the node's mask), only for
         the inpainting variant (without one, the mask channels are ones)."""
@@ -122,8 +128,9 @@ class BlockwiseControlKind:
         param = module.img_in.weight
         return module.img_in(tokens.to(param))
 
-    def block_hook(self, module: Any, control: Tensor, strength: float,
-                   blocks: int) -> Callable[[int, Tensor, tuple[Any, ...], dict[str, Any]], Tensor]:
+    def block_hook(
+        self, module: Any, control: Tensor, strength: float, blocks: int
+    ) -> Callable[[int, Tensor, tuple[Any, ...], dict[str, Any]], Tensor]:
         """For one model call: the image stream after transformer block ``index`` with the control
         added (module docstring); the block's call arguments are not needed."""
         import torch

@@ -80,8 +80,9 @@ class ClipText:
 
     # --- prompts ------------------------------------------------------------------------------
     @torch.no_grad()
-    def encode(self, module: Any, tokenizer: Any, text: str, layer: int, *, final_norm: bool,
-               pooled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def encode(
+        self, module: Any, tokenizer: Any, text: str, layer: int, *, final_norm: bool, pooled: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``text`` (with ``(word:1.2)`` weights; long prompts in 77-token chunks) through
         ``module``: the hidden state ``layer`` (optionally final-normed), chunks concatenated,
         (1, 77·n, D); and the pooled (projected, if the model has a projection) output (1, P) if ``pooled``."""

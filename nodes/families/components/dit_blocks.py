@@ -45,7 +45,7 @@ def _joined_with_image(out: Tensor, image: Tensor) -> Tensor:
 
 JOINED = BlockIO(  # one sequence [text, image] in and out
     image_in=lambda args, kwargs: _arg(args, kwargs, "hidden_states", 0),
-    image_out=lambda out, tokens: out[:, out.shape[1] - tokens:],
+    image_out=lambda out, tokens: out[:, out.shape[1] - tokens :],
     with_image=_joined_with_image,
     passthrough=lambda args, kwargs: _arg(args, kwargs, "hidden_states", 0),
 )
@@ -73,8 +73,10 @@ def flux_block_stack(module: Any, joined_single: bool) -> BlockStack:
     """The double blocks then the single blocks of a Flux (``joined_single`` False), Chroma or
     Flux.2 (``joined_single`` True) transformer."""
     single = JOINED if joined_single else PAIR
-    return BlockStack(tuple((b, PAIR) for b in module.transformer_blocks)
-                      + tuple((b, single) for b in module.single_transformer_blocks))
+    return BlockStack(
+        tuple((b, PAIR) for b in module.transformer_blocks)
+        + tuple((b, single) for b in module.single_transformer_blocks)
+    )
 
 
 @contextmanager

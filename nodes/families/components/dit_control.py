@@ -50,21 +50,27 @@ def dit_layout(shapes: Mapping[str, Sequence[int]], name: str) -> str | None:
     """The DiT ControlNet layout of a file's tensors (None: not a DiT ControlNet); a known layout
     Loom cannot run raises a ModelLoadError saying what it is."""
     if "controlnet_blocks.0.linear.weight" in shapes:
-        raise ModelLoadError(f"{name} is a Mistoline Flux ControlNet, which Loom cannot run yet; use an InstantX, "
-                             "Shakker-Labs or XLabs Flux ControlNet")
+        raise ModelLoadError(
+            f"{name} is a Mistoline Flux ControlNet, which Loom cannot run yet; use an InstantX, "
+            "Shakker-Labs or XLabs Flux ControlNet"
+        )
     layout = None
     if "controlnet_blocks.0.weight" in shapes and "double_blocks.0.img_attn.norm.key_norm.scale" in shapes:
         layout = FLUX_XLABS
     elif "pos_embed_input.proj.weight" in shapes and "controlnet_blocks.0.weight" in shapes:
         if "transformer_blocks.0.adaLN_modulation.1.bias" in shapes:
-            raise ModelLoadError(f"{name} is one of Stability AI's SD3.5 ControlNets (blur/canny/depth), which Loom "
-                                 "cannot run yet; use a diffusers-format SD3 ControlNet (e.g. InstantX's)")
+            raise ModelLoadError(
+                f"{name} is one of Stability AI's SD3.5 ControlNets (blur/canny/depth), which Loom "
+                "cannot run yet; use a diffusers-format SD3 ControlNet (e.g. InstantX's)"
+            )
         layout = SD3
     elif "controlnet_x_embedder.weight" in shapes:
         layout = FLUX_INSTANTX
     if layout is not None and _hint_channels(shapes, layout) % 16 == 1:
-        raise ModelLoadError(f"{name} is an inpainting ControlNet (its hint carries the mask, e.g. AliMama's), which "
-                             "Loom cannot run yet; use a ControlNet that takes an image only")
+        raise ModelLoadError(
+            f"{name} is an inpainting ControlNet (its hint carries the mask, e.g. AliMama's), which "
+            "Loom cannot run yet; use a ControlNet that takes an image only"
+        )
     return layout
 
 
@@ -77,7 +83,7 @@ def _hint_channels(shapes: Mapping[str, Sequence[int]], layout: str) -> int:
 
 
 def _count(shapes: Mapping[str, Any], prefix: str) -> int:
-    return len({k[len(prefix):].split(".")[0] for k in shapes if k.startswith(prefix)})
+    return len({k[len(prefix) :].split(".")[0] for k in shapes if k.startswith(prefix)})
 
 
 def dit_config(shapes: Mapping[str, Sequence[int]], layout: str) -> dict[str, Any]:
@@ -90,40 +96,66 @@ def dit_config(shapes: Mapping[str, Sequence[int]], layout: str) -> dict[str, An
         head = int(shapes[norm][0]) if norm in shapes else 64 if inner % 64 == 0 else inner
         positions = shapes.get("pos_embed.pos_embed")
         layers = _count(shapes, "transformer_blocks.")
-        return {"sample_size": 128, "patch_size": patch, "in_channels": channels, "out_channels": channels,
-                "num_layers": layers, "attention_head_dim": head, "num_attention_heads": inner // head,
-                "joint_attention_dim": int(shapes["context_embedder.weight"][1]),
-                "caption_projection_dim": int(shapes["context_embedder.weight"][0]),
-                "pooled_projection_dim": int(shapes["time_text_embed.text_embedder.linear_1.weight"][1]),
-                "pos_embed_max_size": math.isqrt(int(positions[1])) if positions else 96,
-                "extra_conditioning_channels": _hint_channels(shapes, SD3) - channels,
-                "qk_norm": "rms_norm" if norm in shapes else None,
-                "dual_attention_layers": [i for i in range(layers) if f"transformer_blocks.{i}.attn2.to_q.weight" in shapes]}
+        return {
+            "sample_size": 128,
+            "patch_size": patch,
+            "in_channels": channels,
+            "out_channels": channels,
+            "num_layers": layers,
+            "attention_head_dim": head,
+            "num_attention_heads": inner // head,
+            "joint_attention_dim": int(shapes["context_embedder.weight"][1]),
+            "caption_projection_dim": int(shapes["context_embedder.weight"][0]),
+            "pooled_projection_dim": int(shapes["time_text_embed.text_embedder.linear_1.weight"][1]),
+            "pos_embed_max_size": math.isqrt(int(positions[1])) if positions else 96,
+            "extra_conditioning_channels": _hint_channels(shapes, SD3) - channels,
+            "qk_norm": "rms_norm" if norm in shapes else None,
+            "dual_attention_layers": [
+                i for i in range(layers) if f"transformer_blocks.{i}.attn2.to_q.weight" in shapes
+            ],
+        }
     if layout == FLUX_INSTANTX:
         inner, channels = (int(s) for s in shapes["x_embedder.weight"])
         head = int(shapes["transformer_blocks.0.attn.norm_q.weight"][0])
         mode = shapes.get("controlnet_mode_embedder.weight")
-        return {"in_channels": channels, "num_layers": _count(shapes, "transformer_blocks."),
-                "num_single_layers": _count(shapes, "single_transformer_blocks."), "attention_head_dim": head,
-                "num_attention_heads": inner // head, "joint_attention_dim": int(shapes["context_embedder.weight"][1]),
-                "pooled_projection_dim": int(shapes["time_text_embed.text_embedder.linear_1.weight"][1]),
-                "guidance_embeds": "time_text_embed.guidance_embedder.linear_1.weight" in shapes,
-                "axes_dims_rope": list(rope_axes(head)), "num_mode": int(mode[0]) if mode else None}
+        return {
+            "in_channels": channels,
+            "num_layers": _count(shapes, "transformer_blocks."),
+            "num_single_layers": _count(shapes, "single_transformer_blocks."),
+            "attention_head_dim": head,
+            "num_attention_heads": inner // head,
+            "joint_attention_dim": int(shapes["context_embedder.weight"][1]),
+            "pooled_projection_dim": int(shapes["time_text_embed.text_embedder.linear_1.weight"][1]),
+            "guidance_embeds": "time_text_embed.guidance_embedder.linear_1.weight" in shapes,
+            "axes_dims_rope": list(rope_axes(head)),
+            "num_mode": int(mode[0]) if mode else None,
+        }
     inner, channels = (int(s) for s in shapes["img_in.weight"])
     head = int(shapes["double_blocks.0.img_attn.norm.query_norm.scale"][0])
-    return {"patch_size": 2, "in_channels": channels, "num_layers": _count(shapes, "double_blocks."),
-            "num_single_layers": _count(shapes, "single_blocks."), "attention_head_dim": head,
-            "num_attention_heads": inner // head, "joint_attention_dim": int(shapes["txt_in.weight"][1]),
-            "pooled_projection_dim": int(shapes["vector_in.in_layer.weight"][1]),
-            "guidance_embeds": "guidance_in.in_layer.weight" in shapes, "axes_dims_rope": list(rope_axes(head)),
-            "conditioning_embedding_channels": 16}  # patch_size: how diffusers packs the encoded hint (2×2)
+    return {
+        "patch_size": 2,
+        "in_channels": channels,
+        "num_layers": _count(shapes, "double_blocks."),
+        "num_single_layers": _count(shapes, "single_blocks."),
+        "attention_head_dim": head,
+        "num_attention_heads": inner // head,
+        "joint_attention_dim": int(shapes["txt_in.weight"][1]),
+        "pooled_projection_dim": int(shapes["vector_in.in_layer.weight"][1]),
+        "guidance_embeds": "guidance_in.in_layer.weight" in shapes,
+        "axes_dims_rope": list(rope_axes(head)),
+        "conditioning_embedding_channels": 16,
+    }  # patch_size: how diffusers packs the encoded hint (2×2)
 
 
 def _own_key(key: str, to_file: bool) -> str | None:
     """A ControlNet-only tensor's name in the other layout (XLabs file ⇄ diffusers); None for the
     Flux transformer's own tensors."""
     head, _, rest = key.partition(".")
-    ours, theirs = ("controlnet_x_embedder", "pos_embed_input") if to_file else ("pos_embed_input", "controlnet_x_embedder")
+    ours, theirs = (
+        ("controlnet_x_embedder", "pos_embed_input")
+        if to_file
+        else ("pos_embed_input", "controlnet_x_embedder")
+    )
     if head == ours:
         return f"{theirs}.{rest}"
     if head == "input_hint_block":
@@ -225,14 +257,26 @@ class DiTControlNetHandle(WeightsHandle):
         if self.layout == FLUX_XLABS:
             sd = xlabs_to_diffusers(sd, self.config)
         missing, unexpected = module.load_state_dict(sd, strict=False)
-        missing = [k for k in missing if k != "pos_embed.pos_embed"]  # SD3: a file may leave out the sin-cos table
+        missing = [
+            k for k in missing if k != "pos_embed.pos_embed"
+        ]  # SD3: a file may leave out the sin-cos table
         if missing or unexpected:
-            raise ModelLoadError(f"{file_label(self.path)}: ControlNet tensors do not match its config "
-                                 f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+            raise ModelLoadError(
+                f"{file_label(self.path)}: ControlNet tensors do not match its config "
+                f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+            )
         return module.eval()
 
-    def residuals(self, module: Any, x_in: torch.Tensor, timestep: torch.Tensor, hint: torch.Tensor, rows: int,
-                  strength: float, extra: Mapping[str, Any]) -> ControlResiduals:
+    def residuals(
+        self,
+        module: Any,
+        x_in: torch.Tensor,
+        timestep: torch.Tensor,
+        hint: torch.Tensor,
+        rows: int,
+        strength: float,
+        extra: Mapping[str, Any],
+    ) -> ControlResiduals:
         """This ControlNet's residuals for one model call, one per model block (module docstring).
         ``hint``: the model-space latent hint (VAE ControlNets) or the IMAGE (XLabs); ``extra``: the
         denoiser's keyword inputs and ``main_blocks`` (the model's double and single block counts)."""
@@ -243,27 +287,59 @@ class DiTControlNetHandle(WeightsHandle):
                 f"ControlNet {file_label(self.path)!r} got a {x_in.shape[-1]}x{x_in.shape[-2]} latent call but its control "
                 f"image was encoded for {hint.shape[-1]}x{hint.shape[-2]}: area-limited conditioning (ConditioningSetArea, "
                 "mask bounds) cannot carry a VAE-encoded ControlNet; remove the area node or apply the ControlNet to "
-                "full-image conditioning")
+                "full-image conditioning"
+            )
         if self.layout == SD3:
-            return self._sd3(module, x_in, timestep, _rows(hint, rows).repeat(groups, 1, 1, 1), strength, extra, double)
+            return self._sd3(
+                module, x_in, timestep, _rows(hint, rows).repeat(groups, 1, 1, 1), strength, extra, double
+            )
         return self._flux(module, x_in, timestep, hint, rows, groups, strength, extra, double, single)
 
-    def _sd3(self, module: Any, x_in: torch.Tensor, timestep: torch.Tensor, hint: torch.Tensor, strength: float,
-             extra: Mapping[str, Any], depth: int) -> ControlResiduals:
+    def _sd3(
+        self,
+        module: Any,
+        x_in: torch.Tensor,
+        timestep: torch.Tensor,
+        hint: torch.Tensor,
+        strength: float,
+        extra: Mapping[str, Any],
+        depth: int,
+    ) -> ControlResiduals:
         import torch.nn.functional as F
 
         patch = module.config.patch_size
         pad = (0, (-x_in.shape[-1]) % patch, 0, (-x_in.shape[-2]) % patch)
-        x, h = (F.pad(x_in, pad, mode="circular"), F.pad(hint.to(x_in), pad, mode="circular")) if any(pad) else (x_in, hint.to(x_in))
+        x, h = (
+            (F.pad(x_in, pad, mode="circular"), F.pad(hint.to(x_in), pad, mode="circular"))
+            if any(pad)
+            else (x_in, hint.to(x_in))
+        )
         pooled = torch.zeros_like(extra["pooled_projections"])  # ComfyUI and InstantX: no pooled input
         t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
-        (outs,) = module(hidden_states=x, controlnet_cond=h, conditioning_scale=float(strength), timestep=t,
-                         encoder_hidden_states=extra["encoder_hidden_states"], pooled_projections=pooled,
-                         return_dict=False)
+        (outs,) = module(
+            hidden_states=x,
+            controlnet_cond=h,
+            conditioning_scale=float(strength),
+            timestep=t,
+            encoder_hidden_states=extra["encoder_hidden_states"],
+            pooled_projections=pooled,
+            return_dict=False,
+        )
         return ControlResiduals(blocks=sd3_spread(list(outs), depth))
 
-    def _flux(self, module: Any, x_in: torch.Tensor, timestep: torch.Tensor, hint: torch.Tensor, rows: int,
-              groups: int, strength: float, extra: Mapping[str, Any], double: int, single: int) -> ControlResiduals:
+    def _flux(
+        self,
+        module: Any,
+        x_in: torch.Tensor,
+        timestep: torch.Tensor,
+        hint: torch.Tensor,
+        rows: int,
+        groups: int,
+        strength: float,
+        extra: Mapping[str, Any],
+        double: int,
+        single: int,
+    ) -> ControlResiduals:
         from nodes.families.components.flux_dit import pack, pad_to_even
 
         tokens, img_ids = pack(pad_to_even(x_in))
@@ -273,12 +349,23 @@ class DiTControlNetHandle(WeightsHandle):
         else:
             cond, _ = pack(pad_to_even(_rows(hint, rows).to(x_in).repeat(groups, 1, 1, 1)))
         guidance = extra.get("guidance") if module.config.guidance_embeds else None
-        blocks, singles = flux_forward(module, tokens, cond, timestep, extra["encoder_hidden_states"],
-                                       extra["pooled_projections"], extra["txt_ids"], img_ids.to(x_in), guidance,
-                                       self.control_type if self.union_types else ())
+        blocks, singles = flux_forward(
+            module,
+            tokens,
+            cond,
+            timestep,
+            extra["encoder_hidden_states"],
+            extra["pooled_projections"],
+            extra["txt_ids"],
+            img_ids.to(x_in),
+            guidance,
+            self.control_type if self.union_types else (),
+        )
         xlabs = self.layout == FLUX_XLABS
-        return ControlResiduals(blocks=stretch([b * strength for b in blocks], double, cycle=xlabs),
-                                single=stretch([s * strength for s in singles], single, cycle=xlabs))
+        return ControlResiduals(
+            blocks=stretch([b * strength for b in blocks], double, cycle=xlabs),
+            single=stretch([s * strength for s in singles], single, cycle=xlabs),
+        )
 
 
 def _rows(latent: torch.Tensor, rows: int) -> torch.Tensor:
@@ -289,9 +376,18 @@ def _rows(latent: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([latent] * -(-rows // latent.shape[0]))[:rows]
 
 
-def flux_forward(module: Any, tokens: torch.Tensor, cond: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
-                 pooled: torch.Tensor, txt_ids: torch.Tensor, img_ids: torch.Tensor, guidance: torch.Tensor | None,
-                 control_type: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def flux_forward(
+    module: Any,
+    tokens: torch.Tensor,
+    cond: torch.Tensor,
+    timestep: torch.Tensor,
+    text: torch.Tensor,
+    pooled: torch.Tensor,
+    txt_ids: torch.Tensor,
+    img_ids: torch.Tensor,
+    guidance: torch.Tensor | None,
+    control_type: Sequence[int],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """A ``FluxControlNetModel``'s unscaled block outputs (double, single) for packed ``tokens`` and
     packed hint ``cond``, ComfyUI's way: a union ControlNet's mode token only when a type is set."""
     hidden = module.x_embedder(tokens) + module.controlnet_x_embedder(cond.to(tokens))
@@ -308,9 +404,13 @@ def flux_forward(module: Any, tokens: torch.Tensor, cond: torch.Tensor, timestep
     rope = module.pos_embed(torch.cat([txt_ids, img_ids]))
     blocks, singles = [], []
     for block, out in zip(module.transformer_blocks, module.controlnet_blocks, strict=True):
-        text, hidden = block(hidden_states=hidden, encoder_hidden_states=text, temb=temb, image_rotary_emb=rope)
+        text, hidden = block(
+            hidden_states=hidden, encoder_hidden_states=text, temb=temb, image_rotary_emb=rope
+        )
         blocks.append(out(hidden))
     for block, out in zip(module.single_transformer_blocks, module.controlnet_single_blocks, strict=True):
-        text, hidden = block(hidden_states=hidden, encoder_hidden_states=text, temb=temb, image_rotary_emb=rope)
+        text, hidden = block(
+            hidden_states=hidden, encoder_hidden_states=text, temb=temb, image_rotary_emb=rope
+        )
         singles.append(out(hidden))
     return blocks, singles

@@ -40,7 +40,11 @@ DEFAULT_GUIDANCE = 3.5  # ComfyUI's value for a guidance-distilled Flux model wh
 MIN_TEXT_TOKENS = 512  # ComfyUI's Flux.2 model pads shorter text with zero rows in front
 ROPE_THETA = 2000
 EPS = 1e-6
-ENCODERS_BY_WIDTH = {7680: "Qwen3-4B (Klein 4B)", 12288: "Qwen3-8B (Klein 9B)", 15360: "Mistral-Small 3.x (dev)"}
+ENCODERS_BY_WIDTH = {
+    7680: "Qwen3-4B (Klein 4B)",
+    12288: "Qwen3-8B (Klein 9B)",
+    15360: "Mistral-Small 3.x (dev)",
+}
 
 _TOP = {  # file name (without .weight) -> diffusers name
     "img_in": "x_embedder",
@@ -66,8 +70,10 @@ _DOUBLE = {  # inside double_blocks.N -> inside transformer_blocks.N
     "txt_attn.norm.query_norm.scale": "attn.norm_added_q.weight",
     "txt_attn.norm.key_norm.scale": "attn.norm_added_k.weight",
 }
-_DOUBLE_QKV = {"img_attn.qkv.weight": ("attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight"),
-               "txt_attn.qkv.weight": ("attn.add_q_proj.weight", "attn.add_k_proj.weight", "attn.add_v_proj.weight")}
+_DOUBLE_QKV = {
+    "img_attn.qkv.weight": ("attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight"),
+    "txt_attn.qkv.weight": ("attn.add_q_proj.weight", "attn.add_k_proj.weight", "attn.add_v_proj.weight"),
+}
 _SINGLE = {
     "linear1.weight": "attn.to_qkv_mlp_proj.weight",
     "linear2.weight": "attn.to_out.weight",
@@ -97,8 +103,10 @@ class Flux2Transformer:
         head_dim = index.shape(f"{prefix}double_blocks.0.img_attn.norm.query_norm.scale")[0]
         mlp_in = index.shape(f"{prefix}double_blocks.0.img_mlp.0.weight")[0]  # SwiGLU: 2 × hidden
         if inner % head_dim or mlp_in % 2 or int(inner * (mlp_in / 2 / inner)) != mlp_in // 2:
-            raise ModelLoadError(f"{index.path}: a Flux.2 transformer with width {inner}, {head_dim}-wide heads and "
-                                 f"MLP input {mlp_in} is not a variant Loom can build")
+            raise ModelLoadError(
+                f"{index.path}: a Flux.2 transformer with width {inner}, {head_dim}-wide heads and "
+                f"MLP input {mlp_in} is not a variant Loom can build"
+            )
         return {
             "patch_size": 1,
             "in_channels": in_channels,
@@ -180,11 +188,14 @@ class Flux2Transformer:
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
         from diffusers import Flux2Transformer2DModel
 
-        return Flux2Transformer2DModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+        return Flux2Transformer2DModel.from_pretrained(
+            path, local_files_only=True, use_safetensors=safetensors
+        )
 
     # --- sampling -----------------------------------------------------------------------------
-    def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
-                     like: Tensor | None = None) -> dict[str, Any]:
+    def conditioning(
+        self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
+    ) -> dict[str, Any]:
         """Text tokens (zero rows in front up to 512), text ids ``(0, 0, 0, index)`` and the guidance value per row."""
         import torch
         import torch.nn.functional as F
@@ -213,16 +224,23 @@ class Flux2Transformer:
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         if options and options.get("patches"):
-            raise ConditioningError(f"the Flux.2 transformer cannot run block patches {sorted(options['patches'])}; "
-                                    "remove the patch node from the workflow")
+            raise ConditioningError(
+                f"the Flux.2 transformer cannot run block patches {sorted(options['patches'])}; "
+                "remove the patch node from the workflow"
+            )
         if not getattr(module.config, "guidance_embeds", False):
             kwargs.pop("guidance", None)
         b, c, h, w = x_in.shape
         tokens = x_in.reshape(b, c, h * w).permute(0, 2, 1)
         t = timestep.to(x_in.dtype).reshape(-1).expand(b)
         with blocks_skipped(module, (options or {}).get("block_skip"), joined_single=True):
-            out = module(hidden_states=tokens, timestep=t, img_ids=image_ids(h, w).to(x_in), return_dict=False,
-                         **kwargs)[0]
+            out = module(
+                hidden_states=tokens,
+                timestep=t,
+                img_ids=image_ids(h, w).to(x_in),
+                return_dict=False,
+                **kwargs,
+            )[0]
         return out.permute(0, 2, 1).reshape(b, -1, h, w)
 
     def block_stack(self, module: Any) -> BlockStack:
@@ -241,7 +259,8 @@ class Flux2Transformer:
                 raise ConditioningError(
                     f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this Flux.2 model expects "
                     f"{width} ({wants}); encode the prompt with the CLIP of CLIPLoader (type flux2) holding the "
-                    "text encoder that belongs to this model")
+                    "text encoder that belongs to this model"
+                )
 
 
 def image_ids(h: int, w: int) -> Tensor:

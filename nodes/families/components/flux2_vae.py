@@ -39,26 +39,40 @@ class Flux2Vae:
 
     def config_from_tensors(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
         if not is_flux2_vae(index, prefix):
-            raise ModelLoadError(f"{index.path}: not a Flux.2 VAE (no bn.running_mean / decoder.conv_in under "
-                                 f"{prefix!r}); Flux.2 needs its own 32-channel VAE (flux2-vae.safetensors)")
-        diffusers_keys = keys.looks_like_diffusers_vae([k.removeprefix(prefix) for k in index.tensors
-                                                         if k.startswith(prefix)])
+            raise ModelLoadError(
+                f"{index.path}: not a Flux.2 VAE (no bn.running_mean / decoder.conv_in under "
+                f"{prefix!r}); Flux.2 needs its own 32-channel VAE (flux2-vae.safetensors)"
+            )
+        diffusers_keys = keys.looks_like_diffusers_vae(
+            [k.removeprefix(prefix) for k in index.tensors if k.startswith(prefix)]
+        )
         if diffusers_keys and prefix:
-            raise ModelLoadError(f"{index.path}: a Flux.2 VAE in diffusers' names is read as a file of its own only")
-        cfg = arch.vae_config_diffusers_keys(index, 1.0, 1024) if diffusers_keys else arch.vae_config(
-            index, prefix, 1.0, 1024)
+            raise ModelLoadError(
+                f"{index.path}: a Flux.2 VAE in diffusers' names is read as a file of its own only"
+            )
+        cfg = (
+            arch.vae_config_diffusers_keys(index, 1.0, 1024)
+            if diffusers_keys
+            else arch.vae_config(index, prefix, 1.0, 1024)
+        )
         for key in ("_class_name", "scaling_factor"):
             cfg.pop(key, None)
         latent = int(cfg["latent_channels"])
         stats = index.shape(f"{prefix}bn.running_mean")[0]
         if stats != 4 * latent:
-            raise ModelLoadError(f"{index.path}: the VAE's BatchNorm has {stats} channels, expected 4 × {latent} "
-                                 "(its latent channels in 2×2 patches)")
+            raise ModelLoadError(
+                f"{index.path}: the VAE's BatchNorm has {stats} channels, expected 4 × {latent} "
+                "(its latent channels in 2×2 patches)"
+            )
         return cfg | {
-            "use_quant_conv": index.has(f"{prefix}quant_conv.weight") or index.has(f"{prefix}encoder.quant_conv.weight"),
-            "use_post_quant_conv": (index.has(f"{prefix}post_quant_conv.weight")
-                                    or index.has(f"{prefix}decoder.post_quant_conv.weight")),
-            "batch_norm_eps": BN_EPS, "patch_size": [2, 2],
+            "use_quant_conv": index.has(f"{prefix}quant_conv.weight")
+            or index.has(f"{prefix}encoder.quant_conv.weight"),
+            "use_post_quant_conv": (
+                index.has(f"{prefix}post_quant_conv.weight")
+                or index.has(f"{prefix}decoder.post_quant_conv.weight")
+            ),
+            "batch_norm_eps": BN_EPS,
+            "patch_size": [2, 2],
         }
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,11 +82,13 @@ class Flux2Vae:
         for name, tensor in sd.items():
             for old, new in _QUANT:
                 if name.startswith(old):
-                    name = new + name[len(old):]
+                    name = new + name[len(old) :]
             renamed[name] = tensor
         bn = {k: renamed.pop(k) for k in _BN if k in renamed}
         bn.setdefault("bn.num_batches_tracked", torch.tensor(0))
-        if keys.looks_like_diffusers_vae(list(renamed)):  # a VAE file saved by diffusers (vae/ of a Flux.2 repo)
+        if keys.looks_like_diffusers_vae(
+            list(renamed)
+        ):  # a VAE file saved by diffusers (vae/ of a Flux.2 repo)
             return renamed | bn
         return keys.vae_to_diffusers(renamed, config) | bn
 

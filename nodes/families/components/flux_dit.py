@@ -66,12 +66,17 @@ _DOUBLE_NORMS = {
     "txt_attn.norm.query_norm.scale": "attn.norm_added_q.weight",
     "txt_attn.norm.key_norm.scale": "attn.norm_added_k.weight",
 }
-_DOUBLE_QKV = {"img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
-               "txt_attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj")}
+_DOUBLE_QKV = {
+    "img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
+    "txt_attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"),
+}
 _SINGLE = {"linear2": "proj_out", "modulation.lin": "norm.linear"}
 _SINGLE_NORMS = {"norm.query_norm.scale": "attn.norm_q.weight", "norm.key_norm.scale": "attn.norm_k.weight"}
 _SINGLE_LINEAR1 = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
-_APPROXIMATOR = {"in_layer": "linear_1", "out_layer": "linear_2"}  # Chroma's distilled_guidance_layer.layers.N
+_APPROXIMATOR = {
+    "in_layer": "linear_1",
+    "out_layer": "linear_2",
+}  # Chroma's distilled_guidance_layer.layers.N
 
 
 def rope_axes(head_dim: int) -> tuple[int, int, int]:
@@ -111,8 +116,10 @@ class FluxTransformer:
         head_dim = index.shape(f"{prefix}double_blocks.0.img_attn.norm.query_norm.scale")[0]
         mlp = index.shape(f"{prefix}double_blocks.0.img_mlp.0.weight")[0]
         if mlp != 4 * inner or inner % head_dim:
-            raise ModelLoadError(f"{index.path}: a Flux transformer with width {inner}, MLP width {mlp} and "
-                                 f"{head_dim}-wide heads is not a variant Loom can build (it needs MLP = 4 × width)")
+            raise ModelLoadError(
+                f"{index.path}: a Flux transformer with width {inner}, MLP width {mlp} and "
+                f"{head_dim}-wide heads is not a variant Loom can build (it needs MLP = 4 × width)"
+            )
         config = {
             "patch_size": 1,
             "in_channels": in_channels,
@@ -126,10 +133,15 @@ class FluxTransformer:
         }
         if self.approximator:
             hidden, channels = index.shape(f"{prefix}distilled_guidance_layer.in_proj.weight")
-            return config | {"approximator_num_channels": channels, "approximator_hidden_dim": hidden,
-                             "approximator_layers": index.count(f"{prefix}distilled_guidance_layer.layers.")}
-        return config | {"pooled_projection_dim": index.shape(f"{prefix}vector_in.in_layer.weight")[1],
-                         "guidance_embeds": index.has(f"{prefix}guidance_in.in_layer.weight")}
+            return config | {
+                "approximator_num_channels": channels,
+                "approximator_hidden_dim": hidden,
+                "approximator_layers": index.count(f"{prefix}distilled_guidance_layer.layers."),
+            }
+        return config | {
+            "pooled_projection_dim": index.shape(f"{prefix}vector_in.in_layer.weight")[1],
+            "guidance_embeds": index.has(f"{prefix}guidance_in.in_layer.weight"),
+        }
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         import torch
@@ -186,8 +198,9 @@ class FluxTransformer:
         return self.model_class.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
     # --- sampling -----------------------------------------------------------------------------
-    def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
-                     like: Tensor | None = None) -> dict[str, Any]:
+    def conditioning(
+        self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
+    ) -> dict[str, Any]:
         """Text tokens, pooled CLIP-L vector, text ids, the guidance value per row and the
         reference latents (Flux Kontext)."""
         import torch
@@ -209,8 +222,11 @@ class FluxTransformer:
             return kwargs
         pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
         values = [e.extras.get("guidance", DEFAULT_GUIDANCE) for e in entries for _ in range(batch)]
-        out = {**kwargs, "pooled_projections": to(pooled),
-               "guidance": to(torch.tensor([0.0 if v is None else float(v) for v in values]))}
+        out = {
+            **kwargs,
+            "pooled_projections": to(pooled),
+            "guidance": to(torch.tensor([0.0 if v is None else float(v) for v in values])),
+        }
         if any(v is None for v in values):
             out["guidance_off"] = torch.tensor([v is None for v in values])
         if any(e.extras.get("control") is not None for e in entries):  # ControlNets (dit_control)
@@ -227,8 +243,10 @@ class FluxTransformer:
         if not any(lists):
             return {}
         if any(len(r) != len(lists[0]) for r in lists):
-            raise ConditioningError("conditioning entries with different numbers of reference latents were batched "
-                                    "together; give every entry the same ReferenceLatent chain")
+            raise ConditioningError(
+                "conditioning entries with different numbers of reference latents were batched "
+                "together; give every entry the same ReferenceLatent chain"
+            )
         fmt = self.latent_format
         refs = []
         for i in range(len(lists[0])):
@@ -248,8 +266,10 @@ class FluxTransformer:
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         if options and options.get("patches"):
-            raise ConditioningError(f"the Flux transformer cannot run block patches {sorted(options['patches'])}; "
-                                    "remove the patch node from the workflow")
+            raise ConditioningError(
+                f"the Flux transformer cannot run block patches {sorted(options['patches'])}; "
+                "remove the patch node from the workflow"
+            )
         refs, method = kwargs.pop("ref_latents", None), kwargs.pop("ref_latents_method", "offset")
         guidance_off = kwargs.pop("guidance_off", None)
         control = kwargs.pop("control", None)
@@ -268,7 +288,9 @@ class FluxTransformer:
 
             from nodes.families.components.flux_kontext import reference_tokens
 
-            ref_tokens, ref_ids = reference_tokens([r.to(x) for r in refs], method, x.shape[-2] // 2, x.shape[-1] // 2)
+            ref_tokens, ref_ids = reference_tokens(
+                [r.to(x) for r in refs], method, x.shape[-2] // 2, x.shape[-1] // 2
+            )
             tokens, img_ids = torch.cat([tokens, ref_tokens], dim=1), torch.cat([img_ids, ref_ids])
         t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
         if tokens.shape[1] > image_tokens:  # reference tokens get no control (ComfyUI adds to the first ones)
@@ -281,8 +303,9 @@ class FluxTransformer:
             hook = module.time_text_embed.guidance_embedder.register_forward_hook(lambda m, i, o: o * keep)
         try:
             with blocks_skipped(module, (options or {}).get("block_skip"), joined_single=self.approximator):
-                out = module(hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False,
-                             **kwargs)[0]
+                out = module(
+                    hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False, **kwargs
+                )[0]
         finally:
             if hook is not None:
                 hook.remove()
@@ -307,13 +330,15 @@ class FluxTransformer:
             if e.embeds.shape[-1] != width:
                 raise ConditioningError(
                     f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this Flux model expects "
-                    f"{width} (T5-XXL); load the text encoders with DualCLIPLoader (type flux)")
+                    f"{width} (T5-XXL); load the text encoders with DualCLIPLoader (type flux)"
+                )
             if self.approximator:
                 continue
             if e.pooled is None or e.pooled.shape[-1] != module.config.pooled_projection_dim:
                 raise ConditioningError(
                     f"{name} conditioning has no {module.config.pooled_projection_dim}-wide pooled CLIP-L "
-                    "vector, which Flux needs; encode with the CLIP of DualCLIPLoader (clip_l + t5xxl, type flux)")
+                    "vector, which Flux needs; encode with the CLIP of DualCLIPLoader (clip_l + t5xxl, type flux)"
+                )
 
 
 def control_kwargs(residuals: Any) -> dict[str, Any]:
@@ -340,9 +365,11 @@ def attention_mask(entry: CondEntry, batch: int, length: int, grid: tuple[int, i
     ref = tuple(entry.extras.get("attention_mask_img_shape", (1, 1)))
     mask = mask.float().reshape(-1, *mask.shape[-2:])
     if mask.shape[-1] - ref[0] * ref[1] != length:
-        raise ConditioningError(f"a conditioning's attention mask covers {mask.shape[-1] - ref[0] * ref[1]} text tokens "
-                                f"but it has {length} (prompts of different lengths combined with a masked one); "
-                                "give the prompts equal lengths or apply the style model to each")
+        raise ConditioningError(
+            f"a conditioning's attention mask covers {mask.shape[-1] - ref[0] * ref[1]} text tokens "
+            f"but it has {length} (prompts of different lengths combined with a masked one); "
+            "give the prompts equal lengths or apply the style model to each"
+        )
     mask = upscale_dit_mask(mask, ref, grid)
     return mask.expand(batch, -1, -1) if mask.shape[0] == 1 else mask
 
@@ -376,7 +403,9 @@ def pack(x: Tensor) -> tuple[Tensor, Tensor]:
     import torch
 
     b, c, h, w = x.shape
-    tokens = x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), 4 * c)
+    tokens = (
+        x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), 4 * c)
+    )
     ids = torch.zeros(h // 2, w // 2, 3)
     ids[..., 1] = torch.arange(h // 2)[:, None]
     ids[..., 2] = torch.arange(w // 2)[None, :]
@@ -406,8 +435,10 @@ def _repeat_rows(t: Tensor, batch: int) -> Tensor:
 
 def _pooled(entry: CondEntry) -> Tensor:
     if entry.pooled is None:
-        raise ConditioningError("a Flux conditioning entry has no pooled CLIP-L vector; encode the prompt "
-                                "with the CLIP of DualCLIPLoader (type flux)")
+        raise ConditioningError(
+            "a Flux conditioning entry has no pooled CLIP-L vector; encode the prompt "
+            "with the CLIP of DualCLIPLoader (type flux)"
+        )
     return entry.pooled
 
 
@@ -418,7 +449,9 @@ def _double_to_diffusers(head: str, rest: str, tensor: Any) -> dict[str, Any]:
     if base in _DOUBLE:
         return {f"{head}{_DOUBLE[base]}.{leaf}": tensor}
     if base in _DOUBLE_QKV:
-        return {f"{head}{p}.{leaf}": t for p, t in zip(_DOUBLE_QKV[base], tensor.chunk(3, dim=0), strict=True)}
+        return {
+            f"{head}{p}.{leaf}": t for p, t in zip(_DOUBLE_QKV[base], tensor.chunk(3, dim=0), strict=True)
+        }
     raise ModelLoadError(f"unexpected tensor {rest!r} in a Flux double block")
 
 
@@ -430,7 +463,9 @@ def _single_to_diffusers(head: str, rest: str, tensor: Any, inner: int) -> dict[
         return {f"{head}{_SINGLE[base]}.{leaf}": tensor}
     if base == "linear1":
         widths = [inner, inner, inner, tensor.shape[0] - 3 * inner]
-        return {f"{head}{p}.{leaf}": t for p, t in zip(_SINGLE_LINEAR1, tensor.split(widths, dim=0), strict=True)}
+        return {
+            f"{head}{p}.{leaf}": t for p, t in zip(_SINGLE_LINEAR1, tensor.split(widths, dim=0), strict=True)
+        }
     raise ModelLoadError(f"unexpected tensor {rest!r} in a Flux single block")
 
 
@@ -441,10 +476,11 @@ def _original_name(name: str) -> str | None:
         if base == dst:
             return f"{src}.{leaf}"
     for block, src_block, plain, norms in (
-            ("transformer_blocks.", "double_blocks.", _DOUBLE, _DOUBLE_NORMS),
-            ("single_transformer_blocks.", "single_blocks.", _SINGLE, _SINGLE_NORMS)):
+        ("transformer_blocks.", "double_blocks.", _DOUBLE, _DOUBLE_NORMS),
+        ("single_transformer_blocks.", "single_blocks.", _SINGLE, _SINGLE_NORMS),
+    ):
         if name.startswith(block):
-            i, rest = name[len(block):].split(".", 1)
+            i, rest = name[len(block) :].split(".", 1)
             for src, dst in norms.items():
                 if rest == dst:
                     return f"{src_block}{i}.{src}"

@@ -39,9 +39,11 @@ class KleinText(QwenText):
         """The stacked hidden states of ``text`` (``layer`` is not used: Klein always takes 9, 18, 27)."""
         depth = module.config.num_hidden_layers
         if depth < max(self.layers):
-            raise ModelLoadError(f"this Qwen3 text encoder has {depth} layers but Flux.2 Klein reads layers "
-                                 f"{list(self.layers)}; load the Qwen3 file that belongs to the model "
-                                 "(qwen_3_4b for Klein 4B, qwen_3_8b for Klein 9B)")
+            raise ModelLoadError(
+                f"this Qwen3 text encoder has {depth} layers but Flux.2 Klein reads layers "
+                f"{list(self.layers)}; load the Qwen3 file that belongs to the model "
+                "(qwen_3_4b for Klein 4B, qwen_3_8b for Klein 9B)"
+            )
         device = next(module.parameters()).device
         ids = self.token_ids(tokenizer, text)
         pad = max(0, self.min_tokens - len(ids))

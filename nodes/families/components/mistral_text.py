@@ -22,14 +22,20 @@ import torch
 from nodes.families.components.decoder_text import DecoderText, decoder_config
 from nodes.weights import ModelLoadError, TensorIndex
 
-SYSTEM = ("You are an AI that reasons about image descriptions. You give structured responses focusing on object "
-          "relationships, object\nattribution and actions without speculation.")
+SYSTEM = (
+    "You are an AI that reasons about image descriptions. You give structured responses focusing on object "
+    "relationships, object\nattribution and actions without speculation."
+)
 FLUX2_TEMPLATE = "[SYSTEM_PROMPT]" + SYSTEM + "[/SYSTEM_PROMPT][INST]{}[/INST]"
 MISTRAL_LAYERS = (10, 20, 30)
 START_ID = 1
 HEAD_DIM = 128
-MISTRAL_CONSTANTS: dict[str, Any] = {"rms_norm_eps": 1e-5, "rope_theta": 1e9, "max_position_embeddings": 131072,
-                                     "sliding_window": None}
+MISTRAL_CONSTANTS: dict[str, Any] = {
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1e9,
+    "max_position_embeddings": 131072,
+    "sliding_window": None,
+}
 TEKKEN_KEY = "tekken_model"
 
 
@@ -49,14 +55,21 @@ class MistralText(DecoderText):
     def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
         """``MistralConfig`` kwargs read from the shapes under ``prefix``."""
         if not index.has(f"{prefix}layers.0.self_attn.q_proj.weight") or index.has(
-                f"{prefix}layers.0.self_attn.q_norm.weight"):
-            raise ModelLoadError(f"{index.path}: no Mistral layers (layers.N.self_attn without q_norm) under "
-                                 f"{prefix!r}; Flux.2 dev needs its Mistral-Small text encoder")
-        q_out, k_out = index.shape(f"{prefix}layers.0.self_attn.q_proj.weight")[0], index.shape(
-            f"{prefix}layers.0.self_attn.k_proj.weight")[0]
+            f"{prefix}layers.0.self_attn.q_norm.weight"
+        ):
+            raise ModelLoadError(
+                f"{index.path}: no Mistral layers (layers.N.self_attn without q_norm) under "
+                f"{prefix!r}; Flux.2 dev needs its Mistral-Small text encoder"
+            )
+        q_out, k_out = (
+            index.shape(f"{prefix}layers.0.self_attn.q_proj.weight")[0],
+            index.shape(f"{prefix}layers.0.self_attn.k_proj.weight")[0],
+        )
         if q_out % HEAD_DIM or k_out % HEAD_DIM:
-            raise ModelLoadError(f"{index.path}: attention widths {q_out}/{k_out} are not whole {HEAD_DIM}-wide heads "
-                                 "(Mistral-Small's)")
+            raise ModelLoadError(
+                f"{index.path}: attention widths {q_out}/{k_out} are not whole {HEAD_DIM}-wide heads "
+                "(Mistral-Small's)"
+            )
         return {**decoder_config(index, prefix, HEAD_DIM, q_out // HEAD_DIM), **MISTRAL_CONSTANTS}
 
     # --- prompts ------------------------------------------------------------------------------
@@ -67,8 +80,10 @@ class MistralText(DecoderText):
 
         with safe_open(self.file, framework="pt") as f:
             if TEKKEN_KEY not in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
-                raise ModelLoadError(f"{Path(self.file).name} has no {TEKKEN_KEY} tensor (the tokenizer ComfyUI's "
-                                     "Flux.2 Mistral files carry); use ComfyUI's mistral_3_small_flux2 file")
+                raise ModelLoadError(
+                    f"{Path(self.file).name} has no {TEKKEN_KEY} tensor (the tokenizer ComfyUI's "
+                    "Flux.2 Mistral files carry); use ComfyUI's mistral_3_small_flux2 file"
+                )
             data = f.get_tensor(TEKKEN_KEY).numpy().tobytes()
         return tekken_tokenizer(data)
 
@@ -81,8 +96,10 @@ class MistralText(DecoderText):
         """The stacked hidden states of ``text`` (``layer`` is not used: Flux.2 dev takes 10, 20, 30)."""
         depth = module.config.num_hidden_layers
         if depth < max(self.layers):
-            raise ModelLoadError(f"this Mistral text encoder has {depth} layers but Flux.2 dev reads layers "
-                                 f"{list(self.layers)}")
+            raise ModelLoadError(
+                f"this Mistral text encoder has {depth} layers but Flux.2 dev reads layers "
+                f"{list(self.layers)}"
+            )
         ids = torch.tensor([self.token_ids(tokenizer, text)], device=next(module.parameters()).device)
         out = module(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
         stacked = torch.stack([out.hidden_states[i] for i in self.layers], dim=2)  # (1, T, 3, D)

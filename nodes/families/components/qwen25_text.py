@@ -35,11 +35,17 @@ from nodes.families.components.qwen_text import QwenText
 from nodes.families.components.scaled_fp8 import dequantize
 from nodes.weights import ModelLoadError, TensorIndex
 
-TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
-            "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
-            "<|im_start|>assistant\n")
+TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+    "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 IM_START, USER, NEWLINE = 151644, 872, 198  # token ids of <|im_start|>, "user", "\n"
-QWEN25_CONSTANTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 128000}
+QWEN25_CONSTANTS: dict[str, Any] = {
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "max_position_embeddings": 128000,
+}
 HEAD_DIM = 128
 TEST_HEAD_DIM = 16
 
@@ -72,16 +78,24 @@ class Qwen25VLText(QwenText):
     def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
         """``Qwen2Config`` kwargs read from the shapes under ``prefix``."""
         if index.has(f"{prefix}layers.0.self_attn.q_norm.weight"):
-            raise ModelLoadError(f"{index.path}: this is a Qwen3 text encoder (q_norm layers); Qwen-Image needs "
-                                 "Qwen2.5-VL-7B (qwen_2.5_vl_7b.safetensors)")
+            raise ModelLoadError(
+                f"{index.path}: this is a Qwen3 text encoder (q_norm layers); Qwen-Image needs "
+                "Qwen2.5-VL-7B (qwen_2.5_vl_7b.safetensors)"
+            )
         if not index.has(f"{prefix}layers.0.self_attn.k_proj.bias"):
-            raise ModelLoadError(f"{index.path}: no Qwen2.5 layers (layers.0.self_attn.k_proj.bias) under {prefix!r}")
+            raise ModelLoadError(
+                f"{index.path}: no Qwen2.5 layers (layers.0.self_attn.k_proj.bias) under {prefix!r}"
+            )
         hidden = index.shape(f"{prefix}embed_tokens.weight")[1]
         head_dim = head_dim_for(hidden)
         if hidden % head_dim:
             raise ModelLoadError(f"{index.path}: a Qwen2.5 model {hidden} wide does not split into heads")
-        return {**decoder_config(index, prefix, head_dim, hidden // head_dim), "tie_word_embeddings": False,
-                "use_sliding_window": False, **QWEN25_CONSTANTS}
+        return {
+            **decoder_config(index, prefix, head_dim, hidden // head_dim),
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            **QWEN25_CONSTANTS,
+        }
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         return super().to_diffusers(dequantize(sd), config)
@@ -95,8 +109,9 @@ class Qwen25VLText(QwenText):
         return list(tokenizer(full, add_special_tokens=False)["input_ids"])
 
     @torch.no_grad()
-    def encode(self, module: Any, tokenizer: Any, text: str, layer: int = -1,
-               template: str | None = None) -> torch.Tensor:
+    def encode(
+        self, module: Any, tokenizer: Any, text: str, layer: int = -1, template: str | None = None
+    ) -> torch.Tensor:
         """The hidden state ``layer`` (-1: the last, after the final norm) of ``text`` without the
         template's head: (1, T, D)."""
         device = next(module.parameters()).device
@@ -104,4 +119,4 @@ class Qwen25VLText(QwenText):
         batch = torch.tensor([ids], device=device)
         out = module(input_ids=batch, attention_mask=torch.ones_like(batch), output_hidden_states=layer != -1)
         hidden = out.last_hidden_state if layer == -1 else out.hidden_states[layer]
-        return hidden[:, template_end(ids):]
+        return hidden[:, template_end(ids) :]

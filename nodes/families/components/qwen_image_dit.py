@@ -93,9 +93,13 @@ def _rope_module() -> Any:
             image = torch.cat([segment_positions(s) for s in segments])
             h, w = segments[0][1], segments[0][2]
             start = max(h // 2, w // 2)
-            text = torch.arange(start, start + int(max_txt_seq_len), dtype=torch.float64)[:, None].expand(-1, 3)
-            return (_rotary(image, self.axes, self.theta).to(device),
-                    _rotary(text, self.axes, self.theta).to(device))
+            text = torch.arange(start, start + int(max_txt_seq_len), dtype=torch.float64)[:, None].expand(
+                -1, 3
+            )
+            return (
+                _rotary(image, self.axes, self.theta).to(device),
+                _rotary(text, self.axes, self.theta).to(device),
+            )
 
     return ComfyRope
 
@@ -122,12 +126,18 @@ class QwenImageTransformer:
         out_rows = index.shape(f"{p}proj_out.weight")[0]
         problems = []
         if patch_in % (PATCH * PATCH) or inner % head_dim or out_rows % (PATCH * PATCH):
-            problems.append(f"an input of {patch_in} per 2×2 patch and {head_dim}-wide heads in width {inner}")
-        if index.any_with(f"{p}time_text_embed.addition_t_embedding.") or index.has(f"{p}__index_timestep_zero__"):
+            problems.append(
+                f"an input of {patch_in} per 2×2 patch and {head_dim}-wide heads in width {inner}"
+            )
+        if index.any_with(f"{p}time_text_embed.addition_t_embedding.") or index.has(
+            f"{p}__index_timestep_zero__"
+        ):
             problems.append("an extra timestep condition (Qwen-Image-Layered / Edit-2511)")
         if problems:
-            raise ModelLoadError(f"{index.path}: a Qwen-Image transformer with {'; '.join(problems)} is not a variant "
-                                 "Loom can build (it builds Qwen-Image, Qwen-Image-Edit and models of their shape)")
+            raise ModelLoadError(
+                f"{index.path}: a Qwen-Image transformer with {'; '.join(problems)} is not a variant "
+                "Loom can build (it builds Qwen-Image, Qwen-Image-Edit and models of their shape)"
+            )
         return {
             "patch_size": PATCH,
             "in_channels": patch_in,
@@ -159,20 +169,25 @@ class QwenImageTransformer:
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
         from diffusers import QwenImageTransformer2DModel
 
-        module = QwenImageTransformer2DModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+        module = QwenImageTransformer2DModel.from_pretrained(
+            path, local_files_only=True, use_safetensors=safetensors
+        )
         return _with_comfy_rope(module)
 
     # --- sampling -----------------------------------------------------------------------------
-    def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
-                     like: Tensor | None = None) -> dict[str, Any]:
+    def conditioning(
+        self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
+    ) -> dict[str, Any]:
         """Per row: the text tokens (T, D) and the reference latents in model space (each (1, C, h, w))
         with their placement method; entry by entry, each ``batch`` times. Rows may differ in text
         length and references: the forward groups and pads them."""
         texts, refs, methods = [], [], []
         for e in entries:
             tokens = e.embeds[0] if like is None else e.embeds[0].to(like)
-            latents = tuple(self.latent_format.process_in(_image_latent(r) if like is None else _image_latent(r).to(like))
-                            for r in e.extras.get("reference_latents") or ())
+            latents = tuple(
+                self.latent_format.process_in(_image_latent(r) if like is None else _image_latent(r).to(like))
+                for r in e.extras.get("reference_latents") or ()
+            )
             texts += [tokens] * batch
             refs += [latents] * batch
             methods += [str(e.extras.get("reference_latents_method", "index"))] * batch
@@ -186,8 +201,10 @@ class QwenImageTransformer:
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         if options and options.get("patches"):
-            raise ConditioningError(f"the Qwen-Image transformer cannot run block patches "
-                                    f"{sorted(options['patches'])}; remove the patch node from the workflow")
+            raise ConditioningError(
+                f"the Qwen-Image transformer cannot run block patches "
+                f"{sorted(options['patches'])}; remove the patch node from the workflow"
+            )
         texts, refs, methods = kwargs["texts"], kwargs["refs"], kwargs["methods"]
         t = timestep.to(x_in.dtype).reshape(-1).expand(x_in.shape[0])
         out = torch.empty_like(x_in)
@@ -195,12 +212,25 @@ class QwenImageTransformer:
         for row in range(x_in.shape[0]):
             groups.setdefault((tuple(r.shape for r in refs[row]), methods[row]), []).append(row)
         for rows in groups.values():
-            out[rows] = self._call(module, x_in[rows], t[rows], [texts[r] for r in rows],
-                                   [refs[r] for r in rows], methods[rows[0]])
+            out[rows] = self._call(
+                module,
+                x_in[rows],
+                t[rows],
+                [texts[r] for r in rows],
+                [refs[r] for r in rows],
+                methods[rows[0]],
+            )
         return out
 
-    def _call(self, module: Any, x_in: Tensor, t: Tensor, texts: list[Tensor], refs: list[tuple[Tensor, ...]],
-              method: str) -> Tensor:
+    def _call(
+        self,
+        module: Any,
+        x_in: Tensor,
+        t: Tensor,
+        texts: list[Tensor],
+        refs: list[tuple[Tensor, ...]],
+        method: str,
+    ) -> Tensor:
         import torch
 
         from nodes.families.components.flux_dit import pack, pad_to_even, unpack
@@ -222,9 +252,14 @@ class QwenImageTransformer:
             mask[row, : text.shape[0]] = True
         module.pos_embed.segments = segments
         try:
-            out = module(hidden_states=torch.cat(parts, dim=1), encoder_hidden_states=hidden,
-                         encoder_hidden_states_mask=None if bool(mask.all()) else mask, timestep=t,
-                         img_shapes=[[(1, s[1], s[2]) for s in segments]] * x.shape[0], return_dict=False)[0]
+            out = module(
+                hidden_states=torch.cat(parts, dim=1),
+                encoder_hidden_states=hidden,
+                encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+                timestep=t,
+                img_shapes=[[(1, s[1], s[2]) for s in segments]] * x.shape[0],
+                return_dict=False,
+            )[0]
         finally:
             module.pos_embed.segments = []
         return unpack(out[:, : tokens.shape[1]], x.shape[-2], x.shape[-1])[..., :height, :width]
@@ -244,13 +279,15 @@ class QwenImageTransformer:
                 raise ConditioningError(
                     f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this Qwen-Image model "
                     f"expects {width} (Qwen2.5-VL's hidden states); encode the prompt with the CLIP of CLIPLoader "
-                    "(qwen_2.5_vl_7b.safetensors, type qwen_image)")
+                    "(qwen_2.5_vl_7b.safetensors, type qwen_image)"
+                )
             for ref in e.extras.get("reference_latents") or ():
                 ref = _image_latent(ref)
                 if ref.ndim != 4 or ref.shape[1] != self.latent_format.channels:
                     raise ConditioningError(
                         f"{name} conditioning has a reference latent of shape {tuple(ref.shape)}; Qwen-Image needs "
-                        f"{self.latent_format.channels}-channel latents from its own VAE (qwen_image_vae.safetensors)")
+                        f"{self.latent_format.channels}-channel latents from its own VAE (qwen_image_vae.safetensors)"
+                    )
 
 
 def _image_latent(latent: Tensor) -> Tensor:

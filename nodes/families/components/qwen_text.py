@@ -28,7 +28,11 @@ from nodes.weights import ModelLoadError, TensorIndex
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-QWEN3_CONSTANTS: dict[str, Any] = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 40960}
+QWEN3_CONSTANTS: dict[str, Any] = {
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "max_position_embeddings": 40960,
+}
 
 
 @dataclass(frozen=True)
@@ -45,13 +49,18 @@ class QwenText(DecoderText):
     def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
         """``Qwen3Config`` kwargs read from the shapes under ``prefix``."""
         if not index.has(f"{prefix}layers.0.self_attn.q_norm.weight"):
-            raise ModelLoadError(f"{index.path}: no Qwen3 layers (layers.0.self_attn.q_norm) under {prefix!r}; "
-                                 "a Qwen2/Qwen2.5 file is not the Qwen3 encoder this model needs")
+            raise ModelLoadError(
+                f"{index.path}: no Qwen3 layers (layers.0.self_attn.q_norm) under {prefix!r}; "
+                "a Qwen2/Qwen2.5 file is not the Qwen3 encoder this model needs"
+            )
         head_dim = index.shape(f"{prefix}layers.0.self_attn.q_norm.weight")[0]
         heads = index.shape(f"{prefix}layers.0.self_attn.q_proj.weight")[0] // head_dim
-        return {**decoder_config(index, prefix, head_dim, heads),
-                "attention_bias": index.has(f"{prefix}layers.0.self_attn.q_proj.bias"), "tie_word_embeddings": True,
-                **QWEN3_CONSTANTS}
+        return {
+            **decoder_config(index, prefix, head_dim, heads),
+            "attention_bias": index.has(f"{prefix}layers.0.self_attn.q_proj.bias"),
+            "tie_word_embeddings": True,
+            **QWEN3_CONSTANTS,
+        }
 
     # --- prompts ------------------------------------------------------------------------------
     def load_tokenizer(self, name: str) -> Any:
@@ -73,7 +82,8 @@ class QwenText(DecoderText):
             return module(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
         captured: list[torch.Tensor] = []
         hook = module.layers[layer].register_forward_hook(
-            lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out))
+            lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out)
+        )
         try:
             module(input_ids=ids, attention_mask=torch.ones_like(ids))
         finally:

@@ -62,9 +62,11 @@ _BLOCK = {  # inside joint_blocks.N -> inside transformer_blocks.N (every leaf: 
     "context_block.mlp.fc1": "ff_context.net.0.proj",
     "context_block.mlp.fc2": "ff_context.net.2",
 }
-_QKV = {"x_block.attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
-        "x_block.attn2.qkv": ("attn2.to_q", "attn2.to_k", "attn2.to_v"),
-        "context_block.attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj")}
+_QKV = {
+    "x_block.attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
+    "x_block.attn2.qkv": ("attn2.to_q", "attn2.to_k", "attn2.to_v"),
+    "context_block.attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"),
+}
 _SWAPPED = "context_block.adaLN_modulation.1"  # (shift, scale) ⇄ (scale, shift) in the last block
 _FINAL_MOD = "final_layer.adaLN_modulation.1"
 HEAD_WIDTH = 64
@@ -99,8 +101,10 @@ class SD3Transformer:
         positions = index.shape(f"{prefix}pos_embed")[1]
         side = math.isqrt(positions)
         if inner % head or side * side != positions or layers == 0:
-            raise ModelLoadError(f"{index.path}: an SD3 transformer of width {inner} with {head}-wide heads, "
-                                 f"{layers} blocks and {positions} positions is not a variant Loom can build")
+            raise ModelLoadError(
+                f"{index.path}: an SD3 transformer of width {inner} with {head}-wide heads, "
+                f"{layers} blocks and {positions} positions is not a variant Loom can build"
+            )
         return {
             "sample_size": 128,
             "patch_size": patch,
@@ -113,8 +117,9 @@ class SD3Transformer:
             "caption_projection_dim": index.shape(f"{prefix}context_embedder.weight")[0],
             "pooled_projection_dim": index.shape(f"{prefix}y_embedder.mlp.0.weight")[1],
             "pos_embed_max_size": side,
-            "dual_attention_layers": [i for i in range(layers)
-                                      if index.has(f"{prefix}joint_blocks.{i}.x_block.attn2.qkv.weight")],
+            "dual_attention_layers": [
+                i for i in range(layers) if index.has(f"{prefix}joint_blocks.{i}.x_block.attn2.qkv.weight")
+            ],
             "qk_norm": "rms_norm" if index.has(norm) else None,
         }
 
@@ -145,7 +150,9 @@ class SD3Transformer:
             original = original_key(name)
             if original is None:
                 continue  # a q/k/v piece: fused below
-            swapped = original.startswith(_FINAL_MOD) or original.startswith(f"joint_blocks.{last}.{_SWAPPED}.")
+            swapped = original.startswith(_FINAL_MOD) or original.startswith(
+                f"joint_blocks.{last}.{_SWAPPED}."
+            )
             out[original] = _swap(tensor) if swapped else tensor
         for i in range(last + 1):
             for fused, parts in _QKV.items():
@@ -178,8 +185,9 @@ class SD3Transformer:
         return self.model_class.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
     # --- sampling -----------------------------------------------------------------------------
-    def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
-                     like: Tensor | None = None) -> dict[str, Any]:
+    def conditioning(
+        self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
+    ) -> dict[str, Any]:
         """Text tokens and the pooled CLIP-L ‖ CLIP-G vector per row."""
         import torch
 
@@ -206,8 +214,10 @@ class SD3Transformer:
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None) or {}
         if options.get("patches"):
-            raise ConditioningError(f"the SD3 transformer cannot run block patches {sorted(options['patches'])}; "
-                                    "remove the patch node from the workflow")
+            raise ConditioningError(
+                f"the SD3 transformer cannot run block patches {sorted(options['patches'])}; "
+                "remove the patch node from the workflow"
+            )
         control = kwargs.pop("control", None)
         if control is not None:  # one residual per joint block, added after it (diffusers skips the last)
             blocks = control.residuals(x_in, timestep, kwargs, (int(module.config.num_layers), 0)).blocks
@@ -238,17 +248,21 @@ class SD3Transformer:
                 raise ConditioningError(
                     f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this SD3 model expects "
                     f"{width}; load its text encoders with TripleCLIPLoader (clip_l, clip_g, t5xxl) or "
-                    "DualCLIPLoader (type sd3)")
+                    "DualCLIPLoader (type sd3)"
+                )
             if e.pooled is None or e.pooled.shape[-1] != pooled:
                 raise ConditioningError(
                     f"{name} conditioning has no {pooled}-wide pooled vector (CLIP-L + CLIP-G), which SD3 needs; "
-                    "encode the prompt with the CLIP of TripleCLIPLoader or of the SD3 checkpoint")
+                    "encode the prompt with the CLIP of TripleCLIPLoader or of the SD3 checkpoint"
+                )
 
 
 def _pooled(entry: CondEntry) -> Tensor:
     if entry.pooled is None:
-        raise ConditioningError("an SD3 conditioning entry has no pooled CLIP vector; encode the prompt with "
-                                "the CLIP of TripleCLIPLoader (clip_l, clip_g, t5xxl)")
+        raise ConditioningError(
+            "an SD3 conditioning entry has no pooled CLIP vector; encode the prompt with "
+            "the CLIP of TripleCLIPLoader (clip_l, clip_g, t5xxl)"
+        )
     return entry.pooled
 
 

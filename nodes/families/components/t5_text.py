@@ -45,8 +45,10 @@ class T5Text:
         bias = index.shape(f"{prefix}encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
         heads = bias[1]
         if not index.has(f"{prefix}encoder.block.0.layer.1.DenseReluDense.wi_0.weight"):
-            raise ModelLoadError(f"{index.path}: a T5 encoder without the gated MLP (wi_0/wi_1) is T5 v1.0, "
-                                 "which no supported family uses; use a T5 v1.1 XXL file (t5xxl_*.safetensors)")
+            raise ModelLoadError(
+                f"{index.path}: a T5 encoder without the gated MLP (wi_0/wi_1) is T5 v1.0, "
+                "which no supported family uses; use a T5 v1.1 XXL file (t5xxl_*.safetensors)"
+            )
         return {
             "vocab_size": vocab,
             "d_model": d_model,
@@ -66,7 +68,9 @@ class T5Text:
         out = {k: v for k, v in sd.items() if k.startswith(("shared.", "encoder."))}
         embed = out.get("shared.weight", out.get(_EMBED))
         if embed is None:
-            raise ModelLoadError("a T5 encoder file without its token embedding (shared.weight); the file is incomplete")
+            raise ModelLoadError(
+                "a T5 encoder file without its token embedding (shared.weight); the file is incomplete"
+            )
         out["shared.weight"] = out[_EMBED] = embed  # tied in T5EncoderModel
         return out
 
@@ -110,7 +114,9 @@ class T5Text:
         return pw.Chunk(tuple(ids + [tokenizer.pad_token_id] * pad), tuple(weights + [1.0] * pad))
 
     @torch.no_grad()
-    def encode(self, module: Any, tokenizer: Any, text: str, options: TokenizerOptions | None = None) -> torch.Tensor:
+    def encode(
+        self, module: Any, tokenizer: Any, text: str, options: TokenizerOptions | None = None
+    ) -> torch.Tensor:
         """The last hidden state (1, T, D) of ``text`` (T ≥ min_length), weights applied."""
         chunk = self.tokenize(tokenizer, text, options)
         weighted = any(w != 1.0 for w in chunk.weights)

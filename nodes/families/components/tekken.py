@@ -18,7 +18,9 @@ from typing import Any
 
 def _byte_chars() -> dict[int, str]:
     """GPT-2's printable stand-in character for every byte (what byte-level BPE vocabularies store)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -59,12 +61,17 @@ def tekken_tokenizer(data: bytes) -> Any:
     merges.sort()
     names = {int(s["rank"]): str(s["token_str"]) for s in specials}
     special_names = [names.get(i, f"<SPECIAL_{i}>") for i in range(n_special)]
-    ids = {text(t): r + n_special for t, r in ranks.items()} | {name: i for i, name in enumerate(special_names)}
+    ids = {text(t): r + n_special for t, r in ranks.items()} | {
+        name: i for i, name in enumerate(special_names)
+    }
     model = BPE(ids, [(m[3], m[4]) for m in merges], fuse_unk=False, ignore_merges=True)
     tokenizer = Tokenizer(model)
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special_names])
     return tokenizer

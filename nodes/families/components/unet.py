@@ -66,7 +66,13 @@ def size_ids(extras: Mapping[str, Any], size: tuple[int, int]) -> list[float]:
     crop = [float(extras.get("crop_h", 0)), float(extras.get("crop_w", 0))]
     if "aesthetic_score" in extras:
         return [height, width, *crop, float(extras["aesthetic_score"])]
-    return [height, width, *crop, float(extras.get("target_height", height)), float(extras.get("target_width", width))]
+    return [
+        height,
+        width,
+        *crop,
+        float(extras.get("target_height", height)),
+        float(extras.get("target_width", width)),
+    ]
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,9 @@ class UNetDenoiser:
     image_embeds: str = ""
 
     # --- reading and building -----------------------------------------------------------------
-    def config_from_tensors(self, index: TensorIndex, prefix: str, heads: arch.HeadsRule,
-                            sample_size: int) -> dict[str, Any]:
+    def config_from_tensors(
+        self, index: TensorIndex, prefix: str, heads: arch.HeadsRule, sample_size: int
+    ) -> dict[str, Any]:
         return arch.unet_config(index, prefix, heads, sample_size)
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,8 +114,9 @@ class UNetDenoiser:
         return UNet2DConditionModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
     # --- sampling -----------------------------------------------------------------------------
-    def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
-                     like: Tensor | None = None) -> dict[str, Any]:
+    def conditioning(
+        self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
+    ) -> dict[str, Any]:
         """Keyword inputs of the forward for ``entries`` (each repeated ``batch`` times, in order);
         ``size`` is the image size (height, width) in pixels; tensors take ``like``'s device/dtype."""
         import torch
@@ -121,16 +129,21 @@ class UNetDenoiser:
         kwargs: dict[str, Any] = {"encoder_hidden_states": hidden}
         if self.size_ids and entries[0].pooled is not None:
             pooled = to(torch.cat([self.pooled(e).expand(batch, -1) for e in entries]))
-            ids = torch.tensor([size_ids(e.extras, size) for e in entries], dtype=pooled.dtype, device=pooled.device)
+            ids = torch.tensor(
+                [size_ids(e.extras, size) for e in entries], dtype=pooled.dtype, device=pooled.device
+            )
             kwargs["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": ids.repeat_interleave(batch, 0)}
         if self.image_embeds == "class_labels":
             labels = self.class_labels(entries)
             if labels is not None:
                 kwargs["class_labels"] = to(torch.cat([t.expand(batch, -1) for t in labels]))
-        if any(e.extras.get("concat_latent_image") is not None or e.extras.get("denoise_mask") is not None
-               for e in entries):
-            kwargs["concat"] = ConcatSource(tuple(e.extras for e in entries), batch, (size[0] // 8, size[1] // 8),
-                                            self.latent_format)
+        if any(
+            e.extras.get("concat_latent_image") is not None or e.extras.get("denoise_mask") is not None
+            for e in entries
+        ):
+            kwargs["concat"] = ConcatSource(
+                tuple(e.extras for e in entries), batch, (size[0] // 8, size[1] // 8), self.latent_format
+            )
         if any(e.extras.get("control") is not None for e in entries):
             kwargs["control"] = bind_controls(entries, batch)
         if entries[0].extras.get("gligen") is not None:  # a group shares its boxes (cond_batch)
@@ -152,8 +165,12 @@ class UNetDenoiser:
         conditioning); None when no entry has any (the forward then gives zeros of its width)."""
         import torch
 
-        adms = [unclip.unclip_adm(inputs, unclip.entry_seed(e.extras), unclip.MERGE_LEVEL_SD21)
-                if (inputs := unclip.unclip_inputs(e.extras)) else None for e in entries]
+        adms = [
+            unclip.unclip_adm(inputs, unclip.entry_seed(e.extras), unclip.MERGE_LEVEL_SD21)
+            if (inputs := unclip.unclip_inputs(e.extras))
+            else None
+            for e in entries
+        ]
         width = next((a.shape[1] for a in adms if a is not None), None)
         if width is None:
             return None
@@ -186,8 +203,10 @@ class UNetDenoiser:
                 concat = ConcatSource((), x_in.shape[0], (x_in.shape[-2], x_in.shape[-1]), self.latent_format)
             tensor = concat.build(kind)
             if tuple(tensor.shape[-2:]) != tuple(x_in.shape[-2:]):
-                raise ConditioningError("a model with image input channels cannot run an area-limited conditioning "
-                                        "(ConditioningSetArea/mask bounds); remove the area node")
+                raise ConditioningError(
+                    "a model with image input channels cannot run an area-limited conditioning "
+                    "(ConditioningSetArea/mask bounds); remove the area node"
+                )
             x_in = torch.cat([x_in, tensor.to(x_in)], dim=1)
         if options and (options.get("patches") or options.get("patches_replace")):
             from nodes.families.components.unet_patching import run_patched
@@ -215,10 +234,13 @@ class UNetDenoiser:
             if e.embeds.shape[-1] != width:
                 raise ConditioningError(
                     f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this model expects "
-                    f"{width}; encode the prompt with the CLIP output of the same checkpoint")
+                    f"{width}; encode the prompt with the CLIP output of the same checkpoint"
+                )
             if needs_pooled and e.pooled is None:
-                raise ConditioningError(f"{name} conditioning has no pooled output, which this model needs; "
-                                        "encode the prompt with the CLIP output of the same checkpoint")
+                raise ConditioningError(
+                    f"{name} conditioning has no pooled output, which this model needs; "
+                    "encode the prompt with the CLIP output of the same checkpoint"
+                )
 
     def _check_image_inputs(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         """unCLIP conditioning only on a UNet that takes image embeds, of its width; an
@@ -229,21 +251,31 @@ class UNetDenoiser:
             if inputs and not self.image_embeds:
                 raise ConditioningError(
                     f"{name} conditioning has unCLIPConditioning but this model takes no image embeddings; "
-                    "load an unCLIP checkpoint with unCLIPCheckpointLoader (or use an SDXL model), or remove the node")
+                    "load an unCLIP checkpoint with unCLIPCheckpointLoader (or use an SDXL model), or remove the node"
+                )
             for item in inputs:
                 width = int(item.image_embeds.shape[-1])
-                wanted = (int(config.projection_class_embeddings_input_dim) // 2 if self.image_embeds == "class_labels"
-                          else int(e.pooled.shape[-1]) if e.pooled is not None else width)
+                wanted = (
+                    int(config.projection_class_embeddings_input_dim) // 2
+                    if self.image_embeds == "class_labels"
+                    else int(e.pooled.shape[-1])
+                    if e.pooled is not None
+                    else width
+                )
                 if width != wanted:
                     raise ConditioningError(
                         f"{name} conditioning: unCLIPConditioning's CLIP vision embeds are {width} wide but this model "
                         f"takes {wanted}; use the CLIP vision model that belongs to it (unCLIPCheckpointLoader's "
-                        "CLIP_VISION, or CLIP-G vision for SDXL)")
+                        "CLIP_VISION, or CLIP-G vision for SDXL)"
+                    )
             if e.extras.get("attention_mask") is not None:
-                raise ConditioningError(f"{name} conditioning has an attention mask (StyleModelApply's attn_bias) but "
-                                        "this UNet cannot take one; use strength_type multiply")
+                raise ConditioningError(
+                    f"{name} conditioning has an attention mask (StyleModelApply's attn_bias) but "
+                    "this UNet cannot take one; use strength_type multiply"
+                )
             if e.extras.get("ip2p") and concat_kind(config.in_channels, config.out_channels) != "ip2p":
                 raise ConditioningError(
                     f"{name} conditioning comes from InstructPixToPixConditioning but this model has "
                     f"{config.in_channels} input channels, not the {2 * config.out_channels} of an InstructPix2Pix "
-                    "model; load an InstructPix2Pix checkpoint")
+                    "model; load an InstructPix2Pix checkpoint"
+                )

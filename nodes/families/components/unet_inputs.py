@@ -37,8 +37,10 @@ def concat_kind(in_channels: int, latent_channels: int) -> str:
         return "ip2p"
     if extra == latent_channels + 1:
         return "inpaint"
-    raise ConditioningError(f"a UNet with {in_channels} input channels for {latent_channels}-channel latents is "
-                            "neither an inpainting nor an InstructPix2Pix model; Loom cannot feed its extra inputs")
+    raise ConditioningError(
+        f"a UNet with {in_channels} input channels for {latent_channels}-channel latents is "
+        "neither an inpainting nor an InstructPix2Pix model; Loom cannot feed its extra inputs"
+    )
 
 
 @dataclass
@@ -58,7 +60,10 @@ class ConcatSource:
             if kind == "ip2p":
                 parts = [ip2p_concat(e, self.batch, self.latent) for e in (self.extras or ({},))]
             else:
-                parts = [inpaint_concat(e, self.batch, self.latent, self.latent_format) for e in (self.extras or ({},))]
+                parts = [
+                    inpaint_concat(e, self.batch, self.latent, self.latent_format)
+                    for e in (self.extras or ({},))
+                ]
             self.built[kind] = torch.cat(parts)
         return self.built[kind]
 
@@ -87,10 +92,10 @@ def center_resize(t: Tensor, size: tuple[int, int]) -> Tensor:
     old, new = w / h, size[1] / size[0]
     if old > new:
         x = round((w - w * (new / old)) / 2)
-        t = t[..., :, x:w - x]
+        t = t[..., :, x : w - x]
     elif old < new:
         y = round((h - h * (old / new)) / 2)
-        t = t[..., y:h - y, :]
+        t = t[..., y : h - y, :]
     return F.interpolate(t, size=size, mode="bilinear", align_corners=False)
 
 
@@ -107,8 +112,9 @@ def ip2p_concat(extras: Mapping[str, Any], batch: int, latent: tuple[int, int]) 
     return resize_to_batch(image, batch)
 
 
-def inpaint_concat(extras: Mapping[str, Any], batch: int, latent: tuple[int, int],
-                   latent_format: LatentFormat | None) -> Tensor:
+def inpaint_concat(
+    extras: Mapping[str, Any], batch: int, latent: tuple[int, int], latent_format: LatentFormat | None
+) -> Tensor:
     """An inpainting UNet's extra input channels (see the module docstring)."""
     import torch
     import torch.nn.functional as F
@@ -125,8 +131,10 @@ def inpaint_concat(extras: Mapping[str, Any], batch: int, latent: tuple[int, int
         if tuple(t.shape[-2:]) != latent:
             t = F.interpolate(t, size=latent, mode="bilinear", align_corners=False)
         if t.shape[0] != batch and batch % t.shape[0]:
-            raise ConditioningError(f"the inpainting image or mask has a batch of {t.shape[0]} but the "
-                                    f"latent has {batch}; give one image or one per latent")
+            raise ConditioningError(
+                f"the inpainting image or mask has a batch of {t.shape[0]} but the "
+                f"latent has {batch}; give one image or one per latent"
+            )
         return t.repeat(batch // t.shape[0], 1, 1, 1) if t.shape[0] != batch else t
 
     if image is None or mask is None:  # no noise mask: ComfyUI's full mask and blank image

@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 ATTENTION_POINTS = frozenset({"attn1_patch", "attn1_output_patch", "attn2_patch", "attn2_output_patch"})
 BLOCK_POINTS = frozenset({"input_block_patch", "input_block_patch_after_skip", "output_block_patch"})
 MIDDLE_POINT = "middle_patch"  # in each transformer block, after the self-attention's residual
-PATCH_POINTS = ATTENTION_POINTS | BLOCK_POINTS | {MIDDLE_POINT, "attn1", "attn2"}  # the last two: replace patches
+PATCH_POINTS = (
+    ATTENTION_POINTS | BLOCK_POINTS | {MIDDLE_POINT, "attn1", "attn2"}
+)  # the last two: replace patches
 
 
 @dataclass(frozen=True)
@@ -117,12 +119,25 @@ class PatchedAttention:
 
     def extra_options(self, attn: Any) -> dict[str, Any]:
         p = self.place
-        return {**self.options, "block": p.block, "block_index": p.block_index,
-                "transformer_index": p.transformer_index, "n_heads": attn.heads,
-                "dim_head": attn.inner_dim // attn.heads, "attn_precision": None}
+        return {
+            **self.options,
+            "block": p.block,
+            "block_index": p.block_index,
+            "transformer_index": p.transformer_index,
+            "n_heads": attn.heads,
+            "dim_head": attn.inner_dim // attn.heads,
+            "attn_precision": None,
+        }
 
-    def __call__(self, attn: Any, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
-                 attention_mask: Tensor | None = None, temb: Tensor | None = None, **kwargs: Any) -> Tensor:
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: Tensor,
+        encoder_hidden_states: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        temb: Tensor | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         extra = self.extra_options(attn)
         n, context, value = hidden_states, encoder_hidden_states, None
         if self.before:
@@ -154,8 +169,11 @@ def replacement(options: Mapping[str, Any], place: AttentionPlace) -> Callable[.
 
 def _patched(options: Mapping[str, Any], place: AttentionPlace) -> bool:
     patches = options.get("patches", {})
-    return (bool(patches.get(f"{place.which}_patch")) or bool(patches.get(f"{place.which}_output_patch"))
-            or replacement(options, place) is not None)
+    return (
+        bool(patches.get(f"{place.which}_patch"))
+        or bool(patches.get(f"{place.which}_output_patch"))
+        or replacement(options, place) is not None
+    )
 
 
 @contextmanager
@@ -173,7 +191,8 @@ def patched_attention(module: Any, options: Mapping[str, Any]) -> Iterator[None]
             if isinstance(inner, torch.nn.Module):
                 raise ConditioningError(
                     f"an attention patch on {place.which} at {place.block} cannot run together with the "
-                    "IP-Adapter installed there; remove one of the two patch nodes")
+                    "IP-Adapter installed there; remove one of the two patch nodes"
+                )
             saved.append((place.attn, inner))
             place.attn.set_processor(PatchedAttention(inner, place, options))
         yield
@@ -185,14 +204,19 @@ def patched_attention(module: Any, options: Mapping[str, Any]) -> Iterator[None]
 def check_points(options: Mapping[str, Any]) -> None:
     known = ATTENTION_POINTS | BLOCK_POINTS | {MIDDLE_POINT}
     unknown = sorted(p for p, fns in options.get("patches", {}).items() if fns and p not in known)
-    unknown += sorted(f"{w} replace" for w in options.get("patches_replace", {}) if w not in ("attn1", "attn2"))
+    unknown += sorted(
+        f"{w} replace" for w in options.get("patches_replace", {}) if w not in ("attn1", "attn2")
+    )
     if unknown:
-        raise ConditioningError(f"this UNet cannot run the patch points {unknown} (it runs {sorted(known)} and "
-                                "attn1/attn2 replace patches); remove the patch node from the workflow")
+        raise ConditioningError(
+            f"this UNet cannot run the patch points {unknown} (it runs {sorted(known)} and "
+            "attn1/attn2 replace patches); remove the patch node from the workflow"
+        )
 
 
-def run_patched(module: Any, x_in: Tensor, timestep: Tensor, kwargs: dict[str, Any],
-                options: Mapping[str, Any]) -> Tensor:
+def run_patched(
+    module: Any, x_in: Tensor, timestep: Tensor, kwargs: dict[str, Any], options: Mapping[str, Any]
+) -> Tensor:
     """One UNet forward with the block patches of ``options`` (ComfyUI's ``transformer_options``)."""
     from nodes.families.components.unet_walk import walk
 
@@ -212,7 +236,7 @@ def middle_patches(module: Any, options: Mapping[str, Any]) -> Iterator[None]:
     handles: list[Any] = []
     try:
         index = 0
-        for block, transformer in (transformer_places(module) if fns else ()):
+        for block, transformer in transformer_places(module) if fns else ():
             for t, tb in enumerate(transformer.transformer_blocks):
                 extra = {**options, "block": block, "block_index": t, "transformer_index": index}
                 handles += _hook_block(tb, fns, extra)

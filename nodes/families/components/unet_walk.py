@@ -24,20 +24,31 @@ from nodes.hooks import ConditioningError
 if TYPE_CHECKING:
     from torch import Tensor
 
-KNOWN_KWARGS = frozenset({"encoder_hidden_states", "added_cond_kwargs", "cross_attention_kwargs",
-                          "down_block_additional_residuals", "mid_block_additional_residual",
-                          "down_intrablock_additional_residuals"})
+KNOWN_KWARGS = frozenset(
+    {
+        "encoder_hidden_states",
+        "added_cond_kwargs",
+        "cross_attention_kwargs",
+        "down_block_additional_residuals",
+        "mid_block_additional_residual",
+        "down_intrablock_additional_residuals",
+    }
+)
 
 
 def _check(module: Any, kwargs: Mapping[str, Any]) -> None:
     unknown = sorted(set(kwargs) - KNOWN_KWARGS)
     if unknown:
-        raise ConditioningError(f"block patches (FreeU, Deep Shrink) cannot run with the UNet inputs {unknown}; "
-                                "remove the patch node or the node that adds them")
+        raise ConditioningError(
+            f"block patches (FreeU, Deep Shrink) cannot run with the UNet inputs {unknown}; "
+            "remove the patch node or the node that adds them"
+        )
     blocks = [*module.down_blocks, module.mid_block, *module.up_blocks]
     if any("forward" in vars(b) for b in blocks if b is not None):  # a step cache replaced a block's forward
-        raise ConditioningError("block patches (FreeU, Deep Shrink) cannot run together with DeepCache, which "
-                                "skips the UNet blocks they patch; remove one of the two nodes")
+        raise ConditioningError(
+            "block patches (FreeU, Deep Shrink) cannot run together with DeepCache, which "
+            "skips the UNet blocks they patch; remove one of the two nodes"
+        )
 
 
 def _embedding(module: Any, x: Tensor, timestep: Tensor, kwargs: Mapping[str, Any]) -> tuple[Tensor, Any]:
@@ -55,25 +66,36 @@ def _embedding(module: Any, x: Tensor, timestep: Tensor, kwargs: Mapping[str, An
 
 
 class _Walk:
-    def __init__(self, module: Any, kwargs: Mapping[str, Any], options: dict[str, Any], emb: Tensor,
-                 ehs: Tensor) -> None:
+    def __init__(
+        self, module: Any, kwargs: Mapping[str, Any], options: dict[str, Any], emb: Tensor, ehs: Tensor
+    ) -> None:
         self.module, self.options, self.emb, self.ehs = module, options, emb, ehs
         self.cross = kwargs.get("cross_attention_kwargs")
         patches = options.get("patches", {})
         self.points: dict[str, Sequence[Callable[..., Any]]] = {
-            p: patches.get(p, ()) for p in ("input_block_patch", "input_block_patch_after_skip", "output_block_patch")}
+            p: patches.get(p, ())
+            for p in ("input_block_patch", "input_block_patch_after_skip", "output_block_patch")
+        }
         self.control = kwargs.get("down_block_additional_residuals")
         self.control_mid = kwargs.get("mid_block_additional_residual")
         intra = kwargs.get("down_intrablock_additional_residuals")
-        if intra is None and self.control is not None and self.control_mid is None:  # a T2I-Adapter (diffusers' rule)
+        if (
+            intra is None and self.control is not None and self.control_mid is None
+        ):  # a T2I-Adapter (diffusers' rule)
             intra, self.control = self.control, None
         self.intra = list(intra) if intra is not None else None
         self.skips: list[Tensor] = []
         self.place = 0
 
     def attend(self, attention: Any, h: Tensor) -> Tensor:
-        return attention(h, encoder_hidden_states=self.ehs, cross_attention_kwargs=self.cross,
-                         attention_mask=None, encoder_attention_mask=None, return_dict=False)[0]
+        return attention(
+            h,
+            encoder_hidden_states=self.ehs,
+            cross_attention_kwargs=self.cross,
+            attention_mask=None,
+            encoder_attention_mask=None,
+            return_dict=False,
+        )[0]
 
     def kept(self, h: Tensor) -> Tensor:
         """End of an input place: the input patches around keeping ``h`` as a skip connection."""
@@ -88,7 +110,9 @@ class _Walk:
 
     def down(self, h: Tensor) -> Tensor:
         for block in self.module.down_blocks:
-            attentions = getattr(block, "attentions", None) if getattr(block, "has_cross_attention", False) else None
+            attentions = (
+                getattr(block, "attentions", None) if getattr(block, "has_cross_attention", False) else None
+            )
             for j, resnet in enumerate(block.resnets):
                 h = resnet(h, self.emb)
                 if attentions is not None:
@@ -113,8 +137,14 @@ class _Walk:
             return h
         self.options["block"] = ("middle", 0)
         if getattr(mid, "has_cross_attention", False):
-            h = mid(h, self.emb, encoder_hidden_states=self.ehs, attention_mask=None,
-                    cross_attention_kwargs=self.cross, encoder_attention_mask=None)
+            h = mid(
+                h,
+                self.emb,
+                encoder_hidden_states=self.ehs,
+                attention_mask=None,
+                cross_attention_kwargs=self.cross,
+                encoder_attention_mask=None,
+            )
         else:
             h = mid(h, self.emb)
         if self.intra and h.shape == self.intra[0].shape:
@@ -128,7 +158,9 @@ class _Walk:
 
         place = 0
         for block in self.module.up_blocks:
-            attentions = getattr(block, "attentions", None) if getattr(block, "has_cross_attention", False) else None
+            attentions = (
+                getattr(block, "attentions", None) if getattr(block, "has_cross_attention", False) else None
+            )
             for j, resnet in enumerate(block.resnets):
                 self.options["block"] = ("output", place)
                 hsp = self.skips.pop()
@@ -145,7 +177,9 @@ class _Walk:
         return h
 
 
-def walk(module: Any, x: Tensor, timestep: Tensor, kwargs: Mapping[str, Any], options: dict[str, Any]) -> Tensor:
+def walk(
+    module: Any, x: Tensor, timestep: Tensor, kwargs: Mapping[str, Any], options: dict[str, Any]
+) -> Tensor:
     """The UNet's raw output for ``x`` with the block patches of ``options`` (``transformer_options``)."""
     _check(module, kwargs)
     if module.config.center_input_sample:

@@ -20,9 +20,12 @@ class KLVae:
 
     id: str = "vae"
 
-    def config_from_tensors(self, index: TensorIndex, prefix: str, scaling_factor: float,
-                            sample_size: int) -> dict[str, Any]:
-        if keys.looks_like_diffusers_vae([k.removeprefix(prefix) for k in index.tensors if k.startswith(prefix)]):
+    def config_from_tensors(
+        self, index: TensorIndex, prefix: str, scaling_factor: float, sample_size: int
+    ) -> dict[str, Any]:
+        if keys.looks_like_diffusers_vae(
+            [k.removeprefix(prefix) for k in index.tensors if k.startswith(prefix)]
+        ):
             return arch.vae_config_diffusers_keys(index, scaling_factor, sample_size)
         return arch.vae_config(index, prefix, scaling_factor, sample_size)
 

@@ -31,20 +31,64 @@ from typing import Any
 
 from nodes.weights import ModelLoadError, TensorIndex
 
-LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
-LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-               3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
-_RESIDUAL = (("residual.0.", "norm1."), ("residual.2.", "conv1."), ("residual.3.", "norm2."),
-             ("residual.6.", "conv2."), ("shortcut.", "conv_shortcut."))
+LATENTS_MEAN = (
+    -0.7571,
+    -0.7089,
+    -0.9113,
+    0.1075,
+    -0.1745,
+    0.9653,
+    -0.1517,
+    1.5508,
+    0.4134,
+    -0.0715,
+    0.5517,
+    -0.3632,
+    -0.1922,
+    -0.9497,
+    0.2503,
+    -0.2921,
+)
+LATENTS_STD = (
+    2.8184,
+    1.4541,
+    2.3275,
+    2.6558,
+    1.2196,
+    1.7708,
+    2.6052,
+    2.0743,
+    3.2687,
+    2.1526,
+    2.8652,
+    1.5579,
+    1.6382,
+    1.1253,
+    2.8251,
+    1.9160,
+)
+_RESIDUAL = (
+    ("residual.0.", "norm1."),
+    ("residual.2.", "conv1."),
+    ("residual.3.", "norm2."),
+    ("residual.6.", "conv2."),
+    ("shortcut.", "conv_shortcut."),
+)
 _FIXED = (  # whole-name prefixes, original -> diffusers
-    ("encoder.conv1.", "encoder.conv_in."), ("decoder.conv1.", "decoder.conv_in."),
-    ("encoder.head.0.", "encoder.norm_out."), ("encoder.head.2.", "encoder.conv_out."),
-    ("decoder.head.0.", "decoder.norm_out."), ("decoder.head.2.", "decoder.conv_out."),
-    ("conv1.", "quant_conv."), ("conv2.", "post_quant_conv."),
-    ("encoder.middle.1.", "encoder.mid_block.attentions.0."), ("decoder.middle.1.", "decoder.mid_block.attentions.0."),
-    ("encoder.middle.0.", "encoder.mid_block.resnets.0."), ("encoder.middle.2.", "encoder.mid_block.resnets.1."),
-    ("decoder.middle.0.", "decoder.mid_block.resnets.0."), ("decoder.middle.2.", "decoder.mid_block.resnets.1."),
+    ("encoder.conv1.", "encoder.conv_in."),
+    ("decoder.conv1.", "decoder.conv_in."),
+    ("encoder.head.0.", "encoder.norm_out."),
+    ("encoder.head.2.", "encoder.conv_out."),
+    ("decoder.head.0.", "decoder.norm_out."),
+    ("decoder.head.2.", "decoder.conv_out."),
+    ("conv1.", "quant_conv."),
+    ("conv2.", "post_quant_conv."),
+    ("encoder.middle.1.", "encoder.mid_block.attentions.0."),
+    ("decoder.middle.1.", "decoder.mid_block.attentions.0."),
+    ("encoder.middle.0.", "encoder.mid_block.resnets.0."),
+    ("encoder.middle.2.", "encoder.mid_block.resnets.1."),
+    ("decoder.middle.0.", "decoder.mid_block.resnets.0."),
+    ("decoder.middle.2.", "decoder.mid_block.resnets.1."),
 )
 MARKER = "decoder.middle.0.residual.0.gamma"  # a tensor only the original Wan layout has
 DIFFUSERS_MARKER = "decoder.mid_block.resnets.0.norm1.gamma"
@@ -52,8 +96,9 @@ DIFFUSERS_MARKER = "decoder.mid_block.resnets.0.norm1.gamma"
 
 def is_wan_vae(index: TensorIndex, prefix: str = "") -> bool:
     """Whether ``index`` holds a Wan VAE under ``prefix`` (original or diffusers names)."""
-    return index.has(f"{prefix}{MARKER}") or (index.has(f"{prefix}{DIFFUSERS_MARKER}")
-                                               and index.has(f"{prefix}encoder.down_blocks.0.norm1.gamma"))
+    return index.has(f"{prefix}{MARKER}") or (
+        index.has(f"{prefix}{DIFFUSERS_MARKER}") and index.has(f"{prefix}encoder.down_blocks.0.norm1.gamma")
+    )
 
 
 @dataclass(frozen=True)
@@ -69,7 +114,9 @@ class WanVae:
         names = [k.removeprefix(prefix) for k in index.tensors if k.startswith(prefix)]
         sd = {n: index.shape(prefix + n) for n in names}
         if diffusers:  # read the shapes under their original names
-            per_stage = len({n.split(".")[4] for n in names if n.startswith("decoder.up_blocks.0.resnets.")}) + 1
+            per_stage = (
+                len({n.split(".")[4] for n in names if n.startswith("decoder.up_blocks.0.resnets.")}) + 1
+            )
             sd = {_diffusers_to_original(n, per_stage): shape for n, shape in sd.items()}
         base = sd["encoder.conv1.weight"][0]
         down = sorted({int(n.split(".")[2]) for n in sd if n.startswith("encoder.downsamples.")})
@@ -79,12 +126,19 @@ class WanVae:
         res_blocks = resamples[0]
         stages = len(resamples) + 1
         if any(n.startswith("encoder.downsamples.") and ".norm.gamma" in n for n in sd):
-            raise ModelLoadError(f"{index.path}: a Wan VAE with attention inside its stages is not a variant Loom builds")
-        mult = [sd[f"encoder.downsamples.{s * (res_blocks + 1)}.residual.2.weight"][0] // base for s in range(stages)]
+            raise ModelLoadError(
+                f"{index.path}: a Wan VAE with attention inside its stages is not a variant Loom builds"
+            )
+        mult = [
+            sd[f"encoder.downsamples.{s * (res_blocks + 1)}.residual.2.weight"][0] // base
+            for s in range(stages)
+        ]
         z_dim = sd["conv1.weight"][0] // 2
         if z_dim != len(LATENTS_MEAN):
-            raise ModelLoadError(f"{index.path}: this Wan VAE makes {z_dim}-channel latents (Wan 2.2's is 48); Loom "
-                                 f"builds the {len(LATENTS_MEAN)}-channel Wan 2.1 / Qwen-Image VAE")
+            raise ModelLoadError(
+                f"{index.path}: this Wan VAE makes {z_dim}-channel latents (Wan 2.2's is 48); Loom "
+                f"builds the {len(LATENTS_MEAN)}-channel Wan 2.1 / Qwen-Image VAE"
+            )
         return {
             "base_dim": base,
             "z_dim": z_dim,
@@ -127,14 +181,14 @@ def _residual(rest: str, forward: bool) -> str:
     for old, new in _RESIDUAL:
         a, b = (old, new) if forward else (new, old)
         if rest.startswith(a):
-            return b + rest[len(a):]
+            return b + rest[len(a) :]
     return rest
 
 
 def _original_to_diffusers(name: str, per_stage: int) -> str:
     for old, new in _FIXED:
         if name.startswith(old):
-            rest = name[len(old):]
+            rest = name[len(old) :]
             return new + (_residual(rest, True) if ".resnets." in new else rest)
     if name.startswith("encoder.downsamples."):
         index, rest = name.removeprefix("encoder.downsamples.").split(".", 1)
@@ -151,7 +205,7 @@ def _original_to_diffusers(name: str, per_stage: int) -> str:
 def _diffusers_to_original(name: str, per_stage: int) -> str:
     for old, new in _FIXED:
         if name.startswith(new):
-            rest = name[len(new):]
+            rest = name[len(new) :]
             return old + (_residual(rest, False) if ".resnets." in new else rest)
     if name.startswith("encoder.down_blocks."):
         index, rest = name.removeprefix("encoder.down_blocks.").split(".", 1)

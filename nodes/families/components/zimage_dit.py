@@ -84,8 +84,10 @@ class ZImageTransformer:
         if index.any_with(f"{p}siglip_embedder."):
             problems.append("a SigLIP image embedder (Z-Image Omni)")
         if problems:
-            raise ModelLoadError(f"{index.path}: a Z-Image transformer with {'; '.join(problems)} is not a variant "
-                                 "Loom can build (it builds Z-Image Turbo and models of its shape)")
+            raise ModelLoadError(
+                f"{index.path}: a Z-Image transformer with {'; '.join(problems)} is not a variant "
+                "Loom can build (it builds Z-Image Turbo and models of its shape)"
+            )
         return {
             "all_patch_size": [PATCH],
             "all_f_patch_size": [1],
@@ -148,11 +150,14 @@ class ZImageTransformer:
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
         from diffusers import ZImageTransformer2DModel
 
-        return ZImageTransformer2DModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+        return ZImageTransformer2DModel.from_pretrained(
+            path, local_files_only=True, use_safetensors=safetensors
+        )
 
     # --- sampling -----------------------------------------------------------------------------
-    def conditioning(self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *,
-                     like: Tensor | None = None) -> dict[str, Any]:
+    def conditioning(
+        self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
+    ) -> dict[str, Any]:
         """The caption tokens of every row, (T, D) each: entry by entry, each repeated ``batch`` times.
         Rows may differ in length (the model masks them apart), so nothing is padded or repeated."""
         feats = []
@@ -171,12 +176,16 @@ class ZImageTransformer:
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         if options and options.get("patches"):
-            raise ConditioningError(f"the Z-Image transformer cannot run block patches {sorted(options['patches'])}; "
-                                    "remove the patch node from the workflow")
+            raise ConditioningError(
+                f"the Z-Image transformer cannot run block patches {sorted(options['patches'])}; "
+                "remove the patch node from the workflow"
+            )
         height, width = x_in.shape[-2:]
         x = pad_to_even(x_in)
         t = (1.0 - timestep.to(x.dtype).reshape(-1)).expand(x.shape[0])
-        out = module(list(x.unsqueeze(2).unbind(0)), t, kwargs.pop("cap_feats"), return_dict=False, **kwargs)[0]
+        out = module(list(x.unsqueeze(2).unbind(0)), t, kwargs.pop("cap_feats"), return_dict=False, **kwargs)[
+            0
+        ]
         return -torch.stack(out).squeeze(2)[..., :height, :width]
 
     def block_stack(self, module: Any) -> BlockStack:
@@ -194,7 +203,8 @@ class ZImageTransformer:
                 raise ConditioningError(
                     f"{name} conditioning has {e.embeds.shape[-1]}-wide embeddings but this Z-Image model expects "
                     f"{width} (Qwen3-4B's hidden states); encode the prompt with the CLIP of CLIPLoader "
-                    "(qwen_3_4b.safetensors, type lumina2)")
+                    "(qwen_3_4b.safetensors, type lumina2)"
+                )
 
 
 def _patch_key(config: Mapping[str, Any]) -> str:

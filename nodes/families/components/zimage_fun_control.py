@@ -55,7 +55,9 @@ def fun_control_module(layers: int, refiners: int, channels: int, dim: int, head
     class FunControlNet(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.control_all_x_embedder = torch.nn.ModuleDict({"2-1": torch.nn.Linear(PATCH * PATCH * channels, dim)})
+            self.control_all_x_embedder = torch.nn.ModuleDict(
+                {"2-1": torch.nn.Linear(PATCH * PATCH * channels, dim)}
+            )
             self.control_noise_refiner = torch.nn.ModuleList(block(i) for i in range(refiners))
             self.control_layers = torch.nn.ModuleList(ControlLayer(i) for i in range(layers))
 
@@ -84,17 +86,28 @@ class FunControlKind:
         dim, inputs = index.shape(DETECT)
         layers = index.count("control_layers.")
         head_dim = index.shape("control_layers.0.attention.norm_q.weight")[0]
-        if layers in (3, 15) or index.has("control_noise_refiner.0.after_proj.weight") or inputs != PATCH * PATCH * 16:
+        if (
+            layers in (3, 15)
+            or index.has("control_noise_refiner.0.after_proj.weight")
+            or inputs != PATCH * PATCH * 16
+        ):
             raise ModelLoadError(
                 f"{index.path}: a Z-Image Fun ControlNet 2.1 ({layers} control layers, control in the noise refiner, "
                 f"{inputs // 4} input channels); Loom applies the Fun ControlNet Union layout (6 control layers on "
-                "16 latent channels); use that file, or run this workflow in ComfyUI")
-        return {"layers": layers, "refiners": index.count("control_noise_refiner."), "channels": inputs // 4,
-                "dim": dim, "heads": dim // head_dim}
+                "16 latent channels); use that file, or run this workflow in ComfyUI"
+            )
+        return {
+            "layers": layers,
+            "refiners": index.count("control_noise_refiner."),
+            "channels": inputs // 4,
+            "dim": dim,
+            "heads": dim // head_dim,
+        }
 
     def build(self, config: dict[str, int], tensors: dict[str, Any]) -> Any:
-        module = fun_control_module(config["layers"], config["refiners"], config["channels"], config["dim"],
-                                    config["heads"])
+        module = fun_control_module(
+            config["layers"], config["refiners"], config["channels"], config["dim"], config["heads"]
+        )
         module.load_state_dict({_module_key(k): v for k, v in tensors.items()}, strict=True)
         return module.eval()
 
@@ -108,18 +121,25 @@ class FunControlKind:
         return None
 
     # --- sampling -----------------------------------------------------------------------------
-    def control_tokens(self, module: Any, latent: Tensor, mask: Tensor | None, latent_format: LatentFormat) -> Tensor:
+    def control_tokens(
+        self, module: Any, latent: Tensor, mask: Tensor | None, latent_format: LatentFormat
+    ) -> Tensor:
         """The embedded control tokens (B, h/2·w/2, width) of raw VAE latents (B, 16, h, w)."""
         from nodes.families.components.flux_dit import pad_to_even
 
         x = pad_to_even(latent_format.process_in(latent.float()))
         b, c, h, w = x.shape
-        patches = x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 3, 5, 1).reshape(b, (h // 2) * (w // 2), 4 * c)
+        patches = (
+            x.reshape(b, c, h // 2, 2, w // 2, 2)
+            .permute(0, 2, 4, 3, 5, 1)
+            .reshape(b, (h // 2) * (w // 2), 4 * c)
+        )
         embed = module.control_all_x_embedder["2-1"]
         return embed(patches.to(embed.weight))
 
-    def block_hook(self, module: Any, control: Tensor, strength: float,
-                   blocks: int) -> Callable[[int, Tensor, tuple[Any, ...], dict[str, Any]], Tensor]:
+    def block_hook(
+        self, module: Any, control: Tensor, strength: float, blocks: int
+    ) -> Callable[[int, Tensor, tuple[Any, ...], dict[str, Any]], Tensor]:
         """For one model call: the image stream after main block ``index`` given the block's call
         arguments ``(x, attn_mask, freqs_cis, adaln_input)`` (module docstring)."""
         import torch

@@ -21,7 +21,9 @@ class ComfyExtension:
         """Called once before ``get_node_list``."""
 
     async def get_node_list(self) -> list[type[Any]]:
-        raise NotImplementedError(f"{type(self).__name__} must define async get_node_list() -> [node classes]")
+        raise NotImplementedError(
+            f"{type(self).__name__} must define async get_node_list() -> [node classes]"
+        )
 
 
 __all__ = ["IO", "UI", "ComfyExtension", "io", "ui"]

@@ -164,55 +164,146 @@ def Custom(io_type: str) -> type[ComfyType]:  # noqa: N802 - ComfyUI's public na
 class _IntInput(WidgetInput):
     io_type = "INT"
 
-    def __init__(self, id: str, display_name: str | None = None, optional: bool = False,
-                 tooltip: str | None = None, lazy: bool | None = None, default: int | None = None,
-                 min: int | None = None, max: int | None = None, step: int | None = None,
-                 control_after_generate: bool | ControlAfterGenerate | None = None,
-                 display_mode: NumberDisplay | None = None, **kwargs: Any) -> None:
-        super().__init__(id, display_name, optional, tooltip, lazy, default, min=min, max=max, step=step,
-                         control_after_generate=control_after_generate, display_mode=display_mode, **kwargs)
+    def __init__(
+        self,
+        id: str,
+        display_name: str | None = None,
+        optional: bool = False,
+        tooltip: str | None = None,
+        lazy: bool | None = None,
+        default: int | None = None,
+        min: int | None = None,
+        max: int | None = None,
+        step: int | None = None,
+        control_after_generate: bool | ControlAfterGenerate | None = None,
+        display_mode: NumberDisplay | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            id,
+            display_name,
+            optional,
+            tooltip,
+            lazy,
+            default,
+            min=min,
+            max=max,
+            step=step,
+            control_after_generate=control_after_generate,
+            display_mode=display_mode,
+            **kwargs,
+        )
 
 
 class _FloatInput(WidgetInput):
     io_type = "FLOAT"
 
-    def __init__(self, id: str, display_name: str | None = None, optional: bool = False,
-                 tooltip: str | None = None, lazy: bool | None = None, default: float | None = None,
-                 min: float | None = None, max: float | None = None, step: float | None = None,
-                 round: float | None = None, display_mode: NumberDisplay | None = None, **kwargs: Any) -> None:
-        super().__init__(id, display_name, optional, tooltip, lazy, default, min=min, max=max, step=step,
-                         round=round, display_mode=display_mode, **kwargs)
+    def __init__(
+        self,
+        id: str,
+        display_name: str | None = None,
+        optional: bool = False,
+        tooltip: str | None = None,
+        lazy: bool | None = None,
+        default: float | None = None,
+        min: float | None = None,
+        max: float | None = None,
+        step: float | None = None,
+        round: float | None = None,
+        display_mode: NumberDisplay | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            id,
+            display_name,
+            optional,
+            tooltip,
+            lazy,
+            default,
+            min=min,
+            max=max,
+            step=step,
+            round=round,
+            display_mode=display_mode,
+            **kwargs,
+        )
 
 
 class _StringInput(WidgetInput):
     io_type = "STRING"
 
-    def __init__(self, id: str, display_name: str | None = None, optional: bool = False,
-                 tooltip: str | None = None, lazy: bool | None = None, multiline: bool = False,
-                 placeholder: str | None = None, default: str | None = None,
-                 dynamic_prompts: bool | None = None, **kwargs: Any) -> None:
-        super().__init__(id, display_name, optional, tooltip, lazy, default, multiline=multiline or None,
-                         placeholder=placeholder, dynamic_prompts=dynamic_prompts, **kwargs)
+    def __init__(
+        self,
+        id: str,
+        display_name: str | None = None,
+        optional: bool = False,
+        tooltip: str | None = None,
+        lazy: bool | None = None,
+        multiline: bool = False,
+        placeholder: str | None = None,
+        default: str | None = None,
+        dynamic_prompts: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            id,
+            display_name,
+            optional,
+            tooltip,
+            lazy,
+            default,
+            multiline=multiline or None,
+            placeholder=placeholder,
+            dynamic_prompts=dynamic_prompts,
+            **kwargs,
+        )
 
 
 class _BooleanInput(WidgetInput):
     io_type = "BOOLEAN"
 
-    def __init__(self, id: str, display_name: str | None = None, optional: bool = False,
-                 tooltip: str | None = None, lazy: bool | None = None, default: bool | None = None,
-                 label_on: str | None = None, label_off: str | None = None, **kwargs: Any) -> None:
-        super().__init__(id, display_name, optional, tooltip, lazy, default, label_on=label_on,
-                         label_off=label_off, **kwargs)
+    def __init__(
+        self,
+        id: str,
+        display_name: str | None = None,
+        optional: bool = False,
+        tooltip: str | None = None,
+        lazy: bool | None = None,
+        default: bool | None = None,
+        label_on: str | None = None,
+        label_off: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            id,
+            display_name,
+            optional,
+            tooltip,
+            lazy,
+            default,
+            label_on=label_on,
+            label_off=label_off,
+            **kwargs,
+        )
 
 
 class _ComboInput(WidgetInput):
     io_type = "COMBO"
 
-    def __init__(self, id: str, options: list[Any] | type[Enum] | None = None, display_name: str | None = None,
-                 optional: bool = False, tooltip: str | None = None, lazy: bool | None = None,
-                 default: Any = None, control_after_generate: bool | ControlAfterGenerate | None = None,
-                 upload: UploadType | None = None, image_folder: FolderType | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        id: str,
+        options: list[Any] | type[Enum] | None = None,
+        display_name: str | None = None,
+        optional: bool = False,
+        tooltip: str | None = None,
+        lazy: bool | None = None,
+        default: Any = None,
+        control_after_generate: bool | ControlAfterGenerate | None = None,
+        upload: UploadType | None = None,
+        image_folder: FolderType | None = None,
+        **kwargs: Any,
+    ) -> None:
         if isinstance(options, type) and issubclass(options, Enum):
             options = [member.value for member in options]
         if isinstance(default, Enum):
@@ -220,8 +311,18 @@ class _ComboInput(WidgetInput):
         extra: dict[str, Any] = dict(kwargs)
         if upload is not None:
             extra[upload.value] = True
-        super().__init__(id, display_name, optional, tooltip, lazy, default, options=list(options or []),
-                         control_after_generate=control_after_generate, image_folder=image_folder, **extra)
+        super().__init__(
+            id,
+            display_name,
+            optional,
+            tooltip,
+            lazy,
+            default,
+            options=list(options or []),
+            control_after_generate=control_after_generate,
+            image_folder=image_folder,
+            **extra,
+        )
 
 
 def _widget_type(io_type: str, input_cls: type[Input]) -> type[ComfyType]:
@@ -318,8 +419,13 @@ class ComfyNode:
 class NodeOutput:
     """What ``execute`` returns: output values, optional ``ui`` (a UI object or dict)."""
 
-    def __init__(self, *args: Any, ui: Any = None, expand: dict[str, Any] | None = None,
-                 block_execution: str | None = None) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        ui: Any = None,
+        expand: dict[str, Any] | None = None,
+        block_execution: str | None = None,
+    ) -> None:
         self.args = args
         self.ui = ui
         self.expand = expand
@@ -334,9 +440,40 @@ class NodeOutput:
 
 
 __all__ = [
-    "AnyType", "Boolean", "Clip", "ClipVision", "ClipVisionOutput", "Combo", "ComfyNode", "ComfyType",
-    "Conditioning", "ControlAfterGenerate", "ControlNet", "Custom", "ExecutionBlocker", "Float",
-    "FolderType", "Guider", "Hidden", "HiddenHolder", "Image", "Input", "Int", "Latent", "Mask", "Model",
-    "Noise", "NodeOutput", "NumberDisplay", "Output", "Sampler", "Schema", "Sigmas", "String",
-    "UploadType", "UpscaleModel", "Vae", "WidgetInput",
+    "AnyType",
+    "Boolean",
+    "Clip",
+    "ClipVision",
+    "ClipVisionOutput",
+    "Combo",
+    "ComfyNode",
+    "ComfyType",
+    "Conditioning",
+    "ControlAfterGenerate",
+    "ControlNet",
+    "Custom",
+    "ExecutionBlocker",
+    "Float",
+    "FolderType",
+    "Guider",
+    "Hidden",
+    "HiddenHolder",
+    "Image",
+    "Input",
+    "Int",
+    "Latent",
+    "Mask",
+    "Model",
+    "Noise",
+    "NodeOutput",
+    "NumberDisplay",
+    "Output",
+    "Sampler",
+    "Schema",
+    "Sigmas",
+    "String",
+    "UploadType",
+    "UpscaleModel",
+    "Vae",
+    "WidgetInput",
 ]

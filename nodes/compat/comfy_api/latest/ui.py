@@ -45,7 +45,9 @@ class PreviewMask(PreviewImage):
 
     def __init__(self, mask: Any, animated: bool = False, cls: Any = None, **kwargs: Any) -> None:
         array = _as_array(mask)
-        super().__init__(array.reshape((-1, array.shape[-2], array.shape[-1], 1)).repeat(3, axis=-1), animated)
+        super().__init__(
+            array.reshape((-1, array.shape[-2], array.shape[-1], 1)).repeat(3, axis=-1), animated
+        )
 
 
 def _as_array(data: Any) -> Any:

@@ -29,13 +29,19 @@ class SaveNote:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"text": ("STRING", {"default": "hello"}),
-                             "filename_prefix": ("STRING", {"default": "notes/note"})}}
+        return {
+            "required": {
+                "text": ("STRING", {"default": "hello"}),
+                "filename_prefix": ("STRING", {"default": "notes/note"}),
+            }
+        }
 
     def save(self, text, filename_prefix):
         import folder_paths as fp  # a lazy import at run time must see the shim too
 
-        folder, name, counter, subfolder, _ = fp.get_save_image_path(filename_prefix, fp.get_output_directory())
+        folder, name, counter, subfolder, _ = fp.get_save_image_path(
+            filename_prefix, fp.get_output_directory()
+        )
         os.makedirs(folder, exist_ok=True)
         filename = f"{name}_{counter:05}_.txt"
         with open(os.path.join(folder, filename), "w") as f:

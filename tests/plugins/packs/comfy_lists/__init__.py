@@ -23,7 +23,9 @@ class JoinWords:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"words": ("STRING", {"forceInput": True}), "separator": ("STRING", {"default": "+"})}}
+        return {
+            "required": {"words": ("STRING", {"forceInput": True}), "separator": ("STRING", {"default": "+"})}
+        }
 
     def join(self, words, separator):
         return (separator[0].join(words),)

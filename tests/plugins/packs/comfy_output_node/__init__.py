@@ -17,8 +17,7 @@ class ShowText:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"text": ("STRING", {"forceInput": True})},
-                "hidden": {"node": "UNIQUE_ID"}}
+        return {"required": {"text": ("STRING", {"forceInput": True})}, "hidden": {"node": "UNIQUE_ID"}}
 
     def show(self, text, node=None):
         PromptServer.instance.send_sync("output_pack.shown", {"node": node, "text": text})

@@ -20,8 +20,10 @@ class TextRepeat:
             },
             "optional": {
                 "separator": ("STRING", {"default": "", "placeholder": "between copies"}),
-                "scale": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 2.0, "step": 0.1, "round": 0.01,
-                                    "display": "slider"}),
+                "scale": (
+                    "FLOAT",
+                    {"default": 1.0, "min": 0.0, "max": 2.0, "step": 0.1, "round": 0.01, "display": "slider"},
+                ),
             },
             "hidden": {
                 "prompt": "PROMPT",
@@ -35,8 +37,18 @@ class TextRepeat:
     def VALIDATE_INPUTS(cls, times):
         return True if times != 7 else "7 is an unlucky number of repetitions"
 
-    def repeat(self, text, times, mode, separator="", scale=1.0, prompt=None, unique_id=None,
-               extra_pnginfo=None, dynprompt=None):
+    def repeat(
+        self,
+        text,
+        times,
+        mode,
+        separator="",
+        scale=1.0,
+        prompt=None,
+        unique_id=None,
+        extra_pnginfo=None,
+        dynprompt=None,
+    ):
         self.last_hidden = {"prompt": prompt, "unique_id": unique_id, "extra_pnginfo": extra_pnginfo}
         parts = [f"{i + 1}:{text}" if mode == "numbered" else text for i in range(times)]
         out = separator.join(parts)
@@ -88,8 +100,14 @@ class RandomTag:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF,
-                                              "control_after_generate": True})}}
+        return {
+            "required": {
+                "seed": (
+                    "INT",
+                    {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True},
+                )
+            }
+        }
 
     def tag(self, seed):
         return (f"tag-{seed % 97}",)

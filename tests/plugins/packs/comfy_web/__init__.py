@@ -27,7 +27,12 @@ class ColorNote:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"text": ("STRING", {"default": "hello"}), "color": ("STRING", {"default": "#ff0000"})}}
+        return {
+            "required": {
+                "text": ("STRING", {"default": "hello"}),
+                "color": ("STRING", {"default": "#ff0000"}),
+            }
+        }
 
     def note(self, text, color):
         return {"ui": {"text": [f"{text} in {color}"]}}
