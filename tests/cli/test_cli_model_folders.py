@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import main
+from engine.cli_args import apply_base_directory
 from tests.conftest import DemoFiles
 
 pytestmark = pytest.mark.slow
@@ -206,7 +207,7 @@ def test_base_directory_moves_every_folder_left_at_its_default(tmp_path: Path) -
     args = main.make_parser().parse_args(
         ["serve", "--base-directory", str(tmp_path / "b"), "--output-dir", str(tmp_path / "mine")]
     )
-    main.apply_base_directory(args)
+    apply_base_directory(args)
     base = tmp_path / "b"
     assert (args.models_dir, args.input_dir, args.temp_dir, args.user_dir) == (
         base / "models",
