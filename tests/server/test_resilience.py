@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from engine.jobs import WORKER_DIED_MESSAGE, LocalJobQueue
+from engine.job_worker import WORKER_DIED_MESSAGE
+from engine.jobs import LocalJobQueue
 from engine.jobstore import JobStore, StorageError
 from engine.jobtypes import JobSpec
 from engine.server.app import ServerParts, create_app
