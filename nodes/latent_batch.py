@@ -523,9 +523,11 @@ LATENT_BATCH_NODES: list[type[Node]] = [
 
 def register_everyday(registry: NodeRegistry, input_dir: Path | None) -> None:
     """Register the latent and text nodes of ComfyUI's everyday set and LoadLatent's file choices."""
+    from nodes.latent_operations import LATENT_OPERATION_NODES
     from nodes.latent_ops import LATENT_OPS_NODES
     from nodes.text_ops import text_node_defs
 
-    registry.register_all([*LATENT_OPS_NODES, *LATENT_BATCH_NODES, *text_node_defs()], origin="core")
+    everyday = [*LATENT_OPS_NODES, *LATENT_OPERATION_NODES, *LATENT_BATCH_NODES, *text_node_defs()]
+    registry.register_all(everyday, origin="core")
     if input_dir is not None:
         registry.add_options_source("input_latents", lambda: list_input_latents(Path(input_dir)))

@@ -11,6 +11,7 @@ import torch
 
 from engine.context import Folders, NodeContext
 from nodes import latent_batch as lb
+from nodes import latent_operations as lops
 from nodes import latent_ops as lo
 from nodes.latent import LatentError
 
@@ -179,19 +180,19 @@ def test_rotate_flip_crop(ctx: NodeContext) -> None:
 def test_latent_operations(ctx: NodeContext) -> None:
     torch.manual_seed(0)
     a = {"samples": torch.randn(2, 4, 16, 16)}
-    tonemap = run(lo.LatentOperationTonemapReinhard, ctx, multiplier=1.0)
-    out = run(lo.LatentApplyOperation, ctx, samples=a, operation=tonemap)["samples"]
+    tonemap = run(lops.LatentOperationTonemapReinhard, ctx, multiplier=1.0)
+    out = run(lops.LatentApplyOperation, ctx, samples=a, operation=tonemap)["samples"]
     before, after = torch.linalg.vector_norm(a["samples"], dim=1), torch.linalg.vector_norm(out, dim=1)
     assert (after < before).all()  # magnitudes compressed, directions kept
     assert torch.allclose(out / after[:, None], a["samples"] / before[:, None], atol=1e-5)
-    sharpen = run(lo.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=0.0)
+    sharpen = run(lops.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=0.0)
     assert torch.allclose(
-        run(lo.LatentApplyOperation, ctx, samples=a, operation=sharpen)["samples"], a["samples"], atol=1e-5
+        run(lops.LatentApplyOperation, ctx, samples=a, operation=sharpen)["samples"], a["samples"], atol=1e-5
     )  # alpha 0 is the identity
-    strong = run(lo.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=1.0)
+    strong = run(lops.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=1.0)
     assert strong(latent=a["samples"]).shape == a["samples"].shape
     with pytest.raises(LatentError, match="operation"):
-        run(lo.LatentApplyOperation, ctx, samples=a, operation="x")
+        run(lops.LatentApplyOperation, ctx, samples=a, operation="x")
 
 
 # --- batches ----------------------------------------------------------------------------------
