@@ -95,7 +95,9 @@ def register_core(
     )
     for group in groups:
         registry.register_all(group, origin="core")
-    register_everyday(registry, input_dir)  # nodes/latent_ops.py, latent_batch.py, text_ops.py
+    # the everyday latent and text nodes: nodes/latent_ops.py, latent_operations.py, latent_batch.py,
+    # latent_files.py (with LoadLatent's file choices) and text_ops.py
+    register_everyday(registry, input_dir)
     register_everyday_image(registry, output_dir)  # issue 17: image/mask nodes (nodes/image_nodes.py)
     if model_files is not None:
         register_model_options(registry, model_files)

@@ -1,17 +1,16 @@
-"""ComfyUI's everyday latent nodes: arithmetic, compositing, transforms and latent operations.
+"""ComfyUI's everyday latent nodes: arithmetic, compositing and transforms.
 
 Every node keeps ComfyUI's LATENT conventions (see :mod:`nodes.latent`): the output is a shallow
 copy of the first latent with new ``samples``, so ``noise_mask``, ``batch_index`` and Loom's
 ``latent_space`` tag travel on unchanged unless the node's meaning changes them. Batch rules are
 ComfyUI's: a second latent of another size is resized (bilinear, centre crop) to the first one's
-size and repeated or cut to its batch size. Batch nodes and ``.latent`` files are in
-:mod:`nodes.latent_batch`.
+size and repeated or cut to its batch size. Batch nodes are in :mod:`nodes.latent_batch`,
+``.latent`` files in :mod:`nodes.latent_files` and latent operations in :mod:`nodes.latent_operations`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,9 +20,6 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, INT, LATENT, MASK, Input, NodeSchema, Output
 from nodes.latent import MAX_RESOLUTION, LatentError
-
-LATENT_OPERATION = "LATENT_OPERATION"
-LatentOperation = Callable[..., torch.Tensor]
 
 
 # --- shared helpers ---------------------------------------------------------------------------
@@ -451,122 +447,6 @@ class LatentCrop(Node):
         return (with_samples(samples, s[:, :, y : y + height // 8, x : x + width // 8]),)
 
 
-# --- latent operations ------------------------------------------------------------------------
-class LatentApplyOperation(Node):
-    SCHEMA = NodeSchema(
-        node_id="LatentApplyOperation",
-        display_name="LatentApplyOperation",
-        category="latent/advanced/operations",
-        description="Apply a latent operation (LatentOperationSharpen, LatentOperationTonemapReinhard) to a latent.",
-        inputs=(_in("samples"), Input("operation", LATENT_OPERATION, "The operation.")),
-        outputs=_OUT,
-        experimental=True,
-    )
-
-    def run(self, ctx: NodeContext, *, samples: dict, operation: LatentOperation) -> tuple[dict]:
-        if not callable(operation):
-            raise LatentError("operation: expected a LATENT_OPERATION from a LatentOperation* node")
-        return (with_samples(samples, operation(latent=samples_of(samples, "samples"))),)
-
-
-class LatentOperationTonemapReinhard(Node):
-    SCHEMA = NodeSchema(
-        node_id="LatentOperationTonemapReinhard",
-        display_name="LatentOperationTonemapReinhard",
-        category="latent/advanced/operations",
-        description="Reinhard tone mapping of the per-pixel latent magnitude (mean + 5 std is the white point).",
-        inputs=(
-            Input("multiplier", FLOAT, "Scales the white point.", default=1.0, min=0.0, max=100.0, step=0.01),
-        ),
-        outputs=(Output("LATENT_OPERATION", LATENT_OPERATION, "The operation."),),
-        experimental=True,
-    )
-
-    def run(self, ctx: NodeContext, *, multiplier: float) -> tuple[LatentOperation]:
-        def tonemap(latent: torch.Tensor, **_: Any) -> torch.Tensor:
-            magnitude = (torch.linalg.vector_norm(latent, dim=1) + 1e-10)[:, None]
-            direction = latent / magnitude
-            dims = list(range(1, magnitude.ndim))
-            white = (
-                torch.std(magnitude, dim=dims, keepdim=True) * 5
-                + torch.mean(magnitude, dim=dims, keepdim=True)
-            ) * multiplier
-            scaled = magnitude / white
-            return direction * (scaled / (scaled + 1.0)) * white
-
-        return (tonemap,)
-
-
-def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
-    """A normalised 2-D Gaussian on a ``size`` x ``size`` grid spanning -1..1."""
-    axis = torch.linspace(-1, 1, size)
-    yy, xx = torch.meshgrid(axis, axis, indexing="ij")
-    g = torch.exp(-(xx * xx + yy * yy) / (2.0 * sigma * sigma))
-    return g / g.sum()
-
-
-class LatentOperationSharpen(Node):
-    SCHEMA = NodeSchema(
-        node_id="LatentOperationSharpen",
-        display_name="LatentOperationSharpen",
-        category="latent/advanced/operations",
-        description="Unsharp-mask the direction of each latent pixel (its magnitude is kept).",
-        inputs=(
-            Input(
-                "sharpen_radius",
-                INT,
-                "Kernel radius.",
-                default=9,
-                min=1,
-                max=31,
-                step=1,
-                extra={"advanced": True},
-            ),
-            Input(
-                "sigma",
-                FLOAT,
-                "Gaussian width.",
-                default=1.0,
-                min=0.1,
-                max=10.0,
-                step=0.1,
-                extra={"advanced": True},
-            ),
-            Input(
-                "alpha",
-                FLOAT,
-                "Strength.",
-                default=0.1,
-                min=0.0,
-                max=5.0,
-                step=0.01,
-                extra={"advanced": True},
-            ),
-        ),
-        outputs=(Output("LATENT_OPERATION", LATENT_OPERATION, "The operation."),),
-        experimental=True,
-    )
-
-    def run(
-        self, ctx: NodeContext, *, sharpen_radius: int, sigma: float, alpha: float
-    ) -> tuple[LatentOperation]:
-        r = sharpen_radius
-
-        def sharpen(latent: torch.Tensor, **_: Any) -> torch.Tensor:
-            magnitude = (torch.linalg.vector_norm(latent, dim=1) + 1e-6)[:, None]
-            direction = latent / magnitude
-            channels = latent.shape[1]
-            size = 2 * r + 1
-            kernel = gaussian_kernel(size, sigma).to(latent) * (alpha * -10)
-            kernel[r, r] = kernel[r, r] - kernel.sum() + 1.0
-            padded = F.pad(direction, (r, r, r, r), mode="reflect")
-            weight = kernel.repeat(channels, 1, 1).unsqueeze(1)
-            out = F.conv2d(padded, weight, padding=size // 2, groups=channels)[:, :, r:-r, r:-r]
-            return magnitude * out
-
-        return (sharpen,)
-
-
 LATENT_OPS_NODES: list[type[Node]] = [
     LatentAdd,
     LatentSubtract,
@@ -578,7 +458,4 @@ LATENT_OPS_NODES: list[type[Node]] = [
     LatentRotate,
     LatentFlip,
     LatentCrop,
-    LatentApplyOperation,
-    LatentOperationTonemapReinhard,
-    LatentOperationSharpen,
 ]

@@ -1,4 +1,4 @@
-"""The everyday latent nodes (nodes/latent_ops.py, nodes/latent_batch.py) on small tensors:
+"""The everyday latent nodes (nodes/latent_ops.py, latent_operations.py, latent_batch.py, latent_files.py):
 ComfyUI's documented behaviour, batch_index / noise_mask bookkeeping, and clear errors."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import torch
 
 from engine.context import Folders, NodeContext
 from nodes import latent_batch as lb
+from nodes import latent_files as lf
+from nodes import latent_operations as lops
 from nodes import latent_ops as lo
 from nodes.latent import LatentError
 
@@ -179,19 +181,19 @@ def test_rotate_flip_crop(ctx: NodeContext) -> None:
 def test_latent_operations(ctx: NodeContext) -> None:
     torch.manual_seed(0)
     a = {"samples": torch.randn(2, 4, 16, 16)}
-    tonemap = run(lo.LatentOperationTonemapReinhard, ctx, multiplier=1.0)
-    out = run(lo.LatentApplyOperation, ctx, samples=a, operation=tonemap)["samples"]
+    tonemap = run(lops.LatentOperationTonemapReinhard, ctx, multiplier=1.0)
+    out = run(lops.LatentApplyOperation, ctx, samples=a, operation=tonemap)["samples"]
     before, after = torch.linalg.vector_norm(a["samples"], dim=1), torch.linalg.vector_norm(out, dim=1)
     assert (after < before).all()  # magnitudes compressed, directions kept
     assert torch.allclose(out / after[:, None], a["samples"] / before[:, None], atol=1e-5)
-    sharpen = run(lo.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=0.0)
+    sharpen = run(lops.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=0.0)
     assert torch.allclose(
-        run(lo.LatentApplyOperation, ctx, samples=a, operation=sharpen)["samples"], a["samples"], atol=1e-5
+        run(lops.LatentApplyOperation, ctx, samples=a, operation=sharpen)["samples"], a["samples"], atol=1e-5
     )  # alpha 0 is the identity
-    strong = run(lo.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=1.0)
+    strong = run(lops.LatentOperationSharpen, ctx, sharpen_radius=2, sigma=1.0, alpha=1.0)
     assert strong(latent=a["samples"]).shape == a["samples"].shape
     with pytest.raises(LatentError, match="operation"):
-        run(lo.LatentApplyOperation, ctx, samples=a, operation="x")
+        run(lops.LatentApplyOperation, ctx, samples=a, operation="x")
 
 
 # --- batches ----------------------------------------------------------------------------------
@@ -302,7 +304,7 @@ def test_save_and_load_latent_round_trip_in_comfyui_layout(ctx: NodeContext) -> 
 
     a = lat(2)
     ui = (
-        lb.SaveLatent()
+        lf.SaveLatent()
         .run(
             ctx,
             samples=a,
@@ -318,13 +320,13 @@ def test_save_and_load_latent_round_trip_in_comfyui_layout(ctx: NodeContext) -> 
     with safe_open(str(path), "pt") as f:
         assert set(f.keys()) == {"latent_tensor", "latent_format_version_0"}
         assert f.metadata() == {"prompt": '{"1": {}}', "workflow": '{"nodes": []}'}
-    second = lb.SaveLatent().run(ctx, samples=a, filename_prefix="latents/fox").ui
+    second = lf.SaveLatent().run(ctx, samples=a, filename_prefix="latents/fox").ui
     assert second["latents"][0]["filename"] == "fox_00002_.latent"
     with safe_open(str(path.with_name("fox_00002_.latent")), "pt") as f:
         assert f.metadata() == {"prompt": ""}  # as ComfyUI writes it without a prompt
     (ctx.folders.input_dir / "fox.latent").write_bytes(path.read_bytes())
-    assert lb.list_input_latents(ctx.folders.input_dir) == ["fox.latent"]
-    assert torch.equal(run(lb.LoadLatent, ctx, latent="fox.latent")["samples"], a["samples"])
+    assert lf.list_input_latents(ctx.folders.input_dir) == ["fox.latent"]
+    assert torch.equal(run(lf.LoadLatent, ctx, latent="fox.latent")["samples"], a["samples"])
 
 
 def test_load_latent_lists_input_files(tmp_path: Path) -> None:
@@ -343,17 +345,17 @@ def test_legacy_latent_without_marker_is_rescaled(ctx: NodeContext) -> None:
     from safetensors.torch import save_file
 
     save_file({"latent_tensor": torch.ones(1, 4, 2, 2)}, str(ctx.folders.input_dir / "old.latent"))
-    assert torch.allclose(run(lb.LoadLatent, ctx, latent="old.latent")["samples"], torch.tensor(1 / 0.18215))
+    assert torch.allclose(run(lf.LoadLatent, ctx, latent="old.latent")["samples"], torch.tensor(1 / 0.18215))
 
 
 def test_load_latent_errors_name_the_input(ctx: NodeContext) -> None:
     with pytest.raises(LatentError, match="not found in the input folder"):
-        run(lb.LoadLatent, ctx, latent="missing.latent")
+        run(lf.LoadLatent, ctx, latent="missing.latent")
     with pytest.raises(LatentError, match="outside the input folder"):
-        run(lb.LoadLatent, ctx, latent="../x.latent")
+        run(lf.LoadLatent, ctx, latent="../x.latent")
     (ctx.folders.input_dir / "junk.latent").write_bytes(b"not safetensors")
     with pytest.raises(LatentError, match="latent: junk.latent is not"):
-        run(lb.LoadLatent, ctx, latent="junk.latent")
+        run(lf.LoadLatent, ctx, latent="junk.latent")
 
 
 @pytest.mark.skipif(not REFERENCE.is_dir(), reason="ComfyUI reference outputs not present")
@@ -364,6 +366,6 @@ def test_comfyui_reference_latents_load(ctx: NodeContext) -> None:
     assert files
     for path in files:
         (ctx.folders.input_dir / path.name).write_bytes(path.read_bytes())
-        loaded = run(lb.LoadLatent, ctx, latent=path.name)["samples"]
+        loaded = run(lf.LoadLatent, ctx, latent=path.name)["samples"]
         assert torch.equal(loaded, load_file(str(path))["latent_tensor"].float())
         assert loaded.ndim == 4 and loaded.shape[1] == 4
