@@ -10,12 +10,14 @@ Faults. A job stays ``pending`` in the store until its record is in the history,
 stops or crashes re-runs its unfinished jobs when it starts again (jobs a single-process server
 left ``running`` are re-queued too). A worker that dies mid-job (:class:`WorkerLost`) leaves no
 files behind; the job keeps its place in the queue and runs again with ``attempt + 1`` and subscribers get
-an :class:`ExecutionRetry` event. Every event notice is an :class:`AttemptEvent` (a
-:class:`~engine.jobs.JobEvent` carrying the attempt and the worker).
+an :class:`~engine.distributed.attempt.ExecutionRetry` event. Every event notice is an
+:class:`~engine.distributed.attempt.AttemptEvent` (a :class:`~engine.jobs.JobEvent` carrying the
+attempt and the worker).
 
 Outputs reach the server when the attempt ends, so ``executed`` events that name files, and the
 closing events, are held back until the files are stored under their final names; progress,
-previews and ``executing`` events stream live.
+previews and ``executing`` events stream live (each attempt's state and what it holds back:
+:class:`~engine.distributed.attempt.Flight`).
 """
 
 from __future__ import annotations
@@ -24,20 +26,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from engine import events as ev
 from engine.context import Folders
+from engine.distributed.attempt import AttemptEvent, ExecutionRetry, Flight
 from engine.distributed.outputs import OutputStore
 from engine.distributed.router import Router, Ticket
 from engine.distributed.worker import JobOutcome, JobTask, WorkerEvent, WorkerLost
 from engine.events import Listeners
 from engine.executor import RunResult, Status
 from engine.jobs import (
-    JobEvent,
     JobFinished,
-    JobProgress,
     JobRecord,
     JobSpec,
     JobStore,
@@ -49,30 +50,7 @@ from engine.jobs import (
 
 log = logging.getLogger("loom.distributed.queue")
 
-_STATUS_MESSAGES = frozenset(
-    {"execution_start", "execution_cached", "execution_success", "execution_error", "execution_interrupted"}
-)
-_CLOSING = (ev.ExecutionSuccess, ev.ExecutionError, ev.ExecutionInterrupted)
 ModelOf = Callable[[dict[str, Any]], str | None]
-
-
-@dataclass(frozen=True)
-class ExecutionRetry(ev.Event):
-    """A job's worker died; the job runs again (``attempt`` is the new attempt's number)."""
-
-    type: ClassVar[str] = "execution_retry"
-    attempt: int = 2
-    previous_worker: str = ""
-    reason: str = ""
-    timestamp: int = field(default_factory=lambda: int(time.time() * 1000))
-
-
-@dataclass(frozen=True)
-class AttemptEvent(JobEvent):
-    """A job event with the attempt that produced it and the worker it ran on."""
-
-    attempt: int = 1
-    worker_id: str = ""
 
 
 class WorkerPool(Protocol):
@@ -82,21 +60,6 @@ class WorkerPool(Protocol):
     def run(self, name: str, task: JobTask) -> Any: ...
     def tell(self, name: str, method: str, *args: Any) -> None: ...
     def forget(self, name: str) -> None: ...
-
-
-@dataclass
-class _Flight:
-    """A job out on a worker."""
-
-    spec: JobSpec
-    worker_id: str
-    attempt: int
-    started_at: float = field(default_factory=time.time)
-    progress: JobProgress = field(default_factory=JobProgress)
-    messages: list[list[Any]] = field(default_factory=list)
-    held: list[ev.Event] = field(default_factory=list)
-    began: bool = False  # the worker reported execution_start
-    cancel: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,7 +98,7 @@ class RayJobQueue:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._listeners: Listeners[Notice] = Listeners(isolate=True, what="job queue listener")
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[str, Flight] = {}
         self._attempts: dict[str, int] = {}  # next attempt number of jobs that lost a worker
         self._started_losses: dict[str, int] = {}
         self._model_names: dict[str, str | None] = {}  # prompt id -> the model its workflow loads (routing)
@@ -354,7 +317,7 @@ class RayJobQueue:
             for assignment in self.router.plan(tickets):
                 spec = by_id[assignment.job_id]
                 attempt = self._attempts.get(spec.prompt_id, 1)
-                flight = _Flight(spec, assignment.worker_id, attempt)
+                flight = Flight(spec, assignment.worker_id, attempt)
                 self._flights[spec.prompt_id] = flight
                 flights.append(flight)
                 log.info(
@@ -385,19 +348,11 @@ class RayJobQueue:
         return self._model_names[spec.prompt_id]
 
     # --- one attempt -------------------------------------------------------------------------------
-    def _drive(self, flight: _Flight) -> None:
+    def _drive(self, flight: Flight) -> None:
         spec = flight.spec
-        task = JobTask(
-            spec.prompt_id,
-            spec.prompt,
-            flight.attempt,
-            outputs=list(spec.outputs) or None,
-            extra_pnginfo=spec.extra_data.get("extra_pnginfo") or None,
-            client_id=spec.client_id,
-        )
         outcome: JobOutcome | None = None
         try:
-            for item in self.pool.run(flight.worker_id, task):  # to its end: the worker is idle then
+            for item in self.pool.run(flight.worker_id, flight.task()):  # to its end: the worker is idle then
                 if isinstance(item, WorkerEvent):
                     self._on_event(flight, item.event)
                 elif isinstance(item, JobOutcome):
@@ -421,24 +376,13 @@ class RayJobQueue:
             self._drivers.discard(threading.current_thread())
             self._wake.set()
 
-    def _on_event(self, flight: _Flight, event: ev.Event) -> None:
+    def _on_event(self, flight: Flight, event: ev.Event) -> None:
         with self._lock:
-            if isinstance(event, ev.ExecutionStart):
-                flight.began = True
-            flight.progress = flight.progress.after(event)
-            if event.type in _STATUS_MESSAGES:
-                flight.messages.append([event.type, event.data()])
-            hold = (
-                bool(flight.held)
-                or isinstance(event, _CLOSING)
-                or (isinstance(event, ev.Executed) and _names_files(event.output))
-            )
-            if hold or (isinstance(event, ev.Executing) and event.node is None and flight.held):
-                flight.held.append(event)
-                return
+            if flight.observe(event):
+                return  # published when the attempt's files are stored
         self._notify(AttemptEvent(flight.spec, event, flight.attempt, flight.worker_id))
 
-    def _complete(self, flight: _Flight, outcome: JobOutcome) -> None:
+    def _complete(self, flight: Flight, outcome: JobOutcome) -> None:
         if self._stopping.is_set() and outcome.result.status == "interrupted":
             with self._lock:
                 self._flights.pop(flight.spec.prompt_id, None)
@@ -457,26 +401,16 @@ class RayJobQueue:
                 self.router.finished(flight.worker_id, run_s=outcome.run_s, load_s=outcome.load_s)
             return
         result.outputs = outputs
-        for event in flight.held:  # now the files exist under their final names
-            if isinstance(event, ev.Executed) and event.node in outputs:
-                event = ev.Executed(event.prompt_id, node=event.node, output=outputs[event.node])
+        for event in flight.release(outputs):  # now the files exist under their final names
             self._notify(AttemptEvent(flight.spec, event, flight.attempt, flight.worker_id))
         with self._lock:
-            flight.messages = [
-                [m[0], {**m[1], "output": outputs[m[1]["node"]]}]
-                if m[0] == "executed" and m[1].get("node") in outputs
-                else m
-                for m in flight.messages
-            ]
+            flight.use_outputs(outputs)
             self.router.finished(flight.worker_id, run_s=outcome.run_s, load_s=outcome.load_s)
         self._record(flight, result)
 
-    def _record(self, flight: _Flight, result: RunResult) -> None:
+    def _record(self, flight: Flight, result: RunResult) -> None:
         spec = flight.spec
-        messages = list(flight.messages)
-        if result.status == "invalid" and not any(m[0] == "execution_error" for m in messages):
-            messages.append(["execution_error", {"prompt_id": spec.prompt_id, **(result.error or {})}])
-        record = JobRecord.from_result(spec, result, messages, flight.started_at)
+        record = JobRecord.from_result(spec, result, flight.record_messages(result), flight.started_at)
         with self._finished:
             self.store.finish(record)
             self._flights.pop(spec.prompt_id, None)
@@ -487,7 +421,7 @@ class RayJobQueue:
         self._notify(JobFinished(record))
         self._notify(QueueChanged(self.remaining()))
 
-    def _lost(self, flight: _Flight, reason: str) -> None:
+    def _lost(self, flight: Flight, reason: str) -> None:
         """The worker died mid-attempt: forget it and queue the job again (or give up on it)."""
         spec = flight.spec
         self.pool.forget(flight.worker_id)
@@ -519,12 +453,3 @@ class RayJobQueue:
 
     def _notify(self, notice: Notice) -> None:
         self._listeners.notify(notice)
-
-
-def _names_files(output: dict[str, Any]) -> bool:
-    return any(
-        isinstance(item, dict) and "filename" in item
-        for items in output.values()
-        if isinstance(items, list)
-        for item in items
-    )

@@ -14,8 +14,9 @@ import pytest
 
 from engine import events as ev
 from engine.context import Folders
+from engine.distributed.attempt import AttemptEvent, ExecutionRetry
 from engine.distributed.outputs import OutputStore
-from engine.distributed.ray_queue import AttemptEvent, ExecutionRetry, QueueSettings, RayJobQueue
+from engine.distributed.ray_queue import QueueSettings, RayJobQueue
 from engine.distributed.router import first_model_finder
 from engine.distributed.worker import (
     JobOutcome,

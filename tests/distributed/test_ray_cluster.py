@@ -18,8 +18,9 @@ ray = pytest.importorskip("ray")
 
 from engine import events as ev  # noqa: E402
 from engine.context import Folders  # noqa: E402
+from engine.distributed.attempt import AttemptEvent, ExecutionRetry  # noqa: E402
 from engine.distributed.pool import ActorResources, RayWorkerPool  # noqa: E402
-from engine.distributed.ray_queue import AttemptEvent, ExecutionRetry, QueueSettings, RayJobQueue  # noqa: E402
+from engine.distributed.ray_queue import QueueSettings, RayJobQueue  # noqa: E402
 from engine.distributed.router import first_model_finder  # noqa: E402
 from engine.distributed.worker import WorkerConfig  # noqa: E402
 from engine.executor import RunRequest  # noqa: E402

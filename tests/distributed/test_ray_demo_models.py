@@ -18,9 +18,10 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
+from engine.distributed.attempt import AttemptEvent  # noqa: E402
 from engine.distributed.cli import worker_config  # noqa: E402
 from engine.distributed.pool import ActorResources, RayWorkerPool  # noqa: E402
-from engine.distributed.ray_queue import AttemptEvent, QueueSettings, RayJobQueue  # noqa: E402
+from engine.distributed.ray_queue import QueueSettings, RayJobQueue  # noqa: E402
 from engine.distributed.router import Router, first_model_finder  # noqa: E402
 from engine.executor import RunRequest  # noqa: E402
 from engine.jobs import JobSpec, JobStore  # noqa: E402
