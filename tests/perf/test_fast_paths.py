@@ -172,7 +172,13 @@ def test_half_precision_unet_is_opt_in_and_close_to_fp32(perf_models: Path, tmp_
     half = BenchRuntime(perf_models, tmp_path / "bf16", policy=precision.apply(DevicePolicy.cpu(), flags))
     prompt = txt2img(CKPT, steps=4, size=128, seed=3)
     reference, bf16 = plain.image(plain.run(prompt)), half.image(half.run(prompt))
-    assert _unet_dtypes(plain) == {"torch.float32"} and _unet_dtypes(half) == {"torch.bfloat16"}
+    assert (
+        plain.models.policy.dtype_for("unet") == "float32"
+        and half.models.policy.dtype_for("unet") == "bfloat16"
+    )
+    # after the decode the UNet waits in the RAM tier: the fp32 one back in its file's fp16, the
+    # bf16 one as it is (no narrower)
+    assert _unet_dtypes(plain) == {"torch.float16"} and _unet_dtypes(half) == {"torch.bfloat16"}
     assert 0.0 < image_difference(reference, bf16) < 0.05
     plain.close()
     half.close()
