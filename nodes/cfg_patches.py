@@ -171,9 +171,9 @@ class APG(Node):
             Input(
                 "momentum",
                 FLOAT,
-                "Running average of the guidance (0: off).",
+                "Running average of the guidance (0: off; negative pushes away from earlier steps).",
                 default=0.0,
-                min=0.0,
+                min=-5.0,
                 max=1.0,
                 step=0.01,
             ),

@@ -77,7 +77,7 @@ def apg(eta: float, norm_threshold: float, momentum: float) -> SamplingHooks:
             state["avg"] = None
         state["sigma"] = sigma
         guidance = cond - uncond
-        if momentum > 0:
+        if momentum != 0:  # negative momentum too (ComfyUI #8100; the paper's suggestion)
             state["avg"] = guidance if state["avg"] is None else momentum * state["avg"] + guidance
             guidance = state["avg"]
         if norm_threshold > 0:

@@ -89,7 +89,7 @@ SCHEMAS: list[tuple[type[Node], str, list[tuple[Any, ...]], str]] = [
         [
             ("eta", "FLOAT", 1.0, -10.0, 10.0, 0.01),
             ("norm_threshold", "FLOAT", 5.0, 0.0, 50.0, 0.1),
-            ("momentum", "FLOAT", 0.0, 0.0, 1.0, 0.01),
+            ("momentum", "FLOAT", 0.0, -5.0, 1.0, 0.01),  # negative allowed since ComfyUI #8100
         ],
         "MODEL",
     ),
@@ -259,8 +259,10 @@ def test_apg_eta_one_without_clipping_adds_the_guidance_once_more(preds: dict[st
     torch.testing.assert_close(out[0], c + (c - u) / 5.0)  # ComfyUI: uncond + g + g / cfg
 
 
-def test_apg_momentum_runs_an_average_that_restarts_when_sigma_rises(preds: dict[str, torch.Tensor]) -> None:
-    m = 0.6
+@pytest.mark.parametrize("m", [0.6, -0.5])
+def test_apg_momentum_runs_an_average_that_restarts_when_sigma_rises(
+    preds: dict[str, torch.Tensor], m: float
+) -> None:
     (pre,) = _hooks(cp.APG, eta=0.3, norm_threshold=0.0, momentum=m).pre_cfg
     steps = [(_t(20 + i), _t(30 + i), s) for i, s in enumerate([3.0, 2.0, 1.0, 4.0, 3.5])]
     avg: torch.Tensor | None = None
