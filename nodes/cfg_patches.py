@@ -255,9 +255,10 @@ class FreSca(Node):
             Input(
                 "scale_high", FLOAT, "Scale of high frequencies.", default=1.25, min=0.0, max=10.0, step=0.01
             ),
-            Input("freq_cutoff", INT, "Half-size of the low-frequency square.", default=20, min=1, max=100),
+            Input("freq_cutoff", INT, "Half-size of the low-frequency square.", default=20, min=1, max=10000),
         ),
         outputs=_patched(),
+        experimental=True,
     )
 
     def run(

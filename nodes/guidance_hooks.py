@@ -136,14 +136,18 @@ def mahiro() -> SamplingHooks:
 
 
 def fourier_filter(x: torch.Tensor, scale_low: float, scale_high: float, freq_cutoff: int) -> torch.Tensor:
-    """Scale the centred low-frequency square of ``x``'s 2-D spectrum by ``scale_low``, the rest by
-    ``scale_high``."""
+    """Scale ``x``'s 2-D spectrum (last two axes) by ``scale_low`` inside the centred low-frequency box
+    and by ``scale_high`` outside it. As ComfyUI, the box spans ``freq_cutoff`` indices either side of
+    the centre on every axis after batch and channel (on a video latent the frame axis too), clamped
+    to the axis length."""
     freq = torch.fft.fftshift(torch.fft.fftn(x.float(), dim=(-2, -1)), dim=(-2, -1))
-    h, w = freq.shape[-2:]
     mask = torch.full(freq.shape, scale_high, device=x.device)
-    mask[..., h // 2 - freq_cutoff : h // 2 + freq_cutoff, w // 2 - freq_cutoff : w // 2 + freq_cutoff] = (
-        scale_low
-    )
+    box = mask
+    for dim in range(2, freq.ndim):
+        centre = freq.shape[dim] // 2
+        half = min(freq_cutoff, centre)
+        box = box.narrow(dim, centre - half, 2 * half)
+    box.fill_(scale_low)  # a view into mask
     back = torch.fft.ifftshift(freq * mask, dim=(-2, -1))
     return torch.fft.ifftn(back, dim=(-2, -1)).real.to(x.dtype)
 

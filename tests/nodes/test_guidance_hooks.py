@@ -6,6 +6,7 @@ nodes_latent LatentApplyOperationCFG), and each node's schema has ComfyUI's inpu
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -102,7 +103,7 @@ SCHEMAS: list[tuple[type[Node], str, list[tuple[Any, ...]], str]] = [
         [
             ("scale_low", "FLOAT", 1.0, 0.0, 10.0, 0.01),
             ("scale_high", "FLOAT", 1.25, 0.0, 10.0, 0.01),
-            ("freq_cutoff", "INT", 20, 1, 100, None),
+            ("freq_cutoff", "INT", 20, 1, 10000, None),
         ],
         "MODEL",
     ),
@@ -358,19 +359,27 @@ def test_mahiro_weights_cfg_and_leap_by_signed_sqrt_similarity(preds: dict[str, 
 
 
 def _fresca_reference(g: torch.Tensor, low: float, high: float, cutoff: int) -> torch.Tensor:
-    """Scale the 2-D spectrum: frequencies within ``cutoff`` of the centre (after centring the zero
-    frequency, i.e. index k sits at (k + n // 2) % n) by ``low``, the rest by ``high``."""
-    h, w = g.shape[-2:]
-    mask = torch.full((h, w), high, dtype=torch.float64)
-    for k in range(h):
-        for m in range(w):
-            row, col = (k + h // 2) % h, (m + w // 2) % w
-            if h // 2 - cutoff <= row < h // 2 + cutoff and w // 2 - cutoff <= col < w // 2 + cutoff:
-                mask[k, m] = low
+    """Scale the 2-D spectrum of the last two axes: inside the low-frequency box ``low``, outside
+    ``high``. Once the zero frequency is centred, index k of an axis of length n sits at
+    (k + n // 2) % n; the box keeps min(cutoff, n // 2) indices either side of n // 2 on every axis
+    after batch and channel (ComfyUI: the frame axis of a video latent too)."""
+    spatial = g.shape[2:]
+    mask = torch.full(spatial, high, dtype=torch.float64)
+    for index in itertools.product(*(range(n) for n in spatial)):
+        inside = True
+        for axis, (k, n) in enumerate(zip(index, spatial, strict=True)):
+            centre, half = n // 2, min(cutoff, n // 2)
+            place = (k + centre) % n if axis >= len(spatial) - 2 else k  # the frame axis is not shifted
+            inside = inside and centre - half <= place < centre + half
+        if inside:
+            mask[index] = low
     return torch.fft.ifft2(torch.fft.fft2(g) * mask).real
 
 
-@pytest.mark.parametrize(("low", "high", "cutoff"), [(1.0, 1.25, 1), (0.5, 2.0, 2), (0.3, 3.0, 20)])
+@pytest.mark.parametrize(
+    ("low", "high", "cutoff"),
+    [(1.0, 1.25, 1), (0.5, 2.0, 2), (0.4, 2.0, 4), (0.3, 3.0, 20)],  # 4: past the centre (3) of height 6
+)
 def test_fresca_scales_guidance_by_frequency(
     preds: dict[str, torch.Tensor], low: float, high: float, cutoff: int
 ) -> None:
@@ -379,6 +388,13 @@ def test_fresca_scales_guidance_by_frequency(
     out = pre(_pre_args(preds, [c, u]))
     assert len(out) == 2 and out[1] is u
     _close32(out[0], _fresca_reference(c - u, low, high, cutoff) + u)
+
+
+def test_fresca_box_spans_the_frames_of_a_video_latent(preds: dict[str, torch.Tensor]) -> None:
+    (pre,) = _hooks(cp.FreSca, scale_low=0.5, scale_high=2.0, freq_cutoff=1).pre_cfg
+    c, u = _t(40, (1, 2, 3, 6, 5)), _t(41, (1, 2, 3, 6, 5))  # 3 frames: the box holds frames 0 and 1
+    out = pre(_pre_args(preds, [c, u]))
+    _close32(out[0], _fresca_reference(c - u, 0.5, 2.0, 1) + u)
 
 
 def test_fresca_unit_scales_leave_the_positive(preds: dict[str, torch.Tensor]) -> None:
