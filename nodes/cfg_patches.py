@@ -221,6 +221,7 @@ class PerpNeg(Node):
             ),
         ),
         outputs=_patched(),
+        experimental=True,
         deprecated=True,
     )
 
@@ -237,6 +238,7 @@ class Mahiro(Node):
         "negative.",
         inputs=(_model_in(),),
         outputs=(Output("patched_model", MODEL, "The patched model."),),
+        experimental=True,
     )
 
     def run(self, ctx: NodeContext, *, model: Any) -> tuple[Any]:
@@ -338,6 +340,7 @@ class DifferentialDiffusion(Node):
             ),
         ),
         outputs=_patched(),
+        experimental=True,
     )
 
     def run(self, ctx: NodeContext, *, model: Any, strength: float = 1.0) -> tuple[Any]:

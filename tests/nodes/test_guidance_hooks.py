@@ -149,6 +149,12 @@ def test_schema_links_and_optional_inputs() -> None:
     assert cp.PerpNeg.SCHEMA.deprecated
 
 
+def test_experimental_flags_follow_comfyui() -> None:
+    flagged = {node.SCHEMA.node_id for node in cp.CFG_PATCH_NODES if node.SCHEMA.experimental}
+    want = {"CFGNorm", "PerpNeg", "Mahiro", "FreSca", "DifferentialDiffusion", "LatentApplyOperationCFG"}
+    assert flagged == want
+
+
 # -------------------------------------------------------------------------------------- RescaleCFG
 
 
