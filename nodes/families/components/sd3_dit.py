@@ -220,7 +220,8 @@ class SD3Transformer:
             )
         control = kwargs.pop("control", None)
         if control is not None:  # one residual per joint block, added after it (diffusers skips the last)
-            blocks = control.residuals(x_in, timestep, kwargs, (int(module.config.num_layers), 0)).blocks
+            inputs = {**kwargs, "patch_embed": module.pos_embed.proj}  # SD3.5 ControlNets embed with it
+            blocks = control.residuals(x_in, timestep, inputs, (int(module.config.num_layers), 0)).blocks
             if blocks is not None:
                 kwargs["block_controlnet_hidden_states"] = blocks
         skip: BlockSkip | None = options.get("block_skip")
