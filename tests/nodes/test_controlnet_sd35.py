@@ -9,10 +9,14 @@ sin-cos grid over positions 0..15, where diffusers' pipeline reuses the transfor
 position table; the two agree when that table's crop holds the same positions, so the parity
 transformer here gets such a table (rows and columns 14..17 of its 32×32 table at 0, 5, 10, 15).
 The depth ControlNet's pixel transform (``1 - x``) is given to diffusers as its control image.
+ComfyUI adds the ControlNet's share after every joint block, the last included, where diffusers'
+SD3 transformer skips the last block; the parity ControlNet's last output block is zeroed (its share
+goes to the model's last block only), and a second test shows the share diffusers drops reaches Loom's.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +72,19 @@ def sd35(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         table.copy_(_comfy_positions_table(table.shape[-1]))
     for name, tensors in sd3_files(modules).items():
         _save(root / name, tensors)
-    net = demo_sd35_controlnet()
+    full, net = demo_sd35_controlnet(), demo_sd35_controlnet()
+    with torch.no_grad():  # 2 outputs over 3 blocks: blocks 0, 1 get the first, the last block the second
+        net.controlnet_blocks[-1].weight.zero_()
+        net.controlnet_blocks[-1].bias.zero_()
     return {
         "root": root,
         "modules": modules,
         "net": net,
+        "full": full,
         "cn": _save(root / "cn" / "sd3.5_large_controlnet_depth.safetensors", diffusers_to_sd35(net, 2)),
+        "cn_full": _save(
+            root / "full" / "sd3.5_large_controlnet_depth.safetensors", diffusers_to_sd35(full, 2)
+        ),
     }
 
 
@@ -103,10 +114,12 @@ def _run(ctx: Any, sd35: dict[str, Any], apply: Any) -> tuple[Any, Any, Any]:
     return model.latent_format.process_in(out["samples"]), pos, neg
 
 
-def _apply(ctx: Any, sd35: dict[str, Any], image: torch.Tensor, strength: float, start: float) -> Any:
+def _apply(
+    ctx: Any, sd35: dict[str, Any], image: torch.Tensor, strength: float, start: float, file: str = "cn"
+) -> Any:
     from nodes.demo_sd3 import DEMO_SD3_VAE
 
-    net, vae = open_controlnet(sd35["cn"]), open_vae(sd35["root"] / DEMO_SD3_VAE)
+    net, vae = open_controlnet(sd35[file]), open_vae(sd35["root"] / DEMO_SD3_VAE)
     return lambda pos, neg: ControlNetApplySD3().run(
         ctx,
         positive=pos,
@@ -138,20 +151,15 @@ def test_sd35_grid_is_comfyui_positions_over_0_to_15() -> None:
     assert grid.shape == (1, 8, 8) and torch.allclose(grid[0, -1], last, atol=1e-6)
 
 
-@pytest.mark.parametrize(("strength", "start"), [(0.9, 0.0), (1.4, 0.4)])
-def test_sd35_txt2img_matches_stable_diffusion_3_controlnet_pipeline(
-    sd35: dict[str, Any], make_ctx: Any, strength: float, start: float
-) -> None:
+def _pipeline(
+    sd35: dict[str, Any], net: Any, pos: Any, neg: Any, image: torch.Tensor, strength: float, start: float
+) -> torch.Tensor:
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3ControlNetPipeline
 
     from nodes.families.components.clip_text import load_tokenizer
     from nodes.families.components.t5_text import load_t5_tokenizer
     from tests.nodes.test_sd3_pipeline import clip_l_with_identity_projection
 
-    ctx = make_ctx()
-    image = torch.rand(1, SIZE, SIZE, 3, generator=torch.Generator().manual_seed(5))
-    mine, pos, neg = _run(ctx, sd35, _apply(ctx, sd35, image, strength, start))
-    plain, _, _ = _run(ctx, sd35, None)
     m = sd35["modules"]
     pipe: Any = StableDiffusion3ControlNetPipeline(
         transformer=m["unet"],
@@ -163,11 +171,11 @@ def test_sd35_txt2img_matches_stable_diffusion_3_controlnet_pipeline(
         tokenizer_2=load_tokenizer("clip_tokenizer_2"),
         text_encoder_3=m["t5xxl"],
         tokenizer_3=load_t5_tokenizer(),
-        controlnet=sd35["net"],
+        controlnet=copy.deepcopy(net),  # the pipeline gives it the transformer's patch embedding
     )
     pipe.set_progress_bar_config(disable=True)
     noise = prepare_noise(torch.zeros(1, 16, SIZE // 8, SIZE // 8), SEED)
-    ref = pipe(
+    return pipe(
         prompt_embeds=pos[0].embeds,
         pooled_prompt_embeds=pos[0].pooled,
         negative_prompt_embeds=neg[0].embeds,
@@ -183,8 +191,31 @@ def test_sd35_txt2img_matches_stable_diffusion_3_controlnet_pipeline(
         control_guidance_end=1.0,
         output_type="latent",
     ).images
+
+
+def _hint() -> torch.Tensor:
+    return torch.rand(1, SIZE, SIZE, 3, generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize(("strength", "start"), [(0.9, 0.0), (1.4, 0.4)])
+def test_sd35_txt2img_matches_stable_diffusion_3_controlnet_pipeline(
+    sd35: dict[str, Any], make_ctx: Any, strength: float, start: float
+) -> None:
+    ctx, image = make_ctx(), _hint()
+    mine, pos, neg = _run(ctx, sd35, _apply(ctx, sd35, image, strength, start))
+    plain, _, _ = _run(ctx, sd35, None)
+    ref = _pipeline(sd35, sd35["net"], pos, neg, image, strength, start)
     assert (mine - ref).abs().max() < 1e-4
     assert (mine - plain).abs().max() > 1e-3  # the ControlNet changed the result
+
+
+def test_sd35_last_block_gets_its_share_as_in_comfyui(sd35: dict[str, Any], make_ctx: Any) -> None:
+    ctx, image = make_ctx(), _hint()
+    zeroed, pos, neg = _run(ctx, sd35, _apply(ctx, sd35, image, 1.0, 0.0))
+    full, _, _ = _run(ctx, sd35, _apply(ctx, sd35, image, 1.0, 0.0, file="cn_full"))
+    dropped = _pipeline(sd35, sd35["full"], pos, neg, image, 1.0, 0.0)  # diffusers drops the last share
+    assert (dropped - zeroed).abs().max() < 1e-4
+    assert (full - zeroed).abs().max() > 1e-3
 
 
 def test_demo_writer_writes_the_sd35_controlnet_in_stabilitys_layout(tmp_path: Path) -> None:
