@@ -272,3 +272,14 @@ def test_bad_sd35_controlnet_inputs_are_refused_clearly(
                 vae=None,
             ),
         )
+
+
+def test_sd35_control_type_picks_comfyuis_pixel_transform(sd35: dict[str, Any], tmp_path: Path) -> None:
+    pixels = torch.tensor([0.0, 0.25, 1.0]).reshape(1, 1, 1, 3)
+    expected = {0: pixels, 1: pixels * 127.5 + 0.5, 2: 1 - pixels}  # blur, canny, depth
+    for kind, want in expected.items():
+        handle = open_controlnet(
+            _save(tmp_path / f"t{kind}.safetensors", diffusers_to_sd35(sd35["net"], kind))
+        )
+        assert isinstance(handle, DiTControlNetHandle)
+        assert torch.equal(handle.hint_pixels(pixels), want)
