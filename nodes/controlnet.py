@@ -149,7 +149,8 @@ def encode_hint(ctx: NodeContext, control: Control, fmt: Any, size: tuple[int, i
     with ctx.models.use(control.vae) as vae:
         ratio = downscale(vae)
         pixels = fit_hint(control.image, control.image.shape[0], (size[0] * ratio, size[1] * ratio))
-        latent = encode(vae, pixels.movedim(1, -1))
+        prepare = getattr(control.handle, "hint_pixels", None)  # a ControlNet's own pixel transform
+        latent = encode(vae, (prepare(pixels) if prepare else pixels).movedim(1, -1))
     if latent.shape[1] != fmt.channels:
         raise ConditioningError(
             f"ControlNet {file_label(control.handle.path)!r} ({control.handle.family}) takes {fmt.channels}-channel latents "

@@ -230,7 +230,8 @@ def open_control_model(path: Path, *, allow_pickle: bool = False, base: Any = No
     layout = dit_layout(shapes, path.name)
     if layout is not None:
         try:
-            config = dit_config(shapes, layout)
+            kind = load_tensors(index, "control_type", strip=False).get("control_type")
+            config = dit_config(shapes, layout, float(kind.reshape(-1)[0]) if kind is not None else None)
         except KeyError as e:
             raise ModelLoadError(
                 f"{path.name} looks like a {layout} ControlNet but has no {e.args[0]!r} tensor; the file "

@@ -10,6 +10,9 @@
   a ProMax-style union ControlNet (8 control types) for the SDXL demo, as xinsir publishes it
 - ``controlnet/loom_demo_controlnet_sd35_medium/diffusion_pytorch_model.safetensors`` (+ ``config.json``):
   an SD3 ControlNet (diffusers' ``SD3ControlNetModel``, as InstantX publishes theirs) for the SD3.5 demo
+- ``controlnet/loom_demo_sd3.5_controlnet_depth.safetensors``: an SD3.5 ControlNet in Stability AI's
+  single-file layout (as ``sd3.5_large_controlnet_depth.safetensors``: ``attn.qkv``, ``adaLN_modulation``,
+  ``control_type``) for the SD3.5 demo
 - ``controlnet/loom_demo_controlnet_flux_union.safetensors``: a Flux union ControlNet in the
   InstantX / Shakker-Labs single-file layout (diffusers names, ``controlnet_mode_embedder``) for the Flux demo
 - ``controlnet/loom_demo_controlnet_flux_xlabs.safetensors``: a Flux ControlNet in XLabs' layout
@@ -26,6 +29,7 @@ DEMO_ADAPTER_XL = "loom_demo_t2iadapter_sdxl"
 DEMO_DIFF = "loom_demo_controlnet_sd15_diff.safetensors"
 DEMO_UNION = "loom_demo_controlnet_union_sdxl"
 DEMO_SD3_CONTROLNET = "loom_demo_controlnet_sd35_medium"
+DEMO_SD35_CONTROLNET = "loom_demo_sd3.5_controlnet_depth.safetensors"
 DEMO_FLUX_CONTROLNET = "loom_demo_controlnet_flux_union.safetensors"
 DEMO_FLUX_XLABS = "loom_demo_controlnet_flux_xlabs.safetensors"
 
@@ -61,6 +65,33 @@ def demo_sd3_controlnet(seed: int = 11) -> Any:
             out_channels=16,
             pos_embed_max_size=32,
             qk_norm="rms_norm",
+        ),
+        seed,
+    )
+
+
+def demo_sd35_controlnet(seed: int = 17) -> Any:
+    """A two-block SD3.5-style ``SD3ControlNetModel`` (no position table, no text input: Stability's
+    SD3.5 Large ControlNets) sized for the SD3.5 demo transformer (``nodes.demo_sd3``)."""
+    from diffusers import SD3ControlNetModel
+
+    from nodes.demo_sd3 import CLIP_WIDTH
+
+    return _randomize(
+        SD3ControlNetModel(
+            patch_size=2,
+            in_channels=16,
+            num_layers=2,
+            attention_head_dim=32,
+            num_attention_heads=1,
+            joint_attention_dim=None,
+            caption_projection_dim=32,
+            pooled_projection_dim=2 * CLIP_WIDTH,
+            out_channels=16,
+            pos_embed_max_size=None,
+            pos_embed_type=None,
+            use_pos_embed=False,
+            force_zeros_for_pooled_projection=False,
         ),
         seed,
     )
@@ -216,14 +247,19 @@ def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
 
 
 def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
-    """Write the SD3 and Flux demo ControlNets (kept if present)."""
+    """Write the SD3, SD3.5 and Flux demo ControlNets (kept if present)."""
     folder = Path(models_dir) / "controlnet"
     sd3 = folder / DEMO_SD3_CONTROLNET / "diffusion_pytorch_model.safetensors"
     flux, xlabs = folder / DEMO_FLUX_CONTROLNET, folder / DEMO_FLUX_XLABS
+    sd35 = folder / DEMO_SD35_CONTROLNET
     if not sd3.is_file():
         demo_sd3_controlnet().save_pretrained(sd3.parent)
+    if not sd35.is_file():
+        from nodes.families.components.sd35_control import diffusers_to_sd35
+
+        write(sd35, {k: v.contiguous() for k, v in diffusers_to_sd35(demo_sd35_controlnet(), 2).items()})
     if not flux.is_file():
         write(flux, {k: v.contiguous() for k, v in demo_flux_controlnet().state_dict().items()})
     if not xlabs.is_file():
         write(xlabs, {k: v.contiguous() for k, v in xlabs_file(demo_flux_controlnet(13, xlabs=True)).items()})
-    return [sd3, flux, xlabs]
+    return [sd3, sd35, flux, xlabs]

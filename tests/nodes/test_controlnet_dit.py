@@ -490,13 +490,14 @@ def test_control_image_batch_is_cut_to_the_latent_batch_as_comfyui(
 def test_unrunnable_dit_controlnet_layouts_are_refused_by_name(tmp_path: Path) -> None:
     cases = {
         "mistoline.safetensors": ({"controlnet_blocks.0.linear.weight": torch.zeros(4, 4)}, "Mistoline"),
-        "sd35_canny.safetensors": (
+        "sd35_square_embedder.safetensors": (
             {
                 "controlnet_blocks.0.weight": torch.zeros(4, 4),
                 "pos_embed_input.proj.weight": torch.zeros(4, 16, 2, 2),
                 "transformer_blocks.0.adaLN_modulation.1.bias": torch.zeros(4),
+                "time_text_embed.text_embedder.linear_1.weight": torch.zeros(4, 4),
             },
-            "SD3.5",
+            "SD3.5 ControlNet with a square",
         ),
         "alimama_inpaint.safetensors": (
             {

@@ -22,8 +22,20 @@ them apart):
 The residuals are scaled by the strength and expanded to one tensor per block of the model the
 sampler runs (:class:`nodes.control_base.ControlResiduals` ``blocks`` / ``single``); the family's
 denoiser adds them after its blocks (``sd3_dit`` / ``flux_dit``). Refused with a message saying
-so: Stability's SD3.5 ControlNets (blur/canny/depth), Mistoline and inpainting (mask-taking)
-ControlNets.
+so: Mistoline and inpainting (mask-taking) ControlNets, and SD3.5 ControlNets whose pooled embedder
+is square (a layout no published file uses).
+
+- ``sd35``: Stability AI's SD3.5 Large ControlNets (``sd3.5_large_controlnet_{blur,canny,depth}``):
+  ``pos_embed_input.proj``, ``time_text_embed.*``, ``transformer_blocks.N`` in Stability's names
+  (``adaLN_modulation.1``, ``attn.qkv``, ``attn.proj``, ``mlp.fc1/2``), ``controlnet_blocks.N`` and a
+  scalar ``control_type`` (0 blur, 1 canny, 2 depth). Held in diffusers' ``SD3ControlNetModel``
+  with ``use_pos_embed=False`` (single-stream blocks, no text input). As ComfyUI runs them: the
+  latent is patch-embedded by the *model's* ``pos_embed.proj`` plus a fresh sin-cos table over the
+  patch grid (positions spread evenly over 0..15), the pooled text goes in unchanged, and the hint is
+  the VAE-encoded control image in the SD3 latent space *with* its shift, after a per-type pixel
+  transform (canny: ``x * 127.5 + 0.5``; depth: ``1 - x``; blur: none). Block outputs are stretched
+  over the joint blocks (``i // ceil(depth / k)``); diffusers' SD3 transformer adds nothing after its
+  last block, where ComfyUI adds that block's share too.
 """
 
 from __future__ import annotations
@@ -36,13 +48,14 @@ from typing import Any, ClassVar
 import torch
 
 from nodes.control_base import ControlResiduals, file_label, fit_hint
+from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
 from nodes.families.latent_format import LatentFormat
 from nodes.handles import WeightsHandle
 from nodes.hooks import ConditioningError
 from nodes.weights import ModelLoadError, load_tensors, read_index
 
-SD3, FLUX_INSTANTX, FLUX_XLABS = "sd3", "flux_instantx", "flux_xlabs"
-FAMILY = {SD3: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux"}
+SD3, SD35, FLUX_INSTANTX, FLUX_XLABS = "sd3", "sd35", "flux_instantx", "flux_xlabs"
+FAMILY = {SD3: "sd3", SD35: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux"}
 XLABS_HINT = ("conv_in", *(f"blocks.{i}" for i in range(6)), "conv_out")  # input_hint_block.0, 2, ..., 14
 
 
@@ -58,12 +71,14 @@ def dit_layout(shapes: Mapping[str, Sequence[int]], name: str) -> str | None:
     if "controlnet_blocks.0.weight" in shapes and "double_blocks.0.img_attn.norm.key_norm.scale" in shapes:
         layout = FLUX_XLABS
     elif "pos_embed_input.proj.weight" in shapes and "controlnet_blocks.0.weight" in shapes:
-        if "transformer_blocks.0.adaLN_modulation.1.bias" in shapes:
+        layout = SD35 if "transformer_blocks.0.adaLN_modulation.1.bias" in shapes else SD3
+        embedder = shapes.get("time_text_embed.text_embedder.linear_1.weight", (0, 0))
+        if layout == SD35 and embedder[0] == embedder[1]:
             raise ModelLoadError(
-                f"{name} is one of Stability AI's SD3.5 ControlNets (blur/canny/depth), which Loom "
-                "cannot run yet; use a diffusers-format SD3 ControlNet (e.g. InstantX's)"
+                f"{name} is an SD3.5 ControlNet with a square pooled-text embedder (a variant that feeds "
+                "every block the same input), which Loom cannot run; use one of Stability AI's SD3.5 "
+                "Large ControlNets (blur/canny/depth) or a diffusers-format SD3 ControlNet"
             )
-        layout = SD3
     elif "controlnet_x_embedder.weight" in shapes:
         layout = FLUX_INSTANTX
     if layout is not None and _hint_channels(shapes, layout) % 16 == 1:
@@ -75,7 +90,7 @@ def dit_layout(shapes: Mapping[str, Sequence[int]], name: str) -> str | None:
 
 
 def _hint_channels(shapes: Mapping[str, Sequence[int]], layout: str) -> int:
-    if layout == SD3:
+    if layout in (SD3, SD35):
         return int(shapes["pos_embed_input.proj.weight"][1])
     if layout == FLUX_INSTANTX:
         return int(shapes["controlnet_x_embedder.weight"][1]) // 4
@@ -86,9 +101,33 @@ def _count(shapes: Mapping[str, Any], prefix: str) -> int:
     return len({k[len(prefix) :].split(".")[0] for k in shapes if k.startswith(prefix)})
 
 
-def dit_config(shapes: Mapping[str, Sequence[int]], layout: str) -> dict[str, Any]:
-    """The diffusers config of a DiT ControlNet from the shapes of its tensors (as in the file)."""
+def dit_config(
+    shapes: Mapping[str, Sequence[int]], layout: str, control_type: float | None = None
+) -> dict[str, Any]:
+    """The diffusers config of a DiT ControlNet from the shapes of its tensors (as in the file);
+    ``control_type``: an SD3.5 file's ``control_type`` value (kept in the config as ``sd35_type``)."""
     from nodes.families.components.flux_dit import rope_axes
+
+    if layout == SD35:
+        inner, channels, patch, _ = (int(s) for s in shapes["pos_embed_input.proj.weight"])
+        head = 64 if inner % 64 == 0 else inner
+        kind = round(control_type) if control_type is not None else -1
+        return {
+            "patch_size": patch,
+            "in_channels": channels,
+            "out_channels": channels,
+            "num_layers": _count(shapes, "transformer_blocks."),
+            "attention_head_dim": head,
+            "num_attention_heads": inner // head,
+            "joint_attention_dim": None,
+            "caption_projection_dim": inner,
+            "pooled_projection_dim": int(shapes["time_text_embed.text_embedder.linear_1.weight"][1]),
+            "pos_embed_max_size": None,
+            "pos_embed_type": None,
+            "use_pos_embed": False,
+            "force_zeros_for_pooled_projection": False,
+            "sd35_type": SD35_TYPES.get(kind, "blur"),
+        }
 
     if layout == SD3:
         inner, channels, patch, _ = (int(s) for s in shapes["pos_embed.proj.weight"])
@@ -234,6 +273,10 @@ class DiTControlNetHandle(WeightsHandle):
     @property
     def latent_format(self) -> LatentFormat | None:
         """The model space of a VAE-encoded hint (None: the ControlNet takes pixels)."""
+        if self.layout == SD35:
+            from nodes.families.sd3 import SD3_LATENT
+
+            return SD3_LATENT
         if self.layout == SD3:
             from nodes.families.sd3 import SD3_LATENT
 
@@ -244,11 +287,21 @@ class DiTControlNetHandle(WeightsHandle):
             return FLUX_LATENT
         return None
 
+    def hint_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The control image (B, C, H, W in 0..1) as this ControlNet's VAE takes it (SD3.5's canny and
+        depth ControlNets: ComfyUI's per-type transform)."""
+        kind = self.config.get("sd35_type") if self.layout == SD35 else None
+        if kind == "canny":
+            return pixels * 127.5 + 0.5
+        if kind == "depth":
+            return 1.0 - pixels
+        return pixels
+
     def build(self) -> Any:
         from diffusers import FluxControlNetModel, SD3ControlNetModel
 
-        cfg = dict(self.config)
-        if self.layout == SD3:
+        cfg = {k: v for k, v in self.config.items() if k != "sd35_type"}
+        if self.layout in (SD3, SD35):
             cfg["dual_attention_layers"] = tuple(cfg.get("dual_attention_layers", ()))
             module = SD3ControlNetModel.from_config(cfg)
         else:
@@ -256,6 +309,8 @@ class DiTControlNetHandle(WeightsHandle):
         sd = load_tensors(read_index(self.path, allow_pickle=self.source.allow_pickle))
         if self.layout == FLUX_XLABS:
             sd = xlabs_to_diffusers(sd, self.config)
+        elif self.layout == SD35:
+            sd = sd35_to_diffusers(sd)
         missing, unexpected = module.load_state_dict(sd, strict=False)
         missing = [
             k for k in missing if k != "pos_embed.pos_embed"
@@ -289,7 +344,7 @@ class DiTControlNetHandle(WeightsHandle):
                 "mask bounds) cannot carry a VAE-encoded ControlNet; remove the area node or apply the ControlNet to "
                 "full-image conditioning"
             )
-        if self.layout == SD3:
+        if self.layout in (SD3, SD35):
             return self._sd3(
                 module, x_in, timestep, _rows(hint, rows).repeat(groups, 1, 1, 1), strength, extra, double
             )
@@ -314,8 +369,20 @@ class DiTControlNetHandle(WeightsHandle):
             if any(pad)
             else (x_in, hint.to(x_in))
         )
-        pooled = torch.zeros_like(extra["pooled_projections"])  # ComfyUI and InstantX: no pooled input
         t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
+        if self.layout == SD35:  # the model's patch embedding and a fresh sin-cos grid, the real pooled text
+            tokens = extra["patch_embed"](x).flatten(2).transpose(1, 2)
+            grid = sincos_grid(tokens.shape[-1], x.shape[-2] // patch, x.shape[-1] // patch)
+            (outs,) = module(
+                hidden_states=tokens + grid.to(tokens),
+                controlnet_cond=h,
+                conditioning_scale=float(strength),
+                timestep=t,
+                pooled_projections=extra["pooled_projections"],
+                return_dict=False,
+            )
+            return ControlResiduals(blocks=stretch(list(outs), depth))
+        pooled = torch.zeros_like(extra["pooled_projections"])  # ComfyUI and InstantX: no pooled input
         (outs,) = module(
             hidden_states=x,
             controlnet_cond=h,

@@ -218,11 +218,14 @@ class SD3Transformer:
                 f"the SD3 transformer cannot run block patches {sorted(options['patches'])}; "
                 "remove the patch node from the workflow"
             )
-        control = kwargs.pop("control", None)
-        if control is not None:  # one residual per joint block, added after it (diffusers skips the last)
-            blocks = control.residuals(x_in, timestep, kwargs, (int(module.config.num_layers), 0)).blocks
+        control, last = kwargs.pop("control", None), None
+        if control is not None:  # one residual per joint block, added after it
+            depth = int(module.config.num_layers)
+            inputs = {**kwargs, "patch_embed": module.pos_embed.proj}  # SD3.5 ControlNets embed with it
+            blocks = control.residuals(x_in, timestep, inputs, (depth, 0)).blocks
             if blocks is not None:
                 kwargs["block_controlnet_hidden_states"] = blocks
+                last = blocks[-1] if len(blocks) == depth else None  # diffusers skips the last block
         skip: BlockSkip | None = options.get("block_skip")
         patch = module.config.patch_size
         height, width = x_in.shape[-2:]
@@ -230,7 +233,17 @@ class SD3Transformer:
         x = F.pad(x_in, (0, pad_w, 0, pad_h), mode="circular") if pad_h or pad_w else x_in
         t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
         layers = list(skip.double) if skip is not None and skip.double else None
-        out = module(hidden_states=x, timestep=t, return_dict=False, skip_layers=layers, **kwargs)[0]
+        hook = None
+        if (
+            last is not None
+        ):  # ComfyUI adds the last block's share too: on the final norm's input, for this call
+            share = last
+            hook = module.norm_out.register_forward_pre_hook(lambda _m, args: (args[0] + share, *args[1:]))
+        try:
+            out = module(hidden_states=x, timestep=t, return_dict=False, skip_layers=layers, **kwargs)[0]
+        finally:
+            if hook is not None:
+                hook.remove()
         return out[..., :height, :width]
 
     def block_stack(self, module: Any) -> BlockStack:
