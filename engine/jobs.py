@@ -124,6 +124,9 @@ class LocalJobQueue(JobWorker):
         self._riders: dict[str, JobSpec] = {}
         self._rider_progress: dict[str, JobProgress] = {}
         self._messages: list[list[Any]] = []
+        # the current job's final ``executing`` (node None), sent once its record is saved: a client
+        # that reads /history on that message finds the job there (ComfyUI's order)
+        self._done_event: JobEvent | None = None
         self._cancel_requested: set[str] = set()
         self._free_request = (False, False)
         self._thread: threading.Thread | None = None
@@ -315,6 +318,7 @@ class LocalJobQueue(JobWorker):
         if self._stopping.is_set() and result.status == "interrupted":
             with self._lock:
                 self._current = None
+            self._send_done_event()
             return None  # left 'running' in the store: the next start records it
         if result.status == "invalid" and not any(m[0] == "execution_error" for m in messages):
             messages.append(["execution_error", {"prompt_id": spec.prompt_id, **(result.error or {})}])
@@ -322,9 +326,16 @@ class LocalJobQueue(JobWorker):
         if result.images:
             self.kept.put(spec.prompt_id, result.images)  # before the record: a GET must find both
         self._save(record)
+        self._send_done_event()
         self._notify(JobFinished(record))
         self._notify_remaining()
         return record
+
+    def _send_done_event(self) -> None:
+        with self._lock:
+            held, self._done_event = self._done_event, None
+        if held is not None:
+            self._notify(held)
 
     def _on_event(self, event: ev.Event) -> None:
         with self._lock:
@@ -343,6 +354,9 @@ class LocalJobQueue(JobWorker):
                 self._progress = self._progress.after(event)
                 if event.type in STATUS_MESSAGES:
                     self._messages.append([event.type, event.data()])
+                if isinstance(event, ev.Executing) and event.node is None:
+                    self._done_event = JobEvent(spec, event)
+                    return
         self._notify(JobEvent(spec, event))
 
 
