@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import FLOAT, INT, LATENT, Input, NodeSchema, Output
+from nodes.image_filters import gaussian_kernel
 from nodes.latent import LatentError
 from nodes.latent_ops import samples_of, with_samples
 
@@ -71,14 +72,6 @@ class LatentOperationTonemapReinhard(Node):
             return direction * (scaled / (scaled + 1.0)) * white
 
         return (tonemap,)
-
-
-def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
-    """A normalised 2-D Gaussian on a ``size`` x ``size`` grid spanning -1..1."""
-    axis = torch.linspace(-1, 1, size)
-    yy, xx = torch.meshgrid(axis, axis, indexing="ij")
-    g = torch.exp(-(xx * xx + yy * yy) / (2.0 * sigma * sigma))
-    return g / g.sum()
 
 
 class LatentOperationSharpen(Node):
