@@ -30,7 +30,15 @@ import torch
 from nodes import cond_batch as cb
 from nodes.conditioning import CondEntry
 from nodes.controlnet import controls_to_uncond
-from nodes.hooks import BlockPatch, BlockSkip, ModelCall, Row, block_options
+from nodes.hooks import (
+    BlockPatch,
+    BlockSkip,
+    ModelCall,
+    Row,
+    block_options,
+    blocks_skipped,
+    declared_skip_lists,
+)
 
 # Branch names whose rows are the "uncond" side for hooks (ComfyUI's prompt_type negative).
 _UNCOND = frozenset({"negative", "middle", "empty_negative_prompt", "extra"})
@@ -389,4 +397,6 @@ class GuidedRun:
         kwargs = dict(call.cond_kwargs)
         if kwargs.get("control") is not None:  # ControlNets act within their sigma range (nodes.controlnet)
             kwargs["control"] = kwargs["control"].at(call.sigma)
-        return self.denoiser.forward(self._forward, call.x_in, call.timestep, kwargs)
+        skip = (kwargs.get("transformer_options") or {}).get("block_skip")
+        with blocks_skipped(self._forward, declared_skip_lists(self.denoiser), skip):  # skip-layer guidance
+            return self.denoiser.forward(self._forward, call.x_in, call.timestep, kwargs)

@@ -32,10 +32,13 @@ sampler calls them at ComfyUI's points:
   with ``model.calc_batch(names, x, sigma, block_skip=...)``.
 - Skipping blocks (ComfyUI's ``"dit"`` ``double_block`` / ``single_block`` replace patches that return
   their input, used by skip-layer guidance): a hook asks ``GuidedRun.calc_batch(..., block_skip=
-  BlockSkip(...))``; the sampler hands the :class:`BlockSkip` to the denoiser's ``forward`` as
-  ``cond_kwargs["transformer_options"]["block_skip"]``, and a denoiser that cannot skip blocks
-  raises :class:`ConditioningError`. Post-CFG hooks also get ``"branches"``: the (cond, uncond)
-  branch names of the result (a Loom addition to ComfyUI's arguments).
+  BlockSkip(...))``; the call carries the :class:`BlockSkip` as
+  ``cond_kwargs["transformer_options"]["block_skip"]`` and, around the denoiser's ``forward``, the
+  sampler makes the named blocks of the lists the denoiser kind declares (``denoiser.skip_lists``,
+  :func:`declared_skip_lists`) hand back their inputs (:func:`blocks_skipped`); lists a kind does
+  not declare are ignored, as ComfyUI's models ignore patches they do not read. Post-CFG hooks
+  also get ``"branches"``: the (cond, uncond) branch names of the result (a Loom addition to
+  ComfyUI's arguments).
 
 Hooks may keep per-module state: ``sampling_hooks`` receives the resident module (a patch finds
 what it installed there, e.g. IP-Adapter's attention processors). A patch that needs other modules
@@ -65,6 +68,8 @@ The contract between the model layer and the sampling station (the implemented f
 - ``model.denoiser.block_stack(module) -> BlockStack`` (transformer denoisers only; optional): the
   blocks in call order with how each reads and replaces its image stream (:class:`BlockIO`), for
   block-level step caches.
+- ``model.denoiser.skip_lists`` (transformer denoisers only; optional): ``{"double" | "single":
+  BlockList}``, the block lists skip-layer guidance may skip (:class:`BlockList`).
 - ``model.family.sampling.ays_sigmas``: the family's Align Your Steps table, or None.
 - ``model.sampling_hooks(module) -> SamplingHooks`` (patches in order); ``model.with_patch(patch)``.
 - Run settings: ``ctx.settings`` is ``engine.context.RunSettings`` (``compile``, ``tf32``,
@@ -207,6 +212,51 @@ class BlockStack:
     """A transformer denoiser's blocks in call order, each with its :class:`BlockIO`."""
 
     blocks: tuple[tuple[Any, BlockIO], ...]
+
+
+SkipListName = Literal["double", "single"]
+
+
+@dataclass(frozen=True)
+class BlockList:
+    """A list of transformer blocks that skip-layer guidance may skip, as a denoiser kind declares
+    it in ``skip_lists``: the module attribute that holds the blocks and how they are called."""
+
+    attribute: str
+    io: BlockIO
+
+
+def declared_skip_lists(denoiser: Any) -> Mapping[SkipListName, BlockList]:
+    """The block lists a denoiser kind lets skip-layer guidance skip (``denoiser.skip_lists``),
+    keyed as ComfyUI's ``dit`` replace patches (``"double"`` for ``double_block``, ``"single"``
+    for ``single_block``); empty when it declares none (the UNet families, Z-Image: their ComfyUI
+    models read no such patches)."""
+    return getattr(denoiser, "skip_lists", None) or {}
+
+
+@contextmanager
+def blocks_skipped(
+    module: Any, lists: Mapping[SkipListName, BlockList], skip: BlockSkip | None
+) -> Iterator[None]:
+    """While the context runs, the blocks ``skip`` names hand back their inputs (ComfyUI's
+    skip-layer guidance replaces them with a patch that returns its arguments). An index past the
+    end of its list, or a list ``lists`` does not declare, matches nothing, as in ComfyUI."""
+    chosen: list[tuple[Any, Callable[..., Any]]] = []
+    wanted: tuple[tuple[SkipListName, tuple[int, ...]], ...] = (
+        () if skip is None else (("double", skip.double), ("single", skip.single))
+    )
+    for name, indices in wanted:
+        declared = lists.get(name)
+        if declared is None or not indices:
+            continue
+        blocks = list(getattr(module, declared.attribute))
+        chosen += [(blocks[i], _passthrough(declared.io)) for i in sorted(set(indices)) if i < len(blocks)]
+    with replaced_forwards(chosen):
+        yield
+
+
+def _passthrough(io: BlockIO) -> Callable[..., Any]:
+    return lambda *args, **kwargs: io.passthrough(args, kwargs)
 
 
 @dataclass(frozen=True)

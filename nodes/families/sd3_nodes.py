@@ -7,6 +7,7 @@ Flux nodes (both families use it)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -28,11 +29,12 @@ from engine.schema import (
 )
 from nodes.cfg_patches import GuidancePatch
 from nodes.conditioning import CondEntry, Conditioning, text_encoders
-from nodes.hooks import BlockSkip, SamplingHooks
+from nodes.hooks import BlockSkip, SamplingHooks, declared_skip_lists
 from nodes.model_merge import BlockMerge, _ratio, _schema
 
 _MODEL_IN = Input("model", MODEL, "The model.")
 _MODEL_OUT = (Output("MODEL", MODEL, "The model with the change (weights untouched)."),)
+log = logging.getLogger("loom.slg")
 _LAYERS_HELP = "Indices of the {} blocks to skip, comma separated (any non-digits separate)."
 
 
@@ -198,10 +200,41 @@ _START = _percent("start_percent", 0.01, "Where in the sampling (0 = start) the 
 _END = _percent("end_percent", 0.15, "Where in the sampling it ends.")
 
 
-def _skip_guidance(
-    model: Any, double: str, single: str, scale: float, start: float, end: float, rescaling: float
-) -> Any:
+def _block_skip(node: str, model: Any, double: str, single: str, inputs: tuple[str, str]) -> BlockSkip:
+    """The blocks to skip; a list the model's transformer has no blocks for is logged as ignored
+    (ComfyUI's model ignores it too: SD3 and Qwen-Image have no single-stream list, Z-Image none)."""
     skip = BlockSkip(parse_layers(double), parse_layers(single))
+    lists = declared_skip_lists(model.denoiser)
+    for name, indices, what in zip(("double", "single"), (skip.double, skip.single), inputs, strict=True):
+        if indices and name not in lists:
+            log.warning(
+                "%s: the %s transformer has no %s-stream block list to skip, so %s changes nothing "
+                "(as in ComfyUI); only %s apply to this model",
+                node,
+                model.family.title,
+                name,
+                what,
+                " and ".join(i for n, i in zip(("double", "single"), inputs, strict=True) if n in lists)
+                or "no layer inputs",
+            )
+    return skip
+
+
+_DIT_INPUTS = ("double_layers", "single_layers")
+
+
+def _skip_guidance(
+    node: tuple[str, tuple[str, str]],
+    model: Any,
+    double: str,
+    single: str,
+    scale: float,
+    start: float,
+    end: float,
+    rescaling: float,
+) -> Any:
+    """``node``: the node's name and its two layer inputs' names, for the log."""
+    skip = _block_skip(node[0], model, double, single, node[1])
     if not skip.double and not skip.single:
         return model
     ms = model.model_sampling
@@ -274,7 +307,14 @@ class SkipLayerGuidanceDiT(Node):
     ) -> tuple[Any]:
         return (
             _skip_guidance(
-                model, double_layers, single_layers, scale, start_percent, end_percent, rescaling_scale
+                ("SkipLayerGuidanceDiT", _DIT_INPUTS),
+                model,
+                double_layers,
+                single_layers,
+                scale,
+                start_percent,
+                end_percent,
+                rescaling_scale,
             ),
         )
 
@@ -306,7 +346,7 @@ class SkipLayerGuidanceDiTSimple(Node):
         start_percent: float,
         end_percent: float,
     ) -> tuple[Any]:
-        skip = BlockSkip(parse_layers(double_layers), parse_layers(single_layers))
+        skip = _block_skip("SkipLayerGuidanceDiTSimple", model, double_layers, single_layers, _DIT_INPUTS)
         if not skip.double and not skip.single:
             return (model,)
         ms = model.model_sampling
@@ -346,7 +386,8 @@ class SkipLayerGuidanceSD3(Node):
         start_percent: float,
         end_percent: float,
     ) -> tuple[Any]:
-        return (_skip_guidance(model, layers, "", scale, start_percent, end_percent, 0.0),)
+        node = ("SkipLayerGuidanceSD3", ("layers", "single_layers"))
+        return (_skip_guidance(node, model, layers, "", scale, start_percent, end_percent, 0.0),)
 
 
 _M1, _M2 = (

@@ -1,5 +1,6 @@
 """The blocks of diffusers' DiT transformers as block-level step caches see them
-(:class:`nodes.hooks.BlockStack`); each family's denoiser kind declares its stack from these.
+(:class:`nodes.hooks.BlockStack`) and the lists skip-layer guidance may skip
+(:class:`nodes.hooks.BlockList`); each family's denoiser kind declares its own from these.
 
 Dual-stream blocks (Flux and Flux.2 double blocks, Chroma's double blocks, SD3's joint blocks,
 Qwen-Image's blocks) take ``hidden_states`` (image) and ``encoder_hidden_states`` (text) and
@@ -11,11 +12,11 @@ passed first and positionally: the cache treats the whole sequence as the stream
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockIO, BlockSkip, BlockStack, replaced_forwards
+from nodes.hooks import BlockIO, BlockList, BlockStack, SkipListName
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -79,22 +80,19 @@ def flux_block_stack(module: Any, joined_single: bool) -> BlockStack:
     )
 
 
-@contextmanager
-def blocks_skipped(module: Any, skip: BlockSkip | None, joined_single: bool) -> Iterator[None]:
-    """While the context runs, the double blocks ``skip.double`` and single blocks ``skip.single``
-    of a Flux, Chroma or Flux.2 transformer return their inputs unchanged: ComfyUI's skip-layer
-    guidance replaces those blocks with one that hands back its arguments (indices past the last
-    block match nothing, as there). The forwards are set on the block instances and removed after."""
-    if skip is None or not (skip.double or skip.single):
-        yield
-        return
-    doubles, singles = list(module.transformer_blocks), list(module.single_transformer_blocks)
-    single_io = JOINED if joined_single else PAIR
-    chosen = [(doubles[i], PAIR) for i in sorted(set(skip.double)) if i < len(doubles)]
-    chosen += [(singles[i], single_io) for i in sorted(set(skip.single)) if i < len(singles)]
+DUAL_STREAM_SKIP: Mapping[SkipListName, BlockList] = MappingProxyType(
+    {"double": BlockList("transformer_blocks", PAIR)}
+)
+"""SD3's joint blocks and Qwen-Image's blocks are the ``double_block`` list of ComfyUI's models;
+they have no single-stream list, so ``single_layers`` skips nothing there (as in ComfyUI)."""
 
-    def passthrough(io: BlockIO) -> Any:
-        return lambda *args, **kwargs: io.passthrough(args, kwargs)
 
-    with replaced_forwards([(block, passthrough(io)) for block, io in chosen]):
-        yield
+def flux_skip_lists(joined_single: bool) -> Mapping[SkipListName, BlockList]:
+    """Flux's, Chroma's and Flux.2's lists: the double blocks (``double_block``) and the single
+    blocks (``single_block``), which take one joined sequence in Chroma and Flux.2."""
+    return MappingProxyType(
+        {
+            "double": BlockList("transformer_blocks", PAIR),
+            "single": BlockList("single_transformer_blocks", JOINED if joined_single else PAIR),
+        }
+    )

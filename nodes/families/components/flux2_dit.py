@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.families.components.dit_blocks import blocks_skipped
-from nodes.hooks import BlockStack, ConditioningError
+from nodes.families.components.dit_blocks import flux_skip_lists
+from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -219,8 +219,7 @@ class Flux2Transformer:
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Flatten ``x_in`` (B, 128, H, W) to tokens, call the transformer at ``timestep`` (= sigma),
-        fold the output back to the latent's shape; blocks named by a :class:`BlockSkip` in
-        ``transformer_options`` pass their inputs through (skip-layer guidance)."""
+        fold the output back to the latent's shape."""
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         if options and options.get("patches"):
@@ -233,15 +232,15 @@ class Flux2Transformer:
         b, c, h, w = x_in.shape
         tokens = x_in.reshape(b, c, h * w).permute(0, 2, 1)
         t = timestep.to(x_in.dtype).reshape(-1).expand(b)
-        with blocks_skipped(module, (options or {}).get("block_skip"), joined_single=True):
-            out = module(
-                hidden_states=tokens,
-                timestep=t,
-                img_ids=image_ids(h, w).to(x_in),
-                return_dict=False,
-                **kwargs,
-            )[0]
+        out = module(
+            hidden_states=tokens, timestep=t, img_ids=image_ids(h, w).to(x_in), return_dict=False, **kwargs
+        )[0]
         return out.permute(0, 2, 1).reshape(b, -1, h, w)
+
+    @property
+    def skip_lists(self) -> Mapping[SkipListName, BlockList]:
+        """The double and single blocks, for skip-layer guidance (as ComfyUI's Flux.2 model)."""
+        return flux_skip_lists(joined_single=True)
 
     def block_stack(self, module: Any) -> BlockStack:
         """The double then the single blocks (one text+image sequence), for block-level step caches."""

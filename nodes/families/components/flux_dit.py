@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.families.components import flux_keys
-from nodes.families.components.dit_blocks import blocks_skipped
+from nodes.families.components.dit_blocks import flux_skip_lists
 from nodes.families.latent_format import LatentFormat
-from nodes.hooks import BlockStack, ConditioningError
+from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -176,8 +176,7 @@ class FluxTransformer:
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Pack ``x_in`` (B, 16, H, W) into 2×2 patches (then the reference latents' tokens, if
         any), call the transformer at ``timestep`` (= sigma), unpack the image tokens of the output
-        to the latent's shape. Blocks named by a :class:`BlockSkip` in ``transformer_options`` pass
-        their inputs through (skip-layer guidance, as ComfyUI's ``dit`` block replace patches)."""
+        to the latent's shape."""
         import torch.nn.functional as F
 
         kwargs = dict(cond_kwargs)
@@ -219,14 +218,19 @@ class FluxTransformer:
             keep = (~guidance_off.to(x.device)).to(x.dtype)[:, None]
             hook = module.time_text_embed.guidance_embedder.register_forward_hook(lambda m, i, o: o * keep)
         try:
-            with blocks_skipped(module, (options or {}).get("block_skip"), joined_single=self.approximator):
-                out = module(
-                    hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False, **kwargs
-                )[0]
+            out = module(
+                hidden_states=tokens, timestep=t, img_ids=img_ids.to(x), return_dict=False, **kwargs
+            )[0]
         finally:
             if hook is not None:
                 hook.remove()
         return unpack(out[:, :image_tokens], x.shape[-2], x.shape[-1])[..., :height, :width]
+
+    @property
+    def skip_lists(self) -> Mapping[SkipListName, BlockList]:
+        """The double and single blocks, for skip-layer guidance (ComfyUI's Flux and Chroma models
+        read both ``dit`` replace lists)."""
+        return flux_skip_lists(joined_single=self.approximator)
 
     def block_stack(self, module: Any) -> BlockStack:
         """The double then single blocks, for block-level step caches."""

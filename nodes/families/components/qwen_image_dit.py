@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.families.latent_format import LatentFormat
-from nodes.hooks import BlockStack, ConditioningError
+from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -263,6 +263,14 @@ class QwenImageTransformer:
         finally:
             module.pos_embed.segments = []
         return unpack(out[:, : tokens.shape[1]], x.shape[-2], x.shape[-1])[..., :height, :width]
+
+    @property
+    def skip_lists(self) -> Mapping[SkipListName, BlockList]:
+        """The blocks (``transformer_blocks``), for skip-layer guidance: ComfyUI's Qwen-Image model
+        reads ``double_block`` patches on them and has no single-stream list."""
+        from nodes.families.components.dit_blocks import DUAL_STREAM_SKIP
+
+        return DUAL_STREAM_SKIP
 
     def block_stack(self, module: Any) -> BlockStack:
         """The dual-stream blocks, for block-level step caches."""

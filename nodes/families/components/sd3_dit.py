@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockSkip, BlockStack, ConditioningError
+from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -207,8 +207,7 @@ class SD3Transformer:
         return kwargs
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
-        """Call the transformer on ``x_in`` (B, 16, H, W) at ``timestep`` (= 1000·sigma); layers
-        named by a :class:`BlockSkip` in ``transformer_options`` are skipped (skip-layer guidance)."""
+        """Call the transformer on ``x_in`` (B, 16, H, W) at ``timestep`` (= 1000·sigma)."""
         import torch.nn.functional as F
 
         kwargs = dict(cond_kwargs)
@@ -226,13 +225,11 @@ class SD3Transformer:
             if blocks is not None:
                 kwargs["block_controlnet_hidden_states"] = blocks
                 last = blocks[-1] if len(blocks) == depth else None  # diffusers skips the last block
-        skip: BlockSkip | None = options.get("block_skip")
         patch = module.config.patch_size
         height, width = x_in.shape[-2:]
         pad_h, pad_w = (-height) % patch, (-width) % patch
         x = F.pad(x_in, (0, pad_w, 0, pad_h), mode="circular") if pad_h or pad_w else x_in
         t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
-        layers = list(skip.double) if skip is not None and skip.double else None
         hook = None
         if (
             last is not None
@@ -240,11 +237,19 @@ class SD3Transformer:
             share = last
             hook = module.norm_out.register_forward_pre_hook(lambda _m, args: (args[0] + share, *args[1:]))
         try:
-            out = module(hidden_states=x, timestep=t, return_dict=False, skip_layers=layers, **kwargs)[0]
+            out = module(hidden_states=x, timestep=t, return_dict=False, **kwargs)[0]
         finally:
             if hook is not None:
                 hook.remove()
         return out[..., :height, :width]
+
+    @property
+    def skip_lists(self) -> Mapping[SkipListName, BlockList]:
+        """The joint blocks, for skip-layer guidance (ComfyUI's MMDiT reads ``double_block`` patches
+        only)."""
+        from nodes.families.components.dit_blocks import DUAL_STREAM_SKIP
+
+        return DUAL_STREAM_SKIP
 
     def block_stack(self, module: Any) -> BlockStack:
         """The joint blocks, for block-level step caches."""

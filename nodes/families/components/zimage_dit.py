@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockStack, ConditioningError
+from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -187,6 +187,12 @@ class ZImageTransformer:
             0
         ]
         return -torch.stack(out).squeeze(2)[..., :height, :width]
+
+    @property
+    def skip_lists(self) -> Mapping[SkipListName, BlockList]:
+        """None: ComfyUI's Z-Image model (Lumina's NextDiT) reads no ``dit`` replace patches, so
+        skip-layer guidance skips no block there and the skipped call equals the plain one."""
+        return {}
 
     def block_stack(self, module: Any) -> BlockStack:
         """The main layers (over the unified image and caption sequence), for block-level step caches."""
