@@ -5,7 +5,7 @@ ComfyUI's models lets its ``dit`` replace patches skip, and so what Loom skips:
 
 - Qwen-Image: ``double_layers`` are its ``transformer_blocks``; it has no single-stream list, so
   ``single_layers`` skip nothing.
-- Chroma: ``double_layers`` its double blocks, ``single_layers`` its single blocks.
+- Chroma and Flux.2: ``double_layers`` their double blocks, ``single_layers`` their single blocks.
 - Z-Image (Lumina's NextDiT in ComfyUI): no list at all; the "skipped" prediction equals the plain
   one, so only ``rescaling_scale`` changes the result, as in ComfyUI.
 
@@ -27,6 +27,7 @@ import torch
 
 from nodes.conditioning import CLIPTextEncode
 from nodes.demo_flux import DEMO_CHROMA, DEMO_T5XXL
+from nodes.demo_flux2 import DEMO_KLEIN, DEMO_KLEIN_QWEN3
 from nodes.demo_qwen_image import DEMO_QWEN25, DEMO_QWEN_IMAGE
 from nodes.demo_zimage import DEMO_QWEN3, DEMO_ZIMAGE
 from nodes.families.sd3_nodes import SkipLayerGuidanceDiT, SkipLayerGuidanceDiTSimple
@@ -55,6 +56,13 @@ FAMILIES = {
         DEMO_CHROMA,
         DEMO_T5XXL,
         "chroma",
+        {"double": "transformer_blocks", "single": "single_transformer_blocks"},
+    ),
+    "flux2_klein": Family(
+        "flux2_demo",
+        DEMO_KLEIN,
+        DEMO_KLEIN_QWEN3,
+        "flux2",
         {"double": "transformer_blocks", "single": "single_transformer_blocks"},
     ),
     "zimage": Family("zimage_demo", DEMO_ZIMAGE, DEMO_QWEN3, "lumina2", {}),
@@ -125,7 +133,7 @@ def bypassed(module: Any, removed: Mapping[str, tuple[int, ...]]) -> Iterator[No
     the list would not do: Chroma picks each block's modulation by its position in the list.)"""
     kept = {name: getattr(module, name) for name in removed}
     for name, indices in removed.items():
-        joined = name == "single_transformer_blocks"  # Chroma's single blocks take one sequence
+        joined = name == "single_transformer_blocks"  # Chroma's and Flux.2's take one sequence
         blocks = [Bypass(joined) if i in indices else b for i, b in enumerate(kept[name])]
         setattr(module, name, torch.nn.ModuleList(blocks))
     try:
