@@ -205,17 +205,17 @@ def _block_skip(node: str, model: Any, double: str, single: str, inputs: tuple[s
     (ComfyUI's model ignores it too: SD3 and Qwen-Image have no single-stream list, Z-Image none)."""
     skip = BlockSkip(parse_layers(double), parse_layers(single))
     lists = declared_skip_lists(model.denoiser)
+    usable = [i for n, i in zip(("double", "single"), inputs, strict=True) if n in lists]
     for name, indices, what in zip(("double", "single"), (skip.double, skip.single), inputs, strict=True):
         if indices and name not in lists:
             log.warning(
                 "%s: the %s transformer has no %s-stream block list to skip, so %s changes nothing "
-                "(as in ComfyUI); only %s apply to this model",
+                "(ComfyUI ignores it too); %s",
                 node,
                 model.family.title,
                 name,
                 what,
-                " and ".join(i for n, i in zip(("double", "single"), inputs, strict=True) if n in lists)
-                or "no layer inputs",
+                f"use {' or '.join(usable)}" if usable else "no block of this model can be skipped",
             )
     return skip
 
