@@ -104,7 +104,7 @@ def sd3_pipeline(modules: dict[str, Any], net: Any, cls: Any = None) -> Any:
     from nodes.families.components.t5_text import load_t5_tokenizer
     from tests.nodes.test_sd3_pipeline import clip_l_with_identity_projection
 
-    pipe = (cls or StableDiffusion3ControlNetPipeline)(
+    pipe: Any = (cls or StableDiffusion3ControlNetPipeline)(
         transformer=modules["unet"],
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
         vae=modules["vae"],

@@ -155,7 +155,8 @@ def test_inpainting_controlnets_are_read_with_the_mask_channel(
         assert built.keys() == data["net"].state_dict().keys()
         assert all(torch.equal(v, built[k]) for k, v in data["net"].state_dict().items())
     assert open_controlnet(flux["cn"]).build().controlnet_x_embedder.in_features == 68
-    assert not open_controlnet(flux["plain"]).concat_mask
+    plain = open_controlnet(flux["plain"])
+    assert isinstance(plain, DiTControlNetHandle) and not plain.concat_mask
 
 
 # --- parity ---------------------------------------------------------------------------------------
