@@ -362,6 +362,13 @@ def test_unrunnable_dit_controlnet_layouts_are_refused_by_name(tmp_path: Path) -
             },
             "SD3.5 ControlNet with a square",
         ),
+        "odd_hint.safetensors": (
+            {
+                "controlnet_blocks.0.weight": torch.zeros(4, 4),
+                "controlnet_x_embedder.weight": torch.zeros(4, 80),
+            },
+            "takes 20-channel control hints; Loom runs DiT ControlNets taking 16 .* or 17",
+        ),
     }
     for name, (tensors, words) in cases.items():
         with pytest.raises(ModelLoadError, match=words):

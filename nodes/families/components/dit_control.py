@@ -88,6 +88,11 @@ def dit_layout(shapes: Mapping[str, Sequence[int]], name: str) -> str | None:
             )
     elif "controlnet_x_embedder.weight" in shapes:
         layout = FLUX_INSTANTX
+    if layout is not None and _hint_channels(shapes, layout) not in (16, 17):
+        raise ModelLoadError(
+            f"{name} takes {_hint_channels(shapes, layout)}-channel control hints; Loom runs DiT ControlNets "
+            "taking 16 (the encoded image) or 17 (inpainting ControlNets such as AliMama's: the image and the mask)"
+        )
     return layout
 
 
@@ -318,9 +323,8 @@ class DiTControlNetHandle(WeightsHandle):
             module = SD3ControlNetModel.from_config(cfg)
         else:
             module = FluxControlNetModel.from_config(cfg)
-            if extra := int(
-                self.config.get("extra_condition_channels", 0)
-            ):  # the hint input takes the mask too
+            extra = int(self.config.get("extra_condition_channels", 0))
+            if extra:  # AliMama's inpainting ControlNet: the hint input takes the packed mask too
                 embedder = module.controlnet_x_embedder
                 module.controlnet_x_embedder = torch.nn.Linear(
                     embedder.in_features + extra, embedder.out_features
