@@ -25,12 +25,10 @@ denoiser adds them after its blocks (``sd3_dit`` / ``flux_dit``). Refused with a
 so: Mistoline ControlNets, and SD3.5 ControlNets whose pooled embedder is square (a layout no
 published file uses).
 
-Inpainting ControlNets (AliMama's ``FLUX.1-dev-Controlnet-Inpainting-Alpha/Beta`` in the
-``flux_instantx`` layout, ``SD3-Controlnet-Inpainting`` in the ``sd3`` layout) take 17 hint channels,
-ComfyUI's ``concat_mask`` (:attr:`DiTControlNetHandle.concat_mask`): the VAE-encoded image then the
-mask of what to keep, at latent size (``nodes.controlnet.encode_hint`` appends it). The Flux file's
-``controlnet_x_embedder`` takes 68 packed features where diffusers' ``FluxControlNetModel`` has 64
-(``extra_condition_channels`` in the config, AliMama's name), so the built module gets a wider one.
+AliMama's inpainting ControlNets (Flux ``flux_instantx``, SD3 ``sd3``) take 17 hint channels, ComfyUI's
+``concat_mask``: the encoded image, then the mask of what to keep (``nodes.controlnet.encode_hint``).
+Diffusers' Flux ControlNet has no such input: its ``controlnet_x_embedder`` is widened by the
+config's ``extra_condition_channels`` (AliMama's name: 4 packed features).
 
 - ``sd35``: Stability AI's SD3.5 Large ControlNets (``sd3.5_large_controlnet_{blur,canny,depth}``):
   ``pos_embed_input.proj``, ``time_text_embed.*``, ``transformer_blocks.N`` in Stability's names
