@@ -57,6 +57,7 @@ class Control:
     end_percent: float = 1.0
     previous: Control | None = None
     vae: Any = None  # the VAE a latent-space (DiT) ControlNet's image is encoded with
+    mask: torch.Tensor | None = None  # inpainting ControlNets: (B, 1, H, W), 1 keeps (ComfyUI's extra_concat)
 
     def chain(self) -> list[Control]:
         out: list[Control] = []
@@ -138,7 +139,8 @@ def resident_controls(
 
 def encode_hint(ctx: NodeContext, control: Control, fmt: Any, size: tuple[int, int]) -> torch.Tensor:
     """The control image in ``fmt``'s model space for a latent of ``size``: center-cropped and
-    resized to the VAE's pixel size (nearest-exact), encoded, ``process_in`` (ComfyUI's order)."""
+    resized to the VAE's pixel size (nearest-exact), encoded, ``process_in`` (ComfyUI's order); an
+    inpainting ControlNet's (``concat_mask``) with the mask appended as one more channel."""
     from nodes.latent import downscale, encode
 
     if control.vae is None:
@@ -157,7 +159,23 @@ def encode_hint(ctx: NodeContext, control: Control, fmt: Any, size: tuple[int, i
             f"but the VAE given to Apply ControlNet makes {latent.shape[1]}-channel ones; connect the "
             f"{control.handle.family} model's VAE"
         )
-    return fmt.process_in(latent)
+    latent = fmt.process_in(latent)
+    if getattr(control.handle, "concat_mask", False):
+        latent = torch.cat([latent, mask_channel(control.mask, latent)], dim=1)
+    return latent
+
+
+def mask_channel(mask: torch.Tensor | None, latent: torch.Tensor) -> torch.Tensor:
+    """ComfyUI's ``concat_mask`` channel for ``latent``: ``mask`` (B, 1, H, W) center-cropped and
+    resized nearest-exact to the latent, its batch cut or repeated to the latent's; no mask (a plain
+    apply node): ones, keep everything."""
+    from nodes.latent_ops import repeat_to_batch
+    from nodes.resize import resize
+
+    if mask is None:
+        return torch.ones_like(latent[:, :1])
+    fitted = resize(mask.float(), latent.shape[-1], latent.shape[-2], "nearest-exact", "center")
+    return repeat_to_batch(fitted, latent.shape[0]).to(latent)
 
 
 @dataclass(frozen=True)
@@ -275,9 +293,11 @@ def attach(
     cache: dict[int, Control],
     to_uncond: bool = False,
     vae: Any = None,
+    mask: torch.Tensor | None = None,
 ) -> list[Any]:
     """New entries whose control is ``control`` stacked on what they had (one Control per previous);
-    ``to_uncond``: the old node's mark (:func:`controls_to_uncond`); ``vae``: for latent-space ControlNets."""
+    ``to_uncond``: the old node's mark (:func:`controls_to_uncond`); ``vae``: for latent-space
+    ControlNets; ``mask``: an inpainting ControlNet's (:attr:`Control.mask`)."""
     if getattr(control, "latent_format", None) is not None and vae is None:
         raise ValueError(
             f"the ControlNet {file_label(control.path)!r} ({control.family}) works on VAE-encoded control "
@@ -289,7 +309,7 @@ def attach(
         prev = e.extras.get("control")
         key = id(prev)
         if key not in cache:
-            cache[key] = Control(control, image, strength, start, end, prev, vae)
+            cache[key] = Control(control, image, strength, start, end, prev, vae, mask)
         mark = {"control_apply_to_uncond": True} if to_uncond else {}
         out.append(replace(e, extras={**e.extras, "control": cache[key], **mark}))
     return out

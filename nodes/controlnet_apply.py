@@ -2,12 +2,14 @@
 ``ControlNetApplySD3`` ("Apply Controlnet with VAE") and ``CLIPTextEncodeControlnet``.
 
 In ComfyUI the first two are ``ControlNetApplyAdvanced`` with a VAE; the AliMama node, for a
-ControlNet that takes the inpainting mask (``concat_mask``: AliMama's Flux inpainting ControlNet),
-first blacks out the masked part of the image and hands the inverted mask along. Both pass the VAE
-on: the SD3 and InstantX/Shakker Flux ControlNets take the control image VAE-encoded
+ControlNet that takes the inpainting mask (``concat_mask``: AliMama's Flux and SD3 inpainting
+ControlNets), first inverts the mask (1 keeps), blacks out the part to repaint (the inverted mask
+resized bilinear to the image, centre-cropped, rounded, multiplied in) and hands the inverted mask
+along, which the sampler resizes to the latent and appends to the encoded image
+(``nodes.controlnet.encode_hint``); for any other ControlNet it is the plain apply. Both pass the
+VAE on: the SD3 and InstantX/Shakker/AliMama Flux ControlNets take the control image VAE-encoded
 (``nodes.families.components.dit_control``); the others (SD1.x/SD2.x/SDXL, union, T2I-Adapter,
-XLabs Flux) take pixels. No ControlNet Loom loads takes the mask: the mask-taking inpainting
-ControlNets (AliMama's, SD3 inpainting) are refused by the loader with a message saying so.
+XLabs Flux) take pixels. An inpainting ControlNet under a plain apply node gets a mask of ones.
 
 ``CLIPTextEncodeControlnet`` gives the ControlNets of a conditioning their own prompt: the
 ControlNet's cross-attention reads these embeddings instead of the conditioning's (ComfyUI's
@@ -19,11 +21,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, CONDITIONING, FLOAT, IMAGE, MASK, STRING, VAE, Input, NodeSchema, Output
 from nodes.control_base import CONTROL_NET
-from nodes.controlnet import ControlNetApplyAdvanced
+from nodes.controlnet import ControlNetApplyAdvanced, attach
 
 _RANGE = (
     Input(
@@ -64,6 +68,27 @@ def _apply(
     )
 
 
+def masked_hint(image: torch.Tensor, mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """ComfyUI's AliMama preparation: (the image with the part to repaint black, the kept part
+    (B, 1, H, W): ``1 - mask``). ``mask``: MASK, 1 where to repaint."""
+    from nodes.resize import resize
+
+    if not isinstance(mask, torch.Tensor) or mask.ndim not in (2, 3):
+        found = "nothing" if mask is None else f"{type(mask).__name__} {tuple(getattr(mask, 'shape', ()))}"
+        raise ValueError(
+            f"ControlNetInpaintingAliMamaApply needs a MASK (H, W or B, H, W; 1 where to repaint) for its "
+            f"mask input, found {found}; connect a mask (e.g. from Load Image's MASK output or SolidMask)"
+        )
+    keep = 1.0 - mask.reshape(-1, 1, mask.shape[-2], mask.shape[-1]).float()
+    if keep.shape[0] not in (1, image.shape[0]) and image.shape[0] != 1:
+        raise ValueError(
+            f"ControlNetInpaintingAliMamaApply got {image.shape[0]} images but {keep.shape[0]} masks; give one mask "
+            "for all images or one per image"
+        )
+    apply = resize(keep, image.shape[2], image.shape[1], "bilinear", "center").round()
+    return image * apply.movedim(1, -1).to(image), keep
+
+
 class ControlNetInpaintingAliMamaApply(Node):
     SCHEMA = NodeSchema(
         node_id="ControlNetInpaintingAliMamaApply",
@@ -96,11 +121,22 @@ class ControlNetInpaintingAliMamaApply(Node):
         start_percent: float,
         end_percent: float,
     ) -> tuple[Any, Any]:
-        if getattr(control_net, "concat_mask", False):  # no loadable ControlNet takes the mask yet
-            raise ValueError(
-                f"{control_net.path.name!r} takes an inpainting mask, which Loom cannot pass to it yet"
+        if not getattr(control_net, "concat_mask", False):  # as ComfyUI: the plain apply, the mask unused
+            return _apply(
+                ctx, positive, negative, control_net, image, strength, start_percent, end_percent, vae
             )
-        return _apply(ctx, positive, negative, control_net, image, strength, start_percent, end_percent, vae)
+        if strength == 0:
+            return (positive, negative)
+        hint, keep = masked_hint(image, mask)
+        cache: dict[int, Any] = {}
+        return (
+            attach(
+                positive, control_net, hint, strength, start_percent, end_percent, cache, vae=vae, mask=keep
+            ),
+            attach(
+                negative, control_net, hint, strength, start_percent, end_percent, cache, vae=vae, mask=keep
+            ),
+        )
 
 
 class ControlNetApplySD3(Node):

@@ -17,6 +17,12 @@
   InstantX / Shakker-Labs single-file layout (diffusers names, ``controlnet_mode_embedder``) for the Flux demo
 - ``controlnet/loom_demo_controlnet_flux_xlabs.safetensors``: a Flux ControlNet in XLabs' layout
   (Black Forest Labs' names, ``input_hint_block``, pixel hints) for the Flux demo
+- ``controlnet/loom_demo_controlnet_flux_inpainting_alimama.safetensors``: an inpainting Flux
+  ControlNet in AliMama's layout (``FLUX.1-dev-Controlnet-Inpainting-Beta``: diffusers names, a
+  ``controlnet_x_embedder`` taking the packed image latent and mask, 68 features) for the Flux demo
+- ``controlnet/loom_demo_controlnet_sd3_inpainting_alimama/diffusion_pytorch_model.safetensors``
+  (+ ``config.json``): an inpainting SD3 ControlNet as AliMama publishes ``SD3-Controlnet-Inpainting``
+  (diffusers' ``SD3ControlNetModel``, ``extra_conditioning_channels=1``) for the SD3.5 demo
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ DEMO_SD3_CONTROLNET = "loom_demo_controlnet_sd35_medium"
 DEMO_SD35_CONTROLNET = "loom_demo_sd3.5_controlnet_depth.safetensors"
 DEMO_FLUX_CONTROLNET = "loom_demo_controlnet_flux_union.safetensors"
 DEMO_FLUX_XLABS = "loom_demo_controlnet_flux_xlabs.safetensors"
+DEMO_FLUX_INPAINT = "loom_demo_controlnet_flux_inpainting_alimama.safetensors"
+DEMO_SD3_INPAINT = "loom_demo_controlnet_sd3_inpainting_alimama"
 
 
 def _randomize(module: Any, seed: int) -> Any:
@@ -45,8 +53,9 @@ def _randomize(module: Any, seed: int) -> Any:
     return module.eval()
 
 
-def demo_sd3_controlnet(seed: int = 11) -> Any:
-    """A one-block ``SD3ControlNetModel`` sized for the SD3.5 demo transformer (``nodes.demo_sd3``)."""
+def demo_sd3_controlnet(seed: int = 11, *, inpaint: bool = False) -> Any:
+    """A one-block ``SD3ControlNetModel`` sized for the SD3.5 demo transformer (``nodes.demo_sd3``);
+    ``inpaint``: AliMama's inpainting layout (the hint input takes the mask as a 17th channel)."""
     from diffusers import SD3ControlNetModel
 
     from nodes.demo_sd3 import CLIP_WIDTH, T5_WIDTH
@@ -65,6 +74,7 @@ def demo_sd3_controlnet(seed: int = 11) -> Any:
             out_channels=16,
             pos_embed_max_size=32,
             qk_norm="rms_norm",
+            extra_conditioning_channels=1 if inpaint else 0,
         ),
         seed,
     )
@@ -124,6 +134,17 @@ def demo_flux_controlnet(
         ),
         seed,
     )
+
+
+def demo_flux_inpaint_controlnet(seed: int = 14) -> Any:
+    """An inpainting ``FluxControlNetModel`` in AliMama's layout sized for the Flux demo transformer:
+    no union modes, and a ``controlnet_x_embedder`` for 17 latent channels (image and mask) packed
+    2×2, where diffusers' takes 16."""
+    import torch
+
+    module = demo_flux_controlnet(seed, union=False)
+    module.controlnet_x_embedder = torch.nn.Linear(68, module.inner_dim)
+    return _randomize(module, seed)
 
 
 def xlabs_file(module: Any) -> dict[str, Any]:
@@ -247,11 +268,13 @@ def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
 
 
 def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
-    """Write the SD3, SD3.5 and Flux demo ControlNets (kept if present)."""
+    """Write the SD3, SD3.5 and Flux demo ControlNets and the inpainting ones (kept if present)."""
     folder = Path(models_dir) / "controlnet"
     sd3 = folder / DEMO_SD3_CONTROLNET / "diffusion_pytorch_model.safetensors"
     flux, xlabs = folder / DEMO_FLUX_CONTROLNET, folder / DEMO_FLUX_XLABS
     sd35 = folder / DEMO_SD35_CONTROLNET
+    flux_inpaint = folder / DEMO_FLUX_INPAINT
+    sd3_inpaint = folder / DEMO_SD3_INPAINT / "diffusion_pytorch_model.safetensors"
     if not sd3.is_file():
         demo_sd3_controlnet().save_pretrained(sd3.parent)
     if not sd35.is_file():
@@ -262,4 +285,10 @@ def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
         write(flux, {k: v.contiguous() for k, v in demo_flux_controlnet().state_dict().items()})
     if not xlabs.is_file():
         write(xlabs, {k: v.contiguous() for k, v in xlabs_file(demo_flux_controlnet(13, xlabs=True)).items()})
-    return [sd3, sd35, flux, xlabs]
+    if not flux_inpaint.is_file():
+        write(
+            flux_inpaint, {k: v.contiguous() for k, v in demo_flux_inpaint_controlnet().state_dict().items()}
+        )
+    if not sd3_inpaint.is_file():
+        demo_sd3_controlnet(15, inpaint=True).save_pretrained(sd3_inpaint.parent)
+    return [sd3, sd35, flux, xlabs, flux_inpaint, sd3_inpaint]

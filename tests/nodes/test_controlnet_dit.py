@@ -5,8 +5,8 @@ FluxControlNetPipeline, on the same tiny components, noise and sigmas (as the pl
 tests), with strength and a start percent where the two schedules agree (diffusers switches a
 ControlNet per step index, ComfyUI per sigma: start percents that fall between steps agree).
 
-Both encode the control image with the VAE; diffusers samples the posterior and ComfyUI takes its
-mean, so the tiny VAEs here have a posterior of width ~3e-7 (log-variance biased to the clamp).
+The shared setup (tiny files, Loom's run, diffusers' pipelines, the sharp VAE posterior):
+``tests/nodes/dit_control_fixtures.py``.
 """
 
 from __future__ import annotations
@@ -16,85 +16,48 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from nodes.conditioning import CLIPTextEncode
 from nodes.controlnet import ControlNetApplyAdvanced, open_controlnet
 from nodes.controlnet_apply import ControlNetApplySD3
 from nodes.controlnet_union import SetUnionControlNetType
 from nodes.demo_control import demo_flux_controlnet, demo_sd3_controlnet, xlabs_file
-from nodes.diffusion.noise import prepare_noise
 from nodes.families.components.dit_control import FLUX_INSTANTX, FLUX_XLABS, SD3
-from nodes.families.flux_nodes import EmptySD3LatentImage, FluxGuidance, ModelSamplingFlux
-from nodes.handles import open_diffusion_model, open_text_encoders, open_vae
+from nodes.handles import open_vae
 from nodes.hooks import ConditioningError
 from nodes.sampling import KSampler
 from nodes.weights import ModelLoadError
-
-SIZE, STEPS, SEED = 64, 4, 42
-
-
-def _sharp_posterior(vae: Any) -> Any:
-    with torch.no_grad():
-        vae.encoder.conv_out.bias[vae.config.latent_channels :] = -100.0
-    return vae
-
-
-def _image(batch: int = 1, seed: int = 5) -> torch.Tensor:
-    return torch.rand(batch, SIZE, SIZE, 3, generator=torch.Generator().manual_seed(seed))
-
-
-def _save(path: Path, tensors: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-    return path
+from tests.nodes.dit_control_fixtures import (
+    SIZE,
+    flux_pipeline_latent,
+    flux_run,
+    save,
+    sd3_pipeline,
+    sd3_pipeline_latent,
+    sd3_run,
+    write_flux,
+    write_sd3,
+)
+from tests.nodes.dit_control_fixtures import control_image as _image
 
 
 # --- SD3 ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sd3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from nodes.demo_sd3 import demo_sd3_modules, sd3_files
-
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("sd3cn")
-    modules = demo_sd3_modules()
-    _sharp_posterior(modules["vae"])
-    files = {name: _save(root / name, tensors) for name, tensors in sd3_files(modules).items()}
+    modules = write_sd3(root)
     net = demo_sd3_controlnet()
     net.save_pretrained(root / "cn_sd3")
     return {
         "root": root,
         "modules": modules,
-        "files": files,
         "net": net,
         "cn": root / "cn_sd3" / "diffusion_pytorch_model.safetensors",
     }
 
 
 def _sd3_run(ctx: Any, sd3: dict[str, Any], apply: Any, latent_batch: int = 1) -> tuple[Any, Any, Any]:
-    from nodes.demo_sd3 import DEMO_SD3_CLIP_G, DEMO_SD3_CLIP_L, DEMO_SD3_MMDIT, DEMO_SD3_T5XXL
-
-    root = sd3["root"]
-    model = open_diffusion_model(root / DEMO_SD3_MMDIT)
-    clip = open_text_encoders([root / DEMO_SD3_CLIP_L, root / DEMO_SD3_CLIP_G, root / DEMO_SD3_T5XXL], "sd3")
-    pos = CLIPTextEncode().run(ctx, text="a photo of a cat", clip=clip)[0]
-    neg = CLIPTextEncode().run(ctx, text="blurry", clip=clip)[0]
-    cpos, cneg = apply(pos, neg) if apply is not None else (pos, neg)
-    latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=latent_batch)[0]
-    out = KSampler().run(
-        ctx,
-        model=model,
-        seed=SEED,
-        steps=STEPS,
-        cfg=4.0,
-        sampler_name="euler",
-        scheduler="normal",
-        positive=cpos,
-        negative=cneg,
-        latent_image=latent,
-        denoise=1.0,
-    )[0]
-    return model.latent_format.process_in(out["samples"]), pos, neg
+    return sd3_run(ctx, sd3["root"], apply, latent_batch)
 
 
 def _sd3_apply(
@@ -127,46 +90,11 @@ def test_sd3_controlnet_file_is_read_as_diffusers_sd3_controlnet(sd3: dict[str, 
 def test_sd3_txt2img_matches_stable_diffusion_3_controlnet_pipeline(
     sd3: dict[str, Any], make_ctx: Any, strength: float, start: float
 ) -> None:
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3ControlNetPipeline
-
-    from nodes.families.components.clip_text import load_tokenizer
-    from nodes.families.components.t5_text import load_t5_tokenizer
-    from tests.nodes.test_sd3_pipeline import clip_l_with_identity_projection
-
     ctx, image = make_ctx(), _image()
     mine, pos, neg = _sd3_run(ctx, sd3, _sd3_apply(ctx, sd3, image, strength, start))
     plain, _, _ = _sd3_run(ctx, sd3, None)
-    m = sd3["modules"]
-    pipe: Any = StableDiffusion3ControlNetPipeline(
-        transformer=m["unet"],
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=m["vae"],
-        text_encoder=clip_l_with_identity_projection(m["clip_l"]),
-        tokenizer=load_tokenizer("clip_tokenizer"),
-        text_encoder_2=m["clip_g"],
-        tokenizer_2=load_tokenizer("clip_tokenizer_2"),
-        text_encoder_3=m["t5xxl"],
-        tokenizer_3=load_t5_tokenizer(),
-        controlnet=sd3["net"],
-    )
-    pipe.set_progress_bar_config(disable=True)
-    noise = prepare_noise(torch.zeros(1, 16, SIZE // 8, SIZE // 8), SEED)
-    ref = pipe(
-        prompt_embeds=pos[0].embeds,
-        pooled_prompt_embeds=pos[0].pooled,
-        negative_prompt_embeds=neg[0].embeds,
-        negative_pooled_prompt_embeds=neg[0].pooled,
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=4.0,
-        latents=noise,
-        control_image=image.movedim(-1, 1) * 2 - 1,
-        controlnet_conditioning_scale=strength,
-        control_guidance_start=start,
-        control_guidance_end=1.0,
-        output_type="latent",
-    ).images
+    pipe = sd3_pipeline(sd3["modules"], sd3["net"])
+    ref = sd3_pipeline_latent(pipe, pos, neg, strength, start, control_image=image.movedim(-1, 1) * 2 - 1)
     assert (mine - ref).abs().max() < 1e-4
     assert (mine - plain).abs().max() > 1e-3  # the ControlNet changed the result
 
@@ -174,53 +102,21 @@ def test_sd3_txt2img_matches_stable_diffusion_3_controlnet_pipeline(
 # --- Flux -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def flux(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from nodes.demo_flux import demo_flux_modules, flux_files
-
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("fluxcn")
-    modules = demo_flux_modules(guidance=True)
-    _sharp_posterior(modules["vae"])
-    for name, tensors in flux_files(modules).items():
-        _save(root / name, tensors)
+    modules = write_flux(root)
     union, xlabs = demo_flux_controlnet(), demo_flux_controlnet(13, xlabs=True)
     return {
         "root": root,
         "modules": modules,
         "union": union,
         "xlabs": xlabs,
-        "union_file": _save(root / "cn" / "flux_union.safetensors", union.state_dict()),
-        "xlabs_file": _save(root / "cn" / "flux_xlabs.safetensors", xlabs_file(xlabs)),
+        "union_file": save(root / "cn" / "flux_union.safetensors", union.state_dict()),
+        "xlabs_file": save(root / "cn" / "flux_xlabs.safetensors", xlabs_file(xlabs)),
     }
 
 
 def _flux_run(ctx: Any, flux: dict[str, Any], apply: Any, latent_batch: int = 1) -> tuple[Any, Any]:
-    from nodes.demo_flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL
-
-    root = flux["root"]
-    model = open_diffusion_model(root / DEMO_FLUX_DEV)
-    model = ModelSamplingFlux().run(
-        ctx, model=model, max_shift=1.15, base_shift=0.5, width=SIZE, height=SIZE
-    )[0]
-    clip = open_text_encoders([root / DEMO_T5XXL, root / DEMO_CLIP_L], "flux")
-    cond = FluxGuidance().run(
-        ctx, conditioning=CLIPTextEncode().run(ctx, text="a cat", clip=clip)[0], guidance=4.0
-    )[0]
-    pos, neg = apply(cond, cond) if apply is not None else (cond, cond)
-    latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=latent_batch)[0]
-    out = KSampler().run(
-        ctx,
-        model=model,
-        seed=SEED,
-        steps=STEPS,
-        cfg=1.0,
-        sampler_name="euler",
-        scheduler="simple",
-        positive=pos,
-        negative=neg,
-        latent_image=latent,
-        denoise=1.0,
-    )[0]
-    return model.latent_format.process_in(out["samples"]), cond
+    return flux_run(ctx, flux["root"], apply, latent_batch)
 
 
 def _flux_apply(
@@ -258,49 +154,16 @@ def _flux_pipeline_latent(
     start: float = 0.0,
     mode: int | None = None,
 ) -> torch.Tensor:
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxControlNetPipeline
-
-    from nodes.families.components.clip_text import load_tokenizer
-    from nodes.families.components.t5_text import load_t5_tokenizer
-
-    m = flux["modules"]
-    sched = FlowMatchEulerDiscreteScheduler(
-        shift=1.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
-    pipe: Any = FluxControlNetPipeline(
-        scheduler=sched,
-        vae=m["vae"],
-        text_encoder=m["clip_l"],
-        tokenizer=load_tokenizer("clip_tokenizer"),
-        text_encoder_2=m["t5xxl"],
-        tokenizer_2=load_t5_tokenizer(),
-        transformer=m["unet"],
-        controlnet=net,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    noise = prepare_noise(torch.zeros(1, 16, SIZE // 8, SIZE // 8), SEED)
-    packed = pipe._pack_latents(noise, 1, 16, SIZE // 8, SIZE // 8)
-    ref = pipe(
-        prompt_embeds=cond[0].embeds,
-        pooled_prompt_embeds=cond[0].pooled,
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=4.0,
-        latents=packed,
+    return flux_pipeline_latent(
+        flux["modules"],
+        cond,
+        net,
         control_image=image.movedim(-1, 1) * 2 - 1,
         control_mode=mode,
         controlnet_conditioning_scale=strength,
         control_guidance_start=start,
         control_guidance_end=1.0,
-        output_type="latent",
-    ).images
-    return pipe._unpack_latents(ref, SIZE, SIZE, pipe.vae_scale_factor)
+    )
 
 
 def test_flux_controlnet_layouts_are_read(flux: dict[str, Any]) -> None:
@@ -499,17 +362,17 @@ def test_unrunnable_dit_controlnet_layouts_are_refused_by_name(tmp_path: Path) -
             },
             "SD3.5 ControlNet with a square",
         ),
-        "alimama_inpaint.safetensors": (
+        "odd_hint.safetensors": (
             {
                 "controlnet_blocks.0.weight": torch.zeros(4, 4),
-                "controlnet_x_embedder.weight": torch.zeros(4, 68),
+                "controlnet_x_embedder.weight": torch.zeros(4, 80),
             },
-            "inpainting",
+            "takes 20-channel control hints; Loom runs DiT ControlNets taking 16 .* or 17",
         ),
     }
     for name, (tensors, words) in cases.items():
         with pytest.raises(ModelLoadError, match=words):
-            open_controlnet(_save(tmp_path / name, tensors))
+            open_controlnet(save(tmp_path / name, tensors))
 
 
 def test_a_latent_hint_of_another_size_than_the_call_is_refused(sd3: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """The DiT ControlNet example workflows (web/workflows/controlnet_flux.api.json: a Flux union
 ControlNet with a VAE-encoded control image stacked with an XLabs one; controlnet_sd3.api.json:
-an SD3 ControlNet through ControlNetApplySD3) run offline on the demo files, and the ControlNets
-change the picture."""
+an SD3 ControlNet through ControlNetApplySD3; controlnet_sd35.api.json: Stability's SD3.5 depth
+ControlNet layout through ControlNetApplyAdvanced; controlnet_flux_inpaint / controlnet_sd3_inpaint:
+outpainting with AliMama's inpainting ControlNets through ControlNetInpaintingAliMamaApply) run
+offline on the demo files, and the ControlNets change the picture."""
 
 from __future__ import annotations
 
@@ -63,12 +65,19 @@ def _without_controlnets(prompt: dict, applies: tuple[str, ...]) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("name", "applies"), [("controlnet_flux", ("16", "18")), ("controlnet_sd3", ("15",))]
+    ("name", "applies"),
+    [
+        ("controlnet_flux", ("16", "18")),
+        ("controlnet_sd3", ("15",)),
+        ("controlnet_sd35", ("15",)),
+        ("controlnet_flux_inpaint", ("16",)),
+        ("controlnet_sd3_inpaint", ("15",)),
+    ],
 )
 def test_dit_controlnet_workflow_runs_and_the_control_matters(
     name: str, applies: tuple[str, ...], flux_demo: Path, sd3_demo: Path, tmp_path: Path
 ) -> None:
-    models = _with_controlnets(flux_demo if name == "controlnet_flux" else sd3_demo)
+    models = _with_controlnets(flux_demo if name.startswith("controlnet_flux") else sd3_demo)
     prompt = json.loads((WORKFLOWS / f"{name}.api.json").read_text())
     executor = make_executor(models, tmp_path)
     controlled = _image(executor, prompt, tmp_path)

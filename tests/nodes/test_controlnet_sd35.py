@@ -2,7 +2,7 @@
 ControlNetLoader reads the file layout (``attn.qkv``, ``adaLN_modulation``, ``control_type``) into
 diffusers' ``SD3ControlNetModel`` (``use_pos_embed=False``), and Loom's txt2img with a tiny random
 one equals diffusers' StableDiffusion3ControlNetPipeline on the same tiny components, noise and
-sigmas (the setup of ``test_controlnet_dit.py``).
+sigmas (the shared setup of ``tests/nodes/dit_control_fixtures.py``).
 
 ComfyUI embeds the latent for these ControlNets with the model's patch embedding plus a fresh
 sin-cos grid over positions 0..15, where diffusers' pipeline reuses the transformer's cropped
@@ -22,27 +22,16 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from nodes.conditioning import CLIPTextEncode
 from nodes.controlnet import ControlNetApplyAdvanced, open_controlnet
 from nodes.controlnet_apply import ControlNetApplySD3
 from nodes.demo_control import DEMO_SD35_CONTROLNET, demo_sd35_controlnet, make_dit_control_demos
-from nodes.diffusion.noise import prepare_noise
 from nodes.families.components.dit_control import SD35, DiTControlNetHandle
 from nodes.families.components.sd35_control import diffusers_to_sd35, sincos_grid
-from nodes.families.flux_nodes import EmptySD3LatentImage
-from nodes.handles import open_diffusion_model, open_text_encoders, open_vae
-from nodes.sampling import KSampler
+from nodes.handles import open_vae
 from nodes.weights import ModelLoadError
-
-SIZE, STEPS, SEED = 64, 4, 42
-
-
-def _save(path: Path, tensors: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-    return path
+from tests.nodes.dit_control_fixtures import SIZE, save, sd3_pipeline, sd3_pipeline_latent, sd3_run, write_sd3
+from tests.nodes.dit_control_fixtures import control_image as _hint
 
 
 def _comfy_positions_table(width: int) -> torch.Tensor:
@@ -60,18 +49,13 @@ def _comfy_positions_table(width: int) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def sd35(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from nodes.demo_sd3 import demo_sd3_modules, sd3_files
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("sd35cn")
-    modules = demo_sd3_modules()
-    vae = modules["vae"]
-    with torch.no_grad():  # a posterior of width ~3e-7: diffusers samples it, ComfyUI takes its mean
-        vae.encoder.conv_out.bias[vae.config.latent_channels :] = -100.0
+    def comfy_positions(modules: dict[str, Any]) -> None:
         table = modules["unet"].pos_embed.pos_embed
-        table.copy_(_comfy_positions_table(table.shape[-1]))
-    for name, tensors in sd3_files(modules).items():
-        _save(root / name, tensors)
+        with torch.no_grad():
+            table.copy_(_comfy_positions_table(table.shape[-1]))
+
+    root = tmp_path_factory.mktemp("sd35cn")
+    modules = write_sd3(root, comfy_positions)
     full, net = demo_sd35_controlnet(), demo_sd35_controlnet()
     with torch.no_grad():  # 2 outputs over 3 blocks: blocks 0, 1 get the first, the last block the second
         net.controlnet_blocks[-1].weight.zero_()
@@ -81,37 +65,15 @@ def sd35(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "modules": modules,
         "net": net,
         "full": full,
-        "cn": _save(root / "cn" / "sd3.5_large_controlnet_depth.safetensors", diffusers_to_sd35(net, 2)),
-        "cn_full": _save(
+        "cn": save(root / "cn" / "sd3.5_large_controlnet_depth.safetensors", diffusers_to_sd35(net, 2)),
+        "cn_full": save(
             root / "full" / "sd3.5_large_controlnet_depth.safetensors", diffusers_to_sd35(full, 2)
         ),
     }
 
 
 def _run(ctx: Any, sd35: dict[str, Any], apply: Any) -> tuple[Any, Any, Any]:
-    from nodes.demo_sd3 import DEMO_SD3_CLIP_G, DEMO_SD3_CLIP_L, DEMO_SD3_MMDIT, DEMO_SD3_T5XXL
-
-    root = sd35["root"]
-    model = open_diffusion_model(root / DEMO_SD3_MMDIT)
-    clip = open_text_encoders([root / DEMO_SD3_CLIP_L, root / DEMO_SD3_CLIP_G, root / DEMO_SD3_T5XXL], "sd3")
-    pos = CLIPTextEncode().run(ctx, text="a photo of a cat", clip=clip)[0]
-    neg = CLIPTextEncode().run(ctx, text="blurry", clip=clip)[0]
-    cpos, cneg = apply(pos, neg) if apply is not None else (pos, neg)
-    latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(
-        ctx,
-        model=model,
-        seed=SEED,
-        steps=STEPS,
-        cfg=4.0,
-        sampler_name="euler",
-        scheduler="normal",
-        positive=cpos,
-        negative=cneg,
-        latent_image=latent,
-        denoise=1.0,
-    )[0]
-    return model.latent_format.process_in(out["samples"]), pos, neg
+    return sd3_run(ctx, sd35["root"], apply)
 
 
 def _apply(
@@ -154,47 +116,9 @@ def test_sd35_grid_is_comfyui_positions_over_0_to_15() -> None:
 def _pipeline(
     sd35: dict[str, Any], net: Any, pos: Any, neg: Any, image: torch.Tensor, strength: float, start: float
 ) -> torch.Tensor:
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3ControlNetPipeline
-
-    from nodes.families.components.clip_text import load_tokenizer
-    from nodes.families.components.t5_text import load_t5_tokenizer
-    from tests.nodes.test_sd3_pipeline import clip_l_with_identity_projection
-
-    m = sd35["modules"]
-    pipe: Any = StableDiffusion3ControlNetPipeline(
-        transformer=m["unet"],
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=m["vae"],
-        text_encoder=clip_l_with_identity_projection(m["clip_l"]),
-        tokenizer=load_tokenizer("clip_tokenizer"),
-        text_encoder_2=m["clip_g"],
-        tokenizer_2=load_tokenizer("clip_tokenizer_2"),
-        text_encoder_3=m["t5xxl"],
-        tokenizer_3=load_t5_tokenizer(),
-        controlnet=copy.deepcopy(net),  # the pipeline gives it the transformer's patch embedding
-    )
-    pipe.set_progress_bar_config(disable=True)
-    noise = prepare_noise(torch.zeros(1, 16, SIZE // 8, SIZE // 8), SEED)
-    return pipe(
-        prompt_embeds=pos[0].embeds,
-        pooled_prompt_embeds=pos[0].pooled,
-        negative_prompt_embeds=neg[0].embeds,
-        negative_pooled_prompt_embeds=neg[0].pooled,
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=4.0,
-        latents=noise,
-        control_image=(1 - image.movedim(-1, 1)) * 2 - 1,  # the depth ControlNet's pixels, as -1..1
-        controlnet_conditioning_scale=strength,
-        control_guidance_start=start,
-        control_guidance_end=1.0,
-        output_type="latent",
-    ).images
-
-
-def _hint() -> torch.Tensor:
-    return torch.rand(1, SIZE, SIZE, 3, generator=torch.Generator().manual_seed(5))
+    pipe = sd3_pipeline(sd35["modules"], copy.deepcopy(net))  # it gives the ControlNet the patch embedding
+    depth = (1 - image.movedim(-1, 1)) * 2 - 1  # the depth ControlNet's pixels, as -1..1
+    return sd3_pipeline_latent(pipe, pos, neg, strength, start, control_image=depth)
 
 
 @pytest.mark.parametrize(("strength", "start"), [(0.9, 0.0), (1.4, 0.4)])
@@ -222,7 +146,7 @@ def test_demo_writer_writes_the_sd35_controlnet_in_stabilitys_layout(tmp_path: P
     from safetensors import safe_open
 
     def write(path: Path, tensors: dict[str, Any]) -> None:
-        _save(path, tensors)
+        save(path, tensors)
 
     written = make_dit_control_demos(tmp_path, write)
     path = tmp_path / "controlnet" / DEMO_SD35_CONTROLNET
@@ -247,12 +171,12 @@ def test_bad_sd35_controlnet_inputs_are_refused_clearly(
 ) -> None:
     truncated = {k: v for k, v in diffusers_to_sd35(sd35["net"], 1).items() if "controlnet_blocks.1" not in k}
     with pytest.raises(ModelLoadError, match="do not match its config"):
-        open_controlnet(_save(tmp_path / "sd3.5_cut.safetensors", truncated)).build()
+        open_controlnet(save(tmp_path / "sd3.5_cut.safetensors", truncated)).build()
     no_embedder = {
         k: v for k, v in diffusers_to_sd35(sd35["net"], 1).items() if not k.startswith("time_text_embed.text")
     }
     with pytest.raises(ModelLoadError, match="square"):
-        open_controlnet(_save(tmp_path / "sd3.5_no_embedder.safetensors", no_embedder))
+        open_controlnet(save(tmp_path / "sd3.5_no_embedder.safetensors", no_embedder))
     ctx = make_ctx()
     image = torch.rand(1, SIZE, SIZE, 3)
     net = open_controlnet(sd35["cn"])
@@ -279,7 +203,7 @@ def test_sd35_control_type_picks_comfyuis_pixel_transform(sd35: dict[str, Any], 
     expected = {0: pixels, 1: pixels * 127.5 + 0.5, 2: 1 - pixels}  # blur, canny, depth
     for kind, want in expected.items():
         handle = open_controlnet(
-            _save(tmp_path / f"t{kind}.safetensors", diffusers_to_sd35(sd35["net"], kind))
+            save(tmp_path / f"t{kind}.safetensors", diffusers_to_sd35(sd35["net"], kind))
         )
         assert isinstance(handle, DiTControlNetHandle)
         assert torch.equal(handle.hint_pixels(pixels), want)

@@ -22,8 +22,13 @@ them apart):
 The residuals are scaled by the strength and expanded to one tensor per block of the model the
 sampler runs (:class:`nodes.control_base.ControlResiduals` ``blocks`` / ``single``); the family's
 denoiser adds them after its blocks (``sd3_dit`` / ``flux_dit``). Refused with a message saying
-so: Mistoline and inpainting (mask-taking) ControlNets, and SD3.5 ControlNets whose pooled embedder
-is square (a layout no published file uses).
+so: Mistoline ControlNets, and SD3.5 ControlNets whose pooled embedder is square (a layout no
+published file uses).
+
+AliMama's inpainting ControlNets (Flux ``flux_instantx``, SD3 ``sd3``) take 17 hint channels, ComfyUI's
+``concat_mask``: the encoded image, then the mask of what to keep (``nodes.controlnet.encode_hint``).
+Diffusers' Flux ControlNet has no such input: its ``controlnet_x_embedder`` is widened by the
+config's ``extra_condition_channels`` (AliMama's name: 4 packed features).
 
 - ``sd35``: Stability AI's SD3.5 Large ControlNets (``sd3.5_large_controlnet_{blur,canny,depth}``):
   ``pos_embed_input.proj``, ``time_text_embed.*``, ``transformer_blocks.N`` in Stability's names
@@ -81,10 +86,10 @@ def dit_layout(shapes: Mapping[str, Sequence[int]], name: str) -> str | None:
             )
     elif "controlnet_x_embedder.weight" in shapes:
         layout = FLUX_INSTANTX
-    if layout is not None and _hint_channels(shapes, layout) % 16 == 1:
+    if layout is not None and _hint_channels(shapes, layout) not in (16, 17):
         raise ModelLoadError(
-            f"{name} is an inpainting ControlNet (its hint carries the mask, e.g. AliMama's), which "
-            "Loom cannot run yet; use a ControlNet that takes an image only"
+            f"{name} takes {_hint_channels(shapes, layout)}-channel control hints; Loom runs DiT ControlNets "
+            "taking 16 (the encoded image) or 17 (inpainting ControlNets such as AliMama's: the image and the mask)"
         )
     return layout
 
@@ -157,7 +162,9 @@ def dit_config(
         inner, channels = (int(s) for s in shapes["x_embedder.weight"])
         head = int(shapes["transformer_blocks.0.attn.norm_q.weight"][0])
         mode = shapes.get("controlnet_mode_embedder.weight")
+        extra = 4 * _hint_channels(shapes, FLUX_INSTANTX) - channels  # AliMama inpainting: the packed mask
         return {
+            **({"extra_condition_channels": extra} if extra else {}),
             "in_channels": channels,
             "num_layers": _count(shapes, "transformer_blocks."),
             "num_single_layers": _count(shapes, "single_transformer_blocks."),
@@ -271,6 +278,14 @@ class DiTControlNetHandle(WeightsHandle):
         return int(mode) if mode else None
 
     @property
+    def concat_mask(self) -> bool:
+        """An inpainting ControlNet (AliMama's Flux and SD3 ones): its hint is the VAE-encoded image
+        with one more channel, the mask of what to keep (ComfyUI's ``concat_mask``: 17 hint channels)."""
+        if self.layout == SD3:
+            return int(self.config.get("extra_conditioning_channels", 0)) == 1
+        return int(self.config.get("extra_condition_channels", 0)) == 4
+
+    @property
     def latent_format(self) -> LatentFormat | None:
         """The model space of a VAE-encoded hint (None: the ControlNet takes pixels)."""
         if self.layout == SD35:
@@ -300,12 +315,18 @@ class DiTControlNetHandle(WeightsHandle):
     def build(self) -> Any:
         from diffusers import FluxControlNetModel, SD3ControlNetModel
 
-        cfg = {k: v for k, v in self.config.items() if k != "sd35_type"}
+        cfg = {k: v for k, v in self.config.items() if k not in ("sd35_type", "extra_condition_channels")}
         if self.layout in (SD3, SD35):
             cfg["dual_attention_layers"] = tuple(cfg.get("dual_attention_layers", ()))
             module = SD3ControlNetModel.from_config(cfg)
         else:
             module = FluxControlNetModel.from_config(cfg)
+            extra = int(self.config.get("extra_condition_channels", 0))
+            if extra:  # AliMama's inpainting ControlNet: the hint input takes the packed mask too
+                embedder = module.controlnet_x_embedder
+                module.controlnet_x_embedder = torch.nn.Linear(
+                    embedder.in_features + extra, embedder.out_features
+                )
         sd = load_tensors(read_index(self.path, allow_pickle=self.source.allow_pickle))
         if self.layout == FLUX_XLABS:
             sd = xlabs_to_diffusers(sd, self.config)
