@@ -68,6 +68,16 @@ def ksample(ctx: Any, model: Any, pos: Any, neg: Any, latent: Any, steps: int = 
     )[0]["samples"]
 
 
+def sd15_prompts(path: Path, make_ctx: Any) -> tuple[Any, Any, Any, Any]:
+    """The tiny SD1.5 checkpoint, a node context and its positive and negative prompts."""
+    torch.set_num_threads(1)
+    ckpt = open_checkpoint(path)
+    ctx = make_ctx()
+    pos = CLIPTextEncode().run(ctx, text="a red house", clip=ckpt.clip)[0]
+    neg = CLIPTextEncode().run(ctx, text="blurry", clip=ckpt.clip)[0]
+    return ckpt, ctx, pos, neg
+
+
 def streaming_record(manager: ModelManager, handle: Any) -> dict[str, Any]:
     (record,) = [s for s in manager.stats()["streaming"] if s["key"] == handle.key]
     return record
@@ -76,11 +86,7 @@ def streaming_record(manager: ModelManager, handle: Any) -> dict[str, Any]:
 def test_sd15_unet_streamed_one_block_at_a_time_is_bit_identical(
     tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager
 ) -> None:
-    torch.set_num_threads(1)
-    ckpt = open_checkpoint(tiny_sd15_ckpt)
-    ctx = make_ctx()
-    pos = CLIPTextEncode().run(ctx, text="a red house", clip=ckpt.clip)[0]
-    neg = CLIPTextEncode().run(ctx, text="blurry", clip=ckpt.clip)[0]
+    ckpt, ctx, pos, neg = sd15_prompts(tiny_sd15_ckpt, make_ctx)
     latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=2)[0]
     resident = ksample(ctx, ckpt.unet, pos, neg, latent)
 
@@ -166,11 +172,7 @@ def test_dropping_a_streamed_model_stops_its_streaming(
 def test_a_run_interrupted_inside_a_streamed_block_leaves_the_next_run_exact(
     tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager
 ) -> None:
-    torch.set_num_threads(1)
-    ckpt = open_checkpoint(tiny_sd15_ckpt)
-    ctx = make_ctx()
-    pos = CLIPTextEncode().run(ctx, text="a red house", clip=ckpt.clip)[0]
-    neg = CLIPTextEncode().run(ctx, text="blurry", clip=ckpt.clip)[0]
+    ckpt, ctx, pos, neg = sd15_prompts(tiny_sd15_ckpt, make_ctx)
     latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
     resident = ksample(ctx, ckpt.unet, pos, neg, latent, steps=2)
     streamed_ctx = with_budget(ctx, streamed_manager, one_block_budget(ckpt.unet))

@@ -15,13 +15,12 @@ import torch
 
 from engine.memory import ModelManager
 from engine.streaming import DeviceBudget, RunShape
-from nodes.conditioning import CLIPTextEncode
 from nodes.demo_flux import DEMO_FLUX_DEV
 from nodes.families import FAMILIES
 from nodes.handles import open_checkpoint, open_diffusion_model
 from nodes.latent import EmptyLatentImage
 from nodes.streaming import device_bytes
-from tests.nodes.test_streaming import announced, ksample, with_budget
+from tests.nodes.test_streaming import announced, ksample, sd15_prompts, with_budget
 
 LATENT_COPIES = 8  # float32 latents the sampler holds (nodes.families.activation.LATENT_COPIES)
 
@@ -82,11 +81,7 @@ def test_the_flux_estimate_counts_packed_image_tokens_beside_the_text_tokens(flu
 def test_a_larger_image_under_the_same_budget_keeps_fewer_blocks_resident_and_stays_exact(
     tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager
 ) -> None:
-    torch.set_num_threads(1)
-    ckpt = open_checkpoint(tiny_sd15_ckpt)
-    ctx = make_ctx()
-    pos = CLIPTextEncode().run(ctx, text="a red house", clip=ckpt.clip)[0]
-    neg = CLIPTextEncode().run(ctx, text="blurry", clip=ckpt.clip)[0]
+    ckpt, ctx, pos, neg = sd15_prompts(tiny_sd15_ckpt, make_ctx)
     small = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
     large = EmptyLatentImage().run(ctx, width=128, height=128, batch_size=1)[0]
     resident_small = ksample(ctx, ckpt.unet, pos, neg, small, steps=2)
