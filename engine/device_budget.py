@@ -179,8 +179,8 @@ def add_budget_args(parser: Any) -> None:
         type=float,
         default=None,
         metavar="GB",
-        help="device memory Loom's model weights may use, instead of the device's size (with --cpu: "
-        "a simulated device budget, streamed with plain copies)",
+        help="device memory Loom may use, instead of the device's size: model weights plus each run's "
+        "estimated activations (with --cpu: a simulated device budget, streamed with plain copies)",
     )
 
 
