@@ -186,8 +186,8 @@ class ModelManager(Prefetcher, DeviceStreaming):
         with self._lock:
             entry = self._resident.get(key)
             if entry is not None:
-                if entry.locks == 0 and self._needs_resplit(entry):
-                    self._resplit(entry)
+                if entry.locks == 0:
+                    self._fit_run(entry)  # the split is chosen per run
                 entry.locks += 1
                 return entry
             if self.policy.is_large(kind):

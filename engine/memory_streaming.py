@@ -68,23 +68,33 @@ class DeviceStreaming:
                 self._streams[handle.key] = state
         return module
 
-    def _needs_resplit(self, entry: _Entry) -> bool:
-        """Whether the run announced for a resident model asks for another split than the one it
-        has (caller holds the lock): a streamed model whose plan changes with the new estimate, or
-        one placed whole for a smaller estimate than the new one."""
-        key = entry.handle.key
-        if self.device_budget is None or key not in self._activations:
-            return False
-        activation, before = self._activation(entry.handle, entry.module), self._activations[key]
-        if activation == before:
-            return False
+    def _fit_run(self, entry: _Entry) -> None:
+        """Fit a resident, unused model to the run announced for it (caller holds the lock): placed
+        again (:meth:`_resplit`) when the run's estimate asks for another split than the one it has
+        (a streamed model whose plan changes, or one placed whole that no longer fits beside the
+        estimate); otherwise only the recorded estimate (and a streamed model's plan, same split)
+        follows the run."""
+        key, budget = entry.handle.key, self.device_budget
+        if budget is None or key not in self._activations:
+            return
+        activation = self._activation(entry.handle, entry.module)
+        if activation == self._activations[key]:
+            return
         state = self._streams.get(key)
         if state is None:
-            return activation > before
-        plan = state.plan
-        return bool(
-            plan_split(plan.block_bytes, plan.fixed_bytes, self.device_budget, activation).split != plan.split
-        )
+            limit = budget.weights_for(activation)
+            if limit is not None and entry.nbytes > limit:
+                self._resplit(entry)
+            else:
+                self._activations[key] = activation
+            return
+        plan = plan_split(state.plan.block_bytes, state.plan.fixed_bytes, budget, activation)
+        if plan.split != state.plan.split:
+            self._resplit(entry)
+            return
+        state.plan = state.streamer.plan = plan  # the same blocks stream; the figures follow the run
+        state.account.limit = plan.budget_bytes
+        self._activations[key] = activation
 
     def _resplit(self, entry: _Entry) -> None:
         """Place a resident, unused model again for the run announced for it (caller holds the

@@ -1,6 +1,6 @@
 """Block streaming for torch modules: the glue between ``engine.streaming`` and ``nn.Module``.
 
-``place_within(module, blocks, device, dtype, budget)`` is what a handle's ``to_device_within``
+``place_within(module, blocks, device, dtype, budget, activation_bytes)`` is what a handle's ``to_device_within``
 calls when the memory manager has a device budget: it plans the split (``engine.streaming``), moves
 and casts everything but the streamed blocks to the device like ``nn.Module.to`` would, leaves the
 streamed blocks in host memory *as stored* (an fp16 file stays fp16, fp8/int8/GGUF layers of

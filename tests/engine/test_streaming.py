@@ -306,18 +306,18 @@ def test_the_split_is_chosen_for_the_run_announced_and_again_only_when_a_run_nee
     with manager.use(handle):
         pass
     assert handle.placed == ["within 472", "within 88"]
-    manager.plan_run(handle, RunShape((1, 4, 4, 4)))  # placed whole for more: a smaller run fits as is
+    manager.plan_run(handle, RunShape((1, 4, 4, 4)))  # placed whole: a smaller run fits as it is
     with manager.use(handle):
         pass
     assert handle.placed == ["within 472", "within 88"]
     (placement,) = manager.stats()["placements"]  # what /system_stats shows under loom.memory_manager
-    assert placement["activation_bytes"] == 512 and placement["weights_budget_bytes"] == 88
-    assert placement["run"] == {
-        "latent": [1, 4, 4, 4],
-        "branches": 1,
-        "text_tokens": 0,
-    }  # the latest announced
+    assert placement["activation_bytes"] == 16 and placement["weights_budget_bytes"] == 584
+    assert placement["run"] == {"latent": [1, 4, 4, 4], "branches": 1, "text_tokens": 0}
     assert placement["split"] is None  # moved whole
+    manager.plan_run(handle, RunShape((1, 4, 16, 16), branches=2))  # 512: its 100 bytes no longer fit
+    with manager.use(handle):
+        pass
+    assert handle.placed == ["within 472", "within 88", "within 88"]
     manager.close()
 
 
