@@ -119,3 +119,27 @@ def test_a_larger_image_under_the_same_budget_keeps_fewer_blocks_resident_and_st
     assert torch.equal(ksample(streamed_ctx, ckpt.unet, pos, neg, small, steps=2), resident_small)
     (placement,) = streamed_manager.stats()["placements"]
     assert placement["split"] is None  # the small run has the whole model resident again
+
+
+@pytest.mark.parametrize(
+    ("demo", "file", "channels"),
+    [
+        ("zimage_demo", "loom_demo_z_image_turbo.safetensors", 16),
+        ("qwen_image_demo", "loom_demo_qwen_image.safetensors", 16),
+        ("flux2_demo", "loom_demo_flux2_dev.safetensors", 128),
+    ],
+)
+def test_the_other_transformers_estimate_from_their_own_width_and_tokens(
+    demo: str, file: str, channels: int, request: pytest.FixtureRequest
+) -> None:
+    model = open_diffusion_model(request.getfixturevalue(demo) / "diffusion_models" / file)
+    module = model.load()
+
+    def estimate(cells: int, rows: int = 1, dtype: str = "float32") -> int:
+        return model.activation_bytes(module, RunShape((rows, channels, cells, cells), 1, 20), dtype)
+
+    latents = LATENT_COPIES * channels * 4
+    growth = estimate(16) - estimate(8) - latents * (256 - 64)  # the transformer part only
+    assert growth > 0 and estimate(16, rows=2) == 2 * estimate(16)
+    assert estimate(32) - estimate(16) - latents * (1024 - 256) == 4 * growth  # linear in image tokens
+    assert estimate(16, dtype="bfloat16") - latents * 256 == (estimate(16) - latents * 256) // 2
