@@ -2,9 +2,9 @@
 
 ``place_within(module, blocks, device, dtype, budget, activation_bytes)`` is what a handle's
 ``to_device_within`` calls when the memory manager has a device budget: it plans the split beside
-the run's estimated activations (``engine.streaming``), moves
-and casts everything but the streamed blocks to the device like ``nn.Module.to`` would, leaves the
-streamed blocks in host memory *as stored* (an fp16 file stays fp16, fp8/int8/GGUF layers of
+the run's estimated activations (``engine.streaming``), moves and casts everything but the
+streamed blocks to the device like ``nn.Module.to`` would, leaves the streamed blocks in host
+memory *as stored* (an fp16 file stays fp16, fp8/int8/GGUF layers of
 ``nodes.quant`` keep their packed bytes; pinned on CUDA), and hooks each streamed block: before it
 runs its tensors are copied to the device (on a side stream on CUDA, the next streamed block's
 copy already under way) and cast to the compute dtype exactly as the resident path casts them; after
