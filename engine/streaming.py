@@ -34,7 +34,9 @@ bytes from its width, token count and compute precision (``activation_bytes`` of
 kinds in ``nodes/families``). As in ComfyUI (``load_models_gpu``: the larger of the model's
 ``memory_required`` and the 0.8 GiB minimum inference memory stays free), a real device keeps at
 least ``working_bytes`` (0.8 GiB) for activations even when the estimate is smaller; a simulated
-device has no floor, only the estimate. A run whose estimate leaves too little room for even the
+device has no floor, only the estimate. ComfyUI sizes its weights for one branch (its sampler
+splits cond and uncond into separate calls when free memory runs short); Loom always batches the
+branches a step evaluates, so its estimate counts them all (2 rows per latent row with CFG). A run whose estimate leaves too little room for even the
 smallest streaming footprint is not refused: ComfyUI then keeps its minimum of weights on the
 device and lets the run go on, so Loom streams every block one at a time (``over_budget`` in the
 plan, and a warning); only weights that cannot fit the device at all are an error.
