@@ -253,11 +253,12 @@ class DenoiserHandle(ComponentHandle):
 
     def activation_bytes(self, module: Any, run: Any, dtype: str) -> int:
         """The denoiser kind's estimate for ``run`` on ``module`` (its width, heads and token count)
-        in the compute ``dtype``; 0 for kinds that declare none."""
+        in the compute ``dtype``; 0 for kinds that declare none (and modules without the config the
+        kinds read their width from)."""
         import torch
 
         estimate = getattr(self.denoiser, "activation_bytes", None)
-        if not callable(estimate):
+        if not callable(estimate) or getattr(module, "config", None) is None:
             return 0
         element = torch.empty(0, dtype=getattr(torch, self.dtype or dtype)).element_size()
         return int(estimate(module, run, element))
