@@ -45,15 +45,15 @@ from engine.device_policy import (
 from engine.memory_entries import Entry as _Entry
 from engine.memory_entries import RunStats as _RunStats
 from engine.memory_prefetch import Prefetcher
+from engine.memory_streaming import DeviceStreaming
 from engine.ram_budget import DTYPE_BYTES, RamBudget, cheap_to_reload, fixed_tier_budget, stored_dtype
-from engine.streaming import DeviceBudget
 
 log = logging.getLogger("loom.memory")
 
 GIB = 1024**3
 
 
-class ModelManager(Prefetcher):
+class ModelManager(Prefetcher, DeviceStreaming):
     """Residency policy and accounting. One instance per process; thread-safe.
 
     ``use(handle)`` is the only way a node gets a module. ``hint_upcoming`` lets the executor
@@ -88,6 +88,8 @@ class ModelManager(Prefetcher):
         self.prefetch_enabled = prefetch
         self._lock = threading.RLock()
         self._streams: dict[str, Any] = {}  # handle key -> its streaming state (nodes.streaming.Streaming)
+        self._runs: dict[str, Any] = {}  # handle key -> the run announced for it (plan_run)
+        self._activations: dict[str, int] = {}  # handle key -> the estimate its placement left room for
         self._changed = threading.Condition(self._lock)
         self._resident: dict[str, _Entry] = {}
         self._ram: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
@@ -184,6 +186,8 @@ class ModelManager(Prefetcher):
         with self._lock:
             entry = self._resident.get(key)
             if entry is not None:
+                if entry.locks == 0:
+                    self._fit_run(entry)  # the split is chosen per run
                 entry.locks += 1
                 return entry
             if self.policy.is_large(kind):
@@ -364,45 +368,6 @@ class ModelManager(Prefetcher):
 
     def _note_ram_tier(self) -> None:
         self._stats.max_ram_tier = max(self._stats.max_ram_tier, self._ram_bytes())
-
-    # --- device budget and block streaming (engine/streaming.py) --------------------------------
-    # Set by main.py from --vram-budget / --reserve-vram / --lowvram / --novram / --highvram.
-    # None: models move whole (``handle.to_device``); a budget: through ``to_device_within``, which
-    # returns the module and its streaming state (None: moved whole), kept in ``_streams``.
-    device_budget: DeviceBudget | None = None
-
-    def _placed(self, handle: ModelHandleLike, module: Any, device: str, dtype: str) -> Any:
-        self._stop_streaming(handle.key)
-        within = getattr(handle, "to_device_within", None)
-        if self.device_budget is None or device != self.policy.device or not callable(within):
-            return handle.to_device(module, device, dtype)
-        module, state = within(module, device, dtype, self.device_budget)
-        if state is not None:
-            with self._lock:
-                self._streams[handle.key] = state
-        return module
-
-    def _stop_streaming(self, key: str) -> None:
-        """Stop streaming the model ``key`` (its hooks removed, device copies of streamed blocks
-        dropped): before it moves again, leaves the device or is dropped."""
-        with self._lock:
-            state = self._streams.pop(key, None)
-        if state is not None:
-            state.close()
-
-    def streaming_of(self, handle: ModelHandleLike) -> Any:
-        """The streaming state of ``handle``'s resident module (None: resident whole, or not resident)."""
-        with self._lock:
-            return self._streams.get(handle.key)
-
-    def _streaming_stats(self) -> dict[str, Any]:
-        """The budget, and per resident model its streaming plan and counts (caller holds the lock)."""
-        if self.device_budget is None:
-            return {}
-        streamed = [
-            {"key": key, **state.describe()} for key, state in self._streams.items() if key in self._resident
-        ]
-        return {"device_budget": self.device_budget.describe(), "streaming": streamed}
 
     # --- accounting helpers ---------------------------------------------------------------------
     def _large_resident_count(self) -> int:

@@ -1,7 +1,7 @@
 """Block streaming under a device budget: the generic part (no torch, no model code).
 
 When a denoiser or a text encoder does not fit the memory the compute device offers, its
-repeated blocks (transformer layers, UNet down/up blocks) are split once per residency:
+repeated blocks (transformer layers, UNet down/up blocks) are split once per run:
 
 - **resident** blocks live on the device like the rest of the model (embeddings, norms, heads);
 - **streamed** blocks stay in host memory in their stored precision and are copied to the device
@@ -12,7 +12,8 @@ This module holds the three generic pieces; ``nodes/streaming.py`` glues them to
 
 - :class:`DeviceBudget`: how much device memory model weights may use (from the device's size,
   ``--reserve-vram``, ``--vram-budget`` and ComfyUI's ``--lowvram`` / ``--novram`` /
-  ``--highvram``), and :func:`budget_from_flags` that reads those flags;
+  ``--highvram``), :func:`budget_from_flags` that reads those flags, and :class:`RunShape`, what a
+  sampling run asks of the device (all in ``engine/device_budget.py``, re-exported here);
 - :func:`plan_split` -> :class:`StreamPlan`: which blocks stay and which stream;
 - :class:`DeviceAccount` (bytes on the device, with a hard limit: the simulated device on CPU is
   exactly this) and :class:`BlockStreamer` (fetch / prefetch / drop order, counted).
@@ -22,169 +23,74 @@ ComfyUI's meanings (``comfy/cli_args.py``, ``comfy/model_management.py``): ``--h
 does not fit into resident and streamed parts, which ComfyUI's loader also does in normal mode, so
 the split is the same for both; ``--novram`` keeps no block resident, every block streams;
 ``--reserve-vram GB`` leaves that much device memory to the OS and other programs (400 MB by
-default), and ComfyUI's minimum inference memory (0.8 GiB) stays free for activations. On the CPU
-these modes mean nothing (as in ComfyUI) unless ``--vram-budget`` sets a simulated device.
+default). On the CPU these modes mean nothing (as in ComfyUI) unless ``--vram-budget`` sets a
+simulated device.
 
-The split is chosen when the manager makes the model resident (``ModelManager._placed``), so once
-per residency: a sampling run, every step of it, uses one plan. Activation memory is a fixed
-reserve (``working_bytes``), not yet estimated from the latent size and batch of the run.
+**Activations.** What the weights may hold is the budget less the reserve less the memory the run's
+activations need (:meth:`DeviceBudget.weights_for`). That need is an estimate the sampler asks for
+before the run (``ModelManager.plan_run`` with a :class:`RunShape`: latent shape, how many
+conditioning branches one model call batches, text tokens); the denoiser's family turns it into
+bytes from its width, token count and compute precision (``activation_bytes`` of the denoiser
+kinds in ``nodes/families``). As in ComfyUI (``load_models_gpu``: the larger of the model's
+``memory_required`` and the 0.8 GiB minimum inference memory stays free), a real device keeps at
+least ``working_bytes`` (0.8 GiB) for activations even when the estimate is smaller; a simulated
+device has no floor, only the estimate. ComfyUI sizes its weights for one branch (its sampler
+splits cond and uncond into separate calls when free memory runs short); Loom always batches the
+branches a step evaluates, so its estimate counts them all (2 rows per latent row with CFG). A run whose estimate leaves too little room for even the
+smallest streaming footprint is not refused: ComfyUI then keeps its minimum of weights on the
+device and lets the run go on, so Loom streams every block one at a time (``over_budget`` in the
+plan, and a warning); only weights that cannot fit the device at all are an error.
+
+The split is chosen when the manager makes the model resident (``ModelManager._placed``) with the
+estimate of the run announced for it, so once per run: every step uses one plan; a later run with
+a different estimate re-chooses it before its first step.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-MIB = 1024**2
-GIB = 1024**3
-DEFAULT_RESERVE_BYTES = 400 * MIB  # what ComfyUI leaves to the OS by default (600 MB on Windows)
-GPU_WORKING_BYTES = int(
-    0.8 * GIB
-)  # kept free for activations on a real device (ComfyUI's minimum inference memory)
-VRAM_MODES = ("normal", "lowvram", "novram", "highvram")
+from engine.device_budget import (
+    DEFAULT_RESERVE_BYTES,
+    GIB,
+    GPU_WORKING_BYTES,
+    MIB,
+    VRAM_MODES,
+    BudgetError,
+    DeviceBudget,
+    RunShape,
+    add_budget_args,
+    budget_for,
+    budget_from_flags,
+    device_total_bytes,
+)
 
+__all__ = [
+    "DEFAULT_RESERVE_BYTES",
+    "GIB",
+    "GPU_WORKING_BYTES",
+    "MIB",
+    "VRAM_MODES",
+    "BlockMover",
+    "BlockStreamer",
+    "BudgetError",
+    "DeviceAccount",
+    "DeviceBudget",
+    "RunShape",
+    "StreamPlan",
+    "StreamStats",
+    "add_budget_args",
+    "budget_for",
+    "budget_from_flags",
+    "device_total_bytes",
+    "plan_split",
+]
 
-class BudgetError(RuntimeError):
-    """The model cannot run within the device budget, even fully streamed."""
-
-
-@dataclass(frozen=True)
-class DeviceBudget:
-    """Device memory for model weights. ``total_bytes`` None: unbounded (plain CPU runs).
-
-    ``working_bytes`` is kept free for activations (latents, attention); ``simulated`` marks a
-    budget on a CPU "device" (tests, ``--vram-budget`` with ``--cpu``): copies are plain copies
-    and the :class:`DeviceAccount` enforces the limit instead of the allocator.
-    """
-
-    total_bytes: int | None = None
-    reserve_bytes: int = 0
-    working_bytes: int = 0
-    mode: str = "normal"
-    simulated: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mode not in VRAM_MODES:
-            raise ValueError(f"unknown VRAM mode {self.mode!r}; expected one of {VRAM_MODES}")
-
-    @property
-    def weights_bytes(self) -> int | None:
-        """Bytes the weights of one model may hold on the device; None: no limit."""
-        if self.mode == "highvram" or self.total_bytes is None:
-            return None
-        return max(0, self.total_bytes - self.reserve_bytes - self.working_bytes)
-
-    @property
-    def force_streaming(self) -> bool:
-        """``--novram``: stream every block, whatever fits."""
-        return self.mode == "novram"
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "total_bytes": self.total_bytes,
-            "reserve_bytes": self.reserve_bytes,
-            "working_bytes": self.working_bytes,
-            "weights_bytes": self.weights_bytes,
-            "simulated": self.simulated,
-        }
-
-
-def budget_from_flags(
-    *,
-    device: str,
-    device_total: int | None,
-    vram_budget_gb: float | None = None,
-    reserve_vram_gb: float | None = None,
-    lowvram: bool = False,
-    novram: bool = False,
-    highvram: bool = False,
-) -> DeviceBudget | None:
-    """The budget the command-line flags ask for, or None when nothing limits (CPU without
-    ``--vram-budget``). ``device_total``: the device's memory in bytes (None on CPU)."""
-    chosen = [name for name, on in (("lowvram", lowvram), ("novram", novram), ("highvram", highvram)) if on]
-    if len(chosen) > 1:
-        raise ValueError(f"--{' and --'.join(chosen)} contradict each other; give at most one")
-    mode = chosen[0] if chosen else "normal"
-    if vram_budget_gb is not None and vram_budget_gb <= 0:
-        raise ValueError(f"--vram-budget must be a positive number of GiB, got {vram_budget_gb}")
-    if reserve_vram_gb is not None and reserve_vram_gb < 0:
-        raise ValueError(f"--reserve-vram must be 0 or more GiB, got {reserve_vram_gb}")
-    simulated = device == "cpu"
-    total = int(vram_budget_gb * GIB) if vram_budget_gb is not None else device_total
-    if total is None:  # as in ComfyUI, the VRAM modes mean nothing to a CPU run
-        return None
-    if reserve_vram_gb is not None:
-        reserve = int(reserve_vram_gb * GIB)
-    else:  # a budget given explicitly is already what Loom may use; a device's size is not
-        reserve = 0 if vram_budget_gb is not None or simulated else DEFAULT_RESERVE_BYTES
-    return DeviceBudget(total, reserve, 0 if simulated else GPU_WORKING_BYTES, mode, simulated)
-
-
-def add_budget_args(parser: Any) -> None:
-    """ComfyUI's VRAM flags (one of ``--gpu-only --highvram --normalvram --lowvram --novram``),
-    ``--reserve-vram`` and Loom's ``--vram-budget``, on an ``argparse`` parser."""
-    modes = parser.add_mutually_exclusive_group()
-    modes.add_argument(
-        "--gpu-only", action="store_true", help="keep every model on the device (as --highvram here)"
-    )
-    modes.add_argument(
-        "--highvram",
-        action="store_true",
-        help="keep models whole on the device; never split one into streamed blocks",
-    )
-    modes.add_argument(
-        "--normalvram", action="store_true", help="split a model only when it does not fit (default)"
-    )
-    modes.add_argument(
-        "--lowvram",
-        action="store_true",
-        help="split models that do not fit: resident blocks plus blocks streamed in each step",
-    )
-    modes.add_argument(
-        "--novram",
-        action="store_true",
-        help="keep no blocks resident: every block streams in each step (when --lowvram is not enough)",
-    )
-    parser.add_argument(
-        "--reserve-vram",
-        type=float,
-        default=None,
-        metavar="GB",
-        help="device memory left to the OS and other programs (default: 0.4 GB on a GPU)",
-    )
-    parser.add_argument(
-        "--vram-budget",
-        type=float,
-        default=None,
-        metavar="GB",
-        help="device memory Loom's model weights may use, instead of the device's size (with --cpu: "
-        "a simulated device budget, streamed with plain copies)",
-    )
-
-
-def budget_for(args: Any, device: str) -> DeviceBudget | None:
-    """The budget of a parsed command line (see :func:`add_budget_args`) on ``device``."""
-    return budget_from_flags(
-        device=device,
-        device_total=device_total_bytes(device),
-        vram_budget_gb=getattr(args, "vram_budget", None),
-        reserve_vram_gb=getattr(args, "reserve_vram", None),
-        lowvram=bool(getattr(args, "lowvram", False)),
-        novram=bool(getattr(args, "novram", False)),
-        highvram=bool(getattr(args, "highvram", False) or getattr(args, "gpu_only", False)),
-    )
-
-
-def device_total_bytes(device: str) -> int | None:
-    """The memory of a CUDA device in bytes; None for the CPU (and devices torch gives no size for)."""
-    if not device.startswith("cuda"):
-        return None
-    import torch  # lazy: only a CUDA run asks
-
-    return int(torch.cuda.mem_get_info(torch.device(device))[1])
+log = logging.getLogger("loom.streaming")
 
 
 @dataclass(frozen=True)
@@ -196,11 +102,18 @@ class StreamPlan:
     streamed: tuple[int, ...]
     fixed_bytes: int  # the non-block part of the model, always resident
     slots: int  # streamed blocks on the device at once: 2 with prefetch, 1 without
-    budget_bytes: int | None
+    budget_bytes: int | None  # what the weights may hold on the device in this run
+    activation_bytes: int = 0  # the run's activation estimate the plan left room for
+    over_budget: bool = False  # the estimate left too little room: every block streams (ComfyUI's way)
 
     @property
     def streaming(self) -> bool:
         return bool(self.streamed)
+
+    @property
+    def split(self) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """(resident, streamed, slots): what placing the module depends on."""
+        return self.resident, self.streamed, self.slots
 
     @property
     def prefetch(self) -> bool:
@@ -230,35 +143,66 @@ class StreamPlan:
             "device_bytes": self.device_bytes,
             "streamed_bytes": sum(self.block_bytes[i] for i in self.streamed),
             "budget_bytes": self.budget_bytes,
+            "activation_bytes": self.activation_bytes,
+            "over_budget": self.over_budget,
         }
 
 
-def plan_split(block_bytes: Sequence[int], fixed_bytes: int, budget: DeviceBudget | None) -> StreamPlan:
-    """Keep as many blocks resident as fit beside the fixed part and the streaming slots (two
-    blocks of the largest streamed size for prefetch, one when only one fits), in call order;
-    stream the rest. Everything is resident when it all fits (or no budget limits)."""
+def plan_split(
+    block_bytes: Sequence[int], fixed_bytes: int, budget: DeviceBudget | None, activation_bytes: int = 0
+) -> StreamPlan:
+    """Keep as many blocks resident as fit beside the fixed part, the streaming slots (two blocks
+    of the largest streamed size for prefetch, one when only one fits) and the run's activations
+    (``activation_bytes``, see :meth:`DeviceBudget.weights_for`), in call order; stream the rest.
+    Everything is resident when it all fits (or no budget limits). When the activations leave no
+    room for any plan, every block streams one at a time (``over_budget``; see the module
+    docstring); :class:`BudgetError` only when the weights cannot fit the device even so."""
     sizes = tuple(max(0, int(b)) for b in block_bytes)
-    limit = None if budget is None else budget.weights_bytes
+    activation = max(0, int(activation_bytes))
+    limit = None if budget is None else budget.weights_for(activation)
     whole = fixed_bytes + sum(sizes)
     force = budget is not None and budget.force_streaming
     if not sizes or (limit is None and not force) or (limit is not None and whole <= limit and not force):
-        return StreamPlan(sizes, tuple(range(len(sizes))), (), fixed_bytes, 0, limit)
+        return StreamPlan(sizes, tuple(range(len(sizes))), (), fixed_bytes, 0, limit, activation)
     if limit is None:  # --novram without a size: stream everything, with prefetch
-        return StreamPlan(sizes, (), tuple(range(len(sizes))), fixed_bytes, 2, None)
+        return StreamPlan(sizes, (), tuple(range(len(sizes))), fixed_bytes, 2, None, activation)
     best: StreamPlan | None = None
     for slot in sorted(set(sizes)):  # the largest streamed block; larger ones must stay resident
         for slots in (2, 1):
             plan = _fill(sizes, fixed_bytes, limit, slot, slots, force)
             if plan is not None and (best is None or _better(plan, best)):
                 best = plan
-    if best is None:
-        smallest_need = fixed_bytes + max(sizes)
+    if best is not None:
+        return replace(best, activation_bytes=activation)
+    assert budget is not None
+    return _everything_streamed(sizes, fixed_bytes, budget, activation)
+
+
+def _everything_streamed(
+    sizes: tuple[int, ...], fixed: int, budget: DeviceBudget, activation: int
+) -> StreamPlan:
+    """The smallest footprint: every block streamed, one at a time, within the device less its
+    reserve (what ComfyUI does when the run's memory estimate leaves its weights nothing)."""
+    ceiling = budget.ceiling_bytes
+    assert ceiling is not None
+    need = fixed + max(sizes)
+    if need > ceiling:
         raise BudgetError(
-            f"the model needs {_mib(fixed_bytes)} for its non-block part plus {_mib(max(sizes))} for its largest "
-            f"block on the device ({_mib(smallest_need)} at least), but the budget for weights is {_mib(limit)}; "
-            f"raise --vram-budget, lower --reserve-vram, or store the weights in fewer bits (fp8 / GGUF)"
+            f"the model needs {_mib(fixed)} for its non-block part plus {_mib(max(sizes))} for its largest "
+            f"block on the device ({_mib(need)} at least), but the device budget less its reserve is "
+            f"{_mib(ceiling)}; raise --vram-budget, lower --reserve-vram, or store the weights in fewer "
+            f"bits (fp8 / GGUF)"
         )
-    return best
+    log.warning(
+        "the run's activations need about %s and the model at least %s, more than the %s the device "
+        "budget leaves: every block streams one at a time (as ComfyUI does), and the run may run out of "
+        "device memory; a smaller image or batch, or a larger --vram-budget, avoids it",
+        _mib(max(activation, budget.working_bytes)),
+        _mib(need),
+        _mib(ceiling),
+    )
+    everything = tuple(range(len(sizes)))
+    return StreamPlan(sizes, (), everything, fixed, 1, ceiling, activation, over_budget=True)
 
 
 def _fill(

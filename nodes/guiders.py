@@ -62,6 +62,16 @@ class Guider:
         """What must be equal for two guiders' jobs to share one batch."""
         return (type(self), tuple(n for n, _ in self.branches), self.cfg)
 
+    def batched_names(self) -> tuple[str, ...]:
+        """The branches one step evaluates together (the cfg-1 optimisation applied, as ``predict``
+        applies it unless a patch or the sampler disables it)."""
+        return ("positive",) if math.isclose(self.cfg, 1.0) else ("positive", "negative")
+
+    def batch_rows(self) -> int:
+        """Model-call rows per latent row in one step, at most: the entries of the evaluated
+        branches (CFG's cond and uncond: 2). The activation estimate of block streaming uses it."""
+        return max(1, sum(len(self.entries(name)) for name in self.batched_names()))
+
     def predict(self, run: GuidedRun, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         skip_negative = math.isclose(self.cfg, 1.0) and not run.disable_cfg1_optimization
         names = ["positive", None if skip_negative else "negative"]
@@ -84,6 +94,11 @@ class DualCFGGuider(Guider):
 
     def combine_key(self) -> tuple[Any, ...]:
         return (*super().combine_key(), self.cfg2, self.nested)
+
+    def batched_names(self) -> tuple[str, ...]:
+        if self.nested or not math.isclose(self.cfg2, 1.0):
+            return ("negative", "middle", "positive")
+        return ("positive",) if math.isclose(self.cfg, 1.0) else ("middle", "positive")
 
     def predict(self, run: GuidedRun, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         names: list[str | None] = ["negative", "middle", "positive"]
@@ -120,6 +135,9 @@ class PerpNegGuider(Guider):
 
     def combine_key(self) -> tuple[Any, ...]:
         return (*super().combine_key(), self.neg_scale)
+
+    def batched_names(self) -> tuple[str, ...]:
+        return ("positive", "negative", "empty_negative_prompt")
 
     def predict(self, run: GuidedRun, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         names: list[str | None] = ["positive", "negative", "empty_negative_prompt"]

@@ -148,17 +148,26 @@ class WeightsHandle:
         # nn.Module.to, not diffusers' override (it warns on every cast of modules without fp32 parts)
         return torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
 
-    def to_device_within(self, module: Any, device: str, dtype: str, budget: Any) -> tuple[Any, Any]:
-        """``to_device`` within a device budget (``engine.streaming.DeviceBudget``): the blocks
-        that do not fit stay in host memory as stored and stream in as they run
-        (``nodes.streaming``). A module that is not a torch module moves whole."""
+    def to_device_within(
+        self, module: Any, device: str, dtype: str, budget: Any, activation_bytes: int = 0
+    ) -> tuple[Any, Any]:
+        """``to_device`` within a device budget (``engine.streaming.DeviceBudget``) beside the
+        run's estimated ``activation_bytes``: the blocks that do not fit stay in host memory as
+        stored and stream in as they run (``nodes.streaming``). A module that is not a torch module
+        moves whole."""
         import torch
 
         from nodes.streaming import place_within
 
         if not isinstance(module, torch.nn.Module):
             return self.to_device(module, device, dtype), None
-        return module, place_within(module, self.stream_blocks(module), device, self.dtype or dtype, budget)
+        blocks = self.stream_blocks(module)
+        return module, place_within(module, blocks, device, self.dtype or dtype, budget, activation_bytes)
+
+    def activation_bytes(self, module: Any, run: Any, dtype: str) -> int:
+        """Device memory the activations of ``run`` (``engine.streaming.RunShape``) need beside the
+        weights, computing in ``dtype``; 0 here (no estimate: the budget's minimum applies)."""
+        return 0
 
     def stream_blocks(self, module: Any) -> list[Any]:
         """The blocks streaming may keep off the device, in call order (generic: the items of the
@@ -241,6 +250,18 @@ class DenoiserHandle(ComponentHandle):
         if callable(declared):
             return [block for block, _ in declared(module).blocks]
         return super().stream_blocks(module)
+
+    def activation_bytes(self, module: Any, run: Any, dtype: str) -> int:
+        """The denoiser kind's estimate for ``run`` on ``module`` (its width, heads and token count)
+        in the compute ``dtype``; 0 for kinds that declare none (and modules without the config the
+        kinds read their width from)."""
+        import torch
+
+        estimate = getattr(self.denoiser, "activation_bytes", None)
+        if not callable(estimate) or getattr(module, "config", None) is None:
+            return 0
+        element = torch.empty(0, dtype=getattr(torch, self.dtype or dtype)).element_size()
+        return int(estimate(module, run, element))
 
     def resident_handles(self) -> list[Any]:
         """The handles this MODEL's patches need resident while it samples (a model patch's network,

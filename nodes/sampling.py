@@ -38,6 +38,7 @@ from nodes.diffusion.noise import SeedGroups
 from nodes.guiders import GuidedRun, Guider
 from nodes.hooks import RunInfo
 from nodes.latent import check_latent_for, fit_empty_latent, tag_latent
+from nodes.streaming import run_shape
 
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -160,6 +161,9 @@ def sample(
     noise = torch.cat([job.noise.float() for job in jobs])
     mask = latent.get("noise_mask")
     entries = [e for job in jobs for _, branch in job.guider.branches for e in branch]
+    plan_run = getattr(ctx.models, "plan_run", None)
+    if callable(plan_run):  # the memory manager chooses the model's block split for this run
+        plan_run(model, run_shape([job.guider for job in jobs], tuple(noise.shape)))
     with (
         ctx.models.use(model) as module,
         resident_controls(ctx, model, entries, (samples.shape[-2], samples.shape[-1])) as controls,

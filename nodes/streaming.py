@@ -1,9 +1,10 @@
 """Block streaming for torch modules: the glue between ``engine.streaming`` and ``nn.Module``.
 
-``place_within(module, blocks, device, dtype, budget)`` is what a handle's ``to_device_within``
-calls when the memory manager has a device budget: it plans the split (``engine.streaming``), moves
-and casts everything but the streamed blocks to the device like ``nn.Module.to`` would, leaves the
-streamed blocks in host memory *as stored* (an fp16 file stays fp16, fp8/int8/GGUF layers of
+``place_within(module, blocks, device, dtype, budget, activation_bytes)`` is what a handle's
+``to_device_within`` calls when the memory manager has a device budget: it plans the split beside
+the run's estimated activations (``engine.streaming``), moves and casts everything but the
+streamed blocks to the device like ``nn.Module.to`` would, leaves the streamed blocks in host
+memory *as stored* (an fp16 file stays fp16, fp8/int8/GGUF layers of
 ``nodes.quant`` keep their packed bytes; pinned on CUDA), and hooks each streamed block: before it
 runs its tensors are copied to the device (on a side stream on CUDA, the next streamed block's
 copy already under way) and cast to the compute dtype exactly as the resident path casts them; after
@@ -12,7 +13,9 @@ values in the same order as a resident one: images are bit-identical.
 
 It returns the ``Streaming`` state, which the memory manager keeps per model and closes (hooks
 removed, device copies dropped) before the module moves again.
-``stream_blocks(module)`` is the generic block list for modules whose family declares none.
+``stream_blocks(module)`` is the generic block list for modules whose family declares none;
+``run_shape(guiders, latent)`` is what the sampler announces to the manager before a run, so the
+split leaves room for that run's activations.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.streaming import BlockStreamer, DeviceAccount, DeviceBudget, StreamPlan, plan_split
+from engine.streaming import BlockStreamer, DeviceAccount, DeviceBudget, RunShape, StreamPlan, plan_split
 
 log = logging.getLogger("loom.nodes.streaming")
 
@@ -192,11 +195,17 @@ class Streaming:
 
 
 def place_within(
-    module: nn.Module, blocks: Sequence[nn.Module], device: str, dtype: str, budget: DeviceBudget
+    module: nn.Module,
+    blocks: Sequence[nn.Module],
+    device: str,
+    dtype: str,
+    budget: DeviceBudget,
+    activation_bytes: int = 0,
 ) -> Streaming | None:
-    """Put ``module`` on ``device`` in ``dtype`` within ``budget``, streaming blocks if it must.
-    Returns the streaming state (None: the module was moved whole); ``close()`` it before the
-    module moves again."""
+    """Put ``module`` on ``device`` in ``dtype`` within ``budget``, beside the ``activation_bytes``
+    the run's activations are estimated to need, streaming blocks if it must. Returns the
+    streaming state (None: the module was moved whole); ``close()`` it before the module moves
+    again."""
     target, compute = torch.device(device), getattr(torch, dtype)
     blocks = list(blocks)
     in_blocks = {id(_stored(o, n, p)) for b in blocks for o, n, p in _tensors(b)}
@@ -205,7 +214,7 @@ def place_within(
         for o, n, p in _tensors(module)
         if id(_stored(o, n, p)) not in in_blocks
     )
-    plan = plan_split([device_bytes(b, compute) for b in blocks], fixed, budget)
+    plan = plan_split([device_bytes(b, compute) for b in blocks], fixed, budget, activation_bytes)
     if not plan.streaming:
         nn.Module.to(module, device=target, dtype=compute)
         return None
@@ -218,7 +227,7 @@ def place_within(
         for block in streamed:
             del block._apply
     _prepare_streamed(streamed, target, compute)
-    account = DeviceAccount(budget.weights_bytes)
+    account = DeviceAccount(plan.budget_bytes)
     account.charge(plan.device_bytes - _slot_bytes(plan), "the resident part of the model")
     streamer = BlockStreamer(
         plan, _IndexedMover(TorchMover(streamed, target, compute), plan.streamed), account
@@ -228,14 +237,30 @@ def place_within(
         state.hooks.append(block.register_forward_pre_hook(lambda m, a, i=index: streamer.before(i)))
         state.hooks.append(block.register_forward_hook(lambda m, a, o, i=index: streamer.after(i)))
     log.info(
-        "streaming %d of %d blocks (%.1f MiB of %.1f MiB on the device at most; budget %.1f MiB)",
+        "streaming %d of %d blocks (%.1f MiB of %.1f MiB on the device at most; %.1f MiB for weights "
+        "beside %.1f MiB estimated for the run's activations)",
         len(plan.streamed),
         len(blocks),
         sum(plan.block_bytes[i] for i in plan.streamed) / 2**20,
         plan.device_bytes / 2**20,
-        (budget.weights_bytes or 0) / 2**20,
+        (plan.budget_bytes or 0) / 2**20,
+        activation_bytes / 2**20,
     )
     return state
+
+
+def run_shape(guiders: Sequence[Any], latent: tuple[int, ...]) -> RunShape:
+    """What sampling with ``guiders`` (``nodes.guiders.Guider``, one per stacked job) on a batched
+    latent of shape ``latent`` asks of the device: the rows each model call batches (CFG's cond and
+    uncond together) and the longest prompt in tokens (``ModelManager.plan_run`` takes it)."""
+    tokens = [
+        int(e.embeds.shape[1])
+        for g in guiders
+        for name in g.batched_names()
+        for e in g.entries(name)
+        if e.embeds.dim() >= 2
+    ]
+    return RunShape(latent, max(g.batch_rows() for g in guiders), max(tokens, default=0))
 
 
 def _unchanged(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:

@@ -16,6 +16,7 @@ from engine.streaming import (
     BudgetError,
     DeviceAccount,
     DeviceBudget,
+    RunShape,
     budget_from_flags,
     plan_split,
 )
@@ -66,6 +67,22 @@ def test_bad_flags_are_explained(flags: dict[str, Any], message: str) -> None:
         budget_from_flags(device="cpu", device_total=None, **flags)
 
 
+def test_the_weights_get_the_budget_less_the_larger_of_the_floor_and_the_runs_estimate() -> None:
+    b = DeviceBudget(total_bytes=1000, reserve_bytes=100, working_bytes=200)
+    assert b.weights_for(0) == b.weights_for(150) == b.weights_bytes == 700  # ComfyUI's minimum holds
+    assert b.weights_for(500) == 400 and b.weights_for(5000) == 0 and b.ceiling_bytes == 900
+    gpu = budget_from_flags(device="cuda", device_total=8 * GIB)
+    assert gpu is not None and gpu.weights_for(2 * GIB) == 6 * GIB - DEFAULT_RESERVE_BYTES
+
+
+def test_a_run_shape_counts_the_cfg_batch_and_the_latent_cells() -> None:
+    run = RunShape((3, 16, 128, 96), branches=2, text_tokens=77)
+    assert run.batch == 6 and run.cells == 128 * 96
+    assert RunShape((1, 16, 5, 64, 64)).cells == 5 * 64 * 64  # video latents: frames too
+    with pytest.raises(ValueError, match="positive sizes"):
+        RunShape((1, 4))
+
+
 # --- the split -----------------------------------------------------------------------------------
 def test_a_model_that_fits_stays_whole() -> None:
     plan = plan_split([10, 10, 10], fixed_bytes=5, budget=budget(35))
@@ -93,6 +110,27 @@ def test_novram_streams_every_block_even_when_all_fit() -> None:
 def test_working_memory_and_reserve_come_off_the_weights_budget() -> None:
     plan = plan_split([10] * 4, fixed_bytes=0, budget=budget(60, reserve_bytes=10, working_bytes=20))
     assert plan.budget_bytes == 30 and plan.resident == (0,) and plan.streamed == (1, 2, 3)
+
+
+def test_a_larger_activation_estimate_keeps_fewer_blocks_resident() -> None:
+    sizes, b = [10] * 6, budget(100)
+    resident = [len(plan_split(sizes, 5, b, activation).resident) for activation in (0, 35, 40, 50, 60, 70)]
+    assert resident == [6, 6, 3, 2, 1, 0]  # 65 bytes fit whole beside 35; then 5 fixed + 2 slots of 10
+    plan = plan_split(sizes, 5, b, 50)
+    assert plan.budget_bytes == 50 and plan.device_bytes <= 50 and plan.activation_bytes == 50
+    assert plan.describe()["activation_bytes"] == 50 and not plan.describe()["over_budget"]
+
+
+def test_an_estimate_that_leaves_no_room_streams_everything_as_comfyui_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="loom.streaming"):
+        plan = plan_split([10, 10, 10], fixed_bytes=5, budget=budget(40), activation_bytes=30)
+    assert plan.over_budget and plan.resident == () and plan.streamed == (0, 1, 2) and plan.slots == 1
+    assert plan.budget_bytes == 40 and plan.device_bytes == 15  # the weights' smallest footprint
+    assert "every block streams" in caplog.text and "--vram-budget" in caplog.text
+    with pytest.raises(BudgetError, match="less its reserve"):  # the weights alone cannot fit
+        plan_split([10, 10, 10], fixed_bytes=5, budget=budget(14), activation_bytes=30)
 
 
 def test_too_small_a_budget_says_what_is_needed_and_how_to_fix_it() -> None:
@@ -225,8 +263,13 @@ class Handle:
         self.placed.append("whole")
         return module
 
-    def to_device_within(self, module: Any, device: str, dtype: str, budget: DeviceBudget) -> Any:
-        self.placed.append(f"within {budget.weights_bytes}")
+    def activation_bytes(self, module: Any, run: RunShape, dtype: str) -> int:
+        return run.batch * run.cells  # one byte per latent cell and row
+
+    def to_device_within(
+        self, module: Any, device: str, dtype: str, budget: DeviceBudget, activation_bytes: int = 0
+    ) -> Any:
+        self.placed.append(f"within {budget.weights_for(activation_bytes)}")
         return module, None
 
 
@@ -245,6 +288,36 @@ def test_the_manager_places_models_within_its_budget_and_reports_it() -> None:
     stats = manager.stats()  # what /system_stats shows under loom.memory_manager
     assert stats["device_budget"]["weights_bytes"] == 64 and stats["device_budget"]["simulated"]
     assert stats["streaming"] == []  # this module carries no streaming state
+    manager.close()
+
+
+def test_the_split_is_chosen_for_the_run_announced_and_again_only_when_a_run_needs_another() -> None:
+    from engine.memory import ModelManager
+
+    manager, handle = ModelManager(ram_budget_bytes=1000, prefetch=False), Handle()
+    manager.device_budget = budget(600)
+    manager.plan_run(handle, RunShape((1, 4, 8, 8), branches=2))  # 2 rows x 64 cells: 128 bytes
+    with manager.use(handle):
+        pass
+    with manager.use(handle):  # the same run again: the split stands
+        pass
+    assert handle.placed == ["within 472"]
+    manager.plan_run(handle, RunShape((2, 4, 8, 16), branches=2))  # 4 x 128 = 512 bytes
+    with manager.use(handle):
+        pass
+    assert handle.placed == ["within 472", "within 88"]
+    manager.plan_run(handle, RunShape((1, 4, 4, 4)))  # placed whole: a smaller run fits as it is
+    with manager.use(handle):
+        pass
+    assert handle.placed == ["within 472", "within 88"]
+    (placement,) = manager.stats()["placements"]  # what /system_stats shows under loom.memory_manager
+    assert placement["activation_bytes"] == 16 and placement["weights_budget_bytes"] == 584
+    assert placement["run"] == {"latent": [1, 4, 4, 4], "branches": 1, "text_tokens": 0}
+    assert placement["split"] is None  # moved whole
+    manager.plan_run(handle, RunShape((1, 4, 16, 16), branches=2))  # 512: its 100 bytes no longer fit
+    with manager.use(handle):
+        pass
+    assert handle.placed == ["within 472", "within 88", "within 88"]
     manager.close()
 
 

@@ -15,22 +15,29 @@ import pytest
 import torch
 
 from engine.memory import ModelManager
-from engine.streaming import DeviceBudget
+from engine.streaming import DeviceBudget, RunShape
 from nodes.conditioning import CLIPTextEncode
 from nodes.demo_flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL
 from nodes.families.flux_nodes import EmptySD3LatentImage
 from nodes.handles import open_checkpoint, open_diffusion_model, open_text_encoders
 from nodes.latent import EmptyLatentImage
-from nodes.sampling import KSampler
-from nodes.streaming import device_bytes
+from nodes.sampling import KSampler, cfg_guider
+from nodes.streaming import device_bytes, run_shape
 
 
-def one_block_budget(handle: Any) -> DeviceBudget:
-    """A budget with room for the module's non-block part and its largest block, nothing more."""
+def one_block_budget(handle: Any, run: RunShape | None = None) -> DeviceBudget:
+    """A budget with room for the module's non-block part and its largest block beside the
+    activation estimate of ``run`` (None: no run announced), nothing more."""
     module = handle.to_device(handle.load(), "cpu", "float32")
     sizes = [device_bytes(b, torch.float32) for b in handle.stream_blocks(module)]
     fixed = device_bytes(module, torch.float32) - sum(sizes)
-    return DeviceBudget(total_bytes=fixed + max(sizes), simulated=True)
+    activation = 0 if run is None else handle.activation_bytes(module, run, "float32")
+    return DeviceBudget(total_bytes=fixed + max(sizes) + activation, simulated=True)
+
+
+def announced(model: Any, pos: Any, neg: Any, latent: dict, cfg: float = 3.0) -> RunShape:
+    """The run KSampler announces to the manager for these inputs."""
+    return run_shape([cfg_guider(model, pos, neg, cfg)], tuple(latent["samples"].shape))
 
 
 @pytest.fixture()
@@ -61,6 +68,16 @@ def ksample(ctx: Any, model: Any, pos: Any, neg: Any, latent: Any, steps: int = 
     )[0]["samples"]
 
 
+def sd15_prompts(path: Path, make_ctx: Any) -> tuple[Any, Any, Any, Any]:
+    """The tiny SD1.5 checkpoint, a node context and its positive and negative prompts."""
+    torch.set_num_threads(1)
+    ckpt = open_checkpoint(path)
+    ctx = make_ctx()
+    pos = CLIPTextEncode().run(ctx, text="a red house", clip=ckpt.clip)[0]
+    neg = CLIPTextEncode().run(ctx, text="blurry", clip=ckpt.clip)[0]
+    return ckpt, ctx, pos, neg
+
+
 def streaming_record(manager: ModelManager, handle: Any) -> dict[str, Any]:
     (record,) = [s for s in manager.stats()["streaming"] if s["key"] == handle.key]
     return record
@@ -69,22 +86,19 @@ def streaming_record(manager: ModelManager, handle: Any) -> dict[str, Any]:
 def test_sd15_unet_streamed_one_block_at_a_time_is_bit_identical(
     tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager
 ) -> None:
-    torch.set_num_threads(1)
-    ckpt = open_checkpoint(tiny_sd15_ckpt)
-    ctx = make_ctx()
-    pos = CLIPTextEncode().run(ctx, text="a red house", clip=ckpt.clip)[0]
-    neg = CLIPTextEncode().run(ctx, text="blurry", clip=ckpt.clip)[0]
+    ckpt, ctx, pos, neg = sd15_prompts(tiny_sd15_ckpt, make_ctx)
     latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=2)[0]
     resident = ksample(ctx, ckpt.unet, pos, neg, latent)
 
-    budget = one_block_budget(ckpt.unet)
+    budget = one_block_budget(ckpt.unet, announced(ckpt.unet, pos, neg, latent))
     streamed = ksample(with_budget(ctx, streamed_manager, budget), ckpt.unet, pos, neg, latent)
 
     assert torch.equal(streamed, resident)
     record = streaming_record(streamed_manager, ckpt.unet)
     assert record["resident"] == 0 and record["streamed"] == record["blocks"] > 1
     assert not record["prefetch"]  # one slot: no room to fetch the next block early
-    assert record["peak_bytes"] <= budget.weights_bytes
+    assert not record["over_budget"] and record["activation_bytes"] > 0  # room left for the run
+    assert record["peak_bytes"] <= record["budget_bytes"] == budget.total_bytes - record["activation_bytes"]
     calls = 3  # cond and uncond batched in one call per step
     assert record["fetches"] == calls * record["blocks"]
 
@@ -105,11 +119,12 @@ def test_flux_transformer_streams_its_declared_block_stack_bit_identically(
 
     with ctx.models.use(model) as module:
         declared = len(module.transformer_blocks) + len(module.single_transformer_blocks)
-    streamed = ksample(with_budget(ctx, streamed_manager, one_block_budget(model)), model, pos, neg, latent)
+    budget = one_block_budget(model, announced(model, pos, neg, latent))
+    streamed = ksample(with_budget(ctx, streamed_manager, budget), model, pos, neg, latent)
 
     assert torch.equal(streamed, resident)
     record = streaming_record(streamed_manager, model)
-    assert record["blocks"] == declared and record["resident"] == 0
+    assert record["blocks"] == declared and record["resident"] == 0 and not record["over_budget"]
 
 
 def test_flux_text_encoders_streamed_give_identical_embeddings(
@@ -157,11 +172,7 @@ def test_dropping_a_streamed_model_stops_its_streaming(
 def test_a_run_interrupted_inside_a_streamed_block_leaves_the_next_run_exact(
     tiny_sd15_ckpt: Path, make_ctx: Any, streamed_manager: ModelManager
 ) -> None:
-    torch.set_num_threads(1)
-    ckpt = open_checkpoint(tiny_sd15_ckpt)
-    ctx = make_ctx()
-    pos = CLIPTextEncode().run(ctx, text="a red house", clip=ckpt.clip)[0]
-    neg = CLIPTextEncode().run(ctx, text="blurry", clip=ckpt.clip)[0]
+    ckpt, ctx, pos, neg = sd15_prompts(tiny_sd15_ckpt, make_ctx)
     latent = EmptyLatentImage().run(ctx, width=64, height=64, batch_size=1)[0]
     resident = ksample(ctx, ckpt.unet, pos, neg, latent, steps=2)
     streamed_ctx = with_budget(ctx, streamed_manager, one_block_budget(ckpt.unet))

@@ -217,6 +217,18 @@ class Flux2Transformer:
             return out
         return out | {"guidance": to(torch.tensor([float(v or 0.0) for v in values for _ in range(batch)]))}
 
+    def activation_bytes(self, module: Any, run: Any, element: int) -> int:
+        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        a single-stream block over the latent's tokens (one per cell: the 128 channels are already
+        2×2 patches) and the text tokens. Per token, in widths, with the SwiGLU MLP ``r`` wide
+        (``mlp_ratio``): the residual and its norm (2), the fused q/k/v and gate/up projection
+        (3 + 2r), the gated product (r), the attention output (1), their concatenation (1 + r)."""
+        from nodes.families.activation import heads_width, transformer_bytes
+
+        ratio = float(getattr(module.config, "mlp_ratio", 3.0))
+        live = 7 + 4 * ratio
+        return transformer_bytes(run, width=heads_width(module.config), patch=1, live=live, element=element)
+
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Flatten ``x_in`` (B, 128, H, W) to tokens, call the transformer at ``timestep`` (= sigma),
         fold the output back to the latent's shape."""

@@ -173,6 +173,15 @@ class FluxTransformer:
         method = entries[0].extras.get("reference_latents_method") or "offset"
         return {"ref_latents": refs, "ref_latents_method": str(method)}
 
+    def activation_bytes(self, module: Any, run: Any, element: int) -> int:
+        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        a single-stream block over the 2×2-packed image tokens and the text tokens. Per token, in
+        widths: the residual and its norm (2), the fused q/k/v and MLP projection (3 + 4), the
+        activated MLP (4), the attention output (1) and their concatenation (5): 19."""
+        from nodes.families.activation import heads_width, transformer_bytes
+
+        return transformer_bytes(run, width=heads_width(module.config), patch=2, live=19, element=element)
+
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Pack ``x_in`` (B, 16, H, W) into 2×2 patches (then the reference latents' tokens, if
         any), call the transformer at ``timestep`` (= sigma), unpack the image tokens of the output

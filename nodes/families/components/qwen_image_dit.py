@@ -193,6 +193,15 @@ class QwenImageTransformer:
             methods += [str(e.extras.get("reference_latents_method", "index"))] * batch
         return {"texts": texts, "refs": refs, "methods": methods}
 
+    def activation_bytes(self, module: Any, run: Any, element: int) -> int:
+        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        a dual-stream block over the 2×2-packed image tokens and the text tokens. Per token, in
+        widths: the residual and its norm (2), the MLP's hidden states before and after GELU
+        (4 + 4): 10 (attention with rotated q/k needs 8)."""
+        from nodes.families.activation import heads_width, transformer_bytes
+
+        return transformer_bytes(run, width=heads_width(module.config), patch=PATCH, live=10, element=element)
+
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """The transformer on ``x_in`` (B, 16, H, W; odd sizes padded as ComfyUI does) at ``timestep``
         (= sigma): rows with the same references run in one call, their texts padded and masked."""

@@ -206,6 +206,15 @@ class SD3Transformer:
             kwargs["control"] = bind_controls(entries, batch)
         return kwargs
 
+    def activation_bytes(self, module: Any, run: Any, element: int) -> int:
+        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        a joint block over the patched image tokens and the text tokens. Per token, in widths: the
+        residual and its norm (2), the MLP's hidden states before and after GELU (4 + 4): 10."""
+        from nodes.families.activation import heads_width, transformer_bytes
+
+        patch = int(module.config.patch_size)
+        return transformer_bytes(run, width=heads_width(module.config), patch=patch, live=10, element=element)
+
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Call the transformer on ``x_in`` (B, 16, H, W) at ``timestep`` (= 1000·sigma)."""
         import torch.nn.functional as F

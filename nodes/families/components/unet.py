@@ -176,6 +176,22 @@ class UNetDenoiser:
             return None
         return [a if a is not None else torch.zeros(1, width) for a in adms]
 
+    def activation_bytes(self, module: Any, run: Any, element: int) -> int:
+        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes, ``element`` bytes per
+        value: the skip connections and the widest level (``nodes.families.activation``)."""
+        from nodes.families.activation import unet_bytes
+
+        config = module.config
+        channels = [int(c) for c in config.block_out_channels]
+        layers = config.layers_per_block
+        return unet_bytes(
+            run,
+            channels=channels,
+            attention=["CrossAttn" in kind for kind in config.down_block_types],
+            layers=max(layers) if isinstance(layers, list | tuple) else int(layers),
+            element=element,
+        )
+
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """The raw model output for ``x_in`` at the UNet's ``timestep``. A UNet with extra input
         channels gets them appended: an inpainting UNet (latent channels + 1) the mask and masked

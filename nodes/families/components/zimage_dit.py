@@ -166,6 +166,15 @@ class ZImageTransformer:
             feats += [tokens] * batch
         return {"cap_feats": feats}
 
+    def activation_bytes(self, module: Any, run: Any, element: int) -> int:
+        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        a single-stream block over the 2×2 image patches and the caption tokens. Per token, in widths:
+        the residual and its norm (2), the SwiGLU MLP's two projections and their product, each 8/3
+        wide (8): 10."""
+        from nodes.families.activation import transformer_bytes
+
+        return transformer_bytes(run, width=int(module.config.dim), patch=PATCH, live=10, element=element)
+
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Call the transformer on ``x_in`` (B, C, H, W; odd sizes padded as ComfyUI does) at
         ``timestep`` (= sigma) with t = 1 − sigma; the negated output, cropped to the latent."""
