@@ -324,6 +324,9 @@ class _AppendHints:
     def use(self, handle: Any) -> Any:
         return self.inner.use(handle)
 
+    def plan_run(self, handle: Any, run: Any) -> None:
+        self.inner.plan_run(handle, run)
+
     def hint_upcoming(self, handles: Sequence[Any]) -> None:
         self.inner.hint_upcoming([*handles, *self.extra])
 

@@ -94,6 +94,11 @@ class ModelAccess(Protocol):
 
     def use(self, handle: Any) -> AbstractContextManager[Any]: ...
 
+    def plan_run(self, handle: Any, run: Any) -> None:
+        """Announce the sampling run (``engine.streaming.RunShape``) the handle's model is about to
+        do, so its next placement is sized for that run's activations; a no-op where nothing streams."""
+        ...
+
 
 class ModelManagerLike(ModelAccess, Protocol):
     """What the executor, the job queue and the server ask of the memory manager
@@ -121,6 +126,9 @@ class NoModels:
 
     def use(self, handle: Any) -> AbstractContextManager[Any]:
         raise RuntimeError("this run has no model manager; create one in main.py and pass it to the Executor")
+
+    def plan_run(self, handle: Any, run: Any) -> None:
+        return None
 
     def hint_upcoming(self, handles: Sequence[Any]) -> None:
         return None

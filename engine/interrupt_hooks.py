@@ -270,6 +270,9 @@ class InterruptibleModels:
     def use(self, handle: Any) -> AbstractContextManager[Any]:
         return self._use(handle)
 
+    def plan_run(self, handle: Any, run: Any) -> None:
+        self._inner.plan_run(handle, run)
+
     @contextmanager
     def _use(self, handle: Any) -> Iterator[Any]:
         with ExitStack() as stack:

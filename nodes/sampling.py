@@ -161,9 +161,8 @@ def sample(
     noise = torch.cat([job.noise.float() for job in jobs])
     mask = latent.get("noise_mask")
     entries = [e for job in jobs for _, branch in job.guider.branches for e in branch]
-    plan_run = getattr(ctx.models, "plan_run", None)
-    if callable(plan_run):  # the memory manager chooses the model's block split for this run
-        plan_run(model, run_shape([job.guider for job in jobs], tuple(noise.shape)))
+    # the memory manager chooses the model's block split for this run
+    ctx.models.plan_run(model, run_shape([job.guider for job in jobs], tuple(noise.shape)))
     with (
         ctx.models.use(model) as module,
         resident_controls(ctx, model, entries, (samples.shape[-2], samples.shape[-1])) as controls,

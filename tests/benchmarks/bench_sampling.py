@@ -77,6 +77,9 @@ class ResidentModels:
     def use(self, handle: Any) -> Any:
         return nullcontext(self.module)
 
+    def plan_run(self, handle: Any, run: Any) -> None:
+        return None
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
