@@ -189,7 +189,7 @@ def test_diffusers_edit_pipeline_encoding_with_the_same_processor_output(vl: Any
         def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
             return self.inner(input_ids=input_ids, mm_token_type_ids=(input_ids == IMAGE_PAD).int(), **kwargs)
 
-    pipe = QwenImageEditPipeline(
+    pipe: Any = QwenImageEditPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=None,
         text_encoder=model,
@@ -291,3 +291,92 @@ def test_full_size_vision_config_on_meta_device() -> None:
         k: v.shape for k, v in real.state_dict().items()
     }
     assert sum(v.numel() for v in real.state_dict().values()) == pytest.approx(0.6766e9, rel=1e-3)
+
+
+# --- the nodes with a VAE, and the example workflow on the demo files ----------------------------
+
+
+def test_picture_sizes_are_comfyuis() -> None:
+    """A 30×40 picture: ~1024² for Edit's tower and VAE (sides rounded), ~1024² rounded to 8 for
+    Plus's VAE, ~384² for Plus's tower."""
+    image = picture(30, 40)
+    sizes = [
+        tuple(scale_to_pixels(image, *budget).shape[1:3]) for budget in ((1024**2,), (1024**2, 8), (384**2,))
+    ]
+    assert sizes == [(887, 1182), (888, 1184), (333, 443)]
+
+
+SMALL = 96 * 96  # the tests' reference budget: a 1-megapixel VAE encode takes the demo VAE ~16 s here
+
+
+def test_reference_latents_are_the_vae_encodings(
+    qwen_image_demo: Path, make_ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a VAE, each picture's reference latent is VAEEncode's latent of the picture scaled to
+    the reference budget (Edit: the picture the tower reads; Plus: sides rounded to 8), appended in
+    picture order. The budget is shrunk here (ComfyUI's is 1024², checked above)."""
+    from nodes.demo_qwen_image import DEMO_QWEN25, DEMO_QWEN_VAE
+    from nodes.families import qwen_image_nodes
+    from nodes.handles import open_vae
+    from nodes.latent import VAEEncode
+
+    monkeypatch.setattr(qwen_image_nodes, "REFERENCE_PIXELS", SMALL)
+    ctx = make_ctx()
+    clip = open_text_encoders([qwen_image_demo / "text_encoders" / DEMO_QWEN25], "qwen_image")
+    vae = open_vae(qwen_image_demo / "vae" / DEMO_QWEN_VAE)
+    first, second = picture(30, 40), picture(40, 40, seed=1)
+
+    def vae_encode(image: torch.Tensor) -> torch.Tensor:
+        return VAEEncode().run(ctx, pixels=image, vae=vae)[0]["samples"]
+
+    (edit,) = TextEncodeQwenImageEdit().run(ctx, clip=clip, prompt="x", vae=vae, image=first)[0]
+    (ref,) = edit.extras["reference_latents"]
+    assert torch.equal(ref, vae_encode(scale_to_pixels(first, SMALL)))
+    (plus,) = TextEncodeQwenImageEditPlus().run(
+        ctx, clip=clip, prompt="x", vae=vae, image2=first, image3=second
+    )[0]
+    refs = plus.extras["reference_latents"]
+    assert len(refs) == 2
+    for got, image in zip(refs, (first, second), strict=True):
+        assert torch.equal(got, vae_encode(scale_to_pixels(image, SMALL, 8)))
+
+
+def test_edit_workflow_runs_offline(
+    qwen_image_demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped graph (ComfyUI's Qwen-Image-Edit template: ImageScaleToTotalPixels → VAEEncode
+    for the latent, TextEncodeQwenImageEdit with the VAE and the picture for both prompts,
+    ModelSamplingAuraFlow 3, CFGNorm, KSampler 20 steps cfg 2.5) with shortcuts for this CPU: the
+    latent is scaled to 0.01 megapixels instead of 1, the reference budget is shrunk (see above)
+    and it samples 4 steps instead of 20. No network connection is opened, even with the hub's
+    offline switches unset."""
+    import json
+    import socket
+
+    from PIL import Image
+
+    from nodes.families import qwen_image_nodes
+    from tests.nodes.test_generation_e2e import make_executor, run
+
+    workflows = Path(__file__).resolve().parents[2] / "web" / "workflows"
+    prompt = json.loads((workflows / "qwen_image_edit.api.json").read_text())
+    assert prompt["76"]["class_type"] == prompt["77"]["class_type"] == "TextEncodeQwenImageEdit"
+    assert prompt["76"]["inputs"]["image"] == ["93", 0] and prompt["76"]["inputs"]["vae"] == ["39", 0]
+    assert prompt["93"]["inputs"]["megapixels"] == 1.0 and prompt["3"]["inputs"]["steps"] == 20
+    prompt["93"]["inputs"]["megapixels"] = 0.01
+    prompt["3"]["inputs"]["steps"] = 4
+    monkeypatch.setattr(qwen_image_nodes, "REFERENCE_PIXELS", SMALL)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    for owner, attr in ((socket, "getaddrinfo"), (socket, "create_connection"), (socket.socket, "connect")):
+        monkeypatch.setattr(owner, attr, lambda *a, **k: pytest.fail(f"network access: {a}"))
+    executor = make_executor(qwen_image_demo, tmp_path)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+        tmp_path / "input" / "qwen_edit_input.png"
+    )
+    result = run(executor, prompt)
+    assert result.status == "success", (result.node_errors, result.error)
+    (image,) = result.outputs["60"]["images"]
+    with Image.open(tmp_path / "output" / image["subfolder"] / image["filename"]) as png:
+        assert png.size == (112, 88) and np.asarray(png).std() > 1.0
