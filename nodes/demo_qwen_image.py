@@ -1,10 +1,10 @@
 """A tiny random Qwen-Image model in the file layouts users have (random weights; it produces noise):
 the transformer alone with diffusers' names (``models/diffusion_models``, like
 ``qwen_image_fp8_e4m3fn.safetensors``), the Qwen2.5-VL text encoder alone with ComfyUI's names (the
-language model under ``model.``, an ``lm_head`` the loader skips and a tiny Qwen2.5-VL vision tower
-under ``visual.``, which Qwen-Image-Edit's nodes read pictures with) and the real 152,064-token vocabulary (``models/text_encoders``, like
-``qwen_2.5_vl_7b.safetensors``), and the Wan 2.1 VAE in Wan's own layout (``models/vae``, like
-``qwen_image_vae.safetensors``)."""
+language model under ``model.``, an ``lm_head`` the loader skips, and a tiny Qwen2.5-VL vision tower
+under ``visual.`` that Qwen-Image-Edit's nodes read pictures with) and the real 152,064-token
+vocabulary (``models/text_encoders``, like ``qwen_2.5_vl_7b.safetensors``), and the Wan 2.1 VAE in
+Wan's own layout (``models/vae``, like ``qwen_image_vae.safetensors``)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ CFGNorm node). ComfyUI's Qwen-Image template sets shift 3.1 with ``ModelSampling
 Files as users have them: the transformer alone (``qwen_image_fp8_e4m3fn.safetensors`` /
 ``qwen_image_bf16.safetensors`` in ``models/diffusion_models``, diffusers' names, bare or under
 ``model.diffusion_model.``; UNETLoader), the text encoder alone (``qwen_2.5_vl_7b.safetensors`` in
-``models/text_encoders``; CLIPLoader type ``qwen_image``) and ``qwen_image_vae.safetensors`` (the Wan
-layout; VAELoader).
+``models/text_encoders``; CLIPLoader type ``qwen_image``; its ``visual.`` tensors, Qwen2.5-VL's vision
+tower, are read only when Qwen-Image-Edit's nodes get a picture: :meth:`QwenImage.vision_part`) and
+``qwen_image_vae.safetensors`` (the Wan layout; VAELoader).
 """
 
 from __future__ import annotations

@@ -380,3 +380,35 @@ def test_edit_workflow_runs_offline(
     (image,) = result.outputs["60"]["images"]
     with Image.open(tmp_path / "output" / image["subfolder"] / image["filename"]) as png:
         assert png.size == (112, 88) and np.asarray(png).std() > 1.0
+
+
+def test_fp8_scaled_vision_tower_is_dequantised(tmp_path: Path) -> None:
+    """In ComfyUI's qwen_2.5_vl_7b_fp8_scaled.safetensors layers may be fp8 with a scale_weight each;
+    the tower built from such a file holds weight · scale and reads a picture like that float tower."""
+    from safetensors.torch import save_file
+
+    from nodes.demo_qwen_image import DEMO_QWEN25, demo_qwen_image_modules, qwen_image_files
+    from nodes.families.components.qwen25_vision import embed_image
+    from nodes.families.qwen_image_edit import vision_handle
+
+    modules = demo_qwen_image_modules()
+    name = "qwen_2.5_vl_7b_fp8_scaled.safetensors"
+    file: dict[str, torch.Tensor] = {"scaled_fp8": torch.zeros(0, dtype=torch.float8_e4m3fn)}
+    for key, tensor in qwen_image_files(modules)[DEMO_QWEN25].items():
+        if key.startswith("visual.blocks.") and key.endswith(".weight") and tensor.ndim == 2:
+            scale = tensor.abs().max() / 448.0
+            quantised = (tensor / scale).to(torch.float8_e4m3fn)
+            file[key] = quantised
+            file[key.removesuffix(".weight") + ".scale_weight"] = scale.reshape(())
+            with torch.no_grad():
+                modules["visual"].state_dict()[key.removeprefix("visual.")].copy_(quantised.float() * scale)
+        else:
+            file[key] = tensor
+    save_file({k: v.contiguous() for k, v in file.items()}, str(tmp_path / name))
+    tower = vision_handle(
+        open_text_encoders([tmp_path / name], "qwen_image"), "TextEncodeQwenImageEdit"
+    ).load()
+    image = picture(56, 84)
+    mine, float_tower = embed_image(tower, image), embed_image(modules["visual"], image)
+    assert (mine.rows, mine.cols) == (float_tower.rows, float_tower.cols) == (2, 3)
+    torch.testing.assert_close(mine.tokens.float(), float_tower.tokens, atol=1e-5, rtol=1e-5)
