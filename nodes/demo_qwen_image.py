@@ -116,6 +116,19 @@ def qwen_image_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 FOLDERS = {DEMO_QWEN_IMAGE: "diffusion_models", DEMO_QWEN25: "text_encoders", DEMO_QWEN_VAE: "vae"}
 
 
+def qwen_image_demo_is_current(models_dir: Path) -> bool:
+    """Whether ``models_dir`` holds this version's demo files (older demo text encoders lack the
+    vision tower that the Qwen-Image-Edit example needs)."""
+    from nodes.families.components.qwen25_vision import Qwen25Vision
+    from nodes.weights import read_index
+
+    folder = Path(models_dir)
+    text = folder / FOLDERS[DEMO_QWEN25] / DEMO_QWEN25
+    return (folder / FOLDERS[DEMO_QWEN_IMAGE] / DEMO_QWEN_IMAGE).is_file() and (
+        text.is_file() and Qwen25Vision.present(read_index(text))
+    )
+
+
 def make_qwen_image_demo(models_dir: Path) -> list[Path]:
     """Write the Qwen-Image demo files under ``models_dir``; return their paths."""
     return write_qwen_image_files(models_dir, demo_qwen_image_modules())

@@ -194,8 +194,9 @@ class QwenImage(FamilyAdapter):
         )
 
     def vision_part(self, index: TensorIndex) -> Part | None:
-        """The Qwen2.5-VL vision tower stored beside the text encoder (``visual.``), or None."""
-        if not index.any_with(VISION_PREFIX):
+        """The Qwen2.5-VL vision tower stored beside the text encoder (``visual.``), or None when the
+        file holds none (or only part of one)."""
+        if not self.vision.present(index, VISION_PREFIX):
             return None
         return Part.make(
             "visual",

@@ -63,7 +63,8 @@ def vision_handle(clip: Any, node: str) -> QwenVisionHandle:
     vision = QwenImage().vision_part(index)
     if vision is None:
         raise QwenEditError(
-            f"{node}: the text encoder file {path.name} has no Qwen2.5-VL vision tower (no 'visual.*' tensors), "
+            f"{node}: the text encoder file {path.name} has no Qwen2.5-VL vision tower (no complete 'visual.*' "
+            "tensors: patch_embed, blocks.N, merger), "
             "which reads the input image into the prompt. Load a Qwen2.5-VL-7B file that includes it (ComfyUI's "
             "qwen_2.5_vl_7b_fp8_scaled.safetensors does) with CLIPLoader (type qwen_image), or disconnect the "
             "image input and give the model the image with VAEEncode + ReferenceLatent"

@@ -412,3 +412,29 @@ def test_fp8_scaled_vision_tower_is_dequantised(tmp_path: Path) -> None:
     mine, float_tower = embed_image(tower, image), embed_image(modules["visual"], image)
     assert (mine.rows, mine.cols) == (float_tower.rows, float_tower.cols) == (2, 3)
     torch.testing.assert_close(mine.tokens.float(), float_tower.tokens, atol=1e-5, rtol=1e-5)
+
+
+def test_older_demo_text_encoder_without_a_whole_tower(tmp_path: Path, make_ctx: Any) -> None:
+    """Earlier demo text encoders held two stray ``visual.`` tensors, not a tower: a picture gets the
+    node's error, and make-demo-model writes the Qwen-Image demo again."""
+    from safetensors.torch import load_file, save_file
+
+    from nodes.demo_qwen_image import DEMO_QWEN25, make_qwen_image_demo, qwen_image_demo_is_current
+    from nodes.families.qwen_image_edit import QwenEditError
+
+    make_qwen_image_demo(tmp_path)
+    assert qwen_image_demo_is_current(tmp_path)
+    path = tmp_path / "text_encoders" / DEMO_QWEN25
+    tensors = {k: v for k, v in load_file(str(path)).items() if not k.startswith("visual.")}
+    tensors |= {
+        "visual.patch_embed.proj.weight": torch.zeros(16, 3, 2, 14, 14),
+        "visual.merger.mlp.0.weight": torch.zeros(16, 64),
+    }
+    save_file(tensors, str(path))
+    assert not qwen_image_demo_is_current(tmp_path)
+    with pytest.raises(
+        QwenEditError, match="TextEncodeQwenImageEditPlus: the text encoder file .* no Qwen2.5-VL vision"
+    ):
+        TextEncodeQwenImageEditPlus().run(
+            make_ctx(), clip=open_text_encoders([path], "qwen_image"), prompt="x", image1=picture(28, 28)
+        )

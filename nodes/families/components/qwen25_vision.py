@@ -83,10 +83,15 @@ class Qwen25Vision(IdentityKeys):
     id: str = "qwen25vl_vision"
 
     @staticmethod
-    def config_from_tensors(index: TensorIndex, prefix: str = VISION_PREFIX) -> dict[str, Any]:
+    def present(index: TensorIndex, prefix: str = VISION_PREFIX) -> bool:
+        """Whether ``index`` holds a whole tower under ``prefix`` (its first and last parts)."""
+        needed = ("patch_embed.proj.weight", "blocks.0.mlp.gate_proj.weight", "merger.mlp.2.weight")
+        return all(index.has(f"{prefix}{k}") for k in needed)
+
+    @classmethod
+    def config_from_tensors(cls, index: TensorIndex, prefix: str = VISION_PREFIX) -> dict[str, Any]:
         """``Qwen2_5_VLVisionConfig`` kwargs read from the shapes under ``prefix``."""
-        needed = ("patch_embed.proj.weight", "blocks.0.mlp.gate_proj.weight", "merger.mlp.0.weight")
-        if not all(index.has(f"{prefix}{k}") for k in needed):
+        if not cls.present(index, prefix):
             raise ModelLoadError(
                 f"{index.path}: no Qwen2.5-VL vision tower ({prefix}patch_embed, {prefix}blocks.N, "
                 f"{prefix}merger) in this file"
