@@ -185,7 +185,7 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     from nodes.demo_flux2 import DEMO_KLEIN, make_flux2_demo
     from nodes.demo_model_patch import make_model_patch_demo
     from nodes.demo_patches import make_patch_demo
-    from nodes.demo_qwen_image import DEMO_QWEN_IMAGE, make_qwen_image_demo
+    from nodes.demo_qwen_image import make_qwen_image_demo, qwen_image_demo_is_current
     from nodes.demo_sd3 import make_sd3_demo
     from nodes.demo_zimage import DEMO_ZIMAGE, make_zimage_demo
     from nodes.families import SD15, SDXL
@@ -200,7 +200,7 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     flux += make_patch_demo(models_dir)
     if not (models_dir / "diffusion_models" / DEMO_ZIMAGE).is_file():
         flux += make_zimage_demo(models_dir)
-    if not (models_dir / "diffusion_models" / DEMO_QWEN_IMAGE).is_file():
+    if not qwen_image_demo_is_current(models_dir):
         flux += make_qwen_image_demo(models_dir)
     flux += make_model_patch_demo(models_dir)
     if not (models_dir / "diffusion_models" / DEMO_KLEIN).is_file():

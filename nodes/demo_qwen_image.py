@@ -1,10 +1,10 @@
 """A tiny random Qwen-Image model in the file layouts users have (random weights; it produces noise):
 the transformer alone with diffusers' names (``models/diffusion_models``, like
 ``qwen_image_fp8_e4m3fn.safetensors``), the Qwen2.5-VL text encoder alone with ComfyUI's names (the
-language model under ``model.``, an ``lm_head`` and a token vision tower under ``visual.`` that the
-loader must skip) and the real 152,064-token vocabulary (``models/text_encoders``, like
-``qwen_2.5_vl_7b.safetensors``), and the Wan 2.1 VAE in Wan's own layout (``models/vae``, like
-``qwen_image_vae.safetensors``)."""
+language model under ``model.``, an ``lm_head`` the loader skips, and a tiny Qwen2.5-VL vision tower
+under ``visual.`` that Qwen-Image-Edit's nodes read pictures with) and the real 152,064-token
+vocabulary (``models/text_encoders``, like ``qwen_2.5_vl_7b.safetensors``), and the Wan 2.1 VAE in
+Wan's own layout (``models/vae``, like ``qwen_image_vae.safetensors``)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ DEMO_QWEN25 = "loom_demo_qwen_2.5_vl_7b.safetensors"
 DEMO_QWEN_VAE = "loom_demo_qwen_image_vae.safetensors"
 QWEN25_VOCAB = 152064  # Qwen2.5-VL's embedding rows (the tokenizer uses ids up to 151668)
 TEXT_WIDTH = 32  # narrower than the Z-Image demo's Qwen3 (48), so mixing the two is caught
+VISION_WIDTH = 16  # one 16-wide head; two blocks (the first windowed, the last with full attention)
 
 
 def demo_qwen_image_modules(seed: int = 0) -> dict[str, Any]:
-    """The tiny transformer (diffusers, ComfyUI's positions), Qwen2.5 text model (transformers) and VAE."""
+    """The tiny transformer (diffusers, ComfyUI's positions), Qwen2.5 text model and vision tower
+    (transformers) and VAE."""
     import torch
     from diffusers import QwenImageTransformer2DModel
     from transformers import Qwen2Config, Qwen2Model
@@ -61,7 +63,32 @@ def demo_qwen_image_modules(seed: int = 0) -> dict[str, Any]:
         )
     )
     vae: Any = QwenImageVae2D(base_dim=8)
-    return {"unet": transformer.eval(), "qwen25_7b": qwen.eval(), "vae": vae.eval()}
+    return {
+        "unet": transformer.eval(),
+        "qwen25_7b": qwen.eval(),
+        "visual": demo_vision_tower(),
+        "vae": vae.eval(),
+    }
+
+
+def demo_vision_tower(depth: int = 2) -> Any:
+    """A tiny Qwen2.5-VL vision tower (real patch and merge sizes) whose tokens are the demo text
+    model's width; its constants are the ones Loom reads such a file with."""
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    from nodes.families.components.qwen25_vision import TEST_HEAD_DIM, WINDOW_SIZE, full_attention_blocks
+
+    config = Qwen2_5_VLVisionConfig(
+        depth=depth,
+        hidden_size=VISION_WIDTH,
+        intermediate_size=32,
+        num_heads=VISION_WIDTH // TEST_HEAD_DIM,
+        out_hidden_size=TEXT_WIDTH,
+        window_size=WINDOW_SIZE,
+        fullatt_block_indexes=full_attention_blocks(depth),
+    )
+    return Qwen2_5_VisionTransformerPretrainedModel(config).eval()
 
 
 def qwen_image_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -77,8 +104,7 @@ def qwen_image_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     text["lm_head.weight"] = (torch.randn(QWEN25_VOCAB, TEXT_WIDTH, generator=generator) * 0.02).to(
         torch.bfloat16
     )
-    text["visual.patch_embed.proj.weight"] = torch.randn(16, 3, 2, 14, 14, generator=generator) * 0.02
-    text["visual.merger.mlp.0.weight"] = torch.randn(16, 64, generator=generator) * 0.02
+    text |= {f"visual.{k}": v for k, v in modules["visual"].state_dict().items()}
     vae = modules["vae"]
     return {
         DEMO_QWEN_IMAGE: dict(modules["unet"].state_dict()),
@@ -88,6 +114,19 @@ def qwen_image_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 FOLDERS = {DEMO_QWEN_IMAGE: "diffusion_models", DEMO_QWEN25: "text_encoders", DEMO_QWEN_VAE: "vae"}
+
+
+def qwen_image_demo_is_current(models_dir: Path) -> bool:
+    """Whether ``models_dir`` holds this version's demo files (older demo text encoders lack the
+    vision tower that the Qwen-Image-Edit example needs)."""
+    from nodes.families.components.qwen25_vision import Qwen25Vision
+    from nodes.weights import read_index
+
+    folder = Path(models_dir)
+    text = folder / FOLDERS[DEMO_QWEN25] / DEMO_QWEN25
+    return (folder / FOLDERS[DEMO_QWEN_IMAGE] / DEMO_QWEN_IMAGE).is_file() and (
+        text.is_file() and Qwen25Vision.present(read_index(text))
+    )
 
 
 def make_qwen_image_demo(models_dir: Path) -> list[Path]:

@@ -11,8 +11,9 @@ CFGNorm node). ComfyUI's Qwen-Image template sets shift 3.1 with ``ModelSampling
 Files as users have them: the transformer alone (``qwen_image_fp8_e4m3fn.safetensors`` /
 ``qwen_image_bf16.safetensors`` in ``models/diffusion_models``, diffusers' names, bare or under
 ``model.diffusion_model.``; UNETLoader), the text encoder alone (``qwen_2.5_vl_7b.safetensors`` in
-``models/text_encoders``; CLIPLoader type ``qwen_image``) and ``qwen_image_vae.safetensors`` (the Wan
-layout; VAELoader).
+``models/text_encoders``; CLIPLoader type ``qwen_image``; its ``visual.`` tensors, Qwen2.5-VL's vision
+tower, are read only when Qwen-Image-Edit's nodes get a picture: :meth:`QwenImage.vision_part`) and
+``qwen_image_vae.safetensors`` (the Wan layout; VAELoader).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
 from nodes.families.components.qwen25_text import Qwen25VLText
+from nodes.families.components.qwen25_vision import VISION_PREFIX, ImageEmbeds, Qwen25Vision
 from nodes.families.components.qwen_image_dit import QwenImageTransformer
 from nodes.families.components.wan_vae import LATENTS_MEAN, LATENTS_STD, WanVae, is_wan_vae
 from nodes.families.latent_format import LatentFormat
@@ -116,15 +118,20 @@ def transformer_prefix(index: TensorIndex) -> str | None:
 @dataclass(frozen=True)
 class QwenImagePrompt:
     """ComfyUI's Qwen-Image text encoding: the Qwen2.5-VL encoder's hidden state of the templated
-    prompt, the template's head dropped; no pooled vector. ``template`` replaces the default one
-    (TextEncodeQwenImageEditPlus)."""
+    prompt, the template's head dropped; no pooled vector. ``template`` replaces the default one and
+    ``images`` (the vision tower's tokens of the edit nodes' pictures) go in at the prompt's
+    ``<|image_pad|>`` tokens (TextEncodeQwenImageEdit / Plus)."""
 
     def encode(
-        self, text: str, encoders: Sequence[ReadyEncoder], template: str | None = None
+        self,
+        text: str,
+        encoders: Sequence[ReadyEncoder],
+        template: str | None = None,
+        images: Sequence[ImageEmbeds] = (),
     ) -> tuple[Tensor, Tensor | None]:
         for enc in encoders:
             if isinstance(enc.kind, Qwen25VLText):
-                return enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer, template), None
+                return enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer, template, images), None
         raise ModelLoadError(
             "Qwen-Image needs the Qwen2.5-VL-7B text encoder; load qwen_2.5_vl_7b.safetensors "
             "with CLIPLoader (type qwen_image)"
@@ -143,6 +150,7 @@ class QwenImage(FamilyAdapter):
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (QWEN25_7B,)
     context_dim: ClassVar[int] = 3584  # Qwen2.5-VL-7B
     qwen: ClassVar[Qwen25VLText] = Qwen25VLText()
+    vision: ClassVar[Qwen25Vision] = Qwen25Vision()
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:
@@ -183,6 +191,19 @@ class QwenImage(FamilyAdapter):
     def text_encoder_part(self, spec: TextEncoderSpec, index: TensorIndex, prefix: str) -> Part:
         return Part.make(
             spec.name, self.qwen, prefix, spec.subfolder, self.qwen.config_from_tensors(index, prefix)
+        )
+
+    def vision_part(self, index: TensorIndex) -> Part | None:
+        """The Qwen2.5-VL vision tower stored beside the text encoder (``visual.``), or None when the
+        file holds none (or only part of one)."""
+        if not self.vision.present(index, VISION_PREFIX):
+            return None
+        return Part.make(
+            "visual",
+            self.vision,
+            VISION_PREFIX,
+            "visual",
+            self.vision.config_from_tensors(index, VISION_PREFIX),
         )
 
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:

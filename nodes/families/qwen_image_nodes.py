@@ -1,11 +1,12 @@
 """ComfyUI's Qwen-Image nodes (``comfy_extras/nodes_qwen.py``,
 ``nodes_model_merging_model_specific.py``; same names, inputs and semantics):
 
-- ``TextEncodeQwenImageEdit`` / ``TextEncodeQwenImageEditPlus``: the edit models' prompt encoding. With
-  input images ComfyUI feeds them through Qwen2.5-VL's vision tower into the prompt; Loom loads only
-  the language model, so an image input is refused with an error that says so (no image is silently
-  dropped). Without images they encode the text as ComfyUI does (Edit: Qwen-Image's template; Edit
-  Plus: the edit template).
+- ``TextEncodeQwenImageEdit`` / ``TextEncodeQwenImageEditPlus``: the edit models' prompt encoding.
+  Input pictures go through Qwen2.5-VL's vision tower into the prompt at the template's
+  ``<|vision_start|><|image_pad|><|vision_end|>`` placeholders, and with a VAE they are also encoded
+  as the model's reference latents (the scaling and templates are ComfyUI's; see
+  :mod:`nodes.families.qwen_image_edit`). Without pictures they encode the text as ComfyUI does
+  (Edit: Qwen-Image's template; Edit Plus: the edit template).
 - ``ModelMergeQwenImage``: block-wise merging with one ratio per named part of the transformer.
 """
 
@@ -16,47 +17,34 @@ from typing import Any
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, CONDITIONING, IMAGE, STRING, VAE, Input, NodeSchema, Output
-from nodes.conditioning import CondEntry, Conditioning, text_encoders
-from nodes.families.qwen_image import QwenImagePrompt
+from nodes.conditioning import Conditioning
+from nodes.families.qwen_image_edit import (
+    EDIT_TEMPLATE,
+    IMAGE_TEMPLATE,
+    PICTURE,
+    PLUS_VISION_PIXELS,
+    REFERENCE_PIXELS,
+    QwenEditError,
+    encode_edit,
+    reference_latent,
+    scale_to_pixels,
+    with_references,
+)
 from nodes.model_merge import _M1, _M2, _MODEL_OUT, _SPECIFIC, BlockMerge, _ratio, _schema
 
-EDIT_TEMPLATE = (
-    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
-    "objects, background), then explain how the user's text instruction should alter or modify the "
-    "image. Generate a new image that meets the user's requirements while maintaining consistency "
-    "with the original input where appropriate.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
-    "<|im_start|>assistant\n"
-)
+__all__ = ["EDIT_TEMPLATE", "QwenEditError", "TextEncodeQwenImageEdit", "TextEncodeQwenImageEditPlus"]
+
 _COND_OUT = Output(
     "CONDITIONING", CONDITIONING, "The encoded instruction, for a sampler's positive/negative."
 )
-_CLIP = Input("clip", CLIP, "The Qwen-Image text encoder (CLIPLoader, type qwen_image).")
+_CLIP = Input(
+    "clip",
+    CLIP,
+    "The Qwen-Image text encoder (CLIPLoader, type qwen_image); with images its file must hold the "
+    "Qwen2.5-VL vision tower (visual.*), as ComfyUI's qwen_2.5_vl_7b files do.",
+)
 _PROMPT = Input("prompt", STRING, "The edit instruction.", multiline=True)
 _VAE = Input("vae", VAE, "The Qwen-Image VAE, to add the input images as reference latents.", optional=True)
-
-
-class QwenEditError(ValueError):
-    """An edit-encoding request Loom cannot serve; the message says why and what to do."""
-
-
-def _needs_vision(node: str, count: int) -> QwenEditError:
-    return QwenEditError(
-        f"{node} got {count} input image(s): Qwen-Image-Edit reads them with Qwen2.5-VL's vision tower, and Loom "
-        "loads only Qwen2.5-VL's language model (the text path), so it cannot encode images into the prompt yet. "
-        "Disconnect the image input(s) to encode the instruction alone, or add the image as a reference latent "
-        "with VAEEncode + ReferenceLatent (the model then sees the image, the text encoder does not)"
-    )
-
-
-def _encode(ctx: NodeContext, clip: Any, prompt: str, template: str | None, node: str) -> Conditioning:
-    if not isinstance(clip.family.prompt, QwenImagePrompt):
-        raise QwenEditError(
-            f"{node} needs the Qwen-Image text encoder, got the {clip.family.title} CLIP; load "
-            "qwen_2.5_vl_7b.safetensors with CLIPLoader (type qwen_image)"
-        )
-    with text_encoders(ctx, clip) as encoders:
-        embeds, _ = clip.family.prompt.encode(prompt, encoders, template)
-    return [CondEntry(embeds=embeds.float().cpu())]
 
 
 class TextEncodeQwenImageEdit(Node):
@@ -64,8 +52,9 @@ class TextEncodeQwenImageEdit(Node):
         node_id="TextEncodeQwenImageEdit",
         display_name="TextEncodeQwenImageEdit",
         category="advanced/conditioning",
-        description="Encode a Qwen-Image-Edit instruction. Image inputs need Qwen2.5-VL's vision tower, which Loom "
-        "does not load: without an image it encodes the text with Qwen-Image's template.",
+        description="Encode a Qwen-Image-Edit instruction. An image is scaled to about 1024×1024 pixels, read "
+        "into the prompt by Qwen2.5-VL's vision tower and, with a VAE, added as the model's reference latent; "
+        "without an image the text is encoded with Qwen-Image's template.",
         inputs=(
             _CLIP,
             _PROMPT,
@@ -73,7 +62,7 @@ class TextEncodeQwenImageEdit(Node):
             Input(
                 "image",
                 IMAGE,
-                "The image to edit (needs the vision tower; see the description).",
+                "The image to edit (its first picture is read into the prompt).",
                 optional=True,
             ),
         ),
@@ -83,9 +72,13 @@ class TextEncodeQwenImageEdit(Node):
     def run(
         self, ctx: NodeContext, *, clip: Any, prompt: str, vae: Any = None, image: Any = None
     ) -> tuple[Conditioning]:
-        if image is not None:
-            raise _needs_vision("TextEncodeQwenImageEdit", 1)
-        return (_encode(ctx, clip, prompt, None, "TextEncodeQwenImageEdit"),)
+        node = "TextEncodeQwenImageEdit"
+        if image is None:
+            return (encode_edit(ctx, clip, prompt, None, (), node),)
+        scaled = scale_to_pixels(image, REFERENCE_PIXELS)[..., :3]
+        conditioning = encode_edit(ctx, clip, prompt, IMAGE_TEMPLATE, [scaled], node)
+        references = [] if vae is None else [reference_latent(ctx, vae, scaled)]
+        return (with_references(conditioning, references),)
 
 
 class TextEncodeQwenImageEditPlus(Node):
@@ -93,9 +86,9 @@ class TextEncodeQwenImageEditPlus(Node):
         node_id="TextEncodeQwenImageEditPlus",
         display_name="TextEncodeQwenImageEditPlus",
         category="advanced/conditioning",
-        description="Encode a Qwen-Image-Edit-2509 instruction with up to three pictures. Image inputs need "
-        "Qwen2.5-VL's vision tower, which Loom does not load: without images it encodes the text "
-        "with the edit template.",
+        description="Encode a Qwen-Image-Edit-2509 instruction with up to three pictures: each is named "
+        '"Picture N:" in the prompt and read by Qwen2.5-VL\'s vision tower at about 384×384 pixels, and with '
+        "a VAE added as a reference latent at about 1024×1024 pixels.",
         inputs=(
             _CLIP,
             _PROMPT,
@@ -104,7 +97,7 @@ class TextEncodeQwenImageEditPlus(Node):
                 Input(
                     f"image{i}",
                     IMAGE,
-                    f"Picture {i} (needs the vision tower; see the description).",
+                    f"Picture {i} (its first image is read into the prompt).",
                     optional=True,
                 )
                 for i in (1, 2, 3)
@@ -124,10 +117,18 @@ class TextEncodeQwenImageEditPlus(Node):
         image2: Any = None,
         image3: Any = None,
     ) -> tuple[Conditioning]:
-        count = sum(i is not None for i in (image1, image2, image3))
-        if count:
-            raise _needs_vision("TextEncodeQwenImageEditPlus", count)
-        return (_encode(ctx, clip, prompt, EDIT_TEMPLATE, "TextEncodeQwenImageEditPlus"),)
+        pictures, references, names = [], [], ""
+        for number, image in enumerate((image1, image2, image3), start=1):
+            if image is None:
+                continue
+            pictures.append(scale_to_pixels(image, PLUS_VISION_PIXELS)[..., :3])
+            if vae is not None:
+                references.append(reference_latent(ctx, vae, scale_to_pixels(image, REFERENCE_PIXELS, 8)))
+            names += f"Picture {number}: {PICTURE}"
+        conditioning = encode_edit(
+            ctx, clip, names + prompt, EDIT_TEMPLATE, pictures, "TextEncodeQwenImageEditPlus"
+        )
+        return (with_references(conditioning, references),)
 
 
 MERGE_PARTS = (

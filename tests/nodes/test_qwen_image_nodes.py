@@ -1,6 +1,7 @@
 """ComfyUI's Qwen-Image nodes: TextEncodeQwenImageEdit / EditPlus encode text-only instructions as ComfyUI
-does (Edit: Qwen-Image's template; Plus: the edit template, its head dropped by the same rule) and refuse
-image inputs with an error that names the missing vision tower; reference latents (the conditioning key
+does (Edit: Qwen-Image's template; Plus: the edit template, its head dropped by the same rule), refuse
+image inputs when the text encoder file has no vision tower (tests/nodes/test_qwen_image_edit.py covers
+encoding with images); reference latents (the conditioning key
 ``reference_latents`` that ReferenceLatent and the edit nodes set) reach the transformer as ComfyUI
 places them, equal to diffusers' transformer given the same packed tokens; ModelMergeQwenImage merges
 block by block."""
@@ -65,22 +66,34 @@ def test_edit_plus_without_images_uses_the_edit_template(qwen_dir: Any, make_ctx
 
 
 @pytest.mark.parametrize(
-    "node,inputs,count",
+    "node,inputs",
     [
-        (TextEncodeQwenImageEdit, {"image": torch.rand(1, 32, 32, 3)}, 1),
+        (TextEncodeQwenImageEdit, {"image": torch.rand(1, 32, 32, 3)}),
         (
             TextEncodeQwenImageEditPlus,
             {"image1": torch.rand(1, 32, 32, 3), "image3": torch.rand(1, 32, 32, 3)},
-            2,
         ),
     ],
 )
-def test_image_inputs_need_the_vision_tower(
-    node: Any, inputs: dict[str, Any], count: int, qwen_dir: Any, make_ctx: Any
+def test_image_inputs_need_a_file_with_the_vision_tower(
+    node: Any, inputs: dict[str, Any], qwen_dir: Any, make_ctx: Any, tmp_path: Path
 ) -> None:
+    """A Qwen2.5-VL file without the ``visual.`` tensors encodes text, and refuses pictures naming
+    the node, the file and the fix."""
+    from safetensors.torch import load_file, save_file
+
     root, _ = qwen_dir
-    with pytest.raises(QwenEditError, match=f"got {count} input image.*vision tower.*ReferenceLatent"):
-        node().run(make_ctx(), clip=_clip(root), prompt="make it blue", **inputs)
+    text_only = tmp_path / "qwen_2.5_vl_text_only.safetensors"
+    tensors = load_file(str(root / "text_encoders" / DEMO_QWEN25))
+    save_file({k: v for k, v in tensors.items() if not k.startswith("visual.")}, str(text_only))
+    clip = open_text_encoders([text_only], "qwen_image")
+    node().run(make_ctx(), clip=clip, prompt="make it blue")
+    with pytest.raises(
+        QwenEditError,
+        match=f"{node.__name__}: the text encoder file {text_only.name} has no Qwen2.5-VL vision tower.*"
+        "qwen_2.5_vl_7b_fp8_scaled.*ReferenceLatent",
+    ):
+        node().run(make_ctx(), clip=clip, prompt="make it blue", **inputs)
 
 
 def test_edit_nodes_need_the_qwen_image_clip(make_ctx: Any, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.families.components.scaled_fp8 import IdentityKeys
 from nodes.families.latent_format import LatentFormat
 from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.weights import ModelLoadError, TensorIndex
@@ -110,7 +111,7 @@ def _first(video_fhw: Any) -> list[tuple[int, int, int]]:
 
 
 @dataclass(frozen=True)
-class QwenImageTransformer:
+class QwenImageTransformer(IdentityKeys):
     """The Qwen-Image transformer kind (see the module docstring); ``latent_format`` turns reference
     latents into the model's space (ComfyUI's ``process_latent_in``)."""
 
@@ -149,17 +150,6 @@ class QwenImageTransformer:
             "guidance_embeds": False,
             "axes_dims_rope": rope_axes(head_dim),
         }
-
-    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        from nodes.families.components.scaled_fp8 import dequantize
-
-        return dequantize(sd)
-
-    def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(sd)
-
-    def module_keys(self, sd: dict[str, Any]) -> dict[str, Any]:
-        return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
         from diffusers import QwenImageTransformer2DModel

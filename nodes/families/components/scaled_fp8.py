@@ -24,3 +24,17 @@ def dequantize(sd: Mapping[str, Any]) -> dict[str, Any]:
         scale = sd.get(name.removesuffix(".weight") + ".scale_weight") if name.endswith(".weight") else None
         out[name] = tensor if scale is None else tensor.float() * scale.float()
     return out
+
+
+class IdentityKeys:
+    """The key table of a kind whose files already use its module's names (below the part's
+    prefix): nothing is renamed; fp8-scaled weights are multiplied out on the way in."""
+
+    def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        return dequantize(sd)
+
+    def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(sd)
+
+    def module_keys(self, sd: dict[str, Any]) -> dict[str, Any]:
+        return sd
