@@ -17,6 +17,9 @@
   InstantX / Shakker-Labs single-file layout (diffusers names, ``controlnet_mode_embedder``) for the Flux demo
 - ``controlnet/loom_demo_controlnet_flux_xlabs.safetensors``: a Flux ControlNet in XLabs' layout
   (Black Forest Labs' names, ``input_hint_block``, pixel hints) for the Flux demo
+- ``controlnet/loom_demo_controlnet_flux_mistoline.safetensors``: a MistoLine Flux ControlNet in
+  TheMistoAI's layout (``input_cond_block.encoder``, ``controlnet_blocks.N.linear``,
+  ``single_controlnet_blocks.N.linear``) for the Flux demo
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ DEMO_SD3_CONTROLNET = "loom_demo_controlnet_sd35_medium"
 DEMO_SD35_CONTROLNET = "loom_demo_sd3.5_controlnet_depth.safetensors"
 DEMO_FLUX_CONTROLNET = "loom_demo_controlnet_flux_union.safetensors"
 DEMO_FLUX_XLABS = "loom_demo_controlnet_flux_xlabs.safetensors"
+DEMO_FLUX_MISTOLINE = "loom_demo_controlnet_flux_mistoline.safetensors"
 
 
 def _randomize(module: Any, seed: int) -> Any:
@@ -124,6 +128,35 @@ def demo_flux_controlnet(
         ),
         seed,
     )
+
+
+def demo_mistoline_controlnet(seed: int = 14, guidance: bool = True) -> Any:
+    """A MistoLine-style ``FluxControlNetModel`` (its hint encoder and SiLU heads) sized for the
+    Flux demo transformer: one double and one single block."""
+    from nodes.families.components.flux_dit import rope_axes
+    from nodes.families.components.flux_mistoline import mistoline_module
+
+    config = {
+        "patch_size": 2,
+        "in_channels": 64,
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "pooled_projection_dim": 32,
+        "guidance_embeds": guidance,
+        "axes_dims_rope": list(rope_axes(16)),
+        "conditioning_embedding_channels": 16,
+    }
+    return _randomize(mistoline_module(config), seed)
+
+
+def mistoline_file(module: Any) -> dict[str, Any]:
+    """A :func:`demo_mistoline_controlnet` in MistoLine's file layout."""
+    from nodes.families.components.flux_mistoline import diffusers_to_mistoline
+
+    return {k: v.contiguous() for k, v in diffusers_to_mistoline(module).items()}
 
 
 def xlabs_file(module: Any) -> dict[str, Any]:
@@ -251,7 +284,7 @@ def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
     folder = Path(models_dir) / "controlnet"
     sd3 = folder / DEMO_SD3_CONTROLNET / "diffusion_pytorch_model.safetensors"
     flux, xlabs = folder / DEMO_FLUX_CONTROLNET, folder / DEMO_FLUX_XLABS
-    sd35 = folder / DEMO_SD35_CONTROLNET
+    sd35, mistoline = folder / DEMO_SD35_CONTROLNET, folder / DEMO_FLUX_MISTOLINE
     if not sd3.is_file():
         demo_sd3_controlnet().save_pretrained(sd3.parent)
     if not sd35.is_file():
@@ -262,4 +295,6 @@ def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
         write(flux, {k: v.contiguous() for k, v in demo_flux_controlnet().state_dict().items()})
     if not xlabs.is_file():
         write(xlabs, {k: v.contiguous() for k, v in xlabs_file(demo_flux_controlnet(13, xlabs=True)).items()})
-    return [sd3, sd35, flux, xlabs]
+    if not mistoline.is_file():
+        write(mistoline, mistoline_file(demo_mistoline_controlnet()))
+    return [sd3, sd35, flux, xlabs, mistoline]
