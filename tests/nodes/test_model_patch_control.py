@@ -282,7 +282,16 @@ def test_fun_controlnet_file_tensors_are_the_built_modules(root: Path, ctx: Any)
     tensors = load_file(str(root / "model_patches" / DEMO_FUN_CONTROL))
     assert {k.replace(".block.", "."): v for k, v in state.items()}.keys() == tensors.keys()
     assert all(torch.equal(state[k], tensors[k.replace(".block.", ".")]) for k in state)
-    assert dict(handle.config) == {"layers": 2, "refiners": 2, "channels": 16, "dim": 64, "heads": 2}
+    assert dict(handle.config) == {
+        "layers": 2,
+        "refiners": 2,
+        "channels": 16,
+        "extra": 0,
+        "dim": 64,
+        "heads": 2,
+        "refiner_control": False,
+        "broken": False,
+    }
 
 
 def test_fun_controlnet_strength_zero_is_the_unpatched_image(root: Path, ctx: Any) -> None:
@@ -303,9 +312,25 @@ def test_fun_controlnet_strength_zero_is_the_unpatched_image(root: Path, ctx: An
     assert (_sample(ctx, on, pos, neg) - plain).abs().max() > 1e-3
 
 
-def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any) -> None:
+def fun_maths(tensors: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+    """(a Z-Image block of the file's tensors under a prefix, a named linear of them) for the Fun
+    ControlNet references: plain blocks of the demo's width and heads, the projections by hand."""
     from diffusers.models.transformers.transformer_z_image import ZImageTransformerBlock
 
+    def block(prefix: str) -> Any:
+        b = ZImageTransformerBlock(0, 64, 2, 2, 1e-5, True, modulation=True)
+        b.load_state_dict(
+            {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix) and "_proj." not in k}
+        )
+        return b
+
+    def linear(name: str, v: torch.Tensor) -> torch.Tensor:
+        return F.linear(v, tensors[name + ".weight"], tensors[name + ".bias"])
+
+    return block, linear
+
+
+def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any) -> None:
     from nodes.model_patch import ZImageFunControlnet
 
     model, clip, vae = _zimage(root, ctx)
@@ -318,20 +343,7 @@ def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any)
     tensors = load_file(str(root / "model_patches" / DEMO_FUN_CONTROL))
     module, vae_module, denoiser, x, t, kwargs, got = _patched_call(model, vae, patch, patched, pos)
     with torch.no_grad():
-
-        def block(prefix: str) -> Any:
-            b = ZImageTransformerBlock(0, 64, 2, 2, 1e-5, True, modulation=True)
-            b.load_state_dict(
-                {
-                    k[len(prefix) :]: v
-                    for k, v in tensors.items()
-                    if k.startswith(prefix) and "_proj." not in k
-                }
-            )
-            return b
-
-        def linear(name: str, v: torch.Tensor) -> torch.Tensor:
-            return F.linear(v, tensors[name + ".weight"], tensors[name + ".bias"])
+        block, linear = fun_maths(tensors)
 
         pixels = _image().movedim(-1, 1) * 2 - 1
         latent = model.latent_format.process_in(vae_module.encode(pixels, return_dict=False)[0].mode())
