@@ -372,14 +372,23 @@ def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any)
 
         handles = [module.layers[0].register_forward_pre_hook(first, with_kwargs=True)]
         handles += [layer.register_forward_hook(after, with_kwargs=True) for layer in module.layers]
-        try:
-            expected = denoiser.forward(module, x, t, dict(kwargs))
-        finally:
-            for handle in handles:
-                handle.remove()
-        plain = denoiser.forward(module, x, t, dict(kwargs))
+        expected, plain = hooked_and_plain(denoiser, module, (x, t, kwargs), handles)
     assert (got - expected).abs().max() < 1e-5
     assert (got - plain).abs().max() > 1e-3
+
+
+def hooked_and_plain(
+    denoiser: Any, module: Any, call: tuple[Any, Any, Any], handles: list[Any]
+) -> tuple[Any, Any]:
+    """The denoiser's output for ``call`` (x, t, kwargs) with the forward hooks of ``handles``, then
+    (hooks removed) without them."""
+    x, t, kwargs = call
+    try:
+        expected = denoiser.forward(module, x, t, dict(kwargs))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return expected, denoiser.forward(module, x, t, dict(kwargs))
 
 
 def test_patches_on_the_other_familys_model_name_both(root: Path, ctx: Any) -> None:

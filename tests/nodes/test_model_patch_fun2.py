@@ -20,7 +20,15 @@ from safetensors.torch import load_file
 from nodes.conditioning import CLIPTextEncode
 from nodes.demo_model_patch import DEMO_FUN_CONTROL, DEMO_FUN_CONTROL_21, make_model_patch_demo
 from nodes.model_patch import ModelPatchError, ModelPatchLoader, ZImageFunControlnet
-from tests.nodes.test_model_patch_control import SIZE, _image, _patched_call, _sample, _zimage, fun_maths
+from tests.nodes.test_model_patch_control import (
+    SIZE,
+    _image,
+    _patched_call,
+    _sample,
+    _zimage,
+    fun_maths,
+    hooked_and_plain,
+)
 
 
 @pytest.fixture(scope="module")
@@ -150,12 +158,7 @@ def test_2_1_model_call_is_the_documented_maths(root: Path, ctx: Any, inputs: st
             module.layers[0].register_forward_pre_hook(main_in, with_kwargs=True),
         ]
         handles += [layer.register_forward_hook(main_out, with_kwargs=True) for layer in module.layers]
-        try:
-            expected = denoiser.forward(module, x, t, dict(kwargs))
-        finally:
-            for handle in handles:
-                handle.remove()
-        plain = denoiser.forward(module, x, t, dict(kwargs))
+        expected, plain = hooked_and_plain(denoiser, module, (x, t, kwargs), handles)
     assert (got - expected).abs().max() < 1e-5
     assert (got - plain).abs().max() > 1e-3
 
