@@ -167,3 +167,25 @@ def test_incomplete_mistoline_files_are_refused_with_what_is_missing(
         ModelLoadError, match=r"do not match its config \(missing \['input_hint_block.18.bias'"
     ):
         handle.build()
+
+
+def test_example_workflow_runs_offline_and_the_control_matters(flux_demo: Path, tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+
+    from tests.nodes.test_controlnet_dit_workflows import (
+        WORKFLOWS,
+        _image,
+        _with_controlnets,
+        _without_controlnets,
+    )
+    from tests.nodes.test_generation_e2e import make_executor
+
+    prompt = json.loads((WORKFLOWS / "controlnet_flux_mistoline.api.json").read_text())
+    assert prompt["14"]["inputs"]["control_net_name"] == "loom_demo_controlnet_flux_mistoline.safetensors"
+    executor = make_executor(_with_controlnets(flux_demo), tmp_path)
+    controlled = _image(executor, prompt, tmp_path)
+    assert controlled.std() > 1.0
+    plain = _image(executor, _without_controlnets(prompt, ("16",)), tmp_path)
+    assert np.abs(controlled - plain).max() > 0

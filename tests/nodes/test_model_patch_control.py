@@ -246,7 +246,13 @@ def test_schema_is_comfyuis() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen_image_diffsynth_controlnet", "qwen_image_diffsynth_inpaint", "zimage_fun_controlnet"]
+    "name",
+    [
+        "qwen_image_diffsynth_controlnet",
+        "qwen_image_diffsynth_inpaint",
+        "zimage_fun_controlnet",
+        "zimage_fun_controlnet_inpaint",
+    ],
 )
 def test_example_workflow_runs_offline_on_the_demo_models(root: Path, tmp_path: Path, name: str) -> None:
     import json
