@@ -210,3 +210,50 @@ def test_missing_images_and_mismatched_masks_are_refused(root: Path, ctx: Any) -
             inpaint_image=torch.cat([_image(), _image(seed=4)]),
             mask=_mask().repeat(3, 1, 1),
         )
+
+
+def test_broken_2_0_files_are_recognised_and_run_as_comfyui_runs_them(tmp_path: Path) -> None:
+    """A 15-layer 2.0 file whose refiner after_proj is all zeros: the control layers stand in for the
+    refiner (hint 0: layer 0's; hint 1: layer 1's after layers 1..14), then run again from the
+    stream they left for the main blocks (a hint every 30 / 15 = 2 blocks)."""
+    from safetensors.torch import save_file
+
+    from nodes.families.components.zimage_fun_control import FunControlKind, fun_control_module
+    from nodes.model_patch import open_model_patch
+
+    torch.manual_seed(0)
+    net = fun_control_module(15, 2, 16, 64, 2, 17, refiner_control=True)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.05 + (1.0 if "norm" in name else 0.0))
+        net.control_noise_refiner[0].after_proj.weight.zero_()
+    path = tmp_path / "fun_2.0_broken.safetensors"
+    save_file({k.replace(".block.", "."): v.contiguous() for k, v in net.state_dict().items()}, str(path))
+    handle = open_model_patch(path)
+    assert dict(handle.config)["broken"] is True
+    module = handle.load()
+    gen = torch.Generator().manual_seed(1)
+    n, control, adaln = 4, torch.randn(1, 4, 64, generator=gen), torch.randn(1, 64, generator=gen)
+    freqs = torch.polar(torch.ones(1, 8, 16), torch.rand(1, 8, 16, generator=gen) * 6.28)
+    x_refiner, x_main, image = (torch.randn(1, 8, 64, generator=gen) for _ in range(3))
+    hooks = FunControlKind().block_hooks(module, control, 0.5, {"main": 30, "refiner": 2})
+    layers = module.control_layers
+    with torch.no_grad():
+        got = [hooks["refiner"](i, image, (x_refiner, None, freqs, adaln), {}) for i in range(2)]
+        got += [hooks["main"](i, image, (x_main, None, freqs, adaln), {}) for i in range(3)]
+        c = layers[0].block(layers[0].before_proj(control) + x_refiner[:, :n], None, freqs[:, :n], adaln)
+        refiner_hints = [layers[0].after_proj(c)]
+        for i, layer in enumerate(layers[1:]):
+            c = layer.block(c, None, freqs[:, :n], adaln)
+            refiner_hints += [layer.after_proj(c)] if i == 0 else []
+        c = layers[0].block(layers[0].before_proj(c) + x_main[:, :n], None, freqs[:, :n], adaln)
+        main_hint0 = layers[0].after_proj(c)
+        main_hint1 = layers[1].after_proj(layers[1].block(c, None, freqs[:, :n], adaln))
+
+    def added(hint: torch.Tensor) -> torch.Tensor:
+        return torch.cat([image[:, :n] + 0.5 * hint, image[:, n:]], dim=1)
+
+    expected = [added(refiner_hints[0]), added(refiner_hints[1]), added(main_hint0), image, added(main_hint1)]
+    for mine, ref in zip(got, expected, strict=True):
+        assert (mine - ref).abs().max() < 1e-5
+    assert (got[1] - got[0]).abs().max() > 1e-3
