@@ -23,6 +23,9 @@
 - ``controlnet/loom_demo_controlnet_sd3_inpainting_alimama/diffusion_pytorch_model.safetensors``
   (+ ``config.json``): an inpainting SD3 ControlNet as AliMama publishes ``SD3-Controlnet-Inpainting``
   (diffusers' ``SD3ControlNetModel``, ``extra_conditioning_channels=1``) for the SD3.5 demo
+- ``controlnet/loom_demo_controlnet_flux_mistoline.safetensors``: a MistoLine Flux ControlNet in
+  TheMistoAI's layout (``input_cond_block.encoder``, ``controlnet_blocks.N.linear``,
+  ``single_controlnet_blocks.N.linear``) for the Flux demo
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ DEMO_FLUX_CONTROLNET = "loom_demo_controlnet_flux_union.safetensors"
 DEMO_FLUX_XLABS = "loom_demo_controlnet_flux_xlabs.safetensors"
 DEMO_FLUX_INPAINT = "loom_demo_controlnet_flux_inpainting_alimama.safetensors"
 DEMO_SD3_INPAINT = "loom_demo_controlnet_sd3_inpainting_alimama"
+DEMO_FLUX_MISTOLINE = "loom_demo_controlnet_flux_mistoline.safetensors"
 
 
 def _randomize(module: Any, seed: int) -> Any:
@@ -145,6 +149,35 @@ def demo_flux_inpaint_controlnet(seed: int = 14) -> Any:
     module = demo_flux_controlnet(seed, union=False)
     module.controlnet_x_embedder = torch.nn.Linear(68, module.inner_dim)
     return _randomize(module, seed)
+
+
+def demo_mistoline_controlnet(seed: int = 14, guidance: bool = True) -> Any:
+    """A MistoLine-style ``FluxControlNetModel`` (its hint encoder and SiLU heads) sized for the
+    Flux demo transformer: one double and one single block."""
+    from nodes.families.components.flux_dit import rope_axes
+    from nodes.families.components.flux_mistoline import mistoline_module
+
+    config = {
+        "patch_size": 2,
+        "in_channels": 64,
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "pooled_projection_dim": 32,
+        "guidance_embeds": guidance,
+        "axes_dims_rope": list(rope_axes(16)),
+        "conditioning_embedding_channels": 16,
+    }
+    return _randomize(mistoline_module(config), seed)
+
+
+def mistoline_file(module: Any) -> dict[str, Any]:
+    """A :func:`demo_mistoline_controlnet` in MistoLine's file layout."""
+    from nodes.families.components.flux_mistoline import diffusers_to_mistoline
+
+    return {k: v.contiguous() for k, v in diffusers_to_mistoline(module).items()}
 
 
 def xlabs_file(module: Any) -> dict[str, Any]:
@@ -275,6 +308,7 @@ def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
     sd35 = folder / DEMO_SD35_CONTROLNET
     flux_inpaint = folder / DEMO_FLUX_INPAINT
     sd3_inpaint = folder / DEMO_SD3_INPAINT / "diffusion_pytorch_model.safetensors"
+    mistoline = folder / DEMO_FLUX_MISTOLINE
     if not sd3.is_file():
         demo_sd3_controlnet().save_pretrained(sd3.parent)
     if not sd35.is_file():
@@ -291,4 +325,6 @@ def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
         )
     if not sd3_inpaint.is_file():
         demo_sd3_controlnet(15, inpaint=True).save_pretrained(sd3_inpaint.parent)
-    return [sd3, sd35, flux, xlabs, flux_inpaint, sd3_inpaint]
+    if not mistoline.is_file():
+        write(mistoline, mistoline_file(demo_mistoline_controlnet()))
+    return [sd3, sd35, flux, xlabs, flux_inpaint, sd3_inpaint, mistoline]

@@ -4,7 +4,9 @@ transformer block, its width), like ``qwen_image_canny_diffsynth_controlnet.safe
 inpainting variant (``img_in`` takes 4 mask inputs per patch more), like
 ``qwen_image_inpaint_diffsynth_controlnet.safetensors``; and an alibaba-pai Fun ControlNet for the
 tiny Z-Image demo transformer (its width and heads, 2 control layers, 2 control refiner blocks), like
-``Z-Image-Turbo-Fun-Controlnet-Union.safetensors``."""
+``Z-Image-Turbo-Fun-Controlnet-Union.safetensors``, and one in the 2.0/2.1 layout (inpainting inputs,
+control refiner blocks, one per noise refiner block of the demo transformer), like
+``Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors``."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 DEMO_BLOCKWISE = "loom_demo_qwen_image_diffsynth_controlnet.safetensors"
 DEMO_BLOCKWISE_INPAINT = "loom_demo_qwen_image_inpaint_diffsynth_controlnet.safetensors"
 DEMO_FUN_CONTROL = "loom_demo_z_image_fun_controlnet_union.safetensors"
+DEMO_FUN_CONTROL_21 = "loom_demo_z_image_fun_controlnet_union_2.1.safetensors"
 
 
 def demo_blockwise_tensors(
@@ -34,15 +37,17 @@ def demo_blockwise_tensors(
 
 
 def demo_fun_control_tensors(
-    layers: int = 2, width: int = 64, heads: int = 2, seed: int = 2
+    layers: int = 2, width: int = 64, heads: int = 2, seed: int = 2, *, v2: bool = False, refiners: int = 2
 ) -> dict[str, Any]:
-    """The tensors of a tiny Z-Image Fun ControlNet, named as in alibaba-pai's files."""
+    """The tensors of a tiny Z-Image Fun ControlNet, named as in alibaba-pai's files (``v2``: the
+    2.0/2.1 layout: 17 more input channels, control refiner blocks)."""
     import torch
 
-    from nodes.families.components.zimage_fun_control import fun_control_module
+    from nodes.families.components.zimage_fun_control import INPAINT_EXTRA, fun_control_module
 
     torch.manual_seed(seed)
-    network = fun_control_module(layers, 2, 16, width, heads)
+    extra = INPAINT_EXTRA if v2 else 0
+    network = fun_control_module(layers, refiners, 16, width, heads, extra, refiner_control=v2)
     with torch.no_grad():  # diffusers zero-initialises some layers; random ones make the control move
         for name, p in network.named_parameters():
             p.copy_(torch.randn_like(p) * 0.05 + (1.0 if "norm" in name else 0.0))
@@ -64,8 +69,11 @@ def make_model_patch_demo(models_dir: Path) -> list[Path]:
             metadata={"loom_note": "Loom demo model: random weights, produces noise."},
         )
         written.append(path)
-    path = folder / DEMO_FUN_CONTROL
-    save_file(
-        demo_fun_control_tensors(), str(path), metadata={"loom_note": "Loom demo model: random weights."}
-    )
-    return [*written, path]
+    for name, tensors in (
+        (DEMO_FUN_CONTROL, demo_fun_control_tensors()),
+        (DEMO_FUN_CONTROL_21, demo_fun_control_tensors(seed=3, v2=True, refiners=1)),
+    ):
+        path = folder / name
+        save_file(tensors, str(path), metadata={"loom_note": "Loom demo model: random weights."})
+        written.append(path)
+    return written

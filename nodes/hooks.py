@@ -67,7 +67,8 @@ The contract between the model layer and the sampling station (the implemented f
   entries, name)`` (raises :class:`ConditioningError`, a ValueError, with a teaching message).
 - ``model.denoiser.block_stack(module) -> BlockStack`` (transformer denoisers only; optional): the
   blocks in call order with how each reads and replaces its image stream (:class:`BlockIO`), for
-  block-level step caches.
+  block-level step caches; ``model.denoiser.refiner_stack(module) -> BlockStack`` (optional; Z-Image):
+  the blocks that refine the image tokens before the main blocks, for model patches that steer them.
 - ``model.denoiser.skip_lists`` (transformer denoisers only; optional): ``{"double" | "single":
   BlockList}``, the block lists skip-layer guidance may skip (:class:`BlockList`).
 - ``model.family.sampling.ays_sigmas``: the family's Align Your Steps table, or None.

@@ -10,16 +10,18 @@ where it belongs.
 An apply node (``QwenImageDiffsynthControlnet``) checks that the patch kind fits the MODEL's
 denoiser and returns the MODEL with a :class:`ControlPatch`: weight-neutral, so the transformer
 stays loaded. While sampling, the patch's network and the VAE are held resident beside the model
-(``resident_handles``); per model call the control image is fitted to the latent size (ComfyUI's
-``area`` scale, centre crop), VAE-encoded once per size, turned into the kind's control input, and
-what the kind's ``block_hook`` gives for the call runs after every block of the denoiser's declared
-block stack (``denoiser.block_stack``), the blocks' forwards wrapped for that call only.
+(``resident_handles``); per model call the control (and inpaint) images are fitted to the latent
+size (ComfyUI's ``area`` scale, centre crop), turned into the kind's control input once per size
+(``control_tokens``, which VAE-encodes what it needs), and what the kind's ``block_hooks`` give for
+the call run after every block of the denoiser's declared block stacks (``denoiser.block_stack``,
+and ``denoiser.refiner_stack`` where the denoiser declares one: the blocks that refine the image
+tokens before the main blocks), the blocks' forwards wrapped for that call only.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -135,12 +137,12 @@ class ModelPatchLoader(Node):
 
 # --- applying a control patch ------------------------------------------------------------------------
 @contextmanager
-def after_blocks(stack: BlockStack, after: AfterBlock) -> Iterator[None]:
-    """While inside, every block of ``stack`` returns its output with the image stream replaced by
-    ``after(block index, image stream, the block's args, its kwargs)``; the blocks' own forwards
-    come back on leaving."""
+def after_blocks(hooked: Sequence[tuple[BlockStack, AfterBlock]]) -> Iterator[None]:
+    """While inside, every block of each ``(stack, after)`` returns its output with the image stream
+    replaced by ``after(block index in its stack, image stream, the block's args, its kwargs)``; the
+    blocks' own forwards come back on leaving."""
 
-    def wrap(forward: Any, io: BlockIO, index: int) -> Any:
+    def wrap(forward: Any, io: BlockIO, index: int, after: AfterBlock) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
             out = forward(*args, **kwargs)
             return io.with_image(out, after(index, io.image_out(out, 0), args, kwargs))
@@ -148,7 +150,11 @@ def after_blocks(stack: BlockStack, after: AfterBlock) -> Iterator[None]:
         return run
 
     with replaced_forwards(
-        [(block, wrap(block.forward, io, i)) for i, (block, io) in enumerate(stack.blocks)]
+        [
+            (block, wrap(block.forward, io, i, after))
+            for stack, after in hooked
+            for i, (block, io) in enumerate(stack.blocks)
+        ]
     ):
         yield
 
@@ -162,19 +168,20 @@ def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class ControlPatch:
-    """A model patch network applied with an image (see the module docstring). ``image`` is the
-    IMAGE (B, H, W, 3); ``mask`` (B, 1, H, W) is 1 where the image is kept (the node's mask inverted,
-    as ComfyUI does), or None."""
+    """A model patch network applied with an image (see the module docstring). ``image`` and
+    ``inpaint_image`` are IMAGEs (B, H, W, 3) or None; ``mask`` (B, 1, H, W) is 1 where the image is
+    kept (the node's mask inverted, as ComfyUI does), or None."""
 
     changes_module: ClassVar[bool] = False
     network: ModelPatchHandle
     vae: Any
     denoiser: Any
     latent_format: Any
-    image: torch.Tensor
+    image: torch.Tensor | None
     strength: float
     mask: torch.Tensor | None = None
     digest: str = field(default="")
+    inpaint_image: torch.Tensor | None = None
 
     @property
     def key(self) -> str:
@@ -201,7 +208,11 @@ class ControlPatch:
                 f"model patch {self.network.source.name!r} does not fit this model: {problem}; "
                 "load the patch made for this model"
             )
-        run = _ControlRun(self, network, resident[self.vae.key], self.denoiser.block_stack(module))
+        stacks = {"main": self.denoiser.block_stack(module)}
+        refiner = getattr(self.denoiser, "refiner_stack", None)
+        if refiner is not None:
+            stacks["refiner"] = refiner(module)
+        run = _ControlRun(self, network, resident[self.vae.key], stacks)
         return SamplingHooks(model_wrappers=(run.model_call,))
 
 
@@ -213,31 +224,38 @@ class _ControlRun:
     patch: ControlPatch
     network: Any
     vae: Any
-    stack: BlockStack
+    stacks: Mapping[str, BlockStack]
     encoded: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def control(self, size: tuple[int, int]) -> Any:
-        from nodes.latent import downscale, encode
-        from nodes.resize import resize
+        from nodes.families.components.model_patches import PatchInputs
+        from nodes.latent import downscale
 
         if size not in self.encoded:
             scale = downscale(self.vae)
-            height, width = size[0] * scale, size[1] * scale
-            pixels = self.patch.image.movedim(-1, 1).float()
-            if pixels.shape[-2:] != (height, width):
-                pixels = resize(pixels, width, height, "area", "center")
-            latent = encode(self.vae, pixels.movedim(1, -1))
-            if latent.shape[1] != self.patch.latent_format.channels:
-                raise ConditioningError(
-                    f"the VAE given with model patch {self.patch.network.source.name!r} makes {latent.shape[1]}-channel "
-                    f"latents but the model works on {self.patch.latent_format.channels}; connect the model's own VAE"
-                )
+            pixels = (size[0] * scale, size[1] * scale)
             device = next(self.network.parameters()).device
-            mask = None if self.patch.mask is None else self.patch.mask.to(device)
+            inputs = PatchInputs(
+                image=_fitted(self.patch.image, pixels),
+                inpaint_image=_fitted(self.patch.inpaint_image, pixels),
+                mask=None if self.patch.mask is None else self.patch.mask.to(device),
+                encode=lambda image: self.encode(image).to(device),
+            )
             self.encoded[size] = self.patch.network.patch_kind.control_tokens(
-                self.network, latent.to(device), mask, self.patch.latent_format
+                self.network, inputs, self.patch.latent_format
             )
         return self.encoded[size]
+
+    def encode(self, image: torch.Tensor) -> torch.Tensor:
+        from nodes.latent import encode
+
+        latent = encode(self.vae, image)
+        if latent.shape[1] != self.patch.latent_format.channels:
+            raise ConditioningError(
+                f"the VAE given with model patch {self.patch.network.source.name!r} makes {latent.shape[1]}-channel "
+                f"latents but the model works on {self.patch.latent_format.channels}; connect the model's own VAE"
+            )
+        return latent
 
     def model_call(self, inner: Callable[[ModelCall], torch.Tensor], call: ModelCall) -> torch.Tensor:
         import torch
@@ -246,37 +264,60 @@ class _ControlRun:
         with torch.no_grad():
             size = (int(call.x_in.shape[-2]), int(call.x_in.shape[-1]))
             control = _rows(self.control(size), call.x_in.shape[0])
-        after = kind.block_hook(self.network, control, self.patch.strength, len(self.stack.blocks))
-        with after_blocks(self.stack, after):
+        depths = {name: len(stack.blocks) for name, stack in self.stacks.items()}
+        hooks = kind.block_hooks(self.network, control, self.patch.strength, depths)
+        with after_blocks([(self.stacks[name], after) for name, after in hooks.items()]):
             return inner(call)
+
+
+def _fitted(image: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor | None:
+    """An IMAGE at ``size`` (height, width) pixels: ComfyUI's ``area`` scale after a centre crop."""
+    from nodes.resize import resize
+
+    if image is None:
+        return None
+    pixels = image.movedim(-1, 1).float()
+    if pixels.shape[-2:] != size:
+        pixels = resize(pixels, size[1], size[0], "area", "center")
+    return pixels.movedim(1, -1)
 
 
 def control_patch(
     model: Any,
     model_patch: ModelPatchHandle,
     vae: Any,
-    image: torch.Tensor,
+    image: torch.Tensor | None,
     strength: float,
     mask: torch.Tensor | None,
+    inpaint_image: torch.Tensor | None = None,
 ) -> Any:
     """``model`` with ``model_patch`` applied (the apply nodes' shared work; ComfyUI's
-    ``diffsynth_controlnet``): the image's alpha dropped, the mask inverted and given a channel axis."""
+    ``diffsynth_controlnet``): the images' alpha dropped, the mask inverted and given a channel axis."""
     kind = model_patch.patch_kind
     if not kind.fits(model.denoiser):
         raise ModelPatchError(
             f"model_patch {model_patch.source.name!r} is {kind.what}, made for {kind.target} models, but the model is "
             f"{model.family.title}; load a {kind.target} model (or a model patch made for {model.family.title})"
         )
-    image = image[..., :3].float()
+    image = None if image is None else image[..., :3].float()
+    inpaint_image = None if inpaint_image is None else inpaint_image[..., :3].float()
     if mask is not None:
         mask = 1.0 - mask.float().reshape(-1, 1, *mask.shape[-2:])
     digest = hashlib.sha256()
-    for t in (image, mask):
+    for t in (image, mask, inpaint_image):
         if t is not None:
             digest.update(str(tuple(t.shape)).encode())
             digest.update(t.detach().cpu().contiguous().numpy().tobytes())
     patch = ControlPatch(
-        model_patch, vae, model.denoiser, model.latent_format, image, strength, mask, digest.hexdigest()[:16]
+        model_patch,
+        vae,
+        model.denoiser,
+        model.latent_format,
+        image,
+        strength,
+        mask,
+        digest.hexdigest()[:16],
+        inpaint_image,
     )
     return model.with_patch(patch)
 
@@ -363,12 +404,23 @@ class ZImageFunControlnet(Node):
         inpaint_image: Any = None,
         mask: Any = None,
     ) -> tuple[Any]:
-        if image is None:
+        inpainting = dict(getattr(model_patch, "config", ())).get("extra", 0) > 0
+        if image is None and (inpaint_image is None or not inpainting):
             raise ModelPatchError(
                 f"ZImageFunControlnet (node {ctx.node_id}) got no image; connect the control image "
                 "(canny, depth, pose...) to its image input"
+                + ("" if not inpainting else ", or the image to inpaint to inpaint_image")
             )
-        return (control_patch(model, model_patch, vae, image, strength, mask),)
+        if (
+            mask is not None
+            and inpaint_image is not None
+            and mask.shape[0] not in (1, inpaint_image.shape[0])
+        ):
+            raise ModelPatchError(
+                f"ZImageFunControlnet (node {ctx.node_id}) got {mask.shape[0]} masks for {inpaint_image.shape[0]} "
+                "inpaint images; give one mask, or one per image"
+            )
+        return (control_patch(model, model_patch, vae, image, strength, mask, inpaint_image),)
 
 
 MODEL_PATCH_NODES: list[type[Node]] = [ModelPatchLoader, QwenImageDiffsynthControlnet, ZImageFunControlnet]

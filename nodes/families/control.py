@@ -9,7 +9,7 @@ from typing import Any
 
 # What ControlNetLoader reads, for its teaching error on a transformer ControlNet of another layout.
 READABLE_CONTROLNET_LAYOUTS = (
-    "SD3 ControlNets (diffusers layout), Flux ControlNets (InstantX, Shakker-Labs, XLabs) "
+    "SD3 ControlNets (diffusers layout), Flux ControlNets (InstantX, Shakker-Labs, XLabs, MistoLine) "
     "and the UNet families' ControlNets and T2I-Adapters"
 )
 

@@ -48,19 +48,27 @@ def test_schema_is_comfyuis() -> None:
     assert [o.type for o in schema.outputs] == ["MODEL_PATCH"] and schema.category == "advanced/loaders"
 
 
-def test_fun_controlnet_2_1_files_are_refused_with_the_layout_loom_reads(
-    models_dir: Path, make_ctx: Any
+@pytest.mark.parametrize(
+    ("inputs", "refiner_control"),
+    [
+        (132, False),
+        (64, True),
+        (80, False),
+    ],  # 2.x inputs with a plain refiner, 1.0 inputs with a control refiner, 20 channels
+)
+def test_fun_controlnet_files_of_no_known_layout_are_refused_naming_the_layouts_loom_reads(
+    models_dir: Path, make_ctx: Any, inputs: int, refiner_control: bool
 ) -> None:
     folder = models_dir / "model_patches"
     folder.mkdir(exist_ok=True)
     tensors = {
-        "control_all_x_embedder.2-1.weight": torch.zeros(8, 132),
+        "control_all_x_embedder.2-1.weight": torch.zeros(8, inputs),
         "control_layers.0.attention.norm_q.weight": torch.zeros(4),
         "control_layers.2.after_proj.weight": torch.zeros(8, 8),
-        "control_noise_refiner.0.after_proj.weight": torch.zeros(8, 8),
+        "control_noise_refiner.0.attention.norm_q.weight": torch.zeros(4),
     }
-    save_file(tensors, str(folder / "fun21.safetensors"))
-    with pytest.raises(
-        ModelLoadError, match="Fun ControlNet 2.1 .*Loom applies the Fun ControlNet Union layout"
-    ):
-        ModelPatchLoader().run(make_ctx(), name="fun21.safetensors")
+    if refiner_control:
+        tensors["control_noise_refiner.0.after_proj.weight"] = torch.zeros(8, 8)
+    save_file(tensors, str(folder / "fun_odd.safetensors"))
+    with pytest.raises(ModelLoadError, match=f"takes {inputs} inputs per patch.*Loom reads the Union layout"):
+        ModelPatchLoader().run(make_ctx(), name="fun_odd.safetensors")

@@ -246,7 +246,13 @@ def test_schema_is_comfyuis() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen_image_diffsynth_controlnet", "qwen_image_diffsynth_inpaint", "zimage_fun_controlnet"]
+    "name",
+    [
+        "qwen_image_diffsynth_controlnet",
+        "qwen_image_diffsynth_inpaint",
+        "zimage_fun_controlnet",
+        "zimage_fun_controlnet_inpaint",
+    ],
 )
 def test_example_workflow_runs_offline_on_the_demo_models(root: Path, tmp_path: Path, name: str) -> None:
     import json
@@ -282,7 +288,16 @@ def test_fun_controlnet_file_tensors_are_the_built_modules(root: Path, ctx: Any)
     tensors = load_file(str(root / "model_patches" / DEMO_FUN_CONTROL))
     assert {k.replace(".block.", "."): v for k, v in state.items()}.keys() == tensors.keys()
     assert all(torch.equal(state[k], tensors[k.replace(".block.", ".")]) for k in state)
-    assert dict(handle.config) == {"layers": 2, "refiners": 2, "channels": 16, "dim": 64, "heads": 2}
+    assert dict(handle.config) == {
+        "layers": 2,
+        "refiners": 2,
+        "channels": 16,
+        "extra": 0,
+        "dim": 64,
+        "heads": 2,
+        "refiner_control": False,
+        "broken": False,
+    }
 
 
 def test_fun_controlnet_strength_zero_is_the_unpatched_image(root: Path, ctx: Any) -> None:
@@ -303,9 +318,25 @@ def test_fun_controlnet_strength_zero_is_the_unpatched_image(root: Path, ctx: An
     assert (_sample(ctx, on, pos, neg) - plain).abs().max() > 1e-3
 
 
-def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any) -> None:
+def fun_maths(tensors: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+    """(a Z-Image block of the file's tensors under a prefix, a named linear of them) for the Fun
+    ControlNet references: plain blocks of the demo's width and heads, the projections by hand."""
     from diffusers.models.transformers.transformer_z_image import ZImageTransformerBlock
 
+    def block(prefix: str) -> Any:
+        b = ZImageTransformerBlock(0, 64, 2, 2, 1e-5, True, modulation=True)
+        b.load_state_dict(
+            {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix) and "_proj." not in k}
+        )
+        return b
+
+    def linear(name: str, v: torch.Tensor) -> torch.Tensor:
+        return F.linear(v, tensors[name + ".weight"], tensors[name + ".bias"])
+
+    return block, linear
+
+
+def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any) -> None:
     from nodes.model_patch import ZImageFunControlnet
 
     model, clip, vae = _zimage(root, ctx)
@@ -318,20 +349,7 @@ def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any)
     tensors = load_file(str(root / "model_patches" / DEMO_FUN_CONTROL))
     module, vae_module, denoiser, x, t, kwargs, got = _patched_call(model, vae, patch, patched, pos)
     with torch.no_grad():
-
-        def block(prefix: str) -> Any:
-            b = ZImageTransformerBlock(0, 64, 2, 2, 1e-5, True, modulation=True)
-            b.load_state_dict(
-                {
-                    k[len(prefix) :]: v
-                    for k, v in tensors.items()
-                    if k.startswith(prefix) and "_proj." not in k
-                }
-            )
-            return b
-
-        def linear(name: str, v: torch.Tensor) -> torch.Tensor:
-            return F.linear(v, tensors[name + ".weight"], tensors[name + ".bias"])
+        block, linear = fun_maths(tensors)
 
         pixels = _image().movedim(-1, 1) * 2 - 1
         latent = model.latent_format.process_in(vae_module.encode(pixels, return_dict=False)[0].mode())
@@ -360,14 +378,23 @@ def test_fun_controlnet_model_call_is_the_documented_maths(root: Path, ctx: Any)
 
         handles = [module.layers[0].register_forward_pre_hook(first, with_kwargs=True)]
         handles += [layer.register_forward_hook(after, with_kwargs=True) for layer in module.layers]
-        try:
-            expected = denoiser.forward(module, x, t, dict(kwargs))
-        finally:
-            for handle in handles:
-                handle.remove()
-        plain = denoiser.forward(module, x, t, dict(kwargs))
+        expected, plain = hooked_and_plain(denoiser, module, (x, t, kwargs), handles)
     assert (got - expected).abs().max() < 1e-5
     assert (got - plain).abs().max() > 1e-3
+
+
+def hooked_and_plain(
+    denoiser: Any, module: Any, call: tuple[Any, Any, Any], handles: list[Any]
+) -> tuple[Any, Any]:
+    """The denoiser's output for ``call`` (x, t, kwargs) with the forward hooks of ``handles``, then
+    (hooks removed) without them."""
+    x, t, kwargs = call
+    try:
+        expected = denoiser.forward(module, x, t, dict(kwargs))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return expected, denoiser.forward(module, x, t, dict(kwargs))
 
 
 def test_patches_on_the_other_familys_model_name_both(root: Path, ctx: Any) -> None:

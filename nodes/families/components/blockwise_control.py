@@ -15,7 +15,7 @@ After transformer block ``i`` the image stream's first ``len(c)`` tokens ``h`` b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from nodes.weights import ModelLoadError, TensorIndex
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from nodes.families.components.model_patches import PatchInputs
     from nodes.families.latent_format import LatentFormat
 
 DETECT = "controlnet_blocks.0.y_rms.weight"
@@ -105,17 +106,18 @@ class BlockwiseControlKind:
         return None
 
     # --- sampling -----------------------------------------------------------------------------
-    def control_tokens(
-        self, module: Any, latent: Tensor, mask: Tensor | None, latent_format: LatentFormat
-    ) -> Tensor:
-        """The control tokens (B, h/2·w/2, width) of raw VAE latents ``latent`` (B, 16, h, w);
-        ``mask`` (B, 1, H, W), 1 where the image is kept (ComfyUI inverts the node's mask), only for
-        the inpainting variant (without one, the mask channels are ones)."""
+    def control_tokens(self, module: Any, inputs: PatchInputs, latent_format: LatentFormat) -> Tensor:
+        """The control tokens (B, h/2·w/2, width) of the control image's raw VAE latents (B, 16, h,
+        w); the mask (1 where the image is kept) only for the inpainting variant (without one, the
+        mask channels are ones)."""
         import torch
 
         from nodes.families.components.flux_dit import pack, pad_to_even
 
-        x = latent_format.process_in(latent.float())
+        if inputs.image is None:
+            raise ValueError("a block-wise ControlNet needs a control image; connect one to the image input")
+        mask = inputs.mask
+        x = latent_format.process_in(inputs.encode(inputs.image).float())
         extra = module.img_in.in_features - LATENT_INPUTS
         if extra:
             if mask is None:
@@ -128,11 +130,11 @@ class BlockwiseControlKind:
         param = module.img_in.weight
         return module.img_in(tokens.to(param))
 
-    def block_hook(
-        self, module: Any, control: Tensor, strength: float, blocks: int
-    ) -> Callable[[int, Tensor, tuple[Any, ...], dict[str, Any]], Tensor]:
-        """For one model call: the image stream after transformer block ``index`` with the control
-        added (module docstring); the block's call arguments are not needed."""
+    def block_hooks(
+        self, module: Any, control: Tensor, strength: float, depths: Mapping[str, int]
+    ) -> dict[str, Callable[[int, Tensor, tuple[Any, ...], dict[str, Any]], Tensor]]:
+        """For one model call: the image stream after main transformer block ``index`` with the
+        control added (module docstring); the block's call arguments are not needed."""
         import torch
 
         param = module.img_in.weight
@@ -144,4 +146,4 @@ class BlockwiseControlKind:
             delta = module.controlnet_blocks[index](head.to(param), c).to(image.dtype)
             return torch.cat([head + delta * strength, image[:, n:]], dim=1)
 
-        return after
+        return {"main": after}

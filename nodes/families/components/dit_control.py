@@ -18,12 +18,14 @@ them apart):
 - ``flux_xlabs``: XLabs' Flux ControlNets (Black Forest Labs' names: ``double_blocks.N``,
   ``pos_embed_input``, ``input_hint_block``, ``controlnet_blocks.N``): pixel hint (scaled to -1..1,
   through the hint encoder, 8× down), block outputs cycled over the double blocks (``i % k``).
+- ``flux_mistoline``: TheMistoAI's MistoLine Flux ControlNet, XLabs' way with its own hint encoder
+  and SiLU output heads (:mod:`nodes.families.components.flux_mistoline`).
 
 The residuals are scaled by the strength and expanded to one tensor per block of the model the
 sampler runs (:class:`nodes.control_base.ControlResiduals` ``blocks`` / ``single``); the family's
 denoiser adds them after its blocks (``sd3_dit`` / ``flux_dit``). Refused with a message saying
-so: Mistoline ControlNets, and SD3.5 ControlNets whose pooled embedder is square (a layout no
-published file uses).
+so: SD3.5 ControlNets whose pooled embedder is square (a layout no published file
+uses).
 
 AliMama's inpainting ControlNets (Flux ``flux_instantx``, SD3 ``sd3``) take 17 hint channels, ComfyUI's
 ``concat_mask``: the encoded image, then the mask of what to keep (``nodes.controlnet.encode_hint``).
@@ -53,6 +55,7 @@ from typing import Any, ClassVar
 import torch
 
 from nodes.control_base import ControlResiduals, file_label, fit_hint
+from nodes.families.components.flux_mistoline import FLUX_MISTOLINE, mistoline_module, mistoline_to_diffusers
 from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
 from nodes.families.latent_format import LatentFormat
 from nodes.handles import WeightsHandle
@@ -60,7 +63,8 @@ from nodes.hooks import ConditioningError
 from nodes.weights import ModelLoadError, load_tensors, read_index
 
 SD3, SD35, FLUX_INSTANTX, FLUX_XLABS = "sd3", "sd35", "flux_instantx", "flux_xlabs"
-FAMILY = {SD3: "sd3", SD35: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux"}
+FAMILY = {SD3: "sd3", SD35: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux", FLUX_MISTOLINE: "flux"}
+PIXEL_HINT = (FLUX_XLABS, FLUX_MISTOLINE)  # pixel hints through the ControlNet's encoder, outputs cycled
 XLABS_HINT = ("conv_in", *(f"blocks.{i}" for i in range(6)), "conv_out")  # input_hint_block.0, 2, ..., 14
 
 
@@ -68,10 +72,7 @@ def dit_layout(shapes: Mapping[str, Sequence[int]], name: str) -> str | None:
     """The DiT ControlNet layout of a file's tensors (None: not a DiT ControlNet); a known layout
     Loom cannot run raises a ModelLoadError saying what it is."""
     if "controlnet_blocks.0.linear.weight" in shapes:
-        raise ModelLoadError(
-            f"{name} is a Mistoline Flux ControlNet, which Loom cannot run yet; use an InstantX, "
-            "Shakker-Labs or XLabs Flux ControlNet"
-        )
+        return FLUX_MISTOLINE
     layout = None
     if "controlnet_blocks.0.weight" in shapes and "double_blocks.0.img_attn.norm.key_norm.scale" in shapes:
         layout = FLUX_XLABS
@@ -319,6 +320,8 @@ class DiTControlNetHandle(WeightsHandle):
         if self.layout in (SD3, SD35):
             cfg["dual_attention_layers"] = tuple(cfg.get("dual_attention_layers", ()))
             module = SD3ControlNetModel.from_config(cfg)
+        elif self.layout == FLUX_MISTOLINE:
+            module = mistoline_module(cfg)
         else:
             module = FluxControlNetModel.from_config(cfg)
             extra = int(self.config.get("extra_condition_channels", 0))
@@ -330,6 +333,8 @@ class DiTControlNetHandle(WeightsHandle):
         sd = load_tensors(read_index(self.path, allow_pickle=self.source.allow_pickle))
         if self.layout == FLUX_XLABS:
             sd = xlabs_to_diffusers(sd, self.config)
+        elif self.layout == FLUX_MISTOLINE:
+            sd = mistoline_to_diffusers(sd, self.config)
         elif self.layout == SD35:
             sd = sd35_to_diffusers(sd)
         missing, unexpected = module.load_state_dict(sd, strict=False)
@@ -431,7 +436,7 @@ class DiTControlNetHandle(WeightsHandle):
         from nodes.families.components.flux_dit import pack, pad_to_even
 
         tokens, img_ids = pack(pad_to_even(x_in))
-        if self.layout == FLUX_XLABS:
+        if self.layout in PIXEL_HINT:
             pixels = fit_hint(hint, rows, (x_in.shape[-2] * 8, x_in.shape[-1] * 8)).to(x_in) * 2 - 1
             cond, _ = pack(pad_to_even(module.input_hint_block(pixels.repeat(groups, 1, 1, 1))))
         else:
@@ -449,7 +454,7 @@ class DiTControlNetHandle(WeightsHandle):
             guidance,
             self.control_type if self.union_types else (),
         )
-        xlabs = self.layout == FLUX_XLABS
+        xlabs = self.layout in PIXEL_HINT
         return ControlResiduals(
             blocks=stretch([b * strength for b in blocks], double, cycle=xlabs),
             single=stretch([s * strength for s in singles], single, cycle=xlabs),

@@ -209,6 +209,13 @@ class ZImageTransformer:
 
         return unified_stack(module.layers)
 
+    def refiner_stack(self, module: Any) -> BlockStack:
+        """The noise refiner blocks (over the image tokens alone, before the main layers), for
+        model patches that steer them (Fun ControlNet 2.x)."""
+        from nodes.families.components.dit_blocks import unified_stack
+
+        return unified_stack(module.noise_refiner)
+
     def check_conditioning(self, module: Any, entries: Sequence[CondEntry], name: str) -> None:
         if not entries:
             raise ConditioningError(f"{name} conditioning is empty; connect a CLIPTextEncode output")
