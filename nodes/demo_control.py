@@ -182,7 +182,7 @@ def mistoline_file(module: Any) -> dict[str, Any]:
 
 def xlabs_file(module: Any) -> dict[str, Any]:
     """A diffusers ``FluxControlNetModel`` with a hint encoder in XLabs' file layout."""
-    from nodes.families.components.dit_control import diffusers_to_xlabs
+    from nodes.families.components.flux_xlabs_keys import diffusers_to_xlabs
 
     return diffusers_to_xlabs(module)
 

@@ -56,6 +56,7 @@ import torch
 
 from nodes.control_base import ControlResiduals, file_label, fit_hint
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE, mistoline_module, mistoline_to_diffusers
+from nodes.families.components.flux_xlabs_keys import xlabs_to_diffusers
 from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
 from nodes.families.latent_format import LatentFormat
 from nodes.handles import WeightsHandle
@@ -65,7 +66,6 @@ from nodes.weights import ModelLoadError, load_tensors, read_index
 SD3, SD35, FLUX_INSTANTX, FLUX_XLABS = "sd3", "sd35", "flux_instantx", "flux_xlabs"
 FAMILY = {SD3: "sd3", SD35: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux", FLUX_MISTOLINE: "flux"}
 PIXEL_HINT = (FLUX_XLABS, FLUX_MISTOLINE)  # pixel hints through the ControlNet's encoder, outputs cycled
-XLABS_HINT = ("conv_in", *(f"blocks.{i}" for i in range(6)), "conv_out")  # input_hint_block.0, 2, ..., 14
 
 
 def dit_layout(shapes: Mapping[str, Sequence[int]], name: str) -> str | None:
@@ -192,43 +192,6 @@ def dit_config(
         "axes_dims_rope": list(rope_axes(head)),
         "conditioning_embedding_channels": 16,
     }  # patch_size: how diffusers packs the encoded hint (2×2)
-
-
-def _own_key(key: str, to_file: bool) -> str | None:
-    """A ControlNet-only tensor's name in the other layout (XLabs file ⇄ diffusers); None for the
-    Flux transformer's own tensors."""
-    head, _, rest = key.partition(".")
-    ours, theirs = (
-        ("controlnet_x_embedder", "pos_embed_input")
-        if to_file
-        else ("pos_embed_input", "controlnet_x_embedder")
-    )
-    if head == ours:
-        return f"{theirs}.{rest}"
-    if head == "input_hint_block":
-        name, _, leaf = rest.rpartition(".")
-        index = str(2 * XLABS_HINT.index(name)) if to_file else XLABS_HINT[int(name) // 2]
-        return f"input_hint_block.{index}.{leaf}"
-    return key if head == "controlnet_blocks" else None
-
-
-def xlabs_to_diffusers(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """An XLabs file (Black Forest Labs' names) renamed to ``FluxControlNetModel``'s."""
-    from nodes.families.components.flux_dit import FluxTransformer
-
-    own = {new: tensor for key, tensor in sd.items() if (new := _own_key(key, to_file=False)) is not None}
-    flux = {key: tensor for key, tensor in sd.items() if _own_key(key, to_file=False) is None}
-    cfg = {**config, "num_single_layers": config.get("num_single_layers", 0)}
-    return FluxTransformer().to_diffusers(flux, cfg) | own
-
-
-def diffusers_to_xlabs(module: Any) -> dict[str, Any]:
-    """A ``FluxControlNetModel`` with a hint encoder as XLabs' files hold it (the inverse)."""
-    from nodes.families.components.flux_dit import FluxTransformer
-
-    sd = module.state_dict()
-    own = {new: tensor for key, tensor in sd.items() if (new := _own_key(key, to_file=True)) is not None}
-    return FluxTransformer().to_original(sd, module.config) | own
 
 
 def stretch(outputs: Sequence[torch.Tensor], depth: int, cycle: bool = False) -> list[torch.Tensor] | None:
