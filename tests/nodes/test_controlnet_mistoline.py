@@ -21,14 +21,10 @@ from nodes.controlnet import open_controlnet
 from nodes.demo_control import demo_mistoline_controlnet, mistoline_file
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE
 from nodes.weights import ModelLoadError
-from tests.nodes.test_controlnet_dit import (
-    _flux_apply,
-    _flux_pipeline_latent,
-    _flux_run,
-    _image,
-    _save,
-    _sharp_posterior,
-)
+from tests.nodes.dit_control_fixtures import control_image as _image
+from tests.nodes.dit_control_fixtures import save as _save
+from tests.nodes.dit_control_fixtures import write_flux
+from tests.nodes.test_controlnet_dit import _flux_apply, _flux_pipeline_latent, _flux_run
 
 # MistoLine's hint encoder as ComfyUI builds it: (file index, stride); SiLU after all but the last
 HINT = ((0, 1), (2, 1), (4, 1), (6, 2), (8, 1), (10, 2), (12, 1), (14, 2), (16, 1), (18, 1))
@@ -36,14 +32,8 @@ HINT = ((0, 1), (2, 1), (4, 1), (6, 2), (8, 1), (10, 2), (12, 1), (14, 2), (16, 
 
 @pytest.fixture(scope="module")
 def misto(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from nodes.demo_flux import demo_flux_modules, flux_files
-
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("mistoline")
-    modules = demo_flux_modules(guidance=True)
-    _sharp_posterior(modules["vae"])
-    for name, tensors in flux_files(modules).items():
-        _save(root / name, tensors)
+    modules = write_flux(root)
     net = demo_mistoline_controlnet()
     path = _save(root / "cn" / "mistoline_flux.dev_v1.safetensors", mistoline_file(net))
     return {"root": root, "modules": modules, "net": net, "file": path}
