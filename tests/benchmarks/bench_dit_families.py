@@ -3,7 +3,12 @@ seconds per step and peak memory, for Z-Image Turbo, SD3.5 medium and Flux schne
 
     python tests/benchmarks/bench_dit_families.py                      # tiny configs (checks the code, seconds)
     LOOM_BENCH_FULL=1 python tests/benchmarks/bench_dit_families.py    # the real configs (needs the RAM)
-    python tests/benchmarks/bench_dit_families.py --full --family flux_schnell --size 1024 --steps 4
+    python tests/benchmarks/bench_dit_families.py --full --family sd35_medium --size 256 --steps 3 --workdir /tmp/w
+    python tests/benchmarks/bench_dit_families.py --full --family zimage --fp8   # Z-Image in 6 GB instead of 12
+
+Full size needs about the file's size in RAM per child (SD3.5 medium bf16 4.6 GiB, Z-Image 11.5 GiB
+in bf16 or 5.7 GiB in fp8, Flux schnell fp8 11.1 GiB); the writer streams one tensor at a time
+(``fullsize.py``), so the parent stays small. Defaults at full size: 256², 4 steps, 1 thread.
 
 The transformer is built on the meta device from the family's real config (or a tiny one), given
 seeded random weights tensor by tensor in the file dtype (bf16; fp8 e4m3 for Flux schnell), and
@@ -18,7 +23,13 @@ side then runs in its own child process, so its peak RSS is its own:
   diffusers' layerwise casting computing in bf16, its own fp8 path), then the transformer
   called once per step with the inputs its pipeline would give it (a batch of two with CFG).
 
-Printed, never asserted; absolute times on shared machines vary up to 3×, compare the ratios.
+Then the step caches (EasyCache with ComfyUI's defaults, FirstBlockCache at 0.1 and 0.3) run the same
+sampling on the Loom side: speed-up in CPU time against no cache and the difference of the final
+latent (relative mean |Δ|) and of its decode through the demo's 16-channel VAE (0-255 levels).
+
+Printed, never asserted; absolute times on shared machines vary up to 3×, compare the ratios. Each
+time is given as wall seconds and as CPU seconds of the process (with one thread the CPU time is
+what the work costs, whatever else runs on the machine).
 """
 
 from __future__ import annotations
@@ -197,8 +208,8 @@ def write_weights(name: str, full: bool, folder: Path, file_dtype: torch.dtype) 
     state = mapped_state(weights)  # views of the file; the key map concatenates only q/k/v
     view = SimpleNamespace(state_dict=lambda: state)
     part = Part.make("unet", spec.component(), "", "", dict(module.config))
-    single = write_state(folder / f"{name}.safetensors", original_state_dict(part, view))
-    return single, diffusers_dir
+    partial = write_state(folder / f"{name}.safetensors.part", original_state_dict(part, view))
+    return partial.rename(folder / f"{name}.safetensors"), diffusers_dir
 
 
 # --- the children -----------------------------------------------------------------------------
@@ -241,7 +252,7 @@ def _sample(
     spec = FAMILIES[name]
     pos, pos_pooled = _conditioning(spec, config, 1)
     neg, neg_pooled = _conditioning(spec, config, 2)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = KSampler().run(
         ctx,
         model=model,
@@ -255,7 +266,7 @@ def _sample(
         latent_image={"samples": torch.zeros(1, spec.latent_channels, size // 8, size // 8)},
         denoise=1.0,
     )[0]["samples"]
-    return out, (time.perf_counter() - start) / steps
+    return out, (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
 def _step_caches(ctx: Any, model: Any) -> dict[str, Any]:
@@ -302,13 +313,13 @@ def run_loom(
         pass
     out: dict[str, float] = {"load_s": time.perf_counter() - start}
     _sample(ctx, name, model, config, size, 1)  # warm-up: first-call costs stay out of every timed run
-    plain, out["s_per_step"] = _sample(ctx, name, model, config, size, steps)
+    plain, out["s_per_step"], out["cpu_s_per_step"] = _sample(ctx, name, model, config, size, steps)
     if caches:
         vae = demo_flux_modules()["vae"]
         for label, patched in _step_caches(ctx, model).items():
-            latent, seconds = _sample(ctx, name, patched, config, size, steps)
+            latent, _, cpu = _sample(ctx, name, patched, config, size, steps)
             rel, image = _image_difference(vae, latent, plain)
-            out[f"{label}: speed-up"] = out["s_per_step"] / seconds
+            out[f"{label}: speed-up"] = out["cpu_s_per_step"] / cpu
             out[f"{label}: latent Δ"] = rel
             out[f"{label}: image Δ"] = image
     return out
@@ -374,11 +385,13 @@ def run_diffusers(name: str, folder: Path, size: int, steps: int, fp8: bool) -> 
     inputs = _diffusers_inputs(name, module, dict(module.config), size, compute)
     if spec.cfg != 1.0:  # CFG: cond and uncond in one batch of two, as the pipelines do
         inputs = {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    start = time.perf_counter()
     with torch.no_grad():
+        module(**inputs, return_dict=False)  # warm-up, as on the Loom side
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             module(**inputs, return_dict=False)
-    return {"load_s": load_s, "s_per_step": (time.perf_counter() - start) / steps}
+    wall, cpu = (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+    return {"load_s": load_s, "s_per_step": wall, "cpu_s_per_step": cpu}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -439,6 +452,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
             for label, key in (
                 ("load s", "load_s"),
                 ("s/step", "s_per_step"),
+                ("CPU s/step", "cpu_s_per_step"),
                 ("peak RSS GiB", "peak_rss_gib"),
             )
         ),
@@ -447,7 +461,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
         if ": speed-up" in key:
             label = key.removesuffix(": speed-up")
             lines.append(
-                f"  {label:<20} speed-up {value:.2f}×, latent Δ {loom[label + ': latent Δ']:.3g} (relative), "
+                f"  {label:<20} speed-up {value:.2f}× (CPU time), latent Δ {loom[label + ': latent Δ']:.3g} (relative), "
                 f"image Δ {loom[label + ': image Δ']:.2f} of 255 (demo VAE)"
             )
     return lines
@@ -476,6 +490,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
     parser.add_argument("--fp8", action="store_true", help="store every family's weights as fp8 e4m3fn")
     parser.add_argument("--no-caches", dest="caches", action="store_false", help="skip the step-cache runs")
+    parser.add_argument("--workdir", default="", help="keep the written weights here (reused when present)")
     parser.add_argument("--child", choices=["loom", "diffusers"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--single", help=argparse.SUPPRESS)
     parser.add_argument("--diffusers-dir", help=argparse.SUPPRESS)
@@ -487,8 +502,12 @@ def main() -> None:
         args.side = args.child
         child(args)
         return
+    torch.set_num_threads(args.threads)
     names = list(FAMILIES) if args.family == "all" else [args.family]
     for name in names:
+        if args.workdir:
+            print("\n".join(measure(args, name, Path(args.workdir) / name)), flush=True)
+            continue
         with tempfile.TemporaryDirectory(prefix="loom_bench_dit_") as tmp:  # one family's files at a time
             print("\n".join(measure(args, name, Path(tmp) / name)), flush=True)
 
