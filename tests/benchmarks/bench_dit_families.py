@@ -414,9 +414,10 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
 
     fp8 = args.fp8 or FAMILIES[name].file_dtype == torch.float8_e4m3fn
     start = time.perf_counter()
-    single, diffusers_dir = write_weights(
-        name, args.full, folder, torch.float8_e4m3fn if fp8 else torch.bfloat16
-    )
+    folder = folder / ("fp8" if fp8 else "bf16") / ("full" if args.full else "tiny")
+    single, diffusers_dir = folder / f"{name}.safetensors", folder / f"{name}_diffusers"
+    if not single.exists():  # a --workdir keeps the files of an earlier run
+        write_weights(name, args.full, folder, torch.float8_e4m3fn if fp8 else torch.bfloat16)
     written = time.perf_counter() - start
     writer_rss = rss_gib()
     results = {}

@@ -19,7 +19,8 @@ ModelWeightStorage's patch. Each row samples the same noise with Euler flow matc
 ``--steps`` steps (sigma 1 → 0) and decodes with a tiny 16-channel VAE; "latent Δ" is mean |Δ| of
 the final latent over mean |latent| of the fp32 run, "image Δ" the mean |Δ| in 0-255 levels.
 Seconds per step: the minimum and the median over every step of every repeat, formats interleaved per
-repeat (on a shared machine the minimum is the steadier figure). Compare ratios.
+repeat (on a shared machine the minimum is the steadier figure), and the median CPU seconds of the
+process per step (with ``--threads 1``, what the step costs whatever else runs). Compare ratios.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def build(size: str, folder: Path) -> tuple[Path, Any]:
         from tests.benchmarks.bench_dit_families import write_weights
         from tests.benchmarks.fullsize import mapped_state
 
-        single, _ = write_weights("sd35_medium", size == "sd35-medium", folder, torch.bfloat16)
+        single = folder / "sd35_medium.safetensors"
+        if not single.exists():  # bench_dit_families.py --workdir writes the same file
+            write_weights("sd35_medium", size == "sd35-medium", folder, torch.bfloat16)
         return single, mapped_state(single)
     import torch
     from diffusers import FluxTransformer2DModel
@@ -218,7 +221,7 @@ def sample_sd35(module: Any, steps: int, latent_side: int) -> tuple[Any, list[fl
     times = []
     with torch.no_grad():
         for i in range(steps):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             out = module(
                 hidden_states=x.to(dtype),
                 encoder_hidden_states=text.to(dtype),
@@ -226,7 +229,7 @@ def sample_sd35(module: Any, steps: int, latent_side: int) -> tuple[Any, list[fl
                 timestep=(sigmas[i : i + 1] * 1000).to(dtype),
                 return_dict=False,
             )[0]
-            times.append(time.perf_counter() - start)
+            times.append((time.perf_counter() - start, time.process_time() - cpu))
             x = x + (sigmas[i + 1] - sigmas[i]) * out.float()
     return x, times
 
@@ -252,7 +255,7 @@ def sample(module: Any, size: str, steps: int, latent_side: int = 32) -> tuple[A
     with torch.no_grad():
         for i in range(steps):
             tokens, ids = pack(x)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             out = module(
                 hidden_states=tokens.to(dtype),
                 encoder_hidden_states=text.to(dtype),
@@ -262,7 +265,7 @@ def sample(module: Any, size: str, steps: int, latent_side: int = 32) -> tuple[A
                 txt_ids=torch.zeros(spec["text"], 3),
                 return_dict=False,
             )[0]
-            times.append(time.perf_counter() - start)
+            times.append((time.perf_counter() - start, time.process_time() - cpu))
             x = x + (sigmas[i + 1] - sigmas[i]) * unpack(out.float(), x.shape[-2], x.shape[-1])
     return x, times
 
@@ -291,6 +294,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--latent", type=int, default=32, help="SD3.5 latent side (32 = 256² images)")
+    parser.add_argument("--workdir", default="", help="reuse (or keep) the SD3.5 weights file here")
     parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
     args = parser.parse_args()
     import torch
@@ -310,7 +314,11 @@ def main() -> None:
     peak_rss = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        path, sd = build(args.size, folder)
+        weights = Path(args.workdir) if args.workdir else folder
+        if args.workdir and args.size in SD35:  # the layout bench_dit_families.py --workdir uses
+            weights = weights / "sd35_medium" / "bf16" / ("full" if args.size == "sd35-medium" else "tiny")
+        weights.mkdir(parents=True, exist_ok=True)
+        path, sd = build(args.size, weights)
         params = sum(v.numel() for v in sd.values())
         modules = {}
         for _ in range(args.repeats):
@@ -323,7 +331,8 @@ def main() -> None:
                     held[row] = linear_bytes_per_param(module)
                 latent, times = sample(module, args.size, args.steps, args.latent)
                 peak_rss = max(peak_rss, rss_gib())
-                print(f"  {row}: {statistics.median(times):.3f} s/step", file=sys.stderr, flush=True)
+                wall = statistics.median(t[0] for t in times)
+                print(f"  {row}: {wall:.3f} s/step (RSS {rss_gib():.2f} GiB)", file=sys.stderr, flush=True)
                 kept = results.get(row, (latent, []))[1]
                 results[row] = (latent, kept + times)
                 if one_at_a_time:
@@ -334,7 +343,8 @@ def main() -> None:
     reference = rows[0][0]
     ref_latent = results[reference][0]
     ref_image = decode(vae, ref_latent)
-    base = min(results[reference][1])
+    base = min(t[0] for t in results[reference][1])
+    base_cpu = statistics.median(t[1] for t in results[reference][1])
     label = (
         f"SD3.5 medium transformer '{args.size}'" if args.size in SD35 else f"Flux transformer '{args.size}'"
     )
@@ -345,16 +355,19 @@ def main() -> None:
     )
     print(
         f"{'format':<18}{'compute':<10}{'B/param':>9}{'s/step min':>11}{'median':>9}{'vs ' + reference:>9}"
+        f"{'CPU s/step':>11}{'vs ' + reference:>9}"
         f"{'latent Δ':>11}{'image Δ':>9}"
     )
     for row, _, compute in rows:
         latent, times = results[row]
-        step = min(times)
+        step = min(t[0] for t in times)
+        cpu = statistics.median(t[1] for t in times)
         rel = float((latent - ref_latent).abs().mean() / ref_latent.abs().mean())
         image = float((decode(vae, latent) - ref_image).abs().mean())
         print(
             f"{row:<18}{compute:<10}{held[row]:>9.3f}{step:>11.4f}"
-            f"{statistics.median(times):>9.4f}{base / step:>8.2f}×{rel:>11.2e}{image:>9.2f}"
+            f"{statistics.median(t[0] for t in times):>9.4f}{base / step:>8.2f}×{cpu:>11.4f}{base_cpu / cpu:>8.2f}×"
+            f"{rel:>11.2e}{image:>9.2f}"
         )
 
 
