@@ -337,6 +337,7 @@ def main() -> None:
                 results[row] = (latent, kept + times)
                 if one_at_a_time:
                     del module
+                    getattr(sd, "release", lambda: None)()  # the source file's pages read for this row
                     free_memory()
                 else:
                     modules[row] = module

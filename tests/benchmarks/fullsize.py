@@ -85,19 +85,36 @@ def write_state(path: Path, state: Mapping[str, torch.Tensor]) -> Path:
     return write_safetensors(path, shapes, state.items())
 
 
-def mapped_state(path: Path) -> dict[str, torch.Tensor]:
+class MappedState(dict[str, torch.Tensor]):
+    """Tensors that are views of a private memory map of one file (see :func:`mapped_state`)."""
+
+    mapped: mmap.mmap | None = None
+
+    def release(self) -> None:
+        """Drop the file pages read so far from this process's resident set (they are read again
+        from the page cache on the next access): a full pass over a 4.6 GiB file otherwise stays in
+        RSS for the rest of the run."""
+        if self.mapped is not None:
+            self.mapped.madvise(mmap.MADV_DONTNEED)
+
+
+def mapped_state(path: Path) -> MappedState:
     """The tensors of a safetensors file as views of a private memory map (nothing copied)."""
     with open(path, "rb") as f:
         length = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(length))
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     start = 8 + length
-    out = {}
+    out = MappedState()
+    out.mapped = mapped
     for key, info in header.items():
         if key == "__metadata__":
             continue
         begin, end = info["data_offsets"]
-        raw = torch.frombuffer(mapped, dtype=torch.uint8, count=end - begin, offset=start + begin)
+        if end == begin:  # frombuffer refuses a count of zero
+            raw = torch.empty(0, dtype=torch.uint8)
+        else:
+            raw = torch.frombuffer(mapped, dtype=torch.uint8, count=end - begin, offset=start + begin)
         out[key] = raw.view(FROM_SAFETENSORS[info["dtype"]]).reshape(info["shape"])
     return out
 
