@@ -367,6 +367,15 @@ def _diffusers_inputs(
     }
 
 
+def _inputs_to(dtype: torch.dtype) -> Callable[..., tuple[Any, ...]]:
+    def hook(layer: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(
+            a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+        )
+
+    return hook
+
+
 def run_diffusers(name: str, folder: Path, size: int, steps: int, fp8: bool) -> dict[str, float]:
     import diffusers
 
@@ -382,6 +391,8 @@ def run_diffusers(name: str, folder: Path, size: int, steps: int, fp8: bool) -> 
         for layer in module.modules():
             if isinstance(layer, torch.nn.Linear):
                 apply_layerwise_casting_hook(layer, torch.float8_e4m3fn, compute, False)
+                # models that cast their inputs to ``self.dtype`` (Z-Image's timestep embedder) see fp8
+                layer.register_forward_pre_hook(_inputs_to(compute))
             else:
                 for param in layer.parameters(recurse=False):
                     param.data = param.data.to(compute)
