@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -163,6 +163,9 @@ class FirstBlockCachePatch:
     threshold: float
     start_percent: float
     end_percent: float
+    changes_module: ClassVar[bool] = (
+        False  # forwards are replaced only during a call: the loaded module is reused
+    )
 
     @property
     def key(self) -> str:

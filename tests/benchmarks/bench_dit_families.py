@@ -3,7 +3,12 @@ seconds per step and peak memory, for Z-Image Turbo, SD3.5 medium and Flux schne
 
     python tests/benchmarks/bench_dit_families.py                      # tiny configs (checks the code, seconds)
     LOOM_BENCH_FULL=1 python tests/benchmarks/bench_dit_families.py    # the real configs (needs the RAM)
-    python tests/benchmarks/bench_dit_families.py --full --family flux_schnell --size 1024 --steps 4
+    python tests/benchmarks/bench_dit_families.py --full --family sd35_medium --size 256 --steps 3 --workdir /tmp/w
+    python tests/benchmarks/bench_dit_families.py --full --family zimage --fp8   # Z-Image in 6 GB instead of 12
+
+Full size needs about the file's size in RAM per child (SD3.5 medium bf16 4.6 GiB, Z-Image 11.5 GiB
+in bf16 or 5.7 GiB in fp8, Flux schnell fp8 11.1 GiB); the writer streams one tensor at a time
+(``fullsize.py``), so the parent stays small. Defaults at full size: 256², 4 steps, 1 thread.
 
 The transformer is built on the meta device from the family's real config (or a tiny one), given
 seeded random weights tensor by tensor in the file dtype (bf16; fp8 e4m3 for Flux schnell), and
@@ -18,7 +23,13 @@ side then runs in its own child process, so its peak RSS is its own:
   diffusers' layerwise casting computing in bf16, its own fp8 path), then the transformer
   called once per step with the inputs its pipeline would give it (a batch of two with CFG).
 
-Printed, never asserted; absolute times on shared machines vary up to 3×, compare the ratios.
+Then the step caches (EasyCache at 0.2 and 0.5, FirstBlockCache at 0.3 and 0.8) run the same
+sampling on the Loom side: speed-up in CPU time against no cache and the difference of the final
+latent (relative mean |Δ|) and of its decode through the demo's 16-channel VAE (0-255 levels).
+
+Printed, never asserted; absolute times on shared machines vary up to 3×, compare the ratios. Each
+time is given as wall seconds and as CPU seconds of the process (with one thread the CPU time is
+what the work costs, whatever else runs on the machine).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -170,34 +182,34 @@ FAMILIES: dict[str, FamilySpec] = {
 
 
 # --- writing the weights ----------------------------------------------------------------------
-def write_weights(name: str, full: bool, folder: Path) -> tuple[Path, Path]:
-    """The random transformer as an original-layout file and a diffusers folder (same tensors)."""
+def write_weights(name: str, full: bool, folder: Path, file_dtype: torch.dtype) -> tuple[Path, Path]:
+    """The random transformer as an original-layout file and a diffusers folder (same tensors),
+    streamed tensor by tensor (``fullsize``): the real configs never sit in memory twice."""
     import diffusers
-    from safetensors.torch import save_file
 
     from nodes.families.base import Part
     from nodes.families.build import original_state_dict
+    from tests.benchmarks.fullsize import (
+        mapped_state,
+        meta_module,
+        random_state,
+        write_safetensors,
+        write_state,
+    )
 
     spec = FAMILIES[name]
-    cls = getattr(diffusers, spec.diffusers_class)
-    with torch.device("meta"):
-        module = cls(**(spec.full if full else spec.tiny))
-    generator = torch.Generator().manual_seed(7)
-    tensors = {}
-    for key, meta in module.state_dict().items():
-        values = torch.randn(meta.shape, generator=generator) * 0.02
-        if "norm" in key.rsplit(".", 2)[-2] and key.endswith("weight"):
-            values += 1.0  # norm scales near one, as trained models have them
-        tensors[key] = values.to(spec.file_dtype)
-    module.load_state_dict(tensors, assign=True)
+    module = meta_module(getattr(diffusers, spec.diffusers_class), spec.full if full else spec.tiny)
     diffusers_dir = folder / f"{name}_diffusers"
     diffusers_dir.mkdir(parents=True, exist_ok=True)
     module.save_config(str(diffusers_dir))
-    save_file(tensors, str(diffusers_dir / "diffusion_pytorch_model.safetensors"))
-    original = original_state_dict(Part.make("unet", spec.component(), "", "", dict(module.config)), module)
-    single = folder / f"{name}.safetensors"
-    save_file({k: v.contiguous() for k, v in original.items()}, str(single))
-    return single, diffusers_dir
+    shapes = {k: (tuple(v.shape), file_dtype) for k, v in module.state_dict().items()}
+    weights = diffusers_dir / "diffusion_pytorch_model.safetensors"
+    write_safetensors(weights, shapes, random_state(module, file_dtype))
+    state = mapped_state(weights)  # views of the file; the key map concatenates only q/k/v
+    view = SimpleNamespace(state_dict=lambda: state)
+    part = Part.make("unet", spec.component(), "", "", dict(module.config))
+    partial = write_state(folder / f"{name}.safetensors.part", original_state_dict(part, view))
+    return partial.rename(folder / f"{name}.safetensors"), diffusers_dir
 
 
 # --- the children -----------------------------------------------------------------------------
@@ -210,35 +222,38 @@ def _conditioning(
     return embeds, pooled
 
 
-def run_loom(name: str, path: Path, config: dict[str, Any], size: int, steps: int) -> dict[str, float]:
+def _context(root: Path) -> Any:
+    """A node context whose manager computes the transformer in bf16 (as the diffusers side does)
+    and keeps one copy of it: a patched model that changes no weights reuses the loaded module."""
     from engine.context import Folders, NodeContext, RunSettings
+    from engine.device_policy import DevicePolicy
     from engine.folders import ModelFolders
     from engine.memory import ModelManager
-    from nodes.conditioning import CondEntry
-    from nodes.loaders_components import load_diffusion_model
-    from nodes.sampling import KSampler
 
-    spec = FAMILIES[name]
-    root = path.parent
     folders = Folders(root / "input", root / "output", root / "temp", model_files=ModelFolders(root))
     folders.ensure()
-    ctx = NodeContext(
+    policy = DevicePolicy(dtypes=(("unet", "bfloat16"),), channels_last=frozenset({"unet", "vae"}))
+    return NodeContext(
         node_id="1",
         prompt_id="bench",
         folders=folders,
-        models=ModelManager(ram_budget_bytes=120 << 30, prefetch=False),
+        models=ModelManager(policy=policy, ram_budget_bytes=120 << 30, prefetch=False),
         settings=RunSettings(),
     )
-    start = time.perf_counter()
-    model = load_diffusion_model(path, "UNETLoader", allow_pickle=False, weight_dtype=spec.weight_dtype)
-    with ctx.models.use(model):
-        pass
-    load_s = time.perf_counter() - start
+
+
+def _sample(
+    ctx: Any, name: str, model: Any, config: dict[str, Any], size: int, steps: int
+) -> tuple[Any, float]:
+    """KSampler (euler, simple, the family's CFG) from an empty latent: the latent and s/step."""
+    from nodes.conditioning import CondEntry
+    from nodes.sampling import KSampler
+
+    spec = FAMILIES[name]
     pos, pos_pooled = _conditioning(spec, config, 1)
     neg, neg_pooled = _conditioning(spec, config, 2)
-    latent = {"samples": torch.zeros(1, spec.latent_channels, size // 8, size // 8)}
-    start = time.perf_counter()
-    KSampler().run(
+    start, cpu = time.perf_counter(), time.process_time()
+    out = KSampler().run(
         ctx,
         model=model,
         seed=1,
@@ -248,10 +263,73 @@ def run_loom(name: str, path: Path, config: dict[str, Any], size: int, steps: in
         scheduler="simple",
         positive=[CondEntry(pos, pos_pooled)],
         negative=[CondEntry(neg, neg_pooled)],
-        latent_image=latent,
+        latent_image={"samples": torch.zeros(1, spec.latent_channels, size // 8, size // 8)},
         denoise=1.0,
-    )
-    return {"load_s": load_s, "s_per_step": (time.perf_counter() - start) / steps}
+    )[0]["samples"]
+    return out, (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+
+
+def _step_caches(ctx: Any, model: Any) -> dict[str, Any]:
+    """The step caches measured: EasyCache at ComfyUI's default threshold (0.2) and at 0.5, and
+    FirstBlockCache at 0.3 and 0.8. Random weights change the first block's residual far more from
+    step to step than trained ones, so at the usual thresholds (0.1-0.3) nothing is skipped here:
+    the higher ones show the speed-up and its cost, not a recommended setting."""
+    from nodes.patches.easycache import EasyCache
+    from nodes.patches.first_block_cache import FirstBlockCache
+
+    def first_block(threshold: float) -> Any:
+        return FirstBlockCache().run(
+            ctx, model=model, residual_diff_threshold=threshold, start_percent=0.0, end_percent=1.0
+        )[0]
+
+    def easy(threshold: float) -> Any:
+        return EasyCache().run(
+            ctx, model=model, reuse_threshold=threshold, start_percent=0.15, end_percent=0.95, verbose=False
+        )[0]
+
+    return {
+        "EasyCache 0.2": easy(0.2),
+        "EasyCache 0.5": easy(0.5),
+        "FirstBlockCache 0.3": first_block(0.3),
+        "FirstBlockCache 0.8": first_block(0.8),
+    }
+
+
+def _image_difference(vae: Any, latent: Any, reference: Any) -> tuple[float, float]:
+    """Relative latent difference (mean |Δ| / mean |ref|) and mean |Δ| in 0-255 levels after a decode
+    through the demo's 16-channel VAE (random weights: a stand-in for the family's VAE)."""
+    rel = float((latent - reference).abs().mean() / reference.abs().mean())
+    with torch.no_grad():
+        images = [
+            ((vae.decode(x.float()).sample.clamp(-1, 1) + 1) * 127.5).round() for x in (latent, reference)
+        ]
+    return rel, float((images[0] - images[1]).abs().mean())
+
+
+def run_loom(
+    name: str, path: Path, config: dict[str, Any], size: int, steps: int, fp8: bool, caches: bool
+) -> dict[str, float]:
+    from nodes.demo_flux import demo_flux_modules
+    from nodes.loaders_components import load_diffusion_model
+
+    ctx = _context(path.parent)
+    start = time.perf_counter()
+    weight_dtype = "fp8_e4m3fn" if fp8 else "default"
+    model = load_diffusion_model(path, "UNETLoader", allow_pickle=False, weight_dtype=weight_dtype)
+    with ctx.models.use(model):
+        pass
+    out: dict[str, float] = {"load_s": time.perf_counter() - start}
+    _sample(ctx, name, model, config, size, 1)  # warm-up: first-call costs stay out of every timed run
+    plain, out["s_per_step"], out["cpu_s_per_step"] = _sample(ctx, name, model, config, size, steps)
+    if caches:
+        vae = demo_flux_modules()["vae"]
+        for label, patched in _step_caches(ctx, model).items():
+            latent, _, cpu = _sample(ctx, name, patched, config, size, steps)
+            rel, image = _image_difference(vae, latent, plain)
+            out[f"{label}: speed-up"] = out["cpu_s_per_step"] / cpu
+            out[f"{label}: latent Δ"] = rel
+            out[f"{label}: image Δ"] = image
+    return out
 
 
 def _diffusers_inputs(
@@ -289,14 +367,23 @@ def _diffusers_inputs(
     }
 
 
-def run_diffusers(name: str, folder: Path, size: int, steps: int) -> dict[str, float]:
+def _inputs_to(dtype: torch.dtype) -> Callable[..., tuple[Any, ...]]:
+    def hook(layer: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(
+            a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+        )
+
+    return hook
+
+
+def run_diffusers(name: str, folder: Path, size: int, steps: int, fp8: bool) -> dict[str, float]:
     import diffusers
 
     spec = FAMILIES[name]
     cls = getattr(diffusers, spec.diffusers_class)
     compute = torch.bfloat16
     start = time.perf_counter()
-    if spec.file_dtype == torch.float8_e4m3fn:
+    if fp8:
         module = cls.from_pretrained(str(folder), torch_dtype=torch.float8_e4m3fn, local_files_only=True)
         from diffusers.hooks.layerwise_casting import apply_layerwise_casting_hook
 
@@ -304,6 +391,8 @@ def run_diffusers(name: str, folder: Path, size: int, steps: int) -> dict[str, f
         for layer in module.modules():
             if isinstance(layer, torch.nn.Linear):
                 apply_layerwise_casting_hook(layer, torch.float8_e4m3fn, compute, False)
+                # models that cast their inputs to ``self.dtype`` (Z-Image's timestep embedder) see fp8
+                layer.register_forward_pre_hook(_inputs_to(compute))
             else:
                 for param in layer.parameters(recurse=False):
                     param.data = param.data.to(compute)
@@ -314,55 +403,51 @@ def run_diffusers(name: str, folder: Path, size: int, steps: int) -> dict[str, f
     inputs = _diffusers_inputs(name, module, dict(module.config), size, compute)
     if spec.cfg != 1.0:  # CFG: cond and uncond in one batch of two, as the pipelines do
         inputs = {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    start = time.perf_counter()
     with torch.no_grad():
+        module(**inputs, return_dict=False)  # warm-up, as on the Loom side
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             module(**inputs, return_dict=False)
-    return {"load_s": load_s, "s_per_step": (time.perf_counter() - start) / steps}
+    wall, cpu = (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+    return {"load_s": load_s, "s_per_step": wall, "cpu_s_per_step": cpu}
 
 
 def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     spec = FAMILIES[args.family]
-    config = {**(spec.full if args.full else spec.tiny)}
     if args.side == "loom":
         import diffusers
 
         config = dict(getattr(diffusers, spec.diffusers_class).load_config(str(Path(args.diffusers_dir))))
-        out = run_loom(args.family, Path(args.single), config, args.size, args.steps)
+        out = run_loom(args.family, Path(args.single), config, args.size, args.steps, args.fp8, args.caches)
     else:
-        out = run_diffusers(args.family, Path(args.diffusers_dir), args.size, args.steps)
+        out = run_diffusers(args.family, Path(args.diffusers_dir), args.size, args.steps, args.fp8)
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
     print(json.dumps(out))
 
 
 # --- the parent -------------------------------------------------------------------------------
-def measure(name: str, full: bool, size: int, steps: int, threads: int, folder: Path) -> list[str]:
+def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
+    from tests.benchmarks.fullsize import rss_gib
+
+    fp8 = args.fp8 or FAMILIES[name].file_dtype == torch.float8_e4m3fn
     start = time.perf_counter()
-    single, diffusers_dir = write_weights(name, full, folder)
+    folder = folder / ("fp8" if fp8 else "bf16") / ("full" if args.full else "tiny")
+    single, diffusers_dir = folder / f"{name}.safetensors", folder / f"{name}_diffusers"
+    if not single.exists():  # a --workdir keeps the files of an earlier run
+        write_weights(name, args.full, folder, torch.float8_e4m3fn if fp8 else torch.bfloat16)
     written = time.perf_counter() - start
+    writer_rss = rss_gib()
     results = {}
     for side in ("loom", "diffusers"):
-        cmd = [
-            sys.executable,
-            __file__,
-            "--child",
-            side,
-            "--family",
-            name,
-            "--size",
-            str(size),
-            "--steps",
-            str(steps),
-            "--threads",
-            str(threads),
-            "--single",
-            str(single),
-            "--diffusers-dir",
-            str(diffusers_dir),
+        cmd = [sys.executable, __file__, "--child", side, "--family", name, "--size", str(args.size)]
+        cmd += ["--steps", str(args.steps), "--threads", str(args.threads), "--single", str(single)]
+        cmd += ["--diffusers-dir", str(diffusers_dir)]
+        cmd += [
+            flag
+            for flag, on in (("--full", args.full), ("--fp8", fp8), ("--no-caches", not args.caches))
+            if on
         ]
-        if full:
-            cmd.append("--full")
         done = subprocess.run(
             cmd, capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"}
         )
@@ -370,19 +455,44 @@ def measure(name: str, full: bool, size: int, steps: int, threads: int, folder: 
             raise RuntimeError(f"{side} child for {name} failed:\n{done.stderr[-4000:]}")
         results[side] = json.loads(done.stdout.strip().splitlines()[-1])
     loom, ref = results["loom"], results["diffusers"]
-    title = f"{name} ({'full' if full else 'tiny'} config, {size}², {steps} steps, {threads} threads)"
-    return [
+    count = sum(v.numel() for v in _meta(name, args.full).parameters())
+    params = f"{count / 1e9:.2f} B" if count > 1e8 else f"{count / 1e6:.2f} M"
+    title = (
+        f"{name} ({'full' if args.full else 'tiny'} config, {params} parameters, "
+        f"{'fp8 e4m3fn' if fp8 else 'bf16'} weights, bf16 compute, {args.size}², {args.steps} steps, "
+        f"cfg {FAMILIES[name].cfg}, {args.threads} threads)"
+    )
+    lines = [
         title,
-        f"  weights written in {written:.1f} s ({single.stat().st_size / 2**30:.2f} GiB file)",
+        f"  weights written in {written:.1f} s ({single.stat().st_size / 2**30:.2f} GiB file; writer RSS "
+        f"{writer_rss:.2f} GiB)",
         *(
             f"  {label:<14} Loom {loom[key]:.4g}  diffusers {ref[key]:.4g}  ratio {loom[key] / ref[key]:.3f}"
             for label, key in (
                 ("load s", "load_s"),
                 ("s/step", "s_per_step"),
+                ("CPU s/step", "cpu_s_per_step"),
                 ("peak RSS GiB", "peak_rss_gib"),
             )
         ),
     ]
+    for key, value in loom.items():
+        if ": speed-up" in key:
+            label = key.removesuffix(": speed-up")
+            lines.append(
+                f"  {label:<20} speed-up {value:.2f}× (CPU time), latent Δ {loom[label + ': latent Δ']:.3g} (relative), "
+                f"image Δ {loom[label + ': image Δ']:.2f} of 255 (demo VAE)"
+            )
+    return lines
+
+
+def _meta(name: str, full: bool) -> Any:
+    import diffusers
+
+    from tests.benchmarks.fullsize import meta_module
+
+    spec = FAMILIES[name]
+    return meta_module(getattr(diffusers, spec.diffusers_class), spec.full if full else spec.tiny)
 
 
 def main() -> None:
@@ -394,27 +504,31 @@ def main() -> None:
         default=os.environ.get("LOOM_BENCH_FULL") == "1",
         help="the real configs (also LOOM_BENCH_FULL=1)",
     )
-    parser.add_argument("--size", type=int, default=None, help="image side in pixels (1024 full, 64 tiny)")
+    parser.add_argument("--size", type=int, default=None, help="image side in pixels (256 full, 64 tiny)")
     parser.add_argument("--steps", type=int, default=None, help="steps (4 full, 2 tiny)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (all cores full, 1 tiny)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
+    parser.add_argument("--fp8", action="store_true", help="store every family's weights as fp8 e4m3fn")
+    parser.add_argument("--no-caches", dest="caches", action="store_false", help="skip the step-cache runs")
+    parser.add_argument("--workdir", default="", help="keep the written weights here (reused when present)")
     parser.add_argument("--child", choices=["loom", "diffusers"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--single", help=argparse.SUPPRESS)
     parser.add_argument("--diffusers-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.size = args.size or (1024 if args.full else 64)
+    args.size = args.size or (256 if args.full else 64)
     args.steps = args.steps or (4 if args.full else 2)
-    args.threads = args.threads or (os.cpu_count() or 1 if args.full else 1)
+    args.threads = args.threads or 1
     if args.child:
         args.side = args.child
         child(args)
         return
+    torch.set_num_threads(args.threads)
     names = list(FAMILIES) if args.family == "all" else [args.family]
-    with tempfile.TemporaryDirectory(prefix="loom_bench_dit_") as tmp:
-        for name in names:
-            print(
-                "\n".join(measure(name, args.full, args.size, args.steps, args.threads, Path(tmp) / name)),
-                flush=True,
-            )
+    for name in names:
+        if args.workdir:
+            print("\n".join(measure(args, name, Path(args.workdir) / name)), flush=True)
+            continue
+        with tempfile.TemporaryDirectory(prefix="loom_bench_dit_") as tmp:  # one family's files at a time
+            print("\n".join(measure(args, name, Path(tmp) / name)), flush=True)
 
 
 if __name__ == "__main__":

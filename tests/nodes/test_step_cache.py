@@ -182,6 +182,14 @@ def test_first_block_cache_covers_chroma(flux_demo: Path, make_ctx: Any) -> None
     assert counted.last_block < STEPS and torch.isfinite(cached).all()
 
 
+def test_first_block_cache_reuses_the_loaded_transformer(flux: Any) -> None:
+    """The cache replaces forwards only during a call: the patched MODEL has the plain one's memory key,
+    so the manager keeps one copy of the transformer (a full-size one does not load twice)."""
+    ctx, model, _, _ = flux
+    patched = first_block(ctx, model, 0.1)
+    assert patched.key == model.key and patched.patches != model.patches
+
+
 def test_first_block_cache_refuses_a_unet(tiny_sd15_ckpt: Path, make_ctx: Any) -> None:
     from nodes.handles import open_checkpoint
 
