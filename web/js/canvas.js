@@ -27,7 +27,8 @@ export class Canvas {
     this.size = [0, 0];
     new ResizeObserver(([entry]) => {
       this.size = [entry.contentRect.width, entry.contentRect.height];
-      this.apply(); // a hidden canvas loses its scroll offset: set it again
+      this.scrolled = [NaN, NaN]; // a hidden canvas loses its scroll offset: set it again
+      this.apply();
     }).observe(root);
     // a scroll that apply() did not ask for (focus moving to a widget scrolls it into view): follow it
     this.viewport.addEventListener("scroll", () => {
@@ -84,13 +85,19 @@ export class Canvas {
     const whole = (v) => Math.abs(v - Math.round(v)) < 1e-6;
     const inRange = (v) => v >= 0 && v <= 2 * ANCHOR;
     if (!this.anchor || this.anchor[2] !== this.zoom || !whole(sx) || !whole(sy) || !inRange(sx) || !inRange(sy)) {
-      this.anchor = [ANCHOR + this.x, ANCHOR + this.y, this.zoom];
+      // move the anchor, keeping the scroll offset where it is while it is well inside the range:
+      // writing the offset right after the transform would force a layout
+      const keep = this.anchor && [0, 1].every((i) => Math.abs(this.scrolled[i] - ANCHOR) < ANCHOR / 2);
+      [sx, sy] = keep ? this.scrolled : [ANCHOR, ANCHOR];
+      this.anchor = [sx + this.x, sy + this.y, this.zoom];
       this.world.style.transform = `translate(${this.anchor[0]}px, ${this.anchor[1]}px) scale(${this.zoom})`;
-      sx = ANCHOR; sy = ANCHOR;
     }
-    this.scrolled = [Math.round(sx), Math.round(sy)];
-    this.viewport.scrollLeft = this.scrolled[0];
-    this.viewport.scrollTop = this.scrolled[1];
+    sx = Math.round(sx); sy = Math.round(sy);
+    if (sx !== this.scrolled[0] || sy !== this.scrolled[1]) {
+      this.scrolled = [sx, sy];
+      this.viewport.scrollLeft = sx;
+      this.viewport.scrollTop = sy;
+    }
     const lod = this.lowQuality; // zoomed far out: widgets are unreadable, draw nodes as outlines
     if (lod !== this.root.classList.contains("lod")) this.root.classList.toggle("lod", lod);
     this.#changed();
