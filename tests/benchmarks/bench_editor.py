@@ -4,9 +4,11 @@ Starts tests/e2e/fake_server.py (the editor only needs /object_info), opens the 
 generated graph (default: 500 nodes, ~800 links; then 20 pairs of prompt nodes become subgraph
 instances and 100 links get a midpoint reroute) and measures, with requestAnimationFrame timestamps:
   1. panning with space + mouse drag (input events through Chromium; frames that moved the view),
-  2. panning driven from script, one step on every frame (worst case), at zoom 0.6, 1.0 and 0.35
-     (below 0.5 the editor draws nodes without their widgets' contents),
-  3. zooming with the wheel,
+  2. panning driven from script, one step on every frame (worst case), at zoom 0.6, 1.0, 0.35, 0.2
+     and 0.1, the minimum (below 0.5 the editor draws in low quality: nodes without their text and
+     widgets' contents), and with the mouse at 0.35,
+  3. zooming with the wheel at 0.6 (in and out across 1.0), at 0.35 (out to 0.14 and back) and at
+     0.15 (out to the minimum and back),
   4. mask painting on a 2048² image (target: < 16 ms per stroke segment): a mouse stroke across the
      mask editor, timing each segment the editor stamps.
 Frame intervals depend on how busy the machine is (on a shared 2-core machine they stretch 2-3x);
@@ -154,6 +156,23 @@ def stats(name: str, deltas: list[float], cpu_ms: float | None = None, skip_firs
     return result
 
 
+def mouse_pan(page, name: str) -> dict:
+    """Pan with space + mouse drag: 120 pointer moves, waiting between them so that frames render
+    between input events, as a hand does."""
+    page.evaluate(RECORD)
+    page.mouse.move(800, 500)
+    page.keyboard.down("Space")  # space-drag pans wherever the pointer is (nodes cover the view)
+    page.mouse.down()
+    cpu0 = browser_cpu_ms()
+    for i in range(120):
+        page.mouse.move(800 - i * 5, 500 - (i % 40) * 3)
+        page.wait_for_timeout(8)
+    page.mouse.up()
+    page.keyboard.up("Space")
+    cpu = browser_cpu_ms() - cpu0
+    return stats(name, page.evaluate(STOP), cpu)
+
+
 def mask_stroke(page, data: Path) -> dict:
     """Open the mask editor on a 2048² image and paint one stroke across it with the mouse.
 
@@ -242,27 +261,14 @@ def main() -> int:
             )
             page.evaluate("loom.editor.canvas.setView(0, 0, 0.6)")
             page.wait_for_timeout(300)
-            results = {}
-            page.evaluate(RECORD)
-            page.mouse.move(800, 500)
-            page.keyboard.down("Space")  # space-drag pans wherever the pointer is (nodes cover the view)
-            page.mouse.down()
-            cpu0 = browser_cpu_ms()
-            # 120 pointer moves; the wait lets frames render between input events, as a hand does
-            for i in range(120):
-                page.mouse.move(800 - i * 5, 500 - (i % 40) * 3)
-                page.wait_for_timeout(8)
-            page.mouse.up()
-            page.keyboard.up("Space")
-            cpu = browser_cpu_ms() - cpu0
-            results["mouse_pan"] = stats("pan (space + mouse drag)", page.evaluate(STOP), cpu)
+            results = {"mouse_pan": mouse_pan(page, "pan (space + mouse drag) at 0.6")}
             # worst case: the view moves on every single frame
             cpu0 = browser_cpu_ms()
             frames = page.evaluate(SCRIPT_PAN, 180)
             results["script_pan"] = stats(
                 "pan (scripted, every frame) at 0.6", frames, browser_cpu_ms() - cpu0
             )
-            for zoom in (1.0, 0.35):
+            for zoom in (1.0, 0.35, 0.2, 0.1):
                 page.evaluate(f"loom.editor.canvas.setView(0, 0, {zoom})")
                 page.wait_for_timeout(300)
                 cpu0 = browser_cpu_ms()
@@ -270,21 +276,41 @@ def main() -> int:
                 results[f"script_pan_{zoom}"] = stats(
                     f"pan (scripted, every frame) at {zoom}", frames, browser_cpu_ms() - cpu0
                 )
+            page.evaluate("loom.editor.canvas.setView(0, 0, 0.35)")
+            page.wait_for_timeout(300)
+            results["mouse_pan_0.35"] = mouse_pan(page, "pan (space + mouse drag) at 0.35")
+            for key, zoom, sign in (
+                ("wheel_zoom", 0.6, -1),
+                ("wheel_zoom_0.35", 0.35, 1),
+                ("wheel_zoom_0.15", 0.15, 1),
+            ):
+                page.evaluate(f"loom.editor.canvas.setView(-200, -100, {zoom})")
+                page.wait_for_timeout(300)
+                page.evaluate(RECORD)
+                cpu0 = browser_cpu_ms()
+                for i in range(30):  # in (or out) 15 steps, then back
+                    page.mouse.wheel(0, sign * (40 if i < 15 else -40))
+                    page.wait_for_timeout(16)
+                cpu = browser_cpu_ms() - cpu0
+                results[key] = stats(f"zoom (wheel) from {zoom}", page.evaluate(STOP), cpu)
+            page.evaluate("loom.editor.canvas.setView(-200, -100, 0.25)")
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(ROOT / "artifacts" / "screenshots" / "bench-editor-low-zoom.png"))
             page.evaluate("loom.editor.canvas.setView(0, 0, 0.6)")
             page.wait_for_timeout(300)
-            page.evaluate(RECORD)
-            cpu0 = browser_cpu_ms()
-            for i in range(30):
-                page.mouse.wheel(0, -40 if i < 15 else 40)
-                page.wait_for_timeout(16)
-            cpu = browser_cpu_ms() - cpu0
-            results["wheel_zoom"] = stats("zoom (wheel)", page.evaluate(STOP), cpu)
             page.screenshot(path=str(ROOT / "artifacts" / "screenshots" / "bench-editor.png"))
             results["mask"] = mask_stroke(page, data)
             browser.close()
         for key, label in (
             ("mouse_pan", "mouse-drag pan at zoom 0.6"),
             ("script_pan", "every-frame pan at zoom 0.6"),
+            ("mouse_pan_0.35", "mouse-drag pan at zoom 0.35"),
+            ("script_pan_0.35", "every-frame pan at zoom 0.35"),
+            ("script_pan_0.2", "every-frame pan at zoom 0.2"),
+            ("script_pan_0.1", "every-frame pan at zoom 0.1 (minimum)"),
+            ("wheel_zoom", "wheel zoom from 0.6"),
+            ("wheel_zoom_0.35", "wheel zoom from 0.35 (out to 0.14)"),
+            ("wheel_zoom_0.15", "wheel zoom from 0.15 (out to 0.1)"),
         ):
             verdict = "OK" if results[key]["mean"] < 33 else "SLOW"
             print(

@@ -1,15 +1,43 @@
 // The infinite canvas: pan (drag the background, space-drag, middle button), zoom around the
-// cursor (wheel), fit to view, box selection, and the minimap. Nodes live in a "world" element that
-// is moved with one CSS transform, so panning 300 nodes costs one composite per frame.
+// cursor (wheel), fit to view, box selection, and the minimap.
+//
+// Nodes live in a "world" element inside a scroll container (the viewport). A pan only changes the
+// viewport's scroll offset: Chromium moves a composited scroller's contents without painting or
+// re-layerizing them (a changed CSS transform would repaint and re-layerize every node each frame).
+// The world's own transform (an anchor far inside the scroll range, and the zoom) changes only when
+// the zoom changes, the pan leaves the scroll range, or the offset stops being whole pixels.
+// Below LOD_ZOOM the canvas root gets the class "lod": nodes draw without their widgets' contents,
+// labels, titles and shadows, and links without anti-aliasing (CSS only, no per-node work).
+
+export const LOD_ZOOM = 0.5;
+const MIN_ZOOM = 0.1, MAX_ZOOM = 3;
+const ANCHOR = 100000; // the world's anchor in the scroll range [0, 2 * ANCHOR] (the spacer is larger)
 
 export class Canvas {
   constructor(root, { onBoxSelect, onBackgroundClick, onBackgroundDblClick, onContextMenu, onChange }) {
     this.root = root;
+    this.viewport = root.querySelector(".viewport");
     this.world = root.querySelector(".world");
     this.boxEl = root.querySelector(".box-select");
     this.x = 0; this.y = 0; this.zoom = 1;
+    this.anchor = null; // [ax, ay, zoom] of the world's transform
+    this.scrolled = [0, 0]; // the scroll offset apply() set last
     this.spaceDown = false;
     this.hooks = { onBoxSelect, onBackgroundClick, onBackgroundDblClick, onContextMenu, onChange };
+    this.size = [0, 0];
+    new ResizeObserver(([entry]) => {
+      this.size = [entry.contentRect.width, entry.contentRect.height];
+      this.scrolled = [NaN, NaN]; // a hidden canvas loses its scroll offset: set it again
+      this.apply();
+    }).observe(root);
+    // a scroll that apply() did not ask for (focus moving to a widget scrolls it into view): follow it
+    this.viewport.addEventListener("scroll", () => {
+      const { scrollLeft, scrollTop, clientWidth } = this.viewport;
+      if (!clientWidth || (scrollLeft === this.scrolled[0] && scrollTop === this.scrolled[1])) return;
+      this.scrolled = [scrollLeft, scrollTop];
+      this.x = this.anchor[0] - scrollLeft; this.y = this.anchor[1] - scrollTop;
+      this.#changed();
+    });
     root.addEventListener("pointerdown", (e) => this.#pointerDown(e));
     root.addEventListener("wheel", (e) => this.#wheel(e), { passive: false });
     root.addEventListener("dblclick", (e) => { if (this.isBackground(e.target)) this.hooks.onBackgroundDblClick(e); });
@@ -21,8 +49,23 @@ export class Canvas {
     this.apply();
   }
 
+  // The view's size in screen pixels, without a layout read while the size is known.
+  viewSize() {
+    if (this.size[0] <= 0) { const r = this.root.getBoundingClientRect(); this.size = [r.width, r.height]; }
+    return this.size;
+  }
+
+  // The world rectangle [x0, y0, x1, y1] the view shows.
+  visibleWorld() {
+    const [w, h] = this.viewSize();
+    const x0 = -this.x / this.zoom, y0 = -this.y / this.zoom;
+    return [x0, y0, x0 + w / this.zoom, y0 + h / this.zoom];
+  }
+
+  get lowQuality() { return this.zoom < LOD_ZOOM; }
+
   isBackground(target) {
-    return target === this.root || target === this.world || target.classList?.contains("links-layer") ||
+    return target === this.root || target === this.viewport || target === this.world || target.classList?.contains("links-layer") ||
       target.classList?.contains("nodes-layer") || target.classList?.contains("group-body");
   }
 
@@ -32,14 +75,36 @@ export class Canvas {
   }
 
   setView(x, y, zoom) {
-    this.x = x; this.y = y; this.zoom = Math.min(3, Math.max(0.1, zoom));
+    this.x = x; this.y = y; this.zoom = Math.min(MAX_ZOOM, Math.max(MIN_ZOOM, zoom));
     this.apply();
   }
 
+  // Show the view: a pan is one scroll-offset change; the world's transform moves only when it must.
   apply() {
-    this.world.style.transform = `translate(${this.x}px, ${this.y}px) scale(${this.zoom})`;
-    const lod = this.zoom < 0.5; // zoomed far out: widgets are unreadable, draw nodes as outlines
+    let sx = this.anchor ? this.anchor[0] - this.x : NaN, sy = this.anchor ? this.anchor[1] - this.y : NaN;
+    const whole = (v) => Math.abs(v - Math.round(v)) < 1e-6;
+    const inRange = (v) => v >= 0 && v <= 2 * ANCHOR;
+    if (!this.anchor || this.anchor[2] !== this.zoom || !whole(sx) || !whole(sy) || !inRange(sx) || !inRange(sy)) {
+      // move the anchor, keeping the scroll offset where it is while it is well inside the range:
+      // writing the offset right after the transform would force a layout
+      const keep = this.anchor && [0, 1].every((i) => Math.abs(this.scrolled[i] - ANCHOR) < ANCHOR / 2);
+      [sx, sy] = keep ? this.scrolled : [ANCHOR, ANCHOR];
+      this.anchor = [sx + this.x, sy + this.y, this.zoom];
+      this.world.style.transform = `translate(${this.anchor[0]}px, ${this.anchor[1]}px) scale(${this.zoom})`;
+    }
+    sx = Math.round(sx); sy = Math.round(sy);
+    if (sx !== this.scrolled[0] || sy !== this.scrolled[1]) {
+      this.scrolled = [sx, sy];
+      this.viewport.scrollLeft = sx;
+      this.viewport.scrollTop = sy;
+    }
+    const lod = this.lowQuality; // zoomed far out: widgets are unreadable, draw nodes as outlines
     if (lod !== this.root.classList.contains("lod")) this.root.classList.toggle("lod", lod);
+    this.#changed();
+  }
+
+  // Tell the editor once per frame that the view changed (culling, minimap).
+  #changed() {
     if (!this.pending) {
       this.pending = true;
       requestAnimationFrame(() => { this.pending = false; this.hooks.onChange(); });
@@ -49,7 +114,7 @@ export class Canvas {
   zoomAt(clientX, clientY, factor) {
     const r = this.root.getBoundingClientRect();
     const px = clientX - r.left, py = clientY - r.top;
-    const zoom = Math.min(3, Math.max(0.1, this.zoom * factor));
+    const zoom = Math.min(MAX_ZOOM, Math.max(MIN_ZOOM, this.zoom * factor));
     const k = zoom / this.zoom;
     this.setView(px - (px - this.x) * k, py - (py - this.y) * k, zoom);
   }
@@ -123,8 +188,8 @@ export class Minimap {
       const r = el.getBoundingClientRect();
       const { scale, ox, oy } = this.map;
       const wx = (e.clientX - r.left) / scale + ox, wy = (e.clientY - r.top) / scale + oy;
-      const view = canvas.root.getBoundingClientRect();
-      canvas.setView(view.width / 2 - wx * canvas.zoom, view.height / 2 - wy * canvas.zoom, canvas.zoom);
+      const [w, h] = canvas.viewSize();
+      canvas.setView(w / 2 - wx * canvas.zoom, h / 2 - wy * canvas.zoom, canvas.zoom);
     };
     el.addEventListener("pointerdown", (e) => {
       e.stopPropagation();
@@ -136,13 +201,21 @@ export class Minimap {
     });
   }
 
+  // Draw now, or, when the last drawing is under 100 ms old (a pan or zoom in progress), a little
+  // later: the overview needs no update on every frame.
+  drawSoon() {
+    const wait = 100 - (performance.now() - (this.drawnAt || 0));
+    if (wait <= 0) { this.draw(); return; }
+    if (!this.timer) this.timer = setTimeout(() => { this.timer = null; this.draw(); }, wait);
+  }
+
   draw() {
     const { ctx, el, canvas } = this;
+    this.drawnAt = performance.now();
     const rects = this.getRects();
     ctx.clearRect(0, 0, el.width, el.height);
-    const view = canvas.root.getBoundingClientRect();
-    const vx = -canvas.x / canvas.zoom, vy = -canvas.y / canvas.zoom;
-    const vw = view.width / canvas.zoom, vh = view.height / canvas.zoom;
+    const [vx, vy, vx1, vy1] = canvas.visibleWorld();
+    const vw = vx1 - vx, vh = vy1 - vy;
     let x0 = vx, y0 = vy, x1 = vx + vw, y1 = vy + vh;
     for (const r of rects) {
       x0 = Math.min(x0, r[0]); y0 = Math.min(y0, r[1]);

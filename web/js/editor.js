@@ -24,7 +24,7 @@ export class Editor {
       onBackgroundClick: () => this.select([]),
       onBackgroundDblClick: (e) => this.openSearch(e.clientX, e.clientY),
       onContextMenu: (e) => this.menus.canvasMenu(e),
-      onChange: () => { this.cull(); this.minimap.draw(); if (this.tab) this.tab.view = [this.canvas.x, this.canvas.y, this.canvas.zoom]; },
+      onChange: () => { this.cull(); this.minimap.drawSoon(); if (this.tab) this.tab.view = [this.canvas.x, this.canvas.y, this.canvas.zoom]; },
     });
     this.views = new NodeViews(this, this.nodesLayer);
     this.links = new Links(this, root.querySelector(".links-layer"));
@@ -77,24 +77,35 @@ export class Editor {
     this.history.reset();
   }
 
-  // Hide nodes and links far outside the view, so a pan frame paints only what can be seen.
-  cull() {
+  // Hide nodes and links well outside the view, so a frame composites only what can be seen. The
+  // kept area reaches half a view beyond each edge; culling again repaints, so it runs only when the
+  // view leaves the inner part of that area or the zoom doubles or halves (or `force`: the graph
+  // changed). All geometry is read before any element is touched.
+  cull(force = false) {
     if (!this.graph) return;
-    const c = this.canvas, r = this.root.getBoundingClientRect();
-    const m = 300 / c.zoom;
-    const x0 = -c.x / c.zoom - m, y0 = -c.y / c.zoom - m, x1 = x0 + r.width / c.zoom + 2 * m, y1 = y0 + r.height / c.zoom + 2 * m;
+    const c = this.canvas, [vx0, vy0, vx1, vy1] = c.visibleWorld();
+    const last = this.culled;
+    if (!force && last && c.zoom < last.zoom * 2 && c.zoom > last.zoom / 2 &&
+      vx0 >= last.inner[0] && vy0 >= last.inner[1] && vx1 <= last.inner[2] && vy1 <= last.inner[3]) return;
+    const mx = (vx1 - vx0) / 2, my = (vy1 - vy0) / 2;
+    const x0 = vx0 - mx, y0 = vy0 - my, x1 = vx1 + mx, y1 = vy1 + my;
+    this.culled = { zoom: c.zoom, inner: [vx0 - mx / 2, vy0 - my / 2, vx1 + mx / 2, vy1 + my / 2] };
     const outside = (ax, ay, bx, by) => bx < x0 || ax > x1 || by < y0 || ay > y1;
+    const nodes = [];
     for (const [id, elem] of this.views.els) {
       const [x, y, w, h] = this.views.rect(id);
       const off = outside(x, y, x + w, y + h);
-      if (elem.classList.contains("offscreen") !== off) elem.classList.toggle("offscreen", off);
+      if (elem.classList.contains("offscreen") !== off) nodes.push([elem, off]);
     }
+    const links = [];
     for (const link of this.links.paths.values()) {
       const box = link.box;
       if (!box) continue;
       const off = outside(box[0] - 100, box[1], box[2] + 100, box[3]);
-      if (link.off !== off) { link.off = off; link.path.style.visibility = off ? "hidden" : ""; }
+      if (!!link.off !== off) links.push([link, off]);
     }
+    for (const [elem, off] of nodes) elem.classList.toggle("offscreen", off);
+    for (const [link, off] of links) { link.off = off; link.path.style.visibility = off ? "hidden" : ""; }
   }
 
   renderAll() {
@@ -104,7 +115,7 @@ export class Editor {
     for (const id of this.graph.nodes.keys()) this.views.measure(id); // one layout for all nodes
     this.links.redrawAll();
     this.groups.renderAll();
-    this.cull();
+    this.cull(true);
     for (const id of [...this.selection]) if (!this.graph.nodes.has(id)) this.selection.delete(id);
     this.minimap.draw();
   }

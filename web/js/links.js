@@ -144,6 +144,7 @@ export class Links {
     let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
     for (const [x, y] of points) { if (x < x0) x0 = x; if (x > x1) x1 = x; if (y < y0) y0 = y; if (y > y1) y1 = y; }
     link.box = [x0, y0, x1, y1]; // for culling
+    if (link.off) { link.off = false; link.path.style.visibility = ""; } // moved: shown until culled again
     link.path.setAttribute("d", route(points, this.style ?? 2));
   }
 
