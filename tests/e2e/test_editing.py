@@ -115,13 +115,19 @@ def test_queue_panel_batch_and_cancel(editor: Editor) -> None:
     )  # read /history
     thumbs = page.locator(".gallery-thumb").count()
     page.fill('[data-role="batch"]', "3")
+    # Long jobs, and the last of the three is cancelled: it stays pending while the two before it run
+    # (about 2 × 120 demo steps), so the cancel always reaches a job the server has not started
+    # (cancelling the first pending one raced the worker when the tiny first job ended at once).
+    editor.node("3").locator('[data-widget="steps"]').fill("120")
     seeds = [editor.saved()["prompt"]["3"]["inputs"]["seed"]]
     page.click('[data-show-panel="queue"]')
     page.keyboard.press("Control+Enter")
-    # cancel the first pending job as soon as the panel lists one (in the page: the panel redraws often)
+    # cancel the last pending job as soon as the panel lists all three (in the page: it redraws often)
     cancelled = page.wait_for_function(
         """() => {
-        const button = document.querySelector('.queue-item.pending [data-action="cancel"]');
+        const pending = document.querySelectorAll('.queue-item.pending [data-action="cancel"]');
+        if (pending.length < 2 || document.querySelectorAll('.queue-item').length < 3) return false;
+        const button = pending[pending.length - 1];
         if (!button) return false;
         button.click();
         return button.dataset.promptId;
