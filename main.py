@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -388,7 +389,10 @@ def ensure_demo_models(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.app import serve_main
+    from nodes.families.build import import_model_libraries
 
+    # the model code is imported while the server waits for its first prompt, not inside that job
+    threading.Thread(target=import_model_libraries, name="loom-import-models", daemon=True).start()
     ensure_demo_models(args)
     return serve_main(args, build_runtime, ROOT)
 
