@@ -24,7 +24,7 @@ from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders, ModelPathError
 from engine.memory import ModelManager
-from engine.ram_budget import RamBudget
+from engine.ram_budget import RamBudget, return_large_frees_to_os
 from engine.registry import NodeRegistry
 
 log = logging.getLogger("loom")
@@ -119,6 +119,7 @@ def _model_manager(args: argparse.Namespace) -> ModelManager:
 
     budget = RamBudget.for_machine(gib("ram_budget"), gib("reserve_ram"), tier_cap=gib("ram_gb"))
     log.info("memory: %s", budget.describe())
+    return_large_frees_to_os()  # freed weight copies leave the process (glibc kept them in its heap)
     cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine
     policy = precision.policy_for(args, DevicePolicy.detect(force_cpu=args.cpu), cache)
     manager = ModelManager(policy, budget=budget)
