@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders, ModelPathError
 from engine.memory import ModelManager
-from engine.ram_budget import RamBudget
+from engine.ram_budget import RamBudget, return_large_frees_to_os
 from engine.registry import NodeRegistry
 
 log = logging.getLogger("loom")
@@ -118,6 +119,7 @@ def _model_manager(args: argparse.Namespace) -> ModelManager:
 
     budget = RamBudget.for_machine(gib("ram_budget"), gib("reserve_ram"), tier_cap=gib("ram_gb"))
     log.info("memory: %s", budget.describe())
+    return_large_frees_to_os()  # freed weight copies leave the process (glibc kept them in its heap)
     cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine
     policy = precision.policy_for(args, DevicePolicy.detect(force_cpu=args.cpu), cache)
     manager = ModelManager(policy, budget=budget)
@@ -388,7 +390,10 @@ def ensure_demo_models(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.app import serve_main
+    from nodes.families.build import import_model_libraries
 
+    # the model code is imported while the server waits for its first prompt, not inside that job
+    threading.Thread(target=import_model_libraries, name="loom-import-models", daemon=True).start()
     ensure_demo_models(args)
     return serve_main(args, build_runtime, ROOT)
 
