@@ -98,7 +98,7 @@ def build(size: str, folder: Path) -> tuple[Path, Any]:
     if size in SD35:
         import torch
 
-        from tests.benchmarks.bench_dit_families import write_weights
+        from tests.benchmarks.dit_family_runs import write_weights
         from tests.benchmarks.fullsize import mapped_state
 
         single = folder / "sd35_medium.safetensors"

@@ -242,7 +242,7 @@ class Flux2Transformer:
         if not getattr(module.config, "guidance_embeds", False):
             kwargs.pop("guidance", None)
         b, c, h, w = x_in.shape
-        tokens = x_in.reshape(b, c, h * w).permute(0, 2, 1)
+        tokens = x_in.reshape(b, c, h * w).permute(0, 2, 1).contiguous()  # see nodes.linear_inputs
         t = timestep.to(x_in.dtype).reshape(-1).expand(b)
         out = module(
             hidden_states=tokens, timestep=t, img_ids=image_ids(h, w).to(x_in), return_dict=False, **kwargs

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
+from nodes.linear_inputs import copy_sliced_inputs
 from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ _QKV = {
 _SWAPPED = "context_block.adaLN_modulation.1"  # (shift, scale) ⇄ (scale, shift) in the last block
 _FINAL_MOD = "final_layer.adaLN_modulation.1"
 HEAD_WIDTH = 64
+# the joint attention's output projections: they get the image and text slices of one attention
+# output (strided views under a CFG batch; see nodes.linear_inputs)
+SLICED_INPUTS = ("attn.to_out.0", "attn.to_add_out")
 
 
 def _swap(tensor: Any) -> Any:
@@ -179,10 +183,11 @@ class SD3Transformer:
         cfg = dict(config)
         cfg["dual_attention_layers"] = tuple(cfg.get("dual_attention_layers", ()))
         with init_empty_weights(include_buffers=True):
-            return self.model_class.from_config(cfg)
+            return copy_sliced_inputs(self.model_class.from_config(cfg), SLICED_INPUTS)
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        return self.model_class.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+        module = self.model_class.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
+        return copy_sliced_inputs(module, SLICED_INPUTS)
 
     # --- sampling -----------------------------------------------------------------------------
     def conditioning(
