@@ -2,7 +2,9 @@
 one T2I-Adapter, on a full-size SD1.5 UNet with random weights, through Loom's control path
 (``UNetDenoiser.forward`` with the bound controls), and the bytes each control model adds.
 
-    python tests/benchmarks/bench_controlnet.py [--size 512] [--repeats 2] [--device cpu|cuda]
+    python tests/benchmarks/bench_controlnet.py [--size 512] [--repeats 2] [--device cpu|cuda] [--threads N]
+
+The cases run interleaved (each repeat times every case once), in wall and CPU seconds.
 
 Printed, not asserted. Full size on 2 CPU cores: about 6–7 s per UNet call at 512 px (fp32);
 absolute times on shared machines vary up to 3×, compare figures from one run.
@@ -103,29 +105,39 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads or max(1, torch.get_num_threads()))
     modules = _modules(args.device)
     h = _handles(Path("/nonexistent"))
     print(
         f"SD1.5 UNet {_bytes(modules['unet']) / 2**20:.0f} MiB, ControlNet {_bytes(modules['cn'][0]) / 2**20:.0f} MiB, "
         f"T2I-Adapter {_bytes(modules['t2i']) / 2**20:.0f} MiB (fp32)"
     )
-    for label, handles in (
-        ("no control", []),
-        ("1 ControlNet", [h["cn1"]]),
-        ("2 ControlNets", [h["cn1"], h["cn2"]]),
-        ("1 T2I-Adapter", [h["t2i"]]),
-    ):
-        run = _call(modules, handles, args.size // 8, args.device)
+    cases = {
+        "no control": [],
+        "1 ControlNet": [h["cn1"]],
+        "2 ControlNets": [h["cn1"], h["cn2"]],
+        "1 T2I-Adapter": [h["t2i"]],
+    }
+    runs = {label: _call(modules, handles, args.size // 8, args.device) for label, handles in cases.items()}
+    for run in runs.values():
         run()  # warm-up
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
+    wall: dict[str, list[float]] = {label: [] for label in runs}
+    cpu: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(args.repeats):  # interleaved: a slower stretch of the machine hits every case alike
+        for label, run in runs.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
             run()
-            times.append(time.perf_counter() - start)
+            wall[label].append(time.perf_counter() - start)
+            cpu[label].append(time.process_time() - start_cpu)
+    base = statistics.median(cpu["no control"])
+    for label in runs:
+        median_cpu = statistics.median(cpu[label])
         print(
-            f"{label:>14}: {statistics.median(times):.3f} s per step at {args.size}² (batch 2, {args.device})"
+            f"{label:>14}: {statistics.median(wall[label]):.3f} s per step ({median_cpu:.3f} CPU s, "
+            f"{median_cpu / base:.2f}× no control) at {args.size}² (batch 2, {args.device}, "
+            f"{torch.get_num_threads()} threads)"
         )
 
 
