@@ -29,6 +29,7 @@ from nodes.sampling import KSampler
 from nodes.weights import ModelLoadError
 from tests.nodes.dit_control_fixtures import (
     SIZE,
+    apply_control,
     flux_pipeline_latent,
     flux_run,
     save,
@@ -36,7 +37,7 @@ from tests.nodes.dit_control_fixtures import (
     sd3_pipeline_latent,
     sd3_run,
     write_flux,
-    write_sd3,
+    write_sd3_with_controlnet,
 )
 from tests.nodes.dit_control_fixtures import control_image as _image
 
@@ -44,16 +45,7 @@ from tests.nodes.dit_control_fixtures import control_image as _image
 # --- SD3 ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sd3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("sd3cn")
-    modules = write_sd3(root)
-    net = demo_sd3_controlnet()
-    net.save_pretrained(root / "cn_sd3")
-    return {
-        "root": root,
-        "modules": modules,
-        "net": net,
-        "cn": root / "cn_sd3" / "diffusion_pytorch_model.safetensors",
-    }
+    return write_sd3_with_controlnet(tmp_path_factory.mktemp("sd3cn"), demo_sd3_controlnet(), "cn_sd3")
 
 
 def _sd3_run(ctx: Any, sd3: dict[str, Any], apply: Any, latent_batch: int = 1) -> tuple[Any, Any, Any]:
@@ -66,17 +58,7 @@ def _sd3_apply(
     from nodes.demo_sd3 import DEMO_SD3_VAE
 
     net, vae = open_controlnet(sd3["cn"]), open_vae(sd3["root"] / DEMO_SD3_VAE)
-    return lambda pos, neg: ControlNetApplySD3().run(
-        ctx,
-        positive=pos,
-        negative=neg,
-        control_net=net,
-        vae=vae,
-        image=image,
-        strength=strength,
-        start_percent=start,
-        end_percent=1.0,
-    )
+    return apply_control(ctx, ControlNetApplySD3, net, vae, image, strength, start)
 
 
 def test_sd3_controlnet_file_is_read_as_diffusers_sd3_controlnet(sd3: dict[str, Any]) -> None:
@@ -132,17 +114,7 @@ def _flux_apply(
 
     net = SetUnionControlNetType().run(ctx, control_net=open_controlnet(flux[which]), type=union_type)[0]
     vae = open_vae(flux["root"] / DEMO_FLUX_VAE)
-    return lambda pos, neg: ControlNetApplyAdvanced().run(
-        ctx,
-        positive=pos,
-        negative=neg,
-        control_net=net,
-        image=image,
-        strength=strength,
-        start_percent=start,
-        end_percent=1.0,
-        vae=vae,
-    )
+    return apply_control(ctx, ControlNetApplyAdvanced, net, vae, image, strength, start)
 
 
 def _flux_pipeline_latent(
@@ -263,20 +235,7 @@ def test_flux_controlnet_with_an_sd3_model_names_both_families(
 
     ctx = make_ctx()
     net, vae = open_controlnet(flux["union_file"]), open_vae(sd3["root"] / DEMO_SD3_VAE)
-
-    def apply(pos: Any, neg: Any) -> Any:
-        return ControlNetApplyAdvanced().run(
-            ctx,
-            positive=pos,
-            negative=neg,
-            control_net=net,
-            image=_image(),
-            strength=1.0,
-            start_percent=0.0,
-            end_percent=1.0,
-            vae=vae,
-        )
-
+    apply = apply_control(ctx, ControlNetApplyAdvanced, net, vae, _image(), 1.0)
     with pytest.raises(ConditioningError, match=r"is for flux but the model is sd3"):
         _sd3_run(ctx, sd3, apply)
 
@@ -289,17 +248,9 @@ def test_flux_controlnet_with_an_sd15_model_names_both_families(
     ctx = make_ctx()
     model, clip, vae = open_checkpoint_parts(tiny_sd15_ckpt)
     cond = CLIPTextEncode().run(ctx, text="a cat", clip=clip)[0]
-    pos, neg = ControlNetApplyAdvanced().run(
-        ctx,
-        positive=cond,
-        negative=cond,
-        control_net=open_controlnet(flux["xlabs_file"]),
-        image=_image(),
-        strength=1.0,
-        start_percent=0.0,
-        end_percent=1.0,
-        vae=vae,
-    )
+    pos, neg = apply_control(
+        ctx, ControlNetApplyAdvanced, open_controlnet(flux["xlabs_file"]), vae, _image(), 1.0
+    )(cond, cond)
     latent = EmptyLatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
     with pytest.raises(ConditioningError, match=r"is for flux but the model is sd15"):
         KSampler().run(
@@ -412,21 +363,9 @@ def test_a_vae_of_another_latent_width_is_refused(
 ) -> None:
     ctx = make_ctx()
     _, _, sd15_vae = open_checkpoint_parts(tiny_sd15_ckpt)
-    net = open_controlnet(flux["union_file"])
-
-    def apply(pos: Any, neg: Any) -> Any:
-        return ControlNetApplyAdvanced().run(
-            ctx,
-            positive=pos,
-            negative=neg,
-            control_net=net,
-            image=_image(),
-            strength=1.0,
-            start_percent=0.0,
-            end_percent=1.0,
-            vae=sd15_vae,
-        )
-
+    apply = apply_control(
+        ctx, ControlNetApplyAdvanced, open_controlnet(flux["union_file"]), sd15_vae, _image(), 1.0
+    )
     with pytest.raises(ConditioningError, match=r"takes 16-channel latents .* makes 4-channel ones"):
         _flux_run(ctx, flux, apply)
 

@@ -46,6 +46,7 @@ from nodes.handles import open_vae
 from nodes.hooks import ConditioningError
 from tests.nodes.dit_control_fixtures import (
     SIZE,
+    apply_control,
     control_image,
     flux_pipeline_latent,
     flux_run,
@@ -54,7 +55,7 @@ from tests.nodes.dit_control_fixtures import (
     sd3_pipeline_latent,
     sd3_run,
     write_flux,
-    write_sd3,
+    write_sd3_with_controlnet,
 )
 
 
@@ -82,47 +83,18 @@ def flux(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sd3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("sd3inpaintcn")
-    modules = write_sd3(root)
     net = demo_sd3_controlnet(15, inpaint=True)
-    net.save_pretrained(root / "cn_inpaint")
-    return {
-        "root": root,
-        "modules": modules,
-        "net": net,
-        "cn": root / "cn_inpaint" / "diffusion_pytorch_model.safetensors",
-    }
+    return write_sd3_with_controlnet(tmp_path_factory.mktemp("sd3inpaintcn"), net, "cn_inpaint")
 
 
 def _alimama(
     ctx: Any, net: Any, vae: Any, image: torch.Tensor, mask: Any, strength: float, start: float = 0.0
 ) -> Any:
-    return lambda pos, neg: ControlNetInpaintingAliMamaApply().run(
-        ctx,
-        positive=pos,
-        negative=neg,
-        control_net=net,
-        vae=vae,
-        image=image,
-        mask=mask,
-        strength=strength,
-        start_percent=start,
-        end_percent=1.0,
-    )
+    return apply_control(ctx, ControlNetInpaintingAliMamaApply, net, vae, image, strength, start, mask=mask)
 
 
 def _plain(ctx: Any, net: Any, vae: Any, image: torch.Tensor, strength: float) -> Any:
-    return lambda pos, neg: ControlNetApplyAdvanced().run(
-        ctx,
-        positive=pos,
-        negative=neg,
-        control_net=net,
-        image=image,
-        strength=strength,
-        start_percent=0.0,
-        end_percent=1.0,
-        vae=vae,
-    )
+    return apply_control(ctx, ControlNetApplyAdvanced, net, vae, image, strength)
 
 
 def _flux_vae(flux: dict[str, Any]) -> Any:

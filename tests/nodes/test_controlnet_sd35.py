@@ -30,7 +30,15 @@ from nodes.families.components.dit_control import SD35, DiTControlNetHandle
 from nodes.families.components.sd35_control import diffusers_to_sd35, sincos_grid
 from nodes.handles import open_vae
 from nodes.weights import ModelLoadError
-from tests.nodes.dit_control_fixtures import SIZE, save, sd3_pipeline, sd3_pipeline_latent, sd3_run, write_sd3
+from tests.nodes.dit_control_fixtures import (
+    SIZE,
+    apply_control,
+    save,
+    sd3_pipeline,
+    sd3_pipeline_latent,
+    sd3_run,
+    write_sd3,
+)
 from tests.nodes.dit_control_fixtures import control_image as _hint
 
 
@@ -82,17 +90,7 @@ def _apply(
     from nodes.demo_sd3 import DEMO_SD3_VAE
 
     net, vae = open_controlnet(sd35[file]), open_vae(sd35["root"] / DEMO_SD3_VAE)
-    return lambda pos, neg: ControlNetApplySD3().run(
-        ctx,
-        positive=pos,
-        negative=neg,
-        control_net=net,
-        vae=vae,
-        image=image,
-        strength=strength,
-        start_percent=start,
-        end_percent=1.0,
-    )
+    return apply_control(ctx, ControlNetApplySD3, net, vae, image, strength, start)
 
 
 def test_sd35_controlnet_file_is_read_into_diffusers_sd3_controlnet(sd35: dict[str, Any]) -> None:
@@ -181,21 +179,7 @@ def test_bad_sd35_controlnet_inputs_are_refused_clearly(
     image = torch.rand(1, SIZE, SIZE, 3)
     net = open_controlnet(sd35["cn"])
     with pytest.raises(ValueError, match="VAE-encoded control images"):
-        _run(
-            ctx,
-            sd35,
-            lambda pos, neg: ControlNetApplyAdvanced().run(
-                ctx,
-                positive=pos,
-                negative=neg,
-                control_net=net,
-                image=image,
-                strength=1.0,
-                start_percent=0.0,
-                end_percent=1.0,
-                vae=None,
-            ),
-        )
+        _run(ctx, sd35, apply_control(ctx, ControlNetApplyAdvanced, net, None, image, 1.0))
 
 
 def test_sd35_control_type_picks_comfyuis_pixel_transform(sd35: dict[str, Any], tmp_path: Path) -> None:

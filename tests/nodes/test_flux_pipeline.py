@@ -23,113 +23,54 @@ from nodes.demo_flux import (
     demo_flux_modules,
     flux_files,
 )
-from nodes.diffusion.noise import prepare_noise
-from nodes.families.components.clip_text import load_tokenizer
-from nodes.families.components.t5_text import load_t5_tokenizer
-from nodes.families.flux_nodes import EmptySD3LatentImage, FluxGuidance, ModelSamplingFlux
+from nodes.families.flux_nodes import FluxGuidance
 from nodes.handles import open_diffusion_model, open_text_encoders
-from nodes.sampling import KSampler
+from tests.nodes.dit_control_fixtures import (
+    SIZE,
+    flux_model_and_clip,
+    flux_pipeline,
+    flux_pipeline_output,
+    noise,
+    sample,
+    save,
+)
 
-PROMPT, SIZE, STEPS, SEED = "a photo of a cat", 64, 4, 42
+PROMPT = "a photo of a cat"
 
 
 @pytest.fixture(scope="module")
 def flux_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from safetensors.torch import save_file
-
     root = tmp_path_factory.mktemp("flux")
     modules = {"dev": demo_flux_modules(guidance=True), "schnell": demo_flux_modules(seed=1, guidance=False)}
     files = flux_files(modules["dev"])  # schnell shares dev's text encoders and VAE, as in the demo
     files[DEMO_FLUX_SCHNELL] = flux_files(modules["schnell"])[DEMO_FLUX_SCHNELL]
     for name, tensors in files.items():
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / name))
+        save(root / name, tensors)
     return root, modules
-
-
-def _pipeline(modules: dict[str, Any]) -> Any:
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
-
-    sched = FlowMatchEulerDiscreteScheduler(
-        shift=1.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
-    pipe: Any = FluxPipeline(
-        scheduler=sched,
-        vae=modules["vae"],
-        text_encoder=modules["clip_l"],
-        tokenizer=load_tokenizer("clip_tokenizer"),
-        text_encoder_2=modules["t5xxl"],
-        tokenizer_2=load_t5_tokenizer(),
-        transformer=modules["unet"],
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def test_flux_dev_txt2img_matches_flux_pipeline(flux_dir: Any, make_ctx: Any) -> None:
     torch.set_num_threads(1)
     root, modules = flux_dir
     ctx = make_ctx()
-    model = open_diffusion_model(root / DEMO_FLUX_DEV)
-    clip = open_text_encoders([root / DEMO_T5XXL, root / DEMO_CLIP_L], "flux")
-    model = ModelSamplingFlux().run(
-        ctx, model=model, max_shift=1.15, base_shift=0.5, width=SIZE, height=SIZE
-    )[0]
+    model, clip = flux_model_and_clip(ctx, root, DEMO_FLUX_DEV)
     cond = FluxGuidance().run(
         ctx, conditioning=CLIPTextEncode().run(ctx, text=PROMPT, clip=clip)[0], guidance=4.0
     )[0]
-    latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(
-        ctx,
-        model=model,
-        seed=SEED,
-        steps=STEPS,
-        cfg=1.0,
-        sampler_name="euler",
-        scheduler="simple",
-        positive=cond,
-        negative=cond,
-        latent_image=latent,
-        denoise=1.0,
-    )[0]
+    out = sample(ctx, model, cond, cond, 1.0, "simple")
 
-    pipe = _pipeline(modules["dev"])
-    noise = prepare_noise(latent["samples"], SEED)
-    packed = pipe._pack_latents(noise, 1, 16, SIZE // 8, SIZE // 8)
-    ref = pipe(
-        prompt_embeds=cond[0].embeds,
-        pooled_prompt_embeds=cond[0].pooled,
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=4.0,
-        latents=packed,
-        output_type="latent",
-    ).images
-    ref = pipe._unpack_latents(ref, SIZE, SIZE, pipe.vae_scale_factor)
+    pipe = flux_pipeline(modules["dev"])
+    ref = flux_pipeline_output(pipe, cond)
     mine = model.latent_format.process_in(out["samples"])
     assert (mine - ref).abs().max() < 1e-4
-    assert (mine - noise).abs().max() > 0.1  # the model moved the latent
+    assert (mine - noise()).abs().max() > 0.1  # the model moved the latent
 
     # decoding: VAEDecode on the 16-channel VAE file equals the pipeline's image (shift and scale undone)
     from nodes.handles import open_vae
     from nodes.latent import VAEDecode
 
     image = VAEDecode().run(ctx, samples=out, vae=open_vae(root / DEMO_FLUX_VAE))[0]
-    ref_image = pipe(
-        prompt_embeds=cond[0].embeds,
-        pooled_prompt_embeds=cond[0].pooled,
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=4.0,
-        latents=packed,
-        output_type="pt",
-    ).images
+    ref_image = flux_pipeline_output(pipe, cond, output_type="pt")
     assert image.shape == (1, SIZE, SIZE, 3)
     assert (image - ref_image.permute(0, 2, 3, 1)).abs().max() < 1e-4
 
@@ -153,7 +94,7 @@ def test_flux_text_encoding_matches_pipeline_at_comfyui_length(flux_dir: Any, ma
     root, modules = flux_dir
     clip = open_text_encoders([root / DEMO_CLIP_L, root / DEMO_T5XXL], "flux")
     (entry,) = CLIPTextEncode().run(make_ctx(), text=PROMPT, clip=clip)[0]
-    pipe = _pipeline(modules["dev"])
+    pipe = flux_pipeline(modules["dev"])
     t5 = pipe._get_t5_prompt_embeds(PROMPT, max_sequence_length=256)
     pooled = pipe._get_clip_prompt_embeds(PROMPT)
     assert entry.embeds.shape == (1, 256, 32)

@@ -16,69 +16,30 @@ import pytest
 import torch
 
 from nodes.conditioning import CLIPTextEncode
-from nodes.demo_sd3 import (
-    DEMO_SD3_CLIP_G,
-    DEMO_SD3_CLIP_L,
-    DEMO_SD3_MMDIT,
-    DEMO_SD3_T5XXL,
-    DEMO_SD3_VAE,
-    demo_sd3_modules,
-    sd3_files,
-)
-from nodes.diffusion.noise import prepare_noise
+from nodes.demo_sd3 import DEMO_SD3_MMDIT, DEMO_SD3_VAE, demo_sd3_modules, sd3_files
 from nodes.families.components.clip_text import load_tokenizer
-from nodes.families.components.t5_text import load_t5_tokenizer
-from nodes.families.flux_nodes import EmptySD3LatentImage
-from nodes.handles import open_diffusion_model, open_text_encoders, open_vae
-from nodes.sampling import KSampler
+from nodes.handles import open_diffusion_model, open_vae
+from tests.nodes.dit_control_fixtures import (
+    SIZE,
+    noise,
+    sample,
+    save,
+    sd3_clip,
+    sd3_pipeline,
+    sd3_pipeline_output,
+)
 
-PROMPT, NEGATIVE, SIZE, STEPS, SEED, CFG = "a photo of a cat", "blurry", 64, 4, 42, 4.0
+PROMPT, NEGATIVE, CFG = "a photo of a cat", "blurry", 4.0
 
 
 @pytest.fixture(scope="module")
 def sd3_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    from safetensors.torch import save_file
-
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("sd3")
     modules = demo_sd3_modules()
     for name, tensors in sd3_files(modules).items():
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / name))
+        save(root / name, tensors)
     return root, modules
-
-
-def clip_l_with_identity_projection(clip_l: Any) -> Any:
-    """CLIP-L as diffusers' pipeline wants it (with a projection), the projection the identity."""
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
-    cfg = CLIPTextConfig(**(clip_l.config.to_dict() | {"projection_dim": clip_l.config.hidden_size}))
-    model = CLIPTextModelWithProjection(cfg).eval()
-    model.text_model.load_state_dict(clip_l.state_dict())
-    with torch.no_grad():
-        model.text_projection.weight.copy_(torch.eye(cfg.hidden_size))
-    return model
-
-
-def _pipeline(modules: dict[str, Any]) -> Any:
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
-
-    pipe: Any = StableDiffusion3Pipeline(
-        transformer=modules["unet"],
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=modules["vae"],
-        text_encoder=clip_l_with_identity_projection(modules["clip_l"]),
-        tokenizer=load_tokenizer("clip_tokenizer"),
-        text_encoder_2=modules["clip_g"],
-        tokenizer_2=load_tokenizer("clip_tokenizer_2"),
-        text_encoder_3=modules["t5xxl"],
-        tokenizer_3=load_t5_tokenizer(),
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def _clip(root: Path) -> Any:
-    return open_text_encoders([root / DEMO_SD3_CLIP_L, root / DEMO_SD3_CLIP_G, root / DEMO_SD3_T5XXL], "sd3")
 
 
 def test_sd3_txt2img_matches_stable_diffusion_3_pipeline(sd3_dir: Any, make_ctx: Any) -> None:
@@ -87,63 +48,27 @@ def test_sd3_txt2img_matches_stable_diffusion_3_pipeline(sd3_dir: Any, make_ctx:
     root, modules = sd3_dir
     ctx = make_ctx()
     model = open_diffusion_model(root / DEMO_SD3_MMDIT)
-    clip = _clip(root)
+    clip = sd3_clip(root)
     pos = CLIPTextEncode().run(ctx, text=PROMPT, clip=clip)[0]
     neg = CLIPTextEncode().run(ctx, text=NEGATIVE, clip=clip)[0]
-    latent = EmptySD3LatentImage().run(ctx, width=SIZE, height=SIZE, batch_size=1)[0]
-    out = KSampler().run(
-        ctx,
-        model=model,
-        seed=SEED,
-        steps=STEPS,
-        cfg=CFG,
-        sampler_name="euler",
-        scheduler="normal",
-        positive=pos,
-        negative=neg,
-        latent_image=latent,
-        denoise=1.0,
-    )[0]
+    out = sample(ctx, model, pos, neg, CFG, "normal")
 
-    pipe = _pipeline(modules)
-    noise = prepare_noise(latent["samples"], SEED)
-    embeds = {
-        "prompt_embeds": pos[0].embeds,
-        "pooled_prompt_embeds": pos[0].pooled,
-        "negative_prompt_embeds": neg[0].embeds,
-        "negative_pooled_prompt_embeds": neg[0].pooled,
-    }
-    ref = pipe(
-        **embeds,
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=CFG,
-        latents=noise,
-        output_type="latent",
-    ).images
+    pipe = sd3_pipeline(modules)
+    ref = sd3_pipeline_output(pipe, pos, neg, cfg=CFG)
     mine = model.latent_format.process_in(out["samples"])
     assert (mine - ref).abs().max() < 1e-4  # measured 1.4e-6
-    assert (mine - noise).abs().max() > 0.1  # the model moved the latent
+    assert (mine - noise()).abs().max() > 0.1  # the model moved the latent
 
     image = VAEDecode().run(ctx, samples=out, vae=open_vae(root / DEMO_SD3_VAE))[0]
-    ref_image = pipe(
-        **embeds,
-        height=SIZE,
-        width=SIZE,
-        num_inference_steps=STEPS,
-        guidance_scale=CFG,
-        latents=noise,
-        output_type="pt",
-    ).images
+    ref_image = sd3_pipeline_output(pipe, pos, neg, cfg=CFG, output_type="pt")
     assert image.shape == (1, SIZE, SIZE, 3)
     assert (image - ref_image.permute(0, 2, 3, 1)).abs().max() < 1e-4  # measured 3e-6
 
 
 def test_sd3_text_encoding_matches_pipeline_at_comfyui_length(sd3_dir: Any, make_ctx: Any) -> None:
     root, modules = sd3_dir
-    (entry,) = CLIPTextEncode().run(make_ctx(), text=PROMPT, clip=_clip(root))[0]
-    pipe = _pipeline(modules)
+    (entry,) = CLIPTextEncode().run(make_ctx(), text=PROMPT, clip=sd3_clip(root))[0]
+    pipe = sd3_pipeline(modules)
     embeds, _, pooled, _ = pipe.encode_prompt(
         PROMPT, PROMPT, PROMPT, do_classifier_free_guidance=False, max_sequence_length=77
     )
@@ -159,7 +84,7 @@ def test_clip_l_pooled_is_not_projected(sd3_dir: Any, make_ctx: Any) -> None:
     from transformers import CLIPTokenizer
 
     root, modules = sd3_dir
-    (entry,) = CLIPTextEncode().run(make_ctx(), text=PROMPT, clip=_clip(root))[0]
+    (entry,) = CLIPTextEncode().run(make_ctx(), text=PROMPT, clip=sd3_clip(root))[0]
     tokenizer: CLIPTokenizer = load_tokenizer("clip_tokenizer")
     ids = tokenizer(PROMPT, padding="max_length", max_length=77, return_tensors="pt").input_ids
     with torch.no_grad():
