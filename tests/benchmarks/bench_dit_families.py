@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 from tests.benchmarks.dit_family_runs import FAMILIES, child, write_weights  # noqa: E402 (after the path)
+from tests.benchmarks.page_cache import drop_page_cache  # noqa: E402
 
 
 # --- the parent -------------------------------------------------------------------------------
@@ -65,7 +66,9 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
     written = time.perf_counter() - start
     writer_rss = rss_gib()
     results = {}
+    files = [single, *diffusers_dir.glob("*.safetensors")]
     for side in ("loom", "diffusers"):
+        cold = all([drop_page_cache(f) for f in files])  # each side reads the weights from disk
         cmd = [sys.executable, __file__, "--child", side, "--family", name, "--size", str(args.size)]
         cmd += ["--steps", str(args.steps), "--threads", str(args.threads), "--single", str(single)]
         cmd += ["--diffusers-dir", str(diffusers_dir)]
@@ -80,6 +83,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
         if done.returncode != 0:
             raise RuntimeError(f"{side} child for {name} failed:\n{done.stderr[-4000:]}")
         results[side] = json.loads(done.stdout.strip().splitlines()[-1])
+        results[side]["cold"] = cold
     loom, ref = results["loom"], results["diffusers"]
     count = sum(v.numel() for v in _meta(name, args.full).parameters())
     params = f"{count / 1e9:.2f} B" if count > 1e8 else f"{count / 1e6:.2f} M"
@@ -90,6 +94,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
     )
     lines = [
         title,
+        f"  load from {'disk (page cache dropped before each side)' if loom['cold'] and ref['cold'] else 'the page cache'}",
         f"  weights written in {written:.1f} s ({single.stat().st_size / 2**30:.2f} GiB file; writer RSS "
         f"{writer_rss:.2f} GiB)",
         *(

@@ -11,7 +11,6 @@ swap A→B, and a two-checkpoint "workflow" (use A for --compute-s, then B) with
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -21,17 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 CACHE = ROOT / "bench_cache"
 
-
-def drop_page_cache(path: Path) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        return True
-    except (OSError, AttributeError):
-        return False
+from tests.benchmarks.page_cache import drop_page_cache  # noqa: E402 (after the path)
 
 
 def read_file(path: Path) -> float:

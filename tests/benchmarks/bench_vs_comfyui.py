@@ -37,6 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.benchmarks.page_cache import drop_page_cache  # noqa: E402 (after the path)
+
 GIB = 2**30
 
 
@@ -92,17 +96,6 @@ def wait_for_memory(min_bytes: int, limit_s: float) -> None:
                 f"--min-free-gib is {min_bytes / GIB:.1f}"
             )
         time.sleep(5)
-
-
-def drop_page_cache(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def free_port() -> int:
