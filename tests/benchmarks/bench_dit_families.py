@@ -101,6 +101,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
             f"  {label:<14} Loom {loom[key]:.4g}  diffusers {ref[key]:.4g}  ratio {loom[key] / ref[key]:.3f}"
             for label, key in (
                 ("load s", "load_s"),
+                ("load+1 step s", "first_step_s"),
                 ("s/step", "s_per_step"),
                 ("CPU s/step", "cpu_s_per_step"),
                 ("peak RSS GiB", "peak_rss_gib"),
