@@ -68,6 +68,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
     results = {}
     files = [single, *diffusers_dir.glob("*.safetensors")]
     for side in ("loom", "diffusers"):
+        os.sync()  # just-written pages are dirty, and the kernel drops only clean ones
         cold = all([drop_page_cache(f) for f in files])  # each side reads the weights from disk
         cmd = [sys.executable, __file__, "--child", side, "--family", name, "--size", str(args.size)]
         cmd += ["--steps", str(args.steps), "--threads", str(args.threads), "--single", str(single)]
