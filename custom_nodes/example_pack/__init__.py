@@ -33,8 +33,13 @@ class TextTemplate(Node):
         category=f"{CATEGORY}/text",
         description="Fills {subject} and {style} placeholders of a template, e.g. to build prompts.",
         inputs=(
-            Input("template", STRING, "Text with {subject} and {style} placeholders.",
-                  default="a photo of {subject}, {style}", multiline=True),
+            Input(
+                "template",
+                STRING,
+                "Text with {subject} and {style} placeholders.",
+                default="a photo of {subject}, {style}",
+                multiline=True,
+            ),
             Input("subject", STRING, "Replaces {subject}.", default="a cat"),
             Input("style", STRING, "Replaces {style}.", default="soft light"),
         ),
@@ -68,8 +73,15 @@ class ImageBrightness(Node):
         description="Multiplies the pixel values of images by a factor, clipped to 0..1.",
         inputs=(
             Input("image", IMAGE, "Images as a [batch, height, width, channels] tensor in 0..1."),
-            Input("factor", FLOAT, "1.0 keeps the image, above brightens, below darkens.",
-                  default=1.2, min=0.0, max=4.0, step=0.05),
+            Input(
+                "factor",
+                FLOAT,
+                "1.0 keeps the image, above brightens, below darkens.",
+                default=1.2,
+                min=0.0,
+                max=4.0,
+                step=0.05,
+            ),
         ),
         outputs=(Output("image", IMAGE, "The adjusted images."),),
     )
