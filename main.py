@@ -43,7 +43,7 @@ class Runtime:
     bus: EventBus
     models: ModelManager
     plugin_report: Any = None
-    describe_model: Any = None  # nodes.presets.ModelDescriber: (folder, path) -> family and preset
+    describe_model: Any = None  # nodes.load.presets.ModelDescriber: (folder, path) -> family and preset
     presets: Any = None  # () -> the preset table as JSON
 
 
@@ -82,7 +82,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         settings=settings,
         image_guard=_image_guard(args, model_files, models),
     )
-    from nodes.presets import ModelDescriber
+    from nodes.load.presets import ModelDescriber
 
     describer = ModelDescriber.for_folder(args.models_dir)
     return Runtime(registry, executor, folders, bus, models, report, describer, describer.table_json)
@@ -90,7 +90,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
 def _image_guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
     """The safety guard for ``--safety enforce`` (None otherwise); refuses to start without a model."""
-    from nodes.safety import GuardUnavailable, build_guard
+    from nodes.image.safety import GuardUnavailable, build_guard
 
     try:
         return build_guard(
@@ -242,8 +242,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Path) -> None:
-    """``--preset``: see ``nodes.presets.ModelDescriber.apply_to`` (``--set`` still wins)."""
-    from nodes.presets import PresetError
+    """``--preset``: see ``nodes.load.presets.ModelDescriber.apply_to`` (``--set`` still wins)."""
+    from nodes.load.presets import PresetError
 
     try:
         print(
@@ -359,11 +359,11 @@ def cmd_make_demo_model(args: argparse.Namespace) -> int:
 def write_demo_models(models_dir: Path) -> list[Path]:
     """Every demo file core nodes load: checkpoints, VAE, LoRA, CLIP vision, IP-Adapter, safety, upscaler,
     unCLIP, InstructPix2Pix, style models."""
-    from nodes.demo import make_demo_models
-    from nodes.demo_unclip import make_unclip_demo_models
-    from nodes.demo_upscale import make_demo_upscale_models
-    from nodes.demo_vision import make_demo_vision_models
-    from nodes.preview import make_demo_taesd
+    from nodes.demo.models import make_demo_models
+    from nodes.demo.unclip import make_unclip_demo_models
+    from nodes.demo.upscale import make_demo_upscale_models
+    from nodes.demo.vision import make_demo_vision_models
+    from nodes.image.preview import make_demo_taesd
 
     return [
         *make_demo_models(models_dir),

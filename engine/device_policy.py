@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class ModelHandleLike(Protocol):
-    """What the manager needs from a handle (``nodes/handles.py`` has the real ones)."""
+    """What the manager needs from a handle (``nodes/load/handles.py`` has the real ones)."""
 
     @property
     def key(self) -> str:

@@ -1,6 +1,6 @@
 """The image guard: how the engine lets a content check see every image that leaves Loom.
 
-The engine stays model-free: it only knows this Protocol. ``nodes/safety.py`` implements it
+The engine stays model-free: it only knows this Protocol. ``nodes/image/safety.py`` implements it
 (``SafetyGuard``, backed by the safety checker model through the memory manager); ``main.py``
 builds one when the safety policy is ``enforce`` and passes it to the ``Executor``, which puts it
 on every ``NodeContext`` (``ctx.image_guard``) and runs preview frames through it before they are sent.

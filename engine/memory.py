@@ -87,7 +87,9 @@ class ModelManager(Prefetcher, DeviceStreaming):
         self._progress: tuple[int, int] | None = None  # (done, total) of the model computing now
         self.prefetch_enabled = prefetch
         self._lock = threading.RLock()
-        self._streams: dict[str, Any] = {}  # handle key -> its streaming state (nodes.streaming.Streaming)
+        self._streams: dict[
+            str, Any
+        ] = {}  # handle key -> its streaming state (nodes.core.module_streaming.Streaming)
         self._runs: dict[str, Any] = {}  # handle key -> the run announced for it (plan_run)
         self._activations: dict[str, int] = {}  # handle key -> the estimate its placement left room for
         self._changed = threading.Condition(self._lock)

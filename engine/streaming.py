@@ -8,7 +8,7 @@ repeated blocks (transformer layers, UNet down/up blocks) are split once per run
   just before they run and dropped right after; while block *k* runs, the next streamed block is
   already being copied (at most two streamed blocks on the device at any time).
 
-This module holds the three generic pieces; ``nodes/streaming.py`` glues them to torch modules:
+This module holds the three generic pieces; ``nodes/core/module_streaming.py`` glues them to torch modules:
 
 - :class:`DeviceBudget`: how much device memory model weights may use (from the device's size,
   ``--reserve-vram``, ``--vram-budget`` and ComfyUI's ``--lowvram`` / ``--novram`` /
@@ -266,7 +266,7 @@ class DeviceAccount:
 
 
 class BlockMover(Protocol):
-    """Moves one block's weights (``nodes/streaming.py`` has the torch one)."""
+    """Moves one block's weights (``nodes/core/module_streaming.py`` has the torch one)."""
 
     def start(self, index: int) -> Any:
         """Begin copying block ``index`` to the device; returns what ``finish`` waits on."""

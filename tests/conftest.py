@@ -77,10 +77,10 @@ def linked_copy(source: Path, dest: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_models_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``nodes.demo.make_demo_models``' files, built once (~6 s); take a :func:`linked_copy`."""
+    """``nodes.demo.models.make_demo_models``' files, built once (~6 s); take a :func:`linked_copy`."""
     import torch
 
-    from nodes.demo import make_demo_models
+    from nodes.demo.models import make_demo_models
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

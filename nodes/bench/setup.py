@@ -45,11 +45,11 @@ def _second_name(folder: Path, name: str) -> str:
 
 
 def prepare(quick: bool, repeats: int | None = None) -> BenchSetup:
-    from nodes.preview import make_demo_taesd
+    from nodes.image.preview import make_demo_taesd
 
     if quick:
         models = Path(tempfile.mkdtemp(prefix="loom_bench_models_"))
-        from nodes.demo import make_demo_models
+        from nodes.demo.models import make_demo_models
 
         make_demo_models(models)
         ckpt = DEMO_CKPT

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nodes.core.weights import ModelLoadError, TensorIndex, read_index
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
 from nodes.families.flux import Chroma, Flux
 from nodes.families.flux2 import Flux2
@@ -17,7 +18,6 @@ from nodes.families.sd3 import SD3
 from nodes.families.sd15 import SD15
 from nodes.families.sdxl import SDXL
 from nodes.families.zimage import ZImage
-from nodes.weights import ModelLoadError, TensorIndex, read_index
 
 FAMILIES: tuple[type[FamilyAdapter], ...] = (
     Flux2,
@@ -55,7 +55,6 @@ __all__ = [
     "diffusers_family",
     "family_by_name",
     "family_for_clip_type",
-    "family_nodes",
     "read_index",
     "standalone_text_encoder",
     "standalone_vae",
@@ -208,17 +207,6 @@ DUAL_CLIP_TYPES = (
     "newbie",
     "ace",
 )
-
-
-def family_nodes() -> list[Any]:
-    """ComfyUI's family-specific nodes (CLIPTextEncodeFlux, FluxGuidance, ModelSamplingAuraFlow...), for the registry."""
-    from nodes.families.flux2_nodes import FLUX2_NODES
-    from nodes.families.flux_nodes import FLUX_NODES
-    from nodes.families.qwen_image_nodes import QWEN_IMAGE_NODES
-    from nodes.families.sd3_nodes import SD3_NODES
-    from nodes.families.zimage_nodes import ZIMAGE_NODES
-
-    return [*FLUX_NODES, *SD3_NODES, *ZIMAGE_NODES, *QWEN_IMAGE_NODES, *FLUX2_NODES]
 
 
 def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> FamilyAdapter:

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families import arch
 from nodes.families.components import KLVae, ModuleKind, UNetDenoiser
 from nodes.families.components.clip_text import ClipText
 from nodes.families.latent_format import SD15_LATENT, LatentFormat
 from nodes.families.prompt import ConcatPrompt
 from nodes.families.sampling import DiscreteSampling
-from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from nodes.diffusion.model_sampling import ModelSampling
@@ -68,7 +68,7 @@ class Part:
         """This part, read from ``path`` instead of its handle's file."""
         from dataclasses import replace
 
-        from nodes.weights import fingerprint
+        from nodes.core.weights import fingerprint
 
         return replace(self, file=str(path), file_id=fingerprint(path))
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors
 from nodes.families.base import FamilyAdapter, Part
-from nodes.weights import ModelLoadError, TensorIndex, load_tensors
 
 # accelerate's init_empty_weights patches nn.Module.register_parameter for the whole process while
 # it is open: a parameter set in another thread meanwhile (load_state_dict(assign=True), a module

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
 from nodes.families.components.flux_dit import FluxTransformer
 from nodes.families.components.t5_text import T5Text
 from nodes.families.latent_format import LatentFormat
-from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -1,5 +1,5 @@
 """The model presets each family ships (data): how to sample a family's models, and the distilled
-variants whose settings differ (matched by a word in the file name). ``nodes.presets`` finds,
+variants whose settings differ (matched by a word in the file name). ``nodes.load.presets`` finds,
 extends (``models/presets.json``) and applies them; the families' own names live here, with the
 families."""
 

@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
 from nodes.families.components.qwen25_text import Qwen25VLText
 from nodes.families.components.qwen25_vision import VISION_PREFIX, ImageEmbeds, Qwen25Vision
 from nodes.families.components.qwen_image_dit import QwenImageTransformer
 from nodes.families.components.wan_vae import LATENTS_MEAN, LATENTS_STD, WanVae, is_wan_vae
 from nodes.families.latent_format import LatentFormat
-from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.components import UNetDenoiser
 from nodes.families.latent_format import SD15_LATENT
 from nodes.families.sampling import AYS_SD1, DiscreteSampling
-from nodes.weights import ModelLoadError, TensorIndex
 
 # ComfyUI's rule for SD2 files without a marker: v-prediction models have a wide norm bias here.
 _V_PROBE = "model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias"
@@ -63,7 +63,7 @@ class SD2(FamilyAdapter):
             return "v_prediction"
         if meta.get("modelspec.prediction_type") == "epsilon" or not index.has(_V_PROBE) or index.pickled:
             return "epsilon"
-        from nodes.weights import load_tensors
+        from nodes.core.weights import load_tensors
 
         bias = load_tensors(index, _V_PROBE, strip=False)[_V_PROBE]
         return "v_prediction" if float(bias.float().std()) > 0.09 else "epsilon"

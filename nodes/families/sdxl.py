@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.components import UNetDenoiser
 from nodes.families.latent_format import SDXL_LATENT, LatentFormat
 from nodes.families.sampling import DiscreteSampling
-from nodes.weights import ModelLoadError, TensorIndex
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
 from nodes.families.components.qwen_text import QwenText
 from nodes.families.components.zimage_dit import ZImageTransformer
 from nodes.families.flux import FLUX_LATENT
 from nodes.families.latent_format import LatentFormat
-from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -75,7 +75,7 @@ class ZImagePrompt:
 
 @dataclass(frozen=True)
 class ZImage(FamilyAdapter):
-    name: ClassVar[str] = "z_image"  # as in the presets table (nodes/presets.py)
+    name: ClassVar[str] = "z_image"  # as in the presets table (nodes/load/presets.py)
     title: ClassVar[str] = "Z-Image"
     pipeline_class: ClassVar[str] = "ZImagePipeline"
     latent_format: ClassVar[LatentFormat] = FLUX_LATENT

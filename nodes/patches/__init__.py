@@ -4,44 +4,19 @@ PatchModelAddDownscale (``freeu.py``), PAG / SAG (``attention_guidance.py``), ``
 attention multipliers (``attention_multiply.py``), ``TorchCompileModel`` (``compile.py``),
 ComfyUI's ``EasyCache`` and ``LazyCache`` (``easycache.py``) and Loom's ``FirstBlockCache`` for
 transformers (``first_block_cache.py``). A patch changes the built module in ``apply`` (weights, compiled call) or acts only through
-``sampling_hooks`` (``nodes.hooks``: block patches, guidance); each is off unless in the workflow."""
+``sampling_hooks`` (``nodes.core.sampling_hooks``: block patches, guidance); each is off unless in the workflow."""
 
-from __future__ import annotations
-
-from engine.node import Node
-
-
-def patch_nodes() -> list[type[Node]]:
-    from nodes.patches.attention_guidance import PerturbedAttentionGuidance, SelfAttentionGuidance
-    from nodes.patches.attention_multiply import (
-        CLIPAttentionMultiply,
-        UNetCrossAttentionMultiply,
-        UNetSelfAttentionMultiply,
-        UNetTemporalAttentionMultiply,
-    )
-    from nodes.patches.compile import TorchCompileModel
-    from nodes.patches.deepcache import DeepCache
-    from nodes.patches.easycache import EasyCache, LazyCache
-    from nodes.patches.first_block_cache import FirstBlockCache
-    from nodes.patches.freeu import FreeU, FreeU_V2, PatchModelAddDownscale
-    from nodes.patches.hypertile import HyperTile
-    from nodes.patches.tome import TomePatchModel
-
-    return [
-        TomePatchModel,
-        DeepCache,
-        FreeU,
-        FreeU_V2,
-        PatchModelAddDownscale,
-        PerturbedAttentionGuidance,
-        SelfAttentionGuidance,
-        HyperTile,
-        UNetSelfAttentionMultiply,
-        UNetCrossAttentionMultiply,
-        UNetTemporalAttentionMultiply,
-        CLIPAttentionMultiply,
-        TorchCompileModel,
-        EasyCache,
-        LazyCache,
-        FirstBlockCache,
-    ]
+# The modules of this station that declare nodes (each has ``NODES``), in registration order.
+NODE_MODULES: tuple[str, ...] = (
+    "tome",
+    "deepcache",
+    "freeu",
+    "attention_guidance",
+    "hypertile",
+    "attention_multiply",
+    "compile",
+    "easycache",
+    "first_block_cache",
+    "guidance",
+    "hypernetwork",
+)

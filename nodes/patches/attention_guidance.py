@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import FLOAT, MODEL, Input, NodeSchema, Output
+from nodes.core.sampling_hooks import BlockPatch, SamplingHooks
 from nodes.families.components.unet_patching import attention
-from nodes.hooks import BlockPatch, SamplingHooks
 from nodes.patches.unet_hooks import unet_patch
 
 MIDDLE_SELF_ATTENTION = ("middle", 0, 0)  # ComfyUI's place: middle block, first transformer block
@@ -179,3 +179,6 @@ class SelfAttentionGuidance(Node):
         return unet_patch(
             model, "SelfAttentionGuidance", ("attn1",), sag_hooks, float(scale), float(blur_sigma)
         )
+
+
+NODES: list[type[Node]] = [PerturbedAttentionGuidance, SelfAttentionGuidance]

@@ -29,7 +29,7 @@ CATEGORY = "_for_testing/attention_experiments"
 
 @dataclass(frozen=True)
 class ScaleWeights:
-    """A :class:`nodes.handles.Patch` multiplying parameters whose name ends with a suffix."""
+    """A :class:`nodes.load.handles.Patch` multiplying parameters whose name ends with a suffix."""
 
     name: str
     rules: tuple[tuple[str, str, float], ...]  # (suffix, required substring or "", factor); first match wins
@@ -188,3 +188,11 @@ class UNetTemporalAttentionMultiply(Node):
         return (
             model.with_patch(ScaleWeights("UNetTemporalAttentionMultiply", rules, exclude=".time_stack.")),
         )
+
+
+NODES: list[type[Node]] = [
+    UNetSelfAttentionMultiply,
+    UNetCrossAttentionMultiply,
+    UNetTemporalAttentionMultiply,
+    CLIPAttentionMultiply,
+]

@@ -21,7 +21,7 @@ BACKENDS = ("inductor", "cudagraphs")
 
 @dataclass(frozen=True)
 class CompilePatch:
-    """A :class:`nodes.handles.Patch`: ``nn.Module.compile(backend=...)`` on the built module."""
+    """A :class:`nodes.load.handles.Patch`: ``nn.Module.compile(backend=...)`` on the built module."""
 
     backend: str
 
@@ -52,3 +52,6 @@ class TorchCompileModel(Node):
         if any(isinstance(p, CompilePatch) for p in model.patches):
             return (model,)
         return (model.with_patch(CompilePatch(backend)),)
+
+
+NODES: list[type[Node]] = [TorchCompileModel]

@@ -9,7 +9,7 @@ is taken from the last update step. This trades image quality for speed; it is o
 node is in the workflow.
 
 Implementation on diffusers' ``UNet2DConditionModel``, through the patch's sampling hooks only
-(``nodes.hooks``; the loaded UNet is shared with the unpatched MODEL and left as it was): around
+(``nodes.core.sampling_hooks``; the loaded UNet is shared with the unpatched MODEL and left as it was): around
 each UNet call, the deep blocks' ``forward`` is wrapped and unwrapped afterwards. On update steps
 they run and remember their outputs; on cached steps they return the remembered outputs at once
 (the residual tuples keep their shapes, so diffusers' own forward slices the skip connections as
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import INT, MODEL, Input, NodeSchema, Output
-from nodes.hooks import ApplyFn, ModelCall, SamplingHooks
+from nodes.core.sampling_hooks import ApplyFn, ModelCall, SamplingHooks
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def deep_blocks(module: Any, depth: int) -> list[tuple[str, Any]]:
 
 @dataclass(frozen=True)
 class DeepCachePatch:
-    """A hook-only :class:`nodes.handles.Patch`: the step cache lives in its sampling hooks."""
+    """A hook-only :class:`nodes.load.handles.Patch`: the step cache lives in its sampling hooks."""
 
     settings: DeepCacheSettings
     changes_module: ClassVar[bool] = False
@@ -197,3 +197,6 @@ class DeepCache(Node):
             return (model,)
         settings = DeepCacheSettings(cache_interval, cache_depth, start_step, end_step)
         return (model.with_patch(DeepCachePatch(settings)),)
+
+
+NODES: list[type[Node]] = [DeepCache]

@@ -16,8 +16,8 @@ LazyCache is the same rule one level up, on the whole guided prediction of a ste
 branch and CFG, ComfyUI's ``PREDICT_NOISE`` wrapper): a skipped step returns ``x + (denoised -
 x)`` of the last computed step.
 
-Both are weight-neutral patches (``nodes.cfg_patches.GuidancePatch``) acting through sampling
-hooks (``nodes.hooks``): EasyCache a model wrapper (per model call) and a predict wrapper (a new
+Both are weight-neutral patches (``nodes.patches.guidance.GuidancePatch``) acting through sampling
+hooks (``nodes.core.sampling_hooks``): EasyCache a model wrapper (per model call) and a predict wrapper (a new
 step), LazyCache a predict wrapper. State lives in the hooks of one sampling run. Unlike ComfyUI, a skipped call does not add the cached difference into the model
 input in place.
 """
@@ -34,8 +34,8 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, FLOAT, MODEL, Input, NodeSchema, Output
-from nodes.cfg_patches import GuidancePatch
-from nodes.hooks import ApplyFn, ModelCall, PredictFn, RunInfo, SamplingHooks
+from nodes.core.sampling_hooks import ApplyFn, ModelCall, PredictFn, RunInfo, SamplingHooks
+from nodes.patches.guidance import GuidancePatch
 
 log = logging.getLogger(__name__)
 SUBSAMPLE = 8  # every 8th latent pixel in both directions, as ComfyUI
@@ -300,3 +300,6 @@ class LazyCache(Node):
     ) -> tuple[Any]:
         params = (reuse_threshold, start_percent, end_percent, verbose, model.latent_format.channels)
         return (model.with_patch(GuidancePatch("lazycache", params, lazycache_hooks)),)
+
+
+NODES: list[type[Node]] = [EasyCache, LazyCache]

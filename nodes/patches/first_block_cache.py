@@ -11,7 +11,7 @@ that last full call. The comparison is always against the last full call, so sma
 until a full call is due. Threshold 0 never skips (the result is bit-identical to no cache).
 
 Generic over families: the denoiser kind declares its blocks (``denoiser.block_stack(module)``,
-:class:`nodes.hooks.BlockStack`); any DiT family that declares them can use the node. While a
+:class:`nodes.core.sampling_hooks.BlockStack`); any DiT family that declares them can use the node. While a
 model call runs, each block's ``forward`` is replaced by a wrapper on the instance and restored
 afterwards (no state is left on the module). Only between ``start_percent`` and ``end_percent`` of
 the sampling; calls outside run in full and forget the cache.
@@ -30,7 +30,15 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import FLOAT, MODEL, Input, NodeSchema, Output
-from nodes.hooks import ApplyFn, BlockIO, BlockStack, ModelCall, RunInfo, SamplingHooks, replaced_forwards
+from nodes.core.sampling_hooks import (
+    ApplyFn,
+    BlockIO,
+    BlockStack,
+    ModelCall,
+    RunInfo,
+    SamplingHooks,
+    replaced_forwards,
+)
 
 log = logging.getLogger(__name__)
 
@@ -238,3 +246,6 @@ class FirstBlockCache(Node):
             )
         patch = FirstBlockCachePatch(model.denoiser, residual_diff_threshold, start_percent, end_percent)
         return (model.with_patch(patch),)
+
+
+NODES: list[type[Node]] = [FirstBlockCache]

@@ -27,9 +27,9 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, INT, MODEL, Input, NodeSchema, Output
-from nodes.hooks import BlockPatch, ConditioningError, SamplingHooks
+from nodes.core.resize import resize
+from nodes.core.sampling_hooks import BlockPatch, ConditioningError, SamplingHooks
 from nodes.patches.unet_hooks import require_points, unet_patch
-from nodes.resize import resize
 
 log = logging.getLogger("loom.nodes.patches")
 CATEGORY = "model_patches/unet"
@@ -291,3 +291,6 @@ class PatchModelAddDownscale(Node):
             downscale_method,
             upscale_method,
         )
+
+
+NODES: list[type[Node]] = [FreeU, FreeU_V2, PatchModelAddDownscale]

@@ -20,7 +20,7 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, INT, MODEL, Input, NodeSchema, Output
-from nodes.hooks import BlockPatch, RunInfo, SamplingHooks
+from nodes.core.sampling_hooks import BlockPatch, RunInfo, SamplingHooks
 from nodes.patches.unet_hooks import unet_patch
 
 
@@ -132,3 +132,6 @@ class HyperTile(Node):
             int(max_depth),
             bool(scale_depth),
         )
+
+
+NODES: list[type[Node]] = [HyperTile]

@@ -9,7 +9,7 @@ attention output is copied back to every merged token after it (keys and values 
 queries make the attention cheaper, at a small cost in detail.
 
 The patch acts only through the UNet's attention patch points (``attn1_patch`` /
-``attn1_output_patch``, ``nodes.hooks``): the loaded UNet is shared with the unpatched MODEL and
+``attn1_output_patch``, ``nodes.core.sampling_hooks``): the loaded UNet is shared with the unpatched MODEL and
 never changed. ComfyUI draws the destinations from torch's global generator; Loom draws them from a
 generator seeded per sampling run, so the same workflow gives the same image every time.
 """
@@ -25,7 +25,7 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import FLOAT, MODEL, Input, NodeSchema, Output
-from nodes.hooks import BlockPatch, RunInfo, SamplingHooks
+from nodes.core.sampling_hooks import BlockPatch, RunInfo, SamplingHooks
 from nodes.patches.unet_hooks import unet_patch
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -166,3 +166,6 @@ class TomePatchModel(Node):
         return unet_patch(
             model, "TomePatchModel", ("attn1_patch", "attn1_output_patch"), tome_hooks, round(float(ratio), 4)
         )
+
+
+NODES: list[type[Node]] = [TomePatchModel]

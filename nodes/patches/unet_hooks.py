@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from nodes.hooks import SamplingHooks
+from nodes.core.sampling_hooks import SamplingHooks
 
 
 @dataclass(frozen=True)
 class UNetHookPatch:
-    """A :class:`nodes.handles.Patch` whose hooks are ``make(module, *params)`` for each run."""
+    """A :class:`nodes.load.handles.Patch` whose hooks are ``make(module, *params)`` for each run."""
 
     name: str
     params: tuple[Any, ...]

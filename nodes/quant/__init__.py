@@ -8,5 +8,5 @@ precision, for any family's torch module.
   and dequantise per call (LoRA as a separate low-rank path);
 - :mod:`nodes.quant.files`: reading scaled-fp8 safetensors and ``.gguf`` files into packed weights;
 - :mod:`nodes.quant.storage`: UNETLoader's ``weight_dtype`` as a handle patch;
-- :mod:`nodes.quant.nodes`: ComfyUI-GGUF's loader nodes.
+- :mod:`nodes.load.quant_loaders`: ComfyUI-GGUF's loader nodes.
 """

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.core.weights import ModelLoadError, TensorIndex, TensorInfo
 from nodes.quant.kernels import GGUF_BLOCKS
 from nodes.quant.packed import PackedWeight
-from nodes.weights import ModelLoadError, TensorIndex, TensorInfo
 
 if TYPE_CHECKING:
     import torch

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nodes.linear_inputs import contiguous_3d
+from nodes.core.linear_inputs import contiguous_3d
 from nodes.quant.kernels import quantize
 from nodes.quant.packed import PackedWeight, QuantError
 
@@ -158,7 +158,9 @@ class QuantLinear(QuantLayer):
         self.out_features, self.in_features = packed.shape[0], _prod(packed.shape[1:])
 
     def forward(self, x: Tensor) -> Tensor:
-        x = contiguous_3d(x)  # a strided 3-D input would take a slow batched product (nodes.linear_inputs)
+        x = contiguous_3d(
+            x
+        )  # a strided 3-D input would take a slow batched product (nodes.core.linear_inputs)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         y = self._fast(x, bias) if self.delta is None else None
         if y is None:

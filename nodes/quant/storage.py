@@ -66,7 +66,7 @@ def with_storage(handle: Any, patch: StoragePatch) -> Any:
     files; a diffusers folder keeps its estimate)."""
     from dataclasses import replace
 
-    from nodes.weights import read_index
+    from nodes.core.weights import read_index
 
     patched = handle.with_patch(patch)
     if handle.source.format != "single_file" or not hasattr(handle, "parts"):

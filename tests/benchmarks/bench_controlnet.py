@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def _modules(device: str) -> dict[str, Any]:
     from diffusers import ControlNetModel, UNet2DConditionModel
 
-    from nodes.demo_control import demo_adapter
+    from nodes.demo.control import demo_adapter
 
     torch.manual_seed(0)
     unet: Any = UNet2DConditionModel(cross_attention_dim=768, attention_head_dim=8)  # SD1.5's architecture
@@ -45,8 +45,8 @@ def _bytes(module: Any) -> int:
 
 
 def _call(modules: dict[str, Any], handles: list[Any], latent: int, device: str) -> Any:
-    from nodes.conditioning import CondEntry
-    from nodes.controlnet import Control
+    from nodes.control.controlnet import Control
+    from nodes.encode.conditioning import CondEntry
     from nodes.families.components.unet import UNetDenoiser
 
     image = torch.rand(1, latent * 8, latent * 8, 3)
@@ -86,9 +86,9 @@ def _call(modules: dict[str, Any], handles: list[Any], latent: int, device: str)
 
 def _handles(tmp: Path) -> dict[str, Any]:
     """Handles with distinct keys (the modules are passed in directly, the files only name them)."""
-    from nodes.controlnet_models import ControlNetHandle
-    from nodes.handles import WeightsSource
-    from nodes.t2i_adapter import AdapterHandle
+    from nodes.control.controlnet_files import ControlNetHandle
+    from nodes.control.t2i_adapter import AdapterHandle
+    from nodes.load.handles import WeightsSource
 
     def src(name: str) -> WeightsSource:
         return WeightsSource(tmp / name, name)

@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--compute-s", type=float, default=2.0, help="simulated node compute time")
     args = parser.parse_args()
     from engine.memory import ModelManager
-    from nodes.handles import open_checkpoint
+    from nodes.load.handles import open_checkpoint
 
     a_path, b_path = make_checkpoints()
     a, b = open_checkpoint(a_path).unet, open_checkpoint(b_path).unet

@@ -132,7 +132,7 @@ def build(size: str, folder: Path) -> tuple[Path, Any]:
 
 
 def load(row: str, source: str, path: Path, sd: dict[str, Any], folder: Path) -> Any:
-    from nodes.handles import open_diffusion_model
+    from nodes.load.handles import open_diffusion_model
     from nodes.quant.files import write_gguf
     from nodes.quant.storage import StoragePatch, weight_dtype_patch
 
@@ -299,7 +299,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from nodes.demo_flux import demo_flux_modules
+    from nodes.demo.flux import demo_flux_modules
     from tests.benchmarks.fullsize import rss_gib
 
     torch.set_num_threads(args.threads)

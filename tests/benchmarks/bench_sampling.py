@@ -62,7 +62,7 @@ class BenchModel:
         return self.family.model_sampling(self.prediction)
 
     def sampling_hooks(self, module: Any) -> Any:
-        from nodes.hooks import SamplingHooks
+        from nodes.core.sampling_hooks import SamplingHooks
 
         return SamplingHooks()
 
@@ -92,12 +92,12 @@ def main() -> None:
     from diffusers import StableDiffusionPipeline
 
     from engine.context import Folders, NodeContext
-    from nodes.conditioning import CondEntry
     from nodes.diffusion.ksampler import sampler_object
     from nodes.diffusion.noise import prepare_noise
     from nodes.diffusion.schedulers import ksampler_sigmas
+    from nodes.encode.conditioning import CondEntry
     from nodes.families import SD15
-    from nodes.sampling import Job, cfg_guider, sample
+    from nodes.sample.ksampler import Job, cfg_guider, sample
     from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
     torch.set_grad_enabled(False)

@@ -4,7 +4,7 @@ work skipped and latent difference against no cache, on a random-weight Flux dev
     python tests/benchmarks/bench_step_cache.py [--size 128] [--steps 12] [--double 4] [--single 8] [--width 256]
 
 The transformer is written to a temporary .safetensors file next to the demo text encoders; the
-other runs reuse tests/nodes/test_step_cache.py's helpers. Random weights change their first-block
+other runs reuse tests/nodes/patches/test_step_cache.py's helpers. Random weights change their first-block
 residual more from step to step than trained ones, so FirstBlockCache needs a higher threshold here
 than on a real model. Printed, never asserted; absolute times on shared machines vary up to 3×.
 """
@@ -66,10 +66,10 @@ def main() -> None:
     from engine.context import Folders, NodeContext, RunSettings
     from engine.folders import ModelFolders
     from engine.memory import ModelManager
-    from nodes.conditioning import CLIPTextEncode
-    from nodes.demo_flux import DEMO_CLIP_L, DEMO_T5XXL, make_flux_demo
-    from nodes.handles import open_diffusion_model, open_text_encoders
-    from tests.nodes.test_step_cache import bench_lines
+    from nodes.demo.flux import DEMO_CLIP_L, DEMO_T5XXL, make_flux_demo
+    from nodes.encode.conditioning import CLIPTextEncode
+    from nodes.load.handles import open_diffusion_model, open_text_encoders
+    from tests.nodes.patches.test_step_cache import bench_lines
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -5,7 +5,7 @@ timed assertions).
     python tests/benchmarks/bench_streaming.py [--size tiny|small|medium] [--steps 4] [--threads 2] [--device cpu|cuda]
 
 Every row goes through Loom's real path: ``ModelManager.use`` with ``device_budget`` set, the
-denoiser handle's declared block stack, ``nodes.streaming``'s hooks. On the CPU the "device" is
+denoiser handle's declared block stack, ``nodes.core.module_streaming``'s hooks. On the CPU the "device" is
 simulated (plain copies, accounted); on CUDA the copies go over PCIe on a side stream. Per row:
 the plan (blocks resident / streamed, prefetch), the most weight bytes on the device, the bytes
 streamed per step, seconds per step (minimum and median over every step of every repeat, rows
@@ -42,8 +42,8 @@ def main() -> None:
     from engine.device_policy import DevicePolicy
     from engine.memory import ModelManager
     from engine.streaming import BudgetError, DeviceBudget
-    from nodes.handles import open_diffusion_model
-    from nodes.streaming import device_bytes
+    from nodes.core.module_streaming import device_bytes
+    from nodes.load.handles import open_diffusion_model
 
     torch.set_num_threads(args.threads)
     dtype = "float32" if args.device == "cpu" else "bfloat16"

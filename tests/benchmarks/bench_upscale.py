@@ -36,8 +36,8 @@ def main() -> None:
     from engine.device_policy import DevicePolicy
     from engine.folders import ModelFolders
     from engine.memory import ModelManager
-    from nodes.demo_upscale import demo_esrgan_state_dict
-    from nodes.upscale_model import ImageUpscaleWithModel, UpscaleModelLoader
+    from nodes.demo.upscale import demo_esrgan_state_dict
+    from nodes.image.upscale_model import ImageUpscaleWithModel, UpscaleModelLoader
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

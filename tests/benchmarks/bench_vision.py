@@ -59,12 +59,12 @@ def bench_demo(repeats: int) -> None:
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
     from engine.memory import ModelManager
-    from nodes.clip_vision import ClipVisionHandle
-    from nodes.demo import make_demo_models
-    from nodes.demo_vision import DEMO_CLIP_VISION, DEMO_IPADAPTER, DEMO_SAFETY, make_demo_vision_models
-    from nodes.handles import open_checkpoint
-    from nodes.ipadapter import IPAdapterFile, image_tokens
-    from nodes.safety import SafetyChecker
+    from nodes.control.ipadapter import IPAdapterFile, image_tokens
+    from nodes.demo.models import make_demo_models
+    from nodes.demo.vision import DEMO_CLIP_VISION, DEMO_IPADAPTER, DEMO_SAFETY, make_demo_vision_models
+    from nodes.encode.clip_vision import ClipVisionHandle
+    from nodes.image.safety import SafetyChecker
+    from nodes.load.handles import open_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -99,8 +99,8 @@ def bench_full(repeats: int) -> None:
     from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
     from transformers import CLIPConfig, CLIPVisionConfig, CLIPVisionModelWithProjection
 
-    from nodes.clip_vision import encode_pixels, preprocess
-    from nodes.safety import scores
+    from nodes.encode.clip_vision import encode_pixels, preprocess
+    from nodes.image.safety import scores
 
     image = torch.rand(1, 512, 512, 3)
     vit_l = {

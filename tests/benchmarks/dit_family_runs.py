@@ -211,8 +211,8 @@ def _sample(
 ) -> tuple[Any, float, float]:
     """KSampler (euler, simple, the family's CFG) from an empty latent: the latent, and wall and CPU
     seconds per step."""
-    from nodes.conditioning import CondEntry
-    from nodes.sampling import KSampler
+    from nodes.encode.conditioning import CondEntry
+    from nodes.sample.ksampler import KSampler
 
     spec = FAMILIES[name]
     pos, pos_pooled = _conditioning(spec, config, 1)
@@ -274,8 +274,8 @@ def _image_difference(vae: Any, latent: Any, reference: Any) -> tuple[float, flo
 def run_loom(
     name: str, path: Path, config: dict[str, Any], size: int, steps: int, fp8: bool, caches: bool
 ) -> dict[str, float]:
-    from nodes.demo_flux import demo_flux_modules
-    from nodes.loaders_components import load_diffusion_model
+    from nodes.demo.flux import demo_flux_modules
+    from nodes.load.component_loaders import load_diffusion_model
 
     ctx = _context(path.parent)
     start = time.perf_counter()

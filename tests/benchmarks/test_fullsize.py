@@ -56,7 +56,7 @@ def test_random_state_is_seeded_per_tensor_and_keeps_norm_scales_near_one() -> N
 def test_family_bench_files_hold_the_same_model(tmp_path: Path) -> None:
     """Loom's load of the original-layout file equals the diffusers folder's tensors (both from the
     one random state): the full-size run compares the two sides on the same weights."""
-    from nodes.handles import open_diffusion_model
+    from nodes.load.handles import open_diffusion_model
     from tests.benchmarks.dit_family_runs import write_weights
 
     torch.set_num_threads(1)

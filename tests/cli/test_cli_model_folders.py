@@ -256,15 +256,15 @@ def linked_models(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 LOADERS: list[tuple[str, str, dict[str, Any]]] = [
-    ("nodes.loaders", "CheckpointLoaderSimple", {"ckpt_name": "loom_demo_sd15.safetensors"}),
-    ("nodes.loaders", "VAELoader", {"vae_name": "loom_demo_vae.safetensors"}),
+    ("nodes.load.checkpoint_loaders", "CheckpointLoaderSimple", {"ckpt_name": "loom_demo_sd15.safetensors"}),
+    ("nodes.load.checkpoint_loaders", "VAELoader", {"vae_name": "loom_demo_vae.safetensors"}),
     (
-        "nodes.loaders_components",
+        "nodes.load.component_loaders",
         "UNETLoader",
         {"unet_name": "loom_demo_flux_schnell.safetensors", "weight_dtype": "default"},
     ),
     (
-        "nodes.loaders_components",
+        "nodes.load.component_loaders",
         "DualCLIPLoader",
         {
             "clip_name1": "loom_demo_clip_l.safetensors",
@@ -272,12 +272,28 @@ LOADERS: list[tuple[str, str, dict[str, Any]]] = [
             "type": "flux",
         },
     ),
-    ("nodes.controlnet", "ControlNetLoader", {"control_net_name": "loom_demo_controlnet_sd15.safetensors"}),
-    ("nodes.upscale_model", "UpscaleModelLoader", {"model_name": "loom_demo_esrgan_4x.safetensors"}),
-    ("nodes.clip_vision", "CLIPVisionLoader", {"clip_name": "loom_demo_clip_vision/model.safetensors"}),
-    ("nodes.ipadapter", "IPAdapterModelLoader", {"ipadapter_file": "loom_demo_ip-adapter_sd15.safetensors"}),
-    ("nodes.style_model", "StyleModelLoader", {"style_model_name": "loom_demo_flux_redux.safetensors"}),
-    ("nodes.gligen", "GLIGENLoader", {"gligen_name": "loom_demo_gligen_sd15.safetensors"}),
+    (
+        "nodes.control.controlnet",
+        "ControlNetLoader",
+        {"control_net_name": "loom_demo_controlnet_sd15.safetensors"},
+    ),
+    ("nodes.image.upscale_model", "UpscaleModelLoader", {"model_name": "loom_demo_esrgan_4x.safetensors"}),
+    (
+        "nodes.encode.clip_vision",
+        "CLIPVisionLoader",
+        {"clip_name": "loom_demo_clip_vision/model.safetensors"},
+    ),
+    (
+        "nodes.control.ipadapter",
+        "IPAdapterModelLoader",
+        {"ipadapter_file": "loom_demo_ip-adapter_sd15.safetensors"},
+    ),
+    (
+        "nodes.encode.style_model",
+        "StyleModelLoader",
+        {"style_model_name": "loom_demo_flux_redux.safetensors"},
+    ),
+    ("nodes.encode.gligen", "GLIGENLoader", {"gligen_name": "loom_demo_gligen_sd15.safetensors"}),
 ]
 
 

@@ -25,8 +25,8 @@ EXAMPLES = ["flux_dev_example", "flux_schnell_example", "sd35_text_encoders_exam
 
 @pytest.fixture(scope="module")
 def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo_flux import make_flux_demo
-    from nodes.demo_sd3 import make_sd3_demo
+    from nodes.demo.flux import make_flux_demo
+    from nodes.demo.sd3 import make_sd3_demo
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("dit_examples")

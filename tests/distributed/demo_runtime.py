@@ -10,10 +10,11 @@ from typing import Any
 
 def build(args: argparse.Namespace) -> Any:
     import main
-    from nodes.conditioning import CONDITIONING_NODES
-    from nodes.image import IMAGE_NODES, register_image_options
-    from nodes.latent import LATENT_NODES
-    from nodes.sampling import SAMPLING_NODES
+    from nodes.encode.conditioning import NODES as CONDITIONING_NODES
+    from nodes.image.load_save import NODES as IMAGE_NODES
+    from nodes.image.load_save import register_image_options
+    from nodes.latent.vae import NODES as LATENT_NODES
+    from nodes.sample.ksampler import NODES as SAMPLING_NODES
 
     runtime = main.build_runtime(args)
     for group in (SAMPLING_NODES, CONDITIONING_NODES, LATENT_NODES, IMAGE_NODES):

@@ -60,7 +60,7 @@ def txt2img(ckpt: str, seed: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Iterator[dict[str, Any]]:
     import main
-    from nodes.demo import DEMO_CHECKPOINT
+    from nodes.demo.models import DEMO_CHECKPOINT
     from tests.conftest import linked_copy
 
     root = tmp_path_factory.mktemp("ray-demo")

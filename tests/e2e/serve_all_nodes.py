@@ -24,10 +24,11 @@ _input_dir: list[Path] = []
 
 def register_everything(registry: Any, model_files: Any = None) -> None:
     _core(registry, model_files)
-    from nodes.conditioning import CONDITIONING_NODES
-    from nodes.image import IMAGE_NODES, register_image_options
-    from nodes.latent import LATENT_NODES
-    from nodes.sampling import SAMPLING_NODES
+    from nodes.encode.conditioning import NODES as CONDITIONING_NODES
+    from nodes.image.load_save import NODES as IMAGE_NODES
+    from nodes.image.load_save import register_image_options
+    from nodes.latent.vae import NODES as LATENT_NODES
+    from nodes.sample.ksampler import NODES as SAMPLING_NODES
 
     for group in (SAMPLING_NODES, CONDITIONING_NODES, LATENT_NODES, IMAGE_NODES):
         for node in group:

@@ -26,7 +26,7 @@ def work(tmp_path: Path) -> tuple[Folders, Path]:
 
 # --- input / output: unchanged -----------------------------------------------------------------------
 def test_input_link_leading_out_is_refused(work: tuple[Folders, Path]) -> None:
-    from nodes.image import ImageError, _input_path
+    from nodes.image.load_save import ImageError, _input_path
 
     folders, outside = work
     (folders.input_dir / "evil.png").symlink_to(outside / "secret.png")
@@ -37,7 +37,7 @@ def test_input_link_leading_out_is_refused(work: tuple[Folders, Path]) -> None:
 
 
 def test_output_prefix_leading_out_is_refused(work: tuple[Folders, Path]) -> None:
-    from nodes.image import ImageError, save_path
+    from nodes.image.load_save import ImageError, save_path
 
     folders, outside = work
     (folders.output_dir / "linked").symlink_to(outside, target_is_directory=True)

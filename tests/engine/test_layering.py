@@ -46,8 +46,8 @@ def test_engine_modules_import_no_node_module() -> None:
 
 def test_the_import_check_sees_a_node_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from nodes.latent import EmptyLatentImage\n    import nodes\n")
-    assert imported_modules(sample) == {"nodes.latent", "nodes"}
+    sample.write_text("def f():\n    from nodes.latent.vae import EmptyLatentImage\n    import nodes\n")
+    assert imported_modules(sample) == {"nodes.latent.vae", "nodes"}
 
 
 def test_no_engine_module_and_not_main_is_past_500_lines() -> None:

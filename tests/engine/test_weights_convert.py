@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import main
-from nodes.weights import pickle_refusal
+from nodes.core.weights import pickle_refusal
 
 
 def test_the_pickle_refusal_names_a_command_that_converts_the_file(

@@ -9,9 +9,9 @@ Reusable by every test under tests/nodes/ (torch and diffusers are imported once
   ``vae/tiny_vae.safetensors`` (original layout, no prefix)
 - ``tiny_sd15_ckpt`` / ``tiny_sd2_ckpt`` / ``tiny_sdxl_ckpt``: paths of the fp32 files
 - ``model_folders``, ``manager``, ``make_ctx``: a ModelFolders, a ModelManager, a NodeContext factory
-- ``flux_demo``: a models folder with the Flux/Chroma demo files (``nodes.demo_flux``)
+- ``flux_demo``: a models folder with the Flux/Chroma demo files (``nodes.demo.flux``)
 - ``zimage_demo`` / ``qwen_image_demo`` / ``flux2_demo``: models folders with those families' demo
-  files (``nodes.demo_zimage`` / ``nodes.demo_qwen_image`` / ``nodes.demo_flux2``)
+  files (``nodes.demo.zimage`` / ``nodes.demo.qwen_image`` / ``nodes.demo.flux2``)
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def make_ctx(model_folders: Any, manager: Any, tmp_path: Path) -> Callable[..., 
 def flux_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
-    from nodes.demo_flux import make_flux_demo
+    from nodes.demo.flux import make_flux_demo
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("flux_demo")
@@ -267,29 +267,29 @@ def _family_demo(tmp_path_factory: pytest.TempPathFactory, name: str, make: Call
 
 @pytest.fixture(scope="session")
 def zimage_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo_zimage import make_zimage_demo
+    from nodes.demo.zimage import make_zimage_demo
 
     return _family_demo(tmp_path_factory, "zimage", make_zimage_demo)
 
 
 @pytest.fixture(scope="session")
 def qwen_image_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo_qwen_image import make_qwen_image_demo
+    from nodes.demo.qwen_image import make_qwen_image_demo
 
     return _family_demo(tmp_path_factory, "qwen_image", make_qwen_image_demo)
 
 
 @pytest.fixture(scope="session")
 def flux2_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nodes.demo_flux2 import make_flux2_demo
+    from nodes.demo.flux2 import make_flux2_demo
 
     return _family_demo(tmp_path_factory, "flux2", make_flux2_demo)
 
 
 @pytest.fixture(scope="session")
 def unclip_demo_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``nodes.demo_unclip.make_unclip_demo_models``' files (unCLIP, InstructPix2Pix, SigLIP, Redux),
+    """``nodes.demo.unclip.make_unclip_demo_models``' files (unCLIP, InstructPix2Pix, SigLIP, Redux),
     written once; modules take a ``tests.conftest.linked_copy``."""
-    from nodes.demo_unclip import make_unclip_demo_models
+    from nodes.demo.unclip import make_unclip_demo_models
 
     return _family_demo(tmp_path_factory, "unclip", make_unclip_demo_models)

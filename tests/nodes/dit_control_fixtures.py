@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from nodes.conditioning import CLIPTextEncode
 from nodes.diffusion.noise import prepare_noise
-from nodes.families.flux_nodes import EmptySD3LatentImage, FluxGuidance, ModelSamplingFlux
-from nodes.handles import open_diffusion_model, open_text_encoders
-from nodes.sampling import KSampler
+from nodes.encode.conditioning import CLIPTextEncode
+from nodes.family_nodes.flux_nodes import EmptySD3LatentImage, FluxGuidance, ModelSamplingFlux
+from nodes.load.handles import open_diffusion_model, open_text_encoders
+from nodes.sample.ksampler import KSampler
 
 SIZE, STEPS, SEED = 64, 4, 42
 Apply = Callable[[Any, Any], tuple[Any, Any]]  # (positive, negative) -> the same with a control
@@ -103,7 +103,7 @@ def _sample(ctx: Any, model: Any, pos: Any, neg: Any, cfg: float, scheduler: str
 # --- SD3 ------------------------------------------------------------------------------------------
 def write_sd3(root: Path, adjust: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The tiny SD3 demo modules (sharp VAE posterior, then ``adjust``) written under ``root``."""
-    from nodes.demo_sd3 import demo_sd3_modules, sd3_files
+    from nodes.demo.sd3 import demo_sd3_modules, sd3_files
 
     torch.set_num_threads(1)
     modules = demo_sd3_modules()
@@ -130,7 +130,7 @@ def write_sd3_with_controlnet(root: Path, net: Any, folder: str) -> dict[str, An
 
 def sd3_clip(root: Path) -> Any:
     """The SD3 text encoders (CLIP-L, CLIP-G, T5-XXL) from the demo files under ``root``."""
-    from nodes.demo_sd3 import DEMO_SD3_CLIP_G, DEMO_SD3_CLIP_L, DEMO_SD3_T5XXL
+    from nodes.demo.sd3 import DEMO_SD3_CLIP_G, DEMO_SD3_CLIP_L, DEMO_SD3_T5XXL
 
     return open_text_encoders([root / DEMO_SD3_CLIP_L, root / DEMO_SD3_CLIP_G, root / DEMO_SD3_T5XXL], "sd3")
 
@@ -138,7 +138,7 @@ def sd3_clip(root: Path) -> Any:
 def sd3_run(ctx: Any, root: Path, apply: Apply | None, latent_batch: int = 1) -> tuple[Any, Any, Any]:
     """Loom's txt2img on the SD3 files under ``root`` (cfg 4, euler, normal), the prompts' conditioning
     through ``apply``: (model-space latent, positive, negative)."""
-    from nodes.demo_sd3 import DEMO_SD3_MMDIT
+    from nodes.demo.sd3 import DEMO_SD3_MMDIT
 
     model = open_diffusion_model(root / DEMO_SD3_MMDIT)
     clip = sd3_clip(root)
@@ -226,7 +226,7 @@ def sd3_pipeline_latent(pipe: Any, pos: Any, neg: Any, strength: float, start: f
 # --- Flux -----------------------------------------------------------------------------------------
 def write_flux(root: Path) -> dict[str, Any]:
     """The tiny Flux dev demo modules (sharp VAE posterior) written under ``root``."""
-    from nodes.demo_flux import demo_flux_modules, flux_files
+    from nodes.demo.flux import demo_flux_modules, flux_files
 
     torch.set_num_threads(1)
     modules = demo_flux_modules(guidance=True)
@@ -239,7 +239,7 @@ def write_flux(root: Path) -> dict[str, Any]:
 def flux_model_and_clip(ctx: Any, root: Path, model_file: str) -> tuple[Any, Any]:
     """The Flux model ``model_file`` under ``root`` with ModelSamplingFlux's shift for the test size,
     and the Flux text encoders (T5-XXL, CLIP-L) of the demo files."""
-    from nodes.demo_flux import DEMO_CLIP_L, DEMO_T5XXL
+    from nodes.demo.flux import DEMO_CLIP_L, DEMO_T5XXL
 
     model = ModelSamplingFlux().run(
         ctx,
@@ -255,7 +255,7 @@ def flux_model_and_clip(ctx: Any, root: Path, model_file: str) -> tuple[Any, Any
 def flux_run(ctx: Any, root: Path, apply: Apply | None, latent_batch: int = 1) -> tuple[Any, Any]:
     """Loom's Flux dev txt2img on the files under ``root`` (guidance 4, cfg 1, euler, simple), the
     conditioning through ``apply``: (model-space latent, conditioning)."""
-    from nodes.demo_flux import DEMO_FLUX_DEV
+    from nodes.demo.flux import DEMO_FLUX_DEV
 
     model, clip = flux_model_and_clip(ctx, root, DEMO_FLUX_DEV)
     cond = FluxGuidance().run(

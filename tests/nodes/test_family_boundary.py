@@ -1,5 +1,5 @@
 """Family knowledge lives in ``nodes/families/`` only (issue 15), and patches talk to the sampler
-through ``nodes.hooks`` only.
+through ``nodes.core.sampling_hooks`` only.
 
 Read by the AST, not by grep: in every Python module of the product (``engine/``, ``nodes/``,
 ``main.py``) outside ``nodes/families/``, no identifier (names, attributes, definitions, imports,
@@ -30,24 +30,25 @@ LATENT_SCALES = (0.18215, 0.13025)
 LATENT_SCALE_TEXT = re.compile(r"0\.18215|0\.13025")
 
 ALLOWED = {
-    "nodes/demo.py": "writes the demo checkpoints of named families (file names, modules per family)",
-    "nodes/demo_flux.py": "writes the tiny Flux demo files (file names, the family's modules)",
-    "nodes/demo_sd3.py": "writes the tiny SD3.5 demo files (file names, the family's modules)",
-    "nodes/demo_zimage.py": "writes the tiny Z-Image demo files (it shares the Flux demo's VAE file)",
-    "nodes/demo_qwen_image.py": "writes the tiny Qwen-Image demo files (transformer, Qwen2.5-VL, Wan VAE)",
-    "nodes/demo_flux2.py": "writes the tiny Flux.2 Klein demo files (file names, the family's modules)",
-    "nodes/demo_control.py": "writes the demo T2I-Adapters, diff and union ControlNets of named families",
-    "nodes/demo_patches.py": "writes the demo hypernetwork and GLIGEN files for a named family's UNet (file names)",
+    "nodes/demo/models.py": "writes the demo checkpoints of named families (file names, modules per family)",
+    "nodes/demo/flux.py": "writes the tiny Flux demo files (file names, the family's modules)",
+    "nodes/demo/sd3.py": "writes the tiny SD3.5 demo files (file names, the family's modules)",
+    "nodes/demo/zimage.py": "writes the tiny Z-Image demo files (it shares the Flux demo's VAE file)",
+    "nodes/demo/qwen_image.py": "writes the tiny Qwen-Image demo files (transformer, Qwen2.5-VL, Wan VAE)",
+    "nodes/demo/flux2.py": "writes the tiny Flux.2 Klein demo files (file names, the family's modules)",
+    "nodes/demo/control.py": "writes the demo T2I-Adapters, diff and union ControlNets of named families",
+    "nodes/demo/attention_patches.py": "writes the demo hypernetwork and GLIGEN files for a named family's UNet (file names)",
     "nodes/quant/files.py": "GGUF's general.architecture vocabulary (ComfyUI-GGUF's names), which the GGUF loaders check",
-    "nodes/demo_vision.py": "writes the demo IP-Adapter in a named family's layout (file name)",
-    "nodes/demo_unclip.py": "writes the demo unCLIP and InstructPix2Pix checkpoints of named families",
+    "nodes/demo/vision.py": "writes the demo IP-Adapter in a named family's layout (file name)",
+    "nodes/demo/unclip.py": "writes the demo unCLIP and InstructPix2Pix checkpoints of named families",
+    "nodes/family_nodes": "ComfyUI's family-specific nodes: their class names and types are ComfyUI's, over the model layer",
     "nodes/bench": "benchmarks named families' demo checkpoints against diffusers' pipelines",
     # ComfyUI's published sampling vocabulary, which core nodes must expose with its exact names: the
     # ModelSamplingFlux schedule (flux, flux_time_shift) and the model_type options of the
     # AlignYourSteps / OptimalSteps scheduler nodes (SD1, SDXL, SVD, FLUX, ...). The core computes
     # schedules; it never looks at a MODEL's family (the family hands it its ModelSampling).
     "nodes/diffusion": "ComfyUI's sampling vocabulary (see above)",
-    "nodes/model_sampling_nodes.py": "ComfyUI's ModelSamplingContinuousEDM options (edm_playground_v2.5, cosmos_rflow)",
+    "nodes/sample/model_sampling_nodes.py": "ComfyUI's ModelSamplingContinuousEDM options (edm_playground_v2.5, cosmos_rflow)",
 }
 
 
@@ -170,5 +171,5 @@ def test_no_private_loom_attributes_on_objects() -> None:
     paths = [*product_modules(), *sorted((ROOT / "tests").rglob("*.py"))]
     offenders = {p.relative_to(ROOT).as_posix(): found for p in paths if (found := _loom_private(p))}
     assert not offenders, (
-        f"use nodes.hooks.SamplingHooks (or a real attribute of your own class): {offenders}"
+        f"use nodes.core.sampling_hooks.SamplingHooks (or a real attribute of your own class): {offenders}"
     )

@@ -33,10 +33,11 @@ def make_executor(models_dir: Path, work: Path, **settings: Any) -> Any:
     from engine.memory import ModelManager
     from engine.registry import NodeRegistry
     from nodes import register_core
-    from nodes.conditioning import CONDITIONING_NODES
-    from nodes.image import IMAGE_NODES, register_image_options
-    from nodes.latent import LATENT_NODES
-    from nodes.sampling import SAMPLING_NODES
+    from nodes.encode.conditioning import NODES as CONDITIONING_NODES
+    from nodes.image.load_save import NODES as IMAGE_NODES
+    from nodes.image.load_save import register_image_options
+    from nodes.latent.vae import NODES as LATENT_NODES
+    from nodes.sample.ksampler import NODES as SAMPLING_NODES
 
     files = ModelFolders(models_dir)
     folders = Folders(work / "input", work / "output", work / "temp", model_files=files)

@@ -15,7 +15,7 @@ CKPT_B = "loom_demo_sd15_b.safetensors"
 
 @pytest.fixture(scope="session")
 def perf_models(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Path:
-    from nodes.preview import make_demo_taesd
+    from nodes.image.preview import make_demo_taesd
     from tests.conftest import linked_copy
 
     root = linked_copy(demo_models_source, tmp_path_factory.mktemp("perf_models"))

@@ -122,7 +122,7 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
     from engine.folders import ModelFolders
     from engine.memory import ModelManager
     from nodes.families import SD15
-    from nodes.preview import PreviewPacer, PreviewRenderer
+    from nodes.image.preview import PreviewPacer, PreviewRenderer
 
     files = ModelFolders(perf_models)
     ctx = NodeContext(

@@ -15,7 +15,7 @@ from engine.context import Folders, NodeContext, RunSettings
 from engine.folders import ModelFolders
 from engine.memory import ModelManager
 from nodes.families import SD15
-from nodes.preview import PreviewRenderer, make_demo_taesd
+from nodes.image.preview import PreviewRenderer, make_demo_taesd
 
 
 def _ctx(models: Path, tmp_path: Path, **settings: object) -> NodeContext:
@@ -51,7 +51,7 @@ def test_a_damaged_decoder_falls_back_to_latent_rgb_with_a_warning(
     (folder / f"{_stem()}.safetensors").write_bytes(b"\x10\x00\x00\x00not a safetensors file at all")
     renderer = PreviewRenderer(_ctx(tmp_path / "models", tmp_path), SD15().latent_format)
     assert renderer.method == "taesd"
-    with caplog.at_level(logging.WARNING, logger="nodes.preview"):
+    with caplog.at_level(logging.WARNING, logger="nodes.image.preview"):
         assert renderer.estimate((1, 4, 8, 8)) == 0.0
         assert _preview_size(renderer) == (8, 8)  # the latent->RGB preview: one pixel per latent cell
         assert _preview_size(renderer) == (8, 8)
@@ -72,7 +72,7 @@ def test_pickled_decoders_are_read_only_with_allow_pickle(
     torch.save(load_file(str(source)), folder / f"{_stem()}.pth")
 
     refused = PreviewRenderer(_ctx(tmp_path / "models", tmp_path), SD15().latent_format)
-    with caplog.at_level(logging.WARNING, logger="nodes.preview"):
+    with caplog.at_level(logging.WARNING, logger="nodes.image.preview"):
         assert _preview_size(refused) == (8, 8)
     assert "--allow-pickle" in caplog.text and refused.method == "latent2rgb"
 

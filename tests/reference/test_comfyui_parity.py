@@ -119,7 +119,7 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from engine.memory import ModelManager
     from engine.registry import NodeRegistry
     from nodes import register_core
-    from nodes.image import register_image_options
+    from nodes.image.load_save import register_image_options
 
     threads = torch.get_num_threads()
     # The references were made with one thread; two threads move latents by ~1e-3 (the measured noise

@@ -274,7 +274,7 @@ def test_a_full_output_disk_leaves_no_truncated_png(tmp_path: Path, monkeypatch:
     import torch
 
     from engine.context import Folders, NodeContext
-    from nodes.image import save_images
+    from nodes.image.load_save import save_images
 
     folders = Folders(tmp_path / "in", tmp_path / "out", tmp_path / "tmp")
     folders.ensure()

@@ -20,7 +20,7 @@ from engine.executor import RunRequest
 from engine.image_guard import SAFETY_CHUNK, Guarded, Policy, Verdict
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
-from nodes.image import EmptyImage, PreviewImage, SaveImage
+from nodes.image.load_save import EmptyImage, PreviewImage, SaveImage
 from tests.server.conftest import make_parts
 
 RED = 0xCC2211

@@ -23,7 +23,7 @@ from engine.jobs import JobStore, LocalJobQueue
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
-from nodes.demo import DEMO_CHECKPOINT
+from nodes.demo.models import DEMO_CHECKPOINT
 from tests.conftest import linked_copy
 
 FINAL = ("succeeded", "failed", "cancelled")

@@ -14,7 +14,8 @@ from aiohttp.test_utils import TestClient
 from engine.folders import ModelFolders
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
-from nodes.loaders import LOADER_NODES, register_model_options
+from nodes.load.checkpoint_loaders import NODES as LOADER_NODES
+from nodes.load.checkpoint_loaders import register_model_options
 from tests.server.conftest import make_parts
 
 

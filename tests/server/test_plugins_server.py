@@ -12,7 +12,7 @@ from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
 from nodes.compat.shim import load_plugins_with_shim
-from nodes.utility import UTILITY_NODES
+from nodes.text.primitives import NODES as UTILITY_NODES
 from tests.server.conftest import make_parts, receive_json, wait_done
 
 PACKS = Path(__file__).resolve().parents[1] / "plugins" / "packs"

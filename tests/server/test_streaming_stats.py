@@ -37,7 +37,7 @@ class SplitHandle:
 
 
 class Placed:
-    """The streaming state the manager keeps (``nodes.streaming.Streaming``'s interface)."""
+    """The streaming state the manager keeps (``nodes.core.module_streaming.Streaming``'s interface)."""
 
     def __init__(self, plan: StreamPlan) -> None:
         self.plan = plan

@@ -13,7 +13,7 @@ How the files follow from the ranks:
 - ``merges.txt``: one merge per multi-byte token, in rank order. A token's merge is the last step
   of byte-pair encoding its own bytes with only lower-ranked tokens: that step joins exactly two
   pieces, the pair the token was trained from. The ``Qwen2Tokenizer`` built from these files
-  splits text as tiktoken does with the ranks (tests/nodes/test_qwen_tokenizer.py checks it).
+  splits text as tiktoken does with the ranks (tests/nodes/families/test_qwen_tokenizer.py checks it).
 - ``tokenizer_config.json``: the added tokens after the vocabulary, Qwen2.5's 22 (151643-151664)
   and Qwen3's 4 (151665-151668), 151,669 ids in all.
 """

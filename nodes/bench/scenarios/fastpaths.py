@@ -101,7 +101,7 @@ def half_precision(setup: BenchSetup) -> list[Row]:
 def _preview_clock(spent: list[float]) -> Iterator[None]:
     """Collects the seconds of every preview the sampler renders (``PreviewPacer.record`` gets the
     time from the denoised estimate to the encoded frame); benchmark-only instrumentation."""
-    from nodes.preview import PreviewPacer
+    from nodes.image.preview import PreviewPacer
 
     original = PreviewPacer.record
 
@@ -161,7 +161,7 @@ def previews(setup: BenchSetup) -> list[Row]:
 
 
 def _unet(rt: BenchRuntime, ckpt: str) -> Any:
-    from nodes.handles import open_checkpoint
+    from nodes.load.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
         return unet
@@ -170,7 +170,7 @@ def _unet(rt: BenchRuntime, ckpt: str) -> Any:
 def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
     import torch
 
-    from nodes.handles import open_checkpoint
+    from nodes.load.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", setup.ckpt_a)).vae) as vae:
         last = vae

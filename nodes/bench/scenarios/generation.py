@@ -54,7 +54,7 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
     from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
 
     from nodes.families import SD15
-    from nodes.handles import open_checkpoint
+    from nodes.load.handles import open_checkpoint
 
     handles = open_checkpoint(rt.files.resolve("checkpoints", ckpt))
     with rt.models.use(handles.clip) as clip:
@@ -76,7 +76,7 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
 
 
 def _loom_unet(rt: BenchRuntime, ckpt: str) -> Any:
-    from nodes.handles import open_checkpoint
+    from nodes.load.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
         return unet

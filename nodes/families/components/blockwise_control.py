@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nodes.weights import ModelLoadError, TensorIndex
+from nodes.core.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor

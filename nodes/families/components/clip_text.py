@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from nodes import prompt_weights as pw
+from nodes.core import prompt_weights as pw
+from nodes.core.weights import TensorIndex
 from nodes.families import arch, keys
-from nodes.weights import TensorIndex
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 

@@ -1,6 +1,6 @@
 """The blocks of diffusers' DiT transformers as block-level step caches see them
-(:class:`nodes.hooks.BlockStack`) and the lists skip-layer guidance may skip
-(:class:`nodes.hooks.BlockList`); each family's denoiser kind declares its own from these.
+(:class:`nodes.core.sampling_hooks.BlockStack`) and the lists skip-layer guidance may skip
+(:class:`nodes.core.sampling_hooks.BlockList`); each family's denoiser kind declares its own from these.
 
 Dual-stream blocks (Flux and Flux.2 double blocks, Chroma's double blocks, SD3's joint blocks,
 Qwen-Image's blocks) take ``hidden_states`` (image) and ``encoder_hidden_states`` (text) and
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockIO, BlockList, BlockStack, SkipListName
+from nodes.core.sampling_hooks import BlockIO, BlockList, BlockStack, SkipListName
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -22,13 +22,13 @@ them apart):
   and SiLU output heads (:mod:`nodes.families.components.flux_mistoline`).
 
 The residuals are scaled by the strength and expanded to one tensor per block of the model the
-sampler runs (:class:`nodes.control_base.ControlResiduals` ``blocks`` / ``single``); the family's
+sampler runs (:class:`nodes.core.control_base.ControlResiduals` ``blocks`` / ``single``); the family's
 denoiser adds them after its blocks (``sd3_dit`` / ``flux_dit``). Refused with a message saying
 so: SD3.5 ControlNets whose pooled embedder is square (a layout no published file
 uses).
 
 AliMama's inpainting ControlNets (Flux ``flux_instantx``, SD3 ``sd3``) take 17 hint channels, ComfyUI's
-``concat_mask``: the encoded image, then the mask of what to keep (``nodes.controlnet.encode_hint``).
+``concat_mask``: the encoded image, then the mask of what to keep (``nodes.control.controlnet.encode_hint``).
 Diffusers' Flux ControlNet has no such input: its ``controlnet_x_embedder`` is widened by the
 config's ``extra_condition_channels`` (AliMama's name: 4 packed features).
 
@@ -54,14 +54,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from nodes.control_base import ControlResiduals, file_label, fit_hint
+from nodes.core.control_base import ControlResiduals, file_label, fit_hint
+from nodes.core.sampling_hooks import ConditioningError
+from nodes.core.weights import ModelLoadError, load_tensors, read_index
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE, mistoline_module, mistoline_to_diffusers
 from nodes.families.components.flux_xlabs_keys import xlabs_to_diffusers
 from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
 from nodes.families.latent_format import LatentFormat
-from nodes.handles import WeightsHandle
-from nodes.hooks import ConditioningError
-from nodes.weights import ModelLoadError, load_tensors, read_index
+from nodes.load.handles import WeightsHandle
 
 SD3, SD35, FLUX_INSTANTX, FLUX_XLABS = "sd3", "sd35", "flux_instantx", "flux_xlabs"
 FAMILY = {SD3: "sd3", SD35: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux", FLUX_MISTOLINE: "flux"}

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.components.dit_blocks import flux_skip_lists
-from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.conditioning import CondEntry
+    from nodes.encode.conditioning import CondEntry
 
 DEFAULT_GUIDANCE = 3.5  # ComfyUI's value for a guidance-distilled Flux model when no FluxGuidance is set
 MIN_TEXT_TOKENS = 512  # ComfyUI's Flux.2 model pads shorter text with zero rows in front
@@ -242,7 +242,7 @@ class Flux2Transformer:
         if not getattr(module.config, "guidance_embeds", False):
             kwargs.pop("guidance", None)
         b, c, h, w = x_in.shape
-        tokens = x_in.reshape(b, c, h * w).permute(0, 2, 1).contiguous()  # see nodes.linear_inputs
+        tokens = x_in.reshape(b, c, h * w).permute(0, 2, 1).contiguous()  # see nodes.core.linear_inputs
         t = timestep.to(x_in.dtype).reshape(-1).expand(b)
         out = module(
             hidden_states=tokens, timestep=t, img_ids=image_ids(h, w).to(x_in), return_dict=False, **kwargs

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families import arch, keys
-from nodes.weights import ModelLoadError, TensorIndex
 
 BN_EPS = 1e-4
 _QUANT = (("encoder.quant_conv.", "quant_conv."), ("decoder.post_quant_conv.", "post_quant_conv."))

@@ -21,16 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.components import flux_keys
 from nodes.families.components.dit_blocks import flux_skip_lists
 from nodes.families.latent_format import LatentFormat
-from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.conditioning import CondEntry
+    from nodes.encode.conditioning import CondEntry
 
 DEFAULT_GUIDANCE = 3.5  # ComfyUI's value for a guidance-distilled Flux when no FluxGuidance is set
 

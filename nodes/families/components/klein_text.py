@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from nodes.core.weights import ModelLoadError
 from nodes.families.components.qwen_text import QwenText
-from nodes.weights import ModelLoadError
 
 KLEIN_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 KLEIN_LAYERS = (9, 18, 27)

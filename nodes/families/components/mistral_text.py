@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.components.decoder_text import DecoderText, decoder_config
-from nodes.weights import ModelLoadError, TensorIndex
 
 SYSTEM = (
     "You are an AI that reasons about image descriptions. You give structured responses focusing on object "

@@ -4,7 +4,7 @@ messages), ``config_from_tensors(index)``, ``build(config, tensors)``, ``fits(de
 ``check_model(network, model_module)`` and the sampling side its apply node uses
 (``control_tokens(network, inputs: PatchInputs, latent_format)`` and ``block_hooks(network, control,
 strength, depths) -> {stack name: after-block function}``, the stacks ``"main"`` and, where the
-denoiser declares one, ``"refiner"``: :mod:`nodes.model_patch`)."""
+denoiser declares one, ``"refiner"``: :mod:`nodes.control.model_patch`)."""
 
 from __future__ import annotations
 

@@ -38,11 +38,11 @@ from typing import Any, ClassVar
 
 import torch
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.components.decoder_text import decoder_config
 from nodes.families.components.qwen25_vision import ImageEmbeds, splice_positions
 from nodes.families.components.qwen_text import QwenText
 from nodes.families.components.scaled_fp8 import dequantize
-from nodes.weights import ModelLoadError, TensorIndex
 
 TEMPLATE = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "

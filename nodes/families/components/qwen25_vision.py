@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.components.scaled_fp8 import IdentityKeys
-from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     import torch

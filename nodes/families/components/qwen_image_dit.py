@@ -30,16 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.components.scaled_fp8 import IdentityKeys
 from nodes.families.latent_format import LatentFormat
-from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-    from nodes.conditioning import CondEntry
+    from nodes.encode.conditioning import CondEntry
 
 PATCH = 2
 Segment = tuple[int, int, int, int, int]  # (frame index, rows, cols, row offset, col offset) in patches

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.components.decoder_text import DecoderText, decoder_config
-from nodes.weights import ModelLoadError, TensorIndex
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"

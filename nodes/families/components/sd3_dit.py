@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.linear_inputs import copy_sliced_inputs
-from nodes.weights import ModelLoadError, TensorIndex
+from nodes.core.linear_inputs import copy_sliced_inputs
+from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
+from nodes.core.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.conditioning import CondEntry
+    from nodes.encode.conditioning import CondEntry
 
 _GLOBAL = {  # file name (without .weight/.bias) -> diffusers name
     "x_embedder.proj": "pos_embed.proj",
@@ -72,7 +72,7 @@ _SWAPPED = "context_block.adaLN_modulation.1"  # (shift, scale) ⇄ (scale, shif
 _FINAL_MOD = "final_layer.adaLN_modulation.1"
 HEAD_WIDTH = 64
 # the joint attention's output projections: they get the image and text slices of one attention
-# output (strided views under a CFG batch; see nodes.linear_inputs)
+# output (strided views under a CFG batch; see nodes.core.linear_inputs)
 SLICED_INPUTS = ("attn.to_out.0", "attn.to_add_out")
 
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from nodes import prompt_weights as pw
+from nodes.core import prompt_weights as pw
+from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.prompt import TokenizerOptions
-from nodes.weights import ModelLoadError, TensorIndex
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 _EMBED = "encoder.embed_tokens.weight"

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nodes.core.sampling_hooks import ConditioningError
+from nodes.core.weights import TensorIndex
 from nodes.families import arch, keys
 from nodes.families.components import unclip
 from nodes.families.components.unet_inputs import (
@@ -26,13 +28,11 @@ from nodes.families.components.unet_inputs import (
     inpaint_concat,
 )
 from nodes.families.components.unet_patching import PATCH_POINTS
-from nodes.hooks import ConditioningError
-from nodes.weights import TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.conditioning import CondEntry
+    from nodes.encode.conditioning import CondEntry
     from nodes.families.latent_format import LatentFormat
 
 
@@ -46,9 +46,9 @@ __all__ = ["BLANK_INPAINT_LATENT", "UNetDenoiser", "lcm_repeat", "size_ids"]
 
 
 def bind_controls(entries: Sequence[CondEntry], batch: int) -> Any:
-    """The ControlNets of a cond group for ``forward`` (``nodes.controlnet.BoundControl``); the
+    """The ControlNets of a cond group for ``forward`` (``nodes.control.controlnet.BoundControl``); the
     sampler put the resident modules and the percent-to-sigma map under each entry's extras."""
-    from nodes.controlnet import BoundControl
+    from nodes.control.controlnet import BoundControl
 
     first = entries[0].extras
     if "control_modules" not in first:
@@ -204,7 +204,7 @@ class UNetDenoiser:
         control = kwargs.pop("control", None)
         gligen = kwargs.pop("gligen", None)
         if gligen is not None:  # GLIGEN boxes: ComfyUI's middle_patch for this entry group
-            from nodes.gligen import with_middle_patch
+            from nodes.encode.gligen import with_middle_patch
 
             options = with_middle_patch(options, gligen, x_in)
         if self.image_embeds == "class_labels" and "class_labels" not in kwargs:  # ComfyUI's zero adm
@@ -241,7 +241,7 @@ class UNetDenoiser:
         self._check_image_inputs(module, entries, name)
         for e in entries:
             if e.extras.get("gligen") is not None:
-                from nodes.gligen import check_gligen
+                from nodes.encode.gligen import check_gligen
 
                 check_gligen(e.extras["gligen"].model, module, name)
         width = module.config.cross_attention_dim

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import ConditioningError
+from nodes.core.sampling_hooks import ConditioningError
 
 if TYPE_CHECKING:
     from torch import Tensor

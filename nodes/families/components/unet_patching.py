@@ -1,5 +1,5 @@
 """ComfyUI's UNet patch points on diffusers' ``UNet2DConditionModel``: how the block patches of a
-MODEL (``nodes.hooks``: ``transformer_options["patches"]`` and ``["patches_replace"]``) reach
+MODEL (``nodes.core.sampling_hooks``: ``transformer_options["patches"]`` and ``["patches_replace"]``) reach
 the UNet during one forward call, and nothing stays on the module after it.
 
 Places are named as ComfyUI names them (its ``openaimodel`` UNet): ``("input", id)`` counts
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import ConditioningError
+from nodes.core.sampling_hooks import ConditioningError
 
 if TYPE_CHECKING:
     from torch import Tensor

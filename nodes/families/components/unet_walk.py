@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import ConditioningError
+from nodes.core.sampling_hooks import ConditioningError
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodes.core.weights import TensorIndex
 from nodes.families import arch, keys
-from nodes.weights import TensorIndex
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.weights import ModelLoadError, TensorIndex
+from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
+from nodes.core.weights import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.conditioning import CondEntry
+    from nodes.encode.conditioning import CondEntry
 
 PATCH = 2
 _BLOCKS = ("noise_refiner.", "context_refiner.", "layers.")

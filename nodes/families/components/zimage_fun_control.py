@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nodes.weights import ModelLoadError, TensorIndex, load_tensors
+from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -277,7 +277,7 @@ def _control_latent(extra: int, inputs: PatchInputs, latent_format: LatentFormat
     """The control input (B, 16 or 33, h, w) in the model's latent space (module docstring)."""
     import torch
 
-    from nodes.resize import center_crop, resize
+    from nodes.core.resize import center_crop, resize
 
     def latent(image: Tensor) -> Tensor:
         return latent_format.process_in(inputs.encode(image).float())

@@ -1,0 +1,85 @@
+"""How many of the node names issue 17 lists Loom has: ``python -m nodes.compat.coverage [--json]``.
+
+The names are data (``nodes/data/issue17_nodes.json``, by group); "has" means the core catalogue
+(:func:`nodes.register_core`, no plugins) registers a node of that exact class name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ISSUE_NODES = Path(__file__).parent / "data" / "comfyui_everyday_nodes.json"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    groups: dict[str, list[str]]
+    present: frozenset[str]
+
+    @property
+    def names(self) -> list[str]:
+        return [n for names in self.groups.values() for n in names]
+
+    @property
+    def have(self) -> int:
+        return sum(n in self.present for n in self.names)
+
+    def missing(self, group: str | None = None) -> list[str]:
+        names = self.groups[group] if group else self.names
+        return [n for n in names if n not in self.present]
+
+    def line(self) -> str:
+        total = len(self.names)
+        return (
+            f"Loom has {self.have} of the {total} node names listed in issue 17 ({100 * self.have // total}%)"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "have": self.have,
+            "total": len(self.names),
+            "missing": self.missing(),
+            "groups": {
+                g: {"have": len(ns) - len(self.missing(g)), "total": len(ns), "missing": self.missing(g)}
+                for g, ns in self.groups.items()
+            },
+        }
+
+
+def coverage() -> Coverage:
+    from engine.registry import NodeRegistry
+    from nodes import register_core
+
+    registry = NodeRegistry()
+    register_core(registry)
+    groups = json.loads(ISSUE_NODES.read_text(encoding="utf-8"))["groups"]
+    return Coverage(groups, frozenset(registry.names()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m nodes.compat.coverage", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--json", action="store_true", help="counts and missing names as JSON")
+    args = parser.parse_args(argv)
+    result = coverage()
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+        return 0
+    print(result.line())
+    for group, names in result.groups.items():
+        missing = result.missing(group)
+        print(
+            f"  {group}: {len(names) - len(missing)}/{len(names)}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Small random-weight demo models of every family, written in the file layouts users have."""

@@ -1,0 +1,14 @@
+"""The image station: load/save/preview, image and mask editing, filters, compositing, scaling, upscale models, safety checking, live previews."""
+
+# The modules of this station that declare nodes (each has ``NODES``), in registration order.
+NODE_MODULES: tuple[str, ...] = (
+    "load_save",
+    "safety",
+    "upscale_model",
+    "transforms",
+    "filters",
+    "compose",
+    "scale",
+    "files",
+    "mask",
+)

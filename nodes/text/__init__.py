@@ -1,0 +1,7 @@
+"""The text station: primitives, string and logic nodes."""
+
+# The modules of this station that declare nodes (each has ``NODES``), in registration order.
+NODE_MODULES: tuple[str, ...] = (
+    "primitives",
+    "strings",
+)
