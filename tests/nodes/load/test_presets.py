@@ -17,7 +17,7 @@ import main
 from nodes.demo.flux import DEMO_FLUX_DEV, DEMO_FLUX_SCHNELL
 from nodes.load.presets import SHIPPED, ModelDescriber, Preset, PresetError, PresetTable, apply_preset
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
 
 def table(tmp_path: Path | None = None) -> PresetTable:
