@@ -6,6 +6,8 @@
   migrated on load.
 - :mod:`~engine.formats.modes`: node modes (muted, bypassed) and what they do to a graph.
 - :mod:`~engine.formats.widgets`: how a UI-format node's ``widgets_values`` map onto its inputs.
+- :mod:`~engine.formats.ui_rules`: the UI-format rules as data (``ui_rules.json``), shared with the
+  editor, which imports the same file from ``GET /api/v1/workflows/ui-rules``.
 - :mod:`~engine.formats.ui_import` / :mod:`~engine.formats.ui_export`: ComfyUI's UI (litegraph)
   format to API format, and Loom's saved format to UI format.
 - :mod:`~engine.formats.png`: PNG text chunks, and the metadata image nodes embed.

@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.formats.api import is_link
+from engine.formats.ui_rules import ui_rules
 from engine.formats.widgets import is_widget_spec
-
-SEED_CONTROL = "fixed"  # the frontend's "control after generate" value that follows a seed widget
 
 
 def _ordered_inputs(info: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
@@ -45,6 +44,7 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
     prompt: Mapping[str, Any] = saved.get("prompt") or {}
     layout_nodes: Mapping[str, Any] = (saved.get("layout") or {}).get("nodes") or {}
     ids = _numeric_ids(prompt)
+    rules = ui_rules()
     nodes: list[dict[str, Any]] = []
     links: list[list[Any]] = []
     outputs_of: dict[str, list[dict[str, Any]]] = {}
@@ -73,8 +73,8 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
             options = spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
             if widget:
                 widgets.append(options.get("default") if value is None or is_link(value) else value)
-                if options.get("control_after_generate") or name in ("seed", "noise_seed"):
-                    widgets.append(SEED_CONTROL)
+                if options.get("control_after_generate") or name in rules.seed_names:
+                    widgets.append(rules.control_in_images)  # the image shows this seed: keep it
             if is_link(value) or not widget:
                 entry: dict[str, Any] = {
                     "name": name,

@@ -30,12 +30,9 @@ from typing import Any
 
 from engine.formats.api import MAX_NODES, WorkflowFormatError, WorkflowTooLarge
 from engine.formats.modes import MODE_BYPASSED, MODE_MUTED, inherited_mode, passed_through
+from engine.formats.ui_rules import ui_rules
 from engine.formats.widgets import MISSING, ConversionProblem, Widget, assign, widget_inputs, widgets_of
 
-FRONTEND_ONLY = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
-SUBGRAPH_INPUT_NODE = -10
-SUBGRAPH_OUTPUT_NODE = -20
-GROUP_NODE_PREFIXES = ("workflow>", "workflow/")
 MAX_NESTING = 32
 
 
@@ -130,7 +127,7 @@ class _Flattener:
                         f"node {node_id} (subgraph {type_}): its definition in definitions.subgraphs does not fit "
                         f"the node ({exc}); expected matching inputs and outputs"
                     ) from exc
-            elif type_.startswith(GROUP_NODE_PREFIXES) and _group_name(type_) in self.group_defs:
+            elif type_.startswith(ui_rules().group_node_prefixes) and _group_name(type_) in self.group_defs:
                 try:
                     self.group_node(node, node_id, mode, inputs, outputs)
                 except (TypeError, ValueError, KeyError, IndexError) as exc:
@@ -171,7 +168,7 @@ class _Flattener:
         # The instance is an alias: its output k is whatever feeds the subgraph's output node slot k.
         aliases: list[_Source | None] = [None] * len(outputs)
         for link in links.values():
-            if link.target_id == SUBGRAPH_OUTPUT_NODE and 0 <= link.target_slot < len(aliases):
+            if link.target_id == ui_rules().subgraph_output_node and 0 <= link.target_slot < len(aliases):
                 aliases[link.target_slot] = _Ref(f"{inner}{link.origin_id}", link.origin_slot)
         self.flat[node_id] = _FlatNode(node_id, node["type"], mode, None, inputs, outputs, aliases=aliases)
         # Inside, the subgraph's input node (id -10) is an alias for the instance's inputs; an
@@ -184,7 +181,7 @@ class _Flattener:
                 in_aliases.append(_Const(promoted[widget]))
             else:
                 in_aliases.append(flat_input.source)
-        in_id = f"{inner}{SUBGRAPH_INPUT_NODE}"
+        in_id = f"{inner}{ui_rules().subgraph_input_node}"
         self.flat[in_id] = _FlatNode(
             in_id, "SubgraphInput", 0, None, [], [t.type for t in inputs], aliases=in_aliases
         )
@@ -290,10 +287,11 @@ def convert_ui_to_api(
     flattener = _Flattener(object_info, subgraphs, group_defs)
     flattener.graph(ui, "", 0, 0)
     flat = flattener.flat
+    frontend_only = ui_rules().frontend_only_types
 
     prompt: dict[str, Any] = {}
     for node in sorted(flat.values(), key=lambda n: _natural_key(n.id)):
-        if node.aliases is not None or node.type in FRONTEND_ONLY or node.mode in (MODE_MUTED, MODE_BYPASSED):
+        if node.aliases is not None or node.type in frontend_only or node.mode in (MODE_MUTED, MODE_BYPASSED):
             continue
         info = object_info.get(node.type)
         inputs: dict[str, Any] = {}
@@ -358,7 +356,7 @@ def _resolve(flat: Mapping[str, _FlatNode], source: _Source | None) -> _Resolved
             if isinstance(values, list) and values:
                 return _Const(values[0])
             return None
-        if node.type in FRONTEND_ONLY:
+        if node.type in ui_rules().frontend_only_types:
             return _REMOVED
         return source
     return source
@@ -467,7 +465,7 @@ def _mode(node: Mapping[str, Any], inherited: int) -> int:
 
 
 def _group_name(node_type: str) -> str:
-    for prefix in GROUP_NODE_PREFIXES:
+    for prefix in ui_rules().group_node_prefixes:
         if node_type.startswith(prefix):
             return node_type[len(prefix) :]
     return node_type

@@ -1,18 +1,19 @@
 """How ComfyUI's frontend maps a UI-format node's ``widgets_values`` onto its widget inputs.
 
 Rules, as the frontend builds and restores widgets (``useIntWidget``/``useComboWidget``,
-``addValueControlWidgets``, the ``Comfy.UploadImage`` extension, ``LGraphNode.configure``):
+``addValueControlWidgets``, the ``Comfy.UploadImage`` extension, ``LGraphNode.configure``); the
+names and values they use are data, ``ui_rules.json`` (:mod:`engine.formats.ui_rules`), which the
+editor reads too (``web/js/uirules.js`` applies the same rules):
 
-- A node's widgets are its widget inputs (INT, FLOAT, STRING, BOOLEAN, COMBO; not ``forceInput``)
-  in ``input_order`` (required, then optional), then an ``upload`` button when an input asks for
-  a media upload (``image_upload``, ...). The button's value is stored but never sent.
+- A node's widgets are its widget inputs (the table's ``widget_types``; not ``forceInput``) in
+  ``input_order`` (required, then optional), then an ``upload`` button when an input asks for a
+  media upload (the table's ``upload.flags``). The button's value is stored but never sent.
 - An input with ``control_after_generate`` (and, in older frontends, any INT named ``seed`` or
   ``noise_seed``) is followed by a "control after generate" widget: one stored value for numbers,
   two for a COMBO (the control and its filter text). Files store the control value as a string
-  (``"randomize"``, ``"fixed"``, ``"increment"``, ``"decrement"``, ``"increment-wrap"``), as a
-  boolean (2023 files), or not at all (files written by tools, or newest frontends that keep the
-  control outside ``widgets_values``): a value is taken as a control value only if it looks like
-  one and the file has values to spare.
+  (``"randomize"``, ...), as a boolean (2023 files), or not at all (files written by tools, or
+  newest frontends that keep the control outside ``widgets_values``): a value is taken as a
+  control value only if it looks like one and the file has values to spare.
 - ``widgets_values`` restores positionally; surplus trailing values are ignored; a widget the file
   has no value for keeps the widget's default (an older save of a node that gained an input).
 - Array values are sent wrapped as ``{"__value__": [...]}`` (arrays mean links in API format).
@@ -24,12 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.schema import COMBO, WIDGET_TYPES
+from engine.formats.ui_rules import ui_rules
+from engine.schema import COMBO
 
-CONTROL_VALUES = frozenset({"fixed", "increment", "decrement", "randomize", "increment-wrap"})
-SEED_NAMES = frozenset({"seed", "noise_seed"})
-WIDGET_SCALARS = WIDGET_TYPES - {COMBO}
-UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_upload")
 MISSING: Any = object()
 
 
@@ -73,7 +71,7 @@ def is_widget_spec(spec: Sequence[Any]) -> bool:
     choices or ``"COMBO"``) or a scalar widget type, unless the spec forces an input socket."""
     kind = spec[0] if spec else None
     opts = spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
-    return (isinstance(kind, list) or kind in WIDGET_TYPES) and not opts.get("forceInput")
+    return (isinstance(kind, list) or kind in ui_rules().widget_types) and not opts.get("forceInput")
 
 
 def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
@@ -82,6 +80,7 @@ def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
         return []
     declared = info.get("input") or {}
     order = info.get("input_order") or {}
+    rules = ui_rules()
     widgets: list[Widget] = []
     upload = False
     for section in ("required", "optional"):
@@ -94,9 +93,11 @@ def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
                 continue
             kind, opts = spec[0], spec[1] if len(spec) > 1 and isinstance(spec[1], Mapping) else {}
             options = _combo_options(kind, opts)
-            upload = upload or any(opts.get(flag) for flag in UPLOAD_FLAGS)
-            controlled = bool(opts.get("control_after_generate")) or (kind == "INT" and name in SEED_NAMES)
-            slots = (2 if options is not None else 1) if controlled else 0
+            upload = upload or any(opts.get(flag) for flag in rules.upload_flags)
+            controlled = bool(opts.get("control_after_generate")) or (
+                kind == "INT" and name in rules.seed_names
+            )
+            slots = rules.control_slots(COMBO if options is not None else str(kind)) if controlled else 0
             widgets.append(
                 Widget(
                     str(name),
@@ -108,7 +109,7 @@ def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
                 )
             )
     if upload:
-        widgets.append(Widget("upload", 0, False, "image", "BUTTON"))
+        widgets.append(Widget(rules.upload_widget, 0, False, rules.upload_value, "BUTTON"))
     return widgets
 
 
@@ -133,7 +134,11 @@ def _default(kind: Any, opts: Mapping[str, Any], options: tuple[Any, ...] | None
 
 
 def looks_like_control(value: Any) -> bool:
-    return value is None or isinstance(value, bool) or (isinstance(value, str) and value in CONTROL_VALUES)
+    return (
+        value is None
+        or isinstance(value, bool)
+        or (isinstance(value, str) and value in ui_rules().control_values)
+    )
 
 
 def assign(widgets: Sequence[Widget], values: Any) -> tuple[list[Any], int]:

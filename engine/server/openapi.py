@@ -237,6 +237,13 @@ def build_document(version: str) -> dict[str, Any]:
                 tags=native,
             ),
         },
+        "/api/v1/workflows/ui-rules": {
+            "get": _op(
+                "The UI-format rules the editor and the converter share (engine/formats/ui_rules.json)",
+                {"200": _json(_OBJ)},
+                tags=native,
+            ),
+        },
         "/api/v1/models/{folder}/info": {
             "get": _op(
                 "Files of a model folder with size and safetensors metadata (title, trigger words, base model)",

@@ -1,5 +1,6 @@
 """Loom's native job API under ``/api/v1/`` (what ComfyUI lacks): jobs as resources with a status,
-server-sent event streams, cancellation, webhooks, and workflow conversion.
+server-sent event streams, cancellation, webhooks, and workflow conversion (with the UI-format
+rules the editor shares with the converter: ``GET /api/v1/workflows/ui-rules``).
 
 ``POST /api/v1/jobs`` accepts any workflow format (API, Loom's saved format, ComfyUI UI format),
 converted on the server. A job's ``status`` is queued | running | succeeded | failed | cancelled.
@@ -28,6 +29,7 @@ from engine import events as ev
 from engine.compat_check import check_workflow
 from engine.context import KeptImages
 from engine.formats import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
+from engine.formats.ui_rules import ui_rules_text
 from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
 from engine.jobtypes import RETURN_MODES
 from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
@@ -156,6 +158,7 @@ class JobRoutes:
             ("GET", "/api/v1/jobs/{job_id}/images/{n}", self.image),
             ("POST", "/api/v1/workflows/convert", self.convert),
             ("POST", "/api/v1/workflows/check", self.check),
+            ("GET", "/api/v1/workflows/ui-rules", self.ui_rules),
         ]
 
     # --- routes -------------------------------------------------------------------------------------
@@ -320,6 +323,10 @@ class JobRoutes:
 
     def _convert(self, data: Any) -> LoadedWorkflow:
         return convert_any(data, self.object_info())
+
+    async def ui_rules(self, request: web.Request) -> web.Response:
+        """engine/formats/ui_rules.json as it is: the editor imports it (web/js/uirules.js)."""
+        return web.Response(text=ui_rules_text(), content_type="application/json")
 
     async def check(self, request: web.Request) -> web.Response:
         """The compatibility report (engine/compat_check.py) of a bare workflow or ``{"workflow": ...}``."""

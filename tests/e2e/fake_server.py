@@ -19,6 +19,7 @@ from PIL import Image, PngImagePlugin
 
 ROOT = Path(__file__).resolve().parents[2]
 INFO = json.loads((Path(__file__).with_name("object_info_fake.json")).read_text())
+UI_RULES = ROOT / "engine" / "formats" / "ui_rules.json"  # the table the real server serves
 
 
 def validate(prompt: dict[str, Any]) -> dict[str, Any]:
@@ -283,6 +284,10 @@ class Fake:
             app.router.add_get(prefix + "/extensions", lambda r: web.json_response([]))
             app.router.add_get(prefix + "/userdata", self.userdata_list)
             app.router.add_route("*", prefix + "/userdata/{file}", self.userdata_file)
+        app.router.add_get(
+            "/api/v1/workflows/ui-rules",
+            lambda r: web.FileResponse(UI_RULES, headers={"Content-Type": "application/json"}),
+        )
         app.router.add_get("/ws", self.ws)
         app.router.add_get("/", lambda r: web.FileResponse(ROOT / "web" / "index.html"))
         app.router.add_static("/", ROOT / "web")

@@ -175,6 +175,16 @@ async def test_webhook(client: TestClient, aiohttp_server: Any) -> None:
     ).status == 400
 
 
+async def test_the_editor_gets_the_converters_ui_rules(client: TestClient) -> None:
+    from engine.formats.ui_rules import RULES_FILE
+
+    resp = await client.get("/api/v1/workflows/ui-rules")
+    assert resp.status == 200 and resp.content_type == "application/json"  # a JSON module needs the type
+    assert await resp.json() == json.loads(RULES_FILE.read_text())
+    doc = await (await client.get("/api/v1/openapi.json")).json()
+    assert "/api/v1/workflows/ui-rules" in doc["paths"]
+
+
 async def test_openapi(client: TestClient) -> None:
     doc = await (await client.get("/api/v1/openapi.json")).json()
     assert doc["openapi"].startswith("3.")

@@ -5,8 +5,7 @@
 // (with data-pack when known); each problem [data-problem-node=ID]; [data-action="close-report"].
 
 import { el } from "./widgets.js";
-
-const FRONTEND_ONLY = new Set(["Note", "MarkdownNote", "Reroute", "PrimitiveNode"]);
+import { FRONTEND_ONLY, isGroupNodeType } from "./uirules.js";
 
 // Class types of a UI-format or API-format workflow (subgraph contents included, instances not).
 export function workflowTypes(obj) {
@@ -15,7 +14,7 @@ export function workflowTypes(obj) {
     const subgraphs = obj.definitions?.subgraphs || [];
     const ids = new Set(subgraphs.map((s) => String(s.id)));
     const all = [obj.nodes, ...subgraphs.map((s) => s.nodes || [])].flat();
-    return all.map((n) => n?.type).filter((t) => typeof t === "string" && !ids.has(t) && !t.startsWith("workflow>"));
+    return all.map((n) => n?.type).filter((t) => typeof t === "string" && !ids.has(t) && !isGroupNodeType(t));
   }
   const prompt = obj.format ? obj.prompt : obj;
   const defs = obj.format ? obj.layout?.subgraphs || [] : []; // Loom's saved format keeps subgraphs in its layout

@@ -4,11 +4,11 @@
 
 import { SAVED_FORMAT, SAVED_VERSION } from "./graph.js";
 import { convertUi, toUi } from "./uiformat.js";
+import { FRONTEND_ONLY } from "./uirules.js";
 
 export { convertUi, toUi };
 
 const PNG_SIGNATURE = [137, 80, 78, 71, 13, 10, 26, 10];
-const FRONTEND_ONLY = new Set(["Note", "MarkdownNote", "Reroute", "PrimitiveNode"]);
 
 export function isPng(bytes) { return PNG_SIGNATURE.every((b, i) => bytes[i] === b); }
 

@@ -3,8 +3,6 @@
 // widget takes the shape of the widget inputs it feeds). They are never sent to the server: the
 // API prompt follows a Reroute to its producer and puts a PrimitiveNode's value in the input.
 
-// SubgraphInput / SubgraphOutput are the boundary nodes inside a subgraph (see subgraph.js).
-export const FRONTEND_TYPES = new Set(["Reroute", "PrimitiveNode", "SubgraphInput", "SubgraphOutput"]);
 export const PRIMITIVE_OUTPUT = "connect to widget input";
 
 export const FRONTEND_INFO = {
@@ -29,6 +27,10 @@ export function addFrontendNodes(info) {
   for (const [type, entry] of Object.entries(FRONTEND_INFO)) if (!info[type]) info[type] = structuredClone(entry);
   return info;
 }
+
+// The types the editor models itself: those above, and SubgraphInput / SubgraphOutput, the boundary
+// nodes inside a subgraph (see subgraph.js).
+export const FRONTEND_TYPES = new Set([...Object.keys(FRONTEND_INFO), "SubgraphInput", "SubgraphOutput"]);
 
 export function isFrontendType(type) { return FRONTEND_TYPES.has(type); }
 

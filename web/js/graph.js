@@ -4,6 +4,7 @@
 import { parseSchema, defaultValue, typesCompatible } from "./schema.js";
 import { FRONTEND_INFO, isFrontendType, primitiveAccepts, primitiveSpec, primitiveTargets } from "./frontend.js";
 import { boundarySchema, flattenInstance, growBoundary, instanceOutput, instanceSchema } from "./subgraph.js";
+import { NEW_CONTROL } from "./uirules.js";
 
 export const MODE_NORMAL = 0, MODE_MUTED = 2, MODE_BYPASS = 4;
 export const SAVED_FORMAT = "loom.workflow", SAVED_VERSION = 2;
@@ -76,7 +77,7 @@ export class Graph {
     for (const input of schema ? schema.inputs : []) {
       if (!input.widget) continue;
       node.values[input.name] = defaultValue(input);
-      if (input.opts.control_after_generate) node.control[input.name] = "randomize";
+      if (input.opts.control_after_generate) node.control[input.name] = NEW_CONTROL;
     }
     if (values) Object.assign(node.values, values);
     this.nodes.set(nodeId, node);

@@ -1,7 +1,9 @@
 // Node schemas read from the server's /object_info (ComfyUI's shape), and socket-type helpers.
 // One parsed schema per class: which inputs are ports, which are widgets, and the outputs.
 
-export const WIDGET_TYPES = new Set(["INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"]);
+import { WIDGET_TYPES } from "./uirules.js";
+
+export { WIDGET_TYPES };
 const customWidgets = new Set(); // registered by extensions (see extensions.js)
 
 export function registerWidgetType(type) { customWidgets.add(type); }

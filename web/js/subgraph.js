@@ -1,11 +1,13 @@
 // Subgraphs, as ComfyUI's current frontend has them: a definition (a graph of its own with an
-// input node, id -10, and an output node, id -20) and any number of instance nodes whose type is
-// the definition's id. The editor keeps each definition as {id, name, inputs, outputs, saved}
-// (`saved`: the inner graph in Loom's saved format, boundary nodes included); the API prompt
-// flattens instances the way the server does (inner node "5" of instance "12" becomes "12:5"),
-// and ComfyUI's UI format carries them in `definitions.subgraphs`.
+// input node and an output node, whose ids the shared UI-format rules give) and any number of
+// instance nodes whose type is the definition's id. The editor keeps each definition as
+// {id, name, inputs, outputs, saved} (`saved`: the inner graph in Loom's saved format, boundary
+// nodes included); the API prompt flattens instances the way the server does (inner node "5" of
+// instance "12" becomes "12:5"), and ComfyUI's UI format carries them in `definitions.subgraphs`.
 
-export const INPUT_ID = "-10", OUTPUT_ID = "-20";
+import { SUBGRAPH_INPUT_NODE, SUBGRAPH_OUTPUT_NODE } from "./uirules.js";
+
+export const INPUT_ID = String(SUBGRAPH_INPUT_NODE), OUTPUT_ID = String(SUBGRAPH_OUTPUT_NODE);
 
 // The inputs of a definition with their widget shape, taken from the first inner input each feeds.
 export function boundaryInputs(def, inner) {

@@ -6,16 +6,11 @@
 
 import { parseSchema } from "./schema.js";
 import { SAVED_FORMAT, SAVED_VERSION } from "./graph.js";
-import { FRONTEND_INFO, PRIMITIVE_OUTPUT, primitiveTargets } from "./frontend.js";
+import { FRONTEND_INFO, PRIMITIVE_OUTPUT, isFrontendType, primitiveTargets } from "./frontend.js";
+import { NEW_CONTROL, NOTE_TYPES, SUBGRAPH_INPUT_NODE, SUBGRAPH_OUTPUT_NODE, readWidgets, uploadValue, widgetsOf } from "./uirules.js";
 
-const NOTES = new Set(["Note", "MarkdownNote"]);
-const KEPT = new Set(["Reroute", "PrimitiveNode", "SubgraphInput", "SubgraphOutput"]);
-const CONTROL_VALUES = new Set(["fixed", "increment", "decrement", "randomize"]);
-// What files store after a widget with "control after generate" (engine/formats/widgets.py has the
-// same rules): a control string, a boolean (2023 files) or null; a COMBO also stores a filter text.
-const looksLikeControl = (v) => v === null || typeof v === "boolean" || CONTROL_VALUES.has(v) || v === "increment-wrap";
-const controlSlots = (input) => (input.opts.control_after_generate || (input.type === "INT" && /^(noise_)?seed$/.test(input.name)))
-  ? (input.choices ? 2 : 1) : 0;
+// A PrimitiveNode stores its value and, after it, its control (the widgets of what it feeds).
+const PRIMITIVE_WIDGETS = [{ name: "value", controlSlots: 1, serialize: true }];
 
 function toPair(value) {
   if (Array.isArray(value)) return [Number(value[0]) || 0, Number(value[1]) || 0];
@@ -23,35 +18,23 @@ function toPair(value) {
   return [0, 0];
 }
 
-function schemaOf(type, info) { return parseSchema(type, info) ?? (KEPT.has(type) ? parseSchema(type, FRONTEND_INFO) : null); }
+function schemaOf(type, info) { return parseSchema(type, info) ?? (isFrontendType(type) ? parseSchema(type, FRONTEND_INFO) : null); }
 
-// Widget values in the frontend's order → {name: value} and seed controls {name: how}.
-function readWidgets(schema, wv) {
-  const values = {}, control = {};
-  if (!schema || !Array.isArray(wv)) return { values: wv && typeof wv === "object" && !Array.isArray(wv) ? { ...wv } : values, control };
-  const widgets = schema.inputs.filter((x) => x.widget);
-  let i = 0;
-  widgets.forEach((input, position) => {
-    if (i >= wv.length) return;
-    values[input.name] = wv[i++];
-    const needed = widgets.length - position - 1; // values the later widgets still need
-    const slots = controlSlots(input);
-    if (slots && i < wv.length && wv.length - i > needed && looksLikeControl(wv[i])) {
-      if (CONTROL_VALUES.has(wv[i])) control[input.name] = wv[i];
-      i++;
-      if (slots === 2 && i < wv.length && wv.length - i > needed && typeof wv[i] === "string") i++;
-    } else if (input.widget === "IMAGEUPLOAD" && (wv[i] === "image" || wv[i] === "upload")) i++;
-  });
-  return { values, control };
+// Widget values in the frontend's order → {name: value} and seed controls {name: how} (a type
+// this server lacks keeps an object's values as they are; its list stays in the placeholder).
+function widgetValues(schema, wv) {
+  if (schema) return readWidgets(widgetsOf(schema), wv);
+  return { values: wv && typeof wv === "object" && !Array.isArray(wv) ? { ...wv } : {}, control: {} };
 }
 
 // A subgraph definition of the UI format as a graph of its own, with its boundary nodes.
 function definitionAsGraph(d) {
   const links = d.links || [];
-  const into = (k) => links.find((l) => l && (Array.isArray(l) ? l[3] === -20 && l[4] === k : l.target_id === -20 && l.target_slot === k));
+  const into = (k) => links.find((l) => l && (Array.isArray(l) ? l[3] === SUBGRAPH_OUTPUT_NODE && l[4] === k
+    : l.target_id === SUBGRAPH_OUTPUT_NODE && l.target_slot === k));
   const at = (node, dx) => (Array.isArray(node?.bounding) ? [node.bounding[0], node.bounding[1]] : [dx, 0]);
-  const inputNode = { id: -10, type: "SubgraphInput", pos: at(d.inputNode, -300), inputs: [], outputs: (d.inputs || []).map((i) => ({ name: i.name, type: i.type })) };
-  const outputNode = { id: -20, type: "SubgraphOutput", pos: at(d.outputNode, 900), outputs: [],
+  const inputNode = { id: SUBGRAPH_INPUT_NODE, type: "SubgraphInput", pos: at(d.inputNode, -300), inputs: [], outputs: (d.inputs || []).map((i) => ({ name: i.name, type: i.type })) };
+  const outputNode = { id: SUBGRAPH_OUTPUT_NODE, type: "SubgraphOutput", pos: at(d.outputNode, 900), outputs: [],
     inputs: (d.outputs || []).map((o, k) => { const l = into(k); return { name: o.name, type: o.type, link: l ? (Array.isArray(l) ? l[0] : l.id) : null }; }) };
   return { nodes: [...(d.nodes || []), inputNode, outputNode], links, groups: d.groups || [], extra: d.extra || {} };
 }
@@ -83,12 +66,12 @@ export function convertUi(ui, info, defs = null) {
     }
     if (origin.type === "PrimitiveNode") return { value: (origin.widgets_values || [])[0] };
     if (origin.type === "SubgraphInput") return null; // inside a subgraph: the editor link (via) carries it
-    if (NOTES.has(origin.type)) return null;
+    if (NOTE_TYPES.has(origin.type)) return null;
     return { link: [String(origin.id), link.slot] };
   };
   const prompt = {}, layout = { nodes: {}, groups: [] }, frontend = {};
   for (const n of ui.nodes) {
-    if (NOTES.has(n.type)) continue;
+    if (NOTE_TYPES.has(n.type)) continue;
     const id = String(n.id);
     const entry = { pos: toPair(n.pos), size: toPair(n.size) };
     if (n.title) entry.title = n.title;
@@ -102,16 +85,16 @@ export function convertUi(ui, info, defs = null) {
     const routes = {}, editorLinks = {}, via = {}, shadowed = {};
     const schema = schemaOf(n.type, info);
     const { values: inputs, control } = n.type === "PrimitiveNode"
-      ? readWidgets({ inputs: [{ name: "value", widget: "X", opts: { control_after_generate: true } }] }, n.widgets_values || [])
-      : defs.has(String(n.type)) ? { values: promotedValues(n), control: {} } : readWidgets(schema, n.widgets_values);
+      ? readWidgets(PRIMITIVE_WIDGETS, n.widgets_values || [])
+      : defs.has(String(n.type)) ? { values: promotedValues(n), control: {} } : widgetValues(schema, n.widgets_values);
     for (const input of n.inputs || []) {
       if (input.link === null || input.link === undefined || !links.has(input.link)) continue;
       const name = n.type === "Reroute" ? "input" : input.widget?.name || input.name;
       const link = links.get(input.link);
       if (parents.has(input.link)) routes[name] = parents.get(input.link);
       const origin = nodes.get(link.origin);
-      if (KEPT.has(n.type)) { editorLinks[name] = [link.origin, link.slot]; continue; }
-      if (origin && KEPT.has(origin.type)) via[name] = [link.origin, link.slot];
+      if (isFrontendType(n.type)) { editorLinks[name] = [link.origin, link.slot]; continue; }
+      if (origin && isFrontendType(origin.type)) via[name] = [link.origin, link.slot];
       if (name in inputs) shadowed[name] = inputs[name];
       const source = resolve(input.link);
       if (!source) { delete inputs[name]; continue; }
@@ -119,14 +102,14 @@ export function convertUi(ui, info, defs = null) {
     }
     if (Object.keys(control).length) entry.control = control;
     if (Object.keys(routes).length) entry.routes = routes;
-    if (!schema && !KEPT.has(n.type) && !defs.has(String(n.type))) { // a type this server lacks: keep what the file says
+    if (!schema && !isFrontendType(n.type) && !defs.has(String(n.type))) { // a type this server lacks: keep what the file says
       entry.placeholder = {
         inputs: (n.inputs || []).map((i) => ({ name: i.widget?.name || i.name, type: i.type, widget: !!i.widget })),
         outputs: (n.outputs || []).map((o) => ({ name: o.name, type: o.type })),
         widgets_values: structuredClone(n.widgets_values ?? []),
       };
     }
-    if (KEPT.has(n.type)) {
+    if (isFrontendType(n.type)) {
       frontend[id] = { type: n.type, ...entry, values: n.type === "PrimitiveNode" ? inputs : {}, links: editorLinks };
       continue;
     }
@@ -201,12 +184,13 @@ function nodeShape(graph, node) {
     if (input.widget) {
       entry.widget = { name: input.name };
       widgetsValues.push(node.values[input.name] ?? null);
-      if (input.opts.control_after_generate) widgetsValues.push(node.control[input.name] || "randomize");
-      else if (input.widget === "IMAGEUPLOAD") widgetsValues.push("image");
+      if (input.opts.control_after_generate) widgetsValues.push(node.control[input.name] || NEW_CONTROL);
     }
     slotOf[input.name] = inputs.length;
     inputs.push(entry);
   }
+  const upload = schema ? uploadValue(widgetsOf(schema)) : undefined; // after the widgets, as files store it
+  if (upload !== undefined) widgetsValues.push(upload);
   for (const output of schema ? schema.outputs : []) outputs.push({ name: output.name, type: output.type, links: [], slot_index: output.slot });
   // inputs linked without a schema entry (unknown node types keep their links)
   for (const name of Object.keys(node.links)) if (!(name in slotOf)) { slotOf[name] = inputs.length; inputs.push({ name, type: "*", link: null }); }
@@ -269,7 +253,8 @@ export function toUi(graph) {
   return out;
 }
 
-// One definition in ComfyUI's `definitions.subgraphs` shape (links as objects, boundary ids -10 / -20).
+// One definition in ComfyUI's `definitions.subgraphs` shape (links as objects, the boundary nodes' ids
+// from the shared rules).
 function definitionToUi(graph, def) {
   const inner = toUi(graph.innerGraph(def));
   const boundary = (type) => inner.nodes.find((n) => n.type === type);
@@ -278,9 +263,10 @@ function definitionToUi(graph, def) {
   return {
     id: def.id, version: 1, state: { lastGroupId: 0, lastNodeId: inner.last_node_id, lastLinkId: inner.last_link_id, lastRerouteId: 0 },
     revision: 0, config: {}, name: def.name,
-    inputNode: { id: -10, bounding: box(boundary("SubgraphInput"), -300) }, outputNode: { id: -20, bounding: box(boundary("SubgraphOutput"), 900) },
-    inputs: def.inputs.map((i, k) => ({ id: `${def.id}-in-${k}`, name: i.name, type: i.type, linkIds: links.filter((l) => l.origin_id === -10 && l.origin_slot === k).map((l) => l.id) })),
-    outputs: def.outputs.map((o, k) => ({ id: `${def.id}-out-${k}`, name: o.name, type: o.type, linkIds: links.filter((l) => l.target_id === -20 && l.target_slot === k).map((l) => l.id) })),
+    inputNode: { id: SUBGRAPH_INPUT_NODE, bounding: box(boundary("SubgraphInput"), -300) },
+    outputNode: { id: SUBGRAPH_OUTPUT_NODE, bounding: box(boundary("SubgraphOutput"), 900) },
+    inputs: def.inputs.map((i, k) => ({ id: `${def.id}-in-${k}`, name: i.name, type: i.type, linkIds: links.filter((l) => l.origin_id === SUBGRAPH_INPUT_NODE && l.origin_slot === k).map((l) => l.id) })),
+    outputs: def.outputs.map((o, k) => ({ id: `${def.id}-out-${k}`, name: o.name, type: o.type, linkIds: links.filter((l) => l.target_id === SUBGRAPH_OUTPUT_NODE && l.target_slot === k).map((l) => l.id) })),
     widgets: [], nodes: inner.nodes.filter((n) => n.type !== "SubgraphInput" && n.type !== "SubgraphOutput"), links, groups: inner.groups, extra: inner.extra,
   };
 }

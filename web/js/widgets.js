@@ -2,6 +2,8 @@
 // the seed's "control after generate", image upload with a thumbnail, and extension widgets.
 // Every control carries data-widget="<input name>".
 
+import { CONTROL_CHOICES, NEW_CONTROL } from "./uirules.js";
+
 const factories = new Map(); // widget type -> (env) => HTMLElement, from extensions
 
 export function registerWidget(type, factory) { factories.set(type, factory); }
@@ -85,8 +87,8 @@ function numberWidget(env) {
   const wrap = el("span", { class: "w-numwrap" }, box, scrub);
   if (input.opts.control_after_generate) {
     const control = el("select", { "data-widget-control": input.name, class: "w-control", title: "control after generate" });
-    for (const how of ["fixed", "increment", "decrement", "randomize"]) control.append(el("option", { value: how }, how));
-    control.value = env.control || "randomize";
+    for (const how of CONTROL_CHOICES) control.append(el("option", { value: how }, how));
+    control.value = env.control || NEW_CONTROL;
     control.addEventListener("change", () => env.setControl(control.value));
     wrap.append(control);
   }
