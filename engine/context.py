@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from engine.image_guard import ImageGuard
+from engine.events import Preview
+from engine.image_guard import ImageGuard
 
 
 class Interrupted(Exception):
@@ -181,14 +181,6 @@ class Folders:
     def ensure(self) -> None:
         for d in (self.input_dir, self.output_dir, self.temp_dir):
             d.mkdir(parents=True, exist_ok=True)
-
-
-@dataclass(frozen=True)
-class Preview:
-    """A preview image for the client: encoded bytes and their format ("JPEG" or "PNG")."""
-
-    format: str
-    data: bytes
 
 
 @dataclass

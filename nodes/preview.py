@@ -33,7 +33,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.context import Interrupted, NodeContext, Preview
+from engine.context import Interrupted, NodeContext
+from engine.events import Preview
 from nodes.families.latent_format import LatentFormat
 from nodes.handles import WeightsHandle, WeightsSource
 from nodes.weights import pickle_refusal

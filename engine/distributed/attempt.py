@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 from engine import events as ev
 from engine.distributed.worker import JobTask
 from engine.executor import RunResult
-from engine.jobs import JobEvent, JobProgress, JobSpec
+from engine.jobs.records import JobEvent, JobProgress
+from engine.jobs.spec import JobSpec
 
 _STATUS_MESSAGES = frozenset(
     {"execution_start", "execution_cached", "execution_success", "execution_error", "execution_interrupted"}

@@ -37,16 +37,9 @@ from engine.distributed.router import Router, Ticket
 from engine.distributed.worker import JobOutcome, JobTask, WorkerEvent, WorkerLost
 from engine.events import Listeners
 from engine.executor import RunResult, Status
-from engine.jobs import (
-    JobFinished,
-    JobRecord,
-    JobSpec,
-    JobStore,
-    JobView,
-    Notice,
-    NoticeListener,
-    QueueChanged,
-)
+from engine.jobs.records import JobFinished, JobRecord, JobView, Notice, NoticeListener, QueueChanged
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 
 log = logging.getLogger("loom.distributed.queue")
 

@@ -22,7 +22,8 @@ from aiohttp import web
 
 from engine.context import Folders, ModelManagerLike
 from engine.executor import Executor
-from engine.jobs import JobQueue, JobStore, make_local_queue
+from engine.jobs.queue import JobQueue, make_local_queue
+from engine.jobs.store import JobStore
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, ServerConfig, add_routes
 from engine.server.openapi import OpenApiRoutes

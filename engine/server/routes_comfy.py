@@ -17,7 +17,10 @@ from aiohttp import web
 
 from engine.executor import RunRequest
 from engine.formats import MAX_NODES, WorkflowTooLarge
-from engine.jobs import JobQueue, JobRecord, JobSpec, StorageError
+from engine.jobs.queue import JobQueue
+from engine.jobs.records import JobRecord
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import StorageError
 from engine.server.common import (
     ApiError,
     Handler,

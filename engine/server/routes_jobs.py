@@ -25,11 +25,12 @@ import aiohttp
 from aiohttp import web
 
 from engine import events as ev
-from engine.compat_check import check_workflow
 from engine.context import KeptImages
 from engine.formats import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
-from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
-from engine.jobtypes import RETURN_MODES
+from engine.jobs.queue import JobQueue
+from engine.jobs.records import FINAL, JobEvent, JobFinished, JobView, Notice
+from engine.jobs.spec import RETURN_MODES
+from engine.plugins.compat_check import check_workflow
 from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
 from engine.server.presence import OutputPresence
 from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.jobs import JobEvent, Notice
+from engine.jobs.records import JobEvent, Notice
 from engine.node import contained
 from engine.server.common import Handler, json_error, json_response
 from engine.server.ws import WsHub

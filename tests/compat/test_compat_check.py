@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import main
-from engine.compat_check import check_file, check_workflow, core_node_names
+from engine.plugins.compat_check import check_file, check_workflow, core_node_names
 
 HERE = Path(__file__).parent
 WORKFLOWS = HERE / "workflows"

@@ -27,7 +27,10 @@ from engine.distributed.worker import (
     WorkerEvent,
     WorkerLost,
 )
-from engine.jobs import JobFinished, JobQueue, JobSpec, JobStore, Notice
+from engine.jobs.queue import JobQueue
+from engine.jobs.records import JobFinished, Notice
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from tests.distributed.stub_runtime import make_registry, workflow
 
 

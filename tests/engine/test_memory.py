@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from engine.device_policy import DevicePolicy, ModelHandleLike, handles_in
-from engine.memory import ModelManager
+from engine.memory.device_policy import DevicePolicy, ModelHandleLike, handles_in
+from engine.memory.manager import ModelManager
 
 
 @dataclass

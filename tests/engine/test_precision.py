@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from engine import precision
-from engine.device_policy import DevicePolicy
+from engine.memory import precision
+from engine.memory.device_policy import DevicePolicy
 
 CUDA = DevicePolicy(device="cuda", default_dtype="float16", dtypes=(("vae", "bfloat16"),))
 
@@ -73,7 +73,7 @@ def test_describe_names_device_and_dtypes() -> None:
 
 def test_the_manager_reports_its_precision() -> None:
     """What /system_stats (loom.memory_manager) and each run's memory figures show."""
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     manager = ModelManager(precision.apply(DevicePolicy.cpu(), parse("--bf16-unet")), prefetch=False)
     stats = manager.stats()

@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from engine import precision
-from engine.device_policy import DevicePolicy
-from engine.precision_probe import MAX_MEAN_ABS_DIFF, Measurement, Probe, choose, choose_for_device, measure
+from engine.memory import precision
+from engine.memory.device_policy import DevicePolicy
+from engine.memory.precision_probe import (
+    MAX_MEAN_ABS_DIFF,
+    Measurement,
+    Probe,
+    choose,
+    choose_for_device,
+    measure,
+)
 
 FP32 = Measurement("float32", 150.0, 120.0, 0.0)
 AMX_BF16 = Measurement("bfloat16", 650.0, 300.0, 0.0007)  # a Xeon with AMX: bf16 far faster

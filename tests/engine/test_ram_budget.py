@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.memory import ModelManager
-from engine.ram_budget import GIB, RamBudget, default_reserve_bytes, on_local_disk
+from engine.memory.manager import ModelManager
+from engine.memory.ram_budget import GIB, RamBudget, default_reserve_bytes, on_local_disk
 from tests.engine.test_memory import FakeHandle
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.ram_budget import M_MMAP_THRESHOLD, return_large_frees_to_os
+from engine.memory.ram_budget import M_MMAP_THRESHOLD, return_large_frees_to_os
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,18 +8,16 @@ from typing import Any
 
 import pytest
 
-from engine.streaming import (
+from engine.memory.device_budget import (
     DEFAULT_RESERVE_BYTES,
     GIB,
     GPU_WORKING_BYTES,
-    BlockStreamer,
     BudgetError,
-    DeviceAccount,
     DeviceBudget,
     RunShape,
     budget_from_flags,
-    plan_split,
 )
+from engine.memory.streaming import BlockStreamer, DeviceAccount, plan_split
 
 
 def budget(total: int, **kw: Any) -> DeviceBudget:
@@ -274,7 +272,7 @@ class Handle:
 
 
 def test_the_manager_places_models_within_its_budget_and_reports_it() -> None:
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     manager, handle = ModelManager(ram_budget_bytes=1000, prefetch=False), Handle()
     with manager.use(handle):
@@ -292,7 +290,7 @@ def test_the_manager_places_models_within_its_budget_and_reports_it() -> None:
 
 
 def test_the_split_is_chosen_for_the_run_announced_and_again_only_when_a_run_needs_another() -> None:
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     manager, handle = ModelManager(ram_budget_bytes=1000, prefetch=False), Handle()
     manager.device_budget = budget(600)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.memory import ModelManager
-from engine.streaming import DeviceBudget, RunShape
+from engine.memory.device_budget import DeviceBudget, RunShape
+from engine.memory.manager import ModelManager
 from nodes.conditioning import CLIPTextEncode
 from nodes.demo_flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL
 from nodes.families.flux_nodes import EmptySD3LatentImage

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.memory import ModelManager
-from engine.streaming import DeviceBudget, RunShape
+from engine.memory.device_budget import DeviceBudget, RunShape
+from engine.memory.manager import ModelManager
 from nodes.demo_flux import DEMO_FLUX_DEV
 from nodes.families import FAMILIES
 from nodes.handles import open_checkpoint, open_diffusion_model

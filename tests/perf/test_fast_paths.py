@@ -120,7 +120,7 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
 
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from nodes.families import SD15
     from nodes.preview import PreviewPacer, PreviewRenderer
 
@@ -164,8 +164,8 @@ def test_half_precision_unet_is_opt_in_and_close_to_fp32(perf_models: Path, tmp_
     UNet computes in bf16, the image stays close to fp32's but not equal (it trades quality)."""
     import argparse
 
-    from engine import precision
-    from engine.device_policy import DevicePolicy
+    from engine.memory import precision
+    from engine.memory.device_policy import DevicePolicy
 
     plain = BenchRuntime(perf_models, tmp_path / "fp32")
     flags = argparse.Namespace(bf16_unet=True)

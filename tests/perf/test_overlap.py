@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.jobs import JobSpec, LocalJobQueue
-from engine.jobstore import JobStore
-from engine.overlap import PlanAwarePrefetch
+from engine.jobs.overlap import PlanAwarePrefetch
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from nodes.bench.runtime import BenchRuntime, txt2img
 from tests.perf.conftest import CKPT, CKPT_B
 

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import engine.jobs as jobs_module
-from engine.coalesce import CoalesceConfig, Coalescer, NextJobPrefetch
-from engine.jobs import JobSpec, LocalJobQueue
-from engine.jobstore import JobStore
+import engine.jobs.queue as jobs_module
+from engine.jobs.coalesce import CoalesceConfig, Coalescer, NextJobPrefetch
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from nodes.bench.runtime import BenchRuntime, txt2img
 from tests.perf.conftest import CKPT, CKPT_B
 
@@ -134,7 +135,7 @@ def _known_models(rt: BenchRuntime) -> set[str]:
 
 
 def test_next_job_models_are_prefetched_and_images_unchanged(perf_models: Path, tmp_path: Path) -> None:
-    from engine.jobs import JobFinished
+    from engine.jobs.records import JobFinished
 
     images = {}
     for mode in ("plain", "prefetch"):
@@ -229,7 +230,7 @@ def test_every_coalesced_job_reports_its_own_sampler_progress(perf_models: Path,
     waiting on the second job watches its bar move while the batch samples), and a queued job's
     view carries that progress; preview frames stay with the first job (the batch's first item)."""
     from engine import events as ev
-    from engine.jobs import JobEvent
+    from engine.jobs.records import JobEvent
 
     rt = BenchRuntime(perf_models, tmp_path / "q")
     queue = LocalJobQueue(

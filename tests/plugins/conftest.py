@@ -10,7 +10,7 @@ import pytest
 
 from engine.context import Folders, NodeContext
 from engine.node import Node
-from engine.plugins import PluginConfig, PluginReport, load_plugins
+from engine.plugins.loader import PluginConfig, PluginReport, load_plugins
 from engine.registry import NodeRegistry
 from engine.schema import STRING, Input, NodeSchema, Output
 from nodes.compat.shim import ComfyShim

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from engine.plugins import PackSource, pack_code_version
+from engine.plugins.loader import PackSource, pack_code_version
 from tests.plugins.conftest import PACKS, make_env
 
 

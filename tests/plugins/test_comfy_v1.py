@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from engine.node import NodeDef
-from engine.plugins import PluginReport
-from engine.plugins_compat import ALWAYS_CHANGED_PREFIX, ComfyV1NodeDef
+from engine.plugins.comfy_v1 import ALWAYS_CHANGED_PREFIX, ComfyV1NodeDef
+from engine.plugins.loader import PluginReport
 from tests.plugins.conftest import Env
 
 
@@ -182,7 +182,7 @@ def test_a_raising_node_names_its_pack(loaded: tuple[Env, PluginReport]) -> None
 
 
 def test_expansion_results_are_refused_clearly(env: Env) -> None:
-    from engine.plugins_compat import normalize_result
+    from engine.plugins.comfy_v1 import normalize_result
 
     with pytest.raises(NotImplementedError, match="node expansion"):
         normalize_result({"result": (1,), "expand": {}}, 1, "X")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.plugins import PluginReport
-from engine.plugins_compat import ALWAYS_CHANGED_PREFIX
-from engine.plugins_v3 import ComfyV3NodeDef
+from engine.plugins.comfy_v1 import ALWAYS_CHANGED_PREFIX
+from engine.plugins.comfy_v3 import ComfyV3NodeDef
+from engine.plugins.loader import PluginReport
 from tests.plugins.conftest import Env
 
 

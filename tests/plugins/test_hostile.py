@@ -14,7 +14,7 @@ import pytest
 from engine.cache import OutputCache
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
-from engine.plugins import PluginReport
+from engine.plugins.loader import PluginReport
 from tests.plugins.conftest import Env
 
 HOSTILE = Path(__file__).parent / "hostile"

@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine.plugins import PluginConfig, PluginReport
+from engine.plugins.loader import PluginConfig, PluginReport
 from tests.plugins.conftest import PACKS, Env
 
 GOOD_PACKS = {

@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from engine.job_worker import WORKER_DIED_MESSAGE
-from engine.jobs import LocalJobQueue
-from engine.jobstore import JobStore, StorageError
-from engine.jobtypes import JobSpec
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore, StorageError
+from engine.jobs.worker_thread import WORKER_DIED_MESSAGE
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS

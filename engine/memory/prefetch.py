@@ -16,10 +16,9 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from engine.device_policy import DevicePolicy, ModelHandleLike, module_bytes
-from engine.memory_entries import Entry as _Entry
-from engine.memory_entries import RunStats as _RunStats
-from engine.ram_budget import stored_dtype
+from engine.memory.device_policy import DevicePolicy, ModelHandleLike, module_bytes
+from engine.memory.entries import Entry, RunStats
+from engine.memory.ram_budget import stored_dtype
 
 log = logging.getLogger("loom.memory")
 
@@ -35,13 +34,13 @@ class Prefetcher:
     _progress: tuple[int, int] | None
     _lock: threading.RLock
     _changed: threading.Condition
-    _resident: dict[str, _Entry]
-    _ram: OrderedDict[str, _Entry]
+    _resident: dict[str, Entry]
+    _ram: OrderedDict[str, Entry]
     _pending: dict[str, Future[None]]
     _loading: set[str]
     _upcoming: list[ModelHandleLike]
     _pool: ThreadPoolExecutor | None
-    _stats: _RunStats
+    _stats: RunStats
 
     if TYPE_CHECKING:  # defined by ModelManager
 
@@ -125,7 +124,7 @@ class Prefetcher:
             self._pending.pop(key, None)
             if module is not None:
                 nbytes = module_bytes(module, nbytes)
-                self._ram[key] = _Entry(handle, module, nbytes, prefetched=True, stored=stored)
+                self._ram[key] = Entry(handle, module, nbytes, prefetched=True, stored=stored)
                 self._stats.bytes_moved += nbytes
                 self._stats.seconds += seconds
                 self._fit_ram_budget(protect=key)

@@ -35,13 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.node import NativeNodeDef, Node, NodeDef, describe_exit
-from engine.plugins_compat import (
-    ComfyV1NodeDef,
-    PluginEnvironment,
-    is_v3_class,
-    run_maybe_async,
-)
-from engine.plugins_v3 import ComfyV3NodeDef
+from engine.plugins.comfy_v1 import ComfyV1NodeDef, PluginEnvironment, is_v3_class, run_maybe_async
+from engine.plugins.comfy_v3 import ComfyV3NodeDef
 from engine.registry import NodeRegistry, RegistryError
 
 log = logging.getLogger(__name__)

@@ -31,10 +31,10 @@ from typing import Any
 
 from engine import events as ev
 from engine.cache import is_nonce
-from engine.coalesce import KeyedPlan, NextJobPrefetch, _AppendHints, plan_job
 from engine.executor import Executor, RunRequest
 from engine.graph import as_link
-from engine.jobtypes import JobSpec
+from engine.jobs.coalesce import KeyedPlan, NextJobPrefetch, _AppendHints, plan_job
+from engine.jobs.spec import JobSpec
 from engine.schema import CLIP, CONDITIONING, IMAGE, LATENT, MASK
 
 log = logging.getLogger("loom.overlap")

@@ -21,13 +21,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import events as ev
-from engine.coalesce import Coalescer, NextJobPrefetch
 from engine.events import Listeners
 from engine.executor import Executor, RunResult
-from engine.job_worker import JobWorker
-from engine.jobstore import JobStore, StorageError
-from engine.jobtypes import (
-    FINAL,
+from engine.jobs.coalesce import Coalescer, NextJobPrefetch
+from engine.jobs.overlap import PlanAwarePrefetch
+from engine.jobs.records import (
     RESTART_MESSAGE,
     STATUS_MESSAGES,
     InterruptState,
@@ -35,8 +33,6 @@ from engine.jobtypes import (
     JobFinished,
     JobProgress,
     JobRecord,
-    JobSpec,
-    JobStatus,
     JobView,
     KeptImageStore,
     Notice,
@@ -44,30 +40,12 @@ from engine.jobtypes import (
     QueueChanged,
     WorkerHealth,
 )
-from engine.overlap import PlanAwarePrefetch
-
-__all__ = [
-    "FINAL",
-    "RESTART_MESSAGE",
-    "JobEvent",
-    "JobFinished",
-    "JobProgress",
-    "JobQueue",
-    "JobRecord",
-    "JobSpec",
-    "JobStatus",
-    "JobStore",
-    "JobView",
-    "LocalJobQueue",
-    "Notice",
-    "NoticeListener",
-    "QueueChanged",
-    "StorageError",
-    "WorkerHealth",
-]
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore, StorageError
+from engine.jobs.worker_thread import JobWorker
 
 if TYPE_CHECKING:
-    from engine.coalesce import Coalescer, NextJobPrefetch
+    from engine.jobs.coalesce import Coalescer, NextJobPrefetch
 
 log = logging.getLogger("loom.jobs")
 

@@ -13,7 +13,7 @@ This module holds the three generic pieces; ``nodes/streaming.py`` glues them to
 - :class:`DeviceBudget`: how much device memory model weights may use (from the device's size,
   ``--reserve-vram``, ``--vram-budget`` and ComfyUI's ``--lowvram`` / ``--novram`` /
   ``--highvram``), :func:`budget_from_flags` that reads those flags, and :class:`RunShape`, what a
-  sampling run asks of the device (all in ``engine/device_budget.py``, re-exported here);
+  sampling run asks of the device (all in ``engine/memory/device_budget.py``);
 - :func:`plan_split` -> :class:`StreamPlan`: which blocks stay and which stream;
 - :class:`DeviceAccount` (bytes on the device, with a hard limit: the simulated device on CPU is
   exactly this) and :class:`BlockStreamer` (fetch / prefetch / drop order, counted).
@@ -54,41 +54,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from engine.device_budget import (
-    DEFAULT_RESERVE_BYTES,
-    GIB,
-    GPU_WORKING_BYTES,
+from engine.memory.device_budget import (
     MIB,
-    VRAM_MODES,
     BudgetError,
     DeviceBudget,
-    RunShape,
-    add_budget_args,
-    budget_for,
-    budget_from_flags,
-    device_total_bytes,
 )
-
-__all__ = [
-    "DEFAULT_RESERVE_BYTES",
-    "GIB",
-    "GPU_WORKING_BYTES",
-    "MIB",
-    "VRAM_MODES",
-    "BlockMover",
-    "BlockStreamer",
-    "BudgetError",
-    "DeviceAccount",
-    "DeviceBudget",
-    "RunShape",
-    "StreamPlan",
-    "StreamStats",
-    "add_budget_args",
-    "budget_for",
-    "budget_from_flags",
-    "device_total_bytes",
-    "plan_split",
-]
 
 log = logging.getLogger("loom.streaming")
 

@@ -31,10 +31,10 @@ from typing import Any
 
 from engine import events as ev
 from engine.cache import canonical, is_nonce, make_key
-from engine.device_policy import handles_in
 from engine.executor import Executor, RunRequest
 from engine.graph import as_link
-from engine.jobtypes import JobSpec
+from engine.jobs.spec import JobSpec
+from engine.memory.device_policy import handles_in
 from engine.node import Node
 from engine.plan import Plan, cache_keys
 from engine.registry import NodeRegistry

@@ -5,7 +5,7 @@ than stopping at the first.
 
 Used by ``python main.py check WF``, ``POST /api/v1/workflows/check`` and the editor's load path.
 Only ``object_info`` is consulted (what Loom has); the list of ComfyUI's core node names is data
-(``engine/data/comfyui_core_nodes.json``, its source named inside).
+(``engine/plugins/comfyui_core_nodes.json``, its source named inside).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from engine.formats import (
 )
 from engine.formats.load import FORMAT_PNG_PROMPT, FORMAT_PNG_WORKFLOW, FORMAT_SAVED, FORMAT_UI
 
-CORE_NODES_FILE = Path(__file__).parent / "data" / "comfyui_core_nodes.json"
+CORE_NODES_FILE = Path(__file__).parent / "comfyui_core_nodes.json"
 CORE_PACK_IDS = frozenset({"comfy-core"})
 GROUP_NODE_PREFIXES = ("workflow>", "workflow/")
 

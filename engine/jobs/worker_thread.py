@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from engine import events as ev
 from engine.events import Listeners
 from engine.executor import Executor
-from engine.jobstore import JobStore, StorageError
-from engine.jobtypes import JobFinished, JobProgress, JobRecord, JobSpec, Notice, QueueChanged, WorkerHealth
+from engine.jobs.records import JobFinished, JobProgress, JobRecord, Notice, QueueChanged, WorkerHealth
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore, StorageError
 
 WORKER_DIED_MESSAGE = "the job worker stopped unexpectedly while running this job; it was restarted"
 STORAGE_RETRY_S = 1.0

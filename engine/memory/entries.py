@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.device_policy import ModelHandleLike
+from engine.memory.device_policy import ModelHandleLike
 
 
 @dataclass

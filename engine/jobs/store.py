@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.jobtypes import RESTART_MESSAGE, JobRecord, JobSpec
+from engine.jobs.records import RESTART_MESSAGE, JobRecord
+from engine.jobs.spec import JobSpec
 
 T = TypeVar("T")
 

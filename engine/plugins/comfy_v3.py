@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.node import ExecutionBlocker, NodeDef, NodeOutput, contained
-from engine.plugins_compat import (
+from engine.plugins.comfy_v1 import (
     HIDDEN_KWARGS,
     PluginEnvironment,
     PortMapping,

@@ -26,8 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine.device_policy import PRECISION_KINDS, DevicePolicy
-from engine.precision_probe import Probe, choose_for_device
+from engine.memory.device_policy import PRECISION_KINDS, DevicePolicy
+from engine.memory.precision_probe import Probe, choose_for_device
 
 log = logging.getLogger("loom.precision")
 

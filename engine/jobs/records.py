@@ -1,18 +1,19 @@
-"""The job queue's data: a submitted job, a finished job's record, and the notices a queue sends."""
+"""What the job queue records: a finished job, where a job stands, and the notices a queue sends.
+
+The job itself is :class:`~engine.jobs.spec.JobSpec`."""
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from engine import events as ev
-from engine.executor import RunRequest, RunResult, Status
-from engine.formats.png import png_info
+from engine.executor import RunResult, Status
+from engine.jobs.spec import JobSpec
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -30,49 +31,6 @@ RESTART_MESSAGE = "interrupted by restart"
 STATUS_MESSAGES = frozenset(
     {"execution_start", "execution_cached", "execution_success", "execution_error", "execution_interrupted"}
 )
-# How a job's images come back (JobSpec.returns; see engine/server/routes_jobs.py): as files, or
-# kept in memory (RunRequest.keep_images) and served as bytes or embedded as base64.
-RETURN_MODES = ("files", "bytes", "base64")
-
-
-@dataclass
-class JobSpec:
-    """One submitted workflow, exactly as the queue stores it. ``extra_data`` is ComfyUI's (shown
-    in its queue and history); ``returns`` is Loom's own (one of :data:`RETURN_MODES`)."""
-
-    prompt: dict[str, Any]
-    prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    number: float = 0.0
-    extra_data: dict[str, Any] = field(default_factory=dict)
-    outputs: list[str] = field(default_factory=list)
-    client_id: str | None = None
-    webhook: str | None = None
-    created_at: float = field(default_factory=time.time)
-    returns: str = "files"
-
-    def request(self, object_info: Callable[[], Mapping[str, Mapping[str, Any]]]) -> RunRequest:
-        """The run this job asks for, with the metadata image nodes embed prepared here, once
-        (``object_info`` is read only to convert a saved-format workflow to ComfyUI's UI format)."""
-        return RunRequest(
-            prompt=self.prompt,
-            prompt_id=self.prompt_id,
-            outputs=list(self.outputs) or None,
-            extra_pnginfo=png_info(self.extra_data.get("extra_pnginfo"), object_info) or None,
-            client_id=self.client_id,
-            keep_images=self.returns in ("bytes", "base64"),
-        )
-
-    def comfy_tuple(self) -> list[Any]:
-        """ComfyUI's queue item: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``."""
-        number: float | int = int(self.number) if float(self.number).is_integer() else self.number
-        return [number, self.prompt_id, self.prompt, self.extra_data, list(self.outputs)]
-
-    def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: no deep copy
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobSpec:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from engine.device_policy import DevicePolicy, ModelHandleLike
-from engine.memory_entries import Entry as _Entry
-from engine.memory_entries import RunStats as _RunStats
-from engine.streaming import DeviceBudget, RunShape, plan_split
+from engine.memory.device_budget import DeviceBudget, RunShape
+from engine.memory.device_policy import DevicePolicy, ModelHandleLike
+from engine.memory.entries import Entry, RunStats
+from engine.memory.streaming import plan_split
 
 
 class DeviceStreaming:
@@ -24,8 +24,8 @@ class DeviceStreaming:
 
     policy: DevicePolicy
     _lock: threading.RLock
-    _resident: dict[str, _Entry]
-    _stats: _RunStats
+    _resident: dict[str, Entry]
+    _stats: RunStats
     _streams: dict[str, Any]  # handle key -> its streaming state (nodes.streaming.Streaming)
     _runs: dict[str, RunShape]  # handle key -> the run announced for it (plan_run)
     _activations: dict[str, int]  # handle key -> the estimate its placement left room for
@@ -34,7 +34,7 @@ class DeviceStreaming:
     if TYPE_CHECKING:  # defined by ModelManager
 
         def _ready(self, handle: ModelHandleLike, module: Any, device: str, dtype: str) -> Any: ...
-        def _to_stored(self, entry: _Entry) -> None: ...
+        def _to_stored(self, entry: Entry) -> None: ...
         def _event(self, what: str, handle: ModelHandleLike) -> None: ...
 
     def plan_run(self, handle: ModelHandleLike, run: RunShape) -> None:
@@ -68,7 +68,7 @@ class DeviceStreaming:
                 self._streams[handle.key] = state
         return module
 
-    def _fit_run(self, entry: _Entry) -> None:
+    def _fit_run(self, entry: Entry) -> None:
         """Fit a resident, unused model to the run announced for it (caller holds the lock): placed
         again (:meth:`_resplit`) when the run's estimate asks for another split than the one it has
         (a streamed model whose plan changes, or one placed whole that no longer fits beside the
@@ -96,7 +96,7 @@ class DeviceStreaming:
         state.account.limit = plan.budget_bytes
         self._activations[key] = activation
 
-    def _resplit(self, entry: _Entry) -> None:
+    def _resplit(self, entry: Entry) -> None:
         """Place a resident, unused model again for the run announced for it (caller holds the
         lock): back to host memory in its stored precision first on a real device (streamed blocks
         live there), then placed as a fresh residency would be."""

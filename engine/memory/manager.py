@@ -35,18 +35,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from engine.device_policy import (
+from engine.memory.device_policy import (
     PRECISION_KINDS,
     DevicePolicy,
     ModelHandleLike,
     channels_last,
     module_bytes,
 )
-from engine.memory_entries import Entry as _Entry
-from engine.memory_entries import RunStats as _RunStats
-from engine.memory_prefetch import Prefetcher
-from engine.memory_streaming import DeviceStreaming
-from engine.ram_budget import DTYPE_BYTES, RamBudget, cheap_to_reload, fixed_tier_budget, stored_dtype
+from engine.memory.device_streaming import DeviceStreaming
+from engine.memory.entries import Entry, RunStats
+from engine.memory.prefetch import Prefetcher
+from engine.memory.ram_budget import DTYPE_BYTES, RamBudget, cheap_to_reload, fixed_tier_budget, stored_dtype
 
 log = logging.getLogger("loom.memory")
 
@@ -91,13 +90,13 @@ class ModelManager(Prefetcher, DeviceStreaming):
         self._runs: dict[str, Any] = {}  # handle key -> the run announced for it (plan_run)
         self._activations: dict[str, int] = {}  # handle key -> the estimate its placement left room for
         self._changed = threading.Condition(self._lock)
-        self._resident: dict[str, _Entry] = {}
-        self._ram: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._resident: dict[str, Entry] = {}
+        self._ram: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._pending: dict[str, Future[None]] = {}
         self._loading: set[str] = set()
         self._upcoming: list[ModelHandleLike] = []
         self._pool: ThreadPoolExecutor | None = None
-        self._stats = _RunStats()
+        self._stats = RunStats()
 
     # --- the node-facing API --------------------------------------------------------------------
     @contextmanager
@@ -171,7 +170,7 @@ class ModelManager(Prefetcher, DeviceStreaming):
     def reset_run_stats(self) -> None:
         """Start counting afresh (per workflow); what is resident stays resident."""
         with self._lock:
-            self._stats = _RunStats(max_resident=self._large_resident_count())
+            self._stats = RunStats(max_resident=self._large_resident_count())
 
     def close(self) -> None:
         """Stop the prefetch thread and free everything."""
@@ -181,7 +180,7 @@ class ModelManager(Prefetcher, DeviceStreaming):
         self.free()
 
     # --- acquisition ----------------------------------------------------------------------------
-    def _acquire(self, handle: ModelHandleLike) -> _Entry:
+    def _acquire(self, handle: ModelHandleLike) -> Entry:
         key, kind = handle.key, handle.kind
         with self._lock:
             entry = self._resident.get(key)
@@ -215,7 +214,7 @@ class ModelManager(Prefetcher, DeviceStreaming):
         self._schedule_prefetch()
         return entry
 
-    def _bring_in(self, handle: ModelHandleLike, from_ram: _Entry | None) -> _Entry:
+    def _bring_in(self, handle: ModelHandleLike, from_ram: Entry | None) -> Entry:
         device, dtype = self.policy.device, self.policy.dtype_for(handle.kind)
         start = time.perf_counter()
         if from_ram is not None:
@@ -230,7 +229,7 @@ class ModelManager(Prefetcher, DeviceStreaming):
         module = self._ready(handle, module, device, dtype)
         nbytes = module_bytes(module, nbytes)
         seconds = time.perf_counter() - start
-        entry = _Entry(handle, module, nbytes, locks=1, stored=stored)
+        entry = Entry(handle, module, nbytes, locks=1, stored=stored)
         with self._lock:
             self._resident[handle.key] = entry
             s = self._stats
@@ -341,7 +340,7 @@ class ModelManager(Prefetcher, DeviceStreaming):
         """Drop RAM-tier models of the ``drop_unneeded`` kinds no upcoming node needs and not in
         ``keep`` (caller holds the lock); unlocked residents of those kinds go too."""
 
-        def unneeded(key: str, entry: _Entry) -> bool:
+        def unneeded(key: str, entry: Entry) -> bool:
             return entry.handle.kind in self.drop_unneeded and key not in keep and not self._is_upcoming(key)
 
         for key in [k for k, e in self._ram.items() if unneeded(k, e)]:
@@ -353,7 +352,7 @@ class ModelManager(Prefetcher, DeviceStreaming):
                 self._record_eviction(entry, "disk", "no longer needed")
                 self._event("drop", entry.handle)
 
-    def _to_stored(self, entry: _Entry) -> None:
+    def _to_stored(self, entry: Entry) -> None:
         """Cast a module leaving the device back to the precision its file stores (exact: the
         compute precision is wider), so the RAM tier holds an fp16 file in fp16."""
         held = stored_dtype(entry.module)
@@ -379,7 +378,7 @@ class ModelManager(Prefetcher, DeviceStreaming):
             if self.event_log is not None:
                 self.event_log.append((what, handle.kind, handle.key))
 
-    def _record_eviction(self, entry: _Entry, to: str, reason: str) -> None:
+    def _record_eviction(self, entry: Entry, to: str, reason: str) -> None:
         self._stats.evictions.append(
             {
                 "key": entry.handle.key,
@@ -392,5 +391,5 @@ class ModelManager(Prefetcher, DeviceStreaming):
         log.info("evict %s %s to %s (%s)", entry.handle.kind, entry.handle.key[:12], to, reason)
 
     @staticmethod
-    def _describe(entry: _Entry) -> dict[str, Any]:
+    def _describe(entry: Entry) -> dict[str, Any]:
         return {"key": entry.handle.key, "kind": entry.handle.kind, "bytes": entry.nbytes}
