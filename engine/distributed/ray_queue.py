@@ -34,7 +34,7 @@ from engine.context import Folders
 from engine.distributed.attempt import AttemptEvent, ExecutionRetry, Flight
 from engine.distributed.outputs import OutputStore
 from engine.distributed.router import Router, Ticket
-from engine.distributed.worker import JobOutcome, JobTask, WorkerEvent, WorkerLost
+from engine.distributed.worker import JobOutcome, WorkerEvent, WorkerLost
 from engine.events import Listeners
 from engine.executor import RunResult, Status
 from engine.jobs.records import JobFinished, JobRecord, JobView, Notice, NoticeListener, QueueChanged
@@ -50,7 +50,7 @@ class WorkerPool(Protocol):
     """What the queue needs from the pool (``pool.RayWorkerPool``; tests may fake it)."""
 
     def discover(self) -> tuple[list[str], list[str]]: ...
-    def run(self, name: str, task: JobTask) -> Any: ...
+    def run(self, name: str, task: JobSpec) -> Any: ...
     def tell(self, name: str, method: str, *args: Any) -> None: ...
     def forget(self, name: str) -> None: ...
 

@@ -37,7 +37,6 @@ from engine.jobs.spec import JobSpec
 from engine.memory.device_policy import handles_in
 from engine.node import Node
 from engine.plan import Plan, cache_keys
-from engine.registry import NodeRegistry
 from engine.schema import ANY, CLIP, MODEL, STRING, VAE, Input, NodeSchema, Output
 
 log = logging.getLogger("loom.coalesce")
@@ -93,16 +92,6 @@ class CoalesceOutcome:
     batch_points: list[str] = field(default_factory=list)
     status: str = "skipped"
     seconds: float = 0.0
-
-
-def _overlay(base: NodeRegistry) -> NodeRegistry:
-    """The base registry plus :class:`CoalescedValues`, without touching the base."""
-    reg = NodeRegistry()
-    reg._defs = dict(base._defs)
-    reg._options = base._options
-    if VALUES_NODE not in reg:
-        reg.register(CoalescedValues, origin="core")
-    return reg
 
 
 class Coalescer:
@@ -268,7 +257,7 @@ class Coalescer:
 
             bus.subscribe(relabel)
         return Executor(
-            _overlay(ex.registry),
+            ex.registry.extended([CoalescedValues]),  # the base registry untouched
             ex.cache,
             ex.folders,
             models=ex.models,
@@ -315,7 +304,7 @@ def _downstream(prompt: dict[str, Any], roots: set[str]) -> list[str]:
 
 
 # --- next-job prefetch -------------------------------------------------------------------------
-class _AppendHints:
+class AppendHints:
     """The executor's model manager, with another job's handles appended to every hint."""
 
     def __init__(self, inner: Any, extra: Sequence[Any]) -> None:
@@ -384,7 +373,7 @@ class NextJobPrefetch:
         if not extra:
             yield
             return
-        inner, ex.models = ex.models, _AppendHints(ex.models, extra)
+        inner, ex.models = ex.models, AppendHints(ex.models, extra)
         try:
             yield
         finally:

@@ -33,7 +33,7 @@ from engine import events as ev
 from engine.cache import is_nonce
 from engine.executor import Executor, RunRequest
 from engine.graph import as_link
-from engine.jobs.coalesce import KeyedPlan, NextJobPrefetch, _AppendHints, plan_job
+from engine.jobs.coalesce import AppendHints, KeyedPlan, NextJobPrefetch, plan_job
 from engine.jobs.spec import JobSpec
 from engine.schema import CLIP, CONDITIONING, IMAGE, LATENT, MASK
 
@@ -94,7 +94,7 @@ class PlanAwarePrefetch(NextJobPrefetch):
                 ex.registry,
                 ex.cache,
                 ex.folders,
-                models=_AppendHints(ex.models, [*still, *later]),
+                models=AppendHints(ex.models, [*still, *later]),
                 settings=ex.settings,
             )
             result = quiet.run(

@@ -33,7 +33,7 @@ from engine.jobs.spec import RETURN_MODES
 from engine.plugins.compat_check import check_workflow
 from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
 from engine.server.presence import OutputPresence
-from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
+from engine.server.routes_comfy import BadPrompt, Validator, read_submission, submit_prompt
 from engine.server.security import is_loopback
 
 log = logging.getLogger("loom.server.jobs")
@@ -193,12 +193,12 @@ class JobRoutes:
             "partial_execution_targets": body.get("outputs"),
         }
         try:
-            req = PromptRequest(fields)
-        except _BadPrompt as exc:
+            submission = read_submission(fields)
+        except BadPrompt as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         try:
             spec, validation = await asyncio.to_thread(
-                submit_prompt, self.queue, self.validate, req, webhook=webhook, returns=returned
+                submit_prompt, self.queue, self.validate, submission, webhook=webhook, returns=returned
             )
         except ApiError:
             raise
