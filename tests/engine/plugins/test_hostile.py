@@ -1,6 +1,6 @@
 """Plugin code that tries to end the process, or returns junk, is contained and blamed (issue 19).
 
-The packs are in ``tests/plugins/hostile/``: ``exit_nodes`` (nodes calling ``sys.exit()`` or raising
+The packs are in ``tests/engine/plugins/hostile/``: ``exit_nodes`` (nodes calling ``sys.exit()`` or raising
 ``KeyboardInterrupt`` in their function, VALIDATE_INPUTS and IS_CHANGED; nodes returning values of
 the wrong type or arity), ``keyboard_at_import`` and ``exit_at_import``."""
 
@@ -15,7 +15,7 @@ from engine.cache import OutputCache
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.plugins.loader import PluginReport
-from tests.plugins.conftest import Env
+from tests.engine.plugins.conftest import Env
 
 HOSTILE = Path(__file__).parent / "hostile"
 

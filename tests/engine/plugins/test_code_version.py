@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from engine.plugins.loader import PackSource, pack_code_version
-from tests.plugins.conftest import PACKS, make_env
+from tests.engine.plugins.conftest import PACKS, make_env
 
 
 def copy_pack(tmp: Path, name: str) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.plugins.comfy_v1 import ALWAYS_CHANGED_PREFIX
 from engine.plugins.comfy_v3 import ComfyV3NodeDef
 from engine.plugins.loader import PluginReport
-from tests.plugins.conftest import Env
+from tests.engine.plugins.conftest import Env
 
 
 def test_v3_nodes_register_with_their_schema(loaded: tuple[Env, PluginReport]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.conftest import PACKS, REPO
+from tests.engine.plugins.conftest import PACKS, REPO
 
 pytestmark = pytest.mark.slow  # each call starts a Loom process
 

@@ -1,4 +1,4 @@
-"""The compatibility report (engine/compat_check.py) and `python main.py check` (exit codes,
+"""The compatibility report (engine/plugins/compat_check.py) and `python main.py check` (exit codes,
 --json); the API route is tested in tests/server/test_check_api.py."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 import main
 from engine.plugins.compat_check import check_file, check_workflow, core_node_names
 
-HERE = Path(__file__).parent
-WORKFLOWS = HERE / "workflows"
+COMPAT = Path(__file__).resolve().parents[2] / "compat"  # the workflow files tests/compat shares
+WORKFLOWS = COMPAT / "workflows"
 
 
 @pytest.fixture(scope="module")
 def object_info() -> dict[str, Any]:
-    return json.loads((HERE / "object_info_core.json").read_text())
+    return json.loads((COMPAT / "object_info_core.json").read_text())
 
 
 def node(id: int, type_: str, widgets: Any = None, mode: int = 0, **properties: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 from engine.node import NodeDef
 from engine.plugins.comfy_v1 import ALWAYS_CHANGED_PREFIX, ComfyV1NodeDef
 from engine.plugins.loader import PluginReport
-from tests.plugins.conftest import Env
+from tests.engine.plugins.conftest import Env
 
 
 def node(env: Env, name: str) -> Any:

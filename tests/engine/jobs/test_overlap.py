@@ -1,4 +1,4 @@
-"""Plan-aware overlap (engine/overlap.py), checked on the order of the memory manager's events,
+"""Plan-aware overlap (engine/jobs/overlap.py), checked on the order of the memory manager's events,
 never on durations: the queue's prompts are encoded in one text-encoder residency, the denoiser
 read is scheduled while the encoder runs, the VAE read starts in the last steps, images unchanged."""
 
@@ -14,15 +14,15 @@ from engine.jobs.queue import LocalJobQueue
 from engine.jobs.spec import JobSpec
 from engine.jobs.store import JobStore
 from nodes.bench.runtime import BenchRuntime, txt2img
-from tests.perf.conftest import CKPT, CKPT_B
+from tests.conftest import CKPT, CKPT_B
 
 JOBS = [(CKPT, "a red door"), (CKPT, "a blue door"), (CKPT_B, "a green door")]
 
 
 def _drain(
-    perf_models: Path, work: Path, overlap: bool
+    demo_models_ab: Path, work: Path, overlap: bool
 ) -> tuple[list[Any], BenchRuntime, list[tuple[str, str, str]]]:
-    rt = BenchRuntime(perf_models, work, prefetch=True)
+    rt = BenchRuntime(demo_models_ab, work, prefetch=True)
     log: list[tuple[str, str, str]] = []
     rt.models.event_log = log
     queue = LocalJobQueue(
@@ -44,9 +44,9 @@ def _at(log: list[tuple[str, str, str]], what: str, kind: str, name: str = "", l
 
 
 def test_queue_prompts_encoded_in_one_residency_then_encoders_dropped(
-    perf_models: Path, tmp_path: Path
+    demo_models_ab: Path, tmp_path: Path
 ) -> None:
-    records, rt, log = _drain(perf_models, tmp_path / "on", overlap=True)
+    records, rt, log = _drain(demo_models_ab, tmp_path / "on", overlap=True)
     try:
         clip_reads = [key for what, kind, key in log if what == "read" and kind == "clip"]
         assert len(clip_reads) == 2 == len(set(clip_reads))  # each checkpoint's encoder read once
@@ -61,9 +61,9 @@ def test_queue_prompts_encoded_in_one_residency_then_encoders_dropped(
 
 
 def test_denoiser_read_while_encoding_and_vae_read_in_the_last_steps(
-    perf_models: Path, tmp_path: Path
+    demo_models_ab: Path, tmp_path: Path
 ) -> None:
-    records, rt, log = _drain(perf_models, tmp_path / "on", overlap=True)
+    records, rt, log = _drain(demo_models_ab, tmp_path / "on", overlap=True)
     try:
         first_unet = log[_at(log, "use", "unet")][2]
         # the denoiser's background read was scheduled before the text encoder's last use ended
@@ -77,10 +77,10 @@ def test_denoiser_read_while_encoding_and_vae_read_in_the_last_steps(
         rt.close()
 
 
-def test_overlap_leaves_images_unchanged(perf_models: Path, tmp_path: Path) -> None:
+def test_overlap_leaves_images_unchanged(demo_models_ab: Path, tmp_path: Path) -> None:
     images = {}
     for overlap in (False, True):
-        records, rt, _ = _drain(perf_models, tmp_path / str(overlap), overlap)
+        records, rt, _ = _drain(demo_models_ab, tmp_path / str(overlap), overlap)
         images[overlap] = [rt.image_of(r) for r in records]
         rt.close()
     for plain, overlapped in zip(images[False], images[True], strict=True):

@@ -9,7 +9,7 @@ from typing import Any
 from engine.cache import OutputCache
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
-from tests.plugins.conftest import PACKS, Env, make_env
+from tests.engine.plugins.conftest import PACKS, Env, make_env
 
 
 def run(env: Env, prompt: dict[str, Any], cache: OutputCache | None = None) -> RunResult:

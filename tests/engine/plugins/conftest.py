@@ -16,7 +16,7 @@ from engine.schema import STRING, Input, NodeSchema, Output
 from nodes.compat.shim import ComfyShim
 
 PACKS = Path(__file__).parent / "packs"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class CoreConcat(Node):

@@ -13,7 +13,7 @@ import pytest
 
 from engine.memory.ram_budget import M_MMAP_THRESHOLD, return_large_frees_to_os
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # In a process of its own (the setting is per process): free a large block (glibc raises its mmap
 # threshold to that size), then allocate 200 weight-sized blocks with small live ones between them,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine.memory.manager import ModelManager
 from engine.memory.ram_budget import GIB, RamBudget, default_reserve_bytes, on_local_disk
-from tests.engine.test_memory import FakeHandle
+from tests.engine.memory.test_manager import FakeHandle
 
 
 class Rss:

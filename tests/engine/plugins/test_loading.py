@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from engine.plugins.loader import PluginConfig, PluginReport
-from tests.plugins.conftest import PACKS, Env
+from tests.engine.plugins.conftest import PACKS, Env
 
 GOOD_PACKS = {
     "comfy_text_tools",

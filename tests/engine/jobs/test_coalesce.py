@@ -17,7 +17,7 @@ from engine.jobs.queue import LocalJobQueue
 from engine.jobs.spec import JobSpec
 from engine.jobs.store import JobStore
 from nodes.bench.runtime import BenchRuntime, txt2img
-from tests.perf.conftest import CKPT, CKPT_B
+from tests.conftest import CKPT, CKPT_B
 
 
 def _saved(rt: BenchRuntime, record: Any) -> np.ndarray:
@@ -26,8 +26,8 @@ def _saved(rt: BenchRuntime, record: Any) -> np.ndarray:
         return np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
 
 
-def test_coalesced_jobs_equal_running_alone_and_chunk(perf_models: Path, tmp_path: Path) -> None:
-    rt = BenchRuntime(perf_models, tmp_path / "q")
+def test_coalesced_jobs_equal_running_alone_and_chunk(demo_models_ab: Path, tmp_path: Path) -> None:
+    rt = BenchRuntime(demo_models_ab, tmp_path / "q")
     coalescer = Coalescer(rt.executor, CoalesceConfig(window_s=0.0, max_batch=3))
     queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"), coalescer=coalescer)
     jobs = [
@@ -40,7 +40,7 @@ def test_coalesced_jobs_equal_running_alone_and_chunk(perf_models: Path, tmp_pat
     assert [r.status for r in records] == ["succeeded"] * 4
     assert coalescer.groups_run == 1 and coalescer.jobs_coalesced == 3  # chunks of 3 and a lone 1
     assert all("3" in r.cached for r in records[:3]) and "3" in records[3].executed
-    alone = BenchRuntime(perf_models, tmp_path / "alone")
+    alone = BenchRuntime(demo_models_ab, tmp_path / "alone")
     for job, record in zip(jobs, records, strict=True):
         expected = alone.image(alone.run(txt2img(CKPT, steps=3, **job)))
         assert np.abs(_saved(rt, record) - expected).max() <= 2 / 255
@@ -49,9 +49,9 @@ def test_coalesced_jobs_equal_running_alone_and_chunk(perf_models: Path, tmp_pat
 
 
 def test_coalescing_ancestral_sampler_and_other_settings_do_not_group(
-    perf_models: Path, tmp_path: Path
+    demo_models_ab: Path, tmp_path: Path
 ) -> None:
-    rt = BenchRuntime(perf_models, tmp_path / "q")
+    rt = BenchRuntime(demo_models_ab, tmp_path / "q")
     coalescer = Coalescer(rt.executor, CoalesceConfig(window_s=0.0))
     queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"), coalescer=coalescer)
     prompts = [txt2img(CKPT, steps=2, seed=s, sampler="euler_ancestral") for s in (1, 2)]
@@ -60,7 +60,7 @@ def test_coalescing_ancestral_sampler_and_other_settings_do_not_group(
         queue.submit(JobSpec(prompt=prompt))
     records = queue.drain()
     assert coalescer.jobs_coalesced == 2
-    alone = BenchRuntime(perf_models, tmp_path / "alone")
+    alone = BenchRuntime(demo_models_ab, tmp_path / "alone")
     for prompt, record in zip(prompts, records, strict=True):
         assert np.abs(_saved(rt, record) - alone.image(alone.run(prompt))).max() <= 2 / 255
     rt.close()
@@ -68,7 +68,7 @@ def test_coalescing_ancestral_sampler_and_other_settings_do_not_group(
 
 
 class VirtualClock:
-    """Stands in for the ``time`` module inside ``engine.jobs``: sleeping advances a virtual clock
+    """Stands in for the ``time`` module inside ``engine.jobs.queue``: sleeping advances a virtual clock
     instantly, so waits are measured exactly and no test depends on the machine's speed."""
 
     def __init__(self) -> None:
@@ -86,8 +86,8 @@ class VirtualClock:
         self.slept += seconds
 
 
-def test_lone_job_waits_at_most_the_window(perf_models: Path, tmp_path: Path, monkeypatch: Any) -> None:
-    rt = BenchRuntime(perf_models, tmp_path / "q")
+def test_lone_job_waits_at_most_the_window(demo_models_ab: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    rt = BenchRuntime(demo_models_ab, tmp_path / "q")
     queue = LocalJobQueue(
         rt.executor,
         JobStore(tmp_path / "q.sqlite"),
@@ -105,9 +105,11 @@ def test_lone_job_waits_at_most_the_window(perf_models: Path, tmp_path: Path, mo
     rt.close()
 
 
-def test_cached_job_does_not_wait_for_companions(perf_models: Path, tmp_path: Path, monkeypatch: Any) -> None:
+def test_cached_job_does_not_wait_for_companions(
+    demo_models_ab: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
     """An identical resubmit has nothing left to batch: it must not sit out the window."""
-    rt = BenchRuntime(perf_models, tmp_path / "q")
+    rt = BenchRuntime(demo_models_ab, tmp_path / "q")
     queue = LocalJobQueue(
         rt.executor,
         JobStore(tmp_path / "q.sqlite"),
@@ -134,12 +136,12 @@ def _known_models(rt: BenchRuntime) -> set[str]:
     return {m["key"] for m in [*stats["resident"], *stats["ram_tier"]]}
 
 
-def test_next_job_models_are_prefetched_and_images_unchanged(perf_models: Path, tmp_path: Path) -> None:
+def test_next_job_models_are_prefetched_and_images_unchanged(demo_models_ab: Path, tmp_path: Path) -> None:
     from engine.jobs.records import JobFinished
 
     images = {}
     for mode in ("plain", "prefetch"):
-        rt = BenchRuntime(perf_models, tmp_path / mode, prefetch=True)
+        rt = BenchRuntime(demo_models_ab, tmp_path / mode, prefetch=True)
         prefetch = NextJobPrefetch(rt.executor) if mode == "prefetch" else None
         queue = LocalJobQueue(rt.executor, JobStore(tmp_path / f"{mode}.sqlite"), prefetch=prefetch)
         seen_after_a: list[set[str]] = []
@@ -204,8 +206,10 @@ def _advanced(seed: int, text: str) -> dict[str, Any]:
     return prompt
 
 
-def test_ksampler_advanced_jobs_coalesce_and_equal_running_alone(perf_models: Path, tmp_path: Path) -> None:
-    rt = BenchRuntime(perf_models, tmp_path / "q")
+def test_ksampler_advanced_jobs_coalesce_and_equal_running_alone(
+    demo_models_ab: Path, tmp_path: Path
+) -> None:
+    rt = BenchRuntime(demo_models_ab, tmp_path / "q")
     coalescer = Coalescer(rt.executor, CoalesceConfig(window_s=0.0))
     queue = LocalJobQueue(rt.executor, JobStore(tmp_path / "q.sqlite"), coalescer=coalescer)
     prompts = [_advanced(20 + i, f"advanced {i}") for i in range(3)]
@@ -216,7 +220,7 @@ def test_ksampler_advanced_jobs_coalesce_and_equal_running_alone(perf_models: Pa
     assert coalescer.groups_run == 1 and coalescer.jobs_coalesced == 3
     # both stages ran batched: each job finds its second stage in the cache and needs nothing before it
     assert all("10" in r.cached and r.executed == ["8", "9"] for r in records)
-    alone = BenchRuntime(perf_models, tmp_path / "alone")
+    alone = BenchRuntime(demo_models_ab, tmp_path / "alone")
     images = [alone.image(alone.run(prompt)) for prompt in prompts]
     for image, record in zip(images, records, strict=True):
         assert np.abs(_saved(rt, record) - image).max() <= 2 / 255
@@ -225,14 +229,14 @@ def test_ksampler_advanced_jobs_coalesce_and_equal_running_alone(perf_models: Pa
     alone.close()
 
 
-def test_every_coalesced_job_reports_its_own_sampler_progress(perf_models: Path, tmp_path: Path) -> None:
+def test_every_coalesced_job_reports_its_own_sampler_progress(demo_models_ab: Path, tmp_path: Path) -> None:
     """Jobs batched into one sampler call each see progress under their own prompt id (a client
     waiting on the second job watches its bar move while the batch samples), and a queued job's
     view carries that progress; preview frames stay with the first job (the batch's first item)."""
     from engine import events as ev
     from engine.jobs.records import JobEvent
 
-    rt = BenchRuntime(perf_models, tmp_path / "q")
+    rt = BenchRuntime(demo_models_ab, tmp_path / "q")
     queue = LocalJobQueue(
         rt.executor,
         JobStore(tmp_path / "q.sqlite"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.node import NativeNodeDef
-from tests.plugins.conftest import REPO, Env
+from tests.engine.plugins.conftest import REPO, Env
 
 
 def test_example_pack_loads_and_runs(env: Env) -> None:
