@@ -27,7 +27,12 @@ def test_the_run_request_carries_the_job_and_its_metadata() -> None:
         returns="bytes",
     )
     request = spec.request(object_info)
-    assert (request.prompt, request.prompt_id, request.outputs, request.client_id) == (PROMPT, "p1", ["1"], "c")
+    assert (request.prompt, request.prompt_id, request.outputs, request.client_id) == (
+        PROMPT,
+        "p1",
+        ["1"],
+        "c",
+    )
     assert request.extra_pnginfo == {"workflow": {"nodes": []}}
     assert request.keep_images
 
