@@ -95,14 +95,14 @@ class ModelAccess(Protocol):
     def use(self, handle: Any) -> AbstractContextManager[Any]: ...
 
     def plan_run(self, handle: Any, run: Any) -> None:
-        """Announce the sampling run (``engine.streaming.RunShape``) the handle's model is about to
+        """Announce the sampling run (``engine.memory.device_budget.RunShape``) the handle's model is about to
         do, so its next placement is sized for that run's activations; a no-op where nothing streams."""
         ...
 
 
 class ModelManagerLike(ModelAccess, Protocol):
     """What the executor, the job queue and the server ask of the memory manager
-    (``engine.memory.ModelManager`` implements it; :class:`NoModels` is the no-op one)."""
+    (``engine.memory.manager.ModelManager`` implements it; :class:`NoModels` is the no-op one)."""
 
     def hint_upcoming(self, handles: Sequence[Any]) -> None:
         """The handles the next nodes will use, next first (for prefetch and eviction choices)."""

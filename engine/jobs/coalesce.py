@@ -362,7 +362,7 @@ class NextJobPrefetch:
         self, next_spec: JobSpec | None, *, current: JobSpec | None = None, queued: Sequence[JobSpec] = ()
     ) -> Iterator[None]:
         """While inside, the executor's hints include ``next_spec``'s models. (``current`` and
-        ``queued``, the running job and all waiting ones, are for ``engine.overlap``.)"""
+        ``queued``, the running job and all waiting ones, are for ``engine.jobs.overlap``.)"""
         ex = self.executor
         extra: list[Any] = []
         if next_spec is not None:

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from engine import events as ev
 from engine.events import Listeners
@@ -43,9 +43,6 @@ from engine.jobs.records import (
 from engine.jobs.spec import JobSpec
 from engine.jobs.store import JobStore, StorageError
 from engine.jobs.worker_thread import JobWorker
-
-if TYPE_CHECKING:
-    from engine.jobs.coalesce import Coalescer, NextJobPrefetch
 
 log = logging.getLogger("loom.jobs")
 
@@ -75,7 +72,7 @@ class LocalJobQueue(JobWorker):
     """One worker thread running jobs from a :class:`JobStore` with a shared :class:`Executor`.
 
     The thread itself (``start``, ``stop``, ``drain``, surviving its own death and a full disk) is
-    :class:`~engine.job_worker.JobWorker`'s; this class submits, cancels, looks up and runs jobs.
+    :class:`~engine.jobs.worker_thread.JobWorker`'s; this class submits, cancels, looks up and runs jobs.
     """
 
     def __init__(
@@ -88,8 +85,8 @@ class LocalJobQueue(JobWorker):
     ) -> None:
         self.executor = executor
         self.store = store
-        self.coalescer = coalescer  # engine/coalesce.py: batch compatible queued jobs (None: off)
-        self.prefetch = prefetch  # engine/coalesce.py: read the next job's models during this one
+        self.coalescer = coalescer  # engine/jobs/coalesce.py: batch compatible queued jobs (None: off)
+        self.prefetch = prefetch  # engine/jobs/coalesce.py: read the next job's models during this one
         self.kept = KeptImageStore()  # images of jobs that asked for bytes (never written to SQLite)
         self._lock = threading.RLock()
         self._finished = threading.Condition(self._lock)
@@ -244,7 +241,7 @@ class LocalJobQueue(JobWorker):
 
     def _run_scheduled(self, spec: JobSpec, *, wait: bool = True) -> JobRecord | None:
         """Run ``spec``, first coalescing compatible queued jobs with it and hinting the next
-        job's models (both optional, see ``engine/coalesce.py``)."""
+        job's models (both optional, see ``engine/jobs/coalesce.py``)."""
         group: list[JobSpec] = []
         if self.coalescer is not None:
             try:
@@ -340,5 +337,5 @@ class LocalJobQueue(JobWorker):
 
 def make_local_queue(executor: Executor, store: JobStore) -> LocalJobQueue:
     """The in-process queue as the server and the CLI run it: coalescing of compatible queued jobs
-    and plan-aware model prefetch on (engine/overlap.py; all leave every image as it would be alone)."""
+    and plan-aware model prefetch on (engine/jobs/overlap.py; all leave every image as it would be alone)."""
     return LocalJobQueue(executor, store, coalescer=Coalescer(executor), prefetch=PlanAwarePrefetch(executor))

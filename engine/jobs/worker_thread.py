@@ -1,10 +1,10 @@
-"""The worker half of :class:`~engine.jobs.LocalJobQueue`: its thread and how it stays alive.
+"""The worker half of :class:`~engine.jobs.queue.LocalJobQueue`: its thread and how it stays alive.
 
 :class:`JobWorker` starts, stops and drains the queue, pops jobs in order and frees memory between
 them. The loop outlives whatever ends it: a worker that dies records its job as failed and a fresh
 thread takes over; while the store cannot write (a full disk) finished jobs stay in memory, still
 visible, and are written when space returns. What a job does when it runs (coalescing, prefetch,
-recording its result) is :class:`~engine.jobs.LocalJobQueue`'s.
+recording its result) is :class:`~engine.jobs.queue.LocalJobQueue`'s.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ log = logging.getLogger("loom.jobs")
 
 
 class JobWorker:
-    """The worker thread of a job queue; :class:`~engine.jobs.LocalJobQueue` builds the state and
+    """The worker thread of a job queue; :class:`~engine.jobs.queue.LocalJobQueue` builds the state and
     runs each job (``_run_scheduled``).
 
     ``start()`` launches the worker; ``stop()`` interrupts the running job and leaves it marked

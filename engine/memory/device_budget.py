@@ -1,7 +1,7 @@
 """The device budget of block streaming: how much device memory model weights may use, from the
 device's size and ComfyUI's VRAM flags (``--lowvram`` / ``--novram`` / ``--highvram`` /
 ``--reserve-vram``) plus Loom's ``--vram-budget``, and the shape of a sampling run whose activation
-memory comes off it. ``engine/streaming.py`` (the split and the fetch order) re-exports all of it;
+memory comes off it. ``engine/memory/streaming.py`` (the split and the fetch order) builds on it;
 its docstring has the meanings."""
 
 from __future__ import annotations

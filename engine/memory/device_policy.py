@@ -1,7 +1,7 @@
 """What the memory manager needs from the rest of Loom: the handle protocol, the device policy
 (where models compute, in which precision and memory order), and small helpers over modules.
 
-Generic like ``engine.memory``: no torch at import time, no model code."""
+Generic like the manager (``engine.memory.manager``): no torch at import time, no model code."""
 
 from __future__ import annotations
 

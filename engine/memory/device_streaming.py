@@ -1,11 +1,11 @@
-"""Block streaming in :class:`~engine.memory.ModelManager`: models placed within the device budget.
+"""Block streaming in :class:`~engine.memory.manager.ModelManager`: models placed within the device budget.
 
 With a device budget (``device_budget``, set by ``main.py`` from ``--vram-budget`` /
 ``--reserve-vram`` / ``--lowvram`` / ``--novram`` / ``--highvram``) the manager places a model
 through its handle's ``to_device_within`` instead of ``to_device``: the handle returns the module
 and its streaming state (None: moved whole), kept per model until the model moves again. The room
 left to the weights is the budget less the activation estimate of the run the sampler announced
-(:meth:`DeviceStreaming.plan_run`), so the split is chosen once per run (``engine/streaming.py``).
+(:meth:`DeviceStreaming.plan_run`), so the split is chosen once per run (``engine/memory/streaming.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from engine.memory.streaming import plan_split
 
 
 class DeviceStreaming:
-    """The streaming half of :class:`~engine.memory.ModelManager`, which builds the state."""
+    """The streaming half of :class:`~engine.memory.manager.ModelManager`, which builds the state."""
 
     policy: DevicePolicy
     _lock: threading.RLock

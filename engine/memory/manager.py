@@ -9,7 +9,7 @@ Tiers, fastest first::
 
     device  (at most one large model; CPU runs share memory with the RAM tier)
     RAM     (recently used modules in their stored precision, under the limit that
-             ``engine.ram_budget.RamBudget`` leaves; dropped furthest-needed-first, models on
+             ``engine.memory.ram_budget.RamBudget`` leaves; dropped furthest-needed-first, models on
              a local disk before others; text encoders as soon as no upcoming node needs them)
     disk    (the handle's files; safetensors are mmap-read again by ``handle.load()``)
 
@@ -58,7 +58,7 @@ class ModelManager(Prefetcher, DeviceStreaming):
     ``use(handle)`` is the only way a node gets a module. ``hint_upcoming`` lets the executor
     share the plan; ``free`` drops everything not in use; ``stats`` reports what happened since
     ``reset_run_stats``. Reading ahead (and the late VAE) is
-    :class:`~engine.memory_prefetch.Prefetcher`'s.
+    :class:`~engine.memory.prefetch.Prefetcher`'s.
     """
 
     def __init__(

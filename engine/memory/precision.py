@@ -1,6 +1,6 @@
 """Precision flags: ComfyUI's command-line switches for the dtype each kind of model computes in.
 
-The memory manager's :class:`~engine.memory.DevicePolicy` picks a precision per device (CUDA: fp16
+The memory manager's :class:`~engine.memory.device_policy.DevicePolicy` picks a precision per device (CUDA: fp16
 with the VAE in bf16 or fp32; CPU: fp32). These flags override it, with ComfyUI's names so that
 existing launch scripts keep working:
 
@@ -11,7 +11,7 @@ existing launch scripts keep working:
 - ``--fp32-text-enc`` / ``--bf16-text-enc`` / ``--fp16-text-enc``: the text encoders.
 
 Without ``--force-fp32``, the default precision is *measured* at start-up
-(:mod:`engine.precision_probe`: fp32 vs bf16 vs fp16 throughput and image difference on the compute
+(:mod:`engine.memory.precision_probe`: fp32 vs bf16 vs fp16 throughput and image difference on the compute
 device, cached per machine in the user folder): on CPUs with native bf16 (AVX-512 BF16 or AMX) that
 picks bf16, on AVX2 CPUs fp32. ``--remeasure-precision`` measures again; ``--no-precision-probe``
 keeps the device's fixed default. The per-kind flags override the measured choice for their kind.

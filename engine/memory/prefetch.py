@@ -1,4 +1,4 @@
-"""Plan-aware prefetch for :class:`~engine.memory.ModelManager`, and the late start of the VAE.
+"""Plan-aware prefetch for :class:`~engine.memory.manager.ModelManager`, and the late start of the VAE.
 
 While a node computes, :class:`Prefetcher` reads the next model the plan uses (the first upcoming
 handle neither resident, in the RAM tier nor loading) from disk into the RAM tier on one background
@@ -24,7 +24,7 @@ log = logging.getLogger("loom.memory")
 
 
 class Prefetcher:
-    """The prefetch half of :class:`~engine.memory.ModelManager`, which builds the state."""
+    """The prefetch half of :class:`~engine.memory.manager.ModelManager`, which builds the state."""
 
     policy: DevicePolicy
     late_kinds: frozenset[str]

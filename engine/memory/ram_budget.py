@@ -1,6 +1,6 @@
 """The RAM budget of the whole process, and what the model manager's RAM tier may hold under it.
 
-The RAM tier (``engine.memory.ModelManager``) keeps models that left the compute device so going
+The RAM tier (``engine.memory.manager.ModelManager``) keeps models that left the compute device so going
 back to them is cheap. What it may hold is not a fixed share of the memory free at start: it is
 what the *process* budget leaves once everything the process holds outside the tier is counted
 (Python, torch, the output cache, the resident model on CPU, activations)::

@@ -2,7 +2,7 @@
 
 * :class:`ComfyV1NodeDef` — classes with ``INPUT_TYPES`` / ``RETURN_TYPES`` / ``FUNCTION`` ...
   (ComfyUI's ``NODE_CLASS_MAPPINGS`` style, Comfy-Org/ComfyUI ``nodes.py`` and ``execution.py``).
-* ``engine.plugins_v3.ComfyV3NodeDef`` — classes with the classmethods ``define_schema()`` /
+* ``engine.plugins.comfy_v3.ComfyV3NodeDef`` — classes with the classmethods ``define_schema()`` /
   ``execute()``, which reuses the port mapping here.
 
 Every call into plugin code runs inside ``env.installed(pack)`` so the ComfyUI stand-in modules

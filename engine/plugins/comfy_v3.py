@@ -2,7 +2,7 @@
 
 The class comes from a pack's ``comfy_entrypoint()`` extension (or its ``NODE_CLASS_MAPPINGS``).
 Each input is read through its ``as_dict()``, i.e. the same ``(type, options)`` pair ComfyUI
-itself derives for its V1 ``object_info``, so the V1 port mapping of ``engine.plugins_compat``
+itself derives for its V1 ``object_info``, so the V1 port mapping of ``engine.plugins.comfy_v1``
 serves both styles; the objects may come from Loom's ``comfy_api`` stand-in or from ComfyUI's own.
 Reference: Comfy-Org/ComfyUI ``comfy_api/latest/_io.py`` (``Schema``, ``ComfyNode``, ``NodeOutput``).
 """

@@ -39,7 +39,7 @@ from engine.plugins.comfy_v1 import ComfyV1NodeDef, PluginEnvironment, is_v3_cla
 from engine.plugins.comfy_v3 import ComfyV3NodeDef
 from engine.registry import NodeRegistry, RegistryError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("engine.plugins")  # the name its log lines have always carried
 
 NATIVE_ENTRY_POINT = "loom_register"
 _SKIPPED_DIRS = {"__pycache__", "node_modules", ".git"}

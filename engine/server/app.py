@@ -68,7 +68,7 @@ class ServerParts:
     models: ModelManagerLike | None = None
     extensions: Mapping[str, Path] = field(default_factory=dict)
     own_queue: bool = True
-    plugins: Any = None  # engine.plugins.PluginReport, when plugins were loaded
+    plugins: Any = None  # engine.plugins.loader.PluginReport, when plugins were loaded
     describe_model: Callable[[str, Path], dict[str, Any]] | None = None  # family + preset of a model file
     presets: Callable[[], dict[str, Any]] | None = None  # the model presets and where they go, as JSON
 

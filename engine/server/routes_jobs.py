@@ -323,7 +323,7 @@ class JobRoutes:
         return convert_any(data, self.object_info())
 
     async def check(self, request: web.Request) -> web.Response:
-        """The compatibility report (engine/compat_check.py) of a bare workflow or ``{"workflow": ...}``."""
+        """The compatibility report (engine/plugins/compat_check.py) of a bare workflow or ``{"workflow": ...}``."""
         data = await read_json(request)
         inner = data.get("workflow") if isinstance(data, dict) else None
         if (

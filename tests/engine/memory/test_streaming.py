@@ -1,4 +1,4 @@
-"""The generic part of block streaming (``engine/streaming.py``): the budget the flags ask for, the
+"""The generic part of block streaming (``engine/memory/streaming.py``): the budget the flags ask for, the
 split of a model's blocks into resident and streamed, the device account, and the fetch order —
 block k+1's copy starts before block k runs, at most two streamed blocks are on the device."""
 
