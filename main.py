@@ -15,16 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import attention, precision, streaming
+from engine import attention
 from engine.cache import OutputCache
 from engine.cli_args import ROOT, add_subcommands, apply_base_directory
 from engine.context import Folders, RunSettings
-from engine.device_policy import DevicePolicy
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders, ModelPathError
-from engine.memory import ModelManager
-from engine.ram_budget import RamBudget, return_large_frees_to_os
+from engine.memory import device_budget, precision
+from engine.memory.device_policy import DevicePolicy
+from engine.memory.manager import ModelManager
+from engine.memory.ram_budget import RamBudget, return_large_frees_to_os
 from engine.registry import NodeRegistry
 
 log = logging.getLogger("loom")
@@ -123,7 +124,7 @@ def _model_manager(args: argparse.Namespace) -> ModelManager:
     cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine
     policy = precision.policy_for(args, DevicePolicy.detect(force_cpu=args.cpu), cache)
     manager = ModelManager(policy, budget=budget)
-    manager.device_budget = streaming.budget_for(args, policy.device)
+    manager.device_budget = device_budget.budget_for(args, policy.device)
     if manager.device_budget is not None:
         log.info("device budget: %s", manager.device_budget.describe())
     return manager
@@ -195,7 +196,9 @@ def load_for_run(path: Path, registry: NodeRegistry) -> tuple[dict[str, Any], di
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run workflows in order through the same queue code as the server (an in-memory store)."""
-    from engine.jobs import JobSpec, JobStore, make_local_queue
+    from engine.jobs.queue import make_local_queue
+    from engine.jobs.spec import JobSpec
+    from engine.jobs.store import JobStore
     from engine.progress import ProgressPrinter
 
     runtime = build_runtime(args)
@@ -330,7 +333,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 # --- check ----------------------------------------------------------------------------------------
 def cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 when every node type is available and the workflow converts, 2 otherwise."""
-    from engine.compat_check import check_file
+    from engine.plugins.compat_check import check_file
 
     report = check_file(args.workflow, build_runtime(args).registry.object_info())
     print(json.dumps(report.to_json(), indent=1) if args.json else "\n".join(report.lines()))
@@ -339,7 +342,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 # --- convert-weights ----------------------------------------------------------------------------
 def cmd_convert_weights(args: argparse.Namespace) -> int:
-    from engine.weights import ConvertError, convert_weights
+    from engine.convert_weights import ConvertError, convert_weights
 
     try:
         target = convert_weights(args.file, args.output, overwrite=args.overwrite)

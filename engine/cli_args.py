@@ -11,9 +11,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from engine import attention, precision, streaming
+from engine import attention
 from engine.distributed.cli import add_ray_arguments
 from engine.folders import base_directory_layout
+from engine.memory import device_budget, precision
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: main.py, models/, custom_nodes/, ...
 
@@ -69,7 +70,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     precision.add_precision_args(parser)  # --force-fp32/--force-fp16, --{fp32,bf16,fp16}-{unet,vae,text-enc}
     attention.add_attention_args(parser)  # --use-sage-attention, --use-flash-attention, ... (ComfyUI's)
     # --lowvram/--novram/--highvram, --reserve-vram (ComfyUI's), --vram-budget
-    streaming.add_budget_args(parser)
+    device_budget.add_budget_args(parser)
     parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
     parser.add_argument(
         "--ram-gb",

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from engine.image_guard import ImageGuard
+from engine.events import Preview
+from engine.image_guard import ImageGuard
 
 
 class Interrupted(Exception):
@@ -95,14 +95,14 @@ class ModelAccess(Protocol):
     def use(self, handle: Any) -> AbstractContextManager[Any]: ...
 
     def plan_run(self, handle: Any, run: Any) -> None:
-        """Announce the sampling run (``engine.streaming.RunShape``) the handle's model is about to
+        """Announce the sampling run (``engine.memory.device_budget.RunShape``) the handle's model is about to
         do, so its next placement is sized for that run's activations; a no-op where nothing streams."""
         ...
 
 
 class ModelManagerLike(ModelAccess, Protocol):
     """What the executor, the job queue and the server ask of the memory manager
-    (``engine.memory.ModelManager`` implements it; :class:`NoModels` is the no-op one)."""
+    (``engine.memory.manager.ModelManager`` implements it; :class:`NoModels` is the no-op one)."""
 
     def hint_upcoming(self, handles: Sequence[Any]) -> None:
         """The handles the next nodes will use, next first (for prefetch and eviction choices)."""
@@ -181,14 +181,6 @@ class Folders:
     def ensure(self) -> None:
         for d in (self.input_dir, self.output_dir, self.temp_dir):
             d.mkdir(parents=True, exist_ok=True)
-
-
-@dataclass(frozen=True)
-class Preview:
-    """A preview image for the client: encoded bytes and their format ("JPEG" or "PNG")."""
-
-    format: str
-    data: bytes
 
 
 @dataclass

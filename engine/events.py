@@ -114,6 +114,15 @@ class ExecutionInterrupted(Event):
 
 
 @dataclass(frozen=True)
+class Preview:
+    """A preview image for the client: encoded bytes and their format ("JPEG" or "PNG"). A node
+    hands it to ``ctx.progress``; the executor sends it on as a :class:`PreviewFrame`."""
+
+    format: str
+    data: bytes
+
+
+@dataclass(frozen=True)
 class PreviewFrame(Event):
     """A binary preview (not JSON): the server frames it as ComfyUI does."""
 

@@ -30,14 +30,14 @@ from engine.context import (
     ModelManagerLike,
     NodeContext,
     NoModels,
-    Preview,
     RunSettings,
 )
-from engine.device_policy import handles_in
+from engine.events import Preview
 from engine.graph import sort_key
 from engine.image_guard import ImageGuard
 from engine.interrupt_hooks import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
+from engine.memory.device_policy import handles_in
 from engine.node import ExecutionBlocker, NodeDef, contained
 from engine.plan import Plan, cache_keys
 from engine.registry import NodeRegistry

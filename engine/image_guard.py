@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from engine.context import Preview
+from engine.events import Preview
 
 Policy = Literal["off", "node", "enforce"]
 POLICIES: tuple[Policy, ...] = ("off", "node", "enforce")

@@ -62,6 +62,19 @@ class NodeRegistry:
         """Name a provider of combo options, e.g. ``"checkpoints"`` → files in that folder."""
         self._options[source] = provider
 
+    def extended(self, nodes: Iterable[type[Node] | NodeDef], *, origin: str = "core") -> NodeRegistry:
+        """A new registry with this one's nodes plus ``nodes`` (a name this one has already keeps
+        this one's node); this one is not changed. The option sources are shared, not copied:
+        a source added to either later is seen by both."""
+        derived = NodeRegistry()
+        derived._defs = dict(self._defs)
+        derived._options = self._options
+        for node in nodes:
+            node_def = node if isinstance(node, NodeDef) else NativeNodeDef(node, origin=origin)
+            if node_def.schema.node_id not in derived:
+                derived.register(node_def)
+        return derived
+
     # --- look-up ------------------------------------------------------------------------------
     def get(self, name: str) -> NodeDef | None:
         return self._defs.get(name)

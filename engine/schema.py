@@ -142,7 +142,7 @@ class Output:
 
 @dataclass(frozen=True)
 class Batching:
-    """How runs of a node may be batched (request coalescing, ``engine/coalesce.py``).
+    """How runs of a node may be batched (request coalescing, ``engine/jobs/coalesce.py``).
 
     ``inputs``: widget inputs whose values may differ between queued jobs that are still run
     together (seeds, prompt text). ``variant``: the node_id of an ``input_is_list`` node that takes

@@ -39,9 +39,10 @@ nothing from this module.
 
 from __future__ import annotations
 
-from engine.context import Folders, Interrupted, NodeContext, Preview
+from engine.context import Folders, Interrupted, NodeContext
+from engine.events import Preview
 from engine.node import ExecutionBlocker, Node, NodeOutput
-from engine.plugins import PluginRegistrar
+from engine.plugins.loader import PluginRegistrar
 from engine.schema import (
     ANY,
     BOOLEAN,

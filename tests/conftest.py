@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DISABLE_TELEMETRY", "1")
 # the start-up precision measurement is timing-dependent: tests keep the fixed device default
-# (tests/engine/test_precision_probe.py checks the measurement with fake figures)
+# (tests/engine/memory/test_precision_probe.py checks the measurement with fake figures)
 os.environ.setdefault("LOOM_NO_PRECISION_PROBE", "1")
 
 _LOOPBACK = ("127.", "::1", "localhost", "0.0.0.0")
@@ -89,6 +89,26 @@ def demo_models_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
         make_demo_models(root)
     finally:
         torch.set_num_threads(threads)
+    return root
+
+
+CKPT = "loom_demo_sd15.safetensors"  # the demo checkpoint (demo_models_source)
+CKPT_B = "loom_demo_sd15_b.safetensors"  # the same file under a second name (demo_models_ab)
+
+
+@pytest.fixture(scope="session")
+def demo_models_ab(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) -> Path:
+    """The demo models plus the demo TAESD and a second checkpoint, :data:`CKPT_B` (the same
+    weights under another name: another model for Loom, whose fingerprints hold the path)."""
+    from nodes.image.preview import make_demo_taesd
+
+    root = linked_copy(demo_models_source, tmp_path_factory.mktemp("demo_models_ab"))
+    make_demo_taesd(root)
+    ckpts = root / "checkpoints"
+    try:
+        os.link(ckpts / CKPT, ckpts / CKPT_B)
+    except OSError:
+        shutil.copy(ckpts / CKPT, ckpts / CKPT_B)
     return root
 
 

@@ -1,6 +1,6 @@
 """One attempt of a job on a worker, as the Ray queue (``ray_queue.py``) tracks it.
 
-A :class:`Flight` is a job out on a worker: the task sent, the progress seen, the status messages
+A :class:`Flight` is a job out on a worker: the attempt sent, the progress seen, the status messages
 its history record keeps, and the events held back until the attempt's files are stored under
 their final names (``executed`` events that name files, the closing events and whatever follows
 them); progress, previews and ``executing`` events pass straight through. The queue publishes every
@@ -11,13 +11,13 @@ and the job runs again. The queue holds its lock around the calls that change a 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from engine import events as ev
-from engine.distributed.worker import JobTask
 from engine.executor import RunResult
-from engine.jobs import JobEvent, JobProgress, JobSpec
+from engine.jobs.records import JobEvent, JobProgress
+from engine.jobs.spec import JobSpec
 
 _STATUS_MESSAGES = frozenset(
     {"execution_start", "execution_cached", "execution_success", "execution_error", "execution_interrupted"}
@@ -58,17 +58,9 @@ class Flight:
     began: bool = False  # the worker reported execution_start
     cancel: bool = False
 
-    def task(self) -> JobTask:
-        """What the worker is sent for this attempt."""
-        spec = self.spec
-        return JobTask(
-            spec.prompt_id,
-            spec.prompt,
-            self.attempt,
-            outputs=list(spec.outputs) or None,
-            extra_pnginfo=spec.extra_data.get("extra_pnginfo") or None,
-            client_id=spec.client_id,
-        )
+    def task(self) -> JobSpec:
+        """What the worker is sent for this attempt: the job, with its attempt number."""
+        return replace(self.spec, attempt=self.attempt)
 
     def observe(self, event: ev.Event) -> bool:
         """Account for a streamed event; True when it is held back (published by :meth:`release`)."""

@@ -27,7 +27,7 @@ from typing import Any
 from engine.distributed.ray_queue import QueueSettings, RayJobQueue
 from engine.distributed.router import first_model_finder
 from engine.distributed.worker import WORKER_PREFIX, WorkerConfig
-from engine.jobs import JobStore
+from engine.jobs.store import JobStore
 
 log = logging.getLogger("loom.distributed")
 

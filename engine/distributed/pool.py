@@ -25,12 +25,12 @@ from engine.distributed.worker import (
     WORKER_PREFIX,
     JobCrashed,
     JobOutcome,
-    JobTask,
     LoomWorker,
     WorkerConfig,
     WorkerEvent,
     WorkerLost,
 )
+from engine.jobs.spec import JobSpec
 
 log = logging.getLogger("loom.distributed.pool")
 
@@ -161,7 +161,7 @@ class RayWorkerPool:
             raise WorkerLost(f"worker {name} is not (or no longer) in the pool")
         return handle
 
-    def run(self, name: str, task: JobTask) -> Iterator[WorkerEvent | JobOutcome]:
+    def run(self, name: str, task: JobSpec) -> Iterator[WorkerEvent | JobOutcome]:
         """The attempt's stream; raises :class:`WorkerLost` if the worker dies meanwhile."""
         handle = self._handle(name)
         try:

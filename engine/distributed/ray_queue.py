@@ -1,6 +1,6 @@
-"""The Ray implementation of the :class:`~engine.jobs.JobQueue` protocol.
+"""The Ray implementation of the :class:`~engine.jobs.queue.JobQueue` protocol.
 
-The server's SQLite :class:`~engine.jobs.JobStore` stays the record of truth; Ray carries the work.
+The server's SQLite :class:`~engine.jobs.store.JobStore` stays the record of truth; Ray carries the work.
 A dispatcher thread asks the :class:`~engine.distributed.router.Router` where pending jobs go and
 starts one driver thread per running job, which streams the attempt's events from its worker and,
 at the end, stores the returned files (:class:`~engine.distributed.outputs.OutputStore`) and the
@@ -11,7 +11,7 @@ stops or crashes re-runs its unfinished jobs when it starts again (jobs a single
 left ``running`` are re-queued too). A worker that dies mid-job (:class:`WorkerLost`) leaves no
 files behind; the job keeps its place in the queue and runs again with ``attempt + 1`` and subscribers get
 an :class:`~engine.distributed.attempt.ExecutionRetry` event. Every event notice is an
-:class:`~engine.distributed.attempt.AttemptEvent` (a :class:`~engine.jobs.JobEvent` carrying the
+:class:`~engine.distributed.attempt.AttemptEvent` (a :class:`~engine.jobs.records.JobEvent` carrying the
 attempt and the worker).
 
 Outputs reach the server when the attempt ends, so ``executed`` events that name files, and the
@@ -34,19 +34,12 @@ from engine.context import Folders
 from engine.distributed.attempt import AttemptEvent, ExecutionRetry, Flight
 from engine.distributed.outputs import OutputStore
 from engine.distributed.router import Router, Ticket
-from engine.distributed.worker import JobOutcome, JobTask, WorkerEvent, WorkerLost
+from engine.distributed.worker import JobOutcome, WorkerEvent, WorkerLost
 from engine.events import Listeners
 from engine.executor import RunResult, Status
-from engine.jobs import (
-    JobFinished,
-    JobRecord,
-    JobSpec,
-    JobStore,
-    JobView,
-    Notice,
-    NoticeListener,
-    QueueChanged,
-)
+from engine.jobs.records import JobFinished, JobRecord, JobView, Notice, NoticeListener, QueueChanged
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 
 log = logging.getLogger("loom.distributed.queue")
 
@@ -57,7 +50,7 @@ class WorkerPool(Protocol):
     """What the queue needs from the pool (``pool.RayWorkerPool``; tests may fake it)."""
 
     def discover(self) -> tuple[list[str], list[str]]: ...
-    def run(self, name: str, task: JobTask) -> Any: ...
+    def run(self, name: str, task: JobSpec) -> Any: ...
     def tell(self, name: str, method: str, *args: Any) -> None: ...
     def forget(self, name: str) -> None: ...
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine import events as ev
-from engine.executor import Executor, RunRequest, RunResult
-from engine.formats.png import png_info
+from engine.executor import Executor, RunResult
+from engine.jobs.spec import JobSpec
 
 log = logging.getLogger("loom.distributed.worker")
 
@@ -56,18 +56,6 @@ class WorkerConfig:
     name: str = ""
     scratch_dir: str | None = None
     python_path: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class JobTask:
-    """One attempt at one job, as the server sends it."""
-
-    prompt_id: str
-    prompt: dict[str, Any]
-    attempt: int = 1
-    outputs: list[str] | None = None
-    extra_pnginfo: dict[str, Any] | None = None
-    client_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -200,8 +188,9 @@ class LoomWorker:
         }
 
     # --- the job ------------------------------------------------------------------------------------
-    def run_job(self, task: JobTask) -> Iterator[WorkerEvent | JobOutcome]:
-        """Stream the attempt's events, then one :class:`JobOutcome` (a Ray streaming generator)."""
+    def run_job(self, task: JobSpec) -> Iterator[WorkerEvent | JobOutcome]:
+        """Stream the events of attempt ``task.attempt`` at the job, then one :class:`JobOutcome`
+        (a Ray streaming generator)."""
         with self._idle:
             if not self._idle.wait_for(lambda: self._current is None, timeout=BUSY_WAIT_S):
                 raise WorkerBusy(
@@ -234,7 +223,7 @@ class LoomWorker:
                 self._cancelled.discard(task.prompt_id)
                 self._idle.notify_all()
 
-    def _on_event(self, task: JobTask, event: ev.Event, items: queue.Queue[Any]) -> None:
+    def _on_event(self, task: JobSpec, event: ev.Event, items: queue.Queue[Any]) -> None:
         if event.prompt_id != task.prompt_id:
             return
         if isinstance(event, ev.ExecutionStart):
@@ -243,25 +232,20 @@ class LoomWorker:
                     self.executor.interrupt.set()  # cancelled while it was on its way here
         items.put(WorkerEvent(task.attempt, event))
 
-    def _run(self, task: JobTask, scratch: Path, items: queue.Queue[Any]) -> None:
+    def _run(self, task: JobSpec, scratch: Path, items: queue.Queue[Any]) -> None:
         try:
             items.put(self._execute(task, scratch))
         except BaseException as exc:  # the stream must end even if the executor broke
             items.put(exc)
 
-    def _execute(self, task: JobTask, scratch: Path) -> JobOutcome:
+    def _execute(self, task: JobSpec, scratch: Path) -> JobOutcome:
         folders = dataclasses.replace(
             self._base_folders, output_dir=scratch / "output", temp_dir=scratch / "temp"
         )
         folders.ensure()
         self.executor.folders = folders
-        request = RunRequest(
-            prompt=task.prompt,
-            prompt_id=task.prompt_id,
-            outputs=task.outputs,
-            extra_pnginfo=png_info(task.extra_pnginfo, self.executor.registry.object_info) or None,
-            client_id=task.client_id,
-        )
+        # every image is written as a file: the server reads them back from the outcome
+        request = dataclasses.replace(task.request(self.executor.registry.object_info), keep_images=False)
         try:
             result = self.executor.run(request)
         finally:
@@ -290,7 +274,7 @@ class LoomWorker:
             resident=resident,
         )
 
-    def _account(self, task: JobTask, loads: list[Any], evictions: list[Any], load_s: float) -> None:
+    def _account(self, task: JobSpec, loads: list[Any], evictions: list[Any], load_s: float) -> None:
         with self._lock:
             t = self._totals
             t["jobs"] += 1

@@ -22,7 +22,8 @@ from aiohttp import web
 
 from engine.context import Folders, ModelManagerLike
 from engine.executor import Executor
-from engine.jobs import JobQueue, JobStore, make_local_queue
+from engine.jobs.queue import JobQueue, make_local_queue
+from engine.jobs.store import JobStore
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, ServerConfig, add_routes
 from engine.server.openapi import OpenApiRoutes
@@ -67,7 +68,7 @@ class ServerParts:
     models: ModelManagerLike | None = None
     extensions: Mapping[str, Path] = field(default_factory=dict)
     own_queue: bool = True
-    plugins: Any = None  # engine.plugins.PluginReport, when plugins were loaded
+    plugins: Any = None  # engine.plugins.loader.PluginReport, when plugins were loaded
     describe_model: Callable[[str, Path], dict[str, Any]] | None = None  # family + preset of a model file
     presets: Callable[[], dict[str, Any]] | None = None  # the model presets and where they go, as JSON
 

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 
 from engine import events as ev
-from engine.jobs import JobEvent, JobFinished, JobQueue, Notice
+from engine.jobs.queue import JobQueue
+from engine.jobs.records import JobEvent, JobFinished, Notice
 
 log = logging.getLogger("loom.server")
 Sink = Callable[[Notice], None]

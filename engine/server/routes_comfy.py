@@ -11,13 +11,17 @@ import logging
 import math
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
 
 from engine.executor import RunRequest
 from engine.formats import MAX_NODES, WorkflowTooLarge
-from engine.jobs import JobQueue, JobRecord, JobSpec, StorageError
+from engine.jobs.queue import JobQueue
+from engine.jobs.records import JobRecord
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import StorageError
 from engine.server.common import (
     ApiError,
     Handler,
@@ -45,84 +49,79 @@ def invalid_prompt_error(message: str, details: str) -> web.Response:
     return json_response({"error": error, "node_errors": {}}, status=400)
 
 
-class PromptRequest:
-    """The fields of a ``POST /prompt`` body, checked; raises ApiError-shaped responses."""
+@dataclass(frozen=True)
+class Submission:
+    """A checked ``POST /prompt`` body: the job, and where it goes in the queue (``front``; ``number``:
+    ComfyUI's order field, None to let the queue number it)."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.prompt: dict[str, Any] = data["prompt"]
-        prompt_id = data.get("prompt_id")
-        if prompt_id is not None and (not isinstance(prompt_id, str) or not prompt_id.strip()):
-            raise _BadPrompt("prompt_id must be a non-empty string (or left out)")
-        self.prompt_id = prompt_id or str(uuid.uuid4())
-        number = data.get("number")
-        if number is not None:
-            if isinstance(number, bool) or not isinstance(number, int | float | str):
-                raise _BadPrompt("number must be a number")
-            try:
-                number = float(number)
-            except (ValueError, OverflowError) as exc:
-                raise _BadPrompt(f"number must be a number, got {number!r}") from exc
-            if not math.isfinite(number):
-                raise _BadPrompt("number must be finite")
-        self.number: float | None = number
-        self.front = bool(data.get("front", False))
-        extra = data.get("extra_data", {})
-        if not isinstance(extra, dict):
-            raise _BadPrompt("extra_data must be an object")
-        self.extra_data = dict(extra)
-        client_id = data.get("client_id")
-        if client_id is not None and not isinstance(client_id, str):
-            raise _BadPrompt("client_id must be a string")
-        self.client_id = client_id or None
-        if self.client_id:
-            self.extra_data["client_id"] = self.client_id
-        info = self.extra_data.get("extra_pnginfo")
-        if info is not None and not isinstance(info, dict):
-            raise _BadPrompt("extra_data.extra_pnginfo must be an object")
-        targets = data.get("partial_execution_targets")
-        if targets is not None and (
-            not isinstance(targets, list) or not all(isinstance(t, str | int) for t in targets)
-        ):
-            raise _BadPrompt("partial_execution_targets must be a list of node ids")
-        self.targets: list[str] | None = [str(t) for t in targets] if targets else None
+    job: JobSpec
+    front: bool = False
+    number: float | None = None
 
 
-class _BadPrompt(Exception):
-    pass
+def read_submission(data: dict[str, Any]) -> Submission:
+    """The job a ``POST /prompt`` body asks for, its fields checked (raises :class:`BadPrompt`).
+    ``outputs`` holds the body's ``partial_execution_targets`` until validation fills it in."""
+    prompt_id = data.get("prompt_id")
+    if prompt_id is not None and (not isinstance(prompt_id, str) or not prompt_id.strip()):
+        raise BadPrompt("prompt_id must be a non-empty string (or left out)")
+    number = data.get("number")
+    if number is not None:
+        if isinstance(number, bool) or not isinstance(number, int | float | str):
+            raise BadPrompt("number must be a number")
+        try:
+            number = float(number)
+        except (ValueError, OverflowError) as exc:
+            raise BadPrompt(f"number must be a number, got {number!r}") from exc
+        if not math.isfinite(number):
+            raise BadPrompt("number must be finite")
+    extra = data.get("extra_data", {})
+    if not isinstance(extra, dict):
+        raise BadPrompt("extra_data must be an object")
+    extra_data = dict(extra)
+    client_id = data.get("client_id")
+    if client_id is not None and not isinstance(client_id, str):
+        raise BadPrompt("client_id must be a string")
+    if client_id:
+        extra_data["client_id"] = client_id
+    info = extra_data.get("extra_pnginfo")
+    if info is not None and not isinstance(info, dict):
+        raise BadPrompt("extra_data.extra_pnginfo must be an object")
+    targets = data.get("partial_execution_targets")
+    if targets is not None and (
+        not isinstance(targets, list) or not all(isinstance(t, str | int) for t in targets)
+    ):
+        raise BadPrompt("partial_execution_targets must be a list of node ids")
+    job = JobSpec(
+        data["prompt"],
+        prompt_id or str(uuid.uuid4()),
+        extra_data=extra_data,
+        outputs=[str(t) for t in targets] if targets else [],
+        client_id=client_id or None,
+    )
+    return Submission(job, front=bool(data.get("front", False)), number=number)
+
+
+class BadPrompt(Exception):
+    """A ``POST /prompt`` (or ``POST /api/v1/jobs``) body field of the wrong shape; the message says which."""
 
 
 def submit_prompt(
     queue: JobQueue,
     validate: Validator,
-    req: PromptRequest,
+    submission: Submission,
     *,
     webhook: str | None = None,
     returns: str = "files",
 ) -> tuple[JobSpec | None, Validation]:
     """Validate and queue; returns (spec or None when invalid, validation). ``returns``: Loom's
     :attr:`JobSpec.returns` (how the job's images come back)."""
-    validation = validate(
-        RunRequest(
-            req.prompt,
-            req.prompt_id,
-            outputs=req.targets,
-            extra_pnginfo=req.extra_data.get("extra_pnginfo"),
-            client_id=req.client_id,
-        )
-    )
+    validation = validate(submission.job.request())
     if not validation.ok:
         return None, validation
-    spec = JobSpec(
-        req.prompt,
-        req.prompt_id,
-        extra_data=req.extra_data,
-        outputs=list(validation.outputs),
-        client_id=req.client_id,
-        webhook=webhook,
-        returns=returns,
-    )
+    spec = replace(submission.job, outputs=list(validation.outputs), webhook=webhook, returns=returns)
     try:
-        queue.submit(spec, front=req.front, number=req.number)
+        queue.submit(spec, front=submission.front, number=submission.number)
     except ValueError as exc:
         raise ApiError(400, "duplicate_prompt_id", str(exc)) from exc
     except StorageError as exc:
@@ -164,11 +163,11 @@ class QueueRoutes:
             }
             return json_response({"error": error, "node_errors": {}}, status=413)
         try:
-            req = PromptRequest(data)
-        except _BadPrompt as exc:
+            submission = read_submission(data)
+        except BadPrompt as exc:
             return invalid_prompt_error("Invalid prompt", str(exc))
         try:  # validation of a large workflow (and plugins' hooks) runs off the event loop
-            spec, validation = await asyncio.to_thread(submit_prompt, self.queue, self.validate, req)
+            spec, validation = await asyncio.to_thread(submit_prompt, self.queue, self.validate, submission)
         except ApiError:
             raise
         except Exception as exc:  # a validator crash on odd input is still the client's 400

@@ -26,15 +26,15 @@ import aiohttp
 from aiohttp import web
 
 from engine import events as ev
-from engine.compat_check import check_workflow
 from engine.context import KeptImages
 from engine.formats import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
-from engine.formats.ui_rules import ui_rules_text
-from engine.jobs import FINAL, JobEvent, JobFinished, JobQueue, JobView, Notice
-from engine.jobtypes import RETURN_MODES
+from engine.jobs.queue import JobQueue
+from engine.jobs.records import FINAL, JobEvent, JobFinished, JobView, Notice
+from engine.jobs.spec import RETURN_MODES
+from engine.plugins.compat_check import check_workflow
 from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
 from engine.server.presence import OutputPresence
-from engine.server.routes_comfy import PromptRequest, Validator, _BadPrompt, submit_prompt
+from engine.server.routes_comfy import BadPrompt, Validator, read_submission, submit_prompt
 from engine.server.security import is_loopback
 
 log = logging.getLogger("loom.server.jobs")
@@ -195,12 +195,12 @@ class JobRoutes:
             "partial_execution_targets": body.get("outputs"),
         }
         try:
-            req = PromptRequest(fields)
-        except _BadPrompt as exc:
+            submission = read_submission(fields)
+        except BadPrompt as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         try:
             spec, validation = await asyncio.to_thread(
-                submit_prompt, self.queue, self.validate, req, webhook=webhook, returns=returned
+                submit_prompt, self.queue, self.validate, submission, webhook=webhook, returns=returned
             )
         except ApiError:
             raise
@@ -329,7 +329,7 @@ class JobRoutes:
         return web.Response(text=ui_rules_text(), content_type="application/json")
 
     async def check(self, request: web.Request) -> web.Response:
-        """The compatibility report (engine/compat_check.py) of a bare workflow or ``{"workflow": ...}``."""
+        """The compatibility report (engine/plugins/compat_check.py) of a bare workflow or ``{"workflow": ...}``."""
         data = await read_json(request)
         inner = data.get("workflow") if isinstance(data, dict) else None
         if (

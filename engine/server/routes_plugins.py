@@ -1,7 +1,7 @@
 """Plugins on the server: ``GET /api/v1/plugins``, packs' own HTTP routes, and their
 ``PromptServer.instance.send_sync`` messages delivered over the websocket.
 
-The plugin report comes from ``engine.plugins`` (``runtime.plugin_report``); its
+The plugin report comes from ``engine.plugins.loader`` (``runtime.plugin_report``); its
 ``environment`` is the ComfyUI compatibility shim the packs were loaded with.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.jobs import JobEvent, Notice
+from engine.jobs.records import JobEvent, Notice
 from engine.node import contained
 from engine.server.common import Handler, json_error, json_response
 from engine.server.ws import WsHub

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from engine.jobstore import StorageError
+from engine.jobs.store import StorageError
 from engine.node import PluginExit, describe_exit
 from engine.server.common import (
     LOOPBACK_HOSTS,

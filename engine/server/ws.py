@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from aiohttp import WSMsgType, web
 
 from engine import events as ev
-from engine.jobs import JobEvent, JobQueue, Notice, QueueChanged
+from engine.jobs.queue import JobQueue
+from engine.jobs.records import JobEvent, Notice, QueueChanged
 from engine.server.common import dumps, parse_json
 
 log = logging.getLogger("loom.server.ws")

@@ -18,7 +18,7 @@ from engine.context import Folders, RunSettings
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders
-from engine.memory import ModelManager
+from engine.memory.manager import ModelManager
 from engine.registry import NodeRegistry
 
 

@@ -39,7 +39,7 @@ from aiohttp import web
 
 from engine.context import Folders, ModelFiles
 from engine.folders import comfy_folder_table
-from engine.plugins import PluginConfig, PluginReport, load_plugins
+from engine.plugins.loader import PluginConfig, PluginReport, load_plugins
 from engine.registry import NodeRegistry
 
 EventSink = Callable[[str, Any, str | None], None]

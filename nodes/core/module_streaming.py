@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.streaming import BlockStreamer, DeviceAccount, DeviceBudget, RunShape, StreamPlan, plan_split
+from engine.memory.device_budget import DeviceBudget, RunShape
+from engine.memory.streaming import BlockStreamer, DeviceAccount, StreamPlan, plan_split
 
 log = logging.getLogger("loom.nodes.streaming")
 

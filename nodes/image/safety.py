@@ -31,7 +31,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from engine.context import ModelAccess, ModelFiles, NodeContext, Preview
+from engine.context import ModelAccess, ModelFiles, NodeContext
+from engine.events import Preview
 from engine.image_guard import Guarded, GuardUnavailable, Policy, Verdict
 from engine.node import Node, NodeOutput
 from engine.schema import COMBO, FLOAT, IMAGE, DynamicOptions, Input, NodeSchema, Output

@@ -69,7 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--compute-s", type=float, default=2.0, help="simulated node compute time")
     args = parser.parse_args()
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from nodes.load.handles import open_checkpoint
 
     a_path, b_path = make_checkpoints()

@@ -65,7 +65,7 @@ def main() -> None:
 
     from engine.context import Folders, NodeContext, RunSettings
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from nodes.demo.flux import DEMO_CLIP_L, DEMO_T5XXL, make_flux_demo
     from nodes.encode.conditioning import CLIPTextEncode
     from nodes.load.handles import open_diffusion_model, open_text_encoders

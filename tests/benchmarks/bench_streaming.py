@@ -39,9 +39,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from engine.device_policy import DevicePolicy
-    from engine.memory import ModelManager
-    from engine.streaming import BudgetError, DeviceBudget
+    from engine.memory.device_budget import BudgetError, DeviceBudget
+    from engine.memory.device_policy import DevicePolicy
+    from engine.memory.manager import ModelManager
     from nodes.core.module_streaming import device_bytes
     from nodes.load.handles import open_diffusion_model
 

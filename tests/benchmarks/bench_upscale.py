@@ -33,9 +33,9 @@ def main() -> None:
     from safetensors.torch import save_file
 
     from engine.context import Folders, NodeContext
-    from engine.device_policy import DevicePolicy
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.device_policy import DevicePolicy
+    from engine.memory.manager import ModelManager
     from nodes.demo.upscale import demo_esrgan_state_dict
     from nodes.image.upscale_model import ImageUpscaleWithModel, UpscaleModelLoader
 

@@ -58,7 +58,7 @@ def _random_init(module: torch.nn.Module) -> torch.nn.Module:
 def bench_demo(repeats: int) -> None:
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from nodes.control.ipadapter import IPAdapterFile, image_tokens
     from nodes.demo.models import make_demo_models
     from nodes.demo.vision import DEMO_CLIP_VISION, DEMO_IPADAPTER, DEMO_SAFETY, make_demo_vision_models

@@ -190,9 +190,9 @@ def _context(root: Path) -> Any:
     """A node context whose manager computes the transformer in bf16 (as the diffusers side does)
     and keeps one copy of it: a patched model that changes no weights reuses the loaded module."""
     from engine.context import Folders, NodeContext, RunSettings
-    from engine.device_policy import DevicePolicy
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.device_policy import DevicePolicy
+    from engine.memory.manager import ModelManager
 
     folders = Folders(root / "input", root / "output", root / "temp", model_files=ModelFolders(root))
     folders.ensure()

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch.nn.functional as F
 
-import engine.precision_probe as probe_module
+import engine.memory.precision_probe as probe_module
 import main
 from engine.context import NodeContext
+from engine.memory.precision_probe import Measurement, Probe
 from engine.node import Node
-from engine.precision_probe import Measurement, Probe
 from engine.registry import NodeRegistry
 from tests.cli.test_cli_run import dirs
 from tests.engine.conftest import Harness

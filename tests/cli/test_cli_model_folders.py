@@ -307,7 +307,7 @@ def test_every_loader_reads_through_linked_folders(
 
     from engine.context import Folders, NodeContext, RunSettings
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     torch.set_num_threads(1)
     folders = Folders(

@@ -72,7 +72,7 @@ def test_swap_a_b_a_keeps_one_resident_and_drops_unneeded_encoders(
     assert [r["status"] for r in runs] == ["success"] * 3
     memory = [r["memory"] for r in runs]
     # The queue encoded the three jobs' prompts ahead, each checkpoint's text encoder read once and
-    # then dropped (engine/overlap.py): the jobs' own runs find their conditioning in the cache,
+    # then dropped (engine/jobs/overlap.py): the jobs' own runs find their conditioning in the cache,
     # read no model, and no text encoder is held.
     assert [m["loads"] for m in memory] == [[], [], []]
     assert not [e for m in memory for e in [*m["ram_tier"], *m["resident"]] if e["kind"] == "clip"]

@@ -287,7 +287,7 @@ def test_no_engine_formats_module_spells_a_rule_out() -> None:
 def test_the_table_agrees_with_the_engines_other_homes() -> None:
     """Node schemas declare the same widget types; the compatibility report (which keeps its own
     copies until it reads engine.formats.ui_rules) the same editor-only types and group prefixes."""
-    from engine import compat_check
+    from engine.plugins import compat_check
     from engine.schema import WIDGET_TYPES
 
     rules = ui_rules()

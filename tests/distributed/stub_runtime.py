@@ -17,10 +17,10 @@ from typing import Any
 
 from engine.cache import OutputCache
 from engine.context import Folders, NodeContext
-from engine.device_policy import DevicePolicy
 from engine.events import EventBus
 from engine.executor import Executor
-from engine.memory import ModelManager
+from engine.memory.device_policy import DevicePolicy
+from engine.memory.manager import ModelManager
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import COMBO, FLOAT, INT, STRING, DynamicOptions, Input, NodeSchema, Output

@@ -20,14 +20,16 @@ from engine.distributed.ray_queue import QueueSettings, RayJobQueue
 from engine.distributed.router import first_model_finder
 from engine.distributed.worker import (
     JobOutcome,
-    JobTask,
     LoomWorker,
     OutputFile,
     WorkerConfig,
     WorkerEvent,
     WorkerLost,
 )
-from engine.jobs import JobFinished, JobQueue, JobSpec, JobStore, Notice
+from engine.jobs.queue import JobQueue
+from engine.jobs.records import JobFinished, Notice
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from tests.distributed.stub_runtime import make_registry, workflow
 
 
@@ -60,7 +62,7 @@ class InProcessPool:
         ready, self._new = self._new, []
         return ready, []
 
-    def run(self, name: str, task: JobTask) -> Iterator[WorkerEvent | JobOutcome]:
+    def run(self, name: str, task: JobSpec) -> Iterator[WorkerEvent | JobOutcome]:
         if name in self.dead:
             raise WorkerLost(f"{name} is dead")
         stream: Generator[WorkerEvent | JobOutcome, None, None] = self.workers[name].run_job(task)  # type: ignore[assignment]
@@ -114,7 +116,7 @@ def wait_until_progressing(queue: RayJobQueue, pool: InProcessPool, prompt_id: s
 # --- the worker on its own -----------------------------------------------------------------------
 def test_a_worker_streams_events_then_its_outcome_with_the_files(tmp_path: Path) -> None:
     worker = make_worker(tmp_path, "a")
-    items = list(worker.run_job(JobTask("p1", workflow("A.safetensors", 7), attempt=3)))
+    items = list(worker.run_job(JobSpec(workflow("A.safetensors", 7), "p1", attempt=3)))
     events, outcome = items[:-1], items[-1]
     assert isinstance(outcome, JobOutcome) and outcome.result.status == "success"
     assert all(isinstance(i, WorkerEvent) and i.attempt == 3 for i in events)
@@ -122,14 +124,14 @@ def test_a_worker_streams_events_then_its_outcome_with_the_files(tmp_path: Path)
     assert [(f.folder, f.path) for f in outcome.files] == [("output", "Loom_00001_.png")]
     assert outcome.load_s > 0.04 and outcome.attempt == 3
     assert not (tmp_path / "scratch" / "loom-worker-a" / "p1.3").exists()  # scratch removed
-    again = list(worker.run_job(JobTask("p2", workflow("A.safetensors", 8))))[-1]
+    again = list(worker.run_job(JobSpec(workflow("A.safetensors", 8), "p2")))[-1]
     assert isinstance(again, JobOutcome) and again.load_s == 0.0  # model still resident
     assert worker.stats()["loads"] == 1 and worker.stats()["jobs"] == 2
 
 
 def test_interrupt_reaches_the_running_job_and_a_cancel_can_arrive_before_it(tmp_path: Path) -> None:
     worker = make_worker(tmp_path, "a")
-    stream = worker.run_job(JobTask("slow", workflow("A.safetensors", 1, steps=500, step_s=0.01)))
+    stream = worker.run_job(JobSpec(workflow("A.safetensors", 1, steps=500, step_s=0.01), "slow"))
     for item in stream:
         if isinstance(item, WorkerEvent) and isinstance(item.event, ev.Progress):
             assert worker.interrupt("slow") is True
@@ -137,7 +139,7 @@ def test_interrupt_reaches_the_running_job_and_a_cancel_can_arrive_before_it(tmp
     rest = list(stream)
     assert isinstance(rest[-1], JobOutcome) and rest[-1].result.status == "interrupted"
     assert worker.interrupt("early") is False  # not here yet: remembered
-    last = list(worker.run_job(JobTask("early", workflow("A.safetensors", 2))))[-1]
+    last = list(worker.run_job(JobSpec(workflow("A.safetensors", 2), "early")))[-1]
     assert isinstance(last, JobOutcome) and last.result.status == "interrupted"
 
 

@@ -24,7 +24,9 @@ from engine.distributed.ray_queue import QueueSettings, RayJobQueue  # noqa: E40
 from engine.distributed.router import first_model_finder  # noqa: E402
 from engine.distributed.worker import WorkerConfig  # noqa: E402
 from engine.executor import RunRequest  # noqa: E402
-from engine.jobs import JobRecord, JobSpec, JobStore, Notice  # noqa: E402
+from engine.jobs.records import JobRecord, Notice  # noqa: E402
+from engine.jobs.spec import JobSpec  # noqa: E402
+from engine.jobs.store import JobStore  # noqa: E402
 from tests.distributed import stub_runtime  # noqa: E402
 from tests.distributed.stub_runtime import make_registry, workflow  # noqa: E402
 

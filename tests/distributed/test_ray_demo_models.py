@@ -24,7 +24,8 @@ from engine.distributed.pool import ActorResources, RayWorkerPool  # noqa: E402
 from engine.distributed.ray_queue import QueueSettings, RayJobQueue  # noqa: E402
 from engine.distributed.router import Router, first_model_finder  # noqa: E402
 from engine.executor import RunRequest  # noqa: E402
-from engine.jobs import JobSpec, JobStore  # noqa: E402
+from engine.jobs.spec import JobSpec  # noqa: E402
+from engine.jobs.store import JobStore  # noqa: E402
 from tests.distributed import demo_runtime  # noqa: E402
 
 pytestmark = pytest.mark.slow

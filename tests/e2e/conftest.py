@@ -125,7 +125,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
             str(data / "user"),
             # plugin packs of every style, broken ones included: the editor must show the good ones
             "--custom-nodes",
-            str(ROOT / "tests" / "plugins" / "packs"),
+            str(ROOT / "tests" / "engine" / "plugins" / "packs"),
         ]
         launchers = [
             ("real: main.py serve", [sys.executable, "main.py", "serve", *options]),

@@ -1,4 +1,4 @@
-"""A web extension written for ComfyUI's frontend (tests/plugins/packs/comfy_web/js/color_note.js:
+"""A web extension written for ComfyUI's frontend (tests/engine/plugins/packs/comfy_web/js/color_note.js:
 `app.registerExtension`, `beforeRegisterNodeDef`, `onNodeCreated`, `addDOMWidget`, `addWidget`,
 `setSize`, `properties`, `onExecuted`, `onConnectionsChange`, `nodeCreated`, `api.addEventListener`)
 works unchanged in Loom's editor; the extension that touches LiteGraph internals only warns, once."""

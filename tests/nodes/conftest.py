@@ -217,7 +217,7 @@ def model_folders(models_dir: Path) -> Any:
 
 @pytest.fixture()
 def manager() -> Any:
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     mm = ModelManager(ram_budget_bytes=2**30, prefetch=False)
     yield mm

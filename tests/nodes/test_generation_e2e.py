@@ -30,7 +30,7 @@ def make_executor(models_dir: Path, work: Path, **settings: Any) -> Any:
     from engine.context import Folders, RunSettings
     from engine.executor import Executor
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from engine.registry import NodeRegistry
     from nodes import register_core
     from nodes.encode.conditioning import NODES as CONDITIONING_NODES

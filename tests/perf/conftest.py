@@ -1,9 +1,7 @@
-"""Demo models (plus demo TAESD and a second checkpoint) shared by the performance tests."""
+"""The shared runtime of the performance tests (over ``demo_models_ab``, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +27,9 @@ def perf_models(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Pa
 
 
 @pytest.fixture()
-def runtime(perf_models: Path, tmp_path: Path) -> Any:
+def runtime(demo_models_ab: Path, tmp_path: Path) -> Any:
     from nodes.bench.runtime import BenchRuntime
 
-    rt = BenchRuntime(perf_models, tmp_path / "work")
+    rt = BenchRuntime(demo_models_ab, tmp_path / "work")
     yield rt
     rt.close()

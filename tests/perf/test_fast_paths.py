@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 
 from nodes.bench.runtime import BenchRuntime, image_difference, txt2img
-from tests.perf.conftest import CKPT
+from tests.conftest import CKPT
 
 
 def test_prompt_embeddings_are_reused_when_only_seed_or_sampler_changes(
-    runtime: Any, perf_models: Path, tmp_path: Path
+    runtime: Any, demo_models_ab: Path, tmp_path: Path
 ) -> None:
     runtime.run(txt2img(CKPT, seed=1))
     for changed in (txt2img(CKPT, seed=2), txt2img(CKPT, seed=2, sampler="euler_ancestral")):
         result = runtime.run(changed)
         assert {"6", "7", "4", "5"} <= set(result.cached) and not {"6", "7"} & set(result.executed)
-        fresh = BenchRuntime(perf_models, tmp_path / f"fresh{len(result.executed)}")
+        fresh = BenchRuntime(demo_models_ab, tmp_path / f"fresh{len(result.executed)}")
         assert image_difference(runtime.image(result), fresh.image(fresh.run(changed))) == 0.0
     prompt_only = runtime.run(txt2img(CKPT, seed=2, text="another prompt"))
     assert "6" in prompt_only.executed and "7" in prompt_only.cached
@@ -112,7 +112,7 @@ def test_deepcache_reuses_deep_features_between_update_steps(runtime: Any) -> No
     assert "forward" not in vars(unet.mid_block)  # unwrapped after the run
 
 
-def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -> None:
+def test_taesd_previews_full_size_and_paced(demo_models_ab: Path, tmp_path: Path) -> None:
     import io
 
     import torch
@@ -120,11 +120,11 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
 
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from nodes.families import SD15
     from nodes.image.preview import PreviewPacer, PreviewRenderer
 
-    files = ModelFolders(perf_models)
+    files = ModelFolders(demo_models_ab)
     ctx = NodeContext(
         "3", "p", Folders(tmp_path, tmp_path, tmp_path, model_files=files), models=ModelManager()
     )
@@ -142,8 +142,8 @@ def test_taesd_previews_full_size_and_paced(perf_models: Path, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("method", ["auto", "latent2rgb"])
-def test_sampler_previews_with_either_method(perf_models: Path, tmp_path: Path, method: str) -> None:
-    rt = BenchRuntime(perf_models, tmp_path / method, run_settings={"preview_method": method})
+def test_sampler_previews_with_either_method(demo_models_ab: Path, tmp_path: Path, method: str) -> None:
+    rt = BenchRuntime(demo_models_ab, tmp_path / method, run_settings={"preview_method": method})
     frames: list[Any] = []
     rt.bus.subscribe(lambda event: frames.append(event) if event.type == "preview" else None)
     rt.run(txt2img(CKPT, steps=2))
@@ -159,17 +159,17 @@ def _unet_dtypes(rt: BenchRuntime) -> set[str]:
     }
 
 
-def test_half_precision_unet_is_opt_in_and_close_to_fp32(perf_models: Path, tmp_path: Path) -> None:
+def test_half_precision_unet_is_opt_in_and_close_to_fp32(demo_models_ab: Path, tmp_path: Path) -> None:
     """fp32 on the CPU unless ``--bf16-unet`` (or another precision flag) asks otherwise; then the
     UNet computes in bf16, the image stays close to fp32's but not equal (it trades quality)."""
     import argparse
 
-    from engine import precision
-    from engine.device_policy import DevicePolicy
+    from engine.memory import precision
+    from engine.memory.device_policy import DevicePolicy
 
-    plain = BenchRuntime(perf_models, tmp_path / "fp32")
+    plain = BenchRuntime(demo_models_ab, tmp_path / "fp32")
     flags = argparse.Namespace(bf16_unet=True)
-    half = BenchRuntime(perf_models, tmp_path / "bf16", policy=precision.apply(DevicePolicy.cpu(), flags))
+    half = BenchRuntime(demo_models_ab, tmp_path / "bf16", policy=precision.apply(DevicePolicy.cpu(), flags))
     prompt = txt2img(CKPT, steps=4, size=128, seed=3)
     reference, bf16 = plain.image(plain.run(prompt)), half.image(half.run(prompt))
     assert (

@@ -116,7 +116,7 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from engine.context import Folders
     from engine.executor import Executor
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from engine.registry import NodeRegistry
     from nodes import register_core
     from nodes.image.load_save import register_image_options

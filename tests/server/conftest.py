@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestClient
 from engine.cache import OutputCache
 from engine.context import Folders
 from engine.executor import Executor
-from engine.jobs import JobStore, LocalJobQueue
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.store import JobStore
 from engine.registry import NodeRegistry
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig

@@ -8,7 +8,8 @@ import time
 
 from PIL import Image
 
-from engine.context import NodeContext, Preview
+from engine.context import NodeContext
+from engine.events import Preview
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import BOOLEAN, FLOAT, INT, STRING, Input, NodeSchema, Output

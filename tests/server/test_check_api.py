@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.compat.test_compat_check import mixed_workflow
+from tests.engine.plugins.test_compat_check import mixed_workflow
 
 
 async def test_api_route(client: Any) -> None:

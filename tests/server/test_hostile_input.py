@@ -17,7 +17,8 @@ from aiohttp.test_utils import TestClient
 from PIL import Image
 
 from engine.executor import RunResult
-from engine.jobtypes import JobRecord, JobSpec
+from engine.jobs.records import JobRecord
+from engine.jobs.spec import JobSpec
 from engine.server.app import ServerParts
 from tests.server.stub_nodes import png_bytes, workflow
 

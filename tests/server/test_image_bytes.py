@@ -15,7 +15,8 @@ import torch
 from aiohttp.test_utils import TestClient
 from PIL import Image
 
-from engine.context import KeptImages, Preview
+from engine.context import KeptImages
+from engine.events import Preview
 from engine.executor import RunRequest
 from engine.image_guard import SAFETY_CHUNK, Guarded, Policy, Verdict
 from engine.server.app import ServerParts, create_app

@@ -19,7 +19,8 @@ from aiohttp.test_utils import TestClient
 import main
 from engine.context import Interrupted, InterruptFlag
 from engine.interrupt_hooks import interrupt_hooks
-from engine.jobs import JobStore, LocalJobQueue
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.store import JobStore
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS

@@ -1,6 +1,6 @@
 """The server outlives hostile plugins, a dying worker and a failing job database (issue 19, items 1-3).
 
-Plugin cases use the packs in ``tests/plugins/hostile/``; storage cases put a stand-in in front of
+Plugin cases use the packs in ``tests/engine/plugins/hostile/``; storage cases put a stand-in in front of
 the store's SQLite connection that fails every write with SQLite's own "database or disk is full"
 error while the "disk" is full (and one case fills a real database with ``max_page_count``)."""
 
@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from engine.job_worker import WORKER_DIED_MESSAGE
-from engine.jobs import LocalJobQueue
-from engine.jobstore import JobStore, StorageError
-from engine.jobtypes import JobSpec
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore, StorageError
+from engine.jobs.worker_thread import WORKER_DIED_MESSAGE
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
@@ -27,7 +27,7 @@ from tests.server.conftest import blocker as blocker_workflow
 from tests.server.conftest import make_parts, wait_history
 from tests.server.stub_nodes import workflow
 
-HOSTILE = Path(__file__).resolve().parents[1] / "plugins" / "hostile"
+HOSTILE = Path(__file__).resolve().parents[1] / "engine" / "plugins" / "hostile"
 FINAL = ("succeeded", "failed", "cancelled")
 
 

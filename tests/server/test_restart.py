@@ -7,7 +7,10 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine.jobs import JobRecord, JobSpec, JobStore, LocalJobQueue
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.records import JobRecord
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from tests.server.conftest import block_queue, make_parts, wait_history

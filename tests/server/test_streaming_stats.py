@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.memory import ModelManager
+from engine.memory.device_budget import DeviceBudget, RunShape
+from engine.memory.manager import ModelManager
+from engine.memory.streaming import StreamPlan, plan_split
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
-from engine.streaming import DeviceBudget, RunShape, StreamPlan, plan_split
 from tests.server.conftest import make_parts
 
 

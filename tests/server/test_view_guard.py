@@ -9,7 +9,7 @@ from typing import Any
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from engine.context import Preview
+from engine.events import Preview
 from engine.image_guard import SAFETY_CHUNK, Guarded
 from engine.server.app import create_app
 from engine.server.common import ServerConfig

@@ -62,8 +62,8 @@ def half_precision(setup: BenchSetup) -> list[Row]:
     difference (bf16 trades quality; CPUs with native bf16 — AVX-512 BF16, AMX — gain, others lose)."""
     import argparse
 
-    from engine import precision
-    from engine.device_policy import DevicePolicy
+    from engine.memory import precision
+    from engine.memory.device_policy import DevicePolicy
 
     bf16 = precision.apply(DevicePolicy.cpu(), argparse.Namespace(bf16_unet=True))
     runtimes = {

@@ -55,9 +55,9 @@ def _peak_rss(into: dict[str, int]) -> Iterator[None]:
 
 
 def _queue(rt: BenchRuntime, setup: BenchSetup, tag: str, overlap: bool) -> Any:
-    from engine.jobs import LocalJobQueue
-    from engine.jobstore import JobStore
-    from engine.overlap import PlanAwarePrefetch
+    from engine.jobs.overlap import PlanAwarePrefetch
+    from engine.jobs.queue import LocalJobQueue
+    from engine.jobs.store import JobStore
 
     return LocalJobQueue(
         rt.executor,
@@ -73,7 +73,7 @@ def _read_seconds(record: Any, source: str | None = None) -> float:
 
 
 def _swap(setup: BenchSetup, rep: int) -> dict[str, Any]:
-    from engine.jobs import JobSpec
+    from engine.jobs.spec import JobSpec
 
     size, steps = setup.queue_size, setup.steps[0]
     rt = BenchRuntime(setup.models_dir, setup.work / f"swap{rep}", prefetch=True)
@@ -97,7 +97,7 @@ def _swap(setup: BenchSetup, rep: int) -> dict[str, Any]:
 
 
 def _cold(setup: BenchSetup, overlap: bool, tag: str) -> dict[str, Any]:
-    from engine.jobs import JobSpec
+    from engine.jobs.spec import JobSpec
 
     rt = BenchRuntime(setup.models_dir, setup.work / f"cold_{tag}", prefetch=overlap)
     queue = _queue(rt, setup, f"cold_{tag}", overlap)

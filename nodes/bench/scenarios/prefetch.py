@@ -12,9 +12,11 @@ from nodes.bench.setup import BenchSetup
 
 
 def _two_jobs(setup: BenchSetup, prefetch: bool, tag: str) -> dict[str, Any]:
-    from engine.coalesce import NextJobPrefetch
-    from engine.jobs import JobFinished, JobSpec, LocalJobQueue
-    from engine.jobstore import JobStore
+    from engine.jobs.coalesce import NextJobPrefetch
+    from engine.jobs.queue import LocalJobQueue
+    from engine.jobs.records import JobFinished
+    from engine.jobs.spec import JobSpec
+    from engine.jobs.store import JobStore
 
     size, steps = setup.queue_size, setup.steps[0]
     rt = BenchRuntime(setup.models_dir, setup.work / f"prefetch_{tag}", prefetch=True)

@@ -10,9 +10,10 @@ JOBS = 8
 
 
 def _queue_run(setup: BenchSetup, coalesce: bool, tag: str, steps: int) -> tuple[float, list]:
-    from engine.coalesce import CoalesceConfig, Coalescer
-    from engine.jobs import JobSpec, LocalJobQueue
-    from engine.jobstore import JobStore
+    from engine.jobs.coalesce import CoalesceConfig, Coalescer
+    from engine.jobs.queue import LocalJobQueue
+    from engine.jobs.spec import JobSpec
+    from engine.jobs.store import JobStore
 
     rt = BenchRuntime(setup.models_dir, setup.work / f"queue_{tag}")
     rt.run(

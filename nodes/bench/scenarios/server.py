@@ -41,8 +41,8 @@ async def _measure(setup: BenchSetup) -> dict[str, Any]:
     import aiohttp
     from aiohttp.test_utils import TestServer
 
-    from engine.jobs import make_local_queue
-    from engine.jobstore import JobStore
+    from engine.jobs.queue import make_local_queue
+    from engine.jobs.store import JobStore
     from engine.server.app import ServerParts, create_app
     from engine.server.common import ServerConfig
 

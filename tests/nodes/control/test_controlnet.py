@@ -163,7 +163,7 @@ def test_sigma_range_selects_the_active_controls(models_dir: Path, nets: dict) -
 def run_env(models_dir: Path, nets: dict, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     work = tmp_path_factory.mktemp("cn_work")
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)

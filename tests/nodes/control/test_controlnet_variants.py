@@ -67,7 +67,7 @@ def nets(tiny_models: dict, models_dir: Path) -> dict[str, Any]:
 def run_env(models_dir: Path, nets: dict, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     work = tmp_path_factory.mktemp("cnv_work")
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)

@@ -172,7 +172,7 @@ def env(
     """One context, manager and baseline images for the module (each generation costs a UNet load)."""
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     files = ModelFolders(models_dir)
     files.add_folder("clip_vision", vision_dir / "clip_vision")

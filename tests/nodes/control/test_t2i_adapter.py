@@ -199,7 +199,7 @@ def test_hint_is_sized_to_the_unshuffle_factor_and_averaged_for_one_channel(
 def run_env(models_dir: Path, adapters: dict, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     work = tmp_path_factory.mktemp("t2i_work")
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)

@@ -34,7 +34,7 @@ def _run(demo_models: Path, tmp_path: Path, prompt: dict[str, Any]) -> Any:
     from engine.context import Folders
     from engine.executor import Executor, RunRequest
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from engine.registry import NodeRegistry
     from nodes import register_core
 

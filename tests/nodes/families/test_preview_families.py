@@ -14,7 +14,7 @@ import torch
 
 from engine.context import Folders, NodeContext, RunSettings
 from engine.folders import ModelFolders
-from engine.memory import ModelManager
+from engine.memory.manager import ModelManager
 from nodes.families import SD3, SD15, SDXL, Chroma, Flux, Flux2, QwenImage, ZImage
 from nodes.families.base import FamilyAdapter
 from nodes.image.preview import PreviewRenderer, make_demo_taesd

@@ -322,7 +322,7 @@ def test_fp8_scaled_text_encoder_is_dequantised(tmp_path: Path) -> None:
 def test_channels_last_policy_leaves_3d_convolutions_alone() -> None:
     """The CPU policy keeps VAEs channels-last; the Wan VAE's 5-D (3-D convolution) weights have no such
     layout, so only its 4-D ones change and the module still decodes the same."""
-    from engine.device_policy import channels_last
+    from engine.memory.device_policy import channels_last
 
     vae = tiny_vae()
     z = torch.randn(1, 16, 2, 2)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.memory import ModelManager
+from engine.memory.manager import ModelManager
 from nodes.demo.zimage import DEMO_QWEN3, DEMO_ZIMAGE, make_zimage_demo
 from nodes.encode.conditioning import CLIPTextEncode
 from nodes.family_nodes.flux_nodes import EmptySD3LatentImage

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.context import Preview
+from engine.events import Preview
 from engine.image_guard import GuardUnavailable, ImageGuard
 from nodes.demo.vision import set_thresholds, tiny_safety_checker
 from nodes.image.safety import SafetyChecker, SafetyGuard, SafetyHandle, blur, build_guard, scores

@@ -36,7 +36,7 @@ def make_executor(models_dir: Path, work: Path, *, guard_model: str | None = Non
     from engine.context import Folders, RunSettings
     from engine.executor import Executor
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from engine.registry import NodeRegistry
     from nodes import register_core
     from nodes.control.ipadapter import NODES as IPADAPTER_NODES
@@ -118,7 +118,7 @@ def test_enforce_replaces_saved_images_and_previews_without_the_node(
     with Image.open(tmp_path / "output" / image["subfolder"] / image["filename"]) as png:
         assert json.loads(png.info["loom_safety"]) == {"checked": True, "policy": "enforce"}
     assert was_checked(tmp_path / "output" / image["subfolder"] / image["filename"])
-    from engine.context import Preview
+    from engine.events import Preview
 
     # a preview frame on its way to the websocket goes through the guard too
     executor._preview(executor_request(), "3", Preview("PNG", _png(np.full((8, 8, 3), 200, np.uint8))))

@@ -43,7 +43,7 @@ def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture()
 def make_ctx(models_root: Path, tmp_path: Path) -> Iterator[Callable[..., NodeContext]]:
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     manager = ModelManager(ram_budget_bytes=2**30, prefetch=False)
 
@@ -290,8 +290,8 @@ def test_out_of_memory_recognition() -> None:
 def test_the_handle_is_managed_like_every_model_prefetched_counted_evicted(
     make_ctx: Callable[..., NodeContext],
 ) -> None:
-    from engine.device_policy import handles_in
-    from engine.memory import ModelManager
+    from engine.memory.device_policy import handles_in
+    from engine.memory.manager import ModelManager
 
     (handle,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
     assert handles_in([handle]) == [handle]  # the executor hints it to the manager ahead of use

@@ -28,7 +28,7 @@ def test_hires_upscale_workflow_runs_offline(demo_models: Path, tmp_path: Path) 
     from engine.context import Folders
     from engine.executor import Executor, RunRequest
     from engine.folders import ModelFolders
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
     from engine.registry import NodeRegistry
     from nodes import register_core
 

@@ -216,7 +216,8 @@ async def test_the_api_describes_a_model_and_lists_presets(
 
     args = main.make_parser().parse_args(["serve", *cli_dirs(tmp_path, demo_models)])
     runtime = main.build_runtime(args)
-    from engine.jobs import JobStore, make_local_queue
+    from engine.jobs.queue import make_local_queue
+    from engine.jobs.store import JobStore
 
     parts = ServerParts(
         runtime.registry,

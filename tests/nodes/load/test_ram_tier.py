@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.memory import ModelManager
+from engine.memory.manager import ModelManager
 from nodes.load.handles import open_checkpoint
 
 

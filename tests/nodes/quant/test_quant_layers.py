@@ -121,7 +121,7 @@ def test_int8_uses_the_fused_cpu_matmul_and_matches_dequantising() -> None:
 
 
 def test_module_cast_keeps_stored_precision_and_sets_the_compute_dtype() -> None:
-    from engine.device_policy import module_bytes
+    from engine.memory.device_policy import module_bytes
 
     model = nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32))
     convert_module(model, "fp8_e4m3fn")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.memory import ModelManager
+from engine.memory.manager import ModelManager
 from nodes.core.module_streaming import device_bytes
 from nodes.demo.flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL
 from nodes.encode.conditioning import CLIPTextEncode

@@ -106,7 +106,7 @@ def test_inputs_are_exactly_comfyuis() -> None:
 def pair_run(sd15: Any, model_folders_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One context, one resident model and one pair of prompts for the whole sampler x scheduler grid."""
     from engine.context import Folders, NodeContext, RunSettings
-    from engine.memory import ModelManager
+    from engine.memory.manager import ModelManager
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("pairs")

@@ -1,0 +1,83 @@
+"""A job: one submitted workflow, the one shape it keeps from the request to the worker that runs it.
+
+``POST /prompt`` and ``POST /api/v1/jobs`` read their bodies into a :class:`JobSpec`
+(``engine/server/routes_comfy.py``), the queue stores it, and whoever runs it (the local queue's
+worker thread, a Ray worker) derives the executor's :class:`~engine.executor.RunRequest` from it
+with :meth:`JobSpec.request`. The Ray queue sends the spec itself to its worker, with ``attempt``
+set to the attempt it is.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.executor import RunRequest
+from engine.formats.png import png_info
+
+ObjectInfo = Callable[[], Mapping[str, Mapping[str, Any]]]
+# How a job's images come back (JobSpec.returns; see engine/server/routes_jobs.py): as files, or
+# kept in memory (RunRequest.keep_images) and served as bytes or embedded as base64.
+RETURN_MODES = ("files", "bytes", "base64")
+# What the job store keeps of a spec (``attempt`` is the Ray queue's count of one dispatch, not stored).
+STORED_FIELDS = (
+    "prompt",
+    "prompt_id",
+    "number",
+    "extra_data",
+    "outputs",
+    "client_id",
+    "webhook",
+    "created_at",
+    "returns",
+)
+
+
+@dataclass
+class JobSpec:
+    """One submitted workflow, exactly as the queue stores it. ``extra_data`` is ComfyUI's (shown
+    in its queue and history); ``returns`` is Loom's own (one of :data:`RETURN_MODES`);
+    ``attempt`` counts the tries at running it (the Ray queue's: a job whose worker died runs again
+    as attempt 2, ...)."""
+
+    prompt: dict[str, Any]
+    prompt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    number: float = 0.0
+    extra_data: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+    client_id: str | None = None
+    webhook: str | None = None
+    created_at: float = field(default_factory=time.time)
+    returns: str = "files"
+    attempt: int = 1
+
+    def request(self, object_info: ObjectInfo | None = None) -> RunRequest:
+        """The run this job asks for, with the metadata image nodes embed prepared here, once
+        (``object_info`` is read only to convert a saved-format workflow to ComfyUI's UI format).
+        Without ``object_info`` the run carries no metadata: enough to validate the job."""
+        extra_pnginfo = (
+            png_info(self.extra_data.get("extra_pnginfo"), object_info) or None if object_info else None
+        )
+        return RunRequest(
+            prompt=self.prompt,
+            prompt_id=self.prompt_id,
+            outputs=list(self.outputs) or None,
+            extra_pnginfo=extra_pnginfo,
+            client_id=self.client_id,
+            keep_images=self.returns in ("bytes", "base64"),
+        )
+
+    def comfy_tuple(self) -> list[Any]:
+        """ComfyUI's queue item: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``."""
+        number: float | int = int(self.number) if float(self.number).is_integer() else self.number
+        return [number, self.prompt_id, self.prompt, self.extra_data, list(self.outputs)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in STORED_FIELDS}  # shallow: no deep copy
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        return cls(**{k: data[k] for k in STORED_FIELDS if k in data})
