@@ -20,10 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nodes.diffusion.k_samplers import (
-    StepCallback,
-    report,
-)
+from nodes.diffusion.k_samplers import StepCallback, report
 
 UNI_PC_VARIANTS = ("bh1", "bh2")
 FINAL_SIGMA = 0.001
