@@ -8,13 +8,17 @@ top of it. Modules (import them directly; nothing is imported with the package):
   flow with shift, Flux; defined in ``sigma_schedules``); constructors ``discrete``, ``flow``, ``flux``...
 - ``schedulers``: ``calculate_sigmas(model_sampling, name, steps)`` for ComfyUI's 9 scheduler names,
   the scheduler-node functions (karras, exponential, polyexponential, vp, laplace, beta, AYS, GITS,
-  optimal steps, SDTurbo; GITS rows in ``gits_tables``) and ``ksampler_sigmas`` (KSampler's
-  steps/denoise rules).
+  optimal steps, SDTurbo; the AYS, GITS and optimal-steps noise levels are ``data/*.json``, read once)
+  and ``ksampler_sigmas`` (KSampler's steps/denoise rules).
 - ``noise``: ``prepare_noise`` (initial noise), ``default_noise_sampler`` (seed + 1 per-step noise),
   ``BrownianTreeNoiseSampler`` (torchsde; SDE samplers), ``SeedGroups`` (coalesced runs).
-- ``k_samplers``: shared helpers (``to_d``, ``get_ancestral_step``, half-log-SNR, ``with_post_cfg``, ...);
-  ``k_euler``, ``k_dpm``, ``k_dpmpp``: the core samplers; ``k_extra`` (another module set):
-  ``EXTRA_SAMPLERS`` (CFG++ variants, ipndm, deis, res_multistep, er_sde, seeds, sa_solver, uni_pc).
+- ``k_samplers``: shared helpers (``report``, ``to_d``, ``get_ancestral_step``, half-log-SNR,
+  ``with_post_cfg``, ``capture_uncond``, ``noisy_run``, ...).
+- The samplers: ``k_euler`` (euler, heun, lms, ddpm, lcm, ...), ``k_dpm`` (dpm_2, dpm_fast, dpm_adaptive),
+  ``k_dpmpp`` (DPM-Solver++ incl. the SDE ones), ``k_cfgpp`` (CFG++ variants), ``k_multistep`` (ipndm,
+  deis with ``k_deis``, res_multistep, gradient_estimation), ``k_seeds`` (er_sde, SEEDS, exp_heun_2_x0),
+  ``sa_solver``, ``uni_pc``.
+- ``sampler_table``: ``SAMPLERS``, every sampler function by ComfyUI name (43).
 - ``ksampler``: :class:`KSamplerFn` (ComfyUI's KSAMPLER: noise scaling, inpainting, the call) and
   ``sampler_object(name)`` / ``ksampler(name, ...)``.
 - ``names``: ``KSAMPLER_NAMES`` (41), ``SAMPLER_NAMES`` (44), ``SCHEDULER_NAMES`` (9).

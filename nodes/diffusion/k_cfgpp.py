@@ -5,7 +5,7 @@ renoises with the unconditional ε instead of the guided one. Behaviour follows 
 ``sample_euler_ancestral_cfg_pp``, ``sample_euler_cfg_pp``, ``sample_dpmpp_2s_ancestral_cfg_pp`` and
 ``sample_dpmpp_2m_cfg_pp`` (``comfy/k_diffusion/sampling.py`` at 618b803d), including where the per-step
 noise is drawn, so seeded runs give ComfyUI's latents. The unconditional prediction reaches the
-sampler through a post-CFG function (:func:`nodes.diffusion.k_common.capture_uncond`).
+sampler through a post-CFG function (:func:`nodes.diffusion.k_samplers.capture_uncond`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nodes.diffusion.k_common import (
-    Callback,
-    NoiseSampler,
+from nodes.diffusion.k_samplers import (
+    StepCallback,
     as_args,
     batch_sigma,
     capture_uncond,
@@ -27,6 +26,7 @@ from nodes.diffusion.k_common import (
     sigma_to_half_log_snr,
     to_d,
 )
+from nodes.diffusion.noise import NoiseSampler
 
 
 @torch.no_grad()
@@ -35,7 +35,7 @@ def sample_euler_ancestral_cfg_pp(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     eta: float = 1.0,
     s_noise: float = 1.0,
@@ -71,7 +71,7 @@ def sample_euler_cfg_pp(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
 ) -> Tensor:
     """Deterministic Euler with CFG++ (the ancestral form with η = 0)."""
@@ -86,7 +86,7 @@ def sample_dpmpp_2s_ancestral_cfg_pp(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     eta: float = 1.0,
     s_noise: float = 1.0,
@@ -130,7 +130,7 @@ def sample_dpmpp_2m_cfg_pp(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
 ) -> Tensor:
     """DPM-Solver++(2M) with CFG++: the multistep correction uses D − D_uncond(previous step)."""

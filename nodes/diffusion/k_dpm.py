@@ -3,8 +3,8 @@
 ``dpm_2`` is k-diffusion's DPM-Solver-2-inspired Heun variant (midpoint in log sigma). ``dpm_fast``
 and ``dpm_adaptive`` are DPM-Solver (Lu et al. 2022, arXiv:2206.00927) in t = -log(sigma) with
 fixed (3/2/1-order mix) and adaptive (embedded 2/3-order pair with a PID step controller) steps;
-they take ``(sigma_min, sigma_max)`` rather than a sigma list, and :mod:`nodes.diffusion.ksampler`
-wraps them so they fit the common sampler signature, as ComfyUI does.
+they take ``(sigma_min, sigma_max)`` rather than a sigma list, and ``dpm_fast_function`` /
+``dpm_adaptive_function`` wrap them so they fit the common sampler signature, as ComfyUI does.
 References: k-diffusion ``sampling.py`` (MIT); ComfyUI ``comfy/k_diffusion/sampling.py``.
 """
 
@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
-from nodes.diffusion.k_euler import INF, ChurnedModel, report, rf_ancestral_split
+from nodes.diffusion.k_euler import INF, ChurnedModel, rf_ancestral_split
 from nodes.diffusion.k_samplers import (
     StepCallback,
     get_ancestral_step,
     is_flow,
     noise_sampler_for,
+    report,
     step_range,
     to_d,
 )
@@ -85,7 +86,7 @@ def sample_dpm_2_ancestral(
             sigma_down, alpha_ratio, sigma_up = rf_ancestral_split(sigmas[i], sigmas[i + 1], eta)
         else:
             sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         d = to_d(x, sigmas[i], denoised)
         if sigma_down == 0:
             x = x + d * (sigma_down - sigmas[i])
@@ -454,11 +455,3 @@ def dpm_adaptive_function(
     return sample_dpm_adaptive(
         model, x, sigma_min, sigmas[0], extra_args=extra_args, callback=callback, disable=disable, **options
     )
-
-
-DPM_SAMPLERS = {
-    "dpm_2": sample_dpm_2,
-    "dpm_2_ancestral": sample_dpm_2_ancestral,
-    "dpm_fast": dpm_fast_function,
-    "dpm_adaptive": dpm_adaptive_function,
-}

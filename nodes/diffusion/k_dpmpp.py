@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nodes.diffusion.k_euler import report, rf_ancestral_split
+from nodes.diffusion.k_euler import rf_ancestral_split
 from nodes.diffusion.k_samplers import (
     StepCallback,
     get_ancestral_step,
@@ -25,6 +25,7 @@ from nodes.diffusion.k_samplers import (
     model_sampling_of,
     noise_sampler_for,
     offset_first_sigma_for_snr,
+    report,
     sigma_to_half_log_snr,
     step_range,
     to_d,
@@ -64,7 +65,7 @@ def sample_dpmpp_2s_ancestral(
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
         sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         if sigma_down == 0:
             x = x + to_d(x, sigmas[i], denoised) * (sigma_down - sigmas[i])
         else:
@@ -98,7 +99,7 @@ def sample_dpmpp_2s_ancestral_rf(
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
         sigma_down, alpha_ratio, renoise = rf_ancestral_split(sigmas[i], sigmas[i + 1], eta)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         if sigmas[i + 1] == 0:
             x = x + to_d(x, sigmas[i], denoised) * (sigma_down - sigmas[i])
         else:
@@ -155,7 +156,7 @@ def sample_dpmpp_sde(
     fac = 1 / (2 * r)
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         if sigmas[i + 1] == 0:
             x = denoised
             continue
@@ -202,7 +203,7 @@ def sample_dpmpp_2m(
     old_denoised: torch.Tensor | None = None
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         t, t_next = _t(sigmas[i]), _t(sigmas[i + 1])
         h = t_next - t
         if old_denoised is None or sigmas[i + 1] == 0:
@@ -289,7 +290,7 @@ def sample_dpmpp_2m_sde(
     h_last: torch.Tensor | None = None
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         if sigmas[i + 1] == 0:
             x = denoised
         else:
@@ -334,7 +335,7 @@ def sample_dpmpp_3m_sde(
     h_2: Any = None
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         if sigmas[i + 1] == 0:
             x = denoised
         else:
@@ -399,15 +400,7 @@ def sample_dpmpp_2m_sde_heun(
     )
 
 
-DPMPP_SAMPLERS = {
-    "dpmpp_2s_ancestral": sample_dpmpp_2s_ancestral,
-    "dpmpp_sde": sample_dpmpp_sde,
-    "dpmpp_sde_gpu": _on_device(sample_dpmpp_sde),
-    "dpmpp_2m": sample_dpmpp_2m,
-    "dpmpp_2m_sde": sample_dpmpp_2m_sde,
-    "dpmpp_2m_sde_gpu": _on_device(sample_dpmpp_2m_sde),
-    "dpmpp_2m_sde_heun": sample_dpmpp_2m_sde_heun,
-    "dpmpp_2m_sde_heun_gpu": _on_device(sample_dpmpp_2m_sde_heun),
-    "dpmpp_3m_sde": sample_dpmpp_3m_sde,
-    "dpmpp_3m_sde_gpu": _on_device(sample_dpmpp_3m_sde),
-}
+sample_dpmpp_sde_gpu = _on_device(sample_dpmpp_sde)
+sample_dpmpp_2m_sde_gpu = _on_device(sample_dpmpp_2m_sde)
+sample_dpmpp_2m_sde_heun_gpu = _on_device(sample_dpmpp_2m_sde_heun)
+sample_dpmpp_3m_sde_gpu = _on_device(sample_dpmpp_3m_sde)

@@ -22,25 +22,13 @@ from nodes.diffusion.k_samplers import (
     is_flow,
     model_sampling_of,
     noise_sampler_for,
+    report,
     step_range,
     to_d,
 )
 from nodes.diffusion.noise import NoiseSampler
 
 INF = float("inf")
-
-
-def report(
-    callback: StepCallback | None,
-    x: torch.Tensor,
-    i: int,
-    sigma: torch.Tensor,
-    sigma_hat: torch.Tensor,
-    denoised: torch.Tensor,
-) -> None:
-    """Send the per-step dict of the package convention to ``callback`` (if any)."""
-    if callback is not None:
-        callback({"x": x, "i": i, "sigma": sigma, "sigma_hat": sigma_hat, "denoised": denoised})
 
 
 @dataclass
@@ -75,7 +63,7 @@ class ChurnedModel:
                 x = x + eps * (sigma_hat**2 - sigma**2) ** 0.5
         denoised = self.model(x, sigma_hat * x.new_ones([x.shape[0]]), **self.extra_args)
         d = to_d(x, sigma_hat, denoised)
-        report(self.callback, x, i, sigma, sigma_hat, denoised)
+        report(self.callback, x, i, sigma, denoised, sigma_hat)
         return x, sigma_hat, denoised, d
 
 
@@ -124,7 +112,7 @@ def sample_euler_ancestral(
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
         sigma_down, sigma_up = get_ancestral_step(sigmas[i], sigmas[i + 1], eta=eta)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         if sigma_down == 0:
             x = denoised
         else:
@@ -162,7 +150,7 @@ def sample_euler_ancestral_rf(
     s_in = x.new_ones([x.shape[0]])
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         if sigmas[i + 1] == 0:
             x = denoised
             continue
@@ -279,7 +267,7 @@ def sample_lms(
         ds.append(to_d(x, sigmas[i], denoised))
         if len(ds) > order:
             ds.pop(0)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         if sigmas[i + 1] == 0:
             x = denoised
             continue
@@ -321,7 +309,7 @@ def sample_ddpm(
     s_in = x.new_ones([x.shape[0]])
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         eps = (x - denoised) / sigmas[i]
         x = ddpm_step(x / torch.sqrt(1.0 + sigmas[i] ** 2.0), sigmas[i], sigmas[i + 1], eps, noise)
         if sigmas[i + 1] != 0:
@@ -346,19 +334,8 @@ def sample_lcm(
     s_in = x.new_ones([x.shape[0]])
     for i in step_range(len(sigmas) - 1, disable):
         denoised = model(x, sigmas[i] * s_in, **extra_args)
-        report(callback, x, i, sigmas[i], sigmas[i], denoised)
+        report(callback, x, i, sigmas[i], denoised)
         x = denoised
         if sigmas[i + 1] > 0:
             x = sampling.noise_scaling(sigmas[i + 1], noise(sigmas[i], sigmas[i + 1]), x)
     return x
-
-
-EULER_SAMPLERS = {
-    "euler": sample_euler,
-    "euler_ancestral": sample_euler_ancestral,
-    "heun": sample_heun,
-    "heunpp2": sample_heunpp2,
-    "lms": sample_lms,
-    "ddpm": sample_ddpm,
-    "lcm": sample_lcm,
-}

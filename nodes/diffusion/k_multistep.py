@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nodes.diffusion.k_common import (
-    Callback,
-    NoiseSampler,
+from nodes.diffusion.k_deis import deis_coefficients
+from nodes.diffusion.k_samplers import (
+    StepCallback,
     as_args,
     batch_sigma,
     capture_uncond,
@@ -31,7 +31,7 @@ from nodes.diffusion.k_common import (
     report,
     to_d,
 )
-from nodes.diffusion.k_deis import deis_coefficients
+from nodes.diffusion.noise import NoiseSampler
 
 # Adams–Bashforth weights for orders 1–4 as (numerators, newest derivative first; denominator).
 ADAMS_BASHFORTH = (
@@ -60,7 +60,7 @@ def _run_on_derivatives(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None,
-    callback: Callback | None,
+    callback: StepCallback | None,
     max_order: int,
     rule: StepRule,
 ) -> Tensor:
@@ -82,7 +82,7 @@ def sample_ipndm(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     max_order: int = 4,
 ) -> Tensor:
@@ -132,7 +132,7 @@ def sample_ipndm_v(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     max_order: int = 4,
 ) -> Tensor:
@@ -156,7 +156,7 @@ def sample_deis(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     max_order: int = 3,
     deis_mode: str = "tab",
@@ -180,7 +180,7 @@ def res_multistep(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     s_noise: float = 1.0,
     noise_sampler: NoiseSampler | None = None,
@@ -229,7 +229,7 @@ def sample_res_multistep(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     s_noise: float = 1.0,
     noise_sampler: NoiseSampler | None = None,
@@ -243,7 +243,7 @@ def sample_res_multistep_cfg_pp(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     s_noise: float = 1.0,
     noise_sampler: NoiseSampler | None = None,
@@ -259,7 +259,7 @@ def sample_res_multistep_ancestral(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     eta: float = 1.0,
     s_noise: float = 1.0,
@@ -274,7 +274,7 @@ def sample_res_multistep_ancestral_cfg_pp(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     eta: float = 1.0,
     s_noise: float = 1.0,
@@ -292,7 +292,7 @@ def sample_gradient_estimation(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     ge_gamma: float = 2.0,
     cfg_pp: bool = False,
@@ -324,7 +324,7 @@ def sample_gradient_estimation_cfg_pp(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     ge_gamma: float = 2.0,
 ) -> Tensor:

@@ -23,18 +23,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nodes.diffusion.k_common import (
-    Callback,
-    NoiseSampler,
+from nodes.diffusion.k_samplers import (
     NoisyRun,
+    StepCallback,
     batch_sigma,
+    ei_h_phi_1,
+    ei_h_phi_2,
     half_log_snr_to_sigma,
     noisy_run,
     offset_first_sigma_for_snr,
     report,
     sigma_to_half_log_snr,
 )
-from nodes.diffusion.k_samplers import ei_h_phi_1, ei_h_phi_2
+from nodes.diffusion.noise import NoiseSampler
 
 SEEDS2_SOLVER_TYPES = ("phi_1", "phi_2")
 ER_SDE_SOLVER_TYPES = ("ER-SDE", "Reverse-time SDE", "ODE")
@@ -89,7 +90,7 @@ def _seeds_loop(
     sigmas: Tensor,
     run: NoisyRun,
     eta: float,
-    callback: Callback | None,
+    callback: StepCallback | None,
     step: Callable[[_SeedsStep, Tensor, Tensor], Tensor],
 ) -> Tensor:
     """The step loop SEEDS-2 and SEEDS-3 share; ``step(state, x, denoised)`` returns x at σ'."""
@@ -115,7 +116,7 @@ def sample_seeds_2(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     eta: float = 1.0,
     s_noise: float = 1.0,
@@ -153,7 +154,7 @@ def sample_exp_heun_2_x0(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     solver_type: str = "phi_2",
 ) -> Tensor:
@@ -168,7 +169,7 @@ def sample_exp_heun_2_x0_sde(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     eta: float = 1.0,
     s_noise: float = 1.0,
@@ -197,7 +198,7 @@ def sample_seeds_3(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     eta: float = 1.0,
     s_noise: float = 1.0,
@@ -263,7 +264,7 @@ def sample_er_sde(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     s_noise: float = 1.0,
     noise_sampler: NoiseSampler | None = None,

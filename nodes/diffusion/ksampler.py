@@ -5,13 +5,12 @@ starts at the model's sigma_max, else sigma_0), wraps the guider for inpainting 
 re-imposes the known region noised to the current sigma, and its denoised output keeps the known
 latent there), calls the sampler function and undoes the noise scaling at the end
 (``inverse_noise_scaling``). ``sampler_object(name)`` maps ComfyUI's 44 sampler names to values:
-``ddim`` is euler with fresh inpaint noise, ``uni_pc``/``uni_pc_bh2`` and the other non-core names
-come from ``nodes.diffusion.k_extra.EXTRA_SAMPLERS``.
+``ddim`` is euler with fresh inpaint noise, every other name is an entry of
+``nodes.diffusion.sampler_table.SAMPLERS``.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,13 +18,11 @@ from typing import Any
 
 import torch
 
-from nodes.diffusion.k_dpm import DPM_SAMPLERS
-from nodes.diffusion.k_dpmpp import DPMPP_SAMPLERS
-from nodes.diffusion.k_euler import EULER_SAMPLERS
 from nodes.diffusion.k_samplers import model_sampling_of
 from nodes.diffusion.model_sampling import ModelSampling, reshape_sigma
 from nodes.diffusion.names import SAMPLER_NAMES
 from nodes.diffusion.noise import SeedGroups, grouped_randn, seeded_cpu_generator
+from nodes.diffusion.sampler_table import SAMPLERS
 
 ProgressCallback = Callable[[int, torch.Tensor, torch.Tensor, int], None]
 """``callback(step, denoised, x, total_steps)``: ComfyUI's sampling callback (previews, progress)."""
@@ -34,32 +31,7 @@ DEFAULT_INPAINT_SEED = 41  # ComfyUI's fallback when extra_args carry no seed
 
 
 class SamplerNotAvailable(LookupError):
-    """A sampler name that is unknown or whose implementation is not installed."""
-
-
-def core_samplers() -> dict[str, Callable[..., torch.Tensor]]:
-    """The sampler functions implemented in k_euler / k_dpm / k_dpmpp, by ComfyUI name."""
-    return {**EULER_SAMPLERS, **DPM_SAMPLERS, **DPMPP_SAMPLERS}
-
-
-def extra_sampler(name: str) -> Callable[..., torch.Tensor]:
-    """A sampler from ``nodes.diffusion.k_extra.EXTRA_SAMPLERS`` (imported on first use)."""
-    try:
-        k_extra = importlib.import_module("nodes.diffusion.k_extra")
-    except ModuleNotFoundError as error:
-        if error.name != "nodes.diffusion.k_extra":
-            raise
-        raise SamplerNotAvailable(
-            f"sampler {name!r} is one of ComfyUI's samplers but its implementation "
-            f"(nodes/diffusion/k_extra.py) is not installed in this Loom; choose another sampler"
-        ) from error
-    samplers: Mapping[str, Callable[..., torch.Tensor]] = getattr(k_extra, "EXTRA_SAMPLERS", {})
-    if name not in samplers:
-        raise SamplerNotAvailable(
-            f"sampler {name!r} is one of ComfyUI's samplers but nodes/diffusion/k_extra.py does not provide it "
-            f"(it has: {', '.join(sorted(samplers)) or 'none'}); choose another sampler"
-        )
-    return samplers[name]
+    """A sampler name that Loom does not know; the message lists the names it does."""
 
 
 class InpaintDenoiser:
@@ -187,8 +159,12 @@ def ksampler(
     inpaint_options: Mapping[str, Any] | None = None,
 ) -> KSamplerFn:
     """The SAMPLER for k-sampler ``name`` (a KSAMPLER_NAMES entry, or uni_pc/uni_pc_bh2) with options."""
-    core = core_samplers()
-    function = core[name] if name in core else extra_sampler(name)
+    function = SAMPLERS.get(name)
+    if function is None:
+        raise SamplerNotAvailable(
+            f"no sampler function is named {name!r}; expected one of {', '.join(SAMPLERS)} "
+            f"(for ddim, ask sampler_object, which runs euler with fresh inpaint noise)"
+        )
     return KSamplerFn(function, dict(extra_options or {}), dict(inpaint_options or {}), name)
 
 

@@ -45,7 +45,7 @@ KSAMPLER_NAMES: list[str] = [
     "sa_solver",
     "sa_solver_pece",
 ]
-"""The k-diffusion-style samplers (41)."""
+"""The k-diffusion-style samplers (41); ``sampler_table.SAMPLERS`` holds their functions."""
 
 SAMPLER_NAMES: list[str] = [*KSAMPLER_NAMES, "ddim", "uni_pc", "uni_pc_bh2"]
 """Every name the KSampler node accepts (44)."""
@@ -62,33 +62,6 @@ SCHEDULER_NAMES: list[str] = [
     "kl_optimal",
 ]
 """The scheduler names of ``KSampler`` / ``BasicScheduler`` (9)."""
-
-CORE_SAMPLER_NAMES: frozenset[str] = frozenset(
-    {
-        "euler",
-        "euler_ancestral",
-        "heun",
-        "heunpp2",
-        "dpm_2",
-        "dpm_2_ancestral",
-        "lms",
-        "dpm_fast",
-        "dpm_adaptive",
-        "dpmpp_2s_ancestral",
-        "dpmpp_sde",
-        "dpmpp_sde_gpu",
-        "dpmpp_2m",
-        "dpmpp_2m_sde",
-        "dpmpp_2m_sde_gpu",
-        "dpmpp_2m_sde_heun",
-        "dpmpp_2m_sde_heun_gpu",
-        "dpmpp_3m_sde",
-        "dpmpp_3m_sde_gpu",
-        "ddpm",
-        "lcm",
-    }
-)
-"""Samplers implemented in this package's k_euler / k_dpm / k_dpmpp; the others come from k_extra."""
 
 DISCARD_PENULTIMATE_SIGMA_SAMPLERS: frozenset[str] = frozenset(
     {"dpm_2", "dpm_2_ancestral", "uni_pc", "uni_pc_bh2"}

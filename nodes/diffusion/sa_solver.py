@@ -19,15 +19,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nodes.diffusion.k_common import (
-    Callback,
-    NoiseSampler,
+from nodes.diffusion.k_samplers import (
+    StepCallback,
     batch_sigma,
     noisy_run,
     offset_first_sigma_for_snr,
     report,
     sigma_to_half_log_snr,
 )
+from nodes.diffusion.noise import NoiseSampler
 
 TauFunction = Callable[[Tensor | float], float]
 
@@ -133,7 +133,7 @@ def sample_sa_solver(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = False,
     tau_func: TauFunction | None = None,
     s_noise: float = 1.0,
@@ -220,7 +220,7 @@ def sample_sa_solver_pece(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = False,
     tau_func: TauFunction | None = None,
     s_noise: float = 1.0,

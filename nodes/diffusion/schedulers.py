@@ -9,12 +9,18 @@ torch ramps with float64 Python scalars, numpy/scipy where ComfyUI uses them).
 References: Karras et al. 2022 (arXiv:2206.00364); Lee et al. 2024 (beta schedule, arXiv:2407.12173);
 Sabour et al. 2024 (Align Your Steps); Chen et al. 2024 (GITS); Tiankai et al. 2024 (Laplace);
 Genmo Mochi (linear-quadratic); A1111 PR 15608 (KL-optimal); bebebe666/OptimalSteps.
+The AYS, GITS and optimal-steps noise levels are data: ``data/*_noise_levels.json``, each read once.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import scipy.stats
@@ -240,107 +246,51 @@ def loglinear_interp(values: Sequence[float], num_steps: int) -> np.ndarray:
     return np.exp(new_ys)[::-1].copy()
 
 
-AYS_NOISE_LEVELS: dict[str, list[float]] = {
-    "SD1": [
-        14.6146412293,
-        6.4745760956,
-        3.8636745985,
-        2.6946151520,
-        1.8841921177,
-        1.3943805092,
-        0.9642583904,
-        0.6523686016,
-        0.3977456272,
-        0.1515232662,
-        0.0291671582,
-    ],
-    "SDXL": [
-        14.6146412293,
-        6.3184485287,
-        3.7681790315,
-        2.1811480769,
-        1.3405244945,
-        0.8620721141,
-        0.5550693289,
-        0.3798540708,
-        0.2332364134,
-        0.1114188177,
-        0.0291671582,
-    ],
-    "SVD": [700.00, 54.5, 15.886, 7.977, 4.248, 1.789, 0.981, 0.403, 0.173, 0.034, 0.002],
-}
-"""Align Your Steps 10-step noise levels (Sabour et al. 2024)."""
+DATA = Path(__file__).parent / "data"
+"""The tabulated noise levels: ``<table>.json`` holds ``{"source": ..., "levels": {model type: levels}}``."""
 
-OPTIMAL_STEPS_NOISE_LEVELS: dict[str, list[float]] = {
-    "FLUX": [0.9968, 0.9886, 0.9819, 0.975, 0.966, 0.9471, 0.9158, 0.8287, 0.5512, 0.2808, 0.001],
-    "Wan": [
-        1.0,
-        0.997,
-        0.995,
-        0.993,
-        0.991,
-        0.989,
-        0.987,
-        0.985,
-        0.98,
-        0.975,
-        0.973,
-        0.968,
-        0.96,
-        0.946,
-        0.927,
-        0.902,
-        0.864,
-        0.776,
-        0.539,
-        0.208,
-        0.001,
-    ],
-    "Chroma": [
-        0.992,
-        0.99,
-        0.988,
-        0.985,
-        0.982,
-        0.978,
-        0.973,
-        0.968,
-        0.961,
-        0.953,
-        0.943,
-        0.931,
-        0.917,
-        0.9,
-        0.881,
-        0.858,
-        0.832,
-        0.802,
-        0.769,
-        0.731,
-        0.69,
-        0.646,
-        0.599,
-        0.55,
-        0.501,
-        0.451,
-        0.402,
-        0.355,
-        0.311,
-        0.27,
-        0.232,
-        0.199,
-        0.169,
-        0.143,
-        0.12,
-        0.101,
-        0.084,
-        0.07,
-        0.058,
-        0.048,
-        0.001,
-    ],
-}
-"""Optimal Stepsize noise levels (bebebe666/OptimalSteps) for flow models."""
+AYS_MODEL_TYPES: tuple[str, ...] = ("SD1", "SDXL", "SVD")
+"""AlignYourStepsScheduler's model types: the keys of ``data/ays_noise_levels.json``."""
+
+OPTIMAL_STEPS_MODEL_TYPES: tuple[str, ...] = ("FLUX", "Wan", "Chroma")
+"""OptimalStepsScheduler's model types: the keys of ``data/optimal_steps_noise_levels.json``."""
+
+
+@functools.cache
+def noise_level_table(table: str) -> Mapping[str, Any]:
+    """``data/<table>.json``'s ``levels``, read once (read-only; rows are tuples)."""
+    path = DATA / f"{table}.json"
+    try:
+        levels = json.loads(path.read_text(encoding="utf-8"))["levels"]
+    except (OSError, ValueError, KeyError) as error:
+        raise SchedulerError(
+            f"the noise-level table {path} could not be read ({error}); expected a JSON object with a "
+            f'"levels" entry, shipped with Loom; reinstall Loom or restore the file'
+        ) from error
+    return MappingProxyType({key: _frozen(rows) for key, rows in levels.items()})
+
+
+def _frozen(rows: Any) -> Any:
+    """A JSON list (of lists) of numbers as tuples, so the cached table cannot be changed."""
+    return tuple(_frozen(row) for row in rows) if isinstance(rows, list) else rows
+
+
+def ays_noise_levels() -> Mapping[str, tuple[float, ...]]:
+    """Align Your Steps 10-step noise levels by model type (Sabour et al. 2024)."""
+    return noise_level_table("ays_noise_levels")
+
+
+def optimal_steps_noise_levels() -> Mapping[str, tuple[float, ...]]:
+    """Optimal Stepsize noise levels by flow model type (bebebe666/OptimalSteps)."""
+    return noise_level_table("optimal_steps_noise_levels")
+
+
+@functools.cache
+def gits_noise_levels() -> Mapping[float, tuple[tuple[float, ...], ...]]:
+    """GITS noise levels (Chen et al. 2024, arXiv:2405.11326; zju-pi/diff-sampler) by coefficient
+    0.80-1.50: the SD1.5 sigma schedules of 2..20 steps (``[coeff][steps - 2]``, steps + 1 values)."""
+    rows_by_key = noise_level_table("gits_noise_levels")
+    return MappingProxyType({float(key): rows for key, rows in rows_by_key.items()})
 
 
 def _tabulated(levels: Sequence[float], steps: int, denoise: float) -> torch.Tensor:
@@ -359,32 +309,31 @@ def _tabulated(levels: Sequence[float], steps: int, denoise: float) -> torch.Ten
 
 def align_your_steps(model_type: str, steps: int, denoise: float = 1.0) -> torch.Tensor:
     """AlignYourStepsScheduler for ``model_type`` SD1, SDXL or SVD."""
-    if model_type not in AYS_NOISE_LEVELS:
-        raise SchedulerError(
-            f"unknown AYS model type {model_type!r}; expected one of {', '.join(AYS_NOISE_LEVELS)}"
-        )
-    return _tabulated(AYS_NOISE_LEVELS[model_type], steps, denoise)
+    levels = ays_noise_levels()
+    if model_type not in levels:
+        raise SchedulerError(f"unknown AYS model type {model_type!r}; expected one of {', '.join(levels)}")
+    return _tabulated(levels[model_type], steps, denoise)
 
 
 def optimal_steps(model_type: str, steps: int, denoise: float = 1.0) -> torch.Tensor:
     """OptimalStepsScheduler for ``model_type`` FLUX, Wan or Chroma."""
-    if model_type not in OPTIMAL_STEPS_NOISE_LEVELS:
+    levels = optimal_steps_noise_levels()
+    if model_type not in levels:
         raise SchedulerError(
-            f"unknown optimal-steps model type {model_type!r}; expected one of {', '.join(OPTIMAL_STEPS_NOISE_LEVELS)}"
+            f"unknown optimal-steps model type {model_type!r}; expected one of {', '.join(levels)}"
         )
-    return _tabulated(OPTIMAL_STEPS_NOISE_LEVELS[model_type], steps, denoise)
+    return _tabulated(levels[model_type], steps, denoise)
 
 
 def gits(coeff: float, steps: int, denoise: float = 1.0) -> torch.Tensor:
     """GITSScheduler: the tabulated schedule for ``coeff`` (0.80-1.50 in 0.05 steps) and 2-20 steps;
     more steps resample the 20-step row log-linearly."""
-    from nodes.diffusion.gits_tables import GITS_NOISE_LEVELS
-
+    table = gits_noise_levels()
     key = round(coeff, 2)
-    if key not in GITS_NOISE_LEVELS:
+    if key not in table:
         raise SchedulerError(f"GITS coeff must be one of 0.80, 0.85, ..., 1.50; got {coeff}")
     if steps < 2:
         raise SchedulerError(f"GITS needs at least 2 steps, got {steps}")
-    rows = GITS_NOISE_LEVELS[key]
+    rows = table[key]
     levels = rows[steps - 2] if steps <= 20 else rows[-1]
     return _tabulated(levels, steps, denoise)

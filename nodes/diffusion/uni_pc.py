@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nodes.diffusion.k_common import Callback
+from nodes.diffusion.k_samplers import StepCallback, report
 
 UNI_PC_VARIANTS = ("bh1", "bh2")
 FINAL_SIGMA = 0.001
@@ -136,7 +136,7 @@ def sample_unipc(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
     variant: str = "bh1",
     lower_order_final: bool = True,
@@ -157,28 +157,15 @@ def sample_unipc(
     x = x / torch.sqrt(1.0 + times[0] ** 2.0)
     history = _History(size=max(order, 1))
     history.push(vp[0], solver.data_prediction(x, vp[0]))
-    _report(callback, x, 0, vp[0], history.outputs[-1])
+    report(callback, x / vp[0].alpha, 0, vp[0].sigma, history.outputs[-1])  # x in the package's scale
     for k in range(1, steps + 1 if order >= 1 else 1):
         step_order = min(k, order, steps + 1 - k) if lower_order_final else min(k, order)
         x, output = solver.step(x, history, vp[k], step_order, correct=k < steps)
         if output is not None:  # every step but the last is corrected, which evaluates the model there
             history.push(vp[k], output)
         if k != steps - 1:
-            _report(callback, x, min(k, steps - 1), vp[k], history.outputs[-1])
+            report(callback, x / vp[k].alpha, min(k, steps - 1), vp[k].sigma, history.outputs[-1])
     return x / vp[-1].alpha
-
-
-def _report(callback: Callback | None, x_vp: Tensor, i: int, time: _VP, denoised: Tensor) -> None:
-    if callback is not None:
-        callback(
-            {
-                "x": x_vp / time.alpha,
-                "i": i,
-                "sigma": time.sigma,
-                "sigma_hat": time.sigma,
-                "denoised": denoised,
-            }
-        )
 
 
 def sample_unipc_bh2(
@@ -186,7 +173,7 @@ def sample_unipc_bh2(
     x: Tensor,
     sigmas: Tensor,
     extra_args: dict[str, Any] | None = None,
-    callback: Callback | None = None,
+    callback: StepCallback | None = None,
     disable: bool | None = None,
 ) -> Tensor:
     """UniPC with B(h) = eʰ − 1 (ComfyUI's ``uni_pc_bh2``)."""

@@ -230,7 +230,7 @@ class AlignYourStepsScheduler(Node):
         category="sampling/custom_sampling/schedulers",
         description="NVIDIA's Align Your Steps noise levels, log-linearly resampled to the step count.",
         inputs=(
-            Input("model_type", COMBO, "Which model family's table.", options=tuple(sch.AYS_NOISE_LEVELS)),
+            Input("model_type", COMBO, "Which model family's table.", options=sch.AYS_MODEL_TYPES),
             _steps(10),
             _denoise(),
         ),
@@ -266,7 +266,7 @@ class OptimalStepsScheduler(Node):
         category="sampling/custom_sampling/schedulers",
         description="Optimal Stepsize noise levels for flow models, log-linearly resampled to the step count.",
         inputs=(
-            Input("model_type", COMBO, "Which model's table.", options=tuple(sch.OPTIMAL_STEPS_NOISE_LEVELS)),
+            Input("model_type", COMBO, "Which model's table.", options=sch.OPTIMAL_STEPS_MODEL_TYPES),
             Input("steps", INT, "Number of steps.", default=20, min=3, max=1000),
             _denoise(),
         ),

@@ -31,7 +31,7 @@ REFERENCE = Path(os.environ.get("LOOM_REFERENCE_DIR", ROOT.parent / "shared" / "
 CHECKPOINT_SHA256 = "4ad5b8fb598022dd12eeb290b44cb433aa7fad4ae3ecc40e2c770399edf73023"
 LATENT_MAX, LATENT_MEAN, PIXEL_MAX, PIXEL_MEAN = 0.02, 0.004, 2.0, 0.02
 # Cases whose second-order ancestral midpoint lands on a timestep tie (t = 166.5, see
-# tests/diffusion/test_midpoint_ties.py): the reference CPU's float32 log/exp (oneMKL, Intel code path)
+# tests/nodes/diffusion/test_midpoint_ties.py): the reference CPU's float32 log/exp (oneMKL, Intel code path)
 # put it on UNet timestep 167; other CPUs give 166 in ComfyUI as in Loom, ~0.02 latent |Δ| apart.
 TIE_SENSITIVE = {"p05_dpm_2_ancestral_normal", "p08_dpmpp_2s_ancestral_sgm_uniform"}
 

@@ -19,7 +19,7 @@ from nodes.diffusion.k_samplers import (
     to_d,
     with_post_cfg,
 )
-from tests.diffusion.toy import ToyDenoiser
+from tests.nodes.diffusion.toy import ToyDenoiser
 
 
 def test_to_d_is_the_karras_derivative_per_item() -> None:

@@ -24,7 +24,7 @@ from nodes.diffusion import model_sampling as ms
 from nodes.diffusion import schedulers as sch
 from nodes.diffusion.k_dpm import sample_dpm_2_ancestral
 from nodes.diffusion.k_dpmpp import sample_dpmpp_2s_ancestral
-from tests.diffusion.toy import ToyDenoiser, start_noise
+from tests.nodes.diffusion.toy import ToyDenoiser, start_noise
 
 # a few float32 ulps at sigma ~0.5 (1 ulp = 6e-8): well clear of any 1-ulp disagreement in log/exp
 NUDGE = 4e-7

@@ -1,4 +1,4 @@
-"""Analytic denoisers for the extra-sampler tests (no weights).
+"""Analytic denoisers for the tests of the samplers beyond the Euler / DPM families (no weights).
 
 Data x0 ~ N(0, s²) per element. With x_σ = α(σ)·x0 + σ·ε (α = 1 for eps/VE sampling, 1 − σ for flow),
 the exact denoiser is D(x, σ) = α·s²/(α²s² + σ²)·x and the probability-flow ODE maps x(σ_a) to

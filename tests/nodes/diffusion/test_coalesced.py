@@ -12,7 +12,7 @@ from nodes.diffusion import model_sampling as ms
 from nodes.diffusion import schedulers as sch
 from nodes.diffusion.ksampler import sampler_object
 from nodes.diffusion.noise import SeedGroups, brownian_noise_sampler, default_noise_sampler, prepare_noise
-from tests.diffusion.toy import ToyDenoiser
+from tests.nodes.diffusion.toy import ToyDenoiser
 
 JOBS = ((5, 1), (9, 2))  # (seed, batch size) of two runs
 SHAPE = (4, 6, 5)  # C*H*W = 120: not a multiple of 16, so per-item draws would differ from batched ones

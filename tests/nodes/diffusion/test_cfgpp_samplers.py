@@ -7,10 +7,9 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.diffusion.k_common import capture_uncond
-from nodes.diffusion.k_extra import EXTRA_SAMPLERS
-from nodes.diffusion.ksampler import core_samplers
-from tests.diffusion.extra_toys import (
+from nodes.diffusion.k_samplers import capture_uncond
+from nodes.diffusion.sampler_table import SAMPLERS
+from tests.nodes.diffusion.gaussian_toys import (
     EPS,
     FLOW,
     GaussianToy,
@@ -19,10 +18,11 @@ from tests.diffusion.extra_toys import (
     karras,
     start_noise,
 )
+from tests.nodes.diffusion.sampler_groups import OTHER_SAMPLERS
 
 torch.set_num_threads(1)
 
-CFG_PP = sorted(name for name in EXTRA_SAMPLERS if "cfg_pp" in name)
+CFG_PP = sorted(name for name in OTHER_SAMPLERS if "cfg_pp" in name)
 
 
 def marker(args: dict[str, Any]) -> torch.Tensor:
@@ -36,7 +36,7 @@ def test_cfgpp_hook_goes_last_and_switches_off_the_cfg1_shortcut(name: str) -> N
     extra_args = {"seed": 1, "model_options": options}
     seen: list[torch.Tensor] = []
     sigmas = karras(4)
-    EXTRA_SAMPLERS[name](
+    OTHER_SAMPLERS[name](
         model,
         start_noise(EPS, float(sigmas[0]), (1, 4, 8, 8)),
         sigmas,
@@ -63,7 +63,7 @@ def test_the_capture_passes_the_denoised_prediction_through_unchanged() -> None:
 def test_a_model_that_never_reports_the_uncond_gets_a_clear_error() -> None:
     sigmas = karras(3)
     with pytest.raises(RuntimeError, match="unconditional prediction"):
-        EXTRA_SAMPLERS["euler_cfg_pp"](GaussianToy(EPS), torch.randn(1, 4, 8, 8) * 14.6, sigmas, {})
+        OTHER_SAMPLERS["euler_cfg_pp"](GaussianToy(EPS), torch.randn(1, 4, 8, 8) * 14.6, sigmas, {})
 
 
 @pytest.mark.parametrize("sampling", [EPS, FLOW], ids=["eps", "flow"])
@@ -73,7 +73,7 @@ def test_euler_cfg_pp_step_is_guided_x0_plus_the_unconditional_noise(sampling: A
     sigma, sigma_next = (3.0, 1.5) if sampling is EPS else (0.8, 0.5)
     sigmas = torch.tensor([sigma, sigma_next])
     x = start_noise(sampling, sigma, (1, 4, 8, 8))
-    out = EXTRA_SAMPLERS["euler_cfg_pp"](model, x, sigmas, {})
+    out = OTHER_SAMPLERS["euler_cfg_pp"](model, x, sigmas, {})
     s = torch.tensor([sigma])
     cond, uncond = gaussian_denoised(sampling, x, s, 0.8), gaussian_denoised(sampling, x, s, 0.4)
     guided = uncond + 2.0 * (cond - uncond)
@@ -88,7 +88,7 @@ def test_dpmpp_2s_ancestral_cfg_pp_step_follows_comfyuis_618b803d_update() -> No
     model = GuidedToy(EPS, cfg=2.0)
     sigma, sigma_next = 3.0, 1.0
     x = start_noise(EPS, sigma, (1, 4, 8, 8))
-    out = EXTRA_SAMPLERS["dpmpp_2s_ancestral_cfg_pp"](
+    out = OTHER_SAMPLERS["dpmpp_2s_ancestral_cfg_pp"](
         model, x, torch.tensor([sigma, sigma_next]), {}, eta=0.0
     )
 
@@ -122,9 +122,9 @@ PAIRS = [
 def test_cfgpp_equals_its_base_sampler_when_both_branches_agree(cfgpp: str, base: str) -> None:
     sigmas = karras(8)
     x = start_noise(EPS, float(sigmas[0]), (1, 4, 16, 16))
-    base_fn = EXTRA_SAMPLERS.get(base) or core_samplers()[base]
+    base_fn = SAMPLERS[base]
     expected = base_fn(GaussianToy(EPS, scale=0.6), x.clone(), sigmas, {"seed": 9})
-    out = EXTRA_SAMPLERS[cfgpp](
+    out = OTHER_SAMPLERS[cfgpp](
         GuidedToy(EPS, cfg=3.0, s_cond=0.6, s_uncond=0.6), x.clone(), sigmas, {"seed": 9}
     )
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
@@ -134,7 +134,7 @@ def test_cfgpp_equals_its_base_sampler_when_both_branches_agree(cfgpp: str, base
 def test_guidance_changes_the_result(name: str) -> None:
     sigmas = karras(6)
     x = start_noise(EPS, float(sigmas[0]), (1, 4, 8, 8))
-    weak = EXTRA_SAMPLERS[name](GuidedToy(EPS, cfg=1.0), x, sigmas, {"seed": 2})
-    strong = EXTRA_SAMPLERS[name](GuidedToy(EPS, cfg=2.0), x, sigmas, {"seed": 2})
+    weak = OTHER_SAMPLERS[name](GuidedToy(EPS, cfg=1.0), x, sigmas, {"seed": 2})
+    strong = OTHER_SAMPLERS[name](GuidedToy(EPS, cfg=2.0), x, sigmas, {"seed": 2})
     assert torch.isfinite(strong).all()
     assert float((strong - weak).abs().mean()) > 1e-3

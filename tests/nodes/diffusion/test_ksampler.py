@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import math
-import types
 from typing import Any
 
 import pytest
 import torch
 
+from nodes.diffusion import ksampler as ksampler_module
 from nodes.diffusion import model_sampling as ms
 from nodes.diffusion import schedulers as sch
-from nodes.diffusion.ksampler import KSamplerFn, SamplerNotAvailable, core_samplers, ksampler, sampler_object
-from nodes.diffusion.names import CORE_SAMPLER_NAMES, KSAMPLER_NAMES, SAMPLER_NAMES
-from tests.diffusion.toy import ToyDenoiser, start_noise
+from nodes.diffusion.ksampler import KSamplerFn, SamplerNotAvailable, ksampler, sampler_object
+from nodes.diffusion.names import KSAMPLER_NAMES, SAMPLER_NAMES
+from nodes.diffusion.sampler_table import SAMPLERS
+from tests.nodes.diffusion.sampler_groups import EULER_DPM_SAMPLERS
+from tests.nodes.diffusion.toy import ToyDenoiser, start_noise
 
 EPS = ms.discrete()
 FLOW = ms.flow(shift=3.0)
-EXTRA_NAMES = sorted(set(SAMPLER_NAMES) - CORE_SAMPLER_NAMES - {"ddim"})
+TABLE_NAMES = sorted(set(SAMPLER_NAMES) - {"ddim"})
 
 
 class Guider(ToyDenoiser):
@@ -57,35 +59,33 @@ def test_name_lists_match_comfyui() -> None:
     assert KSAMPLER_NAMES[:4] == ["euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp"]
     assert KSAMPLER_NAMES[-2:] == ["sa_solver", "sa_solver_pece"]
     assert SAMPLER_NAMES == [*KSAMPLER_NAMES, "ddim", "uni_pc", "uni_pc_bh2"]
-    assert set(core_samplers()) == CORE_SAMPLER_NAMES and CORE_SAMPLER_NAMES <= set(KSAMPLER_NAMES)
+    assert list(SAMPLERS) == [*KSAMPLER_NAMES, "uni_pc", "uni_pc_bh2"]
+    assert set(EULER_DPM_SAMPLERS) <= set(KSAMPLER_NAMES)
 
 
-def test_every_core_name_gives_a_sampler_value() -> None:
-    for name in CORE_SAMPLER_NAMES:
+def test_every_name_gives_its_table_entry() -> None:
+    for name in TABLE_NAMES:
         sampler = sampler_object(name)
-        assert sampler.sampler_function is core_samplers()[name] and sampler.name == name
+        assert sampler.sampler_function is SAMPLERS[name] and sampler.name == name
     ddim = sampler_object("ddim")
-    assert ddim.sampler_function is core_samplers()["euler"] and ddim.inpaint_options == {"random": True}
+    assert ddim.sampler_function is SAMPLERS["euler"] and ddim.inpaint_options == {"random": True}
 
 
-def test_extra_names_come_from_k_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sampler_object_reads_the_sampler_table(monkeypatch: pytest.MonkeyPatch) -> None:
     def marker(model: Any, x: torch.Tensor, sigmas: torch.Tensor, **_: Any) -> torch.Tensor:
         return x
 
-    fake = types.ModuleType("nodes.diffusion.k_extra")
-    fake.EXTRA_SAMPLERS = {name: marker for name in EXTRA_NAMES}  # type: ignore[attr-defined]
-    monkeypatch.setitem(__import__("sys").modules, "nodes.diffusion.k_extra", fake)
-    for name in EXTRA_NAMES:
+    monkeypatch.setattr(ksampler_module, "SAMPLERS", {name: marker for name in TABLE_NAMES})
+    for name in TABLE_NAMES:
         assert sampler_object(name).sampler_function is marker
-    fake.EXTRA_SAMPLERS = {}  # type: ignore[attr-defined]
-    with pytest.raises(SamplerNotAvailable, match="'deis'.*does not provide it"):
+    monkeypatch.setattr(ksampler_module, "SAMPLERS", {})
+    with pytest.raises(SamplerNotAvailable, match="'deis'"):
         sampler_object("deis")
 
 
-def test_missing_k_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(__import__("sys").modules, "nodes.diffusion.k_extra", None)
-    with pytest.raises(SamplerNotAvailable, match="'uni_pc'.*k_extra.py.*not installed"):
-        sampler_object("uni_pc")
+def test_a_name_outside_the_table_is_a_clear_error() -> None:
+    with pytest.raises(SamplerNotAvailable, match="'ddim'.*euler, euler_cfg_pp.*sampler_object"):
+        ksampler("ddim")
 
 
 def test_unknown_sampler_lists_the_names() -> None:
@@ -96,17 +96,17 @@ def test_unknown_sampler_lists_the_names() -> None:
 def test_start_noise_is_scaled_by_sqrt_one_plus_sigma_squared_only_at_sigma_max() -> None:
     latent, noise = torch.full((1, 4, 8, 8), 0.5), start_noise((1, 4, 8, 8))
     full = sch.calculate_sigmas(EPS, "karras", 6)
-    x = first_x(KSamplerFn(core_samplers()["euler"]), EPS, full, noise, latent)
+    x = first_x(KSamplerFn(SAMPLERS["euler"]), EPS, full, noise, latent)
     assert torch.allclose(x, latent + noise * math.sqrt(1 + float(full[0]) ** 2))
     partial = sch.ksampler_sigmas(EPS, "karras", "euler", 6, denoise=0.5)
-    x = first_x(KSamplerFn(core_samplers()["euler"]), EPS, partial, noise, latent)
+    x = first_x(KSamplerFn(SAMPLERS["euler"]), EPS, partial, noise, latent)
     assert torch.allclose(x, latent + noise * float(partial[0]))
 
 
 def test_flow_models_mix_noise_and_latent_and_unscale_at_the_end() -> None:
     latent, noise = torch.full((1, 4, 8, 8), 0.5), start_noise((1, 4, 8, 8))
     sigmas = torch.tensor([0.8, 0.5, 0.2])
-    x = first_x(KSamplerFn(core_samplers()["euler"]), FLOW, sigmas, noise, latent)
+    x = first_x(KSamplerFn(SAMPLERS["euler"]), FLOW, sigmas, noise, latent)
     assert torch.allclose(x, 0.8 * noise + 0.2 * latent)
 
     def identity(model: Any, x: torch.Tensor, sigmas: torch.Tensor, **_: Any) -> torch.Tensor:

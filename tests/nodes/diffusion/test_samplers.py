@@ -1,4 +1,4 @@
-"""The core k-samplers on a toy denoiser with a known answer (tests/diffusion/toy.py).
+"""The Euler, DPM and DPM++ samplers on a toy denoiser with a known answer (tests/nodes/diffusion/toy.py).
 
 Golden values come from re-deriving each update by hand on the linear toy denoiser D = c(sigma) x,
 where a whole run is a scalar recursion; noise draw points are checked with recording noise samplers.
@@ -18,15 +18,15 @@ from nodes.diffusion import model_sampling as ms
 from nodes.diffusion import schedulers as sch
 from nodes.diffusion.k_dpm import sample_dpm_adaptive
 from nodes.diffusion.k_euler import sample_euler, sample_euler_ancestral, sample_lms
-from nodes.diffusion.ksampler import core_samplers
 from nodes.diffusion.noise import default_noise_sampler
-from tests.diffusion.toy import DATA_STD, ToyDenoiser, start_noise
+from tests.nodes.diffusion.sampler_groups import EULER_DPM_SAMPLERS
+from tests.nodes.diffusion.toy import DATA_STD, ToyDenoiser, start_noise
 
 EPS = ms.discrete()
 FLOW = ms.flow(shift=3.0)
 ANCESTRAL = ("euler_ancestral", "dpm_2_ancestral", "dpmpp_2s_ancestral", "ddpm", "lcm")
 BROWNIAN = ("dpmpp_sde", "dpmpp_2m_sde", "dpmpp_2m_sde_heun", "dpmpp_3m_sde")
-CONVERGING = sorted(name for name in core_samplers() if name != "lcm" and not name.endswith("_gpu"))
+CONVERGING = sorted(name for name in EULER_DPM_SAMPLERS if name != "lcm" and not name.endswith("_gpu"))
 """lcm keeps jumping to the posterior mean (its golden path is checked instead); the _gpu twins equal
 their CPU samplers on CPU (checked below)."""
 
@@ -49,7 +49,9 @@ def run(
     sigmas = sch.ksampler_sigmas(sampling, scheduler, name, steps)
     model = ToyDenoiser(sampling)
     x = start_noise((2, 4, 32, 32), seed=0) * sigmas[0]
-    out = core_samplers()[name](model, x, sigmas, extra_args={"seed": seed, "model_options": {}}, **options)
+    out = EULER_DPM_SAMPLERS[name](
+        model, x, sigmas, extra_args={"seed": seed, "model_options": {}}, **options
+    )
     return out, model, sigmas
 
 
@@ -60,8 +62,8 @@ def toy_c(sigma: float, flow: bool = False) -> float:
     return s2 / (s2 + sigma**2)
 
 
-def test_core_sampler_set() -> None:
-    assert sorted(core_samplers()) == sorted(
+def test_euler_dpm_sampler_set() -> None:
+    assert sorted(EULER_DPM_SAMPLERS) == sorted(
         [
             "euler",
             "euler_ancestral",
@@ -187,7 +189,7 @@ def test_ancestral_samplers_draw_once_per_noisy_step_from_seed_plus_one(
     default, _, sigmas = run(name, sampling, 7, seed=21, scheduler=scheduler)
     x = start_noise((2, 4, 32, 32), seed=0) * sigmas[0]
     recorder = RecordingNoise(x, seed=21)
-    recorded = core_samplers()[name](
+    recorded = EULER_DPM_SAMPLERS[name](
         ToyDenoiser(sampling), x, sigmas, extra_args={"seed": 21}, noise_sampler=recorder
     )
     assert torch.equal(default, recorded)
@@ -224,7 +226,7 @@ def test_sde_samplers_query_the_brownian_tree_at_comfyui_points(name: str) -> No
     sigmas = sch.calculate_sigmas(EPS, "karras", 5)
     x = start_noise((1, 4, 8, 8)) * sigmas[0]
     recorder = RecordingNoise(x, seed=0)
-    core_samplers()[name](ToyDenoiser(EPS), x, sigmas, extra_args={"seed": 0}, noise_sampler=recorder)
+    EULER_DPM_SAMPLERS[name](ToyDenoiser(EPS), x, sigmas, extra_args={"seed": 0}, noise_sampler=recorder)
     s = [float(v) for v in sigmas]
     expected = []
     for i in range(len(s) - 2):  # the last step (to 0) returns the denoised prediction
@@ -248,7 +250,7 @@ def test_callback_reports_each_step() -> None:
     seen: list[dict[str, Any]] = []
     sigmas = sch.calculate_sigmas(EPS, "normal", 4)
     x = start_noise((1, 4, 8, 8)) * sigmas[0]
-    core_samplers()["dpmpp_2m"](ToyDenoiser(EPS), x, sigmas, callback=seen.append)
+    EULER_DPM_SAMPLERS["dpmpp_2m"](ToyDenoiser(EPS), x, sigmas, callback=seen.append)
     assert [info["i"] for info in seen] == [0, 1, 2, 3]
     assert set(seen[0]) >= {"x", "i", "sigma", "sigma_hat", "denoised"}
     assert float(seen[1]["sigma"]) == float(sigmas[1])
@@ -268,7 +270,7 @@ def test_dpm_fast_uses_one_model_call_per_step_and_dpm_adaptive_reports_its_work
 def test_single_sigma_runs_return_the_input() -> None:
     x = start_noise((1, 4, 8, 8))
     for name in ("dpm_fast", "dpm_adaptive", *BROWNIAN):
-        assert torch.equal(core_samplers()[name](ToyDenoiser(EPS), x, torch.tensor([1.0])), x), name
+        assert torch.equal(EULER_DPM_SAMPLERS[name](ToyDenoiser(EPS), x, torch.tensor([1.0])), x), name
 
 
 def test_default_noise_sampler_is_what_ancestral_samplers_use() -> None:

@@ -1,5 +1,5 @@
-"""Per-step noise of the extra samplers: drawn where ComfyUI draws it (so seeded runs line up draw for
-draw), from the seed + 1 generator by default, and reproducible."""
+"""Per-step noise of the samplers beyond the Euler / DPM families: drawn where ComfyUI draws it (so seeded
+runs line up draw for draw), from the seed + 1 generator by default, and reproducible."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.diffusion.k_extra import EXTRA_SAMPLERS, er_sde_options, sa_solver_options
-from nodes.diffusion.sa_solver import tau_interval
-from tests.diffusion.extra_toys import (
+from nodes.diffusion.k_seeds import er_sde_options
+from nodes.diffusion.sa_solver import sa_solver_options, tau_interval
+from tests.nodes.diffusion.gaussian_toys import (
     EPS,
     FLOW,
     CountingNoise,
@@ -20,6 +20,7 @@ from tests.diffusion.extra_toys import (
     karras,
     start_noise,
 )
+from tests.nodes.diffusion.sampler_groups import OTHER_SAMPLERS
 
 torch.set_num_threads(1)
 
@@ -33,7 +34,7 @@ def toy(name: str, sampling: Any) -> Any:
 def draws(name: str, sigmas: torch.Tensor, **options: Any) -> list[tuple[float, float]]:
     noise = CountingNoise(SHAPE)
     x = start_noise(EPS, float(sigmas[0]), SHAPE)
-    EXTRA_SAMPLERS[name](toy(name, EPS), x, sigmas, {"seed": 4}, noise_sampler=noise, **options)
+    OTHER_SAMPLERS[name](toy(name, EPS), x, sigmas, {"seed": 4}, noise_sampler=noise, **options)
     return noise.calls
 
 
@@ -106,8 +107,8 @@ def test_deterministic_settings_draw_nothing(name: str, options: dict[str, Any])
 )
 def test_deterministic_samplers_ignore_the_seed(name: str) -> None:
     x = start_noise(EPS, float(SIGMAS[0]), SHAPE)
-    a = EXTRA_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 1})
-    b = EXTRA_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 2})
+    a = OTHER_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 1})
+    b = OTHER_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 2})
     assert torch.equal(a, b)
 
 
@@ -138,9 +139,9 @@ STOCHASTIC = [
 def test_seeded_runs_reproduce_and_seeds_differ(name: str, sampling: Any) -> None:
     sigmas = karras(6) if sampling is EPS else flow_sigmas(6)
     x = start_noise(sampling, float(sigmas[0]), SHAPE)
-    first = EXTRA_SAMPLERS[name](toy(name, sampling), x, sigmas, {"seed": 123})
-    again = EXTRA_SAMPLERS[name](toy(name, sampling), x, sigmas, {"seed": 123})
-    other = EXTRA_SAMPLERS[name](toy(name, sampling), x, sigmas, {"seed": 124})
+    first = OTHER_SAMPLERS[name](toy(name, sampling), x, sigmas, {"seed": 123})
+    again = OTHER_SAMPLERS[name](toy(name, sampling), x, sigmas, {"seed": 123})
+    other = OTHER_SAMPLERS[name](toy(name, sampling), x, sigmas, {"seed": 124})
     assert torch.equal(first, again)
     assert not torch.allclose(first, other)
 
@@ -148,8 +149,8 @@ def test_seeded_runs_reproduce_and_seeds_differ(name: str, sampling: Any) -> Non
 @pytest.mark.parametrize("name", STOCHASTIC)
 def test_default_noise_is_the_seed_plus_one_generator(name: str) -> None:
     x = start_noise(EPS, float(SIGMAS[0]), SHAPE)
-    seeded = EXTRA_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 41})
-    explicit = EXTRA_SAMPLERS[name](
+    seeded = OTHER_SAMPLERS[name](toy(name, EPS), x, SIGMAS, {"seed": 41})
+    explicit = OTHER_SAMPLERS[name](
         toy(name, EPS), x, SIGMAS, {"seed": 0}, noise_sampler=CountingNoise(SHAPE, seed=42)
     )
     assert torch.equal(seeded, explicit)

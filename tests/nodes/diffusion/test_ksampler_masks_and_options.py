@@ -1,5 +1,5 @@
-"""The extra samplers through the package's KSAMPLER wrapper (sampler_object / ksampler): noise scaling,
-inpainting masks, progress callback and the custom-sampling nodes' option helpers."""
+"""The samplers beyond the Euler / DPM families through the package's KSAMPLER wrapper (sampler_object /
+ksampler): noise scaling, inpainting masks, progress callback and the custom-sampling nodes' option helpers."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ import pytest
 import torch
 
 from nodes.diffusion import schedulers
-from nodes.diffusion.k_extra import EXTRA_SAMPLERS, er_sde_options, sa_solver_options
+from nodes.diffusion.k_seeds import er_sde_options
 from nodes.diffusion.ksampler import ksampler, sampler_object
 from nodes.diffusion.noise import prepare_noise
-from tests.diffusion.extra_toys import EPS, FLOW, GuidedToy
+from nodes.diffusion.sa_solver import sa_solver_options
+from tests.nodes.diffusion.gaussian_toys import EPS, FLOW, GuidedToy
+from tests.nodes.diffusion.sampler_groups import OTHER_SAMPLERS
 
 torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("sampling", [EPS, FLOW], ids=["eps", "flow"])
-@pytest.mark.parametrize("name", sorted(EXTRA_SAMPLERS))
-def test_sampler_object_runs_every_extra_sampler_with_an_inpaint_mask(name: str, sampling: Any) -> None:
+@pytest.mark.parametrize("name", sorted(OTHER_SAMPLERS))
+def test_sampler_object_runs_every_other_sampler_with_an_inpaint_mask(name: str, sampling: Any) -> None:
     sigmas = schedulers.ksampler_sigmas(sampling, "karras" if sampling is EPS else "simple", name, 6)
     latent = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3)) * 0.5
     mask = torch.zeros(1, 1, 8, 8)
@@ -73,7 +75,7 @@ def test_option_helpers_reject_bad_names() -> None:
     with pytest.raises(ValueError, match="solver_type"):
         er_sde_options("SDE-ER")
     with pytest.raises(ValueError, match="solver_type"):
-        EXTRA_SAMPLERS["seeds_2"](
+        OTHER_SAMPLERS["seeds_2"](
             GuidedToy(EPS), torch.zeros(1, 4, 8, 8), torch.tensor([1.0, 0.0]), {}, solver_type="phi_3"
         )
 

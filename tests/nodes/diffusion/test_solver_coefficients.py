@@ -13,7 +13,7 @@ from nodes.diffusion.k_deis import deis_coefficients, sigma_to_vp_time
 from nodes.diffusion.k_multistep import ADAMS_BASHFORTH, ipndm_v_weights
 from nodes.diffusion.sa_solver import adams_weights, exponential_moments
 from nodes.diffusion.uni_pc import sample_unipc, sample_unipc_bh2
-from tests.diffusion.extra_toys import EPS, GaussianToy, karras, start_noise
+from tests.nodes.diffusion.gaussian_toys import EPS, GaussianToy, karras, start_noise
 
 torch.set_num_threads(1)
 

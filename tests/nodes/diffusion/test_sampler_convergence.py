@@ -1,6 +1,6 @@
 """Deterministic samplers converge to the probability-flow ODE's exact solution as steps grow; stochastic
 samplers end with the data distribution's statistics. The toy data are N(0, 0.5²), whose exact denoiser
-and ODE solution are closed forms (tests/diffusion/extra_toys.py)."""
+and ODE solution are closed forms (tests/nodes/diffusion/gaussian_toys.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.diffusion.k_extra import EXTRA_SAMPLERS, er_sde_options
+from nodes.diffusion.k_seeds import er_sde_options
 from nodes.diffusion.model_sampling import ModelSampling
-from tests.diffusion.extra_toys import (
+from tests.nodes.diffusion.gaussian_toys import (
     EPS,
     FLOW,
     GaussianToy,
@@ -22,6 +22,7 @@ from tests.diffusion.extra_toys import (
     karras,
     start_noise,
 )
+from tests.nodes.diffusion.sampler_groups import OTHER_SAMPLERS
 
 torch.set_num_threads(1)
 
@@ -63,7 +64,7 @@ def toy(name: str, sampling: ModelSampling) -> Any:
 
 def ode_error(name: str, sampling: ModelSampling, sigmas: torch.Tensor) -> float:
     x = start_noise(sampling, float(sigmas[0]), shape=(1, 1, 8, 8)).double()
-    out = EXTRA_SAMPLERS[name](toy(name, sampling), x, sigmas.double(), {"seed": 1}, **DETERMINISTIC[name])
+    out = OTHER_SAMPLERS[name](toy(name, sampling), x, sigmas.double(), {"seed": 1}, **DETERMINISTIC[name])
     return float((out - exact_ode(sampling, x, float(sigmas[0]), float(sigmas[-1]), 0.5)).abs().max())
 
 
@@ -84,7 +85,7 @@ def test_higher_order_samplers_beat_the_first_order_ones(name: str) -> None:
 
 
 # dpmpp_2s_ancestral_cfg_pp is left out: at ComfyUI 618b803d its last half step mixes the midpoint's
-# unconditional prediction into the guidance term, which biases even a cfg-1 run (test_extra_cfgpp.py pins it).
+# unconditional prediction into the guidance term, which biases even a cfg-1 run (test_cfgpp_samplers.py pins it).
 STOCHASTIC = [
     "euler_ancestral_cfg_pp",
     "res_multistep_ancestral",
@@ -107,7 +108,7 @@ def test_stochastic_samplers_reach_the_data_statistics(name: str, kind: str) -> 
         )
     sampling, sigmas = (EPS, karras(100)) if kind == "eps" else (FLOW, flow_sigmas(100))
     x = start_noise(sampling, float(sigmas[0]), shape=(1, 4, 64, 64))
-    out = EXTRA_SAMPLERS[name](toy(name, sampling), x, sigmas, {"seed": 5})
+    out = OTHER_SAMPLERS[name](toy(name, sampling), x, sigmas, {"seed": 5})
     assert abs(float(out.mean())) < 0.02
     assert 0.45 < float(out.std()) < 0.55
     # The noise is fresh: the result is not the ODE's image of the start.
@@ -117,5 +118,5 @@ def test_stochastic_samplers_reach_the_data_statistics(name: str, kind: str) -> 
 def test_flow_res_multistep_ancestral_keeps_comfyuis_variance_exploding_step() -> None:
     sigmas = flow_sigmas(100)
     x = start_noise(FLOW, float(sigmas[0]), shape=(1, 4, 64, 64))
-    out = EXTRA_SAMPLERS["res_multistep_ancestral"](GaussianToy(FLOW), x, sigmas, {"seed": 5})
+    out = OTHER_SAMPLERS["res_multistep_ancestral"](GaussianToy(FLOW), x, sigmas, {"seed": 5})
     assert float(out.std()) > 0.6  # over-dispersed, as in ComfyUI (no flow branch there)

@@ -5,7 +5,10 @@ The table is /work/shared/research/comfyui-sampling-facts.md section 6.2, measur
 
 from __future__ import annotations
 
+import fnmatch
 import math
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,6 +163,35 @@ def test_gits_and_optimal_steps_tables() -> None:
     assert len(sch.optimal_steps("Chroma", 20)) == 21
     with pytest.raises(SchedulerError, match="GITS coeff"):
         sch.gits(0.82, 10)
+
+
+def test_noise_level_tables_are_read_once_and_match_the_model_types() -> None:
+    assert tuple(sch.ays_noise_levels()) == sch.AYS_MODEL_TYPES
+    assert tuple(sch.optimal_steps_noise_levels()) == sch.OPTIMAL_STEPS_MODEL_TYPES
+    assert all(len(levels) == 11 for levels in sch.ays_noise_levels().values())
+    gits = sch.gits_noise_levels()
+    assert sch.gits_noise_levels() is gits  # cached
+    assert list(gits) == [round(0.80 + 0.05 * i, 2) for i in range(15)]
+    for rows in gits.values():
+        assert [len(row) for row in rows] == list(range(3, 22))  # 2..20 steps, steps + 1 values each
+        assert all(row[0] == 14.61464119 and row[-1] == 0.02916753 for row in rows)
+        assert all(list(row) == sorted(row, reverse=True) for row in rows)
+    with pytest.raises(TypeError):
+        gits[0.80] = ()  # type: ignore[index]
+
+
+def test_noise_level_tables_ship_as_package_data() -> None:
+    root = Path(__file__).resolve().parents[3]
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    tables = sorted((root / "nodes" / "diffusion" / "data").glob("*.json"))
+    assert [t.name for t in tables] == [
+        "ays_noise_levels.json",
+        "gits_noise_levels.json",
+        "optimal_steps_noise_levels.json",
+    ]
+    for table in tables:
+        relative = table.relative_to(root / "nodes" / "diffusion").as_posix()
+        assert any(fnmatch.fnmatch(relative, pattern) for pattern in package_data.get("nodes.diffusion", []))
 
 
 def test_flow_model_schedules_end_at_zero() -> None:
