@@ -38,6 +38,7 @@ from engine.schema import (
     Output,
 )
 from nodes.control.controlnet_files import ControlHandle, ControlNetHandle, open_control_model
+from nodes.core.cond import CondEntry
 from nodes.core.control_base import CONTROL_NET, ControlResiduals, file_label, fit_hint, hint_key
 from nodes.core.sampling_hooks import ConditioningError
 
@@ -66,6 +67,19 @@ class Control:
             out.append(c)
             c = c.previous
         return out
+
+    def bind(self, entries: Sequence[CondEntry], batch: int) -> BoundControl:
+        """The controls of the cond group ``entries`` for the denoiser's forward
+        (``nodes.core.control_base.AppliedControl``); the sampler put the resident modules and the
+        percent-to-sigma map under each entry's extras."""
+        first = entries[0].extras
+        if "control_modules" not in first:
+            raise ConditioningError("this sampler did not make the conditioning's ControlNets resident")
+        chains = tuple(tuple(e.extras["control"].chain()) for e in entries)
+        contexts = tuple(e.extras.get("cross_attn_controlnet") for e in entries)
+        return BoundControl(
+            chains, first["control_modules"], first["percent_to_sigma"], batch, contexts=contexts
+        )
 
 
 def controls_of(entries: Sequence[Any]) -> list[Control]:

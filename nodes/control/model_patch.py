@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, MASK, MODEL, VAE, DynamicOptions, Input, NodeSchema, Output
+from nodes.core.handles import WeightsHandle, WeightsSource
 from nodes.core.sampling_hooks import (
     BlockIO,
     BlockStack,
@@ -37,8 +38,8 @@ from nodes.core.sampling_hooks import (
     SamplingHooks,
     replaced_forwards,
 )
-from nodes.core.weights import ModelLoadError, fingerprint, load_tensors, read_index
-from nodes.load.handles import WeightsHandle, WeightsSource
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint, load_tensors, read_index
 
 if TYPE_CHECKING:
     import torch
@@ -235,7 +236,7 @@ class _ControlRun:
     encoded: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def control(self, size: tuple[int, int]) -> Any:
-        from nodes.families.components.model_patches import PatchInputs
+        from nodes.families.components.patch_inputs import PatchInputs
         from nodes.latent.vae import downscale
 
         if size not in self.encoded:

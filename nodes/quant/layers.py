@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nodes.core.linear_inputs import contiguous_3d
-from nodes.quant.kernels import quantize
-from nodes.quant.packed import PackedWeight, QuantError
+from nodes.quant.kernels import QuantError, quantize
+from nodes.quant.packed import PackedWeight
 
 if TYPE_CHECKING:
     from torch import Tensor

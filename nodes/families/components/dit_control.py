@@ -55,13 +55,14 @@ from typing import Any, ClassVar
 import torch
 
 from nodes.core.control_base import ControlResiduals, file_label, fit_hint
+from nodes.core.handles import WeightsHandle
 from nodes.core.sampling_hooks import ConditioningError
-from nodes.core.weights import ModelLoadError, load_tensors, read_index
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import load_tensors, read_index
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE, mistoline_module, mistoline_to_diffusers
 from nodes.families.components.flux_xlabs_keys import xlabs_to_diffusers
 from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
 from nodes.families.latent_format import LatentFormat
-from nodes.load.handles import WeightsHandle
 
 SD3, SD35, FLUX_INSTANTX, FLUX_XLABS = "sd3", "sd35", "flux_instantx", "flux_xlabs"
 FAMILY = {SD3: "sd3", SD35: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux", FLUX_MISTOLINE: "flux"}

@@ -42,12 +42,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.core.weights import load_tensors
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.families.components.model_patches import PatchInputs
+    from nodes.families.components.patch_inputs import PatchInputs
     from nodes.families.latent_format import LatentFormat
 
 DETECT = "control_all_x_embedder.2-1.weight"
