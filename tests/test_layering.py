@@ -2,7 +2,8 @@
 inside a function or under ``TYPE_CHECKING`` counts like one at the top, and so does
 ``importlib.import_module("literal.name")``).
 
-Rules:
+Rules (they replace ``tests/engine/test_layering.py``, whose rules are the first floor of rule 2
+and part of rule 5; rule 2's first floor also has a test of its own):
 
 1. No import cycle among the modules (a package's ``__init__`` counts as importing its parent
    package, which Python runs first).
@@ -30,28 +31,31 @@ MAX_LINES = 500
 # The floors from the bottom up: each is a set of module prefixes (a prefix covers its package and
 # everything under it; the longest matching prefix decides). Why each sits where it does:
 FLOORS: tuple[tuple[str, ...], ...] = (
-    # the runtime: graph, validation, execution, memory, server; it receives a registry and never
+    # the runtime (graph, validation, execution, memory, server): it receives a registry and never
     # knows a node
     ("engine",),
-    # the shared floor (file reading and tensor index, hook vocabulary, handle base, conditioning
-    # and control values); quant/ is part of it, because reading a file hands quantized tensors
-    # as quant's packed weights (GGUF) and the handle base builds through quant layers
+    # the shared floor: file reading and the tensor index, hook vocabulary, handle base, conditioning
+    # and control values. quant/ is part of it: reading a .gguf file hands back quant's packed weights
+    # (core.weights -> quant.gguf) and block streaming keeps quant's layers in their format
+    # (core.module_streaming -> quant.layers), while quant reads files through core
     ("nodes.core", "nodes.quant"),
-    # samplers, schedules and model sampling: pure numerics over sigmas, family-agnostic
+    # samplers, schedules and model sampling: numerics over sigmas, knowing no family
     ("nodes.diffusion",),
     # the model layer: families and their component kinds (no Node classes)
     ("nodes.families",),
-    # stations that only need the model layer: loaders (handles), latents, text utilities
+    # stations that need only the model layer: loaders and their handles, latents, text utilities
     ("nodes.load", "nodes.latent", "nodes.text"),
-    # prompt encoding and conditioning edits (GLIGEN, unCLIP, style models read loaded files)
+    # prompts and conditioning edits: GLIGEN, style and unCLIP files open through the loaders
+    # (encode -> load), inpainting and InstructPix2Pix conditioning encode latents (encode -> latent)
     ("nodes.encode",),
-    # control models attach to conditioning; image nodes (preview, upscale, safety) load models
+    # control models attach to conditioning (ControlNet prompts encode: control -> encode); the safety
+    # checker preprocesses as CLIP vision does (image.safety -> encode.clip_vision)
     ("nodes.control", "nodes.image"),
-    # sampling runs models, conditioning and controls
+    # the sampler makes controls resident (sample -> control) and renders previews (sample -> image)
     ("nodes.sample",),
-    # MODEL patches: guidance patches call into sampling's guiders
+    # MODEL patches: perp-neg guidance uses the guiders' formula (patches.guidance_hooks -> sample)
     ("nodes.patches",),
-    # the family-specific ComfyUI nodes use every station below
+    # the family-specific ComfyUI nodes use the stations, SD3's CFG patch included (-> patches)
     ("nodes.family_nodes",),
     # the node library's registration (``register_core`` walks the stations)
     ("nodes",),
@@ -293,6 +297,16 @@ def test_no_import_from_a_lower_floor_to_a_higher_one() -> None:
         offenders,
         "move what is imported down to the importer's floor or lower",
     )
+
+
+def test_the_engine_imports_no_node_module() -> None:
+    """The floor rule's first floor, on its own: the engine receives a registry and never knows a node."""
+    offenders = [
+        f"{e.where()}: {e.source} imports {e.target}"
+        for e in import_edges(ROOT)
+        if within(e.source, ["engine"]) and within(e.target, ["nodes"])
+    ]
+    assert not offenders, report("imports of nodes/ in engine/", offenders, "move the code or invert it")
 
 
 def test_every_module_is_on_a_floor() -> None:

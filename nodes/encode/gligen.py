@@ -36,7 +36,9 @@ from engine.schema import CLIP, COMBO, CONDITIONING, INT, STRING, DynamicOptions
 from nodes.core.sampling_hooks import BlockPatch, ConditioningError, block_options
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import fingerprint, load_tensors, read_index
+from nodes.encode.conditioning import text_encoders
 from nodes.families.components.unet_patching import MIDDLE_POINT, transformer_places
+from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 
 GLIGEN = "GLIGEN"
 MAX_OBJS = 30
@@ -290,15 +292,11 @@ class GLIGENLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, gligen_name: str) -> tuple[GligenModel]:
-        from nodes.load.checkpoint_loaders import _model_files
-
         path = _model_files(ctx).resolve("gligen", gligen_name)
         return (load_gligen(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        from nodes.load.checkpoint_loaders import _file_fingerprint
-
         return _file_fingerprint(folders, "gligen", inputs.get("gligen_name"))
 
 
@@ -370,8 +368,6 @@ class GLIGENTextBoxApply(Node):
 
 def phrase_embedding(ctx: NodeContext, clip: Any, text: str) -> torch.Tensor:
     """The phrase's pooled output of the first text encoder, (1, width) on the CPU."""
-    from nodes.encode.conditioning import text_encoders
-
     with text_encoders(ctx, clip) as encoders, torch.no_grad():
         enc = encoders[0]
         _, pooled = enc.kind.encode(

@@ -21,9 +21,18 @@ from nodes.core.parts import Part
 from nodes.core.sampling_hooks import SamplingHooks, merge_all
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import fingerprint, read_index
-from nodes.families import FamilyAdapter
+from nodes.families import (
+    FamilyAdapter,
+    detect_family,
+    diffusers_family,
+    family_for_clip_type,
+    standalone_text_encoder,
+    standalone_vae,
+)
 from nodes.families.base import TextEncoderSpec
 from nodes.families.build import build_from_diffusers, build_from_single_file
+from nodes.families.components import TextEncoderKind
+from nodes.families.components.clip_text import TextEncoders
 from nodes.families.latent_format import LatentFormat
 from nodes.families.prompt import TokenizerOptions
 
@@ -159,9 +168,6 @@ class TextEncodersHandle(ComponentHandle):
     dropped_layers: tuple[tuple[str, int], ...] = field(default=())  # diffusers folders may drop one
 
     def _assemble(self, modules: dict[str, Any]) -> Any:
-        from nodes.families.components import TextEncoderKind
-        from nodes.families.components.clip_text import TextEncoders
-
         # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.
         # Each part's kind loads its own (CLIP BPE, T5 SentencePiece...).
         return TextEncoders(
@@ -212,8 +218,6 @@ class Checkpoint:
 
 def open_checkpoint(path: Path, *, allow_pickle: bool = False) -> Checkpoint:
     """Handles for a single-file checkpoint (reads the header only; no weights)."""
-    from nodes.families import detect_family
-
     index = read_index(path, allow_pickle=allow_pickle)
     family = detect_family(index)
     parts = family.parts(index)
@@ -238,8 +242,6 @@ def open_checkpoint(path: Path, *, allow_pickle: bool = False) -> Checkpoint:
 
 def open_diffusers(folder: Path, *, allow_pickle: bool = False) -> Checkpoint:
     """Handles for a diffusers folder (``model_index.json`` + component subfolders)."""
-    from nodes.families import diffusers_family
-
     folder = Path(folder)
 
     def config(sub: str) -> dict[str, Any]:
@@ -282,8 +284,6 @@ def open_diffusers(folder: Path, *, allow_pickle: bool = False) -> Checkpoint:
 
 def open_vae(path: Path, *, allow_pickle: bool = False) -> VaeHandle:
     """A standalone VAE file: original layout with or without ``first_stage_model.``, or diffusers keys."""
-    from nodes.families import standalone_vae
-
     index = read_index(path, allow_pickle=allow_pickle)
     family, part = standalone_vae(index)
     source = WeightsSource(Path(path), fingerprint(path), "single_file", allow_pickle)
@@ -294,8 +294,6 @@ def open_diffusion_model(
     path: Path, *, allow_pickle: bool = False, dtype: str | None = None
 ) -> DenoiserHandle:
     """A denoiser-only file (``models/diffusion_models``, UNETLoader): its family reads the part."""
-    from nodes.families import detect_family
-
     index = read_index(path, allow_pickle=allow_pickle)
     family = detect_family(index)
     part = family.denoiser_part(index)
@@ -315,8 +313,6 @@ def open_text_encoders(
 ) -> TextEncodersHandle:
     """Standalone text-encoder files (``models/text_encoders``; CLIPLoader, DualCLIPLoader) for the
     family of ComfyUI's ``type``; each file's encoder is recognised from its tensors."""
-    from nodes.families import family_for_clip_type, standalone_text_encoder
-
     indexes = [read_index(path, allow_pickle=allow_pickle) for path in paths]
     found = [standalone_text_encoder(index) for index in indexes]
     family = family_for_clip_type(clip_type, tuple(name for name, _ in found))

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def is_quant_layer(module: Any) -> bool:
-    from nodes.quant.layers import QuantLayer
+    from nodes.quant.layers import QuantLayer  # lazy: imports torch
 
     return isinstance(module, QuantLayer)
 

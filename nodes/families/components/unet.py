@@ -21,6 +21,7 @@ from nodes.core.control_base import bind_controls
 from nodes.core.sampling_hooks import ConditioningError, block_options
 from nodes.core.tensors import TensorIndex
 from nodes.families import arch, keys
+from nodes.families.activation import unet_bytes
 from nodes.families.components import unclip
 from nodes.families.components.unet_inputs import (
     BLANK_INPAINT_LATENT,
@@ -28,7 +29,7 @@ from nodes.families.components.unet_inputs import (
     concat_kind,
     inpaint_concat,
 )
-from nodes.families.components.unet_patching import PATCH_POINTS
+from nodes.families.components.unet_patching import PATCH_POINTS, run_patched
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -167,8 +168,6 @@ class UNetDenoiser:
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
         """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes, ``element`` bytes per
         value: the skip connections and the widest level (``nodes.families.activation``)."""
-        from nodes.families.activation import unet_bytes
-
         config = module.config
         channels = [int(c) for c in config.block_out_channels]
         layers = config.layers_per_block
@@ -211,8 +210,6 @@ class UNetDenoiser:
                 )
             x_in = torch.cat([x_in, tensor.to(x_in)], dim=1)
         if options and (options.get("patches") or options.get("patches_replace")):
-            from nodes.families.components.unet_patching import run_patched
-
             return run_patched(module, x_in, timestep, kwargs, options)  # FreeU, PAG, HyperTile, ...
         return module(x_in, timestep, return_dict=False, **kwargs)[0]
 
