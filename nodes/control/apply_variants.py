@@ -28,6 +28,8 @@ from engine.node import Node
 from engine.schema import CLIP, CONDITIONING, FLOAT, IMAGE, MASK, STRING, VAE, Input, NodeSchema, Output
 from nodes.control.controlnet import ControlNetApplyAdvanced, attach
 from nodes.core.control_base import CONTROL_NET
+from nodes.core.resize import resize
+from nodes.encode.conditioning import encode_prompt, text_encoders
 
 _RANGE = (
     Input(
@@ -71,8 +73,6 @@ def _apply(
 def masked_hint(image: torch.Tensor, mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """ComfyUI's AliMama preparation: (the image with the part to repaint black, the kept part
     (B, 1, H, W): ``1 - mask``). ``mask``: MASK, 1 where to repaint."""
-    from nodes.core.resize import resize
-
     if not isinstance(mask, torch.Tensor) or mask.ndim not in (2, 3):
         found = "nothing" if mask is None else f"{type(mask).__name__} {tuple(getattr(mask, 'shape', ()))}"
         raise ValueError(
@@ -187,8 +187,6 @@ class CLIPTextEncodeControlnet(Node):
     )
 
     def run(self, ctx: NodeContext, *, clip: Any, conditioning: Any, text: str) -> tuple[Any]:
-        from nodes.encode.conditioning import encode_prompt, text_encoders
-
         with text_encoders(ctx, clip) as encoders:
             encoded = encode_prompt(text, clip, encoders)
         extra = {"cross_attn_controlnet": encoded.embeds, "pooled_output_controlnet": encoded.pooled}

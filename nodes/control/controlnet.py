@@ -38,8 +38,12 @@ from engine.schema import (
     Output,
 )
 from nodes.control.controlnet_files import ControlHandle, ControlNetHandle, open_control_model
+from nodes.core.cond import CondEntry
 from nodes.core.control_base import CONTROL_NET, ControlResiduals, file_label, fit_hint, hint_key
+from nodes.core.resize import resize
 from nodes.core.sampling_hooks import ConditioningError
+from nodes.latent.transforms import repeat_to_batch
+from nodes.latent.vae import downscale, encode
 
 __all__ = ["CONTROL_NET", "ControlNetHandle", "fit_hint", "open_controlnet"]
 open_controlnet = open_control_model
@@ -66,6 +70,19 @@ class Control:
             out.append(c)
             c = c.previous
         return out
+
+    def bind(self, entries: Sequence[CondEntry], batch: int) -> BoundControl:
+        """The controls of the cond group ``entries`` for the denoiser's forward
+        (``nodes.core.control_base.AppliedControl``); the sampler put the resident modules and the
+        percent-to-sigma map under each entry's extras."""
+        first = entries[0].extras
+        if "control_modules" not in first:
+            raise ConditioningError("this sampler did not make the conditioning's ControlNets resident")
+        chains = tuple(tuple(e.extras["control"].chain()) for e in entries)
+        contexts = tuple(e.extras.get("cross_attn_controlnet") for e in entries)
+        return BoundControl(
+            chains, first["control_modules"], first["percent_to_sigma"], batch, contexts=contexts
+        )
 
 
 def controls_of(entries: Sequence[Any]) -> list[Control]:
@@ -141,8 +158,6 @@ def encode_hint(ctx: NodeContext, control: Control, fmt: Any, size: tuple[int, i
     """The control image in ``fmt``'s model space for a latent of ``size``: center-cropped and
     resized to the VAE's pixel size (nearest-exact), encoded, ``process_in`` (ComfyUI's order); an
     inpainting ControlNet's (``concat_mask``) with the mask appended as one more channel."""
-    from nodes.latent.vae import downscale, encode
-
     if control.vae is None:
         raise ConditioningError(
             f"ControlNet {file_label(control.handle.path)!r} works on VAE-encoded control images but no VAE was "
@@ -169,9 +184,6 @@ def mask_channel(mask: torch.Tensor | None, latent: torch.Tensor) -> torch.Tenso
     """ComfyUI's ``concat_mask`` channel for ``latent``: ``mask`` (B, 1, H, W) center-cropped and
     resized nearest-exact to the latent, its batch cut or repeated to the latent's; no mask (a plain
     apply node): ones, keep everything."""
-    from nodes.core.resize import resize
-    from nodes.latent.transforms import repeat_to_batch
-
     if mask is None:
         return torch.ones_like(latent[:, :1])
     fitted = resize(mask.float(), latent.shape[-1], latent.shape[-2], "nearest-exact", "center")

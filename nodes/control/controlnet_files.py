@@ -31,10 +31,11 @@ import torch
 from nodes.control.controlnet_union import union_config, union_forward
 from nodes.control.t2i_adapter import AdapterHandle, is_adapter, open_adapter
 from nodes.core.control_base import ControlResiduals, fit_hint
-from nodes.core.weights import ModelLoadError, fingerprint, load_tensors, read_index
+from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.families.components.dit_control import DiTControlNetHandle, dit_config, dit_layout
 from nodes.families.control import READABLE_CONTROLNET_LAYOUTS, family_label, ldm_controlnet_to_diffusers
-from nodes.load.handles import WeightsHandle, WeightsSource
 
 LDM_PREFIX = "control_model."
 DIFF_KEY = "difference"

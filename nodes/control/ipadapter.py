@@ -31,7 +31,8 @@ from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, MASK, MODEL, DynamicOptions, Input, NodeSchema, Output
 from nodes.control.ipadapter_attn import LayerWeights, Window, build_projection, clock_of, install, set_clock
 from nodes.core.sampling_hooks import ApplyFn, ModelCall, SamplingHooks
-from nodes.core.weights import ModelLoadError, fingerprint, pickle_refusal
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint, pickle_refusal
 from nodes.encode.clip_vision import (
     CLIP_VISION,
     ClipVisionHandle,

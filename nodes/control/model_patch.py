@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, MASK, MODEL, VAE, DynamicOptions, Input, NodeSchema, Output
+from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.resize import resize
 from nodes.core.sampling_hooks import (
     BlockIO,
     BlockStack,
@@ -37,8 +39,12 @@ from nodes.core.sampling_hooks import (
     SamplingHooks,
     replaced_forwards,
 )
-from nodes.core.weights import ModelLoadError, fingerprint, load_tensors, read_index
-from nodes.load.handles import WeightsHandle, WeightsSource
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint, load_tensors, read_index
+from nodes.families.components.model_patches import patch_kind_for
+from nodes.families.components.patch_inputs import PatchInputs
+from nodes.latent.vae import downscale, encode
+from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 
 if TYPE_CHECKING:
     import torch
@@ -85,8 +91,6 @@ class ModelPatchHandle(WeightsHandle):
 
 def open_model_patch(path: Any, allow_pickle: bool = False) -> ModelPatchHandle:
     """The handle of the model patch file at ``path`` (headers only; weights load on first use)."""
-    from nodes.families.components.model_patches import patch_kind_for
-
     index = read_index(path, allow_pickle=allow_pickle)
     patch_kind = patch_kind_for(index.tensors)
     if patch_kind is None:
@@ -129,16 +133,12 @@ class ModelPatchLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, name: str) -> tuple[Any]:
-        from nodes.load.checkpoint_loaders import _model_files
-
         return (
             open_model_patch(_model_files(ctx).resolve("model_patches", name), ctx.settings.allow_pickle),
         )
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        from nodes.load.checkpoint_loaders import _file_fingerprint
-
         return _file_fingerprint(folders, "model_patches", inputs.get("name"))
 
 
@@ -235,9 +235,6 @@ class _ControlRun:
     encoded: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def control(self, size: tuple[int, int]) -> Any:
-        from nodes.families.components.model_patches import PatchInputs
-        from nodes.latent.vae import downscale
-
         if size not in self.encoded:
             scale = downscale(self.vae)
             pixels = (size[0] * scale, size[1] * scale)
@@ -254,8 +251,6 @@ class _ControlRun:
         return self.encoded[size]
 
     def encode(self, image: torch.Tensor) -> torch.Tensor:
-        from nodes.latent.vae import encode
-
         latent = encode(self.vae, image)
         if latent.shape[1] != self.patch.latent_format.channels:
             raise ConditioningError(
@@ -279,8 +274,6 @@ class _ControlRun:
 
 def _fitted(image: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor | None:
     """An IMAGE at ``size`` (height, width) pixels: ComfyUI's ``area`` scale after a centre crop."""
-    from nodes.core.resize import resize
-
     if image is None:
         return None
     pixels = image.movedim(-1, 1).float()

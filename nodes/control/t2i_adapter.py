@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from nodes.core.control_base import ControlResiduals, fit_hint
-from nodes.core.weights import ModelLoadError, fingerprint, load_tensors, read_index
+from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.families.control import adapter_families
-from nodes.load.handles import WeightsHandle, WeightsSource
 
 PER_LEVEL = 2  # resnet blocks per level in the original full adapters (ComfyUI's nums_rb=2)
 

@@ -11,15 +11,24 @@ middle block, ComfyUI's ``output``/``middle`` controls) and ``down_intrablock_ad
 ``blocks`` / ``single`` (one tensor per transformer block of the model), which the transformer
 denoisers add after their blocks. A handle with a ``latent_format`` (not None) takes its control
 image VAE-encoded into that latent space: the sampler encodes it once per run (``hint_key``).
+
+The controls reach the denoiser as a value of the conditioning, not as an import of the control
+station: an apply node puts an :class:`AppliedControl` (``nodes.control.controlnet.Control``) in
+``extras["control"]`` of each entry, and the denoiser kind binds a group's entries for one forward
+(:func:`bind_controls`) into :class:`BoundControls`, which give the call's residuals.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from nodes.core.cond import CondEntry
 
 CONTROL_NET = "CONTROL_NET"
 
@@ -66,6 +75,43 @@ class ControlResiduals:
         if self.intrablock is not None:  # the UNet pops from this list: give it a copy
             out["down_intrablock_additional_residuals"] = list(self.intrablock)
         return out
+
+
+class BoundControls(Protocol):
+    """The controls of one cond group, bound for the denoiser's forward calls."""
+
+    def at(self, sigma: torch.Tensor | None) -> BoundControls:
+        """These controls for a call at noise level ``sigma`` (None: every control is active)."""
+        ...
+
+    def residuals(
+        self,
+        x_in: torch.Tensor,
+        timestep: torch.Tensor,
+        kwargs: Mapping[str, Any],
+        blocks: tuple[int, int] | None = None,
+    ) -> ControlResiduals:
+        """The summed residuals of the active controls for the call (``kwargs``: the denoiser's
+        keyword inputs; ``blocks``: a transformer's (double, single) block counts)."""
+        ...
+
+
+class AppliedControl(Protocol):
+    """What an apply node puts in a cond entry's ``extras["control"]``."""
+
+    def bind(self, entries: Sequence[CondEntry], batch: int) -> BoundControls:
+        """The controls of ``entries`` (one group, each entry repeated ``batch`` times) for the
+        forward; the sampler put the resident modules under each entry's extras."""
+        ...
+
+
+def bind_controls(entries: Sequence[CondEntry], batch: int) -> BoundControls:
+    """The controls of a cond group for the denoiser's forward (entries batch together only when
+    they carry the same control, so the first entry's binds the group)."""
+    control: AppliedControl = next(
+        e.extras["control"] for e in entries if e.extras.get("control") is not None
+    )
+    return control.bind(entries, batch)
 
 
 def hint_key(control: Any) -> str:

@@ -31,6 +31,7 @@ from torch import nn
 
 from engine.memory.device_budget import DeviceBudget, RunShape
 from engine.memory.streaming import BlockStreamer, DeviceAccount, StreamPlan, plan_split
+from nodes.quant.layers import STORAGE, QuantLayer
 
 log = logging.getLogger("loom.nodes.streaming")
 
@@ -55,8 +56,6 @@ def stream_blocks(module: nn.Module) -> list[nn.Module]:
 def _cast(owner: nn.Module, name: str, tensor: torch.Tensor) -> bool:
     """Whether the resident path (``nn.Module.to(dtype=...)``) casts this tensor: floating ones,
     except the packed storage of the stored-precision layers (which keep their format)."""
-    from nodes.quant.layers import STORAGE, QuantLayer
-
     return tensor.is_floating_point() and not (isinstance(owner, QuantLayer) and name in STORAGE)
 
 
@@ -276,8 +275,6 @@ def _prepare_streamed(blocks: Sequence[nn.Module], device: torch.device, dtype: 
     """Streamed blocks as the resident path would leave them, weights aside: stored-precision
     layers compute in ``dtype`` with their small LoRA factors on the device; host tensors pinned
     on CUDA so copies run asynchronously."""
-    from nodes.quant.layers import QuantLayer
-
     for block in blocks:
         for layer in block.modules():
             if isinstance(layer, QuantLayer):

@@ -1,6 +1,6 @@
 """Sampling hooks: how a MODEL patch takes part in sampling without the sampler knowing its name.
 
-A patch (``nodes.load.handles.Patch``) changes the built module in ``apply``; if it must also act while
+A patch (``nodes.core.handles.Patch``) changes the built module in ``apply``; if it must also act while
 the sampler runs (reset a step cache, know which batch rows are the negative branch, replace the
 CFG formula), it implements ``sampling_hooks(module) -> SamplingHooks``. The MODEL handle merges
 the hooks of all its patches in patch order (``DenoiserHandle.sampling_hooks(module)``), and the

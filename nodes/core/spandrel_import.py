@@ -20,7 +20,7 @@ import threading
 import types
 from typing import Any
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 
 _PLACEHOLDERS = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional")
 _IMPORT_LOCK = threading.Lock()

@@ -12,115 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from nodes.core.tensors import TORCH_DTYPES, ModelLoadError, TensorIndex, TensorInfo
 
 if TYPE_CHECKING:
     import torch
 
 PICKLE_SUFFIXES = frozenset({".ckpt", ".pt", ".pth", ".bin"})
-DTYPE_BYTES = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-}
 MAX_HEADER = 100 * 2**20
-TORCH_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-}
-
-
-class ModelLoadError(ValueError):
-    """A model file cannot be used. The message names the file, the problem and the fix."""
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    dtype: str  # safetensors name: F32, F16, BF16, ...
-    shape: tuple[int, ...]
-    offset: int | None = None  # where its bytes start in a safetensors file (None: other formats)
-
-    @property
-    def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        from nodes.quant.kernels import GGUF_BLOCKS
-
-        if self.dtype in GGUF_BLOCKS:  # a GGUF block format: bytes per block of elements
-            elements, size = GGUF_BLOCKS[self.dtype]
-            return -(-n // elements) * size
-        return n * DTYPE_BYTES.get(self.dtype, 4)
-
-
-@dataclass(frozen=True)
-class TensorIndex:
-    """Names and shapes of the tensors in a file, read from its header only."""
-
-    path: Path
-    tensors: Mapping[str, TensorInfo]
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    pickled: bool = False
-
-    def has(self, key: str) -> bool:
-        return key in self.tensors
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        info = self.tensors.get(key)
-        if info is None:
-            raise ModelLoadError(
-                f"{self.path.name}: expected tensor {key!r}, which is missing; the file is incomplete"
-            )
-        return info.shape
-
-    def keys_with(self, prefix: str) -> list[str]:
-        return [k for k in self.tensors if k.startswith(prefix)]
-
-    def any_with(self, prefix: str) -> bool:
-        return any(k.startswith(prefix) for k in self.tensors)
-
-    def count(self, pattern_prefix: str, index_pos: int = 0) -> int:
-        """Number of distinct integers right after ``pattern_prefix`` (``...layers.{i}.``) + 1."""
-        found = {
-            int(part)
-            for k in self.tensors
-            if k.startswith(pattern_prefix)
-            for part in [k[len(pattern_prefix) :].split(".")[index_pos]]
-            if part.isdigit()
-        }
-        return max(found) + 1 if found else 0
-
-    def nbytes(self, prefix: str = "") -> int:
-        return sum(t.nbytes for k, t in self.tensors.items() if k.startswith(prefix))
-
-    def main_dtype(self, prefix: str = "") -> str:
-        sizes: dict[str, int] = {}
-        for k, t in self.tensors.items():
-            if k.startswith(prefix):
-                sizes[t.dtype] = sizes.get(t.dtype, 0) + t.nbytes
-        return max(sizes, key=lambda d: sizes[d]) if sizes else "F32"
 
 
 def fingerprint(path: Path) -> str:
@@ -149,7 +51,7 @@ def read_index(path: Path, *, allow_pickle: bool = False) -> TensorIndex:
     if not path.is_file():
         raise ModelLoadError(f"{path}: model file not found" + (" (it is a folder)" if path.is_dir() else ""))
     if path.suffix.lower() == ".gguf":
-        from nodes.quant.files import read_gguf_index
+        from nodes.quant.gguf import read_gguf_index  # lazy: GGUF reading imports numpy and gguf
 
         return read_gguf_index(path)
     if path.suffix.lower() in PICKLE_SUFFIXES:
@@ -235,7 +137,7 @@ def load_tensors(
         if k.startswith(prefix) and not (skip_prefixes and k.startswith(skip_prefixes))
     ]
     if index.path.suffix.lower() == ".gguf":  # quantized weights come as nodes.quant PackedWeight values
-        from nodes.quant.files import load_gguf_tensors
+        from nodes.quant.gguf import load_gguf_tensors  # lazy: GGUF reading imports numpy and gguf
 
         return load_gguf_tensors(index, prefix, strip=strip, skip=skip_prefixes)
     out: dict[str, Any] = {}

@@ -118,7 +118,7 @@ def demo_flux_modules(seed: int = 0, guidance: bool = True) -> dict[str, Any]:
 
 def flux_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's separate files (name → tensors) in the users' layouts."""
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
     from nodes.families.components.flux_dit import FluxTransformer
@@ -148,7 +148,7 @@ def make_flux_demo(models_dir: Path) -> list[Path]:
     Flux dev checkpoints; reference images make it an editor), with its own random weights."""
     from safetensors.torch import save_file
 
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components.flux_dit import FluxTransformer
 

@@ -138,7 +138,7 @@ def flux2_dev_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     import numpy as np
     import torch
 
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components.flux2_dit import Flux2Transformer
 
@@ -214,7 +214,7 @@ def demo_flux2_modules(seed: int = 0, guidance: bool = False) -> dict[str, Any]:
 
 def flux2_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's files (name → tensors) in the users' layouts."""
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components.flux2_dit import Flux2Transformer
     from nodes.families.components.flux2_vae import Flux2Vae

@@ -95,7 +95,7 @@ def qwen_image_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's three files (name → tensors) in the users' layouts."""
     import torch
 
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components.wan_vae import WanVae
 

@@ -117,7 +117,7 @@ def demo_sd3_modules(seed: int = 0) -> dict[str, Any]:
 
 def sd3_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's separate files (name → tensors) in the users' layouts."""
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
     from nodes.families.components.sd3_dit import SD3Transformer

@@ -63,7 +63,7 @@ def demo_zimage_modules(seed: int = 0, vae: bool = True) -> dict[str, Any]:
 
 def zimage_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's transformer and text-encoder files (name → tensors) in the users' layouts."""
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components.zimage_dit import ZImageTransformer
 
@@ -81,8 +81,8 @@ def make_zimage_demo(models_dir: Path) -> list[Path]:
     the paths written."""
     from safetensors.torch import save_file
 
+    from nodes.core.parts import Part
     from nodes.demo.flux import DEMO_FLUX_VAE
-    from nodes.families.base import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
 

@@ -35,10 +35,11 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, IMAGE, DynamicOptions, Input, NodeSchema, Output
-from nodes.core.weights import ModelLoadError, TensorIndex, fingerprint, load_tensors, read_index
+from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.families.base import CONFIGS_DIR
 from nodes.families.build import module_with_weights
-from nodes.load.handles import WeightsHandle, WeightsSource
 
 CLIP_VISION = "CLIP_VISION"
 CLIP_VISION_OUTPUT = "CLIP_VISION_OUTPUT"

@@ -1,10 +1,9 @@
-"""Prompt encoding and conditioning utilities.
+"""Prompt encoding and the basic conditioning nodes.
 
-``CONDITIONING`` in Loom is a ``list[CondEntry]``: each entry is one encoded prompt with
-``embeds`` [1, T, D] (T a multiple of 77: one 77-token window per chunk of a long prompt),
-``pooled`` [1, P] or None (SDXL's projected clip_g output), an optional ``area`` and
-``strength`` (ConditioningSetArea), and ``extras`` for what other nodes add. A sampler averages
-the predictions of all entries of one side, weighted by strength over their area, as ComfyUI does.
+``CONDITIONING`` in Loom is a ``list[CondEntry]`` (:mod:`nodes.core.cond`): each entry is one
+encoded prompt, with an optional area and strength (ConditioningSetArea) and ``extras`` for what
+other nodes add. A sampler averages the predictions of all entries of one side, weighted by
+strength over their area, as ComfyUI does.
 
 Encoding (``encode_prompt``) follows ComfyUI's ``CLIPTextEncode`` through the family's prompt
 recipe (``family.prompt``, ``nodes.families.prompt``): each text encoder kind parses the weights,
@@ -15,9 +14,9 @@ the per-token weighting; the recipe combines the encoders' outputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -25,21 +24,8 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, CONDITIONING, FLOAT, INT, STRING, Batching, Input, NodeSchema, Output
+from nodes.core.cond import CondEntry, Conditioning
 from nodes.families.prompt import ReadyEncoder
-
-
-@dataclass(frozen=True)
-class CondEntry:
-    """One encoded prompt (see the module docstring)."""
-
-    embeds: torch.Tensor  # (1, T, D)
-    pooled: torch.Tensor | None = None  # (1, P)
-    area: tuple[int, int, int, int] | None = None  # (h, w, y, x) in latent cells (pixels / 8)
-    strength: float = 1.0
-    extras: Mapping[str, Any] = field(default_factory=dict)
-
-
-Conditioning = list[CondEntry]
 
 
 @contextmanager

@@ -34,7 +34,8 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.encode.conditioning import CondEntry, Conditioning, encode_prompt, text_encoders
+from nodes.core.cond import CondEntry, Conditioning
+from nodes.encode.conditioning import encode_prompt, text_encoders
 from nodes.latent.vae import crop_to_8, encode
 
 MAX_RESOLUTION = 16384

@@ -33,7 +33,12 @@ from torch import nn
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import CLIP, COMBO, CONDITIONING, INT, STRING, DynamicOptions, Input, NodeSchema, Output
-from nodes.core.weights import ModelLoadError, fingerprint, load_tensors, read_index
+from nodes.core.sampling_hooks import BlockPatch, ConditioningError, block_options
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint, load_tensors, read_index
+from nodes.encode.conditioning import text_encoders
+from nodes.families.components.unet_patching import MIDDLE_POINT, transformer_places
+from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 
 GLIGEN = "GLIGEN"
 MAX_OBJS = 30
@@ -195,10 +200,19 @@ class GligenModel:
 
 @dataclass(frozen=True)
 class GligenBoxes:
-    """A conditioning entry's ``extras["gligen"]``: the model and its boxes, in order."""
+    """A conditioning entry's ``extras["gligen"]``: the model and its boxes, in order. The denoiser
+    takes it as block patches (``nodes.core.cond.EntryBlockPatches``): ComfyUI's ``middle_patch``."""
 
     model: GligenModel
     boxes: tuple[Box, ...] = field(compare=False)
+
+    def block_patches(self, x_in: torch.Tensor) -> tuple[BlockPatch, ...]:
+        """The boxes' ``middle_patch`` for the latent ``x_in`` (B, C, h, w)."""
+        return (BlockPatch(MIDDLE_POINT, self.model.middle_patch(x_in, self.boxes)),)
+
+    def check_denoiser(self, module: Any, name: str) -> None:
+        """Raise a teaching ConditioningError unless the model's fusers fit the UNet ``module``."""
+        check_gligen(self.model, module, name)
 
 
 def load_gligen(path: Path, *, allow_pickle: bool = False) -> GligenModel:
@@ -244,9 +258,6 @@ def load_gligen(path: Path, *, allow_pickle: bool = False) -> GligenModel:
 def check_gligen(model: GligenModel, unet: Any, name: str) -> None:
     """Raise a teaching ConditioningError unless ``model``'s fusers fit the transformer blocks of
     ``unet`` (a diffusers UNet2DConditionModel), in number and width."""
-    from nodes.core.sampling_hooks import ConditioningError
-    from nodes.families.components.unet_patching import transformer_places
-
     widths = tuple(
         int(tb.norm1.normalized_shape[0]) for _, t in transformer_places(unet) for tb in t.transformer_blocks
     )
@@ -263,11 +274,7 @@ def with_middle_patch(
     options: dict[str, Any] | None, gligen: GligenBoxes, x_in: torch.Tensor
 ) -> dict[str, Any]:
     """``options`` (ComfyUI's ``transformer_options``) with the boxes' ``middle_patch`` added."""
-    out = dict(options or {})
-    patches = {k: list(v) for k, v in out.get("patches", {}).items()}
-    patches.setdefault("middle_patch", []).append(gligen.model.middle_patch(x_in, gligen.boxes))
-    out["patches"] = patches
-    return out
+    return block_options(gligen.block_patches(x_in), options)
 
 
 class GLIGENLoader(Node):
@@ -285,15 +292,11 @@ class GLIGENLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, gligen_name: str) -> tuple[GligenModel]:
-        from nodes.load.checkpoint_loaders import _model_files
-
         path = _model_files(ctx).resolve("gligen", gligen_name)
         return (load_gligen(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        from nodes.load.checkpoint_loaders import _file_fingerprint
-
         return _file_fingerprint(folders, "gligen", inputs.get("gligen_name"))
 
 
@@ -365,8 +368,6 @@ class GLIGENTextBoxApply(Node):
 
 def phrase_embedding(ctx: NodeContext, clip: Any, text: str) -> torch.Tensor:
     """The phrase's pooled output of the first text encoder, (1, width) on the CPU."""
-    from nodes.encode.conditioning import text_encoders
-
     with text_encoders(ctx, clip) as encoders, torch.no_grad():
         enc = encoders[0]
         _, pooled = enc.kind.encode(

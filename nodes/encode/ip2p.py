@@ -16,7 +16,7 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CONDITIONING, IMAGE, LATENT, VAE, Input, NodeSchema, Output
-from nodes.encode.conditioning import Conditioning
+from nodes.core.cond import Conditioning
 from nodes.encode.conditioning_edit import with_extras
 from nodes.latent.vae import crop_to_8, encode
 

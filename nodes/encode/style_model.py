@@ -32,13 +32,14 @@ import torch
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, CONDITIONING, FLOAT, DynamicOptions, Input, NodeSchema, Output
-from nodes.core.weights import ModelLoadError, fingerprint, load_tensors, read_index
+from nodes.core.cond import Conditioning
+from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.encode.clip_vision import CLIP_VISION_OUTPUT, ClipVisionOutput
-from nodes.encode.conditioning import Conditioning
 from nodes.families import describe_context_dim
 from nodes.families.build import module_with_weights
 from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
-from nodes.load.handles import WeightsHandle, WeightsSource
 
 STYLE_MODEL = "STYLE_MODEL"
 

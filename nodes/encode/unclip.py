@@ -28,9 +28,10 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.core.weights import ModelLoadError, read_index
+from nodes.core.cond import Conditioning
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import read_index
 from nodes.encode.clip_vision import CLIP_VISION, CLIP_VISION_OUTPUT, ClipVisionHandle, ClipVisionOutput
-from nodes.encode.conditioning import Conditioning
 from nodes.families.components.unclip import UnclipInput
 from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 from nodes.load.handles import DenoiserHandle, TextEncodersHandle, VaeHandle, open_checkpoint

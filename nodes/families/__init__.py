@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nodes.core.weights import ModelLoadError, TensorIndex, read_index
-from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
+from nodes.core.parts import Part
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.core.weights import read_index
+from nodes.families.base import FamilyAdapter, TextEncoderSpec, describe_unknown
 from nodes.families.flux import Chroma, Flux
 from nodes.families.flux2 import Flux2
 from nodes.families.keys import looks_like_diffusers_vae

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 
 HeadsRule = Callable[[int], int]  # channels -> number of heads
 

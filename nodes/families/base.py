@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.parts import Part
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch
-from nodes.families.components import KLVae, ModuleKind, UNetDenoiser
+from nodes.families.components import KLVae, UNetDenoiser
 from nodes.families.components.clip_text import ClipText
 from nodes.families.latent_format import SD15_LATENT, LatentFormat
 from nodes.families.prompt import ConcatPrompt
@@ -41,36 +42,6 @@ class TextEncoderSpec:
     default_layer: int  # hidden state used by default: -1 last, -2 penultimate
     final_norm: bool  # apply final_layer_norm to the chosen hidden state
     pooled: bool  # its pooled (projected) output is a UNet input (SDXL's clip_g)
-
-
-@dataclass(frozen=True)
-class Part:
-    """One module to build: its component kind (which owns the key table and the build), file
-    location and diffusers/transformers config."""
-
-    name: str  # unet | vae | clip_l | clip_h | clip_g
-    kind: ModuleKind
-    prefix: str  # key prefix in a single file
-    subfolder: str  # subfolder in a diffusers folder
-    config_json: str
-    file: str = ""  # the part's own file (DualCLIPLoader's second file); "" = the handle's source
-    file_id: str = ""  # that file's fingerprint (part of the handle key)
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return dict(json.loads(self.config_json))
-
-    @staticmethod
-    def make(name: str, kind: ModuleKind, prefix: str, subfolder: str, config: Mapping[str, Any]) -> Part:
-        return Part(name, kind, prefix, subfolder, json.dumps(dict(config), sort_keys=True, default=str))
-
-    def in_file(self, path: Path) -> Part:
-        """This part, read from ``path`` instead of its handle's file."""
-        from dataclasses import replace
-
-        from nodes.core.weights import fingerprint
-
-        return replace(self, file=str(path), file_id=fingerprint(path))
 
 
 @dataclass(frozen=True)

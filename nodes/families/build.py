@@ -5,20 +5,15 @@ parameters, then ``load_state_dict(assign=True)``), so building costs only the f
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors
-from nodes.families.base import FamilyAdapter, Part
-
-# accelerate's init_empty_weights patches nn.Module.register_parameter for the whole process while
-# it is open: a parameter set in another thread meanwhile (load_state_dict(assign=True), a module
-# constructor) lands on the meta device, and two threads inside it at once can leave the patch
-# installed for good. The memory manager builds on its prefetch thread while nodes build on the
-# main one, so every build holds this lock (other module builders, e.g. TAESD, take it too).
-EMPTY_INIT_LOCK = threading.RLock()
+from nodes.core.empty_init import EMPTY_INIT_LOCK
+from nodes.core.parts import Part
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.core.weights import load_tensors
+from nodes.families.base import FamilyAdapter
 
 
 def import_model_libraries() -> None:

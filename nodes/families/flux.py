@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from nodes.core.weights import ModelLoadError, TensorIndex
-from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
+from nodes.core.parts import Part
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.base import FamilyAdapter, TextEncoderSpec, require
 from nodes.families.components.flux_dit import FluxTransformer
 from nodes.families.components.t5_text import T5Text
 from nodes.families.latent_format import LatentFormat

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from nodes.core.weights import ModelLoadError, TensorIndex
-from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
+from nodes.core.parts import Part
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.base import FamilyAdapter, TextEncoderSpec, require
 from nodes.families.components.flux2_dit import Flux2Transformer
 from nodes.families.components.flux2_vae import Flux2Vae, is_flux2_vae
 from nodes.families.components.klein_text import KleinText

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from nodes.core.weights import ModelLoadError, TensorIndex
-from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
+from nodes.core.parts import Part
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.base import FamilyAdapter, TextEncoderSpec, require
 from nodes.families.components.qwen25_text import Qwen25VLText
 from nodes.families.components.qwen25_vision import VISION_PREFIX, ImageEmbeds, Qwen25Vision
 from nodes.families.components.qwen_image_dit import QwenImageTransformer

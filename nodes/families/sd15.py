@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from nodes.core.weights import TensorIndex
+from nodes.core.tensors import TensorIndex
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.sampling import AYS_SD1, DiscreteSampling

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.components import UNetDenoiser

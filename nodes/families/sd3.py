@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.parts import Part
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch
-from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, require
+from nodes.families.base import FamilyAdapter, TextEncoderSpec, require
 from nodes.families.components.clip_text import ClipText
 from nodes.families.components.sd3_dit import SD3Transformer
 from nodes.families.components.t5_text import T5Text

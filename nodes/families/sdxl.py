@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.components import UNetDenoiser

@@ -29,7 +29,8 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.encode.conditioning import CondEntry, Conditioning, text_encoders
+from nodes.core.cond import CondEntry, Conditioning
+from nodes.encode.conditioning import text_encoders
 from nodes.latent.vae import MAX_RESOLUTION
 from nodes.load.model_merge import BlockMerge
 

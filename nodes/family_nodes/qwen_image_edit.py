@@ -22,9 +22,10 @@ from typing import Any, ClassVar
 import torch
 
 from engine.context import NodeContext
+from nodes.core.cond import CondEntry, Conditioning
 from nodes.core.resize import resize
 from nodes.core.weights import read_index
-from nodes.encode.conditioning import CondEntry, Conditioning, text_encoders
+from nodes.encode.conditioning import text_encoders
 from nodes.families.components.qwen25_vision import ImageEmbeds, embed_image
 from nodes.families.qwen_image import QwenImage, QwenImagePrompt
 from nodes.latent.vae import crop_to_8, downscale, encode

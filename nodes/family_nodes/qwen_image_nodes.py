@@ -17,7 +17,7 @@ from typing import Any
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, CONDITIONING, IMAGE, STRING, VAE, Input, NodeSchema, Output
-from nodes.encode.conditioning import Conditioning
+from nodes.core.cond import Conditioning
 from nodes.family_nodes.qwen_image_edit import (
     EDIT_TEMPLATE,
     IMAGE_TEMPLATE,

@@ -27,8 +27,9 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
+from nodes.core.cond import CondEntry, Conditioning
 from nodes.core.sampling_hooks import BlockSkip, SamplingHooks, declared_skip_lists
-from nodes.encode.conditioning import CondEntry, Conditioning, text_encoders
+from nodes.encode.conditioning import text_encoders
 from nodes.load.model_merge import BlockMerge, _ratio, _schema
 from nodes.patches.guidance import GuidancePatch
 

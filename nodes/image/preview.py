@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 import torch
 
 from engine.context import Interrupted, NodeContext, Preview
+from nodes.core.handles import WeightsHandle, WeightsSource
 from nodes.core.weights import pickle_refusal
 from nodes.families.latent_format import LatentFormat
-from nodes.load.handles import WeightsHandle, WeightsSource
 
 log = logging.getLogger(__name__)
 

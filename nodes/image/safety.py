@@ -36,11 +36,12 @@ from engine.events import Preview
 from engine.image_guard import Guarded, GuardUnavailable, Policy, Verdict
 from engine.node import Node, NodeOutput
 from engine.schema import COMBO, FLOAT, IMAGE, DynamicOptions, Input, NodeSchema, Output
-from nodes.core.weights import ModelLoadError, fingerprint, load_tensors, read_index
+from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.encode.clip_vision import ProcessorConfig, check_image, preprocess
 from nodes.families.base import CONFIGS_DIR
 from nodes.families.build import module_with_weights
-from nodes.load.handles import WeightsHandle, WeightsSource
 
 ACTIONS = ("blur", "black", "mark-only")
 PROCESSOR_CONFIG = CONFIGS_DIR / "safety" / "preprocessor_config.json"

@@ -25,17 +25,11 @@ import torch
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, IMAGE, DynamicOptions, Input, NodeSchema, Output
+from nodes.core.handles import WeightsHandle, WeightsSource
 from nodes.core.spandrel_import import import_spandrel
-from nodes.core.weights import (
-    PICKLE_SUFFIXES,
-    ModelLoadError,
-    fingerprint,
-    load_tensors,
-    pickle_refusal,
-    read_index,
-)
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import PICKLE_SUFFIXES, fingerprint, load_tensors, pickle_refusal, read_index
 from nodes.load.checkpoint_loaders import _file_fingerprint
-from nodes.load.handles import WeightsHandle, WeightsSource
 
 UPSCALE_MODEL = "UPSCALE_MODEL"
 TILE, OVERLAP, MIN_TILE = 512, 32, 128

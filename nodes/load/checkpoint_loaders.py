@@ -29,7 +29,8 @@ from engine.schema import (
     Output,
 )
 from nodes.core.options import OptionSources
-from nodes.core.weights import ModelLoadError, fingerprint
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint
 from nodes.load.handles import (
     DenoiserHandle,
     TextEncodersHandle,

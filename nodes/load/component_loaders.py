@@ -16,7 +16,7 @@ from nodes.core.weights import read_index
 from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
 from nodes.load.checkpoint_loaders import _allow_pickle, _file_fingerprint, _model_files
 from nodes.load.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
-from nodes.quant.files import is_gguf, require_gguf_role
+from nodes.quant.gguf import is_gguf, require_gguf_role
 from nodes.quant.storage import weight_dtype_patch, with_storage
 
 WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors, read_index
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.core.weights import load_tensors, read_index
 from nodes.quant.lora_layers import add_fused_to_quant, add_to_quant, is_quant_layer
 
 if TYPE_CHECKING:
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.load.handles import ComponentHandle
 
 log = logging.getLogger("loom.lora")
@@ -203,7 +204,7 @@ def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength:
     delta = delta.reshape(fused.shape) * strength
     pieces = part.kind.to_diffusers({fused.key: delta}, part.config)
     if any(is_quant_layer(modules[n.removesuffix(".weight")]) for n in pieces):
-        add_fused_to_quant(modules, part, fused, layer, strength, pieces)
+        add_fused_to_quant(modules, part, fused.key, layer.up, layer.down, strength * _scale(layer), pieces)
         return
     for name, piece in pieces.items():
         weight = modules[name.removesuffix(".weight")].weight

@@ -28,8 +28,10 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, FLOAT, MODEL, Input, NodeSchema, Output
-from nodes.core.weights import ModelLoadError, load_tensors, read_index
-from nodes.quant.files import is_gguf, pack_state_dict
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import load_tensors, read_index
+from nodes.quant.files import pack_state_dict
+from nodes.quant.gguf import is_gguf
 from nodes.quant.layers import store_weight
 
 CLIP_SKIP = (".position_ids", ".logit_scale")  # ComfyUI's CLIP merges leave these alone

@@ -31,7 +31,7 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.families.build import original_state_dict
 from nodes.load.checkpoint_loaders import _allow_pickle, _file_fingerprint, _model_files, _next_path
 from nodes.load.handles import open_checkpoint

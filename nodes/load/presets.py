@@ -162,7 +162,8 @@ class ModelDescriber:
         return f"preset {preset.name}{chosen}: " + ("; ".join(changes) or "nothing to change")
 
     def __call__(self, folder: str, path: Path) -> dict[str, Any]:
-        from nodes.core.weights import ModelLoadError, read_index
+        from nodes.core.tensors import ModelLoadError
+        from nodes.core.weights import read_index
         from nodes.families import detect_family
 
         if folder not in DESCRIBED_FOLDERS or not Path(path).is_file():

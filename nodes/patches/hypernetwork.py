@@ -35,7 +35,8 @@ from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, MODEL, DynamicOptions, Input, NodeSchema, Output
 from nodes.core.sampling_hooks import BlockPatch, SamplingHooks
-from nodes.core.weights import PICKLE_SUFFIXES, ModelLoadError, fingerprint, pickle_refusal
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import PICKLE_SUFFIXES, fingerprint, pickle_refusal
 from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 from nodes.patches.unet_hooks import require_points
 

@@ -20,23 +20,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nodes.core.tensors import GGUF_BLOCKS
+
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-# GGUF type name -> (elements per block, bytes per block)
-GGUF_BLOCKS: dict[str, tuple[int, int]] = {
-    "Q8_0": (32, 34),
-    "Q4_0": (32, 18),
-    "Q4_1": (32, 20),
-    "Q5_0": (32, 22),
-    "Q5_1": (32, 24),
-    "Q4_K": (256, 144),
-    "Q5_K": (256, 176),
-    "Q6_K": (256, 210),
-}
 CAST_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "int8", "F16", "BF16")
 SUPPORTED = (*CAST_FORMATS, *GGUF_BLOCKS)
+
+
+class QuantError(ValueError):
+    """A stored-precision weight cannot be used; the message names what, where and the fix."""
 
 
 def torch_dtype(fmt: str) -> torch.dtype:
@@ -65,8 +60,6 @@ def dequantize(
         return out
     kernel = _KERNELS.get(fmt)
     if kernel is None:
-        from nodes.quant.packed import QuantError
-
         raise QuantError(f"weights stored as {fmt} cannot be dequantised; Loom reads {', '.join(SUPPORTED)}")
     _, block_bytes = GGUF_BLOCKS[fmt]
     blocks = data.reshape(-1, block_bytes)

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nodes.core.linear_inputs import contiguous_3d
-from nodes.quant.kernels import quantize
-from nodes.quant.packed import PackedWeight, QuantError
+from nodes.quant.kernels import CAST_FORMATS, QuantError, quantize, torch_dtype
+from nodes.quant.packed import PackedWeight
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -103,8 +103,6 @@ class QuantLayer(nn.Module):
         """Store ``weight`` (a full new value, LoRA changes included) in this layer's format: fp8
         with a per-tensor scale, int8 per row, F16/BF16 as a cast; a GGUF block format is kept
         as BF16 (Loom does not re-encode GGUF blocks)."""
-        from nodes.quant.kernels import CAST_FORMATS, torch_dtype
-
         fmt = self.fmt if self.fmt in CAST_FORMATS else "BF16"
         w = weight.detach().float().reshape(self.qshape)
         scale: Tensor | None = None

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nodes.families.base import Part
-    from nodes.load.lora import Fused, LoraLayer
+    from torch import Tensor
+
+    from nodes.core.parts import Part
 
 
 def is_quant_layer(module: Any) -> bool:
-    from nodes.quant.layers import QuantLayer
+    from nodes.quant.layers import QuantLayer  # lazy: imports torch
 
     return isinstance(module, QuantLayer)
 
@@ -29,22 +30,21 @@ def add_to_quant(module: Any, up: Any, down: Any, scale: float) -> None:
 def add_fused_to_quant(
     modules: Mapping[str, Any],
     part: Part,
-    fused: Fused,
-    layer: LoraLayer,
-    strength: float,
+    fused_key: str,
+    up: Tensor,
+    down: Tensor,
+    scale: float,
     dense: Mapping[str, Any],
 ) -> None:
-    """Add ``layer``'s change of the fused weight ``fused`` to the modules it was split into;
-    ``dense`` holds the dense pieces (already times ``strength``) for the fallback."""
-    import torch
+    """Add the change ``scale · up @ down`` of the fused original-layout weight ``fused_key`` to the
+    modules it was split into; ``dense`` holds the dense pieces (already scaled) for the fallback."""
+    import torch  # lazy: torch-heavy
 
-    from nodes.load.lora import _scale
-
-    up = layer.up.to(torch.float32).flatten(1) * (strength * _scale(layer))
-    down = layer.down.to(torch.float32).flatten(1)
+    up = up.to(torch.float32).flatten(1) * scale
+    down = down.to(torch.float32).flatten(1)
     rank = down.shape[0]
     try:
-        ups = part.kind.to_diffusers({fused.key: up}, part.config)
+        ups = part.kind.to_diffusers({fused_key: up}, part.config)
     except (ValueError, RuntimeError):
         ups = {}
     factored = set(ups) == set(dense) and all(

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from nodes.quant.kernels import QuantError, dequantize
+
 if TYPE_CHECKING:
     import torch
 
@@ -27,10 +29,6 @@ log = logging.getLogger("loom.quant")
 
 FP8_FORMATS = ("fp8_e4m3fn", "fp8_e5m2")
 SCALED_FORMATS = (*FP8_FORMATS, "int8")  # data has the logical shape; an optional scale multiplies it
-
-
-class QuantError(ValueError):
-    """A stored-precision weight cannot be used; the message names what, where and the fix."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,8 +130,6 @@ class PackedWeight:
     def dequantize(self, dtype: Any = None, device: Any = None) -> torch.Tensor:
         """The weight as a float tensor of ``shape`` (float32 unless ``dtype``)."""
         import torch
-
-        from nodes.quant.kernels import dequantize
 
         dtype = dtype or torch.float32
         data = self.data if device is None else self.data.to(device, non_blocking=True)

@@ -8,6 +8,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from nodes.core.weights import read_index
+
 log = logging.getLogger("loom.quant")
 
 # UNETLoader's weight_dtype -> (stored format, fp8 matmul)
@@ -32,7 +34,7 @@ class StoragePatch:
         return f"storage:{self.fmt}:{int(self.fast)}"
 
     def apply(self, module: Any, handle: Any) -> None:
-        from nodes.quant.layers import convert_module
+        from nodes.quant.layers import convert_module  # lazy: imports torch
 
         count = convert_module(module, self.fmt, fast=self.fast)
         log.info(
@@ -65,8 +67,6 @@ def with_storage(handle: Any, patch: StoragePatch) -> Any:
     """``handle`` with ``patch`` appended and its size estimate lowered to the stored size (single
     files; a diffusers folder keeps its estimate)."""
     from dataclasses import replace
-
-    from nodes.core.weights import read_index
 
     patched = handle.with_patch(patch)
     if handle.source.format != "single_file" or not hasattr(handle, "parts"):

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from nodes.encode.conditioning import CondEntry
+from nodes.core.cond import CondEntry
 
 Area = tuple[int, int, int, int]  # (h, w, y, x) in latent cells
 FEATHER = 8

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from nodes.control.controlnet import controls_to_uncond
+from nodes.core.cond import CondEntry
 from nodes.core.sampling_hooks import (
     BlockPatch,
     BlockSkip,
@@ -37,7 +38,6 @@ from nodes.core.sampling_hooks import (
     blocks_skipped,
     declared_skip_lists,
 )
-from nodes.encode.conditioning import CondEntry
 from nodes.sample import cond_batch as cb
 
 # Branch names whose rows are the "uncond" side for hooks (ComfyUI's prompt_type negative).

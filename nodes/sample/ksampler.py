@@ -31,12 +31,12 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, CONDITIONING, FLOAT, INT, LATENT, MODEL, Batching, Input, NodeSchema, Output
 from nodes.control.controlnet import resident_controls
+from nodes.core.cond import CondEntry
 from nodes.core.device import compiled_forward, tf32_scope
 from nodes.core.module_streaming import run_shape
 from nodes.core.sampling_hooks import RunInfo
 from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
 from nodes.diffusion.noise import SeedGroups
-from nodes.encode.conditioning import CondEntry
 from nodes.latent.vae import check_latent_for, fit_empty_latent, tag_latent
 from nodes.sample.guiders import GuidedRun, Guider
 

@@ -46,7 +46,7 @@ def _bytes(module: Any) -> int:
 
 def _call(modules: dict[str, Any], handles: list[Any], latent: int, device: str) -> Any:
     from nodes.control.controlnet import Control
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
     from nodes.families.components.unet import UNetDenoiser
 
     image = torch.rand(1, latent * 8, latent * 8, 3)
@@ -88,7 +88,7 @@ def _handles(tmp: Path) -> dict[str, Any]:
     """Handles with distinct keys (the modules are passed in directly, the files only name them)."""
     from nodes.control.controlnet_files import ControlNetHandle
     from nodes.control.t2i_adapter import AdapterHandle
-    from nodes.load.handles import WeightsSource
+    from nodes.core.handles import WeightsSource
 
     def src(name: str) -> WeightsSource:
         return WeightsSource(tmp / name, name)

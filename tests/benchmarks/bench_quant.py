@@ -109,7 +109,7 @@ def build(size: str, folder: Path) -> tuple[Path, Any]:
     from diffusers import FluxTransformer2DModel
     from safetensors.torch import save_file
 
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components.flux_dit import FluxTransformer, rope_axes
 
@@ -133,7 +133,7 @@ def build(size: str, folder: Path) -> tuple[Path, Any]:
 
 def load(row: str, source: str, path: Path, sd: dict[str, Any], folder: Path) -> Any:
     from nodes.load.handles import open_diffusion_model
-    from nodes.quant.files import write_gguf
+    from nodes.quant.gguf import write_gguf
     from nodes.quant.storage import StoragePatch, weight_dtype_patch
 
     if source == "gguf":

@@ -92,10 +92,10 @@ def main() -> None:
     from diffusers import StableDiffusionPipeline
 
     from engine.context import Folders, NodeContext
+    from nodes.core.cond import CondEntry
     from nodes.diffusion.ksampler import sampler_object
     from nodes.diffusion.noise import prepare_noise
     from nodes.diffusion.schedulers import ksampler_sigmas
-    from nodes.encode.conditioning import CondEntry
     from nodes.families import SD15
     from nodes.sample.ksampler import Job, cfg_guider, sample
     from tests.nodes.diffusers_ref import ComfyEulerScheduler

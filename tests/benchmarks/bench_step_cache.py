@@ -26,7 +26,7 @@ def write_flux(folder: Path, double: int, single: int, width: int) -> Path:
     from diffusers import FluxTransformer2DModel
     from safetensors.torch import save_file
 
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components.flux_dit import FluxTransformer, rope_axes
 

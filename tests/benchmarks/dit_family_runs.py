@@ -151,7 +151,7 @@ def write_weights(name: str, full: bool, folder: Path, file_dtype: torch.dtype) 
     streamed tensor by tensor (``fullsize``): the real configs never sit in memory twice."""
     import diffusers
 
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from tests.benchmarks.fullsize import (
         mapped_state,
@@ -211,7 +211,7 @@ def _sample(
 ) -> tuple[Any, float, float]:
     """KSampler (euler, simple, the family's CFG) from an empty latent: the latent, and wall and CPU
     seconds per step."""
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
     from nodes.sample.ksampler import KSampler
 
     spec = FAMILIES[name]

@@ -38,7 +38,7 @@ ALLOWED = {
     "nodes/demo/flux2.py": "writes the tiny Flux.2 Klein demo files (file names, the family's modules)",
     "nodes/demo/control.py": "writes the demo T2I-Adapters, diff and union ControlNets of named families",
     "nodes/demo/attention_patches.py": "writes the demo hypernetwork and GLIGEN files for a named family's UNet (file names)",
-    "nodes/quant/files.py": "GGUF's general.architecture vocabulary (ComfyUI-GGUF's names), which the GGUF loaders check",
+    "nodes/quant/gguf.py": "GGUF's general.architecture vocabulary (ComfyUI-GGUF's names), which the GGUF loaders check",
     "nodes/demo/vision.py": "writes the demo IP-Adapter in a named family's layout (file name)",
     "nodes/demo/unclip.py": "writes the demo unCLIP and InstructPix2Pix checkpoints of named families",
     "nodes/family_nodes": "ComfyUI's family-specific nodes: their class names and types are ComfyUI's, over the model layer",

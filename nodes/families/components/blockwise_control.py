@@ -19,12 +19,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.components.flux_dit import pack, pad_to_even
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.families.components.model_patches import PatchInputs
+    from nodes.families.components.patch_inputs import PatchInputs
     from nodes.families.latent_format import LatentFormat
 
 DETECT = "controlnet_blocks.0.y_rms.weight"
@@ -111,8 +112,6 @@ class BlockwiseControlKind:
         w); the mask (1 where the image is kept) only for the inpainting variant (without one, the
         mask channels are ones)."""
         import torch
-
-        from nodes.families.components.flux_dit import pack, pad_to_even
 
         if inputs.image is None:
             raise ValueError("a block-wise ControlNet needs a control image; connect one to the image input")

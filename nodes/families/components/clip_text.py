@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from nodes.core import prompt_weights as pw
-from nodes.core.weights import TensorIndex
+from nodes.core.tensors import TensorIndex
 from nodes.families import arch, keys
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"

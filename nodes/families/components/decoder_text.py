@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from nodes.core.weights import TensorIndex
+from nodes.core.tensors import TensorIndex
 
 DECODER_PARTS = ("embed_tokens.", "layers.", "norm.")
 

@@ -55,13 +55,17 @@ from typing import Any, ClassVar
 import torch
 
 from nodes.core.control_base import ControlResiduals, file_label, fit_hint
+from nodes.core.handles import WeightsHandle
 from nodes.core.sampling_hooks import ConditioningError
-from nodes.core.weights import ModelLoadError, load_tensors, read_index
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import load_tensors, read_index
+from nodes.families.components.flux_dit import pack, pad_to_even, rope_axes
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE, mistoline_module, mistoline_to_diffusers
 from nodes.families.components.flux_xlabs_keys import xlabs_to_diffusers
 from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
+from nodes.families.flux import FLUX_LATENT
 from nodes.families.latent_format import LatentFormat
-from nodes.load.handles import WeightsHandle
+from nodes.families.sd3 import SD3_LATENT
 
 SD3, SD35, FLUX_INSTANTX, FLUX_XLABS = "sd3", "sd35", "flux_instantx", "flux_xlabs"
 FAMILY = {SD3: "sd3", SD35: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux", FLUX_MISTOLINE: "flux"}
@@ -112,8 +116,6 @@ def dit_config(
 ) -> dict[str, Any]:
     """The diffusers config of a DiT ControlNet from the shapes of its tensors (as in the file);
     ``control_type``: an SD3.5 file's ``control_type`` value (kept in the config as ``sd35_type``)."""
-    from nodes.families.components.flux_dit import rope_axes
-
     if layout == SD35:
         inner, channels, patch, _ = (int(s) for s in shapes["pos_embed_input.proj.weight"])
         head = 64 if inner % 64 == 0 else inner
@@ -253,16 +255,10 @@ class DiTControlNetHandle(WeightsHandle):
     def latent_format(self) -> LatentFormat | None:
         """The model space of a VAE-encoded hint (None: the ControlNet takes pixels)."""
         if self.layout == SD35:
-            from nodes.families.sd3 import SD3_LATENT
-
             return SD3_LATENT
         if self.layout == SD3:
-            from nodes.families.sd3 import SD3_LATENT
-
             return replace(SD3_LATENT, shift=0.0)  # these ControlNets were trained without the shift
         if self.layout == FLUX_INSTANTX:
-            from nodes.families.flux import FLUX_LATENT
-
             return FLUX_LATENT
         return None
 
@@ -396,8 +392,6 @@ class DiTControlNetHandle(WeightsHandle):
         double: int,
         single: int,
     ) -> ControlResiduals:
-        from nodes.families.components.flux_dit import pack, pad_to_even
-
         tokens, img_ids = pack(pad_to_even(x_in))
         if self.layout in PIXEL_HINT:
             pixels = fit_hint(hint, rows, (x_in.shape[-2] * 8, x_in.shape[-1] * 8)).to(x_in) * 2 - 1

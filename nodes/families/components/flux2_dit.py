@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components.dit_blocks import flux_skip_lists
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
 DEFAULT_GUIDANCE = 3.5  # ComfyUI's value for a guidance-distilled Flux model when no FluxGuidance is set
 MIN_TEXT_TOKENS = 512  # ComfyUI's Flux.2 model pads shorter text with zero rows in front

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components import flux_keys
 from nodes.families.components.dit_blocks import flux_skip_lists
 from nodes.families.latent_format import LatentFormat
@@ -30,7 +30,7 @@ from nodes.families.latent_format import LatentFormat
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
 DEFAULT_GUIDANCE = 3.5  # ComfyUI's value for a guidance-distilled Flux when no FluxGuidance is set
 
@@ -147,7 +147,7 @@ class FluxTransformer:
         if any(v is None for v in values):
             out["guidance_off"] = torch.tensor([v is None for v in values])
         if any(e.extras.get("control") is not None for e in entries):  # ControlNets (dit_control)
-            from nodes.families.components.unet import bind_controls
+            from nodes.core.control_base import bind_controls
 
             out["control"] = bind_controls(entries, batch)
         return out | self._references(entries, batch, to)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 
 _EMBEDDERS = {  # file name -> diffusers name (both have .weight and .bias)
     "img_in": "x_embedder",

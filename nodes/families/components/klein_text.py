@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.families.components.qwen_text import QwenText
 
 KLEIN_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components.decoder_text import DecoderText, decoder_config
 
 SYSTEM = (

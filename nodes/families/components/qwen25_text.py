@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components.decoder_text import decoder_config
 from nodes.families.components.qwen25_vision import ImageEmbeds, splice_positions
 from nodes.families.components.qwen_text import QwenText

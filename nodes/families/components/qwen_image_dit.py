@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components.scaled_fp8 import IdentityKeys
 from nodes.families.latent_format import LatentFormat
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
 PATCH = 2
 Segment = tuple[int, int, int, int, int]  # (frame index, rows, cols, row offset, col offset) in patches

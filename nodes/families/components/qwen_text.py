@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components.decoder_text import DecoderText, decoder_config
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"

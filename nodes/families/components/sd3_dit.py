@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from nodes.core.linear_inputs import copy_sliced_inputs
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
 _GLOBAL = {  # file name (without .weight/.bias) -> diffusers name
     "x_embedder.proj": "pos_embed.proj",
@@ -206,7 +206,7 @@ class SD3Transformer:
         pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
         kwargs: dict[str, Any] = {"encoder_hidden_states": to(hidden), "pooled_projections": to(pooled)}
         if any(e.extras.get("control") is not None for e in entries):  # ControlNets (dit_control)
-            from nodes.families.components.unet import bind_controls
+            from nodes.core.control_base import bind_controls
 
             kwargs["control"] = bind_controls(entries, batch)
         return kwargs

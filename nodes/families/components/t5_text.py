@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from nodes.core import prompt_weights as pw
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.prompt import TokenizerOptions
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"

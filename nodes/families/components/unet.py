@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from nodes.core.sampling_hooks import ConditioningError
-from nodes.core.weights import TensorIndex
+from nodes.core.control_base import bind_controls
+from nodes.core.sampling_hooks import ConditioningError, block_options
+from nodes.core.tensors import TensorIndex
 from nodes.families import arch, keys
+from nodes.families.activation import unet_bytes
 from nodes.families.components import unclip
 from nodes.families.components.unet_inputs import (
     BLANK_INPAINT_LATENT,
@@ -27,12 +29,12 @@ from nodes.families.components.unet_inputs import (
     concat_kind,
     inpaint_concat,
 )
-from nodes.families.components.unet_patching import PATCH_POINTS
+from nodes.families.components.unet_patching import PATCH_POINTS, run_patched
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry, EntryBlockPatches
     from nodes.families.latent_format import LatentFormat
 
 
@@ -43,19 +45,6 @@ def lcm_repeat(embeds: Sequence[Tensor]) -> list[Tensor]:
 
 
 __all__ = ["BLANK_INPAINT_LATENT", "UNetDenoiser", "lcm_repeat", "size_ids"]
-
-
-def bind_controls(entries: Sequence[CondEntry], batch: int) -> Any:
-    """The ControlNets of a cond group for ``forward`` (``nodes.control.controlnet.BoundControl``); the
-    sampler put the resident modules and the percent-to-sigma map under each entry's extras."""
-    from nodes.control.controlnet import BoundControl
-
-    first = entries[0].extras
-    if "control_modules" not in first:
-        raise ConditioningError("this sampler did not make the conditioning's ControlNets resident")
-    chains = tuple(tuple(e.extras["control"].chain()) for e in entries)
-    contexts = tuple(e.extras.get("cross_attn_controlnet") for e in entries)
-    return BoundControl(chains, first["control_modules"], first["percent_to_sigma"], batch, contexts=contexts)
 
 
 def size_ids(extras: Mapping[str, Any], size: tuple[int, int]) -> list[float]:
@@ -179,8 +168,6 @@ class UNetDenoiser:
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
         """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes, ``element`` bytes per
         value: the skip connections and the widest level (``nodes.families.activation``)."""
-        from nodes.families.activation import unet_bytes
-
         config = module.config
         channels = [int(c) for c in config.block_out_channels]
         layers = config.layers_per_block
@@ -202,11 +189,9 @@ class UNetDenoiser:
         options = kwargs.pop("transformer_options", None)
         concat = kwargs.pop("concat", None)
         control = kwargs.pop("control", None)
-        gligen = kwargs.pop("gligen", None)
+        gligen: EntryBlockPatches | None = kwargs.pop("gligen", None)
         if gligen is not None:  # GLIGEN boxes: ComfyUI's middle_patch for this entry group
-            from nodes.encode.gligen import with_middle_patch
-
-            options = with_middle_patch(options, gligen, x_in)
+            options = block_options(gligen.block_patches(x_in), options)
         if self.image_embeds == "class_labels" and "class_labels" not in kwargs:  # ComfyUI's zero adm
             width = module.config.projection_class_embeddings_input_dim
             kwargs["class_labels"] = torch.zeros(x_in.shape[0], width, device=x_in.device, dtype=x_in.dtype)
@@ -225,8 +210,6 @@ class UNetDenoiser:
                 )
             x_in = torch.cat([x_in, tensor.to(x_in)], dim=1)
         if options and (options.get("patches") or options.get("patches_replace")):
-            from nodes.families.components.unet_patching import run_patched
-
             return run_patched(module, x_in, timestep, kwargs, options)  # FreeU, PAG, HyperTile, ...
         return module(x_in, timestep, return_dict=False, **kwargs)[0]
 
@@ -240,10 +223,9 @@ class UNetDenoiser:
             raise ConditioningError(f"{name} conditioning is empty; connect a CLIPTextEncode output")
         self._check_image_inputs(module, entries, name)
         for e in entries:
-            if e.extras.get("gligen") is not None:
-                from nodes.encode.gligen import check_gligen
-
-                check_gligen(e.extras["gligen"].model, module, name)
+            boxes: EntryBlockPatches | None = e.extras.get("gligen")
+            if boxes is not None:
+                boxes.check_denoiser(module, name)
         width = module.config.cross_attention_dim
         needs_pooled = getattr(module.config, "addition_embed_type", None) == "text_time"
         for e in entries:

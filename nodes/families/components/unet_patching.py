@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nodes.core.sampling_hooks import ConditioningError
+from nodes.families.components.unet_walk import walk
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -218,8 +219,6 @@ def run_patched(
     module: Any, x_in: Tensor, timestep: Tensor, kwargs: dict[str, Any], options: Mapping[str, Any]
 ) -> Tensor:
     """One UNet forward with the block patches of ``options`` (ComfyUI's ``transformer_options``)."""
-    from nodes.families.components.unet_walk import walk
-
     check_points(options)
     options = {**options, "original_shape": list(x_in.shape), "transformer_index": 0}
     with patched_attention(module, options), middle_patches(module, options):

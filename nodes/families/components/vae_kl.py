@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodes.core.weights import TensorIndex
+from nodes.core.tensors import TensorIndex
 from nodes.families import arch, keys
 
 

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.tensors import ModelLoadError, TensorIndex
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
 PATCH = 2
 _BLOCKS = ("noise_refiner.", "context_refiner.", "layers.")

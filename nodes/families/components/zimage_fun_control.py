@@ -42,12 +42,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.core.weights import load_tensors
+from nodes.families.components.flux_dit import pad_to_even
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.families.components.model_patches import PatchInputs
+    from nodes.families.components.patch_inputs import PatchInputs
     from nodes.families.latent_format import LatentFormat
 
 DETECT = "control_all_x_embedder.2-1.weight"
@@ -179,8 +181,6 @@ class FunControlKind:
     # --- sampling -----------------------------------------------------------------------------
     def control_tokens(self, module: Any, inputs: PatchInputs, latent_format: LatentFormat) -> Tensor:
         """The embedded control tokens (B, h/2·w/2, width) of the node's images (module docstring)."""
-        from nodes.families.components.flux_dit import pad_to_even
-
         x = pad_to_even(_control_latent(module.extra, inputs, latent_format))
         b, c, h, w = x.shape
         patches = (
@@ -277,7 +277,7 @@ def _control_latent(extra: int, inputs: PatchInputs, latent_format: LatentFormat
     """The control input (B, 16 or 33, h, w) in the model's latent space (module docstring)."""
     import torch
 
-    from nodes.core.resize import center_crop, resize
+    from nodes.core.resize import center_crop, resize  # lazy: imports torch
 
     def latent(image: Tensor) -> Tensor:
         return latent_format.process_in(inputs.encode(image).float())

@@ -22,9 +22,10 @@ from nodes.control.controlnet import (
     fit_hint,
     open_controlnet,
 )
+from nodes.core.cond import CondEntry
 from nodes.core.sampling_hooks import ConditioningError
 from nodes.demo.models import demo_controlnet
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry
+from nodes.encode.conditioning import CLIPTextEncode
 from nodes.families.components.unet import UNetDenoiser
 from nodes.latent.vae import EmptyLatentImage
 from nodes.load.handles import open_checkpoint
@@ -359,7 +360,7 @@ def test_sdxl_call_matches_diffusers_with_pooled_and_size_ids(
 
 
 def test_files_that_are_not_full_controlnets_are_refused(models_dir: Path) -> None:
-    from nodes.core.weights import ModelLoadError
+    from nodes.core.tensors import ModelLoadError
 
     folder = models_dir / "controlnet"
     save_file({"body.0.weight": torch.zeros(4, 4)}, str(folder / "not_a_controlnet.safetensors"))

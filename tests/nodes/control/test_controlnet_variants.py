@@ -25,11 +25,12 @@ from nodes.control.controlnet import (
     open_controlnet,
 )
 from nodes.control.controlnet_union import UNION_TYPES, SetUnionControlNetType, union_forward
+from nodes.core.cond import CondEntry
 from nodes.core.sampling_hooks import ConditioningError
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.control import demo_union, diff_controlnet
 from nodes.demo.models import demo_controlnet
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry
+from nodes.encode.conditioning import CLIPTextEncode
 from nodes.families.components.unet import UNetDenoiser
 from nodes.latent.vae import EmptyLatentImage
 from nodes.load.handles import open_checkpoint

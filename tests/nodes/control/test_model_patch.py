@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from nodes.control.model_patch import KINDS, ModelPatchLoader
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 
 UNBUILT = [k for k in KINDS if k[2] not in ("QwenImageDiffsynthControlnet", "ZImageFunControlnet")]
 

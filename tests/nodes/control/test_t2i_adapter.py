@@ -15,9 +15,10 @@ from safetensors.torch import save_file
 
 from nodes.control.controlnet import Control, ControlNetApplyAdvanced, ControlNetLoader, open_controlnet
 from nodes.control.t2i_adapter import AdapterHandle
+from nodes.core.cond import CondEntry
 from nodes.core.sampling_hooks import ConditioningError
 from nodes.demo.control import adapter_to_original, demo_adapter
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry
+from nodes.encode.conditioning import CLIPTextEncode
 from nodes.families.components.unet import UNetDenoiser
 from nodes.latent.vae import EmptyLatentImage
 from nodes.load.handles import open_checkpoint
@@ -260,7 +261,7 @@ def test_adapter_of_another_family_is_refused_naming_both(run_env: Any, tiny_sdx
 
 
 def test_adapter_files_that_diffusers_cannot_hold_are_refused(models_dir: Path) -> None:
-    from nodes.core.weights import ModelLoadError
+    from nodes.core.tensors import ModelLoadError
 
     path = models_dir / "controlnet" / "t2i_skep.safetensors"
     save_file(

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from nodes.core import prompt_weights as pw
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry
+from nodes.core.cond import CondEntry
+from nodes.encode.conditioning import CLIPTextEncode
 from nodes.families.components.clip_text import load_tokenizer
 from nodes.families.prompt import ReadyEncoder
 from nodes.load.handles import open_checkpoint

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nodes.core.weights import ModelLoadError, read_index
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import read_index
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nodes.core.weights import ModelLoadError, load_tensors, read_index
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import load_tensors, read_index
 
 
 def _tensors() -> dict[str, torch.Tensor]:

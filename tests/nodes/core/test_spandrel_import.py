@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from nodes.core.spandrel_import import INSTALL_HINT, import_spandrel
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 
 
 @pytest.mark.skipif(

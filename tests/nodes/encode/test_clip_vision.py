@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.vision import tiny_clip_vision
 from nodes.encode.clip_vision import CLIPVisionEncode, ClipVisionHandle, CLIPVisionLoader, preprocess
 

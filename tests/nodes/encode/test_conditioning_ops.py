@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry, ConditioningSetArea
+from nodes.core.cond import CondEntry
+from nodes.encode.conditioning import CLIPTextEncode, ConditioningSetArea
 from nodes.encode.conditioning_edit import (
     CLIPTextEncodeSDXL,
     CLIPTextEncodeSDXLRefiner,

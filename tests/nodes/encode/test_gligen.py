@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.attention_patches import gligen_tensors
 from nodes.encode.conditioning import CLIPTextEncode
 from nodes.encode.gligen import GligenBoxes, GLIGENLoader, GLIGENTextBoxApply, load_gligen

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 import torch
 
+from nodes.core.cond import CondEntry
 from nodes.core.sampling_hooks import ConditioningError
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL, demo_flux_modules, flux_files
 from nodes.demo.unclip import DEMO_REDUX, DEMO_SIGLIP, tiny_siglip
 from nodes.encode.clip_vision import CLIPVisionEncode, ClipVisionHandle, ClipVisionOutput
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry
+from nodes.encode.conditioning import CLIPTextEncode
 from nodes.encode.style_model import StyleAdapter, StyleModelApply, StyleModelHandle
 from nodes.families.components.flux_dit import upscale_dit_mask
 from nodes.load.handles import open_diffusion_model, open_text_encoders

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.cond import CondEntry
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.models import DEMO_CHECKPOINT, demo_modules
 from nodes.demo.unclip import DEMO_UNCLIP
 from nodes.encode.clip_vision import CLIPVisionEncode, ClipVisionOutput
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry
+from nodes.encode.conditioning import CLIPTextEncode
 from nodes.encode.unclip import open_unclip_checkpoint, unCLIPConditioning
 from nodes.families import SD2Unclip
 from nodes.families.components import unclip

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.flux import DEMO_CHROMA, DEMO_CLIP_L, DEMO_T5XXL, demo_chroma_transformer
 from nodes.diffusion.noise import prepare_noise
 from nodes.diffusion.schedulers import ksampler_sigmas

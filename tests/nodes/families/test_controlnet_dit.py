@@ -21,7 +21,7 @@ from nodes.control.apply_variants import ControlNetApplySD3
 from nodes.control.controlnet import ControlNetApplyAdvanced, open_controlnet
 from nodes.control.controlnet_union import SetUnionControlNetType
 from nodes.core.sampling_hooks import ConditioningError
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.control import demo_flux_controlnet, demo_sd3_controlnet, xlabs_file
 from nodes.encode.conditioning import CLIPTextEncode
 from nodes.families.components.dit_control import FLUX_INSTANTX, FLUX_XLABS, SD3

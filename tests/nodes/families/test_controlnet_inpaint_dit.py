@@ -32,6 +32,7 @@ import torch
 
 from nodes.control.apply_variants import ControlNetInpaintingAliMamaApply, masked_hint
 from nodes.control.controlnet import ControlNetApplyAdvanced, mask_channel, open_controlnet
+from nodes.core.cond import CondEntry
 from nodes.core.sampling_hooks import ConditioningError
 from nodes.demo.control import (
     DEMO_FLUX_INPAINT,
@@ -41,7 +42,6 @@ from nodes.demo.control import (
     demo_sd3_controlnet,
     make_dit_control_demos,
 )
-from nodes.encode.conditioning import CondEntry
 from nodes.families.components.dit_control import FLUX_INSTANTX, SD3, DiTControlNetHandle
 from nodes.load.handles import open_vae
 from tests.nodes.dit_control_fixtures import (

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from nodes.control.controlnet import open_controlnet
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.control import demo_mistoline_controlnet, mistoline_file
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE
 from tests.nodes.dit_control_fixtures import control_image as _image

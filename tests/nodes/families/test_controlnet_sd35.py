@@ -25,7 +25,7 @@ import torch
 
 from nodes.control.apply_variants import ControlNetApplySD3
 from nodes.control.controlnet import ControlNetApplyAdvanced, open_controlnet
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.control import DEMO_SD35_CONTROLNET, demo_sd35_controlnet, make_dit_control_demos
 from nodes.families.components.dit_control import SD35, DiTControlNetHandle
 from nodes.families.components.sd35_control import diffusers_to_sd35, sincos_grid

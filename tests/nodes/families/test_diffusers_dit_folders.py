@@ -15,7 +15,7 @@ import torch
 from engine.context import Folders, NodeContext, RunSettings
 from engine.folders import ModelFolders
 from engine.memory.manager import ModelManager
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.load.checkpoint_loaders import DiffusersLoader
 
 

@@ -160,7 +160,7 @@ def test_open_clip_layout_matches_diffusers(tiny_models: dict[str, Any]) -> None
 
 
 def test_sdxl_denoiser_conditioning_carries_pooled_and_size_ids(tiny_models: dict[str, Any]) -> None:
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     unet = tiny_models["sdxl"].modules["unet"]
     entries = [
@@ -177,8 +177,8 @@ def test_sdxl_denoiser_conditioning_carries_pooled_and_size_ids(tiny_models: dic
 
 
 def test_denoiser_rejects_conditioning_of_another_width(tiny_models: dict[str, Any]) -> None:
+    from nodes.core.cond import CondEntry
     from nodes.core.sampling_hooks import ConditioningError
-    from nodes.encode.conditioning import CondEntry
 
     unet = tiny_models["sdxl"].modules["unet"]
     with pytest.raises(ConditioningError, match="32-wide embeddings but this model expects 64"):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import ModelLoadError, TensorIndex, TensorInfo
+from nodes.core.tensors import ModelLoadError, TensorIndex, TensorInfo
 from nodes.families.components.flux2_dit import Flux2Transformer, image_ids, rope_axes
 from nodes.families.components.flux2_vae import Flux2Vae
 
@@ -178,7 +178,7 @@ def test_flux1_files_are_not_flux2_and_flux2_files_are_not_flux1() -> None:
 def test_forward_uses_the_pipelines_tokens_ids_and_sigma_timestep() -> None:
     from diffusers import Flux2KleinPipeline
 
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     model = tiny_transformer(False)
     kind = Flux2Transformer()
@@ -203,7 +203,7 @@ def test_forward_uses_the_pipelines_tokens_ids_and_sigma_timestep() -> None:
 
 
 def test_dev_takes_the_guidance_value() -> None:
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     model = tiny_transformer(True)
     kind = Flux2Transformer()
@@ -218,8 +218,8 @@ def test_dev_takes_the_guidance_value() -> None:
 
 
 def test_conditioning_of_the_wrong_width_names_the_encoder() -> None:
+    from nodes.core.cond import CondEntry
     from nodes.core.sampling_hooks import ConditioningError
-    from nodes.encode.conditioning import CondEntry
 
     model = tiny_transformer(False)
     with pytest.raises(ConditioningError, match="expects 24") as err:
@@ -298,8 +298,8 @@ def test_full_size_vae_key_table_on_meta_device() -> None:
 
 
 def test_a_flux1_vae_is_not_a_flux2_vae() -> None:
+    from nodes.core.parts import Part
     from nodes.demo.flux import demo_flux_modules
-    from nodes.families.base import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
 
@@ -385,7 +385,7 @@ def test_stored_precision_files_load_through_unet_loader(
 def test_disabled_guidance_skips_the_guidance_embedder() -> None:
     """FluxDisableGuidance (guidance None): dev runs without its guidance embedding, as diffusers does
     when no guidance is passed."""
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     model = tiny_transformer(True)
     kind = Flux2Transformer()

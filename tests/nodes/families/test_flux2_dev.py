@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import ModelLoadError, TensorIndex, TensorInfo
+from nodes.core.tensors import ModelLoadError, TensorIndex, TensorInfo
 from nodes.demo.flux2 import (
     DEMO_FLUX2_DEV,
     DEMO_MISTRAL,

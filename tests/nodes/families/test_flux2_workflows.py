@@ -15,7 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from nodes.core.weights import ModelLoadError, fingerprint
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint
 from nodes.demo.flux2 import DEMO_FLUX2_VAE, DEMO_KLEIN, DEMO_KLEIN_QWEN3
 from nodes.families.components.flux2_dit import Flux2Transformer
 from nodes.load.handles import open_diffusion_model, open_text_encoders, open_vae
@@ -180,8 +181,8 @@ def test_z_image_qwen3_with_klein_names_the_layers(demo_models: Path, tmp_path: 
 def test_flux1_vae_with_flux2_is_refused(demo_models: Path, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
+    from nodes.core.parts import Part
     from nodes.demo.flux import DEMO_FLUX_VAE, demo_flux_modules
-    from nodes.families.base import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import TensorIndex, TensorInfo
+from nodes.core.tensors import TensorIndex, TensorInfo
 from nodes.families.components.flux_dit import FluxTransformer, pack, rope_axes, unpack
 
 torch.set_num_threads(1)
@@ -77,7 +77,7 @@ def test_final_modulation_swaps_shift_and_scale() -> None:
 
 
 def test_built_module_equals_diffusers_model_from_the_same_tensors() -> None:
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import assign
 
     model = tiny_flux()
@@ -164,7 +164,7 @@ def test_full_size_flux_key_table_on_meta_device(guidance: bool) -> None:
 
 
 def _entry(embeds: torch.Tensor, pooled: torch.Tensor, guidance: float | None = None) -> Any:
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     return CondEntry(embeds=embeds, pooled=pooled, extras={} if guidance is None else {"guidance": guidance})
 
@@ -323,7 +323,7 @@ def tiny_chroma(seed: int = 0) -> Any:
 
 
 def test_chroma_key_table_round_trips_and_module_equals_diffusers() -> None:
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import assign
 
     model, kind = tiny_chroma(), FluxTransformer(approximator=True)
@@ -344,7 +344,7 @@ def test_chroma_key_table_round_trips_and_module_equals_diffusers() -> None:
     )
     built = assign(Part.make("unet", kind, "", "transformer", config), back, "test")
     x, text = torch.randn(1, 16, 6, 4), torch.randn(1, 5, 24)
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     ours = kind.forward(
         built, x, torch.tensor([0.4]), kind.conditioning([CondEntry(embeds=text)], 1, (48, 32))

@@ -156,7 +156,7 @@ def test_transformer_sees_reference_tokens_with_comfyui_ids(method: str, demo: P
 
 
 def test_reference_latent_without_latent_changes_nothing(make_ctx: Any) -> None:
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     cond = [CondEntry(embeds=torch.zeros(1, 4, 8))]
     assert ReferenceLatent().run(make_ctx(), conditioning=cond)[0] is cond

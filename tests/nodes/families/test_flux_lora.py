@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import ModelLoadError, fingerprint
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint
 from nodes.demo.flux import DEMO_FLUX_DEV, demo_flux_modules, flux_files
 from nodes.families.components.flux_dit import FluxTransformer
 from nodes.load.handles import open_diffusion_model

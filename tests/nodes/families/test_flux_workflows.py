@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_FLUX_VAE, DEMO_T5XXL
 from tests.nodes.test_generation_e2e import make_executor, run
 

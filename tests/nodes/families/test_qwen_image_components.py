@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import ModelLoadError, TensorIndex, TensorInfo
+from nodes.core.tensors import ModelLoadError, TensorIndex, TensorInfo
 from nodes.families import detect_family, standalone_text_encoder, standalone_vae
 from nodes.families.components.qwen25_text import Qwen25VLText, template_end
 from nodes.families.components.qwen_image_dit import QwenImageTransformer, rope_axes

@@ -268,7 +268,7 @@ def test_full_size_vision_config_on_meta_device() -> None:
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    from nodes.core.weights import TensorIndex, TensorInfo
+    from nodes.core.tensors import TensorIndex, TensorInfo
 
     with init_empty_weights():
         real = Qwen2_5_VisionTransformerPretrainedModel(

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import torch
 
+from nodes.core.cond import CondEntry
 from nodes.demo.qwen_image import DEMO_QWEN25, DEMO_QWEN_IMAGE
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry
+from nodes.encode.conditioning import CLIPTextEncode
 from nodes.families.components.flux_dit import pack
 from nodes.families.components.qwen25_text import template_end
 from nodes.families.components.qwen_text import load_qwen_tokenizer

@@ -16,7 +16,8 @@ import pytest
 import torch
 from PIL import Image
 
-from nodes.core.weights import ModelLoadError, fingerprint
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint
 from nodes.demo.qwen_image import DEMO_QWEN25, DEMO_QWEN_IMAGE
 from nodes.load.handles import open_diffusion_model, open_text_encoders
 from nodes.load.lora import LoraPatch
@@ -206,8 +207,8 @@ def test_conditioning_of_another_text_encoder_is_refused(demo_models: Path, tmp_
 def test_sd_vae_with_qwen_image_is_refused(demo_models: Path, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
+    from nodes.core.parts import Part
     from nodes.demo.models import demo_modules
-    from nodes.families.base import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import TensorIndex, TensorInfo
+from nodes.core.tensors import TensorIndex, TensorInfo
 from nodes.demo.sd3 import demo_sd3_transformer
 from nodes.families.components.sd3_dit import SD3Transformer
 
@@ -90,8 +90,8 @@ def test_built_module_equals_diffusers_model(size: tuple[int, int]) -> None:
     patch size and the output cropped back, as ComfyUI's MMDiT does."""
     import torch.nn.functional as F
 
-    from nodes.encode.conditioning import CondEntry
-    from nodes.families.base import Part
+    from nodes.core.cond import CondEntry
+    from nodes.core.parts import Part
     from nodes.families.build import assign
 
     model = demo_sd3_transformer()
@@ -121,8 +121,8 @@ def test_built_module_equals_diffusers_model(size: tuple[int, int]) -> None:
 def test_block_skip_skips_those_joint_blocks() -> None:
     """The declared joint-block list, skipped by the generic mechanism, equals diffusers' own
     ``skip_layers``; a single-stream index skips nothing (SD3 has no such list)."""
+    from nodes.core.cond import CondEntry
     from nodes.core.sampling_hooks import BlockSkip, blocks_skipped
-    from nodes.encode.conditioning import CondEntry
 
     model = demo_sd3_transformer()
     kind = SD3Transformer()
@@ -253,8 +253,8 @@ def test_merge_block_names_follow_the_file_layout() -> None:
 
 
 def test_wrong_conditioning_teaches_the_sd3_loaders() -> None:
+    from nodes.core.cond import CondEntry
     from nodes.core.sampling_hooks import ConditioningError
-    from nodes.encode.conditioning import CondEntry
 
     model, kind = demo_sd3_transformer(), SD3Transformer()
     with pytest.raises(ConditioningError, match="expects 64.*TripleCLIPLoader"):

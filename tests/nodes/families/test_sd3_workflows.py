@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.sd3 import (
     DEMO_SD3_CLIP_G,
     DEMO_SD3_CLIP_L,

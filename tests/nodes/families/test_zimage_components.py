@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import ModelLoadError, TensorIndex, TensorInfo
+from nodes.core.tensors import ModelLoadError, TensorIndex, TensorInfo
 from nodes.families.components.qwen_text import QwenText
 from nodes.families.components.zimage_dit import ZImageTransformer, rope_axes
 
@@ -82,7 +82,7 @@ def test_loom_table_equals_diffusers_converter_on_a_prefixed_file() -> None:
 
 
 def test_forward_is_t_one_minus_sigma_and_negated_output() -> None:
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     model, kind = tiny_zimage(), ZImageTransformer()
     x, text = torch.randn(2, 16, 6, 4), torch.randn(1, 5, 24)
@@ -98,7 +98,7 @@ def test_forward_is_t_one_minus_sigma_and_negated_output() -> None:
 
 def test_rows_with_different_caption_lengths_equal_separate_calls() -> None:
     """ComfyUI runs conditionings of different lengths in separate batches; one masked batch gives the same."""
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     model, kind = tiny_zimage(), ZImageTransformer()
     x = torch.randn(2, 16, 4, 4)
@@ -112,7 +112,7 @@ def test_rows_with_different_caption_lengths_equal_separate_calls() -> None:
 
 
 def test_odd_latent_sizes_are_padded_and_cropped() -> None:
-    from nodes.encode.conditioning import CondEntry
+    from nodes.core.cond import CondEntry
 
     model, kind = tiny_zimage(), ZImageTransformer()
     out = kind.forward(

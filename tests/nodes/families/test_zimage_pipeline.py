@@ -30,7 +30,7 @@ PROMPT, NEGATIVE, SIZE, STEPS, SEED = "a photo of a cat", "blurry, low quality",
 def zimage_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     from safetensors.torch import save_file
 
-    from nodes.families.base import Part
+    from nodes.core.parts import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
 

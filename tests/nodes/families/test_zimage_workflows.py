@@ -15,7 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from nodes.core.weights import ModelLoadError, fingerprint
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import fingerprint
 from nodes.demo.flux import DEMO_T5XXL
 from nodes.demo.zimage import DEMO_QWEN3, DEMO_ZIMAGE
 from nodes.families.components.zimage_dit import ZImageTransformer
@@ -280,8 +281,8 @@ def test_z_image_file_in_checkpoint_loader_says_use_the_component_loaders(demo_m
 def test_sd_vae_with_z_image_is_refused(demo_models: Path, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
+    from nodes.core.parts import Part
     from nodes.demo.models import demo_modules
-    from nodes.families.base import Part
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
 

@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from engine.context import Folders, Interrupted, NodeContext, RunSettings
 from nodes.core.spandrel_import import import_spandrel
-from nodes.core.weights import ModelLoadError, pickle_refusal
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import pickle_refusal
 from nodes.demo.upscale import (
     DEMO_UPSCALER,
     DEMO_UPSCALER_PTH,

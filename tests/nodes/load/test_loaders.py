@@ -12,7 +12,7 @@ import torch
 
 from engine.folders import ModelFolders, ModelPathError
 from engine.registry import NodeRegistry
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.load.checkpoint_loaders import (
     NODES as LOADER_NODES,
 )

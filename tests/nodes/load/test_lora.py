@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.families.components import UNetDenoiser
 from nodes.load.checkpoint_loaders import CheckpointLoaderSimple, LoraLoader, LoraLoaderModelOnly
 

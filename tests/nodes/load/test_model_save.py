@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nodes.core.weights import ModelLoadError
-from nodes.families.base import Part
+from nodes.core.parts import Part
+from nodes.core.tensors import ModelLoadError
 from nodes.load.handles import open_checkpoint, open_vae
 from nodes.load.model_merge import ModelMergeSimple
 from nodes.load.model_save import CheckpointLoader, CLIPSave, ModelSave, VAESave

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.handles import WeightsSource
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.attention_patches import (
     DEMO_HYPERNETWORK,
     hypernetwork_tensors,
@@ -21,7 +22,7 @@ from nodes.demo.attention_patches import (
 )
 from nodes.encode.conditioning import CLIPTextEncode
 from nodes.latent.vae import EmptyLatentImage
-from nodes.load.handles import DenoiserHandle, WeightsSource, open_checkpoint
+from nodes.load.handles import DenoiserHandle, open_checkpoint
 from nodes.patches.hypernetwork import HypernetworkLoader, HypernetworkPatch, load_hypernetwork
 from nodes.sample.ksampler import KSampler
 from tests.nodes.test_generation_e2e import make_executor, run

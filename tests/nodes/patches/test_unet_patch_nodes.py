@@ -15,9 +15,10 @@ import pytest
 import torch
 from PIL import Image
 
+from nodes.core.handles import WeightsSource
 from nodes.encode.conditioning import CLIPTextEncode
 from nodes.latent.vae import EmptyLatentImage
-from nodes.load.handles import DenoiserHandle, WeightsSource, open_checkpoint
+from nodes.load.handles import DenoiserHandle, open_checkpoint
 from nodes.patches.attention_guidance import PerturbedAttentionGuidance, SelfAttentionGuidance
 from nodes.patches.attention_multiply import (
     CLIPAttentionMultiply,

@@ -16,9 +16,9 @@ import pytest
 import torch
 from PIL import Image
 
-from nodes.core.weights import ModelLoadError
+from nodes.core.tensors import ModelLoadError
 from nodes.demo.flux import DEMO_FLUX_SCHNELL, DEMO_T5XXL
-from nodes.quant.files import _T5_NAMES, write_gguf
+from nodes.quant.gguf import _T5_NAMES, write_gguf
 from nodes.quant.layers import QuantLayer, quant_layers, stored_bytes
 from tests.nodes.test_generation_e2e import make_executor, run
 

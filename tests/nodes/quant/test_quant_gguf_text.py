@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.quant.files import llama_name, load_gguf_tensors, read_gguf_index, write_gguf
+from nodes.quant.gguf import llama_name, load_gguf_tensors, read_gguf_index, write_gguf
 from nodes.quant.packed import PackedWeight
 
 torch.set_num_threads(1)

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from nodes.quant.kernels import GGUF_BLOCKS, dequantize, quantize
+from nodes.core.tensors import GGUF_BLOCKS
+from nodes.quant.kernels import dequantize, quantize
 from nodes.quant.layers import (
     QuantConv,
     QuantEmbedding,

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.encode.conditioning import CLIPTextEncode, CondEntry
+from nodes.core.cond import CondEntry
+from nodes.encode.conditioning import CLIPTextEncode
 from nodes.latent.vae import EmptyLatentImage
 from nodes.load.handles import open_checkpoint
 from nodes.patches import guidance as cp
