@@ -24,8 +24,8 @@ class DeviceStreaming:
 
     policy: DevicePolicy
     _lock: threading.RLock
-    _resident: dict[str, _Entry]
-    _stats: _RunStats
+    _resident: dict[str, Entry]
+    _stats: RunStats
     _streams: dict[str, Any]  # handle key -> its streaming state (nodes.core.module_streaming.Streaming)
     _runs: dict[str, RunShape]  # handle key -> the run announced for it (plan_run)
     _activations: dict[str, int]  # handle key -> the estimate its placement left room for

@@ -28,6 +28,7 @@ from aiohttp import web
 from engine import events as ev
 from engine.context import KeptImages
 from engine.formats import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
+from engine.formats.ui_rules import ui_rules_text
 from engine.jobs.queue import JobQueue
 from engine.jobs.records import FINAL, JobEvent, JobFinished, JobView, Notice
 from engine.jobs.spec import RETURN_MODES

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.memory.manager import ModelManager
 from engine.memory.device_budget import DeviceBudget, RunShape
+from engine.memory.manager import ModelManager
 from nodes.core.module_streaming import device_bytes, run_shape
 from nodes.demo.flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL
 from nodes.encode.conditioning import CLIPTextEncode

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.memory.manager import ModelManager
 from engine.memory.device_budget import DeviceBudget, RunShape
+from engine.memory.manager import ModelManager
 from nodes.core.module_streaming import device_bytes
 from nodes.demo.flux import DEMO_FLUX_DEV
 from nodes.families import FAMILIES
