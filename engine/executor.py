@@ -36,7 +36,7 @@ from engine.context import (
 from engine.device_policy import handles_in
 from engine.graph import sort_key
 from engine.image_guard import ImageGuard
-from engine.interrupt_hooks import InterruptibleModels
+from engine.interruptible_models import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
 from engine.node import ExecutionBlocker, NodeDef, contained
 from engine.plan import Plan, cache_keys

@@ -2,7 +2,7 @@
 
 ComfyUI loads several kinds of add-on networks from ``models/model_patches``, recognised from their
 tensors (:data:`KINDS`). Loom builds those it has a patch kind for (``nodes.families.components``:
-:func:`nodes.families.components.model_patches.model_patch_kind`), as a :class:`ModelPatchHandle`:
+:func:`nodes.families.components.model_patch_kinds.patch_kind_for`), as a :class:`ModelPatchHandle`:
 a model-manager handle like every loaded model (counted, evictable, built on first use). The others
 are recognised and refused with the node that would apply them; a file of no known kind is told
 where it belongs.
@@ -85,7 +85,7 @@ class ModelPatchHandle(WeightsHandle):
 
 def open_model_patch(path: Any, allow_pickle: bool = False) -> ModelPatchHandle:
     """The handle of the model patch file at ``path`` (headers only; weights load on first use)."""
-    from nodes.families.components.model_patches import patch_kind_for
+    from nodes.families.components.model_patch_kinds import patch_kind_for
 
     index = read_index(path, allow_pickle=allow_pickle)
     patch_kind = patch_kind_for(index.tensors)
@@ -235,7 +235,7 @@ class _ControlRun:
     encoded: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def control(self, size: tuple[int, int]) -> Any:
-        from nodes.families.components.model_patches import PatchInputs
+        from nodes.families.components.model_patch_kinds import PatchInputs
         from nodes.latent.vae import downscale
 
         if size not in self.encoded:

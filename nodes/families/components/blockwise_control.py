@@ -24,7 +24,7 @@ from nodes.core.weights import ModelLoadError, TensorIndex
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.families.components.model_patches import PatchInputs
+    from nodes.families.components.model_patch_kinds import PatchInputs
     from nodes.families.latent_format import LatentFormat
 
 DETECT = "controlnet_blocks.0.y_rms.weight"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from nodes.core.sampling_hooks import ConditioningError
 from nodes.core.weights import TensorIndex
 from nodes.families import arch, keys
-from nodes.families.components import unclip
+from nodes.families.components import unclip_adm as unclip
 from nodes.families.components.unet_inputs import (
     BLANK_INPAINT_LATENT,
     ConcatSource,

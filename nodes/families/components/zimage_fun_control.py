@@ -47,7 +47,7 @@ from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from nodes.families.components.model_patches import PatchInputs
+    from nodes.families.components.model_patch_kinds import PatchInputs
     from nodes.families.latent_format import LatentFormat
 
 DETECT = "control_all_x_embedder.2-1.weight"
