@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nodes.bench.report import Row, format_table
-from nodes.bench.suite import collect
+from benchmarks.report import Row, format_table
+from benchmarks.suite import collect
 
 
 @pytest.mark.slow
