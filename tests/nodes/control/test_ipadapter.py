@@ -27,7 +27,7 @@ from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
 SIZE, STEPS, SEED = 64, 3, 42
 PROMPT, NEGATIVE = "a photo of a cat", "blurry"
-CONFIGS = Path(__file__).resolve().parents[2] / "models" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "models" / "configs"
 
 
 def _euler(unet: Any) -> Any:

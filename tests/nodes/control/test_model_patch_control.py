@@ -33,7 +33,7 @@ from nodes.load.handles import open_diffusion_model, open_text_encoders, open_va
 from nodes.sample.ksampler import KSampler
 
 SIZE = 64
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import torch
 from tests.conftest import DemoFiles
 from tests.nodes.test_generation_e2e import make_executor, run
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
 
 def _one_step(prompt: dict[str, Any]) -> dict[str, Any]:

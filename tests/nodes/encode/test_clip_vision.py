@@ -15,7 +15,7 @@ from nodes.core.weights import ModelLoadError
 from nodes.demo.vision import tiny_clip_vision
 from nodes.encode.clip_vision import CLIPVisionEncode, ClipVisionHandle, CLIPVisionLoader, preprocess
 
-CONFIGS = Path(__file__).resolve().parents[2] / "models" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "models" / "configs"
 LEVEL = 1 / 255 / 0.2613  # one 8-bit level after normalisation (smallest CLIP std)
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 from tests.conftest import DemoFiles
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKFLOWS = ROOT / "web" / "workflows"
 
 

@@ -358,7 +358,7 @@ def test_edit_workflow_runs_offline(
     from nodes.families import qwen_image_nodes
     from tests.nodes.test_generation_e2e import make_executor, run
 
-    workflows = Path(__file__).resolve().parents[2] / "web" / "workflows"
+    workflows = Path(__file__).resolve().parents[3] / "web" / "workflows"
     prompt = json.loads((workflows / "qwen_image_edit.api.json").read_text())
     assert prompt["76"]["class_type"] == prompt["77"]["class_type"] == "TextEncodeQwenImageEdit"
     assert prompt["76"]["inputs"]["image"] == ["93", 0] and prompt["76"]["inputs"]["vae"] == ["39", 0]

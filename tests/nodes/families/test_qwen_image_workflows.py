@@ -23,7 +23,7 @@ from nodes.load.lora import LoraPatch
 from tests.nodes.families.test_zimage_workflows import ALPHA, RANK, STRENGTH, _write_lora
 from tests.nodes.test_generation_e2e import make_executor, run
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from engine.image_guard import GuardUnavailable, ImageGuard
 from nodes.demo.vision import set_thresholds, tiny_safety_checker
 from nodes.image.safety import SafetyChecker, SafetyGuard, SafetyHandle, blur, build_guard, scores
 
-CONFIGS = Path(__file__).resolve().parents[2] / "models" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "models" / "configs"
 
 
 def _images(n: int = 2, size: int = 64, seed: int = 0) -> torch.Tensor:

@@ -15,7 +15,7 @@ from PIL import Image
 
 from engine.image_guard import was_checked
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKFLOWS = ROOT / "web" / "workflows"
 
 

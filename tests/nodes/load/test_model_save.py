@@ -156,7 +156,7 @@ def test_comfyuis_config_names_ship_with_loom() -> None:
     from engine.folders import ModelFolders
     from nodes.load.model_save import read_config
 
-    models = Path(__file__).resolve().parents[2] / "models"
+    models = Path(__file__).resolve().parents[3] / "models"
     names = ModelFolders(models).list("configs")
     for name in (
         "v1-inference.yaml",

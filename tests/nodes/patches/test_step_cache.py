@@ -244,7 +244,7 @@ def test_cache_nodes_run_in_the_flux_dev_workflow(node: str, flux_demo: Path, tm
     from tests.nodes.test_generation_e2e import make_executor, run
 
     prompt = json.loads(
-        (Path(__file__).resolve().parents[2] / "web" / "workflows" / "flux_dev.api.json").read_text()
+        (Path(__file__).resolve().parents[3] / "web" / "workflows" / "flux_dev.api.json").read_text()
     )
     inputs = {
         "EasyCache": {"reuse_threshold": 0.2, "start_percent": 0.15, "end_percent": 0.95, "verbose": False},

@@ -23,7 +23,7 @@ from nodes.quant.layers import QuantLayer, quant_layers, stored_bytes
 from tests.nodes.test_generation_e2e import make_executor, run
 
 torch.set_num_threads(1)
-WORKFLOW = Path(__file__).resolve().parents[2] / "web" / "workflows" / "flux_schnell.api.json"
+WORKFLOW = Path(__file__).resolve().parents[3] / "web" / "workflows" / "flux_schnell.api.json"
 
 
 def gguf_type(name: str, tensor: Any) -> str:
