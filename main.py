@@ -420,7 +420,7 @@ def make_parser() -> argparse.ArgumentParser:
     for name, subparser in add_subcommands(sub).items():  # the flags: engine/cli_args.py
         subparser.set_defaults(func=handlers[name])
 
-    from benchmarks.cli import add_bench_parser  # python main.py bench [--quick] [--json]
+    from nodes.bench.cli import add_bench_parser  # python main.py bench [--quick] [--json]
 
     add_bench_parser(sub)
     return parser

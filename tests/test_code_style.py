@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["engine", "nodes", "benchmarks", "tests", "main.py"]
+PATHS = ["engine", "nodes", "tests", "main.py"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.report import Row, format_table
-from benchmarks.suite import collect
+from nodes.bench.report import Row, format_table
+from nodes.bench.suite import collect
 
 
 @pytest.mark.slow

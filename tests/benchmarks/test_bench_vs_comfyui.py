@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.scripts import bench_vs_comfyui as bench
+from tests.benchmarks import bench_vs_comfyui as bench
 
 SCRIPT = Path(bench.__file__)
 

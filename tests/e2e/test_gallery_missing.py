@@ -1,5 +1,5 @@
-"""The gallery shows a placeholder for a history image whose file is gone, without requesting it:
-no failing request, no console error."""
+"""The gallery shows a placeholder for a history image whose file is gone, without requesting it
+(issue 19, item 12): no failing request, no console error."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.scripts.bench_folders import build_library
 from engine.folders import ModelFolders
+from tests.benchmarks.bench_folders import build_library
 
 FOLDERS, PER_FOLDER = 100, 100  # 10,000 files
 

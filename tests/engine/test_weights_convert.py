@@ -1,4 +1,4 @@
-"""``main.py convert-weights``: the conversion the pickle refusal recommends works."""
+"""``main.py convert-weights``: the conversion the pickle refusal recommends works (issue 19, item 9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plugin code that tries to end the process, or returns junk, is contained and blamed.
+"""Plugin code that tries to end the process, or returns junk, is contained and blamed (issue 19).
 
 The packs are in ``tests/plugins/hostile/``: ``exit_nodes`` (nodes calling ``sys.exit()`` or raising
 ``KeyboardInterrupt`` in their function, VALIDATE_INPUTS and IS_CHANGED; nodes returning values of

@@ -1,4 +1,4 @@
-"""One request never blocks the event loop, and workflows have a node limit.
+"""One request never blocks the event loop, and workflows have a node limit (issue 19, item 5).
 
 A real server (aiohttp's test server on a socket) gets a large workflow whose validation is held
 open until the test has had other requests answered: with validation on the event loop those

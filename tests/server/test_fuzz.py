@@ -211,7 +211,7 @@ def test_fuzz_raw_bytes_and_queries(live: LiveServer, raw: bytes, route: str, qu
         _check(*live.request("GET", f"{path}?{query}"))
 
 
-# --- hostile shapes: deep nesting, non-finite numbers, huge integers, control characters,
+# --- hostile shapes (issue 19): deep nesting, non-finite numbers, huge integers, control characters,
 # over-long names. Every answer below 500 and, for errors, a JSON error object.
 control_text = st.text(
     alphabet=st.characters(codec="utf-8", categories=("Cc", "Cf", "Zs", "Ll", "Po")), max_size=40

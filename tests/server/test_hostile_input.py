@@ -1,4 +1,4 @@
-"""Never a 5xx, never invalid JSON, never a lost upload.
+"""Never a 5xx, never invalid JSON, never a lost upload (issue 19, items 6 and 7).
 
 Each case was a 500, a dropped connection, a bare ``NaN`` in a response or an overwritten upload."""
 

@@ -1,4 +1,4 @@
-"""In-memory PNG for API responses: a job that asks for bytes gets its images from memory,
+"""In-memory PNG for API responses (issue 9): a job that asks for bytes gets its images from memory,
 equal to what the file would hold; PreviewImage then writes no temp file; the safety guard still
 decides what the bytes are."""
 

@@ -1,4 +1,5 @@
-"""``/interrupt`` stops a job inside a long model call, and says so when a node cannot be stopped.
+"""``/interrupt`` stops a job inside a long model call, and says so when a node cannot be stopped
+(issue 19, item 4).
 
 The demo-model case is a real server running a 2048² txt2img on ``make-demo-model``'s checkpoint:
 one UNet step at that size is long, and the job must end soon after ``/interrupt`` (the latency is

@@ -1,4 +1,4 @@
-"""History and job views say when an output file is gone: history outlives
+"""History and job views say when an output file is gone (issue 19, item 12): history outlives
 restarts, the files may not (deleted, or the server restarted with another --output-dir)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The server outlives hostile plugins, a dying worker and a failing job database.
+"""The server outlives hostile plugins, a dying worker and a failing job database (issue 19, items 1-3).
 
 Plugin cases use the packs in ``tests/plugins/hostile/``; storage cases put a stand-in in front of
 the store's SQLite connection that fails every write with SQLite's own "database or disk is full"

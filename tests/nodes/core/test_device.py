@@ -1,4 +1,4 @@
-"""``--compile`` and ``--tf32``: the compiled UNet is built once per loaded model and kept
+"""``--compile`` and ``--tf32`` (issue 9): the compiled UNet is built once per loaded model and kept
 with it; images equal the eager run's; TF32 on the CPU changes nothing."""
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def test_first_block_cache_refuses_a_unet(tiny_sd15_ckpt: Path, make_ctx: Any) -
 
 def test_benchmark_prints_speedup_and_difference(flux: Any) -> None:
     """On the demo model (tiny: per-call overhead weighs more than in a real model; for a wider
-    model run benchmarks/scripts/bench_step_cache.py). Printed, never asserted on time."""
+    model run tests/benchmarks/bench_step_cache.py). Printed, never asserted on time."""
     ctx, model, pos, neg = flux
     print()
     print(

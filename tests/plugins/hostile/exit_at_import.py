@@ -1,4 +1,4 @@
-"""A single-file pack that calls sys.exit() while it is imported."""
+"""A single-file pack that calls sys.exit() while it is imported (issue 19)."""
 
 import sys
 

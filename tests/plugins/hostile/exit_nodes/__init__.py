@@ -1,4 +1,4 @@
-"""A ComfyUI-style pack whose code tries to end the process or returns junk.
+"""A ComfyUI-style pack whose code tries to end the process or returns junk (issue 19).
 
 Every node here is hostile on purpose: the engine must contain what they do and blame this pack."""
 

@@ -1,0 +1,14 @@
+"""Loom's benchmark suite (issue 9): ``python main.py bench [--quick] [--json]``.
+
+``run_bench(quick, as_json)`` is the entry point; ``nodes/bench/README.md`` has the table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def run_bench(quick: bool, as_json: bool, **kwargs: Any) -> int:
+    from nodes.bench.suite import run_bench as _run
+
+    return _run(quick, as_json, **kwargs)
