@@ -6,7 +6,7 @@ looked up at call time. So one function routes them all: while a node runs, :fun
 puts :func:`routed_sdpa` in its place, which sends each call whose shape and dtype the chosen
 kernel supports (CUDA, fp16/bf16, 4-D ``batch × heads × tokens × head_dim``, no mask, no dropout,
 a head size the kernel has) to that kernel, and every other call to torch's SDPA unchanged. The
-interrupt hooks (:mod:`engine.interrupt_hooks`) wrap whatever is in place when a node takes a
+interrupt hooks (:mod:`engine.interruptible_models`) wrap whatever is in place when a node takes a
 model, so large calls are still split into query pieces, each piece going through the router.
 
 Selection follows ComfyUI's flags: ``--use-sage-attention``, ``--use-flash-attention``,

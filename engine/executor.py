@@ -35,7 +35,7 @@ from engine.context import (
 from engine.events import Preview
 from engine.graph import sort_key
 from engine.image_guard import ImageGuard
-from engine.interrupt_hooks import InterruptibleModels
+from engine.interruptible_models import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
 from engine.memory.device_policy import handles_in
 from engine.node import ExecutionBlocker, NodeDef, contained

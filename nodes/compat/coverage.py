@@ -1,7 +1,9 @@
-"""How many of the node names issue 17 lists Loom has: ``python -m nodes.compat.coverage [--json]``.
+"""How many of ComfyUI's everyday core nodes Loom has: ``python -m nodes.compat.coverage [--json]``.
 
-The names are data (``nodes/data/issue17_nodes.json``, by group); "has" means the core catalogue
-(:func:`nodes.register_core`, no plugins) registers a node of that exact class name.
+The everyday list is the ComfyUI core nodes that everyday workflows use (image, mask, latent,
+conditioning, model and text nodes), by group, as data (``data/comfyui_everyday_nodes.json``);
+"has" means the core catalogue (:func:`nodes.register_core`, no plugins) registers a node of that
+exact class name. (``main.py check`` compares a workflow with ComfyUI's whole core list.)
 """
 
 from __future__ import annotations
@@ -11,9 +13,21 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
-ISSUE_NODES = Path(__file__).parent / "data" / "comfyui_everyday_nodes.json"
+EVERYDAY_NODES_FILE = Path(__file__).parent / "data" / "comfyui_everyday_nodes.json"
+
+
+@cache
+def _everyday_groups() -> dict[str, tuple[str, ...]]:
+    groups = json.loads(EVERYDAY_NODES_FILE.read_text(encoding="utf-8"))["groups"]
+    return {group: tuple(names) for group, names in groups.items()}
+
+
+def everyday_node_groups() -> dict[str, list[str]]:
+    """ComfyUI's everyday core node names by group (read once)."""
+    return {group: list(names) for group, names in _everyday_groups().items()}
 
 
 @dataclass(frozen=True)
@@ -36,7 +50,8 @@ class Coverage:
     def line(self) -> str:
         total = len(self.names)
         return (
-            f"Loom has {self.have} of the {total} node names listed in issue 17 ({100 * self.have // total}%)"
+            f"Loom has {self.have} of the {total} node names in ComfyUI's everyday core list "
+            f"({100 * self.have // total}%)"
         )
 
     def to_json(self) -> dict[str, object]:
@@ -57,8 +72,7 @@ def coverage() -> Coverage:
 
     registry = NodeRegistry()
     register_core(registry)
-    groups = json.loads(ISSUE_NODES.read_text(encoding="utf-8"))["groups"]
-    return Coverage(groups, frozenset(registry.names()))
+    return Coverage(everyday_node_groups(), frozenset(registry.names()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

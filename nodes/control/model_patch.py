@@ -2,7 +2,7 @@
 
 ComfyUI loads several kinds of add-on networks from ``models/model_patches``, recognised from their
 tensors (:data:`KINDS`). Loom builds those it has a patch kind for (``nodes.families.components``:
-:func:`nodes.families.components.model_patches.model_patch_kind`), as a :class:`ModelPatchHandle`:
+:func:`nodes.families.components.model_patch_kinds.patch_kind_for`), as a :class:`ModelPatchHandle`:
 a model-manager handle like every loaded model (counted, evictable, built on first use). The others
 are recognised and refused with the node that would apply them; a file of no known kind is told
 where it belongs.
@@ -41,7 +41,7 @@ from nodes.core.sampling_hooks import (
 )
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import fingerprint, load_tensors, read_index
-from nodes.families.components.model_patches import patch_kind_for
+from nodes.families.components.model_patch_kinds import patch_kind_for
 from nodes.families.components.patch_inputs import PatchInputs
 from nodes.latent.vae import downscale, encode
 from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files

@@ -4,7 +4,7 @@ conditioning, with a strength and a noise augmentation).
 
 The conditioning value carries the embeds under ``extras["unclip_conditioning"]`` (a tuple of
 ``UnclipInput``, appended to by each node as ComfyUI appends to its list); the model's denoiser kind
-turns them into its input when sampling (``nodes.families.components.unclip``): an SD2.1 unCLIP
+turns them into its input when sampling (``nodes.families.components.unclip_adm``): an SD2.1 unCLIP
 UNet's class labels, SDXL's pooled input ("revision" workflows). A model that takes no image
 embeddings refuses such a conditioning with a teaching error when sampled.
 """
@@ -32,7 +32,7 @@ from nodes.core.cond import Conditioning
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import read_index
 from nodes.encode.clip_vision import CLIP_VISION, CLIP_VISION_OUTPUT, ClipVisionHandle, ClipVisionOutput
-from nodes.families.components.unclip import UnclipInput
+from nodes.families.components.unclip_adm import UnclipInput
 from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 from nodes.load.handles import DenoiserHandle, TextEncodersHandle, VaeHandle, open_checkpoint
 

@@ -15,7 +15,7 @@ latent area times a per-model factor), but the factor is derived, not measured:
   a resnet whose input is a skip concatenated with the level below.
 
 Attention adds no score matrix: every attention call goes through SDPA's memory-efficient kernels
-(or is split into query pieces, ``engine/interrupt_hooks.py``), which is ComfyUI's estimate for
+(or is split into query pieces, ``engine/interruptible_models.py``), which is ComfyUI's estimate for
 xformers / flash attention too. The sampler's own float32 tensors of the latent's size (noise,
 ``x``, denoised, each branch's prediction) are counted on top.
 """

@@ -20,9 +20,9 @@ from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch
 from nodes.families.components import KLVae, UNetDenoiser
 from nodes.families.components.clip_text import ClipText
+from nodes.families.discrete_sampling import DiscreteSampling
 from nodes.families.latent_format import SD15_LATENT, LatentFormat
 from nodes.families.prompt import ConcatPrompt
-from nodes.families.sampling import DiscreteSampling
 
 if TYPE_CHECKING:
     from nodes.diffusion.model_sampling import ModelSampling

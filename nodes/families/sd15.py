@@ -8,7 +8,7 @@ from typing import ClassVar
 from nodes.core.tensors import TensorIndex
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
-from nodes.families.sampling import AYS_SD1, DiscreteSampling
+from nodes.families.discrete_sampling import AYS_SD1, DiscreteSampling
 
 
 @dataclass(frozen=True)

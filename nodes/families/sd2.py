@@ -11,8 +11,8 @@ from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.components import UNetDenoiser
+from nodes.families.discrete_sampling import AYS_SD1, DiscreteSampling
 from nodes.families.latent_format import SD15_LATENT
-from nodes.families.sampling import AYS_SD1, DiscreteSampling
 
 # ComfyUI's rule for SD2 files without a marker: v-prediction models have a wide norm bias here.
 _V_PROBE = "model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias"

@@ -10,8 +10,8 @@ from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch
 from nodes.families.base import FamilyAdapter, TextEncoderSpec
 from nodes.families.components import UNetDenoiser
+from nodes.families.discrete_sampling import DiscreteSampling
 from nodes.families.latent_format import SDXL_LATENT, LatentFormat
-from nodes.families.sampling import DiscreteSampling
 
 
 @dataclass(frozen=True)

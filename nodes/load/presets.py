@@ -20,26 +20,44 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from nodes.families.presets import MODEL_INPUTS, PRESET_INPUTS, SHIPPED, Preset, PresetError
+from nodes.families.shipped_presets import Preset, PresetError, read_preset_file, shipped_presets
 
 log = logging.getLogger("loom.presets")
 
 __all__ = [
-    "MODEL_INPUTS",
-    "PRESET_INPUTS",
-    "SHIPPED",
     "ModelDescriber",
     "Preset",
     "PresetError",
     "PresetTable",
     "apply_preset",
     "model_files_in",
+    "model_inputs",
+    "preset_inputs",
+    "shipped_presets",
 ]
 
 USER_PRESETS_FILE = "presets.json"  # under the models folder
+PRESET_INPUTS_FILE = Path(__file__).parent / "data" / "preset_inputs.json"
+
+
+@cache
+def _node_inputs() -> dict[str, Any]:
+    return json.loads(PRESET_INPUTS_FILE.read_text(encoding="utf-8"))
+
+
+def preset_inputs() -> dict[str, dict[str, str]]:
+    """Node class -> {input name: preset field}: the widgets a preset writes (only literal values
+    are replaced, never links); ``data/preset_inputs.json``, read once."""
+    return {node: dict(fields) for node, fields in _node_inputs()["preset_inputs"].items()}
+
+
+def model_inputs() -> dict[str, tuple[str, str]]:
+    """Loader class -> (model folder, input naming the file): where a workflow names its model."""
+    return {node: (where[0], where[1]) for node, where in _node_inputs()["model_inputs"].items()}
 
 
 @dataclass(frozen=True)
@@ -51,24 +69,12 @@ class PresetTable:
     @classmethod
     def load(cls, models_dir: Path | None) -> PresetTable:
         """The shipped table plus ``models_dir/presets.json`` if it exists (a PresetError if it is bad)."""
-        user: list[Preset] = []
+        user: tuple[Preset, ...] = ()
         path = None if models_dir is None else Path(models_dir) / USER_PRESETS_FILE
         if path is not None and path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise PresetError(
-                    f"{path}: not readable JSON ({exc}); it should be a list of preset objects"
-                ) from exc
-            if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-                raise PresetError(
-                    f"{path}: expected a JSON list of preset objects with the fields of "
-                    "GET /api/v1/presets (name, family, steps, cfg, sampler_name, scheduler, "
-                    "width, height, match, ...)"
-                )
-            user = [Preset.from_json(d, f"{path} entry {i}") for i, d in enumerate(data)]
+            user = read_preset_file(path)
         names = {p.name for p in user}
-        return cls((*user, *(p for p in SHIPPED if p.name not in names)))
+        return cls((*user, *(p for p in shipped_presets() if p.name not in names)))
 
     def names(self) -> list[str]:
         return [p.name for p in self.presets]
@@ -102,8 +108,9 @@ class PresetTable:
 def model_files_in(prompt: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(node id, model folder, file name) of each checkpoint/diffusion-model loader in ``prompt``."""
     found = []
+    loaders = model_inputs()
     for node_id, node in prompt.items():
-        where = MODEL_INPUTS.get(str(node.get("class_type")))
+        where = loaders.get(str(node.get("class_type")))
         if where is not None and isinstance(node.get("inputs", {}).get(where[1]), str):
             found.append((str(node_id), where[0], node["inputs"][where[1]]))
     return found
@@ -113,8 +120,9 @@ def apply_preset(prompt: dict[str, Any], preset: Preset) -> list[str]:
     """Write ``preset`` into the literal inputs of ``prompt`` (in place); returns what changed as
     ``node.input: old -> new`` lines. A guidance of None leaves FluxGuidance alone."""
     changes: list[str] = []
+    widgets = preset_inputs()
     for node_id, node in prompt.items():
-        for input_name, field_name in PRESET_INPUTS.get(str(node.get("class_type")), {}).items():
+        for input_name, field_name in widgets.get(str(node.get("class_type")), {}).items():
             inputs = node.setdefault("inputs", {})
             value = getattr(preset, field_name)
             if value is None or isinstance(inputs.get(input_name), list):
@@ -188,8 +196,8 @@ class ModelDescriber:
         goes to, and which loader input names the model (the editor applies presets with these)."""
         return {
             "presets": describe_presets(self.table.presets),
-            "inputs": PRESET_INPUTS,
-            "loaders": {k: list(v) for k, v in MODEL_INPUTS.items()},
+            "inputs": preset_inputs(),
+            "loaders": {k: list(v) for k, v in model_inputs().items()},
         }
 
     def preset_for_prompt(self, prompt: Mapping[str, Any], resolve: Any) -> tuple[Preset, str]:
@@ -199,7 +207,7 @@ class ModelDescriber:
         if not loaders:
             raise PresetError(
                 "--preset auto: the workflow loads no checkpoint or diffusion model "
-                f"(none of {', '.join(MODEL_INPUTS)}); name a preset instead"
+                f"(none of {', '.join(model_inputs())}); name a preset instead"
             )
         node_id, folder, name = loaders[0]
         try:

@@ -215,8 +215,8 @@ def _can_concat(a: _Item, b: _Item) -> bool:
 
 
 @dataclass(frozen=True)
-class Job:
-    """The rows of one job in the batch and its prepared conditioning per branch name."""
+class RequestConds:
+    """The rows of one request (job) in the batch and its prepared conditioning per branch name."""
 
     rows: slice
     branches: Mapping[str, list[Cond]]
@@ -227,7 +227,11 @@ BatchCall = Callable[[torch.Tensor, torch.Tensor, Sequence[Cond], int, Sequence[
 
 
 def calc_cond_batch(
-    call: BatchCall, jobs: Sequence[Job], names: Sequence[str | None], x: torch.Tensor, sigma: torch.Tensor
+    call: BatchCall,
+    jobs: Sequence[RequestConds],
+    names: Sequence[str | None],
+    x: torch.Tensor,
+    sigma: torch.Tensor,
 ) -> list[torch.Tensor]:
     """The denoised prediction of each named branch (``None``: skipped, zeros) for the batch ``x``."""
     to_run: list[_Item] = []

@@ -38,7 +38,7 @@ from nodes.sample.guiders import BasicGuider as BasicGuiderValue
 from nodes.sample.guiders import DualCFGGuider as DualCFGGuiderValue
 from nodes.sample.guiders import Guider
 from nodes.sample.guiders import PerpNegGuider as PerpNegGuiderValue
-from nodes.sample.ksampler import SEED_MAX, Job, Result, cfg_guider, initial_noise, sample
+from nodes.sample.ksampler import SEED_MAX, Result, SamplingRequest, cfg_guider, initial_noise, sample
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,9 @@ def _custom(
     ctx: NodeContext, noise: Noise, guider: Guider, sampler: Any, sigmas: torch.Tensor, latent: dict
 ) -> tuple[dict, dict]:
     latent = fit_empty_latent(latent, guider.model.latent_format)
-    (result,) = sample(ctx, [Job(guider, noise.generate(latent), noise.seed)], sampler, sigmas, latent)
+    (result,) = sample(
+        ctx, [SamplingRequest(guider, noise.generate(latent), noise.seed)], sampler, sigmas, latent
+    )
     return _pair(result)
 
 

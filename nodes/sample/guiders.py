@@ -198,7 +198,7 @@ class GuidedRun:
                 for name, entries in controls_to_uncond(g.branches)
             }
             cb.add_same_area_counterparts(prepared)
-            self.jobs.append(cb.Job(slice(j * rows, (j + 1) * rows), prepared))
+            self.jobs.append(cb.RequestConds(slice(j * rows, (j + 1) * rows), prepared))
 
     # -- what samplers call ----------------------------------------------------------------
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, **extra_args: Any) -> torch.Tensor:
@@ -257,7 +257,7 @@ class GuidedRun:
         and SAG's extra calls), with ``patches`` added to the block patches for these calls only
         (ComfyUI's ``calc_cond_batch`` with changed ``model_options``)."""
         prepared = cb.prepare(self._with_inputs(entries), self.size, self.model_sampling.percent_to_sigma)
-        jobs = [cb.Job(job.rows, {"extra": prepared}) for job in self.jobs]
+        jobs = [cb.RequestConds(job.rows, {"extra": prepared}) for job in self.jobs]
         self._names = ["extra"]
         saved = self._transformer_options
         self._transformer_options = block_options(patches, saved) if patches else saved

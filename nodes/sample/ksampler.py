@@ -48,7 +48,7 @@ class SamplingError(ValueError):
 
 
 @dataclass(frozen=True)
-class Job:
+class SamplingRequest:
     """One request in a sampling batch: its guider (model and prompts), initial noise
     (the latent's shape, float32 CPU) and seed (per-step noise)."""
 
@@ -107,7 +107,7 @@ def prepare_mask(mask: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return m.repeat(reps, 1, 1, 1)[: shape[0]]
 
 
-def _check(module: Any, model: Any, jobs: Sequence[Job]) -> None:
+def _check(module: Any, model: Any, jobs: Sequence[SamplingRequest]) -> None:
     denoiser = model.denoiser
     for job in jobs:
         for name, entries in job.guider.branches:
@@ -135,7 +135,7 @@ def _output(latent: dict, samples: torch.Tensor, model: Any) -> dict:
 
 @torch.no_grad()
 def sample(
-    ctx: NodeContext, jobs: Sequence[Job], sampler: Any, sigmas: torch.Tensor, latent: dict
+    ctx: NodeContext, jobs: Sequence[SamplingRequest], sampler: Any, sigmas: torch.Tensor, latent: dict
 ) -> list[Result]:
     """Run ``sampler`` over ``sigmas`` for every job on the same input latent; one Result per job.
 
@@ -287,8 +287,8 @@ class KSamplerCall:
         """The starting latent, an empty one widened to the model's channels (``fit_empty_latent``)."""
         return fit_empty_latent(self.latent_image, self.model.latent_format)
 
-    def job(self) -> Job:
-        return Job(
+    def job(self) -> SamplingRequest:
+        return SamplingRequest(
             cfg_guider(self.model, self.positive, self.negative, self.cfg),
             initial_noise(self.latent(), self.seed, self.add_noise),
             self.seed,

@@ -97,7 +97,7 @@ def main() -> None:
     from nodes.diffusion.noise import prepare_noise
     from nodes.diffusion.schedulers import ksampler_sigmas
     from nodes.families import SD15
-    from nodes.sample.ksampler import Job, cfg_guider, sample
+    from nodes.sample.ksampler import SamplingRequest, cfg_guider, sample
     from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
     torch.set_grad_enabled(False)
@@ -139,7 +139,7 @@ def main() -> None:
 
     def run_loom(steps: int, size: int) -> None:
         latent = {"samples": torch.zeros(1, 4, size // 8, size // 8)}
-        job = Job(guider, prepare_noise(latent["samples"], 0), 0)
+        job = SamplingRequest(guider, prepare_noise(latent["samples"], 0), 0)
         sample(ctx, [job], sampler_object("euler"), ksampler_sigmas(ms, "normal", "euler", steps), latent)
 
     def run_diffusers(steps: int, size: int) -> None:

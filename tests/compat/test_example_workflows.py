@@ -13,7 +13,7 @@ WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
 NAMES = sorted(p.name.removesuffix(".api.json") for p in WORKFLOWS.glob("*.api.json"))
 
 
-def test_the_examples_the_issues_name_are_shipped() -> None:
+def test_the_core_examples_are_shipped() -> None:
     assert {"txt2img", "img2img", "lora", "sdxl", "inpaint", "ipadapter", "safety"} <= set(NAMES)
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from engine.attention import add_attention_args, attention_scope, choose, fits, resolve, routed_sdpa
 from engine.context import InterruptFlag
-from engine.interrupt_hooks import interruptible_kernels
+from engine.interruptible_models import interruptible_kernels
 
 
 def parse(*flags: str) -> argparse.Namespace:
@@ -156,7 +156,7 @@ def test_the_sdpa_scope_changes_nothing() -> None:
 def test_the_interrupt_hooks_split_large_calls_into_pieces_that_each_go_through_the_kernel(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from engine import interrupt_hooks
+    from engine import interruptible_models as interrupt_hooks
 
     monkeypatch.setitem(interrupt_hooks.SPLIT_ABOVE, ("attention", "cpu"), 1e9)  # split calls of this size
     kernel = FakeKernel()

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 
 import main
 from engine.context import Interrupted, InterruptFlag
-from engine.interrupt_hooks import interrupt_hooks
+from engine.interruptible_models import interrupt_hooks
 from engine.jobs.queue import LocalJobQueue
 from engine.jobs.store import JobStore
 from engine.server.app import ServerParts, create_app
@@ -71,7 +71,7 @@ def test_large_attention_is_split_with_the_same_result_and_stops_between_pieces(
 ) -> None:
     import torch.nn.functional as F
 
-    from engine import interrupt_hooks as hooks
+    from engine import interruptible_models as hooks
 
     monkeypatch.setitem(hooks.PIECE_WORK, ("attention", "cpu"), 4096.0)  # tiny pieces for tiny tensors
     monkeypatch.setitem(hooks.SPLIT_ABOVE, ("attention", "cpu"), 4096.0)
@@ -105,7 +105,7 @@ def test_large_convolutions_are_split_in_row_bands_with_the_same_result(
 ) -> None:
     import torch.nn.functional as F
 
-    from engine import interrupt_hooks as hooks
+    from engine import interruptible_models as hooks
 
     monkeypatch.setitem(hooks.PIECE_WORK, ("conv", "cpu"), 2_000.0)
     monkeypatch.setitem(hooks.SPLIT_ABOVE, ("conv", "cpu"), 2_000.0)

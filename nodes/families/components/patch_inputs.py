@@ -1,5 +1,5 @@
 """What a model patch's apply node (``nodes.control.model_patch``) hands the patch kinds
-(``nodes.families.components.model_patches``) for one latent size."""
+(``nodes.families.components.model_patch_kinds``) for one latent size."""
 
 from __future__ import annotations
 

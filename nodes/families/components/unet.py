@@ -22,7 +22,7 @@ from nodes.core.sampling_hooks import ConditioningError, block_options
 from nodes.core.tensors import TensorIndex
 from nodes.families import arch, keys
 from nodes.families.activation import unet_bytes
-from nodes.families.components import unclip
+from nodes.families.components import unclip_adm as unclip
 from nodes.families.components.unet_inputs import (
     BLANK_INPAINT_LATENT,
     ConcatSource,

@@ -1,4 +1,4 @@
-"""`python -m nodes.compat.coverage`: the issue-17 node list as data and the coverage line it prints."""
+"""`python -m nodes.compat.coverage`: ComfyUI's everyday core node list as data and the coverage line it prints."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from nodes.compat.coverage import coverage, main
 
 
-def test_issue_list_is_complete_data() -> None:
+def test_everyday_list_is_complete_data() -> None:
     result = coverage()
     names = result.names
     assert len(names) == len(set(names)) == 104
@@ -22,7 +22,7 @@ def test_line_counts_registered_names(capsys: pytest.CaptureFixture[str]) -> Non
     assert set(result.missing("latent")) <= {"BatchLatentsNode"}
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"Loom has {result.have} of the 104 node names listed in issue 17")
+    assert out.startswith(f"Loom has {result.have} of the 104 node names in ComfyUI's everyday core list")
     assert main(["--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["have"] == result.have and report["groups"]["text and logic"]["have"] == 12

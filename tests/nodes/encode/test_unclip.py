@@ -19,8 +19,8 @@ from nodes.encode.clip_vision import CLIPVisionEncode, ClipVisionOutput
 from nodes.encode.conditioning import CLIPTextEncode
 from nodes.encode.unclip import open_unclip_checkpoint, unCLIPConditioning
 from nodes.families import SD2Unclip
-from nodes.families.components import unclip
-from nodes.families.components.unclip import UnclipInput
+from nodes.families.components import unclip_adm as unclip
+from nodes.families.components.unclip_adm import UnclipInput
 from nodes.load.handles import open_checkpoint
 from nodes.sample.ksampler import KSampler, SamplingError
 from tests.conftest import linked_copy

@@ -23,7 +23,7 @@ from nodes.image.transforms import (
     RebatchImages,
     RepeatImageBatch,
 )
-from tests.nodes.image_ctx import image_ctx
+from tests.nodes.image.image_ctx import image_ctx
 
 
 @pytest.fixture()

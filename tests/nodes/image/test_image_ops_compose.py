@@ -18,7 +18,7 @@ from nodes.image.compose import (
     composite,
     porter_duff,
 )
-from tests.nodes.image_ctx import image_ctx
+from tests.nodes.image.image_ctx import image_ctx
 
 
 @pytest.fixture()

@@ -24,7 +24,7 @@ from nodes.image.files import (
     list_output_images,
     register_output_options,
 )
-from tests.nodes.image_ctx import image_ctx
+from tests.nodes.image.image_ctx import image_ctx
 
 
 @pytest.fixture()

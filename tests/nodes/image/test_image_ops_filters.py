@@ -20,7 +20,7 @@ from nodes.image.filters import (
     Morphology,
     blend,
 )
-from tests.nodes.image_ctx import image_ctx
+from tests.nodes.image.image_ctx import image_ctx
 
 
 @pytest.fixture()

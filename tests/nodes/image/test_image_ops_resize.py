@@ -16,7 +16,7 @@ from nodes.image.scale import (
     ResizeAndPadImage,
     ResizeImageMaskNode,
 )
-from tests.nodes.image_ctx import image_ctx
+from tests.nodes.image.image_ctx import image_ctx
 
 
 @pytest.fixture()

@@ -22,7 +22,7 @@ from nodes.image.mask import (
     SolidMask,
     ThresholdMask,
 )
-from tests.nodes.image_ctx import image_ctx
+from tests.nodes.image.image_ctx import image_ctx
 
 
 @pytest.fixture()

@@ -31,7 +31,7 @@ from nodes.latent.vae import (
     VAEEncodeTiled,
 )
 from nodes.load.handles import open_checkpoint
-from tests.nodes.gen_fixtures import gradient_image
+from tests.nodes.latent.gen_fixtures import gradient_image
 
 
 def test_empty_latent_shape_and_multiple_of_8_error(make_ctx: Any) -> None:

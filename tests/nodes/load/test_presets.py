@@ -1,4 +1,4 @@
-"""Model presets (issue 16, item 5): a table per family and per known checkpoint, chosen from the
+"""Model presets: a table per family and per known checkpoint, chosen from the
 file's detected family, prediction type and name; the user's ``models/presets.json`` on top;
 written into a workflow by ``main.py run --preset``; served at ``/api/v1/models/{folder}/{name}``
 and ``/api/v1/presets``."""
@@ -15,7 +15,7 @@ import torch
 
 import main
 from nodes.demo.flux import DEMO_FLUX_DEV, DEMO_FLUX_SCHNELL
-from nodes.load.presets import SHIPPED, ModelDescriber, Preset, PresetError, PresetTable, apply_preset
+from nodes.load.presets import ModelDescriber, Preset, PresetError, PresetTable, apply_preset, shipped_presets
 
 WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
@@ -27,10 +27,10 @@ def table(tmp_path: Path | None = None) -> PresetTable:
 def test_every_family_loom_loads_has_a_default_preset() -> None:
     from nodes.families import FAMILIES
 
-    defaults = {(p.family, p.prediction) for p in SHIPPED if not p.match}
+    defaults = {(p.family, p.prediction) for p in shipped_presets() if not p.match}
     for family in FAMILIES:
         assert any(f == family.name for f, _ in defaults), f"{family.name} has no preset"
-        for preset in (p for p in SHIPPED if p.family == family.name and not p.match):
+        for preset in (p for p in shipped_presets() if p.family == family.name and not p.match):
             assert None not in (preset.steps, preset.cfg, preset.sampler_name, preset.scheduler), preset.name
 
 
