@@ -176,3 +176,12 @@ def total_pixels_size(width: int, height: int, megapixels: float, steps: int = 1
     """The size with about ``megapixels`` * 1024² pixels and the same aspect, sides rounded to ``steps``."""
     scale = math.sqrt(megapixels * 1024 * 1024 / (width * height))
     return round(width * scale / steps) * steps, round(height * scale / steps) * steps
+
+
+def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
+    """A normalised [size, size] Gaussian over coordinates spanning -1..1 (ComfyUI's convention:
+    sigma is relative to the kernel's half width, not in pixels)."""
+    axis = torch.linspace(-1, 1, size)
+    y, x = torch.meshgrid(axis, axis, indexing="ij")
+    g = torch.exp(-(x * x + y * y) / (2.0 * sigma * sigma))
+    return g / g.sum()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, INT, Input, NodeSchema, Output
-from nodes.core.resize import resize_image
+from nodes.core.resize import gaussian_kernel, resize_image
 from nodes.image.load_save import ImageError
 
 BLEND_MODES = ("normal", "multiply", "screen", "overlay", "soft_light", "difference")
@@ -107,15 +107,6 @@ class ImageBlend(Node):
         _same_batch(image1, image2, ("image1", "image2"))
         mixed = image1 * (1 - blend_factor) + blend(image1, image2, blend_mode) * blend_factor
         return (torch.clamp(mixed, 0, 1),)
-
-
-def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
-    """A normalised [size, size] Gaussian over coordinates spanning -1..1 (ComfyUI's convention:
-    sigma is relative to the kernel's half width, not in pixels)."""
-    axis = torch.linspace(-1, 1, size)
-    y, x = torch.meshgrid(axis, axis, indexing="ij")
-    g = torch.exp(-(x * x + y * y) / (2.0 * sigma * sigma))
-    return g / g.sum()
 
 
 def _filter(image: torch.Tensor, kernel: torch.Tensor, radius: int, input_name: str) -> torch.Tensor:

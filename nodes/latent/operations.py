@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import FLOAT, INT, LATENT, Input, NodeSchema, Output
-from nodes.image.filters import gaussian_kernel
+from nodes.core.resize import gaussian_kernel
 from nodes.latent.transforms import samples_of, with_samples
 from nodes.latent.vae import LatentError
 
