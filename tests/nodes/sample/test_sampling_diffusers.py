@@ -71,4 +71,6 @@ def test_euler_matches_diffusers_sd15(
         output_type="latent",
     ).images
     mine = ck.unet.latent_format.process_in(out["samples"])
-    torch.testing.assert_close(mine, ref, atol=1e-4, rtol=1e-4)
+    # fp32 on one thread; the BLAS's summation order differs between CPUs: on an AMD EPYC one element of
+    # 256 came out 2.3e-4 from diffusers' (identical on the code before the station move), so 5e-4.
+    torch.testing.assert_close(mine, ref, atol=5e-4, rtol=5e-4)
