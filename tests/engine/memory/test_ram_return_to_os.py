@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = """
 import sys
 import torch
-from engine.ram_budget import process_rss_bytes, return_large_frees_to_os
+from engine.memory.ram_budget import process_rss_bytes, return_large_frees_to_os
 if sys.argv[1] == "on":
     assert return_large_frees_to_os()
 big = torch.ones(24 << 20, dtype=torch.uint8)

@@ -150,7 +150,7 @@ def test_schema_links_and_optional_inputs() -> None:
 
 
 def test_experimental_flags_follow_comfyui() -> None:
-    flagged = {node.SCHEMA.node_id for node in cp.CFG_PATCH_NODES if node.SCHEMA.experimental}
+    flagged = {node.SCHEMA.node_id for node in cp.NODES if node.SCHEMA.experimental}
     want = {"CFGNorm", "PerpNeg", "Mahiro", "FreSca", "DifferentialDiffusion", "LatentApplyOperationCFG"}
     assert flagged == want
 
