@@ -121,8 +121,8 @@ def sd3_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     from nodes.families.build import original_state_dict
     from nodes.families.components import KLVae
     from nodes.families.components.sd3_dit import SD3Transformer
+    from nodes.families.components.sd3_text import NestedClipText
     from nodes.families.components.t5_text import T5Text
-    from nodes.families.sd3 import NestedClipText
 
     transformer = modules["unet"]
     return {

@@ -1,87 +1,121 @@
-"""Model families as compositions (SD1.x, SD2.x, SDXL): ``detect_family`` picks one from a file's
-tensor names and shapes, ``diffusers_family`` from a diffusers folder's configs,
-``family_by_name`` from a stored name; ``standalone_vae`` reads a VAE file."""
+"""Model families as declarations (``nodes.families.base``), found, not listed: :func:`families` is
+every class under ``FamilyAdapter`` that declares a ``name`` (this package's modules imported first),
+most specific first, and every list below is derived from them. Adding a family is a module in this
+package (+ its component kinds); nothing here names one.
+
+``detect_family`` picks a family from a file's tensor names and shapes, ``diffusers_family`` from a
+diffusers folder's configs, ``family_by_name`` from a stored name; ``standalone_vae`` and
+``standalone_text_encoder`` read the separate files users have, and ``family_for_clip_type`` routes
+ComfyUI's CLIPLoader / DualCLIPLoader types. ``FAMILIES``, ``CLIP_TYPES``, ``SINGLE_CLIP_TYPES``,
+``DUAL_CLIP_TYPES``, ``TEXT_ENCODER_FILES`` and the family classes by name (``nodes.families.SD15``)
+are read through the module's ``__getattr__``, so they are computed when asked, from the classes."""
 
 from __future__ import annotations
 
+import importlib
+import json
+import pkgutil
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from nodes.core.weights import ModelLoadError, TensorIndex, read_index
 from nodes.families.base import FamilyAdapter, Part, TextEncoderSpec, describe_unknown
-from nodes.families.flux import Chroma, Flux
-from nodes.families.flux2 import Flux2
-from nodes.families.keys import looks_like_diffusers_vae
-from nodes.families.qwen_image import QwenImage, wan_vae_prefix
-from nodes.families.sd2 import SD2, SD2Unclip
-from nodes.families.sd3 import SD3
-from nodes.families.sd15 import SD15
-from nodes.families.sdxl import SDXL
-from nodes.families.zimage import ZImage
+from nodes.families.components import EncoderFile
+from nodes.families.dit_family import DiTFamily
 
-FAMILIES: tuple[type[FamilyAdapter], ...] = (
-    Flux2,
-    Chroma,
-    Flux,
-    ZImage,
-    QwenImage,
-    SD3,
-    SD2Unclip,
-    SDXL,
-    SD2,
-    SD15,
-)  # most specific first
+CLIP_TYPES_FILE = Path(__file__).with_name("data") / "comfyui_clip_types.json"
 
 __all__ = [
-    "DUAL_CLIP_TYPES",
-    "FAMILIES",
-    "SD15",
-    "SD2",
-    "SDXL",
-    "SD2Unclip",
-    "SINGLE_CLIP_TYPES",
-    "Chroma",
     "FamilyAdapter",
-    "Flux",
-    "Flux2",
     "ModelLoadError",
     "Part",
-    "QwenImage",
-    "SD3",
     "TensorIndex",
     "TextEncoderSpec",
+    "clip_types",
     "describe_context_dim",
     "detect_family",
     "diffusers_family",
+    "dual_clip_types",
+    "families",
     "family_by_name",
     "family_for_clip_type",
     "read_index",
+    "single_clip_types",
     "standalone_text_encoder",
     "standalone_vae",
-    "ZImage",
+    "text_encoder_files",
 ]
 
 
+# --- the families ---------------------------------------------------------------------------------
+@cache
+def import_family_modules() -> tuple[str, ...]:
+    """Import every module of this package (not the ``components`` subpackage), so each family
+    class is defined; the names imported. Once per process: importing is idempotent."""
+    names = tuple(info.name for info in pkgutil.iter_modules(__path__) if not info.ispkg)
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}")
+    return names
+
+
+def families() -> tuple[type[FamilyAdapter], ...]:
+    """Every family class, most specific first (``specificity``, then name): each class under
+    ``FamilyAdapter`` that declares its own ``name``, wherever it is defined."""
+    import_family_modules()
+    found: dict[str, type[FamilyAdapter]] = {}
+    pending = [FamilyAdapter]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            pending.append(sub)
+            if "name" in vars(sub) and found.setdefault(sub.name, sub) is not sub:
+                raise TypeError(
+                    f"two model families are named {sub.name!r}: {found[sub.name].__qualname__} "
+                    f"({found[sub.name].__module__}) and {sub.__qualname__} ({sub.__module__}); "
+                    "give each family its own name"
+                )
+    return tuple(sorted(found.values(), key=lambda cls: (-cls.specificity, cls.name)))
+
+
+def __getattr__(name: str) -> Any:
+    """The derived lists and the family classes by class name (``from nodes.families import SD15``)."""
+    derived = {
+        "FAMILIES": families,
+        "CLIP_TYPES": clip_types,
+        "SINGLE_CLIP_TYPES": single_clip_types,
+        "DUAL_CLIP_TYPES": dual_clip_types,
+        "TEXT_ENCODER_FILES": text_encoder_files,
+    }
+    if name in derived:
+        return derived[name]()
+    for cls in families():
+        if cls.__name__ == name:
+            return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def detect_family(index: TensorIndex) -> FamilyAdapter:
-    for cls in FAMILIES:
+    for cls in families():
         if cls.detect(index):
             return cls()
     raise ModelLoadError(f"{index.path}: {describe_unknown(index)}")
 
 
 def family_by_name(name: str) -> FamilyAdapter:
-    for cls in FAMILIES:
+    known = families()
+    for cls in known:
         if cls.name == name:
             return cls()
-    raise ModelLoadError(f"unknown model family {name!r}; known: {[c.name for c in FAMILIES]}")
+    raise ModelLoadError(f"unknown model family {name!r}; known: {[c.name for c in known]}")
 
 
 def diffusers_family(folder: Path, model_index: dict[str, Any], unet: dict[str, Any]) -> FamilyAdapter:
-    for cls in FAMILIES:
+    known = families()
+    for cls in known:
         if cls.detect_diffusers(model_index, unet):
             return cls()
     pipeline = model_index.get("_class_name")
-    for cls in FAMILIES:
+    for cls in known:
         if cls.pipeline_class == pipeline:  # a known family whose diffusers folders Loom does not read (yet)
             raise ModelLoadError(
                 f"{folder}: a diffusers {pipeline} folder ({cls.title}); Loom reads {cls.title} models from single "
@@ -89,145 +123,108 @@ def diffusers_family(folder: Path, model_index: dict[str, Any], unet: dict[str, 
                 "it with CheckpointLoaderSimple, or the transformer in models/diffusion_models (UNETLoader) with its "
                 "text encoders in models/text_encoders and its VAE in models/vae"
             )
-    known = ", ".join(c.title for c in FAMILIES)
-    raise ModelLoadError(f"{folder}: pipeline {pipeline!r} is not one Loom knows ({known})")
-
-
-def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
-    """The family whose VAE architecture a standalone VAE file has, and its part. The KL VAE of
-    SD1.x, SD2.x and SDXL is one architecture; the latent scale belongs to the MODEL, so the
-    first family's is used for the config (VAE nodes never scale). The Wan 2.1 VAE (Qwen-Image's) is
-    its own architecture and belongs to Qwen-Image, the 32-channel one with BatchNorm statistics to
-    Flux.2."""
-    wan = wan_vae_prefix(index)
-    if wan is not None:
-        qwen = QwenImage()
-        return qwen, qwen.vae_part(index, wan)
-    from nodes.families.components.flux2_vae import is_flux2_vae
-
-    if is_flux2_vae(index):  # the 32-channel Flux.2 VAE with BatchNorm statistics
-        return Flux2(), Flux2().vae_part(index, "")
-    family = SD15()
-    prefix = family.vae_prefix if index.any_with(family.vae_prefix) else ""
-    diffusers_keys = looks_like_diffusers_vae(list(index.tensors))
-    if not diffusers_keys and not (
-        index.has(f"{prefix}encoder.conv_in.weight") and index.has(f"{prefix}decoder.conv_out.weight")
-    ):
-        raise ModelLoadError(
-            f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}"
-        )
-    cfg = family.vae.config_from_tensors(index, prefix, family.latent_format.scale_factor, 512)
-    # the latent space it belongs to, by its latent channels (the 16-channel KL VAE is Flux's ae.safetensors)
-    by_channels = [cls() for cls in (SD15, Flux) if cls.latent_format.channels == cfg.get("latent_channels")]
-    return (by_channels[0] if by_channels else family), Part.make("vae", family.vae, prefix, "vae", cfg)
-
-
-TEXT_ENCODER_FILES = (  # (encoder name, where its tensors start, a tensor that marks it)
-    ("clip_g", "", "text_model.encoder.layers.30.mlp.fc1.weight"),  # ComfyUI's rule: CLIP-G has 32 layers
-    ("t5xxl", "", "encoder.block.0.layer.0.SelfAttention.q.weight"),
-    ("clip_l", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight"),
-    ("clip_l", "", "encoder.layers.0.self_attn.q_proj.weight"),
-    ("qwen3_4b", "model.", "model.layers.0.self_attn.q_norm.weight"),  # ComfyUI's qwen_3_4b.safetensors
-    ("qwen25_7b", "model.", "model.layers.0.self_attn.k_proj.bias"),  # ComfyUI's qwen_2.5_vl_7b.safetensors
-    ("mistral3_24b", "model.", "tekken_model"),  # ComfyUI's Flux.2 Mistral-Small file (tokenizer inside)
-)
-
-
-def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
-    """The text encoder a standalone text-encoder file holds (``t5xxl`` | ``clip_l`` | ``qwen3_4b`` | ``qwen25_7b``) and the
-    prefix of its tensors; a teaching error for anything else."""
-    for name, prefix, marker in TEXT_ENCODER_FILES:
-        if index.has(marker):
-            return name, prefix
-    for title, family in (
-        ("Flux.2", Flux2),
-        ("Flux", Flux),
-        ("Flux", Chroma),
-        ("SD3", SD3),
-        ("Z-Image", ZImage),
-        ("Qwen-Image", QwenImage),
-    ):
-        if family.detect(index):
-            raise ModelLoadError(
-                f"{index.path}: this is a {title} transformer, not a text encoder; put it in "
-                "models/diffusion_models and load it with UNETLoader"
-            )
-    if wan_vae_prefix(index) is not None:
-        raise ModelLoadError(
-            f"{index.path}: this is a VAE (the Wan/Qwen-Image VAE), not a text encoder; put it in "
-            "models/vae and load it with VAELoader"
-        )
-    raise ModelLoadError(
-        f"{index.path}: not a text encoder Loom knows (CLIP-L, CLIP-G, T5-XXL, Qwen3, Qwen2.5-VL or "
-        f"Mistral-Small): {describe_unknown(index)}"
-    )
-
-
-CLIP_TYPES: dict[str, type[FamilyAdapter]] = {
-    "flux": Flux,
-    "chroma": Chroma,
-    "sd3": SD3,
-    "lumina2": ZImage,
-    "qwen_image": QwenImage,
-    "flux2": Flux2,
-}  # ComfyUI's loader types
-# DualCLIPLoader's ``type`` options, as ComfyUI lists them (the supported ones are in CLIP_TYPES)
-# CLIPLoader's ``type`` options, as ComfyUI lists them
-SINGLE_CLIP_TYPES = (
-    "stable_diffusion",
-    "stable_cascade",
-    "sd3",
-    "stable_audio",
-    "mochi",
-    "ltxv",
-    "pixart",
-    "cosmos",
-    "lumina2",
-    "wan",
-    "hidream",
-    "chroma",
-    "ace",
-    "omnigen2",
-    "qwen_image",
-    "hunyuan_image",
-    "flux2",
-    "ovis",
-)
-DUAL_CLIP_TYPES = (
-    "sdxl",
-    "sd3",
-    "flux",
-    "hunyuan_video",
-    "hidream",
-    "hunyuan_image",
-    "hunyuan_video_15",
-    "kandinsky5",
-    "kandinsky5_image",
-    "ltxv",
-    "newbie",
-    "ace",
-)
-
-
-def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> FamilyAdapter:
-    """The family whose text encoders ComfyUI's loader ``type`` names. As in ComfyUI, some encoder
-    files decide by themselves: a Qwen3-4B file is Z-Image's for every type but Flux's (ComfyUI routes
-    it to Flux.2 Klein there), a Qwen2.5-VL-7B file is Qwen-Image's for every type but HunyuanImage's,
-    and a Qwen3 or Mistral-Small file with type flux or flux2 is Flux.2's."""
-    if "qwen3_4b" in encoders and clip_type not in ("flux", "flux2"):
-        return ZImage()
-    if "qwen25_7b" in encoders and clip_type != "hunyuan_image":
-        return QwenImage()
-    if {"qwen3_4b", "mistral3_24b"} & set(encoders) and clip_type in ("flux", "flux2"):
-        return Flux2()  # Klein's Qwen3 or dev's Mistral-Small, for type flux as for flux2
-    if clip_type not in CLIP_TYPES:
-        raise ModelLoadError(
-            f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(CLIP_TYPES)}"
-        )
-    return CLIP_TYPES[clip_type]()
+    names = ", ".join(c.title for c in known)
+    raise ModelLoadError(f"{folder}: pipeline {pipeline!r} is not one Loom knows ({names})")
 
 
 def describe_context_dim(width: int) -> str:
     """Which family's released models have text width ``width`` (for messages)."""
-    titles = [c.title for c in FAMILIES if c.context_dim == width]
+    titles = [c.title for c in families() if c.context_dim == width]
     return " or ".join(sorted(titles)) if titles else f"a model of cross-attention width {width}"
+
+
+# --- standalone files -----------------------------------------------------------------------------
+def standalone_vae(index: TensorIndex) -> tuple[FamilyAdapter, Part]:
+    """The family whose VAE a standalone VAE file is, and its part. The VAE kinds of the families that
+    label VAE files (``labels_vae_files``) are asked in turn, those with tensors of their own (the Wan
+    VAE, Flux.2's with BatchNorm statistics) before the generic KL VAE; of the families of the kind
+    that answers, the first whose latent width the file has, else the least specific one. The latent
+    scale belongs to the MODEL (VAE nodes never scale), so the part's config is the file's own."""
+    owners = [cls for cls in families() if cls.labels_vae_files]
+    kinds = sorted(dict.fromkeys(cls.vae for cls in owners), key=lambda kind: kind.generic)
+    for kind in kinds:
+        prefix = kind.file_prefix(index)
+        if prefix is None:
+            continue
+        config = kind.file_config(index, prefix)
+        mine = [cls for cls in owners if cls.vae == kind]
+        width = kind.latent_channels(config)
+        family = next((cls for cls in mine if cls.latent_format.channels == width), mine[-1])
+        return family(), Part.make("vae", kind, prefix, "vae", config)
+    raise ModelLoadError(f"{index.path}: not a VAE (no encoder/decoder tensors): {describe_unknown(index)}")
+
+
+def text_encoder_files() -> tuple[tuple[str, EncoderFile], ...]:
+    """(encoder name, how its standalone file is recognised) of every family's text encoders."""
+    found = ((spec.name, file) for cls in families() for spec in cls.text_encoders for file in spec.files)
+    return tuple(dict.fromkeys(found))
+
+
+def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
+    """The text encoder a standalone text-encoder file holds (``t5xxl``, ``clip_l``, ``qwen3_4b``...)
+    and the prefix of its tensors; a teaching error for anything else (a transformer, a VAE)."""
+    files = text_encoder_files()
+    for name, file in files:
+        if file.matches(index):
+            return name, file.prefix
+    for cls in families():
+        if issubclass(cls, DiTFamily) and cls.detect(index):
+            raise ModelLoadError(
+                f"{index.path}: this is a {cls.file_title()} transformer, not a text encoder; put it in "
+                "models/diffusion_models and load it with UNETLoader"
+            )
+    for cls in families():
+        if cls.labels_vae_files and not cls.vae.generic and cls.vae.file_prefix(index) is not None:
+            raise ModelLoadError(
+                f"{index.path}: this is a VAE (the {cls.title} VAE), not a text encoder; put it in "
+                "models/vae and load it with VAELoader"
+            )
+    names = ", ".join(dict.fromkeys(name for name, _ in files))
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows ({names}): {describe_unknown(index)}")
+
+
+# --- ComfyUI's loader types -------------------------------------------------------------------------
+@cache
+def comfyui_clip_types() -> dict[str, tuple[str, ...]]:
+    """ComfyUI's CLIPLoader (``single``) and DualCLIPLoader (``dual``) type options, in its order."""
+    data = json.loads(CLIP_TYPES_FILE.read_text(encoding="utf-8"))
+    return {"single": tuple(data["single"]), "dual": tuple(data["dual"])}
+
+
+def single_clip_types() -> tuple[str, ...]:
+    """CLIPLoader's ``type`` options: ComfyUI's, then any type a family declares that it lacks."""
+    declared = (t for cls in families() for t in cls.single_clip_types)
+    return tuple(dict.fromkeys((*comfyui_clip_types()["single"], *declared)))
+
+
+def dual_clip_types() -> tuple[str, ...]:
+    """DualCLIPLoader's ``type`` options: ComfyUI's, then any type a family declares that it lacks."""
+    declared = (t for cls in families() for t in cls.dual_clip_types)
+    return tuple(dict.fromkeys((*comfyui_clip_types()["dual"], *declared)))
+
+
+def clip_types() -> dict[str, type[FamilyAdapter]]:
+    """The loader types Loom supports, each with the family whose text encoders it loads."""
+    out: dict[str, type[FamilyAdapter]] = {}
+    for cls in families():
+        for clip_type in (*cls.single_clip_types, *cls.dual_clip_types):
+            out.setdefault(clip_type, cls)
+    return out
+
+
+def family_for_clip_type(clip_type: str, encoders: tuple[str, ...] = ()) -> FamilyAdapter:
+    """The family whose text encoders ComfyUI's loader ``type`` names. As in ComfyUI, some encoder
+    files decide by themselves (the families' ``encoder_claims``): a claim for every type but a few
+    is asked before a claim for named types (a Qwen3-4B file is Z-Image's for every type but flux and
+    flux2, where it is Flux.2 Klein's)."""
+    claims = [(cls, claim) for cls in families() for claim in cls.encoder_claims]
+    for named_types in (False, True):
+        for cls, claim in claims:
+            if bool(claim.clip_types) == named_types and claim.holds(clip_type, encoders):
+                return cls()
+    supported = clip_types()
+    if clip_type not in supported:
+        raise ModelLoadError(
+            f"text encoder type {clip_type!r} is not supported yet; supported: {sorted(supported)}"
+        )
+    return supported[clip_type]()

@@ -19,8 +19,15 @@ from torch import nn
 from nodes.core import prompt_weights as pw
 from nodes.core.weights import TensorIndex
 from nodes.families import arch, keys
+from nodes.families.components import EncoderFile
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
+CLIP_G_MARKER = "text_model.encoder.layers.30.mlp.fc1.weight"  # ComfyUI's rule: CLIP-G has 32 layers
+CLIP_G_FILES = (EncoderFile("", CLIP_G_MARKER),)  # transformers' names with the projection
+CLIP_L_FILES = (  # transformers' names, with or without ``text_model.``
+    EncoderFile("text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight", unless=CLIP_G_MARKER),
+    EncoderFile("", "encoder.layers.0.self_attn.q_proj.weight"),
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,10 @@ class ClipText:
         """The kind and its CLIPTextConfig kwargs, read from the tensors under ``prefix``."""
         cfg = arch.clip_config(index, prefix, layout)
         return cls(layout, "projection_dim" in cfg), cfg
+
+    def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[ClipText, dict[str, Any]]:
+        """The kind of this layout for the tensors under ``prefix`` (the projection read from them)."""
+        return ClipText.from_tensors(index, prefix, self.layout)
 
     @classmethod
     def from_diffusers(cls, layout: str, config: Mapping[str, Any]) -> ClipText:

@@ -40,6 +40,14 @@ class DecoderText:
     config_class: ClassVar[str] = ""
     model_class: ClassVar[str] = ""
 
+    @staticmethod
+    def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
+        """The config kwargs read from the shapes under ``prefix`` (each subclass its own)."""
+        raise NotImplementedError
+
+    def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[DecoderText, dict[str, Any]]:
+        return self, self.config_from_tensors(index, prefix)
+
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in sd.items() if k.startswith(DECODER_PARTS)}
 

@@ -60,7 +60,7 @@ from nodes.core.weights import ModelLoadError, load_tensors, read_index
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE, mistoline_module, mistoline_to_diffusers
 from nodes.families.components.flux_xlabs_keys import xlabs_to_diffusers
 from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
-from nodes.families.latent_format import LatentFormat
+from nodes.families.latent_format import FLUX_LATENT, SD3_LATENT, LatentFormat
 from nodes.load.handles import WeightsHandle
 
 SD3, SD35, FLUX_INSTANTX, FLUX_XLABS = "sd3", "sd35", "flux_instantx", "flux_xlabs"
@@ -253,16 +253,10 @@ class DiTControlNetHandle(WeightsHandle):
     def latent_format(self) -> LatentFormat | None:
         """The model space of a VAE-encoded hint (None: the ControlNet takes pixels)."""
         if self.layout == SD35:
-            from nodes.families.sd3 import SD3_LATENT
-
             return SD3_LATENT
         if self.layout == SD3:
-            from nodes.families.sd3 import SD3_LATENT
-
             return replace(SD3_LATENT, shift=0.0)  # these ControlNets were trained without the shift
         if self.layout == FLUX_INSTANTX:
-            from nodes.families.flux import FLUX_LATENT
-
             return FLUX_LATENT
         return None
 

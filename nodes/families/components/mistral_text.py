@@ -13,13 +13,14 @@ weighting, no padding for one prompt; the conditioning stacks the hidden states 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
 from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.families.components import EncoderFile
 from nodes.families.components.decoder_text import DecoderText, decoder_config
 
 SYSTEM = (
@@ -37,6 +38,9 @@ MISTRAL_CONSTANTS: dict[str, Any] = {
     "sliding_window": None,
 }
 TEKKEN_KEY = "tekken_model"
+MISTRAL3_FILES = (
+    EncoderFile("model.", TEKKEN_KEY),
+)  # ComfyUI's Flux.2 Mistral-Small file (tokenizer inside)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,11 @@ class MistralText(DecoderText):
                 "(Mistral-Small's)"
             )
         return {**decoder_config(index, prefix, HEAD_DIM, q_out // HEAD_DIM), **MISTRAL_CONSTANTS}
+
+    def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[MistralText, dict[str, Any]]:
+        """This kind reading its tokenizer from ``index``'s file, and the config."""
+        kind = replace(self, file=str(index.path))
+        return kind, kind.config_from_tensors(index, prefix)
 
     # --- prompts ------------------------------------------------------------------------------
     def load_tokenizer(self, name: str) -> Any:

@@ -22,10 +22,12 @@ import torch
 
 from nodes.core import prompt_weights as pw
 from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.families.components import EncoderFile
 from nodes.families.prompt import TokenizerOptions
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 _EMBED = "encoder.embed_tokens.weight"
+T5_FILES = (EncoderFile("", "encoder.block.0.layer.0.SelfAttention.q.weight"),)  # a T5-XXL file
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class T5Text:
     id: str = "t5_encoder"
 
     # --- reading and building -----------------------------------------------------------------
+    def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[T5Text, dict[str, Any]]:
+        return self, self.config_from_tensors(index, prefix)
+
     @staticmethod
     def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
         """``T5Config`` kwargs read from the shapes under ``prefix``."""
