@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.weights import ModelLoadError, TensorIndex, fingerprint
 from nodes.families.components import EncoderFile, ModuleKind, TextEncoderReader
 from nodes.families.components.clip_text import ClipText
 from nodes.families.latent_format import LatentFormat
@@ -88,9 +88,6 @@ class Part:
 
     def in_file(self, path: Path) -> Part:
         """This part, read from ``path`` instead of its handle's file."""
-        from dataclasses import replace
-
-        from nodes.core.weights import fingerprint
 
         return replace(self, file=str(path), file_id=fingerprint(path))
 

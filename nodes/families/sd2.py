@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors
 from nodes.families import arch
 from nodes.families.base import TextEncoderSpec
 from nodes.families.components import UNetDenoiser
@@ -63,7 +63,6 @@ class SD2(UNetFamily):
             return "v_prediction"
         if meta.get("modelspec.prediction_type") == "epsilon" or not index.has(_V_PROBE) or index.pickled:
             return "epsilon"
-        from nodes.core.weights import load_tensors
 
         bias = load_tensors(index, _V_PROBE, strip=False)[_V_PROBE]
         return "v_prediction" if float(bias.float().std()) > 0.09 else "epsilon"

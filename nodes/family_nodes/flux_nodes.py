@@ -29,6 +29,8 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
+from nodes.core.resize import resize_image
+from nodes.diffusion.model_sampling import flux, flux_mu
 from nodes.encode.conditioning import CondEntry, Conditioning, text_encoders
 from nodes.latent.vae import MAX_RESOLUTION
 from nodes.load.model_merge import MODEL_SPECIFIC, BlockMerge, block_ratio_inputs
@@ -153,8 +155,6 @@ class FluxKontextImageScale(Node):
     )
 
     def run(self, ctx: NodeContext, *, image: torch.Tensor) -> tuple[torch.Tensor]:
-        from nodes.core.resize import resize_image
-
         width, height = kontext_size(image.shape[2], image.shape[1])
         return (resize_image(image, width, height, "lanczos", "center"),)
 
@@ -245,8 +245,6 @@ class ModelSamplingFlux(Node):
     def run(
         self, ctx: NodeContext, *, model: Any, max_shift: float, base_shift: float, width: int, height: int
     ) -> tuple[Any]:
-        from nodes.diffusion.model_sampling import flux, flux_mu
-
         return (model.with_model_sampling(flux(shift=flux_mu(width, height, base_shift, max_shift))),)
 
 

@@ -28,6 +28,7 @@ from engine.schema import (
     Output,
 )
 from nodes.core.sampling_hooks import BlockSkip, SamplingHooks, declared_skip_lists
+from nodes.diffusion.model_sampling import flow
 from nodes.encode.conditioning import CondEntry, Conditioning, text_encoders
 from nodes.load.checkpoint_loaders import file_fingerprint, pickle_allowed, require_model_files
 from nodes.load.handles import open_text_encoders
@@ -135,8 +136,6 @@ class ModelSamplingSD3(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: Any, shift: float) -> tuple[Any]:
-        from nodes.diffusion.model_sampling import flow
-
         return (model.with_model_sampling(flow(shift=shift, multiplier=1000.0)),)
 
 

@@ -74,7 +74,11 @@ class ClipText:
         return {k if k.startswith("text_projection.") else f"text_model.{k}": v for k, v in sd.items()}
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+        from transformers import (  # lazy: transformers is heavy to import
+            CLIPTextConfig,
+            CLIPTextModel,
+            CLIPTextModelWithProjection,
+        )
 
         cfg = CLIPTextConfig(**config)
         return CLIPTextModelWithProjection(cfg) if self.projection else CLIPTextModel(cfg)
@@ -84,7 +88,10 @@ class ClipText:
         return load_tokenizer(name)
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from transformers import CLIPTextModel, CLIPTextModelWithProjection
+        from transformers import (  # lazy: transformers is heavy to import
+            CLIPTextModel,
+            CLIPTextModelWithProjection,
+        )
 
         cls = CLIPTextModelWithProjection if self.projection else CLIPTextModel
         return cls.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
@@ -127,7 +134,7 @@ def _final_norm(module: Any) -> Any:
 def load_tokenizer(name: str) -> Any:
     """A CLIP tokenizer from the shipped files: ``models/configs/clip_tokenizer`` vocabulary with
     the settings of ``models/configs/<name>/tokenizer_config.json`` (e.g. a pad token ``!``)."""
-    from transformers import CLIPTokenizer
+    from transformers import CLIPTokenizer  # lazy: transformers is heavy to import
 
     tokenizer = CLIPTokenizer.from_pretrained(CONFIGS_DIR / "clip_tokenizer", local_files_only=True)
     if name != "clip_tokenizer":

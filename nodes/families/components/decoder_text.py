@@ -58,13 +58,13 @@ class DecoderText:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        import transformers
+        import transformers  # lazy: transformers is heavy to import
 
         config_type = getattr(transformers, self.config_class)
         return getattr(transformers, self.model_class)(config_type(**config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        import transformers
+        import transformers  # lazy: transformers is heavy to import
 
         model_type = getattr(transformers, self.model_class)
         return model_type.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)

@@ -53,12 +53,15 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from nodes.core.control_base import ControlResiduals, file_label, fit_hint
 from nodes.core.sampling_hooks import ConditioningError
 from nodes.core.weights import ModelLoadError, load_tensors, read_index
+from nodes.families.components.flux_dit import rope_axes
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE, mistoline_module, mistoline_to_diffusers
 from nodes.families.components.flux_xlabs_keys import xlabs_to_diffusers
+from nodes.families.components.latent_patches import pack, pad_to_even
 from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
 from nodes.families.latent_format import FLUX_LATENT, SD3_LATENT, LatentFormat
 from nodes.load.handles import WeightsHandle
@@ -112,7 +115,6 @@ def dit_config(
 ) -> dict[str, Any]:
     """The diffusers config of a DiT ControlNet from the shapes of its tensors (as in the file);
     ``control_type``: an SD3.5 file's ``control_type`` value (kept in the config as ``sd35_type``)."""
-    from nodes.families.components.flux_dit import rope_axes
 
     if layout == SD35:
         inner, channels, patch, _ = (int(s) for s in shapes["pos_embed_input.proj.weight"])
@@ -271,7 +273,7 @@ class DiTControlNetHandle(WeightsHandle):
         return pixels
 
     def build(self) -> Any:
-        from diffusers import FluxControlNetModel, SD3ControlNetModel
+        from diffusers import FluxControlNetModel, SD3ControlNetModel  # lazy: diffusers is heavy to import
 
         cfg = {k: v for k, v in self.config.items() if k not in ("sd35_type", "extra_condition_channels")}
         if self.layout in (SD3, SD35):
@@ -343,8 +345,6 @@ class DiTControlNetHandle(WeightsHandle):
         extra: Mapping[str, Any],
         depth: int,
     ) -> ControlResiduals:
-        import torch.nn.functional as F
-
         patch = module.config.patch_size
         pad = (0, (-x_in.shape[-1]) % patch, 0, (-x_in.shape[-2]) % patch)
         x, h = (
@@ -390,8 +390,6 @@ class DiTControlNetHandle(WeightsHandle):
         double: int,
         single: int,
     ) -> ControlResiduals:
-        from nodes.families.components.flux_dit import pack, pad_to_even
-
         tokens, img_ids = pack(pad_to_even(x_in))
         if self.layout in PIXEL_HINT:
             pixels = fit_hint(hint, rows, (x_in.shape[-2] * 8, x_in.shape[-1] * 8)).to(x_in) * 2 - 1

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
+
 from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families import arch, keys
+from nodes.families.components.flux2_vae_module import Flux2LatentVAE
 from nodes.families.latent_format import LatentFormat
 
 BN_EPS = 1e-4
@@ -95,8 +98,6 @@ class Flux2Vae:
         }
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        import torch
-
         renamed: dict[str, Any] = {}
         for name, tensor in sd.items():
             for old, new in _QUANT:
@@ -119,11 +120,7 @@ class Flux2Vae:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from nodes.families.components.flux2_vae_module import Flux2LatentVAE
-
         return Flux2LatentVAE.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from nodes.families.components.flux2_vae_module import Flux2LatentVAE
-
         return Flux2LatentVAE.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from safetensors import safe_open
 
 from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families.components import EncoderFile
 from nodes.families.components.decoder_text import DecoderText, decoder_config
+from nodes.families.components.tekken import tekken_tokenizer
 
 SYSTEM = (
     "You are an AI that reasons about image descriptions. You give structured responses focusing on object "
@@ -83,10 +85,6 @@ class MistralText(DecoderText):
 
     # --- prompts ------------------------------------------------------------------------------
     def load_tokenizer(self, name: str) -> Any:
-        from safetensors import safe_open
-
-        from nodes.families.components.tekken import tekken_tokenizer
-
         with safe_open(self.file, framework="pt") as f:
             if TEKKEN_KEY not in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
                 raise ModelLoadError(

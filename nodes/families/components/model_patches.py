@@ -12,6 +12,9 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nodes.families.components.blockwise_control import BlockwiseControlKind
+from nodes.families.components.zimage_fun_control import FunControlKind
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -30,9 +33,6 @@ class PatchInputs:
 
 
 def patch_kinds() -> tuple[Any, ...]:
-    from nodes.families.components.blockwise_control import BlockwiseControlKind
-    from nodes.families.components.zimage_fun_control import FunControlKind
-
     return (BlockwiseControlKind(), FunControlKind())
 
 

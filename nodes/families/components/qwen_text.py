@@ -101,7 +101,7 @@ class QwenText(DecoderText):
 
 def load_qwen_tokenizer() -> Any:
     """Qwen's BPE tokenizer (Qwen2.5/Qwen3 vocabulary, 151,669 ids) from ``models/configs/qwen_tokenizer``."""
-    from transformers import Qwen2Tokenizer
+    from transformers import Qwen2Tokenizer  # lazy: transformers is heavy to import
 
     return Qwen2Tokenizer.from_pretrained(CONFIGS_DIR / "qwen_tokenizer", local_files_only=True)
 

@@ -86,12 +86,12 @@ class T5Text:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from transformers import T5Config, T5EncoderModel
+        from transformers import T5Config, T5EncoderModel  # lazy: transformers is heavy to import
 
         return T5EncoderModel(T5Config(**config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from transformers import T5EncoderModel
+        from transformers import T5EncoderModel  # lazy: transformers is heavy to import
 
         return T5EncoderModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
@@ -142,6 +142,6 @@ class T5Text:
 
 def load_t5_tokenizer() -> Any:
     """The T5 v1.1 tokenizer from ``models/configs/t5_tokenizer`` (tokenizers backend, offline)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers is heavy to import
 
     return AutoTokenizer.from_pretrained(CONFIGS_DIR / "t5_tokenizer", local_files_only=True)

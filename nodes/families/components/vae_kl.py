@@ -70,11 +70,11 @@ class KLVae:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from diffusers import AutoencoderKL
+        from diffusers import AutoencoderKL  # lazy: diffusers is heavy to import
 
         return AutoencoderKL.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from diffusers import AutoencoderKL
+        from diffusers import AutoencoderKL  # lazy: diffusers is heavy to import
 
         return AutoencoderKL.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)

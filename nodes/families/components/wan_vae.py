@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.families.components.wan_vae_module import QwenImageVae2D
 from nodes.families.latent_format import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, LatentFormat
 
 _RESIDUAL = (
@@ -152,13 +153,9 @@ class WanVae:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from nodes.families.components.wan_vae_module import QwenImageVae2D
-
         return QwenImageVae2D.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from nodes.families.components.wan_vae_module import QwenImageVae2D
-
         return QwenImageVae2D.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
 

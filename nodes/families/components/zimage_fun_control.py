@@ -42,7 +42,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from nodes.core.resize import center_crop, resize
 from nodes.core.weights import ModelLoadError, TensorIndex, load_tensors
+from nodes.families.components.latent_patches import pad_to_even
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -70,8 +74,9 @@ def fun_control_module(
     """An empty (randomly initialised) Fun ControlNet module of that shape; ``extra``: input
     channels beyond the ``channels`` of the control latent; ``refiner_control``: refiner blocks
     that are control blocks (2.x)."""
-    import torch
-    from diffusers.models.transformers.transformer_z_image import ZImageTransformerBlock
+    from diffusers.models.transformers.transformer_z_image import (  # lazy: diffusers is heavy
+        ZImageTransformerBlock,
+    )
 
     def block(i: int) -> Any:
         return ZImageTransformerBlock(i, dim, heads, heads, 1e-5, True, modulation=True)
@@ -179,7 +184,6 @@ class FunControlKind:
     # --- sampling -----------------------------------------------------------------------------
     def control_tokens(self, module: Any, inputs: PatchInputs, latent_format: LatentFormat) -> Tensor:
         """The embedded control tokens (B, h/2·w/2, width) of the node's images (module docstring)."""
-        from nodes.families.components.flux_dit import pad_to_even
 
         x = pad_to_even(_control_latent(module.extra, inputs, latent_format))
         b, c, h, w = x.shape
@@ -221,8 +225,6 @@ class _FunCall:
     hints: list[Tensor] = field(default_factory=list)
 
     def _add(self, image: Tensor, hint: Tensor) -> Tensor:
-        import torch
-
         n = hint.shape[1]
         return torch.cat([image[:, :n] + hint.to(image.dtype) * self.strength, image[:, n:]], dim=1)
 
@@ -275,9 +277,6 @@ class _FunCall:
 
 def _control_latent(extra: int, inputs: PatchInputs, latent_format: LatentFormat) -> Tensor:
     """The control input (B, 16 or 33, h, w) in the model's latent space (module docstring)."""
-    import torch
-
-    from nodes.core.resize import center_crop, resize
 
     def latent(image: Tensor) -> Tensor:
         return latent_format.process_in(inputs.encode(image).float())
