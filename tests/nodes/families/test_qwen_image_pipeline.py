@@ -163,7 +163,7 @@ def test_text_encoding_matches_qwen2_on_comfyui_template(qwen_dir: Any, make_ctx
 
 def test_vae_round_trip_and_latent_statistics(qwen_dir: Any, make_ctx: Any) -> None:
     """VAEEncode/VAEDecode go through the 3-D VAE as one frame; the latent space is ComfyUI's Wan21."""
-    from nodes.families.qwen_image import WAN21_LATENT
+    from nodes.families.latent_format import WAN21_LATENT
     from nodes.latent.vae import VAEDecode, VAEDecodeTiled, VAEEncode
 
     root, modules = qwen_dir

@@ -314,7 +314,7 @@ def test_empty_four_channel_latent_is_widened_as_comfyui_does(demo_models: Path,
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
     empty = {"samples": torch.zeros(2, 4, 8, 8), "batch_index": [0, 1]}
-    from nodes.families.flux2 import FLUX2_LATENT
+    from nodes.families.latent_format import FLUX2_LATENT
     from nodes.families.zimage import ZImage
 
     widened = fit_empty_latent(empty, ZImage.latent_format)
