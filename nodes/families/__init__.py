@@ -179,8 +179,9 @@ def standalone_text_encoder(index: TensorIndex) -> tuple[str, str]:
                 f"{index.path}: this is a VAE (the {cls.title} VAE), not a text encoder; put it in "
                 "models/vae and load it with VAELoader"
             )
-    names = ", ".join(dict.fromkeys(name for name, _ in files))
-    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows ({names}): {describe_unknown(index)}")
+    titles = list(dict.fromkeys(file.title for _, file in files))
+    known = ", ".join(titles[:-1]) + f" or {titles[-1]}" if len(titles) > 1 else "".join(titles)
+    raise ModelLoadError(f"{index.path}: not a text encoder Loom knows ({known}): {describe_unknown(index)}")
 
 
 # --- ComfyUI's loader types -------------------------------------------------------------------------

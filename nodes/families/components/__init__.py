@@ -99,11 +99,31 @@ class VaeKind(ModuleKind, Protocol):
         ...
 
 
+class ShapeConfiguredVae:
+    """The :class:`VaeKind` methods of a kind whose config its tensors' shapes give whole (no latent
+    scale or image size to pass in) and that has tensors of its own (not ``generic``)."""
+
+    generic: ClassVar[bool] = False
+
+    def config_from_tensors(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def file_config(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
+        return self.config_from_tensors(index, prefix)
+
+    def config_for(
+        self, index: TensorIndex, prefix: str, latent: LatentFormat, sample_size: int
+    ) -> dict[str, Any]:
+        return self.config_from_tensors(index, prefix)
+
+
 @dataclass(frozen=True)
 class EncoderFile:
-    """How a standalone file of one text encoder is recognised: its tensors start at ``prefix`` and
-    ``marker`` is among them, ``unless`` (a tensor of a bigger encoder of the same layout) is not."""
+    """How a standalone file of one text encoder (``title``, for messages) is recognised: its tensors
+    start at ``prefix`` and ``marker`` is among them, ``unless`` (a tensor of a bigger encoder of the
+    same layout) is not."""
 
+    title: str
     prefix: str
     marker: str
     unless: str = ""
@@ -116,6 +136,7 @@ __all__ = [
     "EncoderFile",
     "KLVae",
     "ModuleKind",
+    "ShapeConfiguredVae",
     "TextEncoderKind",
     "TextEncoderReader",
     "TransformerKind",

@@ -23,10 +23,12 @@ from nodes.families.components import EncoderFile
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 CLIP_G_MARKER = "text_model.encoder.layers.30.mlp.fc1.weight"  # ComfyUI's rule: CLIP-G has 32 layers
-CLIP_G_FILES = (EncoderFile("", CLIP_G_MARKER),)  # transformers' names with the projection
+CLIP_G_FILES = (EncoderFile("CLIP-G", "", CLIP_G_MARKER),)  # transformers' names with the projection
 CLIP_L_FILES = (  # transformers' names, with or without ``text_model.``
-    EncoderFile("text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight", unless=CLIP_G_MARKER),
-    EncoderFile("", "encoder.layers.0.self_attn.q_proj.weight"),
+    EncoderFile(
+        "CLIP-L", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight", unless=CLIP_G_MARKER
+    ),
+    EncoderFile("CLIP-L", "", "encoder.layers.0.self_attn.q_proj.weight"),
 )
 
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from nodes.core.weights import ModelLoadError, TensorIndex
 from nodes.families import arch, keys
+from nodes.families.components import ShapeConfiguredVae
 from nodes.families.components.flux2_vae_module import Flux2LatentVAE
-from nodes.families.latent_format import LatentFormat
 
 BN_EPS = 1e-4
 _QUANT = (("encoder.quant_conv.", "quant_conv."), ("decoder.post_quant_conv.", "post_quant_conv."))
@@ -36,25 +36,16 @@ def is_flux2_vae(index: TensorIndex, prefix: str = "") -> bool:
 
 
 @dataclass(frozen=True)
-class Flux2Vae:
+class Flux2Vae(ShapeConfiguredVae):
     """The Flux.2 VAE kind (see the module docstring)."""
 
     id: str = "flux2_vae"
-    generic: ClassVar[bool] = False
 
     def present(self, index: TensorIndex, prefix: str) -> bool:
         return is_flux2_vae(index, prefix)
 
     def file_prefix(self, index: TensorIndex) -> str | None:
         return "" if is_flux2_vae(index) else None
-
-    def file_config(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
-        return self.config_from_tensors(index, prefix)
-
-    def config_for(
-        self, index: TensorIndex, prefix: str, latent: LatentFormat, sample_size: int
-    ) -> dict[str, Any]:
-        return self.config_from_tensors(index, prefix)
 
     def latent_channels(self, config: Mapping[str, Any]) -> int | None:
         return 4 * int(config["latent_channels"])  # the 2x2 patches the model sees

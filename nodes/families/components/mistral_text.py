@@ -41,7 +41,7 @@ MISTRAL_CONSTANTS: dict[str, Any] = {
 }
 TEKKEN_KEY = "tekken_model"
 MISTRAL3_FILES = (
-    EncoderFile("model.", TEKKEN_KEY),
+    EncoderFile("Mistral-Small", "model.", TEKKEN_KEY),
 )  # ComfyUI's Flux.2 Mistral-Small file (tokenizer inside)
 
 

@@ -62,7 +62,9 @@ QWEN25_CONSTANTS: dict[str, Any] = {
 }
 HEAD_DIM = 128
 TEST_HEAD_DIM = 16
-QWEN25_FILES = (EncoderFile("model.", "model.layers.0.self_attn.k_proj.bias"),)  # qwen_2.5_vl_7b.safetensors
+QWEN25_FILES = (
+    EncoderFile("Qwen2.5-VL", "model.", "model.layers.0.self_attn.k_proj.bias"),
+)  # qwen_2.5_vl_7b.safetensors
 
 
 def head_dim_for(hidden: int) -> int:

@@ -79,7 +79,7 @@ def _rotary(positions: torch.Tensor, axes: Sequence[int], theta: float) -> torch
     return torch.polar(torch.ones_like(angle), angle).to(torch.complex64)
 
 
-def _rope_module() -> Any:
+def rope_module() -> Any:
     class ComfyRope(torch.nn.Module):
         """A drop-in for diffusers' ``QwenEmbedRope`` with ComfyUI's positions (module docstring).
         ``segments`` is set by the kind's forward before each call; it holds the image and
@@ -310,5 +310,5 @@ def _reference_segment(done: list[Segment], ref: Tensor, i: int, method: str) ->
 
 def _with_comfy_rope(module: Any) -> Any:
     """``module`` with its position embedder replaced by :class:`ComfyRope` (no weights change)."""
-    module.pos_embed = _rope_module()(list(module.config.axes_dims_rope))
+    module.pos_embed = rope_module()(list(module.config.axes_dims_rope))
     return module

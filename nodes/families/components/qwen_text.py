@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 QWEN3_FILES = (
-    EncoderFile("model.", "model.layers.0.self_attn.q_norm.weight"),
+    EncoderFile("Qwen3", "model.", "model.layers.0.self_attn.q_norm.weight"),
 )  # ComfyUI's qwen_3_4b.safetensors
 CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 QWEN3_CONSTANTS: dict[str, Any] = {

@@ -27,7 +27,7 @@ from nodes.families.prompt import TokenizerOptions
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 _EMBED = "encoder.embed_tokens.weight"
-T5_FILES = (EncoderFile("", "encoder.block.0.layer.0.SelfAttention.q.weight"),)  # a T5-XXL file
+T5_FILES = (EncoderFile("T5-XXL", "", "encoder.block.0.layer.0.SelfAttention.q.weight"),)  # a T5-XXL file
 
 
 @dataclass(frozen=True)

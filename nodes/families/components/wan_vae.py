@@ -28,11 +28,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from nodes.core.weights import ModelLoadError, TensorIndex
+from nodes.families.components import ShapeConfiguredVae
 from nodes.families.components.wan_vae_module import QwenImageVae2D
-from nodes.families.latent_format import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, LatentFormat
+from nodes.families.latent_format import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD
 
 _RESIDUAL = (
     ("residual.0.", "norm1."),
@@ -70,25 +71,16 @@ def is_wan_vae(index: TensorIndex, prefix: str = "") -> bool:
 
 
 @dataclass(frozen=True)
-class WanVae:
+class WanVae(ShapeConfiguredVae):
     """The Wan VAE kind (see the module docstring)."""
 
     id: str = "wan_vae"
-    generic: ClassVar[bool] = False
 
     def present(self, index: TensorIndex, prefix: str) -> bool:
         return is_wan_vae(index, prefix)
 
     def file_prefix(self, index: TensorIndex) -> str | None:
         return next((p for p in FILE_PREFIXES if is_wan_vae(index, p)), None)
-
-    def file_config(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
-        return self.config_from_tensors(index, prefix)
-
-    def config_for(
-        self, index: TensorIndex, prefix: str, latent: LatentFormat, sample_size: int
-    ) -> dict[str, Any]:
-        return self.config_from_tensors(index, prefix)
 
     def latent_channels(self, config: Mapping[str, Any]) -> int | None:
         return int(config["z_dim"])

@@ -13,7 +13,7 @@ import pytest
 
 from tests.nodes.test_generation_e2e import make_executor, run
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
 
 @pytest.mark.parametrize(

@@ -223,7 +223,7 @@ def test_flux2_dev_workflow_runs_on_the_demo_files(tmp_path: Path) -> None:
     from nodes.demo.flux2 import make_flux2_demo
     from tests.nodes.test_generation_e2e import make_executor, run
 
-    workflows = Path(__file__).resolve().parents[2] / "web" / "workflows"
+    workflows = Path(__file__).resolve().parents[3] / "web" / "workflows"
     prompt = json.loads((workflows / "flux2_dev.api.json").read_text())
     saved = json.loads((workflows / "flux2_dev.loom.json").read_text())
     assert saved["prompt"] == prompt and set(saved["layout"]["nodes"]) == set(prompt)

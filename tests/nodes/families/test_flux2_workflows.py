@@ -22,7 +22,7 @@ from nodes.load.handles import open_diffusion_model, open_text_encoders, open_va
 from nodes.load.lora import LoraPatch
 from tests.nodes.test_generation_e2e import make_executor, run
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 RANK, ALPHA, STRENGTH = 2, 1.0, 0.7
 
 

@@ -32,7 +32,7 @@ from nodes.load.handles import open_diffusion_model, open_text_encoders
 from nodes.sample.ksampler import KSampler
 from tests.nodes.test_generation_e2e import make_executor, run
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 SIZE = 64  # pixels: an 8×8 latent, 4×4 = 16 image tokens
 
 

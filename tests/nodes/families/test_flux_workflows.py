@@ -17,7 +17,7 @@ from nodes.core.weights import ModelLoadError
 from nodes.demo.flux import DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_FLUX_VAE, DEMO_T5XXL
 from tests.nodes.test_generation_e2e import make_executor, run
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
 
 @pytest.fixture

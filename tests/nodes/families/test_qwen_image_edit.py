@@ -316,7 +316,7 @@ def test_reference_latents_are_the_vae_encodings(
     the reference budget (Edit: the picture the tower reads; Plus: sides rounded to 8), appended in
     picture order. The budget is shrunk here (ComfyUI's is 1024², checked above)."""
     from nodes.demo.qwen_image import DEMO_QWEN25, DEMO_QWEN_VAE
-    from nodes.families import qwen_image_nodes
+    from nodes.family_nodes import qwen_image_nodes
     from nodes.latent.vae import VAEEncode
     from nodes.load.handles import open_vae
 
@@ -355,10 +355,10 @@ def test_edit_workflow_runs_offline(
 
     from PIL import Image
 
-    from nodes.families import qwen_image_nodes
+    from nodes.family_nodes import qwen_image_nodes
     from tests.nodes.test_generation_e2e import make_executor, run
 
-    workflows = Path(__file__).resolve().parents[2] / "web" / "workflows"
+    workflows = Path(__file__).resolve().parents[3] / "web" / "workflows"
     prompt = json.loads((workflows / "qwen_image_edit.api.json").read_text())
     assert prompt["76"]["class_type"] == prompt["77"]["class_type"] == "TextEncodeQwenImageEdit"
     assert prompt["76"]["inputs"]["image"] == ["93", 0] and prompt["76"]["inputs"]["vae"] == ["39", 0]

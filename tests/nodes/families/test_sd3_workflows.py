@@ -28,7 +28,7 @@ from nodes.demo.sd3 import (
 )
 from tests.nodes.test_generation_e2e import make_executor, run
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_sd35_ui_format_workflow_converts_to_the_example_and_runs(demo_models: P
     ComfyUI's order, KSampler's control_after_generate included) converts to the API example."""
     from engine.formats import convert_ui_to_api
 
-    ui = json.loads((Path(__file__).parent / "comfyui_workflows" / "sd35_ui.json").read_text())
+    ui = json.loads((Path(__file__).parents[1] / "comfyui_workflows" / "sd35_ui.json").read_text())
     executor = make_executor(demo_models, tmp_path)
     prompt = convert_ui_to_api(ui, executor.registry.object_info())
     expected = json.loads((WORKFLOWS / "sd35.api.json").read_text())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-FOLDER = Path(__file__).resolve().parents[2] / "models" / "configs" / "t5_tokenizer"
+FOLDER = Path(__file__).resolve().parents[3] / "models" / "configs" / "t5_tokenizer"
 
 
 @pytest.mark.parametrize("cls_name", ["T5TokenizerFast", "T5Tokenizer", "AutoTokenizer"])

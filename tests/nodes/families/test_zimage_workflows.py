@@ -23,8 +23,8 @@ from nodes.load.handles import open_diffusion_model, open_text_encoders
 from nodes.load.lora import LoraPatch
 from tests.nodes.test_generation_e2e import make_executor, run
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "web" / "workflows"
-COMPAT_WORKFLOWS = Path(__file__).resolve().parents[1] / "compat" / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
+COMPAT_WORKFLOWS = Path(__file__).resolve().parents[2] / "compat" / "workflows"
 RANK, ALPHA, STRENGTH = 2, 1.0, 0.7
 
 
@@ -128,7 +128,7 @@ def _pairs(original: dict[str, Any], names: Any) -> dict[str, tuple[Any, Any]]:
     }
 
 
-def _write_lora(path: Path, heads: dict[str, tuple[Any, Any]], kohya: bool) -> None:
+def write_lora(path: Path, heads: dict[str, tuple[Any, Any]], kohya: bool) -> None:
     from safetensors.torch import save_file
 
     tensors = {}
@@ -153,7 +153,7 @@ def test_original_layout_lora_equals_editing_the_file(layout: str, demo_models: 
     pairs = _pairs(original, LAYERS)
     prefix = "lora_unet_" if layout == "kohya" else "diffusion_model."
     heads = {prefix + (n.replace(".", "_") if layout == "kohya" else n): p for n, p in pairs.items()}
-    _write_lora(tmp_path / "lora.safetensors", heads, kohya=layout == "kohya")
+    write_lora(tmp_path / "lora.safetensors", heads, kohya=layout == "kohya")
     patched, handle = _patched(model_file, tmp_path / "lora.safetensors")
     edited = dict(original)
     for name, (down, up) in pairs.items():
@@ -180,7 +180,7 @@ def test_diffusers_named_lora_applies(prefix: str, demo_models: Path, tmp_path: 
     names = ["layers.1.attention.to_k", "layers.0.attention.to_out.0", "context_refiner.0.feed_forward.w2"]
     pairs = _pairs(base, names)
     kohya = prefix == "lora_unet_"
-    _write_lora(
+    write_lora(
         tmp_path / "lora.safetensors",
         {prefix + (n.replace(".", "_") if kohya else n): p for n, p in pairs.items()},
         kohya=kohya,
@@ -192,7 +192,7 @@ def test_diffusers_named_lora_applies(prefix: str, demo_models: Path, tmp_path: 
 
 
 def test_lora_of_another_width_is_refused(demo_models: Path, tmp_path: Path) -> None:
-    _write_lora(
+    write_lora(
         tmp_path / "wide.safetensors",
         {"diffusion_model.layers.0.attention.qkv": (torch.randn(RANK, 7), torch.randn(5, RANK))},
         False,
@@ -206,7 +206,7 @@ def test_lora_loader_node_in_the_workflow(demo_models: Path, tmp_path: Path) -> 
 
     original = load_file(demo_models / "diffusion_models" / DEMO_ZIMAGE)
     (demo_models / "loras").mkdir(exist_ok=True)
-    _write_lora(
+    write_lora(
         demo_models / "loras" / "z_style.safetensors",
         {f"diffusion_model.{n}": p for n, p in _pairs(original, LAYERS).items()},
         kohya=False,
