@@ -74,9 +74,9 @@ def write_full_checkpoint(path: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from nodes.families import SD15
     from nodes.families.base import CONFIGS_DIR
     from nodes.families.build import ldm_state_dict
+    from nodes.families.catalog import SD15
 
     def config(sub: str) -> dict[str, Any]:
         return dict(json.loads((CONFIGS_DIR / "sd15" / sub / "config.json").read_text(encoding="utf-8")))

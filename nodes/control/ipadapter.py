@@ -41,7 +41,7 @@ from nodes.encode.clip_vision import (
     encode_pixels,
     preprocess,
 )
-from nodes.families import describe_context_dim
+from nodes.families.catalog import describe_context_dim
 
 IPADAPTER = "IPADAPTER"
 CLIP_NAMES = {768: "ViT-L/14", 1024: "ViT-H/14", 1280: "ViT-bigG/14"}  # embedding/hidden size -> encoder

@@ -13,6 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
+from nodes.demo.models import demo_modules
+from nodes.encode.gligen import Fuser, PositionNet
+from nodes.families.components.unet_patching import transformer_places
+
 DEMO_HYPERNETWORK = "loom_demo_hypernetwork_sd15.safetensors"
 DEMO_GLIGEN = "loom_demo_gligen_sd15.safetensors"
 _LDM_PLACE = {"input": "input_blocks.{}.1", "middle": "middle_block.1", "output": "output_blocks.{}.1"}
@@ -20,10 +27,6 @@ _LDM_PLACE = {"input": "input_blocks.{}.1", "middle": "middle_block.1", "output"
 
 def gligen_tensors(unet: Any, key_dim: int, seed: int = 5, gate: float = 0.5) -> dict[str, Any]:
     """A GLIGEN state dict for ``unet`` (a diffusers UNet2DConditionModel) with phrase width ``key_dim``."""
-    import torch
-
-    from nodes.encode.gligen import Fuser, PositionNet
-    from nodes.families.components.unet_patching import transformer_places
 
     torch.manual_seed(seed)
     out: dict[str, Any] = {}
@@ -48,7 +51,6 @@ def hypernetwork_tensors(
 ) -> dict[int, list[dict[str, Any]]]:
     """A1111's nested form: ``{width: [key MLP, value MLP]}``; each MLP width → 2·width → width,
     A1111's names (``linear.{i}``), a layer norm after each linear when ``layer_norm``."""
-    import torch
 
     gen = torch.Generator().manual_seed(seed)
     out: dict[int, list[dict[str, Any]]] = {}
@@ -71,7 +73,6 @@ def hypernetwork_tensors(
 
 def write_hypernetwork(path: Path, nets: dict[int, list[dict[str, Any]]], options: dict[str, str]) -> Path:
     """``nets`` (A1111's nested form) as Loom's flat safetensors, ``options`` as metadata."""
-    from safetensors.torch import save_file
 
     flat = {
         f"{w}.{i}.{k}": t.contiguous()
@@ -95,11 +96,12 @@ def make_patch_demo(models_dir: Path) -> list[Path]:
         )
     gligen = Path(models_dir) / "gligen" / DEMO_GLIGEN
     if not gligen.is_file():
-        from safetensors.torch import save_file
-
-        from nodes.demo.models import demo_modules
-
         modules = demo_modules()
         gligen.parent.mkdir(parents=True, exist_ok=True)
         save_file(gligen_tensors(modules["unet"], int(modules["clip_l"].config.hidden_size)), str(gligen))
     return [path, gligen]
+
+
+def write_demo(models_dir: Path) -> list[Path]:
+    """The demo hypernetwork and GLIGEN files for ``make-demo-model`` (kept if present)."""
+    return make_patch_demo(models_dir)

@@ -33,6 +33,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from nodes.demo.models import (
+    DEMO_CONTROLNET,
+    demo_controlnet,
+    demo_modules,
+    demo_sdxl_modules,
+    write_demo_file,
+)
+from nodes.demo.sd3 import CLIP_WIDTH, T5_WIDTH
+from nodes.families.components.flux_dit import rope_axes
+from nodes.families.components.flux_mistoline import diffusers_to_mistoline, mistoline_module
+from nodes.families.components.flux_xlabs_keys import diffusers_to_xlabs
+from nodes.families.components.sd35_control import diffusers_to_sd35
+from nodes.families.control import diffusers_controlnet_to_ldm
+
 DEMO_ADAPTER = "loom_demo_t2iadapter_sd15.safetensors"
 DEMO_ADAPTER_XL = "loom_demo_t2iadapter_sdxl"
 DEMO_DIFF = "loom_demo_controlnet_sd15_diff.safetensors"
@@ -48,7 +64,6 @@ DEMO_FLUX_MISTOLINE = "loom_demo_controlnet_flux_mistoline.safetensors"
 
 def _randomize(module: Any, seed: int) -> Any:
     """Random weights everywhere (diffusers zero-initialises a ControlNet's outputs and hint input)."""
-    import torch
 
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -60,9 +75,7 @@ def _randomize(module: Any, seed: int) -> Any:
 def demo_sd3_controlnet(seed: int = 11, *, inpaint: bool = False) -> Any:
     """A one-block ``SD3ControlNetModel`` sized for the SD3.5 demo transformer (``nodes.demo.sd3``);
     ``inpaint``: AliMama's inpainting layout (the hint input takes the mask as a 17th channel)."""
-    from diffusers import SD3ControlNetModel
-
-    from nodes.demo.sd3 import CLIP_WIDTH, T5_WIDTH
+    from diffusers import SD3ControlNetModel  # lazy: diffusers is heavy to import
 
     return _randomize(
         SD3ControlNetModel(
@@ -87,9 +100,7 @@ def demo_sd3_controlnet(seed: int = 11, *, inpaint: bool = False) -> Any:
 def demo_sd35_controlnet(seed: int = 17) -> Any:
     """A two-block SD3.5-style ``SD3ControlNetModel`` (no position table, no text input: Stability's
     SD3.5 Large ControlNets) sized for the SD3.5 demo transformer (``nodes.demo.sd3``)."""
-    from diffusers import SD3ControlNetModel
-
-    from nodes.demo.sd3 import CLIP_WIDTH
+    from diffusers import SD3ControlNetModel  # lazy: diffusers is heavy to import
 
     return _randomize(
         SD3ControlNetModel(
@@ -117,9 +128,7 @@ def demo_flux_controlnet(
     """A ``FluxControlNetModel`` sized for the Flux demo transformer (``nodes.demo.flux``): one double
     and one single block with 10 union modes (InstantX), or ``xlabs``: one double block, no single
     blocks, the pixel hint encoder."""
-    from diffusers import FluxControlNetModel
-
-    from nodes.families.components.flux_dit import rope_axes
+    from diffusers import FluxControlNetModel  # lazy: diffusers is heavy to import
 
     return _randomize(
         FluxControlNetModel(
@@ -144,7 +153,6 @@ def demo_flux_inpaint_controlnet(seed: int = 14) -> Any:
     """An inpainting ``FluxControlNetModel`` in AliMama's layout sized for the Flux demo transformer:
     no union modes, and a ``controlnet_x_embedder`` for 17 latent channels (image and mask) packed
     2×2, where diffusers' takes 16."""
-    import torch
 
     module = demo_flux_controlnet(seed, union=False)
     module.controlnet_x_embedder = torch.nn.Linear(68, module.inner_dim)
@@ -154,8 +162,6 @@ def demo_flux_inpaint_controlnet(seed: int = 14) -> Any:
 def demo_mistoline_controlnet(seed: int = 14, guidance: bool = True) -> Any:
     """A MistoLine-style ``FluxControlNetModel`` (its hint encoder and SiLU heads) sized for the
     Flux demo transformer: one double and one single block."""
-    from nodes.families.components.flux_dit import rope_axes
-    from nodes.families.components.flux_mistoline import mistoline_module
 
     config = {
         "patch_size": 2,
@@ -175,14 +181,12 @@ def demo_mistoline_controlnet(seed: int = 14, guidance: bool = True) -> Any:
 
 def mistoline_file(module: Any) -> dict[str, Any]:
     """A :func:`demo_mistoline_controlnet` in MistoLine's file layout."""
-    from nodes.families.components.flux_mistoline import diffusers_to_mistoline
 
     return {k: v.contiguous() for k, v in diffusers_to_mistoline(module).items()}
 
 
 def xlabs_file(module: Any) -> dict[str, Any]:
     """A diffusers ``FluxControlNetModel`` with a hint encoder in XLabs' file layout."""
-    from nodes.families.components.flux_xlabs_keys import diffusers_to_xlabs
 
     return diffusers_to_xlabs(module)
 
@@ -191,8 +195,7 @@ def demo_adapter(
     channels: tuple[int, ...], kind: str = "full_adapter", in_channels: int = 3, seed: int = 7
 ) -> Any:
     """A T2I-Adapter with random weights (``kind``: full_adapter, full_adapter_xl, light_adapter)."""
-    import torch
-    from diffusers import T2IAdapter
+    from diffusers import T2IAdapter  # lazy: diffusers is heavy to import
 
     torch.manual_seed(seed)
     factor = 16 if kind == "full_adapter_xl" else 8
@@ -223,8 +226,7 @@ def adapter_to_original(sd: dict[str, Any]) -> dict[str, Any]:
 
 def demo_union(unet: Any, seed: int = 9, types: int = 8) -> Any:
     """A union ControlNet (ProMax: ``types`` 8) whose encoder is copied from ``unet``."""
-    import torch
-    from diffusers import ControlNetUnionModel
+    from diffusers import ControlNetUnionModel  # lazy: diffusers is heavy to import
 
     width = unet.config.block_out_channels[0]
     module: Any = ControlNetUnionModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 16, 16))
@@ -258,9 +260,6 @@ def demo_union(unet: Any, seed: int = 9, types: int = 8) -> Any:
 def diff_controlnet(controlnet: Any, unet: Any) -> dict[str, Any]:
     """A diff ControlNet file's tensors: ``controlnet`` minus ``unet`` where the UNet has the tensor,
     in the original layout, with the ``difference`` marker."""
-    import torch
-
-    from nodes.families.control import diffusers_controlnet_to_ldm
 
     base = unet.state_dict()
     sd = {
@@ -273,9 +272,6 @@ def diff_controlnet(controlnet: Any, unet: Any) -> dict[str, Any]:
 
 def make_control_demos(models_dir: Path, write: Any) -> list[Path]:
     """Write the demo control models (kept if present); ``write(path, tensors)`` saves a file."""
-    import torch
-
-    from nodes.demo.models import demo_controlnet, demo_modules, demo_sdxl_modules
 
     folder = Path(models_dir) / "controlnet"
     adapter, adapter_xl = (
@@ -312,8 +308,6 @@ def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
     if not sd3.is_file():
         demo_sd3_controlnet().save_pretrained(sd3.parent)
     if not sd35.is_file():
-        from nodes.families.components.sd35_control import diffusers_to_sd35
-
         write(sd35, {k: v.contiguous() for k, v in diffusers_to_sd35(demo_sd35_controlnet(), 2).items()})
     if not flux.is_file():
         write(flux, {k: v.contiguous() for k, v in demo_flux_controlnet().state_dict().items()})
@@ -328,3 +322,13 @@ def make_dit_control_demos(models_dir: Path, write: Any) -> list[Path]:
     if not mistoline.is_file():
         write(mistoline, mistoline_file(demo_mistoline_controlnet()))
     return [sd3, sd35, flux, xlabs, flux_inpaint, sd3_inpaint, mistoline]
+
+
+def write_demo(models_dir: Path) -> list[Path]:
+    """Write the SD1.5 demo ControlNet and the other demo control models (kept if present); return
+    their paths."""
+    path = Path(models_dir) / "controlnet" / DEMO_CONTROLNET
+    if not path.is_file():
+        cn = demo_controlnet(demo_modules()["unet"])
+        write_demo_file(path, {k: v.to(torch.float16).contiguous() for k, v in cn.state_dict().items()})
+    return [path, *make_control_demos(models_dir, write_demo_file)]

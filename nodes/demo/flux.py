@@ -9,6 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
+from nodes.core.parts import Part
+from nodes.families.build import original_state_dict
+from nodes.families.components import KLVae
+from nodes.families.components.flux_dit import FluxTransformer, rope_axes
+from nodes.families.components.t5_text import T5Text
+
 DEMO_FLUX_DEV = "loom_demo_flux_dev.safetensors"
 DEMO_FLUX_SCHNELL = "loom_demo_flux_schnell.safetensors"
 DEMO_CLIP_L = "loom_demo_clip_l.safetensors"
@@ -20,10 +29,7 @@ DEMO_FLUX_KONTEXT = "loom_demo_flux_kontext_dev.safetensors"  # Kontext dev: a F
 
 def demo_chroma_transformer(seed: int = 2) -> Any:
     """A tiny Chroma transformer (diffusers' ChromaTransformer2DModel) for the demo's T5 width."""
-    import torch
-    from diffusers import ChromaTransformer2DModel
-
-    from nodes.families.components.flux_dit import rope_axes
+    from diffusers import ChromaTransformer2DModel  # lazy: diffusers is heavy to import
 
     torch.manual_seed(seed)
     model: Any = ChromaTransformer2DModel(
@@ -47,11 +53,13 @@ def demo_chroma_transformer(seed: int = 2) -> Any:
 
 def demo_flux_modules(seed: int = 0, guidance: bool = True) -> dict[str, Any]:
     """The tiny Flux transformer, CLIP-L, T5 encoder and VAE (diffusers/transformers modules)."""
-    import torch
-    from diffusers import AutoencoderKL, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    from nodes.families.components.flux_dit import rope_axes
+    from diffusers import AutoencoderKL, FluxTransformer2DModel  # lazy: diffusers is heavy to import
+    from transformers import (  # lazy: transformers is heavy to import
+        CLIPTextConfig,
+        CLIPTextModel,
+        T5Config,
+        T5EncoderModel,
+    )
 
     torch.manual_seed(seed)
     transformer: Any = FluxTransformer2DModel(
@@ -118,11 +126,6 @@ def demo_flux_modules(seed: int = 0, guidance: bool = True) -> dict[str, Any]:
 
 def flux_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's separate files (name → tensors) in the users' layouts."""
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components import KLVae
-    from nodes.families.components.flux_dit import FluxTransformer
-    from nodes.families.components.t5_text import T5Text
 
     transformer = modules["unet"]
     name = DEMO_FLUX_DEV if transformer.config.guidance_embeds else DEMO_FLUX_SCHNELL
@@ -146,11 +149,6 @@ def make_flux_demo(models_dir: Path) -> list[Path]:
     """Write the Flux demo files under ``models_dir`` (dev, schnell, Kontext dev and Chroma share the T5
     encoder and the VAE; the Flux ones also CLIP-L). Kontext dev has dev's architecture (its files are
     Flux dev checkpoints; reference images make it an editor), with its own random weights."""
-    from safetensors.torch import save_file
-
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components.flux_dit import FluxTransformer
 
     folders = {
         DEMO_FLUX_DEV: "diffusion_models",
@@ -179,3 +177,11 @@ def make_flux_demo(models_dir: Path) -> list[Path]:
         )
         written.append(path)
     return written
+
+
+def write_demo(models_dir: Path) -> list[Path]:
+    """The Flux demo files for ``make-demo-model`` (none when Kontext's transformer, the last one
+    written, is there already)."""
+    if (Path(models_dir) / "diffusion_models" / DEMO_FLUX_KONTEXT).is_file():
+        return []
+    return make_flux_demo(models_dir)

@@ -8,8 +8,23 @@ few sentences) as ComfyUI's ``tekken_model`` tensor."""
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from nodes.core.parts import Part
+from nodes.demo.zimage import QWEN3_VOCAB
+from nodes.families.build import original_state_dict
+from nodes.families.components.flux2_dit import Flux2Transformer, rope_axes
+from nodes.families.components.flux2_vae import Flux2Vae
+from nodes.families.components.flux2_vae_module import Flux2LatentVAE
+from nodes.families.components.mistral_text import MISTRAL_CONSTANTS
+from nodes.families.components.qwen_text import QWEN3_CONSTANTS
 
 DEMO_KLEIN = "loom_demo_flux2_klein.safetensors"
 DEMO_KLEIN_QWEN3 = "loom_demo_flux2_qwen_3.safetensors"
@@ -70,8 +85,6 @@ def tekken_ranks(merges: int = 80) -> dict[bytes, int]:
 
 def tekken_json(ranks: dict[bytes, int]) -> bytes:
     """The tekken JSON of a vocabulary (the format ComfyUI's Mistral files carry)."""
-    import base64
-    import json
 
     return json.dumps(
         {
@@ -95,12 +108,8 @@ def tekken_json(ranks: dict[bytes, int]) -> bytes:
 
 def demo_flux2_dev_modules(seed: int = 5) -> dict[str, Any]:
     """The tiny Flux.2 dev transformer (guidance embedder, 48-wide text) and its 31-layer Mistral encoder."""
-    import torch
-    from diffusers import Flux2Transformer2DModel
-    from transformers import MistralConfig, MistralModel
-
-    from nodes.families.components.flux2_dit import rope_axes
-    from nodes.families.components.mistral_text import MISTRAL_CONSTANTS
+    from diffusers import Flux2Transformer2DModel  # lazy: diffusers is heavy to import
+    from transformers import MistralConfig, MistralModel  # lazy: transformers is heavy to import
 
     torch.manual_seed(seed)
     transformer: Any = Flux2Transformer2DModel(
@@ -135,12 +144,6 @@ def demo_flux2_dev_modules(seed: int = 5) -> dict[str, Any]:
 
 def flux2_dev_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The dev demo's transformer and Mistral files (name → tensors), the tokenizer inside the latter."""
-    import numpy as np
-    import torch
-
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components.flux2_dit import Flux2Transformer
 
     transformer = modules["unet"]
     blob = torch.from_numpy(np.frombuffer(tekken_json(tekken_ranks()), dtype=np.uint8).copy())
@@ -157,14 +160,8 @@ def flux2_dev_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def demo_flux2_modules(seed: int = 0, guidance: bool = False) -> dict[str, Any]:
     """The tiny Flux.2 transformer (Klein, or dev-like with ``guidance``), Qwen3 encoder and VAE."""
-    import torch
-    from diffusers import Flux2Transformer2DModel
-    from transformers import Qwen3Config, Qwen3Model
-
-    from nodes.demo.zimage import QWEN3_VOCAB
-    from nodes.families.components.flux2_dit import rope_axes
-    from nodes.families.components.flux2_vae_module import Flux2LatentVAE
-    from nodes.families.components.qwen_text import QWEN3_CONSTANTS
+    from diffusers import Flux2Transformer2DModel  # lazy: diffusers is heavy to import
+    from transformers import Qwen3Config, Qwen3Model  # lazy: transformers is heavy to import
 
     torch.manual_seed(seed)
     transformer: Any = Flux2Transformer2DModel(
@@ -214,10 +211,6 @@ def demo_flux2_modules(seed: int = 0, guidance: bool = False) -> dict[str, Any]:
 
 def flux2_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's files (name → tensors) in the users' layouts."""
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components.flux2_dit import Flux2Transformer
-    from nodes.families.components.flux2_vae import Flux2Vae
 
     transformer, vae = modules["unet"], modules["vae"]
     return {
@@ -231,7 +224,6 @@ def flux2_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def make_flux2_demo(models_dir: Path) -> list[Path]:
     """Write the Flux.2 Klein and dev demo files under ``models_dir``."""
-    from safetensors.torch import save_file
 
     folders = {
         DEMO_KLEIN: "diffusion_models",
@@ -253,3 +245,10 @@ def make_flux2_demo(models_dir: Path) -> list[Path]:
         )
         written.append(path)
     return written
+
+
+def write_demo(models_dir: Path) -> list[Path]:
+    """The Flux.2 demo files for ``make-demo-model`` (none when Klein's transformer is there already)."""
+    if (Path(models_dir) / "diffusion_models" / DEMO_KLEIN).is_file():
+        return []
+    return make_flux2_demo(models_dir)

@@ -13,6 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
+from nodes.families.components.blockwise_control import LATENT_INPUTS, blockwise_module
+from nodes.families.components.zimage_fun_control import INPAINT_EXTRA, fun_control_module
+
 DEMO_BLOCKWISE = "loom_demo_qwen_image_diffsynth_controlnet.safetensors"
 DEMO_BLOCKWISE_INPAINT = "loom_demo_qwen_image_inpaint_diffsynth_controlnet.safetensors"
 DEMO_FUN_CONTROL = "loom_demo_z_image_fun_controlnet_union.safetensors"
@@ -23,9 +29,6 @@ def demo_blockwise_tensors(
     blocks: int = 2, width: int = 64, inpaint: bool = False, seed: int = 0
 ) -> dict[str, Any]:
     """The tensors of a tiny block-wise ControlNet, named as in DiffSynth's files."""
-    import torch
-
-    from nodes.families.components.blockwise_control import LATENT_INPUTS, blockwise_module
 
     torch.manual_seed(seed)
     network = blockwise_module(blocks, LATENT_INPUTS + (4 if inpaint else 0), width)
@@ -41,9 +44,6 @@ def demo_fun_control_tensors(
 ) -> dict[str, Any]:
     """The tensors of a tiny Z-Image Fun ControlNet, named as in alibaba-pai's files (``v2``: the
     2.0/2.1 layout: 17 more input channels, control refiner blocks)."""
-    import torch
-
-    from nodes.families.components.zimage_fun_control import INPAINT_EXTRA, fun_control_module
 
     torch.manual_seed(seed)
     extra = INPAINT_EXTRA if v2 else 0
@@ -56,7 +56,6 @@ def demo_fun_control_tensors(
 
 def make_model_patch_demo(models_dir: Path) -> list[Path]:
     """Write the demo model patches under ``models_dir/model_patches``; return their paths."""
-    from safetensors.torch import save_file
 
     folder = Path(models_dir) / "model_patches"
     folder.mkdir(parents=True, exist_ok=True)
@@ -77,3 +76,8 @@ def make_model_patch_demo(models_dir: Path) -> list[Path]:
         save_file(tensors, str(path), metadata={"loom_note": "Loom demo model: random weights."})
         written.append(path)
     return written
+
+
+def write_demo(models_dir: Path) -> list[Path]:
+    """The demo model patches for ``make-demo-model``."""
+    return make_model_patch_demo(models_dir)

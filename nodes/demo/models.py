@@ -8,29 +8,39 @@ box. Their images are noise: real checkpoints go in ``models/checkpoints``.
 - ``loras/loom_demo_lora.safetensors``: a kohya-format LoRA for the demo UNet and text encoder
 - ``checkpoints/loom_demo_sdxl.safetensors``: SDXL architecture (two text encoders, pooled output,
   size/crop conditioning), equally tiny
-- ``controlnet/loom_demo_controlnet_sd15.safetensors``: a diffusers ``ControlNetModel`` single file
-  for the SD1.5 demo (its encoder copied from the demo UNet, random output convolutions, fp16)
-- T2I-Adapters, a diff ControlNet and a union ControlNet beside it: see ``nodes.demo.control``
+
+The demo ControlNet for SD1.5 and the other control models are ``nodes.demo.control``'s. Every module
+here that declares ``write_demo(models_dir)`` writes its files when ``make-demo-model`` runs
+(:func:`make_demo_models` finds them).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from nodes.families.build import ldm_state_dict
+from nodes.families.sd15 import SD15
+from nodes.families.sdxl import SDXL
 
 DEMO_CHECKPOINT = "loom_demo_sd15.safetensors"
 DEMO_VAE = "loom_demo_vae.safetensors"
 DEMO_LORA = "loom_demo_lora.safetensors"
 DEMO_SDXL = "loom_demo_sdxl.safetensors"
 DEMO_CONTROLNET = "loom_demo_controlnet_sd15.safetensors"
-_NOTE = "Loom demo model: random weights, produces noise. Put real checkpoints in models/checkpoints."
+NOTE = "Loom demo model: random weights, produces noise. Put real checkpoints in models/checkpoints."
 
 
 def demo_modules(seed: int = 0) -> dict[str, Any]:
     """The demo's UNet, text encoder and VAE (diffusers/transformers modules, seeded)."""
-    import torch
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from diffusers import AutoencoderKL, UNet2DConditionModel  # lazy: diffusers is heavy to import
+    from transformers import CLIPTextConfig, CLIPTextModel  # lazy: transformers is heavy to import
 
     torch.manual_seed(seed)
     unet: Any = UNet2DConditionModel(
@@ -75,9 +85,12 @@ def demo_modules(seed: int = 0) -> dict[str, Any]:
 
 def demo_sdxl_modules(seed: int = 0) -> dict[str, Any]:
     """A tiny SDXL: UNet with text_time embedding, CLIP-L and CLIP-G (with projection), 4-level VAE."""
-    import torch
-    from diffusers import UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    from diffusers import UNet2DConditionModel  # lazy: diffusers is heavy to import
+    from transformers import (  # lazy: transformers is heavy to import
+        CLIPTextConfig,
+        CLIPTextModel,
+        CLIPTextModelWithProjection,
+    )
 
     base = demo_modules(seed)
     torch.manual_seed(seed + 1)
@@ -120,7 +133,6 @@ def demo_sdxl_modules(seed: int = 0) -> dict[str, Any]:
 
 def demo_lora(modules: dict[str, Any], rank: int = 4, seed: int = 1) -> dict[str, Any]:
     """A kohya-format LoRA (``lora_unet_*`` / ``lora_te_*``) for the attention projections."""
-    import torch
 
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, Any] = {}
@@ -141,8 +153,7 @@ def demo_lora(modules: dict[str, Any], rank: int = 4, seed: int = 1) -> dict[str
 def demo_controlnet(unet: Any, seed: int = 3) -> Any:
     """A ControlNetModel for ``unet``: its encoder copied, a small hint encoder, random output convs
     (a real ControlNet's start at zero; random ones make the demo's control visible)."""
-    import torch
-    from diffusers import ControlNetModel
+    from diffusers import ControlNetModel  # lazy: diffusers is heavy to import
 
     torch.manual_seed(seed)
     cn: Any = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 16, 16))
@@ -155,56 +166,18 @@ def demo_controlnet(unet: Any, seed: int = 3) -> Any:
     return cn.eval()
 
 
-def _write(path: Path, tensors: dict[str, Any]) -> None:
+def write_demo_file(path: Path, tensors: dict[str, Any]) -> None:
+    """``tensors`` as a safetensors file at ``path`` with the demo note, written whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(tmp), metadata={"format": "pt", "loom.note": _NOTE})
+    save_file(tensors, str(tmp), metadata={"format": "pt", "loom.note": NOTE})
     tmp.replace(path)  # never leave a half-written model behind
 
 
-def make_controlnet_demo(models_dir: Path) -> list[Path]:
-    """Write the demo ControlNet and the other demo control models (``nodes.demo.control``; kept if present)."""
-    import torch
-
-    from nodes.demo.control import make_control_demos
-
-    path = Path(models_dir) / "controlnet" / DEMO_CONTROLNET
-    if not path.is_file():
-        cn = demo_controlnet(demo_modules()["unet"])
-        _write(path, {k: v.to(torch.float16).contiguous() for k, v in cn.state_dict().items()})
-    return [path, *make_control_demos(models_dir, _write)]
-
-
-def make_demo_models(models_dir: Path) -> list[Path]:
-    """Write the demo files under ``models_dir`` (existing ones are kept); return their paths."""
-    import torch
-
-    from nodes.demo.attention_patches import make_patch_demo
-    from nodes.demo.flux import DEMO_FLUX_KONTEXT, make_flux_demo
-    from nodes.demo.flux2 import DEMO_KLEIN, make_flux2_demo
-    from nodes.demo.model_patch import make_model_patch_demo
-    from nodes.demo.qwen_image import make_qwen_image_demo, qwen_image_demo_is_current
-    from nodes.demo.sd3 import make_sd3_demo
-    from nodes.demo.zimage import DEMO_ZIMAGE, make_zimage_demo
-    from nodes.families import SD15, SDXL
-    from nodes.families.build import ldm_state_dict
-
+def write_demo(models_dir: Path) -> list[Path]:
+    """Write the SD1.5 and SDXL demo checkpoints, the standalone VAE and the LoRA under ``models_dir``
+    (existing ones are kept); return their paths."""
     models_dir = Path(models_dir)
-    flux = (
-        [] if (models_dir / "diffusion_models" / DEMO_FLUX_KONTEXT).is_file() else make_flux_demo(models_dir)
-    )
-    flux += make_controlnet_demo(models_dir)
-    flux += make_sd3_demo(models_dir)
-    flux += make_patch_demo(models_dir)
-    if not (models_dir / "diffusion_models" / DEMO_ZIMAGE).is_file():
-        flux += make_zimage_demo(models_dir)
-    if not qwen_image_demo_is_current(models_dir):
-        flux += make_qwen_image_demo(models_dir)
-    flux += make_model_patch_demo(models_dir)
-    if not (models_dir / "diffusion_models" / DEMO_KLEIN).is_file():
-        flux += make_flux2_demo(models_dir)
     paths = [
         models_dir / "checkpoints" / DEMO_CHECKPOINT,
         models_dir / "vae" / DEMO_VAE,
@@ -212,7 +185,7 @@ def make_demo_models(models_dir: Path) -> list[Path]:
         models_dir / "checkpoints" / DEMO_SDXL,
     ]
     if all(p.is_file() for p in paths):
-        return paths + flux
+        return paths
     modules = demo_modules()
     full = ldm_state_dict(SD15(), modules)
     half = {k: v.to(torch.float16).contiguous() for k, v in full.items()}
@@ -224,5 +197,24 @@ def make_demo_models(models_dir: Path) -> list[Path]:
     }
     for path, tensors in zip(paths, (half, vae, demo_lora(modules), sdxl), strict=True):
         if not path.is_file():
-            _write(path, tensors)
-    return paths + flux
+            write_demo_file(path, tensors)
+    return paths
+
+
+def demo_writers() -> list[Callable[[Path], list[Path]]]:
+    """Every demo module's ``write_demo`` (a module that declares one writes its files when
+    ``make-demo-model`` runs): this module's first, then the others by name. The writers are found, not
+    listed: a family's demo is a module here with a ``write_demo``."""
+    package = importlib.import_module("nodes.demo")
+    writers: list[Callable[[Path], list[Path]]] = [write_demo]
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+        module = importlib.import_module(f"nodes.demo.{info.name}")
+        writer = getattr(module, "write_demo", None)
+        if writer is not None and writer is not write_demo:
+            writers.append(writer)
+    return writers
+
+
+def make_demo_models(models_dir: Path) -> list[Path]:
+    """Write every demo module's files under ``models_dir`` (existing ones are kept); return their paths."""
+    return [path for writer in demo_writers() for path in writer(Path(models_dir))]

@@ -11,6 +11,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
+from nodes.core.parts import Part
+from nodes.core.weights import read_index
+from nodes.families.build import original_state_dict
+from nodes.families.components import qwen25_vision
+from nodes.families.components.qwen25_text import QWEN25_CONSTANTS, TEST_HEAD_DIM
+from nodes.families.components.qwen25_vision import (
+    WINDOW_SIZE,
+    Qwen25Vision,
+    full_attention_blocks,
+)
+from nodes.families.components.qwen_image_dit import rope_axes
+from nodes.families.components.wan_vae import WanVae
+from nodes.families.components.wan_vae_module import QwenImageVae2D
+
 DEMO_QWEN_IMAGE = "loom_demo_qwen_image.safetensors"
 DEMO_QWEN25 = "loom_demo_qwen_2.5_vl_7b.safetensors"
 DEMO_QWEN_VAE = "loom_demo_qwen_image_vae.safetensors"
@@ -22,13 +39,8 @@ VISION_WIDTH = 16  # one 16-wide head; two blocks (the first windowed, the last 
 def demo_qwen_image_modules(seed: int = 0) -> dict[str, Any]:
     """The tiny transformer (diffusers, ComfyUI's positions), Qwen2.5 text model and vision tower
     (transformers) and VAE."""
-    import torch
-    from diffusers import QwenImageTransformer2DModel
-    from transformers import Qwen2Config, Qwen2Model
-
-    from nodes.families.components.qwen25_text import QWEN25_CONSTANTS, TEST_HEAD_DIM
-    from nodes.families.components.qwen_image_dit import rope_axes
-    from nodes.families.components.wan_vae_module import QwenImageVae2D
+    from diffusers import QwenImageTransformer2DModel  # lazy: diffusers is heavy to import
+    from transformers import Qwen2Config, Qwen2Model  # lazy: transformers is heavy to import
 
     torch.manual_seed(seed)
     transformer: Any = QwenImageTransformer2DModel(
@@ -74,16 +86,18 @@ def demo_qwen_image_modules(seed: int = 0) -> dict[str, Any]:
 def demo_vision_tower(depth: int = 2) -> Any:
     """A tiny Qwen2.5-VL vision tower (real patch and merge sizes) whose tokens are the demo text
     model's width; its constants are the ones Loom reads such a file with."""
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
-
-    from nodes.families.components.qwen25_vision import TEST_HEAD_DIM, WINDOW_SIZE, full_attention_blocks
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import (
+        Qwen2_5_VLVisionConfig,  # lazy: transformers is heavy to import
+    )
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        Qwen2_5_VisionTransformerPretrainedModel,  # lazy: transformers is heavy to import
+    )
 
     config = Qwen2_5_VLVisionConfig(
         depth=depth,
         hidden_size=VISION_WIDTH,
         intermediate_size=32,
-        num_heads=VISION_WIDTH // TEST_HEAD_DIM,
+        num_heads=VISION_WIDTH // qwen25_vision.TEST_HEAD_DIM,
         out_hidden_size=TEXT_WIDTH,
         window_size=WINDOW_SIZE,
         fullatt_block_indexes=full_attention_blocks(depth),
@@ -93,11 +107,6 @@ def demo_vision_tower(depth: int = 2) -> Any:
 
 def qwen_image_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's three files (name → tensors) in the users' layouts."""
-    import torch
-
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components.wan_vae import WanVae
 
     generator = torch.Generator().manual_seed(1)
     text = {f"model.{k}": v for k, v in modules["qwen25_7b"].state_dict().items()}
@@ -119,8 +128,6 @@ FOLDERS = {DEMO_QWEN_IMAGE: "diffusion_models", DEMO_QWEN25: "text_encoders", DE
 def qwen_image_demo_is_current(models_dir: Path) -> bool:
     """Whether ``models_dir`` holds this version's demo files (older demo text encoders lack the
     vision tower that the Qwen-Image-Edit example needs)."""
-    from nodes.core.weights import read_index
-    from nodes.families.components.qwen25_vision import Qwen25Vision
 
     folder = Path(models_dir)
     text = folder / FOLDERS[DEMO_QWEN25] / DEMO_QWEN25
@@ -137,7 +144,6 @@ def make_qwen_image_demo(models_dir: Path) -> list[Path]:
 def write_qwen_image_files(models_dir: Path, modules: dict[str, Any]) -> list[Path]:
     """Write ``modules`` (as :func:`demo_qwen_image_modules` makes them) as the three files, each in
     its ``models_dir`` folder."""
-    from safetensors.torch import save_file
 
     written = []
     for name, tensors in qwen_image_files(modules).items():
@@ -150,3 +156,8 @@ def write_qwen_image_files(models_dir: Path, modules: dict[str, Any]) -> list[Pa
         )
         written.append(path)
     return written
+
+
+def write_demo(models_dir: Path) -> list[Path]:
+    """The Qwen-Image demo files for ``make-demo-model`` (rewritten when they are an older version's)."""
+    return [] if qwen_image_demo_is_current(models_dir) else make_qwen_image_demo(models_dir)

@@ -10,6 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
+from nodes.core.parts import Part
+from nodes.families.build import original_state_dict
+from nodes.families.components import KLVae
+from nodes.families.components.sd3_dit import SD3Transformer
+from nodes.families.components.sd3_text import NestedClipText
+from nodes.families.components.t5_text import T5Text
+
 DEMO_SD35 = "loom_demo_sd35_medium.safetensors"  # checkpoints: transformer + VAE (SAI's layout)
 DEMO_SD35_AIO = "loom_demo_sd35_medium_incl_clips.safetensors"  # checkpoints: + text encoders
 DEMO_SD3_MMDIT = "loom_demo_sd35_medium_mmdit.safetensors"  # diffusion_models: transformer only
@@ -22,8 +32,7 @@ CLIP_WIDTH, T5_WIDTH = 32, 64  # CLIP-L ‖ CLIP-G (64) fits T5's width, as 2048
 
 def demo_sd3_transformer(seed: int = 0, *, qk_norm: bool = True, dual: tuple[int, ...] = (0,)) -> Any:
     """A tiny ``SD3Transformer2DModel``: 3 joint blocks, 2 heads of 16 (with q/k norms) or 1 of 32."""
-    import torch
-    from diffusers import SD3Transformer2DModel
+    from diffusers import SD3Transformer2DModel  # lazy: diffusers is heavy to import
 
     torch.manual_seed(seed)
     heads, head = (2, 16) if qk_norm else (1, 32)
@@ -50,9 +59,8 @@ def demo_sd3_transformer(seed: int = 0, *, qk_norm: bool = True, dual: tuple[int
 
 def demo_sd3_modules(seed: int = 0) -> dict[str, Any]:
     """The tiny transformer, CLIP-L, CLIP-G (with projection), T5 encoder and VAE."""
-    import torch
-    from diffusers import AutoencoderKL
-    from transformers import (
+    from diffusers import AutoencoderKL  # lazy: diffusers is heavy to import
+    from transformers import (  # lazy: transformers is heavy to import
         CLIPTextConfig,
         CLIPTextModel,
         CLIPTextModelWithProjection,
@@ -117,12 +125,6 @@ def demo_sd3_modules(seed: int = 0) -> dict[str, Any]:
 
 def sd3_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's separate files (name → tensors) in the users' layouts."""
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components import KLVae
-    from nodes.families.components.sd3_dit import SD3Transformer
-    from nodes.families.components.t5_text import T5Text
-    from nodes.families.sd3 import NestedClipText
 
     transformer = modules["unet"]
     return {
@@ -159,7 +161,6 @@ def checkpoint_tensors(files: dict[str, dict[str, Any]], *, text_encoders: bool)
 
 def make_sd3_demo(models_dir: Path) -> list[Path]:
     """Write the SD3 demo files under ``models_dir`` (kept if present); return their paths."""
-    from safetensors.torch import save_file
 
     folders = {
         DEMO_SD3_MMDIT: "diffusion_models",
@@ -185,3 +186,8 @@ def make_sd3_demo(models_dir: Path) -> list[Path]:
             metadata={"loom_note": "Loom demo model: random weights, produces noise."},
         )
     return paths
+
+
+def write_demo(models_dir: Path) -> list[Path]:
+    """The SD3 demo files for ``make-demo-model`` (kept if present)."""
+    return make_sd3_demo(models_dir)

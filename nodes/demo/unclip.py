@@ -16,8 +16,16 @@ The builders are reused by tests.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from nodes.demo.models import demo_modules, write_demo_file
+from nodes.demo.vision import tiny_clip_vision
+from nodes.families.build import ldm_state_dict
+from nodes.families.catalog import SD15, SD2Unclip
 
 DEMO_UNCLIP = "loom_demo_sd21_unclip.safetensors"
 DEMO_IP2P = "loom_demo_sd15_ip2p.safetensors"
@@ -29,12 +37,8 @@ UNCLIP_VISION_PREFIX = "embedder.model.visual."
 def unclip_modules(seed: int = 0, embed: int = 32) -> dict[str, Any]:
     """A tiny SD2.1 unCLIP: UNet with a projection class embedding of width 2 × ``embed``, an
     OpenCLIP-style text encoder (width 32), the demo VAE and a CLIP vision tower projecting to ``embed``."""
-    import torch
-    from diffusers import UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    from nodes.demo.models import demo_modules
-    from nodes.demo.vision import tiny_clip_vision
+    from diffusers import UNet2DConditionModel  # lazy: diffusers is heavy to import
+    from transformers import CLIPTextConfig, CLIPTextModel  # lazy: transformers is heavy to import
 
     base = demo_modules(seed)
     torch.manual_seed(seed + 5)
@@ -76,9 +80,6 @@ def unclip_modules(seed: int = 0, embed: int = 32) -> dict[str, Any]:
 
 def vision_to_open_clip(sd: dict[str, Any]) -> dict[str, Any]:
     """``CLIPVisionModelWithProjection`` weights → an OpenCLIP ``visual.*`` tower (prefix removed)."""
-    import re
-
-    import torch
 
     simple = {
         "embeddings.patch_embedding.weight": "conv1.weight",
@@ -119,8 +120,6 @@ def vision_to_open_clip(sd: dict[str, Any]) -> dict[str, Any]:
 
 def unclip_checkpoint(modules: dict[str, Any]) -> dict[str, Any]:
     """The single-file state dict of ``unclip_modules``' output."""
-    from nodes.families import SD2Unclip
-    from nodes.families.build import ldm_state_dict
 
     sd = ldm_state_dict(SD2Unclip(), {k: v for k, v in modules.items() if k != "vision"})
     for key, value in vision_to_open_clip(modules["vision"].state_dict()).items():
@@ -130,10 +129,7 @@ def unclip_checkpoint(modules: dict[str, Any]) -> dict[str, Any]:
 
 def ip2p_modules(seed: int = 0) -> dict[str, Any]:
     """The SD1.5 demo with an InstructPix2Pix UNet (8 input channels)."""
-    import torch
-    from diffusers import UNet2DConditionModel
-
-    from nodes.demo.models import demo_modules
+    from diffusers import UNet2DConditionModel  # lazy: diffusers is heavy to import
 
     base = demo_modules(seed)
     torch.manual_seed(seed + 7)
@@ -145,8 +141,7 @@ def ip2p_modules(seed: int = 0) -> dict[str, Any]:
 
 def tiny_siglip(seed: int = 0, width: int = 48, image_size: int = 64, patch: int = 16) -> Any:
     """A transformers ``SiglipVisionModel`` without the pooling head (as ComfyUI's SigLIP files)."""
-    import torch
-    from transformers import SiglipVisionConfig, SiglipVisionModel
+    from transformers import SiglipVisionConfig, SiglipVisionModel  # lazy: transformers is heavy to import
 
     torch.manual_seed(seed)
     cfg = SiglipVisionConfig(
@@ -163,7 +158,6 @@ def tiny_siglip(seed: int = 0, width: int = 48, image_size: int = 64, patch: int
 
 def redux_state_dict(redux_dim: int = 48, text_dim: int = 32, seed: int = 0) -> dict[str, Any]:
     """Random weights in the Redux image embedder layout."""
-    import torch
 
     g = torch.Generator().manual_seed(seed)
     return {
@@ -176,27 +170,24 @@ def redux_state_dict(redux_dim: int = 48, text_dim: int = 32, seed: int = 0) -> 
 
 def make_unclip_demo_models(models_dir: Path) -> list[Path]:
     """Write the demo unCLIP and InstructPix2Pix checkpoints, SigLIP and Redux (kept if present)."""
-    import torch
-
-    from nodes.demo.models import _write
-    from nodes.families import SD15
-    from nodes.families.build import ldm_state_dict
 
     folder = Path(models_dir) / "checkpoints"
     unclip_path, ip2p_path = folder / DEMO_UNCLIP, folder / DEMO_IP2P
     if not unclip_path.is_file():
-        _write(unclip_path, {k: v.to(torch.float16) for k, v in unclip_checkpoint(unclip_modules()).items()})
+        write_demo_file(
+            unclip_path, {k: v.to(torch.float16) for k, v in unclip_checkpoint(unclip_modules()).items()}
+        )
     if not ip2p_path.is_file():
         sd = ldm_state_dict(SD15(), ip2p_modules())
-        _write(ip2p_path, {k: v.to(torch.float16).contiguous() for k, v in sd.items()})
+        write_demo_file(ip2p_path, {k: v.to(torch.float16).contiguous() for k, v in sd.items()})
     siglip_path = Path(models_dir) / "clip_vision" / DEMO_SIGLIP
     redux_path = Path(models_dir) / "style_models" / DEMO_REDUX
     if not siglip_path.is_file():
         tower = tiny_siglip().state_dict()  # ComfyUI's SigLIP files name the tower vision_model.*
-        _write(
+        write_demo_file(
             siglip_path,
             {"vision_model." + k.removeprefix("vision_model."): v.contiguous() for k, v in tower.items()},
         )
     if not redux_path.is_file():
-        _write(redux_path, redux_state_dict())
+        write_demo_file(redux_path, redux_state_dict())
     return [unclip_path, ip2p_path, siglip_path, redux_path]

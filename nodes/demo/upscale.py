@@ -14,6 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
 DEMO_UPSCALER = "loom_demo_esrgan_4x.safetensors"
 DEMO_UPSCALER_PTH = "loom_demo_esrgan_4x.pth"
 GROWTH = 32  # RRDBNet's growth channels (fixed in the released models and in spandrel's detection)
@@ -22,7 +25,6 @@ GROWTH = 32  # RRDBNet's growth channels (fixed in the released models and in sp
 def demo_esrgan_state_dict(num_feat: int = 8, num_blocks: int = 1, seed: int = 0) -> dict[str, Any]:
     """A random 4× RRDBNet state dict (Real-ESRGAN key names), convolutions initialised like
     ``torch.nn.Conv2d`` and the dense-block convolutions scaled down as ESRGAN does (×0.1)."""
-    import torch
 
     torch.manual_seed(seed)
     sd: dict[str, Any] = {}
@@ -46,8 +48,6 @@ def demo_esrgan_state_dict(num_feat: int = 8, num_blocks: int = 1, seed: int = 0
 
 def make_demo_upscale_models(models_dir: Path) -> list[Path]:
     """Write the demo upscaler (.safetensors and .pth) under ``models_dir`` (existing files are kept)."""
-    import torch
-    from safetensors.torch import save_file
 
     folder = Path(models_dir) / "upscale_models"
     paths = [folder / DEMO_UPSCALER, folder / DEMO_UPSCALER_PTH]

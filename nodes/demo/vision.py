@@ -17,6 +17,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
+from nodes.demo.models import demo_modules
+
 DEMO_CLIP_VISION = "loom_demo_clip_vision/model.safetensors"
 DEMO_IPADAPTER = "loom_demo_ip-adapter_sd15.safetensors"
 DEMO_SAFETY = "loom_demo_safety/model.safetensors"
@@ -44,8 +49,10 @@ def tiny_vision_config(
 
 
 def tiny_clip_vision(seed: int = 0, **config: Any) -> Any:
-    import torch
-    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+    from transformers import (  # lazy: transformers is heavy to import
+        CLIPVisionConfig,
+        CLIPVisionModelWithProjection,
+    )
 
     torch.manual_seed(seed)
     return CLIPVisionModelWithProjection(CLIPVisionConfig(**tiny_vision_config(**config))).eval()
@@ -55,7 +62,6 @@ def ip_adapter_state_dict(
     unet: Any, clip_embed_dim: int, tokens: int = 4, seed: int = 0, scale: float = 0.2
 ) -> dict[str, Any]:
     """Random weights in the ip-adapter_sd15 layout for ``unet`` (a diffusers UNet2DConditionModel)."""
-    import torch
 
     gen = torch.Generator().manual_seed(seed)
     cross = int(unet.config.cross_attention_dim)
@@ -77,9 +83,10 @@ def ip_adapter_state_dict(
 def tiny_safety_checker(seed: int = 0, width: int = 32, projection: int = 32, flag: bool = False) -> Any:
     """A diffusers StableDiffusionSafetyChecker; ``flag`` sets thresholds so every image is flagged
     (thresholds -1: any cosine passes) or none is (thresholds 2: no cosine reaches them)."""
-    import torch
-    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
-    from transformers import CLIPConfig
+    from diffusers.pipelines.stable_diffusion.safety_checker import (
+        StableDiffusionSafetyChecker,  # lazy: diffusers is heavy to import
+    )
+    from transformers import CLIPConfig  # lazy: transformers is heavy to import
 
     torch.manual_seed(seed)
     vision = tiny_vision_config(width=width, projection=projection)
@@ -100,8 +107,6 @@ def tiny_safety_checker(seed: int = 0, width: int = 32, projection: int = 32, fl
 
 
 def set_thresholds(checker: Any, value: float) -> None:
-    import torch
-
     with torch.no_grad():
         checker.concept_embeds_weights.fill_(value)
         checker.special_care_embeds_weights.fill_(value)
@@ -109,9 +114,6 @@ def set_thresholds(checker: Any, value: float) -> None:
 
 def make_demo_vision_models(models_dir: Path) -> list[Path]:
     """Write the demo vision files under ``models_dir`` (existing ones are kept); return their paths."""
-    from safetensors.torch import save_file
-
-    from nodes.demo.models import demo_modules
 
     models_dir = Path(models_dir)
     clip_path = models_dir / "clip_vision" / DEMO_CLIP_VISION
@@ -133,8 +135,6 @@ def make_demo_vision_models(models_dir: Path) -> list[Path]:
 
 
 def _save_folder(state: dict[str, Any], config: dict[str, Any], path: Path, meta: dict[str, str]) -> None:
-    from safetensors.torch import save_file
-
     path.parent.mkdir(parents=True, exist_ok=True)
     (path.parent / "config.json").write_text(json.dumps(config, indent=1, default=str), encoding="utf-8")
     tmp = path.with_suffix(".tmp")

@@ -9,6 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
+from nodes.core.parts import Part
+from nodes.demo.flux import DEMO_FLUX_VAE, demo_flux_modules
+from nodes.families.build import original_state_dict
+from nodes.families.components import KLVae
+from nodes.families.components.qwen_text import QWEN3_CONSTANTS
+from nodes.families.components.zimage_dit import ZImageTransformer, rope_axes
+
 DEMO_ZIMAGE = "loom_demo_z_image_turbo.safetensors"
 DEMO_QWEN3 = "loom_demo_qwen_3_4b.safetensors"
 QWEN3_VOCAB = 151936  # Qwen3's embedding rows (the tokenizer uses ids up to 151668)
@@ -16,13 +26,8 @@ QWEN3_VOCAB = 151936  # Qwen3's embedding rows (the tokenizer uses ids up to 151
 
 def demo_zimage_modules(seed: int = 0, vae: bool = True) -> dict[str, Any]:
     """The tiny Z-Image transformer (diffusers), Qwen3 encoder (transformers) and (``vae``) the Flux demo VAE."""
-    import torch
-    from diffusers import ZImageTransformer2DModel
-    from transformers import Qwen3Config, Qwen3Model
-
-    from nodes.demo.flux import demo_flux_modules
-    from nodes.families.components.qwen_text import QWEN3_CONSTANTS
-    from nodes.families.components.zimage_dit import rope_axes
+    from diffusers import ZImageTransformer2DModel  # lazy: diffusers is heavy to import
+    from transformers import Qwen3Config, Qwen3Model  # lazy: transformers is heavy to import
 
     torch.manual_seed(seed)
     transformer: Any = ZImageTransformer2DModel(
@@ -63,9 +68,6 @@ def demo_zimage_modules(seed: int = 0, vae: bool = True) -> dict[str, Any]:
 
 def zimage_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The demo's transformer and text-encoder files (name → tensors) in the users' layouts."""
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components.zimage_dit import ZImageTransformer
 
     transformer = modules["unet"]
     return {
@@ -79,12 +81,6 @@ def zimage_files(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def make_zimage_demo(models_dir: Path) -> list[Path]:
     """Write the Z-Image demo files under ``models_dir`` (the VAE only if the Flux demo has not); return
     the paths written."""
-    from safetensors.torch import save_file
-
-    from nodes.core.parts import Part
-    from nodes.demo.flux import DEMO_FLUX_VAE
-    from nodes.families.build import original_state_dict
-    from nodes.families.components import KLVae
 
     vae_path = Path(models_dir) / "vae" / DEMO_FLUX_VAE
     modules = demo_zimage_modules(vae=not vae_path.is_file())
@@ -108,3 +104,10 @@ def make_zimage_demo(models_dir: Path) -> list[Path]:
         )
         written.append(path)
     return written
+
+
+def write_demo(models_dir: Path) -> list[Path]:
+    """The Z-Image demo files for ``make-demo-model`` (none when its transformer is there already)."""
+    if (Path(models_dir) / "diffusion_models" / DEMO_ZIMAGE).is_file():
+        return []
+    return make_zimage_demo(models_dir)

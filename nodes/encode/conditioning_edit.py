@@ -1,5 +1,5 @@
-"""ComfyUI's conditioning editors: mix, join, place (mask, area, timestep range), SDXL size ids and
-inpainting-model conditioning.
+"""ComfyUI's conditioning editors: mix, join, place (mask, area, timestep range) and inpainting-model
+conditioning (the SDXL prompt encoders with their size ids are ``nodes.family_nodes.sd_nodes``).
 
 Each node returns new :class:`CondEntry` values (never edits its input). What the sampler reads
 from an entry is documented in :mod:`nodes.sample.cond_batch` (mask, mask strength, set_area_to_bounds,
@@ -20,25 +20,19 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import (
     BOOLEAN,
-    CLIP,
     COMBO,
     CONDITIONING,
     FLOAT,
     IMAGE,
-    INT,
     LATENT,
     MASK,
-    STRING,
     VAE,
     Input,
     NodeSchema,
     Output,
 )
 from nodes.core.cond import CondEntry, Conditioning
-from nodes.encode.conditioning import encode_prompt, text_encoders
 from nodes.latent.vae import crop_to_8, encode
-
-MAX_RESOLUTION = 16384
 
 
 def with_extras(conditioning: Conditioning, **values: Any) -> Conditioning:
@@ -263,121 +257,6 @@ class ConditioningSetTimestepRange(Node):
         return (with_extras(conditioning, start_percent=start, end_percent=end),)
 
 
-def _size(name: str, default: int, what: str) -> Input:
-    return Input(name, INT, what, default=default, min=0, max=MAX_RESOLUTION)
-
-
-class CLIPTextEncodeSDXL(Node):
-    SCHEMA = NodeSchema(
-        node_id="CLIPTextEncodeSDXL",
-        display_name="CLIPTextEncodeSDXL",
-        category="advanced/conditioning",
-        description="Encode separate prompts for the two text encoders (bigG and ViT-L), with size and crop conditioning.",
-        inputs=(
-            Input("clip", CLIP, "A CLIP with two text encoders (clip_l and clip_g)."),
-            _size("width", 1024, "Original image width the model is told about."),
-            _size("height", 1024, "Original image height the model is told about."),
-            _size("crop_w", 0, "Crop left offset the model is told about."),
-            _size("crop_h", 0, "Crop top offset the model is told about."),
-            _size("target_width", 1024, "Target width the model is told about."),
-            _size("target_height", 1024, "Target height the model is told about."),
-            Input("text_g", STRING, "Prompt for the OpenCLIP bigG encoder.", multiline=True),
-            Input("text_l", STRING, "Prompt for the CLIP ViT-L encoder.", multiline=True),
-        ),
-        outputs=(Output("CONDITIONING", CONDITIONING, "The encoded prompt with its size ids."),),
-    )
-
-    @torch.no_grad()
-    def run(
-        self,
-        ctx: NodeContext,
-        *,
-        clip: Any,
-        width: int,
-        height: int,
-        crop_w: int,
-        crop_h: int,
-        target_width: int,
-        target_height: int,
-        text_g: str,
-        text_l: str,
-    ) -> tuple[Conditioning]:
-        names = [p.name for p in clip.parts]
-        if "clip_l" not in names or len(names) < 2:
-            raise ValueError(
-                f"CLIPTextEncodeSDXL needs a CLIP with two text encoders (clip_l and clip_g), but this CLIP has "
-                f"{names}; use CLIPTextEncode for this model"
-            )
-        parts, pooled = [], None
-        with text_encoders(ctx, clip) as encoders:
-            for enc in encoders:
-                text = text_l if enc.spec.name == "clip_l" else text_g
-                z, p = enc.kind.encode(
-                    enc.module,
-                    enc.tokenizer,
-                    text,
-                    enc.layer,
-                    final_norm=enc.spec.final_norm,
-                    pooled=enc.spec.pooled,
-                )
-                parts.append((enc, z))
-                pooled = p if p is not None else pooled
-            longest = max(z.shape[1] for _, z in parts)
-            padded = []
-            for enc, z in parts:  # the shorter prompt gets empty-prompt windows (ComfyUI's rule)
-                if z.shape[1] < longest:
-                    empty, _ = enc.kind.encode(
-                        enc.module, enc.tokenizer, "", enc.layer, final_norm=enc.spec.final_norm, pooled=False
-                    )
-                    z = torch.cat([z, empty.repeat(1, (longest - z.shape[1]) // empty.shape[1], 1)], dim=1)
-                padded.append(z)
-        entry = CondEntry(
-            embeds=torch.cat(padded, dim=-1).float().cpu(),
-            pooled=None if pooled is None else pooled.float().cpu(),
-            extras={
-                "width": width,
-                "height": height,
-                "crop_w": crop_w,
-                "crop_h": crop_h,
-                "target_width": target_width,
-                "target_height": target_height,
-            },
-        )
-        return ([entry],)
-
-
-class CLIPTextEncodeSDXLRefiner(Node):
-    SCHEMA = NodeSchema(
-        node_id="CLIPTextEncodeSDXLRefiner",
-        display_name="CLIPTextEncodeSDXLRefiner",
-        category="advanced/conditioning",
-        description="Encode a prompt for a refiner model, with its aesthetic score and size conditioning.",
-        inputs=(  # ComfyUI's order: clip last
-            Input(
-                "ascore",
-                FLOAT,
-                "Aesthetic score the refiner is told about.",
-                default=6.0,
-                min=0.0,
-                max=1000.0,
-                step=0.01,
-            ),
-            _size("width", 1024, "Image width the refiner is told about."),
-            _size("height", 1024, "Image height the refiner is told about."),
-            Input("text", STRING, "The prompt.", multiline=True),
-            Input("clip", CLIP, "The refiner's CLIP."),
-        ),
-        outputs=(Output("CONDITIONING", CONDITIONING, "The encoded prompt with the refiner's ids."),),
-    )
-
-    def run(
-        self, ctx: NodeContext, *, clip: Any, ascore: float, width: int, height: int, text: str
-    ) -> tuple[Conditioning]:
-        with text_encoders(ctx, clip) as encoders:
-            entry = encode_prompt(text, clip, encoders)
-        return (with_extras([entry], aesthetic_score=ascore, width=width, height=height),)
-
-
 class InpaintModelConditioning(Node):
     SCHEMA = NodeSchema(
         node_id="InpaintModelConditioning",
@@ -480,8 +359,6 @@ NODES: list[type[Node]] = [
     ConditioningSetAreaPercentage,
     ConditioningSetAreaStrength,
     ConditioningSetTimestepRange,
-    CLIPTextEncodeSDXL,
-    CLIPTextEncodeSDXLRefiner,
     InpaintModelConditioning,
     ReferenceLatent,
 ]

@@ -37,8 +37,8 @@ from nodes.core.handles import WeightsHandle, WeightsSource
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.encode.clip_vision import CLIP_VISION_OUTPUT, ClipVisionOutput
-from nodes.families import describe_context_dim
 from nodes.families.build import module_with_weights
+from nodes.families.catalog import describe_context_dim
 from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 
 STYLE_MODEL = "STYLE_MODEL"

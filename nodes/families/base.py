@@ -1,9 +1,11 @@
-"""The family adapter interface: what differs between SD1.x, SD2.x and SDXL, in one place.
+"""The family adapter interface: what differs between model families, in one place.
 
 A family says how to recognise its checkpoints, where each component lives in the single file,
 how to read each component's architecture from the tensors, and what sampling needs to know
-(latent scale, prediction type, default size, extra UNet inputs, text encoders and tokenizers).
-Nodes ask the family; they never branch on it.
+(latent format, prediction type, default size, denoiser inputs, text encoders and tokenizers).
+Nodes ask the family; they never branch on it. A family is a declaration: class data over one of
+the two bases that write the behaviour once, :class:`~nodes.families.unet_family.UNetFamily` (SD1.x,
+SD2.x, SDXL) and :class:`~nodes.families.dit_family.DiTFamily` (the diffusion transformers).
 """
 
 from __future__ import annotations
@@ -13,16 +15,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from nodes.core.parts import Part
 from nodes.core.tensors import ModelLoadError, TensorIndex
-from nodes.families import arch
-from nodes.families.components import KLVae, UNetDenoiser
+from nodes.families.components import EncoderFile, TextEncoderReader
 from nodes.families.components.clip_text import ClipText
-from nodes.families.discrete_sampling import DiscreteSampling
-from nodes.families.latent_format import SD15_LATENT, LatentFormat
-from nodes.families.prompt import ConcatPrompt
+from nodes.families.latent_format import LatentFormat
 
 if TYPE_CHECKING:
     from nodes.diffusion.model_sampling import ModelSampling
@@ -42,25 +41,60 @@ class TextEncoderSpec:
     default_layer: int  # hidden state used by default: -1 last, -2 penultimate
     final_norm: bool  # apply final_layer_norm to the chosen hidden state
     pooled: bool  # its pooled (projected) output is a UNet input (SDXL's clip_g)
+    kind: TextEncoderReader | None = None  # reads its parts (None: the CLIP text kind of ``layout``)
+    files: tuple[EncoderFile, ...] = ()  # how a standalone file of it is recognised (CLIPLoader)
+
+    def reader(self) -> TextEncoderReader:
+        return self.kind if self.kind is not None else ClipText(self.layout)
+
+
+@dataclass(frozen=True)
+class EncoderClaim:
+    """A text-encoder file that decides the family by itself, as ComfyUI routes it: a file of one of
+    ``encoders`` makes a CLIP of the declaring family for the loader types ``clip_types`` or, when
+    none are named, for every type but ``except_types``."""
+
+    encoders: tuple[str, ...]
+    clip_types: tuple[str, ...] = ()
+    except_types: tuple[str, ...] = ()
+
+    def holds(self, clip_type: str, encoders: tuple[str, ...]) -> bool:
+        if not set(self.encoders) & set(encoders):
+            return False
+        if self.clip_types:
+            return clip_type in self.clip_types
+        return clip_type not in self.except_types
 
 
 @dataclass(frozen=True)
 class FamilyAdapter(ABC):
-    """Subclasses are field-less frozen dataclasses: equal and hashable by class."""
+    """Subclasses are field-less frozen dataclasses: equal and hashable by class. Every class under
+    this one that declares its own ``name`` is a family (``nodes.families.catalog.families()`` finds them;
+    nothing registers them), detected in order of ``specificity``, highest first."""
 
-    name: ClassVar[str]
-    title: ClassVar[str]
-    denoiser_prefix: ClassVar[str] = "model.diffusion_model."
-    vae_prefix: ClassVar[str] = "first_stage_model."
-    latent_format: ClassVar[LatentFormat] = SD15_LATENT
-    sampling: ClassVar[DiscreteSampling] = DiscreteSampling()
-    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(latent_format=SD15_LATENT)
-    vae: ClassVar[KLVae] = KLVae()
-    prompt: ClassVar[ConcatPrompt] = ConcatPrompt()
+    # --- what it is called ------------------------------------------------------------------------
+    name: ClassVar[str]  # stored with handles and presets
+    title: ClassVar[str]  # for messages
+    aliases: ClassVar[tuple[str, ...]] = ()  # other words naming it in code and files (variants, encoders)
+    pipeline_class: ClassVar[str]  # diffusers' pipeline class of its folders
+    specificity: ClassVar[int] = 0  # a family whose files another family's detect() accepts too ranks higher
+
+    # --- what it is made of -----------------------------------------------------------------------
+    latent_format: ClassVar[LatentFormat]
+    sampling: ClassVar[Any]  # ``build(prediction)`` -> its default ModelSampling (nodes.families.sampling)
+    denoiser: ClassVar[Any]  # the denoiser kind
+    vae: ClassVar[Any]  # the VAE kind
+    prompt: ClassVar[Any]  # the prompt recipe (nodes.families.prompt)
     text_encoders: ClassVar[tuple[TextEncoderSpec, ...]]
     context_dim: ClassVar[int]  # the denoiser's text width in released checkpoints (ComfyUI's context_dim)
-    heads: ClassVar[arch.HeadsRule]
-    pipeline_class: ClassVar[str]
+    denoiser_prefix: ClassVar[str] = "model.diffusion_model."
+    vae_prefix: ClassVar[str] = "first_stage_model."
+
+    # --- what the standalone loaders route to it --------------------------------------------------
+    single_clip_types: ClassVar[tuple[str, ...]] = ()  # CLIPLoader's types that load its text encoders
+    dual_clip_types: ClassVar[tuple[str, ...]] = ()  # DualCLIPLoader's
+    encoder_claims: ClassVar[tuple[EncoderClaim, ...]] = ()  # encoder files that pick it by themselves
+    labels_vae_files: ClassVar[bool] = False  # a standalone VAE file of its kind and width is its own
 
     # --- recognition --------------------------------------------------------------------------
     @classmethod
@@ -73,11 +107,13 @@ class FamilyAdapter(ABC):
         return bool(model_index.get("_class_name") == cls.pipeline_class)
 
     # --- what sampling needs ----------------------------------------------------------------------
+    @abstractmethod
     def prediction_type(self, index: TensorIndex) -> str:
-        return "epsilon"
+        """What a checkpoint predicts (``epsilon``, ``v_prediction``, ``flow``, ``flux``)."""
 
+    @abstractmethod
     def default_resolution(self, prediction: str) -> int:
-        return 512
+        """The image size its checkpoints of ``prediction`` are made for."""
 
     def config_dir(self, prediction: str = "epsilon") -> Path:
         return CONFIGS_DIR / self.name
@@ -90,62 +126,27 @@ class FamilyAdapter(ABC):
 
     def model_sampling(self, prediction: str) -> ModelSampling:
         """The default ModelSampling for a checkpoint of this family with ``prediction``."""
-        return self.sampling.build(prediction)
+        return cast("ModelSampling", self.sampling.build(prediction))
 
-    # --- architecture ---------------------------------------------------------------------------
-    def denoiser_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
-        size = self.default_resolution(prediction) // 8
-        return self.denoiser.config_from_tensors(index, self.denoiser_prefix, type(self).heads, size)
-
+    # --- parts --------------------------------------------------------------------------------
+    @abstractmethod
     def parts(self, index: TensorIndex) -> dict[str, tuple[Part, ...]]:
         """The parts of each handle (``unet``, ``clip``, ``vae``) of a single-file checkpoint."""
-        prediction = self.prediction_type(index)
-        unet = Part.make(
-            "unet", self.denoiser, self.denoiser_prefix, "unet", self.denoiser_config(index, prediction)
-        )
-        vae_cfg = self.vae.config_from_tensors(
-            index, self.vae_prefix, self.latent_format.scale_factor, self.default_resolution(prediction)
-        )
-        vae = Part.make("vae", self.vae, self.vae_prefix, "vae", vae_cfg)
-        clips = []
-        for spec in self.text_encoders:
-            kind, cfg = ClipText.from_tensors(index, spec.prefix, spec.layout)
-            clips.append(Part.make(spec.name, kind, spec.prefix, spec.subfolder, cfg))
-        return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}
+
+    @abstractmethod
+    def denoiser_part(self, index: TensorIndex) -> Part:
+        """The denoiser part of a file holding only the denoiser (UNETLoader)."""
 
     def diffusers_parts(
         self, config: Callable[[str], dict[str, Any]]
     ) -> tuple[dict[str, tuple[Part, ...]], tuple[tuple[str, int], ...]]:
         """The parts of each handle of a diffusers folder (``config(sub)`` reads ``sub``'s JSON),
         and the text encoders whose folder dropped final layers (name, how many)."""
-        unet = Part.make("unet", self.denoiser, self.denoiser_prefix, "unet", config("unet/config.json"))
-        vae = Part.make("vae", self.vae, self.vae_prefix, "vae", config("vae/config.json"))
-        clips, dropped = [], []
-        for spec in self.text_encoders:
-            cfg = config(f"{spec.subfolder}/config.json")
-            clips.append(
-                Part.make(
-                    spec.name, ClipText.from_diffusers(spec.layout, cfg), spec.prefix, spec.subfolder, cfg
-                )
-            )
-            if drop := self.dropped_layers(spec, cfg):
-                dropped.append((spec.name, drop))
-        return {"unet": (unet,), "clip": tuple(clips), "vae": (vae,)}, tuple(dropped)
-
-    def dropped_layers(self, spec: TextEncoderSpec, config: Mapping[str, Any]) -> int:
-        """How many final layers a diffusers folder's text encoder lacks (its hidden states shift)."""
-        return 0
-
-    def denoiser_part(self, index: TensorIndex) -> Part:
-        """The denoiser part of a file holding only the denoiser (UNETLoader)."""
-        raise ModelLoadError(
-            f"{index.path}: a {self.title} denoiser-only file cannot be loaded by itself; "
-            "use the full checkpoint with CheckpointLoaderSimple"
-        )
+        raise ModelLoadError(f"Loom reads {self.title} models from single files, not from diffusers folders")
 
     def text_encoder_part(self, spec: TextEncoderSpec, index: TensorIndex, prefix: str) -> Part:
         """The part of text encoder ``spec`` whose tensors start at ``prefix`` in ``index``."""
-        kind, cfg = ClipText.from_tensors(index, prefix, spec.layout)
+        kind, cfg = spec.reader().kind_and_config(index, prefix)
         return Part.make(spec.name, kind, prefix, spec.subfolder, cfg)
 
     def spec(self, name: str) -> TextEncoderSpec:
@@ -158,7 +159,7 @@ class FamilyAdapter(ABC):
 
 
 def describe_unknown(index: TensorIndex) -> str:
-    """A teaching message for a file that is not an SD1.x/SD2.x/SDXL checkpoint."""
+    """A teaching message for a file that is no family's checkpoint."""
     keys = list(index.tensors)
     hints = [
         (
@@ -197,8 +198,8 @@ def describe_unknown(index: TensorIndex) -> str:
             return hint
     sample = ", ".join(keys[:4]) or "no tensors at all"
     return (
-        f"unknown architecture: expected an SD1.x, SD2.x or SDXL checkpoint with "
-        f"'model.diffusion_model.input_blocks.*' tensors, found {len(keys)} tensors like {sample}"
+        f"unknown architecture: expected a checkpoint of a family Loom knows (an SD1.x, SD2.x or SDXL "
+        f"one has 'model.diffusion_model.input_blocks.*' tensors), found {len(keys)} tensors like {sample}"
     )
 
 

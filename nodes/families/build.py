@@ -9,11 +9,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from nodes.core.empty_init import EMPTY_INIT_LOCK
 from nodes.core.parts import Part
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.core.weights import load_tensors
 from nodes.families.base import FamilyAdapter
+from nodes.families.components.clip_text import ClipText
+from nodes.quant.files import pack_state_dict
+from nodes.quant.layers import install_packed
+from nodes.quant.packed import is_packed
 
 
 def import_model_libraries() -> None:
@@ -23,15 +29,15 @@ def import_model_libraries() -> None:
     it holds EMPTY_INIT_LOCK, so a build that starts meanwhile waits for it instead of importing
     the same modules at the same time."""
     with EMPTY_INIT_LOCK:
-        import accelerate  # noqa: F401
-        from diffusers import AutoencoderKL, UNet2DConditionModel  # noqa: F401
-        from transformers import CLIPTextModel  # noqa: F401
+        import accelerate  # noqa: F401  # lazy: the point of this function (heavy model code)
+        from diffusers import AutoencoderKL, UNet2DConditionModel  # noqa: F401  # lazy: as above
+        from transformers import CLIPTextModel  # noqa: F401  # lazy: as above
 
 
 def module_with_weights(factory: Any, state_dict: dict[str, Any], what: str) -> Any:
     """``factory()`` built with meta parameters, then given ``state_dict`` (assigned, no copy), all
     under EMPTY_INIT_LOCK; a state dict that does not fit raises ModelLoadError naming ``what``."""
-    from accelerate import init_empty_weights
+    from accelerate import init_empty_weights  # lazy: accelerate is heavy to import
 
     with EMPTY_INIT_LOCK:
         with init_empty_weights(include_buffers=False):
@@ -48,7 +54,7 @@ def module_with_weights(factory: Any, state_dict: dict[str, Any], what: str) -> 
 
 def empty_module(part: Part) -> Any:
     """The module of ``part`` with parameters on the meta device (buffers real)."""
-    from accelerate import init_empty_weights
+    from accelerate import init_empty_weights  # lazy: accelerate is heavy to import
 
     with EMPTY_INIT_LOCK, init_empty_weights(include_buffers=False):
         return part.kind.empty(part.config)
@@ -56,7 +62,6 @@ def empty_module(part: Part) -> Any:
 
 def build_from_single_file(part: Part, index: TensorIndex) -> Any:
     """Read ``part``'s tensors from a single file in the original layout and build the module."""
-    from nodes.quant.files import pack_state_dict
 
     tensors = pack_state_dict(load_tensors(index, part.prefix), str(index.path))  # fp8 weights stay fp8
     sd = part.kind.to_diffusers(tensors, part.config)
@@ -82,11 +87,8 @@ def _assign(part: Part, sd: dict[str, Any], where: str) -> Any:
             f"{len(missing)} missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}); "
             "the file is incomplete or of an unsupported variant"
         )
-    from nodes.quant.packed import is_packed
 
     if any(is_packed(v) for v in sd.values()):  # stored-precision weights: their layers are replaced
-        from nodes.quant.layers import install_packed
-
         sd = install_packed(module, sd)
     try:
         module.load_state_dict(sd, strict=True, assign=True)
@@ -126,9 +128,6 @@ def ldm_state_dict(
 ) -> dict[str, Any]:
     """A whole single-file checkpoint from diffusers/transformers modules named ``unet``, ``vae``
     and the family's text encoder names (``clip_l``, ``clip_g``, ``clip_h``)."""
-    import torch
-
-    from nodes.families.components.clip_text import ClipText
 
     out: dict[str, Any] = {}
     for name, module in modules.items():

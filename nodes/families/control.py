@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nodes.families.keys import rename, unet_pairs
+
 # What ControlNetLoader reads, for its teaching error on a transformer ControlNet of another layout.
 READABLE_CONTROLNET_LAYOUTS = (
     "SD3 ControlNets (diffusers layout), Flux ControlNets (InstantX, Shakker-Labs, XLabs, MistoLine) "
@@ -31,7 +33,6 @@ def ldm_controlnet_to_diffusers(sd: Mapping[str, Any]) -> dict[str, Any]:
     ``middle_block.*``, ``input_hint_block.*``, ``zero_convs.*``, ``middle_block_out.*``) renamed to
     diffusers' ``ControlNetModel``: the encoder half through the UNet key table, the hint encoder
     and the zero convolutions by their positions."""
-    from nodes.families.keys import rename, unet_pairs
 
     attention: list[bool] = []
     per_level, count, k = 0, 0, 1
@@ -65,7 +66,6 @@ def ldm_controlnet_to_diffusers(sd: Mapping[str, Any]) -> dict[str, Any]:
 def diffusers_controlnet_to_ldm(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`ldm_controlnet_to_diffusers` for a ``ControlNetModel`` state dict and its
     config (``control_model.`` not added): what original-layout files (and diff ControlNets) hold."""
-    from nodes.families.keys import rename, unet_pairs
 
     kinds = list(config["down_block_types"])
     table = {

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     import torch
 
@@ -201,8 +203,6 @@ def open_clip_to_hf(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def hf_to_open_clip(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    import torch
-
     layers = {int(k.split(".")[2]) for k in sd if k.startswith("encoder.layers.")}
     table = {"embeddings.token_embedding.": "token_embedding.", "final_layer_norm.": "ln_final."}
     for i in layers:

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -53,8 +55,6 @@ class ConcatPrompt:
     whose spec says ``pooled`` (SDXL's clip_g), computed on the first chunk."""
 
     def encode(self, text: str, encoders: Sequence[ReadyEncoder]) -> tuple[Tensor, Tensor | None]:
-        import torch
-
         parts, pooled = [], None
         for enc in encoders:
             z, p = enc.kind.encode(

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from nodes.core.tensors import TensorIndex
 from nodes.families import arch
-from nodes.families.base import FamilyAdapter, TextEncoderSpec
+from nodes.families.base import TextEncoderSpec
 from nodes.families.discrete_sampling import AYS_SD1, DiscreteSampling
+from nodes.families.unet_family import UNetFamily
 
 
-@dataclass(frozen=True)
-class SD15(FamilyAdapter):
-    name: ClassVar[str] = "sd15"
-    title: ClassVar[str] = "SD1.x"
-    pipeline_class: ClassVar[str] = "StableDiffusionPipeline"
-    context_dim: ClassVar[int] = 768
-    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
+class SD15(UNetFamily):
+    name = "sd15"
+    title = "SD1.x"
+    aliases = ("sd1", "sd1.5")
+    specificity = 0
+    labels_vae_files = True  # a 4-channel KL VAE file (vae-ft-mse...) is read as SD1's
+    pipeline_class = "StableDiffusionPipeline"
+    context_dim = 768
+    sampling = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.eight_heads)
-    text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
+    text_encoders = (
         TextEncoderSpec(
             "clip_l",
             "cond_stage_model.transformer.text_model.",

@@ -4,29 +4,30 @@ attention heads, linear transformer projections; 512-base (epsilon) and 768-v (v
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.core.weights import load_tensors
 from nodes.families import arch
-from nodes.families.base import FamilyAdapter, TextEncoderSpec
+from nodes.families.base import TextEncoderSpec
 from nodes.families.components import UNetDenoiser
 from nodes.families.discrete_sampling import AYS_SD1, DiscreteSampling
 from nodes.families.latent_format import SD15_LATENT
+from nodes.families.unet_family import UNetFamily
 
 # ComfyUI's rule for SD2 files without a marker: v-prediction models have a wide norm bias here.
 _V_PROBE = "model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias"
 
 
-@dataclass(frozen=True)
-class SD2(FamilyAdapter):
-    name: ClassVar[str] = "sd2"
-    title: ClassVar[str] = "SD2.x"
-    pipeline_class: ClassVar[str] = "StableDiffusionPipeline"
-    context_dim: ClassVar[int] = 1024
-    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(ays_sigmas=AYS_SD1)
+class SD2(UNetFamily):
+    name = "sd2"
+    title = "SD2.x"
+    specificity = 1
+    pipeline_class = "StableDiffusionPipeline"
+    context_dim = 1024
+    sampling = DiscreteSampling(ays_sigmas=AYS_SD1)
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
-    text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
+    text_encoders = (
         TextEncoderSpec(
             "clip_h",
             "cond_stage_model.model.",
@@ -63,7 +64,6 @@ class SD2(FamilyAdapter):
             return "v_prediction"
         if meta.get("modelspec.prediction_type") == "epsilon" or not index.has(_V_PROBE) or index.pickled:
             return "epsilon"
-        from nodes.core.weights import load_tensors
 
         bias = load_tensors(index, _V_PROBE, strip=False)[_V_PROBE]
         return "v_prediction" if float(bias.float().std()) > 0.09 else "epsilon"
@@ -81,18 +81,18 @@ class SD2(FamilyAdapter):
         return cfg
 
 
-@dataclass(frozen=True)
 class SD2Unclip(SD2):
     """SD2.1 unCLIP (ComfyUI's SD21UnclipL/H): an SD2.x checkpoint whose UNet has a class embedding
     (``label_emb``) fed with noise-augmented CLIP vision image embeds and their noise-level embedding
     (twice the image-embed width: 1536 for the ViT-L variant, 2048 for ViT-H), and its OpenCLIP image
     tower under ``embedder.model.visual.`` (unCLIPCheckpointLoader's CLIP_VISION)."""
 
-    name: ClassVar[str] = "sd2_unclip"
-    title: ClassVar[str] = "SD2.x unCLIP"
-    pipeline_class: ClassVar[str] = "StableUnCLIPImg2ImgPipeline"
-    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(latent_format=SD15_LATENT, image_embeds="class_labels")
-    clip_vision_prefix: ClassVar[str] = "embedder.model.visual."
+    name = "sd2_unclip"
+    title = "SD2.x unCLIP"
+    specificity = 3  # an unCLIP checkpoint is an SD2.x one with a class embedding
+    pipeline_class = "StableUnCLIPImg2ImgPipeline"
+    denoiser = UNetDenoiser(latent_format=SD15_LATENT, image_embeds="class_labels")
+    clip_vision_prefix = "embedder.model.visual."
 
     @classmethod
     def detect(cls, index: TensorIndex) -> bool:

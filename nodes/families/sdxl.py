@@ -3,32 +3,31 @@ bigG output and size/crop ids as extra UNet inputs, latent scale 0.13025, 1024 p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch
-from nodes.families.base import FamilyAdapter, TextEncoderSpec
+from nodes.families.base import TextEncoderSpec
 from nodes.families.components import UNetDenoiser
 from nodes.families.discrete_sampling import DiscreteSampling
-from nodes.families.latent_format import SDXL_LATENT, LatentFormat
+from nodes.families.latent_format import SDXL_LATENT
+from nodes.families.unet_family import UNetFamily
 
 
-@dataclass(frozen=True)
-class SDXL(FamilyAdapter):
-    name: ClassVar[str] = "sdxl"
-    title: ClassVar[str] = "SDXL"
-    pipeline_class: ClassVar[str] = "StableDiffusionXLPipeline"
-    context_dim: ClassVar[int] = 2048
-    latent_format: ClassVar[LatentFormat] = SDXL_LATENT
-    sampling: ClassVar[DiscreteSampling] = DiscreteSampling(
+class SDXL(UNetFamily):
+    name = "sdxl"
+    title = "SDXL"
+    specificity = 2
+    resolution = 1024
+    pipeline_class = "StableDiffusionXLPipeline"
+    context_dim = 2048
+    latent_format = SDXL_LATENT
+    sampling = DiscreteSampling(
         ays_sigmas=(14.615, 6.315, 3.771, 2.181, 1.342, 0.862, 0.555, 0.380, 0.234, 0.113, 0.029)
     )
-    denoiser: ClassVar[UNetDenoiser] = UNetDenoiser(
-        size_ids=True, latent_format=SDXL_LATENT, image_embeds="pooled"
-    )
+    denoiser = UNetDenoiser(size_ids=True, latent_format=SDXL_LATENT, image_embeds="pooled")
     heads: ClassVar[arch.HeadsRule] = staticmethod(arch.heads_of_64)
-    text_encoders: ClassVar[tuple[TextEncoderSpec, ...]] = (
+    text_encoders = (
         TextEncoderSpec(
             "clip_l",
             "conditioner.embedders.0.transformer.text_model.",
@@ -61,9 +60,6 @@ class SDXL(FamilyAdapter):
                 "which Loom does not support yet; use an SDXL base checkpoint"
             )
         return True
-
-    def default_resolution(self, prediction: str) -> int:
-        return 1024
 
     def denoiser_config(self, index: TensorIndex, prediction: str) -> dict[str, Any]:
         cfg = super().denoiser_config(index, prediction)

@@ -30,9 +30,11 @@ from engine.schema import (
     Output,
 )
 from nodes.core.cond import CondEntry, Conditioning
+from nodes.core.resize import resize_image
+from nodes.diffusion.model_sampling import flux, flux_mu
 from nodes.encode.conditioning import text_encoders
 from nodes.latent.vae import MAX_RESOLUTION
-from nodes.load.model_merge import BlockMerge
+from nodes.load.model_merge import MODEL_SPECIFIC, BlockMerge, block_ratio_inputs
 
 _GUIDANCE = Input(
     "guidance",
@@ -154,8 +156,6 @@ class FluxKontextImageScale(Node):
     )
 
     def run(self, ctx: NodeContext, *, image: torch.Tensor) -> tuple[torch.Tensor]:
-        from nodes.core.resize import resize_image
-
         width, height = kontext_size(image.shape[2], image.shape[1])
         return (resize_image(image, width, height, "lanczos", "center"),)
 
@@ -246,31 +246,24 @@ class ModelSamplingFlux(Node):
     def run(
         self, ctx: NodeContext, *, model: Any, max_shift: float, base_shift: float, width: int, height: int
     ) -> tuple[Any]:
-        from nodes.diffusion.model_sampling import flux, flux_mu
-
         return (model.with_model_sampling(flux(shift=flux_mu(width, height, base_shift, max_shift))),)
 
 
-def _flux1_inputs() -> tuple[Input, ...]:
-    from nodes.load.model_merge import MODEL_MERGE_PAIR, ratio_input
-
+def flux1_merge_inputs() -> tuple[Input, ...]:
     names = ["img_in.", "time_in.", "guidance_in", "vector_in.", "txt_in."]
     names += [f"double_blocks.{i}." for i in range(19)] + [f"single_blocks.{i}." for i in range(38)]
     names.append("final_layer.")
-    return (
-        *MODEL_MERGE_PAIR,
-        *(ratio_input(n, f"Share of model1 in the weights named {n}*.") for n in names),
-    )
+    return block_ratio_inputs(names)
 
 
 class ModelMergeFlux1(BlockMerge):
     SCHEMA = NodeSchema(
         node_id="ModelMergeFlux1",
         display_name="ModelMergeFlux1",
-        category="advanced/model_merging/model_specific",
+        category=MODEL_SPECIFIC,
         description="Merge two Flux.1 transformers (19 double and 38 single blocks), one ratio per block; weights are "
         "named as in Black Forest Labs' files.",
-        inputs=_flux1_inputs(),
+        inputs=flux1_merge_inputs(),
         outputs=(Output("MODEL", MODEL, "The merged model (computed when it is loaded)."),),
     )
 

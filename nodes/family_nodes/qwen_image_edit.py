@@ -23,11 +23,12 @@ import torch
 
 from engine.context import NodeContext
 from nodes.core.cond import CondEntry, Conditioning
+from nodes.core.parts import Part
 from nodes.core.resize import resize
 from nodes.core.weights import read_index
 from nodes.encode.conditioning import text_encoders
-from nodes.families.components.qwen25_vision import ImageEmbeds, embed_image
-from nodes.families.qwen_image import QwenImage, QwenImagePrompt
+from nodes.families.components.qwen25_text import QwenImagePrompt
+from nodes.families.components.qwen25_vision import VISION_PREFIX, ImageEmbeds, Qwen25Vision, embed_image
 from nodes.latent.vae import crop_to_8, downscale, encode
 from nodes.load.handles import ComponentHandle
 
@@ -56,12 +57,22 @@ class QwenVisionHandle(ComponentHandle):
     kind: ClassVar[str] = "clip"
 
 
+def vision_part(index: Any) -> Part | None:
+    """The Qwen2.5-VL vision tower stored beside the text encoder (``visual.``), or None when the
+    file holds none (or only part of one)."""
+    vision = Qwen25Vision()
+    if not vision.present(index, VISION_PREFIX):
+        return None
+    config = vision.config_from_tensors(index, VISION_PREFIX)
+    return Part.make("visual", vision, VISION_PREFIX, "visual", config)
+
+
 def vision_handle(clip: Any, node: str) -> QwenVisionHandle:
     """The vision tower beside ``clip``'s Qwen2.5-VL text encoder; a teaching error without one."""
     part = clip.parts[0]
     path = Path(part.file or clip.source.path)
     index = read_index(path, allow_pickle=clip.source.allow_pickle)
-    vision = QwenImage().vision_part(index)
+    vision = vision_part(index)
     if vision is None:
         raise QwenEditError(
             f"{node}: the text encoder file {path.name} has no Qwen2.5-VL vision tower (no complete 'visual.*' "

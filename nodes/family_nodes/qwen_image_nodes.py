@@ -30,7 +30,13 @@ from nodes.family_nodes.qwen_image_edit import (
     scale_to_pixels,
     with_references,
 )
-from nodes.load.model_merge import _M1, _M2, _MODEL_OUT, _SPECIFIC, BlockMerge, _ratio, _schema
+from nodes.load.model_merge import (
+    MERGED_MODEL_OUT,
+    MODEL_SPECIFIC,
+    BlockMerge,
+    block_ratio_inputs,
+    merge_schema,
+)
 
 __all__ = ["EDIT_TEMPLATE", "QwenEditError", "TextEncodeQwenImageEdit", "TextEncodeQwenImageEditPlus"]
 
@@ -143,13 +149,13 @@ MERGE_PARTS = (
 
 
 class ModelMergeQwenImage(BlockMerge):
-    SCHEMA = _schema(
+    SCHEMA = merge_schema(
         "ModelMergeQwenImage",
         "Merge two Qwen-Image transformers with one ratio per part (embedders, each of the 60 blocks, "
         "the output projection); weights no input names take the first ratio.",
-        (_M1, _M2, *(_ratio(n, f"Share of model1 in the weights named {n}*.") for n in MERGE_PARTS)),
-        _MODEL_OUT,
-        _SPECIFIC,
+        block_ratio_inputs(MERGE_PARTS),
+        MERGED_MODEL_OUT,
+        MODEL_SPECIFIC,
     )
 
 

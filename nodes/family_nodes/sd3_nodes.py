@@ -29,8 +29,11 @@ from engine.schema import (
 )
 from nodes.core.cond import CondEntry, Conditioning
 from nodes.core.sampling_hooks import BlockSkip, SamplingHooks, declared_skip_lists
+from nodes.diffusion.model_sampling import flow
 from nodes.encode.conditioning import text_encoders
-from nodes.load.model_merge import BlockMerge, _ratio, _schema
+from nodes.load.checkpoint_loaders import file_fingerprint, pickle_allowed, require_model_files
+from nodes.load.handles import open_text_encoders
+from nodes.load.model_merge import MODEL_SPECIFIC, BlockMerge, block_ratio_inputs, merge_schema
 from nodes.patches.guidance import GuidancePatch
 
 _MODEL_IN = Input("model", MODEL, "The model.")
@@ -63,18 +66,13 @@ class TripleCLIPLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, clip_name1: str, clip_name2: str, clip_name3: str) -> tuple[Any]:
-        from nodes.load.checkpoint_loaders import _allow_pickle, _model_files
-        from nodes.load.handles import open_text_encoders
-
-        files = _model_files(ctx)
+        files = require_model_files(ctx)
         paths = [files.resolve("text_encoders", n) for n in (clip_name1, clip_name2, clip_name3)]
-        return (open_text_encoders(paths, "sd3", allow_pickle=_allow_pickle(ctx)),)
+        return (open_text_encoders(paths, "sd3", allow_pickle=pickle_allowed(ctx)),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        from nodes.load.checkpoint_loaders import _file_fingerprint
-
-        return [_file_fingerprint(folders, "text_encoders", inputs.get(f"clip_name{i}")) for i in (1, 2, 3)]
+        return [file_fingerprint(folders, "text_encoders", inputs.get(f"clip_name{i}")) for i in (1, 2, 3)]
 
 
 class CLIPTextEncodeSD3(Node):
@@ -139,8 +137,6 @@ class ModelSamplingSD3(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: Any, shift: float) -> tuple[Any]:
-        from nodes.diffusion.model_sampling import flow
-
         return (model.with_model_sampling(flow(shift=shift, multiplier=1000.0)),)
 
 
@@ -391,36 +387,29 @@ class SkipLayerGuidanceSD3(Node):
         return (_skip_guidance(node, model, layers, "", scale, start_percent, end_percent, 0.0),)
 
 
-_M1, _M2 = (
-    Input("model1", MODEL, "The base model (ratio 1 keeps it)."),
-    Input("model2", MODEL, "The other model."),
-)
-_SPECIFIC = "advanced/model_merging/model_specific"
-
-
-def _sd3_merge_inputs(blocks: int) -> tuple[Input, ...]:
+def sd3_merge_inputs(blocks: int) -> tuple[Input, ...]:
     names = ["pos_embed.", "x_embedder.", "context_embedder.", "y_embedder.", "t_embedder."]
     names += [f"joint_blocks.{i}." for i in range(blocks)] + ["final_layer."]
-    return (_M1, _M2, *(_ratio(n, f"Share of model1 in the weights named {n}*.") for n in names))
+    return block_ratio_inputs(names)
 
 
 class ModelMergeSD3_2B(BlockMerge):  # noqa: N801 (ComfyUI's name)
-    SCHEMA = _schema(
+    SCHEMA = merge_schema(
         "ModelMergeSD3_2B",
         "Merge two SD3 medium (2B) transformers, one ratio per joint block.",
-        _sd3_merge_inputs(24),
+        sd3_merge_inputs(24),
         (Output("MODEL", MODEL, "The merged model (computed when loaded)."),),
-        _SPECIFIC,
+        MODEL_SPECIFIC,
     )
 
 
 class ModelMergeSD35_Large(BlockMerge):  # noqa: N801 (ComfyUI's name)
-    SCHEMA = _schema(
+    SCHEMA = merge_schema(
         "ModelMergeSD35_Large",
         "Merge two SD3.5 large transformers, one ratio per joint block.",
-        _sd3_merge_inputs(38),
+        sd3_merge_inputs(38),
         (Output("MODEL", MODEL, "The merged model (computed when loaded)."),),
-        _SPECIFIC,
+        MODEL_SPECIFIC,
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import FLOAT, MODEL, Input, NodeSchema, Output
+from nodes.diffusion.model_sampling import flow
 
 
 class ModelSamplingAuraFlow(Node):
@@ -35,8 +36,6 @@ class ModelSamplingAuraFlow(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: Any, shift: float) -> tuple[Any]:
-        from nodes.diffusion.model_sampling import flow
-
         return (model.with_model_sampling(flow(shift=shift, multiplier=1.0)),)
 
 

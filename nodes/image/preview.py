@@ -316,7 +316,7 @@ def taesd_names() -> list[str]:
 
 def taesd_channels() -> dict[str, int]:
     """Each TAESD decoder file stem the known families use, with its latents' channel count."""
-    from nodes.families import FAMILIES
+    from nodes.families.catalog import FAMILIES
 
     return {
         f.latent_format.taesd_decoder: f.latent_format.channels

@@ -77,23 +77,29 @@ def register_model_options(registry: NodeRegistry, model_files: ModelFiles) -> N
     )
 
 
-def _model_files(ctx: NodeContext) -> ModelFiles:
+def require_model_files(ctx: NodeContext) -> ModelFiles:
+    """The run's model folders; a teaching error when it has none."""
     if ctx.folders.model_files is None:
         raise ModelLoadError("this run has no model folders; start Loom with --models-dir")
     return ctx.folders.model_files
 
 
-def _allow_pickle(ctx: NodeContext) -> bool:
+def pickle_allowed(ctx: NodeContext) -> bool:
     return ctx.settings.allow_pickle
 
 
-def _file_fingerprint(folders: Folders, kind: str, name: Any) -> str | None:
+def file_fingerprint(folders: Folders, kind: str, name: Any) -> str | None:
+    """The fingerprint of model file ``name`` in folder ``kind`` (a loader's ``fingerprint``), or None."""
     if folders.model_files is None or not isinstance(name, str):
         return None
     try:
         return fingerprint(folders.model_files.resolve(kind, name))
     except (OSError, ValueError):
         return None
+
+
+# the names other stations' modules still import (until their imports move to the public ones)
+_model_files, _allow_pickle, _file_fingerprint = require_model_files, pickle_allowed, file_fingerprint
 
 
 def _strength(name: str) -> Input:

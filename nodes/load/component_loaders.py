@@ -13,7 +13,7 @@ from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import CLIP, COMBO, MODEL, DynamicOptions, Input, NodeSchema, Output
 from nodes.core.weights import read_index
-from nodes.families import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
+from nodes.families.catalog import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
 from nodes.load.checkpoint_loaders import _allow_pickle, _file_fingerprint, _model_files
 from nodes.load.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
 from nodes.quant.gguf import is_gguf, require_gguf_role

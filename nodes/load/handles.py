@@ -21,7 +21,9 @@ from nodes.core.parts import Part
 from nodes.core.sampling_hooks import SamplingHooks, merge_all
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import fingerprint, read_index
-from nodes.families import (
+from nodes.families.base import TextEncoderSpec
+from nodes.families.build import build_from_diffusers, build_from_single_file
+from nodes.families.catalog import (
     FamilyAdapter,
     detect_family,
     diffusers_family,
@@ -29,8 +31,6 @@ from nodes.families import (
     standalone_text_encoder,
     standalone_vae,
 )
-from nodes.families.base import TextEncoderSpec
-from nodes.families.build import build_from_diffusers, build_from_single_file
 from nodes.families.components import TextEncoderKind
 from nodes.families.components.clip_text import TextEncoders
 from nodes.families.latent_format import LatentFormat

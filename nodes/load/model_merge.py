@@ -6,7 +6,7 @@ family's key table, into the module's names; one tensor at a time where the tabl
 so two full models are never in memory together) and every weight becomes
 ``w1 * a + w2 * b`` (ComfyUI's ``add_patches(patch, strength_patch=b, strength_model=a)``):
 
-- Simple / Blocks / SD1 / SD2 / SDXL: ``a = ratio``, ``b = 1 - ratio`` (ratio 1 keeps model1);
+- Simple / Blocks and the family-specific block merges (``nodes.family_nodes``): ``a = ratio``, ``b = 1 - ratio`` (ratio 1 keeps model1);
 - Add: ``a = b = 1``; Subtract: ``a = multiplier``, ``b = -multiplier``.
 
 Block-wise ratios name ComfyUI's (LDM) keys: ``input_blocks.4.``, ``middle_block``, ``out``; each
@@ -158,7 +158,7 @@ class MergePatch:
             )
 
 
-def _ratio(name: str, what: str) -> Input:
+def ratio_input(name: str, what: str) -> Input:
     return Input(name, FLOAT, what, default=1.0, min=0.0, max=1.0, step=0.01)
 
 
@@ -168,16 +168,15 @@ _M1, _M2 = (
     Input("model2", MODEL, "The other model."),
 )
 MODEL_MERGE_PAIR = (_M1, _M2)  # the first two inputs of every block-wise merge (family merges reuse them)
-ratio_input = _ratio
 _C1, _C2 = (
     Input("clip1", CLIP, "The base text encoder(s)."),
     Input("clip2", CLIP, "The other text encoder(s)."),
 )
-_MODEL_OUT = (Output("MODEL", MODEL, "The merged model (computed when it is loaded)."),)
+MERGED_MODEL_OUT = (Output("MODEL", MODEL, "The merged model (computed when it is loaded)."),)
 _CLIP_OUT = (Output("CLIP", CLIP, "The merged text encoder(s) (computed when loaded)."),)
 
 
-def _schema(
+def merge_schema(
     node_id: str,
     description: str,
     inputs: tuple[Input, ...],
@@ -195,11 +194,11 @@ def _schema(
 
 
 class ModelMergeSimple(Node):
-    SCHEMA = _schema(
+    SCHEMA = merge_schema(
         "ModelMergeSimple",
         "model1 * ratio + model2 * (1 - ratio), weight by weight.",
-        (_M1, _M2, _ratio("ratio", "Share of model1.")),
-        _MODEL_OUT,
+        (_M1, _M2, ratio_input("ratio", "Share of model1.")),
+        MERGED_MODEL_OUT,
     )
 
     def run(self, ctx: NodeContext, *, model1: Any, model2: Any, ratio: float) -> tuple[Any]:
@@ -207,18 +206,18 @@ class ModelMergeSimple(Node):
 
 
 class ModelMergeAdd(Node):
-    SCHEMA = _schema("ModelMergeAdd", "model1 + model2, weight by weight.", (_M1, _M2), _MODEL_OUT)
+    SCHEMA = merge_schema("ModelMergeAdd", "model1 + model2, weight by weight.", (_M1, _M2), MERGED_MODEL_OUT)
 
     def run(self, ctx: NodeContext, *, model1: Any, model2: Any) -> tuple[Any]:
         return (model1.with_patch(MergePatch(model2, (1.0, 1.0))),)
 
 
 class ModelMergeSubtract(Node):
-    SCHEMA = _schema(
+    SCHEMA = merge_schema(
         "ModelMergeSubtract",
         "(model1 - model2) * multiplier, weight by weight.",
         (_M1, _M2, _MULT),
-        _MODEL_OUT,
+        MERGED_MODEL_OUT,
     )
 
     def run(self, ctx: NodeContext, *, model1: Any, model2: Any, multiplier: float) -> tuple[Any]:
@@ -226,10 +225,10 @@ class ModelMergeSubtract(Node):
 
 
 class CLIPMergeSimple(Node):
-    SCHEMA = _schema(
+    SCHEMA = merge_schema(
         "CLIPMergeSimple",
         "clip1 * ratio + clip2 * (1 - ratio), weight by weight.",
-        (_C1, _C2, _ratio("ratio", "Share of clip1.")),
+        (_C1, _C2, ratio_input("ratio", "Share of clip1.")),
         _CLIP_OUT,
     )
 
@@ -238,14 +237,14 @@ class CLIPMergeSimple(Node):
 
 
 class CLIPMergeAdd(Node):
-    SCHEMA = _schema("CLIPMergeAdd", "clip1 + clip2, weight by weight.", (_C1, _C2), _CLIP_OUT)
+    SCHEMA = merge_schema("CLIPMergeAdd", "clip1 + clip2, weight by weight.", (_C1, _C2), _CLIP_OUT)
 
     def run(self, ctx: NodeContext, *, clip1: Any, clip2: Any) -> tuple[Any]:
         return (clip1.with_patch(MergePatch(clip2, (1.0, 1.0), skip=CLIP_SKIP)),)
 
 
 class CLIPMergeSubtract(Node):
-    SCHEMA = _schema(
+    SCHEMA = merge_schema(
         "CLIPMergeSubtract", "(clip1 - clip2) * multiplier, weight by weight.", (_C1, _C2, _MULT), _CLIP_OUT
     )
 
@@ -266,59 +265,28 @@ class BlockMerge(Node):
 
 
 class ModelMergeBlocks(BlockMerge):
-    SCHEMA = _schema(
+    SCHEMA = merge_schema(
         "ModelMergeBlocks",
         "Merge with one ratio per UNet part (input, middle and output blocks).",
         (
             _M1,
             _M2,
-            _ratio("input", "Share of model1 in the input blocks (and unnamed weights)."),
-            _ratio("middle", "Share of model1 in the middle block."),
-            _ratio("out", "Share of model1 in the output blocks and the final layers."),
+            ratio_input("input", "Share of model1 in the input blocks (and unnamed weights)."),
+            ratio_input("middle", "Share of model1 in the middle block."),
+            ratio_input("out", "Share of model1 in the output blocks and the final layers."),
         ),
-        _MODEL_OUT,
+        MERGED_MODEL_OUT,
     )
 
 
-def _block_inputs(inputs: int, outputs: int, dot: str) -> tuple[Input, ...]:
-    names = ["time_embed.", "label_emb."] + [f"input_blocks.{i}{dot}" for i in range(inputs)]
-    names += [f"middle_block.{i}{dot}" for i in range(3)] + [
-        f"output_blocks.{i}{dot}" for i in range(outputs)
-    ]
-    names.append("out.")
-    return (_M1, _M2, *(_ratio(n, f"Share of model1 in the weights named {n}*.") for n in names))
+MODEL_SPECIFIC = "advanced/model_merging/model_specific"  # the family-specific merges' category
 
 
-_SPECIFIC = "advanced/model_merging/model_specific"
-
-
-class ModelMergeSD1(BlockMerge):
-    SCHEMA = _schema(
-        "ModelMergeSD1",
-        "Merge two UNets of 12 input and 12 output blocks, one ratio per block.",
-        _block_inputs(12, 12, "."),
-        _MODEL_OUT,
-        _SPECIFIC,
-    )
-
-
-class ModelMergeSD2(BlockMerge):
-    SCHEMA = _schema(
-        "ModelMergeSD2",
-        "Merge two UNets of 12 input and 12 output blocks (v-prediction generation), one ratio per block.",
-        _block_inputs(12, 12, "."),
-        _MODEL_OUT,
-        _SPECIFIC,
-    )
-
-
-class ModelMergeSDXL(BlockMerge):
-    SCHEMA = _schema(
-        "ModelMergeSDXL",
-        "Merge two UNets of 9 input and 9 output blocks (with label_emb), one ratio per block.",
-        _block_inputs(9, 9, ""),
-        _MODEL_OUT,
-        _SPECIFIC,
+def block_ratio_inputs(names: list[str] | tuple[str, ...]) -> tuple[Input, ...]:
+    """model1, model2 and one ratio per weight-name prefix (the family-specific merges' inputs)."""
+    return (
+        *MODEL_MERGE_PAIR,
+        *(ratio_input(n, f"Share of model1 in the weights named {n}*.") for n in names),
     )
 
 
@@ -330,7 +298,4 @@ NODES: list[type[Node]] = [
     CLIPMergeSimple,
     CLIPMergeAdd,
     CLIPMergeSubtract,
-    ModelMergeSD1,
-    ModelMergeSD2,
-    ModelMergeSDXL,
 ]

@@ -172,7 +172,7 @@ class ModelDescriber:
     def __call__(self, folder: str, path: Path) -> dict[str, Any]:
         from nodes.core.tensors import ModelLoadError
         from nodes.core.weights import read_index
-        from nodes.families import detect_family
+        from nodes.families.catalog import detect_family
 
         if folder not in DESCRIBED_FOLDERS or not Path(path).is_file():
             return {"family": None}

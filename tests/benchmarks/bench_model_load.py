@@ -39,8 +39,8 @@ def make_checkpoints() -> tuple[Path, Path]:
         from safetensors.torch import save_file
         from transformers import CLIPTextConfig, CLIPTextModel
 
-        from nodes.families import SD15
         from nodes.families.build import ldm_state_dict
+        from nodes.families.catalog import SD15
 
         cfg = SD15().config_dir()
         torch.manual_seed(0)

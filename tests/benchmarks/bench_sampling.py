@@ -96,7 +96,7 @@ def main() -> None:
     from nodes.diffusion.ksampler import sampler_object
     from nodes.diffusion.noise import prepare_noise
     from nodes.diffusion.schedulers import ksampler_sigmas
-    from nodes.families import SD15
+    from nodes.families.catalog import SD15
     from nodes.sample.ksampler import SamplingRequest, cfg_guider, sample
     from tests.nodes.diffusers_ref import ComfyEulerScheduler
 

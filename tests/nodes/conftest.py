@@ -130,8 +130,8 @@ def write_single_file(model: TinyModel, path: Path, dtype: str = "float32") -> P
     import torch
     from safetensors.torch import save_file
 
-    from nodes.families import family_by_name
     from nodes.families.build import ldm_state_dict
+    from nodes.families.catalog import family_by_name
 
     sd = ldm_state_dict(family_by_name(model.family), model.modules, model.prediction)
     sd = {
@@ -145,7 +145,7 @@ def write_single_file(model: TinyModel, path: Path, dtype: str = "float32") -> P
 def write_diffusers_folder(model: TinyModel, folder: Path) -> Path:
     import json
 
-    from nodes.families import family_by_name
+    from nodes.families.catalog import family_by_name
 
     family = family_by_name(model.family)
     folder.mkdir(parents=True, exist_ok=True)
@@ -171,8 +171,8 @@ def tiny_models() -> dict[str, TinyModel]:
 def models_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, TinyModel]) -> Path:
     from safetensors.torch import save_file
 
-    from nodes.families import SD15
     from nodes.families.build import ldm_state_dict
+    from nodes.families.catalog import SD15
 
     root = tmp_path_factory.mktemp("models")
     ck = root / "checkpoints"

@@ -121,7 +121,7 @@ def test_taesd_previews_full_size_and_paced(demo_models_ab: Path, tmp_path: Path
     from engine.context import Folders, NodeContext
     from engine.folders import ModelFolders
     from engine.memory.manager import ModelManager
-    from nodes.families import SD15
+    from nodes.families.catalog import SD15
     from nodes.image.preview import PreviewPacer, PreviewRenderer
 
     files = ModelFolders(demo_models_ab)

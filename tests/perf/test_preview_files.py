@@ -14,7 +14,7 @@ import torch
 from engine.context import Folders, NodeContext, RunSettings
 from engine.folders import ModelFolders
 from engine.memory.manager import ModelManager
-from nodes.families import SD15
+from nodes.families.catalog import SD15
 from nodes.image.preview import PreviewRenderer, make_demo_taesd
 
 

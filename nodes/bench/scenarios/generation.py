@@ -53,7 +53,7 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
     CPU, so those two are copied; the text encoder is shared)."""
     from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
 
-    from nodes.families import SD15
+    from nodes.families.catalog import SD15
     from nodes.load.handles import open_checkpoint
 
     handles = open_checkpoint(rt.files.resolve("checkpoints", ckpt))

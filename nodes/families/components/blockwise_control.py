@@ -19,8 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nodes.core.tensors import ModelLoadError, TensorIndex
-from nodes.families.components.flux_dit import pack, pad_to_even
+from nodes.families.components.latent_patches import pack, pad_to_even
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -33,8 +35,6 @@ LATENT_INPUTS = 64  # 16 latent channels per 2×2 patch
 
 
 def _module_class() -> Any:
-    import torch
-
     class ControlBlock(torch.nn.Module):
         """One block-wise control block (module docstring)."""
 
@@ -111,7 +111,6 @@ class BlockwiseControlKind:
         """The control tokens (B, h/2·w/2, width) of the control image's raw VAE latents (B, 16, h,
         w); the mask (1 where the image is kept) only for the inpainting variant (without one, the
         mask channels are ones)."""
-        import torch
 
         if inputs.image is None:
             raise ValueError("a block-wise ControlNet needs a control image; connect one to the image input")
@@ -134,7 +133,6 @@ class BlockwiseControlKind:
     ) -> dict[str, Callable[[int, Tensor, tuple[Any, ...], dict[str, Any]], Tensor]]:
         """For one model call: the image stream after main transformer block ``index`` with the
         control added (module docstring); the block's call arguments are not needed."""
-        import torch
 
         param = module.img_in.weight
         c = control.to(param)

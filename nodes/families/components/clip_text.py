@@ -19,8 +19,17 @@ from torch import nn
 from nodes.core import prompt_weights as pw
 from nodes.core.tensors import TensorIndex
 from nodes.families import arch, keys
+from nodes.families.components import EncoderFile
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
+CLIP_G_MARKER = "text_model.encoder.layers.30.mlp.fc1.weight"  # ComfyUI's rule: CLIP-G has 32 layers
+CLIP_G_FILES = (EncoderFile("CLIP-G", "", CLIP_G_MARKER),)  # transformers' names with the projection
+CLIP_L_FILES = (  # transformers' names, with or without ``text_model.``
+    EncoderFile(
+        "CLIP-L", "text_model.", "text_model.encoder.layers.0.self_attn.q_proj.weight", unless=CLIP_G_MARKER
+    ),
+    EncoderFile("CLIP-L", "", "encoder.layers.0.self_attn.q_proj.weight"),
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,10 @@ class ClipText:
         """The kind and its CLIPTextConfig kwargs, read from the tensors under ``prefix``."""
         cfg = arch.clip_config(index, prefix, layout)
         return cls(layout, "projection_dim" in cfg), cfg
+
+    def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[ClipText, dict[str, Any]]:
+        """The kind of this layout for the tensors under ``prefix`` (the projection read from them)."""
+        return ClipText.from_tensors(index, prefix, self.layout)
 
     @classmethod
     def from_diffusers(cls, layout: str, config: Mapping[str, Any]) -> ClipText:
@@ -63,7 +76,11 @@ class ClipText:
         return {k if k.startswith("text_projection.") else f"text_model.{k}": v for k, v in sd.items()}
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+        from transformers import (  # lazy: transformers is heavy to import
+            CLIPTextConfig,
+            CLIPTextModel,
+            CLIPTextModelWithProjection,
+        )
 
         cfg = CLIPTextConfig(**config)
         return CLIPTextModelWithProjection(cfg) if self.projection else CLIPTextModel(cfg)
@@ -73,7 +90,10 @@ class ClipText:
         return load_tokenizer(name)
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from transformers import CLIPTextModel, CLIPTextModelWithProjection
+        from transformers import (  # lazy: transformers is heavy to import
+            CLIPTextModel,
+            CLIPTextModelWithProjection,
+        )
 
         cls = CLIPTextModelWithProjection if self.projection else CLIPTextModel
         return cls.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
@@ -116,7 +136,7 @@ def _final_norm(module: Any) -> Any:
 def load_tokenizer(name: str) -> Any:
     """A CLIP tokenizer from the shipped files: ``models/configs/clip_tokenizer`` vocabulary with
     the settings of ``models/configs/<name>/tokenizer_config.json`` (e.g. a pad token ``!``)."""
-    from transformers import CLIPTokenizer
+    from transformers import CLIPTokenizer  # lazy: transformers is heavy to import
 
     tokenizer = CLIPTokenizer.from_pretrained(CONFIGS_DIR / "clip_tokenizer", local_files_only=True)
     if name != "clip_tokenizer":

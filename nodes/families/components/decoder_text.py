@@ -40,6 +40,14 @@ class DecoderText:
     config_class: ClassVar[str] = ""
     model_class: ClassVar[str] = ""
 
+    @staticmethod
+    def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
+        """The config kwargs read from the shapes under ``prefix`` (each subclass its own)."""
+        raise NotImplementedError
+
+    def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[DecoderText, dict[str, Any]]:
+        return self, self.config_from_tensors(index, prefix)
+
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in sd.items() if k.startswith(DECODER_PARTS)}
 
@@ -50,13 +58,13 @@ class DecoderText:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        import transformers
+        import transformers  # lazy: transformers is heavy to import
 
         config_type = getattr(transformers, self.config_class)
         return getattr(transformers, self.model_class)(config_type(**config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        import transformers
+        import transformers  # lazy: transformers is heavy to import
 
         model_type = getattr(transformers, self.model_class)
         return model_type.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)

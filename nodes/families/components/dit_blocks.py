@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nodes.core.sampling_hooks import BlockIO, BlockList, BlockStack, SkipListName
 
 if TYPE_CHECKING:
@@ -39,8 +41,6 @@ PAIR = BlockIO(  # (image, text) in, (text, image) out
 
 
 def _joined_with_image(out: Tensor, image: Tensor) -> Tensor:
-    import torch
-
     return torch.cat([out[:, : out.shape[1] - image.shape[1]], image], dim=1)
 
 

@@ -53,19 +53,19 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from nodes.core.control_base import ControlResiduals, file_label, fit_hint
 from nodes.core.handles import WeightsHandle
 from nodes.core.sampling_hooks import ConditioningError
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import load_tensors, read_index
-from nodes.families.components.flux_dit import pack, pad_to_even, rope_axes
+from nodes.families.components.flux_dit import rope_axes
 from nodes.families.components.flux_mistoline import FLUX_MISTOLINE, mistoline_module, mistoline_to_diffusers
 from nodes.families.components.flux_xlabs_keys import xlabs_to_diffusers
+from nodes.families.components.latent_patches import pack, pad_to_even
 from nodes.families.components.sd35_control import SD35_TYPES, sd35_to_diffusers, sincos_grid
-from nodes.families.flux import FLUX_LATENT
-from nodes.families.latent_format import LatentFormat
-from nodes.families.sd3 import SD3_LATENT
+from nodes.families.latent_format import FLUX_LATENT, SD3_LATENT, LatentFormat
 
 SD3, SD35, FLUX_INSTANTX, FLUX_XLABS = "sd3", "sd35", "flux_instantx", "flux_xlabs"
 FAMILY = {SD3: "sd3", SD35: "sd3", FLUX_INSTANTX: "flux", FLUX_XLABS: "flux", FLUX_MISTOLINE: "flux"}
@@ -116,6 +116,7 @@ def dit_config(
 ) -> dict[str, Any]:
     """The diffusers config of a DiT ControlNet from the shapes of its tensors (as in the file);
     ``control_type``: an SD3.5 file's ``control_type`` value (kept in the config as ``sd35_type``)."""
+
     if layout == SD35:
         inner, channels, patch, _ = (int(s) for s in shapes["pos_embed_input.proj.weight"])
         head = 64 if inner % 64 == 0 else inner
@@ -273,7 +274,7 @@ class DiTControlNetHandle(WeightsHandle):
         return pixels
 
     def build(self) -> Any:
-        from diffusers import FluxControlNetModel, SD3ControlNetModel
+        from diffusers import FluxControlNetModel, SD3ControlNetModel  # lazy: diffusers is heavy to import
 
         cfg = {k: v for k, v in self.config.items() if k not in ("sd35_type", "extra_condition_channels")}
         if self.layout in (SD3, SD35):
@@ -345,8 +346,6 @@ class DiTControlNetHandle(WeightsHandle):
         extra: Mapping[str, Any],
         depth: int,
     ) -> ControlResiduals:
-        import torch.nn.functional as F
-
         patch = module.config.patch_size
         pad = (0, (-x_in.shape[-1]) % patch, 0, (-x_in.shape[-2]) % patch)
         x, h = (

@@ -27,9 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.nn.functional as F
+
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.core.tensors import ModelLoadError, TensorIndex
-from nodes.families.components.dit_blocks import flux_skip_lists
+from nodes.families.activation import heads_width, transformer_bytes
+from nodes.families.components.dit_blocks import flux_block_stack, flux_skip_lists
+from nodes.families.components.unet import lcm_repeat
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -125,8 +130,6 @@ class Flux2Transformer:
         }
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        import torch
-
         out: dict[str, Any] = {}
         for name, tensor in sd.items():
             head, _, leaf = name.rpartition(".")
@@ -152,8 +155,6 @@ class Flux2Transformer:
         return out
 
     def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        import torch
-
         top = {f"{v}.weight": f"{k}.weight" for k, v in _TOP.items()}
         double = {v: k for k, v in _DOUBLE.items()}
         single = {v: k for k, v in _SINGLE.items()}
@@ -181,12 +182,12 @@ class Flux2Transformer:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from diffusers import Flux2Transformer2DModel
+        from diffusers import Flux2Transformer2DModel  # lazy: diffusers is heavy to import
 
         return Flux2Transformer2DModel.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from diffusers import Flux2Transformer2DModel
+        from diffusers import Flux2Transformer2DModel  # lazy: diffusers is heavy to import
 
         return Flux2Transformer2DModel.from_pretrained(
             path, local_files_only=True, use_safetensors=safetensors
@@ -197,10 +198,6 @@ class Flux2Transformer:
         self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
     ) -> dict[str, Any]:
         """Text tokens (zero rows in front up to 512), text ids ``(0, 0, 0, index)`` and the guidance value per row."""
-        import torch
-        import torch.nn.functional as F
-
-        from nodes.families.components.unet import lcm_repeat
 
         def to(t: Tensor) -> Tensor:
             return t if like is None else t.to(like)
@@ -223,7 +220,6 @@ class Flux2Transformer:
         2×2 patches) and the text tokens. Per token, in widths, with the SwiGLU MLP ``r`` wide
         (``mlp_ratio``): the residual and its norm (2), the fused q/k/v and gate/up projection
         (3 + 2r), the gated product (r), the attention output (1), their concatenation (1 + r)."""
-        from nodes.families.activation import heads_width, transformer_bytes
 
         ratio = float(getattr(module.config, "mlp_ratio", 3.0))
         live = 7 + 4 * ratio
@@ -256,7 +252,6 @@ class Flux2Transformer:
 
     def block_stack(self, module: Any) -> BlockStack:
         """The double then the single blocks (one text+image sequence), for block-level step caches."""
-        from nodes.families.components.dit_blocks import flux_block_stack
 
         return flux_block_stack(module, joined_single=True)
 
@@ -276,7 +271,6 @@ class Flux2Transformer:
 
 def image_ids(h: int, w: int) -> Tensor:
     """Position ids (H·W, 4) of a latent of ``h`` × ``w`` pixels: ``(0, row, col, 0)``."""
-    import torch
 
     ids = torch.zeros(h, w, 4)
     ids[..., 1] = torch.arange(h)[:, None]

@@ -18,8 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch, keys
+from nodes.families.components import ShapeConfiguredVae
+from nodes.families.components.flux2_vae_module import Flux2LatentVAE
 
 BN_EPS = 1e-4
 _QUANT = (("encoder.quant_conv.", "quant_conv."), ("decoder.post_quant_conv.", "post_quant_conv."))
@@ -32,10 +36,19 @@ def is_flux2_vae(index: TensorIndex, prefix: str = "") -> bool:
 
 
 @dataclass(frozen=True)
-class Flux2Vae:
+class Flux2Vae(ShapeConfiguredVae):
     """The Flux.2 VAE kind (see the module docstring)."""
 
     id: str = "flux2_vae"
+
+    def present(self, index: TensorIndex, prefix: str) -> bool:
+        return is_flux2_vae(index, prefix)
+
+    def file_prefix(self, index: TensorIndex) -> str | None:
+        return "" if is_flux2_vae(index) else None
+
+    def latent_channels(self, config: Mapping[str, Any]) -> int | None:
+        return 4 * int(config["latent_channels"])  # the 2x2 patches the model sees
 
     def config_from_tensors(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
         if not is_flux2_vae(index, prefix):
@@ -76,8 +89,6 @@ class Flux2Vae:
         }
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        import torch
-
         renamed: dict[str, Any] = {}
         for name, tensor in sd.items():
             for old, new in _QUANT:
@@ -100,11 +111,7 @@ class Flux2Vae:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from nodes.families.components.flux2_vae_module import Flux2LatentVAE
-
         return Flux2LatentVAE.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from nodes.families.components.flux2_vae_module import Flux2LatentVAE
-
         return Flux2LatentVAE.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)

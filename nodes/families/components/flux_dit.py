@@ -21,10 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.nn.functional as F
+
+from nodes.core.control_base import bind_controls
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.activation import heads_width, transformer_bytes
 from nodes.families.components import flux_keys
-from nodes.families.components.dit_blocks import flux_skip_lists
+from nodes.families.components.dit_blocks import flux_block_stack, flux_skip_lists
+from nodes.families.components.flux_kontext import reference_tokens
+from nodes.families.components.latent_patches import pack, pad_to_even, unpack
+from nodes.families.components.unet import lcm_repeat
 from nodes.families.latent_format import LatentFormat
 
 if TYPE_CHECKING:
@@ -61,7 +69,7 @@ class FluxTransformer:
 
     @property
     def model_class(self) -> Any:
-        import diffusers
+        import diffusers  # lazy: diffusers is heavy to import
 
         return diffusers.ChromaTransformer2DModel if self.approximator else diffusers.FluxTransformer2DModel
 
@@ -120,12 +128,9 @@ class FluxTransformer:
     ) -> dict[str, Any]:
         """Text tokens, pooled CLIP-L vector, text ids, the guidance value per row and the
         reference latents (Flux Kontext)."""
-        import torch
 
         def to(t: Tensor) -> Tensor:
             return t if like is None else t.to(like)
-
-        from nodes.families.components.unet import lcm_repeat
 
         embeds = lcm_repeat([e.embeds for e in entries])  # ComfyUI's rule for mixed lengths, as for UNets
         length = embeds[0].shape[1]
@@ -147,14 +152,11 @@ class FluxTransformer:
         if any(v is None for v in values):
             out["guidance_off"] = torch.tensor([v is None for v in values])
         if any(e.extras.get("control") is not None for e in entries):  # ControlNets (dit_control)
-            from nodes.core.control_base import bind_controls
-
             out["control"] = bind_controls(entries, batch)
         return out | self._references(entries, batch, to)
 
     def _references(self, entries: Sequence[CondEntry], batch: int, to: Any) -> dict[str, Any]:
         """``ref_latents`` (each reference for every row, through ``process_in``) and the method."""
-        import torch
 
         lists = [list(e.extras.get("reference_latents") or ()) for e in entries]
         if not any(lists):
@@ -178,7 +180,6 @@ class FluxTransformer:
         a single-stream block over the 2×2-packed image tokens and the text tokens. Per token, in
         widths: the residual and its norm (2), the fused q/k/v and MLP projection (3 + 4), the
         activated MLP (4), the attention output (1) and their concatenation (5): 19."""
-        from nodes.families.activation import heads_width, transformer_bytes
 
         return transformer_bytes(run, width=heads_width(module.config), patch=2, live=19, element=element)
 
@@ -186,7 +187,6 @@ class FluxTransformer:
         """Pack ``x_in`` (B, 16, H, W) into 2×2 patches (then the reference latents' tokens, if
         any), call the transformer at ``timestep`` (= sigma), unpack the image tokens of the output
         to the latent's shape."""
-        import torch.nn.functional as F
 
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
@@ -209,10 +209,6 @@ class FluxTransformer:
         tokens, img_ids = pack(x)
         image_tokens = tokens.shape[1]
         if refs and not self.approximator:
-            import torch
-
-            from nodes.families.components.flux_kontext import reference_tokens
-
             ref_tokens, ref_ids = reference_tokens(
                 [r.to(x) for r in refs], method, x.shape[-2] // 2, x.shape[-1] // 2
             )
@@ -243,7 +239,6 @@ class FluxTransformer:
 
     def block_stack(self, module: Any) -> BlockStack:
         """The double then single blocks, for block-level step caches."""
-        from nodes.families.components.dit_blocks import flux_block_stack
 
         return flux_block_stack(module, joined_single=self.approximator)
 
@@ -286,7 +281,6 @@ def attention_mask(entry: CondEntry, batch: int, length: int, grid: tuple[int, i
     """An entry's additive attention mask over [text, image] tokens for an image of ``grid`` patches:
     its ``attention_mask`` (made for ``attention_mask_img_shape``) resized as ComfyUI's
     ``upscale_dit_mask`` does, or zeros; ``batch`` rows."""
-    import torch
 
     mask = entry.extras.get("attention_mask")
     if mask is None:
@@ -307,7 +301,6 @@ def attention_mask(entry: CondEntry, batch: int, length: int, grid: tuple[int, i
 def upscale_dit_mask(mask: Tensor, size_in: tuple[int, ...], size_out: tuple[int, int]) -> Tensor:
     """ComfyUI's ``upscale_dit_mask``: a (B, T + hi·wi, same) mask → (B, T + ho·wo, same), each
     quadrant touching image tokens resized bilinearly over the image grid (both sides for image-image)."""
-    import torch.nn.functional as F
 
     (hi, wi), (ho, wo) = (int(size_in[0]), int(size_in[1])), size_out
     if (hi, wi) == (ho, wo):
@@ -322,38 +315,8 @@ def upscale_dit_mask(mask: Tensor, size_in: tuple[int, ...], size_out: tuple[int
     img_txt = grid(mask[:, t:, :t].transpose(1, 2)).transpose(1, 2)
     img_img = grid(mask[:, t:, t:])  # keys resized; then queries
     img_img = grid(img_img.transpose(1, 2)).transpose(1, 2)
-    import torch
 
     return torch.cat([torch.cat([txt_txt, txt_img], 2), torch.cat([img_txt, img_img], 2)], 1)
-
-
-def pack(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, C, H, W) → tokens (B, H/2·W/2, 4C) in 2×2 patches (channel, row, col order), and the
-    image ids (H/2·W/2, 3): (0, row, col)."""
-    import torch
-
-    b, c, h, w = x.shape
-    tokens = (
-        x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), 4 * c)
-    )
-    ids = torch.zeros(h // 2, w // 2, 3)
-    ids[..., 1] = torch.arange(h // 2)[:, None]
-    ids[..., 2] = torch.arange(w // 2)[None, :]
-    return tokens, ids.reshape(-1, 3)
-
-
-def unpack(tokens: Tensor, h: int, w: int) -> Tensor:
-    """The inverse of :func:`pack` for an (even) latent of height ``h`` and width ``w``."""
-    b, _, d = tokens.shape
-    c = d // 4
-    return tokens.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
-
-
-def pad_to_even(x: Tensor) -> Tensor:
-    import torch.nn.functional as F
-
-    pad_h, pad_w = x.shape[-2] % 2, x.shape[-1] % 2
-    return F.pad(x, (0, pad_w, 0, pad_h), mode="circular") if pad_h or pad_w else x
 
 
 def _repeat_rows(t: Tensor, batch: int) -> Tensor:

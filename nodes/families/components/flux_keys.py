@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from nodes.core.tensors import ModelLoadError
 
 _EMBEDDERS = {  # file name -> diffusers name (both have .weight and .bias)
@@ -60,7 +62,6 @@ _APPROXIMATOR = {
 
 def to_diffusers(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """Single-file tensors (inner names) → ``FluxTransformer2DModel``'s or ``ChromaTransformer2DModel``'s."""
-    import torch
 
     inner = config["num_attention_heads"] * config["attention_head_dim"]
     out: dict[str, Any] = {}
@@ -86,7 +87,6 @@ def to_diffusers(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, 
 
 def to_original(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`to_diffusers`."""
-    import torch
 
     out: dict[str, Any] = {}
     back = {v: k for k, v in _APPROXIMATOR.items()}
@@ -192,8 +192,6 @@ def _approximator_name(name: str, layers: Mapping[str, str], norm_from: str, nor
 
 
 def _fuse(sd: Mapping[str, Any], out: dict[str, Any], head: str, parts: Sequence[str], target: str) -> None:
-    import torch
-
     for leaf in ("weight", "bias"):
         names = [f"{head}{p}.{leaf}" for p in parts]
         if all(n in sd for n in names):

@@ -25,6 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
+from nodes.families.components.latent_patches import pack, pad_to_even
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -62,7 +66,6 @@ def placements(shapes: Sequence[tuple[int, int]], method: str, h_len: int, w_len
 
 def patch_ids(h_len: int, w_len: int, place: Placement) -> Tensor:
     """Position ids (h_len·w_len, 3) of a ``h_len`` × ``w_len``-patch latent placed at ``place``."""
-    import torch
 
     ids = torch.zeros(h_len, w_len, 3)
     ids[..., 0] = place.index
@@ -73,9 +76,6 @@ def patch_ids(h_len: int, w_len: int, place: Placement) -> Tensor:
 
 def reference_tokens(refs: Sequence[Tensor], method: str, h_len: int, w_len: int) -> tuple[Tensor, Tensor]:
     """The packed tokens (B, N, 4C) and ids (N, 3) of all references, in order."""
-    import torch
-
-    from nodes.families.components.flux_dit import pack, pad_to_even
 
     tokens, ids = [], []
     shapes = [(int(r.shape[-2]), int(r.shape[-1])) for r in refs]

@@ -22,6 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
+from nodes.families.components.flux_dit import FluxTransformer
+
 FLUX_MISTOLINE = "flux_mistoline"
 DETECT = "controlnet_blocks.0.linear.weight"
 # the hint encoder's convolutions (in, out, kernel, stride), file index 2·k, SiLU after each but the last
@@ -47,7 +51,6 @@ _FILE_PREFIXES = (  # (file, FluxControlNetModel)
 
 def hint_encoder() -> Any:
     """MistoLine's pixel hint encoder (random weights): its convolutions at the file's indices."""
-    import torch
 
     layers: list[torch.nn.Module] = []
     for i, (cin, cout, kernel, stride) in enumerate(HINT_CONVS):
@@ -59,7 +62,6 @@ def hint_encoder() -> Any:
 
 def control_head(width: int) -> Any:
     """One MistoLine block output head: ``silu(linear(h))``, the linear named ``linear``."""
-    import torch
 
     class ControlHead(torch.nn.Module):
         def __init__(self) -> None:
@@ -75,8 +77,7 @@ def control_head(width: int) -> Any:
 def mistoline_module(config: Mapping[str, Any]) -> Any:
     """A ``FluxControlNetModel`` of ``config`` (random weights) with MistoLine's hint encoder and
     output heads in place of diffusers' own."""
-    import torch
-    from diffusers import FluxControlNetModel
+    from diffusers import FluxControlNetModel  # lazy: diffusers is heavy to import
 
     module = FluxControlNetModel.from_config(dict(config))
     width = module.config.num_attention_heads * module.config.attention_head_dim
@@ -99,7 +100,6 @@ def _rename(key: str, to_file: bool) -> str | None:
 
 def mistoline_to_diffusers(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """A MistoLine file's tensors under :func:`mistoline_module`'s names."""
-    from nodes.families.components.flux_dit import FluxTransformer
 
     own = {new: t for key, t in sd.items() if (new := _rename(key, to_file=False)) is not None}
     flux = {key: t for key, t in sd.items() if _rename(key, to_file=False) is None}
@@ -109,7 +109,6 @@ def mistoline_to_diffusers(sd: Mapping[str, Any], config: Mapping[str, Any]) -> 
 
 def diffusers_to_mistoline(module: Any) -> dict[str, Any]:
     """A :func:`mistoline_module` as MistoLine's files hold it (the inverse)."""
-    from nodes.families.components.flux_dit import FluxTransformer
 
     sd = module.state_dict()
     own = {new: t for key, t in sd.items() if (new := _rename(key, to_file=True)) is not None}

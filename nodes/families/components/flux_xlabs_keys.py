@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nodes.families.components.flux_dit import FluxTransformer
+
 XLABS_HINT = ("conv_in", *(f"blocks.{i}" for i in range(6)), "conv_out")  # input_hint_block.0, 2, ..., 14
 
 
@@ -31,7 +33,6 @@ def _own_key(key: str, to_file: bool) -> str | None:
 
 def xlabs_to_diffusers(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """An XLabs file (Black Forest Labs' names) renamed to ``FluxControlNetModel``'s."""
-    from nodes.families.components.flux_dit import FluxTransformer
 
     own = {new: tensor for key, tensor in sd.items() if (new := _own_key(key, to_file=False)) is not None}
     flux = {key: tensor for key, tensor in sd.items() if _own_key(key, to_file=False) is None}
@@ -41,7 +42,6 @@ def xlabs_to_diffusers(sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict
 
 def diffusers_to_xlabs(module: Any) -> dict[str, Any]:
     """A ``FluxControlNetModel`` with a hint encoder as XLabs' files hold it (the inverse)."""
-    from nodes.families.components.flux_dit import FluxTransformer
 
     sd = module.state_dict()
     own = {new: tensor for key, tensor in sd.items() if (new := _own_key(key, to_file=True)) is not None}

@@ -11,13 +11,18 @@ diffusers' ``Flux2KleinPipeline`` both do."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nodes.core.tensors import ModelLoadError
+from nodes.families.components.mistral_text import MistralText
 from nodes.families.components.qwen_text import QwenText
+
+if TYPE_CHECKING:
+    from nodes.families.prompt import ReadyEncoder
 
 KLEIN_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 KLEIN_LAYERS = (9, 18, 27)
@@ -52,3 +57,18 @@ class KleinText(QwenText):
         out = module(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
         stacked = torch.stack([out.hidden_states[i] for i in self.layers], dim=2)  # (1, T, 3, D)
         return stacked.reshape(stacked.shape[0], stacked.shape[1], -1)
+
+
+@dataclass(frozen=True)
+class Flux2Prompt:
+    """ComfyUI's Flux.2 text encoding: the stacked hidden states of the one LLM encoder (Klein's Qwen3,
+    dev's Mistral-Small) are the conditioning; there is no pooled vector."""
+
+    def encode(self, text: str, encoders: Sequence[ReadyEncoder]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        for enc in encoders:
+            if isinstance(enc.kind, KleinText | MistralText):
+                return enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer), None
+        raise ModelLoadError(
+            "Flux.2 needs its LLM text encoder (Qwen3 for Klein, Mistral-Small for dev); load it "
+            "with CLIPLoader (type flux2)"
+        )

@@ -13,14 +13,17 @@ weighting, no padding for one prompt; the conditioning stacks the hidden states 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from safetensors import safe_open
 
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.components import EncoderFile
 from nodes.families.components.decoder_text import DecoderText, decoder_config
+from nodes.families.components.tekken import tekken_tokenizer
 
 SYSTEM = (
     "You are an AI that reasons about image descriptions. You give structured responses focusing on object "
@@ -37,6 +40,9 @@ MISTRAL_CONSTANTS: dict[str, Any] = {
     "sliding_window": None,
 }
 TEKKEN_KEY = "tekken_model"
+MISTRAL3_FILES = (
+    EncoderFile("Mistral-Small", "model.", TEKKEN_KEY),
+)  # ComfyUI's Flux.2 Mistral-Small file (tokenizer inside)
 
 
 @dataclass(frozen=True)
@@ -72,12 +78,13 @@ class MistralText(DecoderText):
             )
         return {**decoder_config(index, prefix, HEAD_DIM, q_out // HEAD_DIM), **MISTRAL_CONSTANTS}
 
+    def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[MistralText, dict[str, Any]]:
+        """This kind reading its tokenizer from ``index``'s file, and the config."""
+        kind = replace(self, file=str(index.path))
+        return kind, kind.config_from_tensors(index, prefix)
+
     # --- prompts ------------------------------------------------------------------------------
     def load_tokenizer(self, name: str) -> Any:
-        from safetensors import safe_open
-
-        from nodes.families.components.tekken import tekken_tokenizer
-
         with safe_open(self.file, framework="pt") as f:
             if TEKKEN_KEY not in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
                 raise ModelLoadError(

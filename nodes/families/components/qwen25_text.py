@@ -34,15 +34,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.components import EncoderFile
 from nodes.families.components.decoder_text import decoder_config
 from nodes.families.components.qwen25_vision import ImageEmbeds, splice_positions
 from nodes.families.components.qwen_text import QwenText
 from nodes.families.components.scaled_fp8 import dequantize
+
+if TYPE_CHECKING:
+    from nodes.families.prompt import ReadyEncoder
 
 TEMPLATE = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
@@ -58,6 +62,9 @@ QWEN25_CONSTANTS: dict[str, Any] = {
 }
 HEAD_DIM = 128
 TEST_HEAD_DIM = 16
+QWEN25_FILES = (
+    EncoderFile("Qwen2.5-VL", "model.", "model.layers.0.self_attn.k_proj.bias"),
+)  # qwen_2.5_vl_7b.safetensors
 
 
 def head_dim_for(hidden: int) -> int:
@@ -177,3 +184,26 @@ def splice(ids: Sequence[int], images: Sequence[ImageEmbeds]) -> list[tuple[int,
         picture = next(pictures, None) if token == IMAGE_PAD else None
         out.append((i, token if picture is None else picture))
     return out
+
+
+@dataclass(frozen=True)
+class QwenImagePrompt:
+    """ComfyUI's Qwen-Image text encoding: the Qwen2.5-VL encoder's hidden state of the templated
+    prompt, the template's head dropped; no pooled vector. ``template`` replaces the default one and
+    ``images`` (the vision tower's tokens of the edit nodes' pictures) go in at the prompt's
+    ``<|image_pad|>`` tokens (TextEncodeQwenImageEdit / Plus)."""
+
+    def encode(
+        self,
+        text: str,
+        encoders: Sequence[ReadyEncoder],
+        template: str | None = None,
+        images: Sequence[ImageEmbeds] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        for enc in encoders:
+            if isinstance(enc.kind, Qwen25VLText):
+                return enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer, template, images), None
+        raise ModelLoadError(
+            "Qwen-Image needs the Qwen2.5-VL-7B text encoder; load qwen_2.5_vl_7b.safetensors "
+            "with CLIPLoader (type qwen_image)"
+        )

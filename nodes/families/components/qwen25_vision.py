@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.nn.functional as F
+
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components.scaled_fp8 import IdentityKeys
 
@@ -116,8 +119,10 @@ class Qwen25Vision(IdentityKeys):
         }
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import (  # lazy: transformers is heavy
+            Qwen2_5_VLVisionConfig,
+        )
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (  # lazy: transformers is heavy to import
             Qwen2_5_VisionTransformerPretrainedModel,
         )
 
@@ -129,8 +134,6 @@ class Qwen25Vision(IdentityKeys):
 
 def vision_input(image: torch.Tensor, config: Mapping[str, Any] | None = None) -> VisionInput:
     """ComfyUI's preprocessing of the first image of ``image`` [B, H, W, C] (0..1) into patches."""
-    import torch
-    import torch.nn.functional as F
 
     cfg = processor_config() if config is None else config
     patch, temporal, merge = int(cfg["patch_size"]), int(cfg["temporal_patch_size"]), int(cfg["merge_size"])
@@ -165,7 +168,6 @@ def resized_size(height: int, width: int, cfg: Mapping[str, Any]) -> tuple[int, 
 
 def embed_image(tower: Any, image: torch.Tensor) -> ImageEmbeds:
     """``image``'s merged tokens from the vision ``tower`` (on its device, in its precision)."""
-    import torch
 
     param = next(tower.parameters())
     item = vision_input(image)
@@ -179,7 +181,6 @@ def embed_image(tower: Any, image: torch.Tensor) -> ImageEmbeds:
 def splice_positions(pieces: Sequence[int | ImageEmbeds]) -> torch.Tensor:
     """The (3, T) multimodal rotary positions of a sequence of token ids and pictures (see the
     module docstring); T counts every picture's tokens."""
-    import torch
 
     columns: list[torch.Tensor] = []
     pos = 0

@@ -30,8 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.activation import heads_width, transformer_bytes
+from nodes.families.components.dit_blocks import DUAL_STREAM_SKIP, dual_stream_stack
+from nodes.families.components.latent_patches import pack, pad_to_even, unpack
 from nodes.families.components.scaled_fp8 import IdentityKeys
 from nodes.families.latent_format import LatentFormat
 
@@ -54,7 +59,6 @@ def rope_axes(head_dim: int) -> list[int]:
 
 def segment_positions(segment: Segment) -> torch.Tensor:
     """ComfyUI's (frame, row, col) positions of one packed image, (rows·cols, 3), row-major."""
-    import torch
 
     index, h, w, dy, dx = segment
     ids = torch.zeros(h, w, 3, dtype=torch.float64)
@@ -66,7 +70,6 @@ def segment_positions(segment: Segment) -> torch.Tensor:
 
 def _rotary(positions: torch.Tensor, axes: Sequence[int], theta: float) -> torch.Tensor:
     """Unit complex rotations (N, sum(axes)/2) for positions (N, 3), computed in float64 as ComfyUI."""
-    import torch
 
     angles = []
     for axis, dim in enumerate(axes):
@@ -76,9 +79,7 @@ def _rotary(positions: torch.Tensor, axes: Sequence[int], theta: float) -> torch
     return torch.polar(torch.ones_like(angle), angle).to(torch.complex64)
 
 
-def _rope_module() -> Any:
-    import torch
-
+def rope_module() -> Any:
     class ComfyRope(torch.nn.Module):
         """A drop-in for diffusers' ``QwenEmbedRope`` with ComfyUI's positions (module docstring).
         ``segments`` is set by the kind's forward before each call; it holds the image and
@@ -152,12 +153,12 @@ class QwenImageTransformer(IdentityKeys):
         }
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from diffusers import QwenImageTransformer2DModel
+        from diffusers import QwenImageTransformer2DModel  # lazy: diffusers is heavy to import
 
         return _with_comfy_rope(QwenImageTransformer2DModel.from_config(dict(config)))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from diffusers import QwenImageTransformer2DModel
+        from diffusers import QwenImageTransformer2DModel  # lazy: diffusers is heavy to import
 
         module = QwenImageTransformer2DModel.from_pretrained(
             path, local_files_only=True, use_safetensors=safetensors
@@ -188,14 +189,12 @@ class QwenImageTransformer(IdentityKeys):
         a dual-stream block over the 2×2-packed image tokens and the text tokens. Per token, in
         widths: the residual and its norm (2), the MLP's hidden states before and after GELU
         (4 + 4): 10 (attention with rotated q/k needs 8)."""
-        from nodes.families.activation import heads_width, transformer_bytes
 
         return transformer_bytes(run, width=heads_width(module.config), patch=PATCH, live=10, element=element)
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """The transformer on ``x_in`` (B, 16, H, W; odd sizes padded as ComfyUI does) at ``timestep``
         (= sigma): rows with the same references run in one call, their texts padded and masked."""
-        import torch
 
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
@@ -230,10 +229,6 @@ class QwenImageTransformer(IdentityKeys):
         refs: list[tuple[Tensor, ...]],
         method: str,
     ) -> Tensor:
-        import torch
-
-        from nodes.families.components.flux_dit import pack, pad_to_even, unpack
-
         height, width = x_in.shape[-2:]
         x = pad_to_even(x_in)
         tokens, _ = pack(x)
@@ -267,13 +262,11 @@ class QwenImageTransformer(IdentityKeys):
     def skip_lists(self) -> Mapping[SkipListName, BlockList]:
         """The blocks (``transformer_blocks``), for skip-layer guidance: ComfyUI's Qwen-Image model
         reads ``double_block`` patches on them and has no single-stream list."""
-        from nodes.families.components.dit_blocks import DUAL_STREAM_SKIP
 
         return DUAL_STREAM_SKIP
 
     def block_stack(self, module: Any) -> BlockStack:
         """The dual-stream blocks, for block-level step caches."""
-        from nodes.families.components.dit_blocks import dual_stream_stack
 
         return dual_stream_stack(module.transformer_blocks)
 
@@ -317,5 +310,5 @@ def _reference_segment(done: list[Segment], ref: Tensor, i: int, method: str) ->
 
 def _with_comfy_rope(module: Any) -> Any:
     """``module`` with its position embedder replaced by :class:`ComfyRope` (no weights change)."""
-    module.pos_embed = _rope_module()(list(module.config.axes_dims_rope))
+    module.pos_embed = rope_module()(list(module.config.axes_dims_rope))
     return module

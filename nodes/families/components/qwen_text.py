@@ -17,16 +17,24 @@ second-to-last decoder layer (no final norm), one row per token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.components import EncoderFile
 from nodes.families.components.decoder_text import DecoderText, decoder_config
 
+if TYPE_CHECKING:
+    from nodes.families.prompt import ReadyEncoder
+
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
+QWEN3_FILES = (
+    EncoderFile("Qwen3", "model.", "model.layers.0.self_attn.q_norm.weight"),
+)  # ComfyUI's qwen_3_4b.safetensors
 CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 QWEN3_CONSTANTS: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
@@ -93,6 +101,21 @@ class QwenText(DecoderText):
 
 def load_qwen_tokenizer() -> Any:
     """Qwen's BPE tokenizer (Qwen2.5/Qwen3 vocabulary, 151,669 ids) from ``models/configs/qwen_tokenizer``."""
-    from transformers import Qwen2Tokenizer
+    from transformers import Qwen2Tokenizer  # lazy: transformers is heavy to import
 
     return Qwen2Tokenizer.from_pretrained(CONFIGS_DIR / "qwen_tokenizer", local_files_only=True)
+
+
+@dataclass(frozen=True)
+class ZImagePrompt:
+    """ComfyUI's Z-Image text encoding: the Qwen3 encoder's hidden state (the handle's layer, -2 by
+    default) of the templated prompt is the conditioning; there is no pooled vector."""
+
+    def encode(self, text: str, encoders: Sequence[ReadyEncoder]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        for enc in encoders:
+            if isinstance(enc.kind, QwenText):
+                return enc.kind.encode(enc.module, enc.tokenizer, text, enc.layer), None
+        raise ModelLoadError(
+            "Z-Image needs the Qwen3-4B text encoder; load qwen_3_4b.safetensors with "
+            "CLIPLoader (type lumina2)"
+        )

@@ -28,9 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.nn.functional as F
+
+from nodes.core.control_base import bind_controls
 from nodes.core.linear_inputs import copy_sliced_inputs
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.activation import heads_width, transformer_bytes
+from nodes.families.components.dit_blocks import DUAL_STREAM_SKIP, dual_stream_stack
+from nodes.families.components.unet import lcm_repeat
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -77,8 +84,6 @@ SLICED_INPUTS = ("attn.to_out.0", "attn.to_add_out")
 
 
 def _swap(tensor: Any) -> Any:
-    import torch
-
     first, second = tensor.chunk(2, dim=0)
     return torch.cat([second, first])
 
@@ -91,7 +96,7 @@ class SD3Transformer:
 
     @property
     def model_class(self) -> Any:
-        import diffusers
+        import diffusers  # lazy: diffusers is heavy to import
 
         return diffusers.SD3Transformer2DModel
 
@@ -146,8 +151,6 @@ class SD3Transformer:
         return out
 
     def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        import torch
-
         last = int(config["num_layers"]) - 1
         out: dict[str, Any] = {}
         for name, tensor in sd.items():
@@ -178,7 +181,7 @@ class SD3Transformer:
         """The module with meta parameters and a meta ``pos_embed`` buffer: the file holds the
         position table, and computing diffusers' initial one costs ~25 s at SD3.5 medium's 384²
         positions (measured on this project's CPU machines)."""
-        from accelerate import init_empty_weights
+        from accelerate import init_empty_weights  # lazy: accelerate is heavy to import
 
         cfg = dict(config)
         cfg["dual_attention_layers"] = tuple(cfg.get("dual_attention_layers", ()))
@@ -194,9 +197,6 @@ class SD3Transformer:
         self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
     ) -> dict[str, Any]:
         """Text tokens and the pooled CLIP-L ‖ CLIP-G vector per row."""
-        import torch
-
-        from nodes.families.components.unet import lcm_repeat
 
         def to(t: Tensor) -> Tensor:
             return t if like is None else t.to(like)
@@ -206,8 +206,6 @@ class SD3Transformer:
         pooled = torch.cat([_pooled(e).expand(batch, -1) for e in entries])
         kwargs: dict[str, Any] = {"encoder_hidden_states": to(hidden), "pooled_projections": to(pooled)}
         if any(e.extras.get("control") is not None for e in entries):  # ControlNets (dit_control)
-            from nodes.core.control_base import bind_controls
-
             kwargs["control"] = bind_controls(entries, batch)
         return kwargs
 
@@ -215,14 +213,12 @@ class SD3Transformer:
         """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
         a joint block over the patched image tokens and the text tokens. Per token, in widths: the
         residual and its norm (2), the MLP's hidden states before and after GELU (4 + 4): 10."""
-        from nodes.families.activation import heads_width, transformer_bytes
 
         patch = int(module.config.patch_size)
         return transformer_bytes(run, width=heads_width(module.config), patch=patch, live=10, element=element)
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Call the transformer on ``x_in`` (B, 16, H, W) at ``timestep`` (= 1000·sigma)."""
-        import torch.nn.functional as F
 
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None) or {}
@@ -261,13 +257,11 @@ class SD3Transformer:
     def skip_lists(self) -> Mapping[SkipListName, BlockList]:
         """The joint blocks, for skip-layer guidance (ComfyUI's MMDiT reads ``double_block`` patches
         only)."""
-        from nodes.families.components.dit_blocks import DUAL_STREAM_SKIP
 
         return DUAL_STREAM_SKIP
 
     def block_stack(self, module: Any) -> BlockStack:
         """The joint blocks, for block-level step caches."""
-        from nodes.families.components.dit_blocks import dual_stream_stack
 
         return dual_stream_stack(module.transformer_blocks)
 

@@ -22,10 +22,12 @@ import torch
 
 from nodes.core import prompt_weights as pw
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.components import EncoderFile
 from nodes.families.prompt import TokenizerOptions
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 _EMBED = "encoder.embed_tokens.weight"
+T5_FILES = (EncoderFile("T5-XXL", "", "encoder.block.0.layer.0.SelfAttention.q.weight"),)  # a T5-XXL file
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class T5Text:
     id: str = "t5_encoder"
 
     # --- reading and building -----------------------------------------------------------------
+    def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[T5Text, dict[str, Any]]:
+        return self, self.config_from_tensors(index, prefix)
+
     @staticmethod
     def config_from_tensors(index: TensorIndex, prefix: str) -> dict[str, Any]:
         """``T5Config`` kwargs read from the shapes under ``prefix``."""
@@ -81,12 +86,12 @@ class T5Text:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from transformers import T5Config, T5EncoderModel
+        from transformers import T5Config, T5EncoderModel  # lazy: transformers is heavy to import
 
         return T5EncoderModel(T5Config(**config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from transformers import T5EncoderModel
+        from transformers import T5EncoderModel  # lazy: transformers is heavy to import
 
         return T5EncoderModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
@@ -137,6 +142,6 @@ class T5Text:
 
 def load_t5_tokenizer() -> Any:
     """The T5 v1.1 tokenizer from ``models/configs/t5_tokenizer`` (tokenizers backend, offline)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers is heavy to import
 
     return AutoTokenizer.from_pretrained(CONFIGS_DIR / "t5_tokenizer", local_files_only=True)

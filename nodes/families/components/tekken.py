@@ -33,8 +33,14 @@ def _byte_chars() -> dict[int, str]:
 
 def tekken_tokenizer(data: bytes) -> Any:
     """A ``tokenizers.Tokenizer`` from tekken JSON ``data`` (special tokens recognised in the text)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
-    from tokenizers.models import BPE
+    from tokenizers import (  # lazy: tokenizers only for a Mistral file
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        pre_tokenizers,
+    )
+    from tokenizers.models import BPE  # lazy: tokenizers only for a Mistral file
 
     try:
         spec = json.loads(data)

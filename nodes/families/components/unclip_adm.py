@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -59,7 +61,6 @@ def alphas_cumprod(steps: int = MAX_NOISE_LEVEL) -> tuple[float, ...]:
 
 def level_embedding(level: int, dim: int) -> Tensor:
     """The sinusoidal embedding (cos half, then sin half) of noise level ``level``: (1, dim)."""
-    import torch
 
     half = dim // 2
     freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
@@ -74,7 +75,6 @@ def noise_level(noise_augmentation: float) -> int:
 
 def augment(embeds: Tensor, level: int, seed: int) -> tuple[Tensor, Tensor]:
     """(noisy embeds (1, D), level embedding (1, D)) for one image's embeds ``(D,)`` or ``(1, D)``."""
-    import torch
 
     x = embeds.float().reshape(1, -1).cpu()
     ac = alphas_cumprod()[level]  # square roots in float64, kept as float32 (ComfyUI's buffers)
@@ -86,7 +86,6 @@ def augment(embeds: Tensor, level: int, seed: int) -> tuple[Tensor, Tensor]:
 def unclip_adm(inputs: Sequence[UnclipInput], seed: int, merge_level: float) -> Tensor:
     """ComfyUI's ``unclip_adm``: the (1, 2·D) class-label input of all ``inputs`` (see the module
     docstring); ``seed`` is the sampler's seed (the offset is applied here)."""
-    import torch
 
     seed = int(seed) - SEED_OFFSET
     outs = []

@@ -19,7 +19,8 @@ width map, not only the released one):
   except after the last) ⇄ ``decoder.up_blocks.S.resnets.R`` / ``decoder.up_blocks.S.upsamplers.0``.
 
 The per-channel latent mean and std are not in the file: they are the model's constants (the same
-for Wan 2.1 and Qwen-Image; ComfyUI's ``latent_formats.Wan21``), kept in the config as diffusers does.
+for Wan 2.1 and Qwen-Image; ComfyUI's ``latent_formats.Wan21``, ``nodes.families.latent_format``),
+kept in the config as diffusers does.
 """
 
 from __future__ import annotations
@@ -30,43 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.components import ShapeConfiguredVae
+from nodes.families.components.wan_vae_module import QwenImageVae2D
+from nodes.families.latent_format import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD
 
-LATENTS_MEAN = (
-    -0.7571,
-    -0.7089,
-    -0.9113,
-    0.1075,
-    -0.1745,
-    0.9653,
-    -0.1517,
-    1.5508,
-    0.4134,
-    -0.0715,
-    0.5517,
-    -0.3632,
-    -0.1922,
-    -0.9497,
-    0.2503,
-    -0.2921,
-)
-LATENTS_STD = (
-    2.8184,
-    1.4541,
-    2.3275,
-    2.6558,
-    1.2196,
-    1.7708,
-    2.6052,
-    2.0743,
-    3.2687,
-    2.1526,
-    2.8652,
-    1.5579,
-    1.6382,
-    1.1253,
-    2.8251,
-    1.9160,
-)
 _RESIDUAL = (
     ("residual.0.", "norm1."),
     ("residual.2.", "conv1."),
@@ -92,6 +60,7 @@ _FIXED = (  # whole-name prefixes, original -> diffusers
 )
 MARKER = "decoder.middle.0.residual.0.gamma"  # a tensor only the original Wan layout has
 DIFFUSERS_MARKER = "decoder.mid_block.resnets.0.norm1.gamma"
+FILE_PREFIXES = ("", "first_stage_model.", "vae.")  # where standalone Wan VAE files keep their tensors
 
 
 def is_wan_vae(index: TensorIndex, prefix: str = "") -> bool:
@@ -102,10 +71,19 @@ def is_wan_vae(index: TensorIndex, prefix: str = "") -> bool:
 
 
 @dataclass(frozen=True)
-class WanVae:
+class WanVae(ShapeConfiguredVae):
     """The Wan VAE kind (see the module docstring)."""
 
     id: str = "wan_vae"
+
+    def present(self, index: TensorIndex, prefix: str) -> bool:
+        return is_wan_vae(index, prefix)
+
+    def file_prefix(self, index: TensorIndex) -> str | None:
+        return next((p for p in FILE_PREFIXES if is_wan_vae(index, p)), None)
+
+    def latent_channels(self, config: Mapping[str, Any]) -> int | None:
+        return int(config["z_dim"])
 
     # --- reading and building -----------------------------------------------------------------
     def config_from_tensors(self, index: TensorIndex, prefix: str) -> dict[str, Any]:
@@ -134,10 +112,10 @@ class WanVae:
             for s in range(stages)
         ]
         z_dim = sd["conv1.weight"][0] // 2
-        if z_dim != len(LATENTS_MEAN):
+        if z_dim != len(WAN21_LATENTS_MEAN):
             raise ModelLoadError(
                 f"{index.path}: this Wan VAE makes {z_dim}-channel latents (Wan 2.2's is 48); Loom "
-                f"builds the {len(LATENTS_MEAN)}-channel Wan 2.1 / Qwen-Image VAE"
+                f"builds the {len(WAN21_LATENTS_MEAN)}-channel Wan 2.1 / Qwen-Image VAE"
             )
         return {
             "base_dim": base,
@@ -146,8 +124,8 @@ class WanVae:
             "num_res_blocks": res_blocks,
             "attn_scales": [],
             "temperal_downsample": [f"encoder.downsamples.{i}.time_conv.weight" in sd for i in resamples],
-            "latents_mean": list(LATENTS_MEAN),
-            "latents_std": list(LATENTS_STD),
+            "latents_mean": list(WAN21_LATENTS_MEAN),
+            "latents_std": list(WAN21_LATENTS_STD),
         }
 
     def to_diffusers(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,13 +145,9 @@ class WanVae:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from nodes.families.components.wan_vae_module import QwenImageVae2D
-
         return QwenImageVae2D.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from nodes.families.components.wan_vae_module import QwenImageVae2D
-
         return QwenImageVae2D.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
 

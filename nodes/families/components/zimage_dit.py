@@ -30,8 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, SkipListName
 from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.families.activation import transformer_bytes
+from nodes.families.components.dit_blocks import unified_stack
+from nodes.families.components.latent_patches import pad_to_even
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -122,8 +127,6 @@ class ZImageTransformer:
         return out
 
     def to_original(self, sd: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        import torch
-
         patched = tuple(f"all_{h}.{_patch_key(config)}." for h in ("x_embedder", "final_layer"))
         out: dict[str, Any] = {}
         for name, tensor in sd.items():
@@ -143,12 +146,12 @@ class ZImageTransformer:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from diffusers import ZImageTransformer2DModel
+        from diffusers import ZImageTransformer2DModel  # lazy: diffusers is heavy to import
 
         return ZImageTransformer2DModel.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from diffusers import ZImageTransformer2DModel
+        from diffusers import ZImageTransformer2DModel  # lazy: diffusers is heavy to import
 
         return ZImageTransformer2DModel.from_pretrained(
             path, local_files_only=True, use_safetensors=safetensors
@@ -171,16 +174,12 @@ class ZImageTransformer:
         a single-stream block over the 2×2 image patches and the caption tokens. Per token, in widths:
         the residual and its norm (2), the SwiGLU MLP's two projections and their product, each 8/3
         wide (8): 10."""
-        from nodes.families.activation import transformer_bytes
 
         return transformer_bytes(run, width=int(module.config.dim), patch=PATCH, live=10, element=element)
 
     def forward(self, module: Any, x_in: Tensor, timestep: Tensor, cond_kwargs: dict[str, Any]) -> Tensor:
         """Call the transformer on ``x_in`` (B, C, H, W; odd sizes padded as ComfyUI does) at
         ``timestep`` (= sigma) with t = 1 − sigma; the negated output, cropped to the latent."""
-        import torch
-
-        from nodes.families.components.flux_dit import pad_to_even
 
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
@@ -205,14 +204,12 @@ class ZImageTransformer:
 
     def block_stack(self, module: Any) -> BlockStack:
         """The main layers (over the unified image and caption sequence), for block-level step caches."""
-        from nodes.families.components.dit_blocks import unified_stack
 
         return unified_stack(module.layers)
 
     def refiner_stack(self, module: Any) -> BlockStack:
         """The noise refiner blocks (over the image tokens alone, before the main layers), for
         model patches that steer them (Fun ControlNet 2.x)."""
-        from nodes.families.components.dit_blocks import unified_stack
 
         return unified_stack(module.noise_refiner)
 

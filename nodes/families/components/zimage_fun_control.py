@@ -42,9 +42,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from nodes.core.resize import center_crop, resize
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.core.weights import load_tensors
-from nodes.families.components.flux_dit import pad_to_even
+from nodes.families.components.latent_patches import pad_to_even
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -72,8 +75,9 @@ def fun_control_module(
     """An empty (randomly initialised) Fun ControlNet module of that shape; ``extra``: input
     channels beyond the ``channels`` of the control latent; ``refiner_control``: refiner blocks
     that are control blocks (2.x)."""
-    import torch
-    from diffusers.models.transformers.transformer_z_image import ZImageTransformerBlock
+    from diffusers.models.transformers.transformer_z_image import (  # lazy: diffusers is heavy
+        ZImageTransformerBlock,
+    )
 
     def block(i: int) -> Any:
         return ZImageTransformerBlock(i, dim, heads, heads, 1e-5, True, modulation=True)
@@ -181,6 +185,7 @@ class FunControlKind:
     # --- sampling -----------------------------------------------------------------------------
     def control_tokens(self, module: Any, inputs: PatchInputs, latent_format: LatentFormat) -> Tensor:
         """The embedded control tokens (B, h/2·w/2, width) of the node's images (module docstring)."""
+
         x = pad_to_even(_control_latent(module.extra, inputs, latent_format))
         b, c, h, w = x.shape
         patches = (
@@ -221,8 +226,6 @@ class _FunCall:
     hints: list[Tensor] = field(default_factory=list)
 
     def _add(self, image: Tensor, hint: Tensor) -> Tensor:
-        import torch
-
         n = hint.shape[1]
         return torch.cat([image[:, :n] + hint.to(image.dtype) * self.strength, image[:, n:]], dim=1)
 
@@ -275,9 +278,6 @@ class _FunCall:
 
 def _control_latent(extra: int, inputs: PatchInputs, latent_format: LatentFormat) -> Tensor:
     """The control input (B, 16 or 33, h, w) in the model's latent space (module docstring)."""
-    import torch
-
-    from nodes.core.resize import center_crop, resize  # lazy: imports torch
 
     def latent(image: Tensor) -> Tensor:
         return latent_format.process_in(inputs.encode(image).float())

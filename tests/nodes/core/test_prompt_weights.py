@@ -56,7 +56,7 @@ def test_chunking_keeps_every_token_and_words_whole() -> None:
 
 @pytest.fixture(scope="module")
 def sd15_encoder(tiny_models: dict) -> list[ReadyEncoder]:
-    from nodes.families import SD15
+    from nodes.families.catalog import SD15
     from nodes.families.components.clip_text import ClipText
 
     spec = SD15.text_encoders[0]
@@ -67,7 +67,7 @@ def sd15_encoder(tiny_models: dict) -> list[ReadyEncoder]:
 
 
 def encode_prompt(text: str, encoders: list[ReadyEncoder]) -> Any:
-    from nodes.families import SD15
+    from nodes.families.catalog import SD15
 
     return CondEntry(*SD15.prompt.encode(text, encoders))
 

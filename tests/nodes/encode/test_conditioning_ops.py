@@ -12,8 +12,6 @@ import torch
 from nodes.core.cond import CondEntry
 from nodes.encode.conditioning import CLIPTextEncode, ConditioningSetArea
 from nodes.encode.conditioning_edit import (
-    CLIPTextEncodeSDXL,
-    CLIPTextEncodeSDXLRefiner,
     ConditioningAverage,
     ConditioningConcat,
     ConditioningSetAreaPercentage,
@@ -22,6 +20,7 @@ from nodes.encode.conditioning_edit import (
     ConditioningSetTimestepRange,
 )
 from nodes.families.components.unet import size_ids
+from nodes.family_nodes.sd_nodes import CLIPTextEncodeSDXL, CLIPTextEncodeSDXLRefiner
 from nodes.latent.vae import EmptyLatentImage
 from nodes.load.handles import open_checkpoint
 from nodes.sample.ksampler import KSampler

@@ -13,7 +13,7 @@ import torch
 from nodes.core.sampling_hooks import ConditioningError
 from nodes.encode.conditioning import CLIPTextEncode
 from nodes.encode.conditioning_edit import InpaintModelConditioning
-from nodes.families import SD15
+from nodes.families.catalog import SD15
 from nodes.families.components.unet import BLANK_INPAINT_LATENT
 from nodes.latent.vae import VAEEncode, VAEEncodeForInpaint, encode
 from nodes.load.handles import open_checkpoint

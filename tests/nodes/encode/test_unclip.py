@@ -18,7 +18,7 @@ from nodes.demo.unclip import DEMO_UNCLIP
 from nodes.encode.clip_vision import CLIPVisionEncode, ClipVisionOutput
 from nodes.encode.conditioning import CLIPTextEncode
 from nodes.encode.unclip import open_unclip_checkpoint, unCLIPConditioning
-from nodes.families import SD2Unclip
+from nodes.families.catalog import SD2Unclip
 from nodes.families.components import unclip_adm as unclip
 from nodes.families.components.unclip_adm import UnclipInput
 from nodes.load.handles import open_checkpoint

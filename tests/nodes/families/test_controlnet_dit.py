@@ -97,11 +97,11 @@ def flux(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-def _flux_run(ctx: Any, flux: dict[str, Any], apply: Any, latent_batch: int = 1) -> tuple[Any, Any]:
+def run_flux_control(ctx: Any, flux: dict[str, Any], apply: Any, latent_batch: int = 1) -> tuple[Any, Any]:
     return flux_run(ctx, flux["root"], apply, latent_batch)
 
 
-def _flux_apply(
+def apply_flux_control(
     ctx: Any,
     flux: dict[str, Any],
     which: str,
@@ -117,7 +117,7 @@ def _flux_apply(
     return apply_control(ctx, ControlNetApplyAdvanced, net, vae, image, strength, start)
 
 
-def _flux_pipeline_latent(
+def flux_controlnet_pipeline_latent(
     flux: dict[str, Any],
     cond: Any,
     net: Any,
@@ -154,19 +154,21 @@ def test_flux_union_txt2img_matches_flux_controlnet_pipeline(
 ) -> None:
     ctx, image = make_ctx(), _image()
     canny = "canny/lineart/anime_lineart/mlsd"  # ComfyUI's index 3 for every union ControlNet
-    mine, cond = _flux_run(ctx, flux, _flux_apply(ctx, flux, "union_file", image, strength, start, canny))
-    plain, _ = _flux_run(ctx, flux, None)
-    ref = _flux_pipeline_latent(flux, cond, flux["union"], image, strength, start, mode=3)
+    mine, cond = run_flux_control(
+        ctx, flux, apply_flux_control(ctx, flux, "union_file", image, strength, start, canny)
+    )
+    plain, _ = run_flux_control(ctx, flux, None)
+    ref = flux_controlnet_pipeline_latent(flux, cond, flux["union"], image, strength, start, mode=3)
     assert (mine - ref).abs().max() < 1e-4
     assert (mine - plain).abs().max() > 1e-3
 
 
 def test_flux_xlabs_txt2img_matches_flux_controlnet_pipeline(flux: dict[str, Any], make_ctx: Any) -> None:
     ctx, image = make_ctx(), _image()
-    mine, cond = _flux_run(ctx, flux, _flux_apply(ctx, flux, "xlabs_file", image, 0.9))
-    ref = _flux_pipeline_latent(flux, cond, flux["xlabs"], image, 0.9)
+    mine, cond = run_flux_control(ctx, flux, apply_flux_control(ctx, flux, "xlabs_file", image, 0.9))
+    ref = flux_controlnet_pipeline_latent(flux, cond, flux["xlabs"], image, 0.9)
     assert (mine - ref).abs().max() < 1e-4
-    assert (mine - _flux_run(ctx, flux, None)[0]).abs().max() > 1e-3
+    assert (mine - run_flux_control(ctx, flux, None)[0]).abs().max() > 1e-3
 
 
 def test_union_auto_runs_without_a_mode_token(flux: dict[str, Any]) -> None:
@@ -217,13 +219,13 @@ def test_union_auto_runs_without_a_mode_token(flux: dict[str, Any]) -> None:
 
 def test_stacked_dit_controlnets_and_strength_zero(flux: dict[str, Any], make_ctx: Any) -> None:
     ctx, image = make_ctx(), _image()
-    plain, _ = _flux_run(ctx, flux, None)
-    off, _ = _flux_run(ctx, flux, _flux_apply(ctx, flux, "union_file", image, 0.0))
+    plain, _ = run_flux_control(ctx, flux, None)
+    off, _ = run_flux_control(ctx, flux, apply_flux_control(ctx, flux, "union_file", image, 0.0))
     assert torch.equal(off, plain)
-    one = _flux_apply(ctx, flux, "union_file", image, 0.7)
-    two = _flux_apply(ctx, flux, "xlabs_file", _image(seed=6), 0.5)
-    stacked, _ = _flux_run(ctx, flux, lambda p, n: two(*one(p, n)))
-    single, _ = _flux_run(ctx, flux, one)
+    one = apply_flux_control(ctx, flux, "union_file", image, 0.7)
+    two = apply_flux_control(ctx, flux, "xlabs_file", _image(seed=6), 0.5)
+    stacked, _ = run_flux_control(ctx, flux, lambda p, n: two(*one(p, n)))
+    single, _ = run_flux_control(ctx, flux, one)
     assert (stacked - single).abs().max() > 1e-4
 
 
@@ -296,8 +298,8 @@ def test_control_image_batch_is_cut_to_the_latent_batch_as_comfyui(
     """ComfyUI's broadcast_image_to: a 2-image control batch on a 1-image latent uses its first image."""
     ctx, first = make_ctx(), _image()
     both = torch.cat([first, _image(seed=9)])
-    one, _ = _flux_run(ctx, flux, _flux_apply(ctx, flux, "union_file", first, 1.0))
-    two, _ = _flux_run(ctx, flux, _flux_apply(ctx, flux, "union_file", both, 1.0))
+    one, _ = run_flux_control(ctx, flux, apply_flux_control(ctx, flux, "union_file", first, 1.0))
+    two, _ = run_flux_control(ctx, flux, apply_flux_control(ctx, flux, "union_file", both, 1.0))
     assert (one - two).abs().max() < 1e-5
 
 
@@ -352,9 +354,9 @@ def test_reference_latents_get_no_control_residual(flux: dict[str, Any], make_ct
             [replace(e, extras={**e.extras, "reference_latents": [ref]}) for e in c] for c in (pos, neg)
         )
 
-    control = _flux_apply(ctx, flux, "union_file", _image(), 1.0)
-    referenced, _ = _flux_run(ctx, flux, with_ref)
-    both, _ = _flux_run(ctx, flux, lambda p, n: control(*with_ref(p, n)))
+    control = apply_flux_control(ctx, flux, "union_file", _image(), 1.0)
+    referenced, _ = run_flux_control(ctx, flux, with_ref)
+    both, _ = run_flux_control(ctx, flux, lambda p, n: control(*with_ref(p, n)))
     assert torch.isfinite(both).all() and (both - referenced).abs().max() > 1e-4
 
 
@@ -367,7 +369,7 @@ def test_a_vae_of_another_latent_width_is_refused(
         ctx, ControlNetApplyAdvanced, open_controlnet(flux["union_file"]), sd15_vae, _image(), 1.0
     )
     with pytest.raises(ConditioningError, match=r"takes 16-channel latents .* makes 4-channel ones"):
-        _flux_run(ctx, flux, apply)
+        run_flux_control(ctx, flux, apply)
 
 
 def test_block_outputs_are_spread_over_the_model_blocks_as_comfyui() -> None:

@@ -32,7 +32,7 @@ def sd3_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _with_controlnets(models: Path) -> Path:
+def with_controlnets(models: Path) -> Path:
     from safetensors.torch import save_file
 
     from nodes.demo.control import make_dit_control_demos
@@ -45,7 +45,7 @@ def _with_controlnets(models: Path) -> Path:
     return models
 
 
-def _image(executor: Any, prompt: dict, out: Path) -> np.ndarray:
+def run_to_image(executor: Any, prompt: dict, out: Path) -> np.ndarray:
     result = run(executor, prompt)
     assert result.status == "success", (result.node_errors, result.error)
     (image,) = result.outputs["9"]["images"]
@@ -54,7 +54,7 @@ def _image(executor: Any, prompt: dict, out: Path) -> np.ndarray:
         return np.asarray(png).astype(np.float32)
 
 
-def _without_controlnets(prompt: dict, applies: tuple[str, ...]) -> dict:
+def without_controlnets(prompt: dict, applies: tuple[str, ...]) -> dict:
     """The same workflow with the apply nodes bypassed (KSampler gets the plain conditioning)."""
     plain = json.loads(json.dumps(prompt))
     first = prompt[applies[0]]["inputs"]
@@ -77,10 +77,10 @@ def _without_controlnets(prompt: dict, applies: tuple[str, ...]) -> dict:
 def test_dit_controlnet_workflow_runs_and_the_control_matters(
     name: str, applies: tuple[str, ...], flux_demo: Path, sd3_demo: Path, tmp_path: Path
 ) -> None:
-    models = _with_controlnets(flux_demo if name.startswith("controlnet_flux") else sd3_demo)
+    models = with_controlnets(flux_demo if name.startswith("controlnet_flux") else sd3_demo)
     prompt = json.loads((WORKFLOWS / f"{name}.api.json").read_text())
     executor = make_executor(models, tmp_path)
-    controlled = _image(executor, prompt, tmp_path)
+    controlled = run_to_image(executor, prompt, tmp_path)
     assert controlled.std() > 1.0  # not a flat image
-    plain = _image(executor, _without_controlnets(prompt, applies), tmp_path)
+    plain = run_to_image(executor, without_controlnets(prompt, applies), tmp_path)
     assert np.abs(controlled - plain).max() > 0

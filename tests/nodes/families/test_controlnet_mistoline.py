@@ -24,7 +24,11 @@ from nodes.families.components.flux_mistoline import FLUX_MISTOLINE
 from tests.nodes.dit_control_fixtures import control_image as _image
 from tests.nodes.dit_control_fixtures import save as _save
 from tests.nodes.dit_control_fixtures import write_flux
-from tests.nodes.families.test_controlnet_dit import _flux_apply, _flux_pipeline_latent, _flux_run
+from tests.nodes.families.test_controlnet_dit import (
+    apply_flux_control,
+    flux_controlnet_pipeline_latent,
+    run_flux_control,
+)
 
 # MistoLine's hint encoder as ComfyUI builds it: (file index, stride); SiLU after all but the last
 HINT = ((0, 1), (2, 1), (4, 1), (6, 2), (8, 1), (10, 2), (12, 1), (14, 2), (16, 1), (18, 1))
@@ -128,16 +132,16 @@ def test_txt2img_matches_flux_controlnet_pipeline_with_the_same_network(
     misto: dict[str, Any], make_ctx: Any
 ) -> None:
     ctx, image = make_ctx(), _image()
-    mine, cond = _flux_run(ctx, misto, _flux_apply(ctx, misto, "file", image, 0.9))
-    ref = _flux_pipeline_latent(misto, cond, misto["net"], image, 0.9)
+    mine, cond = run_flux_control(ctx, misto, apply_flux_control(ctx, misto, "file", image, 0.9))
+    ref = flux_controlnet_pipeline_latent(misto, cond, misto["net"], image, 0.9)
     assert (mine - ref).abs().max() < 1e-4
-    assert (mine - _flux_run(ctx, misto, None)[0]).abs().max() > 1e-3
+    assert (mine - run_flux_control(ctx, misto, None)[0]).abs().max() > 1e-3
 
 
 def test_strength_zero_samples_exactly_the_unpatched_image(misto: dict[str, Any], make_ctx: Any) -> None:
     ctx = make_ctx()
-    plain, _ = _flux_run(ctx, misto, None)
-    off, _ = _flux_run(ctx, misto, _flux_apply(ctx, misto, "file", _image(), 0.0))
+    plain, _ = run_flux_control(ctx, misto, None)
+    off, _ = run_flux_control(ctx, misto, apply_flux_control(ctx, misto, "file", _image(), 0.0))
     assert torch.equal(off, plain)
 
 
@@ -166,16 +170,16 @@ def test_example_workflow_runs_offline_and_the_control_matters(flux_demo: Path, 
 
     from tests.nodes.families.test_controlnet_dit_workflows import (
         WORKFLOWS,
-        _image,
-        _with_controlnets,
-        _without_controlnets,
+        run_to_image,
+        with_controlnets,
+        without_controlnets,
     )
     from tests.nodes.test_generation_e2e import make_executor
 
     prompt = json.loads((WORKFLOWS / "controlnet_flux_mistoline.api.json").read_text())
     assert prompt["14"]["inputs"]["control_net_name"] == "loom_demo_controlnet_flux_mistoline.safetensors"
-    executor = make_executor(_with_controlnets(flux_demo), tmp_path)
-    controlled = _image(executor, prompt, tmp_path)
+    executor = make_executor(with_controlnets(flux_demo), tmp_path)
+    controlled = run_to_image(executor, prompt, tmp_path)
     assert controlled.std() > 1.0
-    plain = _image(executor, _without_controlnets(prompt, ("16",)), tmp_path)
+    plain = run_to_image(executor, without_controlnets(prompt, ("16",)), tmp_path)
     assert np.abs(controlled - plain).max() > 0

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from nodes.families import SD2, SD15, SDXL, ModelLoadError, detect_family, read_index
 from nodes.families.build import ldm_state_dict
+from nodes.families.catalog import SD2, SD15, SDXL, ModelLoadError, detect_family, read_index
 from nodes.families.components.clip_text import load_tokenizer
 from nodes.load.handles import open_checkpoint
 
@@ -129,7 +129,7 @@ def test_our_original_layout_is_what_diffusers_converts(tiny_models: dict[str, A
     original weights: so our files are real original-layout checkpoints."""
     from diffusers.loaders import single_file_utils as su
 
-    from nodes.families import family_by_name
+    from nodes.families.catalog import family_by_name
 
     model = tiny_models[name]
     family = family_by_name(name)

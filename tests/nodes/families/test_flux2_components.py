@@ -144,7 +144,7 @@ def test_full_size_key_tables_on_meta_device(real: dict[str, Any], tensors: int,
     from accelerate import init_empty_weights
     from diffusers import Flux2Transformer2DModel
 
-    from nodes.families import detect_family
+    from nodes.families.catalog import detect_family
     from nodes.families.flux2 import Flux2
     from nodes.families.flux2 import variant as flux2_variant
 
@@ -164,7 +164,7 @@ def test_full_size_key_tables_on_meta_device(real: dict[str, Any], tensors: int,
 
 def test_flux1_files_are_not_flux2_and_flux2_files_are_not_flux1() -> None:
     from nodes.demo.flux import demo_flux_modules, flux_files
-    from nodes.families import Flux, detect_family
+    from nodes.families.catalog import Flux, detect_family
     from nodes.families.flux2 import Flux2
 
     flux1 = next(iter(flux_files(demo_flux_modules()).values()))
@@ -347,7 +347,7 @@ def test_flux2_scheduler_follows_comfyuis_formula() -> None:
 
 
 def test_flux2_transformer_is_not_a_text_encoder() -> None:
-    from nodes.families import standalone_text_encoder
+    from nodes.families.catalog import standalone_text_encoder
 
     model = tiny_transformer(False)
     with pytest.raises(ModelLoadError, match="Flux.2 transformer, not a text encoder"):

@@ -148,7 +148,7 @@ def test_full_size_mistral_small_key_table_on_meta_device() -> None:
     assert {k: tuple(v.shape) for k, v in mapped.items()} == {
         k: tuple(v.shape) for k, v in model.state_dict().items()
     }
-    from nodes.families import standalone_text_encoder
+    from nodes.families.catalog import standalone_text_encoder
 
     assert standalone_text_encoder(index) == ("mistral3_24b", "model.")
 

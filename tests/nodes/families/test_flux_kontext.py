@@ -141,7 +141,7 @@ def test_transformer_sees_reference_tokens_with_comfyui_ids(method: str, demo: P
     assert ref_b[0, :, 2].tolist() == [0, 1, 2, 3, 4]
     # the reference tokens are the packed reference, through the Flux latent format
     from nodes.families.components.flux_dit import pack
-    from nodes.families.flux import FLUX_LATENT
+    from nodes.families.latent_format import FLUX_LATENT
 
     torch.testing.assert_close(
         one_in["hidden_states"][:, 16:], pack(FLUX_LATENT.process_in(reference(8, 8, 1)["samples"]))[0]

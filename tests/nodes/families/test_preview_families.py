@@ -15,8 +15,8 @@ import torch
 from engine.context import Folders, NodeContext, RunSettings
 from engine.folders import ModelFolders
 from engine.memory.manager import ModelManager
-from nodes.families import SD3, SD15, SDXL, Chroma, Flux, Flux2, QwenImage, ZImage
 from nodes.families.base import FamilyAdapter
+from nodes.families.catalog import SD3, SD15, SDXL, Chroma, Flux, Flux2, QwenImage, ZImage
 from nodes.image.preview import PreviewRenderer, make_demo_taesd
 
 

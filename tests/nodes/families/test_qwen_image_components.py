@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from nodes.core.tensors import ModelLoadError, TensorIndex, TensorInfo
-from nodes.families import detect_family, standalone_text_encoder, standalone_vae
+from nodes.families.catalog import detect_family, standalone_text_encoder, standalone_vae
 from nodes.families.components.qwen25_text import Qwen25VLText, template_end
 from nodes.families.components.qwen_image_dit import QwenImageTransformer, rope_axes
 from nodes.families.components.wan_vae import WanVae
-from nodes.families.qwen_image import WAN21_LATENT, QwenImage
+from nodes.families.latent_format import WAN21_LATENT
+from nodes.families.qwen_image import QwenImage
 
 torch.set_num_threads(1)
 KIND = QwenImageTransformer(WAN21_LATENT)

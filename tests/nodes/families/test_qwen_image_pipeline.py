@@ -163,7 +163,7 @@ def test_text_encoding_matches_qwen2_on_comfyui_template(qwen_dir: Any, make_ctx
 
 def test_vae_round_trip_and_latent_statistics(qwen_dir: Any, make_ctx: Any) -> None:
     """VAEEncode/VAEDecode go through the 3-D VAE as one frame; the latent space is ComfyUI's Wan21."""
-    from nodes.families.qwen_image import WAN21_LATENT
+    from nodes.families.latent_format import WAN21_LATENT
     from nodes.latent.vae import VAEDecode, VAEDecodeTiled, VAEEncode
 
     root, modules = qwen_dir
@@ -196,11 +196,11 @@ def test_rotary_positions_follow_comfyui_on_odd_grids() -> None:
     max(h//2, w//2); diffusers agrees on even grids and is one row off on odd ones (1328 px)."""
     from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
 
-    from nodes.families.components.qwen_image_dit import _rope_module, segment_positions
+    from nodes.families.components.qwen_image_dit import rope_module, segment_positions
 
     rows = segment_positions((0, 5, 4, 0, 0)).reshape(5, 4, 3)
     assert rows[:, 0, 1].tolist() == [-2, -1, 0, 1, 2] and rows[0, :, 2].tolist() == [-2, -1, 0, 1]
-    mine, theirs = _rope_module()([4, 14, 14]), QwenEmbedRope(10000, [4, 14, 14], scale_rope=True)
+    mine, theirs = rope_module()([4, 14, 14]), QwenEmbedRope(10000, [4, 14, 14], scale_rope=True)
     for h, w, same in ((4, 6, True), (5, 4, False)):
         (img, txt), (img_ref, txt_ref) = (
             mine([(1, h, w)], max_txt_seq_len=3),

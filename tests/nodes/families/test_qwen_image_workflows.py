@@ -21,7 +21,7 @@ from nodes.core.weights import fingerprint
 from nodes.demo.qwen_image import DEMO_QWEN25, DEMO_QWEN_IMAGE
 from nodes.load.handles import open_diffusion_model, open_text_encoders
 from nodes.load.lora import LoraPatch
-from tests.nodes.families.test_zimage_workflows import ALPHA, RANK, STRENGTH, _write_lora
+from tests.nodes.families.test_zimage_workflows import ALPHA, RANK, STRENGTH, write_lora
 from tests.nodes.test_generation_e2e import make_executor, run
 
 WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
@@ -94,7 +94,7 @@ def test_lora_layouts_change_exactly_the_named_weights(
     kohya = prefix in ("lora_unet_", "lycoris_")
     names = NAMES if prefix else [n for n in NAMES if n.startswith("transformer_blocks.")]
     pairs = {n: pairs[n] for n in names}
-    _write_lora(
+    write_lora(
         tmp_path / "lora.safetensors",
         {prefix + (n.replace(".", "_") if kohya else n): p for n, p in pairs.items()},
         kohya=kohya,
@@ -114,7 +114,7 @@ def test_lora_loader_node_in_the_workflow(demo_models: Path, tmp_path: Path) -> 
     original = load_file(demo_models / "diffusion_models" / DEMO_QWEN_IMAGE)
     (demo_models / "loras").mkdir(exist_ok=True)
     name = "transformer_blocks.0.attn.to_k"
-    _write_lora(
+    write_lora(
         demo_models / "loras" / "qwen_style.safetensors",
         {
             f"diffusion_model.{name}": (

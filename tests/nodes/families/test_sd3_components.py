@@ -218,8 +218,8 @@ def test_clip_g_file_is_recognised_and_round_trips(tmp_path: Path) -> None:
 
     from nodes.core.weights import read_index
     from nodes.demo.sd3 import DEMO_SD3_CLIP_G, demo_sd3_modules, sd3_files
-    from nodes.families import SD3, standalone_text_encoder
     from nodes.families.build import build_from_single_file
+    from nodes.families.catalog import SD3, standalone_text_encoder
 
     modules = demo_sd3_modules()
     save_file(

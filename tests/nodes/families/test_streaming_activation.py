@@ -17,7 +17,7 @@ from engine.memory.device_budget import DeviceBudget, RunShape
 from engine.memory.manager import ModelManager
 from nodes.core.module_streaming import device_bytes
 from nodes.demo.flux import DEMO_FLUX_DEV
-from nodes.families import FAMILIES
+from nodes.families.catalog import FAMILIES
 from nodes.latent.vae import EmptyLatentImage
 from nodes.load.handles import open_checkpoint, open_diffusion_model
 from tests.nodes.core.test_streaming import announced, ksample, sd15_prompts, with_budget

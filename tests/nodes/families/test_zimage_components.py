@@ -273,7 +273,7 @@ def test_stored_precision_files_load_through_unet_loader(
     precision."""
     from safetensors.torch import save_file
 
-    from nodes.families import ZImage
+    from nodes.families.catalog import ZImage
     from nodes.load.handles import open_diffusion_model
 
     model, kind = tiny_zimage(), ZImageTransformer()

@@ -129,7 +129,7 @@ def _pairs(original: dict[str, Any], names: Any) -> dict[str, tuple[Any, Any]]:
     }
 
 
-def _write_lora(path: Path, heads: dict[str, tuple[Any, Any]], kohya: bool) -> None:
+def write_lora(path: Path, heads: dict[str, tuple[Any, Any]], kohya: bool) -> None:
     from safetensors.torch import save_file
 
     tensors = {}
@@ -154,7 +154,7 @@ def test_original_layout_lora_equals_editing_the_file(layout: str, demo_models: 
     pairs = _pairs(original, LAYERS)
     prefix = "lora_unet_" if layout == "kohya" else "diffusion_model."
     heads = {prefix + (n.replace(".", "_") if layout == "kohya" else n): p for n, p in pairs.items()}
-    _write_lora(tmp_path / "lora.safetensors", heads, kohya=layout == "kohya")
+    write_lora(tmp_path / "lora.safetensors", heads, kohya=layout == "kohya")
     patched, handle = _patched(model_file, tmp_path / "lora.safetensors")
     edited = dict(original)
     for name, (down, up) in pairs.items():
@@ -181,7 +181,7 @@ def test_diffusers_named_lora_applies(prefix: str, demo_models: Path, tmp_path: 
     names = ["layers.1.attention.to_k", "layers.0.attention.to_out.0", "context_refiner.0.feed_forward.w2"]
     pairs = _pairs(base, names)
     kohya = prefix == "lora_unet_"
-    _write_lora(
+    write_lora(
         tmp_path / "lora.safetensors",
         {prefix + (n.replace(".", "_") if kohya else n): p for n, p in pairs.items()},
         kohya=kohya,
@@ -193,7 +193,7 @@ def test_diffusers_named_lora_applies(prefix: str, demo_models: Path, tmp_path: 
 
 
 def test_lora_of_another_width_is_refused(demo_models: Path, tmp_path: Path) -> None:
-    _write_lora(
+    write_lora(
         tmp_path / "wide.safetensors",
         {"diffusion_model.layers.0.attention.qkv": (torch.randn(RANK, 7), torch.randn(5, RANK))},
         False,
@@ -207,7 +207,7 @@ def test_lora_loader_node_in_the_workflow(demo_models: Path, tmp_path: Path) -> 
 
     original = load_file(demo_models / "diffusion_models" / DEMO_ZIMAGE)
     (demo_models / "loras").mkdir(exist_ok=True)
-    _write_lora(
+    write_lora(
         demo_models / "loras" / "z_style.safetensors",
         {f"diffusion_model.{n}": p for n, p in _pairs(original, LAYERS).items()},
         kohya=False,
@@ -225,7 +225,7 @@ def test_lora_loader_node_in_the_workflow(demo_models: Path, tmp_path: Path) -> 
 @pytest.mark.parametrize("clip_type", ["lumina2", "stable_diffusion", "qwen_image"])
 def test_qwen3_4b_file_is_z_images_encoder_for_any_type_but_flux(clip_type: str, demo_models: Path) -> None:
     """As ComfyUI routes qwen_3_4b.safetensors: the file decides, the type only matters for Flux (Klein)."""
-    from nodes.families import ZImage
+    from nodes.families.catalog import ZImage
 
     handle = open_text_encoders([demo_models / "text_encoders" / DEMO_QWEN3], clip_type)
     assert handle.family == ZImage() and [p.name for p in handle.parts] == ["qwen3_4b"]
@@ -315,7 +315,7 @@ def test_empty_four_channel_latent_is_widened_as_comfyui_does(demo_models: Path,
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
     empty = {"samples": torch.zeros(2, 4, 8, 8), "batch_index": [0, 1]}
-    from nodes.families.flux2 import FLUX2_LATENT
+    from nodes.families.latent_format import FLUX2_LATENT
     from nodes.families.zimage import ZImage
 
     widened = fit_empty_latent(empty, ZImage.latent_format)

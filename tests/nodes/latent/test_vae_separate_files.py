@@ -16,7 +16,7 @@ import torch
 from engine.context import Folders, NodeContext, RunSettings
 from engine.folders import ModelFolders
 from engine.memory.manager import ModelManager
-from nodes.families import SD3, SDXL
+from nodes.families.catalog import SD3, SDXL
 from nodes.latent.vae import LatentError, VAEDecode, VAEDecodeTiled, VAEEncode, VAEEncodeTiled, tag_latent
 from nodes.load.checkpoint_loaders import VAELoader
 

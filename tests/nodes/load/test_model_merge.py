@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from nodes.family_nodes.sd_nodes import ModelMergeSD1, ModelMergeSDXL
 from nodes.load.handles import open_checkpoint
 from nodes.load.model_merge import (
     CLIPMergeAdd,
@@ -16,8 +17,6 @@ from nodes.load.model_merge import (
     CLIPMergeSubtract,
     ModelMergeAdd,
     ModelMergeBlocks,
-    ModelMergeSD1,
-    ModelMergeSDXL,
     ModelMergeSimple,
     ModelMergeSubtract,
     ldm_names,

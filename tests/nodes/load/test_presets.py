@@ -25,7 +25,7 @@ def table(tmp_path: Path | None = None) -> PresetTable:
 
 
 def test_every_family_loom_loads_has_a_default_preset() -> None:
-    from nodes.families import FAMILIES
+    from nodes.families.catalog import FAMILIES
 
     defaults = {(p.family, p.prediction) for p in shipped_presets() if not p.match}
     for family in FAMILIES:

@@ -196,7 +196,7 @@ def test_a_file_that_is_not_a_hypernetwork_gets_a_teaching_error(env: dict[str, 
 
 
 def test_a_model_without_a_unet_gets_a_teaching_error(env: dict[str, Any]) -> None:
-    from nodes.families import family_by_name
+    from nodes.families.catalog import family_by_name
 
     flux = DenoiserHandle(
         source=WeightsSource(Path("flux.safetensors"), "0"),

@@ -200,7 +200,7 @@ def test_torch_compile_model_compiles_its_own_module(env: dict[str, Any]) -> Non
 
 
 def test_a_model_without_a_unet_gets_a_teaching_error(env: dict[str, Any]) -> None:
-    from nodes.families import family_by_name
+    from nodes.families.catalog import family_by_name
 
     flux = DenoiserHandle(
         source=WeightsSource(Path("flux.safetensors"), "0"),
