@@ -44,7 +44,7 @@ def normalize_api(obj: Any) -> dict[str, Any]:
     if not isinstance(obj, Mapping) or not obj:
         raise WorkflowFormatError(
             f'expected an API-format workflow ({{id: {{"class_type", "inputs"}}}}); '
-            f"found {_json_kind(obj) if obj or not isinstance(obj, Mapping) else 'an empty object'}"
+            f"found {json_kind(obj) if obj or not isinstance(obj, Mapping) else 'an empty object'}"
         )
     check_node_count(len(obj))
     ids = {str(k) for k in obj}
@@ -54,7 +54,7 @@ def normalize_api(obj: Any) -> dict[str, Any]:
         if not isinstance(node, Mapping):
             raise WorkflowFormatError(
                 f'node {node_id!r}: expected an object with "class_type" and "inputs", '
-                f"found {_json_kind(node)}"
+                f"found {json_kind(node)}"
             )
         class_type = node.get("class_type")
         if not isinstance(class_type, str) or not class_type:
@@ -64,14 +64,14 @@ def normalize_api(obj: Any) -> dict[str, Any]:
         inputs = node.get("inputs", {})
         if not isinstance(inputs, Mapping):
             raise WorkflowFormatError(
-                f'node {node_id!r} ({class_type}): "inputs" must be an object, found {_json_kind(inputs)}'
+                f'node {node_id!r} ({class_type}): "inputs" must be an object, found {json_kind(inputs)}'
             )
         new_node = copy.deepcopy(dict(node))
         new_node["inputs"] = {str(name): _normalize_value(value, ids) for name, value in inputs.items()}
         meta = node.get("_meta")
         if meta is not None and not isinstance(meta, Mapping):
             raise WorkflowFormatError(
-                f'node {node_id!r} ({class_type}): "_meta" must be an object, found {_json_kind(meta)}'
+                f'node {node_id!r} ({class_type}): "_meta" must be an object, found {json_kind(meta)}'
             )
         out[node_id] = new_node
     return out
@@ -96,7 +96,7 @@ def _normalize_value(value: Any, ids: set[str]) -> Any:
     return copy.deepcopy(value)
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     names = {
         dict: "an object",
         list: "a list",
@@ -114,6 +114,6 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _some_keys(obj: Mapping[str, Any], limit: int = 5) -> str:
+def some_keys(obj: Mapping[str, Any], limit: int = 5) -> str:
     keys = [repr(str(k)) for k in list(obj)[:limit]]
     return ", ".join(keys) + (", ..." if len(obj) > limit else "")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.formats.api import WorkflowFormatError, _json_kind, _some_keys, normalize_api
+from engine.formats.api import WorkflowFormatError, json_kind, normalize_api, some_keys
 from engine.formats.png import PNG_SIGNATURE, read_bytes, read_png_workflow
 from engine.formats.saved import SAVED_FORMAT_NAME, from_saved, saved_runnable, to_saved
 from engine.formats.ui_import import convert_ui_to_api
@@ -41,7 +41,7 @@ class LoadedWorkflow:
 def detect_format(obj: Any) -> str:
     """``"api"``, ``"loom"`` or ``"ui"``; anything else raises :class:`WorkflowFormatError`."""
     if not isinstance(obj, Mapping):
-        raise WorkflowFormatError(f"{_EXPECTED}; found {_json_kind(obj)}")
+        raise WorkflowFormatError(f"{_EXPECTED}; found {json_kind(obj)}")
     if obj.get("format") == SAVED_FORMAT_NAME:
         return FORMAT_SAVED
     if isinstance(obj.get("format"), str):  # never an API node (those are objects)
@@ -58,7 +58,7 @@ def detect_format(obj: Any) -> str:
         bad = next(k for k, v in obj.items() if not (isinstance(v, Mapping) and "class_type" in v))
         raise WorkflowFormatError(
             f'API-format workflow: node {bad!r} should be an object with "class_type" and "inputs", '
-            f"found {_json_kind(obj[bad])}"
+            f"found {json_kind(obj[bad])}"
         )
     if isinstance(obj.get("nodes"), list):
         raise WorkflowFormatError(f'UI-format workflow without a "links" list; {_EXPECTED}')
@@ -67,7 +67,7 @@ def detect_format(obj: Any) -> str:
             f'{_EXPECTED}; found an object with a "prompt" key (a /prompt request body?): '
             'save only the value of "prompt"'
         )
-    raise WorkflowFormatError(f"{_EXPECTED}; found an object with keys {_some_keys(obj)}")
+    raise WorkflowFormatError(f"{_EXPECTED}; found an object with keys {some_keys(obj)}")
 
 
 def load_workflow(obj: Any, object_info: Mapping[str, Mapping[str, Any]]) -> LoadedWorkflow:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.formats.api import WorkflowFormatError, _json_kind, check_node_count, normalize_api
+from engine.formats.api import WorkflowFormatError, check_node_count, json_kind, normalize_api
 from engine.formats.modes import apply_modes
 
 SAVED_FORMAT_NAME = "loom.workflow"
@@ -95,12 +95,12 @@ def to_saved(
 def from_saved(obj: Mapping[str, Any]) -> SavedWorkflow:
     """Read Loom's saved format (any version; older ones are migrated)."""
     if not isinstance(obj, Mapping):
-        raise WorkflowFormatError(f"expected Loom's saved format (an object), found {_json_kind(obj)}")
+        raise WorkflowFormatError(f"expected Loom's saved format (an object), found {json_kind(obj)}")
     loaded_version = obj.get("version")
     current = migrate_saved(obj)
     extra = current.get("extra") or {}
     if not isinstance(extra, Mapping):
-        raise WorkflowFormatError(f'saved format: "extra" must be an object, found {_json_kind(extra)}')
+        raise WorkflowFormatError(f'saved format: "extra" must be an object, found {json_kind(extra)}')
     return SavedWorkflow(
         prompt=normalize_api(current.get("prompt")),
         layout=_check_layout(dict(current.get("layout") or {})),
@@ -113,9 +113,7 @@ def _check_layout(layout: dict[str, Any]) -> dict[str, Any]:
     nodes = layout.setdefault("nodes", {})
     groups = layout.setdefault("groups", [])
     if not isinstance(nodes, Mapping):
-        raise WorkflowFormatError(
-            f'saved format: layout "nodes" must be an object, found {_json_kind(nodes)}'
-        )
+        raise WorkflowFormatError(f'saved format: layout "nodes" must be an object, found {json_kind(nodes)}')
     for node_id, entry in nodes.items():
         if not isinstance(entry, Mapping):
             raise WorkflowFormatError(f"saved format: layout of node {node_id!r} must be an object")
@@ -127,7 +125,7 @@ def _check_layout(layout: dict[str, Any]) -> dict[str, Any]:
                 )
     layout["nodes"] = {str(k): v for k, v in nodes.items()}
     if not isinstance(groups, list):
-        raise WorkflowFormatError(f'saved format: layout "groups" must be a list, found {_json_kind(groups)}')
+        raise WorkflowFormatError(f'saved format: layout "groups" must be a list, found {json_kind(groups)}')
     for n, group in enumerate(groups):
         if not isinstance(group, Mapping) or not _numbers(group.get("bounding"), 4):
             raise WorkflowFormatError(

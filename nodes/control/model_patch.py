@@ -30,6 +30,7 @@ from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, MASK, MODEL, VAE, DynamicOptions, Input, NodeSchema, Output
 from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.model_files import file_fingerprint, require_model_files
 from nodes.core.resize import resize
 from nodes.core.sampling_hooks import (
     BlockIO,
@@ -44,7 +45,6 @@ from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.families.components.model_patch_kinds import patch_kind_for
 from nodes.families.components.patch_inputs import PatchInputs
 from nodes.latent.vae import downscale, encode
-from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 
 if TYPE_CHECKING:
     import torch
@@ -134,12 +134,14 @@ class ModelPatchLoader(Node):
 
     def run(self, ctx: NodeContext, *, name: str) -> tuple[Any]:
         return (
-            open_model_patch(_model_files(ctx).resolve("model_patches", name), ctx.settings.allow_pickle),
+            open_model_patch(
+                require_model_files(ctx).resolve("model_patches", name), ctx.settings.allow_pickle
+            ),
         )
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "model_patches", inputs.get("name"))
+        return file_fingerprint(folders, "model_patches", inputs.get("name"))
 
 
 # --- applying a control patch ------------------------------------------------------------------------

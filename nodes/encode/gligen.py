@@ -33,12 +33,12 @@ from torch import nn
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import CLIP, COMBO, CONDITIONING, INT, STRING, DynamicOptions, Input, NodeSchema, Output
+from nodes.core.model_files import file_fingerprint, require_model_files
 from nodes.core.sampling_hooks import BlockPatch, ConditioningError, block_options
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.encode.conditioning import text_encoders
 from nodes.families.components.unet_patching import MIDDLE_POINT, transformer_places
-from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 
 GLIGEN = "GLIGEN"
 MAX_OBJS = 30
@@ -292,12 +292,12 @@ class GLIGENLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, gligen_name: str) -> tuple[GligenModel]:
-        path = _model_files(ctx).resolve("gligen", gligen_name)
+        path = require_model_files(ctx).resolve("gligen", gligen_name)
         return (load_gligen(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "gligen", inputs.get("gligen_name"))
+        return file_fingerprint(folders, "gligen", inputs.get("gligen_name"))
 
 
 def _size(name: str, default: int, low: int, what: str) -> Input:

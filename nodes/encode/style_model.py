@@ -34,12 +34,12 @@ from engine.node import Node
 from engine.schema import COMBO, CONDITIONING, FLOAT, DynamicOptions, Input, NodeSchema, Output
 from nodes.core.cond import Conditioning
 from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.model_files import file_fingerprint, require_model_files
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import fingerprint, load_tensors, read_index
 from nodes.encode.clip_vision import CLIP_VISION_OUTPUT, ClipVisionOutput
 from nodes.families.build import module_with_weights
 from nodes.families.catalog import describe_context_dim
-from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 
 STYLE_MODEL = "STYLE_MODEL"
 
@@ -223,12 +223,12 @@ class StyleModelLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, style_model_name: str) -> tuple[StyleModelHandle]:
-        path = _model_files(ctx).resolve("style_models", style_model_name)
+        path = require_model_files(ctx).resolve("style_models", style_model_name)
         return (StyleModelHandle.from_file(path, allow_pickle=ctx.settings.allow_pickle),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "style_models", inputs.get("style_model_name"))
+        return file_fingerprint(folders, "style_models", inputs.get("style_model_name"))
 
 
 class StyleModelApply(Node):

@@ -29,11 +29,11 @@ from engine.schema import (
     Output,
 )
 from nodes.core.cond import Conditioning
+from nodes.core.model_files import file_fingerprint, require_model_files
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import read_index
 from nodes.encode.clip_vision import CLIP_VISION, CLIP_VISION_OUTPUT, ClipVisionHandle, ClipVisionOutput
 from nodes.families.components.unclip_adm import UnclipInput
-from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 from nodes.load.handles import DenoiserHandle, TextEncodersHandle, VaeHandle, open_checkpoint
 
 
@@ -81,13 +81,13 @@ class unCLIPCheckpointLoader(Node):  # noqa: N801 - ComfyUI's class name
     def run(
         self, ctx: NodeContext, *, ckpt_name: str
     ) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle, ClipVisionHandle]:
-        path = _model_files(ctx).resolve("checkpoints", ckpt_name)
+        path = require_model_files(ctx).resolve("checkpoints", ckpt_name)
         unet, clip, vae, vision = open_unclip_checkpoint(path, allow_pickle=ctx.settings.allow_pickle)
         return unet, clip, vae, vision
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "checkpoints", inputs.get("ckpt_name"))
+        return file_fingerprint(folders, "checkpoints", inputs.get("ckpt_name"))
 
 
 def add_unclip(conditioning: Conditioning, item: UnclipInput) -> Conditioning:

@@ -28,10 +28,10 @@ from engine.schema import (
     Output,
 )
 from nodes.core.cond import CondEntry, Conditioning
+from nodes.core.model_files import file_fingerprint, pickle_allowed, require_model_files
 from nodes.core.sampling_hooks import BlockSkip, SamplingHooks, declared_skip_lists
 from nodes.diffusion.model_sampling import flow
 from nodes.encode.conditioning import text_encoders
-from nodes.load.checkpoint_loaders import file_fingerprint, pickle_allowed, require_model_files
 from nodes.load.handles import open_text_encoders
 from nodes.load.model_merge import MODEL_SPECIFIC, BlockMerge, block_ratio_inputs, merge_schema
 from nodes.patches.guidance import GuidancePatch

@@ -26,10 +26,10 @@ from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, IMAGE, DynamicOptions, Input, NodeSchema, Output
 from nodes.core.handles import WeightsHandle, WeightsSource
+from nodes.core.model_files import file_fingerprint
 from nodes.core.spandrel_import import import_spandrel
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import PICKLE_SUFFIXES, fingerprint, load_tensors, pickle_refusal, read_index
-from nodes.load.checkpoint_loaders import _file_fingerprint
 
 UPSCALE_MODEL = "UPSCALE_MODEL"
 TILE, OVERLAP, MIN_TILE = 512, 32, 128
@@ -356,7 +356,7 @@ class UpscaleModelLoader(Node):
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "upscale_models", inputs.get("model_name"))
+        return file_fingerprint(folders, "upscale_models", inputs.get("model_name"))
 
 
 class ImageUpscaleWithModel(Node):

@@ -28,8 +28,8 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
+from nodes.core.model_files import file_fingerprint, pickle_allowed, require_model_files
 from nodes.core.options import OptionSources
-from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import fingerprint
 from nodes.load.handles import (
     DenoiserHandle,
@@ -77,31 +77,6 @@ def register_model_options(registry: NodeRegistry, model_files: ModelFiles) -> N
     )
 
 
-def require_model_files(ctx: NodeContext) -> ModelFiles:
-    """The run's model folders; a teaching error when it has none."""
-    if ctx.folders.model_files is None:
-        raise ModelLoadError("this run has no model folders; start Loom with --models-dir")
-    return ctx.folders.model_files
-
-
-def pickle_allowed(ctx: NodeContext) -> bool:
-    return ctx.settings.allow_pickle
-
-
-def file_fingerprint(folders: Folders, kind: str, name: Any) -> str | None:
-    """The fingerprint of model file ``name`` in folder ``kind`` (a loader's ``fingerprint``), or None."""
-    if folders.model_files is None or not isinstance(name, str):
-        return None
-    try:
-        return fingerprint(folders.model_files.resolve(kind, name))
-    except (OSError, ValueError):
-        return None
-
-
-# the names other stations' modules still import (until their imports move to the public ones)
-_model_files, _allow_pickle, _file_fingerprint = require_model_files, pickle_allowed, file_fingerprint
-
-
 def _strength(name: str) -> Input:
     return Input(
         name,
@@ -137,13 +112,13 @@ class CheckpointLoaderSimple(Node):
         self, ctx: NodeContext, *, ckpt_name: str
     ) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle]:
         ck = open_checkpoint(
-            _model_files(ctx).resolve("checkpoints", ckpt_name), allow_pickle=_allow_pickle(ctx)
+            require_model_files(ctx).resolve("checkpoints", ckpt_name), allow_pickle=pickle_allowed(ctx)
         )
         return ck.unet, ck.clip, ck.vae
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "checkpoints", inputs.get("ckpt_name"))
+        return file_fingerprint(folders, "checkpoints", inputs.get("ckpt_name"))
 
 
 class DiffusersLoader(Node):
@@ -167,13 +142,13 @@ class DiffusersLoader(Node):
         self, ctx: NodeContext, *, model_path: str
     ) -> tuple[DenoiserHandle, TextEncodersHandle, VaeHandle]:
         ck = open_diffusers(
-            _model_files(ctx).resolve("diffusers", model_path), allow_pickle=_allow_pickle(ctx)
+            require_model_files(ctx).resolve("diffusers", model_path), allow_pickle=pickle_allowed(ctx)
         )
         return ck.unet, ck.clip, ck.vae
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "diffusers", inputs.get("model_path"))
+        return file_fingerprint(folders, "diffusers", inputs.get("model_path"))
 
 
 class VAELoader(Node):
@@ -187,17 +162,19 @@ class VAELoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, vae_name: str) -> tuple[VaeHandle]:
-        return (open_vae(_model_files(ctx).resolve("vae", vae_name), allow_pickle=_allow_pickle(ctx)),)
+        return (
+            open_vae(require_model_files(ctx).resolve("vae", vae_name), allow_pickle=pickle_allowed(ctx)),
+        )
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "vae", inputs.get("vae_name"))
+        return file_fingerprint(folders, "vae", inputs.get("vae_name"))
 
 
 def _lora_patch(ctx: NodeContext, lora_name: str, strength: float, target: str) -> LoraPatch:
-    path = _model_files(ctx).resolve("loras", lora_name)
-    inspect_lora(path, allow_pickle=_allow_pickle(ctx))
-    return LoraPatch(path, fingerprint(path), float(strength), target, _allow_pickle(ctx))
+    path = require_model_files(ctx).resolve("loras", lora_name)
+    inspect_lora(path, allow_pickle=pickle_allowed(ctx))
+    return LoraPatch(path, fingerprint(path), float(strength), target, pickle_allowed(ctx))
 
 
 class LoraLoader(Node):
@@ -237,7 +214,7 @@ class LoraLoader(Node):
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "loras", inputs.get("lora_name"))
+        return file_fingerprint(folders, "loras", inputs.get("lora_name"))
 
 
 class LoraLoaderModelOnly(Node):
@@ -263,7 +240,7 @@ class LoraLoaderModelOnly(Node):
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "loras", inputs.get("lora_name"))
+        return file_fingerprint(folders, "loras", inputs.get("lora_name"))
 
 
 class CLIPSetLastLayer(Node):
@@ -379,14 +356,14 @@ class CheckpointSave(Node):
             import torch
 
             sd["v_pred"] = torch.zeros(0)
-        path = _next_path(ctx.folders.output_dir, filename_prefix)
+        path = next_checkpoint_path(ctx.folders.output_dir, filename_prefix)
         meta = {"format": "pt", "loom.family": family.name, "modelspec.prediction_type": model.prediction}
         save_file(sd, str(path), metadata=meta)
         sub = path.parent.relative_to(ctx.folders.output_dir).as_posix()
         return NodeOutput(ui={"checkpoints": [{"filename": path.name, "subfolder": sub, "type": "output"}]})
 
 
-def _next_path(output_dir: Path, prefix: str) -> Path:
+def next_checkpoint_path(output_dir: Path, prefix: str) -> Path:
     """``<output>/<subfolder>/<name>_<counter:05>_.safetensors`` (ComfyUI's naming)."""
     if not prefix or Path(prefix).is_absolute() or ".." in Path(prefix).parts:
         raise ValueError(

@@ -12,9 +12,9 @@ from typing import Any
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import CLIP, COMBO, MODEL, DynamicOptions, Input, NodeSchema, Output
+from nodes.core.model_files import file_fingerprint, pickle_allowed, require_model_files
 from nodes.core.weights import read_index
 from nodes.families.catalog import DUAL_CLIP_TYPES, SINGLE_CLIP_TYPES
-from nodes.load.checkpoint_loaders import _allow_pickle, _file_fingerprint, _model_files
 from nodes.load.handles import DenoiserHandle, TextEncodersHandle, open_diffusion_model, open_text_encoders
 from nodes.quant.gguf import is_gguf, require_gguf_role
 from nodes.quant.storage import weight_dtype_patch, with_storage
@@ -101,16 +101,16 @@ class UNETLoader(Node):
     def run(
         self, ctx: NodeContext, *, unet_name: str, weight_dtype: str = "default"
     ) -> tuple[DenoiserHandle]:
-        path = _model_files(ctx).resolve("diffusion_models", unet_name)
+        path = require_model_files(ctx).resolve("diffusion_models", unet_name)
         return (
             load_diffusion_model(
-                path, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx), weight_dtype=weight_dtype
+                path, self.SCHEMA.node_id, allow_pickle=pickle_allowed(ctx), weight_dtype=weight_dtype
             ),
         )
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "diffusion_models", inputs.get("unet_name"))
+        return file_fingerprint(folders, "diffusion_models", inputs.get("unet_name"))
 
 
 class CLIPLoader(Node):
@@ -137,12 +137,12 @@ class CLIPLoader(Node):
     def run(
         self, ctx: NodeContext, *, clip_name: str, type: str, device: str = "default"
     ) -> tuple[TextEncodersHandle]:
-        path = _model_files(ctx).resolve("text_encoders", clip_name)
-        return (load_text_encoders([path], type, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx)),)
+        path = require_model_files(ctx).resolve("text_encoders", clip_name)
+        return (load_text_encoders([path], type, self.SCHEMA.node_id, allow_pickle=pickle_allowed(ctx)),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "text_encoders", inputs.get("clip_name"))
+        return file_fingerprint(folders, "text_encoders", inputs.get("clip_name"))
 
 
 class DualCLIPLoader(Node):
@@ -170,14 +170,14 @@ class DualCLIPLoader(Node):
     def run(
         self, ctx: NodeContext, *, clip_name1: str, clip_name2: str, type: str, device: str = "default"
     ) -> tuple[TextEncodersHandle]:
-        files = _model_files(ctx)
+        files = require_model_files(ctx)
         paths = [files.resolve("text_encoders", clip_name1), files.resolve("text_encoders", clip_name2)]
-        return (load_text_encoders(paths, type, self.SCHEMA.node_id, allow_pickle=_allow_pickle(ctx)),)
+        return (load_text_encoders(paths, type, self.SCHEMA.node_id, allow_pickle=pickle_allowed(ctx)),)
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
         return [
-            _file_fingerprint(folders, "text_encoders", inputs.get(k)) for k in ("clip_name1", "clip_name2")
+            file_fingerprint(folders, "text_encoders", inputs.get(k)) for k in ("clip_name1", "clip_name2")
         ]
 
 

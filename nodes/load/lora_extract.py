@@ -27,7 +27,7 @@ from engine.context import NodeContext
 from engine.node import Node, NodeOutput
 from engine.schema import BOOLEAN, CLIP, COMBO, INT, MODEL, STRING, Input, NodeSchema
 from nodes.families.build import original_state_dict
-from nodes.load.model_save import _write
+from nodes.load.model_save import write_model_file
 
 log = logging.getLogger("loom.lora_extract")
 
@@ -178,7 +178,7 @@ class LoraSave(Node):
             tensors |= model_lora(ctx, model_diff, rank, lora_type, bias_diff)
         if text_encoder_diff is not None:
             tensors |= clip_lora(ctx, text_encoder_diff, rank, lora_type, bias_diff)
-        saved = _write(ctx, tensors, filename_prefix, {})
+        saved = write_model_file(ctx, tensors, filename_prefix, {})
         log.info("LoraSave: %d tensors (rank %d, %s) to %s", len(tensors), rank, lora_type, saved["filename"])
         return NodeOutput(ui={"models": [saved]})
 

@@ -31,9 +31,10 @@ from engine.schema import (
     NodeSchema,
     Output,
 )
+from nodes.core.model_files import file_fingerprint, pickle_allowed, require_model_files
 from nodes.core.tensors import ModelLoadError
 from nodes.families.build import original_state_dict
-from nodes.load.checkpoint_loaders import _allow_pickle, _file_fingerprint, _model_files, _next_path
+from nodes.load.checkpoint_loaders import next_checkpoint_path
 from nodes.load.handles import open_checkpoint
 
 UNET_SAVE_PREFIX = "model.diffusion_model."
@@ -47,10 +48,12 @@ def _metadata(prompt: Any, extra_pnginfo: Any) -> dict[str, str]:
     return meta
 
 
-def _write(ctx: NodeContext, tensors: dict[str, Any], prefix: str, meta: dict[str, str]) -> dict[str, str]:
+def write_model_file(
+    ctx: NodeContext, tensors: dict[str, Any], prefix: str, meta: dict[str, str]
+) -> dict[str, str]:
     from safetensors.torch import save_file
 
-    path = _next_path(ctx.folders.output_dir, prefix)
+    path = next_checkpoint_path(ctx.folders.output_dir, prefix)
     save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
     return {
         "filename": path.name,
@@ -128,7 +131,9 @@ class ModelSave(Node):
         prompt: Any = None,
         extra_pnginfo: Any = None,
     ) -> NodeOutput:
-        saved = _write(ctx, model_tensors(ctx, model), filename_prefix, _metadata(prompt, extra_pnginfo))
+        saved = write_model_file(
+            ctx, model_tensors(ctx, model), filename_prefix, _metadata(prompt, extra_pnginfo)
+        )
         return NodeOutput(ui={"models": [saved]})
 
 
@@ -155,7 +160,7 @@ class CLIPSave(Node):
     ) -> NodeOutput:
         meta = _metadata(prompt, extra_pnginfo)
         saved = [
-            _write(ctx, tensors, f"{filename_prefix}_{name}", meta)
+            write_model_file(ctx, tensors, f"{filename_prefix}_{name}", meta)
             for name, tensors in clip_tensors(ctx, clip).items()
         ]
         return NodeOutput(ui={"models": saved})
@@ -182,7 +187,9 @@ class VAESave(Node):
         prompt: Any = None,
         extra_pnginfo: Any = None,
     ) -> NodeOutput:
-        saved = _write(ctx, vae_tensors(ctx, vae), filename_prefix, _metadata(prompt, extra_pnginfo))
+        saved = write_model_file(
+            ctx, vae_tensors(ctx, vae), filename_prefix, _metadata(prompt, extra_pnginfo)
+        )
         return NodeOutput(ui={"models": [saved]})
 
 
@@ -231,9 +238,9 @@ class CheckpointLoader(Node):
     def run(self, ctx: NodeContext, *, config_name: str, ckpt_name: str) -> tuple[Any, Any, Any]:
         from dataclasses import replace
 
-        config = read_config(_model_files(ctx).resolve("configs", config_name))
+        config = read_config(require_model_files(ctx).resolve("configs", config_name))
         ck = open_checkpoint(
-            _model_files(ctx).resolve("checkpoints", ckpt_name), allow_pickle=_allow_pickle(ctx)
+            require_model_files(ctx).resolve("checkpoints", ckpt_name), allow_pickle=pickle_allowed(ctx)
         )
         model, clip = ck.unet, ck.clip
         if config["parameterization"] == "v":
@@ -245,8 +252,8 @@ class CheckpointLoader(Node):
     @classmethod
     def fingerprint(cls, folders: Any, **inputs: Any) -> Any:
         return (
-            _file_fingerprint(folders, "configs", inputs.get("config_name")),
-            _file_fingerprint(folders, "checkpoints", inputs.get("ckpt_name")),
+            file_fingerprint(folders, "configs", inputs.get("config_name")),
+            file_fingerprint(folders, "checkpoints", inputs.get("ckpt_name")),
         )
 
 

@@ -34,10 +34,10 @@ import torch.nn.functional as F
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, MODEL, DynamicOptions, Input, NodeSchema, Output
+from nodes.core.model_files import file_fingerprint, require_model_files
 from nodes.core.sampling_hooks import BlockPatch, SamplingHooks
 from nodes.core.tensors import ModelLoadError
 from nodes.core.weights import PICKLE_SUFFIXES, fingerprint, pickle_refusal
-from nodes.load.checkpoint_loaders import _file_fingerprint, _model_files
 from nodes.patches.unet_hooks import require_points
 
 ACTIVATIONS: dict[str, Any] = {
@@ -249,7 +249,7 @@ class HypernetworkLoader(Node):
 
     def run(self, ctx: NodeContext, *, model: Any, hypernetwork_name: str, strength: float) -> tuple[Any]:
         require_points(model, "HypernetworkLoader", ("attn1_patch", "attn2_patch"))
-        path = _model_files(ctx).resolve("hypernetworks", hypernetwork_name)
+        path = require_model_files(ctx).resolve("hypernetworks", hypernetwork_name)
         net = load_hypernetwork(path, allow_pickle=ctx.settings.allow_pickle)
         if strength == 0:
             return (model,)
@@ -257,7 +257,7 @@ class HypernetworkLoader(Node):
 
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
-        return _file_fingerprint(folders, "hypernetworks", inputs.get("hypernetwork_name"))
+        return file_fingerprint(folders, "hypernetworks", inputs.get("hypernetwork_name"))
 
 
 NODES: list[type[Node]] = [HypernetworkLoader]
