@@ -20,12 +20,10 @@ Each rule has a self-test that plants a violation in a small tree under ``tmp_pa
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 500
@@ -282,22 +280,9 @@ def report(what: str, offenders: list[str], fix: str) -> str:
 
 
 # --- the rules on the tree ----------------------------------------------------------------------
-def known_debts() -> dict[str, Any]:
-    """The layering debts not yet paid (``tests/layering_debts.json``): a list that may only shrink."""
-    debts: dict[str, Any] = json.loads((Path(__file__).parent / "layering_debts.json").read_text())
-    return debts
-
-
 def test_no_import_cycle() -> None:
     graph = module_graph(ROOT)
-    known = [sorted(c) for c in known_debts()["cycles"]]
-    gone = [c for c in known if sorted(c) not in [sorted(f) for f in cycles(graph)]]
-    assert not gone, f"these known cycles are gone: delete them from tests/layering_debts.json: {gone}"
-    found = [
-        f"{len(c)} modules: " + "; ".join(cycle_edges(graph, c))
-        for c in cycles(graph)
-        if sorted(c) not in known
-    ]
+    found = [f"{len(c)} modules: " + "; ".join(cycle_edges(graph, c)) for c in cycles(graph)]
     assert not found, report(
         "import cycles",
         found,
@@ -339,14 +324,7 @@ def test_the_model_layer_imports_only_the_floors_below_it() -> None:
 
 
 def test_no_private_name_is_imported_across_modules() -> None:
-    found = private_imports(import_edges(ROOT))
-    known = set(known_debts()["private_imports"])
-    current = {f.split(": ", 1)[1] for f in found}
-    gone = sorted(known - current)
-    assert not gone, (
-        f"these known private imports are gone: delete them from tests/layering_debts.json: {gone}"
-    )
-    offenders = [f for f in found if f.split(": ", 1)[1] not in known]
+    offenders = private_imports(import_edges(ROOT))
     assert not offenders, report(
         "private names imported from another module",
         offenders,

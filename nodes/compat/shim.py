@@ -157,7 +157,7 @@ class ComfyShim:
 
     def module_table(self) -> dict[str, types.ModuleType]:
         from nodes.compat import comfy_api, comfy_execution
-        from nodes.compat.comfy_api import latest
+        from nodes.compat import comfy_api_latest as latest
         from nodes.compat.comfy_execution import graph_utils
 
         table: dict[str, types.ModuleType] = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodes.compat.comfy_api.latest import io, ui
+from nodes.compat.comfy_api_latest import io, ui
 
 IO = io
 UI = ui
