@@ -2,8 +2,7 @@
 inside a function or under ``TYPE_CHECKING`` counts like one at the top, and so does
 ``importlib.import_module("literal.name")``).
 
-Rules (they replace ``tests/engine/test_layering.py``, whose rules are the first floor of rule 2
-and part of rule 5; rule 2's first floor also has a test of its own):
+Rules (rule 2's first floor, the engine importing no node module, also has a test of its own):
 
 1. No import cycle among the modules (a package's ``__init__`` counts as importing its parent
    package, which Python runs first).

@@ -40,7 +40,7 @@ from engine.schema import (
 if TYPE_CHECKING:
     from engine.context import Folders, NodeContext
 
-# The keyword under which the executor passes each hidden input (engine.executor._gather).
+# The keyword under which the executor passes each hidden input (engine.executor.Executor._gather).
 HIDDEN_KWARGS = {
     HIDDEN_PROMPT: "prompt",
     HIDDEN_UNIQUE_ID: "unique_id",

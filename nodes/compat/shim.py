@@ -279,7 +279,7 @@ def load_plugins_with_shim(
     config: PluginConfig | None = None,
     event_sink: EventSink | None = None,
 ) -> PluginReport:
-    """``engine.plugins.load_plugins`` with a ComfyUI shim bound to ``folders`` (what main.py uses).
+    """``engine.plugins.loader.load_plugins`` with a ComfyUI shim bound to ``folders`` (what main.py uses).
 
     The report's ``environment`` is the shim: the server mounts its routes and feeds its events.
     """

@@ -140,7 +140,7 @@ class WeightsHandle:
     def to_device_within(
         self, module: Any, device: str, dtype: str, budget: Any, activation_bytes: int = 0
     ) -> tuple[Any, Any]:
-        """``to_device`` within a device budget (``engine.streaming.DeviceBudget``) beside the
+        """``to_device`` within a device budget (``engine.memory.device_budget.DeviceBudget``) beside the
         run's estimated ``activation_bytes``: the blocks that do not fit stay in host memory as
         stored and stream in as they run (``nodes.core.module_streaming``). A module that is not a torch module
         moves whole."""
@@ -154,7 +154,7 @@ class WeightsHandle:
         return module, place_within(module, blocks, device, self.dtype or dtype, budget, activation_bytes)
 
     def activation_bytes(self, module: Any, run: Any, dtype: str) -> int:
-        """Device memory the activations of ``run`` (``engine.streaming.RunShape``) need beside the
+        """Device memory the activations of ``run`` (``engine.memory.device_budget.RunShape``) need beside the
         weights, computing in ``dtype``; 0 here (no estimate: the budget's minimum applies)."""
         return 0
 

@@ -1,8 +1,8 @@
-"""Block streaming for torch modules: the glue between ``engine.streaming`` and ``nn.Module``.
+"""Block streaming for torch modules: the glue between ``engine.memory.streaming`` and ``nn.Module``.
 
 ``place_within(module, blocks, device, dtype, budget, activation_bytes)`` is what a handle's
 ``to_device_within`` calls when the memory manager has a device budget: it plans the split beside
-the run's estimated activations (``engine.streaming``), moves and casts everything but the
+the run's estimated activations (``engine.memory.streaming``), moves and casts everything but the
 streamed blocks to the device like ``nn.Module.to`` would, leaves the streamed blocks in host
 memory *as stored* (an fp16 file stays fp16, fp8/int8/GGUF layers of
 ``nodes.quant`` keep their packed bytes; pinned on CUDA), and hooks each streamed block: before it
@@ -124,7 +124,7 @@ def same_alignment_copy(host: torch.Tensor) -> torch.Tensor:
 
 
 class TorchMover:
-    """``engine.streaming.BlockMover`` for torch blocks: host -> device copies (side stream and
+    """``engine.memory.streaming.BlockMover`` for torch blocks: host -> device copies (side stream and
     events on CUDA, plain copies elsewhere) and the cast to the compute dtype."""
 
     def __init__(self, blocks: Sequence[nn.Module], device: torch.device, dtype: torch.dtype) -> None:

@@ -1,7 +1,7 @@
 """Activation memory of one sampling run: the estimate block streaming leaves room for.
 
 The memory manager keeps the device memory a run's activations need free of weights (see
-``engine/streaming.py``); the denoiser kinds turn a run (``engine.streaming.RunShape``: latent
+``engine/memory/streaming.py``); the denoiser kinds turn a run (``engine.memory.device_budget.RunShape``: latent
 shape, batched conditioning branches, text tokens) into bytes with the two estimates here, from
 their own width, heads and token count. In the spirit of ComfyUI's ``memory_required`` (a model's
 latent area times a per-model factor), but the factor is derived, not measured:

@@ -29,7 +29,7 @@ CATEGORY = "_for_testing/attention_experiments"
 
 @dataclass(frozen=True)
 class ScaleWeights:
-    """A :class:`nodes.load.handles.Patch` multiplying parameters whose name ends with a suffix."""
+    """A :class:`nodes.core.handles.Patch` multiplying parameters whose name ends with a suffix."""
 
     name: str
     rules: tuple[tuple[str, str, float], ...]  # (suffix, required substring or "", factor); first match wins

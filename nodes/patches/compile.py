@@ -21,7 +21,7 @@ BACKENDS = ("inductor", "cudagraphs")
 
 @dataclass(frozen=True)
 class CompilePatch:
-    """A :class:`nodes.load.handles.Patch`: ``nn.Module.compile(backend=...)`` on the built module."""
+    """A :class:`nodes.core.handles.Patch`: ``nn.Module.compile(backend=...)`` on the built module."""
 
     backend: str
 

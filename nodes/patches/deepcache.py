@@ -129,7 +129,7 @@ def deep_blocks(module: Any, depth: int) -> list[tuple[str, Any]]:
 
 @dataclass(frozen=True)
 class DeepCachePatch:
-    """A hook-only :class:`nodes.load.handles.Patch`: the step cache lives in its sampling hooks."""
+    """A hook-only :class:`nodes.core.handles.Patch`: the step cache lives in its sampling hooks."""
 
     settings: DeepCacheSettings
     changes_module: ClassVar[bool] = False

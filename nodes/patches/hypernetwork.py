@@ -201,7 +201,7 @@ def load_hypernetwork(path: Path, *, allow_pickle: bool = False) -> Hypernetwork
 
 @dataclass(frozen=True)
 class HypernetworkPatch:
-    """A hook-only :class:`nodes.load.handles.Patch`: the hypernetwork at ``attn1_patch`` and ``attn2_patch``."""
+    """A hook-only :class:`nodes.core.handles.Patch`: the hypernetwork at ``attn1_patch`` and ``attn2_patch``."""
 
     file: str
     strength: float

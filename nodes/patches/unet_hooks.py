@@ -18,7 +18,7 @@ from nodes.core.sampling_hooks import SamplingHooks
 
 @dataclass(frozen=True)
 class UNetHookPatch:
-    """A :class:`nodes.load.handles.Patch` whose hooks are ``make(module, *params)`` for each run."""
+    """A :class:`nodes.core.handles.Patch` whose hooks are ``make(module, *params)`` for each run."""
 
     name: str
     params: tuple[Any, ...]

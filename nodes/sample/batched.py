@@ -2,7 +2,7 @@
 prompts, stacked into one sampling batch.
 
 The ``batching.variant`` of KSampler and KSamplerAdvanced. Request coalescing
-(``engine/coalesce.py``) runs queued jobs that differ only in seeds and prompt text as one merged
+(``engine/jobs/coalesce.py``) runs queued jobs that differ only in seeds and prompt text as one merged
 workflow in which this node receives one seed and one prompt pair per job. The calls go to the
 same ``nodes.sample.ksampler.run_calls`` as the single nodes: jobs that agree on everything but seed and
 prompts become one stacked batch (rows ``[j*B, (j+1)*B)`` are job ``j``, each with its own

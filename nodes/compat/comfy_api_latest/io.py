@@ -4,7 +4,7 @@ Only what Loom can honour is here: widget inputs (Int, Float, String, Boolean, C
 options, socket types (Image, Latent, Model, ... or ``Custom("MY_TYPE")``), outputs, hidden
 inputs, :class:`Schema`, :class:`ComfyNode` and :class:`NodeOutput`. Each input exports the same
 ``(type, options)`` pair ComfyUI's ``get_v1_info`` builds, so Loom's adapter
-(``engine.plugins_compat.ComfyV3NodeDef``) reads these objects exactly as it would ComfyUI's own.
+(``engine.plugins.comfy_v3.ComfyV3NodeDef``) reads these objects exactly as it would ComfyUI's own.
 Reference: Comfy-Org/ComfyUI ``comfy_api/latest/_io.py`` (public names and keyword arguments).
 The module holds no state.
 """

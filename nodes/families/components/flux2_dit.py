@@ -215,7 +215,7 @@ class Flux2Transformer:
         return out | {"guidance": to(torch.tensor([float(v or 0.0) for v in values for _ in range(batch)]))}
 
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
-        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        """Activation memory of ``run`` (``engine.memory.device_budget.RunShape``) in bytes: the widest moment of
         a single-stream block over the latent's tokens (one per cell: the 128 channels are already
         2×2 patches) and the text tokens. Per token, in widths, with the SwiGLU MLP ``r`` wide
         (``mlp_ratio``): the residual and its norm (2), the fused q/k/v and gate/up projection

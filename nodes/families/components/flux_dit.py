@@ -176,7 +176,7 @@ class FluxTransformer:
         return {"ref_latents": refs, "ref_latents_method": str(method)}
 
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
-        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        """Activation memory of ``run`` (``engine.memory.device_budget.RunShape``) in bytes: the widest moment of
         a single-stream block over the 2×2-packed image tokens and the text tokens. Per token, in
         widths: the residual and its norm (2), the fused q/k/v and MLP projection (3 + 4), the
         activated MLP (4), the attention output (1) and their concatenation (5): 19."""

@@ -185,7 +185,7 @@ class QwenImageTransformer(IdentityKeys):
         return {"texts": texts, "refs": refs, "methods": methods}
 
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
-        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        """Activation memory of ``run`` (``engine.memory.device_budget.RunShape``) in bytes: the widest moment of
         a dual-stream block over the 2×2-packed image tokens and the text tokens. Per token, in
         widths: the residual and its norm (2), the MLP's hidden states before and after GELU
         (4 + 4): 10 (attention with rotated q/k needs 8)."""

@@ -210,7 +210,7 @@ class SD3Transformer:
         return kwargs
 
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
-        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        """Activation memory of ``run`` (``engine.memory.device_budget.RunShape``) in bytes: the widest moment of
         a joint block over the patched image tokens and the text tokens. Per token, in widths: the
         residual and its norm (2), the MLP's hidden states before and after GELU (4 + 4): 10."""
 

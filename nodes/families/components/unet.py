@@ -166,7 +166,7 @@ class UNetDenoiser:
         return [a if a is not None else torch.zeros(1, width) for a in adms]
 
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
-        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes, ``element`` bytes per
+        """Activation memory of ``run`` (``engine.memory.device_budget.RunShape``) in bytes, ``element`` bytes per
         value: the skip connections and the widest level (``nodes.families.activation``)."""
         config = module.config
         channels = [int(c) for c in config.block_out_channels]

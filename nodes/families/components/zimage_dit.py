@@ -170,7 +170,7 @@ class ZImageTransformer:
         return {"cap_feats": feats}
 
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
-        """Activation memory of ``run`` (``engine.streaming.RunShape``) in bytes: the widest moment of
+        """Activation memory of ``run`` (``engine.memory.device_budget.RunShape``) in bytes: the widest moment of
         a single-stream block over the 2×2 image patches and the caption tokens. Per token, in widths:
         the residual and its norm (2), the SwiGLU MLP's two projections and their product, each 8/3
         wide (8): 10."""
