@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
 
         changed = median_ms(lambda: models.list("loras"), args.repeats, before=add_one)
         grown = len(models.list("loras")) - count
-        resolve = median_ms(lambda: models.resolve("loras", "set099/lora_099.safetensors"), args.repeats)
+        last = f"set{args.folders - 1:03}/lora_{args.per_folder - 1:03}.safetensors"  # set099/lora_099 by default
+        resolve = median_ms(lambda: models.resolve("loras", last), args.repeats)
         print(f"model folders: {count} files in {args.folders} folders (half symlinked, one link cycle)")
         print(f"  cold listing (refresh, then list)  {cold:8.2f} ms")
         print(
