@@ -180,7 +180,7 @@ def return_large_frees_to_os(threshold: int = LARGE_ALLOCATION, libc: Any = None
     freeing it gives the memory back to the system at once. By default glibc raises that threshold
     (up to 32 MiB) each time a large block is freed, after which weight-sized tensors come from the
     heap, and a heap with one live block near its top keeps everything below it: on the A→B→A
-    checkpoint swap that held 1.8 GiB of freed fp16 copies in the process (bench_vs_comfyui.py).
+    checkpoint swap that held 1.8 GiB of freed fp16 copies in the process (nodes/bench/areas/vs_comfyui.py).
     False where the C library is not glibc (musl, macOS, Windows): nothing changes there."""
     if libc is None:
         import ctypes

@@ -1,6 +1,7 @@
 """Loom's benchmark suite (issue 9): ``python main.py bench [--quick] [--json]``.
 
-``run_bench(quick, as_json)`` is the entry point; ``nodes/bench/README.md`` has the table.
+``run_bench(quick, as_json)`` is the entry point; ``nodes/bench/README.md`` has the table. The per-area
+scripts are ``nodes/bench/areas/`` (``python main.py bench AREA``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``serve`` imports the model code (diffusers, transformers) on a background thread at start, so
 the first job does not pay for it: on a busy 2-core CPU that import took 25 s of a 87 s cold first
-image (tests/benchmarks/bench_vs_comfyui.py)."""
+image (nodes/bench/areas/vs_comfyui.py)."""
 
 from __future__ import annotations
 

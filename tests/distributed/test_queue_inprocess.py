@@ -30,13 +30,13 @@ from engine.jobs.queue import JobQueue
 from engine.jobs.records import JobFinished, Notice
 from engine.jobs.spec import JobSpec
 from engine.jobs.store import JobStore
-from tests.distributed.stub_runtime import make_registry, workflow
+from nodes.bench.stubs.worker_runtime import make_registry, workflow
 
 
 def make_worker(tmp: Path, name: str, load_s: float = 0.05) -> LoomWorker:
     return LoomWorker(
         WorkerConfig(
-            "tests.distributed.stub_runtime:build",
+            "nodes.bench.stubs.worker_runtime:build",
             {"root": str(tmp / name), "load_s": load_s},
             name=f"loom-worker-{name}",
             scratch_dir=str(tmp / "scratch"),

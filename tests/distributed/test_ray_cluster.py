@@ -27,12 +27,12 @@ from engine.executor import RunRequest  # noqa: E402
 from engine.jobs.records import JobRecord, Notice  # noqa: E402
 from engine.jobs.spec import JobSpec  # noqa: E402
 from engine.jobs.store import JobStore  # noqa: E402
-from tests.distributed import stub_runtime  # noqa: E402
-from tests.distributed.stub_runtime import make_registry, workflow  # noqa: E402
+from nodes.bench.stubs import worker_runtime  # noqa: E402
+from nodes.bench.stubs.worker_runtime import make_registry, workflow  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-FACTORY = "tests.distributed.stub_runtime:build"
+FACTORY = "nodes.bench.stubs.worker_runtime:build"
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_fifty_jobs_on_three_workers_match_single_process_outputs(setup: Any, tm
         workflow("ABC"[i % 3] + ".safetensors", 1000 + i, steps=2, step_s=0.002, prefix=f"job{i}")
         for i in range(50)
     ]
-    local = stub_runtime.build(_ns(root=str(tmp_path / "single"), load_s=0.01))
+    local = worker_runtime.build(_ns(root=str(tmp_path / "single"), load_s=0.01))
     expected = []
     for prompt in prompts:
         result = local.executor.run(RunRequest(prompt=prompt))

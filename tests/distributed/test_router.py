@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.distributed.router import Router, Ticket, first_model_finder
-from tests.distributed.stub_runtime import make_registry, workflow
+from nodes.bench.stubs.worker_runtime import make_registry, workflow
 
 
 class Clock:

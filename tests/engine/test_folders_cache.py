@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from engine.folders import ModelFolders
-from tests.benchmarks.bench_folders import build_library
+from nodes.bench.areas.model_folders import build_library
 
 FOLDERS, PER_FOLDER = 100, 100  # 10,000 files
 

@@ -13,33 +13,12 @@ import pytest
 from aiohttp import ClientWebSocketResponse, WSMsgType, web
 from aiohttp.test_utils import TestClient
 
-from engine.cache import OutputCache
-from engine.context import Folders
-from engine.executor import Executor
-from engine.jobs.queue import LocalJobQueue
-from engine.jobs.store import JobStore
-from engine.registry import NodeRegistry
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
-from tests.server.stub_nodes import register_stubs, workflow
+from nodes.bench.stubs.server_nodes import make_parts, workflow
 
 AppFactory = Callable[..., web.Application]
-
-
-def make_parts(root: Path, *, db: Path | None = None, history_size: int = 10_000) -> ServerParts:
-    registry = NodeRegistry()
-    register_stubs(registry)
-    folders = Folders(root / "input", root / "output", root / "temp")
-    folders.ensure()
-    executor = Executor(registry, OutputCache(), folders)
-    store = JobStore(db or root / "user" / "loom.sqlite", history_size=history_size)
-    web_dir = root / "web"
-    web_dir.mkdir(exist_ok=True)
-    (web_dir / "index.html").write_text("<!doctype html><title>Loom</title>")
-    return ServerParts(
-        registry, executor, LocalJobQueue(executor, store), folders, root / "user", web_dir=web_dir
-    )
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import asyncio
 
 from aiohttp.test_utils import TestClient
 
+from nodes.bench.stubs.server_nodes import workflow
 from tests.server.conftest import block_queue, receive_json, wait_done, wait_history
-from tests.server.stub_nodes import workflow
 
 
 async def _block_queue(client: TestClient) -> str:

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient
 from PIL import Image
 
 from engine.server.app import ServerParts
-from tests.server.stub_nodes import png_bytes
+from nodes.bench.stubs.server_nodes import png_bytes
 
 
 def form(data: bytes, name: str = "pic.png", **fields: str) -> aiohttp.FormData:

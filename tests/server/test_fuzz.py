@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
+from nodes.bench.stubs.server_nodes import png_bytes, workflow
 from tests.server.conftest import make_parts
-from tests.server.stub_nodes import png_bytes, workflow
 
 scalars = (
     st.none()

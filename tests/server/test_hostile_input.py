@@ -20,7 +20,7 @@ from engine.executor import RunResult
 from engine.jobs.records import JobRecord
 from engine.jobs.spec import JobSpec
 from engine.server.app import ServerParts
-from tests.server.stub_nodes import png_bytes, workflow
+from nodes.bench.stubs.server_nodes import png_bytes, workflow
 
 LONG = "n" * 300  # over the 255 bytes a file name may have
 

@@ -10,8 +10,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from engine.formats import to_saved
+from nodes.bench.stubs.server_nodes import workflow
 from tests.server.conftest import block_queue
-from tests.server.stub_nodes import workflow
 
 UI_WORKFLOW: dict[str, Any] = {
     "last_node_id": 3,

@@ -22,10 +22,10 @@ from engine.jobs.worker_thread import WORKER_DIED_MESSAGE
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
+from nodes.bench.stubs.server_nodes import workflow
 from nodes.compat.shim import load_plugins_with_shim
 from tests.server.conftest import blocker as blocker_workflow
 from tests.server.conftest import make_parts, wait_history
-from tests.server.stub_nodes import workflow
 
 HOSTILE = Path(__file__).resolve().parents[1] / "engine" / "plugins" / "hostile"
 FINAL = ("succeeded", "failed", "cancelled")

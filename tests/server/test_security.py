@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ApiError, ServerConfig
 from engine.server.security import InsecureBindError, check_bind, safe_path
-from tests.server.stub_nodes import png_bytes, workflow
+from nodes.bench.stubs.server_nodes import png_bytes, workflow
 
 
 def form(data: bytes, name: str = "x.png", **fields: str) -> aiohttp.FormData:

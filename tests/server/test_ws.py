@@ -18,8 +18,8 @@ from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient
 
 from engine.server.app import HUB, RELAY
+from nodes.bench.stubs.server_nodes import workflow
 from tests.server.conftest import receive_json, wait_done, wait_history
-from tests.server.stub_nodes import workflow
 
 
 async def test_status_on_connect_and_queue_change(client: TestClient) -> None:

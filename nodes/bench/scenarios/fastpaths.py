@@ -161,10 +161,12 @@ def previews(setup: BenchSetup) -> list[Row]:
 
 
 def _unet(rt: BenchRuntime, ckpt: str) -> Any:
+    """A copy of the UNet as the manager computes with it (its memory order and dtype): the module
+    itself goes back to its stored precision when the manager evicts it."""
     from nodes.load.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
-        return unet
+        return copy.deepcopy(unet)
 
 
 def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
@@ -173,7 +175,7 @@ def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
     from nodes.load.handles import open_checkpoint
 
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", setup.ckpt_a)).vae) as vae:
-        last = vae
+        last = copy.deepcopy(vae)  # as computed with (see _unet)
     plain = contiguous_copy(last)
     h = setup.sizes[-1] // 8
     z = torch.randn(1, 4, h, h, generator=torch.Generator().manual_seed(1))

@@ -1,6 +1,6 @@
 """Freed weight-sized tensors leave the process: glibc otherwise keeps them in its heap once it has
 raised its mmap threshold, which held 1.8 GiB of freed fp16 copies on the A→B→A checkpoint swap
-(tests/benchmarks/bench_vs_comfyui.py)."""
+(nodes/bench/areas/vs_comfyui.py)."""
 
 from __future__ import annotations
 

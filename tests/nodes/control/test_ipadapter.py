@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from nodes.bench.diffusers_ref import ComfyEulerScheduler
 from nodes.control.ipadapter import IPAdapter, IPAdapterAdvanced, IPAdapterFile, IPAdapterModelLoader
 from nodes.demo.vision import ip_adapter_state_dict, tiny_clip_vision
 from nodes.diffusion.noise import prepare_noise
@@ -23,7 +24,6 @@ from nodes.families.components.clip_text import load_tokenizer
 from nodes.latent.vae import EmptyLatentImage, VAEDecode
 from nodes.load.handles import open_checkpoint
 from nodes.sample.ksampler import KSampler
-from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
 SIZE, STEPS, SEED = 64, 3, 42
 PROMPT, NEGATIVE = "a photo of a cat", "blurry"

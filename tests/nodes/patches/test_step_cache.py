@@ -6,91 +6,18 @@ difference is printed. The benchmark at the end prints speed-up and difference, 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from nodes.bench.step_cache_runs import CACHES, STEPS, bench_lines, easy, first_block, sample
 from nodes.demo.flux import DEMO_CHROMA, DEMO_CLIP_L, DEMO_FLUX_DEV, DEMO_T5XXL
 from nodes.encode.conditioning import CLIPTextEncode
-from nodes.family_nodes.flux_nodes import EmptySD3LatentImage
 from nodes.load.handles import open_diffusion_model, open_text_encoders
-from nodes.patches.easycache import EasyCache, LazyCache
-from nodes.patches.first_block_cache import FirstBlockCache, FirstBlockCacheError
-from nodes.sample.ksampler import KSampler
-
-STEPS = 12
-Patcher = Callable[[Any, Any, float], Any]
-
-
-def easy(ctx: Any, model: Any, threshold: float) -> Any:
-    return EasyCache().run(
-        ctx, model=model, reuse_threshold=threshold, start_percent=0.15, end_percent=0.95, verbose=False
-    )[0]
-
-
-def lazy(ctx: Any, model: Any, threshold: float) -> Any:
-    return LazyCache().run(
-        ctx, model=model, reuse_threshold=threshold, start_percent=0.15, end_percent=0.95, verbose=True
-    )[0]
-
-
-def first_block(ctx: Any, model: Any, threshold: float) -> Any:
-    return FirstBlockCache().run(
-        ctx, model=model, residual_diff_threshold=threshold, start_percent=0.0, end_percent=1.0
-    )[0]
-
-
-CACHES: dict[str, Patcher] = {"EasyCache": easy, "LazyCache": lazy, "FirstBlockCache": first_block}
-
-
-class Counted:
-    """Transformer calls and calls of the last block's attention (not run when blocks are skipped)."""
-
-    def __init__(self, ctx: Any, model: Any) -> None:
-        self.calls = self.last_block = 0
-        with ctx.models.use(model) as module:
-            last = (module.single_transformer_blocks or module.transformer_blocks)[-1]
-            self.handles = [
-                module.register_forward_hook(lambda *a: self._add("calls")),
-                last.attn.register_forward_hook(lambda *a: self._add("last_block")),
-            ]
-
-    def _add(self, name: str) -> None:
-        setattr(self, name, getattr(self, name) + 1)
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
-def sample(
-    ctx: Any, model: Any, pos: Any, neg: Any, size: int = 128, steps: int = STEPS, cfg: float = 2.0
-) -> tuple[torch.Tensor, Counted, float]:
-    """KSampler (euler, simple) from an empty latent; the output, the counts and the seconds."""
-    latent = EmptySD3LatentImage().run(ctx, width=size, height=size, batch_size=1)[0]
-    counted = Counted(ctx, model)
-    start = time.perf_counter()
-    try:
-        out = KSampler().run(
-            ctx,
-            model=model,
-            seed=1,
-            steps=steps,
-            cfg=cfg,
-            sampler_name="euler",
-            scheduler="simple",
-            positive=pos,
-            negative=neg,
-            latent_image=latent,
-            denoise=1.0,
-        )[0]["samples"]
-    finally:
-        counted.remove()
-    return out, counted, time.perf_counter() - start
+from nodes.patches.easycache import EasyCache
+from nodes.patches.first_block_cache import FirstBlockCacheError
 
 
 @pytest.fixture
@@ -203,7 +130,7 @@ def test_first_block_cache_refuses_a_unet(tiny_sd15_ckpt: Path, make_ctx: Any) -
 
 def test_benchmark_prints_speedup_and_difference(flux: Any) -> None:
     """On the demo model (tiny: per-call overhead weighs more than in a real model; for a wider
-    model run tests/benchmarks/bench_step_cache.py). Printed, never asserted on time."""
+    model run ``python main.py bench step_cache``). Printed, never asserted on time."""
     ctx, model, pos, neg = flux
     print()
     print(
@@ -211,29 +138,6 @@ def test_benchmark_prints_speedup_and_difference(flux: Any) -> None:
             ctx, model, pos, neg, size=128, steps=STEPS, header="demo Flux dev (1+2 blocks, width 32)"
         )
     )
-
-
-def bench_lines(ctx: Any, model: Any, pos: Any, neg: Any, size: int, steps: int, header: str) -> str:
-    """Seconds, speed-up, model work done and latent difference of each cache against none."""
-    sample(ctx, model, pos, neg, size=size, steps=2)  # load and warm up
-    plain, _, plain_s = sample(ctx, model, pos, neg, size=size, steps=steps)
-    lines = [f"step caches, {header}, {size} px, {steps} steps, cfg 2: no cache {plain_s:.2f} s"]
-    for name, threshold in (
-        ("EasyCache", 0.2),
-        ("LazyCache", 0.2),
-        ("FirstBlockCache", 0.1),
-        ("FirstBlockCache", 0.5),
-    ):
-        patched = CACHES[name](ctx, model, threshold)
-        sample(ctx, patched, pos, neg, size=size, steps=2)  # a patched model is its own resident copy
-        out, counted, seconds = sample(ctx, patched, pos, neg, size=size, steps=steps)
-        diff = (out - plain).abs()
-        lines.append(
-            f"  {name:16s} {threshold:<4}: {seconds:.2f} s ({plain_s / seconds:.2f}x), transformer calls "
-            f"{counted.calls}, full block stacks {counted.last_block}/{steps}; latent diff max "
-            f"{diff.max().item():.3f}, mean {diff.mean().item():.4f} (latent std {plain.std().item():.3f})"
-        )
-    return "\n".join(lines)
 
 
 @pytest.mark.parametrize("node", ["EasyCache", "FirstBlockCache"])  # LazyCache has EasyCache's inputs

@@ -1,5 +1,5 @@
 """Loom's euler against diffusers' own pipelines on the same tiny weights and the same sigma schedule
-(``diffusers_ref.ComfyEulerScheduler``): an independent reference besides ComfyUI's outputs."""
+(``nodes.bench.diffusers_ref.ComfyEulerScheduler``): an independent reference besides ComfyUI's outputs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from nodes.bench.diffusers_ref import ComfyEulerScheduler
 from nodes.diffusion.noise import prepare_noise
 from nodes.diffusion.schedulers import ksampler_sigmas
 from nodes.encode.conditioning import CLIPTextEncode
@@ -15,7 +16,6 @@ from nodes.families.components.clip_text import load_tokenizer
 from nodes.latent.vae import EmptyLatentImage
 from nodes.load.handles import open_checkpoint
 from nodes.sample.ksampler import KSampler
-from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
 PROMPT, NEGATIVE, SIZE, STEPS, SEED = "a photo of a cat", "blurry", 64, 3, 42
 

@@ -1,8 +1,8 @@
 """Ray scale-out: throughput of 24 mixed-model jobs on 1, 2 and 3 workers, and routing overhead.
 
-    python tests/benchmarks/bench_ray.py [--jobs 24] [--workers 1,2,3] [--repeats 3] [--json]
+    python main.py bench scale_out [--jobs 24] [--workers 1,2,3] [--repeats 3] [--json]
 
-Jobs use the stub runtime of tests/distributed (no torch): a checkpoint 'load' of ``--load-s``
+Jobs use the stub runtime of ``nodes/bench/stubs/worker_runtime.py`` (no torch): a checkpoint 'load' of ``--load-s``
 seconds through each worker's ModelManager and ``--steps`` steps of ``--burn-s`` seconds of busy
 CPU each, over three checkpoints in a shuffled order. The work is CPU-bound, so on a machine with
 fewer cores than workers the per-worker efficiency (speed-up / workers) shows the contention.
@@ -19,29 +19,27 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import ray
 
-import ray  # noqa: E402
+from engine.context import Folders
+from engine.distributed.pool import ActorResources, RayWorkerPool
+from engine.distributed.ray_queue import QueueSettings, RayJobQueue
+from engine.distributed.router import Assignment, Router, Ticket, WorkerSlot, first_model_finder
+from engine.distributed.worker import WorkerConfig
+from engine.executor import RunRequest
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
+from nodes.bench.stubs import worker_runtime
 
-from engine.context import Folders  # noqa: E402
-from engine.distributed.pool import ActorResources, RayWorkerPool  # noqa: E402
-from engine.distributed.ray_queue import QueueSettings, RayJobQueue  # noqa: E402
-from engine.distributed.router import Assignment, Router, Ticket, WorkerSlot, first_model_finder  # noqa: E402
-from engine.distributed.worker import WorkerConfig  # noqa: E402
-from engine.executor import RunRequest  # noqa: E402
-from engine.jobs.spec import JobSpec  # noqa: E402
-from engine.jobs.store import JobStore  # noqa: E402
-from tests.distributed import stub_runtime  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]  # the repository
 
-FACTORY = "tests.distributed.stub_runtime:build"
+FACTORY = "nodes.bench.stubs.worker_runtime:build"
 
 
 class NoAffinityRouter(Router):
@@ -63,7 +61,8 @@ def jobs(n: int, steps: int, burn_s: float) -> list[dict[str, Any]]:
     rng = random.Random(7)
     names = [rng.choice("ABC") + ".safetensors" for _ in range(n)]
     return [
-        stub_runtime.workflow(name, i, steps=steps, step_s=0.0, burn_s=burn_s) for i, name in enumerate(names)
+        worker_runtime.workflow(name, i, steps=steps, step_s=0.0, burn_s=burn_s)
+        for i, name in enumerate(names)
     ]
 
 
@@ -79,7 +78,7 @@ def run_cluster(
         JobStore(),
         pool,
         Folders(tmp / "in", tmp / f"out-{uuid.uuid4().hex[:6]}", tmp / "temp"),
-        model_of=first_model_finder(stub_runtime.make_registry()),
+        model_of=first_model_finder(worker_runtime.make_registry()),
         settings=QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=1.0),
         router=router,
     )
@@ -123,12 +122,12 @@ def router_overhead_us(jobs_n: int = 24, workers: int = 3, repeats: int = 2000) 
 
 def trivial_job_overhead_ms(tmp: Path, n: int = 20) -> dict[str, float]:
     """A 1-step, no-work job: per-job latency through the Ray queue vs the executor in-process."""
-    prompt = stub_runtime.workflow("A.safetensors", 0, steps=1, step_s=0.0)
-    local = stub_runtime.build(argparse.Namespace(root=str(tmp / "local"), load_s=0.0))
+    prompt = worker_runtime.workflow("A.safetensors", 0, steps=1, step_s=0.0)
+    local = worker_runtime.build(argparse.Namespace(root=str(tmp / "local"), load_s=0.0))
     local.executor.run(RunRequest(prompt=dict(prompt)))
     times = []
     for i in range(n):
-        p = stub_runtime.workflow("A.safetensors", i, steps=1, step_s=0.0)
+        p = worker_runtime.workflow("A.safetensors", i, steps=1, step_s=0.0)
         t = time.perf_counter()
         local.executor.run(RunRequest(prompt=p))
         times.append(time.perf_counter() - t)
@@ -143,7 +142,7 @@ def trivial_job_overhead_ms(tmp: Path, n: int = 20) -> dict[str, float]:
         JobStore(),
         pool,
         Folders(tmp / "in", tmp / "out-trivial", tmp / "temp"),
-        model_of=first_model_finder(stub_runtime.make_registry()),
+        model_of=first_model_finder(worker_runtime.make_registry()),
         settings=QueueSettings(discover_every_s=0.2),
     )
     queue.start()
@@ -152,7 +151,7 @@ def trivial_job_overhead_ms(tmp: Path, n: int = 20) -> dict[str, float]:
     queue.wait(queue.submit(JobSpec(dict(prompt))).prompt_id, 60)
     ray_times = []
     for i in range(n):
-        p = stub_runtime.workflow("A.safetensors", 100 + i, steps=1, step_s=0.0)
+        p = worker_runtime.workflow("A.safetensors", 100 + i, steps=1, step_s=0.0)
         t = time.perf_counter()
         queue.wait(queue.submit(JobSpec(p)).prompt_id, 60)
         ray_times.append(time.perf_counter() - t)
@@ -166,9 +165,11 @@ def trivial_job_overhead_ms(tmp: Path, n: int = 20) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="main.py bench scale_out",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--jobs", type=int, default=24)
     parser.add_argument("--steps", type=int, default=5)
@@ -177,7 +178,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,3", help="worker counts to measure (comma-separated)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per row (the fastest is shown)")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="loom-bench-ray-"))
     counts = [int(x) for x in args.workers.split(",")]
     ray.init(

@@ -1,7 +1,7 @@
 """Upscale seconds per output megapixel through ``ImageUpscaleWithModel`` (tiled as ComfyUI: 512 px
 tiles, 32 px overlap), the model already resident (first-load seconds shown apart).
 
-    python tests/benchmarks/bench_upscale.py [--full] [--size 256] [--repeats 2]
+    python main.py bench upscale [--full] [--size 256] [--repeats 2]
 
 Default: the demo ESRGAN (4×, 8 features, 1 block) on a ``--size``² image. ``--full``: the
 RealESRGAN_x4plus architecture (64 features, 23 RRDB blocks) with random weights, written to a
@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench upscale", description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="full-size RealESRGAN_x4plus architecture")
     parser.add_argument("--size", type=int, default=256, help="input image side in pixels")
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from safetensors.torch import save_file
 

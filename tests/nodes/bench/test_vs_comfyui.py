@@ -8,18 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.benchmarks import bench_vs_comfyui as bench
+from nodes.bench.areas import vs_comfyui as bench
 
-SCRIPT = Path(bench.__file__)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_without_a_comfyui_checkout_it_skips_with_a_clear_message(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--comfyui", str(tmp_path / "absent")],
+        [sys.executable, "-m", "nodes.bench.areas.vs_comfyui", "--comfyui", str(tmp_path / "absent")],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        cwd=ROOT,
     )
     assert done.returncode == 0
     assert f"SKIP: no ComfyUI checkout at {tmp_path / 'absent'}" in done.stdout

@@ -44,7 +44,7 @@ def test_bench_cli_prints_json_and_markdown(tmp_path: Path, capsys: pytest.Captu
 
     import main
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     args = ["bench", "--quick", "--only", "executor", "--repeats", "1"]
     out = subprocess.run(
         [sys.executable, str(root / "main.py"), *args, "--json"],

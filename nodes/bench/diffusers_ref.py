@@ -19,6 +19,10 @@ from diffusers import EulerDiscreteScheduler
 class ComfyEulerScheduler(EulerDiscreteScheduler):  # type: ignore[misc]
     """EulerDiscreteScheduler over fixed ``sigmas`` (ending at 0) of a ModelSampling ``ms``."""
 
+    fixed_sigmas: torch.Tensor
+    fixed_timesteps: torch.Tensor
+    start_scale: float
+
     @classmethod
     def over(cls, config: dict[str, Any], ms: Any, sigmas: torch.Tensor) -> ComfyEulerScheduler:
         sched = cls.from_config(config)
@@ -30,7 +34,7 @@ class ComfyEulerScheduler(EulerDiscreteScheduler):  # type: ignore[misc]
 
     def set_timesteps(self, num_inference_steps: int | None = None, device: Any = None, **_: Any) -> None:
         if not hasattr(self, "fixed_sigmas"):
-            super().set_timesteps(num_inference_steps, device=device)
+            super().set_timesteps(num_inference_steps, device=device)  # type: ignore[misc]
             return
         self.num_inference_steps = len(self.fixed_sigmas) - 1
         self.sigmas = self.fixed_sigmas.to(device or "cpu")

@@ -1,4 +1,4 @@
-"""The families and the two children of ``bench_dit_families.py`` (see its docstring): the specs
+"""The families and the two children of ``nodes/bench/areas/dit_families.py`` (see its docstring): the specs
 (real and tiny configs), the weight writer, and the Loom and diffusers runs, each of which prints
 its figures as one JSON line."""
 
@@ -151,15 +151,15 @@ def write_weights(name: str, full: bool, folder: Path, file_dtype: torch.dtype) 
     streamed tensor by tensor (``fullsize``): the real configs never sit in memory twice."""
     import diffusers
 
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from tests.benchmarks.fullsize import (
+    from nodes.bench.fullsize_weights import (
         mapped_state,
         meta_module,
         random_state,
         write_safetensors,
         write_state,
     )
+    from nodes.core.parts import Part
+    from nodes.families.build import original_state_dict
 
     spec = FAMILIES[name]
     module = meta_module(getattr(diffusers, spec.diffusers_class), spec.full if full else spec.tiny)

@@ -1,7 +1,7 @@
 """Server benchmark: round-trip of a fully cached workflow through HTTP + websocket, and the
 throughput of 100 queued cached workflows. Stub nodes, no torch; prints figures.
 
-    python tests/benchmarks/bench_server.py [--rounds 50] [--jobs 100]
+    python main.py bench server [--rounds 50] [--jobs 100]
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,12 +18,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from engine.server.app import create_app  # noqa: E402
-from engine.server.common import ServerConfig  # noqa: E402
-from tests.server.conftest import make_parts  # noqa: E402
-from tests.server.stub_nodes import workflow  # noqa: E402
+from engine.server.app import create_app
+from engine.server.common import ServerConfig
+from nodes.bench.stubs.server_nodes import make_parts, workflow
 
 
 async def wait_done(ws: aiohttp.ClientWebSocketResponse, pending: set[str]) -> None:
@@ -88,11 +84,11 @@ async def bench(rounds: int, jobs: int) -> None:
         await server.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench server", description=__doc__)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=100)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(bench(args.rounds, args.jobs))
 

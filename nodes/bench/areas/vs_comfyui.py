@@ -2,7 +2,7 @@
 prints figures, and it needs a ComfyUI checkout and a Python that can run it (neither is a project
 dependency; without them it says so and exits 0).
 
-    python tests/benchmarks/bench_vs_comfyui.py --comfyui /path/to/ComfyUI \\
+    python main.py bench vs_comfyui --comfyui /path/to/ComfyUI \\
         --comfy-python /path/to/venv/bin/python --ckpt-a A.safetensors --ckpt-b B.safetensors
 
 Workflow: txt2img (CheckpointLoaderSimple → two CLIPTextEncode → EmptyLatentImage → KSampler →
@@ -36,10 +36,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from nodes.bench.page_cache import drop_page_cache
 
-from tests.benchmarks.page_cache import drop_page_cache  # noqa: E402 (after the path)
+ROOT = Path(__file__).resolve().parents[3]  # the repository
+
 
 GIB = 2**30
 
@@ -277,9 +277,11 @@ def summary(results: list[RunResult]) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="main.py bench vs_comfyui",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--comfyui", type=Path, default=Path(os.environ.get("LOOM_COMFYUI_DIR", "/work/comfyui_run"))
@@ -303,7 +305,7 @@ def main() -> None:
     parser.add_argument("--job-limit-s", type=float, default=900.0)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep-logs", type=Path, help="copy each server's log into this folder")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     wanted = args.sides.split(",")
     if "comfyui" in wanted and not (args.comfyui / "main.py").is_file():

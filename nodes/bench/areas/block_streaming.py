@@ -2,7 +2,7 @@
 resident and under device budgets of 50% and 25% of its weights. Not a test: prints figures (no
 timed assertions).
 
-    python tests/benchmarks/bench_streaming.py [--size tiny|small|medium] [--steps 4] [--threads 2] [--device cpu|cuda]
+    python main.py bench block_streaming [--size tiny|small|medium] [--steps 4] [--threads 2] [--device cpu|cuda]
 
 Every row goes through Loom's real path: ``ModelManager.use`` with ``device_budget`` set, the
 denoiser handle's declared block stack, ``nodes.core.module_streaming``'s hooks. On the CPU the "device" is
@@ -21,22 +21,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from nodes.bench.areas.quant import SIZES, build, sample
 
-from tests.benchmarks.bench_quant import SIZES, build, sample  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]  # the repository
+
 
 FRACTIONS = (1.0, 0.5, 0.25)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="main.py bench block_streaming", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import torch
 
     from engine.memory.device_budget import BudgetError, DeviceBudget
@@ -67,7 +69,8 @@ def main() -> None:
                     continue
                 try:
                     with manager.use(handle) as module:
-                        latents[fraction], step_times = sample(module, args.size, args.steps)
+                        latents[fraction], timed = sample(module, args.size, args.steps)
+                        step_times = [wall for wall, _cpu in timed]  # sample gives (wall, CPU) seconds
                         state = manager.streaming_of(handle)
                         plans[fraction] = state.describe() if state is not None else {}
                 except BudgetError as exc:

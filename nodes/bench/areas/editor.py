@@ -14,7 +14,7 @@ instances and 100 links get a midpoint reroute) and measures, with requestAnimat
 Frame intervals depend on how busy the machine is (on a shared 2-core machine they stretch 2-3x);
 each line also prints the CPU time the browser's processes spent per frame ("cpu/frame", from
 /proc), which is the work the editor asks for and does not depend on other load.
-Run: python tests/benchmarks/bench_editor.py [--nodes 500] [--subgraphs 20] [--reroutes 100]
+Run: python main.py bench editor [--nodes 500] [--subgraphs 20] [--reroutes 100]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -208,9 +208,9 @@ def mask_stroke(page, data: Path) -> dict:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="main.py bench editor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument(
@@ -218,7 +218,7 @@ def main() -> int:
     )
     parser.add_argument("--reroutes", type=int, default=100, help="links given a midpoint reroute")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     with socket.socket() as s:

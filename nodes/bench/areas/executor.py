@@ -1,6 +1,6 @@
 """Executor overhead per node: chains of trivial nodes, cold and fully cached.
 
-    python tests/benchmarks/bench_executor.py [--json]
+    python main.py bench executor [--json]
 
 Targets (issue 2): < 1 ms/node uncached, < 0.2 ms/node cached, 2,000 nodes ≈ 2 × 1,000 nodes.
 """
@@ -10,20 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from engine.cache import OutputCache  # noqa: E402
-from engine.context import Folders  # noqa: E402
-from engine.executor import Executor, RunRequest  # noqa: E402
-from engine.node import Node, NodeOutput  # noqa: E402
-from engine.registry import NodeRegistry  # noqa: E402
-from engine.schema import INT, Input, NodeSchema, Output  # noqa: E402
+from engine.cache import OutputCache
+from engine.context import Folders
+from engine.executor import Executor, RunRequest
+from engine.node import Node, NodeOutput
+from engine.registry import NodeRegistry
+from engine.schema import INT, Input, NodeSchema, Output
 
 
 def _schema(node_id: str, inputs: tuple[Input, ...], outputs: tuple[Output, ...], **kw: Any) -> NodeSchema:
@@ -92,11 +89,11 @@ def measure(length: int, repeats: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench executor", description=__doc__)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = [measure(n, args.repeats) for n in (1000, 2000)]
     scaling = rows[1]["uncached_total_s"] / rows[0]["uncached_total_s"]
     if args.json:

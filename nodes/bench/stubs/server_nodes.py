@@ -1,18 +1,25 @@
-"""A test node pack without torch: numbers, a slow node with progress and previews, a PNG writer,
-a failing node. Enough to drive every route and event of the server."""
+"""A stub node pack without torch: numbers, a slow node with progress and previews, a PNG writer,
+a failing node. Enough to drive every route and event of the server (its tests and
+``python main.py bench server``); ``make_parts`` builds a server over it."""
 
 from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
 
 from PIL import Image
 
-from engine.context import NodeContext
+from engine.cache import OutputCache
+from engine.context import Folders, NodeContext
 from engine.events import Preview
+from engine.executor import Executor
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.store import JobStore
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import BOOLEAN, FLOAT, INT, STRING, Input, NodeSchema, Output
+from engine.server.app import ServerParts
 
 
 def png_bytes(value: int, size: int = 8) -> bytes:
@@ -131,3 +138,19 @@ def workflow(
         "2": middle,
         "3": {"class_type": "StubSave", "inputs": {"value": ["2", 0], "filename_prefix": prefix}},
     }
+
+
+def make_parts(root: Path, *, db: Path | None = None, history_size: int = 10_000) -> ServerParts:
+    """A server's parts over the stub nodes, everything under ``root`` (a stub ``web/index.html``)."""
+    registry = NodeRegistry()
+    register_stubs(registry)
+    folders = Folders(root / "input", root / "output", root / "temp")
+    folders.ensure()
+    executor = Executor(registry, OutputCache(), folders)
+    store = JobStore(db or root / "user" / "loom.sqlite", history_size=history_size)
+    web_dir = root / "web"
+    web_dir.mkdir(exist_ok=True)
+    (web_dir / "index.html").write_text("<!doctype html><title>Loom</title>")
+    return ServerParts(
+        registry, executor, LocalJobQueue(executor, store), folders, root / "user", web_dir=web_dir
+    )

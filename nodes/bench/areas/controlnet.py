@@ -2,7 +2,7 @@
 one T2I-Adapter, on a full-size SD1.5 UNet with random weights, through Loom's control path
 (``UNetDenoiser.forward`` with the bound controls), and the bytes each control model adds.
 
-    python tests/benchmarks/bench_controlnet.py [--size 512] [--repeats 2] [--device cpu|cuda] [--threads N]
+    python main.py bench controlnet [--size 512] [--repeats 2] [--device cpu|cuda] [--threads N]
 
 The cases run interleaved (each repeat times every case once), in wall and CPU seconds.
 
@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _modules(device: str) -> dict[str, Any]:
@@ -100,13 +97,13 @@ def _handles(tmp: Path) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench controlnet", description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads or max(1, torch.get_num_threads()))
     modules = _modules(args.device)
     h = _handles(Path("/nonexistent"))

@@ -1,7 +1,7 @@
 """Model-folder listing speed on a large library: 10,000 files in 100 folders, half of them symlinked
 from a store outside ``models/`` (plus a link cycle, which the walk must skip).
 
-    python tests/benchmarks/bench_folders.py [--folders 100] [--per-folder 100] [--repeats 5]
+    python main.py bench model_folders [--folders 100] [--per-folder 100] [--repeats 5]
 
 Prints, never asserts (absolute times on shared machines vary up to 3×): the cold listing (every
 folder walked), the warm listing (cached: one ``stat`` per folder, no folder read), the listing after
@@ -14,13 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PAST_NS = 1_700_000_000 * 10**9  # folders dated back: a just-modified folder is never trusted
 
@@ -56,12 +53,12 @@ def median_ms(
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench model_folders", description=__doc__.splitlines()[0])
     parser.add_argument("--folders", type=int, default=100)
     parser.add_argument("--per-folder", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from engine.folders import ModelFolders
 
@@ -86,7 +83,8 @@ def main() -> None:
 
         changed = median_ms(lambda: models.list("loras"), args.repeats, before=add_one)
         grown = len(models.list("loras")) - count
-        resolve = median_ms(lambda: models.resolve("loras", "set099/lora_099.safetensors"), args.repeats)
+        last = f"set{args.folders - 1:03}/lora_{args.per_folder - 1:03}.safetensors"  # set099/lora_099 by default
+        resolve = median_ms(lambda: models.resolve("loras", last), args.repeats)
         print(f"model folders: {count} files in {args.folders} folders (half symlinked, one link cycle)")
         print(f"  cold listing (refresh, then list)  {cold:8.2f} ms")
         print(

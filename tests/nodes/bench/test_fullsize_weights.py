@@ -9,7 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.benchmarks.fullsize import mapped_state, meta_module, random_state, write_safetensors, write_state
+from nodes.bench.fullsize_weights import (
+    mapped_state,
+    meta_module,
+    random_state,
+    write_safetensors,
+    write_state,
+)
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -43,7 +49,7 @@ def test_writer_refuses_tensors_that_do_not_match_the_header(tmp_path: Path) -> 
 def test_random_state_is_seeded_per_tensor_and_keeps_norm_scales_near_one() -> None:
     from diffusers import SD3Transformer2DModel
 
-    from tests.benchmarks.dit_family_runs import FAMILIES
+    from nodes.bench.dit_family_runs import FAMILIES
 
     module = meta_module(SD3Transformer2DModel, FAMILIES["sd35_medium"].tiny)
     first, second = dict(random_state(module, torch.float32)), dict(random_state(module, torch.float32))
@@ -56,8 +62,8 @@ def test_random_state_is_seeded_per_tensor_and_keeps_norm_scales_near_one() -> N
 def test_family_bench_files_hold_the_same_model(tmp_path: Path) -> None:
     """Loom's load of the original-layout file equals the diffusers folder's tensors (both from the
     one random state): the full-size run compares the two sides on the same weights."""
+    from nodes.bench.dit_family_runs import write_weights
     from nodes.load.handles import open_diffusion_model
-    from tests.benchmarks.dit_family_runs import write_weights
 
     torch.set_num_threads(1)
     single, diffusers_dir = write_weights("sd35_medium", False, tmp_path, torch.bfloat16)

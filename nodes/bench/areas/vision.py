@@ -1,6 +1,6 @@
 """Extra seconds per image for the safety check and per run for the IP-Adapter image encode.
 
-    python tests/benchmarks/bench_vision.py [--full] [--repeats 3]
+    python main.py bench vision [--full] [--repeats 3]
 
 Demo models: through the nodes (``SafetyChecker`` on one 512 px image; ``IPAdapterAdvanced``'s
 encode + projection on one reference image), the model already resident (first-load seconds shown
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
@@ -147,13 +144,13 @@ def bench_full(repeats: int) -> None:
     print(f"full  IP-Adapter encode (ViT-H) + proj:    {warm:7.3f} s/run    (first {first:.3f} s)")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="main.py bench vision", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--full", action="store_true", help="also full-size random weights (~3.5 GB RAM)")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     bench_demo(args.repeats)

@@ -1,7 +1,7 @@
 """Model loading figures for a full-size SD1.5-architecture checkpoint (random weights, generated
 here into bench_cache/, fp16 like most downloads). Not a test: prints figures.
 
-    python tests/benchmarks/bench_model_load.py [--compute-s 2.0]
+    python main.py bench model_load [--compute-s 2.0]
 
 Prints: the time to simply read the file (the disk limit), a cold load through the manager (page
 cache dropped for the file with posix_fadvise where the OS allows), a load from the RAM tier, a
@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-CACHE = ROOT / "bench_cache"
+from nodes.bench.page_cache import drop_page_cache
 
-from tests.benchmarks.page_cache import drop_page_cache  # noqa: E402 (after the path)
+ROOT = Path(__file__).resolve().parents[3]  # the repository
+CACHE = ROOT / "bench_cache"
 
 
 def read_file(path: Path) -> float:
@@ -65,10 +63,10 @@ def rss_bytes() -> int:
     return 0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench model_load", description=__doc__)
     parser.add_argument("--compute-s", type=float, default=2.0, help="simulated node compute time")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from engine.memory.manager import ModelManager
     from nodes.load.handles import open_checkpoint
 

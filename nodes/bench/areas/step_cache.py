@@ -1,10 +1,10 @@
 """Step caches for transformers (EasyCache, LazyCache, FirstBlockCache): seconds, speed-up, model
 work skipped and latent difference against no cache, on a random-weight Flux dev transformer.
 
-    python tests/benchmarks/bench_step_cache.py [--size 128] [--steps 12] [--double 4] [--single 8] [--width 256]
+    python main.py bench step_cache [--size 128] [--steps 12] [--double 4] [--single 8] [--width 256]
 
 The transformer is written to a temporary .safetensors file next to the demo text encoders; the
-other runs reuse tests/nodes/patches/test_step_cache.py's helpers. Random weights change their first-block
+runs are ``nodes/bench/step_cache_runs.py``'s (which the step-cache tests share). Random weights change their first-block
 residual more from step to step than trained ones, so FirstBlockCache needs a higher threshold here
 than on a real model. Printed, never asserted; absolute times on shared machines vary up to 3×.
 """
@@ -12,14 +12,11 @@ than on a real model. Printed, never asserted; absolute times on shared machines
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def write_flux(folder: Path, double: int, single: int, width: int) -> Path:
@@ -53,23 +50,23 @@ def write_flux(folder: Path, double: int, single: int, width: int) -> Path:
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench step_cache", description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=128, help="image side in pixels")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--double", type=int, default=4, help="double-stream blocks")
     parser.add_argument("--single", type=int, default=8, help="single-stream blocks")
     parser.add_argument("--width", type=int, default=256, help="transformer width (64-wide heads)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     from engine.context import Folders, NodeContext, RunSettings
     from engine.folders import ModelFolders
     from engine.memory.manager import ModelManager
+    from nodes.bench.step_cache_runs import bench_lines
     from nodes.demo.flux import DEMO_CLIP_L, DEMO_T5XXL, make_flux_demo
     from nodes.encode.conditioning import CLIPTextEncode
     from nodes.load.handles import open_diffusion_model, open_text_encoders
-    from tests.nodes.patches.test_step_cache import bench_lines
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

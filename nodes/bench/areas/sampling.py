@@ -6,7 +6,7 @@ them through ``tests/nodes/diffusers_ref.ComfyEulerScheduler``), same prompt emb
 fp32 on CPU; text encoding and VAE decoding are excluded on both sides (the pipeline is given
 ``prompt_embeds`` and returns latents). Run::
 
-    python tests/benchmarks/bench_sampling.py [--sizes 256 512] [--steps 3] [--repeats 1]
+    python main.py bench sampling [--sizes 256 512] [--steps 3] [--repeats 1]
 
 Prints one line per size: Loom s/step, diffusers s/step, the ratio (target <= 1.0) and Loom's own
 work per step outside the UNet call (target < 1 ms).
@@ -15,15 +15,13 @@ work per step outside the UNet call (target < 1 ms).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[3]  # the repository
 CACHE = ROOT / "bench_cache" / "sd15_unet_random"
 
 
@@ -81,24 +79,24 @@ class ResidentModels:
         return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench sampling", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 512])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
     from diffusers import StableDiffusionPipeline
 
     from engine.context import Folders, NodeContext
+    from nodes.bench.diffusers_ref import ComfyEulerScheduler
     from nodes.core.cond import CondEntry
     from nodes.diffusion.ksampler import sampler_object
     from nodes.diffusion.noise import prepare_noise
     from nodes.diffusion.schedulers import ksampler_sigmas
     from nodes.families.catalog import SD15
     from nodes.sample.ksampler import SamplingRequest, cfg_guider, sample
-    from tests.nodes.diffusers_ref import ComfyEulerScheduler
 
     torch.set_grad_enabled(False)
     t0 = time.perf_counter()
@@ -123,7 +121,7 @@ def main() -> None:
         sched = ComfyEulerScheduler.over(
             model.scheduler_config(), ms, ksampler_sigmas(ms, "normal", "euler", steps)
         )
-        pipe = StableDiffusionPipeline(
+        pipe: Any = StableDiffusionPipeline(
             vae=None,
             text_encoder=None,
             tokenizer=None,

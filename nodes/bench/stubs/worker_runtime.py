@@ -2,7 +2,8 @@
 worker's own ModelManager with a measurable load time, a sampler that uses it with progress and
 interrupt checks, and a saver that writes files with ComfyUI's counter naming. No torch.
 
-``build(args)`` is the ``runtime_factory`` the tests give the workers ("tests.distributed.stub_runtime:build").
+``build(args)`` is the ``runtime_factory`` the tests and ``python main.py bench scale_out`` give the
+workers ("nodes.bench.stubs.worker_runtime:build").
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from engine.cache import OutputCache
-from engine.context import Folders, NodeContext
+from engine.context import Folders, NodeContext, RunSettings
 from engine.events import EventBus
 from engine.executor import Executor
 from engine.memory.device_policy import DevicePolicy
@@ -24,9 +25,15 @@ from engine.memory.manager import ModelManager
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import COMBO, FLOAT, INT, STRING, DynamicOptions, Input, NodeSchema, Output
-from tests.engine.stub_nodes import StubSettings, scratch
 
 CHECKPOINTS = ["A.safetensors", "B.safetensors", "C.safetensors"]
+
+
+@dataclass(frozen=True)
+class WorkerSettings(RunSettings):
+    """Run settings with the seconds one fake checkpoint 'load' takes (``build``'s ``load_s``)."""
+
+    load_s: float = 0.3
 
 
 def _schema(node_id: str, inputs: tuple[Input, ...], outputs: tuple[Output, ...], **kw: Any) -> NodeSchema:
@@ -67,6 +74,11 @@ class FakeCheckpoint:
         return module
 
 
+def load_seconds(ctx: NodeContext) -> float:
+    settings = ctx.settings
+    return settings.load_s if isinstance(settings, WorkerSettings) else 0.3
+
+
 class FakeCheckpointLoader(Node):
     SCHEMA = _schema(
         "FakeCheckpointLoader",
@@ -75,7 +87,7 @@ class FakeCheckpointLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, ckpt_name: str) -> tuple[FakeCheckpoint]:
-        return (FakeCheckpoint(ckpt_name, float(scratch(ctx).get("load_s", 0.3))),)
+        return (FakeCheckpoint(ckpt_name, load_seconds(ctx)),)
 
 
 class FakeSampler(Node):
@@ -161,7 +173,7 @@ def build(args: argparse.Namespace) -> SimpleNamespace:
     folders.ensure()
     models = ModelManager(DevicePolicy.cpu(), ram_budget_bytes=0, prefetch=False)
     registry = make_registry()
-    settings = StubSettings(record={"load_s": float(getattr(args, "load_s", 0.3))})
+    settings = WorkerSettings(load_s=float(getattr(args, "load_s", 0.3)))
     executor = Executor(
         registry, OutputCache(64 << 20), folders, models=models, bus=EventBus(), settings=settings
     )

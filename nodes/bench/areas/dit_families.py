@@ -1,10 +1,10 @@
 """Per-family transformer figures, Loom vs diffusers on the same random weights: load time,
 seconds per step and peak memory, for Z-Image Turbo, SD3.5 medium and Flux schnell (fp8).
 
-    python tests/benchmarks/bench_dit_families.py                      # tiny configs (checks the code, seconds)
-    LOOM_BENCH_FULL=1 python tests/benchmarks/bench_dit_families.py    # the real configs (needs the RAM)
-    python tests/benchmarks/bench_dit_families.py --full --family sd35_medium --size 256 --steps 3 --workdir /tmp/w
-    python tests/benchmarks/bench_dit_families.py --full --family zimage --fp8   # Z-Image in 6 GB instead of 12
+    python main.py bench dit_families                      # tiny configs (checks the code, seconds)
+    LOOM_BENCH_FULL=1 python main.py bench dit_families    # the real configs (needs the RAM)
+    python main.py bench dit_families --full --family sd35_medium --size 256 --steps 3 --workdir /tmp/w
+    python main.py bench dit_families --full --family zimage --fp8   # Z-Image in 6 GB instead of 12
 
 Full size needs about the file's size in RAM per child (SD3.5 medium bf16 4.6 GiB, Z-Image 11.5 GiB
 in bf16 or 5.7 GiB in fp8, Flux schnell fp8 11.1 GiB); the writer streams one tensor at a time
@@ -46,16 +46,21 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from nodes.bench.dit_family_runs import FAMILIES, child, write_weights
+from nodes.bench.page_cache import drop_page_cache
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository
 
 
-from tests.benchmarks.dit_family_runs import FAMILIES, child, write_weights  # noqa: E402 (after the path)
-from tests.benchmarks.page_cache import drop_page_cache  # noqa: E402
+def child_env() -> dict[str, str]:
+    """A child side (``-m nodes.bench.areas.dit_families --child``): this checkout first, offline."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
 
 
 # --- the parent -------------------------------------------------------------------------------
 def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
-    from tests.benchmarks.fullsize import rss_gib
+    from nodes.bench.fullsize_weights import rss_gib
 
     fp8 = args.fp8 or FAMILIES[name].file_dtype == torch.float8_e4m3fn
     start = time.perf_counter()
@@ -70,7 +75,17 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
     for side in ("loom", "diffusers"):
         os.sync()  # just-written pages are dirty, and the kernel drops only clean ones
         cold = all([drop_page_cache(f) for f in files])  # each side reads the weights from disk
-        cmd = [sys.executable, __file__, "--child", side, "--family", name, "--size", str(args.size)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nodes.bench.areas.dit_families",
+            "--child",
+            side,
+            "--family",
+            name,
+            "--size",
+            str(args.size),
+        ]
         cmd += ["--steps", str(args.steps), "--threads", str(args.threads), "--single", str(single)]
         cmd += ["--diffusers-dir", str(diffusers_dir)]
         cmd += [
@@ -79,7 +94,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
             if on
         ]
         done = subprocess.run(
-            cmd, capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+            cmd, capture_output=True, text=True, check=False, env={**os.environ, **child_env()}
         )
         if done.returncode != 0:
             raise RuntimeError(f"{side} child for {name} failed:\n{done.stderr[-4000:]}")
@@ -122,14 +137,14 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
 def _meta(name: str, full: bool) -> Any:
     import diffusers
 
-    from tests.benchmarks.fullsize import meta_module
+    from nodes.bench.fullsize_weights import meta_module
 
     spec = FAMILIES[name]
     return meta_module(getattr(diffusers, spec.diffusers_class), spec.full if full else spec.tiny)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench dit_families", description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="all", choices=["all", *FAMILIES])
     parser.add_argument(
         "--full",
@@ -146,7 +161,7 @@ def main() -> None:
     parser.add_argument("--child", choices=["loom", "diffusers"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--single", help=argparse.SUPPRESS)
     parser.add_argument("--diffusers-dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.size = args.size or (256 if args.full else 64)
     args.steps = args.steps or (4 if args.full else 2)
     args.threads = args.threads or 1

@@ -2,13 +2,13 @@
 parameter of the linear weights, seconds per sampling step and the difference of a short sampling
 run against fp32. Not a test: prints figures (no timed assertions).
 
-    python tests/benchmarks/bench_quant.py [--size tiny|small|medium] [--steps 4] [--threads 2]
-    python tests/benchmarks/bench_quant.py --size sd35-tiny                       # checks the SD3.5 path
-    python tests/benchmarks/bench_quant.py --size sd35-medium --steps 2 --latent 32 --threads 1 --repeats 1
+    python main.py bench quant [--size tiny|small|medium] [--steps 4] [--threads 2]
+    python main.py bench quant --size sd35-tiny                       # checks the SD3.5 path
+    python main.py bench quant --size sd35-medium --steps 2 --latent 32 --threads 1 --repeats 1
 
 ``sd35-medium`` is a full-size SD3.5 medium transformer (2.5 B parameters) built on the meta device
 from the real config, given seeded random weights tensor by tensor and streamed to a bf16 file in
-the original (SAI) layout (``tests/benchmarks/fullsize.py``); its rows load one at a time (one model
+the original (SAI) layout (``nodes/bench/fullsize_weights.py``); its rows load one at a time (one model
 in memory), the reference is bf16 (an fp32 copy would need 10 GB) and the K-quants are left out
 (the gguf package cannot write Q4_K/Q5_K; Loom reads them). Its conditioning is random at the real
 widths (154 tokens of 4096, pooled 2048), timestep 1000·sigma as SD3 takes it, batch 1 (no CFG).
@@ -33,8 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[3]  # the repository
 
 SIZES = {  # FluxTransformer2DModel configs (the tiny one is the demo's; small ~6 M, medium ~ 0.2 B parameters)
     "tiny": {
@@ -47,7 +46,7 @@ SIZES = {  # FluxTransformer2DModel configs (the tiny one is the demo's; small ~
         "latent": 16,
         "text": 16,
     },
-    # enough blocks to split under a budget (bench_streaming.py): 2 double and 20 single (Flux.1: 19 and 38)
+    # enough blocks to split under a budget (nodes/bench/areas/block_streaming.py): 2 double and 20 single (Flux.1: 19 and 38)
     "small": {
         "num_layers": 2,
         "num_single_layers": 20,
@@ -69,7 +68,7 @@ SIZES = {  # FluxTransformer2DModel configs (the tiny one is the demo's; small ~
         "text": 64,
     },
 }
-SD35 = ("sd35-tiny", "sd35-medium")  # bench_dit_families.py's SD3.5 medium configs (tiny, real)
+SD35 = ("sd35-tiny", "sd35-medium")  # nodes/bench/areas/dit_families.py's SD3.5 medium configs (tiny, real)
 # (row name, stored format source, compute dtype)
 SD35_ROWS = (
     ("bf16", "file", "bfloat16"),
@@ -98,11 +97,11 @@ def build(size: str, folder: Path) -> tuple[Path, Any]:
     if size in SD35:
         import torch
 
-        from tests.benchmarks.dit_family_runs import write_weights
-        from tests.benchmarks.fullsize import mapped_state
+        from nodes.bench.dit_family_runs import write_weights
+        from nodes.bench.fullsize_weights import mapped_state
 
         single = folder / "sd35_medium.safetensors"
-        if not single.exists():  # bench_dit_families.py --workdir writes the same file
+        if not single.exists():  # nodes/bench/areas/dit_families.py --workdir writes the same file
             write_weights("sd35_medium", size == "sd35-medium", folder, torch.bfloat16)
         return single, mapped_state(single)
     import torch
@@ -165,7 +164,7 @@ def write_scaled_fp8(path: Path, sd: dict[str, Any], folder: Path) -> Path:
     weight / scale with scale = max |weight| / 448 in ``<layer>.scale_weight``), streamed to a file."""
     import torch
 
-    from tests.benchmarks.fullsize import write_safetensors
+    from nodes.bench.fullsize_weights import write_safetensors
 
     out = folder / f"{path.stem}-scaled_fp8.safetensors"
     if out.exists():
@@ -207,7 +206,7 @@ def linear_bytes_per_param(module: Any) -> float:
     return held / params
 
 
-def sample_sd35(module: Any, steps: int, latent_side: int) -> tuple[Any, list[float]]:
+def sample_sd35(module: Any, steps: int, latent_side: int) -> tuple[Any, list[tuple[float, float]]]:
     """Euler flow matching from fixed noise through an SD3 transformer (timestep 1000·sigma)."""
     import torch
 
@@ -234,7 +233,9 @@ def sample_sd35(module: Any, steps: int, latent_side: int) -> tuple[Any, list[fl
     return x, times
 
 
-def sample(module: Any, size: str, steps: int, latent_side: int = 32) -> tuple[Any, list[float]]:
+def sample(
+    module: Any, size: str, steps: int, latent_side: int = 32
+) -> tuple[Any, list[tuple[float, float]]]:
     """Euler flow matching from fixed noise; the final latent and the seconds of each step."""
     import torch
 
@@ -287,8 +288,8 @@ def free_memory() -> None:
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="main.py bench quant", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=[*sorted(SIZES), *SD35], default="tiny")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
@@ -296,31 +297,31 @@ def main() -> None:
     parser.add_argument("--latent", type=int, default=32, help="SD3.5 latent side (32 = 256² images)")
     parser.add_argument("--workdir", default="", help="reuse (or keep) the SD3.5 weights file here")
     parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import torch
 
+    from nodes.bench.fullsize_weights import rss_gib
     from nodes.demo.flux import demo_flux_modules
-    from tests.benchmarks.fullsize import rss_gib
 
     torch.set_num_threads(args.threads)
     vae = demo_flux_modules()["vae"]
-    rows = SD35_ROWS if args.size in SD35 else ROWS
+    rows: tuple[tuple[str, str, str], ...] = SD35_ROWS if args.size in SD35 else ROWS
     if args.rows:
         wanted = args.rows.split(",")
         rows = tuple(r for r in rows if r[0] == rows[0][0] or r[0] in wanted)  # the reference always runs
     one_at_a_time = args.size == "sd35-medium"  # a full-size model: never two in memory
-    results: dict[str, tuple[Any, list[float]]] = {}
+    results: dict[str, tuple[Any, list[tuple[float, float]]]] = {}
     held: dict[str, float] = {}
     peak_rss = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         weights = Path(args.workdir) if args.workdir else folder
-        if args.workdir and args.size in SD35:  # the layout bench_dit_families.py --workdir uses
+        if args.workdir and args.size in SD35:  # the layout nodes/bench/areas/dit_families.py --workdir uses
             weights = weights / "sd35_medium" / "bf16" / ("full" if args.size == "sd35-medium" else "tiny")
         weights.mkdir(parents=True, exist_ok=True)
         path, sd = build(args.size, weights)
         params = sum(v.numel() for v in sd.values())
-        modules = {}
+        modules: dict[str, Any] = {}
         for _ in range(args.repeats):
             for row, source, compute in rows:
                 module = modules.get(row)
