@@ -31,7 +31,7 @@ class BenchRuntime:
     run_settings: dict[str, Any] = field(
         default_factory=dict
     )  # RunSettings fields to set (png_metadata: off)
-    policy: Any = None  # engine.memory.DevicePolicy; None: the CPU policy (fp32)
+    policy: Any = None  # engine.memory.device_policy.DevicePolicy; None: the CPU policy (fp32)
 
     def __post_init__(self) -> None:
         from nodes import register_core

@@ -2,7 +2,7 @@
 
 Same full-size SD1.5-architecture UNet (random weights, generated once and cached under the
 gitignored ``bench_cache/``), the same math (euler over ComfyUI's "normal" sigmas; diffusers runs
-them through ``tests/nodes/diffusers_ref.ComfyEulerScheduler``), same prompt embeddings, CFG 7.5,
+them through ``nodes/bench/diffusers_ref.ComfyEulerScheduler``), same prompt embeddings, CFG 7.5,
 fp32 on CPU; text encoding and VAE decoding are excluded on both sides (the pipeline is given
 ``prompt_embeds`` and returns latents). Run::
 

@@ -1,7 +1,7 @@
-"""Memory budget and plan-aware overlap (engine/ram_budget.py, engine/overlap.py).
+"""Memory budget and plan-aware overlap (engine/memory/ram_budget.py, engine/jobs/overlap.py).
 
 *A→B→A*: three queued jobs on checkpoints A, B, A through the default queue prefetch
-(:class:`engine.overlap.PlanAwarePrefetch`): the process's peak RSS above where it started (sampled
+(:class:`engine.jobs.overlap.PlanAwarePrefetch`): the process's peak RSS above where it started (sampled
 every few milliseconds), each job's time and model-read seconds, and where job 3's models came
 from: going back to A should cost less than A's first, cold read.
 

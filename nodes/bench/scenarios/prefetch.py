@@ -1,5 +1,5 @@
 """Next-job model prefetch from the queue: two queued jobs on different checkpoints (A then B) from
-a cold model manager, with and without :class:`engine.coalesce.NextJobPrefetch`. With it, B's
+a cold model manager, with and without :class:`engine.jobs.coalesce.NextJobPrefetch`. With it, B's
 models are read into RAM while A's job computes, so B's job finds them there instead of on disk."""
 
 from __future__ import annotations
