@@ -1,4 +1,4 @@
-"""The shared runtime of the performance tests (over ``demo_models_ab``, tests/conftest.py)."""
+"""The shared bench runtime of the fast-path tests (over ``demo_models_ab``, tests/conftest.py)."""
 
 from __future__ import annotations
 
