@@ -196,7 +196,7 @@ class JobRoutes:
             "partial_execution_targets": body.get("outputs"),
         }
         try:
-            submission = read_submission(fields)
+            submission = read_submission(fields, id_field="id" if "id" in body else "prompt_id")
         except BadPrompt as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         try:
