@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from engine.distributed.attempt_dirs import attempt_dir, remove_inside
 from engine.distributed.worker import OutputFile
 
 STAGING = ".loom-attempts"
@@ -35,7 +35,7 @@ class OutputStore:
         self.roots = {"output": Path(output_dir), "temp": Path(temp_dir)}
         self._lock = threading.Lock()
         self._committed: OrderedDict[str, int] = OrderedDict()  # prompt_id -> attempt
-        shutil.rmtree(self.roots["output"] / STAGING, ignore_errors=True)  # left by a crash mid-commit
+        remove_inside(self.roots["output"], self.roots["output"] / STAGING)  # left by a crash mid-commit
 
     def committed_attempt(self, prompt_id: str) -> int | None:
         with self._lock:
@@ -49,11 +49,12 @@ class OutputStore:
         with self._lock:
             if prompt_id in self._committed:
                 return None
-            staging = self.roots["output"] / STAGING / f"{prompt_id}.{attempt}"
+            staging_root = self.roots["output"] / STAGING
+            staging = attempt_dir(staging_root, prompt_id, attempt)
             try:
                 renames = self._write(staging, list(files))
             finally:
-                shutil.rmtree(staging, ignore_errors=True)
+                remove_inside(staging_root, staging)
                 with contextlib.suppress(OSError):
                     staging.parent.rmdir()  # only when no other attempt is being committed
             self._committed[prompt_id] = attempt

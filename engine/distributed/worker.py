@@ -19,7 +19,6 @@ import importlib
 import logging
 import os
 import queue
-import shutil
 import socket
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine import events as ev
+from engine.distributed.attempt_dirs import attempt_dir, remove_inside
 from engine.executor import Executor, RunResult
 from engine.jobs.spec import JobSpec
 
@@ -198,7 +198,7 @@ class LoomWorker:
                     f"{task.prompt_id} must wait for another worker"
                 )
             self._current = task.prompt_id
-        scratch = self.scratch / f"{task.prompt_id}.{task.attempt}"
+        scratch = attempt_dir(self.scratch, task.prompt_id, task.attempt)
         items: queue.Queue[WorkerEvent | JobOutcome | BaseException] = queue.Queue()
         unsubscribe = self.executor.bus.subscribe(lambda event: self._on_event(task, event, items))
         runner = threading.Thread(
@@ -216,7 +216,7 @@ class LoomWorker:
         finally:
             runner.join()
             unsubscribe()
-            shutil.rmtree(scratch, ignore_errors=True)
+            remove_inside(self.scratch, scratch)
             self._do_free()
             with self._idle:
                 self._current = None

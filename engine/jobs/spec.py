@@ -34,6 +34,27 @@ STORED_FIELDS = (
     "created_at",
     "returns",
 )
+MAX_JOB_ID_CHARS = 128  # a uuid is 36; ids are names in URLs and logs, never paths
+JOB_ID_RULE = (
+    f"a job id is a name of 1 to {MAX_JOB_ID_CHARS} characters without '/', '\\', '..' or "
+    "control characters (a uuid, or letters, digits, spaces, '-', '_', '.')"
+)
+
+
+def job_id_problem(value: str) -> str | None:
+    """What makes ``value`` unfit as a client's job id (None when it is fit): ids name jobs in
+    URLs, logs and the Ray workers' folders, so they may never read as a path."""
+    if not value.strip():
+        return "it is empty"
+    if len(value) > MAX_JOB_ID_CHARS:
+        return f"it has {len(value)} characters"
+    for bad in ("/", "\\", ".."):
+        if bad in value:
+            return f"it holds {bad!r}"
+    control = next((c for c in value if ord(c) < 32 or 127 <= ord(c) < 160), None)
+    if control is not None:
+        return f"it holds the control character {control!r}"
+    return None
 
 
 @dataclass

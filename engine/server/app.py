@@ -116,6 +116,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
         client_max_size=config.max_upload_bytes + (1 << 20),
     )
     app[ERRORS] = ErrorCounter()
+    app.on_response_prepare.append(request_guard.add_cors_headers)
     queue = parts.queue
     relay = EventRelay(queue, preview_fps=config.preview_fps)
     hub = WsHub(queue)

@@ -282,6 +282,11 @@ def build_document(version: str) -> dict[str, Any]:
                             "type": "object",
                             "properties": {
                                 "presets": {"type": "array", "items": _OBJ},
+                                "errors": {
+                                    "type": "array",
+                                    "items": {"type": "string"},
+                                    "description": "why models/presets.json was left out (empty if it was not)",
+                                },
                                 "inputs": _OBJ,
                                 "loaders": _OBJ,
                             },

@@ -20,7 +20,7 @@ from engine.executor import RunRequest
 from engine.formats import MAX_NODES, WorkflowTooLarge
 from engine.jobs.queue import JobQueue
 from engine.jobs.records import JobRecord
-from engine.jobs.spec import JobSpec
+from engine.jobs.spec import JOB_ID_RULE, JobSpec, job_id_problem
 from engine.jobs.store import StorageError
 from engine.server.common import (
     ApiError,
@@ -59,12 +59,25 @@ class Submission:
     number: float | None = None
 
 
-def read_submission(data: dict[str, Any]) -> Submission:
+def job_id_error(field: str, value: str) -> str | None:
+    """The teaching message for a client's job id in ``field`` that may not be used (None if fine)."""
+    problem = job_id_problem(value)
+    if problem is None:
+        return None
+    return (
+        f"'{field}' is not a usable job id ({problem}): {JOB_ID_RULE}; leave it out and the server picks one"
+    )
+
+
+def read_submission(data: dict[str, Any], id_field: str = "prompt_id") -> Submission:
     """The job a ``POST /prompt`` body asks for, its fields checked (raises :class:`BadPrompt`).
-    ``outputs`` holds the body's ``partial_execution_targets`` until validation fills it in."""
+    ``outputs`` holds the body's ``partial_execution_targets`` until validation fills it in;
+    ``id_field`` is the name the client gave the job id under (for the error message)."""
     prompt_id = data.get("prompt_id")
     if prompt_id is not None and (not isinstance(prompt_id, str) or not prompt_id.strip()):
-        raise BadPrompt("prompt_id must be a non-empty string (or left out)")
+        raise BadPrompt(f"'{id_field}' must be a non-empty string (or left out)")
+    if prompt_id is not None and (message := job_id_error(id_field, prompt_id)):
+        raise BadPrompt(message)
     number = data.get("number")
     if number is not None:
         if isinstance(number, bool) or not isinstance(number, int | float | str):
@@ -239,6 +252,8 @@ class QueueRoutes:
         prompt_id = data.get("prompt_id")
         if prompt_id is not None and not isinstance(prompt_id, str):
             raise ApiError(400, "invalid_request", "prompt_id must be a string")
+        if prompt_id is not None and (message := job_id_error("prompt_id", prompt_id)):
+            raise ApiError(400, "invalid_request", message)
         self.queue.interrupt(prompt_id)
         return web.Response(status=200)
 
@@ -257,4 +272,7 @@ def _id_list(data: dict[str, Any], key: str) -> list[str]:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ApiError(400, "invalid_request", f"{key!r} must be a list of prompt ids")
+    for n, job_id in enumerate(value):
+        if message := job_id_error(f"{key}[{n}]", job_id):
+            raise ApiError(400, "invalid_request", message)
     return list(value)

@@ -246,7 +246,7 @@ class InfoRoutes:
         body = (
             await asyncio.to_thread(self.presets)
             if self.presets
-            else {"presets": [], "inputs": {}, "loaders": {}}
+            else {"presets": [], "errors": [], "inputs": {}, "loaders": {}}
         )
         return json_response(body)
 

@@ -196,7 +196,7 @@ class JobRoutes:
             "partial_execution_targets": body.get("outputs"),
         }
         try:
-            submission = read_submission(fields)
+            submission = read_submission(fields, id_field="id" if "id" in body else "prompt_id")
         except BadPrompt as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         try:
@@ -374,10 +374,19 @@ class JobRoutes:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         try:
-            async with self._session.post(
-                url, data=dumps(payload), headers={"Content-Type": "application/json"}
+            async with self._session.post(  # a redirect is never followed: only ``url`` was allowed
+                url, data=dumps(payload), headers={"Content-Type": "application/json"}, allow_redirects=False
             ) as response:
-                if response.status >= 400:
+                if 300 <= response.status < 400:
+                    log.warning(
+                        "webhook %s answered %d (a redirect to %s) for job %s: not delivered, "
+                        "webhooks never follow redirects; give the final URL as the webhook",
+                        url,
+                        response.status,
+                        response.headers.get("Location", "nowhere"),
+                        payload["id"],
+                    )
+                elif response.status >= 400:
                     log.warning("webhook %s answered %d for job %s", url, response.status, payload["id"])
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.warning("webhook %s failed for job %s: %s", url, payload["id"], exc)

@@ -6,6 +6,8 @@
   re-binds its own DNS name to 127.0.0.1 is refused.
 - A request carrying a foreign ``Origin`` (another web site open in the user's browser) is
   refused, whatever its method: it can neither queue work, open the websocket nor read files.
+  Pages of origins ``--allow-origin`` admits get CORS headers on every answer and their
+  preflight ``OPTIONS`` answered (ComfyUI's ``--enable-cors-header``).
 - Paths from requests are joined under their folder only (:func:`safe_path`): no ``..``, no
   absolute paths, no symlinks leading out.
 - Every failure is a JSON ``{"error": {...}}`` response; an unexpected exception becomes a 500
@@ -108,6 +110,10 @@ def _is_ip(host: str) -> bool:
         return False
 
 
+CORS_METHODS = "POST, GET, DELETE, PUT, PATCH, OPTIONS"
+CORS_HEADERS = "Content-Type, Authorization"
+
+
 class RequestGuard:
     """The HTTP middlewares that guard every request (host, origin, token; errors as JSON), holding
     only the configuration they check against. (Images leaving Loom are guarded by
@@ -175,6 +181,8 @@ class RequestGuard:
 
     @web.middleware
     async def access(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._admitted_preflight(request):
+            return web.Response(status=200)  # headers: add_cors_headers, as for every response
         token_from_query = False
         if self.config.token is not None:
             given = request.query.get("token")
@@ -221,6 +229,39 @@ class RequestGuard:
         if token_from_query and self.config.token and not response.prepared:
             response.set_cookie(TOKEN_COOKIE, self.config.token, httponly=True, samesite="Strict")
         return response
+
+    def _admitted_preflight(self, request: web.Request) -> bool:
+        """A browser's CORS preflight from a page ``--allow-origin`` admits (it carries no token,
+        so it is answered before the token check; the Host rule still holds without a token)."""
+        origin = request.headers.get("Origin")
+        if (
+            request.method != "OPTIONS"
+            or not self.config.allowed_origins
+            or origin is None
+            or "Access-Control-Request-Method" not in request.headers
+        ):
+            return False
+        host_ok = self.config.token is not None or self.host_allowed(
+            _hostname(request.headers.get("Host", ""))
+        )
+        return host_ok and self._origin_allowed(origin, request)
+
+    async def add_cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        """``on_response_prepare``: with ``--allow-origin``, every answer to an admitted page (errors
+        and streams included) says so, as ComfyUI's ``--enable-cors-header`` does; the origin is
+        echoed, so several origins (or ``*``) work with credentials."""
+        origin = request.headers.get("Origin")
+        if not self.config.allowed_origins or origin is None or not self._origin_allowed(origin, request):
+            return
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+        response.headers["Access-Control-Allow-Headers"] = CORS_HEADERS
+        response.headers["Access-Control-Allow-Credentials"] = "true"
+        vary = response.headers.get("Vary")
+        if vary is None:
+            response.headers["Vary"] = "Origin"
+        elif "origin" not in vary.lower():
+            response.headers["Vary"] = f"{vary}, Origin"
 
     def _origin_allowed(self, origin: str, request: web.Request) -> bool:
         """The page's origin must be this server's own (host and port, as the ``Host`` header names

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.folder_scan import ListingCache, keep_with_extensions, scan
 from engine.folders import canonical_kind
+from nodes.core.save_prefix import split_prefix
 
 if TYPE_CHECKING:
     from nodes.compat.shim import ComfyShim
@@ -224,8 +225,7 @@ def get_save_image_path(
     filename_prefix = filename_prefix.replace("%width%", str(image_width)).replace(
         "%height%", str(image_height)
     )
-    subfolder = os.path.dirname(os.path.normpath(filename_prefix))
-    filename = os.path.basename(os.path.normpath(filename_prefix))
+    subfolder, filename = split_prefix(filename_prefix)
     full_output_folder = os.path.join(output_dir, subfolder)
     if os.path.commonpath(
         (os.path.abspath(output_dir), os.path.abspath(full_output_folder))

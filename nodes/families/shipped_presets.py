@@ -11,6 +11,7 @@ own names live here, with the families.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import cache
@@ -66,18 +67,10 @@ class Preset:
                 f"'match' is a family's default and sets steps, cfg, sampler_name and scheduler)"
             )
         values = dict(data)
-        values.setdefault("title", str(values["name"]))
-        values["match"] = tuple(str(m).lower() for m in values.get("match", ()))
-        try:
-            preset = cls(**values)
-            for number in (preset.steps, preset.cfg, preset.width, preset.height, preset.guidance):
-                if number is not None and (isinstance(number, bool) or not isinstance(number, int | float)):
-                    raise ValueError(
-                        f"expected numbers for steps, cfg, width, height, guidance; got {number!r}"
-                    )
-        except (TypeError, ValueError) as exc:
-            raise PresetError(f"{where}: preset {values['name']!r}: {exc}") from exc
-        return preset
+        values["match"] = _words(values.get("match", ()), where, data.get("name"))
+        _check_types(values, where, default=not values["match"])
+        values.setdefault("title", values["name"])
+        return cls(**values)
 
     def over(self, base: Preset) -> Preset:
         """``base`` with this variant's settings laid over it (its name, title and notes)."""
@@ -98,11 +91,67 @@ class Preset:
         return Preset(**{**asdict(self), "width": self.width or default, "height": self.height or default})
 
 
+_TEXT_FIELDS = ("name", "family", "title", "notes")  # strings
+_OPTIONAL_TEXT_FIELDS = ("sampler_name", "scheduler", "prediction")  # strings, or null for "not set"
+_WHOLE_FIELDS = ("steps", "width", "height")
+_NUMBER_FIELDS = ("cfg", "guidance")
+_DEFAULT_FIELDS = ("steps", "cfg", "sampler_name", "scheduler")  # a family default sets these
+
+
+def _words(match: Any, where: str, name: Any) -> tuple[str, ...]:
+    """``match`` as lower-case words: one string is one word, a list is its words."""
+    if isinstance(match, str):
+        return (match.lower(),) if match else ()
+    if isinstance(match, list | tuple) and all(isinstance(m, str) for m in match):
+        return tuple(m.lower() for m in match)
+    raise PresetError(
+        f"{where}: preset {name!r}: 'match' expected a word or a list of words (the file name must "
+        f"hold one of them), got {match!r}"
+    )
+
+
+def _check_types(values: Mapping[str, Any], where: str, *, default: bool) -> None:
+    """A PresetError naming the first field whose value has the wrong type."""
+
+    def wrong(name: str, expected: str) -> PresetError:
+        return PresetError(
+            f"{where}: preset {values.get('name')!r}: {name!r} expected {expected}, got {values[name]!r}"
+        )
+
+    for name in _TEXT_FIELDS:
+        if name in values and not isinstance(values[name], str):
+            raise wrong(name, "a string")
+    for name in _OPTIONAL_TEXT_FIELDS:
+        value = values.get(name)
+        if value is None and default and name in _DEFAULT_FIELDS:
+            raise wrong(name, "a string (a family default sets it)")
+        if value is not None and not isinstance(value, str):
+            raise wrong(name, "a string or null")
+    numbers = "numbers for steps, cfg, width, height, guidance (steps, width, height whole, not below 0)"
+    for name in (*_WHOLE_FIELDS, *_NUMBER_FIELDS):
+        value = values.get(name)
+        if value is None:
+            if name in values and (name in ("width", "height") or (default and name in _DEFAULT_FIELDS)):
+                raise wrong(name, numbers)
+            continue
+        whole = name in _WHOLE_FIELDS
+        if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+            raise wrong(name, numbers)
+        if not math.isfinite(value) or (whole and value < 0):
+            raise wrong(name, numbers)
+    if values.get("negative") is not None and not isinstance(values["negative"], bool):
+        raise wrong("negative", "true, false or null")
+
+
 def read_preset_file(path: Path) -> tuple[Preset, ...]:
     """The presets of a JSON file holding a list of preset objects; a PresetError saying what is
     wrong (and where) when the file is not readable JSON, not such a list, or an entry is bad."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except RecursionError as exc:
+        raise PresetError(
+            f"{path}: nested too deep to read; it should be a flat list of preset objects"
+        ) from exc
     except (OSError, ValueError) as exc:
         raise PresetError(
             f"{path}: not readable JSON ({exc}); it should be a list of preset objects"

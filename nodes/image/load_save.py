@@ -42,6 +42,7 @@ from engine.schema import (
 from nodes.core.options import OptionSources
 from nodes.core.resize import resize_image as resize_bhwc
 from nodes.core.resize import size_keeping_aspect
+from nodes.core.save_prefix import split_prefix
 
 MAX_RESOLUTION = 16384
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -87,7 +88,7 @@ def _input_path(folders: Folders, name: str, default: str = "input") -> Path:
 
 def save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
     """(folder, file stem, subfolder, next counter) for ComfyUI-style ``{stem}_{counter:05}_.png``."""
-    sub, stem = os.path.split(os.path.normpath(prefix))
+    sub, stem = split_prefix(prefix)
     folder = (output_dir / sub).resolve()
     if folder != output_dir.resolve() and output_dir.resolve() not in folder.parents:
         raise ImageError(

@@ -33,6 +33,7 @@ from engine.schema import (
     Output,
 )
 from nodes.core.options import OptionSources
+from nodes.core.save_prefix import split_prefix
 from nodes.families.latent_format import LEGACY_LATENT_FILE_SCALE
 from nodes.latent.transforms import samples_of
 from nodes.latent.vae import LatentError
@@ -117,7 +118,7 @@ class SaveLatent(Node):
     ) -> NodeOutput:
         s = samples_of(samples, "samples")
         out_root = ctx.folders.output_dir.resolve()
-        sub, stem = os.path.split(os.path.normpath(filename_prefix))
+        sub, stem = split_prefix(filename_prefix)
         folder = (out_root / sub).resolve()
         if folder != out_root and out_root not in folder.parents:
             raise LatentError(

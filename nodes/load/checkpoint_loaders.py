@@ -30,6 +30,7 @@ from engine.schema import (
 )
 from nodes.core.model_files import file_fingerprint, pickle_allowed, require_model_files
 from nodes.core.options import OptionSources
+from nodes.core.save_prefix import split_prefix
 from nodes.core.weights import fingerprint
 from nodes.load.handles import (
     DenoiserHandle,
@@ -364,13 +365,15 @@ class CheckpointSave(Node):
 
 
 def next_checkpoint_path(output_dir: Path, prefix: str) -> Path:
-    """``<output>/<subfolder>/<name>_<counter:05>_.safetensors`` (ComfyUI's naming)."""
-    if not prefix or Path(prefix).is_absolute() or ".." in Path(prefix).parts:
+    """``<output>/<subfolder>/<name>_<counter:05>_.safetensors`` (ComfyUI's naming; an empty
+    prefix is ComfyUI's default name)."""
+    sub, name = split_prefix(prefix)
+    if Path(prefix).is_absolute() or ".." in Path(prefix).parts:
         raise ValueError(
-            f"filename_prefix {prefix!r} must be a relative name inside the output folder, without '..'"
+            f"filename_prefix {prefix!r} must be a relative name inside the output folder, without '..', "
+            "e.g. 'checkpoints/mine'"
         )
-    target = (output_dir / prefix).resolve()
-    folder, name = target.parent, target.name
+    folder = (output_dir / sub).resolve()
     if not folder.is_relative_to(output_dir.resolve()):
         raise ValueError(f"filename_prefix {prefix!r} leaves the output folder")
     folder.mkdir(parents=True, exist_ok=True)

@@ -146,16 +146,20 @@ class ModelDescriber:
     ``GET /api/v1/models/{folder}/{name}`` adds to the file's size and metadata."""
 
     table: PresetTable
+    errors: tuple[str, ...] = ()  # what was wrong with the user's presets file (shown by table_json)
 
     @classmethod
     def for_folder(cls, models_dir: Path | None) -> ModelDescriber:
-        """The shipped presets plus ``models_dir/presets.json``; a bad file is logged and left out,
-        so the server still starts."""
+        """The shipped presets plus ``models_dir/presets.json``; a bad file is logged, left out
+        and named in :meth:`table_json`'s ``errors``, so the server still starts."""
         try:
             return cls(PresetTable.load(models_dir))
         except PresetError as exc:
-            log.error("model presets: %s (using the shipped presets only)", exc)
-            return cls(PresetTable.load(None))
+            message = (
+                f"{exc} (using the shipped presets only until the file is fixed and the server restarted)"
+            )
+            log.error("model presets: %s", message)
+            return cls(PresetTable.load(None), (message,))
 
     def apply_to(self, prompt: dict[str, Any], name: str, files: Any) -> str:
         """``main.py run --preset NAME``: write the preset (``auto``: the one of the model the
@@ -193,9 +197,11 @@ class ModelDescriber:
 
     def table_json(self) -> dict[str, Any]:
         """What ``GET /api/v1/presets`` answers: the presets, which widget of which node each field
-        goes to, and which loader input names the model (the editor applies presets with these)."""
+        goes to, which loader input names the model (the editor applies presets with these), and
+        ``errors``: why the user's ``models/presets.json`` was left out (empty when it was not)."""
         return {
             "presets": describe_presets(self.table.presets),
+            "errors": list(self.errors),
             "inputs": preset_inputs(),
             "loaders": {k: list(v) for k, v in model_inputs().items()},
         }

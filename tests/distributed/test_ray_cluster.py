@@ -197,3 +197,18 @@ def _ns(**kw: Any) -> Any:
     import argparse
 
     return argparse.Namespace(**kw)
+
+
+def test_a_job_id_that_reads_as_a_path_removes_nothing_outside_the_folders(setup: Any) -> None:
+    s = setup()
+    s.workers(1)
+    victim = (
+        s.tmp / "victim.1"
+    )  # what scratch/<worker>/../../victim.1 and server-out/.loom-attempts/../../ name
+    victim.mkdir()
+    (victim / "keep.txt").write_text("x")
+    spec = s.queue.submit(JobSpec(workflow("A.safetensors", 4), "../../victim"))
+    record = s.queue.wait(spec.prompt_id, 60)
+    assert record is not None and record.status == "succeeded"
+    assert (victim / "keep.txt").exists()
+    assert sorted(p.name for p in s.out.iterdir()) == ["Loom_00001_.png"]
