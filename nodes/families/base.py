@@ -81,7 +81,9 @@ class FamilyAdapter(ABC):
 
     # --- what it is made of -----------------------------------------------------------------------
     latent_format: ClassVar[LatentFormat]
-    sampling: ClassVar[Any]  # ``build(prediction)`` -> its default ModelSampling (nodes.families.discrete_sampling)
+    sampling: ClassVar[
+        Any
+    ]  # ``build(prediction)`` -> its default ModelSampling (nodes.families.discrete_sampling)
     denoiser: ClassVar[Any]  # the denoiser kind
     vae: ClassVar[Any]  # the VAE kind
     prompt: ClassVar[Any]  # the prompt recipe (nodes.families.prompt)
