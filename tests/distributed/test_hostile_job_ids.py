@@ -10,7 +10,7 @@ import pytest
 from engine.distributed.outputs import OutputStore
 from engine.distributed.worker import JobOutcome, OutputFile
 from engine.jobs.spec import JobSpec
-from tests.distributed.stub_runtime import workflow
+from nodes.bench.stubs.worker_runtime import workflow
 from tests.distributed.test_queue_inprocess import make_worker
 
 

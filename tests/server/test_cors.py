@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
-from tests.server.stub_nodes import workflow
+from nodes.bench.stubs.server_nodes import workflow
 
 PAGE = "http://localhost:3000"
 PREFLIGHT = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from aiohttp.test_utils import TestClient
 
-from tests.server.stub_nodes import workflow
+from nodes.bench.stubs.server_nodes import workflow
 
 BAD_IDS = ["/some/dir", "../../../some/dir", "a\\b", "..", "a\x00b", "line\nbreak", "tab\there", "x" * 129]
 GOOD_IDS = ["4f8c2a1e-9b7d-4c3e-8f21-0a6b5c4d3e2f", "my job 1", "run.2", "übung_7"]

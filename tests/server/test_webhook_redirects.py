@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from tests.server.stub_nodes import workflow
+from nodes.bench.stubs.server_nodes import workflow
 
 
 @pytest.mark.parametrize("status", [307, 308, 302, 303, 301])
