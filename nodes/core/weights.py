@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.core.tensors import TORCH_DTYPES, ModelLoadError, TensorIndex, TensorInfo
+from nodes.core.tensors import DTYPE_BYTES, TORCH_DTYPES, ModelLoadError, TensorIndex, TensorInfo
 
 if TYPE_CHECKING:
     import torch
@@ -89,16 +89,27 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{path}: corrupt safetensors header ({exc}); download the file again") from exc
+    except RecursionError:  # a real header is two levels deep
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header (its JSON is nested too deeply); download the file again"
+        ) from None
     if not isinstance(header, dict):
         raise ModelLoadError(f"{path}: corrupt safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header: expected '__metadata__' to be an object of strings, "
+            f"found a {type(metadata).__name__}; the file was written wrongly: download it again"
+        )
     tensors: dict[str, TensorInfo] = {}
     end = 0
     try:
         for name, spec in header.items():
-            begin = 8 + n + int(spec["data_offsets"][0])
-            tensors[name] = TensorInfo(str(spec["dtype"]), tuple(int(d) for d in spec["shape"]), begin)
-            end = max(end, int(spec["data_offsets"][1]))
+            info, stop = _tensor_entry(path, str(name), spec, 8 + n)
+            tensors[str(name)] = info
+            end = max(end, stop)
+    except ModelLoadError:
+        raise
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ModelLoadError(
             f"{path}: corrupt safetensors header entry ({exc!r}); download the file again"
@@ -109,6 +120,26 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
             "(an interrupted download?); download it again"
         )
     return TensorIndex(path, tensors, {str(k): str(v) for k, v in metadata.items()})
+
+
+def _tensor_entry(path: Path, name: str, spec: Any, data_start: int) -> tuple[TensorInfo, int]:
+    """The TensorInfo of header entry ``name`` and where its data ends (relative to the data
+    start), after checking that ``data_offsets`` hold exactly shape × dtype size bytes."""
+    begin, stop = (int(x) for x in spec["data_offsets"])
+    shape = tuple(int(d) for d in spec["shape"])
+    info = TensorInfo(str(spec["dtype"]), shape, data_start + begin)
+    if begin < 0 or stop < begin or min(shape, default=0) < 0:
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header: tensor {name!r} has data_offsets [{begin}, {stop}] and "
+            f"shape {list(shape)}; expected 0 <= begin <= end and no negative dimension: download the file again"
+        )
+    if info.dtype in DTYPE_BYTES and stop - begin != info.nbytes:
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header: tensor {name!r} ({info.dtype}, shape {list(shape)}) needs "
+            f"{info.nbytes} bytes, but its data_offsets [{begin}, {stop}] span {stop - begin}; the file was "
+            "written wrongly or damaged: download it again"
+        )
+    return info, stop
 
 
 def load_pickle(path: Path) -> dict[str, torch.Tensor]:
