@@ -1,6 +1,6 @@
 """Reading model files safely: the safetensors header (names, dtypes, shapes) without the data,
-integrity checks that name the file and the problem, tensors by key prefix, and the refusal of
-pickles unless allowed.
+integrity checks that name the file and the problem, tensors by key prefix, and pickles read only
+through torch's weights-only loader (all of them refused under ``--refuse-pickle``).
 
 Format reference: https://github.com/huggingface/safetensors#format (8-byte little-endian header
 length, a JSON header ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__"}``,
@@ -37,12 +37,30 @@ def fingerprint(path: Path) -> str:
 
 
 def pickle_refusal(path: Path) -> ModelLoadError:
+    """The refusal of every pickle under ``--refuse-pickle``."""
     return ModelLoadError(
-        f"{path}: refusing to load a pickled PyTorch file ({path.suffix}): pickles can run arbitrary code "
-        "when loaded. Use the .safetensors version of this model, or convert it once with "
-        f"`python main.py convert-weights {path}` (read with torch's weights-only loader), or allow pickles "
-        "(loaded with torch.load(weights_only=True)) by starting Loom with --allow-pickle."
+        f"{path}: refusing to load a pickled PyTorch file ({path.suffix}): this Loom was started with "
+        "--refuse-pickle, which refuses every pickle. Use the .safetensors version of this model, convert it "
+        f"once with `python main.py convert-weights {path}` (read with torch's weights-only loader), or start "
+        "Loom without --refuse-pickle: pickles of plain tensors are then read with torch.load(weights_only=True), "
+        "which never runs code from the file (the default; --allow-pickle is its old name)."
     )
+
+
+def load_weights_only(path: Path) -> Any:
+    """What a pickled file holds, read with ``torch.load(weights_only=True)`` (tensors and plain
+    containers only: no code from the file runs); anything that loader rejects is refused."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # the weights-only unpickler refuses code; torch raises various kinds
+        raise ModelLoadError(
+            f"{path}: refusing to load a pickled PyTorch file ({path.suffix}): torch's weights-only loader "
+            f"(torch.load(weights_only=True)) rejects it ({type(exc).__name__}: {str(exc)[:300]}): it holds "
+            "more than plain tensors, and loading it fully could run code from the file, which Loom never "
+            "does. Use the .safetensors version of this model."
+        ) from exc
 
 
 def read_index(path: Path, *, allow_pickle: bool = False) -> TensorIndex:
@@ -146,10 +164,7 @@ def load_pickle(path: Path) -> dict[str, torch.Tensor]:
     """A pickled state dict through ``torch.load(weights_only=True)`` (no code execution)."""
     import torch
 
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ModelLoadError(f"{path}: cannot read this pickled file with weights_only=True: {exc}") from exc
+    obj = load_weights_only(path)
     while isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict):
