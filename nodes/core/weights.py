@@ -95,7 +95,7 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
         if (head[:2] == b"PK" or head[:1] == b"\x80") and implausible:
             raise ModelLoadError(
                 f"{path}: this is a pickled PyTorch file named .safetensors; rename it to .ckpt "
-                "(it will be refused unless pickles are allowed) or get the real .safetensors"
+                "(it is then read with torch's weights-only loader) or get the real .safetensors"
             )
         if n == 0 or n > MAX_HEADER or 8 + n > size:
             raise ModelLoadError(
