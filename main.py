@@ -62,7 +62,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     bus = EventBus()
     settings = RunSettings(
         png_metadata=not args.no_png_metadata,
-        allow_pickle=args.allow_pickle,
+        allow_pickle=not args.refuse_pickle,  # pickles are only ever read weights-only
         safety=args.safety,
         compile=args.compile,
         tf32=args.tf32,

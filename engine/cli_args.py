@@ -95,7 +95,15 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "(default: 10%% of total memory, at least 1 GiB)",
     )
     parser.add_argument(
-        "--allow-pickle", action="store_true", help="allow .ckpt/.pt files (loaded weights_only)"
+        "--allow-pickle",
+        action="store_true",
+        help="kept for old command lines: pickled .ckpt/.pt/.pth/.bin files of plain tensors are read "
+        "by default, with torch's weights-only loader (which never runs code from the file)",
+    )
+    parser.add_argument(
+        "--refuse-pickle",
+        action="store_true",
+        help="refuse every pickled model file (.ckpt/.pt/.pth/.bin), even those the weights-only loader reads",
     )
     parser.add_argument("--no-png-metadata", action="store_true", help="do not write workflows into PNGs")
     parser.add_argument(

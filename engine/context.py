@@ -152,7 +152,8 @@ class RunSettings:
     """Process-wide switches nodes read (built once by ``main.py`` from the command line).
 
     - ``png_metadata``: write the workflow into saved PNGs (``--no-png-metadata`` turns it off)
-    - ``allow_pickle``: let loaders open pickled .ckpt/.pt/.bin files (``--allow-pickle``)
+    - ``allow_pickle``: let loaders open pickled .ckpt/.pt/.pth/.bin files, always through torch's
+      weights-only loader (on by default; ``--refuse-pickle`` turns it off)
     - ``safety``: ``--safety`` (off: SafetyChecker nodes pass images through)
     - ``compile``: torch.compile the denoiser (``--compile``)
     - ``tf32``: TF32 matmuls while sampling on CUDA (``--tf32``)
@@ -161,7 +162,7 @@ class RunSettings:
     """
 
     png_metadata: bool = True
-    allow_pickle: bool = False
+    allow_pickle: bool = True
     safety: SafetyMode = "node"
     compile: bool = False
     tf32: bool = False

@@ -1,7 +1,7 @@
 """``python main.py convert-weights FILE``: a pickled PyTorch weights file → ``.safetensors``.
 
-Loom refuses pickles (``.ckpt``, ``.pt``, ``.pth``, ``.bin``) unless ``--allow-pickle`` is given,
-because unpickling can run code. This converter reads the file once with torch's weights-only
+Loom reads pickles (``.ckpt``, ``.pt``, ``.pth``, ``.bin``) only with torch's weights-only loader and
+refuses them all under ``--refuse-pickle``, because full unpickling can run code. This converter reads the file once with torch's weights-only
 unpickler (which refuses anything but tensors and plain containers) and writes the tensors to a
 ``.safetensors`` file next to it; from then on Loom never needs the pickle.
 """

@@ -32,6 +32,11 @@ def read_safetensors_metadata(path: Path) -> dict[str, str]:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HeaderError(f"{path.name}: the header is not JSON ({exc})") from exc
+    except RecursionError:  # a real header is two levels deep
+        raise HeaderError(
+            f"{path.name}: the header's JSON is nested too deeply to be a safetensors header; the file "
+            "is damaged or not a safetensors file: download it again"
+        ) from None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     if not isinstance(meta, dict):
         return {}

@@ -235,10 +235,22 @@ class InfoRoutes:
         return web.json_response(await asyncio.to_thread(self._describe_one, folder, name))
 
     def _describe_one(self, folder: str, name: str) -> dict[str, Any]:
-        path = self.model_files.resolve(folder, name)
-        body = describe_model_file(name, path).to_json()
+        """One file's description; a file whose header cannot be read gets an ``error`` (and a
+        ``family_error``) naming it instead of failing the route."""
+        try:
+            path = self.model_files.resolve(folder, name)
+            body = describe_model_file(name, path).to_json()
+        except (KeyError, ValueError, OSError, RecursionError) as exc:
+            return {"name": name, "size": None, "error": f"{name}: {exc}", "family": None}
         if self.describe_model is not None:
-            body.update(self.describe_model(folder, path))
+            try:
+                body.update(self.describe_model(folder, path))
+            except (
+                ValueError,
+                OSError,
+                RecursionError,
+            ) as exc:  # the node library's readers teach; this is a net
+                body.update({"family": None, "family_error": f"{name}: cannot read its header ({exc})"})
         return body
 
     async def preset_list(self, request: web.Request) -> web.Response:
@@ -256,7 +268,7 @@ class InfoRoutes:
             try:
                 path = self.model_files.resolve(folder, name)
                 files.append(describe_model_file(name, path).to_json())
-            except (KeyError, ValueError, OSError) as exc:
+            except (KeyError, ValueError, OSError, RecursionError) as exc:
                 files.append({"name": name, "size": None, "error": str(exc)})
         return files
 

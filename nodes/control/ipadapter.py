@@ -2,8 +2,8 @@
 
 Files in ``models/ipadapter/``: safetensors with ``image_proj.*`` and ``ip_adapter.*`` sections
 (ip-adapter_sd15, ip-adapter-plus_sd15, ip-adapter_sdxl, ip-adapter_sdxl_vit-h, plus-face and
-full-face variants). ``.bin`` files are refused unless pickles are allowed (``allow_pickle``
-setting; then read with ``torch.load(weights_only=True)``).
+full-face variants). ``.bin`` files are read only with ``torch.load(weights_only=True)`` (refused under ``--refuse-pickle``,
+the ``allow_pickle`` setting off).
 
 The apply nodes encode the reference image through CLIP vision (``ctx.models.use``), project it to
 image tokens with the adapter's projection, and return a NEW model handle with an
@@ -32,7 +32,7 @@ from engine.schema import COMBO, FLOAT, IMAGE, MASK, MODEL, DynamicOptions, Inpu
 from nodes.control.ipadapter_attn import LayerWeights, Window, build_projection, clock_of, install, set_clock
 from nodes.core.sampling_hooks import ApplyFn, ModelCall, SamplingHooks
 from nodes.core.tensors import ModelLoadError
-from nodes.core.weights import fingerprint, pickle_refusal
+from nodes.core.weights import fingerprint, load_weights_only, pickle_refusal
 from nodes.encode.clip_vision import (
     CLIP_VISION,
     ClipVisionHandle,
@@ -53,7 +53,7 @@ def read_adapter_tensors(path: Path, *, allow_pickle: bool) -> dict[str, torch.T
     if path.suffix.lower() in (".bin", ".pt", ".pth", ".ckpt"):
         if not allow_pickle:
             raise pickle_refusal(path)
-        raw = torch.load(path, map_location="cpu", weights_only=True)
+        raw = load_weights_only(path)
         return {
             f"{section}.{k}": v
             for section, part in raw.items()
@@ -261,7 +261,8 @@ def find_clip_vision(ctx: NodeContext, adapter: IPAdapterFile) -> ClipVisionHand
     names = model_files.list("clip_vision") if model_files is not None else []
     for name in names:
         try:
-            handle = ClipVisionHandle.from_file(model_files.resolve("clip_vision", name))  # type: ignore[union-attr]
+            path = model_files.resolve("clip_vision", name)  # type: ignore[union-attr]
+            handle = ClipVisionHandle.from_file(path, allow_pickle=ctx.settings.allow_pickle)
             adapter.check_clip_vision(handle)
             return handle
         except (ModelLoadError, ValueError):

@@ -1,6 +1,6 @@
 """Reading model files safely: the safetensors header (names, dtypes, shapes) without the data,
-integrity checks that name the file and the problem, tensors by key prefix, and the refusal of
-pickles unless allowed.
+integrity checks that name the file and the problem, tensors by key prefix, and pickles read only
+through torch's weights-only loader (all of them refused under ``--refuse-pickle``).
 
 Format reference: https://github.com/huggingface/safetensors#format (8-byte little-endian header
 length, a JSON header ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__"}``,
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.core.tensors import TORCH_DTYPES, ModelLoadError, TensorIndex, TensorInfo
+from nodes.core.tensors import DTYPE_BYTES, TORCH_DTYPES, ModelLoadError, TensorIndex, TensorInfo
 
 if TYPE_CHECKING:
     import torch
@@ -37,12 +37,30 @@ def fingerprint(path: Path) -> str:
 
 
 def pickle_refusal(path: Path) -> ModelLoadError:
+    """The refusal of every pickle under ``--refuse-pickle``."""
     return ModelLoadError(
-        f"{path}: refusing to load a pickled PyTorch file ({path.suffix}): pickles can run arbitrary code "
-        "when loaded. Use the .safetensors version of this model, or convert it once with "
-        f"`python main.py convert-weights {path}` (read with torch's weights-only loader), or allow pickles "
-        "(loaded with torch.load(weights_only=True)) by starting Loom with --allow-pickle."
+        f"{path}: refusing to load a pickled PyTorch file ({path.suffix}): this Loom was started with "
+        "--refuse-pickle, which refuses every pickle. Use the .safetensors version of this model, convert it "
+        f"once with `python main.py convert-weights {path}` (read with torch's weights-only loader), or start "
+        "Loom without --refuse-pickle: pickles of plain tensors are then read with torch.load(weights_only=True), "
+        "which never runs code from the file (the default; --allow-pickle is its old name)."
     )
+
+
+def load_weights_only(path: Path) -> Any:
+    """What a pickled file holds, read with ``torch.load(weights_only=True)`` (tensors and plain
+    containers only: no code from the file runs); anything that loader rejects is refused."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # the weights-only unpickler refuses code; torch raises various kinds
+        raise ModelLoadError(
+            f"{path}: refusing to load a pickled PyTorch file ({path.suffix}): torch's weights-only loader "
+            f"(torch.load(weights_only=True)) rejects it ({type(exc).__name__}: {str(exc)[:300]}): it holds "
+            "more than plain tensors, and loading it fully could run code from the file, which Loom never "
+            "does. Use the .safetensors version of this model."
+        ) from exc
 
 
 def read_index(path: Path, *, allow_pickle: bool = False) -> TensorIndex:
@@ -77,7 +95,7 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
         if (head[:2] == b"PK" or head[:1] == b"\x80") and implausible:
             raise ModelLoadError(
                 f"{path}: this is a pickled PyTorch file named .safetensors; rename it to .ckpt "
-                "(it will be refused unless pickles are allowed) or get the real .safetensors"
+                "(it is then read with torch's weights-only loader) or get the real .safetensors"
             )
         if n == 0 or n > MAX_HEADER or 8 + n > size:
             raise ModelLoadError(
@@ -89,16 +107,27 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{path}: corrupt safetensors header ({exc}); download the file again") from exc
+    except RecursionError:  # a real header is two levels deep
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header (its JSON is nested too deeply); download the file again"
+        ) from None
     if not isinstance(header, dict):
         raise ModelLoadError(f"{path}: corrupt safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header: expected '__metadata__' to be an object of strings, "
+            f"found a {type(metadata).__name__}; the file was written wrongly: download it again"
+        )
     tensors: dict[str, TensorInfo] = {}
     end = 0
     try:
         for name, spec in header.items():
-            begin = 8 + n + int(spec["data_offsets"][0])
-            tensors[name] = TensorInfo(str(spec["dtype"]), tuple(int(d) for d in spec["shape"]), begin)
-            end = max(end, int(spec["data_offsets"][1]))
+            info, stop = _tensor_entry(path, str(name), spec, 8 + n)
+            tensors[str(name)] = info
+            end = max(end, stop)
+    except ModelLoadError:
+        raise
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ModelLoadError(
             f"{path}: corrupt safetensors header entry ({exc!r}); download the file again"
@@ -111,14 +140,31 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
     return TensorIndex(path, tensors, {str(k): str(v) for k, v in metadata.items()})
 
 
+def _tensor_entry(path: Path, name: str, spec: Any, data_start: int) -> tuple[TensorInfo, int]:
+    """The TensorInfo of header entry ``name`` and where its data ends (relative to the data
+    start), after checking that ``data_offsets`` hold exactly shape × dtype size bytes."""
+    begin, stop = (int(x) for x in spec["data_offsets"])
+    shape = tuple(int(d) for d in spec["shape"])
+    info = TensorInfo(str(spec["dtype"]), shape, data_start + begin)
+    if begin < 0 or stop < begin or min(shape, default=0) < 0:
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header: tensor {name!r} has data_offsets [{begin}, {stop}] and "
+            f"shape {list(shape)}; expected 0 <= begin <= end and no negative dimension: download the file again"
+        )
+    if info.dtype in DTYPE_BYTES and stop - begin != info.nbytes:
+        raise ModelLoadError(
+            f"{path}: corrupt safetensors header: tensor {name!r} ({info.dtype}, shape {list(shape)}) needs "
+            f"{info.nbytes} bytes, but its data_offsets [{begin}, {stop}] span {stop - begin}; the file was "
+            "written wrongly or damaged: download it again"
+        )
+    return info, stop
+
+
 def load_pickle(path: Path) -> dict[str, torch.Tensor]:
     """A pickled state dict through ``torch.load(weights_only=True)`` (no code execution)."""
     import torch
 
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ModelLoadError(f"{path}: cannot read this pickled file with weights_only=True: {exc}") from exc
+    obj = load_weights_only(path)
     while isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict):

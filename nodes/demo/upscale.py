@@ -4,7 +4,7 @@
 
 - ``upscale_models/loom_demo_esrgan_4x.safetensors``: the state dict
 - ``upscale_models/loom_demo_esrgan_4x.pth``: ``{"params_ema": state_dict}`` as Real-ESRGAN saves
-  it, loadable with ``torch.load(weights_only=True)`` (Loom opens it only with ``allow_pickle``)
+  it, loadable with ``torch.load(weights_only=True)`` (the default; refused under ``--refuse-pickle``)
 
 Built with plain torch (spandrel is needed to run it, not to write it). Its output is noise-like.
 """

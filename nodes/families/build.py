@@ -14,10 +14,9 @@ import torch
 from nodes.core.empty_init import EMPTY_INIT_LOCK
 from nodes.core.parts import Part
 from nodes.core.tensors import ModelLoadError, TensorIndex
-from nodes.core.weights import load_tensors
 from nodes.families.base import FamilyAdapter
 from nodes.families.components.clip_text import ClipText
-from nodes.quant.files import pack_state_dict
+from nodes.quant.files import read_packed
 from nodes.quant.layers import install_packed
 from nodes.quant.packed import is_packed
 
@@ -63,7 +62,7 @@ def empty_module(part: Part) -> Any:
 def build_from_single_file(part: Part, index: TensorIndex) -> Any:
     """Read ``part``'s tensors from a single file in the original layout and build the module."""
 
-    tensors = pack_state_dict(load_tensors(index, part.prefix), str(index.path))  # fp8 weights stay fp8
+    tensors = read_packed(index, part.prefix)  # fp8 weights stay fp8
     sd = part.kind.to_diffusers(tensors, part.config)
     return assign(part, sd, where=f"{index.path} ({part.name}, prefix {part.prefix!r})")
 

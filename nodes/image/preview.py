@@ -15,7 +15,8 @@ through the CPU caches) of the sampling time so far, and at most every ``interva
 sees something at once.
 
 A preview is never worth a failed job: a decoder file that is damaged, not a TAESD decoder, or a
-pickle (``.pth``/``.pt``, read only with ``--allow-pickle``, like every pickled file Loom reads) is
+pickle (``.pth``/``.pt``, read only weights-only and refused under ``--refuse-pickle``, like every
+pickled file Loom reads) is
 logged once as a warning and the run previews with the latent->RGB approximation instead.
 """
 
@@ -35,7 +36,7 @@ import torch
 
 from engine.context import Interrupted, NodeContext, Preview
 from nodes.core.handles import WeightsHandle, WeightsSource
-from nodes.core.weights import pickle_refusal
+from nodes.core.weights import load_weights_only, pickle_refusal
 from nodes.families.latent_format import LatentFormat
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def _read(path: Path, *, allow_pickle: bool) -> dict[str, torch.Tensor]:
         return dict(load_file(str(path)))
     if not allow_pickle:
         raise pickle_refusal(path)
-    return dict(torch.load(str(path), map_location="cpu", weights_only=True))
+    return dict(load_weights_only(path))
 
 
 def _to_diffusers_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -4,8 +4,8 @@ the architecture and its hyper-parameters from the weights.
 ``UpscaleModelLoader`` reads a file from ``models/upscale_models`` and returns an
 :class:`UpscaleModelHandle` (a model-manager handle of kind ``upscale_model``: counted, evictable,
 prefetched like every WeightsHandle). ``.safetensors`` files are read as such; pickled files
-(``.pth``, ``.pt``, ``.ckpt``, ``.bin``) follow the checkpoints' rule: refused unless pickles are
-allowed (``allow_pickle``), and then read only through ``torch.load(weights_only=True)``.
+(``.pth``, ``.pt``, ``.ckpt``, ``.bin``) follow the checkpoints' rule: read only through
+``torch.load(weights_only=True)`` (refused when it rejects them, and always under ``--refuse-pickle``).
 
 ``ImageUpscaleWithModel`` runs the model as ComfyUI does: tiles of 512 input pixels overlapping by
 32, blended with a linear feather (:func:`tiled_scale`), the tile size halved on out-of-memory
@@ -29,7 +29,14 @@ from nodes.core.handles import WeightsHandle, WeightsSource
 from nodes.core.model_files import file_fingerprint
 from nodes.core.spandrel_import import import_spandrel
 from nodes.core.tensors import ModelLoadError
-from nodes.core.weights import PICKLE_SUFFIXES, fingerprint, load_tensors, pickle_refusal, read_index
+from nodes.core.weights import (
+    PICKLE_SUFFIXES,
+    fingerprint,
+    load_tensors,
+    load_weights_only,
+    pickle_refusal,
+    read_index,
+)
 
 UPSCALE_MODEL = "UPSCALE_MODEL"
 TILE, OVERLAP, MIN_TILE = 512, 32, 128
@@ -47,13 +54,7 @@ def read_state_dict(path: Path, *, allow_pickle: bool) -> dict[str, torch.Tensor
             raise ModelLoadError(f"{path}: model file not found")
         if not allow_pickle:
             raise pickle_refusal(path)
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ModelLoadError(
-                f"{path}: cannot read this pickled file with weights_only=True (it needs a full "
-                f"pickle, which Loom never loads): {exc}"
-            ) from exc
+        obj = load_weights_only(path)
         while isinstance(obj, dict):
             inner = next((obj[k] for k in _WRAPPERS if isinstance(obj.get(k), dict)), None)
             if inner is None:

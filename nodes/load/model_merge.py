@@ -29,8 +29,8 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, FLOAT, MODEL, Input, NodeSchema, Output
 from nodes.core.tensors import ModelLoadError
-from nodes.core.weights import load_tensors, read_index
-from nodes.quant.files import pack_state_dict
+from nodes.core.weights import read_index
+from nodes.quant.files import read_packed
 from nodes.quant.gguf import is_gguf
 from nodes.quant.layers import store_weight
 
@@ -51,7 +51,7 @@ def part_state(handle: Any, name: str) -> dict[str, torch.Tensor]:
     if handle.patches or handle.source.format != "single_file":
         return dict(part_module(handle.load(), handle, name).state_dict())
     index = read_index(handle.source.path, allow_pickle=handle.source.allow_pickle)
-    tensors = pack_state_dict(load_tensors(index, part.prefix), str(index.path))  # scaled fp8: scales applied
+    tensors = read_packed(index, part.prefix)  # scaled fp8: scales applied
     return dict(part.kind.module_keys(part.kind.to_diffusers(tensors, part.config)))
 
 

@@ -11,7 +11,7 @@ File layouts:
 
 - the pickled ``.pt`` users have (A1111): ``{width: [state_dict_k, state_dict_v], "activation_func",
   "is_layer_norm", "use_dropout", "activate_output", "last_layer_dropout", ...}``, read only with
-  torch's weights-only unpickler and only when pickles are allowed (``--allow-pickle``);
+  torch's weights-only unpickler (refused under ``--refuse-pickle``);
 - ``.safetensors`` (Loom's flat form of the same): tensors ``"{width}.{0|1}.{layer}.weight|bias"``,
   the options as ``__metadata__`` strings (``"relu"``, ``"true"``/``"false"``).
 

@@ -14,7 +14,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from nodes.core.tensors import ModelLoadError
+from nodes.core.tensors import ModelLoadError, TensorIndex
+from nodes.core.weights import load_tensors
 from nodes.quant.packed import PackedWeight
 
 SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
@@ -22,12 +23,22 @@ DROPPED_SUFFIXES = (".scale_input", ".input_scale", ".comfy_quant")
 FP8_NAMES = {"F8_E4M3": "fp8_e4m3fn", "F8_E5M2": "fp8_e5m2"}
 
 
-def pack_state_dict(sd: Mapping[str, Any], where: str) -> dict[str, Any]:
+def read_packed(index: TensorIndex, prefix: str) -> dict[str, Any]:
+    """The tensors under ``prefix`` (prefix removed), packed by :func:`pack_state_dict`. An
+    all-in-one checkpoint may carry its ``scaled_fp8`` marker at the top level, outside the part's
+    prefix: it marks the part too."""
+    marked = index.has("scaled_fp8") or index.has(prefix + "scaled_fp8")
+    return pack_state_dict(load_tensors(index, prefix), str(index.path), marked=marked)
+
+
+def pack_state_dict(sd: Mapping[str, Any], where: str, *, marked: bool = False) -> dict[str, Any]:
     """``sd`` with fp8 weights as :class:`PackedWeight` (scales folded in, scale and marker tensors
-    removed); other tensors unchanged. ``where`` names the file in errors."""
+    removed); other tensors unchanged. ``where`` names the file in errors; ``marked``: the file has
+    a ``scaled_fp8`` marker outside ``sd`` (every weight then needs its scale)."""
     import torch
 
     marker = next((k for k in sd if k == "scaled_fp8" or k.endswith(".scaled_fp8")), None)
+    marked = marked or marker is not None
     _check_comfy_quant(sd, where)
     out: dict[str, Any] = {}
     for key, value in sd.items():
@@ -39,7 +50,7 @@ def pack_state_dict(sd: Mapping[str, Any], where: str) -> dict[str, Any]:
             continue
         base = key.removesuffix(".weight")
         scale = next((sd[base + s] for s in SCALE_SUFFIXES if base + s in sd), None)
-        if scale is None and key.endswith(".weight") and (marker is not None or f"{base}.comfy_quant" in sd):
+        if scale is None and key.endswith(".weight") and (marked or f"{base}.comfy_quant" in sd):
             raise ModelLoadError(
                 f"{where}: this is a scaled-fp8 file (it has a 'scaled_fp8' marker or per-layer comfy_quant entries) "
                 f"but {key!r} has no scale ({base}.scale_weight or {base}.weight_scale); its values would be wrong "

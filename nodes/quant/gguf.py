@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.core.tensors import GGUF_BLOCKS, ModelLoadError, TensorIndex, TensorInfo
+from nodes.quant.gguf_header import check_gguf_header
 from nodes.quant.packed import PackedWeight
 
 if TYPE_CHECKING:
@@ -84,9 +85,10 @@ def _reader(path: Path) -> Any:
         raise ModelLoadError(
             f"{path}: reading .gguf files needs the 'gguf' package (pip install gguf)"
         ) from exc
+    check_gguf_header(path)  # every count checked against the file before the package iterates it
     try:
         return gguf.GGUFReader(str(path))
-    except (ValueError, OSError, IndexError, KeyError) as exc:
+    except (ValueError, OSError, IndexError, KeyError, RecursionError, ZeroDivisionError) as exc:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc}); download it again") from exc
 
 

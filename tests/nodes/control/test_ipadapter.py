@@ -4,6 +4,7 @@ same tiny weights, image and seed; weight 0, the step window, stacking, memory a
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engine.context import RunSettings
 from nodes.bench.diffusers_ref import ComfyEulerScheduler
 from nodes.control.ipadapter import IPAdapter, IPAdapterAdvanced, IPAdapterFile, IPAdapterModelLoader
 from nodes.demo.vision import ip_adapter_state_dict, tiny_clip_vision
@@ -309,8 +311,9 @@ def test_bad_inputs_name_both_sides(env: Env) -> None:
         env.apply(unet, env.adapter(), image=latent)
     with pytest.raises(TypeError, match=r"'image' must be an IMAGE .*shape \(1, 4, 8, 8\)"):
         env.apply(unet, env.adapter(), image=latent["samples"])
-    with pytest.raises(ValueError, match="refusing to load a pickled"):
-        env.adapter("old.bin")
+    with pytest.raises(ValueError, match="refusing to load a pickled"):  # --refuse-pickle
+        strict = dataclasses.replace(env.ctx, settings=RunSettings(allow_pickle=False))
+        IPAdapterModelLoader().run(strict, ipadapter_file="old.bin")
 
 
 def test_sdxl_adapter_matches_diffusers(tiny_models: dict, tiny_sdxl_ckpt: Path, env: Env) -> None:

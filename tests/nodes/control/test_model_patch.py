@@ -39,7 +39,7 @@ def test_a_file_of_no_known_kind_is_told_where_it_belongs(models_dir: Path, make
         ModelPatchLoader().run(make_ctx(), name="cn.safetensors")
     (folder / "old.pt").write_bytes(b"\x80\x02}q\x00.")
     with pytest.raises(ModelLoadError, match="refusing to load a pickled PyTorch file"):
-        ModelPatchLoader().run(make_ctx(), name="old.pt")
+        ModelPatchLoader().run(make_ctx(allow_pickle=False), name="old.pt")  # --refuse-pickle
 
 
 def test_schema_is_comfyuis() -> None:

@@ -1,6 +1,7 @@
 """A preview decoder file in models/vae_approx never fails a job (issue 19, item 8): a damaged,
 foreign or pickled TAESD file is logged once and the run previews with latent->RGB instead, and
-``.pth`` decoders are read only with ``--allow-pickle`` (the rule every pickled file obeys)."""
+``.pth`` decoders are read weights-only and refused under ``--refuse-pickle`` (the rule every
+pickled file obeys)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_a_damaged_decoder_falls_back_to_latent_rgb_with_a_warning(
     assert len(warnings) == 1 and "latent->RGB" in warnings[0].getMessage()
 
 
-def test_pickled_decoders_are_read_only_with_allow_pickle(
+def test_pickled_decoders_are_refused_with_refuse_pickle_and_read_weights_only(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from safetensors.torch import load_file
@@ -71,10 +72,10 @@ def test_pickled_decoders_are_read_only_with_allow_pickle(
     folder.mkdir(parents=True)
     torch.save(load_file(str(source)), folder / f"{_stem()}.pth")
 
-    refused = PreviewRenderer(_ctx(tmp_path / "models", tmp_path), SD15().latent_format)
+    refused = PreviewRenderer(_ctx(tmp_path / "models", tmp_path, allow_pickle=False), SD15().latent_format)
     with caplog.at_level(logging.WARNING, logger="nodes.image.preview"):
         assert _preview_size(refused) == (8, 8)
     assert "--allow-pickle" in caplog.text and refused.method == "latent2rgb"
 
-    allowed = PreviewRenderer(_ctx(tmp_path / "models", tmp_path, allow_pickle=True), SD15().latent_format)
+    allowed = PreviewRenderer(_ctx(tmp_path / "models", tmp_path), SD15().latent_format)
     assert _preview_size(allowed) == (64, 64) and allowed.method == "taesd"

@@ -1,5 +1,5 @@
-"""Upscale models on spandrel: the demo ESRGAN files load (safetensors; .pth only with allow_pickle,
-weights-only), tiled output equals untiled within the seam blending, a 4× upscale of a 1024² image
+"""Upscale models on spandrel: the demo ESRGAN files load (safetensors; .pth weights-only by default,
+refused under --refuse-pickle), tiled output equals untiled within the seam blending, a 4× upscale of a 1024² image
 completes when the first tile size runs out of memory, interrupt stops between tiles, bad files and
 bad images get clear errors."""
 
@@ -93,14 +93,14 @@ def test_loader_detects_the_demo_esrgan(make_ctx: Callable[..., NodeContext]) ->
     assert handle.kind == "upscale_model" and handle.key.startswith("upscale_model:")
 
 
-def test_pth_is_refused_like_checkpoints_unless_pickles_are_allowed(
+def test_pth_is_refused_like_checkpoints_when_pickles_are_refused(
     make_ctx: Callable[..., NodeContext], models_root: Path
 ) -> None:
     path = models_root / "upscale_models" / DEMO_UPSCALER_PTH
     with pytest.raises(ModelLoadError) as refused:
-        UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER_PTH)
+        UpscaleModelLoader().run(make_ctx(allow_pickle=False), model_name=DEMO_UPSCALER_PTH)
     assert str(refused.value) == str(pickle_refusal(path))
-    (from_pth,) = UpscaleModelLoader().run(make_ctx(allow_pickle=True), model_name=DEMO_UPSCALER_PTH)
+    (from_pth,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER_PTH)
     (from_st,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
     x = torch.rand(1, 3, 16, 16)
     assert torch.equal(from_pth.load()(x), from_st.load()(x))  # {"params_ema": sd} unwrapped
@@ -322,3 +322,40 @@ def test_progress_total_is_the_number_of_tiles_run(h: int, w: int, tile: int, ex
 
     tiled_scale(torch.zeros(1, 3, h, w), fn, tile=tile, overlap=32, scale=1, out_channels=3)
     assert len(calls) == tile_count(h, w, tile, 32) == expected
+
+
+def test_a_plain_tensor_pth_loads_without_flags_through_the_weights_only_loader(
+    make_ctx: Callable[..., NodeContext], models_root: Path
+) -> None:
+    (from_pth,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER_PTH)
+    (from_st,) = UpscaleModelLoader().run(make_ctx(), model_name=DEMO_UPSCALER)
+    x = torch.rand(1, 3, 16, 16)
+    assert torch.equal(from_pth.load()(x), from_st.load()(x))
+
+
+def test_a_pickle_with_a_custom_class_is_refused_with_the_message(
+    make_ctx: Callable[..., NodeContext], models_root: Path
+) -> None:
+    path = models_root / "upscale_models" / "custom-class.pth"
+    torch.save({"params_ema": demo_esrgan_state_dict(), "extra": NotWeights()}, path)
+    try:
+        with pytest.raises(ModelLoadError) as refused:
+            UpscaleModelLoader().run(make_ctx(), model_name="custom-class.pth").load()
+    finally:
+        path.unlink()
+    message = str(refused.value)
+    assert "refusing to load a pickled PyTorch file" in message and "weights-only" in message
+    assert ".safetensors" in message and "custom-class.pth" in message
+
+
+def test_the_strict_flag_refuses_even_a_plain_tensor_pth(
+    make_ctx: Callable[..., NodeContext], models_root: Path
+) -> None:
+    path = models_root / "upscale_models" / DEMO_UPSCALER_PTH
+    with pytest.raises(ModelLoadError) as refused:
+        UpscaleModelLoader().run(make_ctx(allow_pickle=False), model_name=DEMO_UPSCALER_PTH)
+    assert str(refused.value) == str(pickle_refusal(path)) and "--refuse-pickle" in str(refused.value)
+    from main import make_parser
+
+    assert make_parser().parse_args(["serve", "--refuse-pickle"]).refuse_pickle is True
+    assert make_parser().parse_args(["serve"]).refuse_pickle is False

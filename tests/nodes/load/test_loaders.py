@@ -173,7 +173,7 @@ def test_unknown_architecture(make_ctx: Any, models_dir: Path) -> None:
         CheckpointLoaderSimple().run(make_ctx(), ckpt_name="bad_arch.safetensors")
 
 
-def test_pickle_refused_by_default_and_allowed_with_weights_only(
+def test_pickle_refused_with_refuse_pickle_and_loaded_weights_only_by_default(
     make_ctx: Any, models_dir: Path, tiny_sd15_ckpt: Path, tiny_models: Any
 ) -> None:
     from safetensors.torch import load_file
@@ -181,8 +181,8 @@ def test_pickle_refused_by_default_and_allowed_with_weights_only(
     path = models_dir / "checkpoints" / "old_style.ckpt"
     torch.save({"state_dict": load_file(str(tiny_sd15_ckpt))}, path)
     with pytest.raises(ModelLoadError, match=r"old_style\.ckpt: refusing to load a pickled"):
-        CheckpointLoaderSimple().run(make_ctx(), ckpt_name="old_style.ckpt")
-    ctx = make_ctx(allow_pickle=True)
+        CheckpointLoaderSimple().run(make_ctx(allow_pickle=False), ckpt_name="old_style.ckpt")
+    ctx = make_ctx()
     handles = CheckpointLoaderSimple().run(ctx, ckpt_name="old_style.ckpt")
     with ctx.models.use(handles[0]) as unet:
         assert_weights(unet, tiny_models["sd15"].modules["unet"])

@@ -160,7 +160,9 @@ def test_real_strength_changes_the_result_and_leaves_the_unpatched_model_alone(e
     assert not torch.allclose(_sample(env, _load(env, -0.8)), out, atol=1e-4)
 
 
-def test_pickled_files_need_allow_pickle_and_load_weights_only(env: dict[str, Any], make_ctx: Any) -> None:
+def test_pickled_files_are_refused_with_refuse_pickle_and_load_weights_only(
+    env: dict[str, Any], make_ctx: Any
+) -> None:
     nets = hypernetwork_tensors()
     folder = env["models"] / "hypernetworks"
     torch.save(
@@ -176,8 +178,8 @@ def test_pickled_files_need_allow_pickle_and_load_weights_only(env: dict[str, An
         folder / "demo_a1111.pt",
     )
     with pytest.raises(ModelLoadError, match="refusing to load a pickled PyTorch file.*--allow-pickle"):
-        _load(env, 0.8, "demo_a1111.pt")
-    pickled = _load(env, 0.8, "demo_a1111.pt", ctx=make_ctx(allow_pickle=True))
+        _load(env, 0.8, "demo_a1111.pt", ctx=make_ctx(allow_pickle=False))
+    pickled = _load(env, 0.8, "demo_a1111.pt", ctx=make_ctx())
     assert torch.equal(_sample(env, pickled), _sample(env, _load(env, 0.8)))
 
 
