@@ -10,11 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def strays(tests: Path, source: Path) -> list[str]:
-    """The folders under ``tests`` that do not mirror a package of ``source`` (relative paths)."""
+def strays(tests: Path, source: Path, depth: int | None = None) -> list[str]:
+    """The folders under ``tests`` (down to ``depth`` levels; None: all) that do not mirror a
+    package of ``source`` (relative paths)."""
     found = []
     for folder in sorted(p for p in tests.rglob("*") if p.is_dir() and "__pycache__" not in p.parts):
         rel = folder.relative_to(tests)
+        if depth is not None and len(rel.parts) > depth:
+            continue
         is_package = (folder / "__init__.py").is_file()
         if len(rel.parts) > 1 and not is_package:
             continue  # a data folder inside a station's tests
@@ -38,3 +41,11 @@ def test_the_check_sees_a_stray_folder(tmp_path: Path) -> None:
     (tests / "load" / "workflows").mkdir()  # data inside a station's tests: allowed
     (tests / "workflows").mkdir()  # data directly under tests/nodes: not
     assert strays(tests, source) == ["perf", "workflows"]
+
+
+def test_every_folder_of_tests_engine_names_a_package_of_engine() -> None:
+    # deeper folders there are the plugin packs the plugin tests load (packages, not mirrors)
+    assert strays(ROOT / "tests" / "engine", ROOT / "engine", depth=1) == [], (
+        "each folder tests/engine/X/ holds the tests of engine/X/ (and has an __init__.py): move the "
+        "tests into the folder of the package they test, or a data folder into that folder"
+    )

@@ -1,5 +1,5 @@
 """The compatibility report (engine/plugins/compat_check.py) and `python main.py check` (exit codes,
---json); the API route is tested in tests/server/test_check_api.py."""
+--json); the API route is tested in tests/engine/server/test_check_api.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from engine.events import Preview
 from engine.image_guard import SAFETY_CHUNK, Guarded
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
-from tests.server.conftest import make_parts
+from tests.engine.server.conftest import make_parts
 
 BLACK = io.BytesIO()
 Image.new("RGB", (4, 4), (0, 0, 0)).save(BLACK, format="PNG")

@@ -19,7 +19,7 @@ from PIL import Image
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from nodes.bench.stubs.server_nodes import workflow
-from tests.server.conftest import make_parts
+from tests.engine.server.conftest import make_parts
 
 
 class ComfyStyleClient:

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient
 
 from engine.server.app import HUB, RELAY
 from nodes.bench.stubs.server_nodes import workflow
-from tests.server.conftest import receive_json, wait_done, wait_history
+from tests.engine.server.conftest import receive_json, wait_done, wait_history
 
 
 async def test_status_on_connect_and_queue_change(client: TestClient) -> None:

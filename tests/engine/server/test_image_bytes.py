@@ -22,7 +22,7 @@ from engine.image_guard import SAFETY_CHUNK, Guarded, Policy, Verdict
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 from nodes.image.load_save import EmptyImage, PreviewImage, SaveImage
-from tests.server.conftest import make_parts
+from tests.engine.server.conftest import make_parts
 
 RED = 0xCC2211
 

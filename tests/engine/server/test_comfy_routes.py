@@ -19,7 +19,7 @@ import asyncio
 from aiohttp.test_utils import TestClient
 
 from nodes.bench.stubs.server_nodes import workflow
-from tests.server.conftest import block_queue, receive_json, wait_done, wait_history
+from tests.engine.server.conftest import block_queue, receive_json, wait_done, wait_history
 
 
 async def _block_queue(client: TestClient) -> str:
@@ -275,7 +275,7 @@ async def test_memory_manager_figures_and_progress_log(aiohttp_client, tmp_path,
 
     from engine.server.app import create_app
     from engine.server.common import ServerConfig
-    from tests.server.conftest import make_parts
+    from tests.engine.server.conftest import make_parts
 
     parts = make_parts(tmp_path)
     manager = FakeManager()

@@ -16,7 +16,7 @@ from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from nodes.load.checkpoint_loaders import NODES as LOADER_NODES
 from nodes.load.checkpoint_loaders import register_model_options
-from tests.server.conftest import make_parts
+from tests.engine.server.conftest import make_parts
 
 
 def keep_folder_time(folder: Path, old: os.stat_result) -> None:

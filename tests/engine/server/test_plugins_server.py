@@ -13,9 +13,9 @@ from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
 from nodes.compat.shim import load_plugins_with_shim
 from nodes.text.primitives import NODES as UTILITY_NODES
-from tests.server.conftest import make_parts, receive_json, wait_done
+from tests.engine.server.conftest import make_parts, receive_json, wait_done
 
-PACKS = Path(__file__).resolve().parents[1] / "engine" / "plugins" / "packs"
+PACKS = Path(__file__).resolve().parents[1] / "plugins" / "packs"
 
 
 def plugin_parts(root: Path) -> ServerParts:

@@ -26,10 +26,10 @@ from engine.distributed.router import Router, first_model_finder  # noqa: E402
 from engine.executor import RunRequest  # noqa: E402
 from engine.jobs.spec import JobSpec  # noqa: E402
 from engine.jobs.store import JobStore  # noqa: E402
-from tests.distributed import demo_runtime  # noqa: E402
+from tests.engine.distributed import demo_runtime  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def txt2img(ckpt: str, seed: int) -> dict[str, Any]:
@@ -127,7 +127,7 @@ def test_demo_txt2img_on_two_workers_matches_single_process_with_affinity(demo: 
 
     server = demo["build"](demo["args"]("server"))
     pool = RayWorkerPool(namespace=f"loom-demo-{uuid.uuid4().hex[:6]}")
-    config = worker_config(demo["args"]("worker"), ROOT, "tests.distributed.demo_runtime:build")
+    config = worker_config(demo["args"]("worker"), ROOT, "tests.engine.distributed.demo_runtime:build")
     names = pool.spawn(config, ActorResources(num_cpus=1), 2)
     settings = QueueSettings(discover_every_s=0.2, default_load_s=1.0, default_run_s=0.5)
     router = Router(default_load_s=settings.default_load_s, default_run_s=settings.default_run_s)

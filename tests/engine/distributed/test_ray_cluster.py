@@ -31,7 +31,7 @@ from nodes.bench.stubs import worker_runtime  # noqa: E402
 from nodes.bench.stubs.worker_runtime import make_registry, workflow  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FACTORY = "nodes.bench.stubs.worker_runtime:build"
 
 

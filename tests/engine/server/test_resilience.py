@@ -24,10 +24,10 @@ from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
 from nodes.bench.stubs.server_nodes import workflow
 from nodes.compat.shim import load_plugins_with_shim
-from tests.server.conftest import blocker as blocker_workflow
-from tests.server.conftest import make_parts, wait_history
+from tests.engine.server.conftest import blocker as blocker_workflow
+from tests.engine.server.conftest import make_parts, wait_history
 
-HOSTILE = Path(__file__).resolve().parents[1] / "engine" / "plugins" / "hostile"
+HOSTILE = Path(__file__).resolve().parents[1] / "plugins" / "hostile"
 FINAL = ("succeeded", "failed", "cancelled")
 
 

@@ -11,7 +11,7 @@ from engine.distributed.outputs import OutputStore
 from engine.distributed.worker import JobOutcome, OutputFile
 from engine.jobs.spec import JobSpec
 from nodes.bench.stubs.worker_runtime import workflow
-from tests.distributed.test_queue_inprocess import make_worker
+from tests.engine.distributed.test_queue_inprocess import make_worker
 
 
 @pytest.mark.parametrize("job_id", ["../../../victim", "/ABS"])

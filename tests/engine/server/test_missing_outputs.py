@@ -7,7 +7,7 @@ from aiohttp.test_utils import TestClient
 
 from engine.server.app import ServerParts
 from nodes.bench.stubs.server_nodes import workflow
-from tests.server.conftest import wait_history
+from tests.engine.server.conftest import wait_history
 
 
 async def test_deleted_outputs_are_marked_missing(client: TestClient, parts: ServerParts) -> None:

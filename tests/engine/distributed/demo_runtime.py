@@ -1,6 +1,6 @@
 """Worker runtime for the demo-model tests: ``main.build_runtime`` plus the node groups that
 ``register_core`` may not register yet (sampling, conditioning, latent, image), as
-tests/nodes/test_generation_e2e.py does. Used as ``"tests.distributed.demo_runtime:build"``."""
+tests/nodes/test_generation_e2e.py does. Used as ``"tests.engine.distributed.demo_runtime:build"``."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from nodes.bench.stubs.server_nodes import workflow
-from tests.server.conftest import receive_json
+from tests.engine.server.conftest import receive_json
 
 CLIENTS = 20
 JOBS_PER_CLIENT = 2

@@ -14,7 +14,7 @@ from engine.jobs.store import JobStore
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from nodes.bench.stubs.server_nodes import workflow
-from tests.server.conftest import block_queue, make_parts, wait_history
+from tests.engine.server.conftest import block_queue, make_parts, wait_history
 
 
 async def test_restart_keeps_queue_and_history(tmp_path: Path) -> None:

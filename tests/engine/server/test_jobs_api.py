@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient
 
 from engine.formats import to_saved
 from nodes.bench.stubs.server_nodes import workflow
-from tests.server.conftest import block_queue
+from tests.engine.server.conftest import block_queue
 
 UI_WORKFLOW: dict[str, Any] = {
     "last_node_id": 3,

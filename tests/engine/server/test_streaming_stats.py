@@ -11,7 +11,7 @@ from engine.memory.manager import ModelManager
 from engine.memory.streaming import StreamPlan, plan_split
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
-from tests.server.conftest import make_parts
+from tests.engine.server.conftest import make_parts
 
 
 class SplitHandle:

@@ -16,7 +16,7 @@ from engine.folders import ModelFolders
 from engine.model_meta import HeaderError, describe_model_file, read_safetensors_metadata
 from engine.server.app import create_app
 from engine.server.common import ServerConfig
-from tests.server.conftest import make_parts
+from tests.engine.server.conftest import make_parts
 
 
 def write_safetensors(path: Path, metadata: dict[str, str] | None) -> None:

@@ -25,7 +25,7 @@ from engine.server.app import create_app
 from engine.server.common import ServerConfig
 from engine.server.security import ERRORS
 from nodes.bench.stubs.server_nodes import png_bytes, workflow
-from tests.server.conftest import make_parts
+from tests.engine.server.conftest import make_parts
 
 scalars = (
     st.none()
