@@ -16,6 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from safetensors import SafetensorError, safe_open
+
 from nodes.core.tensors import TORCH_DTYPES, ModelLoadError, TensorIndex, TensorInfo
 
 if TYPE_CHECKING:
@@ -113,8 +116,6 @@ def _read_safetensors_header(path: Path) -> TensorIndex:
 
 def load_pickle(path: Path) -> dict[str, torch.Tensor]:
     """A pickled state dict through ``torch.load(weights_only=True)`` (no code execution)."""
-    import torch
-
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -148,7 +149,6 @@ def load_tensors(
         return out
     if all(index.tensors[k].offset is not None and index.tensors[k].dtype in TORCH_DTYPES for k in keys):
         return {k[len(prefix) :] if strip else k: t for k, t in read_safetensors(index, keys).items()}
-    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(index.path), framework="pt", device="cpu") as f:
@@ -168,8 +168,6 @@ def read_safetensors(index: TensorIndex, keys: Iterable[str]) -> dict[str, torch
     """The tensors ``keys`` of a safetensors file, each read into memory of its own with plain reads.
     The file is never mapped: with safetensors' mmap every page of the part read counted as the
     process's memory until the file closed (1.3 GiB on top of the copies while a UNet loaded)."""
-    import torch
-
     out: dict[str, torch.Tensor] = {}
     with index.path.open("rb", buffering=0) as f:
         for key in keys:

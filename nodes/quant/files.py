@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from nodes.core.tensors import ModelLoadError
 from nodes.quant.packed import PackedWeight
 
@@ -25,8 +27,6 @@ FP8_NAMES = {"F8_E4M3": "fp8_e4m3fn", "F8_E5M2": "fp8_e5m2"}
 def pack_state_dict(sd: Mapping[str, Any], where: str) -> dict[str, Any]:
     """``sd`` with fp8 weights as :class:`PackedWeight` (scales folded in, scale and marker tensors
     removed); other tensors unchanged. ``where`` names the file in errors."""
-    import torch
-
     marker = next((k for k in sd if k == "scaled_fp8" or k.endswith(".scaled_fp8")), None)
     _check_comfy_quant(sd, where)
     out: dict[str, Any] = {}
@@ -60,8 +60,6 @@ def pack_state_dict(sd: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def _fp8_format(value: Any) -> str | None:
-    import torch
-
     if isinstance(value, PackedWeight):
         return None
     dtype = getattr(value, "dtype", None)

@@ -18,6 +18,8 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, INT, MODEL, SAMPLER, Input, NodeSchema, Output
+from nodes.diffusion.k_samplers import to_d, with_post_cfg
+from nodes.diffusion.ksampler import KSamplerFn, ksampler, sampler_object
 from nodes.diffusion.names import SAMPLER_NAMES
 
 _OUT = (Output("SAMPLER", SAMPLER, "The sampler."),)
@@ -25,8 +27,6 @@ _CATEGORY = "sampling/custom_sampling/samplers"
 
 
 def _ksampler(name: str, options: dict[str, Any] | None = None) -> Any:
-    from nodes.diffusion.ksampler import ksampler
-
     return ksampler(name, options or {})
 
 
@@ -64,8 +64,6 @@ class KSamplerSelect(Node):
     )
 
     def run(self, ctx: NodeContext, *, sampler_name: str) -> tuple[Any]:
-        from nodes.diffusion.ksampler import sampler_object
-
         return (sampler_object(sampler_name),)
 
 
@@ -398,8 +396,6 @@ class SamplerLCMUpscale(Node):
     def run(
         self, ctx: NodeContext, *, scale_ratio: float, scale_steps: int, upscale_method: str
     ) -> tuple[Any]:
-        from nodes.diffusion.ksampler import KSamplerFn
-
         options = {
             "total_upscale": scale_ratio,
             "upscale_steps": None if scale_steps < 0 else scale_steps,
@@ -419,8 +415,6 @@ class SamplerEulerCFGpp(Node):
     )
 
     def run(self, ctx: NodeContext, *, version: str) -> tuple[Any]:
-        from nodes.diffusion.ksampler import KSamplerFn
-
         return (KSamplerFn(sample_euler_pp, {}) if version == "alternative" else _ksampler("euler_cfg_pp"),)
 
 
@@ -433,8 +427,6 @@ def sample_euler_pp(
     disable: Any = None,
 ) -> torch.Tensor:
     """The "alternative" Euler CFG++: the step direction uses x - denoised + uncond_denoised."""
-    from nodes.diffusion.k_samplers import to_d, with_post_cfg
-
     extra_args = dict(extra_args or {})
     uncond: list[torch.Tensor] = []
 
