@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from engine.atomic import write_atomic
 from engine.context import Folders, NodeContext
@@ -183,6 +183,8 @@ def load_image_file(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LoadImage's reading of ``image`` (a name in the ``default`` folder, or annotated): the RGB
     image [1, H, W, 3] and the mask [1, H, W] (1 where transparent; zeros without alpha)."""
+    from PIL import ImageOps  # lazy: ImageOps and its palettes (~8 ms); only a load needs it
+
     path = _input_path(folders, image, default)
     if not path.is_file():
         raise ImageError(

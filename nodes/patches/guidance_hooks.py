@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from nodes.core.sampling_hooks import SamplingHooks
-from nodes.diffusion.k_samplers import sigma_to_half_log_snr
 from nodes.sample.guiders import perp_neg
 
 Args = dict[str, Any]
@@ -171,6 +170,8 @@ def epsilon_scaling(factor: float) -> SamplingHooks:
 
 
 def temporal_score_rescaling(tsr_k: float, tsr_sigma: float) -> SamplingHooks:
+    from nodes.diffusion.k_samplers import sigma_to_half_log_snr  # lazy: the samplers (~150 ms)
+
     variance = tsr_sigma**2
 
     def post(args: Args) -> torch.Tensor:

@@ -35,11 +35,9 @@ from nodes.core.cond import CondEntry
 from nodes.core.device import compiled_forward, tf32_scope
 from nodes.core.module_streaming import run_shape
 from nodes.core.sampling_hooks import RunInfo
-from nodes.diffusion.ksampler import sampler_object
 from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
 from nodes.diffusion.noise import SeedGroups, prepare_noise
 from nodes.diffusion.schedulers import ksampler_sigmas
-from nodes.image.preview import PreviewPacer, PreviewRenderer
 from nodes.latent.vae import check_latent_for, fit_empty_latent, tag_latent
 from nodes.sample.guiders import GuidedRun, Guider
 
@@ -74,6 +72,8 @@ class _Reporter:
     previews cost at most ~5% of the sampling time), and interrupts."""
 
     def __init__(self, ctx: NodeContext, model: Any, shape: tuple[int, ...], total: int):
+        from nodes.image.preview import PreviewPacer, PreviewRenderer  # lazy: previews (~20 ms)
+
         self.ctx, self.shape, self.total = ctx, shape, total
         self.pacer = PreviewPacer()
         self.pacer.begin()
@@ -311,6 +311,8 @@ class KSamplerCall:
 def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall]) -> list[dict]:
     """Sample KSampler calls: all in one stacked batch when they agree on everything but seeds and
     prompts (per-step noise is drawn per job: ``SeedGroups``), else one by one."""
+    from nodes.diffusion.ksampler import sampler_object  # lazy: the samplers (~150 ms)
+
     first = calls[0]
     sigmas = first.sigmas()
     stackable = len(calls) > 1 and all(c.batch_key() == first.batch_key() for c in calls)

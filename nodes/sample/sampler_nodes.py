@@ -18,8 +18,6 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, INT, MODEL, SAMPLER, Input, NodeSchema, Output
-from nodes.diffusion.k_samplers import to_d, with_post_cfg
-from nodes.diffusion.ksampler import KSamplerFn, ksampler, sampler_object
 from nodes.diffusion.names import SAMPLER_NAMES
 
 _OUT = (Output("SAMPLER", SAMPLER, "The sampler."),)
@@ -27,6 +25,8 @@ _CATEGORY = "sampling/custom_sampling/samplers"
 
 
 def _ksampler(name: str, options: dict[str, Any] | None = None) -> Any:
+    from nodes.diffusion.ksampler import ksampler  # lazy: the samplers (~150 ms)
+
     return ksampler(name, options or {})
 
 
@@ -64,6 +64,8 @@ class KSamplerSelect(Node):
     )
 
     def run(self, ctx: NodeContext, *, sampler_name: str) -> tuple[Any]:
+        from nodes.diffusion.ksampler import sampler_object  # lazy: the samplers (~150 ms)
+
         return (sampler_object(sampler_name),)
 
 
@@ -396,6 +398,8 @@ class SamplerLCMUpscale(Node):
     def run(
         self, ctx: NodeContext, *, scale_ratio: float, scale_steps: int, upscale_method: str
     ) -> tuple[Any]:
+        from nodes.diffusion.ksampler import KSamplerFn  # lazy: the samplers (~150 ms)
+
         options = {
             "total_upscale": scale_ratio,
             "upscale_steps": None if scale_steps < 0 else scale_steps,
@@ -415,6 +419,8 @@ class SamplerEulerCFGpp(Node):
     )
 
     def run(self, ctx: NodeContext, *, version: str) -> tuple[Any]:
+        from nodes.diffusion.ksampler import KSamplerFn  # lazy: the samplers (~150 ms)
+
         return (KSamplerFn(sample_euler_pp, {}) if version == "alternative" else _ksampler("euler_cfg_pp"),)
 
 
@@ -427,6 +433,8 @@ def sample_euler_pp(
     disable: Any = None,
 ) -> torch.Tensor:
     """The "alternative" Euler CFG++: the step direction uses x - denoised + uncond_denoised."""
+    from nodes.diffusion.k_samplers import to_d, with_post_cfg  # lazy: the samplers (~150 ms)
+
     extra_args = dict(extra_args or {})
     uncond: list[torch.Tensor] = []
 
