@@ -19,14 +19,25 @@ from engine import attention
 from engine.cache import OutputCache
 from engine.cli_args import ROOT, add_subcommands, apply_base_directory
 from engine.context import Folders, RunSettings
+from engine.convert_weights import ConvertError, convert_weights
+from engine.distributed.cli import worker_main
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders, ModelPathError
+from engine.formats import WorkflowFormatError, load_workflow_file
+from engine.jobs.queue import make_local_queue
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from engine.memory import device_budget, precision
 from engine.memory.device_policy import DevicePolicy
 from engine.memory.manager import ModelManager
 from engine.memory.ram_budget import RamBudget, return_large_frees_to_os
+from engine.plugins.compat_check import check_file
+from engine.progress import ProgressPrinter
 from engine.registry import NodeRegistry
+from engine.validate import value_from_text
+from nodes import register_core
+from nodes.bench.cli import add_bench_parser
 
 log = logging.getLogger("loom")
 
@@ -50,8 +61,6 @@ class Runtime:
 
 def build_runtime(args: argparse.Namespace) -> Runtime:
     """Create the registry, folders, model manager, cache and executor for this process."""
-    from nodes import register_core
-
     model_files = _model_files(args)
     folders = Folders(args.input_dir, args.output_dir, args.temp_dir, model_files=model_files)
     folders.ensure()
@@ -83,7 +92,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         settings=settings,
         image_guard=_image_guard(args, model_files, models),
     )
-    from nodes.load.presets import ModelDescriber
+    from nodes.load.presets import ModelDescriber  # lazy: imports torch; `import main` has none
 
     describer = ModelDescriber.for_folder(args.models_dir)
     return Runtime(registry, executor, folders, bus, models, report, describer, describer.table_json)
@@ -91,7 +100,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
 def _image_guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
     """The safety guard for ``--safety enforce`` (None otherwise); refuses to start without a model."""
-    from nodes.image.safety import GuardUnavailable, build_guard
+    from nodes.image.safety import GuardUnavailable, build_guard  # lazy: imports torch
 
     try:
         return build_guard(
@@ -133,7 +142,7 @@ def _model_manager(args: argparse.Namespace) -> ModelManager:
 def _load_plugins(registry: NodeRegistry, args: argparse.Namespace, folders: Folders) -> Any:
     if getattr(args, "disable_custom_nodes", False):
         return None
-    from nodes.compat.shim import load_plugins_with_shim
+    from nodes.compat.shim import load_plugins_with_shim  # lazy: imports aiohttp (~1 s)
 
     configured = (
         folders.model_files.configured("custom_nodes")
@@ -158,8 +167,6 @@ def parse_set(items: Sequence[str]) -> list[tuple[str, str, str]]:
 
 def apply_sets(prompt: dict[str, Any], sets: Sequence[tuple[str, str, str]], registry: NodeRegistry) -> None:
     """Apply ``--set`` overrides, converting each value to the input's declared type."""
-    from engine.validate import value_from_text
-
     for node_id, name, raw in sets:
         node = prompt.get(node_id)
         if not isinstance(node, dict):
@@ -183,8 +190,6 @@ def apply_sets(prompt: dict[str, Any], sets: Sequence[tuple[str, str, str]], reg
 
 def load_for_run(path: Path, registry: NodeRegistry) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Read a workflow file in any supported format → (API prompt, editor workflow or None)."""
-    from engine.formats import WorkflowFormatError, load_workflow_file
-
     if not path.exists():
         raise UsageError(f"{path}: no such file")
     try:
@@ -196,11 +201,6 @@ def load_for_run(path: Path, registry: NodeRegistry) -> tuple[dict[str, Any], di
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run workflows in order through the same queue code as the server (an in-memory store)."""
-    from engine.jobs.queue import make_local_queue
-    from engine.jobs.spec import JobSpec
-    from engine.jobs.store import JobStore
-    from engine.progress import ProgressPrinter
-
     runtime = build_runtime(args)
     sets = parse_set(args.set)
     printer = ProgressPrinter(sys.stderr, quiet=args.quiet)
@@ -246,7 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _apply_preset(runtime: Runtime, prompt: dict[str, Any], name: str, path: Path) -> None:
     """``--preset``: see ``nodes.load.presets.ModelDescriber.apply_to`` (``--set`` still wins)."""
-    from nodes.load.presets import PresetError
+    from nodes.load.presets import PresetError  # lazy: imports torch; `import main` has none
 
     try:
         print(
@@ -333,8 +333,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
 # --- check ----------------------------------------------------------------------------------------
 def cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 when every node type is available and the workflow converts, 2 otherwise."""
-    from engine.plugins.compat_check import check_file
-
     report = check_file(args.workflow, build_runtime(args).registry.object_info())
     print(json.dumps(report.to_json(), indent=1) if args.json else "\n".join(report.lines()))
     return 0 if report.ok else 2
@@ -342,8 +340,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 # --- convert-weights ----------------------------------------------------------------------------
 def cmd_convert_weights(args: argparse.Namespace) -> int:
-    from engine.convert_weights import ConvertError, convert_weights
-
     try:
         target = convert_weights(args.file, args.output, overwrite=args.overwrite)
     except ConvertError as exc:
@@ -362,11 +358,11 @@ def cmd_make_demo_model(args: argparse.Namespace) -> int:
 def write_demo_models(models_dir: Path) -> list[Path]:
     """Every demo file core nodes load: checkpoints, VAE, LoRA, CLIP vision, IP-Adapter, safety, upscaler,
     unCLIP, InstructPix2Pix, style models."""
-    from nodes.demo.models import make_demo_models
-    from nodes.demo.unclip import make_unclip_demo_models
-    from nodes.demo.upscale import make_demo_upscale_models
-    from nodes.demo.vision import make_demo_vision_models
-    from nodes.image.preview import make_demo_taesd
+    from nodes.demo.models import make_demo_models  # lazy: imports torch; `import main` has none
+    from nodes.demo.unclip import make_unclip_demo_models  # lazy: as above
+    from nodes.demo.upscale import make_demo_upscale_models  # lazy: as above
+    from nodes.demo.vision import make_demo_vision_models  # lazy: as above
+    from nodes.image.preview import make_demo_taesd  # lazy: as above
 
     return [
         *make_demo_models(models_dir),
@@ -392,8 +388,8 @@ def ensure_demo_models(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from engine.server.app import serve_main
-    from nodes.families.build import import_model_libraries
+    from engine.server.app import serve_main  # lazy: imports aiohttp (~1 s); only serve needs it
+    from nodes.families.build import import_model_libraries  # lazy: imports torch
 
     # the model code is imported while the server waits for its first prompt, not inside that job
     threading.Thread(target=import_model_libraries, name="loom-import-models", daemon=True).start()
@@ -402,8 +398,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from engine.distributed.cli import worker_main
-
     return worker_main(args, root=ROOT)  # builds its runtime with main:build_runtime inside the actor
 
 
@@ -422,8 +416,6 @@ def make_parser() -> argparse.ArgumentParser:
     }
     for name, subparser in add_subcommands(sub).items():  # the flags: engine/cli_args.py
         subparser.set_defaults(func=handlers[name])
-
-    from nodes.bench.cli import add_bench_parser  # python main.py bench [--quick] [--json]
 
     add_bench_parser(sub)
     return parser

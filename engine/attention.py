@@ -102,7 +102,7 @@ def fits(
 ) -> bool:
     """Whether ``backend``'s kernel computes this call: device, 4-D same-shaped heads, fp16/bf16, no
     mask, no dropout, no other SDPA options, and a head size the kernel supports."""
-    import torch
+    import torch  # lazy: torch (seconds); importing the engine loads none
 
     if backend not in HEAD_DIMS or attn_mask is not None or dropout_p or extra:
         return False
@@ -116,13 +116,13 @@ def fits(
 
 
 def _sage(query: Any, key: Any, value: Any, is_causal: bool, scale: float | None) -> Any:
-    from sageattention import sageattn
+    from sageattention import sageattn  # lazy: optional extra (sageattention)
 
     return sageattn(query, key, value, tensor_layout="HND", is_causal=is_causal, sm_scale=scale)
 
 
 def _flash(query: Any, key: Any, value: Any, is_causal: bool, scale: float | None) -> Any:
-    from flash_attn import flash_attn_func  # (batch, tokens, heads, head_dim)
+    from flash_attn import flash_attn_func  # lazy: optional extra (flash-attn); wants (B, T, H, D)
 
     out = flash_attn_func(
         query.transpose(1, 2),
@@ -135,7 +135,7 @@ def _flash(query: Any, key: Any, value: Any, is_causal: bool, scale: float | Non
 
 
 def _xformers(query: Any, key: Any, value: Any, is_causal: bool, scale: float | None) -> Any:
-    import xformers.ops as xops  # (batch, tokens, heads, head_dim)
+    import xformers.ops as xops  # lazy: optional extra (xformers); wants (B, T, H, D)
 
     bias = xops.LowerTriangularMask() if is_causal else None
     out = xops.memory_efficient_attention(
@@ -201,7 +201,7 @@ def attention_scope(
     if backend == "sdpa":
         yield
         return
-    import torch.nn.functional as functional
+    import torch.nn.functional as functional  # lazy: torch (seconds); importing the engine loads none
 
     original = functional.scaled_dot_product_attention
     if hasattr(original, "loom_backend"):

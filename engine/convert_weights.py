@@ -21,7 +21,7 @@ class ConvertError(ValueError):
 
 def flatten_tensors(obj: Any, prefix: str = "") -> dict[str, Any]:
     """Every tensor in nested dicts, keyed by its dotted path."""
-    import torch
+    import torch  # lazy: torch (seconds); only `convert` needs it
 
     found: dict[str, Any] = {}
     if isinstance(obj, torch.Tensor):
@@ -45,8 +45,8 @@ def state_dict_of(loaded: Any) -> dict[str, Any]:
 
 def convert_weights(source: Path, target: Path | None = None, *, overwrite: bool = False) -> Path:
     """Convert ``source`` (a pickled weights file) to ``target`` (default: same name, ``.safetensors``)."""
-    import torch
-    from safetensors.torch import save_file
+    import torch  # lazy: torch (seconds); only `convert` needs it
+    from safetensors.torch import save_file  # lazy: as above
 
     target = target if target is not None else source.with_suffix(".safetensors")
     if not source.is_file():

@@ -82,7 +82,7 @@ class GuardUnavailable(RuntimeError):
 def was_checked(path: Path) -> bool:
     """Whether an image file carries the ``loom_safety`` chunk (written by SaveImage/PreviewImage
     after the guard ran). ``/view`` of an output/temp file without it goes through ``check_encoded``."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # lazy: PIL (~50 ms); `import main` loads none
 
     try:
         with Image.open(path) as img:

@@ -185,7 +185,7 @@ def splitting_conv2d(
     """``conv2d`` that, on thread ``owner``, computes a large stride-1 convolution in bands of output
     rows (each band reads its rows plus the kernel's halo; rows outside the image are the zero
     padding the call asked for) and checks ``flag`` between bands; other calls go to ``original``."""
-    import torch
+    import torch  # lazy: torch (seconds); importing the engine loads none
 
     def conv2d(
         input: Any,

@@ -90,7 +90,7 @@ def add_ray_arguments(parser: argparse.ArgumentParser, *, worker: bool = False) 
 def connect(address: str, *, namespace: str, root: Path) -> bool:
     """Join the cluster at ``address`` ('auto': the local one, else start a private loopback one).
     Returns True when this process started the cluster."""
-    import ray
+    import ray  # lazy: optional extra (ray)
 
     env = {"env_vars": {"PYTHONPATH": str(root)}}
     if address != "auto":
@@ -107,7 +107,7 @@ def connect(address: str, *, namespace: str, root: Path) -> bool:
 
 def local_gpus() -> float:
     """GPUs Ray sees on this machine's node."""
-    import ray
+    import ray  # lazy: optional extra (ray)
 
     node_id = ray.get_runtime_context().get_node_id()
     for node in ray.nodes():
@@ -125,7 +125,7 @@ def worker_config(args: argparse.Namespace, root: Path, runtime_factory: str) ->
 
 
 def _resources(args: argparse.Namespace, *, pin: bool) -> tuple[Any, int]:
-    from engine.distributed.pool import ActorResources
+    from engine.distributed.pool import ActorResources  # lazy: imports ray (optional extra)
 
     gpus = 0.0 if getattr(args, "cpu", False) else local_gpus()
     per_worker = args.ray_gpus_per_worker if args.ray_gpus_per_worker is not None else (1.0 if gpus else 0.0)
@@ -143,7 +143,7 @@ def make_ray_queue(
 ) -> RayJobQueue:
     """The server's queue on Ray. ``runtime``: the server's own (its registry routes, its folders
     receive the outputs). Workers this call starts are stopped with the queue."""
-    from engine.distributed.pool import RayWorkerPool
+    from engine.distributed.pool import RayWorkerPool  # lazy: imports ray (optional extra)
 
     started = connect(args.ray, namespace=args.ray_namespace, root=root)
     pool = RayWorkerPool(namespace=args.ray_namespace)
@@ -167,7 +167,7 @@ def make_ray_queue(
 
 def worker_main(args: argparse.Namespace, *, root: Path, runtime_factory: str = "main:build_runtime") -> int:
     """``python main.py worker --ray ADDRESS``: serve jobs from this machine until stopped."""
-    from engine.distributed.pool import RayWorkerPool
+    from engine.distributed.pool import RayWorkerPool  # lazy: imports ray (optional extra)
 
     connect(args.ray, namespace=args.ray_namespace, root=root)
     pool = RayWorkerPool(namespace=args.ray_namespace)
@@ -217,7 +217,7 @@ def worker_main(args: argparse.Namespace, *, root: Path, runtime_factory: str = 
 
 
 def _listed(namespace: str) -> set[str]:
-    import ray
+    import ray  # lazy: optional extra (ray)
 
     return {
         e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e.get("namespace") == namespace

@@ -28,7 +28,7 @@ class PngWorkflow:
 def read_png_workflow(source: str | Path | bytes) -> PngWorkflow:
     """The ``prompt`` and ``workflow`` tEXt/iTXt/zTXt chunks of a PNG, as ComfyUI writes them.
     A chunk that is missing or not a JSON object reads as None."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # lazy: PIL (~50 ms); `import main` loads none
 
     data = source if isinstance(source, bytes) else read_bytes(Path(source))
     if not data.startswith(PNG_SIGNATURE):

@@ -83,7 +83,7 @@ class DevicePolicy:
     def empty_cache(self) -> None:
         if self.device == "cpu":
             return
-        import torch
+        import torch  # lazy: torch (seconds); importing the engine loads none
 
         if self.device == "cuda":
             torch.cuda.empty_cache()

@@ -100,7 +100,7 @@ def choose(
 # --- the real measurement ------------------------------------------------------------------------
 def machine_id(device: str) -> str:
     """What the cache is keyed by: the device's name and, on a CPU, its model and bf16/AMX flags."""
-    import torch
+    import torch  # lazy: torch (seconds); importing the engine loads none
 
     if device.startswith("cuda"):
         return f"cuda:{torch.cuda.get_device_name(0)} torch {torch.__version__}"
@@ -190,7 +190,7 @@ def _no_sync() -> None:
 
 def measure(device: str) -> tuple[Measurement, ...]:
     """Measure fp32, bf16 and fp16 on ``device`` (small fixed shapes; well under a second)."""
-    import torch
+    import torch  # lazy: torch (seconds); importing the engine loads none
 
     cpu = device == "cpu"
     syncs = {"cuda": torch.cuda.synchronize, "mps": getattr(getattr(torch, "mps", None), "synchronize", None)}

@@ -183,8 +183,8 @@ def return_large_frees_to_os(threshold: int = LARGE_ALLOCATION, libc: Any = None
     checkpoint swap that held 1.8 GiB of freed fp16 copies in the process (nodes/bench/areas/vs_comfyui.py).
     False where the C library is not glibc (musl, macOS, Windows): nothing changes there."""
     if libc is None:
-        import ctypes
-        import ctypes.util
+        import ctypes  # lazy: ctypes.util (~20 ms); only glibc trimming needs it
+        import ctypes.util  # lazy: as above
 
         name = ctypes.util.find_library("c")
         try:

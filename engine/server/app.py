@@ -15,12 +15,14 @@ import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from engine.context import Folders, ModelManagerLike
+from engine.distributed.cli import make_ray_queue
 from engine.executor import Executor
 from engine.jobs.queue import JobQueue, make_local_queue
 from engine.jobs.store import JobStore
@@ -75,8 +77,6 @@ class ServerParts:
 
 def loom_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("loom")
     except Exception:
         return "0.1.0"
@@ -215,8 +215,6 @@ def serve_main(
     )
     queue: JobQueue
     if getattr(args, "ray", None):
-        from engine.distributed.cli import make_ray_queue
-
         queue = make_ray_queue(args, runtime, store, root=root)
     else:
         queue = make_local_queue(runtime.executor, store)

@@ -10,12 +10,14 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Mapping
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from engine.context import ModelManagerLike
+from engine.folders import KIND_ALIASES
 from engine.model_meta import describe_model_file
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, Handler, ServerConfig, json_response, json_response_built
@@ -42,7 +44,7 @@ EMBEDDING_SUFFIXES = (".safetensors", ".pt", ".bin", ".pth", ".ckpt")
 def ram_figures() -> tuple[int, int]:
     """(total, available) bytes of RAM."""
     try:
-        import psutil
+        import psutil  # lazy: psutil (~40 ms); only RAM figures need it
 
         vm = psutil.virtual_memory()
         return int(vm.total), int(vm.available)
@@ -102,8 +104,6 @@ def torch_version() -> str:
     if torch is not None:
         return str(getattr(torch, "__version__", ""))
     try:
-        from importlib.metadata import version
-
         return version("torch")
     except Exception:
         return ""
@@ -191,8 +191,6 @@ class InfoRoutes:
         if isinstance(kinds, list | tuple | set | frozenset):
             return sorted(kinds)
         try:  # the model-folder finder's own table, when it is installed
-            from engine.folders import KIND_ALIASES
-
             return sorted({*KIND_ALIASES, *(a for aliases in KIND_ALIASES.values() for a in aliases)})
         except ImportError:
             return list(DEFAULT_MODEL_KINDS)

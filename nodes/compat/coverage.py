@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from engine.registry import NodeRegistry
+from nodes import register_core
+
 EVERYDAY_NODES_FILE = Path(__file__).parent / "data" / "comfyui_everyday_nodes.json"
 
 
@@ -67,9 +70,6 @@ class Coverage:
 
 
 def coverage() -> Coverage:
-    from engine.registry import NodeRegistry
-    from nodes import register_core
-
     registry = NodeRegistry()
     register_core(registry)
     return Coverage(everyday_node_groups(), frozenset(registry.names()))

@@ -41,6 +41,9 @@ from engine.context import Folders, ModelFiles
 from engine.folders import comfy_folder_table
 from engine.plugins.loader import PluginConfig, PluginReport, load_plugins
 from engine.registry import NodeRegistry
+from nodes.compat import comfy_api, comfy_execution
+from nodes.compat import comfy_api_latest as latest
+from nodes.compat.comfy_execution import graph_utils
 
 EventSink = Callable[[str, Any, str | None], None]
 
@@ -156,10 +159,6 @@ class ComfyShim:
                     self._uninstall()
 
     def module_table(self) -> dict[str, types.ModuleType]:
-        from nodes.compat import comfy_api, comfy_execution
-        from nodes.compat import comfy_api_latest as latest
-        from nodes.compat.comfy_execution import graph_utils
-
         table: dict[str, types.ModuleType] = {
             "folder_paths": self.folder_paths,
             "server": self.server,

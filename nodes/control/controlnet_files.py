@@ -144,7 +144,10 @@ class ControlNetHandle(WeightsHandle):
         return int(self.config["num_control_type"]) if "num_control_type" in self.config else None
 
     def build(self) -> Any:
-        from diffusers import ControlNetModel, ControlNetUnionModel
+        from diffusers import (  # lazy: diffusers (seconds); only a load needs it
+            ControlNetModel,
+            ControlNetUnionModel,
+        )
 
         cls = ControlNetUnionModel if self.union_types is not None else ControlNetModel
         module = cls.from_config(dict(self.config))

@@ -16,6 +16,7 @@ convolutions give the residuals, scaled by the strength.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -141,7 +142,6 @@ class SetUnionControlNetType(Node):
             )
         if not hasattr(control_net, "control_type"):
             return (control_net,)
-        from dataclasses import replace
 
         return (replace(control_net, control_type=(index,) if index >= 0 else ()),)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from engine.context import NodeContext
 from engine.node import Node
@@ -60,7 +61,6 @@ def read_adapter_tensors(path: Path, *, allow_pickle: bool) -> dict[str, torch.T
             if isinstance(part, dict)
             for k, v in part.items()
         }
-    from safetensors.torch import load_file
 
     return load_file(str(path))
 

@@ -262,7 +262,7 @@ def install(
 # --- image projections --------------------------------------------------------------------------
 def build_projection(sd: dict[str, torch.Tensor], kind: str) -> nn.Module:
     """The adapter's image projection (diffusers' modules) from the file's ``image_proj`` tensors."""
-    from diffusers.models.embeddings import (
+    from diffusers.models.embeddings import (  # lazy: diffusers (seconds); only a load needs it
         ImageProjection,
         IPAdapterFullImageProjection,
         IPAdapterPlusImageProjection,

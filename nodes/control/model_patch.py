@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
+
 from engine.context import Folders, NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, MASK, MODEL, VAE, DynamicOptions, Input, NodeSchema, Output
@@ -262,8 +264,6 @@ class _ControlRun:
         return latent
 
     def model_call(self, inner: Callable[[ModelCall], torch.Tensor], call: ModelCall) -> torch.Tensor:
-        import torch
-
         kind = self.patch.network.patch_kind
         with torch.no_grad():
             size = (int(call.x_in.shape[-2]), int(call.x_in.shape[-1]))

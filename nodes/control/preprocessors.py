@@ -21,7 +21,7 @@ from engine.schema import FLOAT, IMAGE, Input, NodeSchema, Output
 
 def canny_edges(image: torch.Tensor, low_threshold: float, high_threshold: float) -> torch.Tensor:
     """IMAGE [B, H, W, C] → IMAGE [B, H, W, 3] of 0/1 edges (after hysteresis), on the image's device."""
-    from kornia.filters import canny
+    from kornia.filters import canny  # lazy: kornia is slow to import; only Canny needs it
 
     if low_threshold > high_threshold:
         raise ValueError(

@@ -148,7 +148,7 @@ class AdapterHandle(WeightsHandle):
         return int(self.config.get("downscale_factor", 8))
 
     def build(self) -> Any:
-        from diffusers import T2IAdapter
+        from diffusers import T2IAdapter  # lazy: diffusers (seconds); only a load needs it
 
         module = T2IAdapter.from_config(dict(self.config))
         sd = load_tensors(read_index(self.path, allow_pickle=self.source.allow_pickle))

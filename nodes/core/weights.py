@@ -16,6 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from safetensors import SafetensorError, safe_open
+
 from nodes.core.tensors import DTYPE_BYTES, TORCH_DTYPES, ModelLoadError, TensorIndex, TensorInfo
 
 if TYPE_CHECKING:
@@ -50,8 +53,6 @@ def pickle_refusal(path: Path) -> ModelLoadError:
 def load_weights_only(path: Path) -> Any:
     """What a pickled file holds, read with ``torch.load(weights_only=True)`` (tensors and plain
     containers only: no code from the file runs); anything that loader rejects is refused."""
-    import torch
-
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # the weights-only unpickler refuses code; torch raises various kinds
@@ -162,8 +163,6 @@ def _tensor_entry(path: Path, name: str, spec: Any, data_start: int) -> tuple[Te
 
 def load_pickle(path: Path) -> dict[str, torch.Tensor]:
     """A pickled state dict through ``torch.load(weights_only=True)`` (no code execution)."""
-    import torch
-
     obj = load_weights_only(path)
     while isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
@@ -194,7 +193,6 @@ def load_tensors(
         return out
     if all(index.tensors[k].offset is not None and index.tensors[k].dtype in TORCH_DTYPES for k in keys):
         return {k[len(prefix) :] if strip else k: t for k, t in read_safetensors(index, keys).items()}
-    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(index.path), framework="pt", device="cpu") as f:
@@ -214,8 +212,6 @@ def read_safetensors(index: TensorIndex, keys: Iterable[str]) -> dict[str, torch
     """The tensors ``keys`` of a safetensors file, each read into memory of its own with plain reads.
     The file is never mapped: with safetensors' mmap every page of the part read counted as the
     process's memory until the file closed (1.3 GiB on top of the copies while a UNet loaded)."""
-    import torch
-
     out: dict[str, torch.Tensor] = {}
     with index.path.open("rb", buffering=0) as f:
         for key in keys:

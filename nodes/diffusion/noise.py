@@ -130,7 +130,7 @@ class BatchedBrownianTree:
         seed: int | Sequence[int] | SeedGroups | None = None,
         cpu: bool = True,
     ) -> None:
-        import torchsde  # imported on use: only the SDE samplers need it
+        import torchsde  # lazy: torchsde; only the SDE samplers need it
 
         self.cpu_tree = cpu
         t0, t1, self.sign = self._sort(t0, t1)

@@ -241,12 +241,18 @@ class ClipVisionHandle(WeightsHandle):
         )
 
     def build(self) -> Any:
-        from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+        from transformers import (  # lazy: transformers (seconds); only a load needs it
+            CLIPVisionConfig,
+            CLIPVisionModelWithProjection,
+        )
 
         index = read_index(self.path, allow_pickle=self.source.allow_pickle)
         sd = load_tensors(index, self.prefix)
         if self.layout == "siglip":
-            from transformers import SiglipVisionConfig, SiglipVisionModel
+            from transformers import (  # lazy: transformers (seconds); only a load needs it
+                SiglipVisionConfig,
+                SiglipVisionModel,
+            )
 
             cfg = {k: v for k, v in self.config.items() if k != "projection_dim"}
             # the file's names are ``vision_model.*``; transformers 5's SiglipVisionModel has the tower at its root

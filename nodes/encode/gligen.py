@@ -20,9 +20,10 @@ which only tiny test models have).
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +162,6 @@ class GligenModel:
             if like.device.type == "cpu" and like.dtype == torch.float32:
                 self.placed[key] = self.fusers
             else:
-                import copy
-
                 self.placed.clear()
                 self.placed[key] = copy.deepcopy(self.fusers).to(device=like.device, dtype=like.dtype)
         return self.placed[key]
@@ -341,8 +340,6 @@ class GLIGENTextBoxApply(Node):
         x: int,
         y: int,
     ) -> tuple[Any]:
-        from dataclasses import replace
-
         pooled = phrase_embedding(ctx, clip, text)
         if pooled.shape[-1] != gligen_textbox_model.key_dim:
             raise ValueError(

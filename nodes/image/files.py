@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from engine.context import Folders, NodeContext
 from engine.image_guard import SAFETY_CHUNK
@@ -133,8 +134,6 @@ class LoadImageOutput(Node):
 
 
 def _frames(images: torch.Tensor) -> list[Any]:
-    from PIL import Image
-
     pixels = (images.clamp(0, 1) * 255).cpu().numpy().astype(np.uint8)  # truncating, as ComfyUI
     return [Image.fromarray(p[..., 0] if p.shape[-1] == 1 else p) for p in pixels]
 
@@ -252,7 +251,7 @@ class SaveAnimatedPNG(Node):
         prompt: Any = None,
         extra_pnginfo: Any = None,
     ) -> NodeOutput:
-        from PIL.PngImagePlugin import PngInfo
+        from PIL.PngImagePlugin import PngInfo  # lazy: PIL's PNG plugin (~30 ms); only a save needs it
 
         metadata = _metadata(ctx, prompt, extra_pnginfo)
         images = guarded(ctx, images, metadata)

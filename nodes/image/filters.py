@@ -13,6 +13,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from engine.context import NodeContext
 from engine.node import Node
@@ -186,8 +187,6 @@ def bayer_matrix(order: int) -> np.ndarray:
 
 
 def _quantize_one(rgb_u8: np.ndarray, colors: int, dither: str) -> np.ndarray:
-    from PIL import Image
-
     im = Image.fromarray(rgb_u8)  # [H, W, 3] uint8: RGB
     palette = im.quantize(colors=colors)  # median cut: the palette (Pillow needs it separately, #5836)
     if dither == "none":

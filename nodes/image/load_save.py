@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 
 from engine.atomic import write_atomic
 from engine.context import Folders, NodeContext
@@ -101,15 +102,13 @@ def save_path(output_dir: Path, prefix: str) -> tuple[Path, str, str, int]:
 
 
 def _to_pil(image: torch.Tensor) -> Any:
-    from PIL import Image
-
     pixels = np.clip(255.0 * image.float().cpu().numpy(), 0, 255).astype(np.uint8)  # ComfyUI truncates
     return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels[..., :4])
 
 
 def encode_png(image: torch.Tensor, metadata: dict[str, Any] | None, compress_level: int) -> bytes:
     """One [H, W, C] image as PNG file bytes, the metadata as JSON text chunks."""
-    from PIL.PngImagePlugin import PngInfo
+    from PIL.PngImagePlugin import PngInfo  # lazy: PIL's PNG plugin (~30 ms); only a save needs it
 
     info = None
     if metadata:
@@ -185,7 +184,7 @@ def load_image_file(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LoadImage's reading of ``image`` (a name in the ``default`` folder, or annotated): the RGB
     image [1, H, W, 3] and the mask [1, H, W] (1 where transparent; zeros without alpha)."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import ImageOps  # lazy: ImageOps and its palettes (~8 ms); only a load needs it
 
     path = _input_path(folders, image, default)
     if not path.is_file():

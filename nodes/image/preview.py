@@ -33,10 +33,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from engine.context import Interrupted, NodeContext, Preview
 from nodes.core.handles import WeightsHandle, WeightsSource
 from nodes.core.weights import load_weights_only, pickle_refusal
+from nodes.families.catalog import FAMILIES
 from nodes.families.latent_format import LatentFormat
 
 log = logging.getLogger(__name__)
@@ -52,7 +56,7 @@ class TaesdHandle(WeightsHandle):
     kind: ClassVar[str] = "vae_approx"
 
     def build(self) -> Any:
-        from diffusers import AutoencoderTiny
+        from diffusers import AutoencoderTiny  # lazy: diffusers (seconds); only a load needs it
 
         tensors = _read(self.path, allow_pickle=self.source.allow_pickle)
         tensors = _to_diffusers_layout(tensors)
@@ -99,8 +103,6 @@ class PreviewDecoder(torch.nn.Module):
 
 def _read(path: Path, *, allow_pickle: bool) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         return dict(load_file(str(path)))
     if not allow_pickle:
         raise pickle_refusal(path)
@@ -173,8 +175,6 @@ def make_demo_taesd(models_dir: Path) -> list[Path]:
 
 def _demo_latent_channels(path: Path) -> int | None:
     """The latent width of the TAESD file at ``path`` (madebyollin layout), None if there is none."""
-    from safetensors import safe_open
-
     if not path.is_file():
         return None
     try:
@@ -185,8 +185,7 @@ def _demo_latent_channels(path: Path) -> int | None:
 
 
 def _write_demo_taesd(path: Path, latent_channels: int) -> None:
-    from diffusers import AutoencoderTiny
-    from safetensors.torch import save_file
+    from diffusers import AutoencoderTiny  # lazy: diffusers (seconds); only a demo write needs it
 
     torch.manual_seed(0)
     c = DEMO_TAESD_CHANNELS
@@ -269,8 +268,6 @@ class PreviewRenderer:
                 decoder.costs[x0_shape] = seconds
 
     def render(self, x0: torch.Tensor) -> Preview:
-        from PIL import Image
-
         rgb = None
         if self.taesd is not None:
             try:
@@ -317,8 +314,6 @@ def taesd_names() -> list[str]:
 
 def taesd_channels() -> dict[str, int]:
     """Each TAESD decoder file stem the known families use, with its latents' channel count."""
-    from nodes.families.catalog import FAMILIES
-
     return {
         f.latent_format.taesd_decoder: f.latent_format.channels
         for f in FAMILIES

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from engine.context import ModelAccess, ModelFiles, NodeContext
 from engine.events import Preview
@@ -74,8 +76,10 @@ class SafetyHandle(WeightsHandle):
         return cls(source=WeightsSource(path, fingerprint(path)), nbytes=index.nbytes())
 
     def build(self) -> Any:
-        from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
-        from transformers import CLIPConfig
+        from diffusers.pipelines.stable_diffusion.safety_checker import (  # lazy: diffusers (seconds)
+            StableDiffusionSafetyChecker,
+        )
+        from transformers import CLIPConfig  # lazy: transformers (seconds); as above
 
         config = CLIPConfig(**json.loads((self.path.parent / "config.json").read_text(encoding="utf-8")))
         sd = {k: v.float() for k, v in load_tensors(read_index(self.path)).items()}
@@ -172,9 +176,6 @@ class SafetyGuard:
 
 
 def _decode(data: bytes) -> tuple[torch.Tensor, str]:
-    import numpy as np
-    from PIL import Image
-
     with Image.open(io.BytesIO(data)) as im:
         fmt = im.format or "PNG"
         arr = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
@@ -182,8 +183,6 @@ def _decode(data: bytes) -> tuple[torch.Tensor, str]:
 
 
 def _encode(images: torch.Tensor, fmt: str) -> bytes:
-    from PIL import Image
-
     arr = (images[0].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format=fmt)

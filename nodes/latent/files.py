@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from engine.context import Folders, NodeContext
 from engine.node import Node, NodeOutput
@@ -59,17 +61,12 @@ def _input_latent(folders: Folders, name: str) -> Path:
 
 def write_latent_file(path: Path, samples: torch.Tensor, metadata: dict[str, str] | None) -> None:
     """Write ComfyUI's ``.latent`` layout."""
-    from safetensors.torch import save_file
-
     tensors = {"latent_tensor": samples.detach().cpu().contiguous(), VERSION_MARKER: torch.tensor([])}
     save_file(tensors, str(path), metadata=metadata)
 
 
 def read_latent_file(path: Path) -> torch.Tensor:
     """The LATENT ``samples`` stored in a ``.latent`` file (legacy files rescaled)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         data = load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, INT, LATENT, MASK, Input, NodeSchema, Output
+from nodes.core.resize import resize
 from nodes.latent.vae import MAX_RESOLUTION, LatentError
 
 
@@ -52,8 +53,6 @@ def repeat_to_batch(tensor: torch.Tensor, batch: int) -> torch.Tensor:
 def center_crop_resize(x: torch.Tensor, width: int, height: int, mode: str) -> torch.Tensor:
     """``x`` [..., H, W] (4-D latents, 5-D video latents) cut to the aspect ratio of width x height
     around its centre, then resized (:func:`nodes.core.resize.resize`, each channel and frame alone)."""
-    from nodes.core.resize import resize
-
     planes = x.reshape(-1, 1, x.shape[-2], x.shape[-1]).float()
     return resize(planes, width, height, mode, "center").reshape(*x.shape[:-2], height, width)
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import COMBO, FLOAT, IMAGE, INT, LATENT, MASK, VAE, Input, NodeSchema, Output
+from nodes.core.resize import resize
 
 MAX_RESOLUTION = 16384
 UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")  # ComfyUI's, for latents
@@ -259,8 +260,6 @@ class LatentUpscale(Node):
     def run(
         self, ctx: NodeContext, *, samples: dict, upscale_method: str, width: int, height: int, crop: str
     ) -> tuple[dict]:
-        from nodes.core.resize import resize
-
         s = samples["samples"]
         if width == 0 and height == 0:
             return (samples,)
@@ -293,8 +292,6 @@ class LatentUpscaleBy(Node):
     )
 
     def run(self, ctx: NodeContext, *, samples: dict, upscale_method: str, scale_by: float) -> tuple[dict]:
-        from nodes.core.resize import resize
-
         s = samples["samples"]
         width, height = max(1, round(s.shape[-1] * scale_by)), max(1, round(s.shape[-2] * scale_by))
         return ({**samples, "samples": resize(s, width, height, upscale_method, "disabled")},)

@@ -12,6 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
 from engine.context import Folders, ModelFiles, NodeContext
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
@@ -32,6 +35,7 @@ from nodes.core.model_files import file_fingerprint, pickle_allowed, require_mod
 from nodes.core.options import OptionSources
 from nodes.core.save_prefix import split_prefix
 from nodes.core.weights import fingerprint
+from nodes.families.build import original_state_dict
 from nodes.load.handles import (
     DenoiserHandle,
     TextEncodersHandle,
@@ -337,10 +341,6 @@ class CheckpointSave(Node):
         vae: VaeHandle,
         filename_prefix: str,
     ) -> NodeOutput:
-        from safetensors.torch import save_file
-
-        from nodes.families.build import original_state_dict
-
         family = model.family
         sd: dict[str, Any] = {}
         for handle, prefixes in (
@@ -354,8 +354,6 @@ class CheckpointSave(Node):
                     tensors = original_state_dict(part, sub, prefix=prefixes.get(part.name, part.prefix))
                     sd.update({k: v.to("cpu") for k, v in tensors.items()})
         if model.prediction == "v_prediction":
-            import torch
-
             sd["v_pred"] = torch.zeros(0)
         path = next_checkpoint_path(ctx.folders.output_dir, filename_prefix)
         meta = {"format": "pt", "loom.family": family.name, "modelspec.prediction_type": model.prediction}

@@ -16,6 +16,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+import torch
+
 from nodes.core.handles import HookedPatch, WeightsHandle, WeightsSource
 from nodes.core.parts import Part
 from nodes.core.sampling_hooks import SamplingHooks, merge_all
@@ -115,8 +117,6 @@ class DenoiserHandle(ComponentHandle):
         """The denoiser kind's estimate for ``run`` on ``module`` (its width, heads and token count)
         in the compute ``dtype``; 0 for kinds that declare none (and modules without the config the
         kinds read their width from)."""
-        import torch
-
         estimate = getattr(self.denoiser, "activation_bytes", None)
         if not callable(estimate) or getattr(module, "config", None) is None:
             return 0

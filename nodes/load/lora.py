@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.core.weights import load_tensors, read_index
 from nodes.quant.lora_layers import add_fused_to_quant, add_to_quant, is_quant_layer
@@ -158,8 +160,6 @@ class Fused:
 def _unet_lookup(unet: Any, part: Part) -> tuple[dict[str, Any], dict[str, Fused]]:
     """Flattened module names and original-layout names → weight-bearing submodules; and the
     flattened original names that do not map one-to-one (see :class:`Fused`)."""
-    import torch
-
     names = [(n, m) for n, m in unet.named_modules() if hasattr(m, "weight") and m.weight is not None]
     lookup: dict[str, Any] = {n.replace(".", "_"): m for n, m in names}
     meta = {f"{n}.weight": torch.empty(m.weight.shape, device="meta") for n, m in names}
@@ -182,8 +182,6 @@ def _unet_lookup(unet: Any, part: Part) -> tuple[dict[str, Any], dict[str, Fused
 
 def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength: float) -> None:
     """Add ``layer``'s change of an original-layout weight to the module weights it was split into."""
-    import torch
-
     modules = dict(unet.named_modules())
     if layer.diff_b is not None:
         bias_key = fused.key.removesuffix(".weight") + ".bias"
@@ -213,8 +211,6 @@ def merge_fused(unet: Any, part: Part, fused: Fused, layer: LoraLayer, strength:
 
 
 def _delta(layer: LoraLayer) -> Any:
-    import torch
-
     if not layer.low_rank:
         return layer.diff.to(torch.float32) if layer.diff is not None else None
     down = layer.down.to(torch.float32).flatten(1)  # [r, in·k·k]
@@ -235,8 +231,6 @@ def _clip_lookup(encoder: Any) -> dict[str, Any]:
 
 
 def merge(module: Any, delta_source: LoraLayer, strength: float) -> None:
-    import torch
-
     weight, bias = module.weight, getattr(module, "bias", None)
     if is_quant_layer(module):  # stored-precision weight: the change stays beside it (low rank or dense)
         if delta_source.low_rank:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from engine.context import NodeContext
 from engine.node import Node
@@ -87,7 +88,6 @@ def other_weights(handle: Any, name: str) -> Iterator[Callable[[str], torch.Tens
         theirs = part_state(handle, name)
         yield lambda key: theirs.pop(key, None)
         return
-    from safetensors import safe_open
 
     with safe_open(str(handle.source.path), framework="pt", device="cpu") as f:
         yield lambda key: f.get_tensor(names[key]) if key in names else None

@@ -13,8 +13,12 @@ family's key tables (``to_original``), so the same tables read them back.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import torch
+from safetensors.torch import save_file
 
 from engine.context import NodeContext
 from engine.node import Node, NodeOutput
@@ -51,8 +55,6 @@ def _metadata(prompt: Any, extra_pnginfo: Any) -> dict[str, str]:
 def write_model_file(
     ctx: NodeContext, tensors: dict[str, Any], prefix: str, meta: dict[str, str]
 ) -> dict[str, str]:
-    from safetensors.torch import save_file
-
     path = next_checkpoint_path(ctx.folders.output_dir, prefix)
     save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
     return {
@@ -64,8 +66,6 @@ def write_model_file(
 
 def model_tensors(ctx: NodeContext, model: Any) -> dict[str, Any]:
     """The MODEL's weights as ComfyUI saves them (LDM names under ``model.diffusion_model.``)."""
-    import torch
-
     with ctx.models.use(model) as module:
         (part,) = model.parts
         sd = original_state_dict(part, module, prefix=UNET_SAVE_PREFIX)
@@ -196,7 +196,7 @@ class VAESave(Node):
 def read_config(path: Path) -> dict[str, Any]:
     """What ComfyUI takes from an LDM ``.yaml`` model config: ``parameterization`` ("v" means
     v-prediction) and the text encoder's ``layer_idx``; the rest comes from the tensors."""
-    import yaml
+    import yaml  # lazy: PyYAML (~50 ms); only a config save needs it
 
     try:
         config = yaml.safe_load(path.read_text())
@@ -236,8 +236,6 @@ class CheckpointLoader(Node):
     )
 
     def run(self, ctx: NodeContext, *, config_name: str, ckpt_name: str) -> tuple[Any, Any, Any]:
-        from dataclasses import replace
-
         config = read_config(require_model_files(ctx).resolve("configs", config_name))
         ck = open_checkpoint(
             require_model_files(ctx).resolve("checkpoints", ckpt_name), allow_pickle=pickle_allowed(ctx)

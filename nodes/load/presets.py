@@ -24,6 +24,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from nodes.core.tensors import ModelLoadError
+from nodes.core.weights import read_index
+from nodes.families.catalog import detect_family
 from nodes.families.shipped_presets import Preset, PresetError, read_preset_file, shipped_presets
 
 log = logging.getLogger("loom.presets")
@@ -174,10 +177,6 @@ class ModelDescriber:
         return f"preset {preset.name}{chosen}: " + ("; ".join(changes) or "nothing to change")
 
     def __call__(self, folder: str, path: Path) -> dict[str, Any]:
-        from nodes.core.tensors import ModelLoadError
-        from nodes.core.weights import read_index
-        from nodes.families.catalog import detect_family
-
         if folder not in DESCRIBED_FOLDERS or not Path(path).is_file():
             return {"family": None}
         try:

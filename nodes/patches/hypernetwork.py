@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
 
 from engine.context import Folders, NodeContext
 from engine.node import Node
@@ -123,8 +124,6 @@ def _natural(key: str) -> list[Any]:
 
 
 def _read_safetensors(path: Path) -> dict[Any, Any]:
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = dict(f.metadata() or {})

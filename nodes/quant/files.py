@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.core.weights import load_tensors
 from nodes.quant.packed import PackedWeight
@@ -35,8 +37,6 @@ def pack_state_dict(sd: Mapping[str, Any], where: str, *, marked: bool = False) 
     """``sd`` with fp8 weights as :class:`PackedWeight` (scales folded in, scale and marker tensors
     removed); other tensors unchanged. ``where`` names the file in errors; ``marked``: the file has
     a ``scaled_fp8`` marker outside ``sd`` (every weight then needs its scale)."""
-    import torch
-
     marker = next((k for k in sd if k == "scaled_fp8" or k.endswith(".scaled_fp8")), None)
     marked = marked or marker is not None
     _check_comfy_quant(sd, where)
@@ -71,8 +71,6 @@ def pack_state_dict(sd: Mapping[str, Any], where: str, *, marked: bool = False) 
 
 
 def _fp8_format(value: Any) -> str | None:
-    import torch
-
     if isinstance(value, PackedWeight):
         return None
     dtype = getattr(value, "dtype", None)

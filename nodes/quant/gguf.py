@@ -14,6 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import torch
+
 from nodes.core.tensors import GGUF_BLOCKS, ModelLoadError, TensorIndex, TensorInfo
 from nodes.quant.gguf_header import check_gguf_header
 from nodes.quant.packed import PackedWeight
@@ -80,7 +83,7 @@ def is_gguf(path: Path) -> bool:
 
 def _reader(path: Path) -> Any:
     try:
-        import gguf
+        import gguf  # lazy: gguf (~45 ms); only .gguf files need it
     except ImportError as exc:  # pragma: no cover - a declared dependency
         raise ModelLoadError(
             f"{path}: reading .gguf files needs the 'gguf' package (pip install gguf)"
@@ -134,8 +137,6 @@ def llama_name(name: str) -> str:
 
 def _unpermute(value: Any, heads: int) -> Any:
     """Undo llama.cpp's rotary row order of a Llama q/k projection (pairs interleaved per head)."""
-    import torch
-
     rows = value.shape[0]
     index = torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
     return value.take_rows(index) if isinstance(value, PackedWeight) else value[index]
@@ -189,8 +190,6 @@ def load_gguf_tensors(
 ) -> dict[str, Any]:
     """The tensors under ``prefix``: quantized and half-precision weights (2-D and up) as
     :class:`PackedWeight` over the memory-mapped file, the rest as float tensors."""
-    import torch
-
     reader = _reader(index.path)
     arch = gguf_architecture(index) or None
     heads = (
@@ -252,9 +251,8 @@ def write_gguf(
     names the GGUF type of each tensor (``Q8_0``, ``Q4_0``, ``Q5_0``, ``Q5_1``, ``Q4_1``, ``F16``,
     ``BF16``, ``F32``: the types the gguf package can quantize); default F32. ``fields``: extra
     integer metadata (``llama.attention.head_count``...)."""
-    import gguf
-    import numpy as np
-    from gguf import quants
+    import gguf  # lazy: gguf (~45 ms); only .gguf files need it
+    from gguf import quants  # lazy: as above
 
     writer = gguf.GGUFWriter(str(path), arch)
     for key, number in (fields or {}).items():

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nodes.core.tensors import GGUF_BLOCKS
 
 if TYPE_CHECKING:
@@ -36,8 +38,6 @@ class QuantError(ValueError):
 
 def torch_dtype(fmt: str) -> torch.dtype:
     """The torch dtype a cast format is stored in."""
-    import torch
-
     return {
         "fp8_e4m3fn": torch.float8_e4m3fn,
         "fp8_e5m2": torch.float8_e5m2,
@@ -69,16 +69,12 @@ def dequantize(
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """GGUF blocks are decoded in the compute dtype when it is a 16-bit float (one rounding less
     is not worth a float32 pass per call), else in float32."""
-    import torch
-
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
 def quantize(weight: Tensor, fmt: str) -> tuple[Tensor, Tensor | None]:
     """``weight`` stored as ``fmt`` (``fp8_e4m3fn``, ``fp8_e5m2``: a plain cast, as ComfyUI's
     ``weight_dtype`` does, saturated to the format's range; ``int8``: per-row symmetric scale)."""
-    import torch
-
     if fmt in ("fp8_e4m3fn", "fp8_e5m2"):
         target = torch_dtype(fmt)
         limit = torch.finfo(target).max
@@ -94,28 +90,20 @@ def quantize(weight: Tensor, fmt: str) -> tuple[Tensor, Tensor | None]:
 # --- GGUF blocks ---------------------------------------------------------------------------------
 def _f16(blocks: Tensor, start: int, dt: torch.dtype) -> Tensor:
     """The float16 at byte ``start`` of every block, in ``dt`` (n, 1)."""
-    import torch
-
     return blocks[:, start : start + 2].contiguous().view(torch.float16).to(dt)
 
 
 def _q8_0(blocks: Tensor, dt: torch.dtype) -> Tensor:
-    import torch
-
     return _f16(blocks, 0, dt) * blocks[:, 2:].contiguous().view(torch.int8).to(dt)
 
 
 def _nibbles(qs: Tensor) -> Tensor:
     """32 4-bit values of 16 bytes: low nibbles are elements 0-15, high nibbles 16-31 (uint8)."""
-    import torch
-
     return torch.cat([qs & 0xF, qs >> 4], dim=-1)
 
 
 def _fifth_bits(qh: Tensor) -> Tensor:
     """The 32 high bits of Q5_0/Q5_1 (a little-endian uint32 per block) as (n, 32) uint8 0/16."""
-    import torch
-
     shifts = torch.arange(8, device=qh.device, dtype=torch.uint8)
     bits = (qh.contiguous()[:, :, None] >> shifts) & 1  # byte k, bit b -> element 8k + b
     return bits.reshape(-1, 32) << 4
@@ -141,8 +129,6 @@ def _q5_1(blocks: Tensor, dt: torch.dtype) -> Tensor:
 
 def _k_scales(scales: Tensor, dt: torch.dtype) -> tuple[Tensor, Tensor]:
     """The 8 six-bit scales and minimums packed in the 12 scale bytes of Q4_K / Q5_K (n, 8) each."""
-    import torch
-
     s = scales.to(torch.int32)
     sc = torch.cat([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], dim=1)
     mn = torch.cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], dim=1)
@@ -159,8 +145,6 @@ def _k_apply(blocks: Tensor, q: Tensor, dt: torch.dtype) -> Tensor:
 
 def _k_nibbles(qs: Tensor) -> Tensor:
     """128 bytes → 256 values: each 32-byte run gives 32 low nibbles, then 32 high ones (n, 4, 2, 32) uint8."""
-    import torch
-
     q = qs.reshape(-1, 4, 1, 32)
     return torch.cat([q & 0xF, q >> 4], dim=2)
 
@@ -170,16 +154,12 @@ def _q4_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
 
 
 def _q5_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
-    import torch
-
     qh = blocks[:, 16:48].reshape(-1, 1, 1, 32)
     shifts = torch.arange(8, device=blocks.device, dtype=torch.uint8).reshape(1, 4, 2, 1)
     return _k_apply(blocks, _k_nibbles(blocks[:, 48:176]) | (((qh >> shifts) & 1) << 4), dt)
 
 
 def _q6_k(blocks: Tensor, dt: torch.dtype) -> Tensor:
-    import torch
-
     ql = blocks[:, :128].reshape(-1, 2, 1, 2, 32)  # half, (low|high nibble), run, element
     qh = blocks[:, 128:192].reshape(-1, 2, 1, 1, 32)
     nib = torch.cat([ql & 0xF, ql >> 4], dim=2)

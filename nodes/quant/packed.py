@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nodes.quant.kernels import QuantError, dequantize
 
 if TYPE_CHECKING:
@@ -115,7 +117,6 @@ class PackedWeight:
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        import torch
 
         if func is torch.cat:
             joined = _cat_rows(
@@ -129,8 +130,6 @@ class PackedWeight:
     # --- values -----------------------------------------------------------------------------------
     def dequantize(self, dtype: Any = None, device: Any = None) -> torch.Tensor:
         """The weight as a float tensor of ``shape`` (float32 unless ``dtype``)."""
-        import torch
-
         dtype = dtype or torch.float32
         data = self.data if device is None else self.data.to(device, non_blocking=True)
         scale = self.scale if self.scale is None or device is None else self.scale.to(device)
@@ -146,8 +145,6 @@ def is_packed(value: Any) -> bool:
 
 def _cat_rows(tensors: Sequence[Any], dim: int) -> PackedWeight | None:
     """Packed weights of one format joined along rows, or None when that is not possible."""
-    import torch
-
     if dim != 0 or not tensors or not all(isinstance(t, PackedWeight) for t in tensors):
         return None
     first: PackedWeight = tensors[0]

@@ -5,7 +5,7 @@ also multiplies in fp8 on GPUs that can) and Loom's int8 weight-only storage."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nodes.core.weights import read_index
@@ -66,8 +66,6 @@ def stored_estimate(index: Any, prefix: str, fmt: str) -> int:
 def with_storage(handle: Any, patch: StoragePatch) -> Any:
     """``handle`` with ``patch`` appended and its size estimate lowered to the stored size (single
     files; a diffusers folder keeps its estimate)."""
-    from dataclasses import replace
-
     patched = handle.with_patch(patch)
     if handle.source.format != "single_file" or not hasattr(handle, "parts"):
         return patched

@@ -36,7 +36,8 @@ from nodes.core.device import compiled_forward, tf32_scope
 from nodes.core.module_streaming import run_shape
 from nodes.core.sampling_hooks import RunInfo
 from nodes.diffusion.names import SAMPLER_NAMES, SCHEDULER_NAMES
-from nodes.diffusion.noise import SeedGroups
+from nodes.diffusion.noise import SeedGroups, prepare_noise
+from nodes.diffusion.schedulers import ksampler_sigmas
 from nodes.latent.vae import check_latent_for, fit_empty_latent, tag_latent
 from nodes.sample.guiders import GuidedRun, Guider
 
@@ -71,7 +72,7 @@ class _Reporter:
     previews cost at most ~5% of the sampling time), and interrupts."""
 
     def __init__(self, ctx: NodeContext, model: Any, shape: tuple[int, ...], total: int):
-        from nodes.image.preview import PreviewPacer, PreviewRenderer
+        from nodes.image.preview import PreviewPacer, PreviewRenderer  # lazy: previews (~20 ms)
 
         self.ctx, self.shape, self.total = ctx, shape, total
         self.pacer = PreviewPacer()
@@ -242,8 +243,6 @@ def window(
 
 def initial_noise(latent: dict, seed: int, add_noise: bool = True) -> torch.Tensor:
     """ComfyUI's initial noise for a LATENT: seeded per ``batch_index`` item, or zeros."""
-    from nodes.diffusion.noise import prepare_noise
-
     samples = latent["samples"]
     if not add_noise:
         return torch.zeros(samples.shape, dtype=torch.float32)
@@ -276,8 +275,6 @@ class KSamplerCall:
     force_full_denoise: bool = False
 
     def sigmas(self) -> torch.Tensor | None:
-        from nodes.diffusion.schedulers import ksampler_sigmas
-
         full = ksampler_sigmas(
             self.model.model_sampling, self.scheduler, self.sampler_name, self.steps, self.denoise
         )
@@ -314,7 +311,7 @@ class KSamplerCall:
 def run_calls(ctx: NodeContext, calls: Sequence[KSamplerCall]) -> list[dict]:
     """Sample KSampler calls: all in one stacked batch when they agree on everything but seeds and
     prompts (per-step noise is drawn per job: ``SeedGroups``), else one by one."""
-    from nodes.diffusion.ksampler import sampler_object
+    from nodes.diffusion.ksampler import sampler_object  # lazy: the samplers (~150 ms)
 
     first = calls[0]
     sigmas = first.sigmas()

@@ -16,6 +16,13 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import BOOLEAN, COMBO, FLOAT, MODEL, Input, NodeSchema, Output
+from nodes.diffusion.model_sampling import (
+    DiscreteSchedule,
+    DistilledSchedule,
+    continuous_edm,
+    continuous_v,
+    discrete,
+)
 
 _OUT = (Output("MODEL", MODEL, "The model with the new sampling."),)
 
@@ -26,8 +33,6 @@ class ModelSamplingError(ValueError):
 
 def _discrete_base(model: Any) -> dict[str, Any]:
     """The beta schedule of the model's current discrete sampling (ComfyUI reads the model config)."""
-    from nodes.diffusion.model_sampling import DiscreteSchedule, DistilledSchedule
-
     schedule = model.model_sampling.schedule
     if isinstance(schedule, DistilledSchedule):
         schedule = schedule.base
@@ -62,8 +67,6 @@ class ModelSamplingDiscrete(Node):
     )
 
     def run(self, ctx: NodeContext, *, model: Any, sampling: str, zsnr: bool) -> tuple[Any]:
-        from nodes.diffusion.model_sampling import discrete
-
         return (model.with_model_sampling(discrete(sampling, zsnr=zsnr, **_discrete_base(model))),)
 
 
@@ -90,8 +93,6 @@ class ModelSamplingContinuousEDM(Node):
     def run(
         self, ctx: NodeContext, *, model: Any, sampling: str, sigma_max: float, sigma_min: float
     ) -> tuple[Any]:
-        from nodes.diffusion.model_sampling import continuous_edm
-
         if sampling in ("edm_playground_v2.5", "cosmos_rflow"):
             raise ModelSamplingError(
                 f"ModelSamplingContinuousEDM: sampling {sampling!r} needs a model family Loom does not load yet "
@@ -120,8 +121,6 @@ class ModelSamplingContinuousV(Node):
     def run(
         self, ctx: NodeContext, *, model: Any, sampling: str, sigma_max: float, sigma_min: float
     ) -> tuple[Any]:
-        from nodes.diffusion.model_sampling import continuous_v
-
         return (model.with_model_sampling(continuous_v(sampling, sigma_min=sigma_min, sigma_max=sigma_max)),)
 
 

@@ -25,7 +25,7 @@ _CATEGORY = "sampling/custom_sampling/samplers"
 
 
 def _ksampler(name: str, options: dict[str, Any] | None = None) -> Any:
-    from nodes.diffusion.ksampler import ksampler
+    from nodes.diffusion.ksampler import ksampler  # lazy: the samplers (~150 ms)
 
     return ksampler(name, options or {})
 
@@ -64,7 +64,7 @@ class KSamplerSelect(Node):
     )
 
     def run(self, ctx: NodeContext, *, sampler_name: str) -> tuple[Any]:
-        from nodes.diffusion.ksampler import sampler_object
+        from nodes.diffusion.ksampler import sampler_object  # lazy: the samplers (~150 ms)
 
         return (sampler_object(sampler_name),)
 
@@ -398,7 +398,7 @@ class SamplerLCMUpscale(Node):
     def run(
         self, ctx: NodeContext, *, scale_ratio: float, scale_steps: int, upscale_method: str
     ) -> tuple[Any]:
-        from nodes.diffusion.ksampler import KSamplerFn
+        from nodes.diffusion.ksampler import KSamplerFn  # lazy: the samplers (~150 ms)
 
         options = {
             "total_upscale": scale_ratio,
@@ -419,7 +419,7 @@ class SamplerEulerCFGpp(Node):
     )
 
     def run(self, ctx: NodeContext, *, version: str) -> tuple[Any]:
-        from nodes.diffusion.ksampler import KSamplerFn
+        from nodes.diffusion.ksampler import KSamplerFn  # lazy: the samplers (~150 ms)
 
         return (KSamplerFn(sample_euler_pp, {}) if version == "alternative" else _ksampler("euler_cfg_pp"),)
 
@@ -433,7 +433,7 @@ def sample_euler_pp(
     disable: Any = None,
 ) -> torch.Tensor:
     """The "alternative" Euler CFG++: the step direction uses x - denoised + uncond_denoised."""
-    from nodes.diffusion.k_samplers import to_d, with_post_cfg
+    from nodes.diffusion.k_samplers import to_d, with_post_cfg  # lazy: the samplers (~150 ms)
 
     extra_args = dict(extra_args or {})
     uncond: list[torch.Tensor] = []

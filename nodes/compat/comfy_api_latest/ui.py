@@ -13,6 +13,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from PIL import Image
+
 from engine.atomic import write_atomic
 
 
@@ -51,17 +54,12 @@ class PreviewMask(PreviewImage):
 
 
 def _as_array(data: Any) -> Any:
-    import numpy as np
-
     if hasattr(data, "detach"):
         data = data.detach().cpu().float().numpy()
     return np.asarray(data, dtype=np.float32)
 
 
 def _save_temp_images(image: Any) -> list[dict[str, str]]:
-    import numpy as np
-    from PIL import Image
-
     folder_paths = importlib.import_module("folder_paths")  # the shim bound to this run's folders
     temp = folder_paths.get_temp_directory()
     batch = _as_array(image)

@@ -23,7 +23,6 @@ import torch
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families import arch, keys
 from nodes.families.components import ShapeConfiguredVae
-from nodes.families.components.flux2_vae_module import Flux2LatentVAE
 
 BN_EPS = 1e-4
 _QUANT = (("encoder.quant_conv.", "quant_conv."), ("decoder.post_quant_conv.", "post_quant_conv."))
@@ -111,7 +110,11 @@ class Flux2Vae(ShapeConfiguredVae):
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
+        from nodes.families.components.flux2_vae_module import Flux2LatentVAE  # lazy: diffusers (seconds)
+
         return Flux2LatentVAE.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
+        from nodes.families.components.flux2_vae_module import Flux2LatentVAE  # lazy: as in empty()
+
         return Flux2LatentVAE.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
+
 from nodes.core.control_base import bind_controls
 from nodes.core.sampling_hooks import ConditioningError, block_options
 from nodes.core.tensors import TensorIndex
@@ -93,12 +95,12 @@ class UNetDenoiser:
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
-        from diffusers import UNet2DConditionModel
+        from diffusers import UNet2DConditionModel  # lazy: diffusers (seconds); only a build needs it
 
         return UNet2DConditionModel.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
-        from diffusers import UNet2DConditionModel
+        from diffusers import UNet2DConditionModel  # lazy: diffusers (seconds); only a build needs it
 
         return UNet2DConditionModel.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
@@ -108,7 +110,6 @@ class UNetDenoiser:
     ) -> dict[str, Any]:
         """Keyword inputs of the forward for ``entries`` (each repeated ``batch`` times, in order);
         ``size`` is the image size (height, width) in pixels; tensors take ``like``'s device/dtype."""
-        import torch
 
         def to(t: Tensor) -> Tensor:
             return t if like is None else t.to(like)
@@ -152,8 +153,6 @@ class UNetDenoiser:
     def class_labels(self, entries: Sequence[CondEntry]) -> list[Tensor] | None:
         """An unCLIP UNet's class-label input per entry (zeros for an entry without unCLIP
         conditioning); None when no entry has any (the forward then gives zeros of its width)."""
-        import torch
-
         adms = [
             unclip.unclip_adm(inputs, unclip.entry_seed(e.extras), unclip.MERGE_LEVEL_SD21)
             if (inputs := unclip.unclip_inputs(e.extras))
@@ -183,8 +182,6 @@ class UNetDenoiser:
         """The raw model output for ``x_in`` at the UNet's ``timestep``. A UNet with extra input
         channels gets them appended: an inpainting UNet (latent channels + 1) the mask and masked
         image, an InstructPix2Pix UNet (2 × latent channels) the source image's latent."""
-        import torch
-
         kwargs = dict(cond_kwargs)
         options = kwargs.pop("transformer_options", None)
         concat = kwargs.pop("concat", None)

@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.nn.functional as F
+
 from nodes.core.sampling_hooks import ConditioningError
 
 if TYPE_CHECKING:
@@ -54,8 +57,6 @@ class ConcatSource:
     built: dict[str, Any] = field(default_factory=dict)
 
     def build(self, kind: str) -> Tensor:
-        import torch
-
         if kind not in self.built:
             if kind == "ip2p":
                 parts = [ip2p_concat(e, self.batch, self.latent) for e in (self.extras or ({},))]
@@ -86,8 +87,6 @@ def resize_to_batch(t: Tensor, batch: int) -> Tensor:
 
 def center_resize(t: Tensor, size: tuple[int, int]) -> Tensor:
     """ComfyUI's ``common_upscale(..., "bilinear", "center")``: crop to the target aspect, resize."""
-    import torch.nn.functional as F
-
     h, w = t.shape[-2:]
     old, new = w / h, size[1] / size[0]
     if old > new:
@@ -100,8 +99,6 @@ def center_resize(t: Tensor, size: tuple[int, int]) -> Tensor:
 
 
 def ip2p_concat(extras: Mapping[str, Any], batch: int, latent: tuple[int, int]) -> Tensor:
-    import torch
-
     image = extras.get("concat_latent_image")
     if image is None:
         channels = extras["latent_image"].shape[1] if extras.get("latent_image") is not None else 4
@@ -116,9 +113,6 @@ def inpaint_concat(
     extras: Mapping[str, Any], batch: int, latent: tuple[int, int], latent_format: LatentFormat | None
 ) -> Tensor:
     """An inpainting UNet's extra input channels (see the module docstring)."""
-    import torch
-    import torch.nn.functional as F
-
     image = extras.get("concat_latent_image")
     if image is not None and latent_format is not None:
         image = latent_format.process_in(image.float())

@@ -33,6 +33,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.nn.functional as F
+
 from nodes.core.sampling_hooks import ConditioningError
 from nodes.families.components.unet_walk import walk
 
@@ -97,8 +100,6 @@ def attention_places(module: Any) -> list[AttentionPlace]:
 def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, scale: float | None = None) -> Tensor:
     """Multi-head attention of projected ``q``, ``k``, ``v`` as ComfyUI's: the keys and values are
     viewed with the queries' batch size (a patch may split the queries into more, smaller rows)."""
-    import torch.nn.functional as F
-
     b, _, inner = q.shape
     head = inner // heads
     q, k, v = (t.reshape(b, -1, heads, head).transpose(1, 2) for t in (q, k, v))
@@ -181,8 +182,6 @@ def _patched(options: Mapping[str, Any], place: AttentionPlace) -> bool:
 def patched_attention(module: Any, options: Mapping[str, Any]) -> Iterator[None]:
     """Set a :class:`PatchedAttention` on every attention that has a patch; set the previous
     processors back when the call is done (also on error)."""
-    import torch
-
     saved: list[tuple[Any, Any]] = []
     try:
         for place in attention_places(module):

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from nodes.core.sampling_hooks import ConditioningError
 
 if TYPE_CHECKING:
@@ -154,8 +156,6 @@ class _Walk:
         return h
 
     def up(self, h: Tensor) -> Tensor:
-        import torch
-
         place = 0
         for block in self.module.up_blocks:
             attentions = (

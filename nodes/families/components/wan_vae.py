@@ -32,7 +32,6 @@ from typing import Any
 
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components import ShapeConfiguredVae
-from nodes.families.components.wan_vae_module import QwenImageVae2D
 from nodes.families.latent_format import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD
 
 _RESIDUAL = (
@@ -145,9 +144,13 @@ class WanVae(ShapeConfiguredVae):
         return sd
 
     def empty(self, config: Mapping[str, Any]) -> Any:
+        from nodes.families.components.wan_vae_module import QwenImageVae2D  # lazy: diffusers (seconds)
+
         return QwenImageVae2D.from_config(dict(config))
 
     def from_pretrained(self, path: Path, safetensors: bool) -> Any:
+        from nodes.families.components.wan_vae_module import QwenImageVae2D  # lazy: as in empty()
+
         return QwenImageVae2D.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
 
