@@ -65,9 +65,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("nodes.demo", "nodes.bench", "nodes.compat", "nodes.api", "main"),
 )
 
-# Rule 6: the prefixes whose imports inside functions are not yet checked. nodes/bench/ is being
-# moved; remove it from here once it has moved and its lazy imports carry their reasons.
-LAZY_REASON_NOT_YET_CHECKED: tuple[str, ...] = ("nodes/bench/",)
+# Rule 6: every import inside a function carries this mark and its reason on one of its lines.
 LAZY_MARK = "# lazy:"
 
 # Rule 3: what the model layer may import of nodes/.
@@ -368,7 +366,7 @@ def test_no_module_is_past_500_lines() -> None:
 
 
 def test_every_import_inside_a_function_says_why() -> None:
-    offenders = unexplained_lazy_imports(ROOT, skip=LAZY_REASON_NOT_YET_CHECKED)
+    offenders = unexplained_lazy_imports(ROOT)
     assert not offenders, report(
         f"imports inside functions without a '{LAZY_MARK} <why>' comment",
         offenders,

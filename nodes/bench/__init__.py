@@ -10,6 +10,8 @@ from typing import Any
 
 
 def run_bench(quick: bool, as_json: bool, **kwargs: Any) -> int:
-    from nodes.bench.suite import run_bench as _run
+    from nodes.bench.suite import (  # lazy: the suite loads torch; main.py imports nodes.bench
+        run_bench as _run,
+    )
 
     return _run(quick, as_json, **kwargs)

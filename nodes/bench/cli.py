@@ -10,13 +10,13 @@ import pkgutil
 import sys
 from typing import Any
 
+import nodes.bench.areas as areas
+
 SUITE_FLAGS = ("quick", "json", "markdown", "only", "repeats")
 
 
 def area_names() -> list[str]:
     """The per-area scripts: the modules of ``nodes.bench.areas``."""
-    import nodes.bench.areas as areas
-
     return sorted(m.name for m in pkgutil.iter_modules(areas.__path__) if not m.ispkg)
 
 
@@ -55,7 +55,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.area is not None:
         return run_area(args)
-    from nodes.bench.suite import run_bench
+    from nodes.bench.suite import run_bench  # lazy: the suite loads torch; main.py imports this at start-up
 
     return run_bench(args.quick, args.json, only=args.only, repeats=args.repeats, as_markdown=args.markdown)
 

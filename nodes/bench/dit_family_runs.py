@@ -16,6 +16,29 @@ from typing import Any
 
 import torch
 
+from engine.context import Folders, NodeContext, RunSettings
+from engine.folders import ModelFolders
+from engine.memory.device_policy import DevicePolicy
+from engine.memory.manager import ModelManager
+from nodes.bench.fullsize_weights import (
+    mapped_state,
+    meta_module,
+    random_state,
+    write_safetensors,
+    write_state,
+)
+from nodes.core.cond import CondEntry
+from nodes.core.parts import Part
+from nodes.demo.flux import demo_flux_modules
+from nodes.families.build import original_state_dict
+from nodes.families.components.flux_dit import FluxTransformer
+from nodes.families.components.sd3_dit import SD3Transformer
+from nodes.families.components.zimage_dit import ZImageTransformer
+from nodes.load.component_loaders import load_diffusion_model
+from nodes.patches.easycache import EasyCache
+from nodes.patches.first_block_cache import FirstBlockCache
+from nodes.sample.ksampler import KSampler
+
 
 @dataclass(frozen=True)
 class FamilySpec:
@@ -32,20 +55,14 @@ class FamilySpec:
 
 
 def _zimage() -> Any:
-    from nodes.families.components.zimage_dit import ZImageTransformer
-
     return ZImageTransformer()
 
 
 def _sd3() -> Any:
-    from nodes.families.components.sd3_dit import SD3Transformer
-
     return SD3Transformer()
 
 
 def _flux() -> Any:
-    from nodes.families.components.flux_dit import FluxTransformer
-
     return FluxTransformer()
 
 
@@ -149,17 +166,7 @@ FAMILIES: dict[str, FamilySpec] = {
 def write_weights(name: str, full: bool, folder: Path, file_dtype: torch.dtype) -> tuple[Path, Path]:
     """The random transformer as an original-layout file and a diffusers folder (same tensors),
     streamed tensor by tensor (``fullsize``): the real configs never sit in memory twice."""
-    import diffusers
-
-    from nodes.bench.fullsize_weights import (
-        mapped_state,
-        meta_module,
-        random_state,
-        write_safetensors,
-        write_state,
-    )
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
+    import diffusers  # lazy: diffusers takes seconds to import; only its class lays out the weights
 
     spec = FAMILIES[name]
     module = meta_module(getattr(diffusers, spec.diffusers_class), spec.full if full else spec.tiny)
@@ -189,11 +196,6 @@ def _conditioning(
 def _context(root: Path) -> Any:
     """A node context whose manager computes the transformer in bf16 (as the diffusers side does)
     and keeps one copy of it: a patched model that changes no weights reuses the loaded module."""
-    from engine.context import Folders, NodeContext, RunSettings
-    from engine.folders import ModelFolders
-    from engine.memory.device_policy import DevicePolicy
-    from engine.memory.manager import ModelManager
-
     folders = Folders(root / "input", root / "output", root / "temp", model_files=ModelFolders(root))
     folders.ensure()
     policy = DevicePolicy(dtypes=(("unet", "bfloat16"),), channels_last=frozenset({"unet", "vae"}))
@@ -211,9 +213,6 @@ def _sample(
 ) -> tuple[Any, float, float]:
     """KSampler (euler, simple, the family's CFG) from an empty latent: the latent, and wall and CPU
     seconds per step."""
-    from nodes.core.cond import CondEntry
-    from nodes.sample.ksampler import KSampler
-
     spec = FAMILIES[name]
     pos, pos_pooled = _conditioning(spec, config, 1)
     neg, neg_pooled = _conditioning(spec, config, 2)
@@ -239,8 +238,6 @@ def _step_caches(ctx: Any, model: Any) -> dict[str, Any]:
     FirstBlockCache at 0.3 and 0.8. Random weights change the first block's residual far more from
     step to step than trained ones, so at the usual thresholds (0.1-0.3) nothing is skipped here:
     the higher ones show the speed-up and its cost, not a recommended setting."""
-    from nodes.patches.easycache import EasyCache
-    from nodes.patches.first_block_cache import FirstBlockCache
 
     def first_block(threshold: float) -> Any:
         return FirstBlockCache().run(
@@ -274,8 +271,6 @@ def _image_difference(vae: Any, latent: Any, reference: Any) -> tuple[float, flo
 def run_loom(
     name: str, path: Path, config: dict[str, Any], size: int, steps: int, fp8: bool, caches: bool
 ) -> dict[str, float]:
-    from nodes.demo.flux import demo_flux_modules
-    from nodes.load.component_loaders import load_diffusion_model
 
     ctx = _context(path.parent)
     start = time.perf_counter()
@@ -307,7 +302,9 @@ def _diffusers_inputs(
     h = w = size // 8
     g = torch.Generator().manual_seed(3)
     if name == "flux_schnell":
-        from diffusers import FluxPipeline
+        from diffusers import (  # lazy: diffusers takes seconds to import; only the reference needs it
+            FluxPipeline,
+        )
 
         tokens = torch.randn(1, (h // 2) * (w // 2), 64, generator=g).to(dtype)
         img_ids = FluxPipeline._prepare_latent_image_ids(1, h // 2, w // 2, "cpu", dtype)
@@ -343,7 +340,7 @@ def _inputs_to(dtype: torch.dtype) -> Callable[..., tuple[Any, ...]]:
 
 
 def run_diffusers(name: str, folder: Path, size: int, steps: int, fp8: bool) -> dict[str, float]:
-    import diffusers
+    import diffusers  # lazy: diffusers takes seconds to import; only the reference needs it
 
     spec = FAMILIES[name]
     cls = getattr(diffusers, spec.diffusers_class)
@@ -351,7 +348,7 @@ def run_diffusers(name: str, folder: Path, size: int, steps: int, fp8: bool) -> 
     start = time.perf_counter()
     if fp8:
         module = cls.from_pretrained(str(folder), torch_dtype=torch.float8_e4m3fn, local_files_only=True)
-        from diffusers.hooks.layerwise_casting import apply_layerwise_casting_hook
+        from diffusers.hooks.layerwise_casting import apply_layerwise_casting_hook  # lazy: as above
 
         # linear weights stay fp8 and are cast per call; the rest (norms, embeddings) computes in bf16
         for layer in module.modules():
@@ -383,7 +380,7 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     spec = FAMILIES[args.family]
     if args.side == "loom":
-        import diffusers
+        import diffusers  # lazy: diffusers takes seconds to import; the loom side reads only its config
 
         config = dict(getattr(diffusers, spec.diffusers_class).load_config(str(Path(args.diffusers_dir))))
         out = run_loom(args.family, Path(args.single), config, args.size, args.steps, args.fp8, args.caches)

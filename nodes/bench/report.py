@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,10 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, fl
 
 
 def peak_rss_mib() -> float:
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def machine() -> dict[str, Any]:
-    import torch
-
     cpu = platform.processor() or platform.machine()
     flags: set[str] = set()
     try:

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from PIL import Image
+
 from engine.cache import OutputCache
 from engine.context import Folders, RunSettings
 from engine.events import EventBus
@@ -20,6 +24,7 @@ from engine.executor import Executor, RunRequest, RunResult
 from engine.folders import ModelFolders
 from engine.memory.manager import ModelManager
 from engine.registry import NodeRegistry
+from nodes import register_core
 
 
 @dataclass
@@ -34,8 +39,6 @@ class BenchRuntime:
     policy: Any = None  # engine.memory.device_policy.DevicePolicy; None: the CPU policy (fp32)
 
     def __post_init__(self) -> None:
-        from nodes import register_core
-
         self.files = ModelFolders(self.models_dir)
         self.folders = Folders(
             self.work / "input", self.work / "output", self.work / "temp", model_files=self.files
@@ -65,9 +68,6 @@ class BenchRuntime:
 
     def image(self, result: RunResult, node: str = "9") -> Any:
         """The first image a SaveImage node wrote, as a float array in 0..1 (H, W, 3)."""
-        import numpy as np
-        from PIL import Image
-
         info = result.outputs[node]["images"][0]
         path = self.folders.output_dir / info.get("subfolder", "") / info["filename"]
         with Image.open(path) as im:
@@ -132,15 +132,11 @@ def txt2img(
 
 def image_difference(a: Any, b: Any) -> float:
     """Mean absolute pixel difference in 0..1 (0 = identical)."""
-    import numpy as np
-
     return float(np.abs(np.asarray(a, dtype=np.float32) - np.asarray(b, dtype=np.float32)).mean())
 
 
 def contiguous_copy(module: Any) -> Any:
     """A copy of ``module`` in contiguous memory order: the way diffusers loads it (Loom keeps UNet
     and VAE channels-last on CPU, ``DevicePolicy.channels_last``)."""
-    import torch
-
     to: Any = torch.nn.Module.to  # the stubs do not declare memory_format
     return to(copy.deepcopy(module), memory_format=torch.contiguous_format)

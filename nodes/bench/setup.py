@@ -12,6 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
+
+from nodes.demo.models import make_demo_models
+from nodes.families.base import CONFIGS_DIR
+from nodes.families.build import ldm_state_dict
+from nodes.families.catalog import SD15
+from nodes.image.preview import make_demo_taesd
+
 FULL_CKPT = "sd15_random.safetensors"
 DEMO_CKPT = "loom_demo_sd15.safetensors"
 
@@ -45,11 +54,8 @@ def _second_name(folder: Path, name: str) -> str:
 
 
 def prepare(quick: bool, repeats: int | None = None) -> BenchSetup:
-    from nodes.image.preview import make_demo_taesd
-
     if quick:
         models = Path(tempfile.mkdtemp(prefix="loom_bench_models_"))
-        from nodes.demo.models import make_demo_models
 
         make_demo_models(models)
         ckpt = DEMO_CKPT
@@ -69,14 +75,11 @@ def write_full_checkpoint(path: Path) -> Path:
     """Random full-size SD1.5 UNet, CLIP-L and KL VAE in the original single-file layout (fp16, ~2 GB)."""
     if path.is_file():
         return path
-    import torch
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from safetensors.torch import save_file
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    from nodes.families.base import CONFIGS_DIR
-    from nodes.families.build import ldm_state_dict
-    from nodes.families.catalog import SD15
+    from diffusers import (  # lazy: diffusers takes seconds to import; only a first run builds the weights
+        AutoencoderKL,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel  # lazy: as above
 
     def config(sub: str) -> dict[str, Any]:
         return dict(json.loads((CONFIGS_DIR / "sd15" / sub / "config.json").read_text(encoding="utf-8")))

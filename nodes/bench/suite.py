@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import torch
+
 from nodes.bench.report import Row, format_table, machine, markdown_table, peak_rss_mib
+from nodes.bench.scenarios import executor_overhead, fastpaths, generation, overlap, prefetch, queue, server
 from nodes.bench.setup import BenchSetup, prepare
 
 log = logging.getLogger("loom.bench")
@@ -24,16 +27,6 @@ Scenario = Callable[[BenchSetup], list[Row]]
 
 
 def scenarios() -> dict[str, Scenario]:
-    from nodes.bench.scenarios import (
-        executor_overhead,
-        fastpaths,
-        generation,
-        overlap,
-        prefetch,
-        queue,
-        server,
-    )
-
     return {
         "executor": executor_overhead.run,
         "generation": generation.run,
@@ -49,8 +42,6 @@ def collect(
     quick: bool, *, only: list[str] | None = None, repeats: int | None = None, progress: TextIO | None = None
 ) -> dict[str, Any]:
     """Run the scenarios; returns ``{"machine", "mode", "rows", "seconds"}``."""
-    import torch
-
     torch.set_grad_enabled(False)
     started = time.perf_counter()
     setup = prepare(quick, repeats)

@@ -21,7 +21,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from engine.memory.device_budget import BudgetError, DeviceBudget
+from engine.memory.device_policy import DevicePolicy
+from engine.memory.manager import ModelManager
 from nodes.bench.areas.quant import SIZES, build, sample
+from nodes.core.module_streaming import device_bytes
+from nodes.load.handles import open_diffusion_model
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository
 
@@ -39,13 +46,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
-    import torch
-
-    from engine.memory.device_budget import BudgetError, DeviceBudget
-    from engine.memory.device_policy import DevicePolicy
-    from engine.memory.manager import ModelManager
-    from nodes.core.module_streaming import device_bytes
-    from nodes.load.handles import open_diffusion_model
 
     torch.set_num_threads(args.threads)
     dtype = "float32" if args.device == "cpu" else "bfloat16"

@@ -20,11 +20,20 @@ from typing import Any
 
 import torch
 
+from nodes.control.controlnet import Control
+from nodes.control.controlnet_files import ControlNetHandle
+from nodes.control.t2i_adapter import AdapterHandle
+from nodes.core.cond import CondEntry
+from nodes.core.handles import WeightsSource
+from nodes.demo.control import demo_adapter
+from nodes.families.components.unet import UNetDenoiser
+
 
 def _modules(device: str) -> dict[str, Any]:
-    from diffusers import ControlNetModel, UNet2DConditionModel
-
-    from nodes.demo.control import demo_adapter
+    from diffusers import (  # lazy: diffusers takes seconds to import; only to build the random modules
+        ControlNetModel,
+        UNet2DConditionModel,
+    )
 
     torch.manual_seed(0)
     unet: Any = UNet2DConditionModel(cross_attention_dim=768, attention_head_dim=8)  # SD1.5's architecture
@@ -42,10 +51,6 @@ def _bytes(module: Any) -> int:
 
 
 def _call(modules: dict[str, Any], handles: list[Any], latent: int, device: str) -> Any:
-    from nodes.control.controlnet import Control
-    from nodes.core.cond import CondEntry
-    from nodes.families.components.unet import UNetDenoiser
-
     image = torch.rand(1, latent * 8, latent * 8, 3)
     control = None
     for handle in handles:
@@ -83,9 +88,6 @@ def _call(modules: dict[str, Any], handles: list[Any], latent: int, device: str)
 
 def _handles(tmp: Path) -> dict[str, Any]:
     """Handles with distinct keys (the modules are passed in directly, the files only name them)."""
-    from nodes.control.controlnet_files import ControlNetHandle
-    from nodes.control.t2i_adapter import AdapterHandle
-    from nodes.core.handles import WeightsSource
 
     def src(name: str) -> WeightsSource:
         return WeightsSource(tmp / name, name)

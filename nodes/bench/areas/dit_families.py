@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from nodes.bench.dit_family_runs import FAMILIES, child, write_weights
+from nodes.bench.fullsize_weights import meta_module, rss_gib
 from nodes.bench.page_cache import drop_page_cache
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository
@@ -60,8 +61,6 @@ def child_env() -> dict[str, str]:
 
 # --- the parent -------------------------------------------------------------------------------
 def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
-    from nodes.bench.fullsize_weights import rss_gib
-
     fp8 = args.fp8 or FAMILIES[name].file_dtype == torch.float8_e4m3fn
     start = time.perf_counter()
     folder = folder / ("fp8" if fp8 else "bf16") / ("full" if args.full else "tiny")
@@ -135,9 +134,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path) -> list[str]:
 
 
 def _meta(name: str, full: bool) -> Any:
-    import diffusers
-
-    from nodes.bench.fullsize_weights import meta_module
+    import diffusers  # lazy: diffusers takes seconds to import; only its class lays out the weights
 
     spec = FAMILIES[name]
     return meta_module(getattr(diffusers, spec.diffusers_class), spec.full if full else spec.tiny)

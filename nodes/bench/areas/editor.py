@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from PIL import Image
+
 ROOT = Path(__file__).resolve().parents[3]  # the repository
 ARGS = [
     "--no-sandbox",
@@ -178,8 +180,6 @@ def mask_stroke(page, data: Path) -> dict:
 
     The segment time is the script's stamping only (a 2D canvas may rasterise later, in the frame);
     the stroke's frame times and CPU per frame include that."""
-    from PIL import Image
-
     Image.new("RGB", (2048, 2048), (90, 120, 160)).save(data / "input" / "bench2048.png")
     page.evaluate("loom.maskEditor.open({filename: 'bench2048.png', subfolder: '', type: 'input'}, () => {})")
     stage = page.locator("[data-role=mask-stage]")
@@ -219,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reroutes", type=int, default=100, help="links given a midpoint reroute")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args(argv)
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import (  # lazy: optional extra (playwright); only this area drives a browser
+        sync_playwright,
+    )
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.folders import ModelFolders
+
 PAST_NS = 1_700_000_000 * 10**9  # folders dated back: a just-modified folder is never trusted
 
 
@@ -59,8 +61,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-folder", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-
-    from engine.folders import ModelFolders
 
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)

@@ -15,7 +15,14 @@ import shutil
 import time
 from pathlib import Path
 
+import torch
+from safetensors.torch import save_file
+
+from engine.memory.manager import ModelManager
 from nodes.bench.page_cache import drop_page_cache
+from nodes.families.build import ldm_state_dict
+from nodes.families.catalog import SD15
+from nodes.load.handles import open_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository
 CACHE = ROOT / "bench_cache"
@@ -32,13 +39,11 @@ def read_file(path: Path) -> float:
 def make_checkpoints() -> tuple[Path, Path]:
     a, b = CACHE / "sd15_random_a.safetensors", CACHE / "sd15_random_b.safetensors"
     if not a.is_file():
-        import torch
-        from diffusers import AutoencoderKL, UNet2DConditionModel
-        from safetensors.torch import save_file
-        from transformers import CLIPTextConfig, CLIPTextModel
-
-        from nodes.families.build import ldm_state_dict
-        from nodes.families.catalog import SD15
+        from diffusers import (  # lazy: diffusers takes seconds to import; only a first run builds the weights
+            AutoencoderKL,
+            UNet2DConditionModel,
+        )
+        from transformers import CLIPTextConfig, CLIPTextModel  # lazy: as above
 
         cfg = SD15().config_dir()
         torch.manual_seed(0)
@@ -67,8 +72,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="main.py bench model_load", description=__doc__)
     parser.add_argument("--compute-s", type=float, default=2.0, help="simulated node compute time")
     args = parser.parse_args(argv)
-    from engine.memory.manager import ModelManager
-    from nodes.load.handles import open_checkpoint
 
     a_path, b_path = make_checkpoints()
     a, b = open_checkpoint(a_path).unet, open_checkpoint(b_path).unet

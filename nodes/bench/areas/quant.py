@@ -26,12 +26,28 @@ process per step (with ``--threads 1``, what the step costs whatever else runs).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from nodes.bench.dit_family_runs import write_weights
+from nodes.bench.fullsize_weights import mapped_state, rss_gib, write_safetensors
+from nodes.core.parts import Part
+from nodes.demo.flux import demo_flux_modules
+from nodes.families.build import original_state_dict
+from nodes.families.components.flux_dit import FluxTransformer, pack, rope_axes, unpack
+from nodes.load.handles import open_diffusion_model
+from nodes.quant.gguf import write_gguf
+from nodes.quant.layers import QuantLayer
+from nodes.quant.storage import StoragePatch, weight_dtype_patch
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository
 
@@ -95,22 +111,13 @@ ROWS = (
 def build(size: str, folder: Path) -> tuple[Path, Any]:
     """The transformer's original-layout file and its tensors (memory-mapped for SD3.5)."""
     if size in SD35:
-        import torch
-
-        from nodes.bench.dit_family_runs import write_weights
-        from nodes.bench.fullsize_weights import mapped_state
-
         single = folder / "sd35_medium.safetensors"
         if not single.exists():  # nodes/bench/areas/dit_families.py --workdir writes the same file
             write_weights("sd35_medium", size == "sd35-medium", folder, torch.bfloat16)
         return single, mapped_state(single)
-    import torch
-    from diffusers import FluxTransformer2DModel
-    from safetensors.torch import save_file
-
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components.flux_dit import FluxTransformer, rope_axes
+    from diffusers import (  # lazy: diffusers takes seconds to import; only to build the random weights
+        FluxTransformer2DModel,
+    )
 
     cfg = {k: v for k, v in SIZES[size].items() if k not in ("latent", "text")}
     torch.manual_seed(0)
@@ -131,10 +138,6 @@ def build(size: str, folder: Path) -> tuple[Path, Any]:
 
 
 def load(row: str, source: str, path: Path, sd: dict[str, Any], folder: Path) -> Any:
-    from nodes.load.handles import open_diffusion_model
-    from nodes.quant.gguf import write_gguf
-    from nodes.quant.storage import StoragePatch, weight_dtype_patch
-
     if source == "gguf":
         kind = row.split()[-1]
         gguf_path = folder / f"{path.stem}-{kind}.gguf"
@@ -162,10 +165,6 @@ def _quantizable(name: str, tensor: Any) -> bool:
 def write_scaled_fp8(path: Path, sd: dict[str, Any], folder: Path) -> Path:
     """``sd`` as ComfyUI's scaled fp8 (the ``scaled_fp8`` marker; per linear weight, e4m3fn values of
     weight / scale with scale = max |weight| / 448 in ``<layer>.scale_weight``), streamed to a file."""
-    import torch
-
-    from nodes.bench.fullsize_weights import write_safetensors
-
     out = folder / f"{path.stem}-scaled_fp8.safetensors"
     if out.exists():
         return out
@@ -191,10 +190,6 @@ def write_scaled_fp8(path: Path, sd: dict[str, Any], folder: Path) -> Path:
 
 
 def linear_bytes_per_param(module: Any) -> float:
-    import torch
-
-    from nodes.quant.layers import QuantLayer
-
     held = params = 0
     for sub in module.modules():
         if isinstance(sub, QuantLayer):
@@ -208,8 +203,6 @@ def linear_bytes_per_param(module: Any) -> float:
 
 def sample_sd35(module: Any, steps: int, latent_side: int) -> tuple[Any, list[tuple[float, float]]]:
     """Euler flow matching from fixed noise through an SD3 transformer (timestep 1000·sigma)."""
-    import torch
-
     dtype = next(p.dtype for p in module.parameters() if p.is_floating_point())
     config = module.config
     gen = torch.Generator().manual_seed(1)
@@ -237,12 +230,8 @@ def sample(
     module: Any, size: str, steps: int, latent_side: int = 32
 ) -> tuple[Any, list[tuple[float, float]]]:
     """Euler flow matching from fixed noise; the final latent and the seconds of each step."""
-    import torch
-
     if size in SD35:
         return sample_sd35(module, steps, latent_side)
-
-    from nodes.families.components.flux_dit import pack, unpack
 
     dtype = next(p.dtype for p in module.parameters() if p.is_floating_point())
     spec = SIZES[size]
@@ -272,8 +261,6 @@ def sample(
 
 
 def decode(vae: Any, latent: Any) -> Any:
-    import torch
-
     with torch.no_grad():
         image = vae.decode(latent / 0.3611 + 0.1159).sample
     return ((image.clamp(-1, 1) + 1) * 127.5).round()
@@ -281,9 +268,6 @@ def decode(vae: Any, latent: Any) -> Any:
 
 def free_memory() -> None:
     """Give freed tensors back to the system before the next model is built."""
-    import ctypes
-    import gc
-
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
@@ -298,10 +282,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", default="", help="reuse (or keep) the SD3.5 weights file here")
     parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
     args = parser.parse_args(argv)
-    import torch
-
-    from nodes.bench.fullsize_weights import rss_gib
-    from nodes.demo.flux import demo_flux_modules
 
     torch.set_num_threads(args.threads)
     vae = demo_flux_modules()["vae"]

@@ -15,21 +15,33 @@ work per step outside the UNet call (target < 1 ms).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from engine.context import Folders, NodeContext
+from nodes.bench.diffusers_ref import ComfyEulerScheduler
+from nodes.core.cond import CondEntry
+from nodes.core.sampling_hooks import SamplingHooks
+from nodes.diffusion.ksampler import sampler_object
+from nodes.diffusion.noise import prepare_noise
+from nodes.diffusion.schedulers import ksampler_sigmas
+from nodes.families.catalog import SD15
+from nodes.sample.ksampler import SamplingRequest, cfg_guider, sample
+
 ROOT = Path(__file__).resolve().parents[3]  # the repository
 CACHE = ROOT / "bench_cache" / "sd15_unet_random"
 
 
 def load_unet() -> Any:
-    import json
-
-    import torch
-    from diffusers import UNet2DConditionModel
+    from diffusers import (  # lazy: diffusers takes seconds to import; only the reference needs it
+        UNet2DConditionModel,
+    )
 
     if (CACHE / "config.json").is_file():
         return UNet2DConditionModel.from_pretrained(CACHE, local_files_only=True).eval()
@@ -60,8 +72,6 @@ class BenchModel:
         return self.family.model_sampling(self.prediction)
 
     def sampling_hooks(self, module: Any) -> Any:
-        from nodes.core.sampling_hooks import SamplingHooks
-
         return SamplingHooks()
 
     def scheduler_config(self) -> dict[str, Any]:
@@ -86,17 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
 
-    import torch
-    from diffusers import StableDiffusionPipeline
-
-    from engine.context import Folders, NodeContext
-    from nodes.bench.diffusers_ref import ComfyEulerScheduler
-    from nodes.core.cond import CondEntry
-    from nodes.diffusion.ksampler import sampler_object
-    from nodes.diffusion.noise import prepare_noise
-    from nodes.diffusion.schedulers import ksampler_sigmas
-    from nodes.families.catalog import SD15
-    from nodes.sample.ksampler import SamplingRequest, cfg_guider, sample
+    from diffusers import (  # lazy: diffusers takes seconds to import; only the reference needs it
+        StableDiffusionPipeline,
+    )
 
     torch.set_grad_enabled(False)
     t0 = time.perf_counter()

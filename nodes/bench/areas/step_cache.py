@@ -17,15 +17,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
+
+from engine.context import Folders, NodeContext, RunSettings
+from engine.folders import ModelFolders
+from engine.memory.manager import ModelManager
+from nodes.bench.step_cache_runs import bench_lines
+from nodes.core.parts import Part
+from nodes.demo.flux import DEMO_CLIP_L, DEMO_T5XXL, make_flux_demo
+from nodes.encode.conditioning import CLIPTextEncode
+from nodes.families.build import original_state_dict
+from nodes.families.components.flux_dit import FluxTransformer, rope_axes
+from nodes.load.handles import open_diffusion_model, open_text_encoders
 
 
 def write_flux(folder: Path, double: int, single: int, width: int) -> Path:
-    from diffusers import FluxTransformer2DModel
-    from safetensors.torch import save_file
-
-    from nodes.core.parts import Part
-    from nodes.families.build import original_state_dict
-    from nodes.families.components.flux_dit import FluxTransformer, rope_axes
+    from diffusers import (  # lazy: diffusers takes seconds to import; only to build the random weights
+        FluxTransformer2DModel,
+    )
 
     torch.manual_seed(7)
     heads = max(1, width // 64)
@@ -59,14 +68,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=256, help="transformer width (64-wide heads)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-
-    from engine.context import Folders, NodeContext, RunSettings
-    from engine.folders import ModelFolders
-    from engine.memory.manager import ModelManager
-    from nodes.bench.step_cache_runs import bench_lines
-    from nodes.demo.flux import DEMO_CLIP_L, DEMO_T5XXL, make_flux_demo
-    from nodes.encode.conditioning import CLIPTextEncode
-    from nodes.load.handles import open_diffusion_model, open_text_encoders
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

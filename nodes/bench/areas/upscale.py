@@ -18,6 +18,14 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
+
+from engine.context import Folders, NodeContext
+from engine.folders import ModelFolders
+from engine.memory.device_policy import DevicePolicy
+from engine.memory.manager import ModelManager
+from nodes.demo.upscale import demo_esrgan_state_dict
+from nodes.image.upscale_model import ImageUpscaleWithModel, UpscaleModelLoader
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,15 +34,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=256, help="input image side in pixels")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
-
-    from safetensors.torch import save_file
-
-    from engine.context import Folders, NodeContext
-    from engine.folders import ModelFolders
-    from engine.memory.device_policy import DevicePolicy
-    from engine.memory.manager import ModelManager
-    from nodes.demo.upscale import demo_esrgan_state_dict
-    from nodes.image.upscale_model import ImageUpscaleWithModel, UpscaleModelLoader
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -22,6 +22,16 @@ from typing import Any
 
 import torch
 
+from engine.context import Folders, NodeContext
+from engine.folders import ModelFolders
+from engine.memory.manager import ModelManager
+from nodes.control.ipadapter import IPAdapterFile, image_tokens
+from nodes.demo.models import make_demo_models
+from nodes.demo.vision import DEMO_CLIP_VISION, DEMO_IPADAPTER, DEMO_SAFETY, make_demo_vision_models
+from nodes.encode.clip_vision import ClipVisionHandle, encode_pixels, preprocess
+from nodes.image.safety import SafetyChecker, scores
+from nodes.load.handles import open_checkpoint
+
 
 def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
     """(first call, median of the next ``repeats``) in seconds."""
@@ -53,16 +63,6 @@ def _random_init(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def bench_demo(repeats: int) -> None:
-    from engine.context import Folders, NodeContext
-    from engine.folders import ModelFolders
-    from engine.memory.manager import ModelManager
-    from nodes.control.ipadapter import IPAdapterFile, image_tokens
-    from nodes.demo.models import make_demo_models
-    from nodes.demo.vision import DEMO_CLIP_VISION, DEMO_IPADAPTER, DEMO_SAFETY, make_demo_vision_models
-    from nodes.encode.clip_vision import ClipVisionHandle
-    from nodes.image.safety import SafetyChecker
-    from nodes.load.handles import open_checkpoint
-
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_demo_models(root)
@@ -92,12 +92,13 @@ def bench_demo(repeats: int) -> None:
 
 
 def bench_full(repeats: int) -> None:
-    from diffusers.models.embeddings import ImageProjection
-    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
-    from transformers import CLIPConfig, CLIPVisionConfig, CLIPVisionModelWithProjection
-
-    from nodes.encode.clip_vision import encode_pixels, preprocess
-    from nodes.image.safety import scores
+    from diffusers.models.embeddings import (  # lazy: diffusers takes seconds to import; only the reference needs it
+        ImageProjection,
+    )
+    from diffusers.pipelines.stable_diffusion.safety_checker import (  # lazy: as above
+        StableDiffusionSafetyChecker,
+    )
+    from transformers import CLIPConfig, CLIPVisionConfig, CLIPVisionModelWithProjection  # lazy: as above
 
     image = torch.rand(1, 512, 512, 3)
     vit_l = {

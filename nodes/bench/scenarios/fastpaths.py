@@ -3,6 +3,7 @@ device-level switches measured on the UNet itself (SDPA, channels-last, bf16; TF
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 from collections.abc import Iterator
@@ -10,9 +11,15 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
+import torch
+
+from engine.memory import precision
+from engine.memory.device_policy import DevicePolicy
 from nodes.bench.report import Row, interleaved, median
 from nodes.bench.runtime import BenchRuntime, contiguous_copy, image_difference, txt2img
 from nodes.bench.setup import BenchSetup
+from nodes.image.preview import PreviewPacer
+from nodes.load.handles import open_checkpoint
 
 
 def _sampler_s(rt: BenchRuntime, prompt: dict[str, Any]) -> tuple[float, Any]:
@@ -60,11 +67,6 @@ def model_patches(setup: BenchSetup) -> list[Row]:
 def half_precision(setup: BenchSetup) -> list[Row]:
     """``--bf16-unet`` vs the CPU's fp32 policy on whole txt2img runs: sampler speed-up and image
     difference (bf16 trades quality; CPUs with native bf16 — AVX-512 BF16, AMX — gain, others lose)."""
-    import argparse
-
-    from engine.memory import precision
-    from engine.memory.device_policy import DevicePolicy
-
     bf16 = precision.apply(DevicePolicy.cpu(), argparse.Namespace(bf16_unet=True))
     runtimes = {
         "fp32": BenchRuntime(setup.models_dir, setup.work / "fp32", run_settings={"preview_method": "none"}),
@@ -101,8 +103,6 @@ def half_precision(setup: BenchSetup) -> list[Row]:
 def _preview_clock(spent: list[float]) -> Iterator[None]:
     """Collects the seconds of every preview the sampler renders (``PreviewPacer.record`` gets the
     time from the denoised estimate to the encoded frame); benchmark-only instrumentation."""
-    from nodes.image.preview import PreviewPacer
-
     original = PreviewPacer.record
 
     def record(pacer: PreviewPacer, seconds: float) -> None:
@@ -163,17 +163,11 @@ def previews(setup: BenchSetup) -> list[Row]:
 def _unet(rt: BenchRuntime, ckpt: str) -> Any:
     """A copy of the UNet as the manager computes with it (its memory order and dtype): the module
     itself goes back to its stored precision when the manager evicts it."""
-    from nodes.load.handles import open_checkpoint
-
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
         return copy.deepcopy(unet)
 
 
 def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
-    import torch
-
-    from nodes.load.handles import open_checkpoint
-
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", setup.ckpt_a)).vae) as vae:
         last = copy.deepcopy(vae)  # as computed with (see _unet)
     plain = contiguous_copy(last)
@@ -198,8 +192,6 @@ def _vae_channels_last(rt: BenchRuntime, setup: BenchSetup) -> Row:
 
 
 def device_level(setup: BenchSetup) -> list[Row]:
-    import torch
-
     rt = BenchRuntime(setup.models_dir, setup.work / "device")
     unet = _unet(rt, setup.ckpt_a)
     h = setup.sizes[-1] // 8

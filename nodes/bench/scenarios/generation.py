@@ -7,9 +7,13 @@ import time
 from functools import partial
 from typing import Any
 
+import torch
+
 from nodes.bench.report import Row, median, timed
 from nodes.bench.runtime import BenchRuntime, contiguous_copy, txt2img
 from nodes.bench.setup import BenchSetup
+from nodes.families.catalog import SD15
+from nodes.load.handles import open_checkpoint
 
 CFG = 7.0
 
@@ -51,10 +55,10 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
     """StableDiffusionPipeline over the weights Loom's memory manager holds, as diffusers would have
     them (``from_single_file``: contiguous memory order; Loom keeps UNet and VAE channels-last on
     CPU, so those two are copied; the text encoder is shared)."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
-
-    from nodes.families.catalog import SD15
-    from nodes.load.handles import open_checkpoint
+    from diffusers import (  # lazy: diffusers takes seconds to import; only the reference needs it
+        EulerDiscreteScheduler,
+        StableDiffusionPipeline,
+    )
 
     handles = open_checkpoint(rt.files.resolve("checkpoints", ckpt))
     with rt.models.use(handles.clip) as clip:
@@ -76,15 +80,11 @@ def diffusers_pipeline(rt: BenchRuntime, ckpt: str) -> Any:
 
 
 def _loom_unet(rt: BenchRuntime, ckpt: str) -> Any:
-    from nodes.load.handles import open_checkpoint
-
     with rt.models.use(open_checkpoint(rt.files.resolve("checkpoints", ckpt)).unet) as unet:
         return unet
 
 
 def loom_vs_diffusers(setup: BenchSetup) -> list[Row]:
-    import torch
-
     rt = BenchRuntime(setup.models_dir, setup.work / "vs", run_settings={"preview_method": "none"})
     rt.run(txt2img(setup.ckpt_a, size=64, steps=1))  # loads every model once
     pipe = diffusers_pipeline(rt, setup.ckpt_a)

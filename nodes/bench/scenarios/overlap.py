@@ -18,6 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from engine.jobs.overlap import PlanAwarePrefetch
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from nodes.bench.report import Row, median, timed
 from nodes.bench.runtime import BenchRuntime, image_difference, txt2img
 from nodes.bench.setup import BenchSetup
@@ -55,10 +59,6 @@ def _peak_rss(into: dict[str, int]) -> Iterator[None]:
 
 
 def _queue(rt: BenchRuntime, setup: BenchSetup, tag: str, overlap: bool) -> Any:
-    from engine.jobs.overlap import PlanAwarePrefetch
-    from engine.jobs.queue import LocalJobQueue
-    from engine.jobs.store import JobStore
-
     return LocalJobQueue(
         rt.executor,
         JobStore(setup.work / f"overlap_{tag}.sqlite"),
@@ -73,8 +73,6 @@ def _read_seconds(record: Any, source: str | None = None) -> float:
 
 
 def _swap(setup: BenchSetup, rep: int) -> dict[str, Any]:
-    from engine.jobs.spec import JobSpec
-
     size, steps = setup.queue_size, setup.steps[0]
     rt = BenchRuntime(setup.models_dir, setup.work / f"swap{rep}", prefetch=True)
     queue = _queue(rt, setup, f"swap{rep}", overlap=True)
@@ -97,8 +95,6 @@ def _swap(setup: BenchSetup, rep: int) -> dict[str, Any]:
 
 
 def _cold(setup: BenchSetup, overlap: bool, tag: str) -> dict[str, Any]:
-    from engine.jobs.spec import JobSpec
-
     rt = BenchRuntime(setup.models_dir, setup.work / f"cold_{tag}", prefetch=overlap)
     queue = _queue(rt, setup, f"cold_{tag}", overlap)
     queue.submit(JobSpec(prompt=txt2img(setup.ckpt_a, size=setup.queue_size, steps=setup.steps[0], seed=9)))

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.jobs.coalesce import NextJobPrefetch
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.records import JobFinished
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from nodes.bench.report import Row, median, timed
 from nodes.bench.runtime import BenchRuntime, image_difference, txt2img
 from nodes.bench.setup import BenchSetup
 
 
 def _two_jobs(setup: BenchSetup, prefetch: bool, tag: str) -> dict[str, Any]:
-    from engine.jobs.coalesce import NextJobPrefetch
-    from engine.jobs.queue import LocalJobQueue
-    from engine.jobs.records import JobFinished
-    from engine.jobs.spec import JobSpec
-    from engine.jobs.store import JobStore
-
     size, steps = setup.queue_size, setup.steps[0]
     rt = BenchRuntime(setup.models_dir, setup.work / f"prefetch_{tag}", prefetch=True)
     queue = LocalJobQueue(

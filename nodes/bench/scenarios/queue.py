@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from engine.jobs.coalesce import CoalesceConfig, Coalescer
+from engine.jobs.queue import LocalJobQueue
+from engine.jobs.spec import JobSpec
+from engine.jobs.store import JobStore
 from nodes.bench.report import Row, timed
 from nodes.bench.runtime import BenchRuntime, image_difference, txt2img
 from nodes.bench.setup import BenchSetup
@@ -10,11 +14,6 @@ JOBS = 8
 
 
 def _queue_run(setup: BenchSetup, coalesce: bool, tag: str, steps: int) -> tuple[float, list]:
-    from engine.jobs.coalesce import CoalesceConfig, Coalescer
-    from engine.jobs.queue import LocalJobQueue
-    from engine.jobs.spec import JobSpec
-    from engine.jobs.store import JobStore
-
     rt = BenchRuntime(setup.models_dir, setup.work / f"queue_{tag}")
     rt.run(
         txt2img(setup.ckpt_a, size=setup.queue_size, steps=1, seed=999)

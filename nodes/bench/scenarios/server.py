@@ -9,6 +9,13 @@ import json
 import time
 from typing import Any
 
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from engine.jobs.queue import make_local_queue
+from engine.jobs.store import JobStore
+from engine.server.app import ServerParts, create_app
+from engine.server.common import ServerConfig
 from nodes.bench.report import Row, median
 from nodes.bench.runtime import BenchRuntime, txt2img
 from nodes.bench.setup import BenchSetup
@@ -38,14 +45,6 @@ async def _round_trip(session: Any, ws: Any, base: str, prompt: dict[str, Any]) 
 
 
 async def _measure(setup: BenchSetup) -> dict[str, Any]:
-    import aiohttp
-    from aiohttp.test_utils import TestServer
-
-    from engine.jobs.queue import make_local_queue
-    from engine.jobs.store import JobStore
-    from engine.server.app import ServerParts, create_app
-    from engine.server.common import ServerConfig
-
     rt = BenchRuntime(setup.models_dir, setup.work / "server")
     queue = make_local_queue(rt.executor, JobStore(setup.work / "server" / "jobs.sqlite"))
     parts = ServerParts(
