@@ -169,6 +169,7 @@ class _Flight:
         self.done = threading.Event()
         self.listing: Listing | None = None
         self.error: BaseException | None = None
+        self.waiters = 0  # callers waiting for the leader (counted under the cache's lock)
 
     def result(self) -> Listing:
         self.done.wait()
@@ -200,6 +201,8 @@ class ListingCache:
             leading = flight is None
             if flight is None:
                 flight = self._flights[key] = _Flight()
+            else:
+                flight.waiters += 1
             cached = self._listings.get(key)
         if not leading:
             return flight.result()
@@ -221,6 +224,12 @@ class ListingCache:
                     del self._flights[key]
             flight.done.set()
         return flight.listing
+
+    def waiting(self, root: str | Path) -> int:
+        """How many look-ups of ``root`` wait for the one in progress now (for stats and tests)."""
+        with self._lock:
+            flight = self._flights.get(os.path.abspath(root))
+            return flight.waiters if flight is not None else 0
 
     def files(self, root: str | Path, extensions: frozenset[str] = frozenset()) -> list[str]:
         """The files under ``root`` with one of ``extensions`` (all files when empty)."""
