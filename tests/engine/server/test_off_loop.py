@@ -241,3 +241,22 @@ async def test_job_database_reads_run_off_the_loop(
     setattr(parts.queue, method, held)  # the routes look the method up on each request
     resp = await held_while_others_answer(client, held, path)
     assert resp.status == 200, await resp.text()
+
+
+async def test_a_websocket_connection_reads_the_queue_off_the_loop(
+    parts: ServerParts, client: TestClient
+) -> None:
+    held = HeldCall(parts.queue.remaining)
+    parts.queue.remaining = held  # type: ignore[method-assign]
+    connecting = asyncio.create_task(client.ws_connect("/ws?clientId=held"))
+    while not held.entered.is_set():
+        assert not held.on_loop, "the websocket's first status read the queue on the event loop"
+        await asyncio.sleep(0.005)
+    for other in OTHERS:
+        assert (await asyncio.wait_for(client.get(other), FAILSAFE_S)).status == 200
+    held.release.set()
+    ws = await asyncio.wait_for(connecting, FAILSAFE_S)
+    first = await ws.receive_json(timeout=FAILSAFE_S)
+    assert first["type"] == "status" and first["data"]["sid"] == "held"
+    await ws.close()
+    assert not held.on_loop
