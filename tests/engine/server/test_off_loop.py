@@ -14,7 +14,7 @@ import base64
 import dataclasses
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -118,7 +118,7 @@ def model_parts(tmp_path: Path) -> ServerParts:
 
 
 @pytest.fixture
-async def model_client(aiohttp_client: Any, model_parts: ServerParts) -> TestClient:
+async def model_client(aiohttp_client: Any, model_parts: ServerParts) -> AsyncIterator[TestClient]:
     app = create_app(model_parts, ServerConfig())
     client: TestClient = await aiohttp_client(app)
     yield client
