@@ -16,6 +16,7 @@ the same figures (no folder is read again), and walked again otherwise. A link w
 its target appearing changes no time of a listed folder. A folder modified within
 :data:`SETTLE_NS` of the walk is not trusted: file systems stamp times coarsely, so a file added in
 the same tick as the walk could leave the time unchanged. ``clear()`` forgets everything.
+Look-ups of one root that arrive while it is being checked or walked wait for that result.
 """
 
 from __future__ import annotations
@@ -160,39 +161,90 @@ def folders_holding(files: Iterable[str], marker: str) -> list[str]:
     return [f[: -len(suffix)] if f != marker else "" for f in files if f == marker or f.endswith(suffix)]
 
 
+class _Flight:
+    """One look-up of a root in progress: its leader checks (and walks if needed) the root; callers
+    arriving meanwhile wait for the leader's listing instead of walking it again."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.listing: Listing | None = None
+        self.error: BaseException | None = None
+        self.waiters = 0  # callers waiting for the leader (counted under the cache's lock)
+
+    def result(self) -> Listing:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.listing is not None
+        return self.listing
+
+
 @dataclass
 class ListingCache:
     """Root folder -> its :class:`Listing`, walked again only when a folder of it changed.
 
-    Thread-safe: the server lists from its request handlers while runs resolve names. ``scans`` counts
-    the walks (for stats and tests).
+    Thread-safe: the server lists from its worker threads while runs resolve names. Concurrent
+    look-ups of one root share one check (and one walk, when it is needed): a large library is
+    never walked twice at once, and a walk of one root never waits for another root's. ``scans``
+    counts the walks (for stats and tests).
     """
 
     _listings: dict[str, Listing] = field(default_factory=dict)
+    _flights: dict[str, _Flight] = field(default_factory=dict)  # root -> its look-up in progress
     _lock: threading.Lock = field(default_factory=threading.Lock)
     scans: int = 0
 
     def listing(self, root: str | Path) -> Listing:
         key = os.path.abspath(root)
         with self._lock:
+            flight = self._flights.get(key)
+            leading = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+            else:
+                flight.waiters += 1
             cached = self._listings.get(key)
+        if not leading:
+            return flight.result()
+        try:
             if cached is not None and is_current(cached):
-                return cached
-            fresh = scan(key)
-            self.scans += 1
-            self._listings[key] = fresh
-            return fresh
+                flight.listing = cached
+            else:
+                flight.listing = scan(key)
+                with self._lock:
+                    self.scans += 1
+                    if self._flights.get(key) is flight:  # not forgotten meanwhile
+                        self._listings[key] = flight.listing
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                if self._flights.get(key) is flight:
+                    del self._flights[key]
+            flight.done.set()
+        return flight.listing
+
+    def waiting(self, root: str | Path) -> int:
+        """How many look-ups of ``root`` wait for the one in progress now (for stats and tests)."""
+        with self._lock:
+            flight = self._flights.get(os.path.abspath(root))
+            return flight.waiters if flight is not None else 0
 
     def files(self, root: str | Path, extensions: frozenset[str] = frozenset()) -> list[str]:
         """The files under ``root`` with one of ``extensions`` (all files when empty)."""
         return keep_with_extensions(self.listing(root).files, extensions)
 
     def forget(self, root: str | Path) -> None:
-        """Forget one root's listing: its next look-up walks it again."""
+        """Forget one root's listing: its next look-up walks it again (a look-up already in progress
+        finishes for its own callers; later ones do not join it)."""
+        key = os.path.abspath(root)
         with self._lock:
-            self._listings.pop(os.path.abspath(root), None)
+            self._listings.pop(key, None)
+            self._flights.pop(key, None)
 
     def clear(self) -> None:
         """Forget every listing: the next look-up walks the folders again."""
         with self._lock:
             self._listings.clear()
+            self._flights.clear()

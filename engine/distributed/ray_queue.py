@@ -227,6 +227,10 @@ class RayJobQueue:
     def clear_history(self) -> None:
         self.store.clear_history()
 
+    def damaged_report(self) -> dict[str, Any]:
+        """The job database's damaged rows, set aside (see :meth:`JobStore.damaged_report`)."""
+        return self.store.damaged_report()
+
     def subscribe(self, listener: NoticeListener) -> Callable[[], None]:
         return self._listeners.subscribe(listener)
 

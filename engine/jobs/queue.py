@@ -220,6 +220,10 @@ class LocalJobQueue(JobWorker):
         self.store.clear_history()
         self.kept.discard()
 
+    def damaged_report(self) -> dict[str, Any]:
+        """The job database's rows that could not be read as jobs, set aside (count and the newest)."""
+        return self.store.damaged_report()
+
     def kept_images(self, prompt_id: str) -> dict[str, bytes]:
         """The encoded images a finished job kept in memory (``KeptImages.key`` -> bytes); empty
         unless it was submitted with ``JobSpec.returns`` "bytes" or "base64"."""

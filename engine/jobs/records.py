@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from engine import events as ev
 from engine.executor import RunResult, Status
-from engine.jobs.spec import JobSpec
+from engine.jobs.spec import JobSpec, Number, check_stored
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -31,6 +31,22 @@ RESTART_MESSAGE = "interrupted by restart"
 STATUS_MESSAGES = frozenset(
     {"execution_start", "execution_cached", "execution_success", "execution_error", "execution_interrupted"}
 )
+# The type of each stored field of a record (JobRecord.to_json), checked when one is read back.
+RECORD_TYPES: Mapping[str, type | tuple[type, ...]] = {
+    "spec": dict,
+    "status": str,
+    "run_status": (str, type(None)),
+    "executed": list,
+    "cached": list,
+    "outputs": dict,
+    "node_errors": dict,
+    "error": (dict, type(None)),
+    "timings": dict,
+    "memory": dict,
+    "messages": list,
+    "started_at": (*Number, type(None)),
+    "finished_at": Number,
+}
 
 
 @dataclass(frozen=True)
@@ -128,8 +144,15 @@ class JobRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
+        """The record :meth:`to_json` stored; raises ``TypeError``/``KeyError``/``ValueError`` naming
+        the field when ``data`` is not one (a damaged row)."""
+        check_stored(data, RECORD_TYPES, "job record", ("spec",))
         spec = JobSpec.from_json(data["spec"])
         status = data.get("run_status") or _RUN_STATUS.get(str(data.get("status")), "error")
+        if status not in JOB_STATUS:
+            raise ValueError(
+                f"a stored job record's 'run_status' must be one of {sorted(JOB_STATUS)}, found {status!r}"
+            )
         kept = {
             k: data[k]
             for k in ("executed", "cached", "outputs", "node_errors", "error", "timings", "memory")

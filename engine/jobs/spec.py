@@ -34,6 +34,20 @@ STORED_FIELDS = (
     "created_at",
     "returns",
 )
+Number = (int, float)  # a stored number (a bool is refused apart)
+# The type of each stored field (a field left out takes its default; ``prompt`` and ``prompt_id``
+# must be there): what :meth:`JobSpec.from_json` checks, so a damaged row fails where it is read.
+STORED_TYPES: Mapping[str, type | tuple[type, ...]] = {
+    "prompt": dict,
+    "prompt_id": str,
+    "number": Number,
+    "extra_data": dict,
+    "outputs": list,
+    "client_id": (str, type(None)),
+    "webhook": (str, type(None)),
+    "created_at": Number,
+    "returns": str,
+}
 MAX_JOB_ID_CHARS = 128  # a uuid is 36; ids are names in URLs and logs, never paths
 JOB_ID_RULE = (
     f"a job id is a name of 1 to {MAX_JOB_ID_CHARS} characters without '/', '\\', '..' or "
@@ -55,6 +69,34 @@ def job_id_problem(value: str) -> str | None:
     if control is not None:
         return f"it holds the control character {control!r}"
     return None
+
+
+def check_stored(
+    data: Any, types: Mapping[str, type | tuple[type, ...]], what: str, required: tuple[str, ...]
+) -> None:
+    """Raise ``TypeError`` / ``KeyError`` unless ``data`` is an object holding ``required`` and each of its
+    ``types`` fields that is there has its type (what a stored job must be to be read back)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a stored {what} must be a JSON object, found {type(data).__name__}")
+    for name in required:
+        if name not in data:
+            raise KeyError(f"a stored {what} needs {name!r}; it has {sorted(data)[:12]}")
+    for name, kinds in types.items():
+        if name not in data:
+            continue
+        value = data[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _flat(kinds)):
+            raise TypeError(
+                f"a stored {what}'s {name!r} must be {_names(kinds)}, found {type(value).__name__}"
+            )
+
+
+def _flat(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+def _names(kinds: type | tuple[type, ...]) -> str:
+    return " or ".join("null" if k is type(None) else k.__name__ for k in _flat(kinds))
 
 
 @dataclass
@@ -101,4 +143,11 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        """The spec :meth:`to_json` stored; raises ``TypeError``/``KeyError``/``ValueError`` naming the
+        field when ``data`` is not one (a damaged row)."""
+        check_stored(data, STORED_TYPES, "job", ("prompt", "prompt_id"))
+        if data.get("returns", "files") not in RETURN_MODES:
+            raise ValueError(
+                f"a stored job's 'returns' must be one of {RETURN_MODES}, found {data['returns']!r}"
+            )
         return cls(**{k: data[k] for k in STORED_FIELDS if k in data})

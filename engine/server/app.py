@@ -28,6 +28,7 @@ from engine.jobs.queue import JobQueue, make_local_queue
 from engine.jobs.store import JobStore
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, ServerConfig, add_routes
+from engine.server.offload import BlockingWork
 from engine.server.openapi import OpenApiRoutes
 from engine.server.presence import OutputPresence
 from engine.server.relay import EventRelay, ProgressLog
@@ -128,6 +129,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
     add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
+    folder_work = BlockingWork(config.folder_threads, name="loom-model-folders")
     info = InfoRoutes(
         parts.registry,
         config,
@@ -137,6 +139,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
         queue=queue,
         describe_model=parts.describe_model,
         presets=parts.presets,
+        work=folder_work,
     )
     add_routes(app, info.routes())
     add_routes(app, info.static_routes(), comfy=False)
@@ -161,6 +164,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
 
     async def on_cleanup(app: web.Application) -> None:
         relay.stop()
+        folder_work.close()
         await jobs.close()
         if parts.own_queue:
             await asyncio.to_thread(queue.stop)

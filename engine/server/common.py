@@ -27,7 +27,8 @@ class ServerConfig:
     ``Host`` headers besides loopback and ``host``. ``allowed_origins``: web pages of other
     origins (``scheme://host:port``, or ``*``) that may use the API; by default only the server's
     own origin may. ``allow_remote_webhooks``: webhooks
-    may target non-loopback hosts.
+    may target non-loopback hosts. ``folder_threads``: how many threads at most walk model folders
+    and read model headers for the routes (off the event loop; other work has its own threads).
     """
 
     host: str = "127.0.0.1"
@@ -39,6 +40,7 @@ class ServerConfig:
     max_upload_bytes: int = 50 * 1024 * 1024
     preview_fps: float = 10.0
     allow_remote_webhooks: bool = False
+    folder_threads: int = 4
     version: str = "0.1.0"
     argv: tuple[str, ...] = ()
     extra_stats: dict[str, Any] = field(default_factory=dict)

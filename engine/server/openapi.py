@@ -162,6 +162,26 @@ SCHEMAS: dict[str, Any] = {
 }
 
 
+_DAMAGED = {
+    "type": "object",
+    "properties": {
+        "count": {"type": "integer"},
+        "rows": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "table": {"type": "string", "enum": ["queue", "history"]},
+                    "prompt_id": {"type": "string"},
+                    "problem": {"type": "string"},
+                    "found_at": {"type": "string", "format": "date-time"},
+                },
+            },
+        },
+    },
+}
+
+
 def build_document(version: str) -> dict[str, Any]:
     native = ("jobs",)
     paths: dict[str, Any] = {
@@ -173,8 +193,19 @@ def build_document(version: str) -> dict[str, Any]:
                 tags=native,
             ),
             "get": _op(
-                "Running, queued and recent jobs",
-                {"200": _json({"type": "object", "properties": {"jobs": {"type": "array", "items": _JOB}}})},
+                "Running, queued and recent jobs; `damaged`: rows of the job database that could not be "
+                "read as jobs, set aside (their count, and the newest with the problem found)",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "jobs": {"type": "array", "items": _JOB},
+                                "damaged": _DAMAGED,
+                            },
+                        }
+                    )
+                },
                 tags=native,
             ),
         },

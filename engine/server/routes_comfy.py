@@ -2,6 +2,9 @@
 
 ``POST/GET /prompt``, ``GET/POST /queue``, ``GET/POST /history``, ``GET /history/{id}``,
 ``POST /interrupt``, ``POST /free`` (each also under ``/api``).
+
+Whatever reads or writes the job database (a long queue, a large history, thousands of jobs
+cleared at once) runs on a worker thread, so the event loop keeps answering other clients.
 """
 
 from __future__ import annotations
@@ -195,11 +198,12 @@ class QueueRoutes:
         )
 
     async def get_prompt(self, request: web.Request) -> web.Response:
-        return json_response({"exec_info": {"queue_remaining": self.queue.remaining()}})
+        remaining = await asyncio.to_thread(self.queue.remaining)
+        return json_response({"exec_info": {"queue_remaining": remaining}})
 
     async def get_queue(self, request: web.Request) -> web.Response:
-        return json_response(
-            {
+        return await json_response_built(
+            lambda: {
                 "queue_running": [s.comfy_tuple() for s in self.queue.running()],
                 "queue_pending": [s.comfy_tuple() for s in self.queue.pending()],
             }
@@ -207,16 +211,19 @@ class QueueRoutes:
 
     async def post_queue(self, request: web.Request) -> web.Response:
         data = await read_object(request)
-        if data.get("clear"):
-            self.queue.clear_pending()
         delete = _id_list(data, "delete")
+        await asyncio.to_thread(self._change_queue, bool(data.get("clear")), delete)
+        return web.Response(status=200)
+
+    def _change_queue(self, clear: bool, delete: list[str]) -> None:
+        if clear:
+            self.queue.clear_pending()
         running = {s.prompt_id for s in self.queue.running()}
         for prompt_id in delete:
             if (
                 prompt_id not in running
             ):  # ComfyUI deletes pending items only; /interrupt stops the running one
                 self.queue.cancel(prompt_id)  # recorded as cancelled: streams end, webhooks fire
-        return web.Response(status=200)
 
     async def get_history(self, request: web.Request) -> web.Response:
         max_items = query_int(request, "max_items")
@@ -233,19 +240,25 @@ class QueueRoutes:
 
     async def get_history_item(self, request: web.Request) -> web.Response:
         prompt_id = request.match_info["prompt_id"]
+        return await json_response_built(lambda: self._history_item(prompt_id))
+
+    def _history_item(self, prompt_id: str) -> dict[str, Any]:
         view = self.queue.get(prompt_id)
         if view is None or view.record is None or not view.record.ran:
-            return json_response({})
-        return json_response({prompt_id: await asyncio.to_thread(self._entry, view.record)})
+            return {}
+        return {prompt_id: self._entry(view.record)}
 
     async def post_history(self, request: web.Request) -> web.Response:
         data = await read_object(request)
-        if data.get("clear"):
-            self.queue.clear_history()
         delete = _id_list(data, "delete")
+        await asyncio.to_thread(self._change_history, bool(data.get("clear")), delete)
+        return web.Response(status=200)
+
+    def _change_history(self, clear: bool, delete: list[str]) -> None:
+        if clear:
+            self.queue.clear_history()
         if delete:
             self.queue.delete_history(delete)
-        return web.Response(status=200)
 
     async def post_interrupt(self, request: web.Request) -> web.Response:
         data = await read_object(request, allow_empty=True)

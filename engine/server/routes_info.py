@@ -1,7 +1,11 @@
 """ComfyUI's read-only information routes: ``/object_info``, ``/system_stats``, ``/models``,
 ``/embeddings``, ``/extensions`` (and the plugins' web files under ``/extensions/``), ``/features``;
 Loom's model descriptions (``/api/v1/models/{folder}/info``, ``/api/v1/models/{folder}/{name}``
-with the detected family and preset) and ``/api/v1/presets``."""
+with the detected family and preset) and ``/api/v1/presets``.
+
+Model folders are listed and described on the threads of a :class:`BlockingWork` (a library of
+thousands of linked folders takes seconds to walk), never on the event loop; identical requests
+that arrive meanwhile get the same answer."""
 
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ from engine.context import ModelManagerLike
 from engine.folders import KIND_ALIASES
 from engine.model_meta import describe_model_file
 from engine.registry import NodeRegistry
-from engine.server.common import ApiError, Handler, ServerConfig, json_response, json_response_built
+from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response
+from engine.server.offload import BlockingWork
 from engine.server.security import safe_path
 
 # Folder kinds listed by /models when the model-file finder does not say which it knows.
@@ -121,8 +126,10 @@ class InfoRoutes:
         queue: Any = None,
         describe_model: Callable[[str, Path], dict[str, Any]] | None = None,
         presets: Callable[[], dict[str, Any]] | None = None,
+        work: BlockingWork | None = None,
     ) -> None:
         self.registry = registry
+        self.work = work or BlockingWork()  # model folder walks and header reads
         self.describe_model = describe_model  # (folder, path) -> family and preset (the node library's)
         self.presets = presets
         self.queue = queue  # its health() (worker alive, restarts, storage) goes into /system_stats
@@ -149,19 +156,33 @@ class InfoRoutes:
     def static_routes(self) -> list[tuple[str, str, Handler]]:
         return [("GET", "/extensions/{pack}/{path:.+}", self.extension_file)]
 
+    async def _json_off_loop(self, key: Any, build: Callable[[], Any]) -> web.Response:
+        """``build()``'s value as JSON, built and serialised on the work threads; requests under the
+        same ``key`` arriving meanwhile share it."""
+        text = await self.work.shared(key, lambda: dumps(build()))
+        return web.Response(text=text, content_type="application/json")
+
     async def object_info(self, request: web.Request) -> web.Response:
         """The whole catalogue. The editor asks for it on load and on its Refresh, so the model listings
-        are walked afresh here (elsewhere they are reused while no folder's time changed)."""
+        are walked afresh here (elsewhere they are reused while no folder's time changed); plugins'
+        INPUT_TYPES and the walks run off the loop."""
+        return await self._json_off_loop("object_info", self._fresh_object_info)
+
+    def _fresh_object_info(self) -> dict[str, Any]:
         refresh = getattr(self.model_files, "refresh", None)
         if callable(refresh):
             refresh()
-        return await json_response_built(self.registry.object_info)  # plugins' INPUT_TYPES run off the loop
+        return self.registry.object_info()
 
     async def object_info_one(self, request: web.Request) -> web.Response:
         name = request.match_info["node_class"]
-        return await json_response_built(lambda: self.registry.object_info(name))
+        return await self._json_off_loop(("object_info", name), lambda: self.registry.object_info(name))
 
     async def system_stats(self, request: web.Request) -> web.Response:
+        # the memory manager's figures wait for its lock, which a model load holds: off the loop
+        return json_response(await asyncio.to_thread(self._system_stats))
+
+    def _system_stats(self) -> dict[str, Any]:
         ram = ram_figures()
         memory = self.models.stats() if self.models is not None else None
         health = getattr(self.queue, "health", None)
@@ -182,7 +203,7 @@ class InfoRoutes:
             "devices": device_figures(ram),
             "loom": {"memory_manager": memory, "job_worker": worker, **self.config.extra_stats},
         }
-        return json_response(body)
+        return body
 
     def _kinds(self) -> list[str]:
         kinds = getattr(self.model_files, "kinds", None)
@@ -206,31 +227,35 @@ class InfoRoutes:
     async def model_kinds(self, request: web.Request) -> web.Response:
         return json_response(self._kinds())
 
-    async def model_list(self, request: web.Request) -> web.Response:
+    def _known_folder(self, request: web.Request) -> str:
         folder = request.match_info["folder"]
         if folder not in self._kinds():
             raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
-        return json_response(self._files(folder))
+        return folder
+
+    async def model_list(self, request: web.Request) -> web.Response:
+        folder = self._known_folder(request)
+        return await self._json_off_loop(("models", folder), lambda: self._files(folder))
 
     async def model_info(self, request: web.Request) -> web.Response:
         """Loom: each file of a model folder with its size and safetensors metadata (read-only)."""
-        folder = request.match_info["folder"]
-        if folder not in self._kinds():
-            raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
-        files = await asyncio.to_thread(self._describe, folder)  # header reads stay off the event loop
-        return web.json_response({"folder": folder, "files": files})
+        folder = self._known_folder(request)
+        return await self._json_off_loop(
+            ("model_info", folder), lambda: {"folder": folder, "files": self._describe(folder)}
+        )
 
     async def model_one(self, request: web.Request) -> web.Response:
         """Loom: one model file: size, metadata, and (checkpoints, diffusion models) its detected
         family and the preset to sample it with."""
-        folder, name = request.match_info["folder"], request.match_info["name"]
-        if folder not in self._kinds():
-            raise ApiError(404, "unknown_model_folder", f"no model folder {folder!r}; known: {self._kinds()}")
+        folder, name = self._known_folder(request), request.match_info["name"]
+        return await self._json_off_loop(("model_one", folder, name), lambda: self._listed_one(folder, name))
+
+    def _listed_one(self, folder: str, name: str) -> dict[str, Any]:
         if name not in self._files(folder):
             raise ApiError(
                 404, "unknown_model", f"no file {name!r} in models/{folder}; GET /models/{folder} lists them"
             )
-        return web.json_response(await asyncio.to_thread(self._describe_one, folder, name))
+        return self._describe_one(folder, name)
 
     def _describe_one(self, folder: str, name: str) -> dict[str, Any]:
         """One file's description; a file whose header cannot be read gets an ``error`` (and a
@@ -271,6 +296,9 @@ class InfoRoutes:
         return files
 
     async def embeddings(self, request: web.Request) -> web.Response:
+        return await self._json_off_loop("embeddings", self._embedding_names)
+
+    def _embedding_names(self) -> list[str]:
         names = []
         for name in self._files("embeddings"):
             for suffix in EMBEDDING_SUFFIXES:
@@ -278,16 +306,19 @@ class InfoRoutes:
                     name = name[: -len(suffix)]
                     break
             names.append(name)
-        return json_response(names)
+        return names
 
     async def extension_list(self, request: web.Request) -> web.Response:
+        return json_response(await asyncio.to_thread(self._extension_urls))
+
+    def _extension_urls(self) -> list[str]:
         urls = []
         for pack, folder in sorted(self.extensions.items()):
             if folder.is_dir():
                 for path in sorted(folder.rglob("*.js")):
                     if path.is_file() and not path.is_symlink():
                         urls.append(f"/extensions/{pack}/{path.relative_to(folder).as_posix()}")
-        return json_response(urls)
+        return urls
 
     async def extension_file(self, request: web.Request) -> web.StreamResponse:
         folder = self.extensions.get(request.match_info["pack"])

@@ -9,6 +9,11 @@ converted on the server. A job's ``status`` is queued | running | succeeded | fa
 never written to disk); ``GET /api/v1/jobs/{id}/images/{n}`` serves output ``n`` of the job
 resource from memory, or redirects to its file under ``/api/view``. ``"return": "base64"`` (or
 ``?images=base64`` on a GET) also embeds the in-memory bytes in the resource's ``outputs[n].data``.
+
+Job resources (job database reads, base64 images, output files looked up on disk), workflow
+conversion and the compatibility check are built on worker threads, never on the event loop.
+``GET /api/v1/jobs`` also says which rows of the job database were found damaged and set aside
+(``damaged``: their count and the newest ones).
 """
 
 from __future__ import annotations
@@ -33,7 +38,16 @@ from engine.jobs.queue import JobQueue
 from engine.jobs.records import FINAL, JobEvent, JobFinished, JobView, Notice
 from engine.jobs.spec import RETURN_MODES
 from engine.plugins.compat_check import check_workflow
-from engine.server.common import ApiError, Handler, ServerConfig, dumps, json_response, read_json, read_object
+from engine.server.common import (
+    ApiError,
+    Handler,
+    ServerConfig,
+    dumps,
+    json_response,
+    json_response_built,
+    read_json,
+    read_object,
+)
 from engine.server.presence import OutputPresence
 from engine.server.routes_comfy import BadPrompt, Validator, read_submission, submit_prompt
 from engine.server.security import is_loopback
@@ -216,48 +230,65 @@ class JobRoutes:
                 details=error.get("details", ""),
                 node_errors=validation.node_errors_json(),
             )
-        view = self.queue.get(spec.prompt_id) or JobView(spec, "queued")
-        response = json_response(job_resource(view), status=201)
+        resource = await asyncio.to_thread(
+            lambda: job_resource(self.queue.get(spec.prompt_id) or JobView(spec, "queued"))
+        )
+        response = json_response(resource, status=201)
         response.headers["Location"] = f"/api/v1/jobs/{spec.prompt_id}"
         return response
 
     async def list_jobs(self, request: web.Request) -> web.Response:
+        return await json_response_built(self._listing)
+
+    def _listing(self) -> dict[str, Any]:
         views = [JobView(s, "running") for s in self.queue.running()]
         views += [JobView(s, "queued") for s in self.queue.pending()]
         views += [JobView(r.spec, r.status, record=r) for r in reversed(self.queue.history(50))]
-        return json_response({"jobs": await asyncio.to_thread(lambda: [self._resource(v) for v in views])})
+        return {"jobs": [self._resource(v) for v in views], "damaged": self._damaged()}
 
-    def _view(self, request: web.Request) -> JobView:
-        job_id = request.match_info["job_id"]
+    def _damaged(self) -> dict[str, Any]:
+        """The job database's rows found damaged and set aside (none for a queue that keeps no count)."""
+        report = getattr(self.queue, "damaged_report", None)
+        found: dict[str, Any] = report() if callable(report) else {"count": 0, "rows": []}
+        rows = [{**row, "found_at": _iso(row.get("found_at"))} for row in found["rows"]]
+        return {**found, "rows": rows}
+
+    def _view(self, job_id: str) -> JobView:
         view = self.queue.get(job_id)
         if view is None:
             raise ApiError(404, "job_not_found", f"no job {job_id!r} (queued, running or in the history)")
         return view
 
     async def get(self, request: web.Request) -> web.Response:
-        view = self._view(request)
+        job_id = request.match_info["job_id"]
         embed = request.query.get("images")
         if embed not in (None, "base64"):
             raise ApiError(400, "invalid_request", f"images must be 'base64' (or left out), got {embed!r}")
-        return json_response(self._resource(view, embed=embed == "base64"))
+        return await json_response_built(lambda: self._resource(self._view(job_id), embed=embed == "base64"))
 
     async def image(self, request: web.Request) -> web.Response:
         """Output ``n`` of a finished job: its bytes from memory, else a redirect to its file."""
-        view = self._view(request)
+        entry, data = await asyncio.to_thread(
+            self._image, request.match_info["job_id"], request.match_info["n"]
+        )
+        if data is None:
+            raise web.HTTPTemporaryRedirect(entry["url"])
+        kind = mimetypes.guess_type(entry["filename"])[0] or "application/octet-stream"
+        return web.Response(body=data, content_type=kind, headers={"Cache-Control": "no-cache"})
+
+    def _image(self, job_id: str, n: str) -> tuple[dict[str, Any], bytes | None]:
+        """(output ``n``'s entry, its bytes kept in memory or None)."""
+        view = self._view(job_id)
         files = job_resource(view)["outputs"]
         try:
-            entry = files[int(request.match_info["n"])]
+            entry = files[int(n)]
         except (ValueError, IndexError):
             raise ApiError(
                 404,
                 "image_not_found",
                 f"job {view.spec.prompt_id!r} has {len(files)} output file(s); n must be 0..{len(files) - 1}",
             ) from None
-        data = self._kept(view.spec.prompt_id).get(KeptImages.key(entry))
-        if data is None:
-            raise web.HTTPTemporaryRedirect(entry["url"])
-        kind = mimetypes.guess_type(entry["filename"])[0] or "application/octet-stream"
-        return web.Response(body=data, content_type=kind, headers={"Cache-Control": "no-cache"})
+        return entry, self._kept(view.spec.prompt_id).get(KeptImages.key(entry))
 
     def _kept(self, prompt_id: str) -> dict[str, bytes]:
         kept = getattr(self.queue, "kept_images", None)  # queues that run jobs elsewhere keep none
@@ -279,23 +310,27 @@ class JobRoutes:
         return resource
 
     async def cancel(self, request: web.Request) -> web.Response:
-        view = self._view(request)
+        return json_response(await asyncio.to_thread(self._cancel, request.match_info["job_id"]), status=202)
+
+    def _cancel(self, job_id: str) -> dict[str, Any]:
+        view = self._view(job_id)
         if view.status in FINAL:
             raise ApiError(409, "job_finished", f"job {view.spec.prompt_id!r} already {view.status}")
         self.queue.cancel(view.spec.prompt_id)
-        return json_response(job_resource(self.queue.get(view.spec.prompt_id) or view), status=202)
+        return job_resource(self.queue.get(view.spec.prompt_id) or view)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         job_id = request.match_info["job_id"]
         inbox: asyncio.Queue[Notice] = asyncio.Queue()
         self._watchers.setdefault(job_id, []).append(inbox)
         try:
-            view = self._view(request)
+            view = await asyncio.to_thread(self._view, job_id)
+            first = await asyncio.to_thread(lambda: dumps(self._resource(view)))
             response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
             await response.prepare(request)
-            await _send(response, "job", self._resource(view))
+            await _send_text(response, "job", first)
             if view.status in FINAL:
                 return response
             while True:
@@ -305,8 +340,8 @@ class JobRoutes:
                     await response.write(b": keepalive\n\n")
                     continue
                 if isinstance(notice, JobFinished):
-                    final = self.queue.get(job_id)
-                    await _send(response, "job", self._resource(final) if final else {"id": job_id})
+                    final = await asyncio.to_thread(lambda: dumps(self._final_resource(job_id)))
+                    await _send_text(response, "job", final)
                     return response
                 if isinstance(notice, JobEvent) and not isinstance(notice.event, ev.PreviewFrame):
                     await _send(response, notice.event.type, notice.event.data())
@@ -316,6 +351,10 @@ class JobRoutes:
                 watchers.remove(inbox)
             if not watchers:
                 self._watchers.pop(job_id, None)
+
+    def _final_resource(self, job_id: str) -> dict[str, Any]:
+        final = self.queue.get(job_id)
+        return self._resource(final) if final else {"id": job_id}
 
     async def convert(self, request: web.Request) -> web.Response:
         data = await read_json(request)
@@ -337,7 +376,10 @@ class JobRoutes:
             isinstance(inner, dict) and "class_type" not in inner
         ):  # not an API node that happens to be named so
             data = inner
-        return web.json_response(check_workflow(data, self.object_info()).to_json())
+        # the catalogue (with its model listings) and the check of a large file: off the loop
+        return json_response(
+            await asyncio.to_thread(lambda: check_workflow(data, self.object_info()).to_json())
+        )
 
     # --- events and webhooks (on the event loop) -----------------------------------------------------------
     def __call__(self, notice: Notice) -> None:
@@ -347,9 +389,7 @@ class JobRoutes:
                 inbox.put_nowait(notice)
             if isinstance(notice, JobFinished) and spec.webhook:
                 view = JobView(spec, notice.record.status, record=notice.record)
-                task = asyncio.get_running_loop().create_task(
-                    self._post_webhook(spec.webhook, self._resource(view))
-                )
+                task = asyncio.get_running_loop().create_task(self._deliver_webhook(spec.webhook, view))
                 self._webhook_tasks.add(task)
                 task.add_done_callback(self._webhook_tasks.discard)
 
@@ -370,12 +410,17 @@ class JobRoutes:
             )
         return url
 
-    async def _post_webhook(self, url: str, payload: dict[str, Any]) -> None:
+    async def _deliver_webhook(self, url: str, view: JobView) -> None:
+        """The job resource (base64 images included, when asked for) built off the loop, then sent."""
+        body = await asyncio.to_thread(lambda: dumps(self._resource(view)))
+        await self._post_webhook(url, view.spec.prompt_id, body)
+
+    async def _post_webhook(self, url: str, job_id: str, body: str) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         try:
             async with self._session.post(  # a redirect is never followed: only ``url`` was allowed
-                url, data=dumps(payload), headers={"Content-Type": "application/json"}, allow_redirects=False
+                url, data=body, headers={"Content-Type": "application/json"}, allow_redirects=False
             ) as response:
                 if 300 <= response.status < 400:
                     log.warning(
@@ -384,12 +429,12 @@ class JobRoutes:
                         url,
                         response.status,
                         response.headers.get("Location", "nowhere"),
-                        payload["id"],
+                        job_id,
                     )
                 elif response.status >= 400:
-                    log.warning("webhook %s answered %d for job %s", url, response.status, payload["id"])
+                    log.warning("webhook %s answered %d for job %s", url, response.status, job_id)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            log.warning("webhook %s failed for job %s: %s", url, payload["id"], exc)
+            log.warning("webhook %s failed for job %s: %s", url, job_id, exc)
 
     async def close(self) -> None:
         if self._webhook_tasks:  # let webhooks of jobs that just finished go out
@@ -402,4 +447,8 @@ class JobRoutes:
 
 
 async def _send(response: web.StreamResponse, event: str, data: Any) -> None:
-    await response.write(f"event: {event}\ndata: {dumps(data)}\n\n".encode())
+    await _send_text(response, event, dumps(data))
+
+
+async def _send_text(response: web.StreamResponse, event: str, text: str) -> None:
+    await response.write(f"event: {event}\ndata: {text}\n\n".encode())

@@ -67,21 +67,25 @@ class UserdataRoutes:
         if not directory:
             raise ApiError(400, "missing_dir", "give ?dir=FOLDER (e.g. dir=workflows)")
         folder = safe_path(self.root, directory)
+        recurse, full, split = (query_bool(request, k) for k in ("recurse", "full_info", "split"))
+        return json_response(await asyncio.to_thread(self._listing, folder, directory, recurse, full, split))
+
+    def _listing(self, folder: Path, directory: str, recurse: bool, full: bool, split: bool) -> Any:
+        """``/userdata?dir=`` (a folder of thousands of workflows is walked off the event loop)."""
         if not folder.is_dir():
             raise ApiError(404, "not_found", f"no folder {directory!r} in your user data")
-        pattern = "**/*" if query_bool(request, "recurse") else "*"
         real_root = os.path.realpath(folder)
         files = sorted(
             p
-            for p in folder.glob(pattern)
+            for p in folder.glob("**/*" if recurse else "*")
             if p.is_file() and os.path.commonpath([os.path.realpath(p), real_root]) == real_root
         )
-        if query_bool(request, "full_info"):
-            return json_response([file_info(p, folder) for p in files])
+        if full:
+            return [file_info(p, folder) for p in files]
         names = [p.relative_to(folder).as_posix() for p in files]
-        if query_bool(request, "split"):
-            return json_response([[n, *n.split("/")] for n in names])
-        return json_response(names)
+        if split:
+            return [[n, *n.split("/")] for n in names]
+        return names
 
     async def get_file(self, request: web.Request) -> web.StreamResponse:
         path = self._path(request.match_info["file"])

@@ -82,7 +82,8 @@ class WsHub:
         old, client.ws, client.detached_at = client.ws, ws, None
         if old is not None and not old.closed:
             await old.close(message=b"replaced by a new connection with the same clientId")
-        await ws.send_str(status_message(self.queue.remaining(), sid))
+        remaining = await asyncio.to_thread(self.queue.remaining)  # a job-database read: off the loop
+        await ws.send_str(status_message(remaining, sid))
         sender = asyncio.create_task(self._send_loop(client, ws))
         try:
             async for msg in ws:
