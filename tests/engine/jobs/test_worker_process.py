@@ -71,6 +71,7 @@ class Exit3(_Node):
 class Segfault(_Node):
     def run(self, value):
         os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(600)  # the signal may land a moment later: never return meanwhile
 
 
 class Hello(_Node):
@@ -135,7 +136,9 @@ async def assert_next_job_succeeds(client: TestClient, value: int) -> None:
 
 
 # --- (a) a node that never checks for interruption ------------------------------------------------------
-async def test_interrupt_and_delete_end_a_node_that_never_checks_and_the_next_job_runs(tmp_path: Path) -> None:
+async def test_interrupt_and_delete_end_a_node_that_never_checks_and_the_next_job_runs(
+    tmp_path: Path,
+) -> None:
     app = create_app(isolated(tmp_path), ServerConfig())
     async with TestClient(TestServer(app)) as client:
         stuck = await post(client, one("Crash_Forever"))
@@ -250,7 +253,9 @@ async def test_a_normal_job_gives_the_same_outputs_history_and_events_as_in_proc
     write_pack(tmp_path / "local")
     from nodes.compat.shim import load_plugins_with_shim  # lazy: the in-process server's copy of the pack
 
-    local.plugins = load_plugins_with_shim(local.registry, [tmp_path / "local" / "custom_nodes"], local.folders)
+    local.plugins = load_plugins_with_shim(
+        local.registry, [tmp_path / "local" / "custom_nodes"], local.folders
+    )
     in_process = await run_and_record(local, prompt, "same-job")
     in_worker = await run_and_record(isolated(tmp_path / "isolated"), prompt, "same-job")
     assert in_worker == in_process
@@ -270,7 +275,10 @@ def free_port() -> int:
 def http(port: int, method: str, path: str, body: Any = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+        f"http://127.0.0.1:{port}{path}",
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read() or b"null")
@@ -287,15 +295,14 @@ def history_of(port: int, prompt_id: str) -> dict[str, Any]:
 
 
 def test_serve_with_isolate_jobs_survives_a_crashing_and_a_stuck_plugin(tmp_path: Path) -> None:
-    packs = write_pack(tmp_path)
+    write_pack(tmp_path)  # tmp_path/custom_nodes: the --base-directory's plugin folder
     port = free_port()
     env = {**os.environ, "LOOM_NO_PRECISION_PROBE": "1"}
     log_path = tmp_path / "server.log"
     log_file = log_path.open("wb")
     server = subprocess.Popen(
         [sys.executable, str(ROOT / "main.py"), "serve", "--isolate-jobs", "--isolate-grace", "1",
-         "--port", str(port), "--cpu", "--no-demo", "--base-directory", str(tmp_path),
-         "--custom-nodes", str(packs)],
+         "--port", str(port), "--cpu", "--no-demo", "--base-directory", str(tmp_path)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
