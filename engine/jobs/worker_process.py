@@ -23,6 +23,7 @@ The cost: models load again after a process was ended or died, and queued jobs a
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import multiprocessing
 import queue
@@ -79,6 +80,8 @@ class ProcessRunner:
         self._health: dict[str, Any] = {"pid": None, "starts": 0, "ended": 0, "died": 0, "last_exit": None}
         self._closed = False
         executor.interrupt.on_set(self._on_interrupt)
+        # before multiprocessing's own exit hook, which would wait for a worker still reading its pipe
+        atexit.register(self.close)
 
     # --- JobRunner ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -169,7 +172,10 @@ class ProcessRunner:
         self._child = child
         self._health["starts"] += 1
         self._health["pid"] = process.pid
-        threading.Thread(target=self._read, args=(child,), name="loom-job-worker-pipe", daemon=True).start()
+        child.reader = threading.Thread(
+            target=self._read, args=(child,), name="loom-job-worker-pipe", daemon=True
+        )
+        child.reader.start()
         log.info("started the job worker process (pid %d)", process.pid)
         return child
 
@@ -285,6 +291,8 @@ class ProcessRunner:
 
     def _unfinished(self, child: Child, watch: Watch, outcome: Exited | StartFailed | str) -> RunResult:
         """The result of a job whose process did not return one; its events sent as the executor's."""
+        if child.reader is not None:
+            child.reader.join(STOP_WAIT_S)  # what the process sent before it ended is relayed first
         spec, node, node_type = watch.spec, watch.node, watch.node_type()
         if outcome == "ended":
             message = (

@@ -41,6 +41,7 @@ class Child:
     ready_at: float | None = None  # monotonic time its runtime was built
     pid: int | None = None
     send_lock: threading.Lock = field(default_factory=threading.Lock)
+    reader: threading.Thread | None = None  # relays its messages; ends once its pipe closed
 
     def send(self, message: tuple[Any, ...]) -> bool:
         try:
