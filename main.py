@@ -98,6 +98,16 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     return Runtime(registry, executor, folders, bus, models, report, describer, describer.table_json)
 
 
+def build_worker_runtime(args: argparse.Namespace) -> Runtime:
+    """:func:`build_runtime` for the job worker process of ``serve --isolate-jobs``, which imports
+    the model code in the background meanwhile, as ``serve`` does (so a fresh worker's first job
+    does not wait for those imports)."""
+    from nodes.families.build import import_model_libraries  # lazy: imports torch
+
+    threading.Thread(target=import_model_libraries, name="loom-import-models", daemon=True).start()
+    return build_runtime(args)
+
+
 def _image_guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
     """The safety guard for ``--safety enforce`` (None otherwise); refuses to start without a model."""
     from nodes.image.safety import GuardUnavailable, build_guard  # lazy: imports torch
@@ -394,7 +404,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the model code is imported while the server waits for its first prompt, not inside that job
     threading.Thread(target=import_model_libraries, name="loom-import-models", daemon=True).start()
     ensure_demo_models(args)
-    return serve_main(args, build_runtime, ROOT)
+    return serve_main(args, build_runtime, ROOT, worker_factory="main:build_worker_runtime")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

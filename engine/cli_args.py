@@ -192,6 +192,21 @@ def add_subcommands(sub: Any) -> dict[str, argparse.ArgumentParser]:
         help="queue, history, saved workflows",
     )
     serve.add_argument("--no-demo", action="store_true", help="do not create demo models when none exist")
+    serve.add_argument(
+        "--isolate-jobs",
+        action="store_true",
+        help="run jobs in a worker process the server restarts: /interrupt ends a node that never "
+        "checks for it, and a plugin that crashes the process (os._exit, a segfault) fails only its "
+        "job (models load again after such a restart)",
+    )
+    serve.add_argument(
+        "--isolate-grace",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --isolate-jobs: how long an interrupted job may take to stop before its worker "
+        "process is ended (default 5)",
+    )
     add_ray_arguments(serve)
 
     worker = sub.add_parser("worker", help="join a Ray cluster as a worker (pip install -e '.[ray]')")

@@ -8,7 +8,11 @@ resolved there, so the engine never imports node code and each actor loads its o
 
 Outputs: each attempt writes into its own scratch folder; when it ends the worker reads the files
 back, deletes the folder and returns the bytes in the :class:`JobOutcome`. The server stores them
-(``outputs.py``): a worker that dies mid-job leaves nothing behind on the server.
+(``outputs.py``): a worker that dies mid-job leaves nothing behind on the server. A worker on the
+server's own machine (``serve --isolate-jobs``, ``engine/jobs/worker_process.py``) sets
+``WorkerConfig.outputs_in_place`` instead: it writes into its runtime's folders, as the server's
+own process would, and keeps in-memory images; with ``WorkerConfig.prefetch`` it also reads the
+next job's models during this one (``engine/jobs/overlap.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +37,7 @@ from typing import Any, Protocol
 from engine import events as ev
 from engine.distributed.attempt_dirs import attempt_dir, remove_inside
 from engine.executor import Executor, RunResult
+from engine.jobs.overlap import PlanAwarePrefetch
 from engine.jobs.spec import JobSpec
 
 log = logging.getLogger("loom.distributed.worker")
@@ -49,6 +55,9 @@ class WorkerConfig:
     ``runtime_factory`` is ``"module:function"``; the function gets
     ``argparse.Namespace(**runtime_args)`` (``main.build_runtime`` fits) and returns an object with
     an ``executor`` attribute (and ``models``, the memory manager, for its figures).
+    ``outputs_in_place``: write outputs into the runtime's own folders (a worker on the server's
+    machine) instead of scratch folders whose files travel back; ``prefetch``: read the models of
+    the jobs :meth:`LoomWorker.run_job` is told come next while this one runs.
     """
 
     runtime_factory: str = "main:build_runtime"
@@ -56,6 +65,8 @@ class WorkerConfig:
     name: str = ""
     scratch_dir: str | None = None
     python_path: tuple[str, ...] = ()
+    outputs_in_place: bool = False
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +148,7 @@ class LoomWorker:
         self._cancelled: set[str] = set()
         self._free_request = (False, False)
         self._totals: dict[str, Any] = {"jobs": 0, "loads": 0, "evictions": 0, "load_s": 0.0, "history": []}
+        self._prefetch = PlanAwarePrefetch(self.executor) if config.prefetch else None
         log.info("worker %s ready (pid %d)", self.worker_id, os.getpid())
 
     # --- small calls (served while a job runs) ---------------------------------------------------
@@ -188,9 +200,12 @@ class LoomWorker:
         }
 
     # --- the job ------------------------------------------------------------------------------------
-    def run_job(self, task: JobSpec) -> Iterator[WorkerEvent | JobOutcome]:
+    def run_job(
+        self, task: JobSpec, following: JobSpec | None = None, queued: Sequence[JobSpec] = ()
+    ) -> Iterator[WorkerEvent | JobOutcome]:
         """Stream the events of attempt ``task.attempt`` at the job, then one :class:`JobOutcome`
-        (a Ray streaming generator)."""
+        (a Ray streaming generator). ``following`` and ``queued``, the jobs after it, are read
+        ahead with ``WorkerConfig.prefetch``."""
         with self._idle:
             if not self._idle.wait_for(lambda: self._current is None, timeout=BUSY_WAIT_S):
                 raise WorkerBusy(
@@ -201,8 +216,16 @@ class LoomWorker:
         scratch = attempt_dir(self.scratch, task.prompt_id, task.attempt)
         items: queue.Queue[WorkerEvent | JobOutcome | BaseException] = queue.Queue()
         unsubscribe = self.executor.bus.subscribe(lambda event: self._on_event(task, event, items))
+        ahead = (
+            self._prefetch.during(following, current=task, queued=queued)
+            if self._prefetch is not None
+            else nullcontext()
+        )
         runner = threading.Thread(
-            target=self._run, args=(task, scratch, items), daemon=True, name=f"loom-job-{task.prompt_id[:8]}"
+            target=self._run,
+            args=(task, scratch, items, ahead),
+            daemon=True,
+            name=f"loom-job-{task.prompt_id[:8]}",
         )
         try:
             runner.start()
@@ -216,7 +239,8 @@ class LoomWorker:
         finally:
             runner.join()
             unsubscribe()
-            remove_inside(self.scratch, scratch)
+            if not self.config.outputs_in_place:
+                remove_inside(self.scratch, scratch)
             self._do_free()
             with self._idle:
                 self._current = None
@@ -232,24 +256,34 @@ class LoomWorker:
                     self.executor.interrupt.set()  # cancelled while it was on its way here
         items.put(WorkerEvent(task.attempt, event))
 
-    def _run(self, task: JobSpec, scratch: Path, items: queue.Queue[Any]) -> None:
+    def _run(
+        self, task: JobSpec, scratch: Path, items: queue.Queue[Any], ahead: AbstractContextManager[Any]
+    ) -> None:
         try:
-            items.put(self._execute(task, scratch))
+            with ahead:
+                items.put(self._execute(task, scratch))
         except BaseException as exc:  # the stream must end even if the executor broke
             items.put(exc)
 
     def _execute(self, task: JobSpec, scratch: Path) -> JobOutcome:
+        request = task.request(self.executor.registry.object_info)
+        if self.config.outputs_in_place:
+            result = self.executor.run(request)
+            return self._outcome(task, result, [])
         folders = dataclasses.replace(
             self._base_folders, output_dir=scratch / "output", temp_dir=scratch / "temp"
         )
         folders.ensure()
         self.executor.folders = folders
         # every image is written as a file: the server reads them back from the outcome
-        request = dataclasses.replace(task.request(self.executor.registry.object_info), keep_images=False)
+        request = dataclasses.replace(request, keep_images=False)
         try:
             result = self.executor.run(request)
         finally:
             self.executor.folders = self._base_folders
+        return self._outcome(task, result, collect_files(scratch))
+
+    def _outcome(self, task: JobSpec, result: RunResult, files: list[OutputFile]) -> JobOutcome:
         loads = result.memory.get("loads", []) if isinstance(result.memory, dict) else []
         evictions = result.memory.get("evictions", []) if isinstance(result.memory, dict) else []
         load_s = float(sum(float(x.get("seconds", 0.0)) for x in loads))
@@ -268,7 +302,7 @@ class LoomWorker:
             task.attempt,
             self.worker_id,
             result,
-            collect_files(scratch),
+            files,
             load_s=round(load_s, 6),
             run_s=round(max(0.0, total_s - load_s), 6),
             resident=resident,

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from engine import events as ev
 from engine.events import Listeners
 from engine.executor import Executor, RunResult
-from engine.jobs.coalesce import Coalescer, NextJobPrefetch
+from engine.jobs.coalesce import Coalescer
 from engine.jobs.overlap import PlanAwarePrefetch
 from engine.jobs.records import (
     RESTART_MESSAGE,
@@ -40,6 +40,7 @@ from engine.jobs.records import (
     QueueChanged,
     WorkerHealth,
 )
+from engine.jobs.runner import InProcessRunner, JobPrefetch, JobRunner
 from engine.jobs.spec import JobSpec
 from engine.jobs.store import JobStore, StorageError
 from engine.jobs.worker_thread import JobWorker
@@ -73,6 +74,9 @@ class LocalJobQueue(JobWorker):
 
     The thread itself (``start``, ``stop``, ``drain``, surviving its own death and a full disk) is
     :class:`~engine.jobs.worker_thread.JobWorker`'s; this class submits, cancels, looks up and runs jobs.
+    Each job's workflow runs in ``runner`` (engine/jobs/runner.py): by default ``executor`` in this
+    process; a worker process with ``serve --isolate-jobs``. ``executor`` is the queue's either way:
+    its registry, its bus (the run's events) and its interrupt flag.
     """
 
     def __init__(
@@ -81,10 +85,12 @@ class LocalJobQueue(JobWorker):
         store: JobStore,
         *,
         coalescer: Coalescer | None = None,
-        prefetch: NextJobPrefetch | None = None,
+        prefetch: JobPrefetch | None = None,
+        runner: JobRunner | None = None,
     ) -> None:
         self.executor = executor
         self.store = store
+        self.runner: JobRunner = runner if runner is not None else InProcessRunner(executor)
         self.coalescer = coalescer  # engine/jobs/coalesce.py: batch compatible queued jobs (None: off)
         self.prefetch = prefetch  # engine/jobs/coalesce.py: read the next job's models during this one
         self.kept = KeptImageStore()  # images of jobs that asked for bytes (never written to SQLite)
@@ -183,7 +189,9 @@ class LocalJobQueue(JobWorker):
             if self._current is not None and self._current.prompt_id == prompt_id:
                 stopping = None
                 if prompt_id in self._cancel_requested and self.executor.interrupt.is_requested():
-                    stopping = InterruptState(self.executor.interrupt.unheeded_for())
+                    stopping = InterruptState(
+                        self.executor.interrupt.unheeded_for(), forced_in_s=self.runner.force_stop_in()
+                    )
                 return JobView(self._current, "running", self._progress, interrupt=stopping)
             ridden = self._rider_progress.get(prompt_id)
             unsaved = self._unsaved.get(prompt_id)
@@ -285,7 +293,7 @@ class LocalJobQueue(JobWorker):
         self._notify_remaining()
         started = time.time()
         try:
-            result = self.executor.run(spec.request(self.executor.registry.object_info))
+            result = self.runner.run(spec)
         except BaseException as exc:  # noqa: BLE001 - the executor promises not to raise; be safe anyway
             log.exception("job %s: the executor raised", spec.prompt_id)
             result = RunResult(

@@ -204,23 +204,33 @@ UNSTOPPABLE_AFTER_S = 2.0  # an interrupt nothing polled for this long: the node
 @dataclass(frozen=True)
 class InterruptState:
     """A running job whose interrupt was requested: ``unheeded_s`` is how long the running code has
-    not polled the flag since (None: it has, so it is stopping)."""
+    not polled the flag since (None: it has, so it is stopping); ``forced_in_s``, with
+    ``--isolate-jobs``, is when its worker process is ended if the job has not stopped by then."""
 
     unheeded_s: float | None
+    forced_in_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        stuck = self.unheeded_s is not None and self.unheeded_s >= UNSTOPPABLE_AFTER_S
-        message = (
-            f"the running node has not checked for an interrupt in {self.unheeded_s:.1f} s: it cannot be "
-            "stopped and the job ends when the node finishes (the node should call "
-            "ctx.check_interrupt() in its loops)"
-            if stuck
-            else "stopping"
-        )
+        late = self.unheeded_s is not None and self.unheeded_s >= UNSTOPPABLE_AFTER_S
+        stuck = late and self.forced_in_s is None
+        if stuck:
+            message = (
+                f"the running node has not checked for an interrupt in {self.unheeded_s:.1f} s: it cannot "
+                "be stopped and the job ends when the node finishes (the node should call "
+                "ctx.check_interrupt() in its loops)"
+            )
+        elif self.forced_in_s is not None:
+            message = (
+                f"stopping: if the job has not stopped in {self.forced_in_s:.1f} s its worker process is "
+                "ended (--isolate-jobs; the next job loads its models again)"
+            )
+        else:
+            message = "stopping"
         return {
             "requested": True,
             "stoppable": not stuck,
             "unheeded_s": None if self.unheeded_s is None else round(self.unheeded_s, 3),
+            "forced_in_s": None if self.forced_in_s is None else round(self.forced_in_s, 3),
             "message": message,
         }
 
@@ -267,13 +277,15 @@ class KeptImageStore:
 @dataclass
 class WorkerHealth:
     """What ``/system_stats`` says about the job worker: alive, how often it was restarted after
-    dying, why it died last, and whether the job database is failing right now."""
+    dying, why it died last, and whether the job database is failing right now; ``process``, with
+    ``--isolate-jobs``, the worker process's own figures (``ProcessRunner.health``)."""
 
     alive: bool = False
     restarts: int = 0
     last_death: str | None = None
     storage_error: str | None = None
     unsaved_records: int = 0
+    process: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

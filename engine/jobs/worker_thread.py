@@ -20,6 +20,7 @@ from engine import events as ev
 from engine.events import Listeners
 from engine.executor import Executor
 from engine.jobs.records import JobFinished, JobProgress, JobRecord, Notice, QueueChanged, WorkerHealth
+from engine.jobs.runner import JobRunner
 from engine.jobs.spec import JobSpec
 from engine.jobs.store import JobStore, StorageError
 
@@ -40,6 +41,7 @@ class JobWorker:
 
     executor: Executor
     store: JobStore
+    runner: JobRunner
     _lock: threading.RLock
     _finished: threading.Condition
     _wake: threading.Event
@@ -67,6 +69,7 @@ class JobWorker:
             return
         self._stopping.clear()
         self._subscribe_bus()
+        self.runner.start()
         self._launch()
 
     def _launch(self) -> None:
@@ -80,7 +83,9 @@ class JobWorker:
             thread = self._thread
             self._health.alive = thread is not None and thread.is_alive()
             self._health.unsaved_records = len(self._unsaved)
-            return WorkerHealth(**asdict(self._health))
+            health = WorkerHealth(**asdict(self._health))
+        health.process = self.runner.health()
+        return health
 
     def ensure_worker(self) -> None:
         """Restart the worker thread if it died (normally it restarts itself on the way out)."""
@@ -99,6 +104,7 @@ class JobWorker:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout)
+        self.runner.close()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -235,9 +241,7 @@ class JobWorker:
             self._free_request = (False, False)
         if not (unload or free_memory):
             return
-        self.executor.models.free()
-        if free_memory:
-            self.executor.cache.clear()
+        self.runner.free(unload_models=unload, free_memory=free_memory)
         log.info("freed memory (unload_models=%s, free_memory=%s)", unload, free_memory)
 
     def _notify(self, notice: Notice) -> None:

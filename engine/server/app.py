@@ -26,6 +26,7 @@ from engine.distributed.cli import make_ray_queue
 from engine.executor import Executor
 from engine.jobs.queue import JobQueue, make_local_queue
 from engine.jobs.store import JobStore
+from engine.jobs.worker_process import make_isolated_queue
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, ServerConfig, add_routes
 from engine.server.offload import BlockingWork
@@ -194,9 +195,15 @@ def log_memory(models: ModelManagerLike | None) -> None:
 
 
 def serve_main(
-    args: argparse.Namespace, build_runtime: Callable[[argparse.Namespace], Any], root: Path
+    args: argparse.Namespace,
+    build_runtime: Callable[[argparse.Namespace], Any],
+    root: Path,
+    *,
+    worker_factory: str = "main:build_runtime",
 ) -> int:
-    """``python main.py serve``: check the bind, build the runtime, open the queue, serve until stopped."""
+    """``python main.py serve``: check the bind, build the runtime, open the queue, serve until stopped.
+    ``worker_factory`` (``"module:function"``) builds the job worker process's runtime with
+    ``--isolate-jobs``."""
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -212,17 +219,37 @@ def serve_main(
     except InsecureBindError as exc:
         print(f"loom: {exc}", file=sys.stderr)
         return 2
+    isolate = bool(getattr(args, "isolate_jobs", False))
+    if isolate and getattr(args, "ray", None):
+        print(
+            "loom: --isolate-jobs and --ray: Ray already runs every job in a worker process of its own "
+            "(a worker that dies has its job run again elsewhere); give one of the two",
+            file=sys.stderr,
+        )
+        return 2
     runtime = build_runtime(args)
     user_dir = Path(args.user_dir)
     store = JobStore(
         user_dir / "loom.sqlite", history_size=int(getattr(args, "history_size", 10_000) or 10_000)
     )
     queue: JobQueue
+    report = getattr(runtime, "plugin_report", None)
+    models = runtime.models
     if getattr(args, "ray", None):
         queue = make_ray_queue(args, runtime, store, root=root)
+    elif isolate:
+        shim = getattr(report, "environment", None)
+        queue, models = make_isolated_queue(
+            args,
+            runtime.executor,
+            store,
+            root=root,
+            runtime_factory=worker_factory,
+            on_plugin_message=getattr(shim, "send_event", None),
+        )
+        log.info("jobs run in a worker process the server restarts (--isolate-jobs)")
     else:
         queue = make_local_queue(runtime.executor, store)
-    report = getattr(runtime, "plugin_report", None)
     web_dirs = getattr(report, "web_directories", None)
     extensions = web_dirs() if callable(web_dirs) else {}
     parts = ServerParts(
@@ -232,7 +259,7 @@ def serve_main(
         runtime.folders,
         user_dir,
         web_dir=root / "web",
-        models=runtime.models,
+        models=models,
         extensions=extensions,
         plugins=report,
         describe_model=getattr(runtime, "describe_model", None),

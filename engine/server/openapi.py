@@ -101,11 +101,13 @@ SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "nullable": True,
                 "description": "set while a running job is asked to "
-                "stop: stoppable false means its node does not check for interrupts and runs to its end",
+                "stop: stoppable false means its node does not check for interrupts and runs to its end; "
+                "with --isolate-jobs, forced_in_s is the seconds until its worker process is ended",
                 "properties": {
                     "requested": {"type": "boolean"},
                     "stoppable": {"type": "boolean"},
                     "unheeded_s": {"type": "number", "nullable": True},
+                    "forced_in_s": {"type": "number", "nullable": True},
                     "message": {"type": "string"},
                 },
             },

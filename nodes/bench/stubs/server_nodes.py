@@ -1,12 +1,16 @@
 """A stub node pack without torch: numbers, a slow node with progress and previews, a PNG writer,
 a failing node. Enough to drive every route and event of the server (its tests and
-``python main.py bench server``); ``make_parts`` builds a server over it."""
+``python main.py bench server``); ``make_parts`` builds a server over it, ``make_isolated_parts``
+one whose jobs run in a worker process (``--isolate-jobs``) built by :func:`build_runtime`."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 from PIL import Image
 
@@ -16,10 +20,14 @@ from engine.events import Preview
 from engine.executor import Executor
 from engine.jobs.queue import LocalJobQueue
 from engine.jobs.store import JobStore
+from engine.jobs.worker_process import make_isolated_queue
 from engine.node import Node, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import BOOLEAN, FLOAT, INT, STRING, Input, NodeSchema, Output
 from engine.server.app import ServerParts
+from nodes.compat.shim import load_plugins_with_shim
+
+CHECKOUT = Path(__file__).resolve().parents[3]  # main.py's folder: the worker process imports from it
 
 
 def png_bytes(value: int, size: int = 8) -> bytes:
@@ -153,4 +161,55 @@ def make_parts(root: Path, *, db: Path | None = None, history_size: int = 10_000
     (web_dir / "index.html").write_text("<!doctype html><title>Loom</title>")
     return ServerParts(
         registry, executor, LocalJobQueue(executor, store), folders, root / "user", web_dir=web_dir
+    )
+
+
+def build_runtime(args: argparse.Namespace) -> SimpleNamespace:
+    """A runtime over the stub nodes and the plugin packs in ``args.custom_nodes``, its folders
+    under ``args.root``: the ``runtime_factory`` of ``make_isolated_parts``' worker process
+    (``"nodes.bench.stubs.server_nodes:build_runtime"``), and that server's own registry."""
+    root = Path(args.root)
+    registry = NodeRegistry()
+    register_stubs(registry)
+    folders = Folders(root / "input", root / "output", root / "temp")
+    folders.ensure()
+    packs = [Path(p) for p in getattr(args, "custom_nodes", [])]
+    report = load_plugins_with_shim(registry, packs, folders) if packs else None
+    executor = Executor(registry, OutputCache(), folders)
+    return SimpleNamespace(
+        registry=registry, executor=executor, folders=folders, models=executor.models, plugin_report=report
+    )
+
+
+def make_isolated_parts(
+    root: Path, *, custom_nodes: Sequence[Path] = (), grace_s: float = 5.0
+) -> ServerParts:
+    """``make_parts`` with ``--isolate-jobs``: every job runs in a worker process built by
+    :func:`build_runtime` (started when the app starts, restarted when it dies or is ended)."""
+    args = argparse.Namespace(
+        root=str(root), custom_nodes=[str(p) for p in custom_nodes], isolate_grace=grace_s
+    )
+    runtime = build_runtime(args)
+    store = JobStore(root / "user" / "loom.sqlite")
+    shim = getattr(runtime.plugin_report, "environment", None)
+    queue, models = make_isolated_queue(
+        args,
+        runtime.executor,
+        store,
+        root=CHECKOUT,
+        runtime_factory="nodes.bench.stubs.server_nodes:build_runtime",
+        on_plugin_message=getattr(shim, "send_event", None),
+    )
+    web_dir = root / "web"
+    web_dir.mkdir(exist_ok=True)
+    (web_dir / "index.html").write_text("<!doctype html><title>Loom</title>")
+    return ServerParts(
+        runtime.registry,
+        runtime.executor,
+        queue,
+        runtime.folders,
+        root / "user",
+        web_dir=web_dir,
+        models=models,
+        plugins=runtime.plugin_report,
     )
