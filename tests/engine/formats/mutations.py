@@ -149,9 +149,12 @@ def mutate(
     return mutant
 
 
-def mutants(count: int, seed: int, *, finite: bool = False) -> Iterator[tuple[str, Any]]:
-    """``count`` mutants of each seed file: (file name, mutant)."""
-    for name, workflow in seed_files().items():
+def mutants(
+    count: int, seed: int, *, finite: bool = False, seeds: dict[str, Any] | None = None
+) -> Iterator[tuple[str, Any]]:
+    """``count`` mutants of each seed workflow (the fixture files unless ``seeds`` names others):
+    (seed name, mutant)."""
+    for name, workflow in (seed_files() if seeds is None else seeds).items():
         rng = random.Random(f"{seed}:{name}")
         weighted = list(places(workflow))
         for _ in range(count):
