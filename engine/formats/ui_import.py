@@ -30,6 +30,7 @@ from typing import Any
 from engine.formats.api import MAX_NODES, WorkflowFormatError, WorkflowTooLarge, json_kind
 from engine.formats.modes import MODE_BYPASSED, MODE_MUTED, inherited_mode, passed_through
 from engine.formats.ui_parse import (
+    Link,
     as_index,
     entries,
     group_links,
@@ -397,7 +398,7 @@ def _promoted_widget_values(node: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # --- small parsing helpers (the containers themselves: engine/formats/ui_parse.py) ----------------
-def _source_of(entry: Mapping[str, Any], links: Mapping[int, Any], prefix: str) -> _Ref | None:
+def _source_of(entry: Mapping[str, Any], links: Mapping[int, Link], prefix: str) -> _Ref | None:
     link = link_of(entry, links)
     return None if link is None else _Ref(f"{prefix}{link.origin_id}", link.origin_slot)
 
@@ -407,12 +408,13 @@ def _group_external(raw: Any) -> set[tuple[int, int]]:
     inner output also linked outside the group."""
     found = set()
     for entry in raw or []:
-        pair = [as_index(v) for v in entry[:2]] if isinstance(entry, list) and len(entry) >= 2 else [None]
-        if None in pair:
+        index = as_index(entry[0]) if isinstance(entry, list) and len(entry) >= 2 else None
+        slot = as_index(entry[1]) if index is not None else None
+        if index is None or slot is None:
             raise WorkflowFormatError(
                 f"'external' entries must be [node index, output slot, type], found {entry!r:.60}"
             )
-        found.add((int(pair[0]), int(pair[1])))  # type: ignore[arg-type]  # checked just above
+        found.add((index, slot))
     return found
 
 
