@@ -125,6 +125,8 @@ def mutate(
             current = parent[key]
         except (KeyError, IndexError, TypeError):
             continue  # gone with an earlier mutation
+        if not isinstance(parent, dict | list):
+            continue  # replaced by a string (which indexes too, but cannot be changed)
         roll = rng.random()
         if roll < 0.12 and isinstance(parent, dict):
             del parent[key]  # a missing key
