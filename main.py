@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,13 +100,10 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
 
 def build_worker_runtime(args: argparse.Namespace) -> Runtime:
-    """:func:`build_runtime` for the job worker process of ``serve --isolate-jobs``, which imports
-    the model code in the background meanwhile, as ``serve`` does (so a fresh worker's first job
-    does not wait for those imports)."""
-    from nodes.families.build import import_model_libraries  # lazy: imports torch
-
-    threading.Thread(target=import_model_libraries, name="loom-import-models", daemon=True).start()
-    return build_runtime(args)
+    """The runtime of the job worker process of ``serve --isolate-jobs``: the same as ``serve``'s
+    (:func:`build_serving_runtime`), so a fresh worker's first job does not wait for the model code
+    either, and its imports never race the plugin packs'."""
+    return build_serving_runtime(args)
 
 
 def _image_guard(args: argparse.Namespace, model_files: ModelFolders, models: ModelManager) -> Any:
@@ -399,12 +397,28 @@ def ensure_demo_models(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.app import serve_main  # lazy: imports aiohttp (~1 s); only serve needs it
+
+    ensure_demo_models(args)
+    return serve_main(args, build_serving_runtime, ROOT, worker_factory="main:build_worker_runtime")
+
+
+def build_serving_runtime(args: argparse.Namespace) -> Runtime:
+    """:func:`build_runtime`, then the model code (diffusers, transformers) imported on a background
+    thread while the server waits for its first prompt, so that job does not pay for it. The thread
+    starts only once the demo writer and the plugin packs, which import the same libraries, are
+    done: two threads importing diffusers at once fail ("cannot import name 'AutoencoderKL'")."""
+    runtime = build_runtime(args)
+    threading.Thread(target=import_model_code, name="loom-import-models", daemon=True).start()
+    return runtime
+
+
+def import_model_code() -> None:
+    """The background import ``serve`` starts; logs when it is done."""
     from nodes.families.build import import_model_libraries  # lazy: imports torch
 
-    # the model code is imported while the server waits for its first prompt, not inside that job
-    threading.Thread(target=import_model_libraries, name="loom-import-models", daemon=True).start()
-    ensure_demo_models(args)
-    return serve_main(args, build_runtime, ROOT, worker_factory="main:build_worker_runtime")
+    started = time.perf_counter()
+    import_model_libraries()
+    log.info("model code imported in %.1f s (diffusers, transformers)", time.perf_counter() - started)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

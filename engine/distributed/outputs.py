@@ -8,6 +8,11 @@ empty folders: ``ComfyUI_00001_.png`` on every worker becomes ``ComfyUI_00007_.p
 single process would have numbered it), and the UI outputs are rewritten to the final names. A
 second commit for a job already committed (a retried attempt that was not dead after all) is
 refused, so a job's outputs exist once.
+
+Links in the output and temp folders are treated as single-process saving treats them: a folder
+that leads outside its root (``output/renders -> /elsewhere``, or the staging folder itself) is
+refused before anything is written, and a link where a file would go is never written through
+(the file takes the next free name).
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ from engine.distributed.worker import OutputFile
 STAGING = ".loom-attempts"
 _COUNTER = re.compile(r"^(?P<stem>.*_)(?P<n>\d{5})(?P<tail>_?)$")  # ComfyUI's prefix_00001_ numbering
 _REMEMBER = 100_000  # committed job ids kept to refuse late duplicates
+
+
+class OutputRefused(ValueError):
+    """A file a worker sent that the store will not write: a path outside its folder, an unknown
+    folder, or a folder that leads outside the output (or temp) folder through a link."""
 
 
 class OutputStore:
@@ -51,8 +61,12 @@ class OutputStore:
                 return None
             staging_root = self.roots["output"] / STAGING
             staging = attempt_dir(staging_root, prompt_id, attempt)
+            files = list(files)
+            for item in files:
+                self._check(item)
+            _check_inside(self.roots["output"], staging_root, f"the staging folder {STAGING}")
             try:
-                renames = self._write(staging, list(files))
+                renames = self._write(staging, files)
             finally:
                 remove_inside(staging_root, staging)
                 with contextlib.suppress(OSError):
@@ -62,14 +76,20 @@ class OutputStore:
                 self._committed.popitem(last=False)
         return rewrite_outputs(outputs, renames)
 
+    def _check(self, item: OutputFile) -> None:
+        """Refuse, before anything is written, a file that would land outside its root."""
+        if item.folder not in self.roots:
+            raise OutputRefused(
+                f"worker sent a file for folder {item.folder!r}; expected one of {sorted(self.roots)}"
+            )
+        rel = _safe_relative(item.path)
+        root = self.roots[item.folder]
+        _check_inside(root, root / rel.parent, f"output file {item.path!r}")
+
     def _write(self, staging: Path, files: list[OutputFile]) -> dict[tuple[str, str], str]:
         staged: list[tuple[OutputFile, Path]] = []
         for item in files:
             rel = _safe_relative(item.path)
-            if item.folder not in self.roots:
-                raise ValueError(
-                    f"worker sent a file for folder {item.folder!r}; expected one of {sorted(self.roots)}"
-                )
             path = staging / item.folder / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(item.data)
@@ -87,14 +107,25 @@ class OutputStore:
 def _safe_relative(path: str) -> PurePosixPath:
     rel = PurePosixPath(path)
     if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-        raise ValueError(f"worker sent an output path {path!r} outside its folder")
+        raise OutputRefused(f"worker sent an output path {path!r} outside its folder")
     return rel
+
+
+def _check_inside(root: Path, folder: Path, what: str) -> None:
+    """``folder`` (which may not exist yet) must be ``root`` or lie inside it once links are resolved,
+    as single-process saving requires of a save prefix's subfolder."""
+    real_root, real = root.resolve(), folder.resolve()
+    if real != real_root and real_root not in real.parents:
+        raise OutputRefused(
+            f"{what}: {folder} leads outside {root} (a link to {real}); Loom never writes through a "
+            "link that leads out of the output folder: remove the link, or save under another prefix"
+        )
 
 
 def _free_name(root: Path, rel: PurePosixPath) -> Path:
     """``root/rel`` if free, else the next free name (ComfyUI's counter bumped, or ``_2``, ``_3``)."""
     target = root / rel
-    if not target.exists():
+    if not _taken(target):
         return target
     match = _COUNTER.match(rel.stem)
     n = int(match["n"]) if match else 1
@@ -102,8 +133,13 @@ def _free_name(root: Path, rel: PurePosixPath) -> Path:
         n += 1
         stem = f"{match['stem']}{n:05d}{match['tail']}" if match else f"{rel.stem}_{n}"
         candidate = target.with_name(stem + rel.suffix)
-        if not candidate.exists():
+        if not _taken(candidate):
             return candidate
+
+
+def _taken(path: Path) -> bool:
+    """A file, a folder or a link (even one leading nowhere) holds the name: never replaced, never followed."""
+    return path.exists() or path.is_symlink()
 
 
 def rewrite_outputs(outputs: dict[str, Any], renames: dict[tuple[str, str], str]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from engine import events as ev
 from engine.context import Folders
 from engine.distributed.attempt import AttemptEvent, ExecutionRetry, Flight
-from engine.distributed.outputs import OutputStore
+from engine.distributed.outputs import OutputRefused, OutputStore
 from engine.distributed.router import Router, Ticket
 from engine.distributed.worker import JobOutcome, WorkerEvent, WorkerLost
 from engine.events import Listeners
@@ -361,17 +361,21 @@ class RayJobQueue:
             self._complete(flight, outcome)
         except WorkerLost as exc:
             self._lost(flight, str(exc))
+        except OutputRefused as exc:  # the job's own mistake (a link out of the output folder): no traceback
+            log.warning("job %s: outputs refused: %s", spec.prompt_id, exc)
+            self._fail(flight, "output_refused", str(exc))
         except Exception as exc:
             log.exception("job %s: attempt %d failed on %s", spec.prompt_id, flight.attempt, flight.worker_id)
-            result = RunResult(
-                spec.prompt_id, "error", error={"type": type(exc).__name__, "message": str(exc)}
-            )
-            with self._lock:
-                self.router.finished(flight.worker_id, run_s=0.0, load_s=0.0)
-            self._record(flight, result)
+            self._fail(flight, type(exc).__name__, str(exc))
         finally:
             self._drivers.discard(threading.current_thread())
             self._wake.set()
+
+    def _fail(self, flight: Flight, kind: str, message: str) -> None:
+        result = RunResult(flight.spec.prompt_id, "error", error={"type": kind, "message": message})
+        with self._lock:
+            self.router.finished(flight.worker_id, run_s=0.0, load_s=0.0)
+        self._record(flight, result)
 
     def _on_event(self, flight: Flight, event: ev.Event) -> None:
         with self._lock:

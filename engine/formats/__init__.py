@@ -9,7 +9,8 @@
 - :mod:`~engine.formats.ui_rules`: the UI-format rules as data (``ui_rules.json``), shared with the
   editor, which imports the same file from ``GET /api/v1/workflows/ui-rules``.
 - :mod:`~engine.formats.ui_import` / :mod:`~engine.formats.ui_export`: ComfyUI's UI (litegraph)
-  format to API format, and Loom's saved format to UI format.
+  format to API format, and Loom's saved format to UI format; :mod:`~engine.formats.ui_parse`
+  reads and checks the UI format's containers (link tables, subgraph and group node definitions).
 - :mod:`~engine.formats.png`: PNG text chunks, and the metadata image nodes embed.
 - :mod:`~engine.formats.load`: loading any of them from a file or parsed JSON.
 """

@@ -14,7 +14,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.formats.api import is_link
+from engine.formats.api import WorkflowFormatError, is_link
 
 MODE_ALWAYS = 0
 MODE_MUTED = 2  # litegraph's NEVER
@@ -52,12 +52,13 @@ def apply_modes(
     if not muted and not bypassed:
         return dict(prompt)
     runnable = {k: copy.deepcopy(dict(v)) for k, v in prompt.items() if k not in muted and k not in bypassed}
-    for node in runnable.values():
+    for node_id, node in runnable.items():
         inputs = node.get("inputs") or {}
         for name in list(inputs):
             value = inputs[name]
             if is_link(value):
-                target = _through_bypass(prompt, value, muted, bypassed, object_info)
+                where = f"node {node_id!r} input {name!r}"
+                target = _through_bypass(prompt, value, muted, bypassed, object_info, where)
                 if target is None:
                     del inputs[name]
                 else:
@@ -71,10 +72,16 @@ def _through_bypass(
     muted: set[str],
     bypassed: set[str],
     object_info: Mapping[str, Mapping[str, Any]],
+    where: str,
 ) -> list[Any] | None:
     seen: set[str] = set()
     while link[0] in bypassed and link[0] not in seen:
         source = link[0]
+        if link[1] < 0:  # never taken from the end of the outputs
+            raise WorkflowFormatError(
+                f"{where}: links to output {link[1]} of bypassed node {source!r}; output slots count "
+                "from 0: reconnect the input"
+            )
         seen.add(source)
         node = prompt[source]
         info = object_info.get(str(node.get("class_type"))) or {}

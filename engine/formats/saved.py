@@ -28,14 +28,17 @@ def _migrate_v1(obj: dict[str, Any]) -> dict[str, Any]:
     """Version 1 → 2. Version 1 kept ``layout`` as ``{id: {"pos": {"x", "y"}, "size": {"width",
     "height"}, "title"?}}``, had no groups and no ``extra``."""
     nodes: dict[str, Any] = {}
-    for node_id, entry in (obj.get("layout") or {}).items():
+    layout = obj.get("layout") or {}
+    if not isinstance(layout, Mapping):
+        raise WorkflowFormatError(
+            f'saved format v1: "layout" must be an object ({{node id: {{"pos", "size"}}}}), found {json_kind(layout)}'
+        )
+    for node_id, entry in layout.items():
         if not isinstance(entry, Mapping):
             raise WorkflowFormatError(f"saved format v1: layout of node {node_id!r} must be an object")
-        pos = entry.get("pos") or {}
-        size = entry.get("size") or {}
         new: dict[str, Any] = {
-            "pos": [pos.get("x", 0), pos.get("y", 0)],
-            "size": [size.get("width", 0), size.get("height", 0)],
+            "pos": _v1_pair(entry, node_id, "pos", ("x", "y")),
+            "size": _v1_pair(entry, node_id, "size", ("width", "height")),
         }
         if "title" in entry:
             new["title"] = entry["title"]
@@ -47,6 +50,16 @@ def _migrate_v1(obj: dict[str, Any]) -> dict[str, Any]:
         "layout": {"nodes": nodes, "groups": []},
         "extra": {},
     }
+
+
+def _v1_pair(entry: Mapping[str, Any], node_id: Any, key: str, names: tuple[str, str]) -> list[Any]:
+    value = entry.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise WorkflowFormatError(
+            f'saved format v1: layout of node {node_id!r}: "{key}" must be an object '
+            f'{{"{names[0]}", "{names[1]}"}}, found {json_kind(value)}'
+        )
+    return [value.get(names[0], 0), value.get(names[1], 0)]
 
 
 # MIGRATIONS[n - 1] turns version n into version n + 1; the chain ends at SAVED_VERSION.
@@ -101,9 +114,15 @@ def from_saved(obj: Mapping[str, Any]) -> SavedWorkflow:
     extra = current.get("extra") or {}
     if not isinstance(extra, Mapping):
         raise WorkflowFormatError(f'saved format: "extra" must be an object, found {json_kind(extra)}')
+    layout = current.get("layout") or {}
+    if not isinstance(layout, Mapping):
+        raise WorkflowFormatError(
+            f'saved format: "layout" must be an object ({{"nodes": {{...}}, "groups": [...]}}), '
+            f"found {json_kind(layout)}"
+        )
     return SavedWorkflow(
         prompt=normalize_api(current.get("prompt")),
-        layout=_check_layout(dict(current.get("layout") or {})),
+        layout=_check_layout(dict(layout)),
         extra=dict(extra),
         loaded_version=int(loaded_version),  # type: ignore[arg-type]  # checked by migrate_saved
     )
@@ -123,6 +142,12 @@ def _check_layout(layout: dict[str, Any]) -> dict[str, Any]:
                     f'saved format: layout of node {node_id!r}: "{key}" must be '
                     f"[{size} numbers], found {entry[key]!r:.60}"
                 )
+        mode = entry.get("mode") or 0  # the editor writes it only when not 0
+        if not isinstance(mode, int) or isinstance(mode, bool):
+            raise WorkflowFormatError(
+                f'saved format: layout of node {node_id!r}: "mode" must be 0 (runs), 2 (muted) or '
+                f"4 (bypassed), found {mode!r:.60}"
+            )
     layout["nodes"] = {str(k): v for k, v in nodes.items()}
     if not isinstance(groups, list):
         raise WorkflowFormatError(f'saved format: layout "groups" must be a list, found {json_kind(groups)}')
@@ -131,6 +156,14 @@ def _check_layout(layout: dict[str, Any]) -> dict[str, Any]:
             raise WorkflowFormatError(
                 f'saved format: group #{n} needs "bounding": [x, y, w, h], found {group!r:.60}'
             )
+    subgraphs = layout.get("subgraphs")
+    if subgraphs is not None and not (
+        isinstance(subgraphs, list) and all(isinstance(d, Mapping) for d in subgraphs)
+    ):
+        raise WorkflowFormatError(
+            f'saved format: layout "subgraphs" must be a list of subgraph definitions (objects), '
+            f"found {subgraphs!r:.60}"
+        )
     return layout
 
 
@@ -146,7 +179,7 @@ def saved_runnable(saved: SavedWorkflow, object_info: Mapping[str, Mapping[str, 
     """The API graph a saved workflow runs. A graph holding subgraph instances runs the editor's
     flattened graph, which the editor writes next to it (``layout.runnable``: the instances'
     inner nodes as ``<instance id>:<inner id>``, exactly what it queues)."""
-    definitions = {str(d.get("id")) for d in saved.layout.get("subgraphs") or [] if isinstance(d, Mapping)}
+    definitions = {str(d.get("id")) for d in saved.layout.get("subgraphs") or []}  # checked by _check_layout
     instances = sorted(k for k, v in saved.prompt.items() if str(v.get("class_type")) in definitions)
     if not instances:
         return apply_modes(saved.prompt, saved.layout, object_info)

@@ -27,16 +27,21 @@ def _ordered_inputs(info: Mapping[str, Any]) -> list[tuple[str, list[Any]]]:
 
 
 def _numeric_ids(prompt: Mapping[str, Any]) -> dict[str, int]:
-    taken = {int(k) for k in prompt if k.isdigit()}
+    """Litegraph's numeric node ids: a plain number keeps its value, any other id gets the next free one."""
+    taken = {int(k) for k in prompt if _plain_number(k)}
     next_id = max(taken, default=0) + 1
     ids: dict[str, int] = {}
     for node_id in prompt:
-        if node_id.isdigit():
+        if _plain_number(node_id):
             ids[node_id] = int(node_id)
         else:
             ids[node_id] = next_id
             next_id += 1
     return ids
+
+
+def _plain_number(node_id: str) -> bool:
+    return node_id.isascii() and node_id.isdigit() and len(node_id) <= 15  # a safe integer in JavaScript
 
 
 def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -86,9 +91,10 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
                 if is_link(value) and value[0] in prompt:
                     link_id = len(links) + 1
                     source_outputs = outputs_of[value[0]]
-                    link_type = source_outputs[value[1]]["type"] if value[1] < len(source_outputs) else "*"
+                    known = 0 <= value[1] < len(source_outputs)  # else validation names the bad slot
+                    link_type = source_outputs[value[1]]["type"] if known else "*"
                     links.append([link_id, ids[value[0]], value[1], ids[node_id], len(ui_inputs), link_type])
-                    if value[1] < len(source_outputs):
+                    if known:
                         source_outputs[value[1]]["links"].append(link_id)
                     entry["link"] = link_id
                 ui_inputs.append(entry)
@@ -100,7 +106,7 @@ def saved_to_ui(saved: Mapping[str, Any], object_info: Mapping[str, Mapping[str,
             "size": list(place.get("size") or [260, 120]),
             "flags": {"collapsed": bool(place.get("collapsed"))},
             "order": order,
-            "mode": int(place.get("mode", 0)),
+            "mode": place.get("mode") or 0,  # an integer (checked when the file was read)
             "inputs": ui_inputs,
             "outputs": outputs_of[node_id],
             "properties": {"Node name for S&R": class_type},

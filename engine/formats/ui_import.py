@@ -23,13 +23,23 @@ engine internals.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.formats.api import MAX_NODES, WorkflowFormatError, WorkflowTooLarge
+from engine.formats.api import MAX_NODES, WorkflowFormatError, WorkflowTooLarge, json_kind
 from engine.formats.modes import MODE_BYPASSED, MODE_MUTED, inherited_mode, passed_through
+from engine.formats.ui_parse import (
+    Link,
+    as_index,
+    entries,
+    group_links,
+    group_node_definitions,
+    link_of,
+    link_table,
+    subgraph_definitions,
+    widget_name,
+)
 from engine.formats.ui_rules import ui_rules
 from engine.formats.widgets import MISSING, ConversionProblem, Widget, assign, widget_inputs, widgets_of
 
@@ -96,14 +106,19 @@ class _Flattener:
     def graph(self, graph: Mapping[str, Any], prefix: str, inherited_mode: int, depth: int) -> None:
         if depth > MAX_NESTING:
             raise _NestingError(f"subgraphs or group nodes nest deeper than {MAX_NESTING} levels (a cycle?)")
-        links = _link_table(graph.get("links"))
+        links = link_table(graph.get("links"))
         nodes = graph.get("nodes")
         if not isinstance(nodes, list):
-            raise WorkflowFormatError(f"expected a 'nodes' list, found {type(nodes).__name__}")
+            raise WorkflowFormatError(f"expected a 'nodes' list, found {json_kind(nodes)}")
         for position, node in enumerate(nodes):
             if not isinstance(node, Mapping) or "id" not in node or not isinstance(node.get("type"), str):
                 raise WorkflowFormatError(
                     f"node #{position} of the 'nodes' list: expected an object with 'id' and 'type', found {node!r:.80}"
+                )
+            if not isinstance(node["id"], int | str) or isinstance(node["id"], bool):
+                raise WorkflowFormatError(
+                    f"node #{position} of the 'nodes' list ({node['type']}): 'id' must be a number or a "
+                    f"string, found {json_kind(node['id'])}"
                 )
             if len(self.flat) >= MAX_NODES:  # subgraphs nest: a small file can expand enormously
                 raise WorkflowTooLarge()
@@ -111,9 +126,9 @@ class _Flattener:
             mode = _mode(node, inherited_mode)
             inputs = [
                 _FlatInput(str(i.get("name", "")), str(i.get("type", "")), _source_of(i, links, prefix))
-                for i in _entries(node.get("inputs"))
+                for i in entries(node.get("inputs"))
             ]
-            outputs = [str(o.get("type", "")) for o in _entries(node.get("outputs"))]
+            outputs = [str(o.get("type", "")) for o in entries(node.get("outputs"))]
             type_ = node["type"]
             if type_ in self.subgraphs:
                 try:
@@ -122,17 +137,12 @@ class _Flattener:
                     raise  # the size limit keeps its own type (answered 413), whatever the depth
                 except WorkflowFormatError as exc:
                     raise WorkflowFormatError(f"node {node_id} (subgraph {type_}): {exc}") from exc
-                except (TypeError, ValueError, KeyError, IndexError) as exc:
-                    raise WorkflowFormatError(
-                        f"node {node_id} (subgraph {type_}): its definition in definitions.subgraphs does not fit "
-                        f"the node ({exc}); expected matching inputs and outputs"
-                    ) from exc
             elif type_.startswith(ui_rules().group_node_prefixes) and _group_name(type_) in self.group_defs:
                 try:
                     self.group_node(node, node_id, mode, inputs, outputs)
-                except (TypeError, ValueError, KeyError, IndexError) as exc:
+                except WorkflowFormatError as exc:
                     raise WorkflowFormatError(
-                        f"group node {node_id} ({type_}): its definition in extra.groupNodes is malformed ({exc})"
+                        f"group node {node_id} ({type_}): its definition in extra.groupNodes is malformed: {exc}"
                     ) from exc
             else:
                 title = node.get("title")
@@ -164,7 +174,7 @@ class _Flattener:
     ) -> None:
         definition = self.subgraphs[node["type"]]
         inner = f"{node_id}:"
-        links = _link_table(definition.get("links"))
+        links = link_table(definition.get("links"))
         # The instance is an alias: its output k is whatever feeds the subgraph's output node slot k.
         aliases: list[_Source | None] = [None] * len(outputs)
         for link in links.values():
@@ -175,8 +185,8 @@ class _Flattener:
         # unlinked input promoted to a widget on the instance carries that widget's value.
         promoted = _promoted_widget_values(node)
         in_aliases: list[_Source | None] = []
-        for entry, flat_input in zip(_entries(node.get("inputs")), inputs, strict=True):
-            widget = _widget_name(entry)
+        for entry, flat_input in zip(entries(node.get("inputs")), inputs, strict=True):
+            widget = widget_name(entry)
             if flat_input.source is None and widget is not None and widget in promoted:
                 in_aliases.append(_Const(promoted[widget]))
             else:
@@ -192,9 +202,9 @@ class _Flattener:
         self, node: Mapping[str, Any], node_id: str, mode: int, inputs: list[_FlatInput], outputs: list[str]
     ) -> None:
         definition = self.group_defs[_group_name(node["type"])]
-        inner_nodes = _entries(definition.get("nodes"))
-        internal = _group_links(definition.get("links"))
-        external = {(int(e[0]), int(e[1])) for e in definition.get("external") or [] if _is_seq(e, 2)}
+        inner_nodes = entries(definition.get("nodes"))
+        internal = group_links(definition.get("links"), "links")
+        external = _group_external(definition.get("external"))
         linked_to = {(t_idx, t_slot): (f_idx, f_slot) for f_idx, f_slot, t_idx, t_slot in internal}
         linked_from = {(f_idx, f_slot) for f_idx, f_slot, _, _ in internal}
 
@@ -202,16 +212,16 @@ class _Flattener:
             return f"{node_id}:{idx}"
 
         # Instance input slots, in order: inner socket inputs that no internal link feeds.
-        socket_slots = [i for i, e in enumerate(_entries(node.get("inputs"))) if _widget_name(e) is None]
+        socket_slots = [i for i, e in enumerate(entries(node.get("inputs"))) if widget_name(e) is None]
         widget_inputs = {
-            _widget_name(e): i for i, e in enumerate(_entries(node.get("inputs"))) if _widget_name(e)
+            widget_name(e): i for i, e in enumerate(entries(node.get("inputs"))) if widget_name(e)
         }
-        indexed = [(int(inner.get("index", pos)), inner) for pos, inner in enumerate(inner_nodes)]
+        indexed = [(_inner_index(inner, pos), inner) for pos, inner in enumerate(inner_nodes)]
         exposed_sockets: list[tuple[int, int]] = []
         exposed_widgets: list[tuple[int, Widget]] = []
         for idx, inner in indexed:
-            for slot, entry in enumerate(_entries(inner.get("inputs"))):
-                if _widget_name(entry) is None and (idx, slot) not in linked_to:
+            for slot, entry in enumerate(entries(inner.get("inputs"))):
+                if widget_name(entry) is None and (idx, slot) not in linked_to:
                     exposed_sockets.append((idx, slot))
             for widget in widgets_of(self.object_info.get(str(inner.get("type")))):
                 exposed_widgets.append((idx, widget))
@@ -225,7 +235,7 @@ class _Flattener:
         exposed_outputs = [
             (idx, slot)
             for idx, inner in indexed
-            for slot, _ in enumerate(_entries(inner.get("outputs")))
+            for slot, _ in enumerate(entries(inner.get("outputs")))
             if (idx, slot) not in linked_from or (idx, slot) in external
         ]
         aliases: list[_Source | None] = [_Ref(inner_id(i), s) for i, s in exposed_outputs[: len(outputs)]]
@@ -239,7 +249,7 @@ class _Flattener:
         }
         for idx, inner in indexed:
             flat_inputs = []
-            for slot, entry in enumerate(_entries(inner.get("inputs"))):
+            for slot, entry in enumerate(entries(inner.get("inputs"))):
                 name = str(entry.get("name", ""))
                 source: _Source | None = None
                 if (idx, slot) in linked_to:
@@ -247,8 +257,8 @@ class _Flattener:
                     source = _Ref(inner_id(f_idx), f_slot)
                 elif (idx, slot) in slot_source:
                     source = slot_source[(idx, slot)]
-                elif _widget_name(entry) in widget_inputs:
-                    source = inputs[widget_inputs[_widget_name(entry)]].source
+                elif widget_name(entry) in widget_inputs:
+                    source = inputs[widget_inputs[widget_name(entry)]].source
                 flat_inputs.append(_FlatInput(name, str(entry.get("type", "")), source))
             title = inner.get("title")
             widgets_values = per_node.get(idx) if node.get("widgets_values") else inner.get("widgets_values")
@@ -258,7 +268,7 @@ class _Flattener:
                 _mode(inner, mode),
                 title if isinstance(title, str) else None,
                 flat_inputs,
-                [str(o.get("type", "")) for o in _entries(inner.get("outputs"))],
+                [str(o.get("type", "")) for o in entries(inner.get("outputs"))],
                 widgets_values,
             )
 
@@ -279,12 +289,7 @@ def convert_ui_to_api(
     """
     if not isinstance(ui, Mapping) or not isinstance(ui.get("nodes"), list):
         raise WorkflowFormatError("expected a ComfyUI UI-format workflow (an object with a 'nodes' list)")
-    definitions = _mapping(ui.get("definitions"))
-    subgraphs = {
-        str(s["id"]): s for s in _entries(definitions.get("subgraphs")) if isinstance(s.get("nodes"), list)
-    }
-    group_defs = _mapping(_mapping(ui.get("extra")).get("groupNodes"))
-    flattener = _Flattener(object_info, subgraphs, group_defs)
+    flattener = _Flattener(object_info, subgraph_definitions(ui), group_node_definitions(ui))
     flattener.graph(ui, "", 0, 0)
     flat = flattener.flat
     frontend_only = ui_rules().frontend_only_types
@@ -386,78 +391,41 @@ def _promoted_widget_values(node: Mapping[str, Any]) -> dict[str, Any]:
     values = node.get("widgets_values")
     if isinstance(values, Mapping):
         return dict(values)
-    names = [n for n in (_widget_name(e) for e in _entries(node.get("inputs"))) if n is not None]
+    names = [n for n in (widget_name(e) for e in entries(node.get("inputs"))) if n is not None]
     if not isinstance(values, list):
         return {}
     return dict(zip(names, values, strict=False))
 
 
-# --- small parsing helpers --------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Link:
-    origin_id: int | str
-    origin_slot: int
-    target_id: int | str
-    target_slot: int
+# --- small parsing helpers (the containers themselves: engine/formats/ui_parse.py) ----------------
+def _source_of(entry: Mapping[str, Any], links: Mapping[int, Link], prefix: str) -> _Ref | None:
+    link = link_of(entry, links)
+    return None if link is None else _Ref(f"{prefix}{link.origin_id}", link.origin_slot)
 
 
-def _link_table(raw: Any) -> dict[int, _Link]:
-    """Links as ``[id, from_node, from_slot, to_node, to_slot, type]`` arrays (workflow version
-    0.4) or ``{id, origin_id, origin_slot, target_id, target_slot, type}`` objects (version 1,
-    subgraph definitions)."""
-    table: dict[int, _Link] = {}
-    for link in raw or []:
-        try:
-            if isinstance(link, Mapping):
-                table[int(link["id"])] = _Link(
-                    link["origin_id"], int(link["origin_slot"]), link["target_id"], int(link["target_slot"])
-                )
-            elif _is_seq(link, 5):
-                table[int(link[0])] = _Link(link[1], int(link[2]), link[3], int(link[4]))
-        except (KeyError, TypeError, ValueError) as exc:
+def _group_external(raw: Any) -> set[tuple[int, int]]:
+    """A group node definition's ``external`` list: ``[node index, output slot, type]`` for each
+    inner output also linked outside the group."""
+    found = set()
+    for entry in raw or []:
+        index = as_index(entry[0]) if isinstance(entry, list) and len(entry) >= 2 else None
+        slot = as_index(entry[1]) if index is not None else None
+        if index is None or slot is None:
             raise WorkflowFormatError(
-                "expected links as [id, from_node, from_slot, to_node, to_slot, type] "
-                f"or objects with id/origin_id/origin_slot/target_id/target_slot, found {link!r:.80}"
-            ) from exc
-    return table
+                f"'external' entries must be [node index, output slot, type], found {entry!r:.60}"
+            )
+        found.add((index, slot))
+    return found
 
 
-def _group_links(raw: Any) -> list[tuple[int, int, int, int]]:
-    """A group node definition's links: ``[from_index, from_slot, to_index, to_slot, ...]``."""
-    out = []
-    for link in raw or []:
-        if _is_seq(link, 4) and all(isinstance(v, int) for v in link[:4]):
-            out.append((link[0], link[1], link[2], link[3]))
-    return out
-
-
-def _source_of(entry: Mapping[str, Any], links: Mapping[int, _Link], prefix: str) -> _Ref | None:
-    link_id = entry.get("link")
-    if link_id is None:
-        return None
-    link = (
-        links.get(int(link_id))
-        if isinstance(link_id, int | str) and str(link_id).lstrip("-").isdigit()
-        else None
-    )
-    if link is None:
-        return None
-    return _Ref(f"{prefix}{link.origin_id}", link.origin_slot)
-
-
-def _entries(raw: Any) -> list[Mapping[str, Any]]:
-    return [e for e in raw or [] if isinstance(e, Mapping)] if isinstance(raw, list) else []
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _widget_name(entry: Mapping[str, Any]) -> str | None:
-    widget = entry.get("widget")
-    if isinstance(widget, Mapping) and isinstance(widget.get("name"), str):
-        return str(widget["name"])
-    return None
+def _inner_index(inner: Mapping[str, Any], position: int) -> int:
+    index = as_index(inner.get("index", position))
+    if index is None:
+        raise WorkflowFormatError(
+            f"nodes[{position}] ({inner.get('type')!s:.40}): 'index' must be a whole number, "
+            f"found {inner.get('index')!r:.40}"
+        )
+    return index
 
 
 def _mode(node: Mapping[str, Any], inherited: int) -> int:
@@ -471,9 +439,14 @@ def _group_name(node_type: str) -> str:
     return node_type
 
 
-def _is_seq(value: Any, min_len: int) -> bool:
-    return isinstance(value, list | tuple) and len(value) >= min_len
-
-
-def _natural_key(node_id: str) -> list[tuple[int, int | str]]:
-    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[:]", node_id)]
+def _natural_key(node_id: str) -> list[tuple[int, int, str]]:
+    """``"10:2"`` after ``"9:3"``: numeric parts by value (compared as digit strings, so ids of
+    any length sort without converting them), the others after, as text."""
+    key = []
+    for part in node_id.split(":"):
+        if part.isascii() and part.isdigit():
+            digits = part.lstrip("0") or "0"
+            key.append((0, len(digits), digits))
+        else:
+            key.append((1, 0, part))
+    return key

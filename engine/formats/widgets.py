@@ -212,8 +212,9 @@ def widget_inputs(
 
 def _type_problem(widget: Widget, value: Any) -> str | None:
     number = isinstance(value, int | float) and not isinstance(value, bool)
+    whole = number and (isinstance(value, int) or value.is_integer())  # float(huge int) would overflow
     expected = None
-    if widget.kind == "INT" and not ((number and float(value).is_integer()) or _numeric_text(value)):
+    if widget.kind == "INT" and not (whole or _numeric_text(value)):
         expected = "an integer"
     elif (
         widget.kind == "COMBO"

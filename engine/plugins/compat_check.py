@@ -27,6 +27,8 @@ from engine.formats import (
     read_png_workflow,
 )
 from engine.formats.load import FORMAT_PNG_PROMPT, FORMAT_PNG_WORKFLOW, FORMAT_SAVED, FORMAT_UI
+from engine.formats.saved import saved_runnable
+from engine.formats.ui_parse import group_node_definitions, subgraph_definitions
 
 CORE_NODES_FILE = Path(__file__).parent / "comfyui_core_nodes.json"
 CORE_PACK_IDS = frozenset({"comfy-core"})
@@ -138,18 +140,15 @@ class _Use:
 def _ui_uses(ui: Mapping[str, Any]) -> Iterator[_Use]:
     """Every node of a UI-format file: top level, subgraph definitions and group nodes, with the
     subgraph instances and group nodes themselves left out (their content is listed)."""
-    definitions = ui.get("definitions")
-    subgraphs = definitions.get("subgraphs") if isinstance(definitions, Mapping) else None
-    sub_ids = {str(s.get("id")) for s in subgraphs or [] if isinstance(s, Mapping)}
-    extra = ui.get("extra")
-    groups = extra.get("groupNodes") if isinstance(extra, Mapping) else None
+    subgraphs = subgraph_definitions(ui)  # each reader raises WorkflowFormatError naming the bad entry
+    groups = group_node_definitions(ui)
 
     def walk(nodes: Any, prefix: str) -> Iterator[_Use]:
         for node in nodes if isinstance(nodes, list) else []:
             if not isinstance(node, Mapping) or not isinstance(node.get("type"), str):
                 continue
             type_ = node["type"]
-            if type_ in sub_ids or type_.startswith(GROUP_NODE_PREFIXES):
+            if type_ in subgraphs or type_.startswith(GROUP_NODE_PREFIXES):
                 continue
             props = node.get("properties")
             yield _Use(
@@ -159,12 +158,10 @@ def _ui_uses(ui: Mapping[str, Any]) -> Iterator[_Use]:
             )
 
     yield from walk(ui.get("nodes"), "")
-    for sub in subgraphs or []:
-        if isinstance(sub, Mapping):
-            yield from walk(sub.get("nodes"), f"{sub.get('name') or sub.get('id')}:")
-    for name, group in (groups or {}).items() if isinstance(groups, Mapping) else []:
-        if isinstance(group, Mapping):
-            yield from walk(group.get("nodes"), f"{name}:")
+    for sub_id, sub in subgraphs.items():
+        yield from walk(sub["nodes"], f"{sub.get('name') or sub_id}:")
+    for name, group in groups.items():
+        yield from walk(group.get("nodes"), f"{name}:")
 
 
 def _api_uses(prompt: Mapping[str, Any]) -> Iterator[_Use]:
@@ -207,9 +204,13 @@ def check_workflow(
             uses = list(_ui_uses(obj))
             report.missing = _missing(uses, object_info)
             convert_ui_to_api(obj, object_info, report.problems)
+        elif kind == FORMAT_SAVED:
+            saved = from_saved(obj)
+            uses = list(_api_uses(saved.prompt))
+            report.missing = _missing(uses, object_info)
+            saved_runnable(saved, object_info)  # what would run (modes applied): raises what blocks it
         else:
-            prompt = from_saved(obj).prompt if kind == FORMAT_SAVED else normalize_api(obj)
-            uses = list(_api_uses(prompt))
+            uses = list(_api_uses(normalize_api(obj)))
             report.missing = _missing(uses, object_info)
     except WorkflowFormatError as exc:
         report.error = str(exc)

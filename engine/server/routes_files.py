@@ -167,8 +167,8 @@ class FileRoutes:
             "output": self.folders.output_dir,
             "temp": self.folders.temp_dir,
         }
-        if kind not in folders:
-            raise ApiError(400, "invalid_type", f"type must be one of input, output, temp; got {kind!r}")
+        if not isinstance(kind, str) or kind not in folders:
+            raise ApiError(400, "invalid_type", f"type must be one of input, output, temp; got {kind!r:.60}")
         return folders[kind]
 
     async def view(self, request: web.Request) -> web.StreamResponse:
@@ -236,18 +236,9 @@ class FileRoutes:
     async def upload_mask(self, request: web.Request) -> web.Response:
         fields, data, name = await self._read_upload(request)
         await asyncio.to_thread(check_image, data)
-        try:
-            ref = json.loads(fields.get("original_ref", ""))
-        except ValueError as exc:
-            raise ApiError(
-                400, "invalid_original_ref", "original_ref must be JSON {filename, subfolder, type}"
-            ) from exc
-        if not isinstance(ref, dict) or not isinstance(ref.get("filename"), str):
-            raise ApiError(
-                400, "invalid_original_ref", "original_ref must name the original image's filename"
-            )
+        ref = _original_ref(fields.get("original_ref", ""))
         original = safe_path(
-            self.folder(ref.get("type") or "input"), str(ref.get("subfolder") or ""), ref["filename"]
+            self.folder(ref.get("type") or "input"), ref.get("subfolder") or "", ref["filename"]
         )
         if not original.is_file():
             raise ApiError(404, "not_found", f"the original image {ref['filename']!r} does not exist")
@@ -255,14 +246,51 @@ class FileRoutes:
         return await self._store(fields, name, merged)
 
 
+def _original_ref(text: str) -> dict[str, Any]:
+    """The mask upload's ``original_ref`` field: JSON ``{"filename", "subfolder"?, "type"?}``, each a string."""
+    expected = 'original_ref must be JSON {"filename": "...", "subfolder": "...", "type": "input"}'
+    try:
+        ref = json.loads(text)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_original_ref", f"{expected}; it is not JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise ApiError(400, "invalid_original_ref", f"{expected}; it is nested too deeply to read") from exc
+    if not isinstance(ref, dict) or not isinstance(ref.get("filename"), str) or not ref["filename"]:
+        raise ApiError(400, "invalid_original_ref", f"{expected}; it must name the original image's filename")
+    for key in ("subfolder", "type"):
+        if ref.get(key) is not None and not isinstance(ref[key], str):
+            raise ApiError(
+                400, "invalid_original_ref", f"{expected}; {key} must be a string, found {ref[key]!r:.60}"
+            )
+    return ref
+
+
 def _apply_mask(original: Path, mask_data: bytes) -> bytes:
     """The original image with the mask's alpha channel, as PNG (ComfyUI's mask editor upload)."""
-    with Image.open(original) as img, Image.open(io.BytesIO(mask_data)) as mask:
-        base = img.convert("RGBA")
-        alpha = mask.convert("RGBA").getchannel("A")
-        if alpha.size != base.size:
-            raise ApiError(400, "mask_size_mismatch", f"mask is {alpha.size}, the original is {base.size}")
-        base.putalpha(alpha)
-        buffer = io.BytesIO()
-        base.save(buffer, format="PNG", pnginfo=None)
-        return buffer.getvalue()
+    with Image.open(io.BytesIO(mask_data)) as mask:
+        alpha = mask.convert("RGBA").getchannel("A")  # checked by check_image already
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(original) as img:
+                base = img.convert("RGBA")
+    # what Pillow raises for a file it cannot decode (UnidentifiedImageError is an OSError)
+    except (
+        OSError,
+        SyntaxError,
+        ValueError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+    ) as exc:
+        raise ApiError(
+            400,
+            "original_not_an_image",
+            f"the original {original.name!r} is not an image Loom can read ({exc}); "
+            "original_ref must name the PNG, JPEG or WebP image the mask was drawn on",
+        ) from exc
+    if alpha.size != base.size:
+        raise ApiError(400, "mask_size_mismatch", f"mask is {alpha.size}, the original is {base.size}")
+    base.putalpha(alpha)
+    buffer = io.BytesIO()
+    base.save(buffer, format="PNG", pnginfo=None)
+    return buffer.getvalue()

@@ -32,7 +32,14 @@ from aiohttp import web
 
 from engine import events as ev
 from engine.context import KeptImages
-from engine.formats import MAX_NODES, LoadedWorkflow, WorkflowFormatError, WorkflowTooLarge, load_workflow
+from engine.formats import (
+    MAX_NODES,
+    LoadedWorkflow,
+    WorkflowFormatError,
+    WorkflowTooLarge,
+    detect_format,
+    load_workflow,
+)
 from engine.formats.ui_rules import ui_rules_text
 from engine.jobs.queue import JobQueue
 from engine.jobs.records import FINAL, JobEvent, JobFinished, JobView, Notice
@@ -122,7 +129,9 @@ def job_resource(view: JobView, presence: OutputPresence | None = None) -> dict[
 
 
 def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
-    """Any supported workflow format → API format; a bare workflow or ``{"workflow": ...}``."""
+    """Any supported workflow format → API format; a bare workflow or ``{"workflow": ...}``
+    (``{"prompt": ...}``). A body that is itself a workflow (a saved-format file has a ``prompt``
+    too) is never read as a wrapper: its own error is the answer."""
     try:
         return load_workflow(data, object_info)
     except WorkflowTooLarge as exc:
@@ -131,7 +140,7 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
         inner = data.get("workflow") if isinstance(data, dict) else None
         if inner is None and isinstance(data, dict):
             inner = data.get("prompt")
-        if inner is not None:
+        if inner is not None and not _is_workflow(data):
             try:
                 return load_workflow(inner, object_info)
             except WorkflowTooLarge as exc:
@@ -143,6 +152,14 @@ def convert_any(data: Any, object_info: Mapping[str, Any]) -> LoadedWorkflow:
         raise ApiError(400, "invalid_workflow", str(first)) from first
     except RecursionError as exc:
         raise ApiError(400, "invalid_workflow", "the workflow is nested too deeply") from exc
+
+
+def _is_workflow(data: Any) -> bool:
+    try:
+        detect_format(data)
+    except WorkflowFormatError:
+        return False
+    return True
 
 
 class JobRoutes:

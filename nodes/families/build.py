@@ -24,8 +24,9 @@ from nodes.quant.packed import is_packed
 def import_model_libraries() -> None:
     """Import the model code a first checkpoint load needs (diffusers' UNet and VAE, transformers'
     CLIP text model, accelerate): 6-25 s on a 2-core CPU, which a server otherwise pays inside its
-    first job. ``serve`` calls this on a background thread at start, while it waits for a prompt;
-    it holds EMPTY_INIT_LOCK, so a build that starts meanwhile waits for it instead of importing
+    first job. ``serve`` calls this on a background thread once its runtime is built (the demo
+    models written, the plugins loaded: nothing else imports these meanwhile), while it waits for a
+    prompt; it holds EMPTY_INIT_LOCK, so a build that starts meanwhile waits for it instead of importing
     the same modules at the same time."""
     with EMPTY_INIT_LOCK:
         import accelerate  # noqa: F401  # lazy: the point of this function (heavy model code)

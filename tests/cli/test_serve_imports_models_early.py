@@ -24,22 +24,29 @@ def test_serve_starts_importing_the_model_code_before_it_serves(
 ) -> None:
     imported = threading.Event()
     seen: dict[str, Any] = {}
+    order: list[str] = []
 
     def fake_import() -> None:
         seen["thread"] = threading.current_thread()
+        order.append("import")
         imported.set()
 
     def fake_serve(args: Any, build_runtime: Any, root: Path) -> int:
+        build_runtime(args)
         seen["imported_before_serving_returned"] = imported.wait(10)
         return 0
 
     monkeypatch.setattr(build, "import_model_libraries", fake_import)
     monkeypatch.setattr("engine.server.app.serve_main", fake_serve)
+    monkeypatch.setattr(main, "ensure_demo_models", lambda args: order.append("demo models"))
+    monkeypatch.setattr(main, "build_runtime", lambda args: order.append("runtime"))
     args = main.make_parser().parse_args(["serve", "--cpu", "--no-demo", *dirs(tmp_path)])
     assert main.cmd_serve(args) == 0
     assert seen["imported_before_serving_returned"]
     assert seen["thread"] is not threading.main_thread()  # the server is not held up by it
     assert seen["thread"].daemon  # nor is the process's exit
+    # never alongside the demo writer or the plugin packs, which import the same libraries
+    assert order == ["demo models", "runtime", "import"]
 
 
 def test_a_build_waits_for_the_import_instead_of_importing_alongside(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -149,11 +149,13 @@ class FakeSaveImage(Node):
     )
 
     def run(self, ctx: NodeContext, *, images: bytes, filename_prefix: str) -> NodeOutput:
-        out = ctx.folders.output_dir
-        counter = 1 + sum(1 for p in out.glob(f"{filename_prefix}_*_.png"))
-        name = f"{filename_prefix}_{counter:05d}_.png"
+        subfolder, _, stem = filename_prefix.rpartition("/")  # "renders/cat": a subfolder, as SaveImage
+        out = ctx.folders.output_dir / subfolder
+        out.mkdir(parents=True, exist_ok=True)
+        counter = 1 + sum(1 for p in out.glob(f"{stem}_*_.png"))
+        name = f"{stem}_{counter:05d}_.png"
         (out / name).write_bytes(images)
-        return NodeOutput(ui={"images": [{"filename": name, "subfolder": "", "type": "output"}]})
+        return NodeOutput(ui={"images": [{"filename": name, "subfolder": subfolder, "type": "output"}]})
 
 
 NODES: list[type[Node]] = [FakeCheckpointLoader, FakeSampler, FakeSaveImage]
