@@ -269,6 +269,7 @@ class Coalescer:
             interrupt=ex.interrupt,
             settings=ex.settings,
             image_guard=ex.image_guard,
+            ram=ex.ram,
         )
 
     def _split(

@@ -163,8 +163,13 @@ class RamBudget:
 
     def tier_limit(self, tier_bytes: int) -> int:
         """How many bytes the tier may hold now, given it holds ``tier_bytes``."""
-        room = max(0, self.process_bytes - self.outside_tier(tier_bytes))
+        room = self.room_for(tier_bytes)
         return room if self.tier_cap is None else min(room, self.tier_cap)
+
+    def room_for(self, held_bytes: int) -> int:
+        """How many bytes a part of the process that holds ``held_bytes`` now (the RAM tier, the
+        output cache, kept job images) may hold: the budget less everything else the process holds."""
+        return max(0, self.process_bytes - self.outside_tier(held_bytes))
 
     def describe(self) -> str:
         cap = "" if self.tier_cap is None else f", RAM tier at most {self.tier_cap / GIB:.1f} GiB"
