@@ -180,7 +180,8 @@ class Executor:
             plan = self._start(validation.plan)
             if self.ram is not None:
                 plan.peak_bytes = estimate_plan(validation.plan).peak_bytes
-                self.ram.make_room(plan.peak_bytes)  # the cache, kept images and RAM tier give way
+                if plan.peak_bytes:
+                    self.ram.make_room(plan.peak_bytes)  # the cache, kept images and RAM tier give way
             if request.keep_images:
                 plan.kept = KeptImages(data=result.images)
             self._require(plan, validation.outputs)
@@ -366,7 +367,7 @@ class Executor:
                 message = out_of_memory_message(
                     node_id, node_def.schema.node_id, exc, kind, self.ram, plan.peak_bytes
                 )
-                inputs = {}  # let go of the tensors before anything else happens
+                del inputs  # the failed call's tensors go with the job, not with its error report
                 raise NodeFailed(node_id, node_def.schema.node_id, RanOutOfMemory(message), {}) from exc
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
         if node_def.origin != "core":  # a plugin's wrong output is blamed on it, not on the node downstream
