@@ -176,6 +176,8 @@ class Executor:
         assert validation.plan is not None, "a valid workflow has a plan"
         prompt = validation.plan.prompt
         self._emit(ev.ExecutionStart(request.prompt_id))
+        if self.ram is not None:
+            self.ram.job_started()  # a job submitted meanwhile is measured without this one's tensors
         try:
             plan = self._start(validation.plan)
             if self.ram is not None:
@@ -212,6 +214,8 @@ class Executor:
             self._emit(event)
             result.error = event.data()
         finally:
+            if self.ram is not None:
+                self.ram.job_finished()
             self._current = None
             self._emit(ev.Executing(request.prompt_id, node=None))
             result.timings["total_s"] = round(time.perf_counter() - started, 6)

@@ -59,6 +59,8 @@ class ProcessRam:
         self.budget = budget
         self._parts: list[RamPart] = []
         self._lock = threading.Lock()
+        self._running = 0  # jobs between job_started and job_finished
+        self._fixed_at_start = 0  # the fixed memory when the first of them started
 
     def add(self, part: Part) -> Part:
         """Count ``part`` as the process's; earlier parts give back first. Returns ``part``."""
@@ -81,8 +83,23 @@ class ProcessRam:
 
     def job_room(self) -> int:
         """How many bytes a job's tensors may take: the budget less the fixed memory (the parts
-        give theirs back, :meth:`make_room`)."""
-        return max(0, self.budget.process_bytes - self.fixed_bytes())
+        give theirs back, :meth:`make_room`). While a job runs its own tensors are fixed memory, so a
+        job submitted meanwhile is measured against the fixed memory from before that job started."""
+        with self._lock:
+            fixed = self._fixed_at_start if self._running else None
+        return max(0, self.budget.process_bytes - (self.fixed_bytes() if fixed is None else fixed))
+
+    def job_started(self) -> None:
+        """A job starts running (the executor calls it; pair it with :meth:`job_finished`)."""
+        fixed = self.fixed_bytes()
+        with self._lock:
+            if self._running == 0:
+                self._fixed_at_start = fixed
+            self._running += 1
+
+    def job_finished(self) -> None:
+        with self._lock:
+            self._running = max(0, self._running - 1)
 
     def make_room(self, nbytes: int) -> int:
         """Ask the parts to give back until ``nbytes`` more fit under the budget; returns the

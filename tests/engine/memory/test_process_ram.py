@@ -80,3 +80,17 @@ def test_room_for_a_job_is_made_by_the_parts_in_order() -> None:
     assert ram.make_room(500) >= 500 - (1000 - rss.value)
     assert len(cache) == 0  # the cache went first, then models (furthest needed first)
     assert models.held_bytes() < 600
+
+
+def test_a_job_submitted_while_another_runs_is_measured_without_the_running_job_tensors() -> None:
+    rss = Rss(200)
+    ram = ProcessRam(RamBudget(process_bytes=1000, rss=rss))
+    assert ram.job_room() == 800
+    ram.job_started()
+    rss.value = 900  # the running job's tensors: fixed memory while it runs, gone when it ends
+    assert ram.job_room() == 800  # what a job submitted now will have once it runs
+    ram.job_finished()
+    rss.value = 200
+    assert ram.job_room() == 800
+    rss.value = 900  # nothing running: memory held now is the process's own
+    assert ram.job_room() == 100
