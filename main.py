@@ -32,6 +32,7 @@ from engine.jobs.store import JobStore
 from engine.memory import device_budget, precision
 from engine.memory.device_policy import DevicePolicy
 from engine.memory.manager import ModelManager
+from engine.memory.process_ram import ProcessRam
 from engine.memory.ram_budget import RamBudget, return_large_frees_to_os
 from engine.plugins.compat_check import check_file
 from engine.progress import ProgressPrinter
@@ -55,6 +56,7 @@ class Runtime:
     folders: Folders
     bus: EventBus
     models: ModelManager
+    ram: ProcessRam | None = None  # the process RAM budget and the parts inside it
     plugin_report: Any = None
     describe_model: Any = None  # nodes.load.presets.ModelDescriber: (folder, path) -> family and preset
     presets: Any = None  # () -> the preset table as JSON
@@ -69,6 +71,9 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     register_core(registry, model_files, folders.input_dir, folders.output_dir)
     report = _load_plugins(registry, args, folders)
     models = _model_manager(args)
+    ram = ProcessRam(models.budget)  # the output cache, kept job images and the RAM tier live inside it
+    cache = ram.add(OutputCache(ram.cache_cap(_gib(args, "cache_gb")), room=ram.room))
+    ram.add(models)
     bus = EventBus()
     settings = RunSettings(
         png_metadata=not args.no_png_metadata,
@@ -86,17 +91,18 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         )
     executor = Executor(
         registry,
-        OutputCache(int(args.cache_gb * (1 << 30))),
+        cache,
         folders,
         models=models,
         bus=bus,
         settings=settings,
         image_guard=_image_guard(args, model_files, models),
+        ram=ram,
     )
     from nodes.load.presets import ModelDescriber  # lazy: imports torch; `import main` has none
 
     describer = ModelDescriber.for_folder(args.models_dir)
-    return Runtime(registry, executor, folders, bus, models, report, describer, describer.table_json)
+    return Runtime(registry, executor, folders, bus, models, ram, report, describer, describer.table_json)
 
 
 def build_worker_runtime(args: argparse.Namespace) -> Runtime:
@@ -130,12 +136,16 @@ def _model_files(args: argparse.Namespace) -> ModelFolders:
     return files
 
 
-def _model_manager(args: argparse.Namespace) -> ModelManager:
-    def gib(name: str) -> int | None:
-        value = getattr(args, name, None)
-        return None if value is None else int(value * (1 << 30))
+def _gib(args: argparse.Namespace, name: str) -> int | None:
+    """The flag ``name`` in GiB as bytes (None when not given)."""
+    value = getattr(args, name, None)
+    return None if value is None else int(value * (1 << 30))
 
-    budget = RamBudget.for_machine(gib("ram_budget"), gib("reserve_ram"), tier_cap=gib("ram_gb"))
+
+def _model_manager(args: argparse.Namespace) -> ModelManager:
+    budget = RamBudget.for_machine(
+        _gib(args, "ram_budget"), _gib(args, "reserve_ram"), tier_cap=_gib(args, "ram_gb")
+    )
     log.info("memory: %s", budget.describe())
     return_large_frees_to_os()  # freed weight copies leave the process (glibc kept them in its heap)
     cache = Path(getattr(args, "user_dir", None) or ROOT / "user") / "precision.json"  # per machine

@@ -6,7 +6,10 @@ asks for its UNIQUE_ID), so the same sub-graph under other ids hits, and two wor
 prefix share outputs. A node that is not idempotent, or whose constants cannot be hashed, gets a
 fresh nonce instead of a key: it never hits, and neither does anything downstream of it.
 
-Entries live in an LRU store under a RAM budget (sizes estimated from tensors and arrays).
+Entries live in an LRU store under a byte limit (sizes estimated from tensors and arrays): the
+cache's own cap and, given a ``room`` function (``engine.memory.process_ram.ProcessRam.room``), what
+the whole-process RAM budget leaves it once the rest of the process is counted, so the cache gives
+entries up as other memory grows.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import json
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 NONCE_PREFIX = "nonce:"
+ROOM_CHECK_BYTES = 1 << 20  # entries this large ask the process budget for room (small ones: the cap only)
 
 
 def canonical(value: Any) -> str:
@@ -86,10 +90,13 @@ class CacheStats:
 
 
 class OutputCache:
-    """LRU store of node outputs by key, bounded by ``budget_bytes``. Thread-safe."""
+    """LRU store of node outputs by key, bounded by ``budget_bytes`` (its cap) and, with ``room``,
+    by what the process RAM budget leaves it: ``room(held)`` is how many bytes the cache may hold
+    given it holds ``held`` now. Thread-safe."""
 
-    def __init__(self, budget_bytes: int = 4 << 30) -> None:
+    def __init__(self, budget_bytes: int = 4 << 30, room: Callable[[int], int] | None = None) -> None:
         self.budget_bytes = budget_bytes
+        self.room = room
         self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -117,14 +124,43 @@ class OutputCache:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.size_bytes
-            self._entries[key] = CacheEntry(outputs, ui, size)
-            self._bytes += size
-            while self._bytes > self.budget_bytes and self._entries:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.size_bytes
-                self.stats.evictions += 1
-            self.stats.bytes = self._bytes
-            self.stats.entries = len(self._entries)
+            # the new outputs are in the process already: counted as the cache's once stored
+            limit = self._limit(self._bytes + size) if size >= ROOM_CHECK_BYTES else self.budget_bytes
+            if size <= limit:
+                self._entries[key] = CacheEntry(outputs, ui, size)
+                self._bytes += size
+            self._evict_to(limit)
+
+    def _limit(self, held: int) -> int:
+        return self.budget_bytes if self.room is None else min(self.budget_bytes, self.room(held))
+
+    def _evict_to(self, limit: int) -> int:
+        """Drop least recently used entries until the cache holds at most ``limit`` bytes (caller
+        holds the lock); returns the bytes dropped."""
+        dropped = 0
+        while self._bytes > limit and self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.size_bytes
+            dropped += evicted.size_bytes
+            self.stats.evictions += 1
+        self.stats.bytes = self._bytes
+        self.stats.entries = len(self._entries)
+        return dropped
+
+    def trim(self) -> int:
+        """Give entries up until the cache fits its cap and what the process budget leaves it now
+        (other memory may have grown since the last store); returns the bytes dropped."""
+        with self._lock:
+            return self._evict_to(self._limit(self._bytes))
+
+    def held_bytes(self) -> int:
+        """The bytes the cache holds (``engine.memory.process_ram.RamPart``)."""
+        return self._bytes
+
+    def give_back(self, nbytes: int) -> int:
+        """Drop least recently used entries until about ``nbytes`` are freed; returns the bytes dropped."""
+        with self._lock:
+            return self._evict_to(max(0, self._bytes - max(0, nbytes)))
 
     def clear(self) -> None:
         with self._lock:

@@ -71,7 +71,13 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     attention.add_attention_args(parser)  # --use-sage-attention, --use-flash-attention, ... (ComfyUI's)
     # --lowvram/--novram/--highvram, --reserve-vram (ComfyUI's), --vram-budget
     device_budget.add_budget_args(parser)
-    parser.add_argument("--cache-gb", type=float, default=4.0, help="RAM budget of the output cache (GiB)")
+    parser.add_argument(
+        "--cache-gb",
+        type=float,
+        default=None,
+        help="cap on the output cache (GiB; default: a quarter of the process RAM budget, at most 4); "
+        "the process budget bounds it too, so it gives entries up as other memory grows",
+    )
     parser.add_argument(
         "--ram-gb",
         type=float,
@@ -83,8 +89,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="GIB",
-        help="RAM budget of the whole process (GiB): the model RAM tier holds only what the rest "
-        "of the process leaves (default: total memory less --reserve-ram)",
+        help="RAM budget of the whole process (GiB): the model RAM tier, the output cache and kept job "
+        "images hold only what the rest of the process leaves, and a job whose declared tensors cannot "
+        "fit is refused before it runs (default: total memory less --reserve-ram)",
     )
     parser.add_argument(
         "--reserve-ram",

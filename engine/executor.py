@@ -38,6 +38,14 @@ from engine.image_guard import ImageGuard
 from engine.interruptible_models import InterruptibleModels
 from engine.lists import NodeRun, call_mapped
 from engine.memory.device_policy import handles_in
+from engine.memory.plan_memory import (
+    RanOutOfMemory,
+    estimate_plan,
+    out_of_memory_kind,
+    out_of_memory_message,
+    refuse_over_budget,
+)
+from engine.memory.process_ram import ProcessRam
 from engine.node import ExecutionBlocker, NodeDef, contained
 from engine.plan import Plan, cache_keys
 from engine.registry import NodeRegistry
@@ -117,6 +125,8 @@ class _Run:
     from_cache: list[str] = field(default_factory=list)  # every planned node whose output is cached
     cached_ui: dict[str, dict[str, Any]] = field(default_factory=dict)
     kept: KeptImages | None = None  # RunRequest.keep_images
+    consumers: dict[str, int] = field(default_factory=dict)  # node -> planned consumers not yet run
+    peak_bytes: int = 0  # the plan's declared tensors at their peak (engine.memory.plan_memory)
 
 
 class Executor:
@@ -133,7 +143,10 @@ class Executor:
         interrupt: InterruptFlag | None = None,
         settings: RunSettings | None = None,
         image_guard: ImageGuard | None = None,
+        ram: ProcessRam | None = None,
     ) -> None:
+        """``ram``: the process RAM budget with its parts; given it, a job whose declared tensors
+        cannot fit is refused at validation, and room is made for them before it runs."""
         self.registry = registry
         self.cache = cache
         self.folders = folders
@@ -142,10 +155,12 @@ class Executor:
         self.interrupt = interrupt if interrupt is not None else InterruptFlag()
         self.settings = settings if settings is not None else RunSettings()
         self.image_guard = image_guard  # engine.image_guard.ImageGuard under --safety enforce, else None
+        self.ram = ram
 
     # --- public ---------------------------------------------------------------------------------
     def validate(self, request: RunRequest) -> Validation:
-        return validate_prompt(request.prompt, self.registry, request.outputs)
+        validation = validate_prompt(request.prompt, self.registry, request.outputs)
+        return validation if self.ram is None else refuse_over_budget(validation, self.ram)
 
     def run(self, request: RunRequest, validation: Validation | None = None) -> RunResult:
         """Validate (unless given) and run one workflow; never raises for a workflow's fault."""
@@ -161,8 +176,14 @@ class Executor:
         assert validation.plan is not None, "a valid workflow has a plan"
         prompt = validation.plan.prompt
         self._emit(ev.ExecutionStart(request.prompt_id))
+        if self.ram is not None:
+            self.ram.job_started()  # a job submitted meanwhile is measured without this one's tensors
         try:
             plan = self._start(validation.plan)
+            if self.ram is not None:
+                plan.peak_bytes = estimate_plan(validation.plan).peak_bytes
+                if plan.peak_bytes:
+                    self.ram.make_room(plan.peak_bytes)  # the cache, kept images and RAM tier give way
             if request.keep_images:
                 plan.kept = KeptImages(data=result.images)
             self._require(plan, validation.outputs)
@@ -187,10 +208,14 @@ class Executor:
             result.error = {"type": "interrupted", "message": "Interrupted by the user", "node_id": node}
         except NodeFailed as failure:
             result.status = "error"
+            if isinstance(failure.cause, RanOutOfMemory):
+                self.cache.trim()  # what the cache may hold now that memory ran short
             event = self._error_event(request, failure, result)
             self._emit(event)
             result.error = event.data()
         finally:
+            if self.ram is not None:
+                self.ram.job_finished()
             self._current = None
             self._emit(ev.Executing(request.prompt_id, node=None))
             result.timings["total_s"] = round(time.perf_counter() - started, 6)
@@ -201,7 +226,20 @@ class Executor:
 
     # --- planning -------------------------------------------------------------------------------
     def _start(self, plan: Plan) -> _Run:
-        return _Run(plan, cache_keys(plan, self.folders), {n: i for i, n in enumerate(plan.order)})
+        run = _Run(plan, cache_keys(plan, self.folders), {n: i for i, n in enumerate(plan.order)})
+        for node_id in plan.order:
+            for source in {link.source for link in plan[node_id].links.values()}:
+                run.consumers[source] = run.consumers.get(source, 0) + 1
+        return run
+
+    @staticmethod
+    def _release_inputs(plan: _Run, node_id: str) -> None:
+        """Let go of the outputs whose last planned consumer ``node_id`` was (the cache may still
+        hold them), so a job's tensors live no longer than needed (engine.memory.plan_memory)."""
+        for source in {link.source for link in plan.plan[node_id].links.values()}:
+            plan.consumers[source] -= 1
+            if plan.consumers[source] == 0:
+                plan.results.pop(source, None)
 
     def _require(self, plan: _Run, node_ids: Iterable[str]) -> None:
         """Queue the nodes and, through their eager inputs, everything they need not cached."""
@@ -258,6 +296,7 @@ class Executor:
             result.executed.append(node_id)
             if plan.kept is None or node_id not in plan.kept.memory_only:  # its UI names no real file
                 self.cache.put(plan.keys[node_id], outputs, ui)
+            self._release_inputs(plan, node_id)
             if ui:
                 result.outputs[node_id] = ui
                 self._emit(ev.Executed(request.prompt_id, node=node_id, output=ui))
@@ -327,6 +366,13 @@ class Executor:
         except Interrupted:
             raise
         except Exception as exc:
+            kind = out_of_memory_kind(exc)
+            if kind is not None:  # the job fails alone, saying what to change
+                message = out_of_memory_message(
+                    node_id, node_def.schema.node_id, exc, kind, self.ram, plan.peak_bytes
+                )
+                del inputs  # the failed call's tensors go with the job, not with its error report
+                raise NodeFailed(node_id, node_def.schema.node_id, RanOutOfMemory(message), {}) from exc
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
         if node_def.origin != "core":  # a plugin's wrong output is blamed on it, not on the node downstream
             problems = output_problems(node_def.schema.outputs, run.outputs)

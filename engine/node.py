@@ -30,6 +30,35 @@ if TYPE_CHECKING:
     from engine.context import Folders, NodeContext
 
 
+@dataclass(frozen=True)
+class TensorSize:
+    """The declared size of one output value, before anything runs: a tensor's ``shape`` and the
+    bytes of one element (4: float32). A LATENT is described by its ``samples`` tensor.
+
+    Nodes that make large tensors from their widget values (empty images and latents, scale and
+    repeat nodes) declare their outputs' sizes with :meth:`Node.estimate_outputs`; the executor adds
+    them up along the plan and refuses a job whose outputs cannot fit the process's RAM budget
+    before it allocates anything (``engine.memory.plan_memory``)."""
+
+    shape: tuple[int, ...]
+    itemsize: int = 4
+
+    @property
+    def nbytes(self) -> int:
+        total = self.itemsize
+        for side in self.shape:
+            total *= max(0, int(side))
+        return total
+
+    def describe(self) -> str:
+        dims = "x".join(str(int(side)) for side in self.shape)
+        return f"{dims} values of {self.itemsize} bytes"
+
+
+# what a node's estimate hook returns: one size per output (None: not known), or None: not declared
+OutputSizes = tuple[TensorSize | None, ...] | None
+
+
 @dataclass
 class NodeOutput:
     """A node's result: one value per output port, plus optional UI data for the client."""
@@ -100,6 +129,13 @@ class NodeDef(ABC):
         """Names of lazy inputs still needed given the ones available (None = not yet computed)."""
         return []
 
+    def estimate_outputs(self, inputs: Mapping[str, Any]) -> OutputSizes:
+        """The sizes of the node's outputs before it runs (see :class:`TensorSize`): ``inputs``
+        holds the constant inputs' values and, for each linked input, the :class:`TensorSize` its
+        producer declared (None when unknown). None: nothing declared (the engine then assumes an
+        output as large as the largest input of the same type)."""
+        return None
+
     @property
     def has_lazy_status(self) -> bool:
         return False
@@ -113,7 +149,8 @@ class Node:
     """Base class for native nodes: declare ``SCHEMA``, implement ``run``.
 
     Optional hooks, all classmethods except ``check_lazy_status``:
-    ``fingerprint(folders, **inputs)``, ``validate_inputs(**inputs)``.
+    ``fingerprint(folders, **inputs)``, ``validate_inputs(**inputs)``, ``estimate_outputs(**inputs)``
+    (the outputs' :class:`TensorSize`, for nodes that make large tensors from their widgets).
     ``VERSION`` may be bumped by hand; the class source is hashed in any case.
     """
 
@@ -132,6 +169,12 @@ class Node:
     @classmethod
     def validate_inputs(cls, **inputs: Any) -> bool | str:
         return True
+
+    @classmethod
+    def estimate_outputs(cls, **inputs: Any) -> OutputSizes:
+        """One :class:`TensorSize` (or None) per output, from the widget values and the linked
+        inputs' declared sizes (None when unknown); None: not declared."""
+        return None
 
 
 def source_hash(obj: Any) -> str:
@@ -202,6 +245,11 @@ class NativeNodeDef(NodeDef):
 
     def validate_inputs(self, inputs: Mapping[str, Any]) -> bool | str:
         return self.cls.validate_inputs(**inputs)
+
+    def estimate_outputs(self, inputs: Mapping[str, Any]) -> OutputSizes:
+        if self.cls.estimate_outputs.__func__ is Node.estimate_outputs.__func__:  # type: ignore[attr-defined]
+            return None
+        return self.cls.estimate_outputs(**inputs)
 
     @property
     def has_lazy_status(self) -> bool:

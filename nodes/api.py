@@ -28,7 +28,10 @@ with the pack's name.
 
 Hooks a ``Node`` may define: ``fingerprint(cls, folders, **inputs)`` (extra cache-key material,
 e.g. a file's modification time; NaN means "always run"), ``validate_inputs(cls, **inputs)``
-(True or a message), ``check_lazy_status(self, ctx, **inputs)`` (for ``Input(lazy=True)``).
+(True or a message), ``check_lazy_status(self, ctx, **inputs)`` (for ``Input(lazy=True)``),
+``estimate_outputs(cls, **inputs)`` (a node that makes large tensors from its widgets declares one
+``TensorSize(shape)`` per output, from the widget values and the linked inputs' declared sizes, so a
+job that cannot fit the RAM budget is refused before it runs).
 A node reports progress with ``ctx.progress(i, total, preview)`` and calls ``ctx.check_interrupt()``
 in long loops. Return a tuple (one value per output) or ``NodeOutput(values, ui={...})``; put
 ``ExecutionBlocker(None)`` in an output to stop the nodes downstream.
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 from engine.context import Folders, Interrupted, NodeContext
 from engine.events import Preview
-from engine.node import ExecutionBlocker, Node, NodeOutput
+from engine.node import ExecutionBlocker, Node, NodeOutput, OutputSizes, TensorSize
 from engine.plugins.loader import PluginRegistrar
 from engine.schema import (
     ANY,
@@ -95,6 +98,8 @@ __all__ = [
     "NodeOutput",
     "NodeSchema",
     "Output",
+    "OutputSizes",
     "PluginRegistrar",
     "Preview",
+    "TensorSize",
 ]

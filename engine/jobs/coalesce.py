@@ -15,7 +15,9 @@ cache dropped an entry) the job just computes it itself: coalescing can only sav
 **Next-job prefetch.** Before job N runs, the model-free source nodes of job N+1 (loaders: no
 links in, MODEL/CLIP/VAE out) are run quietly (they read file headers only), and the model
 handles they produce are appended to every ``hint_upcoming`` the executor sends during job N, so
-the memory manager reads job N+1's models into RAM while job N computes.
+the memory manager reads job N+1's models into RAM while job N computes. That look-ahead runs on
+a thread of its own with a bounded wait (``engine/jobs/look_ahead.py``): job N+1's files, hostile
+or stalled, never hold up job N.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from typing import Any
 
 from engine import events as ev
 from engine.cache import canonical, is_nonce, make_key
+from engine.context import InterruptFlag
 from engine.executor import Executor, RunRequest
 from engine.graph import as_link
+from engine.jobs.look_ahead import LOOK_AHEAD_WAIT_S, LookAhead
 from engine.jobs.spec import JobSpec
 from engine.memory.device_policy import handles_in
 from engine.node import Node
@@ -265,6 +269,7 @@ class Coalescer:
             interrupt=ex.interrupt,
             settings=ex.settings,
             image_guard=ex.image_guard,
+            ram=ex.ram,
         )
 
     def _split(
@@ -324,12 +329,18 @@ class AppendHints:
 
 
 class NextJobPrefetch:
-    """Finds the next job's model handles (running its loaders quietly) and hints them."""
+    """Finds the next job's model handles (running its loaders quietly) and hints them. That look
+    ahead runs on its own thread and the current job waits for it at most ``wait_s`` seconds
+    (:class:`~engine.jobs.look_ahead.LookAhead`): a queued job's file that hangs never holds up the
+    job in front of it."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, *, wait_s: float = LOOK_AHEAD_WAIT_S) -> None:
         self.executor = executor
+        self.look_ahead = LookAhead(wait_s)
 
-    def handles(self, spec: JobSpec) -> list[Any]:
+    def handles(self, spec: JobSpec, stop: InterruptFlag | None = None) -> list[Any]:
+        """``spec``'s model handles, from its loaders (run now, quietly, if the cache lacks them;
+        ``stop`` interrupts that run)."""
         ex = self.executor
         plan = plan_job(ex, spec.prompt, spec.outputs)
         if plan is None:
@@ -339,7 +350,7 @@ class NextJobPrefetch:
             return []
         missing = [n for n in loaders if plan.keys[n] not in ex.cache]
         if missing:  # read their headers now, quietly; the job itself will then hit the cache
-            quiet = Executor(ex.registry, ex.cache, ex.folders, settings=ex.settings)
+            quiet = Executor(ex.registry, ex.cache, ex.folders, settings=ex.settings, interrupt=stop)
             quiet.run(RunRequest(prompt=spec.prompt, prompt_id=f"{spec.prompt_id}.prefetch", outputs=missing))
         found: list[Any] = []
         for node_id in loaders:
@@ -357,6 +368,19 @@ class NextJobPrefetch:
             return False
         return any(o.type in MODEL_TYPES for o in node_def.schema.outputs)
 
+    def prepare(
+        self,
+        next_spec: JobSpec | None,
+        current: JobSpec | None,
+        queued: Sequence[JobSpec],
+        stop: InterruptFlag,
+    ) -> list[Any]:
+        """The look-ahead work, on the look-ahead thread: the handles to append to every hint."""
+        return self.handles(next_spec, stop) if next_spec is not None else []
+
+    def has_work(self, next_spec: JobSpec | None, current: JobSpec | None) -> bool:
+        return next_spec is not None
+
     @contextmanager
     def during(
         self, next_spec: JobSpec | None, *, current: JobSpec | None = None, queued: Sequence[JobSpec] = ()
@@ -365,11 +389,14 @@ class NextJobPrefetch:
         ``queued``, the running job and all waiting ones, are for ``engine.jobs.overlap``.)"""
         ex = self.executor
         extra: list[Any] = []
-        if next_spec is not None:
-            try:
-                extra = self.handles(next_spec)
-            except Exception:  # a hint only: never fail the current job over it
-                log.exception("could not find the models of the next job %s", next_spec.prompt_id)
+        if self.has_work(next_spec, current):
+            about = next_spec if next_spec is not None else current
+            assert about is not None
+            found = self.look_ahead.run(
+                f"reading ahead for job {about.prompt_id}",
+                lambda stop: self.prepare(next_spec, current, queued, stop),
+            )
+            extra = found or []
         if not extra:
             yield
             return

@@ -18,22 +18,25 @@ runs it
 
 Everything here only moves work earlier or drops what is no longer needed: each job computes
 anything the side run did not store (a failure there is logged, never raised), and images are the
-same as without it. The engine stays free of model code: nodes are recognised by their schema's
+same as without it. Steps 1 and 2 run on the look-ahead thread (``engine/jobs/look_ahead.py``): the
+current job waits for them at most ``wait_s`` seconds, so a queued job's file that hangs or is
+huge never holds up the job in front of it. The engine stays free of model code: nodes are recognised by their schema's
 port types, models by the handles they produce.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from engine import events as ev
 from engine.cache import is_nonce
+from engine.context import InterruptFlag
 from engine.executor import Executor, RunRequest
 from engine.graph import as_link
 from engine.jobs.coalesce import AppendHints, KeyedPlan, NextJobPrefetch, plan_job
+from engine.jobs.look_ahead import LOOK_AHEAD_WAIT_S
 from engine.jobs.spec import JobSpec
 from engine.schema import CLIP, CONDITIONING, IMAGE, LATENT, MASK
 
@@ -46,8 +49,8 @@ ENCODE_AHEAD_JOBS = 16  # how many waiting jobs' prompts are encoded ahead (each
 class PlanAwarePrefetch(NextJobPrefetch):
     """Next-job prefetch, plus one text-encoder residency for the queue's prompts and late VAE reads."""
 
-    def __init__(self, executor: Executor, *, late_steps: int = 2) -> None:
-        super().__init__(executor)
+    def __init__(self, executor: Executor, *, late_steps: int = 2, wait_s: float = LOOK_AHEAD_WAIT_S) -> None:
+        super().__init__(executor, wait_s=wait_s)
         self.late_steps = late_steps
         self._unsubscribe = executor.bus.subscribe(self._on_event)
         setter = getattr(executor.models, "defer_late", None)
@@ -63,32 +66,43 @@ class PlanAwarePrefetch(NextJobPrefetch):
             if callable(note):
                 note(event.value, event.max)
 
-    @contextmanager
-    def during(
-        self, next_spec: JobSpec | None, *, current: JobSpec | None = None, queued: Sequence[JobSpec] = ()
-    ) -> Iterator[None]:
+    def has_work(self, next_spec: JobSpec | None, current: JobSpec | None) -> bool:
+        return current is not None or next_spec is not None
+
+    def prepare(
+        self,
+        next_spec: JobSpec | None,
+        current: JobSpec | None,
+        queued: Sequence[JobSpec],
+        stop: InterruptFlag,
+    ) -> list[Any]:
+        """On the look-ahead thread: the prompts encoded ahead, then the next job's handles."""
         if current is not None:
             try:
-                self.encode_ahead([current, *queued[:ENCODE_AHEAD_JOBS]])
-            except Exception:  # saves work only: each job still encodes its own prompts
-                log.exception("encoding the queued prompts ahead of job %s failed", current.prompt_id)
-        with super().during(next_spec):
-            yield
+                self.encode_ahead([current, *queued[:ENCODE_AHEAD_JOBS]], stop)
+            except Exception as exc:  # saves work only: each job still encodes its own prompts
+                log.warning("encoding the queued prompts ahead of job %s failed: %s", current.prompt_id, exc)
+        return super().prepare(next_spec, current, queued, stop)
 
     # --- one text-encoder residency -------------------------------------------------------------
-    def encode_ahead(self, specs: Sequence[JobSpec]) -> list[str]:
+    def encode_ahead(self, specs: Sequence[JobSpec], stop: InterruptFlag | None = None) -> list[str]:
         """Run the encode nodes of ``specs`` (current job first) that the cache lacks, grouped by
         text encoder, in side runs that keep the encoders still needed hinted and the first job's
-        other models after them; returns the prompt ids encoded."""
+        other models after them; returns the prompt ids encoded. ``stop`` (the look-ahead's flag)
+        ends the side runs and skips those not started."""
         ex = self.executor
-        later = self._still_needed(self.handles(specs[0])) if specs else []
-        todo = [(spec, nodes, self._encoders(spec)) for spec in specs if (nodes := self.encode_nodes(spec))]
+        later = self._still_needed(self.handles(specs[0], stop)) if specs else []
+        todo = [
+            (spec, nodes, self._encoders(spec, stop)) for spec in specs if (nodes := self.encode_nodes(spec))
+        ]
         groups: dict[tuple[str, ...], int] = {}
         for _, _, encoders in todo:
             groups.setdefault(tuple(h.key for h in encoders), len(groups))
         todo.sort(key=lambda item: groups[tuple(h.key for h in item[2])])  # stable: the current job first
         done: list[str] = []
         for i, (spec, nodes, _) in enumerate(todo):
+            if stop is not None and stop.is_requested():
+                return done  # abandoned: the running job no longer waits for these
             still = [h for _, _, encoders in todo[i:] for h in encoders]
             quiet = Executor(
                 ex.registry,
@@ -96,6 +110,7 @@ class PlanAwarePrefetch(NextJobPrefetch):
                 ex.folders,
                 models=AppendHints(ex.models, [*still, *later]),
                 settings=ex.settings,
+                interrupt=stop,
             )
             result = quiet.run(
                 RunRequest(prompt=spec.prompt, prompt_id=f"{spec.prompt_id}.encode", outputs=nodes)
@@ -106,13 +121,13 @@ class PlanAwarePrefetch(NextJobPrefetch):
             ex.models.hint_upcoming(later)  # nothing left to encode: the text encoders go
         return done
 
-    def _encoders(self, spec: JobSpec) -> list[Any]:
+    def _encoders(self, spec: JobSpec, stop: InterruptFlag | None = None) -> list[Any]:
         dropped: frozenset[str] = getattr(self.executor.models, "drop_unneeded", frozenset())
-        return [h for h in super().handles(spec) if h.kind in dropped]
+        return [h for h in super().handles(spec, stop) if h.kind in dropped]
 
-    def handles(self, spec: JobSpec) -> list[Any]:
+    def handles(self, spec: JobSpec, stop: InterruptFlag | None = None) -> list[Any]:
         """The next job's model handles, less its text encoders once its prompts are encoded."""
-        found = super().handles(spec)
+        found = super().handles(spec, stop)
         return found if self.encode_nodes(spec) else self._still_needed(found)
 
     def _still_needed(self, handles: list[Any]) -> list[Any]:

@@ -87,13 +87,15 @@ class LocalJobQueue(JobWorker):
         coalescer: Coalescer | None = None,
         prefetch: JobPrefetch | None = None,
         runner: JobRunner | None = None,
+        kept: KeptImageStore | None = None,
     ) -> None:
         self.executor = executor
         self.store = store
         self.runner: JobRunner = runner if runner is not None else InProcessRunner(executor)
         self.coalescer = coalescer  # engine/jobs/coalesce.py: batch compatible queued jobs (None: off)
         self.prefetch = prefetch  # engine/jobs/coalesce.py: read the next job's models during this one
-        self.kept = KeptImageStore()  # images of jobs that asked for bytes (never written to SQLite)
+        # images of jobs that asked for bytes (never written to SQLite); inside the process RAM budget
+        self.kept = kept if kept is not None else kept_images_for(executor)
         self._lock = threading.RLock()
         self._finished = threading.Condition(self._lock)
         self._wake = threading.Event()
@@ -345,6 +347,14 @@ class LocalJobQueue(JobWorker):
                     self._done_event = JobEvent(spec, event)
                     return
         self._notify(JobEvent(spec, event))
+
+
+def kept_images_for(executor: Executor) -> KeptImageStore:
+    """The kept job images, inside the executor's process RAM budget when it has one."""
+    ram = executor.ram
+    if ram is None:
+        return KeptImageStore()
+    return ram.add(KeptImageStore(max_bytes=ram.kept_cap(), room=ram.room))
 
 
 def make_local_queue(executor: Executor, store: JobStore) -> LocalJobQueue:

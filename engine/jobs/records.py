@@ -4,6 +4,7 @@ The job itself is :class:`~engine.jobs.spec.JobSpec`."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -14,6 +15,8 @@ from typing import Any, Literal
 from engine import events as ev
 from engine.executor import RunResult, Status
 from engine.jobs.spec import JobSpec, Number, check_stored
+
+log = logging.getLogger("loom.jobs")
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -248,20 +251,63 @@ class JobView:
 
 class KeptImageStore:
     """The in-memory images (``RunResult.images``) of the last ``max_jobs`` finished jobs that
-    asked for bytes; older ones are dropped (their files, where written, remain). Thread-safe."""
+    asked for bytes, within ``max_bytes`` and, given ``room`` (``ProcessRam.room``), within what the
+    process RAM budget leaves them; older ones are dropped first (their files, where written,
+    remain). Thread-safe."""
 
-    def __init__(self, max_jobs: int = 32) -> None:
+    def __init__(
+        self, max_jobs: int = 32, *, max_bytes: int | None = None, room: Callable[[int], int] | None = None
+    ) -> None:
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         self.max_jobs = max_jobs
+        self.max_bytes = max_bytes
+        self.room = room
         self._lock = threading.Lock()
         self._jobs: OrderedDict[str, dict[str, bytes]] = OrderedDict()
+        self._bytes = 0
 
     def put(self, prompt_id: str, images: Mapping[str, bytes]) -> None:
         with self._lock:
+            self._pop(prompt_id)
+            nbytes = _images_bytes(images)
+            limit = self._limit(self._bytes + nbytes)  # the images are in the process already
+            if limit is not None and nbytes > limit:
+                log.warning(
+                    "the images of job %s (%d bytes) do not fit the memory kept for job images (%d bytes); "
+                    "they were not kept (files that were written remain)",
+                    prompt_id,
+                    nbytes,
+                    limit,
+                )
+                return
             self._jobs[prompt_id] = dict(images)
-            while len(self._jobs) > self.max_jobs:
-                self._jobs.popitem(last=False)
+            self._bytes += nbytes
+            while len(self._jobs) > self.max_jobs or (limit is not None and self._bytes > limit):
+                self._pop(next(iter(self._jobs)))  # the oldest first; the new one fits on its own
+
+    def _pop(self, prompt_id: str) -> None:
+        images = self._jobs.pop(prompt_id, None)
+        if images is not None:
+            self._bytes -= _images_bytes(images)
+
+    def _limit(self, held: int) -> int | None:
+        if self.room is None:
+            return self.max_bytes
+        room = self.room(held)
+        return room if self.max_bytes is None else min(room, self.max_bytes)
+
+    def held_bytes(self) -> int:
+        """The bytes of the images kept (``engine.memory.process_ram.RamPart``)."""
+        return self._bytes
+
+    def give_back(self, nbytes: int) -> int:
+        """Drop the oldest jobs' images until about ``nbytes`` are freed; returns the bytes freed."""
+        with self._lock:
+            before = self._bytes
+            while self._jobs and before - self._bytes < nbytes:
+                self._pop(next(iter(self._jobs)))
+            return before - self._bytes
 
     def get(self, prompt_id: str) -> dict[str, bytes]:
         with self._lock:
@@ -271,7 +317,11 @@ class KeptImageStore:
         """Forget these jobs' images (all with ``None``), as the history forgets them."""
         with self._lock:
             for prompt_id in list(self._jobs) if prompt_ids is None else prompt_ids:
-                self._jobs.pop(prompt_id, None)
+                self._pop(prompt_id)
+
+
+def _images_bytes(images: Mapping[str, bytes]) -> int:
+    return sum(len(data) for data in images.values())
 
 
 @dataclass

@@ -147,6 +147,39 @@ class ModelManager(Prefetcher, DeviceStreaming):
             gc.collect()
             self.policy.empty_cache()
 
+    def held_bytes(self) -> int:
+        """RAM the manager could give back now (``engine.memory.process_ram.RamPart``): the RAM
+        tier, and models resident but not in use when the device is the CPU."""
+        with self._lock:
+            return self._ram_bytes() + sum(e.nbytes for e in self._idle_on_cpu())
+
+    def give_back(self, nbytes: int) -> int:
+        """Send models back to disk until about ``nbytes`` are freed: the RAM tier's first (the one
+        needed furthest ahead first), then idle CPU residents; returns the bytes freed."""
+        freed = 0
+        with self._lock:
+            while self._ram and freed < nbytes:
+                victim = self._furthest_needed(exclude=None)
+                if victim is None:
+                    break
+                freed += self._ram[victim].nbytes
+                self._drop_from_ram(victim, "room for a job's tensors")
+            for entry in self._idle_on_cpu():
+                if freed >= nbytes:
+                    break
+                del self._resident[entry.handle.key]
+                self._stop_streaming(entry.handle.key)
+                self._record_eviction(entry, "disk", "room for a job's tensors")
+                freed += entry.nbytes
+        if freed:
+            gc.collect()
+        return freed
+
+    def _idle_on_cpu(self) -> list[Entry]:
+        if self.policy.device != "cpu":
+            return []
+        return [e for e in self._resident.values() if e.locks == 0]
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             s = self._stats

@@ -9,7 +9,8 @@ what the *process* budget leaves once everything the process holds outside the t
 
 so a process whose other memory grows (a large decode, a bigger output cache) makes the tier give
 models back to disk instead of growing past the budget. The process budget defaults to the
-machine's memory (or the cgroup limit, when lower) minus a reserve for the rest of the system;
+machine's memory (or, when lower, the lowest memory limit of the process's own cgroup and the
+cgroups above it) minus a reserve for the rest of the system;
 ``--ram-budget`` sets it, ``--reserve-ram`` sets the reserve, ``--ram-gb`` caps the tier alone.
 
 A model whose file lies on a local disk is cheap to read again (the safetensors read is an mmap
@@ -23,12 +24,14 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 GIB = 1024**3
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MIB = 1024**2
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETWORK_FILESYSTEMS = frozenset(
     {
         "nfs",
@@ -50,21 +53,67 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
-def total_ram_bytes() -> int:
-    """Physical memory, or the cgroup's memory limit when that is lower; 8 GiB if neither is known."""
-    total = 8 * GIB
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        pass
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+def total_ram_bytes(
+    cgroup_file: Path = PROC_SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT, physical: int | None = None
+) -> int:
+    """Physical memory, or the lowest memory limit of this process's own cgroup and the cgroups above
+    it (:func:`cgroup_limit_bytes`) when that is lower; 8 GiB if neither is known. The paths and the
+    physical size are parameters so tests can hand in a cgroup tree of their own."""
+    total = 8 * GIB if physical is None else physical
+    if physical is None:
         try:
-            text = Path(limit_file).read_text(encoding="ascii").strip()
-        except OSError:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            pass
+    limit = cgroup_limit_bytes(cgroup_file, cgroup_root)
+    return limit if limit is not None and 0 < limit < total else total
+
+
+def cgroup_limit_bytes(cgroup_file: Path = PROC_SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> int | None:
+    """The lowest memory limit on the way from this process's cgroup up to the root, or None.
+
+    ``cgroup_file`` (``/proc/self/cgroup``) names the process's cgroup: ``0::/a/b`` for cgroup v2,
+    ``N:memory:/a/b`` (or ``N:cpu,memory:/a/b``) for the v1 memory controller. v2 limits are
+    ``memory.max`` under ``cgroup_root``; v1 limits are ``memory.limit_in_bytes`` under
+    ``cgroup_root/memory``. A limit set on any cgroup above binds too, so every level is read; a
+    level that is not visible (a container sees its own cgroup as the root) is skipped."""
+    try:
+        lines = cgroup_file.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    places: list[tuple[Path, str]] = [
+        (cgroup_root, "memory.max"),
+        (cgroup_root / "memory", "memory.limit_in_bytes"),
+    ]
+    chains: list[tuple[Path, str, str]] = []
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, sep, path = rest.partition(":")
+        if not sep:
             continue
-        if text.isdigit() and 0 < int(text) < total:
-            total = int(text)
-    return total
+        if controllers == "":
+            chains.append((cgroup_root, "memory.max", path))
+        elif "memory" in controllers.split(","):
+            chains.append((cgroup_root / "memory", "memory.limit_in_bytes", path))
+    if not chains:  # no /proc: the roots' own limits, as before
+        chains = [(root, name, "/") for root, name in places]
+    found = [limit for root, name, path in chains for limit in _limits_up(root, name, path)]
+    return min(found) if found else None
+
+
+def _limits_up(root: Path, limit_file: str, cgroup_path: str) -> list[int]:
+    """The limits in ``limit_file`` of the cgroup ``cgroup_path`` under ``root`` and of each parent up
+    to ``root`` itself ("max" and missing files are no limit)."""
+    parts = [p for p in PurePosixPath(cgroup_path).parts if p not in ("/", "", ".", "..")]
+    limits = []
+    for depth in range(len(parts), -1, -1):
+        try:
+            text = (root.joinpath(*parts[:depth]) / limit_file).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit() and int(text) > 0:
+            limits.append(int(text))
+    return limits
 
 
 def default_reserve_bytes(total: int) -> int:
@@ -114,8 +163,13 @@ class RamBudget:
 
     def tier_limit(self, tier_bytes: int) -> int:
         """How many bytes the tier may hold now, given it holds ``tier_bytes``."""
-        room = max(0, self.process_bytes - self.outside_tier(tier_bytes))
+        room = self.room_for(tier_bytes)
         return room if self.tier_cap is None else min(room, self.tier_cap)
+
+    def room_for(self, held_bytes: int) -> int:
+        """How many bytes a part of the process that holds ``held_bytes`` now (the RAM tier, the
+        output cache, kept job images) may hold: the budget less everything else the process holds."""
+        return max(0, self.process_bytes - self.outside_tier(held_bytes))
 
     def describe(self) -> str:
         cap = "" if self.tier_cap is None else f", RAM tier at most {self.tier_cap / GIB:.1f} GiB"

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from engine.context import NodeContext
-from engine.node import Node
+from engine.node import Node, OutputSizes
 from engine.schema import INT, LATENT, SIGMAS, Input, NodeSchema, Output
+from nodes.core.tensor_sizes import latent_size
 from nodes.latent.vae import MAX_RESOLUTION
 
 CHANNELS = 128
@@ -68,6 +69,12 @@ class EmptyFlux2LatentImage(Node):
 
     def run(self, ctx: NodeContext, *, width: int, height: int, batch_size: int = 1) -> tuple[dict[str, Any]]:
         return ({"samples": torch.zeros(batch_size, CHANNELS, height // 16, width // 16)},)
+
+    @classmethod
+    def estimate_outputs(
+        cls, *, width: Any = None, height: Any = None, batch_size: Any = 1, **_: Any
+    ) -> OutputSizes:
+        return (latent_size(batch_size, CHANNELS, height, width, factor=16),)
 
 
 class Flux2Scheduler(Node):

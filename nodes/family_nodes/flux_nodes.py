@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from engine.context import NodeContext
-from engine.node import Node
+from engine.node import Node, OutputSizes
 from engine.schema import (
     CLIP,
     COMBO,
@@ -31,6 +31,7 @@ from engine.schema import (
 )
 from nodes.core.cond import CondEntry, Conditioning
 from nodes.core.resize import resize_image
+from nodes.core.tensor_sizes import latent_size
 from nodes.diffusion.model_sampling import flux, flux_mu
 from nodes.encode.conditioning import text_encoders
 from nodes.latent.vae import MAX_RESOLUTION
@@ -208,6 +209,12 @@ class EmptySD3LatentImage(Node):
 
     def run(self, ctx: NodeContext, *, width: int, height: int, batch_size: int) -> tuple[dict]:
         return ({"samples": torch.zeros(batch_size, 16, height // 8, width // 8)},)
+
+    @classmethod
+    def estimate_outputs(
+        cls, *, width: Any = None, height: Any = None, batch_size: Any = None, **_: Any
+    ) -> OutputSizes:
+        return (latent_size(batch_size, 16, height, width),)
 
 
 class ModelSamplingFlux(Node):

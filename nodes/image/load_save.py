@@ -24,7 +24,7 @@ from PIL import Image, UnidentifiedImageError
 from engine.atomic import write_atomic
 from engine.context import Folders, NodeContext
 from engine.image_guard import SAFETY_CHUNK
-from engine.node import Node, NodeOutput
+from engine.node import Node, NodeOutput, OutputSizes
 from engine.registry import NodeRegistry
 from engine.schema import (
     COMBO,
@@ -44,6 +44,7 @@ from nodes.core.options import OptionSources
 from nodes.core.resize import resize_image as resize_bhwc
 from nodes.core.resize import size_keeping_aspect
 from nodes.core.save_prefix import split_prefix
+from nodes.core.tensor_sizes import image_resized, image_size, scaled_by
 
 MAX_RESOLUTION = 16384
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -347,6 +348,16 @@ class ImageScale(Node):
     ) -> tuple[torch.Tensor]:
         return (resize_image(image, width, height, upscale_method, crop),)
 
+    @classmethod
+    def estimate_outputs(
+        cls, *, image: Any = None, width: Any = None, height: Any = None, **_: Any
+    ) -> OutputSizes:
+        if not isinstance(width, int) or not isinstance(height, int):
+            return (None,)
+        if width == 0 and height == 0:
+            return (image,)
+        return (image_resized(image, lambda w, h: size_keeping_aspect(width, height, w, h)),)
+
 
 class ImageScaleBy(Node):
     SCHEMA = NodeSchema(
@@ -367,6 +378,11 @@ class ImageScaleBy(Node):
     ) -> tuple[torch.Tensor]:
         h, w = image.shape[1:3]
         return (resize_bhwc(image, max(1, round(w * scale_by)), max(1, round(h * scale_by)), upscale_method),)
+
+    @classmethod
+    def estimate_outputs(cls, *, image: Any = None, scale_by: Any = None, **_: Any) -> OutputSizes:
+        to = scaled_by(scale_by)
+        return (image_resized(image, to) if to is not None else None,)
 
 
 class ImageInvert(Node):
@@ -406,6 +422,12 @@ class EmptyImage(Node):
             / 255.0
         )
         return (rgb.view(1, 1, 1, 3).repeat(batch_size, height, width, 1),)
+
+    @classmethod
+    def estimate_outputs(
+        cls, *, width: Any = None, height: Any = None, batch_size: Any = None, **_: Any
+    ) -> OutputSizes:
+        return (image_size(batch_size, height, width),)
 
 
 class ImageToMask(Node):

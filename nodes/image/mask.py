@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.context import NodeContext
-from engine.node import Node, NodeOutput
+from engine.node import Node, NodeOutput, OutputSizes
 from engine.schema import (
     BOOLEAN,
     COMBO,
@@ -28,6 +28,7 @@ from engine.schema import (
     Output,
 )
 from nodes.core.resize import resize_mask
+from nodes.core.tensor_sizes import mask_size
 from nodes.image.load_save import MAX_RESOLUTION, ImageError, preview_images
 from nodes.image.transforms import AUTOGROW_MAX
 
@@ -108,6 +109,10 @@ class SolidMask(Node):
 
     def run(self, ctx: NodeContext, *, value: float, width: int, height: int) -> tuple:
         return (torch.full((1, height, width), value, dtype=torch.float32),)
+
+    @classmethod
+    def estimate_outputs(cls, *, width: Any = None, height: Any = None, **_: Any) -> OutputSizes:
+        return (mask_size(1, height, width),)
 
 
 class InvertMask(Node):

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from engine.context import NodeContext
-from engine.node import Node
+from engine.node import Node, OutputSizes
 from engine.schema import COMBO, FLOAT, IMAGE, INT, MASK, Input, NodeSchema, Output
 from nodes.core.resize import CROP_METHODS, resize, size_keeping_aspect, total_pixels_size
+from nodes.core.tensor_sizes import image_resized
 from nodes.image.load_save import MAX_RESOLUTION, SCALE_METHODS, ImageError
 
 IMAGE_OR_MASK = f"{IMAGE},{MASK}"
@@ -108,6 +109,14 @@ class ImageScaleToTotalPixels(Node):
         width, height = total_pixels_size(image.shape[2], image.shape[1], megapixels, resolution_steps)
         return (resize_any(image, width, height, upscale_method),)
 
+    @classmethod
+    def estimate_outputs(
+        cls, *, image: Any = None, megapixels: Any = None, resolution_steps: Any = 1, **_: Any
+    ) -> OutputSizes:
+        if not isinstance(megapixels, int | float) or not isinstance(resolution_steps, int):
+            return (None,)
+        return (image_resized(image, lambda w, h: total_pixels_size(w, h, megapixels, resolution_steps)),)
+
 
 class ImageScaleToMaxDimension(Node):
     SCHEMA = NodeSchema(
@@ -141,6 +150,12 @@ class ImageScaleToMaxDimension(Node):
     def run(self, ctx: NodeContext, *, image: torch.Tensor, upscale_method: str, largest_size: int) -> tuple:
         width, height = longer_side_size(image.shape[2], image.shape[1], largest_size)
         return (resize_any(image, width, height, upscale_method),)
+
+    @classmethod
+    def estimate_outputs(cls, *, image: Any = None, largest_size: Any = None, **_: Any) -> OutputSizes:
+        if not isinstance(largest_size, int):
+            return (None,)
+        return (image_resized(image, lambda w, h: longer_side_size(w, h, largest_size)),)
 
 
 class ResizeAndPadImage(Node):
@@ -190,6 +205,14 @@ class ResizeAndPadImage(Node):
         y0, x0 = (target_height - new_h) // 2, (target_width - new_w) // 2
         out[:, y0 : y0 + new_h, x0 : x0 + new_w, :] = resized
         return (out,)
+
+    @classmethod
+    def estimate_outputs(
+        cls, *, image: Any = None, target_width: Any = None, target_height: Any = None, **_: Any
+    ) -> OutputSizes:
+        if not isinstance(target_width, int) or not isinstance(target_height, int):
+            return (None,)
+        return (image_resized(image, lambda w, h: (target_width, target_height)),)
 
 
 def scale_to_multiple(t: torch.Tensor, multiple: int, method: str) -> torch.Tensor:

@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.context import NodeContext
-from engine.node import Node
+from engine.node import Node, OutputSizes
 from engine.schema import BOOLEAN, COMBO, FLOAT, HIDDEN_UNIQUE_ID, IMAGE, INT, MASK, Input, NodeSchema, Output
 from nodes.core.resize import resize_image
+from nodes.core.tensor_sizes import image_resized, joined, mask_size, repeated
 from nodes.image.load_save import MAX_RESOLUTION, ImageError
 
 AUTOGROW_MAX = 50  # ComfyUI's Autogrow template for BatchImagesNode / BatchMasksNode: image0..image49
@@ -127,6 +128,14 @@ class ImagePadForOutpaint(Node):
         mask[top : top + h, left : left + w] = inner
         return padded, mask[None]
 
+    @classmethod
+    def estimate_outputs(cls, *, image: Any = None, **sides: Any) -> OutputSizes:
+        pad = [v for k in ("left", "top", "right", "bottom") if isinstance(v := sides.get(k), int)]
+        if len(pad) != 4:
+            return (None, None)
+        padded = image_resized(image, lambda w, h: (w + pad[0] + pad[2], h + pad[1] + pad[3]))
+        return padded, None if padded is None else mask_size(1, padded.shape[1], padded.shape[2])
+
 
 class ImageBatch(Node):
     SCHEMA = NodeSchema(
@@ -141,6 +150,10 @@ class ImageBatch(Node):
 
     def run(self, ctx: NodeContext, *, image1: torch.Tensor, image2: torch.Tensor) -> tuple:
         return (batch_images([image1, image2]),)
+
+    @classmethod
+    def estimate_outputs(cls, *, image1: Any = None, image2: Any = None, **_: Any) -> OutputSizes:
+        return (joined([image1, image2]),)
 
 
 class BatchImagesNode(Node):
@@ -200,6 +213,10 @@ class RepeatImageBatch(Node):
 
     def run(self, ctx: NodeContext, *, image: torch.Tensor, amount: int) -> tuple:
         return (image.repeat((amount, 1, 1, 1)),)
+
+    @classmethod
+    def estimate_outputs(cls, *, image: Any = None, amount: Any = None, **_: Any) -> OutputSizes:
+        return (repeated(image, amount),)
 
 
 class RebatchImages(Node):

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from engine.context import NodeContext
-from engine.node import Node
+from engine.node import Node, OutputSizes
 from engine.schema import COMBO, INT, LATENT, Input, NodeSchema, Output
+from nodes.core.tensor_sizes import joined, repeated
 from nodes.latent.transforms import check_same_space, match_to, repeat_to_batch, samples_of, with_samples
 from nodes.latent.vae import MAX_RESOLUTION, LatentError
 
@@ -51,6 +52,10 @@ class LatentBatch(Node):
             samples2.get("batch_index", range(s2.shape[0]))
         )
         return ({**samples1, "samples": torch.cat((s1, s2.to(s1.dtype)), dim=0), "batch_index": index},)
+
+    @classmethod
+    def estimate_outputs(cls, *, samples1: Any = None, samples2: Any = None, **_: Any) -> OutputSizes:
+        return (joined([samples1, samples2]),)
 
 
 AUTOGROW_MAX = 50  # ComfyUI's Autogrow template: latents.latent0 .. latents.latent49, at least 2
@@ -111,6 +116,10 @@ class RepeatLatentBatch(Node):
             offset = max(index) - min(index) + 1
             out["batch_index"] = index + [i + k * offset for k in range(1, amount) for i in index]
         return (out,)
+
+    @classmethod
+    def estimate_outputs(cls, *, samples: Any = None, amount: Any = None, **_: Any) -> OutputSizes:
+        return (repeated(samples, amount),)
 
 
 class LatentFromBatch(Node):

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.context import NodeContext
-from engine.node import Node
+from engine.node import Node, OutputSizes
 from engine.schema import COMBO, FLOAT, IMAGE, INT, LATENT, MASK, VAE, Input, NodeSchema, Output
 from nodes.core.resize import resize
+from nodes.core.tensor_sizes import decoded_size, latent_resized, latent_size, scaled_by
 
 MAX_RESOLUTION = 16384
 UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")  # ComfyUI's, for latents
@@ -216,6 +217,12 @@ class EmptyLatentImage(Node):
             raise LatentError(str(message))
         return ({"samples": torch.zeros(batch_size, 4, height // 8, width // 8)},)
 
+    @classmethod
+    def estimate_outputs(
+        cls, *, width: Any = None, height: Any = None, batch_size: Any = None, **_: Any
+    ) -> OutputSizes:
+        return (latent_size(batch_size, 4, height, width),)
+
 
 class LatentUpscale(Node):
     SCHEMA = NodeSchema(
@@ -263,16 +270,35 @@ class LatentUpscale(Node):
         s = samples["samples"]
         if width == 0 and height == 0:
             return (samples,)
-        # ComfyUI: 0 on one side keeps the aspect ratio; each side is at least 64 pixels
-        if width == 0:
-            height = max(64, height)
-            width = max(64, round(s.shape[-1] * height / s.shape[-2]))
-        elif height == 0:
-            width = max(64, width)
-            height = max(64, round(s.shape[-2] * width / s.shape[-1]))
-        else:
-            width, height = max(64, width), max(64, height)
+        width, height = upscale_target(width, height, s.shape[-1], s.shape[-2])
         return ({**samples, "samples": resize(s, width // 8, height // 8, upscale_method, crop)},)
+
+    @classmethod
+    def estimate_outputs(
+        cls, *, samples: Any = None, width: Any = None, height: Any = None, **_: Any
+    ) -> OutputSizes:
+        if not isinstance(width, int) or not isinstance(height, int):
+            return (None,)
+        if width == 0 and height == 0:
+            return (samples,)
+
+        def to(w: int, h: int) -> tuple[int, int]:
+            target_w, target_h = upscale_target(width, height, w, h)
+            return target_w // 8, target_h // 8
+
+        return (latent_resized(samples, to),)
+
+
+def upscale_target(width: int, height: int, latent_w: int, latent_h: int) -> tuple[int, int]:
+    """LatentUpscale's target in pixels (ComfyUI's rule): 0 on one side keeps the aspect ratio of the
+    ``latent_w`` x ``latent_h`` latents; each side is at least 64 pixels."""
+    if width == 0:
+        height = max(64, height)
+        return max(64, round(latent_w * height / latent_h)), height
+    if height == 0:
+        width = max(64, width)
+        return width, max(64, round(latent_h * width / latent_w))
+    return max(64, width), max(64, height)
 
 
 class LatentUpscaleBy(Node):
@@ -296,6 +322,11 @@ class LatentUpscaleBy(Node):
         width, height = max(1, round(s.shape[-1] * scale_by)), max(1, round(s.shape[-2] * scale_by))
         return ({**samples, "samples": resize(s, width, height, upscale_method, "disabled")},)
 
+    @classmethod
+    def estimate_outputs(cls, *, samples: Any = None, scale_by: Any = None, **_: Any) -> OutputSizes:
+        to = scaled_by(scale_by)
+        return (latent_resized(samples, to) if to is not None else None,)
+
 
 class VAEDecode(Node):
     SCHEMA = NodeSchema(
@@ -311,6 +342,10 @@ class VAEDecode(Node):
         with ctx.models.use(vae) as module:
             check_latent_for_vae(module, samples["samples"], samples.get("latent_family"))
             return (decode(module, samples["samples"]),)
+
+    @classmethod
+    def estimate_outputs(cls, *, samples: Any = None, **_: Any) -> OutputSizes:
+        return (decoded_size(samples),)
 
 
 class VAEEncode(Node):
