@@ -121,7 +121,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app.on_response_prepare.append(request_guard.add_cors_headers)
     queue = parts.queue
     relay = EventRelay(queue, preview_fps=config.preview_fps)
-    hub = WsHub(queue)
+    hub = WsHub(queue, max_waiting_previews=config.max_waiting_previews)
     presence = OutputPresence(parts.folders)
     jobs = JobRoutes(queue, parts.executor.validate, parts.registry.object_info, config, presence)
     bridge = PluginBridge(parts.plugins, hub)

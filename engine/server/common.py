@@ -39,6 +39,7 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # pages of other origins allowed to use the API ("*": any)
     max_upload_bytes: int = 50 * 1024 * 1024
     preview_fps: float = 10.0
+    max_waiting_previews: int = 1  # per client: previews still being sent before newer ones are dropped
     allow_remote_webhooks: bool = False
     folder_threads: int = 4
     version: str = "0.1.0"

@@ -212,8 +212,8 @@ def comparable(value: Any) -> Any:
 
 async def run_and_record(parts: ServerParts, prompt: dict[str, Any], prompt_id: str) -> dict[str, Any]:
     """Run one job with a websocket open: its messages, its history entry, its job resource, its files
-    (every preview frame sent: no frame-rate limit)."""
-    app = create_app(parts, ServerConfig(preview_fps=0))
+    (every preview frame sent: no frame-rate limit, none dropped while an earlier one is in flight)."""
+    app = create_app(parts, ServerConfig(preview_fps=0, max_waiting_previews=1000))
     async with TestClient(TestServer(app)) as client:
         ws: ClientWebSocketResponse = await client.ws_connect("/ws?clientId=watcher")
         assert (await receive_json(ws))["type"] == "status"
