@@ -31,7 +31,7 @@ def test_serve_starts_importing_the_model_code_before_it_serves(
         order.append("import")
         imported.set()
 
-    def fake_serve(args: Any, build_runtime: Any, root: Path) -> int:
+    def fake_serve(args: Any, build_runtime: Any, root: Path, **options: Any) -> int:
         build_runtime(args)
         seen["imported_before_serving_returned"] = imported.wait(10)
         return 0
