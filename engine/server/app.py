@@ -35,6 +35,7 @@ from engine.server.presence import OutputPresence
 from engine.server.relay import EventRelay, ProgressLog
 from engine.server.routes_comfy import QueueRoutes
 from engine.server.routes_files import FileRoutes
+from engine.server.routes_frontend_jobs import FrontendJobRoutes
 from engine.server.routes_info import InfoRoutes
 from engine.server.routes_jobs import JobRoutes
 from engine.server.routes_plugins import PluginBridge, PluginRoutes
@@ -130,6 +131,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
     add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
+    add_routes(app, FrontendJobRoutes(queue, presence).routes())
     folder_work = BlockingWork(config.folder_threads, name="loom-model-folders")
     info = InfoRoutes(
         parts.registry,
