@@ -36,6 +36,7 @@ from engine.server.relay import EventRelay, ProgressLog
 from engine.server.routes_comfy import QueueRoutes
 from engine.server.routes_files import FileRoutes
 from engine.server.routes_frontend_jobs import FrontendJobRoutes
+from engine.server.routes_frontend_misc import FrontendMiscRoutes
 from engine.server.routes_info import InfoRoutes
 from engine.server.routes_jobs import JobRoutes
 from engine.server.routes_plugins import PluginBridge, PluginRoutes
@@ -152,6 +153,9 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     add_routes(app, jobs.routes(), comfy=False)
     add_routes(app, OpenApiRoutes(config.version).routes(), comfy=False)
     add_routes(app, PluginRoutes(parts.plugins).routes(), comfy=False)
+    misc = FrontendMiscRoutes(pack_roots(parts.plugins), docs_source=node_description(parts.registry))
+    add_routes(app, misc.routes())
+    add_routes(app, misc.static_routes(), comfy=False)
     bridge.mount(app)
     app.router.add_route("*", "/api/{tail:.*}", _unknown_api)
     StaticRoutes(parts.web_dir).install(app)
@@ -176,6 +180,22 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+def pack_roots(report: Any) -> dict[str, Path]:
+    """The loaded plugin packs' folders by name (single-file packs have no folder of their own)."""
+    packs = getattr(report, "packs", None) or []
+    return {pack.name: Path(pack.path) for pack in packs if pack.ok and Path(pack.path).is_dir()}
+
+
+def node_description(registry: NodeRegistry) -> Callable[[str], dict[str, Any] | None]:
+    """A node's ``/object_info`` entry (its display name, description, category), None if unknown."""
+
+    def describe(name: str) -> dict[str, Any] | None:
+        entry = registry.object_info(name).get(name)
+        return entry if isinstance(entry, dict) else None
+
+    return describe
 
 
 async def _unknown_api(request: web.Request) -> web.Response:
