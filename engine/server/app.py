@@ -35,6 +35,7 @@ from engine.server.presence import OutputPresence
 from engine.server.relay import EventRelay, ProgressLog
 from engine.server.routes_comfy import QueueRoutes
 from engine.server.routes_files import FileRoutes
+from engine.server.routes_frontend_internal import FrontendInternalRoutes, LogRing
 from engine.server.routes_frontend_jobs import FrontendJobRoutes
 from engine.server.routes_frontend_misc import FrontendMiscRoutes
 from engine.server.routes_info import InfoRoutes
@@ -77,6 +78,7 @@ class ServerParts:
     plugins: Any = None  # engine.plugins.loader.PluginReport, when plugins were loaded
     describe_model: Callable[[str, Path], dict[str, Any]] | None = None  # family + preset of a model file
     presets: Callable[[], dict[str, Any]] | None = None  # the model presets and where they go, as JSON
+    logs: LogRing | None = None  # the recent log lines (attached to the root logger by its maker)
 
 
 def loom_version() -> str:
@@ -153,6 +155,18 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     add_routes(app, jobs.routes(), comfy=False)
     add_routes(app, OpenApiRoutes(config.version).routes(), comfy=False)
     add_routes(app, PluginRoutes(parts.plugins).routes(), comfy=False)
+    logs = parts.logs if parts.logs is not None else LogRing()
+    model_files = parts.folders.model_files
+    add_routes(
+        app,
+        FrontendInternalRoutes(
+            logs,
+            parts.folders,
+            folder_kinds=info.folder_kinds,
+            model_folders=getattr(model_files, "folders", None),
+        ).routes(),
+        comfy=False,
+    )
     misc = FrontendMiscRoutes(pack_roots(parts.plugins), docs_source=node_description(parts.registry))
     add_routes(app, misc.routes())
     add_routes(app, misc.static_routes(), comfy=False)
@@ -161,6 +175,17 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     StaticRoutes(parts.web_dir).install(app)
 
     async def on_startup(app: web.Application) -> None:
+        loop = asyncio.get_running_loop()
+
+        def push_logs(client_id: str, data: dict[str, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(hub.send_custom, "logs", data, client_id)
+            except RuntimeError:  # the loop has closed: the server is stopping
+                pass
+
+        logs.push = push_logs
+        if parts.logs is None:
+            logging.getLogger().addHandler(logs)
         relay.start(asyncio.get_running_loop())
         bridge.start(asyncio.get_running_loop())
         if parts.own_queue:
@@ -170,6 +195,9 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
         await hub.close_all()
 
     async def on_cleanup(app: web.Application) -> None:
+        logs.push = None
+        if parts.logs is None:
+            logging.getLogger().removeHandler(logs)
         relay.stop()
         folder_work.close()
         await jobs.close()
@@ -249,6 +277,8 @@ def serve_main(
             file=sys.stderr,
         )
         return 2
+    logs = LogRing()  # the Console panel's lines: from here on, start-up included
+    logging.getLogger().addHandler(logs)
     runtime = build_runtime(args)
     user_dir = Path(args.user_dir)
     store = JobStore(
@@ -286,6 +316,7 @@ def serve_main(
         plugins=report,
         describe_model=getattr(runtime, "describe_model", None),
         presets=getattr(runtime, "presets", None),
+        logs=logs,
     )
     pending = len(queue.pending())
     if pending:

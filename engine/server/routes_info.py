@@ -216,6 +216,10 @@ class InfoRoutes:
         except ImportError:
             return list(DEFAULT_MODEL_KINDS)
 
+    def folder_kinds(self) -> list[str]:
+        """The model folder kinds the routes list (``/models``)."""
+        return self._kinds()
+
     def _files(self, kind: str) -> list[str]:
         if self.model_files is None:
             return []
