@@ -38,6 +38,7 @@ from engine.server.routes_files import FileRoutes
 from engine.server.routes_frontend_internal import FrontendInternalRoutes, LogRing
 from engine.server.routes_frontend_jobs import FrontendJobRoutes
 from engine.server.routes_frontend_misc import FrontendMiscRoutes
+from engine.server.routes_frontend_models import FrontendModelRoutes
 from engine.server.routes_info import InfoRoutes
 from engine.server.routes_jobs import JobRoutes
 from engine.server.routes_plugins import PluginBridge, PluginRoutes
@@ -167,6 +168,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
         ).routes(),
         comfy=False,
     )
+    add_routes(app, FrontendModelRoutes(info.folder_kinds, model_files).routes())
     misc = FrontendMiscRoutes(pack_roots(parts.plugins), docs_source=node_description(parts.registry))
     add_routes(app, misc.routes())
     add_routes(app, misc.static_routes(), comfy=False)
