@@ -82,3 +82,24 @@ async def test_plugin_packs_templates_blueprints_and_locales(
 
     locales = await (await client.get("/api/i18n")).json()
     assert locales == {"fr": {"main": {"hello": "bonjour"}, "nodeDefs": {"MyNode": {"display_name": "Mon"}}}}
+
+
+async def test_userdata_v2_lists_one_folder_level(client: TestClient, parts: ServerParts) -> None:
+    root = parts.user_dir / "default"
+    (root / "workflows" / "old").mkdir(parents=True)
+    (root / "workflows" / "a.json").write_text("{}")
+    entries = await (await client.get("/api/v2/userdata?path=workflows")).json()
+    assert entries == [
+        {
+            "name": "a.json",
+            "path": "workflows/a.json",
+            "type": "file",
+            "size": 2,
+            "modified": (root / "workflows" / "a.json").stat().st_mtime,
+        },
+        {"name": "old", "path": "workflows/old", "type": "directory"},
+    ]
+    top = await (await client.get("/api/v2/userdata")).json()
+    assert {"name": "workflows", "path": "workflows", "type": "directory"} in top
+    assert (await client.get("/api/v2/userdata?path=nope")).status == 404
+    assert (await client.get("/api/v2/userdata?path=../x")).status == 400
