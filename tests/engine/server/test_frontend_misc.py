@@ -103,3 +103,11 @@ async def test_userdata_v2_lists_one_folder_level(client: TestClient, parts: Ser
     assert {"name": "workflows", "path": "workflows", "type": "directory"} in top
     assert (await client.get("/api/v2/userdata?path=nope")).status == 404
     assert (await client.get("/api/v2/userdata?path=../x")).status == 400
+
+
+async def test_comfyui_version_is_the_api_level_with_loom_as_build_metadata(client: TestClient) -> None:
+    system = (await (await client.get("/system_stats")).json())["system"]
+    api_level, _, build = system["comfyui_version"].partition("+")
+    assert api_level == ServerConfig().comfyui_api_version and build == f"loom.{system['loom_version']}"
+    major, minor, patch = (int(part) for part in api_level.split("."))  # semver: what the frontend compares
+    assert (major, minor) >= (0, 8)
