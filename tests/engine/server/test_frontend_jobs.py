@@ -133,3 +133,9 @@ async def test_bad_parameters_are_clear_400s(client: TestClient) -> None:
         assert words in (await resp.json())["error"]["message"], query
     resp = await client.post("/api/jobs/cancel", json={"job_ids": "abc"})
     assert resp.status == 400 and "job_ids" in (await resp.json())["error"]["message"]
+
+
+async def test_the_jobs_routes_are_in_the_openapi_document(client: TestClient) -> None:
+    doc = await (await client.get("/api/v1/openapi.json")).json()
+    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/cancel"} <= set(doc["paths"])
+    assert "/internal/logs/subscribe" in doc["paths"] and "/experiment/models" in doc["paths"]
