@@ -283,7 +283,8 @@ class FrontendJobRoutes:
             raise ApiError(400, "invalid_request", f"at most {MAX_CANCEL} job ids at once, got {len(ids)}")
 
         def cancel_all() -> dict[str, Any]:
-            cancelled, not_cancelled = [], []
+            cancelled: list[str] = []
+            not_cancelled: list[str] = []
             for job_id in ids:
                 job = self.one_job(job_id)
                 done = job is not None and job["status"] in ("pending", "in_progress")

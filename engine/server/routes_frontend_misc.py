@@ -33,7 +33,7 @@ log = logging.getLogger("loom.server")
 
 # ComfyUI looks for a pack's templates in the first of these folders it finds
 EXAMPLE_FOLDERS = ("example_workflows", "example", "examples", "workflow", "workflows")
-EMPTY_TEMPLATE_INDEXES = {"index.json": [], "index_logo.json": {}}
+EMPTY_TEMPLATE_INDEXES: dict[str, Any] = {"index.json": [], "index_logo.json": {}}
 TEMPLATE_PACKAGES = ("comfyui_workflow_templates_core", "comfyui_workflow_templates")
 DOCS_PACKAGE = "comfyui_embedded_docs"
 LOCALE_FILES = ("main", "commands", "settings", "nodeDefs")

@@ -23,14 +23,15 @@ from engine.server.common import ServerConfig
 
 
 async def test_nothing_installed_answers_empty_shapes_not_404(client: TestClient) -> None:
-    for path, empty in [
+    answers: list[tuple[str, Any]] = [
         ("/api/workflow_templates", {}),
         ("/templates/index.json", []),
         ("/templates/index_logo.json", {}),
         ("/api/global_subgraphs", {}),
         ("/api/i18n", {}),
         ("/api/node_replacements", {}),
-    ]:
+    ]
+    for path, empty in answers:
         resp = await client.get(path)
         assert resp.status == 200, path
         assert await resp.json() == empty, path
