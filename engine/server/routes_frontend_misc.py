@@ -34,7 +34,18 @@ log = logging.getLogger("loom.server")
 # ComfyUI looks for a pack's templates in the first of these folders it finds
 EXAMPLE_FOLDERS = ("example_workflows", "example", "examples", "workflow", "workflows")
 EMPTY_TEMPLATE_INDEXES: dict[str, Any] = {"index.json": [], "index_logo.json": {}}
-TEMPLATE_PACKAGES = ("comfyui_workflow_templates_core", "comfyui_workflow_templates")
+# where the templates packages keep their files (each under its ``templates/`` folder): the
+# workflow JSON and the indexes, the media bundles, and the single-package layout of older releases
+TEMPLATE_PACKAGES = (
+    "comfyui_workflow_templates_json",
+    "comfyui_workflow_templates_media_image",
+    "comfyui_workflow_templates_media_api",
+    "comfyui_workflow_templates_media_video",
+    "comfyui_workflow_templates_media_other",
+    "comfyui_workflow_templates_media_assets_01",
+    "comfyui_workflow_templates_media_assets_02",
+    "comfyui_workflow_templates",
+)
 DOCS_PACKAGE = "comfyui_embedded_docs"
 LOCALE_FILES = ("main", "commands", "settings", "nodeDefs")
 MAX_DOC_NAME = 200
@@ -74,6 +85,7 @@ class FrontendMiscRoutes:
     ) -> None:
         self.packs = packs
         self.docs_source = docs_source
+        self.template_folders: list[Path] | None = None  # found on the first request, then kept
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -113,15 +125,19 @@ class FrontendMiscRoutes:
         folder = example_folder(root) if root is not None else None
         path = safe_path(folder, name) if folder is not None else None
         if path is None or not path.is_file():
-            raise ApiError(404, "not_found", f"no template {name!r} in the plugin pack {pack!r}")
+            raise ApiError(404, "not_found", f"no template {name[:200]!r} in the plugin pack {pack[:100]!r}")
         return web.FileResponse(path)
 
     async def template_asset(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["file"]
-        for package in TEMPLATE_PACKAGES:
-            folder = await asyncio.to_thread(package_folder, package, "templates")
-            path = safe_path(folder, name) if folder is not None else None
-            if path is not None and path.is_file():
+        if self.template_folders is None:
+            found = await asyncio.to_thread(
+                lambda: [package_folder(p, "templates") for p in TEMPLATE_PACKAGES]
+            )
+            self.template_folders = [folder for folder in found if folder is not None]
+        for folder in self.template_folders:
+            path = safe_path(folder, name)
+            if path.is_file():
                 return web.FileResponse(path)
         if name in EMPTY_TEMPLATE_INDEXES:
             return json_response(EMPTY_TEMPLATE_INDEXES[name])

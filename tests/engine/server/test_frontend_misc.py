@@ -112,3 +112,16 @@ async def test_comfyui_version_is_the_api_level_with_loom_as_build_metadata(clie
     assert api_level == ServerConfig().comfyui_api_version and build == f"loom.{system['loom_version']}"
     major, minor, patch = (int(part) for part in api_level.split("."))  # semver: what the frontend compares
     assert (major, minor) >= (0, 8)
+
+
+async def test_templates_come_from_the_installed_package(
+    client: TestClient, tmp_path: Path, monkeypatch: Any
+) -> None:
+    package = tmp_path / "site" / "comfyui_workflow_templates_json"
+    (package / "templates").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "templates" / "index.json").write_text('[{"moduleName": "default", "templates": []}]')
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    index = await (await client.get("/templates/index.json")).json()
+    assert index == [{"moduleName": "default", "templates": []}]
+    assert await (await client.get("/templates/index_logo.json")).json() == {}  # not in the package
