@@ -10,8 +10,8 @@ folders, installed template/doc packages); an empty answer, never a 404, where t
 ``GET /api/global_subgraphs/{id}``  one blueprint with its ``data`` (the file's text)
 ``GET /api/i18n``  packs' ``locales/{lang}/*.json`` merged as ``{lang: {main: ..., nodeDefs: ...}}``
 ``GET /api/node_replacements``  ``{}``: Loom declares no node replacements
-``GET /docs/{node}/{lang}.md``  from ``comfyui-embedded-docs`` when installed, else a page built
-  from the node's own description (``docs_source``)
+``GET /docs/{node}/{lang}.md`` (and the pictures pages show) from ``comfyui-embedded-docs`` when
+  installed; a page it lacks is built from the node's own description (``docs_source``)
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ class FrontendMiscRoutes:
         self.packs = packs
         self.docs_source = docs_source
         self.template_folders: list[Path] | None = None  # found on the first request, then kept
+        self.docs_folder: Path | None = None  # likewise (Path(): the docs package is not installed)
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -101,7 +102,7 @@ class FrontendMiscRoutes:
         """Routes ComfyUI answers only without the ``/api`` prefix."""
         return [
             ("GET", "/templates/{file:.+}", self.template_asset),
-            ("GET", "/docs/{node}/{lang}.md", self.node_doc),
+            ("GET", "/docs/{path:.+}", self.node_doc),
         ]
 
     # --- templates ----------------------------------------------------------------------------------
@@ -205,18 +206,22 @@ class FrontendMiscRoutes:
 
     # --- node help -----------------------------------------------------------------------------------
     async def node_doc(self, request: web.Request) -> web.StreamResponse:
-        node, lang = request.match_info["node"], request.match_info["lang"]
-        if len(node) > MAX_DOC_NAME or len(lang) > MAX_DOC_NAME:
-            raise ApiError(
-                400, "invalid_request", f"node and language names are at most {MAX_DOC_NAME} characters"
-            )
-        folder = await asyncio.to_thread(package_folder, DOCS_PACKAGE, "docs")
-        path = safe_path(folder, f"{node}/{lang}.md") if folder is not None else None
-        if path is not None and path.is_file():
-            return web.FileResponse(path, headers={"Content-Type": "text/markdown; charset=utf-8"})
-        source = self.docs_source(node) if self.docs_source is not None else None
-        if source is None:
-            raise ApiError(404, "not_found", f"no documentation for the node {node!r}")
+        """A file of the installed docs package (the pages and the pictures they show); for a
+        ``{node}/{lang}.md`` it lacks, a page from the node's own description."""
+        wanted = request.match_info["path"]
+        if len(wanted) > MAX_DOC_NAME:
+            raise ApiError(400, "invalid_request", f"a docs path is at most {MAX_DOC_NAME} characters")
+        if self.docs_folder is None:
+            self.docs_folder = await asyncio.to_thread(package_folder, DOCS_PACKAGE, "docs") or Path()
+        if self.docs_folder != Path():
+            path = safe_path(self.docs_folder, wanted)
+            if path.is_file():
+                markdown = {"Content-Type": "text/markdown; charset=utf-8"} if path.suffix == ".md" else None
+                return web.FileResponse(path, headers=markdown)
+        node, _, page = wanted.partition("/")
+        source = self.docs_source(node) if self.docs_source is not None and page.endswith(".md") else None
+        if source is None or "/" in page:
+            raise ApiError(404, "not_found", f"no documentation at /docs/{wanted}")
         title = source.get("display_name") or node
         lines = [f"# {title}", "", str(source.get("description") or "").strip()]
         category = source.get("category")

@@ -125,3 +125,19 @@ async def test_templates_come_from_the_installed_package(
     index = await (await client.get("/templates/index.json")).json()
     assert index == [{"moduleName": "default", "templates": []}]
     assert await (await client.get("/templates/index_logo.json")).json() == {}  # not in the package
+
+
+async def test_node_docs_come_from_the_installed_docs_package(
+    client: TestClient, tmp_path: Path, monkeypatch: Any
+) -> None:
+    package = tmp_path / "site" / "comfyui_embedded_docs"
+    (package / "docs" / "KSampler" / "asset").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "docs" / "KSampler" / "en.md").write_text("# KSampler\n\nSamples.\n")
+    (package / "docs" / "KSampler" / "asset" / "a.webp").write_bytes(b"RIFF")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    page = await client.get("/docs/KSampler/en.md")
+    assert page.status == 200 and await page.text() == "# KSampler\n\nSamples.\n"
+    assert page.headers["Content-Type"].startswith("text/markdown")
+    assert await (await client.get("/docs/KSampler/asset/a.webp")).read() == b"RIFF"
+    assert (await client.get("/docs/KSampler/asset/none.webp")).status == 404
