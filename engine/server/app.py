@@ -35,6 +35,10 @@ from engine.server.presence import OutputPresence
 from engine.server.relay import EventRelay, ProgressLog
 from engine.server.routes_comfy import QueueRoutes
 from engine.server.routes_files import FileRoutes
+from engine.server.routes_frontend_internal import FrontendInternalRoutes, LogRing
+from engine.server.routes_frontend_jobs import FrontendJobRoutes
+from engine.server.routes_frontend_misc import FrontendMiscRoutes
+from engine.server.routes_frontend_models import FrontendModelRoutes
 from engine.server.routes_info import InfoRoutes
 from engine.server.routes_jobs import JobRoutes
 from engine.server.routes_plugins import PluginBridge, PluginRoutes
@@ -75,6 +79,7 @@ class ServerParts:
     plugins: Any = None  # engine.plugins.loader.PluginReport, when plugins were loaded
     describe_model: Callable[[str, Path], dict[str, Any]] | None = None  # family + preset of a model file
     presets: Callable[[], dict[str, Any]] | None = None  # the model presets and where they go, as JSON
+    logs: LogRing | None = None  # the recent log lines (attached to the root logger by its maker)
 
 
 def loom_version() -> str:
@@ -130,6 +135,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
     add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
+    add_routes(app, FrontendJobRoutes(queue, presence).routes())
     folder_work = BlockingWork(config.folder_threads, name="loom-model-folders")
     info = InfoRoutes(
         parts.registry,
@@ -150,11 +156,38 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     add_routes(app, jobs.routes(), comfy=False)
     add_routes(app, OpenApiRoutes(config.version).routes(), comfy=False)
     add_routes(app, PluginRoutes(parts.plugins).routes(), comfy=False)
+    logs = parts.logs if parts.logs is not None else LogRing()
+    model_files = parts.folders.model_files
+    add_routes(
+        app,
+        FrontendInternalRoutes(
+            logs,
+            parts.folders,
+            folder_kinds=info.folder_kinds,
+            model_folders=getattr(model_files, "folders", None),
+        ).routes(),
+        comfy=False,
+    )
+    add_routes(app, FrontendModelRoutes(info.folder_kinds, model_files).routes())
+    misc = FrontendMiscRoutes(pack_roots(parts.plugins), docs_source=node_description(parts.registry))
+    add_routes(app, misc.routes())
+    add_routes(app, misc.static_routes(), comfy=False)
     bridge.mount(app)
     app.router.add_route("*", "/api/{tail:.*}", _unknown_api)
     StaticRoutes(parts.web_dir).install(app)
 
     async def on_startup(app: web.Application) -> None:
+        loop = asyncio.get_running_loop()
+
+        def push_logs(client_id: str, data: dict[str, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(hub.send_custom, "logs", data, client_id)
+            except RuntimeError:  # the loop has closed: the server is stopping
+                pass
+
+        logs.push = push_logs
+        if parts.logs is None:
+            logging.getLogger().addHandler(logs)
         relay.start(asyncio.get_running_loop())
         bridge.start(asyncio.get_running_loop())
         if parts.own_queue:
@@ -164,6 +197,9 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
         await hub.close_all()
 
     async def on_cleanup(app: web.Application) -> None:
+        logs.push = None
+        if parts.logs is None:
+            logging.getLogger().removeHandler(logs)
         relay.stop()
         folder_work.close()
         await jobs.close()
@@ -174,6 +210,22 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+def pack_roots(report: Any) -> dict[str, Path]:
+    """The loaded plugin packs' folders by name (single-file packs have no folder of their own)."""
+    packs = getattr(report, "packs", None) or []
+    return {pack.name: Path(pack.path) for pack in packs if pack.ok and Path(pack.path).is_dir()}
+
+
+def node_description(registry: NodeRegistry) -> Callable[[str], dict[str, Any] | None]:
+    """A node's ``/object_info`` entry (its display name, description, category), None if unknown."""
+
+    def describe(name: str) -> dict[str, Any] | None:
+        entry = registry.object_info(name).get(name)
+        return entry if isinstance(entry, dict) else None
+
+    return describe
 
 
 async def _unknown_api(request: web.Request) -> web.Response:
@@ -227,6 +279,8 @@ def serve_main(
             file=sys.stderr,
         )
         return 2
+    logs = LogRing()  # the Console panel's lines: from here on, start-up included
+    logging.getLogger().addHandler(logs)
     runtime = build_runtime(args)
     user_dir = Path(args.user_dir)
     store = JobStore(
@@ -264,6 +318,7 @@ def serve_main(
         plugins=report,
         describe_model=getattr(runtime, "describe_model", None),
         presets=getattr(runtime, "presets", None),
+        logs=logs,
     )
     pending = len(queue.pending())
     if pending:

@@ -43,6 +43,9 @@ class ServerConfig:
     allow_remote_webhooks: bool = False
     folder_threads: int = 4
     version: str = "0.1.0"
+    # the ComfyUI release whose HTTP API Loom answers; /system_stats reports it as comfyui_version
+    # with Loom's own version as semver build metadata ("0.8.0+loom.0.1.0")
+    comfyui_api_version: str = "0.8.0"
     argv: tuple[str, ...] = ()
     extra_stats: dict[str, Any] = field(default_factory=dict)
 

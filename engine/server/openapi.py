@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.server.common import Handler, json_response
+from engine.server.openapi_frontend import frontend_paths
 
 _OBJ: dict[str, Any] = {"type": "object"}
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -411,6 +412,7 @@ def build_document(version: str) -> dict[str, Any]:
         "/embeddings": {"get": _op("Embedding names", {"200": _json({"type": "array"})})},
         "/extensions": {"get": _op("Plugins' web extension scripts", {"200": _json({"type": "array"})})},
         "/features": {"get": _op("Server features", {"200": _json(_OBJ)})},
+        **frontend_paths(),
     }
     return {
         "openapi": "3.0.3",

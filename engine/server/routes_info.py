@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable, Mapping
 from importlib.metadata import version
@@ -104,6 +105,15 @@ def device_figures(ram: tuple[int, int]) -> list[dict[str, Any]]:
     return devices
 
 
+def comfyui_version(config: ServerConfig) -> str:
+    """``comfyui_version`` for ComfyUI's frontend, which compares it (semver) with ComfyUI's
+    releases: the ComfyUI API level Loom answers, Loom's own version as build metadata (ignored
+    by the comparison, shown on the About panel). Never Loom's version alone, which the frontend
+    would read as a very old ComfyUI."""
+    build = re.sub(r"[^0-9A-Za-z.-]", "-", config.version).strip(".-") or "unknown"
+    return f"{config.comfyui_api_version}+loom.{build}"
+
+
 def torch_version() -> str:
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -193,7 +203,7 @@ class InfoRoutes:
                 "platform": platform.platform(),
                 "ram_total": ram[0],
                 "ram_free": ram[1],
-                "comfyui_version": self.config.version,
+                "comfyui_version": comfyui_version(self.config),
                 "loom_version": self.config.version,
                 "python_version": sys.version,
                 "pytorch_version": torch_version(),
@@ -215,6 +225,10 @@ class InfoRoutes:
             return sorted({*KIND_ALIASES, *(a for aliases in KIND_ALIASES.values() for a in aliases)})
         except ImportError:
             return list(DEFAULT_MODEL_KINDS)
+
+    def folder_kinds(self) -> list[str]:
+        """The model folder kinds the routes list (``/models``)."""
+        return self._kinds()
 
     def _files(self, kind: str) -> list[str]:
         if self.model_files is None:

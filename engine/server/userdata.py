@@ -35,6 +35,7 @@ class UserdataRoutes:
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
             ("GET", "/userdata", self.list_files),
+            ("GET", "/v2/userdata", self.list_entries),
             ("GET", "/userdata/{file}", self.get_file),
             ("POST", "/userdata/{file}", self.post_file),
             ("DELETE", "/userdata/{file}", self.delete_file),
@@ -86,6 +87,34 @@ class UserdataRoutes:
         if split:
             return [[n, *n.split("/")] for n in names]
         return names
+
+    async def list_entries(self, request: web.Request) -> web.Response:
+        """``/v2/userdata?path=FOLDER``: the folder's files and sub-folders (one level), each
+        ``{name, path, type: "file"|"directory"}`` with ``size`` and ``modified`` for files."""
+        raw = unquote(request.query.get("path", "")).strip("/")
+        folder = safe_path(self.root, raw) if raw else self.root
+        return json_response(await asyncio.to_thread(self._entries, folder, raw))
+
+    def _entries(self, folder: Path, raw: str) -> list[dict[str, Any]]:
+        if not folder.is_dir():
+            raise ApiError(404, "not_found", f"no folder {raw!r} in your user data")
+        entries: list[dict[str, Any]] = []
+        for child in sorted(folder.iterdir(), key=lambda p: p.name):
+            relative = child.relative_to(self.root).as_posix()
+            if child.is_dir():
+                entries.append({"name": child.name, "path": relative, "type": "directory"})
+            elif child.is_file():
+                stat = child.stat()
+                entries.append(
+                    {
+                        "name": child.name,
+                        "path": relative,
+                        "type": "file",
+                        "size": stat.st_size,
+                        "modified": stat.st_mtime,
+                    }
+                )
+        return entries
 
     async def get_file(self, request: web.Request) -> web.StreamResponse:
         path = self._path(request.match_info["file"])
