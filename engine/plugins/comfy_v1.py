@@ -19,7 +19,7 @@ import math
 import numbers
 import uuid
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,9 +62,17 @@ _OPTION_FIELDS = {
 
 
 class PluginEnvironment(Protocol):
-    """What the adapters need from the compatibility shim: install it around plugin code."""
+    """What the adapters need from the compatibility shim: install it around plugin code. A shim
+    that also has ``running(ctx)`` (a context manager) is told which node runs on this thread, so
+    that ComfyUI's progress bar and interrupt queries reach that node's events and flag."""
 
     def installed(self, pack: str) -> AbstractContextManager[None]: ...
+
+
+def running_scope(env: PluginEnvironment, ctx: NodeContext) -> AbstractContextManager[Any]:
+    """``env.running(ctx)`` where the environment offers it, else a scope that does nothing."""
+    running = getattr(env, "running", None)
+    return running(ctx) if running is not None else nullcontext()
 
 
 def always_changed() -> str:
@@ -370,7 +378,8 @@ class ComfyV1NodeDef(NodeDef):
 
     def execute(self, ctx: NodeContext, inputs: dict[str, Any]) -> NodeOutput:
         method = getattr(self._instance(ctx.node_id), str(self.cls.FUNCTION))  # type: ignore[attr-defined]
-        result = self._call(method, self._kwargs(inputs), filtered=False)
+        with running_scope(self.env, ctx):
+            result = self._call(method, self._kwargs(inputs), filtered=False)
         return normalize_result(result, len(self.schema.outputs), self.node_id)
 
     def fingerprint(self, folders: Folders, inputs: Mapping[str, Any]) -> Any:
