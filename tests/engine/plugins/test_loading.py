@@ -72,7 +72,10 @@ def test_importing_comfyui_nodes_module_is_explained(loaded: tuple[Env, PluginRe
     _, report = loaded
     status = report.pack("imports_comfy_nodes")
     assert status is not None and status.error is not None
-    assert "uses nodes.common_ksampler from ComfyUI's 'nodes' module, which Loom does not provide" in status.error
+    assert (
+        "uses nodes.common_ksampler from ComfyUI's 'nodes' module, which Loom does not provide"
+        in status.error
+    )
     assert "MAX_RESOLUTION" in status.error  # the names Loom does answer are listed
 
 
