@@ -22,15 +22,26 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.context import NodeContext
+from engine.context import Folders, ModelFiles, NodeContext
 from engine.node import NodeDef, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import OptionsResolver
 
 if TYPE_CHECKING:
-    from nodes.compat.shim import ComfyShim
+    import types
+
+
+class ComfyShim(Protocol):
+    """What the facades need from ``nodes.compat.shim.ComfyShim``."""
+
+    folders: Folders
+    model_files: ModelFiles | None
+    folder_paths: types.ModuleType
+
+    @property
+    def running_context(self) -> NodeContext | None: ...
 
 ABSENT = object()
 MAX_RESOLUTION = 16384
