@@ -130,6 +130,7 @@ class ComfyShim:
         self.comfy_package = self._comfy_package()
         self.nodes_module = comfy_nodes.ComfyNodesNamespace(self)
         self._policy: DevicePolicy | None = None
+        self._refused: dict[str, list[str]] = {}  # pack -> ComfyUI internal names it was refused
         self._lock = threading.Lock()
         self._depth = 0
         self._saved: dict[str, Any] = {}
@@ -295,13 +296,26 @@ class ComfyShim:
         found = self.nodes_module.lookup(name)
         if found is not comfy_nodes.ABSENT:
             return found
+        self._record_refusal(f"nodes.{name}")
         raise ImportError(
             f"pack {self.current_pack!r} uses nodes.{name} from ComfyUI's 'nodes' module, which Loom does "
             f"not provide; Loom answers these names of it: {', '.join(self.nodes_module.names())}.",
             name="nodes",
         )
 
+    def refused_imports(self, pack: str) -> list[str]:
+        """The ComfyUI internal modules and ``nodes`` names ``pack`` asked for and was refused (also
+        those its code caught), in first-asked order."""
+        return list(self._refused.get(pack, []))
+
+    def _record_refusal(self, name: str) -> None:
+        with self._lock:
+            refused = self._refused.setdefault(self.current_pack, [])
+            if name not in refused:
+                refused.append(name)
+
     def internal_module_error(self, module: str) -> ImportError:
+        self._record_refusal(module)
         return ImportError(
             f"pack {self.current_pack!r} imports ComfyUI internal module {module!r}, which Loom does not "
             "provide. Loom runs ComfyUI packs that use the node API, folder_paths, server.PromptServer "
