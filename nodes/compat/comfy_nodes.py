@@ -28,6 +28,7 @@ from engine.context import Folders, ModelFiles, NodeContext
 from engine.node import NodeDef, NodeOutput
 from engine.registry import NodeRegistry
 from engine.schema import OptionsResolver
+from nodes import register_core
 
 if TYPE_CHECKING:
     import types
@@ -93,8 +94,6 @@ class ComfyNodesNamespace:
     def core(self) -> NodeRegistry:
         """Loom's core nodes with their option sources (built the first time a pack asks)."""
         if self._core is None:
-            from nodes import register_core  # lazy: imports every core station (seconds)
-
             registry = NodeRegistry()
             folders = self.shim.folders
             register_core(registry, self.shim.model_files, folders.input_dir, folders.output_dir)
