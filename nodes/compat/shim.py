@@ -386,4 +386,5 @@ def load_plugins_with_shim(
     """
     model_files = folders.model_files
     shim = ComfyShim(folders, model_files, event_sink, models_dir=getattr(model_files, "models_dir", None))
+    shim.model_folders["custom_nodes"] = ([str(d) for d in dirs], set())  # folder_paths' key, as ComfyUI's
     return load_plugins(registry, dirs, config=config, shim=shim)

@@ -223,3 +223,27 @@ def test_common_upscale_is_looms_resize(setup: dict[str, Any]) -> None:
         assert comfy.utils.state_dict_prefix_replace({"a.x": 1, "b": 2}, {"a.": "m."}) == {"b": 2, "m.x": 1}
         tiled = comfy.utils.tiled_scale(samples, lambda t: t * 2, 8, 8, 2, upscale_amount=1, out_channels=4)
         assert torch.allclose(tiled, samples * 2, atol=1e-6)
+
+
+def test_folder_paths_lists_the_custom_nodes_folders(tmp_path: Path) -> None:
+    from nodes.compat.shim import load_plugins_with_shim
+
+    folders = Folders(tmp_path / "input", tmp_path / "output", tmp_path / "temp")
+    folders.ensure()
+    pack = tmp_path / "custom_nodes" / "reads_folders"
+    pack.mkdir(parents=True)
+    (pack / "__init__.py").write_text(
+        "import folder_paths\n"
+        "class Node:\n    pass\n"
+        "Node.FOLDERS = folder_paths.get_folder_paths('custom_nodes')\n"
+        "NODE_CLASS_MAPPINGS = {}\n"
+        "FOUND = Node.FOLDERS\n"
+    )
+    report = load_plugins_with_shim(NodeRegistry(), [tmp_path / "custom_nodes"], folders)
+    (status,) = report.packs
+    assert status.ok, status.error
+    shim = report.environment
+    with shim.installed("reads_folders"):
+        import folder_paths
+
+        assert folder_paths.get_folder_paths("custom_nodes") == [str(tmp_path / "custom_nodes")]
