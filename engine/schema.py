@@ -235,8 +235,11 @@ def types_compatible(produced: str, expected: str) -> bool:
 _INPUT_NAME = re.compile(r"[A-Za-z_]\w*(\.\w+)*\.?", re.ASCII)
 
 
-def check_schema(schema: NodeSchema, owner: str) -> None:
-    """Reject a malformed schema, naming ``owner`` (the class) and the offending field."""
+def check_schema(schema: NodeSchema, owner: str, *, any_input_names: bool = False) -> None:
+    """Reject a malformed schema, naming ``owner`` (the class) and the offending field.
+
+    ``any_input_names``: accept any non-empty input name (``"text 1"``, ``"A/B"``), as ComfyUI does for
+    its ``INPUT_TYPES`` classes, whose inputs arrive as keyword arguments by string key."""
 
     def fail(field_name: str, message: str) -> None:
         raise SchemaError(f"node class {owner!r}: field {field_name!r}: {message}")
@@ -254,7 +257,9 @@ def check_schema(schema: NodeSchema, owner: str) -> None:
         where = f"inputs.{spec.name}"
         if not isinstance(spec, Input):
             fail("inputs", f"expected Input entries, found {type(spec).__name__}")
-        if not _INPUT_NAME.fullmatch(spec.name):
+        if any_input_names and isinstance(spec.name, str) and spec.name:
+            pass
+        elif not _INPUT_NAME.fullmatch(spec.name):
             # dotted names: ComfyUI's V3 dynamic inputs as the API format spells them ("images.image0",
             # "resize_type.width") and ModelMergeSD1's block names ("input_blocks.0.", "time_embed.")
             fail(where, "input names must be identifiers, or identifiers joined by '.'")

@@ -11,6 +11,7 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from engine.context import ModelFiles
 from engine.registry import NodeRegistry
@@ -55,9 +56,10 @@ def register_core(
             register_options(registry, sources)
 
 
-def __getattr__(name: str) -> types.ModuleType:
-    """A name this package lacks: while a plugin shim is installed it answers (a Loom submodule, or an
-    error explaining that ComfyUI's ``nodes`` module is absent); otherwise ``AttributeError``.
+def __getattr__(name: str) -> Any:
+    """A name this package lacks: while a plugin shim is installed it answers (a Loom submodule, a
+    name of ComfyUI's ``nodes`` module Loom provides, or an error naming what is absent); otherwise
+    ``AttributeError``.
 
     The installed shim is found on ``sys.meta_path`` (its internal-module blocker has
     ``answer_nodes_attribute``), so this package keeps no state of its own."""
@@ -65,6 +67,5 @@ def __getattr__(name: str) -> types.ModuleType:
         for finder in sys.meta_path:
             answer = getattr(finder, "answer_nodes_attribute", None)
             if answer is not None:
-                module: types.ModuleType = answer(name)
-                return module
+                return answer(name)
     raise AttributeError(f"module 'nodes' has no attribute {name!r}")

@@ -19,7 +19,7 @@ import math
 import numbers
 import uuid
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,9 +62,17 @@ _OPTION_FIELDS = {
 
 
 class PluginEnvironment(Protocol):
-    """What the adapters need from the compatibility shim: install it around plugin code."""
+    """What the adapters need from the compatibility shim: install it around plugin code. A shim
+    that also has ``running(ctx)`` (a context manager) is told which node runs on this thread, so
+    that ComfyUI's progress bar and interrupt queries reach that node's events and flag."""
 
     def installed(self, pack: str) -> AbstractContextManager[None]: ...
+
+
+def running_scope(env: PluginEnvironment, ctx: NodeContext) -> AbstractContextManager[Any]:
+    """``env.running(ctx)`` where the environment offers it, else a scope that does nothing."""
+    running = getattr(env, "running", None)
+    return running(ctx) if running is not None else nullcontext()
 
 
 def always_changed() -> str:
@@ -127,6 +135,8 @@ def map_input(name: str, entry: Any, *, optional: bool, owner: str, ports: PortM
         raise SchemaError(f"{where}: expected a tuple like ('INT', {{...}}) or ([choices],), found {entry!r}")
     kind, opts = entry[0], dict(entry[1]) if len(entry) > 1 and isinstance(entry[1], Mapping) else {}
     options: tuple[Any, ...] | None = None
+    if isinstance(kind, str):
+        kind = str.__str__(kind)  # a pack's str subclass (a wildcard equal to anything) as a plain str
     if isinstance(kind, list | tuple):
         kind, options = COMBO, tuple(kind)
     elif kind == COMBO:
@@ -166,12 +176,13 @@ def map_input(name: str, entry: Any, *, optional: bool, owner: str, ports: PortM
 def map_hidden(hidden: Mapping[str, Any], owner: str, ports: PortMapping) -> None:
     for key, kind in hidden.items():
         kind = kind[0] if isinstance(kind, tuple | list) and kind else kind
-        if kind in HIDDEN_KWARGS:
+        if isinstance(kind, str) and kind in HIDDEN_KWARGS:
             ports.hidden_keys[str(kind)] = key
         else:
             ports.unsupported_hidden.append(key)
+            shown = kind if isinstance(kind, str) else f"a {type(kind).__name__} of values"
             ports.warnings.append(
-                f"{owner}: hidden input {key!r} ({kind}) is not provided by Loom; it gets None"
+                f"{owner}: hidden input {key!r} ({shown}) is not provided by Loom; it gets None"
             )
     for kind in ports.hidden_keys:
         clash = HIDDEN_KWARGS[kind]
@@ -195,13 +206,15 @@ def map_outputs(types: Any, names: Any, is_list: Any, tooltips: Any, owner: str,
         raise SchemaError(
             f"node class {owner!r}: field 'RETURN_NAMES': {len(names)} names for {count} RETURN_TYPES"
         )
-    if len(is_list) != count:
+    if len(is_list) > count:
         raise SchemaError(
             f"node class {owner!r}: field 'OUTPUT_IS_LIST': {len(is_list)} flags for {count} RETURN_TYPES"
         )
+    is_list += [False] * (count - len(is_list))  # ComfyUI reads a missing flag as False
     seen: dict[str, int] = {}
     for index, kind in enumerate(types):
         kind = COMBO if isinstance(kind, list | tuple) else kind
+        kind = str.__str__(kind) if isinstance(kind, str) else kind
         if not isinstance(kind, str) or not kind:
             raise SchemaError(
                 f"node class {owner!r}: field 'RETURN_TYPES[{index}]': expected a type name, found {kind!r}"
@@ -287,7 +300,9 @@ class ComfyV1NodeDef(NodeDef):
                 f"node class {owner!r}: field 'INPUT_TYPES': missing; declare a classmethod INPUT_TYPES()"
             )
         function = getattr(cls, "FUNCTION", None)
-        if not isinstance(function, str) or not callable(getattr(cls, function, None)):
+        if function is not None and (
+            not isinstance(function, str) or not callable(getattr(cls, function, None))
+        ):
             raise SchemaError(
                 f"node class {owner!r}: field 'FUNCTION': {function!r} does not name a method of the class"
             )
@@ -303,6 +318,9 @@ class ComfyV1NodeDef(NodeDef):
         ports = PortMapping()
         for section, optional in (("required", False), ("optional", True)):
             for name, entry in dict(declared.get(section) or {}).items():
+                if any(port.name == str(name) for port in ports.inputs):  # ComfyUI keeps the required one
+                    ports.warnings.append(f"{owner}.{name}: declared required and optional; kept as required")
+                    continue
                 map_input(str(name), entry, optional=optional, owner=owner, ports=ports)
         map_hidden(dict(declared.get("hidden") or {}), owner, ports)
         map_outputs(
@@ -332,7 +350,7 @@ class ComfyV1NodeDef(NodeDef):
             input_is_list=bool(getattr(cls, "INPUT_IS_LIST", False)),
             python_module=f"custom_nodes.{self.origin}",
         )
-        check_schema(self.schema, owner)
+        check_schema(self.schema, owner, any_input_names=True)
         self.ports = ports
         self.code_version = f"comfy-v1:{self.pack_version}"
         raw = inspect.getattr_static(cls, "VALIDATE_INPUTS", None)
@@ -369,8 +387,16 @@ class ComfyV1NodeDef(NodeDef):
             raise
 
     def execute(self, ctx: NodeContext, inputs: dict[str, Any]) -> NodeOutput:
-        method = getattr(self._instance(ctx.node_id), str(self.cls.FUNCTION))  # type: ignore[attr-defined]
-        result = self._call(method, self._kwargs(inputs), filtered=False)
+        function = getattr(self.cls, "FUNCTION", None)
+        if function is None:
+            raise NotImplementedError(
+                f"node class {self.node_id!r} from plugin pack {self.origin!r} declares no FUNCTION: it is a "
+                "node for the editor only (its pack's JavaScript handles it), so it cannot run in a workflow; "
+                "remove it from the workflow, or let the editor resolve it before queueing"
+            )
+        method = getattr(self._instance(ctx.node_id), str(function))
+        with running_scope(self.env, ctx):
+            result = self._call(method, self._kwargs(inputs), filtered=False)
         return normalize_result(result, len(self.schema.outputs), self.node_id)
 
     def fingerprint(self, folders: Folders, inputs: Mapping[str, Any]) -> Any:

@@ -27,6 +27,7 @@ from engine.plugins.comfy_v1 import (
     normalize_result,
     note_origin,
     run_maybe_async,
+    running_scope,
     ui_dict,
 )
 from engine.schema import HIDDEN_EXTRA_PNGINFO, HIDDEN_PROMPT, NodeSchema, SchemaError, check_schema
@@ -133,7 +134,8 @@ class ComfyV3NodeDef(NodeDef):
 
     def execute(self, ctx: NodeContext, inputs: dict[str, Any]) -> NodeOutput:
         values, hidden = self._split(inputs)
-        result = self._run("execute", values, hidden)
+        with running_scope(self.env, ctx):
+            result = self._run("execute", values, hidden)
         if hasattr(result, "args") and hasattr(result, "ui"):  # io.NodeOutput
             if getattr(result, "expand", None) is not None:
                 raise NotImplementedError(

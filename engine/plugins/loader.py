@@ -89,6 +89,7 @@ class PackStatus:
     styles: list[str] = field(default_factory=list)  # "native", "comfy_v1", "comfy_v3"
     warnings: list[str] = field(default_factory=list)
     code_version: str = ""
+    refused_imports: list[str] = field(default_factory=list)  # ComfyUI internals the shim refused it
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -105,6 +106,7 @@ class PackStatus:
             "styles": list(self.styles),
             "warnings": list(self.warnings),
             "code_version": self.code_version,
+            "refused_imports": list(self.refused_imports),
         }
 
 
@@ -313,6 +315,15 @@ def load_pack(registry: NodeRegistry, source: PackSource, env: PluginEnvironment
         status.traceback = _failure(exc, source)[1]
     status.nodes, status.rejected = registrar.registered, registrar.rejected
     status.import_seconds = time.perf_counter() - started
+    refused = getattr(env, "refused_imports", None)  # a shim that records refusals (even caught ones)
+    if refused is not None:
+        status.refused_imports = list(refused(source.name))
+        if status.refused_imports:
+            log.warning(
+                "plugin pack %r imported ComfyUI internals Loom does not provide: %s",
+                source.name,
+                ", ".join(status.refused_imports),
+            )
     return status
 
 

@@ -37,12 +37,14 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.context import Folders, ModelFiles
+from engine.context import Folders, Interrupted, ModelFiles, NodeContext
 from engine.folders import comfy_folder_table
+from engine.memory.device_policy import DevicePolicy
 from engine.plugins.loader import PluginConfig, PluginReport, load_plugins
 from engine.registry import NodeRegistry
-from nodes.compat import comfy_api, comfy_execution
+from nodes.compat import comfy_api, comfy_execution, comfy_nodes
 from nodes.compat import comfy_api_latest as latest
+from nodes.compat.comfy_core import cli_args, comfy_types, latent_preview, node_helpers, samplers
 from nodes.compat.comfy_execution import graph_utils
 
 EventSink = Callable[[str, Any, str | None], None]
@@ -87,6 +89,7 @@ MODEL_KINDS = (
     "classifiers",
     "ipadapter",
     "safety",
+    "model_patches",
 )
 _HERE = Path(__file__).resolve().parent
 _MISSING = object()
@@ -122,6 +125,12 @@ class ComfyShim:
         )
         self.folder_paths = self._bound_copy("folder_paths")
         self.server = self._bound_copy("server")
+        self.comfy_utils = self._bound_copy("comfy_utils", "comfy.utils")
+        self.model_management = self._bound_copy("comfy_model_management", "comfy.model_management")
+        self.comfy_package = self._comfy_package()
+        self.nodes_module = comfy_nodes.ComfyNodesNamespace(self)
+        self._policy: DevicePolicy | None = None
+        self._refused: dict[str, list[str]] = {}  # pack -> ComfyUI internal names it was refused
         self._lock = threading.Lock()
         self._depth = 0
         self._saved: dict[str, Any] = {}
@@ -133,6 +142,53 @@ class ComfyShim:
     def send_event(self, event: str, data: Any, sid: str | None = None) -> None:
         if self.event_sink is not None:
             self.event_sink(event, data, sid)
+
+    # --- the node running on this thread (progress, interrupts, devices) --------------------------
+    @contextmanager
+    def running(self, ctx: NodeContext) -> Iterator[None]:
+        """ComfyUI's progress bar and interrupt queries answer for ``ctx``'s node inside the block."""
+        stack: list[NodeContext] = self._local.__dict__.setdefault("contexts", [])
+        stack.append(ctx)
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    @property
+    def running_context(self) -> NodeContext | None:
+        stack: list[NodeContext] = getattr(self._local, "contexts", [])
+        return stack[-1] if stack else None
+
+    def report_progress(self, value: int, total: int) -> None:
+        """``comfy.utils.ProgressBar``: the running node's progress event (and interrupt check)."""
+        ctx = self.running_context
+        if ctx is not None:
+            ctx.progress(value, total)
+
+    def check_interrupt(self) -> None:
+        ctx = self.running_context
+        if ctx is not None:
+            ctx.check_interrupt()
+
+    def interrupt_requested(self) -> bool:
+        ctx = self.running_context
+        return ctx is not None and ctx.interrupt.is_set()
+
+    def request_interrupt(self) -> None:
+        ctx = self.running_context
+        if ctx is None:
+            raise Interrupted("a plugin pack asked to interrupt processing outside a running node")
+        ctx.interrupt.set()
+
+    def device_policy(self) -> DevicePolicy:
+        """The running job's memory manager's device policy, else the one Loom would detect."""
+        ctx = self.running_context
+        policy = getattr(ctx.models, "policy", None) if ctx is not None else None
+        if isinstance(policy, DevicePolicy):
+            return policy
+        if self._policy is None:
+            self._policy = DevicePolicy.detect()
+        return self._policy
 
     @property
     def current_pack(self) -> str:
@@ -165,6 +221,15 @@ class ComfyShim:
             "comfy_api": comfy_api,
             "comfy_execution": comfy_execution,
             "comfy_execution.graph_utils": graph_utils,
+            "comfy": self.comfy_package,
+            "comfy.utils": self.comfy_utils,
+            "comfy.model_management": self.model_management,
+            "comfy.samplers": samplers,
+            "comfy.comfy_types": comfy_types,
+            "comfy.comfy_types.node_typing": comfy_types,
+            "comfy.cli_args": self.comfy_package.cli_args,  # type: ignore[attr-defined]
+            "node_helpers": node_helpers,
+            "latent_preview": latent_preview,
         }
         for version in ("latest", "v0_0_2", "v0_0_3"):
             table[f"comfy_api.{version}"] = latest
@@ -192,28 +257,65 @@ class ComfyShim:
         self._saved = {}
         self._created = []
 
-    def _bound_copy(self, name: str) -> types.ModuleType:
-        """A fresh module object from ``nodes/compat/{name}.py``, bound to this shim."""
-        spec = importlib.util.spec_from_file_location(name, _HERE / f"{name}.py")
+    def _comfy_package(self) -> types.ModuleType:
+        """ComfyUI's ``comfy`` package: the submodules Loom answers as attributes; any other
+        attribute or submodule raises the internal-module error naming it."""
+        package = _InternalStub("comfy", self)
+        package.__path__ = []
+        cli = types.ModuleType("comfy.cli_args", "ComfyUI's command-line options, at their defaults.")
+        cli.args = cli_args.default_args()  # type: ignore[attr-defined]
+        cli.LatentPreviewMethod = cli_args.LatentPreviewMethod  # type: ignore[attr-defined]
+        submodules = {
+            "utils": self.comfy_utils,
+            "model_management": self.model_management,
+            "samplers": samplers,
+            "comfy_types": comfy_types,
+            "cli_args": cli,
+        }
+        for name, module in submodules.items():
+            setattr(package, name, module)
+        return package
+
+    def _bound_copy(self, name: str, module_name: str | None = None) -> types.ModuleType:
+        """A fresh module object from ``nodes/compat/{name}.py`` (named ``module_name``), bound to
+        this shim."""
+        spec = importlib.util.spec_from_file_location(module_name or name, _HERE / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         module._bind(self)
         return module
 
-    def nodes_attribute(self, name: str) -> types.ModuleType:
+    def nodes_attribute(self, name: str) -> Any:
         """What a plugin gets for ``nodes.<name>`` when Loom's package has no such attribute: Loom's
-        submodule of that name, else an ``ImportError`` saying ComfyUI's ``nodes`` is absent."""
+        submodule of that name, else the name from ComfyUI's ``nodes`` module that Loom answers
+        (``MAX_RESOLUTION``, the core node classes...: :mod:`nodes.compat.comfy_nodes`), else an
+        ``ImportError`` saying which name of ComfyUI's ``nodes`` is absent."""
         if importlib.util.find_spec(f"nodes.{name}") is not None:
             return importlib.import_module(f"nodes.{name}")
+        found = self.nodes_module.lookup(name)
+        if found is not comfy_nodes.ABSENT:
+            return found
+        self._record_refusal(f"nodes.{name}")
         raise ImportError(
-            f"pack {self.current_pack!r} uses ComfyUI's 'nodes' module (nodes.{name}), which Loom does "
-            "not provide: Loom's own package is also named 'nodes'. ComfyUI's core node classes and "
-            "NODE_CLASS_MAPPINGS cannot be imported by plugins under Loom.",
+            f"pack {self.current_pack!r} uses nodes.{name} from ComfyUI's 'nodes' module, which Loom does "
+            f"not provide; Loom answers these names of it: {', '.join(self.nodes_module.names())}.",
             name="nodes",
         )
 
+    def refused_imports(self, pack: str) -> list[str]:
+        """The ComfyUI internal modules and ``nodes`` names ``pack`` asked for and was refused (also
+        those its code caught), in first-asked order."""
+        return list(self._refused.get(pack, []))
+
+    def _record_refusal(self, name: str) -> None:
+        with self._lock:
+            refused = self._refused.setdefault(self.current_pack, [])
+            if name not in refused:
+                refused.append(name)
+
     def internal_module_error(self, module: str) -> ImportError:
+        self._record_refusal(module)
         return ImportError(
             f"pack {self.current_pack!r} imports ComfyUI internal module {module!r}, which Loom does not "
             "provide. Loom runs ComfyUI packs that use the node API, folder_paths, server.PromptServer "
@@ -232,7 +334,7 @@ class _InternalModuleBlocker(importlib.abc.MetaPathFinder):
     def __init__(self, shim: ComfyShim) -> None:
         self.shim = shim
 
-    def answer_nodes_attribute(self, name: str) -> types.ModuleType:
+    def answer_nodes_attribute(self, name: str) -> Any:
         """Asked by ``nodes.__getattr__`` (Loom's package) while this shim is installed."""
         return self.shim.nodes_attribute(name)
 
@@ -284,4 +386,5 @@ def load_plugins_with_shim(
     """
     model_files = folders.model_files
     shim = ComfyShim(folders, model_files, event_sink, models_dir=getattr(model_files, "models_dir", None))
+    shim.model_folders["custom_nodes"] = ([str(d) for d in dirs], set())  # folder_paths' key, as ComfyUI's
     return load_plugins(registry, dirs, config=config, shim=shim)

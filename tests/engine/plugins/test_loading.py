@@ -72,8 +72,11 @@ def test_importing_comfyui_nodes_module_is_explained(loaded: tuple[Env, PluginRe
     _, report = loaded
     status = report.pack("imports_comfy_nodes")
     assert status is not None and status.error is not None
-    assert "uses ComfyUI's 'nodes' module (nodes.NODE_CLASS_MAPPINGS)" in status.error
-    assert "Loom's own package is also named 'nodes'" in status.error
+    assert (
+        "uses nodes.common_ksampler from ComfyUI's 'nodes' module, which Loom does not provide"
+        in status.error
+    )
+    assert "MAX_RESOLUTION" in status.error  # the names Loom does answer are listed
 
 
 def test_missing_requirement_suggests_installing(loaded: tuple[Env, PluginReport]) -> None:
@@ -212,3 +215,22 @@ def test_load_plugins_with_shim_binds_the_shim_to_the_folders(tmp_path: Path) ->
     assert pick is not None and pick.schema.input("ckpt_name").options == ("a.safetensors",)
     assert report.environment is not None and len(list(report.environment.routes)) == 1
     assert "environment" not in report.to_json()
+
+
+def test_refused_internal_imports_are_listed_per_pack(loaded: tuple[Env, PluginReport]) -> None:
+    _, report = loaded
+    assert report.pack("needs_comfy_sd").refused_imports == ["comfy.sd"]  # type: ignore[union-attr]
+    assert report.pack("imports_comfy_nodes").refused_imports == ["nodes.common_ksampler"]  # type: ignore[union-attr]
+    assert report.pack("comfy_text_tools").refused_imports == []  # type: ignore[union-attr]
+    assert report.to_json()["packs"][0]["refused_imports"] is not None
+
+
+def test_a_refusal_the_pack_catches_is_still_reported(env: Env, tmp_path: Path) -> None:
+    pack = tmp_path / "custom_nodes" / "catches_refusal"
+    pack.mkdir(parents=True)
+    (pack / "__init__.py").write_text(
+        "try:\n    import comfy.controlnet\nexcept ImportError:\n    pass\nNODE_CLASS_MAPPINGS = {}\n"
+    )
+    (status,) = env.load(tmp_path / "custom_nodes").packs
+    assert status.ok and status.refused_imports == ["comfy.controlnet"]
+    assert status.to_json()["refused_imports"] == ["comfy.controlnet"]

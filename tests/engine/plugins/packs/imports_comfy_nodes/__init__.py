@@ -1,6 +1,6 @@
-"""A pack that reaches for ComfyUI's own nodes module."""
+"""A pack that reaches for a name of ComfyUI's own nodes module that Loom does not answer."""
 
 import nodes
 
-BASE = nodes.NODE_CLASS_MAPPINGS["KSampler"]
+BASE = nodes.common_ksampler
 NODE_CLASS_MAPPINGS = {}
