@@ -44,6 +44,7 @@ class ComfyShim(Protocol):
     @property
     def running_context(self) -> NodeContext | None: ...
 
+
 ABSENT = object()
 MAX_RESOLUTION = 16384
 _FACADES = Path(__file__).resolve().parent / "data" / "comfyui_node_facades.json"
