@@ -6,7 +6,7 @@ import gc
 import os
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,34 @@ def _no_network() -> object:
     socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
     yield
     socket.socket.connect = _real_connect  # type: ignore[method-assign]
+
+
+# --- printed figures ---------------------------------------------------------------------------------
+@pytest.fixture
+def show_figures(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """``show_figures(text)``: ``text`` goes into the run's log, in a "figures" section at the end, passed
+    or not. Benchmarks print figures this way, never assert them; it works under the two xdist workers,
+    whose own output the controller does not print (the text travels in the test's report)."""
+
+    def show(text: str) -> None:
+        request.node.user_properties.append(("figures", text))
+
+    return show
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    shown = [
+        (report.nodeid, text)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, text in getattr(report, "user_properties", ())
+        if name == "figures"
+    ]
+    if shown:
+        terminalreporter.section("figures")
+        for nodeid, text in shown:
+            terminalreporter.write_line(f"{nodeid}:{text}")
 
 
 # --- demo model files, written once per session -------------------------------------------------------

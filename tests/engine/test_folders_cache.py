@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ def big_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_second_listing_of_10000_files_reads_no_folder(
-    big_library: Path, scandirs: ScandirCounter, capsys: pytest.CaptureFixture[str]
+    big_library: Path, scandirs: ScandirCounter, show_figures: Callable[[str], None]
 ) -> None:
     age(big_library, scandirs)
     folders = ModelFolders(big_library / "models")
@@ -70,12 +70,11 @@ def test_second_listing_of_10000_files_reads_no_folder(
     assert scandirs.calls == walked  # the second listing only stat()ed the folders
     assert folders.resolve("loras", "set099/lora_099.safetensors").is_file()
     assert scandirs.calls == walked  # nor did resolving a name
-    with capsys.disabled():
-        print(
-            f"\n[model folders] {len(first)} files in {FOLDERS} folders (half symlinked): first listing "
-            f"{(t1 - t0) * 1e3:.1f} ms ({walked} folders read), cached listing {(t2 - t1) * 1e3:.1f} ms "
-            f"(0 folders read)"
-        )
+    show_figures(
+        f"\n[model folders] {len(first)} files in {FOLDERS} folders (half symlinked): first listing "
+        f"{(t1 - t0) * 1e3:.1f} ms ({walked} folders read), cached listing {(t2 - t1) * 1e3:.1f} ms "
+        f"(0 folders read)"
+    )
 
 
 def test_a_new_file_in_a_linked_folder_is_listed_at_once(big_library: Path, scandirs: ScandirCounter) -> None:

@@ -4,6 +4,7 @@ scenarios ran, images agree, the prefetch read the next job's models)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,16 +14,13 @@ from nodes.bench.suite import collect
 
 
 @pytest.mark.slow
-def test_quick_benchmark_runs_and_prints_its_figures(capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_benchmark_runs_and_prints_its_figures(show_figures: Callable[[str], None]) -> None:
     # one repeat per figure: the assertions hold for any single run (CI's log shows the figures as
     # measured once; ``main.py bench --quick`` takes the median of 3)
     report = collect(True, only=["executor", "generation", "server", "queue", "prefetch"], repeats=1)
     rows = [Row(**r) for r in report["rows"]]
-    with capsys.disabled():  # the figures belong in CI's log, passed or not
-        print(
-            "\n" + format_table(rows, report["machine"], "Loom quick benchmark (regression guard)"),
-            flush=True,
-        )
+    # the figures belong in CI's log, passed or not
+    show_figures("\n" + format_table(rows, report["machine"], "Loom quick benchmark (regression guard)"))
     value = {(r.scenario, r.metric): r.value for r in rows}
     assert any(r.metric == "Loom / diffusers per step" for r in rows)
     assert ("cache", "identical resubmit / cold") in value
