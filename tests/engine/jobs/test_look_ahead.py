@@ -65,8 +65,29 @@ def _queue(tmp_path: Path, prefetch_kind: type[NextJobPrefetch]) -> tuple[LocalJ
     folders.ensure()
     settings = StubSettings(record={"gate": threading.Event(), "entered": threading.Event()})
     executor = Executor(registry, OutputCache(), folders, settings=settings)
-    prefetch = prefetch_kind(executor, wait_s=0.05)
+    prefetch = prefetch_kind(executor)
+    prefetch.look_ahead = ExpiresOnceEntered(settings.record["entered"])
     return LocalJobQueue(executor, JobStore(tmp_path / "jobs.sqlite"), prefetch=prefetch), settings
+
+
+class ExpiresOnceEntered(LookAhead):
+    """A look-ahead whose wait runs out only once the held read has begun: the running job's wait
+    is read when it starts (``done.wait(self.wait_s)``), so the read is under way whichever thread
+    the scheduler runs first, and the wait then expires at once (the read stays held)."""
+
+    def __init__(self, entered: threading.Event) -> None:
+        self.entered = entered
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def wait_s(self) -> float:
+        if not self.entered.wait(60):
+            raise RuntimeError("the held read never began")
+        return 0.0
+
+    @wait_s.setter
+    def wait_s(self, value: float) -> None:
+        pass
 
 
 def _front_job() -> dict[str, Any]:
@@ -131,7 +152,7 @@ def test_while_an_abandoned_look_ahead_is_stuck_later_jobs_do_not_wait_for_anoth
     look = LookAhead(wait_s=0.01)
     try:
         assert look.run("first", stuck) is None
-        assert started.is_set()
+        assert started.wait(60)  # the stuck work runs (on its own thread) even though abandoned
         assert look.run("second", lambda stop: calls.append("second") or []) is None
         assert calls == []  # skipped: no second thread piles up behind the stuck read
     finally:
