@@ -31,13 +31,16 @@ from engine.formats.api import MAX_NODES, WorkflowFormatError, WorkflowTooLarge,
 from engine.formats.modes import MODE_BYPASSED, MODE_MUTED, inherited_mode, passed_through
 from engine.formats.ui_parse import (
     Link,
+    SubgraphSlot,
     as_index,
+    bind_instance_inputs,
     entries,
     group_links,
     group_node_definitions,
     link_of,
     link_table,
     subgraph_definitions,
+    subgraph_inputs,
     widget_name,
 )
 from engine.formats.ui_rules import ui_rules
@@ -181,21 +184,59 @@ class _Flattener:
             if link.target_id == ui_rules().subgraph_output_node and 0 <= link.target_slot < len(aliases):
                 aliases[link.target_slot] = _Ref(f"{inner}{link.origin_id}", link.origin_slot)
         self.flat[node_id] = _FlatNode(node_id, node["type"], mode, None, inputs, outputs, aliases=aliases)
-        # Inside, the subgraph's input node (id -10) is an alias for the instance's inputs; an
-        # unlinked input promoted to a widget on the instance carries that widget's value.
-        promoted = _promoted_widget_values(node)
+        # Inside, the subgraph's input node (id -10) is an alias: its slot k stands for the
+        # definition's input k, fed by the instance input bound to it by name (files list only
+        # some of an instance's inputs, in any order); an unlinked input promoted to a widget
+        # carries the instance's value for it, if the file stores one.
+        slots = subgraph_inputs(definition)
+        if slots is None:  # no named inputs: the instance's inputs by position
+            slots = [SubgraphSlot(i.name, i.type) for i in inputs]
+            bound = {k: k for k in range(len(slots))}
+        else:
+            bound = bind_instance_inputs(entries(node.get("inputs")), slots)
+        promoted = _promoted_values(node, slots, self.promoted_slots(definition, slots, links))
         in_aliases: list[_Source | None] = []
-        for entry, flat_input in zip(entries(node.get("inputs")), inputs, strict=True):
-            widget = widget_name(entry)
-            if flat_input.source is None and widget is not None and widget in promoted:
-                in_aliases.append(_Const(promoted[widget]))
+        for k in range(len(slots)):
+            position = bound.get(k)
+            source = inputs[position].source if position is not None else None
+            if source is None and k in promoted:
+                in_aliases.append(_Const(promoted[k]))
             else:
-                in_aliases.append(flat_input.source)
+                in_aliases.append(source)
         in_id = f"{inner}{ui_rules().subgraph_input_node}"
         self.flat[in_id] = _FlatNode(
-            in_id, "SubgraphInput", 0, None, [], [t.type for t in inputs], aliases=in_aliases
+            in_id, "SubgraphInput", 0, None, [], [slot.type for slot in slots], aliases=in_aliases
         )
         self.graph(definition, inner, mode, depth + 1)
+
+    def promoted_slots(
+        self, definition: Mapping[str, Any], slots: list[SubgraphSlot], links: Mapping[int, Link]
+    ) -> list[int]:
+        """The definition inputs that reach a widget inside (the frontend promotes those to widgets
+        on each instance; ``widgets_values`` stores one value per such input, in definition order)."""
+        nodes = {str(n.get("id")): n for n in entries(definition.get("nodes"))}
+        found = []
+        for k, slot in enumerate(slots):
+            targets = [links[i] for i in slot.link_ids if i in links] or [
+                link
+                for link in links.values()
+                if link.origin_id == ui_rules().subgraph_input_node and link.origin_slot == k
+            ]
+            if any(self.reaches_widget(nodes.get(str(link.target_id)), link.target_slot) for link in targets):
+                found.append(k)
+        return found
+
+    def reaches_widget(self, target: Mapping[str, Any] | None, slot: int) -> bool:
+        if target is None:
+            return False
+        target_inputs = entries(target.get("inputs"))
+        if slot >= len(target_inputs):
+            return False
+        name = widget_name(target_inputs[slot])
+        if name is not None:
+            return True
+        widget_names = {w.name for w in widgets_of(self.object_info.get(str(target.get("type"))))}
+        return str(target_inputs[slot].get("name")) in widget_names
 
     # --- legacy group nodes (extra.groupNodes) -----------------------------------------------
     def group_node(
@@ -386,15 +427,19 @@ def _input_order(info: Mapping[str, Any] | None) -> dict[str, int]:
     return {name: i for i, name in enumerate(names)}
 
 
-def _promoted_widget_values(node: Mapping[str, Any]) -> dict[str, Any]:
-    """Values of a subgraph instance's promoted widgets, by widget name."""
+def _promoted_values(
+    node: Mapping[str, Any], slots: list[SubgraphSlot], promoted: list[int]
+) -> dict[int, Any]:
+    """Values a subgraph instance stores for its promoted widgets, by definition input index: a
+    list holds one value per promoted input in definition order (linked ones included), an
+    object holds them by input name. Newer files (``properties.proxyWidgets``) store none: the
+    widgets inside keep their own values."""
     values = node.get("widgets_values")
     if isinstance(values, Mapping):
-        return dict(values)
-    names = [n for n in (widget_name(e) for e in entries(node.get("inputs"))) if n is not None]
+        return {k: values[slots[k].name] for k in promoted if slots[k].name in values}
     if not isinstance(values, list):
         return {}
-    return dict(zip(names, values, strict=False))
+    return dict(zip(promoted, values, strict=False))
 
 
 # --- small parsing helpers (the containers themselves: engine/formats/ui_parse.py) ----------------

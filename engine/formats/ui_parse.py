@@ -186,3 +186,53 @@ def widget_name(entry: Mapping[str, Any]) -> str | None:
     if isinstance(widget, Mapping) and isinstance(widget.get("name"), str):
         return str(widget["name"])
     return None
+
+
+@dataclass(frozen=True)
+class SubgraphSlot:
+    """One input (or output) of a subgraph definition: its name, type and the inner links that
+    leave it (``linkIds``)."""
+
+    name: str
+    type: str
+    link_ids: tuple[int, ...] = ()
+
+
+def subgraph_inputs(definition: Mapping[str, Any]) -> list[SubgraphSlot] | None:
+    """A definition's ``inputs``, in slot order (slot k is what inner links from the input node's
+    slot k carry); None when the definition lists none (files written before subgraphs named
+    their inputs: their instances' inputs are then taken by position)."""
+    raw = definition.get("inputs")
+    if not isinstance(raw, list):
+        return None
+    slots = []
+    for n, entry in enumerate(raw):
+        if not isinstance(entry, Mapping):
+            raise WorkflowFormatError(
+                f"inputs[{n}]: expected a subgraph input (an object with 'name' and 'type'), found {json_kind(entry)}"
+            )
+        ids = entry.get("linkIds")
+        link_ids = (
+            tuple(i for i in (as_index(v) for v in ids) if i is not None) if isinstance(ids, list) else ()
+        )
+        slots.append(SubgraphSlot(str(entry.get("name", "")), str(entry.get("type", "")), link_ids))
+    return slots
+
+
+def bind_instance_inputs(
+    instance_inputs: list[Mapping[str, Any]], slots: list[SubgraphSlot]
+) -> dict[int, int]:
+    """Which of an instance's input entries feeds each definition input: ``{slot: position}``.
+
+    As the frontend binds them when it loads a file (``SubgraphNode._rebindInputSubgraphSlots``):
+    each entry, in file order, takes the first definition input not yet taken with the same
+    name and type, else the first with the same name; an entry matching none is dropped. Files
+    keep only the inputs that are linked or shown, in any order, so position says nothing."""
+    taken: dict[int, int] = {}
+    for position, entry in enumerate(instance_inputs):
+        name, type_ = str(entry.get("name", "")), str(entry.get("type", ""))
+        free = [k for k, slot in enumerate(slots) if k not in taken and slot.name == name]
+        same_type = [k for k in free if slots[k].type == type_]
+        if same_type or free:
+            taken[(same_type or free)[0]] = position
+    return taken
