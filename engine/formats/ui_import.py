@@ -44,7 +44,15 @@ from engine.formats.ui_parse import (
     widget_name,
 )
 from engine.formats.ui_rules import ui_rules
-from engine.formats.widgets import MISSING, ConversionProblem, Widget, assign, widget_inputs, widgets_of
+from engine.formats.widgets import (
+    HIDDEN,
+    MISSING,
+    ConversionProblem,
+    Widget,
+    assign,
+    widget_inputs,
+    widgets_of,
+)
 
 MAX_NESTING = 32
 
@@ -210,33 +218,40 @@ class _Flattener:
         self.graph(definition, inner, mode, depth + 1)
 
     def promoted_slots(
-        self, definition: Mapping[str, Any], slots: list[SubgraphSlot], links: Mapping[int, Link]
+        self,
+        definition: Mapping[str, Any],
+        slots: list[SubgraphSlot],
+        links: Mapping[int, Link],
+        depth: int = 0,
     ) -> list[int]:
-        """The definition inputs that reach a widget inside (the frontend promotes those to widgets
-        on each instance; ``widgets_values`` stores one value per such input, in definition order)."""
+        """The definition inputs that feed a widget inside (the frontend promotes those to widgets
+        on each instance: ``SubgraphNode._resolveInputWidget``); a widget is one ``object_info``
+        declares, so an input feeding only unknown node types promotes nothing."""
         nodes = {str(n.get("id")): n for n in entries(definition.get("nodes"))}
+        from_input = [link for link in links.values() if link.origin_id == ui_rules().subgraph_input_node]
         found = []
         for k, slot in enumerate(slots):
             targets = [links[i] for i in slot.link_ids if i in links] or [
-                link
-                for link in links.values()
-                if link.origin_id == ui_rules().subgraph_input_node and link.origin_slot == k
+                link for link in from_input if link.origin_slot == k
             ]
-            if any(self.reaches_widget(nodes.get(str(link.target_id)), link.target_slot) for link in targets):
+            if any(self.feeds_widget(nodes.get(str(t.target_id)), t.target_slot, depth) for t in targets):
                 found.append(k)
         return found
 
-    def reaches_widget(self, target: Mapping[str, Any] | None, slot: int) -> bool:
-        if target is None:
+    def feeds_widget(self, target: Mapping[str, Any] | None, slot: int, depth: int) -> bool:
+        target_inputs = entries(target.get("inputs")) if target is not None else []
+        if target is None or slot >= len(target_inputs) or depth > MAX_NESTING:
             return False
-        target_inputs = entries(target.get("inputs"))
-        if slot >= len(target_inputs):
-            return False
-        name = widget_name(target_inputs[slot])
-        if name is not None:
-            return True
-        widget_names = {w.name for w in widgets_of(self.object_info.get(str(target.get("type"))))}
-        return str(target_inputs[slot].get("name")) in widget_names
+        name = str(target_inputs[slot].get("name", ""))
+        definition = self.subgraphs.get(str(target.get("type")))
+        if definition is not None:  # a nested instance: does its own input feed a widget further in?
+            inner_slots = subgraph_inputs(definition) or []
+            bound = {position: k for k, position in bind_instance_inputs(target_inputs, inner_slots).items()}
+            if slot not in bound:
+                return False
+            links = link_table(definition.get("links"))
+            return bound[slot] in self.promoted_slots(definition, inner_slots, links, depth + 1)
+        return name in {w.name for w in widgets_of(self.object_info.get(str(target.get("type"))))}
 
     # --- legacy group nodes (extra.groupNodes) -----------------------------------------------
     def group_node(
@@ -270,7 +285,7 @@ class _Flattener:
         per_node: dict[int, dict[str, Any]] = {}
         assigned, _ = assign([w for _, w in exposed_widgets], node.get("widgets_values"))
         for (idx, widget), value in zip(exposed_widgets, assigned, strict=True):
-            if value is not MISSING:
+            if value is not MISSING and value is not HIDDEN:
                 per_node.setdefault(idx, {})[widget.name] = value
 
         exposed_outputs = [
@@ -430,16 +445,26 @@ def _input_order(info: Mapping[str, Any] | None) -> dict[str, int]:
 def _promoted_values(
     node: Mapping[str, Any], slots: list[SubgraphSlot], promoted: list[int]
 ) -> dict[int, Any]:
-    """Values a subgraph instance stores for its promoted widgets, by definition input index: a
-    list holds one value per promoted input in definition order (linked ones included), an
-    object holds them by input name. Newer files (``properties.proxyWidgets``) store none: the
-    widgets inside keep their own values."""
+    """Values a subgraph instance stores for its promoted widgets, by definition input index.
+
+    ``widgets_values`` is an object by input name, or a list: with ``properties.proxyWidgets``
+    (``[[inner node id, widget name], ...]``, ``"-1"`` for the instance's own inputs) one value per
+    entry, in that order (an inner node's widget keeps its value on that node); without, one per
+    promoted input in definition order, linked ones included. Templates of today's frontend
+    store none: the widgets inside keep their own values."""
     values = node.get("widgets_values")
+    by_name: dict[str, Any] = {}
+    properties = node.get("properties")
+    proxies = properties.get("proxyWidgets") if isinstance(properties, Mapping) else None
     if isinstance(values, Mapping):
-        return {k: values[slots[k].name] for k in promoted if slots[k].name in values}
-    if not isinstance(values, list):
-        return {}
-    return dict(zip(promoted, values, strict=False))
+        by_name = dict(values)
+    elif isinstance(values, list) and isinstance(proxies, list):
+        for proxy, value in zip(proxies, values, strict=False):
+            if isinstance(proxy, list) and len(proxy) == 2 and str(proxy[0]) == "-1":
+                by_name.setdefault(str(proxy[1]), value)
+    elif isinstance(values, list):
+        return dict(zip(promoted, values, strict=False))
+    return {k: by_name[slots[k].name] for k in promoted if slots[k].name in by_name}
 
 
 # --- small parsing helpers (the containers themselves: engine/formats/ui_parse.py) ----------------

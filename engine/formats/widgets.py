@@ -17,6 +17,10 @@ editor reads too (``web/js/uirules.js`` applies the same rules):
 - ``widgets_values`` restores positionally; surplus trailing values are ignored; a widget the file
   has no value for keeps the widget's default (an older save of a node that gained an input).
 - Array values are sent wrapped as ``{"__value__": [...]}`` (arrays mean links in API format).
+- A dynamic combo (ComfyUI V3's ``DynamicCombo``, ``dynamicWidgets.ts``) reveals the widgets of the
+  chosen option right after itself, named ``combo.key``; the others do not exist, store no value
+  and are not sent. Loom declares each revealed input flat, as ``combo.key`` with
+  ``{"revealed_by": {"input": combo, "choices": [...]}}`` among its options.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from engine.formats.ui_rules import ui_rules
 from engine.schema import COMBO
 
 MISSING: Any = object()
+HIDDEN: Any = object()  # a dynamic combo's widget its chosen option does not reveal
+REVEALED_BY = "revealed_by"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Widget:
     default: Any = None
     kind: str = ""
     options: tuple[Any, ...] | None = None
+    revealed_by: tuple[str, tuple[Any, ...]] | None = None  # (dynamic combo, the choices showing it)
 
 
 @dataclass(frozen=True)
@@ -106,11 +113,40 @@ def widgets_of(info: Mapping[str, Any] | None) -> list[Widget]:
                     _default(kind, opts, options),
                     "COMBO" if options is not None else str(kind),
                     options,
+                    _revealed_by(opts),
                 )
             )
     if upload:
         widgets.append(Widget(rules.upload_widget, 0, False, rules.upload_value, "BUTTON"))
-    return widgets
+    return _after_their_combos(widgets)
+
+
+def _revealed_by(opts: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]] | None:
+    raw = opts.get(REVEALED_BY)
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("input"), str):
+        return None
+    choices = raw.get("choices")
+    return str(raw["input"]), tuple(choices) if isinstance(choices, list | tuple) else ()
+
+
+def _after_their_combos(widgets: list[Widget]) -> list[Widget]:
+    """Each dynamic combo's widgets right after it (nested combos' after theirs), in declaration order."""
+    names = {w.name for w in widgets}
+    children: dict[str, list[Widget]] = {}
+    for w in widgets:
+        if w.revealed_by is not None and w.revealed_by[0] in names:
+            children.setdefault(w.revealed_by[0], []).append(w)
+    ordered: list[Widget] = []
+
+    def place(widget: Widget, depth: int) -> None:
+        ordered.append(widget)
+        for child in children.get(widget.name, []) if depth < len(widgets) else []:
+            place(child, depth + 1)
+
+    for w in widgets:
+        if w.revealed_by is None or w.revealed_by[0] not in names:
+            place(w, 0)
+    return ordered
 
 
 def _combo_options(kind: Any, opts: Mapping[str, Any]) -> tuple[Any, ...] | None:
@@ -146,17 +182,38 @@ def assign(widgets: Sequence[Widget], values: Any) -> tuple[list[Any], int]:
     in widget order, or (some newer files) an object by widget name; and how many list entries
     that used (controls included; the rest are surplus)."""
     if isinstance(values, Mapping):
-        return [values.get(w.name, MISSING) for w in widgets], 0
+        by_name = [values.get(w.name, MISSING) for w in widgets]
+        chosen: dict[str, Any] = {}
+        for position, widget in enumerate(widgets):
+            if not _revealed(widget, chosen):
+                by_name[position] = HIDDEN
+            elif by_name[position] is MISSING:
+                chosen[widget.name] = widget.default
+            else:
+                chosen[widget.name] = by_name[position]
+        return by_name, 0
     out: list[Any] = [MISSING] * len(widgets)
+    chosen: dict[str, Any] = {}  # each shown widget's value (its default where the file has none)
     if not isinstance(values, list):
+        for position, widget in enumerate(widgets):
+            if _revealed(widget, chosen):
+                chosen[widget.name] = widget.default
+            else:
+                out[position] = HIDDEN
         return out, 0
     i = 0
     for position, widget in enumerate(widgets):
+        if not _revealed(widget, chosen):
+            out[position] = HIDDEN
+            continue
         if i >= len(values):
-            break
-        out[position] = values[i]
+            chosen[widget.name] = widget.default
+            continue
+        out[position] = chosen[widget.name] = values[i]
         i += 1
-        needed_after = len(widgets) - position - 1  # values the later widgets still need
+        needed_after = sum(
+            w.revealed_by is None for w in widgets[position + 1 :]
+        )  # values later widgets need
         if widget.control_slots and i < len(values) and len(values) - i > needed_after:
             if looks_like_control(values[i]):
                 i += 1
@@ -164,6 +221,15 @@ def assign(widgets: Sequence[Widget], values: Any) -> tuple[list[Any], int]:
                 if widget.control_slots == 2 and i < len(values) and spare and isinstance(values[i], str):
                     i += 1  # the combo's filter text
     return out, i
+
+
+def _revealed(widget: Widget, chosen: Mapping[str, Any]) -> bool:
+    """Whether a widget exists: always, unless a dynamic combo reveals it and shows another option
+    (or is itself hidden)."""
+    if widget.revealed_by is None:
+        return True
+    combo, choices = widget.revealed_by
+    return combo in chosen and chosen[combo] in choices
 
 
 def widget_inputs(
@@ -178,7 +244,7 @@ def widget_inputs(
     assigned, used = assign(widgets, values)
     inputs: dict[str, Any] = {}
     for widget, value in zip(widgets, assigned, strict=True):
-        if not widget.serialize:
+        if not widget.serialize or value is HIDDEN:
             continue
         if value is MISSING:
             value = widget.default

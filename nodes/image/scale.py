@@ -231,8 +231,24 @@ def scale_to_multiple(t: torch.Tensor, multiple: int, method: str) -> torch.Tens
     return scaled[:, y0 : y0 + target_h, x0 : x0 + target_w]
 
 
+# the resize types showing each of resize_type's own inputs (ComfyUI's DynamicCombo options)
+SHOWN_FOR = {
+    "width": ("scale dimensions", "scale width"),
+    "height": ("scale dimensions", "scale height"),
+    "crop": ("scale dimensions", "match size"),
+    "multiplier": ("scale by multiplier",),
+    "longer_size": ("scale longer dimension",),
+    "shorter_size": ("scale shorter dimension",),
+    "megapixels": ("scale total pixels",),
+    "match": ("match size",),
+    "multiple": ("scale to multiple",),
+}
+
+
 def _sub(name: str, type_: str, description: str, **kw: Any) -> Input:
-    return Input(f"resize_type.{name}", type_, description, optional=True, **kw)
+    """One of resize_type's own inputs; the editors show it only for its resize types."""
+    revealed = {"revealed_by": {"input": "resize_type", "choices": list(SHOWN_FOR[name])}}
+    return Input(f"resize_type.{name}", type_, description, optional=True, extra=revealed, **kw)
 
 
 class ResizeImageMaskNode(Node):
