@@ -200,6 +200,21 @@ def add_subcommands(sub: Any) -> dict[str, argparse.ArgumentParser]:
     )
     serve.add_argument("--no-demo", action="store_true", help="do not create demo models when none exist")
     serve.add_argument(
+        "--front-end-root",
+        default=None,
+        metavar="DIR",
+        help="serve the frontend in DIR (its index.html) at / instead of the installed one "
+        "(ComfyUI's flag); Loom's editor stays at /loom/ (DIR=web keeps Loom's editor at /)",
+    )
+    serve.add_argument(
+        "--front-end-version",
+        default=None,
+        metavar="OWNER/REPO@VERSION",
+        help="ComfyUI's flag, e.g. Comfy-Org/ComfyUI_frontend@latest or @1.58.1: only the installed "
+        "comfyui-frontend-package is served (never downloaded). With it installed, the official "
+        "frontend is the editor at / and Loom's is at /loom/",
+    )
+    serve.add_argument(
         "--isolate-jobs",
         action="store_true",
         help="run jobs in a worker process the server restarts: /interrupt ends a node that never "

@@ -29,6 +29,7 @@ from engine.jobs.store import JobStore
 from engine.jobs.worker_process import make_isolated_queue
 from engine.registry import NodeRegistry
 from engine.server.common import ApiError, ServerConfig, add_routes
+from engine.server.frontend_choice import LOOM_EDITOR_PATH, FrontEndError, resolve_front_end
 from engine.server.offload import BlockingWork
 from engine.server.openapi import OpenApiRoutes
 from engine.server.presence import OutputPresence
@@ -42,13 +43,13 @@ from engine.server.routes_frontend_models import FrontendModelRoutes
 from engine.server.routes_info import InfoRoutes
 from engine.server.routes_jobs import JobRoutes
 from engine.server.routes_plugins import PluginBridge, PluginRoutes
+from engine.server.routes_static import StaticRoutes
 from engine.server.security import (
     ERRORS,
     ErrorCounter,
     InsecureBindError,
     RequestGuard,
     check_bind,
-    safe_path,
 )
 from engine.server.userdata import UserdataRoutes
 from engine.server.ws import WsHub
@@ -87,33 +88,6 @@ def loom_version() -> str:
         return version("loom")
     except Exception:
         return "0.1.0"
-
-
-class StaticRoutes:
-    """The editor in ``web/``, served as it is."""
-
-    def __init__(self, web_dir: Path | None) -> None:
-        self.web_dir = web_dir if web_dir is not None and web_dir.is_dir() else None
-
-    def install(self, app: web.Application) -> None:
-        app.router.add_get("/", self.index)
-        app.router.add_get("/{path:.+}", self.file)
-
-    async def file(self, request: web.Request) -> web.StreamResponse:
-        path = safe_path(self.web_dir, request.match_info["path"]) if self.web_dir is not None else None
-        if path is None or not path.is_file():
-            raise ApiError(404, "not_found", f"no such file: {request.path}")
-        return web.FileResponse(path)
-
-    async def index(self, request: web.Request) -> web.StreamResponse:
-        if self.web_dir is None or not (self.web_dir / "index.html").is_file():
-            return web.Response(
-                text="Loom is running; the editor (web/index.html) is not installed. "
-                "The API is at /prompt, /ws and /api/v1/openapi.json.\n"
-            )
-        response = web.FileResponse(self.web_dir / "index.html")
-        response.headers["Cache-Control"] = "no-cache"
-        return response
 
 
 def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
@@ -174,7 +148,11 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     add_routes(app, misc.static_routes(), comfy=False)
     bridge.mount(app)
     app.router.add_route("*", "/api/{tail:.*}", _unknown_api)
-    StaticRoutes(parts.web_dir).install(app)
+    if config.front_end_root is None:
+        StaticRoutes(parts.web_dir).install(app)
+    else:  # the official frontend at "/", Loom's editor at a path of its own
+        StaticRoutes(parts.web_dir, prefix=LOOM_EDITOR_PATH).install(app)
+        StaticRoutes(Path(config.front_end_root)).install(app)
 
     async def on_startup(app: web.Application) -> None:
         loop = asyncio.get_running_loop()
@@ -210,6 +188,18 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
     app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+def frontend_extensions(front_end: Path, loom_web: Path) -> dict[str, Path]:
+    """The web extensions that go with the official frontend: its own (``extensions/core``, listed
+    by ``/extensions`` as ComfyUI lists them) and Loom's (``web/extension``: links to Loom's views)."""
+    found = {}
+    folder = front_end / "extensions"
+    if folder.is_dir():
+        found = {path.name: path for path in sorted(folder.iterdir()) if path.is_dir()}
+    if (loom_web / "extension").is_dir():
+        found["loom"] = loom_web / "extension"
+    return found
 
 
 def pack_roots(report: Any) -> dict[str, Path]:
@@ -256,7 +246,17 @@ def serve_main(
     """``python main.py serve``: check the bind, build the runtime, open the queue, serve until stopped.
     ``worker_factory`` (``"module:function"``) builds the job worker process's runtime with
     ``--isolate-jobs``."""
+    try:
+        front_end = resolve_front_end(
+            getattr(args, "front_end_root", None),
+            getattr(args, "front_end_version", None),
+            loom_web=root / "web",
+        )
+    except FrontEndError as exc:
+        print(f"loom: {exc}", file=sys.stderr)
+        return 2
     config = ServerConfig(
+        front_end_root=str(front_end) if front_end is not None else None,
         host=args.host,
         port=args.port,
         token=args.token,
@@ -265,6 +265,7 @@ def serve_main(
         argv=tuple(sys.argv),
         allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()),
         allowed_origins=tuple(getattr(args, "allowed_origin", None) or ()),
+        extra_stats={"safety": getattr(args, "safety", None) or "off"},
     )
     try:
         check_bind(config)
@@ -306,6 +307,8 @@ def serve_main(
         queue = make_local_queue(runtime.executor, store)
     web_dirs = getattr(report, "web_directories", None)
     extensions = web_dirs() if callable(web_dirs) else {}
+    if config.front_end_root is not None:
+        extensions = {**frontend_extensions(Path(config.front_end_root), root / "web"), **extensions}
     parts = ServerParts(
         runtime.registry,
         runtime.executor,
@@ -332,6 +335,14 @@ def serve_main(
         config.port,
         len(runtime.registry),
     )
+    if config.front_end_root is not None:
+        log.info(
+            "the editor at / is ComfyUI's official frontend (%s); Loom's editor is at http://%s:%d%s/",
+            config.front_end_root,
+            shown,
+            config.port,
+            LOOM_EDITOR_PATH,
+        )
     web.run_app(
         create_app(parts, config),
         host=config.host,

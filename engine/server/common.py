@@ -48,6 +48,7 @@ class ServerConfig:
     comfyui_api_version: str = "0.8.0"
     argv: tuple[str, ...] = ()
     extra_stats: dict[str, Any] = field(default_factory=dict)
+    front_end_root: str | None = None
 
     def token_matches(self, given: str | None) -> bool:
         return (

@@ -37,7 +37,8 @@ export async function loadExtensions(app) {
   const loaded = [];
   for (const url of Array.isArray(urls) ? urls : []) {
     try {
-      const mod = await import(url.startsWith("/") || url.startsWith("http") ? url : `./${url}`);
+      // "/extensions/…" under the API base: behind a sub-path (and at /loom/) its "../../scripts/app.js" is Loom's shim
+      const mod = await import(url.startsWith("http") ? url : url.startsWith("/") ? app.api.url(url) : `./${url}`);
       const register = mod.register || mod.default;
       if (typeof register === "function") await register(loom);
       loaded.push(url);
