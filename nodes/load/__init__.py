@@ -9,4 +9,5 @@ NODE_MODULES: tuple[str, ...] = (
     "lora_extract",
     "quant_loaders",
     "hook_nodes",
+    "lora_bypass",
 )

@@ -174,3 +174,34 @@ def test_combining_hooks(ctx: Any, lora_files: Any) -> None:  # noqa: F811
 def test_a_hook_lora_that_is_not_a_lora_is_refused_with_its_keys(ctx: Any, lora_files: Any) -> None:  # noqa: F811
     with pytest.raises(Exception, match="not a LoRA file"):
         CreateHookLoraModelOnly().run(ctx, lora_name="not_a_lora.safetensors", strength_model=1.0)
+
+
+def test_bypass_loras_equal_the_merged_lora(ctx: Any, sd15: Any, lora_files: Any) -> None:  # noqa: F811
+    from nodes.load.checkpoint_loaders import LoraLoader
+    from nodes.load.lora_bypass import LoraLoaderBypass, LoraLoaderBypassModelOnly
+
+    model, clip = sd15
+    pos, neg = _prompts(ctx, clip)
+    merged = LoraLoaderModelOnly().run(ctx, model=model, lora_name=lora_files["kohya"], strength_model=0.7)[0]
+    bypass = LoraLoaderBypassModelOnly().run(
+        ctx, model=model, lora_name=lora_files["kohya"], strength_model=0.7
+    )[0]
+    assert torch.allclose(_sample(ctx, bypass, pos, neg), _sample(ctx, merged, pos, neg), atol=1e-4)
+    both = LoraLoaderBypass().run(
+        ctx, model=model, clip=clip, lora_name=lora_files["kohya"], strength_model=1.0, strength_clip=1.0
+    )
+    ref = LoraLoader().run(
+        ctx, model=model, clip=clip, lora_name=lora_files["kohya"], strength_model=1.0, strength_clip=1.0
+    )
+    assert torch.allclose(
+        CLIPTextEncode().run(ctx, text="a cat", clip=both[1])[0][0].embeds,
+        CLIPTextEncode().run(ctx, text="a cat", clip=ref[1])[0][0].embeds,
+        atol=1e-5,
+    )
+    assert [i.name for i in LoraLoaderBypass.SCHEMA.inputs] == [
+        "model", "clip", "lora_name", "strength_model", "strength_clip",
+    ]  # fmt: skip
+    with pytest.raises(Exception, match="not a LoRA file"):
+        LoraLoaderBypassModelOnly().run(
+            ctx, model=model, lora_name="not_a_lora.safetensors", strength_model=1.0
+        )
