@@ -12,12 +12,19 @@ imports of the station that made them:
 - ``extras["control"]``: the control models applied to the entry (ControlNet apply nodes), an
   :class:`nodes.core.control_base.AppliedControl`;
 - ``extras["gligen"]``: GLIGEN's boxes (GLIGENTextBoxApply), an :class:`EntryBlockPatches`: block
-  patches (ComfyUI's per-conditioning ``middle_patch``) for the rows of the entries that carry it.
+  patches (ComfyUI's per-conditioning ``middle_patch``) for the rows of the entries that carry it;
+- ``extras["hooks"]``: weight hooks (ComfyUI's HOOKS: CreateHookLora, ConditioningSetProperties), an
+  :class:`EntryWeightHooks`: weight changes in force only while the model calls for the entries
+  carrying it run (entries with different hooks never share a call).
+
+``extras["default"]`` (ConditioningSetDefaultCombine) marks an entry that applies only where the
+branch's other entries leave weight uncovered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -52,4 +59,20 @@ class EntryBlockPatches(Protocol):
     def check_denoiser(self, module: Any, name: str) -> None:
         """Raise a teaching ``ConditioningError`` unless the patches fit the resident denoiser
         ``module``; ``name`` is the branch (``positive``, ``negative``) for the message."""
+        ...
+
+
+class HookRun(Protocol):
+    """Weight hooks bound to one sampling run (keyframe state lives here, one per run)."""
+
+    def applied(self, module: Any, sigma: float) -> AbstractContextManager[None]:
+        """The hooks' weights in ``module`` for one model call at ``sigma``; restored on exit."""
+        ...
+
+
+class EntryWeightHooks(Protocol):
+    """A value in a cond entry's ``extras["hooks"]`` (see the module docstring)."""
+
+    def start(self, model: Any, percent_to_sigma: Callable[[float], float]) -> HookRun:
+        """The hooks bound to a sampling run of ``model`` (a MODEL handle)."""
         ...

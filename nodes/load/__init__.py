@@ -8,4 +8,6 @@ NODE_MODULES: tuple[str, ...] = (
     "model_save",
     "lora_extract",
     "quant_loaders",
+    "hook_nodes",
+    "lora_bypass",
 )

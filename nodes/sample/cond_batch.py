@@ -13,6 +13,10 @@ ComfyUI's rules (``comfy/samplers.py``: ``process_conds``, ``get_area_and_mult``
   sigma is above sigma(start) or below sigma(end);
 - every area entry gets a counterpart with the same area in each other branch, carrying the
   prompt of the smallest entry there that encloses it;
+- a **default** entry (``extras["default"]``, ConditioningSetDefaultCombine) applies only where its
+  branch's other entries of the step leave weight: its weight is ``relu(1 - sum(their mult))``, and
+  it is skipped where that is zero everywhere;
+- entries with different weight hooks (``extras["hooks"]``) never share a model call;
 - per step, entries whose crops and prompts have equal shapes run as **one** model call (the
   branches in reverse order, so CFG's batch is [uncond, cond]); each branch's prediction is
   ``sum(out * mult) / sum(mult)`` over its entries (the denominator starts at 1e-37).
@@ -210,6 +214,7 @@ def _can_concat(a: _Item, b: _Item) -> bool:
         and (ea.pooled is None) == (eb.pooled is None)
         and ea.extras.get("control") is eb.extras.get("control")
         and ea.extras.get("gligen") is eb.extras.get("gligen")
+        and ea.extras.get("hooks") is eb.extras.get("hooks")
         and _references(ea) == _references(eb)
     )
 
@@ -235,6 +240,7 @@ def calc_cond_batch(
 ) -> list[torch.Tensor]:
     """The denoised prediction of each named branch (``None``: skipped, zeros) for the batch ``x``."""
     to_run: list[_Item] = []
+    defaults: list[_Item] = []
     for i, name in enumerate(names):
         if name is None:
             continue
@@ -243,7 +249,9 @@ def calc_cond_batch(
             for c in job.branches.get(name, []):
                 item = _area_and_mult(c, x[job.rows], s, i, job.rows)
                 if item is not None:
-                    to_run.append(item)
+                    (defaults if c.entry.extras.get("default") else to_run).append(item)
+    if defaults:
+        to_run += _default_items(defaults, to_run, x)
     # Each branch's rows covered by exactly one whole-crop item of weight 1: sum(out * 1) / (1 + 1e-37)
     # is that item's output bit for bit, so it is used as is (no accumulators).
     spots = [(item.branch, item.rows.start) for item in to_run]
@@ -275,6 +283,27 @@ def calc_cond_batch(
             target += out * mult
             count += mult
     return outs if direct else [o / c for o, c in zip(outs, counts, strict=True)]
+
+
+def _default_items(defaults: Sequence[_Item], items: Sequence[_Item], x: torch.Tensor) -> list[_Item]:
+    """ComfyUI's ``finalize_default_conds``: each default item over the whole latent, weighted by
+    what its branch's other items leave of 1 in its rows (dropped where they cover everything)."""
+    out = []
+    for d in defaults:
+        left = torch.ones_like(x[d.rows])
+        for item in items:
+            if item.branch != d.branch or item.rows != d.rows:
+                continue
+            mult = item.mult if item.mult is not None else torch.ones_like(item.x)
+            if item.area is not None:
+                h, w, y, x0 = item.area
+                left[:, :, y : y + h, x0 : x0 + w] -= mult
+            else:
+                left -= mult
+        left = torch.relu(left)
+        if float(left.max()) > 0.0:
+            out.append(replace(d, x=x[d.rows], area=None, mult=left))
+    return out
 
 
 def lcm_repeat(embeds: Sequence[torch.Tensor]) -> list[torch.Tensor]:

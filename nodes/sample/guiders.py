@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from nodes.control.controlnet import controls_to_uncond
-from nodes.core.cond import CondEntry
+from nodes.core.cond import CondEntry, EntryWeightHooks, HookRun
 from nodes.core.sampling_hooks import (
     BlockPatch,
     BlockSkip,
@@ -180,6 +180,7 @@ class GuidedRun:
         self._predict = self.hooks.predict(self._guided)
         self._transformer_options = self.hooks.transformer_options()
         self._kwargs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._hook_runs: dict[int, tuple[EntryWeightHooks, HookRun]] = {}
         self._names: list[str | None] = []  # the branches of the current calc, by index
         self.model_options: dict[str, Any] = {}  # the sampler's, for the current call
         self.dtype = next(module.parameters()).dtype
@@ -408,8 +409,21 @@ class GuidedRun:
             hash((self._names[b], id(c.entry), c.area)) for c, b in zip(conds, branches, strict=True)
         )
         call = ModelCall(x_in, timestep, sigma, kwargs, kinds, chunks)
-        out = self._apply(call).float()
+        hooks = conds[0].entry.extras.get("hooks")  # one call's entries share their hooks (cond_batch)
+        if hooks is None:
+            out = self._apply(call).float()
+        else:
+            with self._hook_run(hooks).applied(self.module, float(sigma[0])):
+                out = self._apply(call).float()
         return ms.calculate_denoised(sigma, out, xs)
+
+    def _hook_run(self, hooks: EntryWeightHooks) -> HookRun:
+        """The weight hooks of entries bound to this run (one binding per hooks value)."""
+        run = self._hook_runs.get(id(hooks))
+        if run is None or run[0] is not hooks:
+            run = (hooks, hooks.start(self.model, self.model_sampling.percent_to_sigma))
+            self._hook_runs[id(hooks)] = run
+        return run[1]
 
     def _raw_forward(self, call: ModelCall) -> torch.Tensor:
         kwargs = dict(call.cond_kwargs)
