@@ -9,4 +9,5 @@ NODE_MODULES: tuple[str, ...] = (
     "unclip",
     "ip2p",
     "gligen",
+    "lotus",
 )
