@@ -17,7 +17,7 @@ import torch
 from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CONDITIONING, NodeSchema, Output
-from nodes.core.cond import Conditioning, CondEntry
+from nodes.core.cond import CondEntry, Conditioning
 
 EMBEDDING_FILE = Path(__file__).parent / "data" / "lotus_null_conditioning.json"
 
