@@ -19,6 +19,9 @@ sampler calls them at ComfyUI's points:
   ``sampler_pre_cfg_function`` / ``sampler_cfg_function`` / ``sampler_post_cfg_function`` /
   ``disable_cfg1_optimization``, called with ComfyUI's argument dicts (see ComfyUI's
   ``comfy/samplers.py`` ``sampling_function`` and ``cfg_function``).
+- ``cfg_scale``: each gets the guider's CFG scale and the step's sigmas (one per row) and returns the
+  scale to use this step (ComfyUI's ``CFGOverride``); applied in patch order, so the patch nearest
+  the sampler wins where several change the same step.
 - ``block_patches``: per-block patches by ComfyUI's patch point names (``attn1_patch``,
   ``attn2_output_patch``, ``input_block_patch``, ``output_block_patch``, ``middle_patch``, ...).
   The sampler hands them to the denoiser's ``forward`` as
@@ -272,6 +275,7 @@ class SamplingHooks:
     cfg_function: Callable[[dict[str, Any]], Tensor] | None = None
     post_cfg: tuple[Callable[[dict[str, Any]], Tensor], ...] = ()
     disable_cfg1_optimization: bool = False
+    cfg_scale: tuple[Callable[[float, Tensor], float], ...] = ()
     block_patches: tuple[BlockPatch, ...] = field(default=())
     # ComfyUI's denoise_mask_function(sigma, denoise_mask, extra_options) -> mask (DifferentialDiffusion)
     denoise_mask_function: Callable[..., Tensor] | None = None
@@ -288,6 +292,7 @@ class SamplingHooks:
             cfg_function=other.cfg_function if other.cfg_function is not None else self.cfg_function,
             post_cfg=self.post_cfg + other.post_cfg,
             disable_cfg1_optimization=self.disable_cfg1_optimization or other.disable_cfg1_optimization,
+            cfg_scale=self.cfg_scale + other.cfg_scale,
             block_patches=self.block_patches + other.block_patches,
             denoise_mask_function=other.denoise_mask_function or self.denoise_mask_function,
             calc_cond_batch=other.calc_cond_batch or self.calc_cond_batch,
@@ -316,6 +321,12 @@ class SamplingHooks:
         for wrapper in reversed(self.predict_wrappers):
             fn = _bind_predict(wrapper, fn)
         return fn
+
+    def scale(self, cfg: float, sigma: Tensor) -> float:
+        """The CFG scale of a step at ``sigma``: ``cfg`` passed through the ``cfg_scale`` hooks."""
+        for fn in self.cfg_scale:
+            cfg = fn(cfg, sigma)
+        return cfg
 
     def transformer_options(self) -> dict[str, Any]:
         """The block patches in ComfyUI's ``transformer_options`` shape (empty when none)."""

@@ -10,4 +10,5 @@ NODE_MODULES: tuple[str, ...] = (
     "ip2p",
     "gligen",
     "conditioning_props",
+    "lotus",
 )

@@ -5,6 +5,7 @@ NODE_MODULES: tuple[str, ...] = (
     "vae",
     "transforms",
     "operations",
+    "operation_blend",
     "batch",
     "files",
 )

@@ -18,5 +18,6 @@ NODE_MODULES: tuple[str, ...] = (
     "easycache",
     "first_block_cache",
     "guidance",
+    "cfg_schedule",
     "hypernetwork",
 )

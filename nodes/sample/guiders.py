@@ -73,10 +73,11 @@ class Guider:
         return max(1, sum(len(self.entries(name)) for name in self.batched_names()))
 
     def predict(self, run: GuidedRun, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        skip_negative = math.isclose(self.cfg, 1.0) and not run.disable_cfg1_optimization
+        cfg = run.hooks.scale(self.cfg, sigma)
+        skip_negative = math.isclose(cfg, 1.0) and not run.disable_cfg1_optimization
         names = ["positive", None if skip_negative else "negative"]
-        out = run.pre_cfg(names, run.calc(names, x, sigma), self.cfg, x, sigma)
-        return run.cfg_function(out[0], out[1], self.cfg, x, sigma, names[0], names[1])
+        out = run.pre_cfg(names, run.calc(names, x, sigma), cfg, x, sigma)
+        return run.cfg_function(out[0], out[1], cfg, x, sigma, names[0], names[1])
 
 
 @dataclass(frozen=True)
@@ -141,10 +142,11 @@ class PerpNegGuider(Guider):
 
     def predict(self, run: GuidedRun, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         names: list[str | None] = ["positive", "negative", "empty_negative_prompt"]
-        out = run.pre_cfg(names, run.calc(names, x, sigma), self.cfg, x, sigma)
-        result = perp_neg(out[0], out[1], out[2], self.neg_scale, self.cfg)
+        cfg = run.hooks.scale(self.cfg, sigma)
+        out = run.pre_cfg(names, run.calc(names, x, sigma), cfg, x, sigma)
+        result = perp_neg(out[0], out[1], out[2], self.neg_scale, cfg)
         extra = {"empty_cond": run.cond_args("empty_negative_prompt"), "empty_cond_denoised": out[2]}
-        return run.post_cfg(result, out[0], out[1], self.cfg, x, sigma, "positive", "negative", extra)
+        return run.post_cfg(result, out[0], out[1], cfg, x, sigma, "positive", "negative", extra)
 
 
 class GuidedRun:
