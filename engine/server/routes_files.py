@@ -49,6 +49,36 @@ def check_image(data: bytes) -> None:
         raise ApiError(400, "not_an_image", f"the upload could not be decoded as an image: {exc}") from exc
 
 
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".ogv", ".flv", ".3gp")
+
+
+def check_upload(data: bytes, name: str) -> None:
+    """Raise a 400 unless ``data`` is an image, or (for a video file name) a video whose frames decode:
+    ComfyUI's frontend uploads LoadVideo's files through ``/upload/image`` too."""
+    if not name.lower().endswith(VIDEO_SUFFIXES):
+        check_image(data)
+        return
+    try:
+        import av  # lazy: PyAV loads FFmpeg's libraries (~100 ms); only a video upload needs it
+    except ImportError as exc:
+        raise ApiError(
+            400, "not_a_video", "video uploads need PyAV on the server: pip install 'av>=14'"
+        ) from exc
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.video:
+                raise ApiError(400, "not_a_video", f"{name!r} has no video stream; upload a video file")
+            frames = sum(1 for _ in container.decode(video=0))
+    except av.error.FFmpegError as exc:
+        raise ApiError(
+            400,
+            "not_a_video",
+            f"{name!r} is not a video PyAV can read, or it is truncated ({exc}); upload the whole file",
+        ) from exc
+    if frames == 0:
+        raise ApiError(400, "not_a_video", f"{name!r} has no frames that decode; upload the whole file")
+
+
 def convert_preview(path: Path, spec: str | None, channel: str) -> tuple[bytes, str]:
     """Re-encode an image for ``/view?preview=webp;90`` or ``&channel=rgb|a``."""
     fmt, quality = "png", 90
@@ -230,7 +260,7 @@ class FileRoutes:
 
     async def upload_image(self, request: web.Request) -> web.Response:
         fields, data, name = await self._read_upload(request)
-        await asyncio.to_thread(check_image, data)
+        await asyncio.to_thread(check_upload, data, name)
         return await self._store(fields, name, data)
 
     async def upload_mask(self, request: web.Request) -> web.Response:

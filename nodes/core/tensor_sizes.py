@@ -40,6 +40,24 @@ def latent_size(batch: Any, channels: int, height: Any, width: Any, factor: int 
     return TensorSize((batch, channels, height // factor, width // factor))
 
 
+def video_latent_size(
+    batch: Any,
+    channels: int,
+    length: Any,
+    height: Any,
+    width: Any,
+    factor: int = 8,
+    frames_per_latent: int = 4,
+) -> TensorSize | None:
+    """Video latents [B, C, (length - 1) // frames_per_latent + 1, h, w] of ``length`` frames of
+    ``width`` x ``height`` pixels (each side over ``factor``), as EmptyHunyuanLatentVideo makes them."""
+    if not _ints(batch, length, height, width):
+        return None
+    return TensorSize(
+        (batch, channels, (length - 1) // frames_per_latent + 1, height // factor, width // factor)
+    )
+
+
 def decoded_size(latent: TensorSize | None, factor: int = 8) -> TensorSize | None:
     """The RGB images a VAE decodes ``latent`` [B, C, h, w] into: [B, h * factor, w * factor, 3], with
     the usual factor of 8 (a VAE that scales more makes this an underestimate)."""

@@ -11,4 +11,6 @@ NODE_MODULES: tuple[str, ...] = (
     "scale",
     "files",
     "mask",
+    "video",
+    "video_edit",
 )

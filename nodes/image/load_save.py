@@ -72,7 +72,7 @@ def register_image_options(registry: NodeRegistry, input_dir: Path) -> None:
     registry.add_options_source("input_images", lambda: list_input_images(Path(input_dir)))
 
 
-def _input_path(folders: Folders, name: str, default: str = "input") -> Path:
+def input_path(folders: Folders, name: str, default: str = "input") -> Path:
     """The file a LoadImage-style name points at. ComfyUI's annotated names (``"a.png [output]"``,
     ``[input]``, ``[temp]``) pick the folder; otherwise ``default`` does."""
     match = re.match(r"^(.*?)\s*\[(input|output|temp)\]$", name)
@@ -187,7 +187,7 @@ def load_image_file(
     image [1, H, W, 3] and the mask [1, H, W] (1 where transparent; zeros without alpha)."""
     from PIL import ImageOps  # lazy: ImageOps and its palettes (~8 ms); only a load needs it
 
-    path = _input_path(folders, image, default)
+    path = input_path(folders, image, default)
     if not path.is_file():
         raise ImageError(
             f"image {image!r} not found in the {default} folder ({path.parent}); "
@@ -234,7 +234,7 @@ class LoadImage(Node):
     @classmethod
     def fingerprint(cls, folders: Folders, **inputs: Any) -> Any:
         try:
-            return hashlib.sha256(_input_path(folders, str(inputs.get("image", ""))).read_bytes()).hexdigest()
+            return hashlib.sha256(input_path(folders, str(inputs.get("image", ""))).read_bytes()).hexdigest()
         except (OSError, ImageError):
             return "missing"  # the run reports the problem
 

@@ -8,4 +8,5 @@ NODE_MODULES: tuple[str, ...] = (
     "operation_blend",
     "batch",
     "files",
+    "video_latents",
 )

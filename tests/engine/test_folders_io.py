@@ -26,14 +26,14 @@ def work(tmp_path: Path) -> tuple[Folders, Path]:
 
 # --- input / output: unchanged -----------------------------------------------------------------------
 def test_input_link_leading_out_is_refused(work: tuple[Folders, Path]) -> None:
-    from nodes.image.load_save import ImageError, _input_path
+    from nodes.image.load_save import ImageError, input_path
 
     folders, outside = work
     (folders.input_dir / "evil.png").symlink_to(outside / "secret.png")
     with pytest.raises(ImageError, match="points outside the input folder"):
-        _input_path(folders, "evil.png")
+        input_path(folders, "evil.png")
     with pytest.raises(ImageError, match="points outside the input folder"):
-        _input_path(folders, "../outside/secret.png")
+        input_path(folders, "../outside/secret.png")
 
 
 def test_output_prefix_leading_out_is_refused(work: tuple[Folders, Path]) -> None:

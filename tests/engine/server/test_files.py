@@ -138,3 +138,40 @@ async def test_static_editor(client: TestClient) -> None:
     assert (await client.get("/index.html")).status == 200
     missing = await client.get("/missing.js")
     assert missing.status == 404 and "error" in await missing.json()
+
+
+def mp4_bytes(tmp: Path) -> bytes:
+    """A tiny real MP4 (2 frames, 16x16, H.264), written with PyAV."""
+    import av  # lazy: PyAV only for the video upload tests
+
+    path = tmp / "clip.mp4"
+    with av.open(str(path), mode="w") as out:
+        stream = out.add_stream("h264", rate=8)
+        stream.width, stream.height, stream.pix_fmt = 16, 16, "yuv420p"
+        for _ in range(2):
+            out.mux(stream.encode(av.VideoFrame(16, 16, "yuv420p")))
+        out.mux(stream.encode(None))
+    return path.read_bytes()
+
+
+async def test_a_video_upload_is_stored_as_comfyui_stores_it(
+    client: TestClient, parts: ServerParts, tmp_path: Path
+) -> None:
+    data = mp4_bytes(tmp_path)
+    resp = await client.post("/upload/image", data=form(data, "clip.mp4"))
+    assert resp.status == 200 and await resp.json() == {"name": "clip.mp4", "subfolder": "", "type": "input"}
+    assert (parts.folders.input_dir / "clip.mp4").read_bytes() == data
+    view = await client.get("/view", params={"filename": "clip.mp4", "type": "input"})
+    assert view.status == 200 and view.content_type == "video/mp4" and await view.read() == data
+
+
+async def test_a_truncated_or_fake_video_upload_is_refused(
+    client: TestClient, parts: ServerParts, tmp_path: Path
+) -> None:
+    data = mp4_bytes(tmp_path)
+    for name, body in (("cut.mp4", data[: len(data) // 2]), ("fake.webm", b"not a video")):
+        resp = await client.post("/upload/image", data=form(body, name))
+        assert resp.status == 400
+        error = await resp.json()
+        assert "not_a_video" in json.dumps(error) and name in json.dumps(error)
+        assert not (parts.folders.input_dir / name).exists()

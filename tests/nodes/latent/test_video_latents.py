@@ -1,0 +1,86 @@
+"""Video latents (nodes/latent/video_latents.py): EmptyHunyuanLatentVideo's 5-D shape and declared size,
+TrimVideoLatent, ReplaceVideoLatentFrames (ComfyUI's semantics, negative index, no-fit keeps the
+destination), and the batch nodes passing 5-D latents through as ComfyUI does."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine.node import TensorSize
+from nodes.latent.batch import LatentBatch, LatentConcat, LatentFromBatch, RepeatLatentBatch
+from nodes.latent.vae import LatentError
+from nodes.latent.video_latents import EmptyHunyuanLatentVideo, ReplaceVideoLatentFrames, TrimVideoLatent
+
+
+def video(frames: int, fill: float = 0.0, batch: int = 1) -> dict:
+    """A video latent whose frame f holds fill + f (so frames can be told apart)."""
+    samples = torch.full((batch, 16, frames, 2, 3), fill)
+    samples += torch.arange(frames).float().view(1, 1, frames, 1, 1)
+    return {"samples": samples}
+
+
+@pytest.mark.parametrize(("length", "frames"), [(1, 1), (25, 7), (33, 9), (24, 6)])
+def test_empty_hunyuan_latent_video_shape(length: int, frames: int) -> None:
+    out = EmptyHunyuanLatentVideo().run(None, width=64, height=48, length=length, batch_size=2)[0]["samples"]
+    assert out.shape == (2, 16, frames, 6, 8) and not out.any()
+
+
+def test_empty_hunyuan_latent_video_declares_its_size_and_comfyui_defaults() -> None:
+    sizes = EmptyHunyuanLatentVideo.estimate_outputs(width=848, height=480, length=25, batch_size=1)
+    assert sizes == (TensorSize((1, 16, 7, 60, 106)),)
+    assert EmptyHunyuanLatentVideo.estimate_outputs(width=None, height=480, length=25, batch_size=1) == (
+        None,
+    )
+    spec = {i.name: (i.default, i.min, i.step) for i in EmptyHunyuanLatentVideo.SCHEMA.inputs}
+    assert spec == {
+        "width": (848, 16, 16),
+        "height": (480, 16, 16),
+        "length": (25, 1, 4),
+        "batch_size": (1, 1, None),
+    }
+
+
+def test_trim_video_latent_drops_leading_frames() -> None:
+    out = TrimVideoLatent().run(None, samples={**video(5), "batch_index": [0]}, trim_amount=2)[0]
+    assert out["samples"].shape[2] == 3 and out["samples"][0, 0, 0, 0, 0] == 2 and out["batch_index"] == [0]
+    with pytest.raises(
+        LatentError, match=r"expected a video latent \[B, C, frames, H, W\].*EmptyHunyuanLatentVideo"
+    ):
+        TrimVideoLatent().run(None, samples={"samples": torch.zeros(1, 4, 8, 8)}, trim_amount=1)
+
+
+def test_replace_video_latent_frames_places_the_source_at_index() -> None:
+    node = ReplaceVideoLatentFrames()
+    out = node.run(None, destination=video(6), source=video(2, fill=100.0), index=1)[0]["samples"]
+    assert out[0, 0, :, 0, 0].tolist() == [0, 100, 101, 3, 4, 5]
+    out = node.run(None, destination=video(6), source=video(2, fill=100.0), index=-2)[0]["samples"]
+    assert out[0, 0, :, 0, 0].tolist() == [0, 1, 2, 3, 100, 101]
+    destination = video(6)
+    assert node.run(None, destination=destination, index=3)[0] is destination  # no source: unchanged
+    assert destination["samples"][0, 0, 1, 0, 0] == 1  # the input is never changed
+
+
+def test_replace_video_latent_frames_that_do_not_fit_keep_the_destination(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    destination = video(4)
+    with caplog.at_level(logging.WARNING):
+        out = ReplaceVideoLatentFrames().run(None, destination=destination, source=video(3), index=2)[0]
+    assert out is destination and "do not fit" in caplog.text
+    with pytest.raises(LatentError, match="batch, channels and size must agree"):
+        ReplaceVideoLatentFrames().run(
+            None, destination=video(4), source={"samples": torch.zeros(1, 16, 1, 5, 5)}, index=0
+        )
+
+
+def test_batch_nodes_pass_video_latents_through() -> None:
+    joined = LatentBatch().run(None, samples1=video(3), samples2=video(3, batch=2))[0]
+    assert joined["samples"].shape == (3, 16, 3, 2, 3) and joined["batch_index"] == [0, 0, 1]
+    longer = LatentConcat().run(None, samples1=video(3), samples2=video(2, fill=10.0), dim="t")[0]["samples"]
+    assert longer[0, 0, :, 0, 0].tolist() == [0, 1, 2, 10, 11]
+    assert RepeatLatentBatch().run(None, samples=video(3), amount=2)[0]["samples"].shape == (2, 16, 3, 2, 3)
+    picked = LatentFromBatch().run(None, samples=video(3, batch=3), batch_index=1, length=1)[0]
+    assert picked["samples"].shape == (1, 16, 3, 2, 3)
