@@ -11,4 +11,5 @@ NODE_MODULES: tuple[str, ...] = (
     "scale",
     "files",
     "mask",
+    "save_advanced",
 )
