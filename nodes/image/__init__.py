@@ -13,4 +13,5 @@ NODE_MODULES: tuple[str, ...] = (
     "mask",
     "video",
     "video_edit",
+    "save_advanced",
 )

@@ -4,4 +4,6 @@
 NODE_MODULES: tuple[str, ...] = (
     "primitives",
     "strings",
+    "math_nodes",
+    "text_edit",
 )
