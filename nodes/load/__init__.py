@@ -8,4 +8,5 @@ NODE_MODULES: tuple[str, ...] = (
     "model_save",
     "lora_extract",
     "quant_loaders",
+    "prompt_loras",
 )
