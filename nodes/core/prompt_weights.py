@@ -17,6 +17,10 @@ moved whole to the next chunk (the rest padded), a longer word is split. Each ch
 ``[BOS] + tokens + [EOS] + pad`` = 77 ids. Long prompts give several chunks; the encoder output
 of all chunks is concatenated along the token axis (never truncated).
 
+A word ``embedding:name`` is a textual-inversion embedding: the tokenizer callback returns its
+vectors instead of ids (``nodes.core.embeddings``); they pack like tokens and the chunk records
+their positions (:attr:`Chunk.vectors`) for the encoder's input embedding.
+
 Weighting (``apply_weights``) is ComfyUI's ``ClipTokenWeightEncoder.encode_token_weights``: when
 any weight differs from 1.0, an "empty" chunk (``[BOS, EOS, pad...]``) is encoded too and each
 token's hidden state becomes ``z = (z - z_empty) * w + z_empty`` (per token position, per chunk);
@@ -47,10 +51,13 @@ class Segment:
 
 @dataclass(frozen=True)
 class Chunk:
-    """77 token ids (with BOS/EOS/padding) and one weight per id (1.0 for the specials)."""
+    """77 token ids (with BOS/EOS/padding) and one weight per id (1.0 for the specials); and the
+    positions whose input embedding is a given vector instead (textual-inversion embeddings: their
+    id there is a placeholder, BOS)."""
 
     ids: tuple[int, ...]
     weights: tuple[float, ...]
+    vectors: tuple[tuple[int, torch.Tensor], ...] = ()
 
     @property
     def has_weights(self) -> bool:
@@ -133,19 +140,20 @@ def parse_weights(prompt: str) -> list[Segment]:
     return merged
 
 
-TokenizeWord = Callable[[str], list[int]]
+Token = int | torch.Tensor  # a token id, or an embedding vector (D,) standing for one token
+TokenizeWord = Callable[[str], Sequence[Token]]
 
 
 def chunk_tokens(
     segments: Sequence[Segment], tokenize_word: TokenizeWord, *, bos: int, eos: int, pad: int
 ) -> list[Chunk]:
     """Pack weighted words into 77-id chunks; always at least one chunk (empty prompt)."""
-    chunks: list[list[tuple[int, float]]] = [[]]
+    chunks: list[list[tuple[Token, float]]] = [[]]
     for seg in segments:
         for word in seg.text.replace("\n", " ").split(" "):
             if not word:
                 continue
-            tokens = [(t, seg.weight) for t in tokenize_word(word)]
+            tokens: list[tuple[Token, float]] = [(t, seg.weight) for t in tokenize_word(word)]
             while tokens:
                 room = CHUNK_TOKENS - len(chunks[-1])
                 if len(tokens) <= room:
@@ -162,9 +170,10 @@ def chunk_tokens(
     result = []
     for body in chunks:
         padding = CHUNK_TOKENS - len(body)
-        ids = (bos, *(t for t, _ in body), eos) + (pad,) * padding
+        ids = (bos, *(t if isinstance(t, int) else bos for t, _ in body), eos) + (pad,) * padding
         weights = (1.0, *(w for _, w in body), 1.0) + (1.0,) * padding
-        result.append(Chunk(ids, weights))
+        vectors = tuple((i + 1, t) for i, (t, _) in enumerate(body) if isinstance(t, torch.Tensor))
+        result.append(Chunk(ids, weights, vectors))
     return result
 
 

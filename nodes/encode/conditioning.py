@@ -25,12 +25,15 @@ from engine.context import NodeContext
 from engine.node import Node
 from engine.schema import CLIP, CONDITIONING, FLOAT, INT, STRING, Batching, Input, NodeSchema, Output
 from nodes.core.cond import CondEntry, Conditioning
+from nodes.core.embeddings import EmbeddingLookup
 from nodes.families.prompt import ReadyEncoder
 
 
 @contextmanager
 def text_encoders(ctx: NodeContext, clip: Any) -> Iterator[list[ReadyEncoder]]:
     """The CLIP handle's encoders, resident for the duration of the ``with`` block."""
+    files = ctx.folders.model_files
+    embeddings = EmbeddingLookup(files) if files is not None else None
     with ctx.models.use(clip) as modules:
         yield [
             ReadyEncoder(
@@ -40,6 +43,7 @@ def text_encoders(ctx: NodeContext, clip: Any) -> Iterator[list[ReadyEncoder]]:
                 modules[part.name],
                 clip.hidden_state_index(part.name),
                 clip.tokenizer_options_for(part.name),
+                embeddings,
             )
             for part in clip.parts
         ]

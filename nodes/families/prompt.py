@@ -16,6 +16,7 @@ import torch
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from nodes.core.embeddings import EmbeddingLookup
     from nodes.families.base import TextEncoderSpec
 
 
@@ -46,6 +47,7 @@ class ReadyEncoder:
     module: Any
     layer: int
     options: TokenizerOptions = TokenizerOptions()
+    embeddings: EmbeddingLookup | None = None  # the user's embeddings folder (``embedding:name`` words)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class ConcatPrompt:
                 enc.layer,
                 final_norm=enc.spec.final_norm,
                 pooled=enc.spec.pooled,
+                embeddings=enc.embeddings,
+                encoder=enc.spec.name,
             )
             parts.append(z)
             pooled = p if p is not None else pooled

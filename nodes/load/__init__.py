@@ -10,4 +10,5 @@ NODE_MODULES: tuple[str, ...] = (
     "quant_loaders",
     "hook_nodes",
     "lora_bypass",
+    "prompt_loras",
 )

@@ -176,7 +176,8 @@ class VAELoader(Node):
         return file_fingerprint(folders, "vae", inputs.get("vae_name"))
 
 
-def _lora_patch(ctx: NodeContext, lora_name: str, strength: float, target: str) -> LoraPatch:
+def lora_patch(ctx: NodeContext, lora_name: str, strength: float, target: str) -> LoraPatch:
+    """The patch applying models/loras/``lora_name`` at ``strength`` to ``target`` (unet | clip)."""
     path = require_model_files(ctx).resolve("loras", lora_name)
     inspect_lora(path, allow_pickle=pickle_allowed(ctx))
     return LoraPatch(path, fingerprint(path), float(strength), target, pickle_allowed(ctx))
@@ -212,9 +213,9 @@ class LoraLoader(Node):
         strength_clip: float,
     ) -> tuple[DenoiserHandle, TextEncodersHandle]:
         if strength_model != 0:
-            model = model.with_patch(_lora_patch(ctx, lora_name, strength_model, "unet"))
+            model = model.with_patch(lora_patch(ctx, lora_name, strength_model, "unet"))
         if strength_clip != 0:
-            clip = clip.with_patch(_lora_patch(ctx, lora_name, strength_clip, "clip"))
+            clip = clip.with_patch(lora_patch(ctx, lora_name, strength_clip, "clip"))
         return model, clip
 
     @classmethod
@@ -240,7 +241,7 @@ class LoraLoaderModelOnly(Node):
         self, ctx: NodeContext, *, model: DenoiserHandle, lora_name: str, strength_model: float
     ) -> tuple[DenoiserHandle]:
         if strength_model != 0:
-            model = model.with_patch(_lora_patch(ctx, lora_name, strength_model, "unet"))
+            model = model.with_patch(lora_patch(ctx, lora_name, strength_model, "unet"))
         return (model,)
 
     @classmethod

@@ -8,7 +8,8 @@ the loaded CLIP value.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from nodes.core import prompt_weights as pw
+from nodes.core.embeddings import EmbeddingLookup, split_embedding_word
 from nodes.core.tensors import TensorIndex
 from nodes.families import arch, keys
 from nodes.families.components import EncoderFile
@@ -101,21 +103,43 @@ class ClipText:
     # --- prompts ------------------------------------------------------------------------------
     @torch.no_grad()
     def encode(
-        self, module: Any, tokenizer: Any, text: str, layer: int, *, final_norm: bool, pooled: bool
+        self,
+        module: Any,
+        tokenizer: Any,
+        text: str,
+        layer: int,
+        *,
+        final_norm: bool,
+        pooled: bool,
+        embeddings: EmbeddingLookup | None = None,
+        encoder: str = "clip_l",
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``text`` (with ``(word:1.2)`` weights; long prompts in 77-token chunks) through
         ``module``: the hidden state ``layer`` (optionally final-normed), chunks concatenated,
-        (1, 77·n, D); and the pooled (projected, if the model has a projection) output (1, P) if ``pooled``."""
+        (1, 77·n, D); and the pooled (projected, if the model has a projection) output (1, P) if ``pooled``.
+        With ``embeddings``, ``embedding:name`` words become that file's vectors for ``encoder``."""
         ids = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}
+        table = module.get_input_embeddings()
 
-        def tokenize_word(word: str) -> list[int]:
-            return list(tokenizer(word, add_special_tokens=False)["input_ids"])
+        def tokenize_word(word: str) -> list[pw.Token]:
+            name = split_embedding_word(word) if embeddings is not None else None
+            if name is None or embeddings is None:
+                return list(tokenizer(word, add_special_tokens=False)["input_ids"])
+            stripped = name.rstrip(",")
+            if stripped != name and embeddings.path_of(name) is None:
+                name, rest = stripped, name[len(stripped) :]  # "embedding:x," -> x and a comma token
+            else:
+                rest = ""
+            rows = embeddings.vectors(name, encoder, encoder, table.embedding_dim)
+            tail = list(tokenizer(rest, add_special_tokens=False)["input_ids"]) if rest else []
+            return [*rows, *tail]
 
         chunks = pw.chunk_tokens(pw.parse_weights(text), tokenize_word, **ids)
         weighted = any(c.has_weights for c in chunks)
         batch = [c.ids for c in chunks] + ([pw.empty_chunk(**ids).ids] if weighted else [])
         device = next(module.parameters()).device
-        out = module(torch.tensor(batch, device=device), output_hidden_states=True)
+        with _vectors_at(table, chunks):
+            out = module(torch.tensor(batch, device=device), output_hidden_states=True)
         hidden = out.hidden_states[layer]
         if final_norm:
             hidden = _final_norm(module)(hidden)  # (n_chunks [+1], 77, D)
@@ -126,6 +150,28 @@ class ClipText:
         # pooled: the projected EOS state, or without a projection (Flux's CLIP-L) the final-normed EOS state
         pooled_out = out.text_embeds if self.projection else out.pooler_output
         return z, (pooled_out[0:1] if pooled else None)
+
+
+@contextmanager
+def _vectors_at(table: nn.Module, chunks: list[pw.Chunk]) -> Iterator[None]:
+    """While inside, the token-embedding ``table`` puts each chunk's embedding vectors at their
+    positions (a torch forward hook on the input embedding, removed on exit)."""
+    placed = [(row, position, vector) for row, c in enumerate(chunks) for position, vector in c.vectors]
+    if not placed:
+        yield
+        return
+
+    def put(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        output = output.clone()
+        for row, position, vector in placed:
+            output[row, position] = vector.to(output.dtype).to(output.device)
+        return output
+
+    handle = table.register_forward_hook(put)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _final_norm(module: Any) -> Any:
