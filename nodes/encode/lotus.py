@@ -33,7 +33,7 @@ class LotusConditioning(Node):
         node_id="LotusConditioning",
         display_name="LotusConditioning",
         category="conditioning/lotus",
-        description="The fixed null-prompt conditioning of the Lotus depth/normal models (SD2 width 1024).",
+        description="The fixed null-prompt conditioning of the Lotus depth/normal models (2 tokens x 1024).",
         inputs=(),
         outputs=(Output("conditioning", CONDITIONING, "Lotus' conditioning."),),
     )

@@ -113,7 +113,7 @@ class RenormCFG(Node):
         display_name="RenormCFG",
         category="advanced/model",
         description="CFG below a noise-level threshold, its norm capped relative to the positive "
-        "prediction's (Lumina 2); above the threshold the positive prediction alone.",
+        "prediction's; above the threshold the positive prediction alone.",
         inputs=(
             Input("model", MODEL, "The model to patch."),
             Input(
