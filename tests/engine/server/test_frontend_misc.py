@@ -15,14 +15,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from engine.plugins.loader import PackStatus, PluginReport
+from engine.server import routes_frontend_misc
 from engine.server.app import ServerParts, create_app
 from engine.server.common import ServerConfig
 
 
-async def test_nothing_installed_answers_empty_shapes_not_404(client: TestClient) -> None:
+@pytest.fixture
+def nothing_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a machine without the templates and docs packages (the test extra installs them)."""
+    monkeypatch.setattr(routes_frontend_misc, "package_folder", lambda name, sub: None)
+
+
+async def test_nothing_installed_answers_empty_shapes_not_404(
+    client: TestClient, nothing_installed: None
+) -> None:
     answers: list[tuple[str, Any]] = [
         ("/api/workflow_templates", {}),
         ("/templates/index.json", []),
@@ -40,7 +50,9 @@ async def test_nothing_installed_answers_empty_shapes_not_404(client: TestClient
     assert "comfyui-workflow-templates" in (await missing.json())["error"]["message"]
 
 
-async def test_node_doc_falls_back_to_the_nodes_description(client: TestClient) -> None:
+async def test_node_doc_falls_back_to_the_nodes_description(
+    client: TestClient, nothing_installed: None
+) -> None:
     info = await (await client.get("/object_info")).json()
     node = next(iter(info))
     resp = await client.get(f"/docs/{node}/en.md")
