@@ -114,7 +114,7 @@ class VideoFromFile(Video):
         return video_files.probe(self.path).size
 
     def get_frame_count(self) -> int:
-        return video_files.probe(self.path).frames
+        return video_files.probe(self.path, count_frames=True).frames
 
     def get_frame_rate(self) -> Fraction:
         return video_files.probe(self.path).frame_rate

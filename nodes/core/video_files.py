@@ -74,12 +74,13 @@ def _opened(path: Path) -> Iterator[Any]:
         container.close()
 
 
-def probe(path: Path) -> VideoInfo:
-    """The header of the video file at ``path`` (counts frames by decoding when the header has none)."""
+def probe(path: Path, *, count_frames: bool = False) -> VideoInfo:
+    """The header of the video file at ``path``. ``frames`` is the header's count (0 when it has none,
+    as WebM); ``count_frames`` decodes the file to count them in that case."""
     with _opened(path) as container:
         stream = container.streams.video[0]
         frames = int(stream.frames or 0)
-        if frames == 0:
+        if frames == 0 and count_frames:
             frames = sum(1 for _ in _decoded(container, path))
         rate = Fraction(stream.average_rate) if stream.average_rate else Fraction(1)
         size = (int(stream.width), int(stream.height))

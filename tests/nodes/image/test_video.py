@@ -187,3 +187,24 @@ def test_odd_sizes_and_wrong_values_teach_and_leave_nothing_behind(ctx: Any) -> 
 def test_a_video_value_reports_its_size_to_the_cache(ctx: Any) -> None:
     video = CreateVideo().run(ctx, images=frames(), fps=8.0)[0]
     assert video.cache_size_bytes() >= frames().numel() * 4
+
+
+def test_a_codec_this_pyav_lacks_is_named_with_the_fix(ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(av, "codecs_available", frozenset({"h264", "aac"}))
+    with pytest.raises(VideoError, match="this machine's PyAV has no 'libvpx-vp9' encoder.*pip install"):
+        SaveWEBM().run(ctx, images=frames(), filename_prefix="ComfyUI", codec="vp9", fps=8.0, crf=32.0)
+    assert os.listdir(ctx.folders.output_dir) == []  # nothing half-written
+    with pytest.raises(VideoError, match="codec 'h265' is not offered; choose one of vp9, av1"):
+        SaveWEBM().run(ctx, images=frames(), filename_prefix="ComfyUI", codec="h265", fps=8.0, crf=32.0)
+
+
+def test_an_encode_that_fails_midway_leaves_no_file(tmp_path: Path) -> None:
+    from nodes.core.video_files import write_atomic_video
+
+    def fails(target: Path) -> None:
+        target.write_bytes(b"half a video")
+        raise av.error.InvalidDataError(1094995529, "stopped midway")
+
+    with pytest.raises(VideoError, match="encoding 'clip.mp4' failed"):
+        write_atomic_video(tmp_path / "clip.mp4", fails)
+    assert os.listdir(tmp_path) == []
