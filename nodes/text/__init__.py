@@ -4,6 +4,4 @@
 NODE_MODULES: tuple[str, ...] = (
     "primitives",
     "strings",
-    "math_nodes",
-    "text_edit",
 )
