@@ -4,4 +4,6 @@
 NODE_MODULES: tuple[str, ...] = (
     "primitives",
     "strings",
+    "math_logic",
+    "text_edit",
 )
