@@ -6,4 +6,5 @@ NODE_MODULES: tuple[str, ...] = (
     "strings",
     "math_logic",
     "text_edit",
+    "lists",
 )
