@@ -7,4 +7,5 @@ NODE_MODULES: tuple[str, ...] = (
     "operations",
     "batch",
     "files",
+    "latent_size",
 )

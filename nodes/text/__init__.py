@@ -7,4 +7,5 @@ NODE_MODULES: tuple[str, ...] = (
     "math_logic",
     "text_edit",
     "lists",
+    "values",
 )
