@@ -3,7 +3,8 @@ truncate, and JSON conversion of arrays and dictionaries.
 
 StringFormat's growable values are declared as ComfyUI's V3 Autogrow inputs appear in API prompts
 and UI files (``values.a`` .. ``values.z``). JsonExtractString keeps ComfyUI's forgiving behaviour:
-no JSON object, a missing key or a null value give an empty string.
+no JSON object, a missing key or a null value give an empty string; other values come out as
+JSON text (so an extracted object can be read by a second JsonExtractString).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class JsonExtractString(Node):
         value = None if data is None else data.get(key)
         if value is None:
             return ("",)
-        return (value if isinstance(value, str) else str(value),)
+        # objects and arrays as JSON text, so a second JsonExtractString can read them
+        return (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False),)
 
 
 class ReplaceText(Node):

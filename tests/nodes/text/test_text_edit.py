@@ -45,6 +45,16 @@ def test_json_extract_finds_the_first_object_in_prose(ctx: NodeContext) -> None:
     assert node.run(ctx, json_string='[1, 2] {bad} {"k": 3}', key="k") == ("3",)
 
 
+def test_json_extract_chains_through_an_extracted_object(ctx: NodeContext) -> None:
+    # the Ideogram template's pattern: pick a preset object by name, then a number from it
+    presets = '{"Default": {"num_steps": 20, "mu": 0.0, "turbo": false}, "Turbo": {"mu": 0.5}}'
+    node = t.JsonExtractString()
+    (preset,) = node.run(ctx, json_string=presets, key="Default")
+    assert node.run(ctx, json_string=preset, key="num_steps") == ("20",)
+    assert node.run(ctx, json_string=preset, key="mu") == ("0.0",)
+    assert node.run(ctx, json_string=preset, key="turbo") == ("false",)
+
+
 def test_json_extract_is_forgiving_as_comfyui(ctx: NodeContext) -> None:
     # ComfyUI's documented behaviour: a missing key, a null value or no JSON object give ''
     node = t.JsonExtractString()
