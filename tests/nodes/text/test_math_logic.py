@@ -149,3 +149,41 @@ def test_math_feeding_a_prompt_runs(tmp_path: Path) -> None:
     result = executor.run(RunRequest(prompt=prompt))
     assert result.status == "success", json.dumps(result.error)
     assert result.outputs["3"]["text"] == [str(1256 * 840)]
+
+
+def test_a_ui_file_maps_growable_values_and_widgets_by_name() -> None:
+    # the shape today's frontend saves (from the MiniMax template): values.a linked, values.b open
+    from engine.formats import convert_ui_to_api
+
+    registry = NodeRegistry()
+    registry.register_all([*UTILITY_NODES, *m.NODES])
+    ui = {
+        "nodes": [
+            {
+                "id": 1,
+                "type": "ResolutionSelector",
+                "mode": 0,
+                "inputs": [],
+                "outputs": [
+                    {"name": "width", "type": "INT", "links": [7]},
+                    {"name": "height", "type": "INT", "links": []},
+                ],
+                "widgets_values": ["16:9 (Widescreen)", 0.4, 32],
+            },
+            {
+                "id": 2,
+                "type": "ComfyMathExpression",
+                "mode": 0,
+                "inputs": [
+                    {"name": "values.a", "type": "FLOAT,INT,BOOLEAN", "link": 7},
+                    {"name": "values.b", "shape": 7, "type": "FLOAT,INT,BOOLEAN", "link": None},
+                ],
+                "outputs": [{"name": "FLOAT", "type": "FLOAT", "links": []}],
+                "widgets_values": ["a // 16"],
+            },
+        ],
+        "links": [[7, 1, 0, 2, 0, "INT"]],
+    }
+    prompt = convert_ui_to_api(ui, registry.object_info())
+    assert prompt["1"]["inputs"] == {"aspect_ratio": "16:9 (Widescreen)", "megapixels": 0.4, "multiple": 32}
+    assert prompt["2"]["inputs"] == {"expression": "a // 16", "values.a": ["1", 0]}
