@@ -8,4 +8,5 @@ NODE_MODULES: tuple[str, ...] = (
     "text_edit",
     "lists",
     "values",
+    "save_text",
 )
