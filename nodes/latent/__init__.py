@@ -9,4 +9,5 @@ NODE_MODULES: tuple[str, ...] = (
     "batch",
     "files",
     "video_latents",
+    "latent_size",
 )

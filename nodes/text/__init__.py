@@ -4,4 +4,9 @@
 NODE_MODULES: tuple[str, ...] = (
     "primitives",
     "strings",
+    "math_logic",
+    "text_edit",
+    "lists",
+    "values",
+    "save_text",
 )
