@@ -8,4 +8,5 @@ NODE_MODULES: tuple[str, ...] = (
     "batch",
     "files",
     "latent_size",
+    "resolution_bucket",
 )
