@@ -10,4 +10,5 @@ NODE_MODULES: tuple[str, ...] = (
     "files",
     "video_latents",
     "latent_size",
+    "resolution_bucket",
 )

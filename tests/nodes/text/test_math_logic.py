@@ -12,6 +12,7 @@ import pytest
 from engine.cache import OutputCache
 from engine.context import Folders, NodeContext
 from engine.executor import Executor, RunRequest
+from engine.formats import convert_ui_to_api
 from engine.registry import NodeRegistry
 from nodes.text import math_logic as m
 from nodes.text.primitives import NODES as UTILITY_NODES
@@ -153,8 +154,6 @@ def test_math_feeding_a_prompt_runs(tmp_path: Path) -> None:
 
 def test_a_ui_file_maps_growable_values_and_widgets_by_name() -> None:
     # the shape today's frontend saves (from the MiniMax template): values.a linked, values.b open
-    from engine.formats import convert_ui_to_api
-
     registry = NodeRegistry()
     registry.register_all([*UTILITY_NODES, *m.NODES])
     ui = {
