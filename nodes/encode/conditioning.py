@@ -53,7 +53,12 @@ def text_encoders(ctx: NodeContext, clip: Any) -> Iterator[list[ReadyEncoder]]:
 def encode_prompt(text: str, clip: Any, encoders: Sequence[ReadyEncoder]) -> CondEntry:
     """Encode ``text`` through the family's prompt recipe into one :class:`CondEntry`."""
     embeds, pooled = clip.family.prompt.encode(text, encoders)
-    return CondEntry(embeds=embeds.float().cpu(), pooled=None if pooled is None else pooled.float().cpu())
+    hooks = getattr(clip, "cond_hooks", None)  # SetClipHooks' apply_to_conds
+    return CondEntry(
+        embeds=embeds.float().cpu(),
+        pooled=None if pooled is None else pooled.float().cpu(),
+        extras={} if hooks is None else {"hooks": hooks},
+    )
 
 
 class CLIPTextEncode(Node):

@@ -166,6 +166,8 @@ class TextEncodersHandle(ComponentHandle):
     layer: int | None = None
     tokenizer_options: tuple[tuple[str, int], ...] = field(default=())
     dropped_layers: tuple[tuple[str, int], ...] = field(default=())  # diffusers folders may drop one
+    # SetClipHooks' hooks (apply_to_conds): put on every conditioning encoded with this handle
+    cond_hooks: Any = field(default=None)
 
     def _assemble(self, modules: dict[str, Any]) -> Any:
         # The tokenizers live with the loaded module (RAM tier included): building one costs ~1 s.

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from engine.context import Folders, NodeContext
 from engine.node import Node
-from engine.schema import BOOLEAN, COMBO, FLOAT, INT, DynamicOptions, Input, NodeSchema, Output
+from engine.schema import BOOLEAN, CLIP, COMBO, FLOAT, INT, DynamicOptions, Input, NodeSchema, Output
 from nodes.core.model_files import file_fingerprint, pickle_allowed, require_model_files
 from nodes.core.weights import fingerprint
 from nodes.load.lora import LoraPatch, inspect_lora
@@ -315,6 +316,50 @@ class CreateHookKeyframesFromFloats(Node):
         return (_keyframes(prev_hook_kf, percents, floats, print_keyframes),)
 
 
+class SetClipHooks(Node):
+    SCHEMA = NodeSchema(
+        node_id="SetClipHooks",
+        display_name="Set CLIP Hooks",
+        category="advanced/hooks/clip",
+        description="Apply the hooks' text-encoder LoRAs to the CLIP, and (apply_to_conds) attach the hooks "
+        "to every conditioning CLIPTextEncode makes with it.",
+        inputs=(
+            Input("clip", CLIP, "The text encoder."),
+            Input(
+                "apply_to_conds", BOOLEAN, "Attach the hooks to the conditionings it encodes.", default=True
+            ),
+            Input(
+                "schedule_clip",
+                BOOLEAN,
+                "Schedule the text encoder's LoRA by keyframes (not in Loom: "
+                "the text encoder runs once, at full strength).",
+                default=False,
+            ),  # fmt: skip
+            Input("hooks", HOOKS, "The hooks; without them the CLIP is unchanged.", optional=True),
+        ),
+        outputs=(Output("CLIP", CLIP, "The CLIP with the hooks."),),
+        experimental=True,
+    )
+
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        clip: Any,
+        apply_to_conds: bool,
+        schedule_clip: bool,
+        hooks: HookGroup | None = None,
+    ) -> tuple[Any]:
+        if hooks is None:
+            return (clip,)
+        for hook in hooks.hooks:
+            if hook.clip_patch is not None:
+                clip = clip.with_patch(replace(hook.clip_patch, strength=hook.strength_clip))
+        if apply_to_conds:
+            clip = replace(clip, cond_hooks=hooks)
+        return (clip,)
+
+
 def _combine_node(node_id: str, title: str, letters: str) -> type[Node]:
     class CombineHooks(Node):
         SCHEMA = NodeSchema(
@@ -341,6 +386,7 @@ CombineHooks8 = _combine_node("CombineHooks8", "Combine Hooks [8]", "ABCDEFGH")
 NODES: list[type[Node]] = [
     CreateHookLora,
     CreateHookLoraModelOnly,
+    SetClipHooks,
     SetHookKeyframes,
     CreateHookKeyframe,
     CreateHookKeyframesInterpolated,

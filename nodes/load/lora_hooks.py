@@ -53,7 +53,9 @@ class KeyframeClock:
     def __init__(self, keyframes: Keyframes, percent_to_sigma: Callable[[float], float]) -> None:
         self.frames = keyframes.frames
         self.starts = [float(percent_to_sigma(k.start_percent)) for k in self.frames]
-        self.index, self.used, self.last_sigma, self.max_sigma = 0, 0, None, None
+        self.index, self.used = 0, 0
+        self.last_sigma: float | None = None
+        self.max_sigma: float | None = None
 
     def _guaranteed(self, i: int) -> int:
         assert self.max_sigma is not None

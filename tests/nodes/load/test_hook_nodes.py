@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (lora_files is the LoRA fixture, imported from test_lora)
 """Hook nodes on the tiny SD1.5 model: a hooked LoRA changes the sampler's output only through the
 conditioning it is attached to, equals the merged LoRA where every evaluated entry carries it,
 keyframes change its strength over the steps, and the model's weights are left as loaded."""
@@ -69,7 +70,7 @@ def _prompts(ctx: Any, clip: Any) -> tuple[list, list]:
     return enc.run(ctx, text="a cat", clip=clip)[0], enc.run(ctx, text="blurry", clip=clip)[0]
 
 
-def test_a_hooked_lora_acts_only_through_its_conditioning(ctx: Any, sd15: Any, lora_files: Any) -> None:  # noqa: F811
+def test_a_hooked_lora_acts_only_through_its_conditioning(ctx: Any, sd15: Any, lora_files: Any) -> None:
     model, clip = sd15
     pos, neg = _prompts(ctx, clip)
     hooks = CreateHookLoraModelOnly().run(ctx, lora_name=lora_files["kohya"], strength_model=1.0)[0]
@@ -91,7 +92,7 @@ def test_a_hooked_lora_acts_only_through_its_conditioning(ctx: Any, sd15: Any, l
     assert torch.equal(_sample(ctx, model, pos, neg), plain)
 
 
-def test_keyframes_change_the_hook_strength_over_the_steps(ctx: Any, sd15: Any, lora_files: Any) -> None:  # noqa: F811
+def test_keyframes_change_the_hook_strength_over_the_steps(ctx: Any, sd15: Any, lora_files: Any) -> None:
     model, clip = sd15
     pos, neg = _prompts(ctx, clip)
     hooks = CreateHookLora().run(ctx, lora_name=lora_files["kohya"], strength_model=1.0, strength_clip=0.0)[0]
@@ -153,7 +154,7 @@ def test_interpolated_keyframes_and_their_errors() -> None:
         CreateHookKeyframesFromFloats().run(None, floats_strength="1,2", start_percent=0.0, end_percent=1.0)
 
 
-def test_combining_hooks(ctx: Any, lora_files: Any) -> None:  # noqa: F811
+def test_combining_hooks(ctx: Any, lora_files: Any) -> None:
     a = CreateHookLoraModelOnly().run(ctx, lora_name=lora_files["kohya"], strength_model=1.0)[0]
     b = CreateHookLoraModelOnly().run(ctx, lora_name=lora_files["peft"], strength_model=0.5)[0]
     assert CombineHooks2().run(ctx, hooks_A=a, hooks_B=b)[0].hooks == a.hooks + b.hooks
@@ -171,12 +172,12 @@ def test_combining_hooks(ctx: Any, lora_files: Any) -> None:  # noqa: F811
     assert len(chained.hooks) == 2
 
 
-def test_a_hook_lora_that_is_not_a_lora_is_refused_with_its_keys(ctx: Any, lora_files: Any) -> None:  # noqa: F811
+def test_a_hook_lora_that_is_not_a_lora_is_refused_with_its_keys(ctx: Any, lora_files: Any) -> None:
     with pytest.raises(Exception, match="not a LoRA file"):
         CreateHookLoraModelOnly().run(ctx, lora_name="not_a_lora.safetensors", strength_model=1.0)
 
 
-def test_bypass_loras_equal_the_merged_lora(ctx: Any, sd15: Any, lora_files: Any) -> None:  # noqa: F811
+def test_bypass_loras_equal_the_merged_lora(ctx: Any, sd15: Any, lora_files: Any) -> None:
     from nodes.load.checkpoint_loaders import LoraLoader
     from nodes.load.lora_bypass import LoraLoaderBypass, LoraLoaderBypassModelOnly
 
@@ -205,3 +206,25 @@ def test_bypass_loras_equal_the_merged_lora(ctx: Any, sd15: Any, lora_files: Any
         LoraLoaderBypassModelOnly().run(
             ctx, model=model, lora_name="not_a_lora.safetensors", strength_model=1.0
         )
+
+
+def test_set_clip_hooks_applies_the_clip_lora_and_attaches_the_hooks(
+    ctx: Any, sd15: Any, lora_files: Any
+) -> None:
+    from nodes.load.checkpoint_loaders import LoraLoader
+    from nodes.load.hook_nodes import SetClipHooks
+
+    model, clip = sd15
+    hooks = CreateHookLora().run(ctx, lora_name=lora_files["kohya"], strength_model=1.0, strength_clip=0.5)[0]
+    hooked_clip = SetClipHooks().run(ctx, clip=clip, apply_to_conds=True, schedule_clip=False, hooks=hooks)[0]
+    ref_clip = LoraLoader().run(
+        ctx, model=model, clip=clip, lora_name=lora_files["kohya"], strength_model=0.0, strength_clip=0.5
+    )[1]
+    (entry,) = CLIPTextEncode().run(ctx, text="a cat", clip=hooked_clip)[0]
+    assert torch.allclose(
+        entry.embeds, CLIPTextEncode().run(ctx, text="a cat", clip=ref_clip)[0][0].embeds, atol=1e-5
+    )
+    assert entry.extras["hooks"] is hooks
+    kept = SetClipHooks().run(ctx, clip=clip, apply_to_conds=False, schedule_clip=False, hooks=hooks)[0]
+    assert "hooks" not in CLIPTextEncode().run(ctx, text="a cat", clip=kept)[0][0].extras
+    assert SetClipHooks().run(ctx, clip=clip, apply_to_conds=True, schedule_clip=False)[0] is clip
