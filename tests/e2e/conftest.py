@@ -79,7 +79,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90
     raise RuntimeError(f"server did not start in {timeout}s:\n{log.read_text()[-3000:]}")
 
 
-def _start(cmd: list[str], data: Path, name: str) -> tuple[subprocess.Popen, str, dict[str, Any]]:
+def start_server(cmd: list[str], data: Path, name: str) -> tuple[subprocess.Popen, str, dict[str, Any]]:
     port = _free_port()
     log = data / f"{name}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -90,7 +90,7 @@ def _start(cmd: list[str], data: Path, name: str) -> tuple[subprocess.Popen, str
     return proc, url, _wait_ready(url, proc, log)
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(10)
@@ -126,6 +126,10 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
             # plugin packs of every style, broken ones included: the editor must show the good ones
             "--custom-nodes",
             str(ROOT / "tests" / "engine" / "plugins" / "packs"),
+            # Loom's editor at "/" even with comfyui-frontend-package installed (test_official_frontend.py
+            # starts its own server with the official frontend)
+            "--front-end-root",
+            str(ROOT / "web"),
         ]
         launchers = [
             ("real: main.py serve", [sys.executable, "main.py", "serve", *options]),
@@ -135,25 +139,25 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
             ),
         ]
         for kind, cmd in launchers:
-            proc, url, info = _start(cmd, data, "real")
+            proc, url, info = start_server(cmd, data, "real")
             missing = TXT2IMG - set(info)
             if not missing:
                 SERVER_KIND.append(kind)
                 yield Server(url, "real", proc, data)
-                _stop(proc)
+                stop_server(proc)
                 return
-            _stop(proc)
+            stop_server(proc)
             print(f"\n[e2e] {kind} lacks {sorted(missing)}", file=sys.stderr)
         if mode == "real":
             pytest.fail("no real server could run txt2img")
     SERVER_KIND.append("fake: tests/e2e/fake_server.py")
-    proc, url, _ = _start(
+    proc, url, _ = start_server(
         [sys.executable, str(Path(__file__).with_name("fake_server.py")), "--data-dir", str(data)],
         data,
         "fake",
     )
     yield Server(url, "fake", proc, data)
-    _stop(proc)
+    stop_server(proc)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
