@@ -44,6 +44,7 @@ from engine.formats.ui_parse import (
     widget_name,
 )
 from engine.formats.ui_rules import ui_rules
+from engine.formats.ui_subgraph import MAX_NESTING, promoted_slots, promoted_values
 from engine.formats.widgets import (
     HIDDEN,
     MISSING,
@@ -53,8 +54,6 @@ from engine.formats.widgets import (
     widget_inputs,
     widgets_of,
 )
-
-MAX_NESTING = 32
 
 
 @dataclass(frozen=True)
@@ -202,7 +201,9 @@ class _Flattener:
             bound = {k: k for k in range(len(slots))}
         else:
             bound = bind_instance_inputs(entries(node.get("inputs")), slots)
-        promoted = _promoted_values(node, slots, self.promoted_slots(definition, slots, links))
+        promoted = promoted_values(
+            node, slots, promoted_slots(definition, slots, links, self.object_info, self.subgraphs)
+        )
         in_aliases: list[_Source | None] = []
         for k in range(len(slots)):
             position = bound.get(k)
@@ -216,42 +217,6 @@ class _Flattener:
             in_id, "SubgraphInput", 0, None, [], [slot.type for slot in slots], aliases=in_aliases
         )
         self.graph(definition, inner, mode, depth + 1)
-
-    def promoted_slots(
-        self,
-        definition: Mapping[str, Any],
-        slots: list[SubgraphSlot],
-        links: Mapping[int, Link],
-        depth: int = 0,
-    ) -> list[int]:
-        """The definition inputs that feed a widget inside (the frontend promotes those to widgets
-        on each instance: ``SubgraphNode._resolveInputWidget``); a widget is one ``object_info``
-        declares, so an input feeding only unknown node types promotes nothing."""
-        nodes = {str(n.get("id")): n for n in entries(definition.get("nodes"))}
-        from_input = [link for link in links.values() if link.origin_id == ui_rules().subgraph_input_node]
-        found = []
-        for k, slot in enumerate(slots):
-            targets = [links[i] for i in slot.link_ids if i in links] or [
-                link for link in from_input if link.origin_slot == k
-            ]
-            if any(self.feeds_widget(nodes.get(str(t.target_id)), t.target_slot, depth) for t in targets):
-                found.append(k)
-        return found
-
-    def feeds_widget(self, target: Mapping[str, Any] | None, slot: int, depth: int) -> bool:
-        target_inputs = entries(target.get("inputs")) if target is not None else []
-        if target is None or slot >= len(target_inputs) or depth > MAX_NESTING:
-            return False
-        name = str(target_inputs[slot].get("name", ""))
-        definition = self.subgraphs.get(str(target.get("type")))
-        if definition is not None:  # a nested instance: does its own input feed a widget further in?
-            inner_slots = subgraph_inputs(definition) or []
-            bound = {position: k for k, position in bind_instance_inputs(target_inputs, inner_slots).items()}
-            if slot not in bound:
-                return False
-            links = link_table(definition.get("links"))
-            return bound[slot] in self.promoted_slots(definition, inner_slots, links, depth + 1)
-        return name in {w.name for w in widgets_of(self.object_info.get(str(target.get("type"))))}
 
     # --- legacy group nodes (extra.groupNodes) -----------------------------------------------
     def group_node(
@@ -440,31 +405,6 @@ def _input_order(info: Mapping[str, Any] | None) -> dict[str, int]:
     for section in ("required", "optional"):
         names += list(order.get(section) or declared.get(section) or {})
     return {name: i for i, name in enumerate(names)}
-
-
-def _promoted_values(
-    node: Mapping[str, Any], slots: list[SubgraphSlot], promoted: list[int]
-) -> dict[int, Any]:
-    """Values a subgraph instance stores for its promoted widgets, by definition input index.
-
-    ``widgets_values`` is an object by input name, or a list: with ``properties.proxyWidgets``
-    (``[[inner node id, widget name], ...]``, ``"-1"`` for the instance's own inputs) one value per
-    entry, in that order (an inner node's widget keeps its value on that node); without, one per
-    promoted input in definition order, linked ones included. Templates of today's frontend
-    store none: the widgets inside keep their own values."""
-    values = node.get("widgets_values")
-    by_name: dict[str, Any] = {}
-    properties = node.get("properties")
-    proxies = properties.get("proxyWidgets") if isinstance(properties, Mapping) else None
-    if isinstance(values, Mapping):
-        by_name = dict(values)
-    elif isinstance(values, list) and isinstance(proxies, list):
-        for proxy, value in zip(proxies, values, strict=False):
-            if isinstance(proxy, list) and len(proxy) == 2 and str(proxy[0]) == "-1":
-                by_name.setdefault(str(proxy[1]), value)
-    elif isinstance(values, list):
-        return dict(zip(promoted, values, strict=False))
-    return {k: by_name[slots[k].name] for k in promoted if slots[k].name in by_name}
 
 
 # --- small parsing helpers (the containers themselves: engine/formats/ui_parse.py) ----------------

@@ -181,9 +181,9 @@ def assign(widgets: Sequence[Widget], values: Any) -> tuple[list[Any], int]:
     """One value per widget (``MISSING`` where the file has none) from ``widgets_values``: a list
     in widget order, or (some newer files) an object by widget name; and how many list entries
     that used (controls included; the rest are surplus)."""
+    chosen: dict[str, Any] = {}  # each shown widget's value (its default where the file has none)
     if isinstance(values, Mapping):
         by_name = [values.get(w.name, MISSING) for w in widgets]
-        chosen: dict[str, Any] = {}
         for position, widget in enumerate(widgets):
             if not _revealed(widget, chosen):
                 by_name[position] = HIDDEN
@@ -193,7 +193,6 @@ def assign(widgets: Sequence[Widget], values: Any) -> tuple[list[Any], int]:
                 chosen[widget.name] = by_name[position]
         return by_name, 0
     out: list[Any] = [MISSING] * len(widgets)
-    chosen: dict[str, Any] = {}  # each shown widget's value (its default where the file has none)
     if not isinstance(values, list):
         for position, widget in enumerate(widgets):
             if _revealed(widget, chosen):
