@@ -98,8 +98,7 @@ class EmbeddingLookup:
         if rows.shape[-1] != width:
             raise EmbeddingError(
                 f"embedding:{name} ({path.name}) has vectors of width {rows.shape[-1]}, but the {encoder} "
-                f"text encoder takes {width} (768: SD1.x CLIP-L, 1024: SD2.x, 768 + 1280: SDXL's clip_l and "
-                "clip_g). Use an embedding made for this model."
+                f"text encoder takes {width}. Use an embedding made for this model's text encoder."
             )
         return rows
 

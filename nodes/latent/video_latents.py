@@ -1,6 +1,6 @@
-"""Video latents that need no model: EmptyHunyuanLatentVideo, TrimVideoLatent, ReplaceVideoLatentFrames
-(ComfyUI's names, inputs and semantics: ``comfy_extras/nodes_hunyuan.py``, ``nodes_wan.py``,
-``nodes_latent.py``).
+"""Video latents that need no model: TrimVideoLatent, ReplaceVideoLatentFrames (ComfyUI's names,
+inputs and semantics: ``comfy_extras/nodes_wan.py``, ``nodes_latent.py``). The empty video latent
+(EmptyHunyuanLatentVideo) is a family node: ``nodes/family_nodes/video_nodes.py``.
 
 A video LATENT's ``samples`` are [B, C, t, h, w]: ``t`` latent frames, each standing for 4 video
 frames after the first (Hunyuan's and Wan's causal VAEs), ``h``, ``w`` the image over 8.
@@ -14,13 +14,11 @@ from typing import Any
 import torch
 
 from engine.context import NodeContext
-from engine.node import Node, OutputSizes
+from engine.node import Node
 from engine.schema import INT, LATENT, Input, NodeSchema, Output
-from nodes.core.tensor_sizes import video_latent_size
 from nodes.latent.transforms import samples_of, with_samples
 from nodes.latent.vae import MAX_RESOLUTION, LatentError
 
-CHANNELS = 16  # Hunyuan Video's and Wan 2.1's latent channels
 _OUT = (Output("LATENT", LATENT, "The resulting latent."),)
 
 log = logging.getLogger(__name__)
@@ -32,39 +30,9 @@ def video_samples(latent: Any, input_name: str) -> torch.Tensor:
     if samples.ndim != 5:
         raise LatentError(
             f"{input_name}: expected a video latent [B, C, frames, H, W]; got shape {list(samples.shape)}. "
-            "Make one with EmptyHunyuanLatentVideo or a video VAE's encode"
+            "Make one with an empty video latent node or a video VAE's encode"
         )
     return samples
-
-
-class EmptyHunyuanLatentVideo(Node):
-    SCHEMA = NodeSchema(
-        node_id="EmptyHunyuanLatentVideo",
-        display_name="EmptyHunyuanLatentVideo",
-        category="latent/video",
-        description="Empty (zero) video latents [batch, 16, (length - 1) // 4 + 1, height/8, width/8].",
-        inputs=(
-            Input("width", INT, "Video width in pixels.", default=848, min=16, max=MAX_RESOLUTION, step=16),
-            Input("height", INT, "Video height in pixels.", default=480, min=16, max=MAX_RESOLUTION, step=16),
-            Input(
-                "length", INT, "Frames (4k + 1 fits the VAE).", default=25, min=1, max=MAX_RESOLUTION, step=4
-            ),
-            Input("batch_size", INT, "Number of videos.", default=1, min=1, max=4096),
-        ),
-        outputs=(Output("LATENT", LATENT, "Zero video latents."),),
-    )
-
-    def run(
-        self, ctx: NodeContext, *, width: int, height: int, length: int, batch_size: int = 1
-    ) -> tuple[dict]:
-        frames = (length - 1) // 4 + 1
-        return ({"samples": torch.zeros(batch_size, CHANNELS, frames, height // 8, width // 8)},)
-
-    @classmethod
-    def estimate_outputs(
-        cls, *, width: Any = None, height: Any = None, length: Any = None, batch_size: Any = None, **_: Any
-    ) -> OutputSizes:
-        return (video_latent_size(batch_size, CHANNELS, length, height, width),)
 
 
 class TrimVideoLatent(Node):
@@ -140,4 +108,4 @@ class ReplaceVideoLatentFrames(Node):
         return (with_samples(destination, out),)
 
 
-NODES: list[type[Node]] = [EmptyHunyuanLatentVideo, TrimVideoLatent, ReplaceVideoLatentFrames]
+NODES: list[type[Node]] = [TrimVideoLatent, ReplaceVideoLatentFrames]

@@ -137,7 +137,7 @@ def test_cli_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert missing >= {"FaceDetailer", "MysteryNode"}
     assert (
         "EmptyHunyuanLatentVideo" not in missing
-    )  # Loom's own catalogue has it (nodes/latent/video_latents.py)
+    )  # Loom's own catalogue has it (nodes/family_nodes/video_nodes.py)
     assert main.main(["check", str(tmp_path / "absent.json"), *cli_dirs(tmp_path)]) == 2
     assert "cannot read" in capsys.readouterr().out
 

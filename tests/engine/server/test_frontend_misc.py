@@ -12,6 +12,7 @@ GET /docs/{node}/{lang}.md         the embedded docs, else a page from the node'
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,7 @@ async def test_templates_come_from_the_installed_package(
     (package / "templates").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "templates" / "index.json").write_text('[{"moduleName": "default", "templates": []}]')
+    monkeypatch.delitem(sys.modules, "comfyui_workflow_templates_json", raising=False)  # an installed copy
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     index = await (await client.get("/templates/index.json")).json()
     assert index == [{"moduleName": "default", "templates": []}]
@@ -147,6 +149,7 @@ async def test_node_docs_come_from_the_installed_docs_package(
     (package / "__init__.py").write_text("")
     (package / "docs" / "KSampler" / "en.md").write_text("# KSampler\n\nSamples.\n")
     (package / "docs" / "KSampler" / "asset" / "a.webp").write_bytes(b"RIFF")
+    monkeypatch.delitem(sys.modules, "comfyui_embedded_docs", raising=False)  # an installed copy
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     page = await client.get("/docs/KSampler/en.md")
     assert page.status == 200 and await page.text() == "# KSampler\n\nSamples.\n"

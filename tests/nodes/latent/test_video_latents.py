@@ -1,4 +1,4 @@
-"""Video latents (nodes/latent/video_latents.py): EmptyHunyuanLatentVideo's 5-D shape and declared size,
+"""Video latents (nodes/latent/video_latents.py, nodes/family_nodes/video_nodes.py): EmptyHunyuanLatentVideo's 5-D shape and declared size,
 TrimVideoLatent, ReplaceVideoLatentFrames (ComfyUI's semantics, negative index, no-fit keeps the
 destination), and the batch nodes passing 5-D latents through as ComfyUI does."""
 
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from engine.node import TensorSize
+from nodes.family_nodes.video_nodes import EmptyHunyuanLatentVideo
 from nodes.latent.batch import LatentBatch, LatentConcat, LatentFromBatch, RepeatLatentBatch
 from nodes.latent.vae import LatentError
-from nodes.latent.video_latents import EmptyHunyuanLatentVideo, ReplaceVideoLatentFrames, TrimVideoLatent
+from nodes.latent.video_latents import ReplaceVideoLatentFrames, TrimVideoLatent
 
 
 def video(frames: int, fill: float = 0.0, batch: int = 1) -> dict:
@@ -47,7 +48,7 @@ def test_trim_video_latent_drops_leading_frames() -> None:
     out = TrimVideoLatent().run(None, samples={**video(5), "batch_index": [0]}, trim_amount=2)[0]
     assert out["samples"].shape[2] == 3 and out["samples"][0, 0, 0, 0, 0] == 2 and out["batch_index"] == [0]
     with pytest.raises(
-        LatentError, match=r"expected a video latent \[B, C, frames, H, W\].*EmptyHunyuanLatentVideo"
+        LatentError, match=r"expected a video latent \[B, C, frames, H, W\].*empty video latent node"
     ):
         TrimVideoLatent().run(None, samples={"samples": torch.zeros(1, 4, 8, 8)}, trim_amount=1)
 
