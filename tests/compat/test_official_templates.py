@@ -59,20 +59,23 @@ def swap_models(prompt: dict[str, Any], template: str) -> None:
                     break
 
 
+def capped(value: Any, cap: Any) -> Any:
+    if cap is None or not isinstance(value, int | float) or isinstance(value, bool) or value <= cap:
+        return value
+    return type(value)(cap) if isinstance(value, int) and isinstance(cap, int) else cap
+
+
 def cap_sizes(prompt: dict[str, Any]) -> None:
+    """Caps each constant by its input's name, and a primitive node's value by the name of the input
+    it feeds (``steps`` from a ``PrimitiveInt`` is capped as steps)."""
     caps = SWAPS["at_most"]
     for node in prompt.values():
         for name, value in node["inputs"].items():
             cap = caps.get(f"{node['class_type']}.{name}", caps.get(name))
-            if (
-                cap is not None
-                and isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and value > cap
-            ):
-                node["inputs"][name] = (
-                    type(value)(cap) if isinstance(value, int) and isinstance(cap, int) else cap
-                )
+            node["inputs"][name] = capped(value, cap)
+            source = prompt.get(value[0]) if isinstance(value, list) and len(value) == 2 else None
+            if source is not None and source["class_type"].startswith("Primitive") and cap is not None:
+                source["inputs"]["value"] = capped(source["inputs"].get("value"), cap)
 
 
 @pytest.fixture(scope="module")
