@@ -62,7 +62,7 @@ class UMT5Text(T5Text):
     def kind_and_config(self, index: TensorIndex, prefix: str) -> tuple[UMT5Text, dict[str, Any]]:
         """This kind reading its tokenizer from ``index``'s file, and the config; a file without the
         tokenizer is refused here, when it is opened, not when the first prompt is encoded."""
-        if not (index.has(SPIECE_KEY) or index.has(prefix + SPIECE_KEY)):
+        if not any(is_spiece_key(k) for k in index.tensors):
             raise ModelLoadError(
                 f"{Path(str(index.path)).name}: this umT5-XXL text encoder has no {SPIECE_KEY!r} tensor "
                 f"(the SentencePiece tokenizer, which Loom does not ship); use {REPACKAGED}"
@@ -91,7 +91,7 @@ class UMT5Text(T5Text):
         from safetensors import safe_open  # lazy: only when a umT5 file is loaded
 
         with safe_open(self.file, framework="pt") as f:
-            keys = [k for k in f.keys() if k == SPIECE_KEY or k.endswith("." + SPIECE_KEY)]  # noqa: SIM118
+            keys = [k for k in f.keys() if is_spiece_key(k)]  # noqa: SIM118 (safe_open has no __contains__)
             if not keys:
                 raise ModelLoadError(
                     f"{Path(self.file).name} has no {SPIECE_KEY!r} tensor (the umT5 tokenizer); use {REPACKAGED}"
@@ -139,6 +139,11 @@ class UMT5Text(T5Text):
         if chunk.has_weights:
             return pw.apply_weights(hidden[:1], hidden[1], [chunk])
         return hidden
+
+
+def is_spiece_key(key: str) -> bool:
+    """Whether ``key`` is the tokenizer tensor (at the root of a standalone file, or nested in a checkpoint)."""
+    return key == SPIECE_KEY or key.endswith("." + SPIECE_KEY)
 
 
 def attended(ids: torch.Tensor, end: int) -> torch.Tensor:

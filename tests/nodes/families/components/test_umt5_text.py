@@ -236,3 +236,19 @@ def test_demo_writer_writes_a_loadable_comfyui_layout_file(tmp_path: Path) -> No
     kind, module, tokenizer = load(path)
     assert tokenizer.get_piece_size() == module.config.vocab_size
     assert kind.encode(module, tokenizer, "a red bird").shape == (1, 512, 32)
+
+
+def test_a_spiece_model_that_is_not_sentencepiece_is_refused(
+    tmp_path: Path, reference: Any, spiece: bytes
+) -> None:
+    from safetensors.torch import save_file
+
+    tensors = umt5_file(reference, spiece)
+    tensors["spiece_model"] = torch.arange(64, dtype=torch.uint8)
+    path = tmp_path / "umt5_broken_tokenizer.safetensors"
+    save_file(tensors, str(path))
+    kind, _ = UMT5_XXL.reader().kind_and_config(read_index(path), "")
+    with pytest.raises(
+        ModelLoadError, match="umt5_broken_tokenizer.safetensors: its 'spiece_model' tensor is not"
+    ):
+        kind.load_tokenizer(UMT5_XXL.tokenizer)
