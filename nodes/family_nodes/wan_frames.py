@@ -15,9 +15,11 @@ from typing import Any
 import torch
 
 from engine.context import NodeContext
+from engine.node import Node, OutputSizes
 from engine.schema import CONDITIONING, INT, LATENT, VAE, Input, Output
 from nodes.core.cond import Conditioning
 from nodes.core.resize import resize_image
+from nodes.core.tensor_sizes import video_latent_size
 from nodes.latent.vae import MAX_RESOLUTION, LatentError, crop_to_8, downscale, vae_latent_channels
 
 CATEGORY = "conditioning/video_models"
@@ -159,3 +161,22 @@ def frame_mask(latent_t: int, h: int, w: int, start: int | None, end: int | None
 def zero_latent(batch: int, channels: int, length: int, height: int, width: int, scale: int) -> torch.Tensor:
     """The empty video latent [batch, channels, latent frames, height / scale, width / scale]."""
     return torch.zeros(batch, channels, latent_frames(length), height // scale, width // scale)
+
+
+class VideoLatentNode(Node):
+    """A Wan node whose LATENT output (``LATENT_OUTPUT``) is [batch, ``LATENT_CHANNELS``, latent frames,
+    height / ``LATENT_SCALE``, width / ``LATENT_SCALE``]: it declares that size before it runs."""
+
+    LATENT_CHANNELS = 16
+    LATENT_SCALE = 8
+    LATENT_OUTPUT = 2
+
+    @classmethod
+    def estimate_outputs(
+        cls, *, width: Any = None, height: Any = None, length: Any = None, batch_size: Any = None, **_: Any
+    ) -> OutputSizes:
+        sizes: list[Any] = [None] * len(cls.SCHEMA.outputs)
+        sizes[cls.LATENT_OUTPUT] = video_latent_size(
+            batch_size, cls.LATENT_CHANNELS, length, height, width, cls.LATENT_SCALE
+        )
+        return tuple(sizes)

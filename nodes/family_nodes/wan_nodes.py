@@ -40,6 +40,7 @@ from nodes.families.latent_format import WAN21_LATENT, WAN22_LATENT
 from nodes.family_nodes.wan_frames import (
     CATEGORY,
     COND_OUTPUTS,
+    VideoLatentNode,
     WanInputError,
     both,
     encode_clips,
@@ -97,7 +98,7 @@ def first_last_frames(
     return concat, frame_mask(t, height // scale, width // scale, start, end), channels, scale
 
 
-class WanImageToVideo(Node):
+class WanImageToVideo(VideoLatentNode):
     SCHEMA = NodeSchema(
         node_id="WanImageToVideo",
         display_name="WanImageToVideo",
@@ -289,7 +290,7 @@ def fun_concat(
     return concat
 
 
-class WanFunControlToVideo(Node):
+class WanFunControlToVideo(VideoLatentNode):
     SCHEMA = NodeSchema(
         node_id="WanFunControlToVideo",
         display_name="WanFunControlToVideo",
@@ -369,7 +370,9 @@ class Wan22FunControlToVideo(Node):
         return positive, negative, {"samples": latent}
 
 
-class Wan22ImageToVideoLatent(Node):
+class Wan22ImageToVideoLatent(VideoLatentNode):
+    LATENT_CHANNELS, LATENT_SCALE, LATENT_OUTPUT = WAN22_LATENT.channels, WAN22_LATENT.downscale, 0
+
     SCHEMA = NodeSchema(
         node_id="Wan22ImageToVideoLatent",
         display_name="Wan22ImageToVideoLatent",

@@ -33,6 +33,7 @@ from nodes.families.latent_format import WAN21_LATENT
 from nodes.family_nodes.wan_frames import (
     CATEGORY,
     COND_OUTPUTS,
+    VideoLatentNode,
     WanInputError,
     both,
     encode_clips,
@@ -301,7 +302,7 @@ class WanCameraEmbedding(Node):
         return embedding.contiguous(), width, height, length
 
 
-class WanCameraImageToVideo(Node):
+class WanCameraImageToVideo(VideoLatentNode):
     SCHEMA = NodeSchema(
         node_id="WanCameraImageToVideo",
         display_name="WanCameraImageToVideo",

@@ -310,3 +310,15 @@ def test_an_image_vae_is_refused_with_the_file_to_load(tmp_path: Path) -> None:
             batch_size=1,
             start_image=picture(18),
         )
+
+
+def test_the_empty_latents_declare_their_size_before_running() -> None:
+    from nodes.family_nodes.wan_vace import WanCameraImageToVideo
+
+    size = dict(width=832, height=480, length=81, batch_size=2)
+    (_, _, latent) = WanImageToVideo.estimate_outputs(**size)
+    assert latent is not None and latent.shape == (2, 16, 21, 60, 104)
+    assert WanCameraImageToVideo.estimate_outputs(**size)[2] == latent
+    (wide,) = Wan22ImageToVideoLatent.estimate_outputs(width=1280, height=704, length=121, batch_size=1)
+    assert wide is not None and wide.shape == (1, 48, 31, 44, 80)
+    assert WanImageToVideo.estimate_outputs(width=None, height=480, length=81, batch_size=1)[2] is None
