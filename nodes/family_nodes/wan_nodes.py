@@ -237,33 +237,9 @@ class WanFunInpaintToVideo(Node):
     )
 
     def run(
-        self,
-        ctx: NodeContext,
-        *,
-        positive: Conditioning,
-        negative: Conditioning,
-        vae: Any,
-        width: int,
-        height: int,
-        length: int,
-        batch_size: int,
-        clip_vision_output: ClipVisionOutput | None = None,
-        start_image: torch.Tensor | None = None,
-        end_image: torch.Tensor | None = None,
+        self, ctx: NodeContext, *, clip_vision_output: ClipVisionOutput | None = None, **inputs: Any
     ) -> CondLatent:
-        return WanFirstLastFrameToVideo().run(
-            ctx,
-            positive=positive,
-            negative=negative,
-            vae=vae,
-            width=width,
-            height=height,
-            length=length,
-            batch_size=batch_size,
-            clip_vision_start_image=clip_vision_output,
-            start_image=start_image,
-            end_image=end_image,
-        )
+        return WanFirstLastFrameToVideo().run(ctx, clip_vision_start_image=clip_vision_output, **inputs)
 
 
 def fun_concat(

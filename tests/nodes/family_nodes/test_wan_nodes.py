@@ -27,13 +27,13 @@ from nodes.family_nodes.wan_nodes import (
 from tests.nodes.family_nodes.wan_fixtures import (
     SIZE,
     H,
-    OneModule,
     W,
     close,
     cond,
     encoded,
     fitted,
     input_names,
+    module_ctx,
     picture,
     vision,
 )
@@ -243,8 +243,6 @@ def test_wan22_fun_control_sets_the_mask_index_and_appends_the_reference(
 def test_wan22_image_to_video_latent_writes_the_start_frames_and_their_noise_mask(tmp_path: Path) -> None:
     from diffusers import AutoencoderKLWan
 
-    from engine.context import Folders, NodeContext
-
     torch.manual_seed(1)
     wide = AutoencoderKLWan(
         base_dim=8,
@@ -255,7 +253,7 @@ def test_wan22_image_to_video_latent_writes_the_start_frames_and_their_noise_mas
         out_channels=12,
         scale_factor_spatial=16,
     ).eval()
-    ctx = NodeContext("1", "t", Folders(tmp_path, tmp_path, tmp_path), models=OneModule(wide))
+    ctx = module_ctx(wide, tmp_path)
     size = dict(width=32, height=64, length=9)
     (empty,) = Wan22ImageToVideoLatent().run(ctx, vae=None, **size, batch_size=2)
     assert torch.equal(empty["samples"], torch.zeros(1, 48, 3, 4, 2)) and "noise_mask" not in empty
@@ -295,10 +293,8 @@ def test_a_start_image_without_colour_channels_is_refused_by_name(ctx: Any, vae:
 def test_an_image_vae_is_refused_with_the_file_to_load(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from engine.context import Folders, NodeContext
-
     image_vae = SimpleNamespace(config=SimpleNamespace(latent_channels=4))
-    ctx = NodeContext("1", "t", Folders(tmp_path, tmp_path, tmp_path), models=OneModule(image_vae))
+    ctx = module_ctx(image_vae, tmp_path)
     with pytest.raises(WanInputError, match=r"encodes single images.*wan_2\.1_vae\.safetensors"):
         WanImageToVideo().run(
             ctx,

@@ -89,3 +89,10 @@ class OneModule:
 
     def plan_run(self, handle: Any, run: Any) -> None:
         pass
+
+
+def module_ctx(module: Any, folder: Path) -> Any:
+    """A NodeContext whose models are :class:`OneModule` of ``module``."""
+    from engine.context import Folders, NodeContext
+
+    return NodeContext("1", "t", Folders(folder, folder, folder), models=OneModule(module))
