@@ -20,7 +20,7 @@ from engine.schema import CONDITIONING, INT, LATENT, VAE, Input, Output
 from nodes.core.cond import Conditioning
 from nodes.core.resize import resize_image
 from nodes.core.tensor_sizes import video_latent_size
-from nodes.latent.vae import MAX_RESOLUTION, LatentError, crop_to_8, downscale, vae_latent_channels
+from nodes.latent.vae import MAX_RESOLUTION, LatentError, crop_to_8, vae_latent_channels
 
 CATEGORY = "conditioning/video_models"
 
@@ -97,11 +97,18 @@ def video_module(module: Any) -> Any:
     return module
 
 
+def cell(module: Any) -> int:
+    """Pixels per latent cell side of the video VAE ``module``: what Loom's module says, else the
+    diffusers config's ``scale_factor_spatial`` (Wan 2.2's VAE: 16), else 8."""
+    config = getattr(module, "config", None)
+    return int(getattr(module, "loom_downscale", None) or getattr(config, "scale_factor_spatial", None) or 8)
+
+
 @torch.no_grad()
 def encode_clip(module: Any, clip: torch.Tensor) -> torch.Tensor:
     """Frames [T, H, W, 3] in 0..1 -> raw latents [1, C, (T - 1) // 4 + 1, h, w], cropped to the
     VAE's multiple first (centred, as ComfyUI's VAE.encode)."""
-    clip = crop_to_8(clip, downscale(module))
+    clip = crop_to_8(clip, cell(module))
     param = next(module.parameters())
     pixels = clip[..., :3].permute(3, 0, 1, 2).unsqueeze(0).to(param) * 2 - 1  # (1, 3, T, H, W)
     dist = module.encode(pixels, return_dict=False)[0]
@@ -123,7 +130,7 @@ def vae_layout(ctx: NodeContext, vae: Any) -> tuple[int, int]:
         channels = vae_latent_channels(video) or getattr(getattr(video, "config", None), "z_dim", None)
         if channels is None:
             raise LatentError("input 'vae': this VAE does not say how many latent channels it makes")
-        return int(channels), downscale(video)
+        return int(channels), cell(video)
 
 
 def with_values(conditioning: Conditioning, values: dict[str, Any], append: bool = False) -> Conditioning:

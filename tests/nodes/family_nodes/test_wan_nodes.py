@@ -35,6 +35,7 @@ from tests.nodes.family_nodes.wan_fixtures import (
     input_names,
     module_ctx,
     picture,
+    tiny_wan22_module,
     vision,
 )
 
@@ -241,18 +242,7 @@ def test_wan22_fun_control_sets_the_mask_index_and_appends_the_reference(
 
 
 def test_wan22_image_to_video_latent_writes_the_start_frames_and_their_noise_mask(tmp_path: Path) -> None:
-    from diffusers import AutoencoderKLWan
-
-    torch.manual_seed(1)
-    wide = AutoencoderKLWan(
-        base_dim=8,
-        z_dim=48,
-        is_residual=True,
-        patch_size=2,
-        in_channels=12,
-        out_channels=12,
-        scale_factor_spatial=16,
-    ).eval()
+    wide = tiny_wan22_module()
     ctx = module_ctx(wide, tmp_path)
     size = dict(width=32, height=64, length=9)
     (empty,) = Wan22ImageToVideoLatent().run(ctx, vae=None, **size, batch_size=2)
@@ -318,3 +308,24 @@ def test_the_empty_latents_declare_their_size_before_running() -> None:
     (wide,) = Wan22ImageToVideoLatent.estimate_outputs(width=1280, height=704, length=121, batch_size=1)
     assert wide is not None and wide.shape == (1, 48, 31, 44, 80)
     assert WanImageToVideo.estimate_outputs(width=None, height=480, length=81, batch_size=1)[2] is None
+
+
+def test_wan22_fun_control_follows_a_wan22_vaes_channels_and_scale(tmp_path: Path) -> None:
+    wide = tiny_wan22_module()
+    ctx = module_ctx(wide, tmp_path)
+    control = picture(19, frames=5, h=64, w=32)
+    pos, _, latent = Wan22FunControlToVideo().run(
+        ctx, positive=cond(), negative=cond(), vae=None, width=32, height=64, length=9, batch_size=1,
+        control_video=control,
+    )  # fmt: skip
+    assert latent["samples"].shape == (1, 48, 3, 4, 2)
+    extras = pos[0].extras
+    assert extras["concat_mask_index"] == 48 and extras["concat_mask"].shape == (1, 4, 3, 4, 2)
+    concat = extras["concat_latent_image"]
+    assert concat.shape == (1, 96, 3, 4, 2)
+    with torch.no_grad():
+        pixels = resize_image(control, 32, 64, "bilinear", "center").permute(3, 0, 1, 2).unsqueeze(0)
+        enc = wide.encode(pixels * 2 - 1).latent_dist.mode()
+    assert close(concat[:, :48, :2], enc)
+    zero = WAN22_LATENT.process_out(torch.zeros(1, 48, 3, 4, 2))
+    assert torch.equal(concat[:, :48, 2:], zero[:, :, 2:]) and torch.equal(concat[:, 48:], zero)

@@ -96,3 +96,19 @@ def module_ctx(module: Any, folder: Path) -> Any:
     from engine.context import Folders, NodeContext
 
     return NodeContext("1", "t", Folders(folder, folder, folder), models=OneModule(module))
+
+
+def tiny_wan22_module() -> Any:
+    """A tiny Wan 2.2 VAE (48-channel latents, 2×2 patches: 16 pixels per cell)."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(1)
+    return AutoencoderKLWan(
+        base_dim=8,
+        z_dim=48,
+        is_residual=True,
+        patch_size=2,
+        in_channels=12,
+        out_channels=12,
+        scale_factor_spatial=16,
+    ).eval()
