@@ -1,4 +1,4 @@
-"""ComfyUI's Wan VACE, camera-control and merge nodes (``comfy_extras/nodes_wan.py``,
+"""ComfyUI's Wan VACE, camera-control, Phantom and merge nodes (``comfy_extras/nodes_wan.py``,
 ``nodes_camera_trajectory.py``, ``nodes_model_merging_model_specific.py``): same names, inputs, order,
 outputs and values. The conditioning keys the Wan model reads:
 
@@ -14,6 +14,9 @@ outputs and values. The conditioning keys the Wan model reads:
   of each latent frame, the first frame counted 4 times); with a start image also
   ``concat_latent_image`` [B, 16, t, h, w] and ``concat_mask`` [1, 4, t, h, w] as the
   first/last-frame node sets them (:mod:`nodes.family_nodes.wan_nodes`).
+- WanPhantomSubjectToVideo sets ``time_dim_concat`` [1, 16, images, h, w] (each subject image encoded
+  alone, one latent frame each) on ``positive`` and on the ``negative_text`` output; its
+  ``negative_img_text`` output gets Wan's latent zero of that shape instead.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch.nn.functional as F
 
 from engine.context import NodeContext
 from engine.node import Node
-from engine.schema import COMBO, FLOAT, IMAGE, INT, MASK, Input, NodeSchema, Output
+from engine.schema import COMBO, CONDITIONING, FLOAT, IMAGE, INT, LATENT, MASK, Input, NodeSchema, Output
 from nodes.core.cond import Conditioning
 from nodes.encode.clip_vision import CLIP_VISION_OUTPUT, ClipVisionOutput
 from nodes.families.latent_format import WAN21_LATENT
@@ -42,6 +45,7 @@ from nodes.family_nodes.wan_frames import (
     frames,
     latent_frames,
     size_inputs,
+    with_values,
     zero_latent,
 )
 from nodes.latent.vae import MAX_RESOLUTION
@@ -355,6 +359,53 @@ class WanCameraImageToVideo(VideoLatentNode):
         return positive, negative, {"samples": latent}
 
 
+class WanPhantomSubjectToVideo(VideoLatentNode):
+    LATENT_OUTPUT = 3
+    SCHEMA = NodeSchema(
+        node_id="WanPhantomSubjectToVideo",
+        display_name="WanPhantomSubjectToVideo",
+        category=CATEGORY,
+        description="Give a Wan Phantom model its subject images (each its own latent frame, after the video's); "
+        "returns the empty video latent.",
+        inputs=(
+            *size_inputs(),
+            Input("images", IMAGE, "The subject images (one latent frame each).", optional=True),
+        ),
+        outputs=(
+            Output("positive", CONDITIONING, "Positive conditioning with the subjects' latents."),
+            Output("negative_text", CONDITIONING, "Negative conditioning with the subjects' latents."),
+            Output(
+                "negative_img_text", CONDITIONING, "Negative conditioning with Wan's latent zero instead."
+            ),
+            Output("latent", LATENT, "Empty (zero) video latents to sample."),
+        ),
+    )
+
+    def run(
+        self,
+        ctx: NodeContext,
+        *,
+        positive: Conditioning,
+        negative: Conditioning,
+        vae: Any,
+        width: int,
+        height: int,
+        length: int,
+        batch_size: int,
+        images: torch.Tensor | None = None,
+    ) -> tuple[Conditioning, Conditioning, Conditioning, dict]:
+        latent = zero_latent(batch_size, 16, length, height, width, 8)
+        with_images = negative
+        if images is not None:
+            subjects = fit(frames(images, "images")[:length], width, height)
+            concat = torch.cat(encode_clips(ctx, vae, [s[None] for s in subjects]), dim=2)
+            positive, with_images = both(positive, negative, {"time_dim_concat": concat})
+            negative = with_values(
+                negative, {"time_dim_concat": WAN21_LATENT.process_out(torch.zeros_like(concat))}
+            )
+        return positive, with_images, negative, {"samples": latent}
+
+
 class ModelMergeWAN2_1(BlockMerge):  # noqa: N801 (ComfyUI's name)
     SCHEMA = NodeSchema(
         node_id="ModelMergeWAN2_1",
@@ -376,4 +427,10 @@ class ModelMergeWAN2_1(BlockMerge):  # noqa: N801 (ComfyUI's name)
     )
 
 
-NODES: list[type[Node]] = [WanVaceToVideo, WanCameraEmbedding, WanCameraImageToVideo, ModelMergeWAN2_1]
+NODES: list[type[Node]] = [
+    WanVaceToVideo,
+    WanCameraEmbedding,
+    WanCameraImageToVideo,
+    WanPhantomSubjectToVideo,
+    ModelMergeWAN2_1,
+]

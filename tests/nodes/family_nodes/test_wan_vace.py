@@ -181,3 +181,26 @@ def test_model_merge_wan21_has_comfyuis_block_ratios() -> None:
     assert names[7:] == [*(f"blocks.{i}." for i in range(40)), "head."]
     ratios = [i for i in ModelMergeWAN2_1.SCHEMA.inputs[2:]]
     assert all((i.default, i.min, i.max, i.step) == (1.0, 0.0, 1.0, 0.01) for i in ratios)
+
+
+def test_phantom_encodes_each_subject_as_its_own_latent_frame(ctx: Any, vae: Any, vae_module: Any) -> None:
+    from nodes.family_nodes.wan_vace import WanPhantomSubjectToVideo
+
+    subjects = picture(24, frames=2)
+    pos, with_images, neg, latent = WanPhantomSubjectToVideo().run(
+        ctx, positive=cond(), negative=cond(b=2), vae=vae, **SIZE, length=5, batch_size=1, images=subjects
+    )
+    assert latent["samples"].shape == (1, 16, 2, 4, 4)
+    each = torch.cat([encoded(vae_module, fitted(subjects)[i : i + 1]) for i in range(2)], dim=2)
+    concat = pos[0].extras["time_dim_concat"]
+    assert concat.shape == (1, 16, 2, 4, 4) and close(concat, each)
+    assert with_images[0].extras["time_dim_concat"] is concat and with_images[0].extras["b"] == 2
+    assert torch.equal(
+        neg[0].extras["time_dim_concat"], WAN21_LATENT.process_out(torch.zeros(1, 16, 2, 4, 4))
+    )
+    assert [o.name for o in WanPhantomSubjectToVideo.SCHEMA.outputs] == [
+        "positive",
+        "negative_text",
+        "negative_img_text",
+        "latent",
+    ]
