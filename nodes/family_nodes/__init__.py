@@ -1,4 +1,4 @@
-"""ComfyUI's family-specific nodes (Flux, Flux.2, SD3, Z-Image, Qwen-Image), over the model layer in
+"""ComfyUI's family-specific nodes (Flux, Flux.2, SD3, Z-Image, Qwen-Image, Wan video), over the model layer in
 nodes/families. A family's nodes are a module here that declares ``NODES``: the station finds it
 (``NODE_MODULES``, read through the package's ``__getattr__``), nothing lists it."""
 
