@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from engine.context import Interrupted, NodeContext, Preview
 from nodes.core.handles import WeightsHandle, WeightsSource
 from nodes.core.weights import load_weights_only, pickle_refusal
-from nodes.families.catalog import FAMILIES
+from nodes.families.catalog import families
 from nodes.families.latent_format import LatentFormat
 
 log = logging.getLogger(__name__)
@@ -316,6 +316,6 @@ def taesd_channels() -> dict[str, int]:
     """Each TAESD decoder file stem the known families use, with its latents' channel count."""
     return {
         f.latent_format.taesd_decoder: f.latent_format.channels
-        for f in FAMILIES
+        for f in families()
         if f.latent_format.taesd_decoder
     }
