@@ -14,4 +14,7 @@ NODE_MODULES: tuple[str, ...] = (
     "video",
     "video_edit",
     "save_advanced",
+    "dataset_images",
+    "bbox",
+    "tiles",
 )
