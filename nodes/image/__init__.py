@@ -17,4 +17,5 @@ NODE_MODULES: tuple[str, ...] = (
     "dataset_images",
     "bbox",
     "tiles",
+    "color_space",
 )
