@@ -18,4 +18,5 @@ NODE_MODULES: tuple[str, ...] = (
     "bbox",
     "tiles",
     "color_space",
+    "pad",
 )
