@@ -19,4 +19,5 @@ NODE_MODULES: tuple[str, ...] = (
     "tiles",
     "color_space",
     "pad",
+    "crop_to_mask",
 )
