@@ -20,4 +20,5 @@ NODE_MODULES: tuple[str, ...] = (
     "color_space",
     "pad",
     "crop_to_mask",
+    "bbox_ops",
 )
