@@ -21,4 +21,5 @@ NODE_MODULES: tuple[str, ...] = (
     "pad",
     "crop_to_mask",
     "bbox_ops",
+    "video_cuts",
 )
