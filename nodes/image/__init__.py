@@ -22,4 +22,5 @@ NODE_MODULES: tuple[str, ...] = (
     "crop_to_mask",
     "bbox_ops",
     "video_cuts",
+    "text_overlay",
 )
