@@ -23,4 +23,5 @@ NODE_MODULES: tuple[str, ...] = (
     "bbox_ops",
     "video_cuts",
     "text_overlay",
+    "color_transfer",
 )
