@@ -65,6 +65,16 @@ def test_tiles_boxes_and_padding_run_through_the_executor(tmp_path: Path) -> Non
             "inputs": {"image": ["1", 0], "crop_region": {"x": 150, "y": 0, "width": 30, "height": 10}},
         },
         "10": {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": "crop"}},
+        "11": {
+            "class_type": "ImageDeduplication",
+            "inputs": {"images": ["3", 0], "similarity_threshold": 0.95},
+        },
+        "12": {
+            "class_type": "ImageGrid",
+            "inputs": {"images": ["2", 0], "columns": 3, "cell_width": 32, "cell_height": 32, "padding": 2},
+        },
+        "13": {"class_type": "SaveImage", "inputs": {"images": ["12", 0], "filename_prefix": "grid"}},
+        "14": {"class_type": "SaveImage", "inputs": {"images": ["11", 0], "filename_prefix": "unique"}},
     }
     result = executor.run(RunRequest(prompt=prompt))
     assert result.status == "success", (result.node_errors, result.error)
@@ -72,3 +82,5 @@ def test_tiles_boxes_and_padding_run_through_the_executor(tmp_path: Path) -> Non
     assert padded.shape == (64, 128, 3)  # 100 x 50 padded to multiples of 32: 14 + 14 wide, 7 + 7 tall
     assert tuple(padded[0, 0]) == (255, 0, 0) and tuple(padded[32, 64]) == (128, 128, 128)  # 0x40 * 2
     assert _saved(folders, result, "10").shape == (10, 10, 3)  # cut at the right edge
+    assert _saved(folders, result, "13").shape == (2 * 32 + 2, 3 * 32 + 2 * 2, 3)  # 6 tiles: 3 x 2 cells
+    assert len(result.outputs["14"]["images"]) == 1  # six identical flat tiles: one is kept
