@@ -13,14 +13,16 @@ is resized with Lanczos to width x height.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from engine.context import NodeContext
-from engine.node import NativeNodeDef, Node
+from engine.node import NativeNodeDef, Node, OutputSizes
 from engine.schema import FLOAT, IMAGE, INT, MASK, Input, NodeSchema, Output
 from nodes.core.resize import lanczos, resize_mask
+from nodes.core.tensor_sizes import image_resized
 from nodes.text.values import COLOR, ColorError, parse_color
 
 FOREGROUND_LEVEL = 204  # of 255: mask values counted in the subject's bounding box
@@ -131,6 +133,16 @@ class ImageCropToMask(Node):
         ),
         outputs=(Output("images", IMAGE, "The cropped, composited and resized images."),),
     )
+
+    @classmethod
+    def estimate_outputs(
+        cls, *, images: Any = None, width: Any = None, height: Any = None, **_: Any
+    ) -> OutputSizes:
+        return (
+            image_resized(images, lambda w, h: (width, height))
+            if isinstance(width, int) and isinstance(height, int)
+            else None,
+        )
 
     def run(
         self,

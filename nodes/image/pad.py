@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from engine.context import NodeContext
-from engine.node import NativeNodeDef, Node
+from engine.node import NativeNodeDef, Node, OutputSizes
 from engine.schema import COMBO, FLOAT, IMAGE, INT, Input, NodeSchema, Output
+from nodes.core.tensor_sizes import image_resized
 from nodes.image.load_save import MAX_RESOLUTION
 from nodes.text.values import COLOR, ColorError, parse_color
 
@@ -180,6 +181,20 @@ class PadImageNode(Node):
         ),
         outputs=(Output("IMAGE", IMAGE, "The padded image, with the input's batch and channels."),),
     )
+
+    @classmethod
+    def estimate_outputs(cls, *, image: Any = None, padding_type: Any = None, **option: Any) -> OutputSizes:
+        known = {
+            k.removeprefix("padding_type."): v for k, v in option.items() if k.startswith("padding_type.")
+        }
+        if padding_type not in PADDING_TYPES or any(v is None for v in known.values()):
+            return (None,)
+
+        def to(width: int, height: int) -> tuple[int, int]:
+            left, top, right, bottom = padding_amounts(padding_type, width, height, known.get)
+            return width + left + right, height + top + bottom
+
+        return (image_resized(image, to),)
 
     def run(
         self, ctx: NodeContext, *, image: torch.Tensor, padding_type: str, padding_style: str, **option: Any

@@ -79,3 +79,13 @@ def test_errors_teach(ctx: Any) -> None:
         _run(ctx, torch.zeros(3, 64, 64, 3), torch.zeros(2, 64, 64))
     with pytest.raises(CropToMaskError, match="background: expected '#RRGGBB'"):
         _run(ctx, torch.zeros(1, 64, 64, 3), torch.zeros(1, 64, 64), background="black")
+
+
+def test_output_size_is_declared_before_the_run() -> None:
+    from engine.node import TensorSize
+
+    size = ImageCropToMask.estimate_outputs(images=TensorSize((3, 100, 80, 3)), width=512, height=256)
+    assert size == (TensorSize((3, 256, 512, 3)),)
+    assert ImageCropToMask.estimate_outputs(images=TensorSize((3, 100, 80, 3)), width=None, height=256) == (
+        None,
+    )

@@ -149,3 +149,20 @@ def test_bad_colour_teaches_and_a_constant_colour_validates(ctx: Any) -> None:
         },
     }
     assert validate_node("2", prompt, registry)[0] == []
+
+
+def test_output_size_is_declared_before_the_run() -> None:
+    from engine.node import TensorSize
+
+    image = TensorSize((2, 30, 50, 3))
+    size = PadImageNode.estimate_outputs(
+        image=image, padding_type="pad to multiple", **{"padding_type.multiple": 32}
+    )
+    assert size == (TensorSize((2, 32, 64, 3)),)
+    dims = {"padding_type.left": 1, "padding_type.top": 2, "padding_type.right": 3, "padding_type.bottom": 4}
+    assert PadImageNode.estimate_outputs(image=image, padding_type="pad dimensions", **dims) == (
+        TensorSize((2, 36, 54, 3)),
+    )
+    assert PadImageNode.estimate_outputs(
+        image=image, padding_type="pad to multiple", **{"padding_type.multiple": None}
+    ) == (None,)
