@@ -88,7 +88,9 @@ def vae_latent_channels(vae: Any) -> int | None:
     return None if channels is None else int(channels)
 
 
-def check_latent_for_vae(vae: Any, samples: torch.Tensor, made_by: str | None = None) -> None:
+def check_latent_for_vae(
+    vae: Any, samples: torch.Tensor, made_by: str | None = None, node: str = "VAEDecode"
+) -> None:
     """Raise unless the VAE module ``vae`` decodes latents of ``samples``' channel count. VAE nodes
     check only this, never the latent scale: a VAE works on raw latents, so a separate VAE file of
     the right width decodes any family's latents (an SD3 VAE file is read as a 16-channel VAE)."""
@@ -96,9 +98,10 @@ def check_latent_for_vae(vae: Any, samples: torch.Tensor, made_by: str | None = 
     if expected is not None and samples.shape[1] != expected:
         source = f" (made by a {made_by} model)" if made_by else ""
         raise LatentError(
-            f"the latents{source} have {samples.shape[1]} channels but this VAE decodes "
-            f"{expected}-channel latents; use the VAE that belongs to the model that made them "
-            "(a 16-channel model needs its 16-channel VAE, e.g. ae.safetensors)"
+            f"{node}: the latents on its samples input{source} have {samples.shape[1]} channels but this VAE decodes "
+            f"{expected}-channel latents; connect to {node}'s vae input the VAE that belongs to the model that "
+            f"made them (VAELoader with that model's VAE file; a 16-channel model needs its 16-channel VAE, e.g. "
+            "ae.safetensors), or make the latents with a model of this VAE"
         )
 
 
@@ -377,7 +380,7 @@ class VAEDecodeTiled(Node):
     ) -> tuple[torch.Tensor]:
         with ctx.models.use(vae) as module:
             z = samples["samples"]
-            check_latent_for_vae(module, z, samples.get("latent_family"))
+            check_latent_for_vae(module, z, samples.get("latent_family"), "VAEDecodeTiled")
             ratio = downscale(module)
             if z.ndim == 5:  # a video: ComfyUI's limits on the overlaps, then its 3-D tiling
                 overlap = tile_size // 4 if tile_size < overlap * 4 else overlap
