@@ -26,9 +26,11 @@ from nodes.latent.video_vae import (
     TEMPORAL_OVERLAP,
     TEMPORAL_SIZE,
     decode_video,
-    decode_video_tiled,
+    decode_video_tiled_node,
+    decode_video_within,
     encode_video,
     temporal_compression,
+    working_budget,
 )
 
 MAX_RESOLUTION = 16384
@@ -318,8 +320,11 @@ class VAEDecode(Node):
 
     def run(self, ctx: NodeContext, *, samples: dict, vae: Any) -> tuple[torch.Tensor]:
         with ctx.models.use(vae) as module:
-            check_latent_for_vae(module, samples["samples"], samples.get("latent_family"))
-            return (decode(module, samples["samples"]),)
+            z = samples["samples"]
+            check_latent_for_vae(module, z, samples.get("latent_family"))
+            if z.ndim == 5:  # a video: in tiles when its decode would not fit (nodes.latent.video_vae)
+                return (decode_video_within(module, z, working_budget(ctx.models), ctx.check_interrupt),)
+            return (decode(module, z),)
 
     @classmethod
     def estimate_outputs(cls, *, samples: Any = None, **_: Any) -> OutputSizes:
@@ -382,23 +387,9 @@ class VAEDecodeTiled(Node):
             z = samples["samples"]
             check_latent_for_vae(module, z, samples.get("latent_family"), "VAEDecodeTiled")
             ratio = downscale(module)
-            if z.ndim == 5:  # a video: ComfyUI's limits on the overlaps, then its 3-D tiling
-                overlap = tile_size // 4 if tile_size < overlap * 4 else overlap
-                temporal_overlap //= 2 if temporal_size < temporal_overlap * 2 else 1
-                frames = temporal_compression(module)
-                tile_t = max(2, temporal_size // frames)
-                return (
-                    decode_video_tiled(
-                        module,
-                        z,
-                        tile=tile_size // ratio,
-                        overlap=overlap // ratio,
-                        tile_t=tile_t,
-                        overlap_t=max(1, min(tile_t // 2, temporal_overlap // frames)),
-                        downscale=ratio,
-                        check=ctx.check_interrupt,
-                    ),
-                )
+            if z.ndim == 5:  # a video: tiles in time and space (nodes.latent.video_vae)
+                sizes = (tile_size, overlap, temporal_size, temporal_overlap)
+                return (decode_video_tiled_node(module, z, *sizes, check=ctx.check_interrupt),)
 
             def fn(z: torch.Tensor) -> torch.Tensor:
                 ctx.check_interrupt()

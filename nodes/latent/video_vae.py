@@ -130,3 +130,80 @@ def decode_video_tiled(
         check,
     )
     return to_image(pixels)
+
+
+def decode_video_tiled_node(
+    vae: Any,
+    samples: torch.Tensor,
+    tile_size: int,
+    overlap: int,
+    temporal_size: int,
+    temporal_overlap: int,
+    check: Callable[[], None] = lambda: None,
+) -> torch.Tensor:
+    """VAEDecodeTiled on a video latent: its widgets (pixels and pixel frames) limited and turned into
+    latent tiles as ComfyUI does, then :func:`decode_video_tiled`."""
+    if tile_size < overlap * 4:
+        overlap = tile_size // 4
+    if temporal_size < temporal_overlap * 2:
+        temporal_overlap //= 2
+    frames, scale = temporal_compression(vae), int(getattr(vae, "loom_downscale", 8))
+    tile_t = max(2, temporal_size // frames)
+    return decode_video_tiled(
+        vae,
+        samples,
+        tile=tile_size // scale,
+        overlap=overlap // scale,
+        tile_t=tile_t,
+        overlap_t=max(1, min(tile_t // 2, temporal_overlap // frames)),
+        downscale=scale,
+        check=check,
+    )
+
+
+def decode_bytes(vae: Any, shape: tuple[int, ...]) -> int | None:
+    """The working memory the VAE module ``vae`` says a decode of a latent of ``shape`` needs (ComfyUI's
+    ``memory_used_decode``: bytes per output pixel of one frame, as the causal decode goes frame by
+    frame), or None when it does not say."""
+    per_pixel = getattr(vae, "loom_decode_bytes_per_pixel", None)
+    if per_pixel is None:
+        return None
+    scale, itemsize = int(getattr(vae, "loom_downscale", 8)), next(vae.parameters()).element_size()
+    return int(per_pixel * shape[-2] * shape[-1] * scale * scale * itemsize)
+
+
+def working_budget(models: Any) -> int | None:
+    """The device memory a VAE decode may use: the manager's device budget less its reserve, or None
+    where there is none (a plain CPU run: the process RAM budget guards the outputs)."""
+    budget = getattr(models, "device_budget", None)
+    total = getattr(budget, "total_bytes", None)
+    return None if total is None else max(0, int(total) - int(getattr(budget, "reserve_bytes", 0)))
+
+
+def decode_video_within(
+    vae: Any, samples: torch.Tensor, budget: int | None, check: Callable[[], None] = lambda: None
+) -> torch.Tensor:
+    """VAEDecode on a video latent, as ComfyUI's ``VAE.decode``: whole when the module's estimate fits
+    ``budget``, else (or when memory runs out anyway) :func:`decode_video_tiled` with ComfyUI's
+    fallback tiles: 256 pixels a side overlapping by a quarter, every frame at once."""
+    from engine.memory.plan_memory import out_of_memory_kind
+
+    estimate = decode_bytes(vae, tuple(samples.shape))
+    if budget is None or estimate is None or estimate <= budget:
+        try:
+            return decode_video(vae, samples)
+        except (RuntimeError, MemoryError) as exc:
+            if out_of_memory_kind(exc) is None:
+                raise
+            log.warning("VAE decode ran out of memory (%s); decoding in tiles", exc)
+    else:
+        log.info(
+            "VAE decode needs ~%d MiB, over the %d MiB budget; decoding in tiles",
+            estimate >> 20,
+            budget >> 20,
+        )
+    scale = int(getattr(vae, "loom_downscale", 8))
+    tile = 256 // scale
+    return decode_video_tiled(
+        vae, samples, tile=tile, overlap=tile // 4, tile_t=999, overlap_t=1, downscale=scale, check=check
+    )

@@ -55,9 +55,13 @@ class OneFrameImages:
 class QwenImageVae2D(OneFrameImages, AutoencoderKLQwenImage):  # type: ignore[misc]
     """``AutoencoderKLQwenImage`` on single images and clips (see the module docstring)."""
 
+    loom_decode_bytes_per_pixel = 7000  # ComfyUI's estimate for the Wan 2.1 VAE (per output pixel of a frame)
+
 
 class Wan22Vae3D(OneFrameImages, AutoencoderKLWan):  # type: ignore[misc]
     """The Wan 2.2 VAE (48 channels, 1/16 in space: three 2× stages over 2×2 patches)."""
+
+    loom_decode_bytes_per_pixel = 8000  # ComfyUI's estimate for the Wan 2.2 VAE
 
     @property
     def loom_downscale(self) -> int:

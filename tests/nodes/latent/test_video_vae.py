@@ -114,3 +114,67 @@ def test_tiled_temporal_decode_is_close_to_the_whole_decode(wan21: Any, make_ctx
         ctx, samples={"samples": z}, vae=vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8
     )[0]
     assert (one_tile - whole).abs().max() < 1e-4
+
+
+class _Budget:
+    """A manager's device budget (``total_bytes`` less ``reserve_bytes`` is what a decode may use)."""
+
+    def __init__(self, total: int) -> None:
+        self.total_bytes, self.reserve_bytes = total, 0
+
+
+def largest_activation(module: Any, run: Any) -> tuple[Any, int]:
+    """``run()``'s result and the largest tensor any submodule of ``module`` produced meanwhile (bytes):
+    the measure of a decode's working memory here (the per-frame activations of the causal decoder)."""
+    seen = [0]
+
+    def hook(_: Any, __: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            seen[0] = max(seen[0], out.numel() * out.element_size())
+
+    handles = [m.register_forward_hook(hook) for m in module.modules()]
+    try:
+        return run(), seen[0]
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.slow  # ~10 s: a 512x384 frame decoded whole and in 6 tiles
+def test_vae_decode_of_a_clip_over_the_budget_decodes_in_tiles_under_a_smaller_peak(
+    wan21: Any, make_ctx: Any, manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """VAEDecode on a video latent whose estimate (ComfyUI's 7000 bytes per output pixel of a frame)
+    exceeds the device budget decodes in ComfyUI's fallback tiles (256 px, a quarter overlap, every
+    frame at once): its largest activation is under half the whole decode's (a 32x32 latent tile of
+    a 64x48 latent: a third), and the image stays close to the whole decode."""
+    from nodes.latent import video_vae
+
+    _, path = wan21
+    ctx, vae = make_ctx(), open_vae(path)
+    z = torch.randn(1, 16, 1, 64, 48, generator=torch.Generator().manual_seed(4))  # a 512x384 frame
+    calls: list[dict[str, Any]] = []
+    tiled_decode = video_vae.decode_video_tiled
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return tiled_decode(*args, **kwargs)
+
+    monkeypatch.setattr(video_vae, "decode_video_tiled", spy)
+    with manager.use(vae) as module:
+        estimate = video_vae.decode_bytes(module, tuple(z.shape))
+        assert estimate == 7000 * 512 * 384 * 4
+
+        def decode() -> Any:
+            return VAEDecode().run(ctx, samples={"samples": z}, vae=vae)[0]
+
+        whole, whole_peak = largest_activation(module, decode)
+        assert not calls  # no budget (a plain CPU run): decoded whole
+        monkeypatch.setattr(manager, "device_budget", _Budget(estimate // 2), raising=False)
+        tiled, tiled_peak = largest_activation(module, decode)
+    assert calls == [
+        dict(tile=32, overlap=8, tile_t=999, overlap_t=1, downscale=8, check=ctx.check_interrupt)
+    ]
+    assert whole.shape == tiled.shape == (1, 512, 384, 3)
+    assert tiled_peak < whole_peak / 2
+    assert (tiled - whole).abs().mean() < 0.1  # spatial tiles of random weights: close on average
