@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.memory.plan_memory import out_of_memory_kind
 from engine.schema import INT, Input
 from nodes.latent.tiling import tiled_video
 
@@ -186,8 +187,6 @@ def decode_video_within(
     """VAEDecode on a video latent, as ComfyUI's ``VAE.decode``: whole when the module's estimate fits
     ``budget``, else (or when memory runs out anyway) :func:`decode_video_tiled` with ComfyUI's
     fallback tiles: 256 pixels a side overlapping by a quarter, every frame at once."""
-    from engine.memory.plan_memory import out_of_memory_kind
-
     estimate = decode_bytes(vae, tuple(samples.shape))
     if budget is None or estimate is None or estimate <= budget:
         try:
