@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from engine.context import NodeContext
 from engine.node import Node, OutputSizes
 from engine.schema import COMBO, FLOAT, IMAGE, INT, LATENT, MASK, VAE, Input, NodeSchema, Output
-from nodes.core.resize import resize
+from nodes.core.resize import resize, upscale_target
 from nodes.core.tensor_sizes import decoded_size, latent_resized, latent_size, scaled_by
 from nodes.latent.tiling import tiled
 from nodes.latent.video_vae import (
@@ -29,6 +29,7 @@ from nodes.latent.video_vae import (
     decode_video_tiled_node,
     decode_video_within,
     encode_video,
+    encode_video_tiled,
     temporal_compression,
     working_budget,
 )
@@ -269,18 +270,6 @@ class LatentUpscale(Node):
         return (latent_resized(samples, to),)
 
 
-def upscale_target(width: int, height: int, latent_w: int, latent_h: int) -> tuple[int, int]:
-    """LatentUpscale's target in pixels (ComfyUI's rule): 0 on one side keeps the aspect ratio of the
-    ``latent_w`` x ``latent_h`` latents; each side is at least 64 pixels."""
-    if width == 0:
-        height = max(64, height)
-        return max(64, round(latent_w * height / latent_h)), height
-    if height == 0:
-        width = max(64, width)
-        return width, max(64, round(latent_h * width / latent_w))
-    return max(64, width), max(64, height)
-
-
 class LatentUpscaleBy(Node):
     SCHEMA = NodeSchema(
         node_id="LatentUpscaleBy",
@@ -405,20 +394,39 @@ class VAEEncodeTiled(Node):
         display_name="VAE Encode (Tiled)",
         category="_for_testing",
         description="Encode images tile by tile with blended overlaps.",
-        inputs=(Input("pixels", IMAGE, "Images to encode."), Input("vae", VAE, "The VAE."), _TILE, _OVERLAP),
+        inputs=(
+            Input("pixels", IMAGE, "Images to encode."),
+            Input("vae", VAE, "The VAE."),
+            _TILE,
+            _OVERLAP,
+            TEMPORAL_SIZE,
+            TEMPORAL_OVERLAP,
+        ),
         outputs=(Output("LATENT", LATENT, "The latents."),),
     )
 
     def run(
-        self, ctx: NodeContext, *, pixels: torch.Tensor, vae: Any, tile_size: int, overlap: int
+        self,
+        ctx: NodeContext,
+        *,
+        pixels: torch.Tensor,
+        vae: Any,
+        tile_size: int,
+        overlap: int,
+        temporal_size: int = 64,
+        temporal_overlap: int = 8,
     ) -> tuple[dict]:
         with ctx.models.use(vae) as module:
+            ratio = downscale(module)
+            if temporal_compression(module) > 1 and pixels.shape[0] > 1:  # frames of a clip
+                sizes = (tile_size, overlap, temporal_size, temporal_overlap)
+                clip = encode_video_tiled(module, crop_to_8(pixels, ratio), *sizes, check=ctx.check_interrupt)
+                return ({"samples": clip[:, :, 0] if clip.shape[2] == 1 else clip},)
 
             def fn(x: torch.Tensor) -> torch.Tensor:
                 ctx.check_interrupt()
                 return encode(module, x.permute(0, 2, 3, 1))
 
-            ratio = downscale(module)
             image = crop_to_8(pixels, ratio).permute(0, 3, 1, 2)
             samples = tiled(image, fn, tile_size, overlap, 1 / ratio)
         return ({"samples": samples},)

@@ -162,6 +162,41 @@ def decode_video_tiled_node(
     )
 
 
+def encode_video_tiled(
+    vae: Any,
+    image: torch.Tensor,
+    tile_size: int,
+    overlap: int,
+    temporal_size: int,
+    temporal_overlap: int,
+    check: Callable[[], None] = lambda: None,
+) -> torch.Tensor:
+    """VAEEncodeTiled on the frames of a clip (ComfyUI's ``encode_tiled_3d``): tiles of
+    ``temporal_size`` frames (at least 2, overlapping by at least 1) and ``tile_size`` pixels a side,
+    each encoded afresh, blended in the latent: a tile of ``n`` frames makes ``(n + 3) // 4`` latent
+    frames, placed at its first frame over 4."""
+    compression, scale = temporal_compression(vae), int(getattr(vae, "loom_downscale", 8))
+    param = next(vae.parameters())
+
+    def fn(clip: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return vae.encode(clip.to(param), return_dict=False)[0].mode().float().cpu()
+
+    def space(n: int) -> int:
+        return n // scale
+
+    pixels = (image[..., :3].permute(3, 0, 1, 2).unsqueeze(0).float() * 2 - 1).contiguous()
+    return tiled_video(
+        pixels,
+        fn,
+        (max(2, temporal_size), tile_size, tile_size),
+        (max(1, temporal_overlap), overlap, overlap),
+        (lambda t: (t + compression - 1) // compression, space, space),
+        (lambda t: round(t / compression), space, space),
+        check,
+    )
+
+
 def decode_bytes(vae: Any, shape: tuple[int, ...]) -> int | None:
     """The working memory the VAE module ``vae`` says a decode of a latent of ``shape`` needs (ComfyUI's
     ``memory_used_decode``: bytes per output pixel of one frame, as the causal decode goes frame by

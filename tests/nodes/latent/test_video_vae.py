@@ -178,3 +178,21 @@ def test_vae_decode_of_a_clip_over_the_budget_decodes_in_tiles_under_a_smaller_p
     assert whole.shape == tiled.shape == (1, 512, 384, 3)
     assert tiled_peak < whole_peak / 2
     assert (tiled - whole).abs().mean() < 0.1  # spatial tiles of random weights: close on average
+
+
+def test_tiled_encode_of_a_clip(wan21: Any, make_ctx: Any) -> None:
+    """VAEEncodeTiled on frames: with one tile it is VAEEncode; in tiles of 8 frames overlapping by 4
+    (ComfyUI's encode_tiled_3d) it makes the same latent shape, close on the first tile's frames."""
+    from nodes.latent.vae import VAEEncodeTiled
+
+    _, path = wan21
+    ctx, vae = make_ctx(), open_vae(path)
+    image = frames(9)
+    whole = VAEEncode().run(ctx, pixels=image, vae=vae)[0]["samples"]
+    one = VAEEncodeTiled().run(ctx, pixels=image, vae=vae, tile_size=512, overlap=64)[0]["samples"]
+    assert (one - whole).abs().max() < 1e-4
+    tiles = VAEEncodeTiled().run(
+        ctx, pixels=image, vae=vae, tile_size=512, overlap=64, temporal_size=8, temporal_overlap=4
+    )[0]["samples"]
+    assert tiles.shape == whole.shape == (1, 16, 3, 4, 6)
+    assert (tiles[:, :, 0] - whole[:, :, 0]).abs().max() < 1e-4  # frame 0 is only in the first tile
