@@ -185,3 +185,15 @@ def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
     y, x = torch.meshgrid(axis, axis, indexing="ij")
     g = torch.exp(-(x * x + y * y) / (2.0 * sigma * sigma))
     return g / g.sum()
+
+
+def upscale_target(width: int, height: int, latent_w: int, latent_h: int) -> tuple[int, int]:
+    """LatentUpscale's target in pixels (ComfyUI's rule): 0 on one side keeps the aspect ratio of the
+    ``latent_w`` x ``latent_h`` latents; each side is at least 64 pixels."""
+    if width == 0:
+        height = max(64, height)
+        return max(64, round(latent_w * height / latent_h)), height
+    if height == 0:
+        width = max(64, width)
+        return width, max(64, round(latent_h * width / latent_w))
+    return max(64, width), max(64, height)

@@ -295,14 +295,16 @@ class PreviewRenderer:
         self.__dict__.pop("method", None)
 
     def _linear(self, x0: torch.Tensor) -> torch.Tensor:
-        rgb = torch.einsum("chw,cr->hwr", x0[0].float().cpu(), self.factors) + self.bias
+        first = x0[0, :, 0] if x0.ndim == 5 else x0[0]  # a video latent: its first frame (as ComfyUI)
+        rgb = torch.einsum("chw,cr->hwr", first.float().cpu(), self.factors) + self.bias
         return (rgb + 1) / 2  # (h, w, 3)
 
     def _taesd(self, x0: torch.Tensor) -> torch.Tensor:
         assert self.taesd is not None
         with self.ctx.models.use(self.taesd) as decoder:
             param = next(decoder.parameters())
-            image = decoder.decode(x0[:1].to(param))  # (1, 3, H, W) in [-1, 1]
+            first = x0[:1, :, 0] if x0.ndim == 5 else x0[:1]  # (a TAESD decodes images)
+            image = decoder.decode(first.to(param))  # (1, 3, H, W) in [-1, 1]
         return ((image[0].float().cpu() + 1) / 2).permute(1, 2, 0)  # (H, W, 3)
 
 

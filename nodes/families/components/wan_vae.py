@@ -34,14 +34,14 @@ from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.components import ShapeConfiguredVae
 from nodes.families.latent_format import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD
 
-_RESIDUAL = (
+RESIDUAL_NAMES = (
     ("residual.0.", "norm1."),
     ("residual.2.", "conv1."),
     ("residual.3.", "norm2."),
     ("residual.6.", "conv2."),
     ("shortcut.", "conv_shortcut."),
 )
-_FIXED = (  # whole-name prefixes, original -> diffusers
+FIXED_NAMES = (  # whole-name prefixes, original -> diffusers
     ("encoder.conv1.", "encoder.conv_in."),
     ("decoder.conv1.", "decoder.conv_in."),
     ("encoder.head.0.", "encoder.norm_out."),
@@ -58,12 +58,15 @@ _FIXED = (  # whole-name prefixes, original -> diffusers
     ("decoder.middle.2.", "decoder.mid_block.resnets.1."),
 )
 MARKER = "decoder.middle.0.residual.0.gamma"  # a tensor only the original Wan layout has
+WAN22_MARKER = "decoder.upsamples.0.upsamples.0.residual.2.weight"  # Wan 2.2's stages (ComfyUI's test)
 DIFFUSERS_MARKER = "decoder.mid_block.resnets.0.norm1.gamma"
 FILE_PREFIXES = ("", "first_stage_model.", "vae.")  # where standalone Wan VAE files keep their tensors
 
 
 def is_wan_vae(index: TensorIndex, prefix: str = "") -> bool:
     """Whether ``index`` holds a Wan VAE under ``prefix`` (original or diffusers names)."""
+    if index.has(f"{prefix}{WAN22_MARKER}"):
+        return False  # the Wan 2.2 VAE (nodes.families.components.wan22_vae)
     return index.has(f"{prefix}{MARKER}") or (
         index.has(f"{prefix}{DIFFUSERS_MARKER}") and index.has(f"{prefix}encoder.down_blocks.0.norm1.gamma")
     )
@@ -154,8 +157,8 @@ class WanVae(ShapeConfiguredVae):
         return QwenImageVae2D.from_pretrained(path, local_files_only=True, use_safetensors=safetensors)
 
 
-def _residual(rest: str, forward: bool) -> str:
-    for old, new in _RESIDUAL:
+def residual_name(rest: str, forward: bool) -> str:
+    for old, new in RESIDUAL_NAMES:
         a, b = (old, new) if forward else (new, old)
         if rest.startswith(a):
             return b + rest[len(a) :]
@@ -163,34 +166,34 @@ def _residual(rest: str, forward: bool) -> str:
 
 
 def _original_to_diffusers(name: str, per_stage: int) -> str:
-    for old, new in _FIXED:
+    for old, new in FIXED_NAMES:
         if name.startswith(old):
             rest = name[len(old) :]
-            return new + (_residual(rest, True) if ".resnets." in new else rest)
+            return new + (residual_name(rest, True) if ".resnets." in new else rest)
     if name.startswith("encoder.downsamples."):
         index, rest = name.removeprefix("encoder.downsamples.").split(".", 1)
-        return f"encoder.down_blocks.{index}.{_residual(rest, True)}"
+        return f"encoder.down_blocks.{index}.{residual_name(rest, True)}"
     if name.startswith("decoder.upsamples."):
         index, rest = name.removeprefix("decoder.upsamples.").split(".", 1)
         stage, pos = divmod(int(index), per_stage)
         if pos == per_stage - 1:
             return f"decoder.up_blocks.{stage}.upsamplers.0.{rest}"
-        return f"decoder.up_blocks.{stage}.resnets.{pos}.{_residual(rest, True)}"
+        return f"decoder.up_blocks.{stage}.resnets.{pos}.{residual_name(rest, True)}"
     return name
 
 
 def _diffusers_to_original(name: str, per_stage: int) -> str:
-    for old, new in _FIXED:
+    for old, new in FIXED_NAMES:
         if name.startswith(new):
             rest = name[len(new) :]
-            return old + (_residual(rest, False) if ".resnets." in new else rest)
+            return old + (residual_name(rest, False) if ".resnets." in new else rest)
     if name.startswith("encoder.down_blocks."):
         index, rest = name.removeprefix("encoder.down_blocks.").split(".", 1)
-        return f"encoder.downsamples.{index}.{_residual(rest, False)}"
+        return f"encoder.downsamples.{index}.{residual_name(rest, False)}"
     if name.startswith("decoder.up_blocks."):
         stage, kind, rest = name.removeprefix("decoder.up_blocks.").split(".", 2)
         if kind == "upsamplers":
             return f"decoder.upsamples.{int(stage) * per_stage + per_stage - 1}.{rest.removeprefix('0.')}"
         pos, rest = rest.split(".", 1)
-        return f"decoder.upsamples.{int(stage) * per_stage + int(pos)}.{_residual(rest, False)}"
+        return f"decoder.upsamples.{int(stage) * per_stage + int(pos)}.{residual_name(rest, False)}"
     return name

@@ -1,26 +1,40 @@
-"""The module the Wan VAE kind builds: diffusers' ``AutoencoderKLQwenImage`` (the Wan 2.1 causal 3-D
-VAE that Qwen-Image uses) taking and giving the 4-D image tensors Loom's VAE nodes use.
+"""The modules the Wan VAE kinds build: diffusers' ``AutoencoderKLQwenImage`` (the Wan 2.1 causal 3-D
+VAE that Qwen-Image uses) and ``AutoencoderKLWan`` with residual stages and 2×2 patches (the Wan 2.2
+VAE), taking and giving the 4-D image tensors Loom's VAE nodes use as well as 5-D clips.
 
 The 3-D VAE works on (B, C, T, H, W); an image is one frame (T = 1). ``encode`` and ``decode`` add
 that axis on the way in and remove it on the way out, so VAEEncode, VAEDecode and the tiled variants
-treat it like the 2-D KL VAE. Imported only when a module is built (it imports diffusers)."""
+treat it like the 2-D KL VAE; 5-D clips (B, C, T, H, W) pass through to the causal video encode and
+decode (``nodes.latent.video_vae``), which ``loom_temporal_compression`` announces. Imported only
+when a module is built (it imports diffusers)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKLQwenImage
+from diffusers import AutoencoderKLQwenImage, AutoencoderKLWan
 from diffusers.models.autoencoders.vae import DecoderOutput, DiagonalGaussianDistribution
 from diffusers.models.modeling_outputs import AutoencoderKLOutput
 
 
-class QwenImageVae2D(AutoencoderKLQwenImage):  # type: ignore[misc]
-    """``AutoencoderKLQwenImage`` on single images (see the module docstring)."""
+class OneFrameImages:
+    """``encode`` / ``decode`` of a causal 3-D VAE that also take 4-D images (one frame each)."""
+
+    config: Any
 
     @property
     def latent_channels(self) -> int:
-        return int(self.config.z_dim)  # type: ignore[attr-defined]
+        return int(self.config.z_dim)
+
+    @property
+    def loom_latent_channels(self) -> int:
+        return int(self.config.z_dim)
+
+    @property
+    def loom_temporal_compression(self) -> int:
+        """Pixel frames per latent frame: 2 per temporal downsampling stage (Wan: 4)."""
+        return 2 ** sum(bool(d) for d in self.config.temperal_downsample)
 
     def encode(self, x: torch.Tensor, return_dict: bool = True) -> Any:
         parent: Any = super()
@@ -36,3 +50,19 @@ class QwenImageVae2D(AutoencoderKLQwenImage):  # type: ignore[misc]
             return parent.decode(z, return_dict=return_dict, **kwargs)
         image = parent.decode(z.unsqueeze(2), return_dict=False)[0].squeeze(2)
         return DecoderOutput(sample=image) if return_dict else (image,)
+
+
+class QwenImageVae2D(OneFrameImages, AutoencoderKLQwenImage):  # type: ignore[misc]
+    """``AutoencoderKLQwenImage`` on single images and clips (see the module docstring)."""
+
+    loom_decode_bytes_per_pixel = 7000  # ComfyUI's estimate for the Wan 2.1 VAE (per output pixel of a frame)
+
+
+class Wan22Vae3D(OneFrameImages, AutoencoderKLWan):  # type: ignore[misc]
+    """The Wan 2.2 VAE (48 channels, 1/16 in space: three 2× stages over 2×2 patches)."""
+
+    loom_decode_bytes_per_pixel = 8000  # ComfyUI's estimate for the Wan 2.2 VAE
+
+    @property
+    def loom_downscale(self) -> int:
+        return int(self.config.scale_factor_spatial)
