@@ -27,7 +27,11 @@ from nodes.families.prompt import TokenizerOptions
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "models" / "configs"
 _EMBED = "encoder.embed_tokens.weight"
-T5_FILES = (EncoderFile("T5-XXL", "", "encoder.block.0.layer.0.SelfAttention.q.weight"),)  # a T5-XXL file
+# umT5 (Wan) keeps a relative attention bias in every block; T5 v1.1 only in the first
+PER_BLOCK_BIAS = "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight"
+T5_FILES = (
+    EncoderFile("T5-XXL", "", "encoder.block.0.layer.0.SelfAttention.q.weight", unless=PER_BLOCK_BIAS),
+)  # a T5-XXL file
 
 
 @dataclass(frozen=True)
