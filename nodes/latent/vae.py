@@ -11,7 +11,6 @@ SDXL latent reaching an SD1.5 sampler fails with a clear message instead of a ga
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +21,15 @@ from engine.node import Node, OutputSizes
 from engine.schema import COMBO, FLOAT, IMAGE, INT, LATENT, MASK, VAE, Input, NodeSchema, Output
 from nodes.core.resize import resize
 from nodes.core.tensor_sizes import decoded_size, latent_resized, latent_size, scaled_by
+from nodes.latent.tiling import tiled
+from nodes.latent.video_vae import (
+    TEMPORAL_OVERLAP,
+    TEMPORAL_SIZE,
+    decode_video,
+    decode_video_tiled,
+    encode_video,
+    temporal_compression,
+)
 
 MAX_RESOLUTION = 16384
 UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")  # ComfyUI's, for latents
@@ -98,6 +106,8 @@ def check_latent_for_vae(vae: Any, samples: torch.Tensor, made_by: str | None = 
 def decode(vae: Any, samples: torch.Tensor) -> torch.Tensor:
     """Raw latents [B, C, h, w] -> IMAGE [B, H, W, 3] in 0..1 (as diffusers' pipelines post-process)."""
     check_latent_for_vae(vae, samples)
+    if samples.ndim == 5:  # a video latent: every frame of every clip (nodes.latent.video_vae)
+        return decode_video(vae, samples)
     param = next(vae.parameters())
     pixels = vae.decode(samples.to(param), return_dict=False)[0]  # (B, 3, H, W) in -1..1
     return (pixels.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).cpu()
@@ -105,7 +115,12 @@ def decode(vae: Any, samples: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def encode(vae: Any, image: torch.Tensor) -> torch.Tensor:
-    """IMAGE [B, H, W, C] -> raw latents [B, C, h, w] (the posterior's mode, as ComfyUI)."""
+    """IMAGE [B, H, W, C] -> raw latents [B, C, h, w] (the posterior's mode, as ComfyUI). Through a
+    video VAE a batch of frames is one clip (:func:`nodes.latent.video_vae.encode_video`): [1, C, T,
+    h, w], or [1, C, h, w] when it makes one latent frame (an image, as the image families take it)."""
+    if temporal_compression(vae) > 1 and image.shape[0] > 1:
+        latent = encode_video(vae, image)
+        return latent[:, :, 0] if latent.shape[2] == 1 else latent
     param = next(vae.parameters())
     pixels = image[..., :3].permute(0, 3, 1, 2).to(param) * 2 - 1  # (B, 3, H, W)
     dist = vae.encode(pixels, return_dict=False)[0]
@@ -126,46 +141,6 @@ def crop_to_8(image: torch.Tensor, multiple: int = 8) -> torch.Tensor:
         )
     y, x = (image.shape[1] % multiple) // 2, (image.shape[2] % multiple) // 2
     return image[:, y : y + h, x : x + w, :]
-
-
-def _ramp(n: int, overlap: int, at_start: bool, at_end: bool) -> torch.Tensor:
-    w = torch.ones(n)
-    if overlap > 0:
-        r = torch.linspace(0, 1, overlap + 2)[1:-1]
-        if not at_start:
-            w[:overlap] = r
-        if not at_end:
-            w[n - overlap :] = torch.minimum(w[n - overlap :], r.flip(0))
-    return w
-
-
-def tiled(
-    x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], tile: int, overlap: int, ratio: float
-) -> torch.Tensor:
-    """Apply ``fn`` (changes the spatial size by ``ratio``) to overlapping tiles of ``x`` [B, C, H, W]
-    and blend the results with linear ramps over the overlaps."""
-    _, _, h, w = x.shape
-    overlap = min(overlap, tile // 2)
-    stride = max(tile - overlap, 1)
-    out: torch.Tensor | None = None
-    weight: torch.Tensor | None = None
-    ys = list(range(0, max(h - overlap, 1), stride))
-    xs = list(range(0, max(w - overlap, 1), stride))
-    for y in ys:
-        for x0 in xs:
-            y1, x1 = min(y + tile, h), min(x0 + tile, w)
-            part = fn(x[:, :, y:y1, x0:x1])  # (B, C', (y1-y)*ratio, (x1-x0)*ratio)
-            oy, ox, ov = int(y * ratio), int(x0 * ratio), int(overlap * ratio)
-            ph, pw = part.shape[-2:]
-            if out is None:
-                out = torch.zeros(part.shape[0], part.shape[1], int(h * ratio), int(w * ratio))
-                weight = torch.zeros(1, 1, int(h * ratio), int(w * ratio))
-            mask = _ramp(ph, ov, y == 0, y1 >= h)[:, None] * _ramp(pw, ov, x0 == 0, x1 >= w)[None, :]
-            out[:, :, oy : oy + ph, ox : ox + pw] += part.float().cpu() * mask
-            assert weight is not None
-            weight[:, :, oy : oy + ph, ox : ox + pw] += mask
-    assert out is not None and weight is not None
-    return out / weight.clamp_min(1e-8)
 
 
 class EmptyLatentImage(Node):
@@ -383,22 +358,50 @@ class VAEDecodeTiled(Node):
             Input("vae", VAE, "The VAE."),
             _TILE,
             _OVERLAP,
+            TEMPORAL_SIZE,
+            TEMPORAL_OVERLAP,
         ),
-        outputs=(Output("IMAGE", IMAGE, "Images [B, H, W, 3] in 0..1."),),
+        outputs=(Output("IMAGE", IMAGE, "Images [B, H, W, 3] in 0..1 (every frame of a video latent)."),),
     )
 
     def run(
-        self, ctx: NodeContext, *, samples: dict, vae: Any, tile_size: int, overlap: int
+        self,
+        ctx: NodeContext,
+        *,
+        samples: dict,
+        vae: Any,
+        tile_size: int,
+        overlap: int,
+        temporal_size: int = 64,
+        temporal_overlap: int = 8,
     ) -> tuple[torch.Tensor]:
         with ctx.models.use(vae) as module:
-            check_latent_for_vae(module, samples["samples"], samples.get("latent_family"))
+            z = samples["samples"]
+            check_latent_for_vae(module, z, samples.get("latent_family"))
+            ratio = downscale(module)
+            if z.ndim == 5:  # a video: ComfyUI's limits on the overlaps, then its 3-D tiling
+                overlap = tile_size // 4 if tile_size < overlap * 4 else overlap
+                temporal_overlap //= 2 if temporal_size < temporal_overlap * 2 else 1
+                frames = temporal_compression(module)
+                tile_t = max(2, temporal_size // frames)
+                return (
+                    decode_video_tiled(
+                        module,
+                        z,
+                        tile=tile_size // ratio,
+                        overlap=overlap // ratio,
+                        tile_t=tile_t,
+                        overlap_t=max(1, min(tile_t // 2, temporal_overlap // frames)),
+                        downscale=ratio,
+                        check=ctx.check_interrupt,
+                    ),
+                )
 
             def fn(z: torch.Tensor) -> torch.Tensor:
                 ctx.check_interrupt()
                 return decode(module, z).permute(0, 3, 1, 2)
 
-            ratio = downscale(module)
-            image = tiled(samples["samples"], fn, tile_size // ratio, overlap // ratio, float(ratio))
+            image = tiled(z, fn, tile_size // ratio, overlap // ratio, float(ratio))
         return (image.permute(0, 2, 3, 1),)
 
 

@@ -3,7 +3,8 @@ VAE that Qwen-Image uses) taking and giving the 4-D image tensors Loom's VAE nod
 
 The 3-D VAE works on (B, C, T, H, W); an image is one frame (T = 1). ``encode`` and ``decode`` add
 that axis on the way in and remove it on the way out, so VAEEncode, VAEDecode and the tiled variants
-treat it like the 2-D KL VAE. Imported only when a module is built (it imports diffusers)."""
+treat it like the 2-D KL VAE; 5-D clips (B, C, T, H, W) pass through to the causal video encode and
+decode (``nodes.latent.video_vae``), which ``loom_temporal_compression`` announces. Imported only when a module is built (it imports diffusers)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ class QwenImageVae2D(AutoencoderKLQwenImage):  # type: ignore[misc]
     @property
     def latent_channels(self) -> int:
         return int(self.config.z_dim)  # type: ignore[attr-defined]
+
+    @property
+    def loom_temporal_compression(self) -> int:
+        """Pixel frames per latent frame: 2 per temporal downsampling stage (Wan: 4)."""
+        return 2 ** sum(bool(d) for d in self.config.temperal_downsample)  # type: ignore[attr-defined]
 
     def encode(self, x: torch.Tensor, return_dict: bool = True) -> Any:
         parent: Any = super()
