@@ -18,12 +18,12 @@ latents, S2V, HuMo, Animate) are refused by the transformer kind with a message 
 
 from __future__ import annotations
 
+from nodes.families.components.umt5_text import UMT5_XXL, UMT5Prompt
 from nodes.families.components.wan_dit import MARKERS, WanTransformer
 from nodes.families.components.wan_vae import WanVae
 from nodes.families.discrete_sampling import FlowSampling
 from nodes.families.dit_family import DiTFamily
 from nodes.families.latent_format import WAN21_VIDEO_LATENT
-from nodes.families.prompt import ConcatPrompt
 
 
 class Wan21(DiTFamily):
@@ -37,9 +37,10 @@ class Wan21(DiTFamily):
     latent_format = WAN21_VIDEO_LATENT
     denoiser = WanTransformer()
     vae = WanVae()
-    prompt = ConcatPrompt()
-    text_encoders = ()
+    prompt = UMT5Prompt()
+    text_encoders = (UMT5_XXL,)
     context_dim = 4096  # umt5-xxl
+    single_clip_types = ("wan",)
     architecture = "Wan 2.1"
     separate_files = (
         "the text encoder (umt5_xxl_fp8_e4m3fn_scaled.safetensors) with CLIPLoader (type wan) and the VAE "

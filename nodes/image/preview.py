@@ -268,6 +268,8 @@ class PreviewRenderer:
                 decoder.costs[x0_shape] = seconds
 
     def render(self, x0: torch.Tensor) -> Preview:
+        if x0.ndim == 5:  # a video latent (B, C, frames, h, w): preview its first frame, as ComfyUI does
+            x0 = x0[:, :, 0]
         rgb = None
         if self.taesd is not None:
             try:
