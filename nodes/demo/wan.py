@@ -43,7 +43,8 @@ def demo_wan_vae(seed: int = 0) -> Any:
     from diffusers import AutoencoderKLWan  # lazy: diffusers is heavy to import
 
     torch.manual_seed(seed)
-    return AutoencoderKLWan(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1).eval()
+    model: Any = AutoencoderKLWan(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+    return model.eval()
 
 
 def wan_transformer_file(model: Any, dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
