@@ -8,14 +8,14 @@ with the family's TAESD decoder (``taesd_decoder``: the file stem ComfyUI uses i
 ``models/vae_approx``). The numbers are ComfyUI's (``comfy/latent_formats.py``): ``SD15_LATENT``
 (SD1.x, SD2.x), ``SDXL_LATENT``, ``FLUX_LATENT`` (Flux.1, Chroma, Z-Image), ``SD3_LATENT``,
 ``FLUX2_LATENT`` (128 channels: the 32-channel VAE latent in 2×2 patches), ``WAN21_LATENT``
-(Wan 2.1, Qwen-Image: normalised per channel, :class:`ChannelLatentFormat`) and ``WAN22_LATENT``
-(the 48-channel Wan 2.2 VAE's, TI2V-5B). The Wan latents are video latents [B, C, T, h, w]; previews
-show their first frame.
+(Wan 2.1, Qwen-Image: normalised per channel, :class:`ChannelLatentFormat`; ``WAN21_VIDEO_LATENT`` is the
+same space for Wan 2.1's video latents) and ``WAN22_LATENT`` (the 48-channel Wan 2.2 VAE's, TI2V-5B). The
+Wan latents are video latents [B, C, T, h, w]; previews show their first frame.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -314,6 +314,9 @@ WAN22_LATENT = ChannelLatentFormat(
     stats="wan22",
 )
 # fmt: on
+# Wan 2.1's own models sample videos in the same space: 5-D latents (B, 16, frames, H/8, W/8), made by
+# ComfyUI's EmptyHunyuanLatentVideo.
+WAN21_VIDEO_LATENT = replace(WAN21_LATENT, empty_node="EmptyHunyuanLatentVideo")
 
 # ComfyUI's .latent files written before "latent_format_version_0" hold latents multiplied by SD1's
 # scale; LoadLatent divides them back (comfy's nodes.py LoadLatent). A file-format fact kept here

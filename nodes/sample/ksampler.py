@@ -144,7 +144,7 @@ def sample(
     prompts, noise and seeds differ (the caller checks, ``nodes.sample.batched``)."""
     model = jobs[0].guider.model
     check_latent_for(latent, model.family, "latent_image")
-    if latent["samples"].ndim == 4 and latent["samples"].shape[1] != model.latent_format.channels:
+    if latent["samples"].ndim >= 4 and latent["samples"].shape[1] != model.latent_format.channels:
         raise SamplingError(
             f"latent_image has {latent['samples'].shape[1]} channels but this {model.family.title} model "
             f"works on {model.latent_format.channels}-channel latents; make the empty latent with "
@@ -158,7 +158,7 @@ def sample(
     samples = latent["samples"].float()
     rows = samples.shape[0]
     model_in = fmt.process_in(samples) if torch.count_nonzero(samples) > 0 else samples
-    latent_in = model_in.repeat(len(jobs), 1, 1, 1)
+    latent_in = model_in.repeat(len(jobs), *([1] * (model_in.ndim - 1)))  # images and videos (B, C, T, H, W)
     noise = torch.cat([job.noise.float() for job in jobs])
     mask = latent.get("noise_mask")
     entries = [e for job in jobs for _, branch in job.guider.branches for e in branch]
