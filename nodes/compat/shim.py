@@ -27,6 +27,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import sys
 import threading
 import types
@@ -44,9 +45,10 @@ from engine.plugins.loader import PluginConfig, PluginReport, load_plugins
 from engine.registry import NodeRegistry
 from nodes.compat import comfy_api, comfy_execution, comfy_nodes
 from nodes.compat import comfy_api_latest as latest
-from nodes.compat.comfy_core import cli_args, comfy_types, latent_preview, node_helpers, samplers
+from nodes.compat.comfy_core import cli_args, comfy_types, latent_preview, node_helpers, sample, samplers
 from nodes.compat.comfy_execution import graph_utils
 
+log = logging.getLogger(__name__)
 EventSink = Callable[[str, Any, str | None], None]
 
 # Top-level packages and modules of ComfyUI's own code. Blocked only when nothing installed
@@ -57,7 +59,6 @@ COMFY_INTERNAL_PACKAGES = frozenset(
 COMFY_INTERNAL_MODULES = frozenset(
     {
         "latent_preview",
-        "execution",
         "node_helpers",
         "comfyui_version",
         "cuda_malloc",
@@ -66,6 +67,9 @@ COMFY_INTERNAL_MODULES = frozenset(
         "hook_breaker_ac10a0",
     }
 )
+# ComfyUI's top-level modules that packs import without using at import time (rgthree's ``import
+# execution``): importable as empty stubs whose every attribute raises the internal-module error.
+COMFY_STUB_MODULES = frozenset({"execution"})
 # ComfyUI's usual model folder names (folder_paths.folder_names_and_paths).
 MODEL_KINDS = (
     "checkpoints",
@@ -116,6 +120,7 @@ class ComfyShim:
         self.event_sink = event_sink
         self.models_dir = models_dir
         self.routes = web.RouteTableDef()
+        self.on_prompt_handlers: list[Callable[[Any], Any]] = []  # PromptServer.add_on_prompt_handler
         self.client_id: str | None = None
         self.last_node_id: str | None = None
         exts = {".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft"}
@@ -137,11 +142,22 @@ class ComfyShim:
         self._local = threading.local()
         self._blocker = _InternalModuleBlocker(self)
         self._created: list[str] = []
+        self._extras: dict[str, types.ModuleType] | None = None
 
     # --- pack-facing behaviour -----------------------------------------------------------------
     def send_event(self, event: str, data: Any, sid: str | None = None) -> None:
         if self.event_sink is not None:
             self.event_sink(event, data, sid)
+
+    def apply_on_prompt(self, json_data: Any) -> Any:
+        """``json_data`` (a ``POST /prompt`` body) through the packs' on-prompt handlers in the order
+        they were added; a handler that raises is logged and skipped, as ComfyUI does."""
+        for handler in list(self.on_prompt_handlers):
+            try:
+                json_data = handler(json_data)
+            except Exception as exc:
+                log.warning("a plugin pack's on-prompt handler %r failed: %s", handler, exc)
+        return json_data
 
     # --- the node running on this thread (progress, interrupts, devices) --------------------------
     @contextmanager
@@ -225,17 +241,33 @@ class ComfyShim:
             "comfy.utils": self.comfy_utils,
             "comfy.model_management": self.model_management,
             "comfy.samplers": samplers,
+            "comfy.sample": sample,
             "comfy.comfy_types": comfy_types,
             "comfy.comfy_types.node_typing": comfy_types,
             "comfy.cli_args": self.comfy_package.cli_args,  # type: ignore[attr-defined]
             "node_helpers": node_helpers,
             "latent_preview": latent_preview,
         }
+        table.update(self.extras_modules())
         for version in ("latest", "v0_0_2", "v0_0_3"):
             table[f"comfy_api.{version}"] = latest
             table[f"comfy_api.{version}.io"] = latest.io
             table[f"comfy_api.{version}.ui"] = latest.ui
         return table
+
+    def extras_modules(self) -> dict[str, types.ModuleType]:
+        """``comfy_extras`` and its ``nodes_*`` modules: each answers the ComfyUI classes Loom has
+        (facades over its core nodes, :mod:`nodes.compat.comfy_nodes`); other names raise the
+        internal-module error naming them."""
+        if self._extras is None:
+            package = _InternalStub("comfy_extras", self)
+            package.__path__ = []
+            self._extras = {"comfy_extras": package}
+            for module, classes in comfy_nodes.read_extras_modules().items():
+                stub = _ExtrasModule(f"comfy_extras.{module}", self, frozenset(classes))
+                setattr(package, module, stub)
+                self._extras[stub.__name__] = stub
+        return self._extras
 
     def _install(self) -> None:
         table = self.module_table()
@@ -269,6 +301,7 @@ class ComfyShim:
             "utils": self.comfy_utils,
             "model_management": self.model_management,
             "samplers": samplers,
+            "sample": sample,
             "comfy_types": comfy_types,
             "cli_args": cli,
         }
@@ -342,7 +375,7 @@ class _InternalModuleBlocker(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         top = fullname.partition(".")[0]
-        if top not in COMFY_INTERNAL_PACKAGES and top not in COMFY_INTERNAL_MODULES:
+        if top not in COMFY_INTERNAL_PACKAGES | COMFY_INTERNAL_MODULES | COMFY_STUB_MODULES:
             return None
         if "." in fullname or top in COMFY_INTERNAL_MODULES:
             raise self.shim.internal_module_error(fullname)
@@ -370,6 +403,21 @@ class _InternalStub(types.ModuleType):
         if attr.startswith("__"):
             raise AttributeError(attr)
         raise self._shim.internal_module_error(f"{self.__name__}.{attr}")
+
+
+class _ExtrasModule(_InternalStub):
+    """One ``comfy_extras.nodes_*`` module: its node classes are the shim's facades."""
+
+    def __init__(self, name: str, shim: ComfyShim, classes: frozenset[str]) -> None:
+        super().__init__(name, shim)
+        self._classes = classes
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr in self._classes:
+            found = self._shim.nodes_module.node_class(attr)
+            if found is not comfy_nodes.ABSENT:
+                return found
+        return super().__getattr__(attr)
 
 
 def load_plugins_with_shim(

@@ -73,7 +73,7 @@ def test_importing_comfyui_nodes_module_is_explained(loaded: tuple[Env, PluginRe
     status = report.pack("imports_comfy_nodes")
     assert status is not None and status.error is not None
     assert (
-        "uses nodes.common_ksampler from ComfyUI's 'nodes' module, which Loom does not provide"
+        "uses nodes.load_custom_node from ComfyUI's 'nodes' module, which Loom does not provide"
         in status.error
     )
     assert "MAX_RESOLUTION" in status.error  # the names Loom does answer are listed
@@ -220,7 +220,7 @@ def test_load_plugins_with_shim_binds_the_shim_to_the_folders(tmp_path: Path) ->
 def test_refused_internal_imports_are_listed_per_pack(loaded: tuple[Env, PluginReport]) -> None:
     _, report = loaded
     assert report.pack("needs_comfy_sd").refused_imports == ["comfy.sd"]  # type: ignore[union-attr]
-    assert report.pack("imports_comfy_nodes").refused_imports == ["nodes.common_ksampler"]  # type: ignore[union-attr]
+    assert report.pack("imports_comfy_nodes").refused_imports == ["nodes.load_custom_node"]  # type: ignore[union-attr]
     assert report.pack("comfy_text_tools").refused_imports == []  # type: ignore[union-attr]
     assert report.to_json()["packs"][0]["refused_imports"] is not None
 
