@@ -3,8 +3,9 @@
 ``ComfyShim(folders, model_files, event_sink)`` owns fresh copies of the ``folder_paths`` and
 ``server`` stand-ins (this folder) bound to itself. ``with shim.installed(pack):`` puts them into
 ``sys.modules`` as ``folder_paths``, ``server``, ``comfy_api``, ``comfy_execution`` — only while a
-plugin pack loads or one of its nodes runs — and makes imports of ComfyUI's internals
-(``comfy.sd``, ``latent_preview``...) fail with a message naming the pack and the module.
+plugin pack loads or one of its nodes runs — and makes ComfyUI's internals it lacks (``comfy.sd``...)
+importable stubs whose first use fails with a message naming the pack and the name, recorded per
+pack (``refused_imports``).
 
 ComfyUI's own ``nodes`` module has the same name as Loom's node package, and Loom's stays in
 ``sys.modules["nodes"]`` at all times: the shim never swaps it. A plugin's ``import nodes`` gets
@@ -67,9 +68,18 @@ COMFY_INTERNAL_MODULES = frozenset(
         "hook_breaker_ac10a0",
     }
 )
-# ComfyUI's top-level modules that packs import without using at import time (rgthree's ``import
+# ComfyUI's modules that packs import without using at import time (rgthree's ``import
 # execution``): importable as empty stubs whose every attribute raises the internal-module error.
 COMFY_STUB_MODULES = frozenset({"execution"})
+# Submodules packs take with ``from package import module`` (Comfyroll's ``from
+# comfy_extras.chainner_models import model_loading``): the attribute is the submodule's stub.
+COMFY_KNOWN_SUBMODULES = frozenset(
+    {
+        "comfy_extras.chainner_models.model_loading",
+        "comfy.k_diffusion.sampling",
+        "comfy.ldm.modules.attention",
+    }
+)
 # ComfyUI's usual model folder names (folder_paths.folder_names_and_paths).
 MODEL_KINDS = (
     "checkpoints",
@@ -351,8 +361,10 @@ class ComfyShim:
         self._record_refusal(module)
         return ImportError(
             f"pack {self.current_pack!r} imports ComfyUI internal module {module!r}, which Loom does not "
-            "provide. Loom runs ComfyUI packs that use the node API, folder_paths, server.PromptServer "
-            "and comfy_api only; packs built on ComfyUI's model code need ComfyUI itself.",
+            "provide. Loom answers ComfyUI's node API, folder_paths, server.PromptServer, comfy_api, "
+            "comfy.utils, comfy.model_management, comfy.samplers / comfy.sample name lists and helpers, "
+            "and the core node classes of 'nodes' and comfy_extras; what is built on ComfyUI's model code "
+            "needs ComfyUI itself (or a Loom node of the same name).",
             name=module,
         )
 
@@ -360,8 +372,11 @@ class ComfyShim:
 class _InternalModuleBlocker(importlib.abc.MetaPathFinder):
     """Last on ``sys.meta_path``: a ComfyUI-internal import nothing else could satisfy fails clearly.
 
-    A top-level name (``import comfy``) gets an empty stub package so that the error can name the
-    submodule actually wanted (``comfy.sd``), at import or at first attribute access.
+    A module of ComfyUI's packages (``import comfy.sd``, ``comfy_extras.chainner_models``) and the
+    stub modules (``execution``) import as empty stubs, as eleven of the popular packs' files need
+    at import time: the first name read from one (``comfy.sd.VAE``, ``from comfy.sd import VAE``)
+    raises the internal-module error naming it and the pack, and is recorded as refused. So a pack
+    that only uses ComfyUI's model code inside some nodes loads, and those nodes fail clearly.
     """
 
     def __init__(self, shim: ComfyShim) -> None:
@@ -377,7 +392,7 @@ class _InternalModuleBlocker(importlib.abc.MetaPathFinder):
         top = fullname.partition(".")[0]
         if top not in COMFY_INTERNAL_PACKAGES | COMFY_INTERNAL_MODULES | COMFY_STUB_MODULES:
             return None
-        if "." in fullname or top in COMFY_INTERNAL_MODULES:
+        if top in COMFY_INTERNAL_MODULES:
             raise self.shim.internal_module_error(fullname)
         self.shim._created.append(fullname)
         return importlib.machinery.ModuleSpec(fullname, _StubLoader(self.shim), is_package=True)
@@ -402,6 +417,8 @@ class _InternalStub(types.ModuleType):
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
+        if f"{self.__name__}.{attr}" in COMFY_KNOWN_SUBMODULES:
+            return importlib.import_module(f"{self.__name__}.{attr}")
         raise self._shim.internal_module_error(f"{self.__name__}.{attr}")
 
 
