@@ -28,6 +28,8 @@ from tests.conftest import CKPT
 PACK = """
 import execution
 import comfy.sample
+import comfy.sd  # ComfyUI's model code: importable, used only inside PackNeedsComfyModel
+from comfy_extras.chainner_models import model_loading
 import comfy.utils
 from aiohttp import web
 from comfy_extras.nodes_latent import LatentBatch
@@ -112,7 +114,20 @@ class PackSDXLPrompt:
         return CLIPTextEncodeSDXL().encode(clip, 64, 64, 0, 0, 64, 64, text, text)
 
 
+class PackNeedsComfyModel:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 1})}}
+
+    RETURN_TYPES = ("VAE",)
+    FUNCTION = "load"
+
+    def load(self, value):
+        return (comfy.sd.VAE(sd={}),)
+
+
 NODE_CLASS_MAPPINGS = {
+    "Pack_NeedsComfyModel": PackNeedsComfyModel,
     "Pack_Sampler": PackSampler,
     "Pack_Compare": PackCompare,
     "Pack_SDXLPrompt": PackSDXLPrompt,
@@ -144,7 +159,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, demo_models_source: Path) ->
 def test_the_pack_loads_and_its_probe_of_comfyuis_executor_is_recorded(setup: dict[str, Any]) -> None:
     (status,) = setup["report"].packs
     assert status.ok, status.error
-    assert sorted(status.nodes) == ["Pack_Compare", "Pack_SDXLPrompt", "Pack_Sampler"]
+    assert sorted(status.nodes) == ["Pack_Compare", "Pack_NeedsComfyModel", "Pack_SDXLPrompt", "Pack_Sampler"]
     assert status.refused_imports == ["execution.PromptExecutor"]
 
 
@@ -190,6 +205,15 @@ def test_a_comfy_extras_class_runs_looms_core_node(setup: dict[str, Any]) -> Non
     message = result.error["exception_message"]
     assert "CLIPTextEncodeSDXL needs a CLIP with two text encoders" in message
     assert "Pack_SDXLPrompt from plugin pack 'sampling_pack'" in message
+
+
+def test_comfyuis_model_code_fails_only_the_node_that_uses_it(setup: dict[str, Any]) -> None:
+    prompt = {"1": {"class_type": "Pack_NeedsComfyModel", "inputs": {"value": 1}}}
+    result = setup["executor"].run(RunRequest(prompt=prompt, outputs=["1"]))
+    assert result.status == "error"
+    message = result.error["exception_message"]
+    assert "pack 'sampling_pack' imports ComfyUI internal module 'comfy.sd.VAE'" in message
+    assert "comfy.sd.VAE" in setup["shim"].refused_imports("sampling_pack")
 
 
 def test_on_prompt_handlers_rewrite_the_prompt_and_a_broken_one_is_skipped(setup: dict[str, Any]) -> None:
