@@ -33,4 +33,16 @@ def fix_empty_latent_channels(model: Any, latent_image: torch.Tensor, *_: Any) -
     return fitted
 
 
-__all__ = ["prepare_noise", "fix_empty_latent_channels"]
+def sample(model: Any, noise: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """ComfyUI's ``comfy.sample.sample`` from given noise: not Loom's way (its KSampler draws the
+    noise from the seed). Packs wrap this name at import (Impact); calling it explains the way."""
+    raise NotImplementedError(
+        "comfy.sample.sample (sampling from a given noise tensor over ComfyUI's model objects) is not "
+        "provided by Loom; sample with nodes.common_ksampler(model, seed, steps, cfg, sampler_name, "
+        "scheduler, positive, negative, latent), which runs Loom's KSampler"
+    )
+
+
+sample_custom = sample
+
+__all__ = ["prepare_noise", "fix_empty_latent_channels", "sample", "sample_custom"]

@@ -235,3 +235,15 @@ def test_fix_empty_latent_channels_widens_only_an_empty_latent() -> None:
     assert sample.fix_empty_latent_channels(model, torch.zeros(1, 4, 8, 8)).shape == (1, 16, 8, 8)
     filled = torch.ones(1, 4, 8, 8)
     assert sample.fix_empty_latent_channels(model, filled) is filled
+
+
+def test_comfy_sample_sample_names_the_way_loom_samples(setup: dict[str, Any]) -> None:
+    with setup["shim"].installed("sampling_pack"):
+        import comfy.sample
+        from comfy_extras.nodes_align_your_steps import AlignYourStepsScheduler
+
+        wrapped = comfy.sample.sample  # Impact wraps it at import
+        with pytest.raises(NotImplementedError, match="nodes.common_ksampler"):
+            wrapped(None, torch.zeros(1))
+        (sigmas,) = AlignYourStepsScheduler().get_sigmas("SD1", 4, 1.0)
+    assert sigmas.shape == (5,)
