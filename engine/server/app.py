@@ -108,7 +108,7 @@ def create_app(parts: ServerParts, config: ServerConfig) -> web.Application:
         relay.add_sink(sink)
     app[QUEUE], app[HUB], app[RELAY], app[JOBS] = queue, hub, relay, jobs
 
-    add_routes(app, QueueRoutes(queue, parts.executor.validate, presence).routes())
+    add_routes(app, QueueRoutes(queue, parts.executor.validate, presence, bridge.on_prompt).routes())
     add_routes(app, FrontendJobRoutes(queue, presence).routes())
     folder_work = BlockingWork(config.folder_threads, name="loom-model-folders")
     info = InfoRoutes(

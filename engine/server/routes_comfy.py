@@ -148,10 +148,17 @@ def submit_prompt(
 class QueueRoutes:
     """The routes that queue, list and stop work."""
 
-    def __init__(self, queue: JobQueue, validate: Validator, presence: OutputPresence | None = None) -> None:
+    def __init__(
+        self,
+        queue: JobQueue,
+        validate: Validator,
+        presence: OutputPresence | None = None,
+        on_prompt: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
         self.queue = queue
         self.validate = validate
         self.presence = presence  # marks output files that are gone
+        self.on_prompt = on_prompt  # plugin packs' PromptServer.add_on_prompt_handler hooks
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -168,6 +175,9 @@ class QueueRoutes:
 
     async def post_prompt(self, request: web.Request) -> web.Response:
         data = await read_object(request)
+        if self.on_prompt is not None:
+            changed = self.on_prompt(data)
+            data = changed if isinstance(changed, dict) else data
         if not isinstance(data.get("prompt"), dict) or not data["prompt"]:
             return no_prompt_error()
         if len(data["prompt"]) > MAX_NODES:

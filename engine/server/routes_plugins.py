@@ -85,6 +85,11 @@ class PluginBridge:
         if self.environment is not None:
             self.environment.event_sink = self.send_sync
 
+    def on_prompt(self, json_data: dict[str, Any]) -> Any:
+        """A ``POST /prompt`` body through the packs' on-prompt handlers (the shim's), if any."""
+        apply = getattr(self.environment, "apply_on_prompt", None)
+        return apply(json_data) if callable(apply) else json_data
+
     def send_sync(self, event: str, data: Any, sid: str | None = None) -> None:
         """``PromptServer.instance.send_sync`` from any thread (nodes run on the worker thread)."""
         if self.loop is None or self.loop.is_closed():

@@ -51,9 +51,19 @@ _FACADES = Path(__file__).resolve().parent / "data" / "comfyui_node_facades.json
 
 
 def read_facade_table() -> dict[str, dict[str, Any]]:
-    """ComfyUI's class name -> ``{"function", "arguments", "class_attributes"?}``."""
-    table: dict[str, dict[str, Any]] = json.loads(_FACADES.read_text(encoding="utf-8"))["classes"]
+    """ComfyUI's class name -> ``{"function", "arguments"?, "class_attributes"?}`` (the ``nodes``
+    classes, then the ``comfy_extras`` ones, whose arguments are the Loom node's inputs in order)."""
+    data = json.loads(_FACADES.read_text(encoding="utf-8"))
+    table: dict[str, dict[str, Any]] = dict(data["classes"])
+    for classes in data["extras"].values():
+        table.update({name: {"function": function} for name, function in classes.items()})
     return table
+
+
+def read_extras_modules() -> dict[str, list[str]]:
+    """``comfy_extras`` module name (``nodes_latent``) -> the class names Loom answers in it."""
+    extras: dict[str, dict[str, str]] = json.loads(_FACADES.read_text(encoding="utf-8"))["extras"]
+    return {module: list(classes) for module, classes in extras.items()}
 
 
 def comfy_input_types(node_def: NodeDef, resolve: OptionsResolver | None) -> dict[str, Any]:
@@ -102,7 +112,13 @@ class ComfyNodesNamespace:
         return self._core
 
     def names(self) -> list[str]:
-        fixed = ["MAX_RESOLUTION", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "EXTENSION_WEB_DIRS"]
+        fixed = [
+            "MAX_RESOLUTION",
+            "NODE_CLASS_MAPPINGS",
+            "NODE_DISPLAY_NAME_MAPPINGS",
+            "EXTENSION_WEB_DIRS",
+            "common_ksampler",
+        ]
         return [*fixed, "SaveImage", "PreviewImage", *self.facade_table()]
 
     def lookup(self, name: str) -> Any:
@@ -110,6 +126,8 @@ class ComfyNodesNamespace:
             return MAX_RESOLUTION
         if name == "EXTENSION_WEB_DIRS":
             return self.extension_web_dirs
+        if name == "common_ksampler":
+            return self.common_ksampler
         if name == "NODE_CLASS_MAPPINGS":
             return {n: self.node_class(n) for n in self.class_names()}
         if name == "NODE_DISPLAY_NAME_MAPPINGS":
@@ -118,6 +136,46 @@ class ComfyNodesNamespace:
         if name in ("SaveImage", "PreviewImage") or name in self.facade_table():
             return self.node_class(name)
         return ABSENT
+
+    def common_ksampler(
+        self,
+        model: Any,
+        seed: int,
+        steps: int,
+        cfg: float,
+        sampler_name: str,
+        scheduler: str,
+        positive: Any,
+        negative: Any,
+        latent: dict[str, Any],
+        denoise: float = 1.0,
+        disable_noise: bool = False,
+        start_step: int | None = None,
+        last_step: int | None = None,
+        force_full_denoise: bool = False,
+    ) -> tuple[dict[str, Any]]:
+        """ComfyUI's ``nodes.common_ksampler``: one call of Loom's KSampler machinery (the same
+        sigmas window, noise switch and final-sigma rule as its ``KSampler`` / ``KSamplerAdvanced``
+        nodes), so a pack's call gives what ComfyUI's ``KSampler`` node gives for the same seed."""
+        from nodes.sample.ksampler import KSamplerCall, run_calls  # lazy: the sampling station
+
+        call = KSamplerCall(
+            model,
+            seed,
+            steps,
+            cfg,
+            sampler_name,
+            scheduler,
+            positive,
+            negative,
+            latent,
+            denoise,
+            not disable_noise,
+            start_step,
+            last_step,
+            force_full_denoise,
+        )
+        return (run_calls(context_for(self.shim, "common_ksampler"), [call])[0],)
 
     def class_names(self) -> list[str]:
         core = self.core()
@@ -152,7 +210,7 @@ def facade_class(
 ) -> type:
     """A ComfyUI-shaped class over Loom's core node ``node_def`` (see the module docstring)."""
     schema = node_def.schema
-    arguments: list[str] = list(entry["arguments"])
+    arguments: list[str] = list(entry.get("arguments") or [port.name for port in schema.inputs])
     known = {port.name for port in schema.inputs}
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -133,6 +133,26 @@ def load_torch_file(
     return (state, metadata) if return_metadata else state
 
 
+def save_torch_file(sd: Mapping[str, torch.Tensor], ckpt: str | Path, metadata: Any = None) -> None:
+    """``sd`` written as safetensors (ComfyUI's format for every file it saves)."""
+    from safetensors.torch import save_file  # lazy: only when a pack saves a file
+
+    tensors = {k: v.contiguous() for k, v in sd.items()}
+    save_file(tensors, str(ckpt), metadata={str(k): str(v) for k, v in (metadata or {}).items()} or None)
+
+
+def repeat_to_batch_size(tensor: torch.Tensor, batch_size: int, dim: int = 0) -> torch.Tensor:
+    """``tensor`` cut or tiled along ``dim`` to ``batch_size`` entries."""
+    size = tensor.shape[dim]
+    if size > batch_size:
+        return tensor.narrow(dim, 0, batch_size)
+    if size < batch_size:
+        reps = [1] * tensor.ndim
+        reps[dim] = math.ceil(batch_size / size)
+        return tensor.repeat(reps).narrow(dim, 0, batch_size)
+    return tensor
+
+
 def state_dict_prefix_replace(
     state_dict: dict[str, Any], replace_prefix: Mapping[str, str], filter_keys: bool = False
 ) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 ``ComfyShim(folders, model_files, event_sink)`` owns fresh copies of the ``folder_paths`` and
 ``server`` stand-ins (this folder) bound to itself. ``with shim.installed(pack):`` puts them into
 ``sys.modules`` as ``folder_paths``, ``server``, ``comfy_api``, ``comfy_execution`` — only while a
-plugin pack loads or one of its nodes runs — and makes imports of ComfyUI's internals
-(``comfy.sd``, ``latent_preview``...) fail with a message naming the pack and the module.
+plugin pack loads or one of its nodes runs — and makes ComfyUI's internals it lacks (``comfy.sd``...)
+importable stubs whose first use fails with a message naming the pack and the name, recorded per
+pack (``refused_imports``).
 
 ComfyUI's own ``nodes`` module has the same name as Loom's node package, and Loom's stays in
 ``sys.modules["nodes"]`` at all times: the shim never swaps it. A plugin's ``import nodes`` gets
@@ -27,6 +28,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import sys
 import threading
 import types
@@ -44,9 +46,10 @@ from engine.plugins.loader import PluginConfig, PluginReport, load_plugins
 from engine.registry import NodeRegistry
 from nodes.compat import comfy_api, comfy_execution, comfy_nodes
 from nodes.compat import comfy_api_latest as latest
-from nodes.compat.comfy_core import cli_args, comfy_types, latent_preview, node_helpers, samplers
+from nodes.compat.comfy_core import cli_args, comfy_types, latent_preview, node_helpers, sample, samplers
 from nodes.compat.comfy_execution import graph_utils
 
+log = logging.getLogger(__name__)
 EventSink = Callable[[str, Any, str | None], None]
 
 # Top-level packages and modules of ComfyUI's own code. Blocked only when nothing installed
@@ -57,13 +60,24 @@ COMFY_INTERNAL_PACKAGES = frozenset(
 COMFY_INTERNAL_MODULES = frozenset(
     {
         "latent_preview",
-        "execution",
         "node_helpers",
         "comfyui_version",
         "cuda_malloc",
         "protocol",
         "new_updater",
         "hook_breaker_ac10a0",
+    }
+)
+# ComfyUI's modules that packs import without using at import time (rgthree's ``import
+# execution``): importable as empty stubs whose every attribute raises the internal-module error.
+COMFY_STUB_MODULES = frozenset({"execution"})
+# Submodules packs take with ``from package import module`` (Comfyroll's ``from
+# comfy_extras.chainner_models import model_loading``): the attribute is the submodule's stub.
+COMFY_KNOWN_SUBMODULES = frozenset(
+    {
+        "comfy_extras.chainner_models.model_loading",
+        "comfy.k_diffusion.sampling",
+        "comfy.ldm.modules.attention",
     }
 )
 # ComfyUI's usual model folder names (folder_paths.folder_names_and_paths).
@@ -116,6 +130,7 @@ class ComfyShim:
         self.event_sink = event_sink
         self.models_dir = models_dir
         self.routes = web.RouteTableDef()
+        self.on_prompt_handlers: list[Callable[[Any], Any]] = []  # PromptServer.add_on_prompt_handler
         self.client_id: str | None = None
         self.last_node_id: str | None = None
         exts = {".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft"}
@@ -137,11 +152,22 @@ class ComfyShim:
         self._local = threading.local()
         self._blocker = _InternalModuleBlocker(self)
         self._created: list[str] = []
+        self._extras: dict[str, types.ModuleType] | None = None
 
     # --- pack-facing behaviour -----------------------------------------------------------------
     def send_event(self, event: str, data: Any, sid: str | None = None) -> None:
         if self.event_sink is not None:
             self.event_sink(event, data, sid)
+
+    def apply_on_prompt(self, json_data: Any) -> Any:
+        """``json_data`` (a ``POST /prompt`` body) through the packs' on-prompt handlers in the order
+        they were added; a handler that raises is logged and skipped, as ComfyUI does."""
+        for handler in list(self.on_prompt_handlers):
+            try:
+                json_data = handler(json_data)
+            except Exception as exc:
+                log.warning("a plugin pack's on-prompt handler %r failed: %s", handler, exc)
+        return json_data
 
     # --- the node running on this thread (progress, interrupts, devices) --------------------------
     @contextmanager
@@ -225,17 +251,33 @@ class ComfyShim:
             "comfy.utils": self.comfy_utils,
             "comfy.model_management": self.model_management,
             "comfy.samplers": samplers,
+            "comfy.sample": sample,
             "comfy.comfy_types": comfy_types,
             "comfy.comfy_types.node_typing": comfy_types,
             "comfy.cli_args": self.comfy_package.cli_args,  # type: ignore[attr-defined]
             "node_helpers": node_helpers,
             "latent_preview": latent_preview,
         }
+        table.update(self.extras_modules())
         for version in ("latest", "v0_0_2", "v0_0_3"):
             table[f"comfy_api.{version}"] = latest
             table[f"comfy_api.{version}.io"] = latest.io
             table[f"comfy_api.{version}.ui"] = latest.ui
         return table
+
+    def extras_modules(self) -> dict[str, types.ModuleType]:
+        """``comfy_extras`` and its ``nodes_*`` modules: each answers the ComfyUI classes Loom has
+        (facades over its core nodes, :mod:`nodes.compat.comfy_nodes`); other names raise the
+        internal-module error naming them."""
+        if self._extras is None:
+            package = _InternalStub("comfy_extras", self)
+            package.__path__ = []
+            self._extras = {"comfy_extras": package}
+            for module, classes in comfy_nodes.read_extras_modules().items():
+                stub = _ExtrasModule(f"comfy_extras.{module}", self, frozenset(classes))
+                setattr(package, module, stub)
+                self._extras[stub.__name__] = stub
+        return self._extras
 
     def _install(self) -> None:
         table = self.module_table()
@@ -269,6 +311,7 @@ class ComfyShim:
             "utils": self.comfy_utils,
             "model_management": self.model_management,
             "samplers": samplers,
+            "sample": sample,
             "comfy_types": comfy_types,
             "cli_args": cli,
         }
@@ -318,8 +361,10 @@ class ComfyShim:
         self._record_refusal(module)
         return ImportError(
             f"pack {self.current_pack!r} imports ComfyUI internal module {module!r}, which Loom does not "
-            "provide. Loom runs ComfyUI packs that use the node API, folder_paths, server.PromptServer "
-            "and comfy_api only; packs built on ComfyUI's model code need ComfyUI itself.",
+            "provide. Loom answers ComfyUI's node API, folder_paths, server.PromptServer, comfy_api, "
+            "comfy.utils, comfy.model_management, comfy.samplers / comfy.sample name lists and helpers, "
+            "and the core node classes of 'nodes' and comfy_extras; what is built on ComfyUI's model code "
+            "needs ComfyUI itself (or a Loom node of the same name).",
             name=module,
         )
 
@@ -327,8 +372,11 @@ class ComfyShim:
 class _InternalModuleBlocker(importlib.abc.MetaPathFinder):
     """Last on ``sys.meta_path``: a ComfyUI-internal import nothing else could satisfy fails clearly.
 
-    A top-level name (``import comfy``) gets an empty stub package so that the error can name the
-    submodule actually wanted (``comfy.sd``), at import or at first attribute access.
+    A module of ComfyUI's packages (``import comfy.sd``, ``comfy_extras.chainner_models``) and the
+    stub modules (``execution``) import as empty stubs, as eleven of the popular packs' files need
+    at import time: the first name read from one (``comfy.sd.VAE``, ``from comfy.sd import VAE``)
+    raises the internal-module error naming it and the pack, and is recorded as refused. So a pack
+    that only uses ComfyUI's model code inside some nodes loads, and those nodes fail clearly.
     """
 
     def __init__(self, shim: ComfyShim) -> None:
@@ -342,9 +390,9 @@ class _InternalModuleBlocker(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         top = fullname.partition(".")[0]
-        if top not in COMFY_INTERNAL_PACKAGES and top not in COMFY_INTERNAL_MODULES:
+        if top not in COMFY_INTERNAL_PACKAGES | COMFY_INTERNAL_MODULES | COMFY_STUB_MODULES:
             return None
-        if "." in fullname or top in COMFY_INTERNAL_MODULES:
+        if top in COMFY_INTERNAL_MODULES:
             raise self.shim.internal_module_error(fullname)
         self.shim._created.append(fullname)
         return importlib.machinery.ModuleSpec(fullname, _StubLoader(self.shim), is_package=True)
@@ -369,7 +417,24 @@ class _InternalStub(types.ModuleType):
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
+        if f"{self.__name__}.{attr}" in COMFY_KNOWN_SUBMODULES:
+            return importlib.import_module(f"{self.__name__}.{attr}")
         raise self._shim.internal_module_error(f"{self.__name__}.{attr}")
+
+
+class _ExtrasModule(_InternalStub):
+    """One ``comfy_extras.nodes_*`` module: its node classes are the shim's facades."""
+
+    def __init__(self, name: str, shim: ComfyShim, classes: frozenset[str]) -> None:
+        super().__init__(name, shim)
+        self._classes = classes
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr in self._classes:
+            found = self._shim.nodes_module.node_class(attr)
+            if found is not comfy_nodes.ABSENT:
+                return found
+        return super().__getattr__(attr)
 
 
 def load_plugins_with_shim(

@@ -62,8 +62,8 @@ def test_internal_comfy_module_import_fails_clearly(loaded: tuple[Env, PluginRep
     status = report.pack("needs_comfy_sd")
     assert status is not None and status.error is not None
     assert (
-        "pack 'needs_comfy_sd' imports ComfyUI internal module 'comfy.sd', which Loom does not provide"
-        in status.error
+        "pack 'needs_comfy_sd' imports ComfyUI internal module 'comfy.sd.load_checkpoint_guess_config', "
+        "which Loom does not provide" in status.error
     )
     assert "comfy" not in sys.modules
 
@@ -73,7 +73,7 @@ def test_importing_comfyui_nodes_module_is_explained(loaded: tuple[Env, PluginRe
     status = report.pack("imports_comfy_nodes")
     assert status is not None and status.error is not None
     assert (
-        "uses nodes.common_ksampler from ComfyUI's 'nodes' module, which Loom does not provide"
+        "uses nodes.load_custom_node from ComfyUI's 'nodes' module, which Loom does not provide"
         in status.error
     )
     assert "MAX_RESOLUTION" in status.error  # the names Loom does answer are listed
@@ -219,8 +219,8 @@ def test_load_plugins_with_shim_binds_the_shim_to_the_folders(tmp_path: Path) ->
 
 def test_refused_internal_imports_are_listed_per_pack(loaded: tuple[Env, PluginReport]) -> None:
     _, report = loaded
-    assert report.pack("needs_comfy_sd").refused_imports == ["comfy.sd"]  # type: ignore[union-attr]
-    assert report.pack("imports_comfy_nodes").refused_imports == ["nodes.common_ksampler"]  # type: ignore[union-attr]
+    assert report.pack("needs_comfy_sd").refused_imports == ["comfy.sd.load_checkpoint_guess_config"]  # type: ignore[union-attr]
+    assert report.pack("imports_comfy_nodes").refused_imports == ["nodes.load_custom_node"]  # type: ignore[union-attr]
     assert report.pack("comfy_text_tools").refused_imports == []  # type: ignore[union-attr]
     assert report.to_json()["packs"][0]["refused_imports"] is not None
 
@@ -229,8 +229,9 @@ def test_a_refusal_the_pack_catches_is_still_reported(env: Env, tmp_path: Path) 
     pack = tmp_path / "custom_nodes" / "catches_refusal"
     pack.mkdir(parents=True)
     (pack / "__init__.py").write_text(
-        "try:\n    import comfy.controlnet\nexcept ImportError:\n    pass\nNODE_CLASS_MAPPINGS = {}\n"
+        "try:\n    from comfy.controlnet import load_controlnet\nexcept ImportError:\n    pass\n"
+        "NODE_CLASS_MAPPINGS = {}\n"
     )
     (status,) = env.load(tmp_path / "custom_nodes").packs
-    assert status.ok and status.refused_imports == ["comfy.controlnet"]
-    assert status.to_json()["refused_imports"] == ["comfy.controlnet"]
+    assert status.ok and status.refused_imports == ["comfy.controlnet.load_controlnet"]
+    assert status.to_json()["refused_imports"] == ["comfy.controlnet.load_controlnet"]

@@ -68,3 +68,45 @@ async def test_plugins_listing_routes_messages_and_extensions(aiohttp_client: An
     assert executed[0]["data"]["output"] == {"text": ["from a plugin"]}
     await ws.close()
     assert app[ERRORS].count == 0
+
+
+ON_PROMPT_PACK = """
+from server import PromptServer
+
+
+def rewrite(json_data):
+    for node in json_data["prompt"].values():
+        if node["class_type"] == "PrimitiveString":
+            node["inputs"]["value"] = node["inputs"]["value"].upper()
+    return json_data
+
+
+PromptServer.instance.add_on_prompt_handler(rewrite)
+NODE_CLASS_MAPPINGS = {}
+"""
+
+
+async def test_a_packs_on_prompt_handler_rewrites_what_post_prompt_queues(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """``PromptServer.instance.add_on_prompt_handler`` runs on every ``POST /prompt`` body, as in
+    ComfyUI (rgthree and use-everywhere rewrite prompts there)."""
+    parts = plugin_parts(tmp_path)
+    pack = tmp_path / "own_packs" / "on_prompt_pack"
+    pack.mkdir(parents=True)
+    (pack / "__init__.py").write_text(ON_PROMPT_PACK)
+    parts.plugins = load_plugins_with_shim(parts.registry, [pack.parent], parts.folders)
+    client: TestClient = await aiohttp_client(create_app(parts, ServerConfig()))
+    client_id = uuid.uuid4().hex
+    ws = await client.ws_connect(f"/ws?clientId={client_id}")
+    await receive_json(ws)  # status
+    prompt = {
+        "1": {"class_type": "PrimitiveString", "inputs": {"value": "quiet"}},
+        "2": {"class_type": "OutputPack_ShowText", "inputs": {"text": ["1", 0]}},
+    }
+    resp = await client.post("/prompt", json={"prompt": prompt, "client_id": client_id})
+    assert resp.status == 200, await resp.text()
+    seen = await wait_done(ws, (await resp.json())["prompt_id"])
+    executed = [m for m in seen if m["type"] == "executed"]
+    assert executed[0]["data"]["output"] == {"text": ["QUIET"]}
+    await ws.close()

@@ -2,5 +2,5 @@
 
 import nodes
 
-BASE = nodes.common_ksampler
+BASE = nodes.load_custom_node
 NODE_CLASS_MAPPINGS = {}

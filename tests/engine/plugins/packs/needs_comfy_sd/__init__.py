@@ -1,5 +1,5 @@
 """A pack built on ComfyUI's model internals."""
 
-import comfy.sd  # noqa: F401
+from comfy.sd import load_checkpoint_guess_config  # noqa: F401
 
 NODE_CLASS_MAPPINGS = {}
