@@ -100,3 +100,40 @@ def test_ids_are_stable_and_a_second_run_is_cached(tmp_path: Path) -> None:
     third = run(env, changed, cache)
     assert third.outputs["2"] == {"text": ["xyw"]}
     assert "1.0.0.1" not in third.executed and "1.0.0.2" in third.executed  # same id, same content: a hit
+
+
+V3_PACK = """
+from comfy_api.latest import io
+from comfy_execution.graph_utils import GraphBuilder
+
+
+class Twice(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3Expand_Twice", inputs=[io.String.Input("text")],
+                         outputs=[io.String.Output()], enable_expand=True)
+
+    @classmethod
+    def execute(cls, text):
+        graph = GraphBuilder()
+        joined = graph.node("StringConcatenate", string_a=text, string_b=text)
+        return io.NodeOutput(joined.out(0), expand=graph.finalize())
+
+
+NODE_CLASS_MAPPINGS = {"V3Expand_Twice": Twice}
+"""
+
+
+def test_a_v3_node_output_with_expand_runs_its_sub_graph(tmp_path: Path) -> None:
+    env = pack_env(tmp_path)
+    pack = tmp_path / "v3_packs" / "v3_expand.py"
+    pack.parent.mkdir()
+    pack.write_text(V3_PACK)
+    env.load(pack.parent)
+    prompt = {
+        "4": {"class_type": "V3Expand_Twice", "inputs": {"text": "ab"}},
+        "5": {"class_type": "Expand_Show", "inputs": {"text": ["4", 0]}},
+    }
+    result = run(env, prompt, OutputCache())
+    assert result.status == "success", result.error
+    assert result.outputs["5"] == {"text": ["abab"]} and "4.0.0.1" in result.executed
