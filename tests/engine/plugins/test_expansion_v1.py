@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.cache import OutputCache
 from engine.events import EventBus
 from engine.executor import Executor, RunRequest, RunResult
@@ -137,3 +139,18 @@ def test_a_v3_node_output_with_expand_runs_its_sub_graph(tmp_path: Path) -> None
     result = run(env, prompt, OutputCache())
     assert result.status == "success", result.error
     assert result.outputs["5"] == {"text": ["abab"]} and "4.0.0.1" in result.executed
+
+
+def test_graph_builder_without_a_prefix_outside_a_node_says_what_to_do(tmp_path: Path) -> None:
+    graph_utils = make_env(tmp_path).shim.graph_utils
+    with pytest.raises(RuntimeError, match="pass a prefix"):
+        graph_utils.GraphBuilder()
+    builder = graph_utils.GraphBuilder("p.")
+    node = builder.node("StringConcatenate", string_a="a")
+    node.set_input("string_b", "b")
+    assert builder.lookup_node("1") is node and graph_utils.is_link(node.out(0))
+    assert builder.finalize() == {
+        "p.1": {"class_type": "StringConcatenate", "inputs": {"string_a": "a", "string_b": "b"}}
+    }
+    graph, outputs = graph_utils.add_graph_prefix(builder.finalize(), (node.out(0), 5), "q.")
+    assert list(graph) == ["q.p.1"] and outputs == (["q.p.1", 0], 5)
