@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.context import Folders
-from engine.graph import as_link, build_graph, links_of, topological_order
+from engine.graph import build_graph, links_of, topological_order
 from engine.plan import Plan, PlannedNode, cache_key, with_defaults
 from engine.registry import NodeRegistry
 from engine.validate import validate_node
@@ -143,9 +143,11 @@ def plan_expansion(
     running: Mapping[str, Mapping[str, Any]],
     registry: NodeRegistry,
     lineage: Lineage,
+    linkable: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[PlannedNode]:
     """Validate ``graph`` (the expansion ``parent`` returned) against the registry and the running
-    graph ``running``; record its nodes in ``lineage``; return them in the order they run."""
+    graph ``running`` (ids taken); its links may reach ``linkable`` (default: ``running``), the
+    nodes of this run; record its nodes in ``lineage``; return them in the order they run."""
     who = f"node {parent} ({parent_class}) expanded into a sub-graph"
     if not isinstance(graph, Mapping):
         raise ExpansionError(f"{who}, but 'expand' is a {type(graph).__name__}; expected a dict of nodes")
@@ -154,7 +156,7 @@ def plan_expansion(
             f"{who} nested {MAX_DEPTH} levels deep (expansions inside expansions); Loom stops there. "
             "A node that expands must stop doing so (a loop's end condition, a recursion's base case)"
         )
-    merged: dict[str, Mapping[str, Any]] = dict(running)
+    merged: dict[str, Mapping[str, Any]] = dict(running if linkable is None else linkable)
     for node_id, node in graph.items():
         node_id = str(node_id)
         if node_id in running:
@@ -208,15 +210,15 @@ def add_to_run(
     """Add the sub-graphs ``parent`` returned to ``run`` (its nodes sort after the parent's old
     place, the parent after them); return the nodes that must run: the sub-graphs' output nodes
     and what the parent's values link to."""
-    running: dict[str, Any] = dict(run.plan.prompt)
-    running.update({n: {"class_type": p.class_type, "inputs": {}} for n, p in run.nodes.items()})
+    running: dict[str, Any] = {n: {"class_type": p.class_type, "inputs": {}} for n, p in run.nodes.items()}
     class_type = run.nodes[parent].class_type
     needed: list[str] = []
     key = run.order_index[parent]
     for graph, values in pending.calls:
         if graph is None:
             continue
-        for planned in plan_expansion(parent, class_type, graph, running, registry, run.lineage):
+        taken = {**run.plan.prompt, **running}
+        for planned in plan_expansion(parent, class_type, graph, taken, registry, run.lineage, running):
             node_id = planned.node_id
             running[node_id] = graph[node_id]
             run.nodes[node_id] = planned
@@ -227,17 +229,17 @@ def add_to_run(
             if planned.definition.schema.output_node:
                 needed.append(node_id)
         for value in values:
+            if is_link(value) and str(value[0]) not in run.nodes:
+                raise ExpansionError(
+                    f"node {parent} ({class_type}) returned the link {value!r}, but its sub-graph has no node "
+                    f"{value[0]!r}; return links to nodes of the graph in 'expand'"
+                )
             if is_link(value):  # kept for the parent's resolution
                 needed.append(str(value[0]))
                 run.consumers[str(value[0])] = run.consumers.get(str(value[0]), 0) + 1
     run.order_index[parent] = (*key, len(run.order_index))
     run.expanding[parent] = pending
     return needed
-
-
-def link_sources(values: tuple[Any, ...]) -> list[str]:
-    """The node ids the parent's result values link to."""
-    return [str(value[0]) for value in values if as_link(value) is not None and is_link(value)]
 
 
 def resolve(

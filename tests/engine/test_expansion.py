@@ -75,9 +75,32 @@ class FailInside(Node):
         return NodeOutput((graph.node("Fail", value=1).out(0),), expand=graph.finalize())
 
 
+class BadLink(Node):
+    SCHEMA = schema("BadLink", (), INT_OUT)
+
+    def run(self, ctx: NodeContext) -> NodeOutput:
+        graph = GraphBuilder(ctx.expansion_prefix())
+        graph.node("Const", value=1)
+        return NodeOutput((["elsewhere", 0],), expand=graph.finalize())
+
+
+class AddToLinked(Node):
+    """Expands into Add(a=<the workflow node linked to its input>, b=Const(10))."""
+
+    SCHEMA = schema("AddToLinked", (Input("source", INT, "the number", force_input=True),), INT_OUT)
+
+    def run(self, ctx: NodeContext, *, source: int) -> NodeOutput:
+        graph = GraphBuilder(ctx.expansion_prefix())
+        ten = graph.node("Const", value=10)
+        total = graph.node("Add", a=["1", 0], b=ten.out(0))  # node 1 of the workflow
+        return NodeOutput((total.out(0),), expand=graph.finalize())
+
+
 def harness(tmp_path: Path) -> Harness:
     registry = NodeRegistry()
-    registry.register_all([*STUBS, AddThree, AddSix, ShowInt, Unknown, Forever, FailInside])
+    registry.register_all(
+        [*STUBS, AddThree, AddSix, ShowInt, Unknown, Forever, FailInside, BadLink, AddToLinked]
+    )
     return Harness(tmp_path, registry=registry)
 
 
@@ -193,3 +216,25 @@ def test_endless_expansion_stops_with_a_teaching_error(tmp_path: Path) -> None:
     assert result.status == "error" and result.error is not None
     assert f"nested {MAX_DEPTH} levels deep" in result.error["exception_message"]
     assert result.error["node_id"] == "1"
+
+
+def test_a_result_linking_outside_the_sub_graph_is_refused(tmp_path: Path) -> None:
+    result = harness(tmp_path).run(
+        {
+            "1": {"class_type": "BadLink", "inputs": {}},
+            "2": {"class_type": "Show", "inputs": {"value": ["1", 0]}},
+        }
+    )
+    assert result.status == "error" and result.error is not None
+    assert "its sub-graph has no node 'elsewhere'" in result.error["exception_message"]
+
+
+def test_an_expansion_may_link_to_a_workflow_node(tmp_path: Path) -> None:
+    prompt = {
+        "1": {"class_type": "Const", "inputs": {"value": 5}},
+        "2": {"class_type": "AddToLinked", "inputs": {"source": ["1", 0]}},
+        "3": {"class_type": "Show", "inputs": {"value": ["2", 0]}},
+    }
+    result = harness(tmp_path).run(prompt)
+    assert result.status == "success", result.error
+    assert result.outputs["3"] == {"text": ["15"]}
