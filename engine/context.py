@@ -223,6 +223,15 @@ class NodeContext:
     settings: RunSettings = field(default_factory=RunSettings)
     image_guard: ImageGuard | None = None  # set under --safety enforce; image-writing nodes must call it
     kept_images: KeptImages | None = None  # set when the client asked for bytes; image nodes add to it
+    call_index: int = 0  # which call of a list-mapped node runs (engine.lists)
+    graphs_built: int = 0  # expansion prefixes handed out in this call
+
+    def expansion_prefix(self) -> str:
+        """A fresh id prefix for a sub-graph this call returns (``NodeOutput.expand``), the same on
+        every run: ComfyUI's ``"{node}.{call}.{graph}."``."""
+        prefix = f"{self.node_id}.{self.call_index}.{self.graphs_built}."
+        self.graphs_built += 1
+        return prefix
 
     def check_interrupt(self) -> None:
         """Raise :class:`Interrupted` if the run was interrupted; call it inside long loops."""

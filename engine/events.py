@@ -74,11 +74,12 @@ class Executed(Event):
     type: ClassVar[str] = "executed"
     node: str = ""
     output: dict[str, Any] = field(default_factory=dict)
+    display_node: str | None = None  # the workflow node an expanded node shows as
 
     def data(self) -> dict[str, Any]:
         return {
             "node": self.node,
-            "display_node": self.node,
+            "display_node": self.display_node or self.node,
             "output": self.output,
             "prompt_id": self.prompt_id,
         }

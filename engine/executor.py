@@ -33,10 +33,11 @@ from engine.context import (
     RunSettings,
 )
 from engine.events import Preview
+from engine.expansion import ExpansionError, Lineage, Pending, add_to_run, resolve
 from engine.graph import sort_key
 from engine.image_guard import ImageGuard
 from engine.interruptible_models import InterruptibleModels
-from engine.lists import NodeRun, call_mapped
+from engine.lists import NodeRun, call_mapped, first_blocker
 from engine.memory.device_policy import handles_in
 from engine.memory.plan_memory import (
     RanOutOfMemory,
@@ -46,8 +47,8 @@ from engine.memory.plan_memory import (
     refuse_over_budget,
 )
 from engine.memory.process_ram import ProcessRam
-from engine.node import ExecutionBlocker, NodeDef, contained
-from engine.plan import Plan, cache_keys
+from engine.node import NodeDef, contained
+from engine.plan import Plan, PlannedNode, cache_keys
 from engine.registry import NodeRegistry
 from engine.schema import (
     HIDDEN_DYNPROMPT,
@@ -92,23 +93,15 @@ class RunResult:
     images: dict[str, bytes] = field(default_factory=dict)  # KeptImages.key(ui entry) -> file bytes
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "prompt_id": self.prompt_id,
-            "status": self.status,
-            "executed": self.executed,
-            "cached": self.cached,
-            "outputs": self.outputs,
-            "node_errors": self.node_errors,
-            "error": self.error,
-            "timings": self.timings,
-            "memory": self.memory,
-        }
+        fields = ("prompt_id", "status", "executed", "cached", "outputs", "node_errors", "error", "timings")
+        return {name: getattr(self, name) for name in (*fields, "memory")}
 
 
 class NodeFailed(Exception):
     def __init__(self, node_id: str, class_type: str, cause: BaseException, inputs: dict[str, Any]) -> None:
         super().__init__(str(cause))
         self.node_id, self.class_type, self.cause, self.inputs = node_id, class_type, cause, inputs
+        self.real_node_id = node_id  # the workflow's node whose expansion holds it (engine.expansion)
 
 
 @dataclass
@@ -117,9 +110,12 @@ class _Run:
 
     plan: Plan
     keys: dict[str, str]
-    order_index: dict[str, int]
+    order_index: dict[str, tuple[int, ...]]  # expanded nodes sort after their parent's key
     results: dict[str, list[list[Any]]] = field(default_factory=dict)
-    pending: list[tuple[int, str]] = field(default_factory=list)
+    pending: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    nodes: dict[str, PlannedNode] = field(default_factory=dict)  # the plan's, then expanded ones
+    expanding: dict[str, Pending] = field(default_factory=dict)  # parents waiting for sub-graphs
+    lineage: Lineage = field(default_factory=Lineage)
     queued: set[str] = field(default_factory=set)
     cached: list[str] = field(default_factory=list)  # cache hits that ended the walk upstream
     from_cache: list[str] = field(default_factory=list)  # every planned node whose output is cached
@@ -175,6 +171,7 @@ class Executor:
         self.models.reset_run_stats()
         assert validation.plan is not None, "a valid workflow has a plan"
         prompt = validation.plan.prompt
+        plan: _Run | None = None
         self._emit(ev.ExecutionStart(request.prompt_id))
         if self.ram is not None:
             self.ram.job_started()  # a job submitted meanwhile is measured without this one's tensors
@@ -208,6 +205,8 @@ class Executor:
             result.error = {"type": "interrupted", "message": "Interrupted by the user", "node_id": node}
         except NodeFailed as failure:
             result.status = "error"
+            if plan is not None:
+                failure.real_node_id = plan.lineage.real_node_id(failure.node_id)
             if isinstance(failure.cause, RanOutOfMemory):
                 self.cache.trim()  # what the cache may hold now that memory ran short
             event = self._error_event(request, failure, result)
@@ -226,7 +225,8 @@ class Executor:
 
     # --- planning -------------------------------------------------------------------------------
     def _start(self, plan: Plan) -> _Run:
-        run = _Run(plan, cache_keys(plan, self.folders), {n: i for i, n in enumerate(plan.order)})
+        run = _Run(plan, cache_keys(plan, self.folders), {n: (i,) for i, n in enumerate(plan.order)})
+        run.nodes = dict(plan.nodes)
         for node_id in plan.order:
             for source in {link.source for link in plan[node_id].links.values()}:
                 run.consumers[source] = run.consumers.get(source, 0) + 1
@@ -236,7 +236,7 @@ class Executor:
     def _release_inputs(plan: _Run, node_id: str) -> None:
         """Let go of the outputs whose last planned consumer ``node_id`` was (the cache may still
         hold them), so a job's tensors live no longer than needed (engine.memory.plan_memory)."""
-        for source in {link.source for link in plan.plan[node_id].links.values()}:
+        for source in {link.source for link in plan.nodes[node_id].links.values()}:
             plan.consumers[source] -= 1
             if plan.consumers[source] == 0:
                 plan.results.pop(source, None)
@@ -257,9 +257,9 @@ class Executor:
                 continue
             plan.queued.add(node_id)
             bisect.insort(plan.pending, (plan.order_index[node_id], node_id))
-            node_def = plan.plan[node_id].definition
+            node_def = plan.nodes[node_id].definition
             lazy_hook = node_def.has_lazy_status
-            for name, link in plan.plan[node_id].links.items():
+            for name, link in plan.nodes[node_id].links.items():
                 spec = node_def.schema.input(name)
                 if spec is not None and spec.lazy and lazy_hook:
                     continue
@@ -284,14 +284,25 @@ class Executor:
             self._current = node_id
             if self.interrupt.is_set():
                 raise Interrupted("interrupted between nodes")
-            node_def = plan.plan[node_id].definition
-            if node_def.has_lazy_status and self._pull_lazy(request, plan, node_id, node_def):
-                continue
-            self._hint_models(plan)
-            self._emit(ev.Executing(request.prompt_id, node=node_id))
-            started = time.perf_counter()
-            outputs, ui = self._execute(request, plan, node_id, node_def)
-            result.timings["nodes"][node_id] = round(time.perf_counter() - started, 6)
+            node_def = plan.nodes[node_id].definition
+            display = plan.lineage.display_node_id(node_id)
+            if node_id in plan.expanding:  # its sub-graph ran: its outputs are what the links name
+                pending = plan.expanding.pop(node_id)
+                outputs, ui = (
+                    resolve(pending, [o.is_list for o in node_def.schema.outputs], plan.results),
+                    pending.ui,
+                )
+            else:
+                if node_def.has_lazy_status and self._pull_lazy(request, plan, node_id, node_def):
+                    continue
+                self._hint_models(plan)
+                self._emit(ev.Executing(request.prompt_id, node=node_id, display_node=display))
+                started = time.perf_counter()
+                outputs, ui, calls = self._execute(request, plan, node_id, node_def)
+                result.timings["nodes"][node_id] = round(time.perf_counter() - started, 6)
+                if calls is not None:
+                    self._expand(plan, node_id, Pending(calls, ui))
+                    continue
             plan.results[node_id] = outputs
             result.executed.append(node_id)
             if plan.kept is None or node_id not in plan.kept.memory_only:  # its UI names no real file
@@ -299,9 +310,19 @@ class Executor:
             self._release_inputs(plan, node_id)
             if ui:
                 result.outputs[node_id] = ui
-                self._emit(ev.Executed(request.prompt_id, node=node_id, output=ui))
+                self._emit(ev.Executed(request.prompt_id, node=node_id, output=ui, display_node=display))
         newly = [n for n in plan.cached if n not in result.cached]
         result.cached.extend(newly)
+
+    def _expand(self, plan: _Run, parent: str, pending: Pending) -> None:
+        """Add the sub-graphs ``parent`` returned to the run; it resolves after them."""
+        try:
+            needed = add_to_run(plan, parent, pending, self.registry, self.folders)
+        except ExpansionError as exc:
+            raise NodeFailed(parent, plan.nodes[parent].class_type, exc, {}) from exc
+        self._require(plan, needed)
+        plan.queued.add(parent)
+        bisect.insort(plan.pending, (plan.order_index[parent], parent))
 
     def _pull_lazy(self, request: RunRequest, plan: _Run, node_id: str, node_def: NodeDef) -> bool:
         """Ask the node which lazy inputs it needs; queue their producers. True if it must wait."""
@@ -312,7 +333,7 @@ class Executor:
                 wanted = node_def.check_lazy_status(ctx, inputs)
         except Exception as exc:
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
-        links = plan.plan[node_id].links
+        links = plan.nodes[node_id].links
         missing = [links[n].source for n in wanted if n in links and links[n].source not in plan.results]
         if not missing:
             return False
@@ -330,7 +351,7 @@ class Executor:
     ) -> dict[str, Any]:
         """The node's inputs as lists of items (or first items with ``first_only``)."""
         inputs: dict[str, Any] = {}
-        planned = plan.plan[node_id]
+        planned = plan.nodes[node_id]
         for name, value in planned.constants.items():
             inputs[name] = [value]
         for name, link in planned.links.items():
@@ -351,14 +372,14 @@ class Executor:
 
     def _execute(
         self, request: RunRequest, plan: _Run, node_id: str, node_def: NodeDef
-    ) -> tuple[list[list[Any]], dict[str, Any] | None]:
+    ) -> tuple[list[list[Any]], dict[str, Any] | None, list[Any] | None]:
         inputs = self._gather(request, plan, node_id, node_def)
         n_out = len(node_def.schema.outputs)
-        blocker = _first_blocker(inputs)
+        blocker = first_blocker(inputs)
         if blocker is not None:
             if blocker.message is not None:
                 raise NodeFailed(node_id, node_def.schema.node_id, RuntimeError(blocker.message), {})
-            return [[blocker] for _ in range(n_out)], None
+            return [[blocker] for _ in range(n_out)], None, None
         ctx = self._context(request, node_id, plan.kept)
         try:
             with contained(_who(node_id, node_def)), attention_scope(self.settings.attention):
@@ -374,11 +395,15 @@ class Executor:
                 del inputs  # the failed call's tensors go with the job, not with its error report
                 raise NodeFailed(node_id, node_def.schema.node_id, RanOutOfMemory(message), {}) from exc
             raise NodeFailed(node_id, node_def.schema.node_id, exc, inputs) from exc
-        if node_def.origin != "core":  # a plugin's wrong output is blamed on it, not on the node downstream
+        if (
+            node_def.origin != "core" and run.expansions is None
+        ):  # a plugin's wrong output is blamed on it, not on the node downstream
             problems = output_problems(node_def.schema.outputs, run.outputs)
             if problems:
                 raise NodeFailed(node_id, node_def.schema.node_id, TypeError("; ".join(problems)), inputs)
-        return run.outputs, run.ui
+        if run.expansions is not None:
+            return run.outputs, run.ui, run.expansions
+        return run.outputs, run.ui, None
 
     def _context(self, request: RunRequest, node_id: str, kept: KeptImages | None = None) -> NodeContext:
         models: ModelAccess = self.models
@@ -413,7 +438,7 @@ class Executor:
         """Tell the memory manager which values the next nodes will consume (it picks out handles)."""
         upcoming: list[Any] = []
         for _, node_id in plan.pending[:LOOKAHEAD] if plan.pending else []:
-            for link in plan.plan[node_id].links.values():
+            for link in plan.nodes[node_id].links.values():
                 produced = plan.results.get(link.source)
                 if produced is not None:
                     upcoming.extend(produced[link.output_index])
@@ -435,10 +460,12 @@ class Executor:
         message = str(cause) or type(cause).__name__
         if node_def is not None and node_def.origin != "core":
             message = f"{message} (node {failure.class_type} from plugin pack '{node_def.origin}')"
+        if failure.real_node_id != failure.node_id:
+            message = f"{message} (in node {failure.node_id}, inside the sub-graph node {failure.real_node_id} expanded into)"
         log.error("node %s (%s) failed: %s", failure.node_id, failure.class_type, message)
         return ev.ExecutionError(
             request.prompt_id,
-            node_id=failure.node_id,
+            node_id=failure.real_node_id,
             node_type=failure.class_type,
             executed=list(result.executed),
             exception_message=message,
@@ -457,14 +484,6 @@ class Executor:
 
 def _who(node_id: str, node_def: NodeDef) -> str:
     return f"node {node_id} ({node_def.schema.node_id})"  # _error_event adds the pack
-
-
-def _first_blocker(inputs: Mapping[str, list[Any]]) -> ExecutionBlocker | None:
-    for items in inputs.values():
-        for item in items:
-            if isinstance(item, ExecutionBlocker):
-                return item
-    return None
 
 
 def _describe(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,11 +8,12 @@ calls; other outputs collect one item per call. UI outputs concatenate per key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from engine.context import NodeContext
-from engine.node import NodeDef
+from engine.node import ExecutionBlocker, NodeDef
 
 
 @dataclass
@@ -26,6 +27,8 @@ class NodeRun:
 class MappedResult:
     outputs: list[list[Any]]
     ui: dict[str, Any] | None
+    # per call (graph or None, values) when some call returned an expansion (engine.expansion)
+    expansions: list[tuple[Mapping[str, Any] | None, tuple[Any, ...]]] | None = None
 
 
 def call_mapped(run: NodeRun) -> MappedResult:
@@ -40,9 +43,12 @@ def call_mapped(run: NodeRun) -> MappedResult:
         calls = [{k: v[min(i, len(v) - 1)] for k, v in run.inputs.items()} for i in range(length)]
     outputs: list[list[Any]] = [[] for _ in range(n_out)]
     ui: dict[str, Any] | None = None
-    for call in calls:
+    calls_made: list[tuple[Mapping[str, Any] | None, tuple[Any, ...]]] = []
+    for index, call in enumerate(calls):
         run.ctx.check_interrupt()
+        run.ctx.call_index, run.ctx.graphs_built = index, 0
         result = run.node_def.execute(run.ctx, call)
+        calls_made.append((result.expand, result.values))
         for slot, value in enumerate(result.values):
             if schema.outputs[slot].is_list:
                 outputs[slot].extend(value if isinstance(value, list | tuple) else [value])
@@ -55,4 +61,15 @@ def call_mapped(run: NodeRun) -> MappedResult:
                     ui.setdefault(key, []).extend(value)
                 else:
                     ui[key] = value
+    if any(graph is not None for graph, _ in calls_made):
+        return MappedResult(outputs, ui, calls_made)
     return MappedResult(outputs, ui)
+
+
+def first_blocker(inputs: Mapping[str, list[Any]]) -> ExecutionBlocker | None:
+    """The first :class:`ExecutionBlocker` among the inputs' items, if any."""
+    for items in inputs.values():
+        for item in items:
+            if isinstance(item, ExecutionBlocker):
+                return item
+    return None

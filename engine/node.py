@@ -61,10 +61,15 @@ OutputSizes = tuple[TensorSize | None, ...] | None
 
 @dataclass
 class NodeOutput:
-    """A node's result: one value per output port, plus optional UI data for the client."""
+    """A node's result: one value per output port, plus optional UI data for the client.
+
+    ``expand``: a sub-graph (API format, built with :class:`engine.expansion.GraphBuilder`) to run in
+    the node's place; then ``values`` may be links ``[node_id, output_index]`` into it, which
+    become the node's outputs once the sub-graph ran (ComfyUI's node expansion)."""
 
     values: tuple[Any, ...] = ()
     ui: dict[str, Any] | None = None
+    expand: Mapping[str, Any] | None = None
 
 
 class PluginExit(RuntimeError):

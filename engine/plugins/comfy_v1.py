@@ -232,13 +232,12 @@ def map_outputs(types: Any, names: Any, is_list: Any, tooltips: Any, owner: str,
 
 
 def normalize_result(result: Any, n_outputs: int, owner: str) -> NodeOutput:
-    """ComfyUI's results: a tuple, ``{"ui": ..., "result": ...}``, an ExecutionBlocker, or None."""
+    """ComfyUI's results: a tuple, ``{"ui": ..., "result": ..., "expand": graph}``, an
+    ExecutionBlocker, or None (``expand``: a sub-graph run in the node's place, engine.expansion)."""
     ui: dict[str, Any] | None = None
+    expand: Any = None
     if isinstance(result, dict):
-        if "expand" in result:
-            raise NotImplementedError(
-                f"{owner} returned a node expansion ('expand'); Loom does not support it"
-            )
+        expand = result.get("expand")
         ui = ui_dict(result.get("ui"))
         result = result.get("result", ())
     if isinstance(result, ExecutionBlocker):
@@ -248,7 +247,7 @@ def normalize_result(result: Any, n_outputs: int, owner: str) -> NodeOutput:
     if result is None:
         result = ()
     out = as_output(result, n_outputs, owner)
-    return NodeOutput(out.values, ui if ui is not None else out.ui)
+    return NodeOutput(out.values, ui if ui is not None else out.ui, expand)
 
 
 def ui_dict(ui: Any) -> dict[str, Any] | None:

@@ -137,17 +137,13 @@ class ComfyV3NodeDef(NodeDef):
         with running_scope(self.env, ctx):
             result = self._run("execute", values, hidden)
         if hasattr(result, "args") and hasattr(result, "ui"):  # io.NodeOutput
-            if getattr(result, "expand", None) is not None:
-                raise NotImplementedError(
-                    f"{self.schema.node_id} returned a node expansion; Loom does not support it"
-                )
             blocked = getattr(result, "block_execution", None)
             args = (
                 (ExecutionBlocker(blocked),) * len(self.schema.outputs)
                 if blocked is not None
                 else result.args
             )
-            return NodeOutput(tuple(args), ui_dict(result.ui))
+            return NodeOutput(tuple(args), ui_dict(result.ui), getattr(result, "expand", None))
         return normalize_result(result, len(self.schema.outputs), self.schema.node_id)
 
     def _overrides(self, name: str) -> bool:

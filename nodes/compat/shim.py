@@ -47,7 +47,6 @@ from engine.registry import NodeRegistry
 from nodes.compat import comfy_api, comfy_execution, comfy_nodes
 from nodes.compat import comfy_api_latest as latest
 from nodes.compat.comfy_core import cli_args, comfy_types, latent_preview, node_helpers, sample, samplers
-from nodes.compat.comfy_execution import graph_utils
 
 log = logging.getLogger(__name__)
 EventSink = Callable[[str, Any, str | None], None]
@@ -142,6 +141,7 @@ class ComfyShim:
         self.server = self._bound_copy("server")
         self.comfy_utils = self._bound_copy("comfy_utils", "comfy.utils")
         self.model_management = self._bound_copy("comfy_model_management", "comfy.model_management")
+        self.graph_utils = self._bound_copy("comfy_execution/graph_utils", "comfy_execution.graph_utils")
         self.comfy_package = self._comfy_package()
         self.nodes_module = comfy_nodes.ComfyNodesNamespace(self)
         self._policy: DevicePolicy | None = None
@@ -246,7 +246,7 @@ class ComfyShim:
             "server": self.server,
             "comfy_api": comfy_api,
             "comfy_execution": comfy_execution,
-            "comfy_execution.graph_utils": graph_utils,
+            "comfy_execution.graph_utils": self.graph_utils,
             "comfy": self.comfy_package,
             "comfy.utils": self.comfy_utils,
             "comfy.model_management": self.model_management,

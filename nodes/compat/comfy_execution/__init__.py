@@ -1,1 +1,1 @@
-"""Stand-in for ComfyUI's ``comfy_execution`` package: only ``graph_utils.ExecutionBlocker``."""
+"""Stand-in for ComfyUI's ``comfy_execution`` package: ``graph_utils`` (node expansion, blockers)."""

@@ -181,11 +181,12 @@ def test_a_raising_node_names_its_pack(loaded: tuple[Env, PluginReport]) -> None
     assert "from plugin pack 'comfy_is_changed'" in "".join(caught.value.__notes__)
 
 
-def test_expansion_results_are_refused_clearly(env: Env) -> None:
+def test_an_expansion_result_passes_through(env: Env) -> None:
     from engine.plugins.comfy_v1 import normalize_result
 
-    with pytest.raises(NotImplementedError, match="node expansion"):
-        normalize_result({"result": (1,), "expand": {}}, 1, "X")
+    graph = {"a.1": {"class_type": "StringConcatenate", "inputs": {}}}
+    out = normalize_result({"result": (["a.1", 0],), "expand": graph}, 1, "X")
+    assert out.values == (["a.1", 0],) and out.expand == graph
 
 
 def test_refresh_rereads_input_types(loaded: tuple[Env, PluginReport]) -> None:
