@@ -28,7 +28,7 @@ from engine.context import NodeContext
 from engine.node import Node, NodeOutput
 from engine.schema import COMBO, CONDITIONING, STRING, DynamicOptions, Input, NodeSchema, Output
 from nodes.core.cond import CondEntry, Conditioning
-from nodes.core.save_prefix import split_prefix
+from nodes.core.save_prefix import output_folder
 
 OPTIONS_KEY = "conditioning_options"
 EMBEDS_KEY = "conditioning"
@@ -140,14 +140,7 @@ class SaveConditioning(Node):
                 f"(got {len(conditioning)} entries)"
             )
         tensors, plain = conditioning_tensors(conditioning[0])
-        out_root = ctx.folders.output_dir.resolve()
-        sub, stem = split_prefix(filename_prefix)
-        folder = (out_root / sub).resolve()
-        if folder != out_root and out_root not in folder.parents:
-            raise ConditioningFileError(
-                f"filename_prefix {filename_prefix!r} points outside the output folder; use e.g. 'conditioning/cat'"
-            )
-        folder.mkdir(parents=True, exist_ok=True)
+        folder, _, stem = output_folder(ctx.folders.output_dir, filename_prefix)
         name = f"{stem}_{_next_counter(folder, stem):05}_.safetensors"
         save_file(tensors, str(folder / name), metadata={OPTIONS_KEY: json.dumps(plain)})
         return NodeOutput(values=(conditioning,))
