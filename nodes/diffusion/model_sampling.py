@@ -47,6 +47,7 @@ from nodes.diffusion.sigma_schedules import (
     FlowSchedule,
     FluxSchedule,
     SigmaSchedule,
+    StableCascadeSchedule,
     flux_time_shift,
     make_betas,
     rescale_zero_terminal_snr,
@@ -72,6 +73,7 @@ __all__ = [
     "ModelSamplingError",
     "Prediction",
     "SigmaSchedule",
+    "StableCascadeSchedule",
     "VPrediction",
     "X0Prediction",
     "continuous_edm",
@@ -85,6 +87,7 @@ __all__ = [
     "make_betas",
     "prediction_for",
     "rescale_zero_terminal_snr",
+    "stable_cascade",
     "reshape_sigma",
     "time_snr_shift",
 ]
@@ -246,6 +249,11 @@ def flow(
 def flux(*, shift: float = 1.15, timesteps: int = 10000) -> ModelSampling:
     """ModelSamplingFlux: flow prediction over Flux's exponential time shift (``shift`` is mu)."""
     return ModelSampling(FlowPrediction(), FluxSchedule(shift, timesteps))
+
+
+def stable_cascade(*, shift: float = 2.0) -> ModelSampling:
+    """ModelSamplingStableCascade: eps prediction over Stable Cascade's shifted cosine schedule."""
+    return ModelSampling(prediction_for("eps"), StableCascadeSchedule(shift))
 
 
 def flux_mu(width: int, height: int, base_shift: float = 0.5, max_shift: float = 1.15) -> float:

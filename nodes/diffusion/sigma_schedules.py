@@ -319,3 +319,50 @@ class FluxSchedule:
 
     def describe(self) -> str:
         return f"flux(shift={self.shift!r},{self.timesteps})"
+
+
+@dataclass(frozen=True)
+class StableCascadeSchedule:
+    """Stable Cascade's continuous cosine schedule on t in (0, 1] (Nichol & Dhariwal's alpha-bar,
+    offset ``cosine_s``), its log-SNR moved by -2 log(shift), alpha-bar clamped to [1e-4, 0.9999];
+    the network's timestep is t itself. A 10000-entry table exists for the schedulers that read one."""
+
+    shift: float = 1.0
+    cosine_s: float = 8e-3
+    timesteps: int = 10000
+
+    @property
+    def _start_alpha_bar(self) -> torch.Tensor:
+        s = torch.tensor(self.cosine_s)
+        return torch.cos(s / (1 + s) * torch.pi * 0.5) ** 2
+
+    @cached_property
+    def sigmas(self) -> torch.Tensor:
+        t = torch.arange(1, self.timesteps + 1, dtype=torch.float32) / self.timesteps
+        return self.sigma(t).float()
+
+    def sigma(self, timestep: torch.Tensor) -> torch.Tensor:
+        s = torch.tensor(self.cosine_s)
+        t = torch.as_tensor(timestep)
+        alpha_bar = torch.cos((t + s) / (1 + s) * torch.pi * 0.5) ** 2 / self._start_alpha_bar
+        if self.shift != 1.0:
+            log_snr = (alpha_bar / (1 - alpha_bar)).log() + 2 * torch.log(1.0 / torch.tensor(self.shift))
+            alpha_bar = log_snr.sigmoid()
+        alpha_bar = alpha_bar.clamp(0.0001, 0.9999)
+        return ((1 - alpha_bar) / alpha_bar) ** 0.5
+
+    def timestep(self, sigma: torch.Tensor) -> torch.Tensor:
+        sigma = torch.as_tensor(sigma)
+        var = (1 / (sigma * sigma + 1)).clamp(0, 1.0)
+        s, start = torch.tensor(self.cosine_s).to(var.device), self._start_alpha_bar.to(var.device)
+        return ((var * start) ** 0.5).acos() / (torch.pi * 0.5) * (1 + s) - s
+
+    def percent_to_sigma(self, percent: float) -> float:
+        if percent <= 0.0:
+            return INFINITE_SIGMA
+        if percent >= 1.0:
+            return 0.0
+        return float(self.sigma(torch.tensor(1.0 - percent)))
+
+    def describe(self) -> str:
+        return f"stable_cascade(shift={self.shift!r},s={self.cosine_s!r},{self.timesteps})"

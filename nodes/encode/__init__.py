@@ -11,4 +11,5 @@ NODE_MODULES: tuple[str, ...] = (
     "gligen",
     "conditioning_props",
     "lotus",
+    "conditioning_files",
 )

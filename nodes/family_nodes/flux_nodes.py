@@ -167,14 +167,15 @@ class FluxKontextMultiReferenceLatentMethod(Node):
         display_name="FluxKontextMultiReferenceLatentMethod",
         category="advanced/conditioning/flux",
         description="Choose how several reference latents are placed for the transformer: offset (side by side), "
-        "index (one position index per reference) or uxo/uno (diagonally past the image).",
+        "index (one position index per reference), uxo/uno (diagonally past the image) or index_timestep_zero "
+        "(as index, the references modulated at timestep 0: Qwen-Image-Edit-2511).",
         inputs=(
             Input("conditioning", CONDITIONING, "The conditioning with reference latents."),
             Input(
                 "reference_latents_method",
                 COMBO,
                 "How the references' position ids are laid out.",
-                options=("offset", "index", "uxo/uno"),
+                options=("offset", "index", "uxo/uno", "index_timestep_zero"),
             ),
         ),
         outputs=(_COND_OUT,),

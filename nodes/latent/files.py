@@ -35,7 +35,7 @@ from engine.schema import (
     Output,
 )
 from nodes.core.options import OptionSources
-from nodes.core.save_prefix import split_prefix
+from nodes.core.save_prefix import output_folder
 from nodes.families.latent_format import LEGACY_LATENT_FILE_SCALE
 from nodes.latent.transforms import samples_of
 from nodes.latent.vae import LatentError
@@ -114,15 +114,7 @@ class SaveLatent(Node):
         extra_pnginfo: Any = None,
     ) -> NodeOutput:
         s = samples_of(samples, "samples")
-        out_root = ctx.folders.output_dir.resolve()
-        sub, stem = split_prefix(filename_prefix)
-        folder = (out_root / sub).resolve()
-        if folder != out_root and out_root not in folder.parents:
-            raise LatentError(
-                f"filename_prefix {filename_prefix!r} points outside the output folder; "
-                "use e.g. 'latents/cat'"
-            )
-        folder.mkdir(parents=True, exist_ok=True)
+        folder, sub, stem = output_folder(ctx.folders.output_dir, filename_prefix)
         metadata: dict[str, str] | None = None
         if ctx.settings.png_metadata:
             metadata = {"prompt": json.dumps(prompt) if prompt is not None else ""}

@@ -1,5 +1,6 @@
-"""Video latents that need no model: TrimVideoLatent, ReplaceVideoLatentFrames (ComfyUI's names,
-inputs and semantics: ``comfy_extras/nodes_wan.py``, ``nodes_latent.py``). The empty video latent
+"""Video latents that need no model: TrimVideoLatent, ReplaceVideoLatentFrames, NormalizeVideoLatentStart
+(ComfyUI's names, inputs and semantics: ``comfy_extras/nodes_wan.py``, ``nodes_latent.py``,
+``nodes_kandinsky5.py``). The empty video latent
 (EmptyHunyuanLatentVideo) is a family node: ``nodes/family_nodes/video_nodes.py``.
 
 A video LATENT's ``samples`` are [B, C, t, h, w]: ``t`` latent frames, each standing for 4 video
@@ -108,4 +109,75 @@ class ReplaceVideoLatentFrames(Node):
         return (with_samples(destination, out),)
 
 
-NODES: list[type[Node]] = [TrimVideoLatent, ReplaceVideoLatentFrames]
+def match_mean_std(
+    source: torch.Tensor,
+    reference: torch.Tensor,
+    mean_below: float = 0.3,
+    mean_above: float = 0.35,
+    std_below: float = 0.35,
+    std_above: float = 0.5,
+) -> torch.Tensor:
+    """Each frame of ``source`` [B, C, t, h, w] (its mean and std over channels and pixels) moved to
+    the mean and std of all of ``reference``, those targets clamped to a window around the frame's
+    own statistics (ComfyUI's ``adaptive_mean_std_normalization``: mean within -0.3/+0.35, std within
+    -0.35/+0.5; std with Bessel's correction)."""
+    mean = source.mean(dim=(1, 3, 4), keepdim=True)
+    std = source.std(dim=(1, 3, 4), keepdim=True)
+    target_mean = torch.clamp(reference.mean(), mean - mean_below, mean + mean_above)
+    target_std = torch.clamp(reference.std(), std - std_below, std + std_above)
+    return (source - mean) / (std + 1e-8) * target_std + target_mean
+
+
+class NormalizeVideoLatentStart(Node):
+    SCHEMA = NodeSchema(
+        node_id="NormalizeVideoLatentStart",
+        display_name="NormalizeVideoLatentStart",
+        category="conditioning/video_models",
+        description="Normalizes the initial frames of a video latent to match the mean and standard deviation "
+        "of subsequent reference frames. Helps reduce differences between the starting frames and the rest of "
+        "the video.",
+        inputs=(
+            Input("latent", LATENT, "A video latent."),
+            Input(
+                "start_frame_count",
+                INT,
+                "Number of latent frames to normalize, counted from the start",
+                default=4,
+                min=1,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+            Input(
+                "reference_frame_count",
+                INT,
+                "Number of latent frames after the start frames to use as reference",
+                default=5,
+                min=1,
+                max=MAX_RESOLUTION,
+                step=1,
+            ),
+        ),
+        outputs=(Output("latent", LATENT, "The latent with its first frames normalized."),),
+    )
+
+    def run(
+        self, ctx: NodeContext, *, latent: dict, start_frame_count: int, reference_frame_count: int
+    ) -> tuple[dict]:
+        samples = video_samples(latent, "latent")
+        frames = samples.shape[2]
+        if frames <= 1:
+            return (latent,)
+        if start_frame_count >= frames:
+            raise LatentError(
+                f"start_frame_count is {start_frame_count} but the latent has only {frames} frames, so no frame "
+                f"is left to serve as reference; set start_frame_count below {frames}"
+            )
+        reference = samples[
+            :, :, start_frame_count : start_frame_count + min(reference_frame_count, frames - 1)
+        ]
+        out = samples.clone()
+        out[:, :, :start_frame_count] = match_mean_std(samples[:, :, :start_frame_count], reference)
+        return (with_samples(latent, out),)
+
+
+NODES: list[type[Node]] = [TrimVideoLatent, ReplaceVideoLatentFrames, NormalizeVideoLatentStart]

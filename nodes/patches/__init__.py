@@ -2,7 +2,7 @@
 (token merging, ``tome.py``), ``DeepCache`` (step caching, ``deepcache.py``), FreeU / FreeU_V2 /
 PatchModelAddDownscale (``freeu.py``), PAG / SAG (``attention_guidance.py``), ``HyperTile``, the
 attention multipliers (``attention_multiply.py``), ``TorchCompileModel`` (``compile.py``),
-ComfyUI's ``EasyCache`` and ``LazyCache`` (``easycache.py``) and Loom's ``FirstBlockCache`` for
+ComfyUI's ``EasyCache`` and ``LazyCache`` (``easycache.py``), the video CFG ramps (``video_cfg.py``), the device and attention-backend choices (``placement.py``) and Loom's ``FirstBlockCache`` for
 transformers (``first_block_cache.py``). A patch changes the built module in ``apply`` (weights, compiled call) or acts only through
 ``sampling_hooks`` (``nodes.core.sampling_hooks``: block patches, guidance); each is off unless in the workflow."""
 
@@ -20,4 +20,6 @@ NODE_MODULES: tuple[str, ...] = (
     "guidance",
     "cfg_schedule",
     "hypernetwork",
+    "video_cfg",
+    "placement",
 )

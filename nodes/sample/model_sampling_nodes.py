@@ -1,6 +1,7 @@
 """ComfyUI's model-sampling nodes: how a MODEL maps noise levels to its inputs and outputs.
 
-``ModelSamplingDiscrete`` / ``ModelSamplingContinuousEDM`` / ``ModelSamplingContinuousV`` return
+``ModelSamplingDiscrete`` / ``ModelSamplingContinuousEDM`` / ``ModelSamplingContinuousV`` /
+``ModelSamplingStableCascade`` return
 ``model.with_model_sampling(ms)`` with a ModelSampling of ``nodes.diffusion.model_sampling``
 (same names, inputs and semantics as ComfyUI's ``comfy_extras/nodes_model_advanced.py``);
 ``ModelComputeDtype`` runs the denoiser in another precision (a patch casting the built module).
@@ -22,6 +23,7 @@ from nodes.diffusion.model_sampling import (
     continuous_edm,
     continuous_v,
     discrete,
+    stable_cascade,
 )
 
 _OUT = (Output("MODEL", MODEL, "The model with the new sampling."),)
@@ -124,6 +126,26 @@ class ModelSamplingContinuousV(Node):
         return (model.with_model_sampling(continuous_v(sampling, sigma_min=sigma_min, sigma_max=sigma_max)),)
 
 
+class ModelSamplingStableCascade(Node):
+    SCHEMA = NodeSchema(
+        node_id="ModelSamplingStableCascade",
+        display_name="ModelSamplingStableCascade",
+        category="advanced/model",
+        description="Sample with Stable Cascade's cosine noise schedule (eps prediction), its signal-to-noise "
+        "ratio shifted: higher shift spends more steps at high noise.",
+        inputs=(
+            Input("model", MODEL, "The model."),
+            Input(
+                "shift", FLOAT, "The schedule's shift (1 = none).", default=2.0, min=0.0, max=100.0, step=0.01
+            ),
+        ),
+        outputs=_OUT,
+    )
+
+    def run(self, ctx: NodeContext, *, model: Any, shift: float) -> tuple[Any]:
+        return (model.with_model_sampling(stable_cascade(shift=shift)),)
+
+
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -167,5 +189,6 @@ NODES: list[type[Node]] = [
     ModelSamplingDiscrete,
     ModelSamplingContinuousEDM,
     ModelSamplingContinuousV,
+    ModelSamplingStableCascade,
     ModelComputeDtype,
 ]

@@ -20,12 +20,17 @@ ones (1328 px, Qwen-Image's default, is 83 patches), so Loom replaces the module
 with :class:`ComfyRope`. Reference latents (Qwen-Image-Edit's, from ``ReferenceLatent`` or
 ``TextEncodeQwenImageEdit``: the conditioning key ``reference_latents``) are packed after the image
 tokens with frame index 1, 2, ... (ComfyUI's default ``index`` method) or all at index 1 placed
-beside each other (``offset``), and only the image tokens' output is kept.
+beside each other (``offset``), and only the image tokens' output is kept. With
+``index_timestep_zero`` (Qwen-Image-Edit-2511's method, set by FluxKontextMultiReferenceLatentMethod)
+they are placed as ``index`` and modulated at timestep 0 while the image tokens and the text keep the
+step's timestep: the call switches on diffusers' own ``zero_cond_t`` (the transformer's and its
+blocks') for that call only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +52,7 @@ if TYPE_CHECKING:
     from nodes.core.cond import CondEntry
 
 PATCH = 2
+TIMESTEP_ZERO = "index_timestep_zero"  # the reference method that modulates references at timestep 0
 Segment = tuple[int, int, int, int, int]  # (frame index, rows, cols, row offset, col offset) in patches
 
 
@@ -244,16 +250,18 @@ class QwenImageTransformer(IdentityKeys):
         for row, text in enumerate(texts):
             hidden[row, : text.shape[0]] = text
             mask[row, : text.shape[0]] = True
+        zero_refs = method == TIMESTEP_ZERO and len(segments) > 1
         module.pos_embed.segments = segments
         try:
-            out = module(
-                hidden_states=torch.cat(parts, dim=1),
-                encoder_hidden_states=hidden,
-                encoder_hidden_states_mask=None if bool(mask.all()) else mask,
-                timestep=t,
-                img_shapes=[[(1, s[1], s[2]) for s in segments]] * x.shape[0],
-                return_dict=False,
-            )[0]
+            with _references_at_timestep_zero(module, zero_refs):
+                out = module(
+                    hidden_states=torch.cat(parts, dim=1),
+                    encoder_hidden_states=hidden,
+                    encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+                    timestep=t,
+                    img_shapes=[[(1, s[1], s[2]) for s in segments]] * x.shape[0],
+                    return_dict=False,
+                )[0]
         finally:
             module.pos_embed.segments = []
         return unpack(out[:, : tokens.shape[1]], x.shape[-2], x.shape[-1])[..., :height, :width]
@@ -295,10 +303,26 @@ def _image_latent(latent: Tensor) -> Tensor:
     return latent.squeeze(2) if latent.ndim == 5 and latent.shape[2] == 1 else latent
 
 
+@contextmanager
+def _references_at_timestep_zero(module: Any, on: bool) -> Iterator[None]:
+    """While the context runs, diffusers' ``zero_cond_t`` is ``on`` for the transformer and its blocks
+    (the reference tokens then take the modulation of timestep 0); the flags are put back after."""
+    holders = [module, *module.transformer_blocks]
+    before = [getattr(m, "zero_cond_t", False) for m in holders]
+    try:
+        for m in holders:
+            m.zero_cond_t = on
+        yield
+    finally:
+        for m, flag in zip(holders, before, strict=True):
+            m.zero_cond_t = flag
+
+
 def _reference_segment(done: list[Segment], ref: Tensor, i: int, method: str) -> Segment:
-    """Where reference ``i`` goes (ComfyUI's ``index`` and offset methods)."""
+    """Where reference ``i`` goes (ComfyUI's ``index`` and offset methods; ``index_timestep_zero``
+    places as ``index``)."""
     h, w = ref.shape[-2] // PATCH, ref.shape[-1] // PATCH
-    if method == "index":
+    if method in ("index", TIMESTEP_ZERO):
         return (i + 1, h, w, 0, 0)
     refs = done[1:]
     tall = max((s[1] + s[3] for s in refs), default=0)

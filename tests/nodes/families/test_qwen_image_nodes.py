@@ -151,6 +151,47 @@ def test_reference_latents_reach_the_transformer_as_comfyui_places_them(qwen_dir
         )
 
 
+def test_index_timestep_zero_modulates_the_references_at_timestep_zero(qwen_dir: Any, make_ctx: Any) -> None:
+    """FluxKontextMultiReferenceLatentMethod's ``index_timestep_zero`` (Qwen-Image-Edit-2511): the
+    references placed as ``index``, modulated at timestep 0: equal to diffusers' transformer built with
+    ``zero_cond_t=True`` (its 2511 variant) on the same weights; the module's flags are left as they were."""
+    from diffusers import QwenImageTransformer2DModel
+
+    from nodes.family_nodes.flux_nodes import FluxKontextMultiReferenceLatentMethod
+
+    root, modules = qwen_dir
+    handle = open_diffusion_model(root / "diffusion_models" / DEMO_QWEN_IMAGE)
+    kind, module = handle.family.denoiser, handle.load()
+    (cond,) = CLIPTextEncode().run(make_ctx(), text="make it blue", clip=_clip(root))[0]
+    torch.manual_seed(6)
+    raw_ref = torch.randn(1, 16, 4, 8)
+    with_ref = [replace(cond, extras={"reference_latents": [raw_ref]})]
+    (zero,) = FluxKontextMultiReferenceLatentMethod().run(
+        make_ctx(), conditioning=with_ref, reference_latents_method="index_timestep_zero"
+    )[0]
+    assert zero.extras["reference_latents_method"] == "index_timestep_zero"
+    x, sigma = torch.randn(1, 16, 8, 8), torch.tensor([0.7])
+    config = {k: v for k, v in modules["unet"].config.items() if not k.startswith("_")}  # no default list
+    edit_2511 = QwenImageTransformer2DModel.from_config({**config, "zero_cond_t": True}).eval()
+    assert edit_2511.zero_cond_t
+    edit_2511.load_state_dict(modules["unet"].state_dict())
+    edit_2511.pos_embed = modules["unet"].pos_embed  # the same position embedder as the reference test's
+    with torch.no_grad():
+        mine = kind.forward(module, x, sigma, kind.conditioning([zero], 1, (64, 64)))
+        index = kind.forward(module, x, sigma, kind.conditioning(with_ref, 1, (64, 64)))
+        tokens = torch.cat([pack(x)[0], pack(handle.latent_format.process_in(raw_ref))[0]], dim=1)
+        theirs = edit_2511(
+            hidden_states=tokens,
+            encoder_hidden_states=cond.embeds,
+            timestep=sigma,
+            img_shapes=[[(1, 4, 4), (1, 2, 4)]],
+            return_dict=False,
+        )[0][:, :16]
+    torch.testing.assert_close(pack(mine)[0], theirs, atol=1e-5, rtol=1e-5)
+    assert (mine - index).abs().max() > 1e-4  # the references' timestep changed the prediction
+    assert not module.zero_cond_t and not any(b.zero_cond_t for b in module.transformer_blocks)
+
+
 def test_a_reference_from_another_latent_space_is_refused(qwen_dir: Any) -> None:
     from nodes.core.sampling_hooks import ConditioningError
 

@@ -1,6 +1,7 @@
 """Video latents (nodes/latent/video_latents.py, nodes/family_nodes/video_nodes.py): EmptyHunyuanLatentVideo's 5-D shape and declared size,
 TrimVideoLatent, ReplaceVideoLatentFrames (ComfyUI's semantics, negative index, no-fit keeps the
-destination), and the batch nodes passing 5-D latents through as ComfyUI does."""
+destination), NormalizeVideoLatentStart (ComfyUI's clamped mean/std match, by hand), and the batch
+nodes passing 5-D latents through as ComfyUI does."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from engine.node import TensorSize
 from nodes.family_nodes.video_nodes import EmptyHunyuanLatentVideo
 from nodes.latent.batch import LatentBatch, LatentConcat, LatentFromBatch, RepeatLatentBatch
 from nodes.latent.vae import LatentError
-from nodes.latent.video_latents import ReplaceVideoLatentFrames, TrimVideoLatent
+from nodes.latent.video_latents import NormalizeVideoLatentStart, ReplaceVideoLatentFrames, TrimVideoLatent
 
 
 def video(frames: int, fill: float = 0.0, batch: int = 1) -> dict:
@@ -85,3 +86,47 @@ def test_batch_nodes_pass_video_latents_through() -> None:
     assert RepeatLatentBatch().run(None, samples=video(3), amount=2)[0]["samples"].shape == (2, 16, 3, 2, 3)
     picked = LatentFromBatch().run(None, samples=video(3, batch=3), batch_index=1, length=1)[0]
     assert picked["samples"].shape == (1, 16, 3, 2, 3)
+
+
+def test_normalize_video_latent_start_schema_is_comfyuis() -> None:
+    schema = NormalizeVideoLatentStart.SCHEMA
+    assert schema.category == "conditioning/video_models"
+    assert [(i.name, i.type, i.default, i.min, i.max) for i in schema.inputs] == [
+        ("latent", "LATENT", None, None, None),
+        ("start_frame_count", "INT", 4, 1, 16384),
+        ("reference_frame_count", "INT", 5, 1, 16384),
+    ]
+    assert [(o.name, o.type) for o in schema.outputs] == [("latent", "LATENT")]
+
+
+def test_normalize_video_latent_start_matches_the_reference_frames_statistics() -> None:
+    g = torch.Generator().manual_seed(0)
+    samples = torch.randn(2, 4, 6, 3, 3, generator=g)
+    samples[:, :, :2] = samples[:, :, :2] * 1.2 + 0.2  # the first frames drift a little
+    before = samples.clone()
+    out = NormalizeVideoLatentStart().run(
+        None, latent={"samples": samples}, start_frame_count=2, reference_frame_count=3
+    )
+    result = out[0]["samples"]
+    reference = samples[:, :, 2:5]  # min(reference_frame_count, frames - 1) frames after the start frames
+    for b in range(2):
+        for f in range(2):
+            frame = samples[b, :, f]
+            mean, std = frame.mean(), frame.std()
+            target_mean = min(max(float(reference.mean()), float(mean) - 0.3), float(mean) + 0.35)
+            target_std = min(max(float(reference.std()), float(std) - 0.35), float(std) + 0.5)
+            expected = (frame - mean) / (std + 1e-8) * target_std + target_mean
+            assert torch.allclose(result[b, :, f], expected, atol=1e-5)
+            assert float(result[b, :, f].mean()) == pytest.approx(target_mean, abs=1e-5)
+    assert torch.equal(result[:, :, 2:], samples[:, :, 2:])
+    assert torch.equal(samples, before)  # the input latent is not changed in place
+
+
+def test_normalize_video_latent_start_keeps_a_single_frame_and_refuses_no_reference() -> None:
+    one = video(1)
+    assert (
+        NormalizeVideoLatentStart().run(None, latent=one, start_frame_count=4, reference_frame_count=5)[0]
+        is one
+    )
+    with pytest.raises(LatentError, match="start_frame_count"):
+        NormalizeVideoLatentStart().run(None, latent=video(3), start_frame_count=3, reference_frame_count=5)
