@@ -322,24 +322,3 @@ WAN21_VIDEO_LATENT = replace(WAN21_LATENT, empty_node="EmptyHunyuanLatentVideo")
 # scale; LoadLatent divides them back (comfy's nodes.py LoadLatent). A file-format fact kept here
 # because it is a family's number.
 LEGACY_LATENT_FILE_SCALE = SD15_LATENT.scale_factor
-
-# The Wan 2.2 (5B) latent space: 48 channels from its 16× VAE (ComfyUI's latent_formats.Wan22).
-WAN22_LATENTS_MEAN = (
-    *(-0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557),
-    *(-0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825),
-    *(-0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502),
-    *(-0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230),
-    *(-0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748),
-    *(0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667),
-)
-WAN22_LATENTS_STD = (
-    *(0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013),
-    *(0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978),
-    *(0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659),
-    *(0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093),
-    *(0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887),
-    *(0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744),
-)
-WAN22_LATENT = ChannelLatentFormat(
-    channels=48, scale_factor=1.0, downscale=16, mean=WAN22_LATENTS_MEAN, std=WAN22_LATENTS_STD
-)
