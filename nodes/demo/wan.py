@@ -38,6 +38,24 @@ def demo_wan_transformer(seed: int = 0, text_width: int = DEMO_UMT5_WIDTH) -> An
     return model.eval()
 
 
+def demo_wan_i2v_transformer(seed: int = 0, text_width: int = DEMO_UMT5_WIDTH, image_width: int = 32) -> Any:
+    """A tiny Wan 2.1 image-to-video ``WanTransformer3DModel``: the t2v shape with 36 input channels (the
+    latent, the 4-channel mask, the start frames' latent), an image embedder for ``image_width``-wide
+    CLIP vision tokens (the demo CLIP vision model's: 32) and image keys/values in every block."""
+    from diffusers import WanTransformer3DModel  # lazy: diffusers is heavy to import
+
+    torch.manual_seed(seed)
+    model: Any = WanTransformer3DModel(
+        num_attention_heads=1, attention_head_dim=128, in_channels=36, out_channels=16, text_dim=text_width,
+        freq_dim=256, ffn_dim=256, num_layers=2, cross_attn_norm=True, image_dim=image_width,
+        added_kv_proj_dim=128,
+    )  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model.eval()
+
+
 def demo_wan_vae(seed: int = 0) -> Any:
     """A tiny Wan 2.1 VAE (diffusers' ``AutoencoderKLWan``; 1/8 in space, 1/4 in time)."""
     from diffusers import AutoencoderKLWan  # lazy: diffusers is heavy to import

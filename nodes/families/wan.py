@@ -1,4 +1,4 @@
-"""Wan 2.1 (text-to-video 1.3B and 14B; image-to-video 14B is recognised, not sampled yet): a
+"""Wan 2.1 (text-to-video 1.3B and 14B, image-to-video 14B): a
 ``WanTransformer3DModel`` over 5-D video latents (B, 16, frames, H/8, W/8) in 1×2×2 patches, text from
 umt5-xxl (its hidden states, zero-padded to 512 tokens), the Wan 2.1 VAE, and the Wan 2.1 latent space
 (ComfyUI's ``latent_formats.Wan21``: per-channel mean and std, shared with Qwen-Image).
@@ -6,6 +6,11 @@ umt5-xxl (its hidden states, zero-padded to 512 tokens), the Wan 2.1 VAE, and th
 Sampling: discrete flow matching with shift 8.0 and multiplier 1000 (ComfyUI's
 ``supported_models.WAN21_T2V``; the model's timestep is sigma·1000), real CFG with a negative prompt;
 ComfyUI's Wan templates set their own shift with ``ModelSamplingSD3`` (8.0 as well).
+
+Image-to-video: WanImageToVideo (and its siblings) put the start frames' latents, the frame mask and
+CLIPVisionEncode's output on the conditioning; the transformer kind turns them into the model's 20
+extra input channels and its image tokens as ComfyUI's ``WAN21`` model does
+(:mod:`nodes.families.components.wan_i2v`).
 
 Files as users have them: the transformer alone in the original Wan layout
 (``wan2.1_t2v_1.3B_fp16.safetensors``, ``wan2.1_t2v_14B_fp8_e4m3fn.safetensors``,

@@ -27,7 +27,8 @@ padded spatially to even sizes (circular, ComfyUI's ``pad_to_patch_size``) and c
 timestep is sigma·1000 (the family's sampling multiplier); the text is the encoder's tokens,
 zero-padded to 512 (ComfyUI's umt5 tokenizer pads to 512 with masked-out zeros); rotary positions
 (frame, row, col) from 0 over head splits (d − 4·(d//6), 2·(d//6), 2·(d//6)), which diffusers' rope
-computes the same way.
+computes the same way. Image-to-video models (36 input channels) also take the start frames' channels
+and the CLIP vision tokens from the conditioning (:mod:`nodes.families.components.wan_i2v`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ from nodes.core.sampling_hooks import BlockList, BlockStack, ConditioningError, 
 from nodes.core.tensors import ModelLoadError, TensorIndex
 from nodes.families.activation import heads_width, transformer_bytes
 from nodes.families.components.dit_blocks import UNIFIED, unified_stack
+from nodes.families.components.wan_i2v import (
+    ConcatInput,
+    build_concat,
+    concat_input,
+    image_attention,
+    image_tokens,
+)
+from nodes.families.latent_format import WAN21_VIDEO_LATENT, LatentFormat
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -149,8 +158,10 @@ def variant(index: TensorIndex, prefix: str) -> str:
 
 @dataclass(frozen=True)
 class WanTransformer:
-    """The Wan 2.1 transformer kind (see the module docstring)."""
+    """The Wan 2.1 transformer kind (see the module docstring); ``latent_format`` puts an image-to-video
+    model's start-frame latents into the model's space (ComfyUI's ``process_latent_in``)."""
 
+    latent_format: LatentFormat = WAN21_VIDEO_LATENT
     id: str = "wan_transformer"
 
     # --- reading and building -----------------------------------------------------------------
@@ -213,12 +224,16 @@ class WanTransformer:
         self, entries: Sequence[CondEntry], batch: int, size: tuple[int, int], *, like: Tensor | None = None
     ) -> dict[str, Any]:
         """The text tokens (T, D) of every row: entry by entry, each repeated ``batch`` times; the
-        forward pads them to one length (at least 512) with zeros."""
-        texts = []
+        forward pads them to one length (at least 512) with zeros. For image-to-video models also
+        each entry's start-frame inputs (``concats``, built to the latent's size by the forward) and
+        each row's CLIP vision tokens (``images``, (N, 1280) or None)."""
+        texts, concats, images = [], [], []
         for e in entries:
             tokens = e.embeds[0] if like is None else e.embeds[0].to(like)
             texts += [tokens] * batch
-        return {"texts": texts}
+            concats.append(concat_input(e.extras, batch))
+            images += [i if i is None or like is None else i.to(like) for i in image_tokens(e.extras, batch)]
+        return {"texts": texts, "concats": concats, "images": images}
 
     def activation_bytes(self, module: Any, run: Any, element: int) -> int:
         """Activation memory of ``run`` (``engine.memory.device_budget.RunShape``) in bytes: the widest
@@ -252,11 +267,44 @@ class WanTransformer:
         context = torch.zeros(len(texts), length, texts[0].shape[-1], dtype=x_in.dtype, device=x_in.device)
         for row, text in enumerate(texts):
             context[row, : text.shape[0]] = text
+        t = timestep.to(x_in.dtype).reshape(-1).expand(x_in.shape[0])
+        extra = int(module.config.in_channels) - x_in.shape[1]
+        if extra <= 0:
+            return self._call(module, x_in, t, context, None)
+        x = torch.cat([x_in, self._concat(kwargs.get("concats") or (), extra, x_in)], dim=1)
+        images: list[Tensor | None] = list(kwargs.get("images") or [None] * x.shape[0])
+        out = torch.empty_like(x_in)
+        groups: dict[Any, list[int]] = {}  # rows with the same image-token count run in one call
+        for row, image in enumerate(images):
+            groups.setdefault(None if image is None else tuple(image.shape), []).append(row)
+        for shape, rows in groups.items():
+            tokens = [image for r in rows if (image := images[r]) is not None]
+            clip = torch.stack(tokens).to(x) if shape is not None else None
+            out[rows] = self._call(module, x[rows], t[rows], context[rows], clip)
+        return out
+
+    def _concat(self, concats: Sequence[ConcatInput], extra: int, x_in: Tensor) -> Tensor:
+        """The ``extra`` image-to-video input channels of every row (zeros when no entry gave any)."""
         frames, height, width = x_in.shape[-3:]
+        if not concats:
+            return torch.zeros(x_in.shape[0], extra, frames, height, width).to(x_in)
+        parts = [build_concat(c, extra, (frames, height, width), self.latent_format) for c in concats]
+        return torch.cat(parts).to(x_in)
+
+    def _call(self, module: Any, x: Tensor, t: Tensor, context: Tensor, clip: Tensor | None) -> Tensor:
+        """One transformer call (odd sizes padded circularly, cropped back); ``clip``: the rows' CLIP
+        vision tokens, read by the image keys/values of the cross-attention."""
+        frames, height, width = x.shape[-3:]
         pad_h, pad_w = height % PATCH[1], width % PATCH[2]
-        x = F.pad(x_in, (0, pad_w, 0, pad_h, 0, 0), mode="circular") if pad_h or pad_w else x_in
-        t = timestep.to(x.dtype).reshape(-1).expand(x.shape[0])
-        out = module(hidden_states=x, timestep=t, encoder_hidden_states=context, return_dict=False)[0]
+        x = F.pad(x, (0, pad_w, 0, pad_h, 0, 0), mode="circular") if pad_h or pad_w else x
+        with image_attention(module, None if clip is None else clip.shape[1]):
+            out = module(
+                hidden_states=x,
+                timestep=t,
+                encoder_hidden_states=context,
+                encoder_hidden_states_image=clip if module.config.image_dim is not None else None,
+                return_dict=False,
+            )[0]
         return out[:, :, :frames, :height, :width]
 
     @property
@@ -273,12 +321,13 @@ class WanTransformer:
         if not entries:
             raise ConditioningError(f"{name} conditioning is empty; connect a CLIPTextEncode output")
         config = module.config
-        if int(config.in_channels) != T2V_CHANNELS:
+        if int(config.in_channels) not in (T2V_CHANNELS, I2V_CHANNELS):
             raise ConditioningError(
-                f"this Wan transformer is an image-to-video model ({config.in_channels} input channels: the "
-                "latent, a mask and a start-image latent); Loom samples Wan text-to-video models so far. "
-                "Load a t2v transformer (wan2.1_t2v_1.3B / 14B) with UNETLoader"
+                f"this Wan transformer takes {config.in_channels} input channels; Loom samples Wan "
+                f"text-to-video ({T2V_CHANNELS}) and image-to-video ({I2V_CHANNELS}: the latent, a mask and "
+                "the start frames' latent) models. Load one of those with UNETLoader"
             )
+        image_dim = config.image_dim
         width = int(config.text_dim)
         for e in entries:
             if e.embeds.shape[-1] != width:
@@ -287,6 +336,15 @@ class WanTransformer:
                     f"{width} (umt5-xxl's hidden states); encode the prompt with the CLIP of CLIPLoader "
                     "(umt5_xxl_fp8_e4m3fn_scaled.safetensors, type wan)"
                 )
+            output = e.extras.get("clip_vision_output")
+            if output is not None and image_dim is not None:
+                found = output.penultimate_hidden_states.shape[-1]
+                if found != int(image_dim):
+                    raise ConditioningError(
+                        f"{name} conditioning has {found}-wide CLIP vision tokens but this Wan image-to-video "
+                        f"model projects {image_dim}-wide ones (CLIP ViT-H's: clip_vision_h.safetensors); "
+                        "encode the start image with CLIPVisionLoader (clip_vision_h) and CLIPVisionEncode"
+                    )
 
 
 SKIP_LISTS: Mapping[SkipListName, BlockList] = MappingProxyType({"double": BlockList("blocks", UNIFIED)})
