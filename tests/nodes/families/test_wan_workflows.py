@@ -1,7 +1,8 @@
 """ComfyUI's Wan 2.1 text-to-video graph (UNETLoader → CLIPLoader type wan → CLIPTextEncode →
 EmptyHunyuanLatentVideo → ModelSamplingSD3 → KSampler → VAELoader / VAEDecode → SaveImage) runs
 offline on the demo files that ``make-demo-model`` writes: every frame comes out, at the latent's size;
-the UNETLoader's model is the Wan 2.1 family with its umT5 text encoder."""
+the UNETLoader's model is the Wan 2.1 family with its umT5 text encoder. The image-to-video graph is
+``test_wan_i2v_workflows``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from PIL import Image
 
 from nodes.demo.umt5 import DEMO_UMT5
-from nodes.demo.wan import DEMO_WAN, DEMO_WAN_VAE
+from nodes.demo.wan import DEMO_WAN, DEMO_WAN_I2V, DEMO_WAN_VAE
 from tests.nodes.test_generation_e2e import make_executor, run
 
 WIDTH, HEIGHT, LENGTH = 48, 32, 9
@@ -27,7 +28,7 @@ def wan_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("wan_demo")
     written = write_demo(root)
-    assert {p.name for p in written} == {DEMO_WAN, DEMO_UMT5, DEMO_WAN_VAE}
+    assert {p.name for p in written} == {DEMO_WAN, DEMO_WAN_I2V, DEMO_UMT5, DEMO_WAN_VAE}
     assert write_demo(root) == []  # kept once written
     return root
 
