@@ -7,8 +7,10 @@ keys that WanImageToVideo and its siblings set (``nodes/family_nodes/wan_nodes.p
 - ``concat_latent_image`` (VAE latents [n, 16, t, h, w]) is resized to the sampled latent (bilinear
   after a centre crop), put into the model's space by the latent format (per 16-channel group),
   repeated or picked to the rows' batch, and cut to 16 channels;
-- ``concat_mask`` (else the sampler's ``denoise_mask``; 1 where the model generates) is averaged
-  over its channels unless it has 4, inverted (1 on the given frames), resized, padded with zeros to
+- ``concat_mask`` (else the sampler's ``denoise_mask``, the latent's noise mask, first reshaped to the
+  latent as ComfyUI's ``reshape_mask`` does: a mask of fewer than 5 axes has its batch taken as
+  frames, then trilinear to (frames, h, w); 1 where the model generates) is averaged over its
+  channels unless it has 4, inverted (1 on the given frames), resized, padded with zeros to
   the latent's frames and repeated to 4 channels;
 - no mask: 4 zero channels; no image at all: all 20 channels zero (the image unprocessed);
 - the 4 mask channels go first, or at ``concat_mask_index`` inside the image channels.
@@ -55,16 +57,24 @@ class ConcatInput:
     mask: Tensor | None
     index: int
     rows: int
+    noise_mask: bool = False  # ``mask`` is the sampler's denoise mask (reshaped first)
 
 
 def concat_input(extras: Mapping[str, Any], rows: int) -> ConcatInput:
     """The conditioning keys of one entry (see the module docstring)."""
-    mask = extras.get("concat_mask")
+    mask, noise = extras.get("concat_mask"), False
     if mask is None:
-        mask = extras.get("denoise_mask")
-    return ConcatInput(
-        extras.get("concat_latent_image"), mask, int(extras.get("concat_mask_index", 0) or 0), rows
-    )
+        mask, noise = extras.get("denoise_mask"), extras.get("denoise_mask") is not None
+    index = int(extras.get("concat_mask_index", 0) or 0)
+    return ConcatInput(extras.get("concat_latent_image"), mask, index, rows, noise)
+
+
+def _noise_mask(mask: Tensor, latent: tuple[int, int, int]) -> Tensor:
+    """ComfyUI's ``reshape_mask`` of a denoise mask to a video latent of (frames, h, w) cells."""
+    mask = mask.float()
+    if mask.ndim < 5:
+        mask = mask.reshape(1, 1, -1, *mask.shape[-2:])
+    return F.interpolate(mask, size=latent, mode="trilinear")
 
 
 def _frames_resize(t: Tensor, size: tuple[int, int]) -> Tensor:
@@ -113,7 +123,7 @@ def build_concat(
     if inp.mask is None:
         mask = torch.zeros(inp.rows, MASK_CHANNELS, frames, h, w)
     else:
-        mask = _video_mask(inp.mask)
+        mask = _noise_mask(inp.mask, latent) if inp.noise_mask else _video_mask(inp.mask)
         if mask.shape[1] != MASK_CHANNELS:
             mask = mask.mean(dim=1, keepdim=True)
         mask = _frames_resize(1.0 - mask, (h, w))

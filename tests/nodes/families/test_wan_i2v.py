@@ -176,3 +176,18 @@ def test_other_clip_vision_widths_are_refused_with_a_lesson(i2v: Any) -> None:
     pos, _ = i2v_entries(torch.randn(1, 16, 3, 4, 6), torch.randn(1, 50, 64))
     with pytest.raises(ConditioningError, match="64-wide CLIP vision tokens.*clip_vision_h"):
         WanTransformer().check_conditioning(module, [pos], "positive")
+
+
+def test_a_noise_mask_stands_in_for_the_concat_mask_as_comfyui_reshapes_it() -> None:
+    """Without ``concat_mask`` the sampler's denoise mask is used: an image mask [1, H, W] (pixels) is
+    stretched over the latent's frames and size (ComfyUI's ``reshape_mask``), then inverted."""
+    from nodes.families.components.wan_i2v import build_concat, concat_input
+    from nodes.families.latent_format import WAN21_VIDEO_LATENT as FMT
+
+    noise_mask = torch.zeros(1, 32, 48)
+    noise_mask[:, :, 24:] = 1.0  # repaint the right half
+    extras = {"concat_latent_image": torch.randn(1, 16, 3, 4, 6), "denoise_mask": noise_mask}
+    out = build_concat(concat_input(extras, 1), 20, (3, 4, 6), FMT)
+    assert bool((out[:, :4, :, :, :3] == 1).all()) and bool((out[:, :4, :, :, 3:] == 0).all())
+    given = {**extras, "concat_mask": torch.ones(1, 1, 3, 4, 6)}
+    assert bool((build_concat(concat_input(given, 1), 20, (3, 4, 6), FMT)[:, :4] == 0).all())
