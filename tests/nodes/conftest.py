@@ -10,8 +10,9 @@ Reusable by every test under tests/nodes/ (torch and diffusers are imported once
 - ``tiny_sd15_ckpt`` / ``tiny_sd2_ckpt`` / ``tiny_sdxl_ckpt``: paths of the fp32 files
 - ``model_folders``, ``manager``, ``make_ctx``: a ModelFolders, a ModelManager, a NodeContext factory
 - ``flux_demo``: a models folder with the Flux/Chroma demo files (``nodes.demo.flux``)
-- ``zimage_demo`` / ``qwen_image_demo`` / ``flux2_demo``: models folders with those families' demo
-  files (``nodes.demo.zimage`` / ``nodes.demo.qwen_image`` / ``nodes.demo.flux2``)
+- ``zimage_demo`` / ``qwen_image_demo`` / ``flux2_demo`` / ``wan_demo``: models folders with those
+  families' demo files (``nodes.demo.zimage`` / ``nodes.demo.qwen_image`` / ``nodes.demo.flux2`` /
+  ``nodes.demo.wan``'s ``write_demo``, as ``make-demo-model`` writes them)
 """
 
 from __future__ import annotations
@@ -284,6 +285,13 @@ def flux2_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from nodes.demo.flux2 import make_flux2_demo
 
     return _family_demo(tmp_path_factory, "flux2", make_flux2_demo)
+
+
+@pytest.fixture(scope="session")
+def wan_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from nodes.demo.wan import write_demo
+
+    return _family_demo(tmp_path_factory, "wan", write_demo)
 
 
 @pytest.fixture(scope="session")

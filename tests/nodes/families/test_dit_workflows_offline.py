@@ -1,4 +1,4 @@
-"""The Z-Image, Qwen-Image and Flux.2 example workflows load, encode and sample without opening a
+"""The Z-Image, Qwen-Image, Flux.2 and Wan 2.1 example workflows load, encode and sample without opening a
 network connection, even with the hub's offline switches unset (each family's own workflow tests,
 tests/nodes/test_*_workflows.py, check what the workflows produce)."""
 
@@ -22,6 +22,7 @@ WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
         ("zimage_demo", "z_image_turbo.api.json", "3"),
         ("qwen_image_demo", "qwen_image.api.json", "3"),
         ("flux2_demo", "flux2_klein.api.json", "48"),
+        ("wan_demo", "wan21_t2v.api.json", "3"),
     ],
 )
 def test_loading_encoding_and_sampling_never_touch_the_network(

@@ -20,13 +20,15 @@ from tests.nodes.test_generation_e2e import make_executor, run
 
 
 @pytest.fixture(scope="module")
-def wan_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wan_i2v_demo(wan_demo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's Wan demo files (``make-demo-model``'s) copied beside the demo CLIP vision model."""
+    import shutil
+
     from nodes.demo.vision import make_demo_vision_models
-    from nodes.demo.wan import write_demo
 
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("wan_i2v_demo")
-    write_demo(root)
+    root = tmp_path_factory.mktemp("wan_i2v_demo") / "models"
+    shutil.copytree(wan_demo, root)
     make_demo_vision_models(root)
     return root
 
@@ -63,11 +65,11 @@ def i2v_prompt(color: int) -> dict[str, Any]:
     return prompt
 
 
-def test_wan_i2v_graph_runs_on_the_demo_files(wan_demo: Path, tmp_path: Path) -> None:
+def test_wan_i2v_graph_runs_on_the_demo_files(wan_i2v_demo: Path, tmp_path: Path) -> None:
     frames = []
     for color in (0x000000, 0xFFFFFF):
         out = tmp_path / f"{color:06x}"
-        result = run(make_executor(wan_demo, out), i2v_prompt(color))
+        result = run(make_executor(wan_i2v_demo, out), i2v_prompt(color))
         assert result.status == "success", (result.node_errors, result.error)
         images = result.outputs["10"]["images"]
         assert len(images) == LENGTH

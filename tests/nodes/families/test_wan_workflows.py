@@ -1,17 +1,17 @@
 """ComfyUI's Wan 2.1 text-to-video graph (UNETLoader → CLIPLoader type wan → CLIPTextEncode →
 EmptyHunyuanLatentVideo → ModelSamplingSD3 → KSampler → VAELoader / VAEDecode → SaveImage) runs
 offline on the demo files that ``make-demo-model`` writes: every frame comes out, at the latent's size;
-the UNETLoader's model is the Wan 2.1 family with its umT5 text encoder. The image-to-video graph is
-``test_wan_i2v_workflows``."""
+the UNETLoader's model is the Wan 2.1 family with its umT5 text encoder. The shipped example
+(``web/workflows/wan21_t2v.api.json``: that graph, saved as one animated WebP, which the editor shows)
+writes every frame. The image-to-video graph is ``test_wan_i2v_workflows``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
-import torch
 from PIL import Image
 
 from nodes.demo.umt5 import DEMO_UMT5
@@ -19,18 +19,19 @@ from nodes.demo.wan import DEMO_WAN, DEMO_WAN_I2V, DEMO_WAN_VAE
 from tests.nodes.test_generation_e2e import make_executor, run
 
 WIDTH, HEIGHT, LENGTH = 48, 32, 9
+WORKFLOWS = Path(__file__).resolve().parents[3] / "web" / "workflows"
 
 
-@pytest.fixture(scope="module")
-def wan_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def test_make_demo_model_writes_the_four_wan_files_once(wan_demo: Path) -> None:
     from nodes.demo.wan import write_demo
 
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("wan_demo")
-    written = write_demo(root)
-    assert {p.name for p in written} == {DEMO_WAN, DEMO_WAN_I2V, DEMO_UMT5, DEMO_WAN_VAE}
-    assert write_demo(root) == []  # kept once written
-    return root
+    assert {p.name for p in wan_demo.rglob("*.safetensors")} == {
+        DEMO_WAN,
+        DEMO_WAN_I2V,
+        DEMO_UMT5,
+        DEMO_WAN_VAE,
+    }
+    assert write_demo(wan_demo) == []  # kept once written
 
 
 def t2v_prompt(cfg: float = 4.0) -> dict[str, Any]:
@@ -91,3 +92,14 @@ def test_the_demo_transformer_is_wan_in_the_original_layout(wan_demo: Path) -> N
     assert model.family.title == "Wan 2.1" and model.latent_format.channels == 16
     clip = open_text_encoders([wan_demo / "text_encoders" / DEMO_UMT5], "wan")
     assert clip.family.title == "Wan 2.1"
+
+
+def test_the_shipped_wan_example_writes_an_animation_of_every_frame(wan_demo: Path, tmp_path: Path) -> None:
+    prompt = json.loads((WORKFLOWS / "wan21_t2v.api.json").read_text(encoding="utf-8"))
+    width, height, length = (prompt["40"]["inputs"][k] for k in ("width", "height", "length"))
+    result = run(make_executor(wan_demo, tmp_path), prompt)
+    assert result.status == "success", (result.node_errors, result.error)
+    (animation,) = result.outputs["28"]["images"]
+    with Image.open(tmp_path / "output" / animation["subfolder"] / animation["filename"]) as webp:
+        assert (webp.format, webp.n_frames, webp.size) == ("WEBP", length, (width, height))
+        assert np.asarray(webp.convert("RGB")).std() > 1.0  # not a flat picture
