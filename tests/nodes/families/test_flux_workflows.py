@@ -112,7 +112,14 @@ def test_flux_vae_file_belongs_to_the_flux_latent_space(demo_models: Path, tmp_p
     prompt = json.loads((WORKFLOWS / "flux_schnell.api.json").read_text())
     prompt["8"] = {
         "class_type": "VAEDecodeTiled",
-        "inputs": {"samples": ["3", 0], "vae": ["10", 0], "tile_size": 512, "overlap": 64},
+        "inputs": {
+            "samples": ["3", 0],
+            "vae": ["10", 0],
+            "tile_size": 512,
+            "overlap": 64,
+            "temporal_size": 64,
+            "temporal_overlap": 8,
+        },
     }
     result = run(make_executor(demo_models, tmp_path), prompt)
     assert result.status == "success", (result.node_errors, result.error)
